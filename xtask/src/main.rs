@@ -1,0 +1,159 @@
+//! `cargo xtask`: the project's automation, in plain Rust with light
+//! dependencies (no tch).
+//!
+//! - `cargo xtask test`: provision libtorch and system packages if needed, then
+//!   fmt, clippy (warnings denied), the whole test suite and the telemetry
+//!   alert-rule check.
+//! - `cargo xtask bench`: provision, build release, run the benchmark workloads
+//!   and write `baselines/perf/<workload>/<label>.json`.
+//! - `cargo xtask provision`: only the provisioning step.
+
+mod bench;
+mod provision;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  test                     provision, then fmt + clippy (-D warnings) + every test + rule checks
+  bench [options]          provision, build release, run the benchmark workloads
+      --label LABEL        record label (default: <device>-<date>)
+      --workload NAME      run one workload only (repeatable)
+      --compare LABEL      print before/after against baselines/perf/<workload>/LABEL.json
+      --quick              fewer epochs (a smoke run; not for committed records)
+  provision                make sure libtorch and system packages are installed
+  help                     this text
+
+environment:
+  ESPER_CACHE_DIR          where the libtorch venv lives (default: $XDG_CACHE_HOME/esper-rs
+                           or ~/.cache/esper-rs)
+  ESPER_PYTHON             python used to create the venv (default: python3)
+";
+
+fn main() {
+    if let Err(error) = run() {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let command = args.next().unwrap_or_else(|| "help".to_owned());
+    let rest: Vec<String> = args.collect();
+    match command.as_str() {
+        "test" => {
+            if !rest.is_empty() {
+                bail!("`cargo xtask test` takes no arguments\n\n{USAGE}");
+            }
+            let root = project_root()?;
+            provision::ensure(&root)?;
+            run_tests(&root)
+        }
+        "bench" => {
+            let root = project_root()?;
+            let options = bench::Options::parse(&rest)?;
+            provision::ensure(&root)?;
+            bench::run(&root, &options)
+        }
+        "provision" => {
+            let root = project_root()?;
+            provision::ensure(&root)
+        }
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}
+
+/// The repository root (the parent of this crate's folder).
+fn project_root() -> Result<PathBuf> {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask has no parent folder")
+}
+
+/// A `cargo` command with the libtorch environment set explicitly (it is also
+/// in `.cargo/config.toml`, so plain cargo works after provisioning).
+pub(crate) fn cargo(root: &Path) -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = Command::new(cargo);
+    command.current_dir(root);
+    command.env("LIBTORCH", root.join(provision::TORCH_LINK).join("torch"));
+    command.env("LIBTORCH_CXX11_ABI", "1");
+    command
+}
+
+/// Runs a command, echoing it first, and fails when it fails.
+pub(crate) fn run_step(name: &str, command: &mut Command) -> Result<()> {
+    eprintln!("==> {name}");
+    let status = command
+        .status()
+        .with_context(|| format!("could not start `{name}`"))?;
+    if !status.success() {
+        bail!("`{name}` failed ({status})");
+    }
+    Ok(())
+}
+
+fn run_tests(root: &Path) -> Result<()> {
+    let started = std::time::Instant::now();
+    run_step(
+        "cargo fmt --all --check",
+        cargo(root).args(["fmt", "--all", "--", "--check"]),
+    )?;
+    run_step(
+        "cargo clippy --workspace --all-targets -- -D warnings",
+        cargo(root).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    run_step(
+        "cargo test --workspace",
+        cargo(root).args(["test", "--workspace"]),
+    )?;
+    check_alert_rules(root)?;
+    eprintln!(
+        "==> all checks passed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Validates the Prometheus alert rules with `promtool` (installed by provisioning).
+fn check_alert_rules(root: &Path) -> Result<()> {
+    let rules_dir = root.join("docs/observability");
+    let mut rule_files: Vec<PathBuf> = match std::fs::read_dir(&rules_dir) {
+        Ok(entries) => entries
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|name| name.to_str())
+                    .is_some_and(|name| name.ends_with(".rules.yml"))
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    if rule_files.is_empty() {
+        eprintln!("==> no alert rules under docs/observability yet; promtool check skipped");
+        return Ok(());
+    }
+    rule_files.sort();
+    let mut command = Command::new("promtool");
+    command.args(["check", "rules"]).args(&rule_files);
+    run_step("promtool check rules", &mut command)
+}
