@@ -17,6 +17,7 @@ mod contract_enum;
 
 pub mod action;
 pub mod alpha;
+pub mod baseline;
 pub mod codec;
 pub mod error;
 pub mod gate;

@@ -1,0 +1,192 @@
+//! Benchmark baseline records (`baselines/perf/<workload>/<label>.json`).
+//!
+//! Every benchmark binary writes a [`BaselineRecord`]; `cargo xtask bench
+//! --compare` and parity checks read them back. The shape follows DESIGN.md §7:
+//! metric keys are snake_case with the unit as suffix (`_ms`, `_us`, `_ns`,
+//! `_per_s`, `_bytes`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the record layout.
+pub const BASELINE_SCHEMA: u32 = 1;
+
+/// Where and with what a benchmark ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    /// GPU name (e.g. "NVIDIA H100 80GB HBM3") or "cpu".
+    pub device: String,
+    /// libtorch / PyTorch version, or "n/a" for workloads without torch.
+    pub torch: String,
+    /// CUDA version, or "n/a".
+    pub cuda: String,
+    /// GPU driver version, or "n/a".
+    pub driver: String,
+    /// CPU model.
+    pub cpu: String,
+    /// Git revision of the code that ran (from `ESPER_GIT_REV`, else "unknown").
+    pub git_rev: String,
+    /// Whether TF32 matmuls were allowed.
+    pub tf32: bool,
+    /// Autocast dtype: "bf16", "fp16" or "off".
+    pub amp: String,
+    /// Anything else worth recording (core count, OS, ...).
+    #[serde(default, flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Environment {
+    /// A CPU-only environment description of this machine (no torch).
+    pub fn cpu_only() -> Environment {
+        Environment {
+            device: "cpu".to_owned(),
+            torch: "n/a".to_owned(),
+            cuda: "n/a".to_owned(),
+            driver: "n/a".to_owned(),
+            cpu: cpu_model(),
+            git_rev: git_rev(),
+            tf32: false,
+            amp: "off".to_owned(),
+            extra: BTreeMap::from([(
+                "cpu_cores".to_owned(),
+                serde_json::Value::from(
+                    std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+                ),
+            )]),
+        }
+    }
+}
+
+/// One implementation/mode's measured metrics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultEntry {
+    /// "rust" or "python".
+    #[serde(rename = "impl")]
+    pub implementation: String,
+    /// Execution mode ("eager", "graph-step", "graph-epoch", "compile-default", ...).
+    pub mode: String,
+    /// Metric name (snake_case with unit suffix) to value.
+    pub metrics: BTreeMap<String, f64>,
+    /// Why this variant produced no figures, when it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One benchmark run of one workload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineRecord {
+    /// Always [`BASELINE_SCHEMA`].
+    pub schema: u32,
+    /// Workload name (DESIGN.md §6).
+    pub workload: String,
+    /// Run label (file stem).
+    pub label: String,
+    /// Where it ran.
+    pub environment: Environment,
+    /// The workload's parameters.
+    pub params: serde_json::Value,
+    /// One entry per implementation and mode.
+    pub results: Vec<ResultEntry>,
+    /// Telemetry names the run emitted.
+    pub telemetry_names: Vec<String>,
+}
+
+impl BaselineRecord {
+    /// Reads a record, rejecting other schema versions.
+    pub fn from_json(text: &str) -> Result<BaselineRecord, crate::ContractError> {
+        let record: BaselineRecord =
+            serde_json::from_str(text).map_err(|error| crate::ContractError::Json {
+                message: "BaselineRecord",
+                reason: error.to_string(),
+            })?;
+        if record.schema != BASELINE_SCHEMA {
+            return Err(crate::ContractError::SchemaVersion {
+                message: "BaselineRecord",
+                expected: BASELINE_SCHEMA,
+                got: record.schema,
+            });
+        }
+        Ok(record)
+    }
+
+    /// Pretty JSON with a trailing newline.
+    pub fn to_json_pretty(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_owned());
+        text.push('\n');
+        text
+    }
+
+    /// The entry for `implementation` and `mode`, if present.
+    pub fn result(&self, implementation: &str, mode: &str) -> Option<&ResultEntry> {
+        self.results
+            .iter()
+            .find(|entry| entry.implementation == implementation && entry.mode == mode)
+    }
+}
+
+/// The CPU model from `/proc/cpuinfo`, or "unknown".
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split(':').nth(1))
+                .map(|model| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The code revision, from `ESPER_GIT_REV` (set by `cargo xtask bench` and the
+/// bench bundle), else "unknown".
+pub fn git_rev() -> String {
+    std::env::var("ESPER_GIT_REV").unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// Percentile (0..=100) of `samples` by nearest rank; `None` when empty.
+pub fn percentile(samples: &[f64], percent: f64) -> Option<f64> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((percent / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_uses_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&samples, 50.0), Some(50.0));
+        assert_eq!(percentile(&samples, 95.0), Some(95.0));
+        assert_eq!(percentile(&samples, 100.0), Some(100.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    #[test]
+    fn record_round_trips_and_checks_schema() {
+        let record = BaselineRecord {
+            schema: BASELINE_SCHEMA,
+            workload: "nissa-emit".to_owned(),
+            label: "test".to_owned(),
+            environment: Environment::cpu_only(),
+            params: serde_json::json!({ "events": 10 }),
+            results: vec![ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: "default".to_owned(),
+                metrics: BTreeMap::from([("emit_ns_p99".to_owned(), 120.0)]),
+                error: None,
+            }],
+            telemetry_names: vec!["nissa.dropped_total".to_owned()],
+        };
+        let text = record.to_json_pretty();
+        assert_eq!(BaselineRecord::from_json(&text), Ok(record));
+        let wrong = text.replacen("\"schema\": 1", "\"schema\": 2", 1);
+        assert!(BaselineRecord::from_json(&wrong).is_err());
+    }
+}
