@@ -1,0 +1,447 @@
+//! [`Hub`]: the handle every subsystem emits telemetry through.
+//!
+//! `emit` is a bounded, lock-free queue push that never blocks and never
+//! fails; the hub owns a small tokio runtime (one worker thread plus a blocking
+//! pool for the sinks), so it works from any thread, inside or outside tokio.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use leyline::proto::TelemetryPacket;
+
+use crate::jsonl::{JsonlConfig, JsonlSink};
+use crate::prometheus::PrometheusSink;
+use crate::sink::Sink;
+use crate::stats::{FlushOutcome, HubStats};
+use crate::tracing_bridge::TracingSink;
+use crate::worker::{Shared, SinkState, WorkerTiming, run_sink, run_worker};
+use crate::{NissaError, Result};
+
+/// Port of the metrics endpoint unless configured otherwise (the port
+/// OpenTelemetry's Prometheus exporters use).
+pub const DEFAULT_METRICS_PORT: u16 = 9464;
+
+/// Tuning of a hub. The defaults suit a training run; tests and benchmarks
+/// shrink the queues to exercise dropping.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HubConfig {
+    /// Capacity of the main queue between emitters and the worker.
+    pub queue_capacity: usize,
+    /// Capacity of each sink's own queue (unless set per sink).
+    pub sink_queue_capacity: usize,
+    /// Most packets a sink writes before it flushes.
+    pub batch_max: usize,
+    /// Queue length at which an emitter wakes the worker before its next tick
+    /// (`None`: a quarter of `queue_capacity`).
+    pub wake_threshold: Option<usize>,
+    /// Sleep of the worker after a round that moved packets.
+    pub tick_min: Duration,
+    /// Longest sleep of an idle worker (the worst-case delivery delay of a
+    /// trickle of packets that never reaches the wake threshold).
+    pub tick_max: Duration,
+    /// How long [`Hub::close`] (and dropping the last handle) waits for the
+    /// sinks to finish.
+    pub close_timeout: Duration,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        HubConfig {
+            queue_capacity: 8192,
+            sink_queue_capacity: 4096,
+            batch_max: 256,
+            wake_threshold: None,
+            tick_min: Duration::from_millis(1),
+            tick_max: Duration::from_millis(50),
+            close_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl HubConfig {
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("queue_capacity", self.queue_capacity),
+            ("sink_queue_capacity", self.sink_queue_capacity),
+            ("batch_max", self.batch_max),
+        ];
+        for (field, value) in positive {
+            if value == 0 {
+                return Err(NissaError::Config {
+                    field,
+                    reason: "must be at least 1".to_owned(),
+                });
+            }
+        }
+        if self.wake_threshold == Some(0) {
+            return Err(NissaError::Config {
+                field: "wake_threshold",
+                reason: "must be at least 1".to_owned(),
+            });
+        }
+        if self.tick_min.is_zero() || self.tick_max < self.tick_min {
+            return Err(NissaError::Config {
+                field: "tick_min/tick_max",
+                reason: format!(
+                    "need 0 < tick_min <= tick_max, got {:?} and {:?}",
+                    self.tick_min, self.tick_max
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A sink waiting to be started, with an optional queue capacity of its own.
+enum PlannedSink {
+    Ready(Box<dyn Sink>, Option<usize>),
+    Jsonl(JsonlConfig),
+    Tracing,
+}
+
+/// Builds a [`Hub`]: configuration, sinks and the optional metrics endpoint.
+pub struct HubBuilder {
+    config: HubConfig,
+    sinks: Vec<PlannedSink>,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl HubBuilder {
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: HubConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Capacity of the main queue.
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.config.queue_capacity = capacity;
+        self
+    }
+
+    /// Default capacity of the sinks' queues.
+    pub fn sink_queue_capacity(mut self, capacity: usize) -> Self {
+        self.config.sink_queue_capacity = capacity;
+        self
+    }
+
+    /// Adds a sink with the default queue capacity.
+    pub fn sink(mut self, sink: impl Sink) -> Self {
+        self.sinks.push(PlannedSink::Ready(Box::new(sink), None));
+        self
+    }
+
+    /// Adds a sink with a queue capacity of its own.
+    pub fn sink_with_queue(mut self, sink: impl Sink, capacity: usize) -> Self {
+        self.sinks
+            .push(PlannedSink::Ready(Box::new(sink), Some(capacity)));
+        self
+    }
+
+    /// Adds a JSONL sink writing into `config.dir` (created when the hub is built).
+    pub fn jsonl(mut self, config: JsonlConfig) -> Self {
+        self.sinks.push(PlannedSink::Jsonl(config));
+        self
+    }
+
+    /// Adds the tracing bridge: every event is logged at its level.
+    pub fn tracing(mut self) -> Self {
+        self.sinks.push(PlannedSink::Tracing);
+        self
+    }
+
+    /// Serves Prometheus metrics on `http://ADDR/metrics` (port 0 picks a
+    /// free port; read it back with [`Hub::metrics_addr`]).
+    pub fn prometheus(mut self, addr: SocketAddr) -> Self {
+        self.metrics_addr = Some(addr);
+        self
+    }
+
+    /// Serves Prometheus metrics on 127.0.0.1 at `port`.
+    pub fn prometheus_on_port(self, port: u16) -> Self {
+        self.prometheus(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
+    /// Opens the sinks, starts the runtime and, if asked for, binds the
+    /// metrics endpoint.
+    pub fn build(self) -> Result<Hub> {
+        let config = self.config;
+        config.validate()?;
+        let mut sinks: Vec<(Box<dyn Sink>, usize)> = Vec::new();
+        for planned in self.sinks {
+            let (sink, capacity): (Box<dyn Sink>, Option<usize>) = match planned {
+                PlannedSink::Ready(sink, capacity) => (sink, capacity),
+                PlannedSink::Jsonl(jsonl) => (Box::new(JsonlSink::create(jsonl)?), None),
+                PlannedSink::Tracing => (Box::new(TracingSink::new()), None),
+            };
+            let capacity = capacity.unwrap_or(config.sink_queue_capacity);
+            if capacity == 0 {
+                return Err(NissaError::Config {
+                    field: "sink queue capacity",
+                    reason: format!("sink {} needs a capacity of at least 1", sink.name()),
+                });
+            }
+            sinks.push((sink, capacity));
+        }
+        let prometheus = match self.metrics_addr {
+            Some(addr) => {
+                let (sink, endpoint) = PrometheusSink::with_endpoint(addr)?;
+                sinks.push((Box::new(sink), config.sink_queue_capacity));
+                Some(endpoint)
+            }
+            None => None,
+        };
+
+        let states: Vec<Arc<SinkState>> = sinks
+            .iter()
+            .map(|(sink, capacity)| Arc::new(SinkState::new(sink.name().to_owned(), *capacity)))
+            .collect();
+        let wake_threshold = config
+            .wake_threshold
+            .unwrap_or((config.queue_capacity / 4).max(1))
+            .min(config.queue_capacity);
+        let shared = Arc::new(Shared::new(
+            config.queue_capacity,
+            wake_threshold,
+            states.clone(),
+        ));
+
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(sinks.len() + 1)
+            .thread_name("nissa")
+            .enable_all()
+            .build()
+            .map_err(NissaError::Runtime)?;
+        let timing = WorkerTiming {
+            tick_min: config.tick_min,
+            tick_max: config.tick_max,
+        };
+        runtime.spawn(run_worker(Arc::clone(&shared), timing));
+        for ((sink, _), state) in sinks.into_iter().zip(states) {
+            runtime.spawn(run_sink(state, sink, config.batch_max));
+        }
+        let metrics_addr = match prometheus {
+            Some(endpoint) => Some(endpoint.start(&runtime, Arc::clone(&shared))?),
+            None => None,
+        };
+        Ok(Hub {
+            inner: Some(Arc::new(HubInner {
+                shared,
+                runtime: Mutex::new(Some(runtime)),
+                close_timeout: config.close_timeout,
+                metrics_addr,
+            })),
+        })
+    }
+}
+
+/// The running hub behind every [`Hub`] clone.
+struct HubInner {
+    shared: Arc<Shared>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
+    close_timeout: Duration,
+    metrics_addr: Option<SocketAddr>,
+}
+
+/// Cheap, cloneable handle to a telemetry hub.
+///
+/// ```
+/// use leyline::TelemetryLevel;
+/// use leyline::proto::{TelemetryMetric, TelemetryPacket};
+/// use std::time::Duration;
+///
+/// let memory = nissa::MemorySink::new();
+/// let hub = nissa::Hub::builder().sink(memory.clone()).build()?;
+/// hub.emit(
+///     TelemetryPacket::new("tolaria", TelemetryLevel::Info).with_metric(TelemetryMetric::new(
+///         leyline::telemetry::TOLARIA_TRAINING_LATENCY_MS,
+///         12.5,
+///         "ms",
+///     )),
+/// );
+/// assert!(hub.flush(Duration::from_secs(5)).is_complete());
+/// assert_eq!(memory.len(), 1);
+/// hub.close();
+/// # Ok::<(), nissa::NissaError>(())
+/// ```
+#[derive(Clone)]
+pub struct Hub {
+    inner: Option<Arc<HubInner>>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.inner {
+            None => formatter.write_str("Hub(disabled)"),
+            Some(inner) => formatter
+                .debug_struct("Hub")
+                .field("sinks", &inner.shared.sinks.len())
+                .field("metrics_addr", &inner.metrics_addr)
+                .field("closed", &inner.shared.closed.load(Ordering::Relaxed))
+                .finish(),
+        }
+    }
+}
+
+impl Hub {
+    /// Starts building a hub with the default configuration and no sinks.
+    pub fn builder() -> HubBuilder {
+        HubBuilder {
+            config: HubConfig::default(),
+            sinks: Vec::new(),
+            metrics_addr: None,
+        }
+    }
+
+    /// A hub with `config` and no sinks (packets are counted, then discarded).
+    pub fn new(config: HubConfig) -> Result<Hub> {
+        Hub::builder().config(config).build()
+    }
+
+    /// A no-op hub for callers that run without telemetry: `emit` discards the
+    /// packet, `stats` stays empty, no thread is started.
+    pub fn disabled() -> Hub {
+        Hub { inner: None }
+    }
+
+    /// Whether this hub is the no-op one.
+    pub fn is_disabled(&self) -> bool {
+        self.inner.is_none()
+    }
+
+    /// Queues `packet` for every sink. Never blocks, never fails: when the main
+    /// queue is full the packet is dropped and counted, after [`Hub::close`] it
+    /// is counted in `after_close`.
+    #[inline]
+    pub fn emit(&self, packet: TelemetryPacket) {
+        if let Some(inner) = &self.inner {
+            inner.shared.emit(packet);
+        }
+    }
+
+    /// Waits until every packet emitted before this call was delivered, dropped
+    /// or failed in every sink and every sink was flushed, or until `timeout`.
+    /// Blocks the calling thread; call it at checkpoints, not on a hot path.
+    pub fn flush(&self, timeout: Duration) -> FlushOutcome {
+        let Some(inner) = &self.inner else {
+            return FlushOutcome {
+                complete: true,
+                pending: 0,
+            };
+        };
+        let shared = &inner.shared;
+        if shared.stopped.load(Ordering::Acquire) {
+            let pending = shared.stats().pending();
+            return FlushOutcome {
+                complete: pending == 0,
+                pending,
+            };
+        }
+        flush_shared(shared, timeout)
+    }
+
+    /// Flushes (up to the configured close timeout), stops the worker and the
+    /// sinks and releases the runtime. Idempotent; later emits are counted in
+    /// `after_close`. Packets still queued when the timeout expires are counted
+    /// as dropped.
+    pub fn close(&self) {
+        if let Some(inner) = &self.inner {
+            inner.close();
+        }
+    }
+
+    /// A snapshot of the delivery counters.
+    pub fn stats(&self) -> HubStats {
+        match &self.inner {
+            Some(inner) => inner.shared.stats(),
+            None => HubStats::default(),
+        }
+    }
+
+    /// Address of the `/metrics` endpoint, when one was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.inner.as_ref().and_then(|inner| inner.metrics_addr)
+    }
+}
+
+impl HubInner {
+    fn close(&self) {
+        // Holding the lock for the whole close makes concurrent callers wait
+        // for the first one instead of returning before the sinks are done.
+        let mut runtime = match self.runtime.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let Some(running) = runtime.take() else {
+            return;
+        };
+        self.shared.closed.store(true, Ordering::SeqCst);
+        let outcome = flush_shared(&self.shared, self.close_timeout);
+        if !outcome.complete {
+            tracing::warn!(
+                target: "nissa",
+                pending = outcome.pending,
+                "telemetry hub closed before every sink caught up; the rest is counted as dropped"
+            );
+        }
+        // Dropping a runtime inside an async context panics, and close may be
+        // called from one: shut it down from a plain thread.
+        let stopper = std::thread::Builder::new()
+            .name("nissa-close".to_owned())
+            .spawn(move || running.shutdown_timeout(Duration::from_millis(200)));
+        if let Ok(handle) = stopper {
+            let _ = handle.join();
+        }
+        self.shared.stopped.store(true, Ordering::Release);
+        self.shared.sweep_leftovers();
+    }
+}
+
+impl Drop for HubInner {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// The flush protocol on the shared state (used by `close`, which already
+/// holds the runtime).
+fn flush_shared(shared: &Shared, timeout: Duration) -> FlushOutcome {
+    let deadline = Instant::now() + timeout;
+    let ticket = shared.flush_requested.fetch_add(1, Ordering::AcqRel) + 1;
+    shared.wake.notify_one();
+    let mut complete = wait_until(deadline, || {
+        shared.flush_fanned.load(Ordering::Acquire) >= ticket
+    });
+    if complete {
+        for sink in &shared.sinks {
+            let target = sink.flush_target.load(Ordering::Acquire);
+            complete &= wait_until(deadline, || {
+                sink.flushed_through.load(Ordering::Acquire) >= target
+            });
+        }
+    }
+    FlushOutcome {
+        complete,
+        pending: shared.stats().pending(),
+    }
+}
+
+/// Polls `done` with a growing sleep (50 us to 2 ms) until it holds or the
+/// deadline passes.
+fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    let mut pause = Duration::from_micros(50);
+    loop {
+        if done() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}

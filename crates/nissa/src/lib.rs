@@ -1,0 +1,38 @@
+//! Nissa: the Esper-rs telemetry hub.
+//!
+//! Every subsystem hands [`leyline::proto::TelemetryPacket`]s to a [`Hub`].
+//! [`Hub::emit`] never blocks and never fails: it pushes the packet into a
+//! bounded lock-free queue (or drops and counts it when the queue is full).
+//! A worker on the hub's own tokio runtime fans packets out to every
+//! [`Sink`], each behind a bounded queue of its own, so a slow or broken sink
+//! only loses its own packets. [`Hub::stats`] accounts for every packet:
+//! after a flush, per sink, `emitted == delivered + dropped + failed`.
+//!
+//! - [`hub`]: the handle, its builder and configuration.
+//! - [`sink`]: the [`Sink`] trait other crates implement.
+//! - [`jsonl`], [`tracing_bridge`], [`prometheus`]: the built-in sinks (JSON
+//!   lines with rotation; `tracing` events; a Prometheus `/metrics` endpoint).
+//! - [`testing`]: [`MemorySink`] and friends for tests and benchmarks.
+//! - [`stats`]: the delivery accounting.
+//!
+//! Nissa depends on leyline only (no tch); telemetry names come from
+//! [`leyline::telemetry`].
+
+pub mod error;
+pub mod hub;
+pub mod jsonl;
+pub mod prometheus;
+pub mod sink;
+pub mod stats;
+pub mod testing;
+pub mod tracing_bridge;
+mod worker;
+
+pub use error::{NissaError, Result};
+pub use hub::{DEFAULT_METRICS_PORT, Hub, HubBuilder, HubConfig};
+pub use jsonl::{JsonlConfig, JsonlSink};
+pub use prometheus::{PrometheusSink, exposed_name};
+pub use sink::Sink;
+pub use stats::{FlushOutcome, HubStats, SinkStats};
+pub use testing::{FailingSink, MemorySink, SlowSink};
+pub use tracing_bridge::{TracingSink, init_subscriber};
