@@ -1,10 +1,38 @@
 //! Kasmina: where the network grows.
 //!
+//! A *host* network ([`host`]) exposes seed slots at canonical boundaries
+//! (`r{row}c{col}`). A [`model::MorphogeneticModel`] routes the forward pass
+//! through the enabled slots in execution order; each [`slot::SeedSlot`]
+//! holds at most one seed module built from a [`blueprint`], walks it through
+//! the gated lifecycle of `leyline::stage` ([`gate`]), blends it in with an
+//! [`alpha`] schedule and one of the [`blend`] algorithms, and isolates its
+//! gradients from the host. Around the model sit [`attribution`] (which seeds
+//! influenced which samples), [`export`] (leyline `SeedState` messages),
+//! [`masks`] (which flattened parameter ranges belong to whom), [`prefetch`]
+//! (building seed modules off the training thread) and [`telemetry`]
+//! (lifecycle events).
+//!
 //! - [`data`]: data sets (Fashion-MNIST IDX, CIFAR-10 binary, seeded synthetic
 //!   tasks) with shuffle, split, batching and per-data-set normalisation.
+//! - [`layers`], [`optim`]: the small tch building blocks (fallible layers, a
+//!   deterministic SGD with momentum) the rest is made of.
 //! - [`error`]: the crate's error type.
 
+pub mod alpha;
+pub mod attribution;
+pub mod blend;
+pub mod blueprint;
 pub mod data;
 pub mod error;
+pub mod export;
+pub mod gate;
+pub mod host;
+pub mod layers;
+pub mod masks;
+pub mod model;
+pub mod optim;
+pub mod prefetch;
+pub mod slot;
+pub mod telemetry;
 
 pub use error::{Error, Result};

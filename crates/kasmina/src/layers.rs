@@ -1,0 +1,249 @@
+//! Small neural-network layers built on tch's fallible (`f_*`) calls.
+//!
+//! tch's `nn::conv2d` and friends panic when a variable cannot be created;
+//! these layers return [`crate::Error`] instead, and their initialisation
+//! matches PyTorch's defaults (so parameter counts and init distributions
+//! follow the reference): convolution and linear weights and biases are
+//! uniform in `±1/sqrt(fan_in)` (Kaiming-uniform with `a = sqrt(5)`), norm
+//! weights are 1 and biases 0, BatchNorm running statistics start at 0 / 1.
+//! Every layer registers its variables in the [`nn::Path`] it is built in, so
+//! the owning `VarStore` holds them (and moves them between devices).
+
+use tch::{Tensor, nn};
+
+use crate::Result;
+
+/// Epsilon of GroupNorm and BatchNorm (PyTorch default).
+pub const NORM_EPS: f64 = 1e-5;
+/// BatchNorm running-statistics momentum (PyTorch default).
+pub const BATCH_NORM_MOMENTUM: f64 = 0.1;
+
+fn fan_in_bound(fan_in: i64) -> f64 {
+    1.0 / (fan_in.max(1) as f64).sqrt()
+}
+
+/// 2-D convolution with square kernel, stride 1 and "same" padding (`k / 2`).
+#[derive(Debug)]
+pub struct Conv2d {
+    /// `[out, in / groups, k, k]`.
+    pub weight: Tensor,
+    /// `[out]`, when the layer has a bias.
+    pub bias: Option<Tensor>,
+    padding: i64,
+    groups: i64,
+}
+
+impl Conv2d {
+    /// A convolution `in_channels -> out_channels` with a `kernel x kernel`
+    /// kernel, `groups` groups (1 = dense, `in_channels` = depthwise).
+    pub fn new(
+        path: &nn::Path<'_>,
+        in_channels: i64,
+        out_channels: i64,
+        kernel: i64,
+        groups: i64,
+        bias: bool,
+    ) -> Result<Conv2d> {
+        if groups < 1 || in_channels % groups != 0 || out_channels % groups != 0 {
+            return Err(crate::Error::InvalidConfig {
+                reason: format!(
+                    "conv {in_channels}->{out_channels} cannot be split into {groups} groups"
+                ),
+            });
+        }
+        let fan_in = (in_channels / groups) * kernel * kernel;
+        let bound = fan_in_bound(fan_in);
+        let weight = path.f_uniform(
+            "weight",
+            &[out_channels, in_channels / groups, kernel, kernel],
+            -bound,
+            bound,
+        )?;
+        let bias = if bias {
+            Some(path.f_uniform("bias", &[out_channels], -bound, bound)?)
+        } else {
+            None
+        };
+        Ok(Conv2d {
+            weight,
+            bias,
+            padding: kernel / 2,
+            groups,
+        })
+    }
+
+    /// # Shapes
+    /// `[B, in, H, W] -> [B, out, H, W]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_conv2d(
+            &self.weight,
+            self.bias.as_ref(),
+            [1, 1],
+            [self.padding, self.padding],
+            [1, 1],
+            self.groups,
+        )?)
+    }
+
+    /// Sets weight (and bias) to zero.
+    pub fn zero_(&mut self) -> Result<()> {
+        zero_parameter(&mut self.weight)?;
+        if let Some(bias) = self.bias.as_mut() {
+            zero_parameter(bias)?;
+        }
+        Ok(())
+    }
+
+    /// Number of parameters.
+    pub fn param_count(&self) -> i64 {
+        self.weight.numel() as i64 + self.bias.as_ref().map_or(0, |b| b.numel() as i64)
+    }
+}
+
+/// Fully connected layer.
+#[derive(Debug)]
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: Tensor,
+    /// `[out]`, when the layer has a bias.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A linear map `in_features -> out_features`.
+    pub fn new(
+        path: &nn::Path<'_>,
+        in_features: i64,
+        out_features: i64,
+        bias: bool,
+    ) -> Result<Linear> {
+        let bound = fan_in_bound(in_features);
+        let weight = path.f_uniform("weight", &[out_features, in_features], -bound, bound)?;
+        let bias = if bias {
+            Some(path.f_uniform("bias", &[out_features], -bound, bound)?)
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// # Shapes
+    /// `[..., in] -> [..., out]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+    }
+
+    /// Sets weight (and bias) to zero.
+    pub fn zero_(&mut self) -> Result<()> {
+        zero_parameter(&mut self.weight)?;
+        if let Some(bias) = self.bias.as_mut() {
+            zero_parameter(bias)?;
+        }
+        Ok(())
+    }
+
+    /// Number of parameters.
+    pub fn param_count(&self) -> i64 {
+        self.weight.numel() as i64 + self.bias.as_ref().map_or(0, |b| b.numel() as i64)
+    }
+}
+
+/// Group normalisation with a per-channel affine.
+#[derive(Debug)]
+pub struct GroupNorm {
+    /// `[C]`, initialised to 1.
+    pub weight: Tensor,
+    /// `[C]`, initialised to 0.
+    pub bias: Tensor,
+    groups: i64,
+}
+
+impl GroupNorm {
+    /// GroupNorm over `channels` channels in `groups` groups.
+    pub fn new(path: &nn::Path<'_>, groups: i64, channels: i64) -> Result<GroupNorm> {
+        if groups < 1 || channels % groups != 0 {
+            return Err(crate::Error::InvalidConfig {
+                reason: format!("GroupNorm: {channels} channels cannot form {groups} groups"),
+            });
+        }
+        Ok(GroupNorm {
+            weight: path.f_ones("weight", &[channels])?,
+            bias: path.f_zeros("bias", &[channels])?,
+            groups,
+        })
+    }
+
+    /// Number of groups.
+    pub fn groups(&self) -> i64 {
+        self.groups
+    }
+
+    /// # Shapes
+    /// `[B, C, ...] -> [B, C, ...]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_group_norm(
+            self.groups,
+            Some(&self.weight),
+            Some(&self.bias),
+            NORM_EPS,
+            true,
+        )?)
+    }
+}
+
+/// 2-D batch normalisation with running statistics (non-trainable buffers).
+#[derive(Debug)]
+pub struct BatchNorm2d {
+    /// `[C]`, initialised to 1.
+    pub weight: Tensor,
+    /// `[C]`, initialised to 0.
+    pub bias: Tensor,
+    /// `[C]` running mean (buffer).
+    pub running_mean: Tensor,
+    /// `[C]` running variance (buffer).
+    pub running_var: Tensor,
+}
+
+impl BatchNorm2d {
+    /// BatchNorm over `channels` channels.
+    pub fn new(path: &nn::Path<'_>, channels: i64) -> Result<BatchNorm2d> {
+        Ok(BatchNorm2d {
+            weight: path.f_ones("weight", &[channels])?,
+            bias: path.f_zeros("bias", &[channels])?,
+            running_mean: path.f_zeros_no_train("running_mean", &[channels])?,
+            running_var: path.f_ones_no_train("running_var", &[channels])?,
+        })
+    }
+
+    /// Batch statistics (and a running-statistics update) when `train`,
+    /// running statistics otherwise.
+    ///
+    /// # Shapes
+    /// `[B, C, H, W] -> [B, C, H, W]`.
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        Ok(x.f_batch_norm(
+            Some(&self.weight),
+            Some(&self.bias),
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            train,
+            BATCH_NORM_MOMENTUM,
+            NORM_EPS,
+            true,
+        )?)
+    }
+}
+
+/// Zeroes a parameter in place without recording the write in autograd.
+pub fn zero_parameter(parameter: &mut Tensor) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    let _zeroed = parameter.f_zero_()?;
+    Ok(())
+}
+
+/// Fills a parameter in place with `value` without recording the write in autograd.
+pub fn fill_parameter(parameter: &mut Tensor, value: f64) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    let _filled = parameter.f_fill_(value)?;
+    Ok(())
+}

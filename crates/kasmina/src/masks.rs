@@ -1,0 +1,136 @@
+//! Seed masks: which ranges of the flattened parameter vector belong to the
+//! host and to each seed (for Tolaria's gradient aggregation).
+//!
+//! Parameter order (the one [`crate::model::MorphogeneticModel::parameters`]
+//! returns, and the order a flattened gradient must follow): first the host's
+//! trainable parameters sorted by `VarStore` name, then, for each enabled
+//! slot in execution order that holds a live seed, that seed's trainable
+//! parameters (module, then gate network; together sorted by name). Each
+//! tensor contributes `numel` consecutive elements. Buffers (BatchNorm running
+//! statistics) are not parameters and are not in the vector. Frozen
+//! parameters (blend-out freeze) stay in place, so the layout changes only
+//! when a seed germinates or leaves.
+
+use std::collections::HashSet;
+use std::ops::Range;
+
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::Result;
+
+/// The trainable variables of `var_store`, sorted by name.
+pub fn trainable_parameters(var_store: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let trainable: HashSet<usize> = var_store
+        .trainable_variables()
+        .iter()
+        .map(|tensor| tensor.data_ptr() as usize)
+        .collect();
+    let mut named: Vec<(String, Tensor)> = var_store
+        .variables()
+        .into_iter()
+        .filter(|(_, tensor)| trainable.contains(&(tensor.data_ptr() as usize)))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// One named tensor's place in the flattened vector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamRange {
+    /// `VarStore` name.
+    pub name: String,
+    /// Element range.
+    pub range: Range<usize>,
+}
+
+/// The ranges one owner (host or seed) holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerMask {
+    /// `host`, or the slot id (`r0c1`).
+    pub owner: String,
+    /// Seed id, for seeds.
+    pub seed_id: Option<String>,
+    /// One range per tensor, in order; they are contiguous.
+    pub ranges: Vec<ParamRange>,
+}
+
+impl OwnerMask {
+    /// Elements owned.
+    pub fn numel(&self) -> usize {
+        self.ranges.iter().map(|r| r.range.len()).sum()
+    }
+
+    /// The covering range (owners are contiguous).
+    pub fn span(&self) -> Range<usize> {
+        match (self.ranges.first(), self.ranges.last()) {
+            (Some(first), Some(last)) => first.range.start..last.range.end,
+            _ => 0..0,
+        }
+    }
+}
+
+/// The whole layout: host first, then one mask per live seed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedMasks {
+    /// Total elements in the flattened vector.
+    pub total: usize,
+    /// Host ranges.
+    pub host: OwnerMask,
+    /// Seed ranges, in slot execution order.
+    pub seeds: Vec<OwnerMask>,
+}
+
+impl SeedMasks {
+    /// Lays out `owners` (`(owner, seed_id, parameters)`, host first) in order.
+    pub(crate) fn layout(
+        owners: Vec<(String, Option<String>, Vec<(String, Tensor)>)>,
+    ) -> SeedMasks {
+        let mut offset = 0;
+        let mut masks = Vec::with_capacity(owners.len());
+        for (owner, seed_id, parameters) in owners {
+            let ranges = parameters
+                .iter()
+                .map(|(name, tensor)| {
+                    let start = offset;
+                    offset += tensor.numel();
+                    ParamRange {
+                        name: name.clone(),
+                        range: start..offset,
+                    }
+                })
+                .collect();
+            masks.push(OwnerMask {
+                owner,
+                seed_id,
+                ranges,
+            });
+        }
+        let mut masks = masks.into_iter();
+        let host = masks.next().unwrap_or(OwnerMask {
+            owner: "host".to_owned(),
+            seed_id: None,
+            ranges: Vec::new(),
+        });
+        SeedMasks {
+            total: offset,
+            host,
+            seeds: masks.collect(),
+        }
+    }
+
+    /// The mask of the seed in `slot`, if it has one.
+    pub fn seed(&self, slot: &str) -> Option<&OwnerMask> {
+        self.seeds.iter().find(|mask| mask.owner == slot)
+    }
+
+    /// A boolean tensor `[total]`, true on the elements `mask` owns.
+    pub fn to_tensor(&self, mask: &OwnerMask, device: Device) -> Result<Tensor> {
+        let mut values = vec![false; self.total];
+        for range in &mask.ranges {
+            values[range.range.clone()].iter_mut().for_each(|v| *v = true);
+        }
+        Ok(Tensor::f_from_slice(&values)?
+            .f_to_kind(Kind::Bool)?
+            .f_to_device(device)?)
+    }
+}

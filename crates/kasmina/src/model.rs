@@ -1,0 +1,312 @@
+//! The morphogenetic model: a host plus its enabled seed slots.
+//!
+//! [`MorphogeneticModel::forward`] walks the enabled slots in execution order
+//! (ascending host boundary): the host runs up to a slot's boundary, the slot
+//! is applied, and after the last slot the host runs to the logits. Slots
+//! without an active seed are identities and are skipped, so a model with no
+//! active seed runs exactly the host's plain forward. Lifecycle calls are
+//! addressed by slot id and delegate to [`SeedSlot`].
+
+use leyline::{AlphaCurve, SeedStage};
+use tch::{Device, Tensor};
+
+use crate::blueprint::SeedModule;
+use crate::gate::GateOutcome;
+use crate::host::{Host, SlotId};
+use crate::masks::{SeedMasks, trainable_parameters};
+use crate::slot::{
+    GerminationOptions, PruneInitiator, PruneSchedule, SeedSlot, SlotConfig, gradient_norm,
+};
+use crate::telemetry::LifecycleTelemetry;
+use crate::{Error, Result};
+
+/// Who owns a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParameterOwner {
+    /// The host network.
+    Host,
+    /// The seed in this slot.
+    Seed(SlotId),
+}
+
+/// One parameter in the model's documented order (see [`crate::masks`]).
+#[derive(Debug)]
+pub struct NamedParameter {
+    /// Owner.
+    pub owner: ParameterOwner,
+    /// `VarStore` name.
+    pub name: String,
+    /// The variable (a shallow handle).
+    pub tensor: Tensor,
+}
+
+/// A host with seed slots.
+pub struct MorphogeneticModel {
+    host: Box<dyn Host>,
+    slots: Vec<SeedSlot>,
+}
+
+impl std::fmt::Debug for MorphogeneticModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MorphogeneticModel")
+            .field("host", &self.host.name())
+            .field("slots", &self.slot_ids())
+            .finish()
+    }
+}
+
+impl MorphogeneticModel {
+    /// Wraps `host` with slots at `enabled` (any order; duplicates are
+    /// ignored). Unknown ids are [`Error::UnknownSlot`].
+    pub fn new(
+        host: impl Host + 'static,
+        enabled: &[SlotId],
+        config: SlotConfig,
+        telemetry: LifecycleTelemetry,
+    ) -> Result<MorphogeneticModel> {
+        let host: Box<dyn Host> = Box::new(host);
+        for slot in enabled {
+            host.injection_spec(*slot)?;
+        }
+        let topology = host.topology();
+        let slots = host
+            .injection_specs()
+            .iter()
+            .filter(|spec| enabled.contains(&spec.slot_id))
+            .map(|spec| SeedSlot::new(spec.clone(), topology, config, telemetry.clone()))
+            .collect();
+        Ok(MorphogeneticModel { host, slots })
+    }
+
+    /// Like [`MorphogeneticModel::new`] with slot ids as text (`"r0c1"`).
+    pub fn with_slot_names(
+        host: impl Host + 'static,
+        enabled: &[&str],
+        config: SlotConfig,
+        telemetry: LifecycleTelemetry,
+    ) -> Result<MorphogeneticModel> {
+        let ids = enabled
+            .iter()
+            .map(|text| SlotId::parse(text))
+            .collect::<Result<Vec<_>>>()?;
+        MorphogeneticModel::new(host, &ids, config, telemetry)
+    }
+
+    /// The host.
+    pub fn host(&self) -> &dyn Host {
+        self.host.as_ref()
+    }
+
+    /// Device of the host parameters.
+    pub fn device(&self) -> Device {
+        self.host.var_store().device()
+    }
+
+    /// Enabled slots in execution order.
+    pub fn slots(&self) -> &[SeedSlot] {
+        &self.slots
+    }
+
+    /// Enabled slot ids in execution order.
+    pub fn slot_ids(&self) -> Vec<SlotId> {
+        self.slots.iter().map(SeedSlot::id).collect()
+    }
+
+    fn slot_index(&self, slot: SlotId) -> Result<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.id() == slot)
+            .ok_or_else(|| Error::UnknownSlot {
+                slot: slot.to_string(),
+                available: self
+                    .slot_ids()
+                    .iter()
+                    .map(SlotId::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// The enabled slot `slot`.
+    pub fn slot(&self, slot: SlotId) -> Result<&SeedSlot> {
+        let index = self.slot_index(slot)?;
+        Ok(&self.slots[index])
+    }
+
+    /// The enabled slot `slot`, mutably.
+    pub fn slot_mut(&mut self, slot: SlotId) -> Result<&mut SeedSlot> {
+        let index = self.slot_index(slot)?;
+        Ok(&mut self.slots[index])
+    }
+
+    /// Seeds on the forward path.
+    pub fn active_seed_count(&self) -> usize {
+        self.slots.iter().filter(|slot| slot.is_active()).count()
+    }
+
+    /// The forward pass. `train` selects batch statistics in the host.
+    ///
+    /// # Shapes
+    /// `[B, ...host input] -> [B, classes]`.
+    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.forward_with_alpha(x, &[], train)
+    }
+
+    /// The forward pass with per-sample alpha overrides: `overrides[i]`
+    /// (`[B, 1, 1, 1]`) replaces slot `i`'s alpha (execution order); a
+    /// missing or `None` entry keeps the slot's own alpha.
+    pub fn forward_with_alpha(
+        &self,
+        x: &Tensor,
+        overrides: &[Option<&Tensor>],
+        train: bool,
+    ) -> Result<Tensor> {
+        let mut boundary = 0;
+        let mut features = x.shallow_clone();
+        for (index, slot) in self.slots.iter().enumerate() {
+            if !slot.is_active() {
+                continue;
+            }
+            let target = slot.spec().boundary;
+            features = self.host.forward_segment(&features, boundary, target, train)?;
+            let alpha_override = overrides.get(index).copied().flatten();
+            features = slot.forward(&features, alpha_override)?;
+            boundary = target;
+        }
+        self.host
+            .forward_segment(&features, boundary, self.host.num_segments(), train)
+    }
+
+    /// Germinates `blueprint` in `slot` on the host's device.
+    pub fn germinate(
+        &mut self,
+        slot: SlotId,
+        blueprint: &str,
+        options: GerminationOptions,
+    ) -> Result<()> {
+        let device = self.device();
+        self.slot_mut(slot)?.germinate(blueprint, options, device)
+    }
+
+    /// Germinates a prebuilt module (from [`crate::prefetch`]) in `slot`.
+    pub fn germinate_module(
+        &mut self,
+        slot: SlotId,
+        module: SeedModule,
+        options: GerminationOptions,
+    ) -> Result<()> {
+        self.slot_mut(slot)?.germinate_module(module, options)
+    }
+
+    /// See [`SeedSlot::advance_stage`].
+    pub fn advance_stage(&mut self, slot: SlotId, target: Option<SeedStage>) -> Result<GateOutcome> {
+        self.slot_mut(slot)?.advance_stage(target)
+    }
+
+    /// See [`SeedSlot::fossilize`].
+    pub fn fossilize(&mut self, slot: SlotId) -> Result<GateOutcome> {
+        self.slot_mut(slot)?.fossilize()
+    }
+
+    /// See [`SeedSlot::prune`].
+    pub fn prune(&mut self, slot: SlotId, reason: &str, initiator: PruneInitiator) -> Result<bool> {
+        self.slot_mut(slot)?.prune(reason, initiator)
+    }
+
+    /// See [`SeedSlot::schedule_prune`].
+    pub fn schedule_prune(
+        &mut self,
+        slot: SlotId,
+        steps: u32,
+        curve: AlphaCurve,
+        steepness: f64,
+    ) -> Result<PruneSchedule> {
+        self.slot_mut(slot)?.schedule_prune(steps, curve, steepness)
+    }
+
+    /// Runs [`SeedSlot::step_epoch`] on every slot.
+    pub fn step_epoch(&mut self) -> Result<()> {
+        self.slots.iter_mut().try_for_each(SeedSlot::step_epoch)
+    }
+
+    /// Records accuracies (percent) on every slot that holds a live seed.
+    pub fn record_accuracy(&mut self, train_accuracy: f64, val_accuracy: f64) -> Result<()> {
+        for slot in &mut self.slots {
+            if slot.stage().is_some_and(|stage| !stage.is_failure()) {
+                slot.record_accuracy(train_accuracy, val_accuracy)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Measures the current gradients (after `backward`): the host's L2
+    /// norm and every live seed's, recorded on each slot (gradient ratio
+    /// EMA and health, used by G2). Reads values back: call it outside any
+    /// captured CUDA graph.
+    pub fn measure_gradients(&mut self) -> Result<()> {
+        let host_parameters: Vec<Tensor> = self.host_parameters().into_iter().map(|(_, t)| t).collect();
+        let host_norm = gradient_norm(&host_parameters)?;
+        let host_count: i64 = host_parameters.iter().map(|t| t.numel() as i64).sum();
+        for slot in &mut self.slots {
+            if slot.seed_module().is_some() {
+                let seed_norm = slot.seed_gradient_norm()?;
+                slot.record_gradient_norms(seed_norm, host_norm, host_count)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's trainable parameters, sorted by name.
+    pub fn host_parameters(&self) -> Vec<(String, Tensor)> {
+        trainable_parameters(self.host.var_store())
+    }
+
+    /// Every trainable parameter in the documented order: host (sorted by
+    /// name), then each live seed in slot execution order.
+    pub fn parameters(&self) -> Vec<NamedParameter> {
+        let mut parameters: Vec<NamedParameter> = self
+            .host_parameters()
+            .into_iter()
+            .map(|(name, tensor)| NamedParameter {
+                owner: ParameterOwner::Host,
+                name,
+                tensor,
+            })
+            .collect();
+        for slot in &self.slots {
+            parameters.extend(slot.parameters().into_iter().map(|(name, tensor)| {
+                NamedParameter {
+                    owner: ParameterOwner::Seed(slot.id()),
+                    name,
+                    tensor,
+                }
+            }));
+        }
+        parameters
+    }
+
+    /// The flattened-parameter layout (see [`crate::masks`]).
+    pub fn seed_masks(&self) -> SeedMasks {
+        let mut owners = vec![("host".to_owned(), None, self.host_parameters())];
+        for slot in &self.slots {
+            if slot.seed_module().is_some() {
+                owners.push((
+                    slot.id().to_string(),
+                    slot.state().map(|state| state.seed_id().to_owned()),
+                    slot.parameters(),
+                ));
+            }
+        }
+        SeedMasks::layout(owners)
+    }
+
+    /// One step of every live seed's own optimizer.
+    pub fn step_seed_optimizers(&mut self) -> Result<()> {
+        self.slots.iter_mut().try_for_each(SeedSlot::optimizer_step)
+    }
+
+    /// Zeroes every seed's gradients.
+    pub fn zero_seed_grads(&mut self) -> Result<()> {
+        self.slots.iter_mut().try_for_each(SeedSlot::zero_grad)
+    }
+}
