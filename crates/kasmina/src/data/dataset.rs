@@ -1,0 +1,422 @@
+//! The in-memory [`Dataset`]: shuffle, split, select and batch.
+//!
+//! Orders come from [`super::shuffle::permutation`], computed on the host, so
+//! a seed gives the same order on every device. Unshuffled batches are views
+//! (`narrow`); shuffled ones are gathered with `index_select`.
+
+use tch::{Device, Kind, Tensor};
+
+use super::shuffle::permutation;
+use super::{DataError, Result, torch_error};
+
+/// How many samples go to the first part of [`Dataset::split`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SplitSize {
+    /// A fraction in `[0, 1]` of the samples, rounded to the nearest count.
+    Fraction(f64),
+    /// An exact number of samples, at most the data set's length.
+    Count(usize),
+}
+
+/// Samples and labels held in memory, on one device.
+///
+/// # Shapes
+/// - `images`: `[N, C, H, W]` for image data sets, `[N, F]` for the tabular
+///   reference task; `f32`, already normalised.
+/// - `labels`: `[N]`, `i64`, each in `0..num_classes`.
+#[derive(Debug)]
+pub struct Dataset {
+    name: String,
+    images: Tensor,
+    labels: Tensor,
+    num_classes: usize,
+}
+
+impl Dataset {
+    /// Builds a data set after checking that `labels` is a 1-D `i64` tensor
+    /// with one label per sample, on the same device as `images`, and that
+    /// every label lies in `0..num_classes` (this reads the labels back).
+    pub fn new(
+        name: impl Into<String>,
+        images: Tensor,
+        labels: Tensor,
+        num_classes: usize,
+    ) -> Result<Self> {
+        const OP: &str = "Dataset::new";
+        let invalid = |reason: String| DataError::InvalidArgument { op: OP, reason };
+        if num_classes == 0 {
+            return Err(invalid("num_classes must be at least 1".to_string()));
+        }
+        if images.dim() == 0 {
+            return Err(invalid(
+                "images must have a leading sample dimension".to_string(),
+            ));
+        }
+        let label_kind = labels.f_kind().map_err(torch_error(OP))?;
+        if labels.dim() != 1 || label_kind != Kind::Int64 {
+            return Err(invalid(format!(
+                "labels must be a 1-D Int64 tensor, got shape {:?} of {label_kind:?}",
+                labels.size()
+            )));
+        }
+        let (n_images, n_labels) = (images.size()[0], labels.size()[0]);
+        if n_images != n_labels {
+            return Err(invalid(format!("{n_images} samples but {n_labels} labels")));
+        }
+        if images.device() != labels.device() {
+            return Err(invalid(format!(
+                "images on {:?} but labels on {:?}",
+                images.device(),
+                labels.device()
+            )));
+        }
+        if n_labels > 0 {
+            let min = labels
+                .f_min()
+                .and_then(|t| t.f_int64_value(&[]))
+                .map_err(torch_error(OP))?;
+            let max = labels
+                .f_max()
+                .and_then(|t| t.f_int64_value(&[]))
+                .map_err(torch_error(OP))?;
+            if min < 0 || max >= num_classes as i64 {
+                return Err(invalid(format!(
+                    "labels span {min}..={max}, outside 0..{num_classes}"
+                )));
+            }
+        }
+        Ok(Self {
+            name: name.into(),
+            images,
+            labels,
+            num_classes,
+        })
+    }
+
+    /// A data set made of parts already known to be consistent (derived from
+    /// a checked one by selection, slicing or a device move).
+    fn derived(&self, name: String, images: Tensor, labels: Tensor) -> Self {
+        Self {
+            name,
+            images,
+            labels,
+            num_classes: self.num_classes,
+        }
+    }
+
+    /// The data set's name, e.g. `fashion-mnist/train`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The same data under another name (tensors shared, not copied).
+    pub fn with_name(self, name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..self
+        }
+    }
+
+    /// The samples, `[N, ...]` `f32`.
+    pub fn images(&self) -> &Tensor {
+        &self.images
+    }
+
+    /// The labels, `[N]` `i64`.
+    pub fn labels(&self) -> &Tensor {
+        &self.labels
+    }
+
+    /// Number of classes (labels lie in `0..num_classes`).
+    pub fn num_classes(&self) -> usize {
+        self.num_classes
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.labels.size()[0] as usize
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Shape of one sample, e.g. `[1, 28, 28]`.
+    pub fn sample_shape(&self) -> Vec<i64> {
+        self.images.size()[1..].to_vec()
+    }
+
+    /// The device holding the tensors.
+    pub fn device(&self) -> Device {
+        self.images.device()
+    }
+
+    /// Another handle on the same tensors (no copy).
+    pub fn shallow_clone(&self) -> Self {
+        self.derived(
+            self.name.clone(),
+            self.images.shallow_clone(),
+            self.labels.shallow_clone(),
+        )
+    }
+
+    /// The samples at `indices`, in that order (copied with `index_select`).
+    /// Every index must lie in `0..len()`; repeats are allowed.
+    pub fn select(&self, indices: &[i64]) -> Result<Self> {
+        const OP: &str = "Dataset::select";
+        let n = self.len() as i64;
+        if let Some(bad) = indices.iter().find(|&&i| i < 0 || i >= n) {
+            return Err(DataError::InvalidArgument {
+                op: OP,
+                reason: format!("index {bad} is outside 0..{n} of {}", self.name),
+            });
+        }
+        let index = Tensor::f_from_slice(indices)
+            .and_then(|t| t.f_to_device(self.device()))
+            .map_err(torch_error(OP))?;
+        self.gather(OP, self.name.clone(), &index)
+    }
+
+    fn gather(&self, op: &'static str, name: String, index: &Tensor) -> Result<Self> {
+        let images = self
+            .images
+            .f_index_select(0, index)
+            .map_err(torch_error(op))?;
+        let labels = self
+            .labels
+            .f_index_select(0, index)
+            .map_err(torch_error(op))?;
+        Ok(self.derived(name, images, labels))
+    }
+
+    /// Samples `start..start + len` as views on the same storage (no copy).
+    pub fn slice(&self, start: usize, len: usize) -> Result<Self> {
+        const OP: &str = "Dataset::slice";
+        if start.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(DataError::InvalidArgument {
+                op: OP,
+                reason: format!(
+                    "{start}..{start}+{len} is outside 0..{} of {}",
+                    self.len(),
+                    self.name
+                ),
+            });
+        }
+        let images = self
+            .images
+            .f_narrow(0, start as i64, len as i64)
+            .map_err(torch_error(OP))?;
+        let labels = self
+            .labels
+            .f_narrow(0, start as i64, len as i64)
+            .map_err(torch_error(OP))?;
+        Ok(self.derived(self.name.clone(), images, labels))
+    }
+
+    /// All samples in the order of [`permutation`]`(len, seed)`.
+    pub fn shuffled(&self, seed: u64) -> Result<Self> {
+        self.select(&permutation(self.len(), seed))
+    }
+
+    /// Splits into two disjoint parts that together hold every sample once.
+    ///
+    /// The first part gets `size` samples. With `seed = Some(s)` the samples
+    /// are dealt in the order of [`permutation`]`(len, s)` (so each part is a
+    /// random subset, itself in random order); with `None` the first part is
+    /// the leading samples and the second the rest, both views (no copy).
+    /// The parts are named `<name>/first` and `<name>/second`.
+    pub fn split(&self, size: SplitSize, seed: Option<u64>) -> Result<(Self, Self)> {
+        const OP: &str = "Dataset::split";
+        let n = self.len();
+        let first_len = match size {
+            SplitSize::Fraction(fraction) if (0.0..=1.0).contains(&fraction) => {
+                (fraction * n as f64).round() as usize
+            }
+            SplitSize::Count(count) if count <= n => count,
+            _ => {
+                return Err(DataError::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "{size:?} is not a fraction in [0, 1] or a count up to the {n} samples of {}",
+                        self.name
+                    ),
+                });
+            }
+        };
+        let (first_name, second_name) = (
+            format!("{}/first", self.name),
+            format!("{}/second", self.name),
+        );
+        match seed {
+            None => {
+                let first = self.slice(0, first_len)?.with_name(first_name);
+                let second = self.slice(first_len, n - first_len)?.with_name(second_name);
+                Ok((first, second))
+            }
+            Some(seed) => {
+                let order = permutation(n, seed);
+                let (head, tail) = order.split_at(first_len);
+                let first = self.select(head)?.with_name(first_name);
+                let second = self.select(tail)?.with_name(second_name);
+                Ok((first, second))
+            }
+        }
+    }
+
+    /// One epoch of `(images, labels)` batches of `batch_size` samples.
+    ///
+    /// With `shuffle_seed = Some(s)` the epoch visits the samples in the order
+    /// of [`permutation`]`(len, s)` (pass a new seed each epoch, e.g. from
+    /// [`super::shuffle::epoch_seed`]); with `None` it visits them in stored
+    /// order and the batches are views. Every sample appears exactly once per
+    /// epoch, except that with `drop_last` a final batch smaller than
+    /// `batch_size` is skipped. The permutation is uploaded to the data set's
+    /// device once per epoch, not once per batch.
+    pub fn batches(
+        &self,
+        batch_size: usize,
+        shuffle_seed: Option<u64>,
+        drop_last: bool,
+    ) -> Result<Batches> {
+        const OP: &str = "Dataset::batches";
+        if batch_size == 0 {
+            return Err(DataError::InvalidArgument {
+                op: OP,
+                reason: "batch_size must be at least 1".to_string(),
+            });
+        }
+        let n = self.len();
+        let order = match shuffle_seed {
+            None => None,
+            Some(seed) => Some(
+                Tensor::f_from_slice(&permutation(n, seed))
+                    .and_then(|t| t.f_to_device(self.device()))
+                    .map_err(torch_error(OP))?,
+            ),
+        };
+        let n_batches = if drop_last {
+            n / batch_size
+        } else {
+            n.div_ceil(batch_size)
+        };
+        Ok(Batches {
+            images: self.images.shallow_clone(),
+            labels: self.labels.shallow_clone(),
+            order,
+            n_samples: n,
+            batch_size,
+            n_batches,
+            next_batch: 0,
+        })
+    }
+
+    /// The data set on `device` (a copy unless it is already there).
+    pub fn to_device(&self, device: Device) -> Result<Self> {
+        const OP: &str = "Dataset::to_device";
+        let images = self.images.f_to_device(device).map_err(torch_error(OP))?;
+        let labels = self.labels.f_to_device(device).map_err(torch_error(OP))?;
+        Ok(self.derived(self.name.clone(), images, labels))
+    }
+
+    /// The data set in page-locked host memory, so copies to a CUDA device can
+    /// be asynchronous.
+    ///
+    /// Pinning only means something with CUDA: when no CUDA device is
+    /// available, or the data already lives on a CUDA device, this returns
+    /// the data set unchanged (a shallow clone) rather than failing, so the
+    /// same code runs on CPU-only machines.
+    pub fn pin_memory(&self) -> Result<Self> {
+        const OP: &str = "Dataset::pin_memory";
+        if !tch::Cuda::is_available() || self.device() != Device::Cpu {
+            return Ok(self.shallow_clone());
+        }
+        let images = self
+            .images
+            .f_pin_memory(Device::Cuda(0))
+            .map_err(torch_error(OP))?;
+        let labels = self
+            .labels
+            .f_pin_memory(Device::Cuda(0))
+            .map_err(torch_error(OP))?;
+        Ok(self.derived(self.name.clone(), images, labels))
+    }
+
+    /// Whether the tensors are in page-locked host memory (always `false`
+    /// without CUDA).
+    pub fn is_pinned(&self) -> bool {
+        tch::Cuda::is_available()
+            && self.device() == Device::Cpu
+            && self.images.f_is_pinned(Device::Cuda(0)).unwrap_or(false)
+    }
+
+    /// Number of samples of each class, indexed by class.
+    pub fn class_counts(&self) -> Result<Vec<usize>> {
+        const OP: &str = "Dataset::class_counts";
+        let counts = self
+            .labels
+            .f_bincount::<Tensor>(None, self.num_classes as i64)
+            .and_then(|t| t.f_to_device(Device::Cpu))
+            .and_then(|t| Vec::<i64>::try_from(&t))
+            .map_err(torch_error(OP))?;
+        Ok(counts.into_iter().map(|count| count as usize).collect())
+    }
+}
+
+/// One epoch of batches from [`Dataset::batches`]: each item is
+/// `(images [B, ...], labels [B])` with `B = batch_size`, except possibly the
+/// last one.
+#[derive(Debug)]
+pub struct Batches {
+    images: Tensor,
+    labels: Tensor,
+    /// The epoch's order on the data set's device; `None` for stored order.
+    order: Option<Tensor>,
+    n_samples: usize,
+    batch_size: usize,
+    n_batches: usize,
+    next_batch: usize,
+}
+
+impl Batches {
+    fn batch(&self, batch_idx: usize) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "Batches::next";
+        let start = (batch_idx * self.batch_size) as i64;
+        let len = (self
+            .batch_size
+            .min(self.n_samples - batch_idx * self.batch_size)) as i64;
+        let pair = match &self.order {
+            None => self
+                .images
+                .f_narrow(0, start, len)
+                .and_then(|images| Ok((images, self.labels.f_narrow(0, start, len)?))),
+            Some(order) => order.f_narrow(0, start, len).and_then(|index| {
+                Ok((
+                    self.images.f_index_select(0, &index)?,
+                    self.labels.f_index_select(0, &index)?,
+                ))
+            }),
+        };
+        pair.map_err(torch_error(OP))
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<(Tensor, Tensor)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next_batch >= self.n_batches {
+            return None;
+        }
+        let batch = self.batch(self.next_batch);
+        self.next_batch += 1;
+        Some(batch)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.n_batches - self.next_batch;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for Batches {}

@@ -1,0 +1,701 @@
+//! Fashion-MNIST (gzipped IDX) and CIFAR-10 (binary) readers, on files the
+//! tests write themselves, plus one test on the real Fashion-MNIST files when
+//! they are installed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use kasmina::data::cifar10::{self, Cifar10Options};
+use kasmina::data::fashion_mnist::{self, FashionMnistOptions};
+use kasmina::data::{DataError, Dataset, Normalisation};
+use tempfile::TempDir;
+
+// ---------------------------------------------------------------- helpers
+
+const IMAGES_MAGIC: u32 = 0x0000_0803;
+const LABELS_MAGIC: u32 = 0x0000_0801;
+const N_TRAIN: usize = 12;
+const N_TEST: usize = 5;
+
+fn idx_bytes(magic: u32, dims: &[u32], values: &[u8]) -> Vec<u8> {
+    let mut bytes = magic.to_be_bytes().to_vec();
+    for dim in dims {
+        bytes.extend_from_slice(&dim.to_be_bytes());
+    }
+    bytes.extend_from_slice(values);
+    bytes
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// Pixel bytes covering the whole 0..=255 range, different per sample.
+fn pixel_pattern(n_values: usize, salt: usize) -> Vec<u8> {
+    (0..n_values)
+        .map(|i| ((i * 31 + salt * 7) % 256) as u8)
+        .collect()
+}
+
+fn labels_pattern(n: usize, salt: usize) -> Vec<u8> {
+    (0..n).map(|i| ((i * 3 + salt) % 10) as u8).collect()
+}
+
+struct FashionFixture {
+    dir: TempDir,
+    train_pixels: Vec<u8>,
+    train_labels: Vec<u8>,
+    test_pixels: Vec<u8>,
+    test_labels: Vec<u8>,
+}
+
+impl FashionFixture {
+    /// Four valid gzipped IDX files with 12 training and 5 test samples.
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Self {
+            dir,
+            train_pixels: pixel_pattern(N_TRAIN * 784, 1),
+            train_labels: labels_pattern(N_TRAIN, 1),
+            test_pixels: pixel_pattern(N_TEST * 784, 2),
+            test_labels: labels_pattern(N_TEST, 2),
+        };
+        fixture.write_idx(
+            fashion_mnist::TRAIN_IMAGES_FILE,
+            IMAGES_MAGIC,
+            &[N_TRAIN as u32, 28, 28],
+            &fixture.train_pixels,
+        );
+        fixture.write_idx(
+            fashion_mnist::TRAIN_LABELS_FILE,
+            LABELS_MAGIC,
+            &[N_TRAIN as u32],
+            &fixture.train_labels,
+        );
+        fixture.write_idx(
+            fashion_mnist::TEST_IMAGES_FILE,
+            IMAGES_MAGIC,
+            &[N_TEST as u32, 28, 28],
+            &fixture.test_pixels,
+        );
+        fixture.write_idx(
+            fashion_mnist::TEST_LABELS_FILE,
+            LABELS_MAGIC,
+            &[N_TEST as u32],
+            &fixture.test_labels,
+        );
+        fixture
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write_idx(&self, name: &str, magic: u32, dims: &[u32], values: &[u8]) {
+        std::fs::write(self.path(name), gzip(&idx_bytes(magic, dims, values))).unwrap();
+    }
+
+    fn options(&self) -> FashionMnistOptions {
+        FashionMnistOptions::from_dir(self.dir.path())
+    }
+
+    fn load_err(&self) -> DataError {
+        match fashion_mnist::load(self.options()) {
+            Ok(_) => panic!("loading the damaged fixture succeeded"),
+            Err(err) => err,
+        }
+    }
+}
+
+fn floats(tensor: &tch::Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(&tensor.flatten(0, -1)).unwrap()
+}
+
+fn longs(tensor: &tch::Tensor) -> Vec<i64> {
+    Vec::<i64>::try_from(&tensor.flatten(0, -1)).unwrap()
+}
+
+/// The message names `path` and carries the Fashion-MNIST remedy.
+fn assert_fashion_message(err: &DataError, path: &Path) {
+    let message = err.to_string();
+    assert!(
+        message.contains(&path.display().to_string()),
+        "message does not name {}: {message}",
+        path.display()
+    );
+    assert!(
+        message.contains("ESPER_FASHION_MNIST_DIR"),
+        "message does not name the variable: {message}"
+    );
+    assert!(
+        message.contains("FashionMnistOptions::dir"),
+        "message does not name the option: {message}"
+    );
+    assert!(
+        message.contains("cargo xtask provision"),
+        "message does not say how to install: {message}"
+    );
+}
+
+// ---------------------------------------------------------------- Fashion-MNIST
+
+#[test]
+fn fashion_pixels_and_labels_round_trip_exactly() {
+    let fixture = FashionFixture::new();
+    let options = FashionMnistOptions {
+        normalisation: Normalisation::identity(1),
+        ..fixture.options()
+    };
+    let (train, test) = fashion_mnist::load(options).unwrap();
+    assert_eq!(train.name(), "fashion-mnist/train");
+    assert_eq!(test.name(), "fashion-mnist/test");
+    assert_eq!(train.images().size(), vec![N_TRAIN as i64, 1, 28, 28]);
+    assert_eq!(test.images().size(), vec![N_TEST as i64, 1, 28, 28]);
+    assert_eq!(train.images().kind(), tch::Kind::Float);
+    assert_eq!(train.labels().kind(), tch::Kind::Int64);
+    assert_eq!(train.num_classes(), 10);
+    for (dataset, pixels, labels) in [
+        (&train, &fixture.train_pixels, &fixture.train_labels),
+        (&test, &fixture.test_pixels, &fixture.test_labels),
+    ] {
+        let expected: Vec<f32> = pixels.iter().map(|&byte| byte as f32 / 255.0).collect();
+        assert_eq!(floats(dataset.images()), expected);
+        assert_eq!(
+            longs(dataset.labels()),
+            labels.iter().map(|&label| label as i64).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+fn fashion_default_normalisation_uses_mean_0_2860_std_0_3530() {
+    let fixture = FashionFixture::new();
+    assert_eq!(
+        FashionMnistOptions::default().normalisation,
+        Normalisation {
+            mean: vec![0.2860],
+            std: vec![0.3530]
+        }
+    );
+    let (train, _) = fashion_mnist::load(fixture.options()).unwrap();
+    let got = floats(train.images());
+    for (value, &byte) in got.iter().zip(&fixture.train_pixels) {
+        let expected = (byte as f32 / 255.0 - 0.2860) / 0.3530;
+        assert!(
+            (value - expected).abs() < 1e-5,
+            "byte {byte}: {value} vs {expected}"
+        );
+    }
+    // Byte 0 and 255 are in the fixture, so the extremes are checked too.
+    let min = got.iter().cloned().fold(f32::INFINITY, f32::min);
+    let max = got.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    assert!((min - (-0.2860 / 0.3530)).abs() < 1e-5);
+    assert!((max - ((1.0 - 0.2860) / 0.3530)).abs() < 1e-5);
+}
+
+#[test]
+fn fashion_missing_directory_names_the_option_variable_and_provisioning() {
+    let fixture = FashionFixture::new();
+    let missing = fixture.path("nowhere");
+    let err = fashion_mnist::load(FashionMnistOptions::from_dir(&missing)).unwrap_err();
+    assert!(
+        matches!(err, DataError::MissingDirectory { ref path, .. } if *path == missing),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &missing);
+    assert!(
+        err.to_string()
+            .contains("chosen by FashionMnistOptions::dir"),
+        "{err}"
+    );
+}
+
+#[test]
+fn fashion_missing_file_is_named() {
+    for name in [
+        fashion_mnist::TRAIN_IMAGES_FILE,
+        fashion_mnist::TRAIN_LABELS_FILE,
+        fashion_mnist::TEST_IMAGES_FILE,
+        fashion_mnist::TEST_LABELS_FILE,
+    ] {
+        let fixture = FashionFixture::new();
+        std::fs::remove_file(fixture.path(name)).unwrap();
+        let err = fixture.load_err();
+        assert!(
+            matches!(err, DataError::MissingFile { ref path, .. } if *path == fixture.path(name)),
+            "{err:?}"
+        );
+        assert_fashion_message(&err, &fixture.path(name));
+    }
+}
+
+#[test]
+fn fashion_wrong_magic_number_is_reported_for_images_and_labels() {
+    let fixture = FashionFixture::new();
+    // A labels file where images belong: right data, wrong magic (0x801).
+    fixture.write_idx(
+        fashion_mnist::TRAIN_IMAGES_FILE,
+        LABELS_MAGIC,
+        &[N_TRAIN as u32],
+        &fixture.train_labels,
+    );
+    let err = fixture.load_err();
+    assert!(
+        matches!(
+            err,
+            DataError::BadMagic {
+                expected: 0x803,
+                found: 0x801,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TRAIN_IMAGES_FILE));
+
+    let fixture = FashionFixture::new();
+    // Signed-byte type (0x09) instead of unsigned (0x08).
+    fixture.write_idx(
+        fashion_mnist::TEST_LABELS_FILE,
+        0x0000_0901,
+        &[N_TEST as u32],
+        &fixture.test_labels,
+    );
+    let err = fixture.load_err();
+    assert!(
+        matches!(
+            err,
+            DataError::BadMagic {
+                expected: 0x801,
+                found: 0x901,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_LABELS_FILE));
+}
+
+#[test]
+fn fashion_truncated_file_reports_promised_and_present_bytes() {
+    let fixture = FashionFixture::new();
+    // The header promises 12 images; only 11 and a half are there.
+    let short = &fixture.train_pixels[..fixture.train_pixels.len() - 392 - 784];
+    fixture.write_idx(
+        fashion_mnist::TRAIN_IMAGES_FILE,
+        IMAGES_MAGIC,
+        &[N_TRAIN as u32, 28, 28],
+        short,
+    );
+    let err = fixture.load_err();
+    let promised = 16 + N_TRAIN as u64 * 784;
+    assert!(
+        matches!(err, DataError::Truncated { expected_bytes, found_bytes, .. }
+            if expected_bytes == promised && found_bytes == promised - 392 - 784),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TRAIN_IMAGES_FILE));
+
+    // A header cut in the middle of the dimensions.
+    let fixture = FashionFixture::new();
+    std::fs::write(
+        fixture.path(fashion_mnist::TEST_IMAGES_FILE),
+        gzip(&IMAGES_MAGIC.to_be_bytes()[..]).as_slice(),
+    )
+    .unwrap();
+    let err = fixture.load_err();
+    assert!(
+        matches!(
+            err,
+            DataError::Truncated {
+                expected_bytes: 16,
+                found_bytes: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_IMAGES_FILE));
+
+    // Labels: header promises 5, 3 present.
+    let fixture = FashionFixture::new();
+    fixture.write_idx(
+        fashion_mnist::TEST_LABELS_FILE,
+        LABELS_MAGIC,
+        &[N_TEST as u32],
+        &fixture.test_labels[..3],
+    );
+    let err = fixture.load_err();
+    assert!(
+        matches!(
+            err,
+            DataError::Truncated {
+                expected_bytes: 13,
+                found_bytes: 11,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_LABELS_FILE));
+}
+
+#[test]
+fn fashion_trailing_data_is_reported() {
+    let fixture = FashionFixture::new();
+    let mut long = fixture.train_labels.clone();
+    long.push(3);
+    fixture.write_idx(
+        fashion_mnist::TRAIN_LABELS_FILE,
+        LABELS_MAGIC,
+        &[N_TRAIN as u32],
+        &long,
+    );
+    let err = fixture.load_err();
+    assert!(
+        matches!(
+            err,
+            DataError::TrailingData {
+                expected_bytes: 20,
+                found_bytes: 21,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TRAIN_LABELS_FILE));
+}
+
+#[test]
+fn fashion_cut_gzip_stream_and_plain_file_are_decompression_errors() {
+    let fixture = FashionFixture::new();
+    let path = fixture.path(fashion_mnist::TRAIN_IMAGES_FILE);
+    let compressed = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &compressed[..compressed.len() / 2]).unwrap();
+    let err = fixture.load_err();
+    assert!(matches!(err, DataError::Decompress { .. }), "{err:?}");
+    assert_fashion_message(&err, &path);
+
+    let fixture = FashionFixture::new();
+    let path = fixture.path(fashion_mnist::TEST_LABELS_FILE);
+    std::fs::write(
+        &path,
+        idx_bytes(LABELS_MAGIC, &[N_TEST as u32], &fixture.test_labels),
+    )
+    .unwrap();
+    let err = fixture.load_err();
+    assert!(matches!(err, DataError::Decompress { .. }), "{err:?}");
+    assert_fashion_message(&err, &path);
+}
+
+#[test]
+fn fashion_label_out_of_range_names_sample_and_file() {
+    for bad_label in [10u8, 255] {
+        let fixture = FashionFixture::new();
+        let mut labels = fixture.test_labels.clone();
+        labels[3] = bad_label;
+        fixture.write_idx(
+            fashion_mnist::TEST_LABELS_FILE,
+            LABELS_MAGIC,
+            &[N_TEST as u32],
+            &labels,
+        );
+        let err = fixture.load_err();
+        assert!(
+            matches!(err, DataError::LabelOutOfRange { sample: 3, label, num_classes: 10, .. } if label == bad_label),
+            "{err:?}"
+        );
+        assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_LABELS_FILE));
+    }
+}
+
+#[test]
+fn fashion_wrong_image_dimensions_are_reported() {
+    let fixture = FashionFixture::new();
+    let pixels = pixel_pattern(N_TRAIN * 32 * 32, 3);
+    fixture.write_idx(
+        fashion_mnist::TRAIN_IMAGES_FILE,
+        IMAGES_MAGIC,
+        &[N_TRAIN as u32, 32, 32],
+        &pixels,
+    );
+    let err = fixture.load_err();
+    assert!(
+        matches!(err, DataError::BadDimensions { ref expected, ref found, .. }
+            if expected.contains("28x28") && found.contains("32x32")),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TRAIN_IMAGES_FILE));
+}
+
+#[test]
+fn fashion_image_and_label_counts_must_agree() {
+    let fixture = FashionFixture::new();
+    fixture.write_idx(
+        fashion_mnist::TEST_LABELS_FILE,
+        LABELS_MAGIC,
+        &[4],
+        &fixture.test_labels[..4],
+    );
+    let err = fixture.load_err();
+    assert!(
+        matches!(
+            err,
+            DataError::CountMismatch {
+                images: 5,
+                labels: 4,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_LABELS_FILE));
+    assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_IMAGES_FILE));
+}
+
+#[test]
+fn fashion_rejects_a_normalisation_with_the_wrong_channel_count() {
+    let fixture = FashionFixture::new();
+    let options = FashionMnistOptions {
+        normalisation: Normalisation::cifar10(),
+        ..fixture.options()
+    };
+    let err = fashion_mnist::load(options).unwrap_err();
+    assert!(matches!(err, DataError::InvalidArgument { .. }), "{err:?}");
+}
+
+/// The real files from Debian's `dataset-fashion-mnist`, when installed.
+#[test]
+fn real_fashion_mnist_has_60000_train_and_10000_test_samples_balanced() {
+    let dir = fashion_mnist::data_dir(&FashionMnistOptions::default());
+    if !dir.join(fashion_mnist::TRAIN_IMAGES_FILE).is_file() {
+        println!(
+            "skipping: Fashion-MNIST is not installed in {} (run `cargo xtask provision` or set {})",
+            dir.display(),
+            fashion_mnist::DIR_ENV
+        );
+        return;
+    }
+    let (train, test) = fashion_mnist::load(FashionMnistOptions::default()).unwrap();
+    assert_eq!(train.len(), 60_000);
+    assert_eq!(test.len(), 10_000);
+    assert_eq!(train.sample_shape(), vec![1, 28, 28]);
+    assert_eq!(train.class_counts().unwrap(), vec![6_000; 10]);
+    assert_eq!(test.class_counts().unwrap(), vec![1_000; 10]);
+    // Normalised with the data set's own statistics: mean near 0, std near 1.
+    let mean = train.images().mean(tch::Kind::Float).double_value(&[]);
+    let std = train.images().std(true).double_value(&[]);
+    assert!(mean.abs() < 0.01, "train mean {mean}");
+    assert!((std - 1.0).abs() < 0.01, "train std {std}");
+}
+
+// ---------------------------------------------------------------- CIFAR-10
+
+const RECORD: usize = 3073;
+
+/// `n` CIFAR records: label `(i + salt) % 10`, pixels from `pixel_pattern`.
+fn cifar_records(n: usize, salt: usize) -> Vec<u8> {
+    let pixels = pixel_pattern(n * 3072, salt);
+    let mut records = Vec::with_capacity(n * RECORD);
+    for i in 0..n {
+        records.push(((i + salt) % 10) as u8);
+        records.extend_from_slice(&pixels[i * 3072..(i + 1) * 3072]);
+    }
+    records
+}
+
+/// Training file `k` (0-based) holds `2 + k` records; the test file 3.
+fn write_cifar(dir: &Path) -> (Vec<Vec<u8>>, Vec<u8>) {
+    std::fs::create_dir_all(dir).unwrap();
+    let train: Vec<Vec<u8>> = (0..5).map(|k| cifar_records(2 + k, k)).collect();
+    for (name, records) in cifar10::TRAIN_FILES.iter().zip(&train) {
+        std::fs::write(dir.join(name), records).unwrap();
+    }
+    let test = cifar_records(3, 7);
+    std::fs::write(dir.join(cifar10::TEST_FILE), &test).unwrap();
+    (train, test)
+}
+
+fn split_records(records: &[u8]) -> (Vec<u8>, Vec<i64>) {
+    let pixels = records
+        .chunks(RECORD)
+        .flat_map(|record| record[1..].to_vec())
+        .collect();
+    let labels = records
+        .chunks(RECORD)
+        .map(|record| record[0] as i64)
+        .collect();
+    (pixels, labels)
+}
+
+fn assert_cifar_message(err: &DataError, path: &Path) {
+    let message = err.to_string();
+    assert!(
+        message.contains(&path.display().to_string()),
+        "message does not name {}: {message}",
+        path.display()
+    );
+    assert!(
+        message.contains("ESPER_CIFAR10_DIR"),
+        "message does not name the variable: {message}"
+    );
+}
+
+#[test]
+fn cifar_records_round_trip_in_file_order_chw() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train_files, test_file) = write_cifar(dir.path());
+    let options = Cifar10Options {
+        normalisation: Normalisation::identity(3),
+        ..Cifar10Options::from_dir(dir.path())
+    };
+    let (train, test) = cifar10::load(options).unwrap();
+    assert_eq!(train.name(), "cifar10/train");
+    assert_eq!(test.name(), "cifar10/test");
+    assert_eq!(train.images().size(), vec![2 + 3 + 4 + 5 + 6, 3, 32, 32]);
+    assert_eq!(test.images().size(), vec![3, 3, 32, 32]);
+    let (train_pixels, train_labels) = split_records(&train_files.concat());
+    assert_eq!(
+        floats(train.images()),
+        train_pixels
+            .iter()
+            .map(|&b| b as f32 / 255.0)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(longs(train.labels()), train_labels);
+    let (test_pixels, test_labels) = split_records(&test_file);
+    assert_eq!(
+        floats(test.images()),
+        test_pixels
+            .iter()
+            .map(|&b| b as f32 / 255.0)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(longs(test.labels()), test_labels);
+    // CHW: byte 1 + 1024 * c + 32 * y + x of a record is pixel (c, y, x).
+    let record = &test_file[RECORD..2 * RECORD];
+    let value = test.images().double_value(&[1, 2, 5, 7]) as f32;
+    assert_eq!(value, record[1 + 2 * 1024 + 5 * 32 + 7] as f32 / 255.0);
+}
+
+#[test]
+fn cifar_default_normalisation_is_per_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, test_file) = write_cifar(dir.path());
+    let (_, test) = cifar10::load(Cifar10Options::from_dir(dir.path())).unwrap();
+    let mean = [0.4914f32, 0.4822, 0.4465];
+    let std = [0.2470f32, 0.2435, 0.2616];
+    let (pixels, _) = split_records(&test_file);
+    for (i, (value, byte)) in floats(test.images()).iter().zip(pixels).enumerate() {
+        let channel = (i / 1024) % 3;
+        let expected = (byte as f32 / 255.0 - mean[channel]) / std[channel];
+        assert!(
+            (value - expected).abs() < 1e-5,
+            "value {i} (channel {channel}): {value} vs {expected}"
+        );
+    }
+}
+
+#[test]
+fn cifar_accepts_the_archive_sub_folder() {
+    let root = tempfile::tempdir().unwrap();
+    write_cifar(&root.path().join(cifar10::BATCHES_SUBDIR));
+    let (train, test) = cifar10::load(Cifar10Options::from_dir(root.path())).unwrap();
+    assert_eq!((train.len(), test.len()), (20, 3));
+}
+
+#[test]
+fn cifar_load_files_reads_one_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train_files, _) = write_cifar(dir.path());
+    let batch = cifar10::load_files(
+        "one",
+        &[dir.path().join("data_batch_3.bin")],
+        &Normalisation::identity(3),
+    )
+    .unwrap();
+    assert_eq!(batch.name(), "one");
+    let (_, labels) = split_records(&train_files[2]);
+    assert_eq!(longs(batch.labels()), labels);
+}
+
+#[test]
+fn cifar_file_size_not_a_multiple_of_3073_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (train_files, _) = write_cifar(dir.path());
+    let path = dir.path().join("data_batch_2.bin");
+    std::fs::write(&path, &train_files[1][..train_files[1].len() - 100]).unwrap();
+    let err = cifar10::load(Cifar10Options::from_dir(dir.path())).unwrap_err();
+    assert!(
+        matches!(err, DataError::BadRecordSize { size, record_size: 3073, .. } if size == 3 * 3073 - 100),
+        "{err:?}"
+    );
+    assert_cifar_message(&err, &path);
+    assert!(
+        err.to_string().contains("multiple of the 3073-byte"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cifar_label_out_of_range_names_record_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut test_file) = write_cifar(dir.path());
+    test_file[2 * RECORD] = 10;
+    let path = dir.path().join(cifar10::TEST_FILE);
+    std::fs::write(&path, &test_file).unwrap();
+    let err = cifar10::load(Cifar10Options::from_dir(dir.path())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DataError::LabelOutOfRange {
+                sample: 2,
+                label: 10,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_cifar_message(&err, &path);
+}
+
+#[test]
+fn cifar_missing_directory_and_file_are_named() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = root.path().join("nowhere");
+    let err = cifar10::load(Cifar10Options::from_dir(&missing)).unwrap_err();
+    assert!(
+        matches!(err, DataError::MissingDirectory { ref path, .. } if *path == missing),
+        "{err:?}"
+    );
+    assert_cifar_message(&err, &missing);
+    assert!(err.to_string().contains("Cifar10Options::dir"), "{err}");
+
+    write_cifar(root.path());
+    let path = root.path().join("data_batch_4.bin");
+    std::fs::remove_file(&path).unwrap();
+    let err = cifar10::load(Cifar10Options::from_dir(root.path())).unwrap_err();
+    assert!(
+        matches!(err, DataError::MissingFile { path: ref missing_path, .. } if *missing_path == path),
+        "{err:?}"
+    );
+    assert_cifar_message(&err, &path);
+}
+
+#[test]
+fn loaded_data_sets_batch_like_any_other() {
+    let dir = tempfile::tempdir().unwrap();
+    write_cifar(dir.path());
+    let (train, _): (Dataset, Dataset) =
+        cifar10::load(Cifar10Options::from_dir(dir.path())).unwrap();
+    let sizes: Vec<i64> = train
+        .batches(8, Some(1), false)
+        .unwrap()
+        .map(|batch| batch.unwrap().0.size()[0])
+        .collect();
+    assert_eq!(sizes, vec![8, 8, 4]);
+}
