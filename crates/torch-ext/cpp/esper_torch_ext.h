@@ -1,0 +1,123 @@
+// esper_torch_ext.h: the C ABI between the torch-ext C++ shim and Rust.
+//
+// Conventions (mirrored by src/ffi.rs, which must be kept in sync by hand):
+// - Every fallible entry point returns `char*`: NULL on success, otherwise a
+//   heap-allocated, NUL-terminated error message that the caller releases
+//   with esper_free_string. No C++ exception ever crosses this boundary.
+// - Tensors are passed as `void*` pointing at an `at::Tensor` (tch's
+//   `C_tensor`); tensors the shim returns are `new at::Tensor` that tch's
+//   `Tensor::from_ptr` takes ownership of.
+// - Streams travel by value as EsperStream (c10's pack3 triple); events and
+//   graphs are opaque heap objects with an explicit free function.
+// - CUDA entry points assume the caller (Rust) already checked that a CUDA
+//   device exists; they still fail with a message rather than crash.
+#pragma once
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct EsperStream {
+  int64_t stream_id;
+  int64_t device_index;
+  int64_t device_type;
+} EsperStream;
+
+typedef struct EsperAutocastState {
+  int32_t enabled;
+  int32_t dtype;
+  int32_t cache_enabled;
+} EsperAutocastState;
+
+void esper_free_string(char* message);
+
+// ---- device.cpp: devices, memory, streams, events, copies ----
+int32_t esper_cuda_device_count(void);
+char* esper_cuda_synchronize(int32_t device);
+char* esper_cuda_set_sync_debug_mode(int32_t mode);
+char* esper_cuda_get_sync_debug_mode(int32_t* mode);
+char* esper_cuda_memory_stats(int32_t device, uint64_t* allocated_current,
+                              uint64_t* allocated_peak, uint64_t* reserved_current);
+char* esper_cuda_reset_peak_memory_stats(int32_t device);
+char* esper_cuda_empty_cache(void);
+char* esper_cuda_device_name(int32_t device, char** name);
+char* esper_cuda_device_capability(int32_t device, int32_t* major, int32_t* minor);
+char* esper_cuda_runtime_versions(int32_t* runtime, int32_t* driver);
+
+char* esper_stream_from_pool(int32_t device, int32_t high_priority, EsperStream* out);
+char* esper_stream_current(int32_t device, EsperStream* out);
+char* esper_stream_default(int32_t device, EsperStream* out);
+char* esper_stream_set_current(EsperStream stream);
+char* esper_stream_synchronize(EsperStream stream);
+char* esper_stream_query(EsperStream stream, int32_t* done);
+char* esper_stream_wait_stream(EsperStream waiter, EsperStream other);
+char* esper_stream_wait_event(EsperStream waiter, void* event);
+
+char* esper_event_new(int32_t enable_timing, void** out);
+void esper_event_free(void* event);
+char* esper_event_record(void* event, EsperStream stream);
+char* esper_event_synchronize(void* event);
+char* esper_event_query(void* event, int32_t* done);
+char* esper_event_elapsed_ms(void* start, void* end, float* out);
+
+char* esper_copy_(void* dst, const void* src, int32_t non_blocking);
+
+// ---- graph.cpp: CUDA graphs ----
+char* esper_graph_pool_handle(uint64_t* first, uint64_t* second);
+char* esper_graph_new(void** out);
+void esper_graph_free(void* graph);
+char* esper_graph_capture_begin(void* graph, uint64_t pool_first, uint64_t pool_second,
+                                int32_t capture_mode);
+char* esper_graph_capture_end(void* graph);
+char* esper_graph_capture_abort(void* graph, EsperStream stream);
+char* esper_graph_pool(void* graph, uint64_t* first, uint64_t* second);
+char* esper_graph_replay(void* graph);
+char* esper_graph_reset(void* graph);
+char* esper_stream_is_capturing(EsperStream stream, int32_t* capturing);
+
+// ---- modes.cpp: precision flags, inference mode, autocast ----
+char* esper_set_allow_tf32(int32_t matmul, int32_t cudnn);
+char* esper_get_allow_tf32(int32_t* matmul, int32_t* cudnn);
+char* esper_set_float32_matmul_precision(int32_t precision);
+char* esper_get_float32_matmul_precision(int32_t* precision);
+char* esper_set_cudnn_flags(int32_t benchmark, int32_t deterministic);
+char* esper_get_cudnn_flags(int32_t* benchmark, int32_t* deterministic);
+
+char* esper_inference_mode_enter(void** out);
+void esper_inference_mode_exit(void* guard);
+int32_t esper_inference_mode_is_enabled(void);
+char* esper_tensor_is_inference(const void* tensor, int32_t* out);
+
+char* esper_autocast_enter(int32_t device_type, int32_t dtype, int32_t cache_enabled,
+                           EsperAutocastState* previous);
+char* esper_autocast_exit(int32_t device_type, EsperAutocastState previous);
+char* esper_autocast_state(int32_t device_type, EsperAutocastState* out);
+
+// ---- fused.cpp: multi-tensor (foreach) and fused optimizer kernels ----
+char* esper_foreach_zero_(void* const* tensors, int64_t n);
+char* esper_foreach_add_list_(void* const* tensors, void* const* others, int64_t n, double alpha);
+char* esper_foreach_add_scalar_(void* const* tensors, int64_t n, double scalar);
+char* esper_foreach_mul_scalar_(void* const* tensors, int64_t n, double scalar);
+char* esper_foreach_mul_tensor_(void* const* tensors, int64_t n, const void* scalar_tensor);
+char* esper_foreach_copy_(void* const* dst, void* const* src, int64_t n, int32_t non_blocking);
+char* esper_foreach_norm(void* const* tensors, int64_t n, double ord, void** out);
+char* esper_clip_grad_norm_(void* const* grads, int64_t n, double max_norm, double norm_type,
+                            void** total_norm_out);
+char* esper_amp_foreach_non_finite_check_and_unscale_(void* const* grads, int64_t n,
+                                                      void* found_inf, const void* inv_scale);
+char* esper_fused_sgd_(void* const* params, void* const* grads, void* const* momentum_buffers,
+                       int64_t n, int64_t n_momentum, double weight_decay, double momentum,
+                       double lr, const void* lr_tensor, double dampening, int32_t nesterov,
+                       int32_t maximize, int32_t is_first_step, const void* grad_scale,
+                       const void* found_inf);
+char* esper_fused_adamw_(void* const* params, void* const* grads, void* const* exp_avgs,
+                         void* const* exp_avg_sqs, void* const* state_steps, int64_t n,
+                         double lr, const void* lr_tensor, double beta1, double beta2,
+                         double weight_decay, double eps, int32_t maximize,
+                         const void* grad_scale, const void* found_inf);
+
+#ifdef __cplusplus
+}
+#endif

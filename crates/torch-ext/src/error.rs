@@ -1,0 +1,55 @@
+//! The crate's error type.
+
+/// Everything that can go wrong in torch-ext.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CUDA-only operation was asked for on a machine without a CUDA device
+    /// (or without a driver). Callers fall back to the CPU / eager path.
+    #[error("CUDA not available")]
+    CudaUnavailable,
+    /// A device index at or beyond the number of CUDA devices.
+    #[error("CUDA device {device} does not exist ({count} devices)")]
+    InvalidDevice {
+        /// The index asked for.
+        device: usize,
+        /// How many CUDA devices there are.
+        count: usize,
+    },
+    /// The C++ side threw (a `c10::Error`, a CUDA error, ...); `message` is
+    /// its text without the C++ backtrace.
+    #[error("{op}: {message}")]
+    Cpp {
+        /// The torch-ext operation that failed.
+        op: &'static str,
+        /// The C++ exception message.
+        message: String,
+    },
+    /// An argument the shim would reject, caught on the Rust side first.
+    #[error("{op}: {message}")]
+    InvalidArgument {
+        /// The torch-ext operation.
+        op: &'static str,
+        /// What is wrong with the argument.
+        message: String,
+    },
+    /// A closure run by torch-ext (the body of a graph capture) panicked. The
+    /// panic was caught; it never unwound through C++.
+    #[error("panic in captured body: {message}")]
+    Panic {
+        /// The panic payload, when it was a string.
+        message: String,
+    },
+    /// A closure run by torch-ext (the body of a graph capture) returned an
+    /// error.
+    #[error("captured body failed during {phase}: {message}")]
+    Body {
+        /// `"warm-up"` or `"capture"`.
+        phase: &'static str,
+        /// The error the body returned.
+        message: String,
+    },
+}
+
+/// The crate's result type.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,82 @@
+//! torch-ext: the libtorch pieces tch 0.24 does not wrap, as a small C++ shim
+//! plus a safe Rust API.
+//!
+//! # What is here
+//!
+//! - [`cuda`]: availability, device synchronisation, sync-debug mode,
+//!   caching-allocator statistics, device name and CUDA versions.
+//! - [`CudaStream`] / [`StreamGuard`], [`CudaEvent`]: side streams, making a
+//!   stream current, ordering and GPU timing.
+//! - [`CudaGraph`] / [`GraphPool`]: CUDA-graph capture and replay
+//!   (`at::cuda::CUDAGraph`), with shared memory pools.
+//! - [`copy_non_blocking`]: `copy_(src, non_blocking=true)`.
+//! - [`precision`]: TF32, float32 matmul precision, cuDNN benchmark and
+//!   determinism switches.
+//! - [`InferenceModeGuard`], [`AutocastGuard`]: inference mode and autocast
+//!   with a chosen dtype (bf16 or fp16, CPU or CUDA).
+//! - [`fused`]: `_foreach_*` multi-tensor ops, fused SGD / AdamW steps, AMP
+//!   unscale and a read-back-free `clip_grad_norm_`.
+//!
+//! On a machine without CUDA every CUDA-only function returns
+//! [`Error::CudaUnavailable`]; nothing crashes. Precision switches, modes,
+//! copies and the fused ops work on CPU too.
+//!
+//! # The shim
+//!
+//! `build.rs` compiles `cpp/*.cpp` with the `cc` crate against the libtorch
+//! that `LIBTORCH` points at (set by `.cargo/config.toml`), with
+//! `-std=c++17 -D_GLIBCXX_USE_CXX11_ABI=1`, and links `torch_cuda`, `c10_cuda`
+//! and `libcudart.so.13`. `cpp/esper_torch_ext.h` is the whole C ABI; `src/ffi.rs`
+//! declares it on the Rust side. Conventions:
+//!
+//! - Every fallible C entry point wraps its body in `try { } catch (...)` and
+//!   returns NULL or a heap error message (turned into [`Error::Cpp`] and
+//!   freed by [`ffi`]'s `check`). No C++ exception crosses into Rust.
+//! - Tensors cross as the `at::Tensor*` that tch's `Tensor::as_ptr` returns
+//!   (tch's `C_tensor` is `torch::Tensor`); tensors created by the shim are
+//!   `new at::Tensor` handed to `Tensor::from_ptr`, which owns and frees them.
+//! - Streams cross by value (c10's `pack3` triple); events, graphs and the
+//!   inference-mode guard are opaque heap objects freed exactly once in `Drop`.
+//! - No Rust callback is ever invoked from C++: a graph capture calls
+//!   `capture_begin`, runs the body in Rust under `catch_unwind`, then calls
+//!   `capture_end` or the clean-abort entry point.
+//!
+//! # Safety argument
+//!
+//! Each `unsafe` block carries a `// SAFETY:` comment. They rely on: (1) the
+//! header and `ffi.rs` agreeing (checked by the CPU tests, which call every
+//! entry point); (2) pointers passed in being live for the call, which holds
+//! because they come from borrowed tch tensors, slices, or owned handles;
+//! (3) owned handles being freed exactly once (`NonNull` fields, freed only in
+//! `Drop`); (4) thread-local libtorch state (current stream, inference mode,
+//! autocast) being changed and restored on one thread, enforced by making
+//! those guards `!Send`.
+//!
+//! # Capture rules
+//!
+//! See [`graph`]: warm up on the same side stream you capture on (the capture
+//! function does it for you), never read values back inside the body, write
+//! results into pre-allocated tensors, keep optimizer state on the device
+//! (e.g. [`fused::adamw_step`]'s device step counts), share one [`GraphPool`]
+//! between graphs replayed in capture order. Captures use
+//! `cudaStreamCaptureModeThreadLocal` by default (see [`CaptureMode`]).
+
+mod autocast;
+mod copy;
+pub mod cuda;
+mod error;
+mod event;
+mod ffi;
+pub mod fused;
+pub mod graph;
+mod inference;
+pub mod precision;
+mod stream;
+
+pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};
+pub use copy::copy_non_blocking;
+pub use error::{Error, Result};
+pub use event::CudaEvent;
+pub use graph::{CaptureMode, CudaGraph, GraphPool};
+pub use inference::{InferenceModeGuard, is_inference, is_inference_mode_enabled};
+pub use stream::{CudaStream, StreamGuard};
