@@ -1,0 +1,352 @@
+//! The `tolaria-reference` benchmark: every execution mode on one device,
+//! warm-up epochs then measured epochs, summarised as a
+//! `leyline::baseline::BaselineRecord` (DESIGN.md §7).
+//!
+//! Per mode it records epoch latency percentiles (host wall time of a whole
+//! epoch, staging and readback included), the first epoch, capture time,
+//! staging time, device time per replayed step, four bare replays of the
+//! captured step (the floor a graph-step epoch approaches) and peak device
+//! memory. `esper bench tolaria-reference` is the thin front end.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use leyline::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry, percentile};
+use serde::{Deserialize, Serialize};
+use tch::Device;
+
+use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, TrainerConfig};
+use crate::error::Result;
+use crate::telemetry::CollectingSink;
+use crate::trainer::{Trainer, resolve_device};
+
+/// Workload name in records.
+pub const WORKLOAD: &str = "tolaria-reference";
+
+/// One benchmarked configuration: an execution mode and a step kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variant {
+    /// Execution mode.
+    pub mode: ExecutionMode,
+    /// Step implementation.
+    pub step: StepKind,
+}
+
+impl Variant {
+    /// The record's mode name: the execution mode, with `-autograd` appended
+    /// for the autograd step.
+    pub fn name(&self) -> String {
+        match self.step {
+            StepKind::Fused => self.mode.name().to_owned(),
+            StepKind::Autograd => format!("{}-autograd", self.mode.name()),
+        }
+    }
+
+    /// Parses [`Variant::name`].
+    pub fn from_name(name: &str) -> Option<Variant> {
+        let (mode_name, step) = match name.strip_suffix("-autograd") {
+            Some(mode_name) => (mode_name, StepKind::Autograd),
+            None => (name, StepKind::Fused),
+        };
+        ExecutionMode::from_name(mode_name).map(|mode| Variant { mode, step })
+    }
+
+    /// The variants `esper bench` runs by default on `device`: every mode
+    /// with the fused step, then eager and graph-step with autograd for
+    /// comparison (only eager ones on the CPU).
+    pub fn defaults(cuda: bool) -> Vec<Variant> {
+        let fused = |mode| Variant {
+            mode,
+            step: StepKind::Fused,
+        };
+        let autograd = |mode| Variant {
+            mode,
+            step: StepKind::Autograd,
+        };
+        if cuda {
+            vec![
+                fused(ExecutionMode::Eager),
+                fused(ExecutionMode::GraphStep),
+                fused(ExecutionMode::GraphEpoch),
+                autograd(ExecutionMode::Eager),
+                autograd(ExecutionMode::GraphStep),
+            ]
+        } else {
+            vec![fused(ExecutionMode::Eager), autograd(ExecutionMode::Eager)]
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    /// Record label.
+    pub label: String,
+    /// Device to run on.
+    pub device: DeviceChoice,
+    /// Variants to run (empty: [`Variant::defaults`]).
+    pub variants: Vec<Variant>,
+    /// Unmeasured epochs first (graph capture happens in them).
+    pub warmup_epochs: usize,
+    /// Measured epochs.
+    pub measured_epochs: usize,
+    /// Samples of bare replays (each: one epoch's worth of step replays, or
+    /// one epoch replay, then one synchronization).
+    pub bare_replay_samples: usize,
+    /// Back-to-back replays timed with events for `replay_us_per_step`.
+    pub timed_replays: usize,
+}
+
+impl BenchOptions {
+    /// Full settings (20 warm-up, 300 measured epochs), or a smoke run.
+    pub fn new(label: &str, device: DeviceChoice, quick: bool) -> BenchOptions {
+        BenchOptions {
+            label: label.to_owned(),
+            device,
+            variants: Vec::new(),
+            warmup_epochs: if quick { 5 } else { 20 },
+            measured_epochs: if quick { 30 } else { 300 },
+            bare_replay_samples: if quick { 30 } else { 300 },
+            timed_replays: if quick { 50 } else { 500 },
+        }
+    }
+}
+
+/// Runs the benchmark; `progress` receives one line per stage.
+pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    let device = resolve_device(options.device)?;
+    let variants = if options.variants.is_empty() {
+        Variant::defaults(device.is_cuda())
+    } else {
+        options.variants.clone()
+    };
+    let mut results = Vec::new();
+    let mut telemetry_names = BTreeSet::new();
+    let mut precision = None;
+    for variant in &variants {
+        let name = variant.name();
+        progress(&format!(
+            "[rust {name}] {} warm-up + {} measured epochs on {}",
+            options.warmup_epochs,
+            options.measured_epochs,
+            device_label(device)
+        ));
+        let config = variant_config(*variant, device);
+        precision.get_or_insert(config.precision);
+        match run_variant(&config, options, progress) {
+            Ok((metrics, names)) => {
+                progress(&format!(
+                    "[rust {name}] epoch p50 {:.4} ms, p95 {:.4} ms",
+                    metrics.get("epoch_ms_p50").copied().unwrap_or(f64::NAN),
+                    metrics.get("epoch_ms_p95").copied().unwrap_or(f64::NAN)
+                ));
+                telemetry_names.extend(names);
+                results.push(ResultEntry {
+                    implementation: "rust".to_owned(),
+                    mode: name,
+                    metrics,
+                    error: None,
+                });
+            }
+            Err(error) => {
+                progress(&format!("[rust {name}] failed: {error}"));
+                results.push(ResultEntry {
+                    implementation: "rust".to_owned(),
+                    mode: name,
+                    metrics: BTreeMap::new(),
+                    error: Some(error.to_string()),
+                });
+            }
+        }
+    }
+    let reference = TrainerConfig::reference();
+    let params = serde_json::json!({
+        "model": format!("Linear({}->{})", reference.n_features, reference.n_classes),
+        "n_samples": reference.n_samples,
+        "n_features": reference.n_features,
+        "n_classes": reference.n_classes,
+        "batch_size": reference.batch_size,
+        "steps_per_epoch": reference.steps_per_epoch(),
+        "learning_rate": reference.learning_rate,
+        "momentum": reference.momentum,
+        "seed": reference.seed,
+        "warmup_epochs": options.warmup_epochs,
+        "measured_epochs": options.measured_epochs,
+        "bare_replay_samples": options.bare_replay_samples,
+        "timed_replays": options.timed_replays,
+        "staging": "eager and graph-step: packed pinned host buffer, one H2D copy per epoch on a staging stream; graph-epoch: device-resident",
+        "readback": "one device-to-host copy of the loss/confusion buffer per epoch",
+        "epoch_ms": "host wall time of a whole epoch including staging and readback",
+        "trainer_config": serde_json::to_value(variant_config(variants.first().copied().unwrap_or(Variant { mode: ExecutionMode::Eager, step: StepKind::Fused }), device)).unwrap_or_default(),
+    });
+    Ok(BaselineRecord {
+        schema: BASELINE_SCHEMA,
+        workload: WORKLOAD.to_owned(),
+        label: options.label.clone(),
+        environment: environment(device, precision.is_some_and(|p| p.allow_tf32))?,
+        params,
+        results,
+        telemetry_names: telemetry_names.into_iter().collect(),
+    })
+}
+
+/// The trainer configuration of one variant on `device`.
+pub fn variant_config(variant: Variant, device: Device) -> TrainerConfig {
+    TrainerConfig {
+        mode: variant.mode,
+        step: variant.step,
+        device: match device {
+            Device::Cuda(index) => DeviceChoice::Cuda(index),
+            _ => DeviceChoice::Cpu,
+        },
+        data_placement: if variant.mode == ExecutionMode::GraphEpoch {
+            DataPlacement::Device
+        } else {
+            DataPlacement::PinnedHost
+        },
+        ..TrainerConfig::reference()
+    }
+}
+
+fn run_variant(
+    config: &TrainerConfig,
+    options: &BenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(BTreeMap<String, f64>, BTreeSet<String>)> {
+    let device = resolve_device(config.device)?;
+    if let Device::Cuda(index) = device {
+        torch_ext::cuda::synchronize(index)?;
+        torch_ext::cuda::reset_peak_memory_stats(index)?;
+    }
+    let sink = CollectingSink::new();
+    let mut trainer = Trainer::with_telemetry(config.clone(), Box::new(sink.clone()))?;
+    let mut metrics = BTreeMap::new();
+    let mut warmup = Vec::with_capacity(options.warmup_epochs);
+    for _ in 0..options.warmup_epochs {
+        warmup.push(trainer.train_epoch()?);
+    }
+    if let Some(first) = warmup.first() {
+        metrics.insert("first_epoch_ms".to_owned(), first.epoch_ms);
+    }
+    let mut epoch_ms = Vec::with_capacity(options.measured_epochs);
+    let mut h2d_ms = Vec::new();
+    let mut replayed_epochs = 0usize;
+    let mut last = None;
+    let report_every = (options.measured_epochs / 4).max(1);
+    for index in 0..options.measured_epochs {
+        let report = trainer.train_epoch()?;
+        epoch_ms.push(report.epoch_ms);
+        if let Some(ms) = report.h2d_ms {
+            h2d_ms.push(ms);
+        }
+        if report.graph_enabled() {
+            replayed_epochs += 1;
+        }
+        if (index + 1) % report_every == 0 {
+            progress(&format!(
+                "[rust {}] measured {}/{}",
+                Variant {
+                    mode: config.mode,
+                    step: config.step
+                }
+                .name(),
+                index + 1,
+                options.measured_epochs
+            ));
+        }
+        last = Some(report);
+    }
+    let mut put = |key: &str, value: Option<f64>| {
+        if let Some(value) = value {
+            metrics.insert(key.to_owned(), value);
+        }
+    };
+    put("epoch_ms_p50", percentile(&epoch_ms, 50.0));
+    put("epoch_ms_p95", percentile(&epoch_ms, 95.0));
+    put("epoch_ms_max", percentile(&epoch_ms, 100.0));
+    put(
+        "epoch_ms_mean",
+        (!epoch_ms.is_empty()).then(|| epoch_ms.iter().sum::<f64>() / epoch_ms.len() as f64),
+    );
+    put("h2d_ms_p50", percentile(&h2d_ms, 50.0));
+    put("h2d_ms_p95", percentile(&h2d_ms, 95.0));
+    put("capture_ms", trainer.capture_ms());
+    put("measured_epochs", Some(epoch_ms.len() as f64));
+    put("steps_per_epoch", Some(config.steps_per_epoch() as f64));
+    put(
+        "graph_replayed_epochs_fraction",
+        (!epoch_ms.is_empty()).then(|| replayed_epochs as f64 / epoch_ms.len() as f64),
+    );
+    put(
+        "fused_sgd_kernel",
+        Some(f64::from(u8::from(trainer.uses_fused_sgd()))),
+    );
+    if let Some(report) = &last {
+        put("final_train_loss", Some(report.loss));
+        put("final_train_accuracy", Some(report.accuracy));
+    }
+    put(
+        "graph_fallback_events",
+        Some(
+            sink.events(leyline::telemetry::TOLARIA_GRAPH_FALLBACK)
+                .len() as f64,
+        ),
+    );
+    if let Some(validation) = trainer.validate()? {
+        put("validation_loss", Some(validation.loss));
+        put("validation_accuracy", Some(validation.accuracy));
+    }
+    if config.mode.uses_graphs() {
+        let replays_per_sample = match config.mode {
+            ExecutionMode::GraphEpoch => 1,
+            _ => config.steps_per_epoch(),
+        };
+        let mut bare = Vec::with_capacity(options.bare_replay_samples);
+        for _ in 0..options.bare_replay_samples {
+            if let Some(ms) = trainer.time_bare_replays(replays_per_sample)? {
+                bare.push(ms);
+            }
+        }
+        put("bare_replays_per_sample", Some(replays_per_sample as f64));
+        put("bare_replays_ms_p50", percentile(&bare, 50.0));
+        put("bare_replays_ms_p95", percentile(&bare, 95.0));
+        put(
+            "replay_us_per_step",
+            trainer.replay_us_per_step(options.timed_replays)?,
+        );
+    }
+    if let Some(peak) = trainer.peak_memory_bytes()? {
+        put("peak_device_memory_bytes", Some(peak as f64));
+    }
+    Ok((metrics, sink.names()))
+}
+
+fn device_label(device: Device) -> String {
+    match device {
+        Device::Cuda(index) => torch_ext::cuda::device_name(index).map_or_else(
+            |_| format!("cuda:{index}"),
+            |name| format!("{name} (cuda:{index})"),
+        ),
+        _ => "cpu".to_owned(),
+    }
+}
+
+/// The record's environment for `device`.
+pub fn environment(device: Device, tf32: bool) -> Result<Environment> {
+    let mut environment = Environment::cpu_only();
+    environment.torch = std::env::var("ESPER_TORCH_VERSION")
+        .unwrap_or_else(|_| "2.11.0 (libtorch for tch 0.24)".to_owned());
+    environment.tf32 = tf32;
+    environment.amp = "off".to_owned();
+    environment.extra.insert(
+        "torch_threads".to_owned(),
+        serde_json::Value::from(tch::get_num_threads()),
+    );
+    if let Device::Cuda(index) = device {
+        environment.device = torch_ext::cuda::device_name(index)?;
+        let (runtime, driver) = torch_ext::cuda::runtime_versions()?;
+        environment.cuda = runtime;
+        environment.driver = std::env::var("ESPER_DRIVER_VERSION")
+            .unwrap_or_else(|_| format!("CUDA driver API {driver}"));
+    }
+    Ok(environment)
+}

@@ -1,0 +1,226 @@
+//! The trainer's configuration: one explicit serde struct, serialized next to
+//! benchmark results so a record says exactly what ran.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TolariaError};
+
+/// How each training step is executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExecutionMode {
+    /// Every op launched from the host, every step.
+    Eager,
+    /// Warm up eagerly on the capture stream, capture one step per microbatch
+    /// shape, then copy each microbatch into static buffers and replay.
+    GraphStep,
+    /// Dataset resident on the device; a whole epoch (accumulator reset and
+    /// every microbatch's step) captured as one graph, one replay per epoch.
+    GraphEpoch,
+}
+
+impl ExecutionMode {
+    /// Every mode, in benchmark order.
+    pub const ALL: [ExecutionMode; 3] = [
+        ExecutionMode::Eager,
+        ExecutionMode::GraphStep,
+        ExecutionMode::GraphEpoch,
+    ];
+
+    /// The kebab-case name used on the command line and in records.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecutionMode::Eager => "eager",
+            ExecutionMode::GraphStep => "graph-step",
+            ExecutionMode::GraphEpoch => "graph-epoch",
+        }
+    }
+
+    /// Parses [`ExecutionMode::name`].
+    pub fn from_name(name: &str) -> Option<ExecutionMode> {
+        ExecutionMode::ALL
+            .into_iter()
+            .find(|mode| mode.name() == name)
+    }
+
+    /// Whether the mode replays CUDA graphs.
+    pub fn uses_graphs(self) -> bool {
+        !matches!(self, ExecutionMode::Eager)
+    }
+}
+
+/// Where the training set lives between epochs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataPlacement {
+    /// Page-locked host memory (plain host memory on a CPU-only run); each
+    /// epoch's microbatches are staged to the device on the staging stream.
+    PinnedHost,
+    /// Copied to the device once at start-up; epochs read it in place.
+    Device,
+}
+
+/// How the gradient of a step is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StepKind {
+    /// Hand-derived backward for linear + softmax cross-entropy: the loss
+    /// gradient is one `_log_softmax_backward_data`, the weight gradient one
+    /// matrix product, and the optimizer update is fused. Fewest kernels.
+    Fused,
+    /// libtorch autograd (`torch::autograd::grad`) and a device-resident SGD
+    /// update: the general path, kept as the reference the fused step is
+    /// checked against.
+    Autograd,
+}
+
+/// Which device to train on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceChoice {
+    /// CUDA device 0 when present, else the CPU.
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The CUDA device with this index.
+    Cuda(usize),
+}
+
+/// `torch.set_float32_matmul_precision` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MatmulPrecision {
+    /// Full fp32 matrix products.
+    Highest,
+    /// TF32 (or bf16x3) matrix products allowed.
+    High,
+    /// bf16 matrix products allowed.
+    Medium,
+}
+
+/// Numeric settings applied once when a trainer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrecisionConfig {
+    /// Allow TF32 in cuBLAS matrix products and cuDNN convolutions.
+    pub allow_tf32: bool,
+    /// Float32 matrix-product precision.
+    pub matmul_precision: MatmulPrecision,
+}
+
+impl Default for PrecisionConfig {
+    fn default() -> Self {
+        PrecisionConfig {
+            allow_tf32: true,
+            matmul_precision: MatmulPrecision::High,
+        }
+    }
+}
+
+/// Everything a [`crate::Trainer`] needs to know: the `tolaria-reference`
+/// workload (DESIGN.md §6) by default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerConfig {
+    /// Seed of the synthetic data and of the parameter initialisation.
+    pub seed: u64,
+    /// Training samples.
+    pub n_samples: usize,
+    /// Validation samples (0: no validation set).
+    pub n_validation_samples: usize,
+    /// Input features of the linear host.
+    pub n_features: usize,
+    /// Output classes.
+    pub n_classes: usize,
+    /// Microbatch size; the last microbatch is smaller when `n_samples` is not
+    /// a multiple of it.
+    pub batch_size: usize,
+    /// SGD learning rate.
+    pub learning_rate: f64,
+    /// SGD momentum (dampening 0, no Nesterov, no weight decay).
+    pub momentum: f64,
+    /// Device to train on.
+    pub device: DeviceChoice,
+    /// Step execution mode.
+    pub mode: ExecutionMode,
+    /// Where the training set lives.
+    pub data_placement: DataPlacement,
+    /// Gradient computation.
+    pub step: StepKind,
+    /// Fused step only: update with torch-ext's fused SGD kernel
+    /// (`at::_fused_sgd_`, one kernel) instead of `mul_` + `addmm_` + `addcmul_`.
+    pub fused_sgd: bool,
+    /// Eager steps run on the capture stream before the first capture.
+    pub graph_warmup_steps: usize,
+    /// TF32 / matmul precision, set once at start-up.
+    pub precision: PrecisionConfig,
+}
+
+impl Default for TrainerConfig {
+    fn default() -> Self {
+        TrainerConfig::reference()
+    }
+}
+
+impl TrainerConfig {
+    /// The `tolaria-reference` workload: Linear(16->4), 16 samples, batch 4
+    /// (4 steps per epoch), SGD lr 0.01 momentum 0.9, eager on the best device.
+    pub fn reference() -> TrainerConfig {
+        TrainerConfig {
+            seed: 20_251_001,
+            n_samples: 16,
+            n_validation_samples: 16,
+            n_features: 16,
+            n_classes: 4,
+            batch_size: 4,
+            learning_rate: 0.01,
+            momentum: 0.9,
+            device: DeviceChoice::Auto,
+            mode: ExecutionMode::Eager,
+            data_placement: DataPlacement::PinnedHost,
+            step: StepKind::Fused,
+            fused_sgd: true,
+            graph_warmup_steps: 3,
+            precision: PrecisionConfig::default(),
+        }
+    }
+
+    /// Microbatches per epoch.
+    pub fn steps_per_epoch(&self) -> usize {
+        self.n_samples.div_ceil(self.batch_size.max(1))
+    }
+
+    /// Checks ranges and combinations that cannot work.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: &'static str, reason: &str| {
+            Err(TolariaError::InvalidConfig {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.n_samples == 0 {
+            return invalid("n_samples", "must be at least 1");
+        }
+        if self.n_features == 0 {
+            return invalid("n_features", "must be at least 1");
+        }
+        if self.n_classes < 2 {
+            return invalid("n_classes", "must be at least 2");
+        }
+        if self.batch_size == 0 {
+            return invalid("batch_size", "must be at least 1");
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return invalid("learning_rate", "must be finite and positive");
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            return invalid("momentum", "must lie in [0, 1)");
+        }
+        if self.mode == ExecutionMode::GraphEpoch && self.data_placement != DataPlacement::Device {
+            return invalid(
+                "data_placement",
+                "graph-epoch replays the whole epoch from device memory: use `device`",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,385 @@
+//! CUDA execution pieces of the trainer: the compute/staging streams and
+//! events ([`CudaContext`]), per-shape step graphs ([`StepGraphs`]), the
+//! whole-epoch graph ([`EpochGraph`]), and the start-up precision settings.
+//!
+//! Capture rules (DESIGN.md §4): warm up on the capture stream (the trainer's
+//! compute stream, where every step runs), never read back inside a step, keep
+//! inputs in static device buffers, share one memory pool between graphs. A
+//! failed capture or an unseen shape falls back to eager and reports a
+//! `tolaria.graph_fallback` event with the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use leyline::proto::TelemetryEvent;
+use leyline::telemetry::{self as names, TelemetryLevel};
+use tch::{Device, Kind, Tensor};
+use torch_ext::{CudaEvent, CudaGraph, CudaStream, GraphPool};
+
+use crate::config::{MatmulPrecision, PrecisionConfig};
+use crate::error::{Result, TorchResultExt};
+use crate::step::{LinearCeState, StepViews};
+use crate::telemetry::event;
+
+/// Applies TF32 and matmul-precision settings (process-wide; call once).
+pub fn apply_precision(precision: &PrecisionConfig) -> Result<()> {
+    torch_ext::precision::set_allow_tf32(precision.allow_tf32, precision.allow_tf32);
+    torch_ext::precision::set_float32_matmul_precision(match precision.matmul_precision {
+        MatmulPrecision::Highest => torch_ext::precision::MatmulPrecision::Highest,
+        MatmulPrecision::High => torch_ext::precision::MatmulPrecision::High,
+        MatmulPrecision::Medium => torch_ext::precision::MatmulPrecision::Medium,
+    });
+    Ok(())
+}
+
+/// Streams, events and the graph pool of a trainer on one CUDA device.
+pub(crate) struct CudaContext {
+    /// Where every step runs, warm-up and capture included.
+    pub(crate) compute: CudaStream,
+    /// Where host-to-device staging copies run.
+    staging: CudaStream,
+    pool: GraphPool,
+    h2d_start: CudaEvent,
+    h2d_end: CudaEvent,
+    /// Recorded on `compute` after the metric readback copy.
+    pub(crate) done: CudaEvent,
+    /// Start event for replay timing.
+    pub(crate) timing_start: CudaEvent,
+    /// Page-locked destination of the metric readback.
+    readback: Tensor,
+}
+
+impl CudaContext {
+    pub(crate) fn new(device_index: usize, n_classes: usize) -> Result<CudaContext> {
+        let compute = CudaStream::from_pool(device_index, false)?;
+        let staging = CudaStream::from_pool(device_index, false)?;
+        let readback = Tensor::f_zeros(
+            [1 + (n_classes * n_classes) as i64],
+            (Kind::Float, Device::Cpu),
+        )
+        .op("zeros")?
+        .f_pin_memory(Device::Cuda(device_index))
+        .op("pin_memory")?;
+        Ok(CudaContext {
+            compute,
+            staging,
+            pool: GraphPool::new()?,
+            h2d_start: CudaEvent::new(true)?,
+            h2d_end: CudaEvent::new(true)?,
+            done: CudaEvent::new(true)?,
+            timing_start: CudaEvent::new(true)?,
+            readback,
+        })
+    }
+
+    /// Copies `host` into `device` on the staging stream between two timing
+    /// events, and makes the compute stream wait for it.
+    pub(crate) fn stage(&self, device: &Tensor, host: &Tensor) -> Result<()> {
+        {
+            let _staging = self.staging.make_current()?;
+            self.h2d_start.record(&self.staging)?;
+            torch_ext::copy_non_blocking(&mut device.shallow_clone(), host)?;
+            self.h2d_end.record(&self.staging)?;
+        }
+        self.compute.wait_event(&self.h2d_end)?;
+        Ok(())
+    }
+
+    /// Device time of the last staging copy (valid once the epoch's readback
+    /// completed).
+    pub(crate) fn h2d_elapsed_ms(&self) -> Result<f64> {
+        Ok(f64::from(self.h2d_start.elapsed_ms(&self.h2d_end)?))
+    }
+
+    /// Copies `metrics` to pinned memory on the compute stream and waits for
+    /// that one event: the epoch's only device-to-host synchronization.
+    pub(crate) fn read_metrics(&self, metrics: &Tensor) -> Result<Vec<f32>> {
+        torch_ext::copy_non_blocking(&mut self.readback.shallow_clone(), metrics)?;
+        self.done.record(&self.compute)?;
+        self.done.synchronize()?;
+        Vec::<f32>::try_from(&self.readback).op("metrics to_vec")
+    }
+
+    /// Captures `body` on the compute stream into the shared pool.
+    fn capture(
+        &self,
+        body: impl FnMut() -> std::result::Result<(), String>,
+    ) -> std::result::Result<(CudaGraph, f64), String> {
+        let started = Instant::now();
+        let graph = CudaGraph::capture(&self.compute, Some(&self.pool), 0, body)
+            .map_err(|error| error.to_string())?;
+        Ok((graph, started.elapsed().as_secs_f64() * 1e3))
+    }
+}
+
+/// What running one step or epoch through the graph machinery did.
+pub(crate) struct GraphRun {
+    pub(crate) replayed: bool,
+    pub(crate) capture_ms: Option<f64>,
+}
+
+/// A captured step graph with the static buffer it reads.
+struct CapturedStep {
+    graph: CudaGraph,
+    static_buffer: Tensor,
+    capture_ms: f64,
+}
+
+/// Step graphs by microbatch shape, for graph-step mode.
+pub(crate) struct StepGraphs {
+    warmup_remaining: usize,
+    /// Shapes (batch sizes) the trainer was built for; only these are captured.
+    planned: BTreeSet<usize>,
+    captured: BTreeMap<usize, CapturedStep>,
+    /// Shapes whose capture failed, with the reason.
+    failed: BTreeMap<usize, String>,
+    /// Shapes for which an unseen-shape fallback was already reported.
+    reported_unseen: BTreeSet<usize>,
+}
+
+impl StepGraphs {
+    pub(crate) fn new(warmup_steps: usize, spans: &[crate::data::MicrobatchSpan]) -> StepGraphs {
+        StepGraphs {
+            warmup_remaining: warmup_steps,
+            planned: spans.iter().map(|span| span.batch).collect(),
+            captured: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            reported_unseen: BTreeSet::new(),
+        }
+    }
+
+    pub(crate) fn warmup_remaining(&self) -> usize {
+        self.warmup_remaining
+    }
+
+    pub(crate) fn captured(&self) -> usize {
+        self.captured.len()
+    }
+
+    pub(crate) fn first_capture_ms(&self) -> Option<f64> {
+        self.captured.values().next().map(|step| step.capture_ms)
+    }
+
+    pub(crate) fn any_graph(&self) -> Option<&CudaGraph> {
+        self.captured.values().next().map(|step| &step.graph)
+    }
+
+    /// Runs one step: replay when a graph exists for its shape (after copying
+    /// the microbatch into the static buffer), eager during warm-up, capture
+    /// then replay on the first step after warm-up, eager plus a fallback
+    /// event for unseen shapes and failed captures.
+    pub(crate) fn run_step(
+        &mut self,
+        cuda: &CudaContext,
+        state: &mut LinearCeState,
+        views: &StepViews,
+        packed: &Tensor,
+        (n_features, n_classes): (usize, usize),
+        events: &mut Vec<TelemetryEvent>,
+    ) -> Result<GraphRun> {
+        let batch = views.batch;
+        if let Some(step) = self.captured.get_mut(&batch) {
+            torch_ext::copy_non_blocking(&mut step.static_buffer, packed)?;
+            step.graph.replay()?;
+            return Ok(GraphRun {
+                replayed: true,
+                capture_ms: None,
+            });
+        }
+        if self.failed.contains_key(&batch) {
+            state.step(views)?;
+            return Ok(GraphRun {
+                replayed: false,
+                capture_ms: None,
+            });
+        }
+        if !self.planned.contains(&batch) {
+            if self.reported_unseen.insert(batch) {
+                events.push(fallback_event(&format!(
+                    "unseen microbatch shape {:?}; captured shapes {:?}",
+                    views.shape(),
+                    self.captured.keys().collect::<Vec<_>>()
+                )));
+            }
+            state.step(views)?;
+            return Ok(GraphRun {
+                replayed: false,
+                capture_ms: None,
+            });
+        }
+        if self.warmup_remaining > 0 {
+            self.warmup_remaining -= 1;
+            state.step(views)?;
+            return Ok(GraphRun {
+                replayed: false,
+                capture_ms: None,
+            });
+        }
+        // Capture: fill a static buffer with this microbatch, record one step
+        // reading it, then replay to actually perform the step.
+        let mut static_buffer = Tensor::f_empty_like(packed).op("empty_like")?;
+        torch_ext::copy_non_blocking(&mut static_buffer, packed)?;
+        let span = crate::data::MicrobatchSpan { offset: 0, batch };
+        let static_views = StepViews::new(&static_buffer, span, n_features, n_classes)?;
+        let captured =
+            cuda.capture(|| state.step(&static_views).map_err(|error| error.to_string()));
+        match captured {
+            Ok((graph, capture_ms)) => {
+                graph.replay()?;
+                events.push(event(
+                    names::TOLARIA_GRAPH_ENABLED,
+                    TelemetryLevel::Info,
+                    "training step captured as a CUDA graph",
+                    &[
+                        ("capture_ms", format!("{capture_ms:.3}")),
+                        ("shape", format!("{:?}", views.shape())),
+                        ("mode", "graph-step".to_owned()),
+                    ],
+                ));
+                self.captured.insert(
+                    batch,
+                    CapturedStep {
+                        graph,
+                        static_buffer,
+                        capture_ms,
+                    },
+                );
+                Ok(GraphRun {
+                    replayed: true,
+                    capture_ms: Some(capture_ms),
+                })
+            }
+            Err(reason) => {
+                events.push(fallback_event(&format!("capture failed: {reason}")));
+                self.failed.insert(batch, reason);
+                state.step(views)?;
+                Ok(GraphRun {
+                    replayed: false,
+                    capture_ms: None,
+                })
+            }
+        }
+    }
+}
+
+/// The whole-epoch graph of graph-epoch mode.
+pub(crate) struct EpochGraph {
+    warmup_remaining: usize,
+    captured: Option<(Vec<usize>, CudaGraph, f64)>,
+    failed: Option<String>,
+    reported_unseen: BTreeSet<Vec<usize>>,
+}
+
+impl EpochGraph {
+    pub(crate) fn new(warmup_steps: usize) -> EpochGraph {
+        EpochGraph {
+            warmup_remaining: warmup_steps,
+            captured: None,
+            failed: None,
+            reported_unseen: BTreeSet::new(),
+        }
+    }
+
+    pub(crate) fn warmup_remaining(&self) -> usize {
+        self.warmup_remaining
+    }
+
+    pub(crate) fn capture_ms(&self) -> Option<f64> {
+        self.captured.as_ref().map(|(_, _, capture_ms)| *capture_ms)
+    }
+
+    pub(crate) fn graph(&self) -> Option<&CudaGraph> {
+        self.captured.as_ref().map(|(_, graph, _)| graph)
+    }
+
+    pub(crate) fn graph_ref(&self) -> Option<&CudaGraph> {
+        self.graph()
+    }
+
+    /// Runs one epoch (metric reset plus every step): one replay when the
+    /// captured epoch matches these microbatch shapes; eager while warming up
+    /// (whole epochs, until the warm-up steps are used), then capture and
+    /// replay; eager plus a fallback event otherwise.
+    pub(crate) fn run_epoch(
+        &mut self,
+        cuda: &CudaContext,
+        state: &mut LinearCeState,
+        views: &[StepViews],
+        events: &mut Vec<TelemetryEvent>,
+    ) -> Result<GraphRun> {
+        let key: Vec<usize> = views.iter().map(|step| step.batch).collect();
+        let eager = |state: &mut LinearCeState| -> Result<GraphRun> {
+            state.reset_metrics()?;
+            for step in views {
+                state.step(step)?;
+            }
+            Ok(GraphRun {
+                replayed: false,
+                capture_ms: None,
+            })
+        };
+        if let Some((captured_key, graph, _)) = &self.captured {
+            if *captured_key == key {
+                graph.replay()?;
+                return Ok(GraphRun {
+                    replayed: true,
+                    capture_ms: None,
+                });
+            }
+            if self.reported_unseen.insert(key.clone()) {
+                events.push(fallback_event(&format!(
+                    "unseen epoch shape (microbatch sizes {key:?}); captured {captured_key:?}"
+                )));
+            }
+            return eager(state);
+        }
+        if self.failed.is_some() {
+            return eager(state);
+        }
+        if self.warmup_remaining > 0 {
+            self.warmup_remaining = self.warmup_remaining.saturating_sub(views.len());
+            return eager(state);
+        }
+        let captured = cuda.capture(|| {
+            state.reset_metrics().map_err(|error| error.to_string())?;
+            for step in views {
+                state.step(step).map_err(|error| error.to_string())?;
+            }
+            Ok(())
+        });
+        match captured {
+            Ok((graph, capture_ms)) => {
+                graph.replay()?;
+                events.push(event(
+                    names::TOLARIA_GRAPH_ENABLED,
+                    TelemetryLevel::Info,
+                    "training epoch captured as one CUDA graph",
+                    &[
+                        ("capture_ms", format!("{capture_ms:.3}")),
+                        ("steps", views.len().to_string()),
+                        ("mode", "graph-epoch".to_owned()),
+                    ],
+                ));
+                self.captured = Some((key, graph, capture_ms));
+                Ok(GraphRun {
+                    replayed: true,
+                    capture_ms: Some(capture_ms),
+                })
+            }
+            Err(reason) => {
+                events.push(fallback_event(&format!("capture failed: {reason}")));
+                self.failed = Some(reason);
+                eager(state)
+            }
+        }
+    }
+}
+
+fn fallback_event(reason: &str) -> TelemetryEvent {
+    event(
+        names::TOLARIA_GRAPH_FALLBACK,
+        TelemetryLevel::Warning,
+        "graph mode fell back to eager",
+        &[("reason", reason.to_owned())],
+    )
+}

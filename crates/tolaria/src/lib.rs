@@ -1,0 +1,35 @@
+//! Tolaria: the Esper-rs training engine.
+//!
+//! This crate holds the fast path measured by the `tolaria-reference`
+//! workload (DESIGN.md §6): a linear host trained with softmax cross-entropy
+//! and SGD with momentum, in three execution modes ([`ExecutionMode`]):
+//! eager, one CUDA graph per step, and one CUDA graph per epoch.
+//!
+//! - [`config`]: the serde [`TrainerConfig`].
+//! - [`data`]: the seeded synthetic data set and its packed microbatch layout.
+//! - [`step`]: the training step (hand-derived fused backward, or autograd)
+//!   on device-resident parameters, momentum and metric accumulators.
+//! - [`graph`]: streams, events, step/epoch graph capture and fallback.
+//! - [`trainer`]: [`Trainer`], its epochs, validation and telemetry.
+//! - [`telemetry`]: where packets go ([`TelemetryOut`]).
+//! - [`bench`]: the `tolaria-reference` benchmark behind `esper bench`.
+//!
+//! GPU-only paths compile everywhere; on a machine without CUDA the graph
+//! modes return [`TolariaError::CudaRequired`].
+
+pub mod bench;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod graph;
+pub mod step;
+pub mod telemetry;
+pub mod trainer;
+
+pub use config::{
+    DataPlacement, DeviceChoice, ExecutionMode, MatmulPrecision, PrecisionConfig, StepKind,
+    TrainerConfig,
+};
+pub use error::{Result, TolariaError};
+pub use telemetry::{CollectingSink, NullSink, TelemetryOut};
+pub use trainer::{EpochReport, Trainer, ValidationReport};

@@ -1,0 +1,378 @@
+//! The training step of the reference host: a linear layer, softmax
+//! cross-entropy and SGD with momentum, on device-resident state.
+//!
+//! Two implementations share the same state and the same metric buffer:
+//!
+//! - [`StepKind::Fused`]: the backward is derived by hand. For logits
+//!   `z = x W^T` and batch-mean cross-entropy, `dL/dz = (softmax(z) - onehot) / B`,
+//!   which is exactly what `_log_softmax_backward_data` computes from the
+//!   log-probabilities and the packed `grad_seed = -onehot / B` (one kernel);
+//!   the gradient of the `[C, F + 1]` weight-and-bias matrix is one matrix
+//!   product, and the momentum update is one fused multi-tensor SGD kernel
+//!   where torch-ext provides it (else three elementwise/GEMM kernels).
+//! - [`StepKind::Autograd`]: libtorch autograd computes the gradient
+//!   (`torch::autograd::grad`, so no `.grad` is ever stored: grads stay None),
+//!   followed by the same device-resident SGD update.
+//!
+//! Neither reads anything back to the host: the batch-mean loss and a
+//! `[pred, target]` confusion matrix accumulate in one device buffer that the
+//! trainer reads once per epoch. Every op is capturable in a CUDA graph.
+
+use tch::{Kind, Reduction, Tensor};
+
+use crate::config::StepKind;
+use crate::data::MicrobatchSpan;
+use crate::error::{Result, TorchResultExt};
+
+/// The tensors one step reads, as views into a packed microbatch buffer.
+#[derive(Debug)]
+pub struct StepViews {
+    /// `[B, C]`: `-onehot / B`, the loss gradient with respect to the
+    /// log-probabilities.
+    pub grad_seed: Tensor,
+    /// `[B * C, 1]`: the same values as a column, for the loss dot product.
+    pub grad_seed_column: Tensor,
+    /// `[B, C]`: one-hot targets.
+    pub onehot: Tensor,
+    /// `[B, F + 1]`: inputs with a constant 1 column for the bias.
+    pub inputs: Tensor,
+    /// Samples in the microbatch.
+    pub batch: usize,
+}
+
+impl StepViews {
+    /// Views of the microbatch at `span` inside the flat buffer `packed`.
+    pub fn new(
+        packed: &Tensor,
+        span: MicrobatchSpan,
+        n_features: usize,
+        n_classes: usize,
+    ) -> Result<StepViews> {
+        let batch = span.batch as i64;
+        let classes = n_classes as i64;
+        let columns = n_features as i64 + 1;
+        let offset = span.offset as i64;
+        let block = |start: i64, rows: i64, cols: i64| -> Result<Tensor> {
+            packed
+                .f_narrow(0, start, rows * cols)
+                .op("narrow")?
+                .f_view([rows, cols])
+                .op("view")
+        };
+        let grad_seed = block(offset, batch, classes)?;
+        let grad_seed_column = block(offset, batch * classes, 1)?;
+        let onehot = block(offset + batch * classes, batch, classes)?;
+        let inputs = block(offset + 2 * batch * classes, batch, columns)?;
+        Ok(StepViews {
+            grad_seed,
+            grad_seed_column,
+            onehot,
+            inputs,
+            batch: span.batch,
+        })
+    }
+
+    /// The shape key graphs are captured for.
+    pub fn shape(&self) -> Vec<i64> {
+        self.inputs.size()
+    }
+}
+
+/// Parameters, optimizer state and the epoch's metric accumulators.
+#[derive(Debug)]
+pub struct LinearCeState {
+    kind: StepKind,
+    n_classes: usize,
+    /// `[C, F + 1]` weight columns then the bias column.
+    params: Tensor,
+    /// `[C, F + 1]` SGD momentum buffer (zero-initialised, so the first update
+    /// equals PyTorch's `buf = grad`).
+    momentum: Tensor,
+    /// `[C, F + 1]` gradient buffer written by the fused step's matrix product.
+    grad: Tensor,
+    /// 0-dim `-lr` on the device (the parameter update multiplies by it).
+    neg_lr: Tensor,
+    learning_rate: f64,
+    momentum_factor: f64,
+    /// Shallow handles of params, grad and momentum for torch-ext's fused SGD
+    /// (`at::_fused_sgd_`, one kernel); `None`: three separate kernels.
+    fused_sgd: Option<[Vec<Tensor>; 3]>,
+    /// `[1 + C * C]`: summed batch-mean loss, then the confusion matrix.
+    metrics: Tensor,
+    loss_sum: Tensor,
+    confusion: Tensor,
+}
+
+/// What a metric buffer holds after an epoch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochMetrics {
+    /// Mean of the microbatch mean losses.
+    pub loss: f64,
+    /// Correctly classified samples.
+    pub correct: usize,
+    /// Samples seen.
+    pub samples: usize,
+}
+
+impl EpochMetrics {
+    /// Fraction of samples classified correctly.
+    pub fn accuracy(&self) -> f64 {
+        if self.samples == 0 {
+            0.0
+        } else {
+            self.correct as f64 / self.samples as f64
+        }
+    }
+}
+
+impl LinearCeState {
+    /// State on `device` from row-major `[C, F + 1]` initial parameters.
+    pub fn new(
+        kind: StepKind,
+        initial_parameters: &[f32],
+        n_features: usize,
+        n_classes: usize,
+        learning_rate: f64,
+        momentum_factor: f64,
+        device: tch::Device,
+    ) -> Result<LinearCeState> {
+        let shape = [n_classes as i64, n_features as i64 + 1];
+        let params = Tensor::f_from_slice(initial_parameters)
+            .op("from_slice")?
+            .f_view(shape)
+            .op("view")?
+            .f_to_device(device)
+            .op("to_device")?;
+        let params = if kind == StepKind::Autograd {
+            params.set_requires_grad(true)
+        } else {
+            params
+        };
+        let zeros = |shape: &[i64]| Tensor::f_zeros(shape, (Kind::Float, device)).op("zeros");
+        let momentum = zeros(&shape)?;
+        let grad = zeros(&shape)?;
+        let neg_lr = Tensor::f_from_slice(&[-(learning_rate as f32)])
+            .op("from_slice")?
+            .f_view([] as [i64; 0])
+            .op("view")?
+            .f_to_device(device)
+            .op("to_device")?;
+        let metrics = zeros(&[1 + (n_classes * n_classes) as i64])?;
+        let loss_sum = metrics
+            .f_narrow(0, 0, 1)
+            .op("narrow")?
+            .f_view([1, 1])
+            .op("view")?;
+        let confusion = metrics
+            .f_narrow(0, 1, (n_classes * n_classes) as i64)
+            .op("narrow")?
+            .f_view([n_classes as i64, n_classes as i64])
+            .op("view")?;
+        Ok(LinearCeState {
+            kind,
+            n_classes,
+            params,
+            momentum,
+            grad,
+            neg_lr,
+            learning_rate,
+            momentum_factor,
+            fused_sgd: None,
+            metrics,
+            loss_sum,
+            confusion,
+        })
+    }
+
+    /// Chooses the fused step's optimizer update: torch-ext's fused SGD
+    /// kernel (`at::_fused_sgd_`) or `mul_` + `addmm_` + `addcmul_`.
+    pub fn set_fused_sgd(&mut self, enabled: bool) {
+        self.fused_sgd = enabled.then(|| {
+            [
+                vec![self.params.shallow_clone()],
+                vec![self.grad.shallow_clone()],
+                vec![self.momentum.shallow_clone()],
+            ]
+        });
+    }
+
+    /// Whether the fused step updates with a single fused SGD kernel.
+    pub fn uses_fused_sgd(&self) -> bool {
+        self.kind == StepKind::Fused && self.fused_sgd.is_some()
+    }
+
+    /// The step implementation.
+    pub fn kind(&self) -> StepKind {
+        self.kind
+    }
+
+    /// The `[C, F + 1]` parameter matrix (weight columns, then bias).
+    pub fn parameters(&self) -> &Tensor {
+        &self.params
+    }
+
+    /// The device metric buffer (`[1 + C * C]`).
+    pub fn metric_buffer(&self) -> &Tensor {
+        &self.metrics
+    }
+
+    /// Zeroes the loss and confusion accumulators (one memset).
+    pub fn reset_metrics(&mut self) -> Result<()> {
+        let _ = self.metrics.f_zero_().op("zero_")?;
+        Ok(())
+    }
+
+    /// One training step on `views`: forward, loss, backward, SGD update,
+    /// metric accumulation. Launches device work only; reads nothing back.
+    pub fn step(&mut self, views: &StepViews) -> Result<()> {
+        match self.kind {
+            StepKind::Fused => self.fused_step(views),
+            StepKind::Autograd => self.autograd_step(views),
+        }
+    }
+
+    fn fused_step(&mut self, views: &StepViews) -> Result<()> {
+        // [B, C] = [B, F + 1] x [F + 1, C]
+        let logits = views.inputs.f_mm(&self.params.tr()).op("mm")?;
+        let log_probs = logits.f_log_softmax(1, None::<Kind>).op("log_softmax")?;
+        // [B, C] = (softmax - onehot) / B
+        let grad_logits = Tensor::f_internal_log_softmax_backward_data(
+            &views.grad_seed,
+            &log_probs,
+            1,
+            Kind::Float,
+        )
+        .op("_log_softmax_backward_data")?;
+        match &self.fused_sgd {
+            Some([params, grad, momentum]) => {
+                // [C, F + 1] = [C, B] x [B, F + 1]
+                let _ = grad_logits
+                    .tr()
+                    .f_mm_out(&self.grad, &views.inputs)
+                    .op("mm_out")?;
+                // momentum = m * momentum + grad; params -= lr * momentum.
+                torch_ext::fused::sgd_step(
+                    params,
+                    grad,
+                    momentum,
+                    self.learning_rate,
+                    self.momentum_factor,
+                    0.0,
+                    0.0,
+                    false,
+                    false,
+                )?;
+            }
+            None => {
+                let _ = self
+                    .momentum
+                    .f_mul_scalar_(self.momentum_factor)
+                    .op("mul_")?;
+                let _ = self
+                    .momentum
+                    .f_addmm_(&grad_logits.tr(), &views.inputs)
+                    .op("addmm_")?;
+                let _ = self
+                    .params
+                    .f_addcmul_(&self.momentum, &self.neg_lr)
+                    .op("addcmul_")?;
+            }
+        }
+        // loss_sum += sum(log_probs * -onehot / B) = the batch-mean cross-entropy.
+        let _ = self
+            .loss_sum
+            .f_addmm_(
+                &log_probs.f_view([1, -1]).op("view")?,
+                &views.grad_seed_column,
+            )
+            .op("addmm_")?;
+        self.accumulate_confusion(&logits, views)
+    }
+
+    fn autograd_step(&mut self, views: &StepViews) -> Result<()> {
+        let logits = views.inputs.f_mm(&self.params.tr()).op("mm")?;
+        let loss = logits
+            .f_cross_entropy_loss::<Tensor>(&views.onehot, None, Reduction::Mean, -100, 0.0)
+            .op("cross_entropy")?;
+        let mut grads =
+            Tensor::f_run_backward(&[&loss], &[&self.params], false, false).op("autograd::grad")?;
+        let grad = grads.pop().ok_or(crate::TolariaError::Readback {
+            what: "autograd gradient",
+            expected: 1,
+            got: 0,
+        })?;
+        let _no_grad = tch::no_grad_guard();
+        let _ = self
+            .momentum
+            .f_mul_scalar_(self.momentum_factor)
+            .op("mul_")?;
+        let _ = self.momentum.f_add_(&grad).op("add_")?;
+        let _ = self
+            .params
+            .f_addcmul_(&self.momentum, &self.neg_lr)
+            .op("addcmul_")?;
+        let _ = self
+            .loss_sum
+            .f_add_(&loss.detach().f_view([1, 1]).op("view")?)
+            .op("add_")?;
+        self.accumulate_confusion(&logits.detach(), views)
+    }
+
+    fn accumulate_confusion(&mut self, logits: &Tensor, views: &StepViews) -> Result<()> {
+        let predicted = logits.f_argmax(1, false).op("argmax")?;
+        // confusion[pred_i, :] += onehot_i
+        let _ = self
+            .confusion
+            .f_index_add_(0, &predicted, &views.onehot)
+            .op("index_add_")?;
+        Ok(())
+    }
+
+    /// Interprets a metric buffer read back to the host.
+    pub fn interpret_metrics(
+        &self,
+        values: &[f32],
+        n_steps: usize,
+        samples: usize,
+    ) -> Result<EpochMetrics> {
+        let classes = self.n_classes;
+        if values.len() != 1 + classes * classes {
+            return Err(crate::TolariaError::Readback {
+                what: "epoch metrics",
+                expected: 1 + classes * classes,
+                got: values.len(),
+            });
+        }
+        let correct: f32 = (0..classes)
+            .map(|class| values[1 + class * classes + class])
+            .sum();
+        Ok(EpochMetrics {
+            loss: f64::from(values[0]) / n_steps.max(1) as f64,
+            correct: correct.round() as usize,
+            samples,
+        })
+    }
+
+    /// Evaluates `inputs` (`[n, F + 1]`) against `onehot` (`[n, C]`) without
+    /// touching the training state; returns device scalars `[mean loss, correct]`.
+    pub fn evaluate(&self, inputs: &Tensor, onehot: &Tensor) -> Result<Tensor> {
+        let logits = inputs.f_mm(&self.params.tr()).op("mm")?;
+        let log_probs = logits.f_log_softmax(1, None::<Kind>).op("log_softmax")?;
+        let n = inputs.size().first().copied().unwrap_or(1).max(1);
+        let loss = log_probs
+            .f_mul(onehot)
+            .op("mul")?
+            .f_sum(Kind::Float)
+            .op("sum")?
+            .f_div_scalar(-(n as f64))
+            .op("div")?;
+        let correct = logits
+            .f_argmax(1, false)
+            .op("argmax")?
+            .f_eq_tensor(&onehot.f_argmax(1, false).op("argmax")?)
+            .op("eq")?
+            .f_sum(Kind::Float)
+            .op("sum")?;
+        Tensor::f_stack(&[loss, correct], 0).op("stack")
+    }
+}

@@ -1,0 +1,636 @@
+//! The trainer: epochs over the reference workload in eager, graph-step or
+//! graph-epoch mode, with the staging stream, graph capture and fallback, the
+//! once-per-epoch readback and the trainer's telemetry.
+//!
+//! On CUDA every step runs on a dedicated compute stream (also the capture
+//! stream, so warm-up and capture share it); microbatches come from a packed
+//! pinned host buffer, staged by one transfer per epoch on a separate staging
+//! stream timed with events, or from a device-resident copy. Nothing is read
+//! back to the host inside an epoch: the metric buffer is copied to pinned
+//! memory after the last step and the host waits on one event.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use leyline::proto::TelemetryPacket;
+use leyline::telemetry::{self as names, TelemetryLevel};
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, TrainerConfig};
+use crate::data::{LabelledSet, MicrobatchSpan, PackedEpoch, ReferenceData, pack_epoch};
+use crate::error::{Result, TolariaError, TorchResultExt};
+use crate::graph::{self, CudaContext, EpochGraph, StepGraphs};
+use crate::step::{EpochMetrics, LinearCeState, StepViews};
+use crate::telemetry::{self, CollectingSink, TelemetryOut};
+
+/// What one training epoch did and how long it took.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EpochReport {
+    /// Zero-based epoch index.
+    pub epoch: usize,
+    /// Host wall time from the epoch's first launch to its metrics on the
+    /// host (staging, every step, readback).
+    pub epoch_ms: f64,
+    /// Device time of the epoch's host-to-device staging copy (from events);
+    /// `None` when nothing was staged (device-resident data, CPU).
+    pub h2d_ms: Option<f64>,
+    /// Mean of the microbatch mean losses.
+    pub loss: f64,
+    /// Fraction of training samples classified correctly (before each update).
+    pub accuracy: f64,
+    /// Steps replayed from a CUDA graph.
+    pub replayed_steps: usize,
+    /// Steps launched eagerly (eager mode, warm-up, fallback).
+    pub eager_steps: usize,
+    /// Capture time of a graph captured during this epoch.
+    pub capture_ms: Option<f64>,
+}
+
+impl EpochReport {
+    /// Whether every step of the epoch came from a graph replay.
+    pub fn graph_enabled(&self) -> bool {
+        self.eager_steps == 0 && self.replayed_steps > 0
+    }
+}
+
+/// Validation loss and accuracy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ValidationReport {
+    /// Mean cross-entropy over the validation set.
+    pub loss: f64,
+    /// Fraction classified correctly.
+    pub accuracy: f64,
+    /// Host wall time of the pass.
+    pub elapsed_ms: f64,
+}
+
+/// Training data in its host and device forms, with per-microbatch views.
+struct EpochData {
+    /// Packed microbatches on the host (page-locked on CUDA).
+    host: Tensor,
+    /// The same on the device (staged every epoch, or resident).
+    device: Tensor,
+    spans: Vec<MicrobatchSpan>,
+    /// Views into `device`, one per microbatch.
+    views: Vec<StepViews>,
+    samples: usize,
+}
+
+/// The `tolaria-reference` trainer.
+pub struct Trainer {
+    config: TrainerConfig,
+    device: Device,
+    state: LinearCeState,
+    data: EpochData,
+    /// Buffers of replaced training sets, kept alive because a captured graph
+    /// may still point at them.
+    retired: Vec<EpochData>,
+    validation: Option<(Tensor, Tensor)>,
+    cuda: Option<CudaContext>,
+    step_graphs: StepGraphs,
+    epoch_graph: EpochGraph,
+    telemetry: Box<dyn TelemetryOut>,
+    epochs_done: usize,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Trainer")
+            .field("config", &self.config)
+            .field("device", &self.device)
+            .field("epochs_done", &self.epochs_done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves the configured device.
+pub fn resolve_device(choice: DeviceChoice) -> Result<Device> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Auto => Ok(if torch_ext::cuda::is_available() {
+            Device::Cuda(0)
+        } else {
+            Device::Cpu
+        }),
+        DeviceChoice::Cuda(index) => {
+            let count = torch_ext::cuda::device_count();
+            if index < count {
+                Ok(Device::Cuda(index))
+            } else {
+                Err(TolariaError::CudaRequired {
+                    what: "device cuda",
+                    reason: format!("CUDA device {index} requested, {count} present"),
+                })
+            }
+        }
+    }
+}
+
+impl Trainer {
+    /// A trainer for `config` that keeps its telemetry in memory.
+    pub fn new(config: TrainerConfig) -> Result<Trainer> {
+        Trainer::with_telemetry(config, Box::new(CollectingSink::new()))
+    }
+
+    /// A trainer for `config` that emits to `telemetry`.
+    ///
+    /// Applies the precision settings, generates the data, places it, and on
+    /// CUDA creates the compute and staging streams, events and graph pool.
+    /// Graph modes on the CPU return [`TolariaError::CudaRequired`].
+    pub fn with_telemetry(
+        config: TrainerConfig,
+        telemetry: Box<dyn TelemetryOut>,
+    ) -> Result<Trainer> {
+        config.validate()?;
+        let device = resolve_device(config.device)?;
+        if config.mode.uses_graphs() && !device.is_cuda() {
+            return Err(TolariaError::CudaRequired {
+                what: config.mode.name(),
+                reason: "CUDA graphs exist only on CUDA devices; this trainer runs on the CPU"
+                    .to_owned(),
+            });
+        }
+        graph::apply_precision(&config.precision)?;
+        let reference = ReferenceData::generate(&config);
+        let mut state = LinearCeState::new(
+            config.step,
+            &reference.initial_parameters,
+            config.n_features,
+            config.n_classes,
+            config.learning_rate,
+            config.momentum,
+            device,
+        )?;
+        let cuda = match device {
+            Device::Cuda(index) => Some(CudaContext::new(index, config.n_classes)?),
+            _ => None,
+        };
+        state.set_fused_sgd(config.fused_sgd);
+        let data = place_training_set(&config, device, &reference.train)?;
+        let validation = if reference.validation.is_empty() {
+            None
+        } else {
+            let packed = pack_epoch(
+                &reference.validation,
+                config.n_classes,
+                reference.validation.len(),
+            );
+            let span = packed.spans[0];
+            let flat = Tensor::f_from_slice(&packed.values)
+                .op("from_slice")?
+                .f_to_device(device)
+                .op("to_device")?;
+            let views = StepViews::new(&flat, span, config.n_features, config.n_classes)?;
+            Some((views.inputs, views.onehot))
+        };
+        let step_graphs = StepGraphs::new(config.graph_warmup_steps, &data.spans);
+        let epoch_graph = EpochGraph::new(config.graph_warmup_steps);
+        Ok(Trainer {
+            config,
+            device,
+            state,
+            data,
+            retired: Vec::new(),
+            validation,
+            cuda,
+            step_graphs,
+            epoch_graph,
+            telemetry,
+            epochs_done: 0,
+        })
+    }
+
+    /// The configuration the trainer runs.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.config
+    }
+
+    /// The device the trainer runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Epochs trained so far.
+    pub fn epochs_done(&self) -> usize {
+        self.epochs_done
+    }
+
+    /// Whether the fused step updates with torch-ext's fused SGD kernel.
+    pub fn uses_fused_sgd(&self) -> bool {
+        self.state.uses_fused_sgd()
+    }
+
+    /// Capture time of the first captured graph of this trainer, if any.
+    pub fn capture_ms(&self) -> Option<f64> {
+        match self.config.mode {
+            ExecutionMode::Eager => None,
+            ExecutionMode::GraphStep => self.step_graphs.first_capture_ms(),
+            ExecutionMode::GraphEpoch => self.epoch_graph.capture_ms(),
+        }
+    }
+
+    /// The parameters as a host `[C, F + 1]` row-major vector (weight
+    /// columns, then bias). Synchronizes with the device.
+    pub fn parameters(&self) -> Result<Vec<f32>> {
+        let host = self
+            .state
+            .parameters()
+            .f_detach()
+            .op("detach")?
+            .f_to_device(Device::Cpu)
+            .op("to_cpu")?
+            .f_flatten(0, -1)
+            .op("flatten")?;
+        Vec::<f32>::try_from(&host).op("to_vec")
+    }
+
+    /// Replaces the training set (re-packed with `batch_size`). Graphs stay:
+    /// a microbatch shape that was not captured runs eagerly and reports a
+    /// `tolaria.graph_fallback`.
+    pub fn replace_training_set(&mut self, set: &LabelledSet, batch_size: usize) -> Result<()> {
+        if batch_size == 0 || set.is_empty() || set.n_features != self.config.n_features {
+            return Err(TolariaError::InvalidConfig {
+                field: "training set",
+                reason: format!(
+                    "need a non-empty set of {} features and a batch size of at least 1",
+                    self.config.n_features
+                ),
+            });
+        }
+        let mut config = self.config.clone();
+        config.batch_size = batch_size;
+        config.n_samples = set.len();
+        let data = place_training_set(&config, self.device, set)?;
+        let previous = std::mem::replace(&mut self.data, data);
+        self.retired.push(previous);
+        self.config.batch_size = batch_size;
+        self.config.n_samples = set.len();
+        Ok(())
+    }
+
+    /// Trains one epoch and reports it (and emits its telemetry).
+    pub fn train_epoch(&mut self) -> Result<EpochReport> {
+        let mut events = Vec::new();
+        let started = Instant::now();
+        let outcome = if self.cuda.is_some() {
+            self.cuda_epoch(&mut events)?
+        } else {
+            self.cpu_epoch()?
+        };
+        let epoch_ms = started.elapsed().as_secs_f64() * 1e3;
+        let metrics = self.state.interpret_metrics(
+            &outcome.metric_values,
+            self.data.spans.len(),
+            self.data.samples,
+        )?;
+        let h2d_ms = match (&self.cuda, outcome.staged) {
+            (Some(cuda), true) => Some(cuda.h2d_elapsed_ms()?),
+            _ => None,
+        };
+        let report = EpochReport {
+            epoch: self.epochs_done,
+            epoch_ms,
+            h2d_ms,
+            loss: metrics.loss,
+            accuracy: metrics.accuracy(),
+            replayed_steps: outcome.replayed_steps,
+            eager_steps: outcome.eager_steps,
+            capture_ms: outcome.capture_ms,
+        };
+        self.epochs_done += 1;
+        self.emit_epoch(&report, &metrics, events);
+        Ok(report)
+    }
+
+    /// Trains `epochs` epochs, returning every report.
+    pub fn train(&mut self, epochs: usize) -> Result<Vec<EpochReport>> {
+        (0..epochs).map(|_| self.train_epoch()).collect()
+    }
+
+    fn cpu_epoch(&mut self) -> Result<EpochOutcome> {
+        self.state.reset_metrics()?;
+        for views in &self.data.views {
+            self.state.step(views)?;
+        }
+        let values = Vec::<f32>::try_from(self.state.metric_buffer()).op("metrics to_vec")?;
+        Ok(EpochOutcome {
+            metric_values: values,
+            staged: false,
+            replayed_steps: 0,
+            eager_steps: self.data.views.len(),
+            capture_ms: None,
+        })
+    }
+
+    fn cuda_epoch(
+        &mut self,
+        events: &mut Vec<leyline::proto::TelemetryEvent>,
+    ) -> Result<EpochOutcome> {
+        let Some(cuda) = self.cuda.as_ref() else {
+            return Err(TolariaError::CudaRequired {
+                what: "cuda epoch",
+                reason: "no CUDA context".to_owned(),
+            });
+        };
+        let _compute = cuda.compute.make_current()?;
+        let staged = self.config.data_placement == DataPlacement::PinnedHost;
+        if staged {
+            cuda.stage(&self.data.device, &self.data.host)?;
+        }
+        let mut outcome = EpochOutcome {
+            metric_values: Vec::new(),
+            staged,
+            replayed_steps: 0,
+            eager_steps: 0,
+            capture_ms: None,
+        };
+        match self.config.mode {
+            ExecutionMode::Eager => {
+                self.state.reset_metrics()?;
+                for views in &self.data.views {
+                    self.state.step(views)?;
+                }
+                outcome.eager_steps = self.data.views.len();
+            }
+            ExecutionMode::GraphStep => {
+                self.state.reset_metrics()?;
+                for (views, span) in self.data.views.iter().zip(&self.data.spans) {
+                    let flat = self
+                        .data
+                        .device
+                        .f_narrow(
+                            0,
+                            span.offset as i64,
+                            span.len(self.config.n_features, self.config.n_classes) as i64,
+                        )
+                        .op("narrow")?;
+                    let step = self.step_graphs.run_step(
+                        cuda,
+                        &mut self.state,
+                        views,
+                        &flat,
+                        (self.config.n_features, self.config.n_classes),
+                        events,
+                    )?;
+                    if step.replayed {
+                        outcome.replayed_steps += 1;
+                    } else {
+                        outcome.eager_steps += 1;
+                    }
+                    if step.capture_ms.is_some() {
+                        outcome.capture_ms = step.capture_ms;
+                    }
+                }
+            }
+            ExecutionMode::GraphEpoch => {
+                let step =
+                    self.epoch_graph
+                        .run_epoch(cuda, &mut self.state, &self.data.views, events)?;
+                if step.replayed {
+                    outcome.replayed_steps = self.data.views.len();
+                } else {
+                    outcome.eager_steps = self.data.views.len();
+                }
+                outcome.capture_ms = step.capture_ms;
+            }
+        }
+        outcome.metric_values = cuda.read_metrics(self.state.metric_buffer())?;
+        Ok(outcome)
+    }
+
+    /// Evaluates the validation set under inference mode (one readback).
+    pub fn validate(&mut self) -> Result<Option<ValidationReport>> {
+        let Some((inputs, onehot)) = &self.validation else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let _stream = match &self.cuda {
+            Some(cuda) => Some(cuda.compute.make_current()?),
+            None => None,
+        };
+        let values = {
+            let _inference = torch_ext::InferenceModeGuard::new();
+            let result = self.state.evaluate(inputs, onehot)?;
+            let host = result.f_to_device(Device::Cpu).op("to_cpu")?;
+            Vec::<f32>::try_from(&host).op("to_vec")?
+        };
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        let samples = onehot.size().first().copied().unwrap_or(0).max(1) as f64;
+        let report = ValidationReport {
+            loss: f64::from(values.first().copied().unwrap_or(f32::NAN)),
+            accuracy: f64::from(values.get(1).copied().unwrap_or(0.0)) / samples,
+            elapsed_ms,
+        };
+        self.telemetry.emit(
+            TelemetryPacket::new(telemetry::SOURCE, TelemetryLevel::Info).with_metric(
+                telemetry::metric(names::TOLARIA_VALIDATION_LATENCY_MS, elapsed_ms),
+            ),
+        );
+        Ok(Some(report))
+    }
+
+    /// Peak device memory allocated since start-up or the last reset (CUDA only).
+    pub fn peak_memory_bytes(&self) -> Result<Option<u64>> {
+        match self.device {
+            Device::Cuda(index) => Ok(Some(torch_ext::cuda::max_memory_allocated(index)?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Host wall time of `replays` back-to-back replays of the captured step
+    /// (or epoch) graph, synchronized once at the end: the floor a graph-mode
+    /// epoch approaches. These replays train on whatever the static buffers
+    /// hold. `None` before a graph exists.
+    pub fn time_bare_replays(&mut self, replays: usize) -> Result<Option<f64>> {
+        let Some(cuda) = self.cuda.as_ref() else {
+            return Ok(None);
+        };
+        let graph = match self.config.mode {
+            ExecutionMode::Eager => None,
+            ExecutionMode::GraphStep => self.step_graphs.any_graph(),
+            ExecutionMode::GraphEpoch => self.epoch_graph.graph(),
+        };
+        let Some(graph) = graph else {
+            return Ok(None);
+        };
+        let _compute = cuda.compute.make_current()?;
+        let started = Instant::now();
+        for _ in 0..replays {
+            graph.replay()?;
+        }
+        cuda.done.record(&cuda.compute)?;
+        cuda.done.synchronize()?;
+        Ok(Some(started.elapsed().as_secs_f64() * 1e3))
+    }
+
+    /// Device time per step of `replays` back-to-back graph replays, timed
+    /// with events (for graph-epoch: per replay divided by the epoch's steps).
+    pub fn replay_us_per_step(&mut self, replays: usize) -> Result<Option<f64>> {
+        let steps_per_replay = match self.config.mode {
+            ExecutionMode::GraphEpoch => self.data.views.len().max(1),
+            _ => 1,
+        };
+        let Some(cuda) = self.cuda.as_ref() else {
+            return Ok(None);
+        };
+        let graph = match self.config.mode {
+            ExecutionMode::Eager => None,
+            ExecutionMode::GraphStep => self.step_graphs.any_graph(),
+            ExecutionMode::GraphEpoch => self.epoch_graph.graph(),
+        };
+        let Some(graph) = graph else {
+            return Ok(None);
+        };
+        let _compute = cuda.compute.make_current()?;
+        cuda.timing_start.record(&cuda.compute)?;
+        for _ in 0..replays {
+            graph.replay()?;
+        }
+        cuda.done.record(&cuda.compute)?;
+        cuda.done.synchronize()?;
+        let elapsed_ms = f64::from(cuda.timing_start.elapsed_ms(&cuda.done)?);
+        Ok(Some(
+            elapsed_ms * 1e3 / (replays.max(1) * steps_per_replay) as f64,
+        ))
+    }
+
+    fn emit_epoch(
+        &self,
+        report: &EpochReport,
+        metrics: &EpochMetrics,
+        events: Vec<leyline::proto::TelemetryEvent>,
+    ) {
+        let fallback = events
+            .iter()
+            .any(|event| event.name == names::TOLARIA_GRAPH_FALLBACK);
+        let level = if fallback {
+            TelemetryLevel::Warning
+        } else {
+            TelemetryLevel::Info
+        };
+        let mut packet = TelemetryPacket::new(telemetry::SOURCE, level)
+            .with_metric(telemetry::metric(
+                names::TOLARIA_TRAINING_LATENCY_MS,
+                report.epoch_ms,
+            ))
+            .with_metric(telemetry::metric(
+                names::TOLARIA_TRAIN_GRAPH_ENABLED,
+                f64::from(u8::from(report.graph_enabled())),
+            ));
+        if let Some(h2d_ms) = report.h2d_ms {
+            packet = packet.with_metric(telemetry::metric(names::TOLARIA_H2D_COPY_MS, h2d_ms));
+        }
+        if self.config.mode.uses_graphs() {
+            let remaining = match self.config.mode {
+                ExecutionMode::GraphEpoch => self.epoch_graph.warmup_remaining(),
+                _ => self.step_graphs.warmup_remaining(),
+            };
+            packet = packet.with_metric(telemetry::metric(
+                names::TOLARIA_GRAPH_WARMUP_REMAINING,
+                remaining as f64,
+            ));
+        }
+        if let Some(capture_ms) = report.capture_ms {
+            packet = packet.with_metric(telemetry::metric(
+                names::TOLARIA_GRAPH_CAPTURE_MS,
+                capture_ms,
+            ));
+        }
+        let fallbacks = events
+            .iter()
+            .filter(|event| event.name == names::TOLARIA_GRAPH_FALLBACK)
+            .count();
+        if fallbacks > 0 {
+            packet = packet.with_metric(telemetry::metric(
+                names::TOLARIA_GRAPH_FALLBACK_TOTAL,
+                fallbacks as f64,
+            ));
+        }
+        let _ = metrics;
+        for event in events {
+            packet = packet.with_event(event);
+        }
+        self.telemetry.emit(packet);
+    }
+
+    /// The telemetry names this trainer's packets use (for records).
+    pub fn telemetry_names(&self) -> BTreeSet<&'static str> {
+        let mut used = BTreeSet::from([
+            names::TOLARIA_TRAINING_LATENCY_MS,
+            names::TOLARIA_TRAIN_GRAPH_ENABLED,
+        ]);
+        if self.config.data_placement == DataPlacement::PinnedHost && self.device.is_cuda() {
+            used.insert(names::TOLARIA_H2D_COPY_MS);
+        }
+        if self.config.mode.uses_graphs() {
+            used.extend([
+                names::TOLARIA_GRAPH_WARMUP_REMAINING,
+                names::TOLARIA_GRAPH_CAPTURE_MS,
+                names::TOLARIA_GRAPH_ENABLED,
+            ]);
+        }
+        used
+    }
+
+    /// The configuration as JSON, for records.
+    pub fn config_json(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Summary counters for records.
+    pub fn counters(&self) -> BTreeMap<&'static str, f64> {
+        BTreeMap::from([
+            (
+                "graphs_captured",
+                self.step_graphs.captured() as f64
+                    + f64::from(u8::from(self.epoch_graph.graph_ref().is_some())),
+            ),
+            ("epochs", self.epochs_done as f64),
+        ])
+    }
+}
+
+/// What an epoch produced before it is turned into a report.
+struct EpochOutcome {
+    metric_values: Vec<f32>,
+    staged: bool,
+    replayed_steps: usize,
+    eager_steps: usize,
+    capture_ms: Option<f64>,
+}
+
+/// Packs `set`, puts it in host memory (pinned on CUDA) and on the device.
+fn place_training_set(
+    config: &TrainerConfig,
+    device: Device,
+    set: &LabelledSet,
+) -> Result<EpochData> {
+    let PackedEpoch { values, spans } = pack_epoch(set, config.n_classes, config.batch_size);
+    let host = Tensor::f_from_slice(&values).op("from_slice")?;
+    let (host, device_buffer) = match device {
+        Device::Cuda(_) => {
+            let pinned = host.f_pin_memory(device).op("pin_memory")?;
+            let on_device = pinned.f_to_device(device).op("to_device")?;
+            (pinned, on_device)
+        }
+        _ => {
+            let copy = host.f_detach_copy().op("copy")?;
+            (host, copy)
+        }
+    };
+    // Keep the element type explicit: every view below is float32.
+    debug_assert_eq!(device_buffer.kind(), Kind::Float);
+    let views = spans
+        .iter()
+        .map(|&span| StepViews::new(&device_buffer, span, config.n_features, config.n_classes))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(EpochData {
+        host,
+        device: device_buffer,
+        spans,
+        views,
+        samples: set.len(),
+    })
+}
