@@ -12,6 +12,7 @@
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_foreach_zero.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
@@ -174,6 +175,9 @@ char* esper_fused_adamw_(void* const* params, void* const* grads, void* const* e
   auto exp_avg_sq_list = tensor_list(exp_avg_sqs, n, "fused adamw exp_avg_sqs");
   auto step_list = tensor_list(state_steps, n, "fused adamw state_steps");
   const std::vector<at::Tensor> no_max_exp_avg_sqs;  // amsgrad is not offered
+  // As torch.optim.AdamW(fused=True): the kernel reads the step count, the
+  // caller advances it first, and takes a skipped (found_inf) step back.
+  at::_foreach_add_(step_list, at::Scalar(1.0));
   if (lr_tensor != nullptr) {
     at::_fused_adamw_(param_list, grad_list, exp_avg_list, exp_avg_sq_list, no_max_exp_avg_sqs,
                       step_list, tensor_ref(lr_tensor, "fused adamw lr"), beta1, beta2,
@@ -183,6 +187,10 @@ char* esper_fused_adamw_(void* const* params, void* const* grads, void* const* e
     at::_fused_adamw_(param_list, grad_list, exp_avg_list, exp_avg_sq_list, no_max_exp_avg_sqs,
                       step_list, lr, beta1, beta2, weight_decay, eps, /*amsgrad=*/false,
                       maximize != 0, optional_tensor(grad_scale), optional_tensor(found_inf));
+  }
+  if (found_inf != nullptr) {
+    const std::vector<at::Tensor> found_inf_list(step_list.size(), tensor_ref(found_inf, "found_inf"));
+    at::_foreach_sub_(step_list, found_inf_list);
   }
   ESPER_CATCH
 }

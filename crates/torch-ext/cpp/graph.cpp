@@ -65,15 +65,12 @@ struct EsperGraph : public at::cuda::CUDAGraph {
     }
 
     // 3. Take the CUDA RNG out of capture mode, otherwise eager random ops
-    //    after the failure would reuse graph-relative Philox offsets.
+    //    after the failure would keep using graph-relative Philox offsets.
+    //    CUDAGeneratorState::capture_epilogue is not exported from
+    //    libtorch_cuda; what it does at the end of a capture is clear this
+    //    public flag (the returned increment only matters to a finished graph).
     for (auto& entry : captured_generator_states_) {
-      try {
-        (void)entry.first->capture_epilogue();
-      } catch (const c10::Error& error) {
-        note(error.what_without_backtrace());
-      } catch (...) {
-        note("capture_epilogue failed");
-      }
+      entry.first->capturing_ = false;
     }
 
     // 4. Drop this capture's reference on the memory pools. reset() only does

@@ -204,9 +204,10 @@ impl Default for AdamWOptions<'_> {
 ///
 /// `exp_avgs` and `exp_avg_sqs` are per-parameter state (start with
 /// `zeros_like`); `state_steps` holds one float32 0-dim tensor per parameter
-/// **on the parameters' device** (start at 0), incremented by the kernel. That
-/// device-side step count is what makes the step capturable, unlike tch's
-/// Adam, which counts steps on the host.
+/// **on the parameters' device** (start at 0), which this call advances by one
+/// before the update (and takes back when `found_inf` is set), as
+/// `torch.optim.AdamW` does. That device-side step count is what makes the
+/// step capturable, unlike tch's Adam, which counts steps on the host.
 pub fn adamw_step(
     params: &[Tensor],
     grads: &[Tensor],
