@@ -292,7 +292,7 @@ struct ReferenceSgd {
 }
 
 impl ReferenceSgd {
-    fn step(&self, param: &mut [f64], grad: &[f64], buffer: &mut Vec<f64>, first: bool) {
+    fn step(&self, param: &mut [f64], grad: &[f64], buffer: &mut [f64], first: bool) {
         for i in 0..param.len() {
             let d_p = grad[i] + self.weight_decay * param[i];
             let update = if self.momentum != 0.0 {
