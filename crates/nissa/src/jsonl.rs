@@ -204,12 +204,13 @@ impl JsonlSink {
         *file = next;
         *index = next_index;
         *bytes = 0;
-        if let Some(keep) = config.max_files {
-            if let Some(stale) = next_index.checked_sub(keep as u64) {
-                // Older files were removed by earlier rotations; a missing one
-                // is fine.
-                let _ = std::fs::remove_file(file_path(config, stale));
-            }
+        if let Some(stale) = config
+            .max_files
+            .and_then(|keep| next_index.checked_sub(keep as u64))
+        {
+            // Older files were removed by earlier rotations; a missing one is
+            // fine.
+            let _ = std::fs::remove_file(file_path(config, stale));
         }
         Ok(())
     }

@@ -18,9 +18,12 @@ struct RecordingSink {
     name: &'static str,
     delay: Duration,
     fail_every: Option<u64>,
-    accepted: Arc<Mutex<Vec<(u64, u64)>>>,
-    failed: Arc<Mutex<Vec<(u64, u64)>>>,
+    accepted: Ids,
+    failed: Ids,
 }
+
+/// `(producer, seq)` of packets, shared with the test.
+type Ids = Arc<Mutex<Vec<(u64, u64)>>>;
 
 impl RecordingSink {
     fn new(name: &'static str, delay: Duration, fail_every: Option<u64>) -> RecordingSink {
@@ -33,7 +36,7 @@ impl RecordingSink {
         }
     }
 
-    fn handles(&self) -> (Arc<Mutex<Vec<(u64, u64)>>>, Arc<Mutex<Vec<(u64, u64)>>>) {
+    fn handles(&self) -> (Ids, Ids) {
         (Arc::clone(&self.accepted), Arc::clone(&self.failed))
     }
 }
@@ -48,7 +51,10 @@ impl Sink for RecordingSink {
             std::thread::sleep(self.delay);
         }
         let id = packet_id(packet);
-        if self.fail_every.is_some_and(|every| id.1 % every == 0) {
+        if self
+            .fail_every
+            .is_some_and(|every| id.1.is_multiple_of(every))
+        {
             self.failed.lock().unwrap().push(id);
             return Err(NissaError::sink(self.name, "refused (test)"));
         }
@@ -189,8 +195,8 @@ proptest! {
         prop_assert_eq!(stats.sink("memory").unwrap().delivered, memory_ids.len() as u64);
         prop_assert_eq!(stats.sink("flaky").unwrap().delivered, flaky_ids.len() as u64);
         prop_assert_eq!(stats.sink("flaky").unwrap().failed, flaky_failed_ids.len() as u64);
-        prop_assert!(flaky_failed_ids.iter().all(|&(_, seq)| seq % 7 == 0));
-        prop_assert!(flaky_ids.iter().all(|&(_, seq)| seq % 7 != 0));
+        prop_assert!(flaky_failed_ids.iter().all(|&(_, seq)| seq.is_multiple_of(7)));
+        prop_assert!(flaky_ids.iter().all(|&(_, seq)| !seq.is_multiple_of(7)));
         for ids in [&slow_ids, &memory_ids, &flaky_ids] {
             check_ids(ids, &emitted_per_producer);
         }
