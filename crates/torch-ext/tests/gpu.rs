@@ -1,0 +1,399 @@
+//! GPU behaviour of torch-ext: streams and guards, event timing, graph capture
+//! and replay with fresh inputs, shared pools, clean recovery from a failed
+//! capture, sync-debug mode, memory statistics, autocast and fused ops on
+//! CUDA. Every test prints "skipping: no CUDA device" and returns on machines
+//! without CUDA; build it here with
+//! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
+//! on the GPU machine.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tch::{Device, Kind, Tensor};
+use torch_ext::fused::{self, LearningRate, SgdOptions};
+use torch_ext::{
+    AutocastDevice, AutocastGuard, CaptureMode, CudaEvent, CudaGraph, CudaStream, Error,
+    GraphPool, copy_non_blocking, cuda,
+};
+
+/// The tests share one device and flip process-wide state (sync-debug mode),
+/// so they run one at a time.
+static DEVICE: Mutex<()> = Mutex::new(());
+
+fn gpu_or_skip() -> Option<MutexGuard<'static, ()>> {
+    if !cuda::is_available() {
+        println!("skipping: no CUDA device");
+        return None;
+    }
+    Some(DEVICE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+const CUDA: Device = Device::Cuda(0);
+
+fn values(tensor: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(tensor.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
+        .expect("float tensor")
+}
+
+fn assert_close(got: &[f32], expected: &[f32], tolerance: f32) {
+    assert_eq!(got.len(), expected.len());
+    for (index, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert!((g - e).abs() <= tolerance, "element {index}: got {g}, expected {e}");
+    }
+}
+
+fn tch_error(error: tch::TchError) -> String {
+    error.to_string()
+}
+
+#[test]
+fn device_facts_are_reported() {
+    let Some(_device) = gpu_or_skip() else { return };
+    assert!(cuda::device_count() >= 1);
+    assert!(tch::Cuda::is_available(), "tch sees CUDA once torch-ext is linked");
+    let name = cuda::device_name(0).unwrap();
+    assert!(!name.is_empty());
+    let (major, _minor) = cuda::device_capability(0).unwrap();
+    assert!(major >= 7, "compute capability {major}");
+    let (runtime, driver) = cuda::runtime_versions().unwrap();
+    assert!(runtime.starts_with("13."), "runtime {runtime}");
+    assert_ne!(driver, "none");
+    println!("device 0: {name}, CUDA runtime {runtime}, driver {driver}");
+    let count = cuda::device_count();
+    assert!(matches!(cuda::synchronize(count), Err(Error::InvalidDevice { .. })));
+    cuda::synchronize(0).unwrap();
+}
+
+#[test]
+fn stream_guard_makes_a_pool_stream_current_and_restores() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let original = CudaStream::current(0).unwrap();
+    let side = CudaStream::from_pool(0, false).unwrap();
+    let high = CudaStream::from_pool(0, true).unwrap();
+    assert_ne!(side, original);
+    assert_ne!(high, side);
+    assert_eq!(side.device(), 0);
+    {
+        let guard = side.make_current().unwrap();
+        assert_eq!(guard.previous(), original);
+        assert_eq!(CudaStream::current(0).unwrap(), side);
+        let x = Tensor::ones([256, 256], (Kind::Float, CUDA));
+        let y = x.matmul(&x);
+        side.synchronize().unwrap();
+        assert!(side.query().unwrap());
+        assert_close(&values(&y.sum(Kind::Float)), &[256.0 * 256.0 * 256.0], 1.0);
+    }
+    assert_eq!(CudaStream::current(0).unwrap(), original);
+    assert_eq!(CudaStream::default_stream(0).unwrap(), original);
+}
+
+#[test]
+fn events_time_work_on_a_stream() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let start = CudaEvent::new(true).unwrap();
+    let end = CudaEvent::new(true).unwrap();
+    let _guard = stream.make_current().unwrap();
+    let x = Tensor::randn([1024, 1024], (Kind::Float, CUDA));
+    start.record(&stream).unwrap();
+    let mut y = x.shallow_clone();
+    for _ in 0..20 {
+        y = y.matmul(&x).tanh();
+    }
+    end.record(&stream).unwrap();
+    end.synchronize().unwrap();
+    assert!(end.query().unwrap());
+    let elapsed = start.elapsed_ms(&end).unwrap();
+    assert!(elapsed > 0.0, "elapsed {elapsed} ms");
+    println!("20 x (1024^2 matmul + tanh): {elapsed:.3} ms");
+
+    // Cross-stream ordering through an event and through wait_stream.
+    let other = CudaStream::from_pool(0, false).unwrap();
+    other.wait_event(&end).unwrap();
+    other.wait_stream(&stream).unwrap();
+    other.synchronize().unwrap();
+    // Timing needs timing-enabled events.
+    let untimed = CudaEvent::new(false).unwrap();
+    untimed.record(&stream).unwrap();
+    assert!(matches!(start.elapsed_ms(&untimed), Err(Error::Cpp { .. })));
+}
+
+#[test]
+fn captured_matmul_replays_with_new_inputs() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let x = Tensor::randn([4, 16], (Kind::Float, CUDA));
+    let w = Tensor::randn([16, 4], (Kind::Float, CUDA));
+    let mut out = Tensor::zeros([4, 4], (Kind::Float, CUDA));
+    let mut body_calls = 0;
+    let graph = CudaGraph::capture(&stream, None, 3, || {
+        body_calls += 1;
+        let y = x.f_matmul(&w).map_err(tch_error)?;
+        out.f_copy_(&y).map_err(tch_error)?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(body_calls, 4, "three warm-up calls and one captured call");
+    assert!(!stream.is_capturing().unwrap());
+
+    for _ in 0..3 {
+        let fresh = Tensor::randn([4, 16], (Kind::Float, CUDA));
+        let mut x_static = x.shallow_clone();
+        x_static.copy_(&fresh);
+        graph.replay().unwrap();
+        let expected = values(&fresh.matmul(&w));
+        assert_close(&values(&out), &expected, 1e-4);
+    }
+    // Replay on another stream after filling the input there.
+    let fresh = Tensor::randn([4, 16], (Kind::Float, CUDA));
+    {
+        let _guard = stream.make_current().unwrap();
+        let mut x_static = x.shallow_clone();
+        x_static.copy_(&fresh);
+        graph.replay_on(&stream).unwrap();
+        stream.synchronize().unwrap();
+    }
+    assert_close(&values(&out), &values(&fresh.matmul(&w)), 1e-4);
+    assert_eq!(graph.capture_stream(), stream);
+}
+
+#[test]
+fn graphs_sharing_a_pool_replay_in_order() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let pool = GraphPool::new().unwrap();
+    let x = Tensor::randn([64], (Kind::Float, CUDA));
+    let mut doubled = Tensor::zeros([64], (Kind::Float, CUDA));
+    let mut shifted = Tensor::zeros([64], (Kind::Float, CUDA));
+    let first = CudaGraph::capture(&stream, Some(&pool), 3, || {
+        let y = (&x * 2.0).f_relu().map_err(tch_error)?;
+        doubled.f_copy_(&y).map_err(tch_error)?;
+        Ok(())
+    })
+    .unwrap();
+    let doubled_view = doubled.shallow_clone();
+    let second = CudaGraph::capture(&stream, Some(&first.pool()), 3, || {
+        let y = &doubled_view + 1.0;
+        shifted.f_copy_(&y).map_err(tch_error)?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(first.pool(), pool);
+    assert_eq!(second.pool(), pool);
+
+    let fresh = Tensor::randn([64], (Kind::Float, CUDA));
+    let mut x_static = x.shallow_clone();
+    x_static.copy_(&fresh);
+    first.replay().unwrap();
+    second.replay().unwrap();
+    let expected = values(&((&fresh * 2.0).relu() + 1.0));
+    assert_close(&values(&shifted), &expected, 1e-5);
+}
+
+#[test]
+fn panic_inside_capture_is_caught_and_eager_work_continues() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let before = CudaStream::current(0).unwrap();
+    let x = Tensor::randn([8, 8], (Kind::Float, CUDA));
+    let mut out = Tensor::zeros([8, 8], (Kind::Float, CUDA));
+    let mut calls = 0;
+    let result = CudaGraph::capture(&stream, None, 2, || {
+        calls += 1;
+        let y = x.f_matmul(&x).map_err(tch_error)?;
+        out.f_copy_(&y).map_err(tch_error)?;
+        if calls == 3 {
+            panic!("deliberate panic during capture");
+        }
+        Ok(())
+    });
+    match result {
+        Err(Error::Panic { message }) => assert!(message.contains("deliberate"), "{message}"),
+        other => panic!("expected Error::Panic, got {other:?}"),
+    }
+    assert!(!stream.is_capturing().unwrap(), "the capture was ended");
+    assert_eq!(CudaStream::current(0).unwrap(), before, "current stream restored");
+    assert_eq!(cuda::sync_debug_mode().unwrap(), cuda::SyncDebugMode::Off);
+
+    // Eager execution still works, random numbers included ...
+    let a = Tensor::randn([8, 8], (Kind::Float, CUDA));
+    let b = Tensor::randn([8, 8], (Kind::Float, CUDA));
+    assert_ne!(values(&a), values(&b), "the CUDA RNG advances after the aborted capture");
+    let eager = a.matmul(&b);
+    assert_close(&values(&eager), &values(&a.to_device(Device::Cpu).matmul(&b.to_device(Device::Cpu))), 1e-3);
+    // ... and so does a new capture on the same stream.
+    let graph = CudaGraph::capture(&stream, None, 1, || {
+        let y = x.f_matmul(&x).map_err(tch_error)?;
+        out.f_copy_(&y).map_err(tch_error)?;
+        Ok(())
+    })
+    .unwrap();
+    graph.replay().unwrap();
+    assert_close(&values(&out), &values(&x.matmul(&x)), 1e-4);
+}
+
+#[test]
+fn body_error_and_hidden_sync_abort_the_capture_cleanly() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let x = Tensor::randn([16], (Kind::Float, CUDA));
+
+    let mut calls = 0;
+    let result = CudaGraph::capture(&stream, None, 1, || {
+        calls += 1;
+        if calls == 2 { Err("step failed".to_owned()) } else { Ok(()) }
+    });
+    match result {
+        Err(Error::Body { phase, message }) => {
+            assert_eq!(phase, "capture");
+            assert_eq!(message, "step failed");
+        }
+        other => panic!("expected Error::Body, got {other:?}"),
+    }
+
+    // A read-back inside the body is illegal during capture: libtorch reports
+    // it, the capture is invalidated, and the abort path must still leave the
+    // process usable.
+    let mut calls = 0;
+    let result = CudaGraph::capture_with_mode(&stream, None, 1, CaptureMode::Global, || {
+        calls += 1;
+        let total = x.f_sum(Kind::Float).map_err(tch_error)?;
+        let value = f64::try_from(&total).map_err(tch_error)?;
+        if calls == 2 {
+            return Err(format!("read back {value} during capture without an error"));
+        }
+        Ok(())
+    });
+    match &result {
+        Err(Error::Body { phase, message }) => {
+            assert_eq!(*phase, "capture");
+            assert!(!message.contains("without an error"), "{message}");
+        }
+        other => panic!("expected Error::Body from the illegal sync, got {other:?}"),
+    }
+    assert!(!stream.is_capturing().unwrap());
+    let total = f64::try_from(&x.sum(Kind::Float)).unwrap();
+    let expected: f32 = values(&x).iter().sum();
+    assert!((total as f32 - expected).abs() < 1e-3);
+}
+
+#[test]
+fn sync_debug_mode_error_rejects_an_implicit_sync() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let x = Tensor::ones([4], (Kind::Float, CUDA));
+    cuda::set_sync_debug_mode(cuda::SyncDebugMode::Error).unwrap();
+    assert_eq!(cuda::sync_debug_mode().unwrap(), cuda::SyncDebugMode::Error);
+    let read = f64::try_from(&x.sum(Kind::Float));
+    // Explicit synchronisation stays allowed.
+    let explicit = cuda::synchronize(0);
+    cuda::set_sync_debug_mode(cuda::SyncDebugMode::Off).unwrap();
+    assert!(read.is_err(), "an .item() read must fail in Error mode");
+    explicit.unwrap();
+    assert_eq!(f64::try_from(&x.sum(Kind::Float)).unwrap(), 4.0);
+}
+
+#[test]
+fn memory_statistics_follow_allocations() {
+    let Some(_device) = gpu_or_skip() else { return };
+    cuda::synchronize(0).unwrap();
+    cuda::reset_peak_memory_stats(0).unwrap();
+    let base = cuda::memory_allocated(0).unwrap();
+    let bytes: u64 = 64 << 20;
+    let big = Tensor::zeros([(bytes / 4) as i64], (Kind::Float, CUDA));
+    let during = cuda::memory_allocated(0).unwrap();
+    assert!(during >= base + bytes, "{during} < {base} + {bytes}");
+    drop(big);
+    let after = cuda::memory_allocated(0).unwrap();
+    assert!(after < during);
+    assert!(cuda::max_memory_allocated(0).unwrap() >= base + bytes);
+    let stats = cuda::memory_stats(0).unwrap();
+    assert!(stats.reserved_bytes >= stats.allocated_bytes);
+    cuda::empty_cache().unwrap();
+}
+
+#[test]
+fn non_blocking_copy_from_pinned_memory_arrives() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let host = Tensor::arange(1024, (Kind::Float, Device::Cpu)).pin_memory(CUDA);
+    let mut device = Tensor::zeros([1024], (Kind::Float, CUDA));
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    {
+        let _guard = stream.make_current().unwrap();
+        copy_non_blocking(&mut device, &host).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let expected: Vec<f32> = (0..1024).map(|v| v as f32).collect();
+    assert_eq!(values(&device), expected);
+}
+
+#[test]
+fn autocast_on_cuda_runs_matmul_in_bfloat16() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let a = Tensor::randn([32, 32], (Kind::Float, CUDA));
+    {
+        let _guard = AutocastGuard::new(AutocastDevice::Cuda, Kind::BFloat16).unwrap();
+        assert_eq!(a.matmul(&a).kind(), Kind::BFloat16);
+    }
+    {
+        let _guard = AutocastGuard::new(AutocastDevice::Cuda, Kind::Half).unwrap();
+        assert_eq!(a.matmul(&a).kind(), Kind::Half);
+    }
+    assert_eq!(a.matmul(&a).kind(), Kind::Float);
+}
+
+#[test]
+fn captured_fused_sgd_step_matches_eager_steps() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let make = |device| {
+        let params = vec![
+            Tensor::from_slice(&[1.0_f32, -2.0, 0.5]).to_device(device),
+            Tensor::from_slice(&[3.0_f32, 0.25]).to_device(device),
+        ];
+        let buffers: Vec<Tensor> = params.iter().map(Tensor::zeros_like).collect();
+        let grads = vec![
+            Tensor::from_slice(&[0.5_f32, 0.25, -1.0]).to_device(device),
+            Tensor::from_slice(&[1.5_f32, -0.5]).to_device(device),
+        ];
+        (params, buffers, grads)
+    };
+    let (params, buffers, grads) = make(CUDA);
+    let (cpu_params, cpu_buffers, cpu_grads) = make(Device::Cpu);
+    let lr = Tensor::from(0.1_f64).to_kind(Kind::Float).to_device(CUDA);
+
+    // First step eagerly (initialises the momentum buffers), on both devices.
+    fused::sgd_step(&params, &grads, &buffers, 0.1, 0.9, 0.01, 0.0, false, true).unwrap();
+    fused::sgd_step(&cpu_params, &cpu_grads, &cpu_buffers, 0.1, 0.9, 0.01, 0.0, false, true)
+        .unwrap();
+    // Steady-state step captured with a device learning rate; the warm-up
+    // iterations run it for real, so mirror them on the CPU.
+    let warmup = 3;
+    let graph = CudaGraph::capture(&stream, None, warmup, || {
+        let options = SgdOptions {
+            lr: LearningRate::Tensor(&lr),
+            momentum: 0.9,
+            weight_decay: 0.01,
+            ..SgdOptions::default()
+        };
+        fused::sgd_step_with(&params, &grads, &buffers, &options).map_err(|e| e.to_string())
+    })
+    .unwrap();
+    for _ in 0..warmup {
+        fused::sgd_step(&cpu_params, &cpu_grads, &cpu_buffers, 0.1, 0.9, 0.01, 0.0, false, false)
+            .unwrap();
+    }
+    for _ in 0..5 {
+        graph.replay().unwrap();
+        fused::sgd_step(&cpu_params, &cpu_grads, &cpu_buffers, 0.1, 0.9, 0.01, 0.0, false, false)
+            .unwrap();
+    }
+    for (gpu, cpu) in params.iter().zip(&cpu_params) {
+        assert_close(&values(gpu), &values(cpu), 1e-4);
+    }
+    // A new learning rate reaches the captured step without re-capture.
+    let mut lr_static = lr.shallow_clone();
+    lr_static.fill_(0.0);
+    let frozen = values(&params[0]);
+    graph.replay().unwrap();
+    // lr 0: parameters unchanged.
+    assert_close(&values(&params[0]), &frozen, 0.0);
+}
