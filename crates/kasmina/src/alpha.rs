@@ -179,7 +179,8 @@ impl AlphaController {
         }
         let t = f64::from(self.steps_done) / f64::from(self.steps_total);
         let progress = curve_progress(t, self.curve, self.steepness);
-        let value = clamp_unit(self.alpha_start + (self.alpha_target - self.alpha_start) * progress);
+        let value =
+            clamp_unit(self.alpha_start + (self.alpha_target - self.alpha_start) * progress);
         let previous = self.alpha;
         self.alpha = match self.mode {
             AlphaMode::Up => value.max(previous).min(self.alpha_target),

@@ -123,7 +123,9 @@ pub fn attribute_batch(model: &MorphogeneticModel, x: &Tensor) -> Result<BatchAt
     let flat_output = output.f_reshape([batch, -1])?;
     let mut columns = Vec::with_capacity(active.len());
     for block in 1..=active.len() as i64 {
-        let counterfactual = fused.f_narrow(0, block * batch, batch)?.f_reshape([batch, -1])?;
+        let counterfactual = fused
+            .f_narrow(0, block * batch, batch)?
+            .f_reshape([batch, -1])?;
         let distance = flat_output
             .f_sub(&counterfactual)?
             .f_square()?
@@ -139,7 +141,10 @@ pub fn attribute_batch(model: &MorphogeneticModel, x: &Tensor) -> Result<BatchAt
     let totals = influence.f_sum_dim_intlist([1i64].as_slice(), true, Kind::Float)?; // [B, 1]
     let safe_totals = totals.f_clamp_min(f64::MIN_POSITIVE)?;
     let share = influence.f_div(&safe_totals)?;
-    let slots = active.iter().map(|&index| model.slots()[index].id()).collect();
+    let slots = active
+        .iter()
+        .map(|&index| model.slots()[index].id())
+        .collect();
     let seed_ids = active
         .iter()
         .map(|&index| {

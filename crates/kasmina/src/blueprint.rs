@@ -160,7 +160,10 @@ impl Blueprint {
     pub fn build(self, channels: i64, device: Device) -> Result<SeedModule> {
         if channels < 1 {
             return Err(Error::InvalidConfig {
-                reason: format!("blueprint {} needs channels >= 1, got {channels}", self.name()),
+                reason: format!(
+                    "blueprint {} needs channels >= 1, got {channels}",
+                    self.name()
+                ),
             });
         }
         let var_store = nn::VarStore::new(device);

@@ -5,10 +5,11 @@
 //! `leyline::gate::thresholds` ([`GateThresholds`] lets tests shorten them):
 //! - G0 (-> GERMINATED): seed id and blueprint id present.
 //! - G1 (-> TRAINING): the seed is GERMINATED.
-//! - G2 (-> BLENDING): strict: improvement since stage start >= 0.5 pp,
-//!   >= 10 epochs in TRAINING, gradient ratio >= 0.10 (unmeasured fails).
-//!   Permissive: >= 10 epochs, gradients measured, not exploding, gradient
-//!   health >= 0.7. Score `min(1, improvement / 5)`.
+//! - G2 (-> BLENDING): strict: improvement since stage start of at least
+//!   0.5 pp, at least 10 epochs in TRAINING, gradient ratio at least 0.10
+//!   (unmeasured fails). Permissive: at least 10 epochs, gradients measured,
+//!   not exploding, gradient health at least 0.7. Score
+//!   `min(1, improvement / 5)`.
 //! - G3 (-> HOLDING), both modes: alpha target >= 1 - 1e-6, controller in
 //!   HOLD, |alpha - target| <= 1e-6; strict also >= 10 epochs in BLENDING.
 //!   Score = alpha.

@@ -69,6 +69,10 @@ impl OwnerMask {
     }
 }
 
+/// One owner's parameters for [`SeedMasks::layout`]: owner name, seed id,
+/// named tensors in order.
+pub(crate) type OwnerParameters = (String, Option<String>, Vec<(String, Tensor)>);
+
 /// The whole layout: host first, then one mask per live seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeedMasks {
@@ -82,9 +86,7 @@ pub struct SeedMasks {
 
 impl SeedMasks {
     /// Lays out `owners` (`(owner, seed_id, parameters)`, host first) in order.
-    pub(crate) fn layout(
-        owners: Vec<(String, Option<String>, Vec<(String, Tensor)>)>,
-    ) -> SeedMasks {
+    pub(crate) fn layout(owners: Vec<OwnerParameters>) -> SeedMasks {
         let mut offset = 0;
         let mut masks = Vec::with_capacity(owners.len());
         for (owner, seed_id, parameters) in owners {
@@ -127,7 +129,9 @@ impl SeedMasks {
     pub fn to_tensor(&self, mask: &OwnerMask, device: Device) -> Result<Tensor> {
         let mut values = vec![false; self.total];
         for range in &mask.ranges {
-            values[range.range.clone()].iter_mut().for_each(|v| *v = true);
+            values[range.range.clone()]
+                .iter_mut()
+                .for_each(|v| *v = true);
         }
         Ok(Tensor::f_from_slice(&values)?
             .f_to_kind(Kind::Bool)?

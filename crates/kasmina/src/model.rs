@@ -7,7 +7,8 @@
 //! active seed runs exactly the host's plain forward. Lifecycle calls are
 //! addressed by slot id and delegate to [`SeedSlot`].
 
-use leyline::{AlphaCurve, SeedStage};
+use leyline::gate::thresholds::MIN_PRUNE_AGE;
+use leyline::{AlphaCurve, LifecycleOp, SeedStage};
 use tch::{Device, Tensor};
 
 use crate::blueprint::SeedModule;
@@ -38,6 +39,31 @@ pub struct NamedParameter {
     pub name: String,
     /// The variable (a shallow handle).
     pub tensor: Tensor,
+}
+
+/// Which lifecycle operations the slots allow right now: the Kasmina side
+/// of Tamiyo's action masks (reference §3.2 / §9 item 7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpAvailability {
+    /// One entry per `LifecycleOp` (in `LifecycleOp::ALL` order).
+    pub ops: Vec<bool>,
+    /// Per enabled slot (execution order): GERMINATE possible there.
+    pub germinate_slots: Vec<bool>,
+    /// Per enabled slot: FOSSILIZE possible there (a HOLDING seed).
+    pub fossilize_slots: Vec<bool>,
+    /// Per enabled slot: PRUNE possible there (a live, non-fossilized seed
+    /// at least `MIN_PRUNE_AGE` epochs old).
+    pub prune_slots: Vec<bool>,
+}
+
+impl OpAvailability {
+    /// Whether `op` is available in at least one slot (WAIT always is).
+    pub fn allows(&self, op: LifecycleOp) -> bool {
+        LifecycleOp::ALL
+            .iter()
+            .position(|candidate| *candidate == op)
+            .is_some_and(|index| self.ops[index])
+    }
 }
 
 /// A host with seed slots.
@@ -144,6 +170,80 @@ impl MorphogeneticModel {
         self.slots.iter().filter(|slot| slot.is_active()).count()
     }
 
+    /// Which lifecycle ops the slots allow with at most `max_seeds` live
+    /// seeds: WAIT always; GERMINATE iff an enabled slot is empty and fewer
+    /// than `max_seeds` enabled slots hold a live seed; FOSSILIZE iff a seed
+    /// is HOLDING; PRUNE iff a live, non-fossilized seed is at least
+    /// `MIN_PRUNE_AGE` epochs old; SET_ALPHA_TARGET iff a seed is BLENDING or
+    /// HOLDING with its alpha controller in HOLD; ADVANCE iff a seed is
+    /// GERMINATED, TRAINING, BLENDING or HOLDING. (The reference HEAD's extra
+    /// "D3" germination block is not applied here.)
+    pub fn op_availability(&self, max_seeds: usize) -> OpAvailability {
+        let live_seeds = self
+            .slots
+            .iter()
+            .filter(|slot| slot.seed_module().is_some())
+            .count();
+        let under_limit = live_seeds < max_seeds;
+        let germinate_slots: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|slot| under_limit && slot.is_empty())
+            .collect();
+        let fossilize_slots: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|slot| slot.stage() == Some(SeedStage::Holding))
+            .collect();
+        let prune_slots: Vec<bool> = self
+            .slots
+            .iter()
+            .map(|slot| {
+                slot.seed_module().is_some()
+                    && slot
+                        .stage()
+                        .is_some_and(|stage| stage != SeedStage::Fossilized)
+                    && slot
+                        .state()
+                        .is_some_and(|state| state.metrics().epochs_total >= MIN_PRUNE_AGE)
+            })
+            .collect();
+        let set_alpha = self.slots.iter().any(|slot| {
+            slot.state().is_some_and(|state| {
+                matches!(state.stage(), SeedStage::Blending | SeedStage::Holding)
+                    && state.alpha_controller().mode() == leyline::AlphaMode::Hold
+            })
+        });
+        let advance = self.slots.iter().any(|slot| {
+            slot.stage().is_some_and(|stage| {
+                matches!(
+                    stage,
+                    SeedStage::Germinated
+                        | SeedStage::Training
+                        | SeedStage::Blending
+                        | SeedStage::Holding
+                )
+            })
+        });
+        let ops = LifecycleOp::ALL
+            .iter()
+            .map(|op| match op {
+                LifecycleOp::Wait => true,
+                LifecycleOp::Germinate => germinate_slots.iter().any(|&ok| ok),
+                LifecycleOp::SetAlphaTarget => set_alpha,
+                LifecycleOp::Prune => prune_slots.iter().any(|&ok| ok),
+                LifecycleOp::Fossilize => fossilize_slots.iter().any(|&ok| ok),
+                LifecycleOp::Advance => advance,
+            })
+            .collect();
+        OpAvailability {
+            ops,
+            germinate_slots,
+            fossilize_slots,
+            prune_slots,
+        }
+    }
+
     /// The forward pass. `train` selects batch statistics in the host.
     ///
     /// # Shapes
@@ -168,7 +268,9 @@ impl MorphogeneticModel {
                 continue;
             }
             let target = slot.spec().boundary;
-            features = self.host.forward_segment(&features, boundary, target, train)?;
+            features = self
+                .host
+                .forward_segment(&features, boundary, target, train)?;
             let alpha_override = overrides.get(index).copied().flatten();
             features = slot.forward(&features, alpha_override)?;
             boundary = target;
@@ -199,7 +301,11 @@ impl MorphogeneticModel {
     }
 
     /// See [`SeedSlot::advance_stage`].
-    pub fn advance_stage(&mut self, slot: SlotId, target: Option<SeedStage>) -> Result<GateOutcome> {
+    pub fn advance_stage(
+        &mut self,
+        slot: SlotId,
+        target: Option<SeedStage>,
+    ) -> Result<GateOutcome> {
         self.slot_mut(slot)?.advance_stage(target)
     }
 
@@ -244,7 +350,8 @@ impl MorphogeneticModel {
     /// EMA and health, used by G2). Reads values back: call it outside any
     /// captured CUDA graph.
     pub fn measure_gradients(&mut self) -> Result<()> {
-        let host_parameters: Vec<Tensor> = self.host_parameters().into_iter().map(|(_, t)| t).collect();
+        let host_parameters: Vec<Tensor> =
+            self.host_parameters().into_iter().map(|(_, t)| t).collect();
         let host_norm = gradient_norm(&host_parameters)?;
         let host_count: i64 = host_parameters.iter().map(|t| t.numel() as i64).sum();
         for slot in &mut self.slots {
@@ -274,13 +381,15 @@ impl MorphogeneticModel {
             })
             .collect();
         for slot in &self.slots {
-            parameters.extend(slot.parameters().into_iter().map(|(name, tensor)| {
-                NamedParameter {
-                    owner: ParameterOwner::Seed(slot.id()),
-                    name,
-                    tensor,
-                }
-            }));
+            parameters.extend(
+                slot.parameters()
+                    .into_iter()
+                    .map(|(name, tensor)| NamedParameter {
+                        owner: ParameterOwner::Seed(slot.id()),
+                        name,
+                        tensor,
+                    }),
+            );
         }
         parameters
     }

@@ -479,7 +479,9 @@ impl SeedSlot {
 
     /// Whether the seed's optimizer has been created.
     pub fn has_optimizer(&self) -> bool {
-        self.seed.as_ref().is_some_and(|seed| seed.optimizer.is_some())
+        self.seed
+            .as_ref()
+            .is_some_and(|seed| seed.optimizer.is_some())
     }
 
     /// Current alpha (0 without a state).
@@ -519,7 +521,10 @@ impl SeedSlot {
         self.emit(
             leyline::telemetry::KASMINA_SEED_STAGE_CHANGED,
             &format!("{from} -> {to}"),
-            vec![("from", from.name().to_owned()), ("to", to.name().to_owned())],
+            vec![
+                ("from", from.name().to_owned()),
+                ("to", to.name().to_owned()),
+            ],
         );
     }
 
@@ -730,7 +735,10 @@ impl SeedSlot {
     /// for a FOSSILIZED seed or one already pruned.
     pub fn prune(&mut self, reason: &str, initiator: PruneInitiator) -> Result<bool> {
         let slot = self.id().to_string();
-        let state = self.state.as_mut().ok_or(Error::NoSeed { slot: slot.clone() })?;
+        let state = self
+            .state
+            .as_mut()
+            .ok_or(Error::NoSeed { slot: slot.clone() })?;
         let from = state.stage;
         if from == SeedStage::Fossilized || from.is_failure() {
             return Ok(false);
@@ -748,7 +756,10 @@ impl SeedSlot {
             vec![
                 ("reason", reason.to_owned()),
                 ("initiator", initiator.name().to_owned()),
-                ("auto_pruned", (initiator == PruneInitiator::Auto).to_string()),
+                (
+                    "auto_pruned",
+                    (initiator == PruneInitiator::Auto).to_string(),
+                ),
             ],
         );
         Ok(true)
@@ -899,7 +910,8 @@ impl SeedSlot {
             }
             SeedStage::Training => {
                 if self.config.auto_forward_g2
-                    && state.metrics.epochs_in_stage >= self.config.gates.thresholds.min_stage_epochs
+                    && state.metrics.epochs_in_stage
+                        >= self.config.gates.thresholds.min_stage_epochs
                 {
                     self.advance_stage(Some(SeedStage::Blending))?;
                 }
@@ -962,7 +974,11 @@ impl SeedSlot {
         });
         let exploding = !seed_norm.is_finite() || seed_norm > GRADIENT_EXPLODING_NORM;
         let vanishing = seed_params > 0 && seed_norm < GRADIENT_VANISHING_NORM;
-        state.metrics.gradient_norm = if seed_norm.is_finite() { seed_norm } else { 0.0 };
+        state.metrics.gradient_norm = if seed_norm.is_finite() {
+            seed_norm
+        } else {
+            0.0
+        };
         state.metrics.gradients_exploding = exploding;
         state.metrics.gradients_vanishing = vanishing;
         state.metrics.gradient_health = Some(if exploding {

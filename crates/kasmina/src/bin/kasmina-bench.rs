@@ -93,7 +93,9 @@ fn run_sequential(
     for index in 0..requests {
         let (blueprint, channels, slot) = request_spec(index);
         let asked = Instant::now();
-        let prepared = prefetcher.request(blueprint, channels, slot, device)?.wait()?;
+        let prepared = prefetcher
+            .request(blueprint, channels, slot, device)?
+            .wait()?;
         latencies.push(asked.elapsed().as_secs_f64() * 1e3);
         drop(prepared);
     }
@@ -109,7 +111,10 @@ fn run_burst(
     let mut tickets = Vec::with_capacity(requests);
     for index in 0..requests {
         let (blueprint, channels, slot) = request_spec(index);
-        tickets.push((Instant::now(), prefetcher.request(blueprint, channels, slot, device)?));
+        tickets.push((
+            Instant::now(),
+            prefetcher.request(blueprint, channels, slot, device)?,
+        ));
     }
     let mut latencies = Vec::with_capacity(requests);
     for (_, ticket) in tickets {
@@ -153,7 +158,9 @@ fn main() -> anyhow::Result<()> {
         ..PrefetchConfig::default()
     };
     let prefetcher = Prefetcher::new(config)?;
-    eprintln!("kasmina-prefetch: {requests} requests on {device:?}, warming up ({WARMUP_REQUESTS})");
+    eprintln!(
+        "kasmina-prefetch: {requests} requests on {device:?}, warming up ({WARMUP_REQUESTS})"
+    );
     run_sequential(&prefetcher, WARMUP_REQUESTS, device)?;
 
     eprintln!("kasmina-prefetch: sequential");

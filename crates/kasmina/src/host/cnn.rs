@@ -74,7 +74,10 @@ impl CnnHostConfig {
                 self.pool_layers, self.n_blocks
             ))
         } else if self.kernel_size < 1 || self.kernel_size % 2 == 0 {
-            Some(format!("kernel_size must be odd and >= 1, got {}", self.kernel_size))
+            Some(format!(
+                "kernel_size must be odd and >= 1, got {}",
+                self.kernel_size
+            ))
         } else if self.base_channels < 1 || self.in_channels < 1 || self.num_classes < 1 {
             Some("channels and classes must be >= 1".to_owned())
         } else if self.input_size >> self.pool_layers < 1 {
@@ -146,7 +149,12 @@ impl CnnHost {
             });
             in_channels = out_channels;
         }
-        let classifier = Linear::new(&root.sub("classifier"), in_channels, config.num_classes, true)?;
+        let classifier = Linear::new(
+            &root.sub("classifier"),
+            in_channels,
+            config.num_classes,
+            true,
+        )?;
 
         let mut segments = Vec::new();
         let mut specs = Vec::new();

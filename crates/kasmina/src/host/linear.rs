@@ -27,7 +27,12 @@ impl LinearHost {
     /// `Linear(in_features -> out_features)` with bias, PyTorch default init.
     pub fn new(in_features: i64, out_features: i64, device: Device) -> Result<LinearHost> {
         let var_store = nn::VarStore::new(device);
-        let linear = Linear::new(&var_store.root().sub("linear"), in_features, out_features, true)?;
+        let linear = Linear::new(
+            &var_store.root().sub("linear"),
+            in_features,
+            out_features,
+            true,
+        )?;
         Ok(LinearHost {
             var_store,
             linear,

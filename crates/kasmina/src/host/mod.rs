@@ -39,7 +39,9 @@ impl SlotId {
 
     /// Parses `r{row}c{col}` (pattern `^r(\d+)c(\d+)$`).
     pub fn parse(text: &str) -> Result<SlotId> {
-        let invalid = || Error::InvalidSlotId { id: text.to_owned() };
+        let invalid = || Error::InvalidSlotId {
+            id: text.to_owned(),
+        };
         let rest = text.strip_prefix('r').ok_or_else(invalid)?;
         let (row, col) = rest.split_once('c').ok_or_else(invalid)?;
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
