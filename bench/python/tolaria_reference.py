@@ -396,6 +396,33 @@ def run_mode(mode: str, device: torch.device, args) -> dict:
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
+TABLE = [("epoch_ms_p50", "p50 ms"), ("epoch_ms_p95", "p95 ms"), ("epoch_ms_max", "max ms"),
+         ("replay_us_per_step", "replay us"), ("bare_replays_ms_p50", "bare ms"),
+         ("capture_ms", "capture ms"), ("h2d_ms_p50", "h2d ms"), ("peak_device_memory_bytes", "peak B")]
+
+
+def print_table(record: dict) -> None:
+    """The merged record as a table (the last thing a bundle run prints)."""
+    env = record.get("environment", {})
+    print(f"\n{record.get('workload')} on {env.get('device')} (label {record.get('label')}, "
+          f"rev {env.get('git_rev')}, torch {env.get('python_torch', env.get('torch'))})")
+    print(f"{'impl':<7} {'mode':<24}" + "".join(f" {title:>10}" for _, title in TABLE))
+    for entry in record.get("results", []):
+        line = f"{entry.get('impl', '?'):<7} {entry.get('mode', '?'):<24}"
+        if entry.get("error"):
+            line += " error: " + entry["error"].splitlines()[0][:100]
+        else:
+            for key, _ in TABLE:
+                value = entry.get("metrics", {}).get(key)
+                if value is None:
+                    line += f" {'-':>10}"
+                elif key.endswith("_bytes"):
+                    line += f" {value:>10.0f}"
+                else:
+                    line += f" {value:>10.4f}"
+        print(line)
+
+
 def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -410,8 +437,10 @@ def main() -> int:
     parser.add_argument("--modes", default=",".join(ALL_MODES))
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
-    args.epochs = args.epochs or (30 if args.quick else 300)
-    args.warmup_epochs = args.warmup_epochs or (5 if args.quick else 20)
+    if args.epochs is None:
+        args.epochs = 30 if args.quick else 300
+    if args.warmup_epochs is None:
+        args.warmup_epochs = 5 if args.quick else 20
     args.bare_samples = 30 if args.quick else 300
     args.timed_replays = 50 if args.quick else 500
 
@@ -463,6 +492,7 @@ def main() -> int:
             json.dump(record, handle, indent=2, sort_keys=False)
             handle.write("\n")
         log(f"merged {len(results)} python results into {args.merge_into}")
+        print_table(record)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump({"environment": python_env, "results": results}, handle, indent=2)

@@ -6,6 +6,7 @@
 //!   alert-rule check.
 //! - `cargo xtask bench`: provision, build release, run the benchmark workloads
 //!   and write `baselines/perf/<workload>/<label>.json`.
+//! - `cargo xtask bundle`: the bench bundle for the GPU machine (`bundle/`).
 //! - `cargo xtask provision`: only the provisioning step.
 
 mod bench;
@@ -26,6 +27,8 @@ commands:
       --workload NAME      run one workload only (repeatable)
       --compare LABEL      print before/after against baselines/perf/<workload>/LABEL.json
       --quick              fewer epochs (a smoke run; not for committed records)
+  bundle                   build the GPU-machine bench bundle into bundle/ (release esper, GPU
+                           test binaries, Python peers, run.sh; stripped, under 40 MB)
   provision                make sure libtorch and system packages are installed
   help                     this text
 
@@ -60,6 +63,11 @@ fn run() -> Result<()> {
             let options = bench::Options::parse(&rest)?;
             provision::ensure(&root)?;
             bench::run(&root, &options)
+        }
+        "bundle" => {
+            let root = project_root()?;
+            provision::ensure(&root)?;
+            bench::bundle(&root, &rest)
         }
         "provision" => {
             let root = project_root()?;

@@ -25,6 +25,7 @@ commands:
                             with -autograd (default: all fused modes plus eager-autograd and
                             graph-step-autograd on CUDA; eager ones on the CPU)
       --epochs N            measured epochs (default 300; at least 200 for records)
+      --warmup-epochs N     unmeasured epochs first (default 20)
   help                      this text
 ";
 
@@ -63,6 +64,7 @@ fn bench(args: &[String]) -> Result<()> {
     let mut device = DeviceChoice::Auto;
     let mut variants = Vec::new();
     let mut epochs = None;
+    let mut warmup = None;
     let mut rest = args[1..].iter();
     while let Some(arg) = rest.next() {
         let mut value = |flag: &str| {
@@ -84,6 +86,7 @@ fn bench(args: &[String]) -> Result<()> {
                 }
             }
             "--epochs" => epochs = Some(value("--epochs")?.parse::<usize>()?),
+            "--warmup-epochs" => warmup = Some(value("--warmup-epochs")?.parse::<usize>()?),
             other => bail!("unknown option `{other}`\n\n{USAGE}"),
         }
     }
@@ -98,6 +101,9 @@ fn bench(args: &[String]) -> Result<()> {
     options.variants = variants;
     if let Some(epochs) = epochs {
         options.measured_epochs = epochs;
+    }
+    if let Some(warmup) = warmup {
+        options.warmup_epochs = warmup;
     }
     let record = tolaria::bench::run(&options, &mut |line| eprintln!("{line}"))?;
     if let Some(parent) = out.parent().filter(|parent| !parent.as_os_str().is_empty()) {

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
+#
+#   bash bundle/run.sh [--quick] [--label LABEL] [--no-tests] [--no-python] [--kernels]
+#
+# Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
+# the build machine's `.esper-torch`, which does not exist here), runs the GPU test
+# binaries, the Rust bench, then the Python peers merged into the same record, and
+# writes everything under $OUT (default: bundle/out):
+#   <label>.json            the baseline record (Rust and Python side by side)
+#   tests.log               GPU test output
+#   bench_rust.log, bench_python.log
+#   kernels.log             (--kernels) kernels and GPU time per eager epoch, via ncu
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$here/out}
+mkdir -p "$out"
+
+quick=""
+label=""
+run_tests=1
+run_python=1
+count_kernels=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick="--quick" ;;
+    --label) label="$2"; shift ;;
+    --no-tests) run_tests=0 ;;
+    --no-python) run_python=0 ;;
+    --kernels) count_kernels=1 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+torch_dir=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))') || {
+  echo "python3 with torch not found" >&2; exit 1; }
+export LD_LIBRARY_PATH="$torch_dir/lib:$(dirname "$torch_dir")/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export ESPER_GIT_REV=$(cat "$here/GIT_REV" 2>/dev/null || echo unknown)
+export ESPER_TORCH_VERSION=$(python3 -c 'import torch;print(torch.__version__)')
+export ESPER_DRIVER_VERSION=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+export PYTHONUNBUFFERED=1
+
+if [ -z "$label" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu" in
+    *H100*) prefix=h100 ;;
+    *H200*) prefix=h200 ;;
+    "") prefix=cpu ;;
+    *) prefix=gpu ;;
+  esac
+  label="$prefix-$(date +%F)"
+fi
+echo "== bundle rev $ESPER_GIT_REV, torch $ESPER_TORCH_VERSION, driver $ESPER_DRIVER_VERSION, label $label"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv 2>/dev/null
+
+status=0
+if [ "$run_tests" = 1 ]; then
+  : >"$out/tests.log"
+  for test_binary in "$here"/tests/*; do
+    [ -x "$test_binary" ] || continue
+    echo "== $(basename "$test_binary")" | tee -a "$out/tests.log"
+    "$test_binary" --test-threads=1 --nocapture 2>&1 | tee -a "$out/tests.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] || { echo "== $(basename "$test_binary") FAILED ($rc)" | tee -a "$out/tests.log"; status=1; }
+  done
+fi
+
+record="$out/$label.json"
+echo "== rust bench"
+"$here/esper" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+
+if [ "$run_python" = 1 ] && [ -f "$record" ]; then
+  echo "== python peers"
+  python3 "$here/tolaria_reference.py" --merge-into "$record" $quick 2>&1 | tee "$out/bench_python.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if [ "$count_kernels" = 1 ] && command -v ncu >/dev/null; then
+  # Kernels per eager epoch = kernels(2 epochs) - kernels(1 epoch), so set-up work cancels.
+  echo "== kernels per eager epoch (ncu)" | tee "$out/kernels.log"
+  count() {
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv "$@" 2>/dev/null \
+      | python3 -c '
+import csv, sys
+rows = [r for r in csv.reader(sys.stdin) if len(r) > 3 and r[-3] == "gpu__time_duration.sum"]
+total = sum(float(r[-1].replace(",", "")) for r in rows)
+unit = rows[0][-2] if rows else "?"
+print(len(rows), "kernels", round(total, 1), unit)'
+  }
+  for variant in eager eager-autograd; do
+    one=$(count "$here/esper" bench tolaria-reference --out /tmp/k1.json --modes "$variant" --epochs 1 --warmup-epochs 0)
+    two=$(count "$here/esper" bench tolaria-reference --out /tmp/k2.json --modes "$variant" --epochs 2 --warmup-epochs 0)
+    echo "rust $variant: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
+  done
+  one=$(count python3 "$here/tolaria_reference.py" --out /tmp/p1.json --modes eager --epochs 1 --warmup-epochs 0)
+  two=$(count python3 "$here/tolaria_reference.py" --out /tmp/p2.json --modes eager --epochs 2 --warmup-epochs 0)
+  echo "python eager: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
+fi
+
+ls -la "$out"
+exit $status
