@@ -90,7 +90,16 @@ impl MorphogeneticModel {
         config: SlotConfig,
         telemetry: LifecycleTelemetry,
     ) -> Result<MorphogeneticModel> {
-        let host: Box<dyn Host> = Box::new(host);
+        MorphogeneticModel::from_boxed(Box::new(host), enabled, config, telemetry)
+    }
+
+    /// Like [`MorphogeneticModel::new`] for a host chosen at run time.
+    pub fn from_boxed(
+        host: Box<dyn Host>,
+        enabled: &[SlotId],
+        config: SlotConfig,
+        telemetry: LifecycleTelemetry,
+    ) -> Result<MorphogeneticModel> {
         for slot in enabled {
             host.injection_spec(*slot)?;
         }
@@ -290,13 +299,23 @@ impl MorphogeneticModel {
         self.slot_mut(slot)?.germinate(blueprint, options, device)
     }
 
-    /// Germinates a prebuilt module (from [`crate::prefetch`]) in `slot`.
+    /// Germinates a prebuilt module (from [`crate::prefetch`]) in `slot`;
+    /// the module must live on the host's device.
     pub fn germinate_module(
         &mut self,
         slot: SlotId,
         module: SeedModule,
         options: GerminationOptions,
     ) -> Result<()> {
+        if module.device() != self.device() {
+            return Err(Error::InvalidConfig {
+                reason: format!(
+                    "seed module on {:?} cannot join a host on {:?}",
+                    module.device(),
+                    self.device()
+                ),
+            });
+        }
         self.slot_mut(slot)?.germinate_module(module, options)
     }
 

@@ -102,6 +102,12 @@ fn slots_run_in_execution_order_and_inactive_slots_are_identities() {
 #[test]
 fn attribute_batch_measures_each_seeds_influence_per_sample() {
     let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let x = images();
+    let empty = attribute_batch(&model, &x).expect("no seeds");
+    assert_eq!(empty.influence.size(), vec![5, 0]);
+    assert!(empty.slots.is_empty());
+    let plain = tch::no_grad(|| model.forward(&x, false)).expect("forward");
+    assert!(empty.output.equal(&plain));
     to_training(&mut model, R0C0, "conv_light", "incubating");
     to_training(&mut model, R0C1, "conv_heavy", "blended");
     model
