@@ -102,6 +102,7 @@ pub fn init_subscriber(default_filter: &str) -> Result<()> {
     .map_err(|error| NissaError::Subscriber(error.to_string()))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init()
         .map_err(|error| NissaError::Subscriber(error.to_string()))
