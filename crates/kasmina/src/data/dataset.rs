@@ -325,7 +325,13 @@ impl Dataset {
     /// Pinning only means something with CUDA: when no CUDA device is
     /// available, or the data already lives on a CUDA device, this returns
     /// the data set unchanged (a shallow clone) rather than failing, so the
-    /// same code runs on CPU-only machines.
+    /// same code runs on CPU-only machines. "Available" is
+    /// `tch::Cuda::is_available()`, which is only true in binaries that keep
+    /// `libtorch_cuda` loaded (linking `torch-ext` does).
+    ///
+    /// tch 0.24 always passes a device to `pin_memory`, so libtorch 2.11
+    /// prints a deprecation warning for that argument; it is harmless
+    /// (checked on an H100).
     pub fn pin_memory(&self) -> Result<Self> {
         const OP: &str = "Dataset::pin_memory";
         if !tch::Cuda::is_available() || self.device() != Device::Cpu {
@@ -343,7 +349,8 @@ impl Dataset {
     }
 
     /// Whether the tensors are in page-locked host memory (always `false`
-    /// without CUDA).
+    /// without CUDA). Like [`Dataset::pin_memory`], it makes libtorch print a
+    /// deprecation warning about the device argument.
     pub fn is_pinned(&self) -> bool {
         tch::Cuda::is_available()
             && self.device() == Device::Cpu
