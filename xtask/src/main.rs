@@ -142,26 +142,40 @@ fn run_tests(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Validates the Prometheus alert rules with `promtool` (installed by provisioning).
+/// Validates the Prometheus alert rules with `promtool` (installed by
+/// provisioning), then runs their unit tests (`*.test.yml`).
 fn check_alert_rules(root: &Path) -> Result<()> {
-    let rules_dir = root.join("docs/observability");
-    let mut rule_files: Vec<PathBuf> = match std::fs::read_dir(&rules_dir) {
-        Ok(entries) => entries
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|path| {
-                path.file_name()
-                    .and_then(|name| name.to_str())
-                    .is_some_and(|name| name.ends_with(".rules.yml"))
-            })
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let rule_files = observability_files(root, ".rules.yml");
     if rule_files.is_empty() {
-        eprintln!("==> no alert rules under docs/observability yet; promtool check skipped");
-        return Ok(());
+        bail!("no alert rules (*.rules.yml) under docs/observability");
     }
-    rule_files.sort();
-    let mut command = Command::new("promtool");
-    command.args(["check", "rules"]).args(&rule_files);
-    run_step("promtool check rules", &mut command)
+    let mut check = Command::new("promtool");
+    check.args(["check", "rules"]).args(&rule_files);
+    run_step("promtool check rules", &mut check)?;
+    let rule_tests = observability_files(root, ".test.yml");
+    if !rule_tests.is_empty() {
+        // promtool resolves `rule_files` relative to the test file.
+        let mut test = Command::new("promtool");
+        test.args(["test", "rules"]).args(&rule_tests);
+        run_step("promtool test rules", &mut test)?;
+    }
+    Ok(())
+}
+
+/// Files in `docs/observability` whose names end in `suffix`, sorted.
+fn observability_files(root: &Path, suffix: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("docs/observability"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+                .filter(|path| {
+                    path.file_name()
+                        .and_then(|name| name.to_str())
+                        .is_some_and(|name| name.ends_with(suffix))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
 }
