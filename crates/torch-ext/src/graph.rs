@@ -34,7 +34,9 @@
 //! happens during capture, the capture is ended and discarded (the stream
 //! leaves capture mode, the allocator stops routing to the graph's pool, the
 //! CUDA RNG leaves graph mode, the pending CUDA error is cleared), so the
-//! caller can fall back to eager execution in the same process.
+//! caller can fall back to eager execution in the same process. (When the body
+//! failed before queuing any work, libtorch prints a harmless "The CUDA Graph
+//! is empty" warning while the capture is ended.)
 
 use std::any::Any;
 use std::ffi::c_void;

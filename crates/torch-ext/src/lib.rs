@@ -31,7 +31,7 @@
 //!
 //! - Every fallible C entry point wraps its body in `try { } catch (...)` and
 //!   returns NULL or a heap error message (turned into [`Error::Cpp`] and
-//!   freed by [`ffi`]'s `check`). No C++ exception crosses into Rust.
+//!   freed by `ffi::check`). No C++ exception crosses into Rust.
 //! - Tensors cross as the `at::Tensor*` that tch's `Tensor::as_ptr` returns
 //!   (tch's `C_tensor` is `torch::Tensor`); tensors created by the shim are
 //!   `new at::Tensor` handed to `Tensor::from_ptr`, which owns and frees them.

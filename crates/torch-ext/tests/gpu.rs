@@ -11,8 +11,8 @@ use std::sync::{Mutex, MutexGuard};
 use tch::{Device, Kind, Tensor};
 use torch_ext::fused::{self, LearningRate, SgdOptions};
 use torch_ext::{
-    AutocastDevice, AutocastGuard, CaptureMode, CudaEvent, CudaGraph, CudaStream, Error,
-    GraphPool, copy_non_blocking, cuda,
+    AutocastDevice, AutocastGuard, CaptureMode, CudaEvent, CudaGraph, CudaStream, Error, GraphPool,
+    copy_non_blocking, cuda,
 };
 
 /// The tests share one device and flip process-wide state (sync-debug mode),
@@ -24,20 +24,32 @@ fn gpu_or_skip() -> Option<MutexGuard<'static, ()>> {
         println!("skipping: no CUDA device");
         return None;
     }
-    Some(DEVICE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    Some(
+        DEVICE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    )
 }
 
 const CUDA: Device = Device::Cuda(0);
 
 fn values(tensor: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(tensor.to_device(Device::Cpu).to_kind(Kind::Float).flatten(0, -1))
-        .expect("float tensor")
+    Vec::<f32>::try_from(
+        tensor
+            .to_device(Device::Cpu)
+            .to_kind(Kind::Float)
+            .flatten(0, -1),
+    )
+    .expect("float tensor")
 }
 
 fn assert_close(got: &[f32], expected: &[f32], tolerance: f32) {
     assert_eq!(got.len(), expected.len());
     for (index, (g, e)) in got.iter().zip(expected).enumerate() {
-        assert!((g - e).abs() <= tolerance, "element {index}: got {g}, expected {e}");
+        assert!(
+            (g - e).abs() <= tolerance,
+            "element {index}: got {g}, expected {e}"
+        );
     }
 }
 
@@ -49,7 +61,10 @@ fn tch_error(error: tch::TchError) -> String {
 fn device_facts_are_reported() {
     let Some(_device) = gpu_or_skip() else { return };
     assert!(cuda::device_count() >= 1);
-    assert!(tch::Cuda::is_available(), "tch sees CUDA once torch-ext is linked");
+    assert!(
+        tch::Cuda::is_available(),
+        "tch sees CUDA once torch-ext is linked"
+    );
     let name = cuda::device_name(0).unwrap();
     assert!(!name.is_empty());
     let (major, _minor) = cuda::device_capability(0).unwrap();
@@ -59,7 +74,10 @@ fn device_facts_are_reported() {
     assert_ne!(driver, "none");
     println!("device 0: {name}, CUDA runtime {runtime}, driver {driver}");
     let count = cuda::device_count();
-    assert!(matches!(cuda::synchronize(count), Err(Error::InvalidDevice { .. })));
+    assert!(matches!(
+        cuda::synchronize(count),
+        Err(Error::InvalidDevice { .. })
+    ));
     cuda::synchronize(0).unwrap();
 }
 
@@ -211,15 +229,27 @@ fn panic_inside_capture_is_caught_and_eager_work_continues() {
         other => panic!("expected Error::Panic, got {other:?}"),
     }
     assert!(!stream.is_capturing().unwrap(), "the capture was ended");
-    assert_eq!(CudaStream::current(0).unwrap(), before, "current stream restored");
+    assert_eq!(
+        CudaStream::current(0).unwrap(),
+        before,
+        "current stream restored"
+    );
     assert_eq!(cuda::sync_debug_mode().unwrap(), cuda::SyncDebugMode::Off);
 
     // Eager execution still works, random numbers included ...
     let a = Tensor::randn([8, 8], (Kind::Float, CUDA));
     let b = Tensor::randn([8, 8], (Kind::Float, CUDA));
-    assert_ne!(values(&a), values(&b), "the CUDA RNG advances after the aborted capture");
+    assert_ne!(
+        values(&a),
+        values(&b),
+        "the CUDA RNG advances after the aborted capture"
+    );
     let eager = a.matmul(&b);
-    assert_close(&values(&eager), &values(&a.to_device(Device::Cpu).matmul(&b.to_device(Device::Cpu))), 1e-3);
+    assert_close(
+        &values(&eager),
+        &values(&a.to_device(Device::Cpu).matmul(&b.to_device(Device::Cpu))),
+        1e-3,
+    );
     // ... and so does a new capture on the same stream.
     let graph = CudaGraph::capture(&stream, None, 1, || {
         let y = x.f_matmul(&x).map_err(tch_error)?;
@@ -240,7 +270,11 @@ fn body_error_and_hidden_sync_abort_the_capture_cleanly() {
     let mut calls = 0;
     let result = CudaGraph::capture(&stream, None, 1, || {
         calls += 1;
-        if calls == 2 { Err("step failed".to_owned()) } else { Ok(()) }
+        if calls == 2 {
+            Err("step failed".to_owned())
+        } else {
+            Ok(())
+        }
     });
     match result {
         Err(Error::Body { phase, message }) => {
@@ -274,6 +308,50 @@ fn body_error_and_hidden_sync_abort_the_capture_cleanly() {
     let total = f64::try_from(&x.sum(Kind::Float)).unwrap();
     let expected: f32 = values(&x).iter().sum();
     assert!((total as f32 - expected).abs() < 1e-3);
+}
+
+#[test]
+fn failed_captures_release_their_memory_pools() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let x = Tensor::randn([16], (Kind::Float, CUDA));
+    cuda::synchronize(0).unwrap();
+    cuda::empty_cache().unwrap();
+    let baseline = cuda::memory_reserved(0).unwrap();
+    let block_elements: i64 = 4 << 20; // 16 MiB of f32 per capture
+    for attempt in 0..5 {
+        let mut calls = 0;
+        // Alternate a returned error, a panic, and an illegal read-back.
+        let result = CudaGraph::capture(&stream, None, 1, || {
+            calls += 1;
+            let scratch =
+                Tensor::f_ones([block_elements], (Kind::Float, CUDA)).map_err(tch_error)?;
+            let total = scratch.f_sum(Kind::Float).map_err(tch_error)?;
+            if calls == 2 {
+                match attempt % 3 {
+                    0 => return Err("failing on purpose".to_owned()),
+                    1 => panic!("failing on purpose"),
+                    _ => {
+                        let value = f64::try_from(&total).map_err(tch_error)?;
+                        return Err(format!("read back {value} without an error"));
+                    }
+                }
+            }
+            Ok(())
+        });
+        assert!(result.is_err(), "attempt {attempt}");
+        assert!(!stream.is_capturing().unwrap());
+    }
+    cuda::synchronize(0).unwrap();
+    cuda::empty_cache().unwrap();
+    let after = cuda::memory_reserved(0).unwrap();
+    // Five unreleased private pools would keep at least 5 x 16 MiB reserved.
+    assert!(
+        after <= baseline + (16 << 20),
+        "reserved grew from {baseline} to {after} bytes: failed captures leaked their pools"
+    );
+    // Eager work is fine afterwards.
+    assert!((f64::try_from(&(&x - &x).sum(Kind::Float)).unwrap()).abs() < 1e-6);
 }
 
 #[test]
@@ -362,8 +440,18 @@ fn captured_fused_sgd_step_matches_eager_steps() {
 
     // First step eagerly (initialises the momentum buffers), on both devices.
     fused::sgd_step(&params, &grads, &buffers, 0.1, 0.9, 0.01, 0.0, false, true).unwrap();
-    fused::sgd_step(&cpu_params, &cpu_grads, &cpu_buffers, 0.1, 0.9, 0.01, 0.0, false, true)
-        .unwrap();
+    fused::sgd_step(
+        &cpu_params,
+        &cpu_grads,
+        &cpu_buffers,
+        0.1,
+        0.9,
+        0.01,
+        0.0,
+        false,
+        true,
+    )
+    .unwrap();
     // Steady-state step captured with a device learning rate; the warm-up
     // iterations run it for real, so mirror them on the CPU.
     let warmup = 3;
@@ -378,20 +466,40 @@ fn captured_fused_sgd_step_matches_eager_steps() {
     })
     .unwrap();
     for _ in 0..warmup {
-        fused::sgd_step(&cpu_params, &cpu_grads, &cpu_buffers, 0.1, 0.9, 0.01, 0.0, false, false)
-            .unwrap();
+        fused::sgd_step(
+            &cpu_params,
+            &cpu_grads,
+            &cpu_buffers,
+            0.1,
+            0.9,
+            0.01,
+            0.0,
+            false,
+            false,
+        )
+        .unwrap();
     }
     for _ in 0..5 {
         graph.replay().unwrap();
-        fused::sgd_step(&cpu_params, &cpu_grads, &cpu_buffers, 0.1, 0.9, 0.01, 0.0, false, false)
-            .unwrap();
+        fused::sgd_step(
+            &cpu_params,
+            &cpu_grads,
+            &cpu_buffers,
+            0.1,
+            0.9,
+            0.01,
+            0.0,
+            false,
+            false,
+        )
+        .unwrap();
     }
     for (gpu, cpu) in params.iter().zip(&cpu_params) {
         assert_close(&values(gpu), &values(cpu), 1e-4);
     }
     // A new learning rate reaches the captured step without re-capture.
     let mut lr_static = lr.shallow_clone();
-    lr_static.fill_(0.0);
+    let _filled = lr_static.f_fill_(0.0).unwrap();
     let frozen = values(&params[0]);
     graph.replay().unwrap();
     // lr 0: parameters unchanged.
