@@ -14,6 +14,8 @@
 //!
 //! - [`data`]: data sets (Fashion-MNIST IDX, CIFAR-10 binary, seeded synthetic
 //!   tasks) with shuffle, split, batching and per-data-set normalisation.
+//! - [`device`]: picking the GPU in a way that makes tch's CUDA kernels
+//!   usable.
 //! - [`layers`], [`optim`]: the small tch building blocks (fallible layers, a
 //!   deterministic SGD with momentum) the rest is made of.
 //! - [`error`]: the crate's error type.
@@ -23,6 +25,7 @@ pub mod attribution;
 pub mod blend;
 pub mod blueprint;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod export;
 pub mod gate;

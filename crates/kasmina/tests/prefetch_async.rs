@@ -145,21 +145,3 @@ fn invalid_configuration_and_channels_are_refused() {
         Err(Error::InvalidConfig { .. })
     ));
 }
-
-#[test]
-fn modules_are_built_on_the_requested_cuda_device() {
-    if !tch::Cuda::is_available() {
-        eprintln!("skipping modules_are_built_on_the_requested_cuda_device: no CUDA device");
-        return;
-    }
-    let prefetcher = prefetcher();
-    let prepared = prefetcher
-        .request("conv_light", 8, SlotId::new(0, 1), Device::Cuda(0))
-        .expect("request")
-        .wait()
-        .expect("built");
-    assert_eq!(prepared.module.device(), Device::Cuda(0));
-    for (_, tensor) in prepared.module.var_store().variables() {
-        assert_eq!(tensor.device(), Device::Cuda(0));
-    }
-}

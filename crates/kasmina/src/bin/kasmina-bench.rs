@@ -144,13 +144,19 @@ fn torch_version() -> String {
 fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
     let requests = if args.quick { QUICK_REQUESTS } else { REQUESTS };
-    let device = Device::cuda_if_available();
+    let device = kasmina::device::cuda_if_available();
     tch::manual_seed(0);
 
     let mut environment = Environment::cpu_only();
     environment.torch = torch_version();
-    if let Device::Cuda(_) = device {
-        environment.device = "cuda".to_owned();
+    if device.is_cuda() {
+        environment.device =
+            torch_ext::cuda::device_name(0).unwrap_or_else(|error| format!("cuda ({error})"));
+        if let Ok((runtime, driver)) = torch_ext::cuda::runtime_versions() {
+            environment.cuda = runtime;
+            // The driver's CUDA API level (the driver build is not queried).
+            environment.driver = format!("CUDA {driver}");
+        }
     }
 
     let config = PrefetchConfig {

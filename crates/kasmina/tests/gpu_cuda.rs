@@ -1,0 +1,102 @@
+//! CUDA checks, run on the GPU machine (each test prints why it skips on a
+//! machine without CUDA): prefetched modules land on the GPU, and a model
+//! with two seeds trains, attributes and exports there.
+
+use kasmina::attribution::attribute_batch;
+use kasmina::export::export_seed_states;
+use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
+use kasmina::model::MorphogeneticModel;
+use kasmina::prefetch::{PrefetchConfig, Prefetcher};
+use kasmina::slot::{GerminationOptions, SlotConfig};
+use kasmina::telemetry::LifecycleTelemetry;
+use leyline::SeedStage;
+use tch::{Device, Kind, Tensor};
+
+fn cuda_or_skip(test: &str) -> Option<Device> {
+    let device = kasmina::device::cuda_if_available();
+    if device == Device::Cpu {
+        eprintln!("skipping {test}: no CUDA device");
+        None
+    } else {
+        Some(device)
+    }
+}
+
+#[test]
+fn prefetched_modules_are_built_on_the_gpu() {
+    let Some(device) = cuda_or_skip("prefetched_modules_are_built_on_the_gpu") else {
+        return;
+    };
+    let prefetcher = Prefetcher::new(PrefetchConfig::default()).expect("prefetcher");
+    let prepared = prefetcher
+        .request("conv_light", 8, SlotId::new(0, 1), device)
+        .expect("request")
+        .wait()
+        .expect("built");
+    assert_eq!(prepared.module.device(), device);
+    for (_, tensor) in prepared.module.var_store().variables() {
+        assert_eq!(tensor.device(), device);
+    }
+}
+
+#[test]
+fn a_two_seed_model_trains_attributes_and_exports_on_the_gpu() {
+    let Some(device) = cuda_or_skip("a_two_seed_model_trains_attributes_and_exports_on_the_gpu")
+    else {
+        return;
+    };
+    tch::manual_seed(5);
+    let host = CnnHost::new(CnnHostConfig::fashion_mnist(), device).expect("host");
+    let slots = [SlotId::new(0, 1), SlotId::new(0, 2)];
+    let mut model = MorphogeneticModel::new(
+        host,
+        &slots,
+        SlotConfig::default(),
+        LifecycleTelemetry::disabled(),
+    )
+    .expect("model");
+    model
+        .germinate(slots[0], "conv_light", GerminationOptions::new("light"))
+        .expect("germinate");
+    let prefetcher = Prefetcher::new(PrefetchConfig::default()).expect("prefetcher");
+    let prepared = prefetcher
+        .request("attention", 32, slots[1], device)
+        .expect("request")
+        .wait()
+        .expect("built");
+    model
+        .germinate_module(
+            slots[1],
+            prepared.module,
+            GerminationOptions::new("attention"),
+        )
+        .expect("germinate prefetched");
+    for slot in slots {
+        model
+            .advance_stage(slot, Some(SeedStage::Training))
+            .expect("g1");
+    }
+    model
+        .slot_mut(slots[1])
+        .expect("slot")
+        .set_alpha(0.5)
+        .expect("alpha");
+    let images = Tensor::randn([32, 1, 28, 28], (Kind::Float, device));
+    let labels = Tensor::randint(10, [32], (Kind::Int64, device));
+    let logits = model.forward(&images, true).expect("forward");
+    assert_eq!(logits.device(), device);
+    logits.cross_entropy_for_logits(&labels).backward();
+    model.measure_gradients().expect("measure");
+    model.step_seed_optimizers().expect("seed step");
+    let attribution = attribute_batch(&model, &images).expect("attribution");
+    assert_eq!(attribution.influence.size(), vec![32, 2]);
+    assert_eq!(attribution.influence.device(), device);
+    let influence = attribution.influence.to_device(Device::Cpu);
+    assert_eq!(influence.select(1, 0).abs().max().double_value(&[]), 0.0);
+    assert!(influence.select(1, 1).min().double_value(&[]) > 0.0);
+    let messages = export_seed_states(&model).expect("export");
+    assert_eq!(messages.len(), 2);
+    let masks = model.seed_masks();
+    let mask = masks.to_tensor(&masks.seeds[1], device).expect("mask");
+    assert_eq!(mask.device(), device);
+}
