@@ -94,9 +94,11 @@ print(len(rows), "kernels", round(total, 1), unit)'
     two=$(count "$here/esper" bench tolaria-reference --out /tmp/k2.json --modes "$variant" --epochs 2 --warmup-epochs 0)
     echo "rust $variant: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
   done
-  one=$(count python3 "$here/tolaria_reference.py" --out /tmp/p1.json --modes eager --epochs 1 --warmup-epochs 0)
-  two=$(count python3 "$here/tolaria_reference.py" --out /tmp/p2.json --modes eager --epochs 2 --warmup-epochs 0)
-  echo "python eager: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
+  if [ "$run_python" = 1 ]; then
+    one=$(count python3 "$here/tolaria_reference.py" --out /tmp/p1.json --modes eager --epochs 1 --warmup-epochs 0)
+    two=$(count python3 "$here/tolaria_reference.py" --out /tmp/p2.json --modes eager --epochs 2 --warmup-epochs 0)
+    echo "python eager: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
+  fi
 fi
 
 ls -la "$out"

@@ -11,6 +11,7 @@ Variants (record mode names):
   compile-default           torch.compile(step) with mode="default"
   compile-reduce-overhead   torch.compile(step) with mode="reduce-overhead"
   graph-step                manual torch.cuda.CUDAGraph of one step, replayed per microbatch
+                            (static buffers = the staging buffers' first microbatch)
   graph-epoch               manual torch.cuda.CUDAGraph of a whole epoch, replayed once
 
 Staging and readback match the Rust counterparts: every step runs on a
@@ -184,12 +185,16 @@ class Workload:
         return True
 
     def read_metrics(self):
+        # The accumulator reset for the next epoch is queued behind the
+        # readback copy, so the host waits only for the copy (as in Rust).
         if self.cuda:
             self.readback.copy_(self.metrics, non_blocking=True)
             self.done.record(self.compute)
+            self.metrics.zero_()
             self.done.synchronize()
         else:
             self.readback.copy_(self.metrics)
+            self.metrics.zero_()
         loss_sum, correct = self.readback.tolist()
         return loss_sum / len(self.spans), correct / self.n_samples
 
@@ -213,7 +218,6 @@ class Runner:
 
     def epoch_body(self):
         w = self.w
-        w.metrics.zero_()
         for x, y in w.slices:
             self.run_step(x, y)
 
@@ -251,23 +255,31 @@ class GraphStepRunner(Runner):
         self.warmup_remaining = workload.cfg["graph_warmup_steps"]
         self.graph_obj = None
         batch = workload.batch
-        self.static_x = torch.empty(batch, workload.cfg["n_features"], device=workload.device)
-        self.static_y = torch.empty(batch, dtype=torch.int64, device=workload.device)
+        # As in Rust: with per-epoch staging, the static buffers are the
+        # staging buffers' first microbatch, so that one needs no copy and
+        # later ones are copied over it after it was consumed.
+        if workload.resident:
+            self.static_x = torch.empty(batch, workload.cfg["n_features"], device=workload.device)
+            self.static_y = torch.empty(batch, dtype=torch.int64, device=workload.device)
+        else:
+            self.static_x, self.static_y = workload.slices[0]
+
+    def fill_static(self, x, y):
+        if x.data_ptr() != self.static_x.data_ptr():
+            self.static_x.copy_(x, non_blocking=True)
+            self.static_y.copy_(y, non_blocking=True)
 
     def epoch_body(self):
         w = self.w
-        w.metrics.zero_()
         for x, y in w.slices:
             if self.graph_obj is not None and x.shape[0] == self.static_x.shape[0]:
-                self.static_x.copy_(x, non_blocking=True)
-                self.static_y.copy_(y, non_blocking=True)
+                self.fill_static(x, y)
                 self.graph_obj.replay()
             elif self.warmup_remaining > 0 or x.shape[0] != self.static_x.shape[0]:
                 self.warmup_remaining = max(0, self.warmup_remaining - 1)
                 w.step(x, y)
             else:
-                self.static_x.copy_(x, non_blocking=True)
-                self.static_y.copy_(y, non_blocking=True)
+                self.fill_static(x, y)
                 w.optimizer.zero_grad(set_to_none=True)
                 started = time.perf_counter()
                 graph = torch.cuda.CUDAGraph()
@@ -291,7 +303,6 @@ class GraphEpochRunner(Runner):
 
     def eager_epoch(self):
         w = self.w
-        w.metrics.zero_()
         for x, y in w.slices:
             w.step(x, y)
 

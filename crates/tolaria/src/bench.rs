@@ -212,13 +212,15 @@ fn run_variant(
     options: &BenchOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(BTreeMap<String, f64>, BTreeSet<String>)> {
-    let device = resolve_device(config.device)?;
-    if let Device::Cuda(index) = device {
+    let sink = CollectingSink::new();
+    let mut trainer = Trainer::with_telemetry(config.clone(), Box::new(sink.clone()))?;
+    // After the trainer exists: the caching allocator refuses to reset the
+    // statistics of a device it has not initialised yet. The peak then starts
+    // from what the trainer holds (parameters, data, buffers).
+    if let Device::Cuda(index) = trainer.device() {
         torch_ext::cuda::synchronize(index)?;
         torch_ext::cuda::reset_peak_memory_stats(index)?;
     }
-    let sink = CollectingSink::new();
-    let mut trainer = Trainer::with_telemetry(config.clone(), Box::new(sink.clone()))?;
     let mut metrics = BTreeMap::new();
     let mut warmup = Vec::with_capacity(options.warmup_epochs);
     for _ in 0..options.warmup_epochs {

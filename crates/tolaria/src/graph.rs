@@ -91,11 +91,14 @@ impl CudaContext {
         Ok(f64::from(self.h2d_start.elapsed_ms(&self.h2d_end)?))
     }
 
-    /// Copies `metrics` to pinned memory on the compute stream and waits for
-    /// that one event: the epoch's only device-to-host synchronization.
-    pub(crate) fn read_metrics(&self, metrics: &Tensor) -> Result<Vec<f32>> {
-        torch_ext::copy_non_blocking(&mut self.readback.shallow_clone(), metrics)?;
+    /// Copies the metric buffer to pinned memory on the compute stream, then
+    /// queues the accumulator reset for the next epoch behind that copy, and
+    /// waits for the copy's event only: the epoch's single device-to-host
+    /// synchronization, with the reset off its critical path.
+    pub(crate) fn read_and_reset_metrics(&self, state: &mut LinearCeState) -> Result<Vec<f32>> {
+        torch_ext::copy_non_blocking(&mut self.readback.shallow_clone(), state.metric_buffer())?;
         self.done.record(&self.compute)?;
+        state.reset_metrics()?;
         self.done.synchronize()?;
         Vec::<f32>::try_from(&self.readback).op("metrics to_vec")
     }
@@ -168,18 +171,29 @@ impl StepGraphs {
     /// the microbatch into the static buffer), eager during warm-up, capture
     /// then replay on the first step after warm-up, eager plus a fallback
     /// event for unseen shapes and failed captures.
+    ///
+    /// `static_slot`, when given, is where the static buffer of a new capture
+    /// lives: the staging buffer's block of the epoch's first microbatch of
+    /// this shape. Staging fills it every epoch and later microbatches are
+    /// copied over it after it was consumed, so that microbatch needs no copy.
+    /// `None` (device-resident data, which must not be overwritten): a
+    /// separate buffer.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run_step(
         &mut self,
         cuda: &CudaContext,
         state: &mut LinearCeState,
         views: &StepViews,
         packed: &Tensor,
+        static_slot: Option<&Tensor>,
         (n_features, n_classes): (usize, usize),
         events: &mut Vec<TelemetryEvent>,
     ) -> Result<GraphRun> {
         let batch = views.batch;
         if let Some(step) = self.captured.get_mut(&batch) {
-            torch_ext::copy_non_blocking(&mut step.static_buffer, packed)?;
+            if step.static_buffer.data_ptr() != packed.data_ptr() {
+                torch_ext::copy_non_blocking(&mut step.static_buffer, packed)?;
+            }
             step.graph.replay()?;
             return Ok(GraphRun {
                 replayed: true,
@@ -217,8 +231,13 @@ impl StepGraphs {
         }
         // Capture: fill a static buffer with this microbatch, record one step
         // reading it, then replay to actually perform the step.
-        let mut static_buffer = Tensor::f_empty_like(packed).op("empty_like")?;
-        torch_ext::copy_non_blocking(&mut static_buffer, packed)?;
+        let mut static_buffer = match static_slot {
+            Some(slot) => slot.shallow_clone(),
+            None => Tensor::f_empty_like(packed).op("empty_like")?,
+        };
+        if static_buffer.data_ptr() != packed.data_ptr() {
+            torch_ext::copy_non_blocking(&mut static_buffer, packed)?;
+        }
         let span = crate::data::MicrobatchSpan { offset: 0, batch };
         let static_views = StepViews::new(&static_buffer, span, n_features, n_classes)?;
         let captured =
@@ -309,7 +328,6 @@ impl EpochGraph {
     ) -> Result<GraphRun> {
         let key: Vec<usize> = views.iter().map(|step| step.batch).collect();
         let eager = |state: &mut LinearCeState| -> Result<GraphRun> {
-            state.reset_metrics()?;
             for step in views {
                 state.step(step)?;
             }
@@ -341,7 +359,6 @@ impl EpochGraph {
             return eager(state);
         }
         let captured = cuda.capture(|| {
-            state.reset_metrics().map_err(|error| error.to_string())?;
             for step in views {
                 state.step(step).map_err(|error| error.to_string())?;
             }

@@ -310,11 +310,11 @@ impl Trainer {
     }
 
     fn cpu_epoch(&mut self) -> Result<EpochOutcome> {
-        self.state.reset_metrics()?;
         for views in &self.data.views {
             self.state.step(views)?;
         }
         let values = Vec::<f32>::try_from(self.state.metric_buffer()).op("metrics to_vec")?;
+        self.state.reset_metrics()?;
         Ok(EpochOutcome {
             metric_values: values,
             staged: false,
@@ -348,14 +348,12 @@ impl Trainer {
         };
         match self.config.mode {
             ExecutionMode::Eager => {
-                self.state.reset_metrics()?;
                 for views in &self.data.views {
                     self.state.step(views)?;
                 }
                 outcome.eager_steps = self.data.views.len();
             }
             ExecutionMode::GraphStep => {
-                self.state.reset_metrics()?;
                 for (views, span) in self.data.views.iter().zip(&self.data.spans) {
                     let flat = self
                         .data
@@ -366,11 +364,34 @@ impl Trainer {
                             span.len(self.config.n_features, self.config.n_classes) as i64,
                         )
                         .op("narrow")?;
+                    let slot_span = self
+                        .data
+                        .spans
+                        .iter()
+                        .find(|candidate| candidate.batch == span.batch)
+                        .copied()
+                        .unwrap_or(*span);
+                    let static_slot = if staged {
+                        Some(
+                            self.data
+                                .device
+                                .f_narrow(
+                                    0,
+                                    slot_span.offset as i64,
+                                    slot_span.len(self.config.n_features, self.config.n_classes)
+                                        as i64,
+                                )
+                                .op("narrow")?,
+                        )
+                    } else {
+                        None
+                    };
                     let step = self.step_graphs.run_step(
                         cuda,
                         &mut self.state,
                         views,
                         &flat,
+                        static_slot.as_ref(),
                         (self.config.n_features, self.config.n_classes),
                         events,
                     )?;
@@ -396,7 +417,7 @@ impl Trainer {
                 outcome.capture_ms = step.capture_ms;
             }
         }
-        outcome.metric_values = cuda.read_metrics(self.state.metric_buffer())?;
+        outcome.metric_values = cuda.read_and_reset_metrics(&mut self.state)?;
         Ok(outcome)
     }
 
