@@ -70,6 +70,7 @@ impl OpAvailability {
 pub struct MorphogeneticModel {
     host: Box<dyn Host>,
     slots: Vec<SeedSlot>,
+    telemetry: LifecycleTelemetry,
 }
 
 impl std::fmt::Debug for MorphogeneticModel {
@@ -110,7 +111,11 @@ impl MorphogeneticModel {
             .filter(|spec| enabled.contains(&spec.slot_id))
             .map(|spec| SeedSlot::new(spec.clone(), topology, config, telemetry.clone()))
             .collect();
-        Ok(MorphogeneticModel { host, slots })
+        Ok(MorphogeneticModel {
+            host,
+            slots,
+            telemetry,
+        })
     }
 
     /// Like [`MorphogeneticModel::new`] with slot ids as text (`"r0c1"`).
@@ -347,6 +352,25 @@ impl MorphogeneticModel {
         steepness: f64,
     ) -> Result<PruneSchedule> {
         self.slot_mut(slot)?.schedule_prune(steps, curve, steepness)
+    }
+
+    /// Emits every seed's gauges ([`SeedSlot::emit_metrics`]) and the number
+    /// of active seeds (`kasmina.seeds.active`). Call it once per epoch,
+    /// outside any captured CUDA graph.
+    pub fn emit_seed_metrics(&self) {
+        if !self.telemetry.is_enabled() {
+            return;
+        }
+        for slot in &self.slots {
+            slot.emit_metrics();
+        }
+        let packet =
+            leyline::proto::TelemetryPacket::new("kasmina", leyline::TelemetryLevel::Debug)
+                .with_metric(crate::telemetry::metric(
+                    leyline::telemetry::KASMINA_SEEDS_ACTIVE,
+                    self.active_seed_count() as f64,
+                ));
+        self.telemetry.emit_packet(packet);
     }
 
     /// Runs [`SeedSlot::step_epoch`] on every slot.

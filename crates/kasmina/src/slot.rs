@@ -14,7 +14,7 @@
 //!   tempo (CNN keeps isolation, transformers drop it); HOLDING forces alpha
 //!   to 1 in HOLD. Failure stages cannot be targets.
 //! - [`SeedSlot::step_epoch`] (once per epoch, after the action): counts the
-//!   epoch, turns on the blend-out freeze while alpha ramps DOWN, auto-advances
+//!   epoch, keeps the blend-out freeze on exactly while alpha ramps DOWN, auto-advances
 //!   through G1/G2/G3 when configured, ticks the alpha controller in BLENDING
 //!   (a schedule that reaches alpha 0 prunes), and walks the cooldown PRUNED
 //!   -> EMBARGOED (5 ticks) -> RESETTING -> empty: 7 ticks after a prune the
@@ -854,17 +854,19 @@ impl SeedSlot {
         self.apply_freeze()
     }
 
-    /// Turns the blend-out freeze on while alpha ramps down: seed and gate
-    /// parameters stop requiring gradients (the forward graph is kept).
+    /// The blend-out freeze follows the alpha controller: while alpha ramps
+    /// DOWN, seed and gate parameters stop requiring gradients (the forward
+    /// graph is kept); once the controller leaves DOWN they train again.
     fn apply_freeze(&mut self) -> Result<()> {
         let Some(state) = self.state.as_mut() else {
             return Ok(());
         };
-        if state.alpha.mode() == AlphaMode::Down && !state.blend_out_freeze {
-            state.blend_out_freeze = true;
+        let frozen = state.alpha.mode() == AlphaMode::Down;
+        if frozen != state.blend_out_freeze {
+            state.blend_out_freeze = frozen;
             if let Some(seed) = &self.seed {
                 for (_, parameter) in trainable_parameters(seed.module.var_store()) {
-                    let _ = parameter.f_set_requires_grad(false)?;
+                    let _ = parameter.f_set_requires_grad(!frozen)?;
                 }
             }
         }
@@ -879,8 +881,15 @@ impl SeedSlot {
         };
         state.metrics.epochs_in_stage += 1;
         state.metrics.epochs_total += 1;
+        let stage = state.stage;
+        if !stage.is_failure() {
+            self.apply_freeze()?;
+        }
         let slot = self.spec.slot_id.to_string();
-        match state.stage {
+        let Some(state) = self.state.as_mut() else {
+            return Ok(());
+        };
+        match stage {
             SeedStage::Pruned => {
                 state
                     .transition(SeedStage::Embargoed)
@@ -917,7 +926,6 @@ impl SeedSlot {
                 }
             }
             SeedStage::Blending => {
-                self.apply_freeze()?;
                 let Some(state) = self.state.as_mut() else {
                     return Ok(());
                 };
@@ -935,6 +943,50 @@ impl SeedSlot {
             | SeedStage::Unknown => {}
         }
         Ok(())
+    }
+
+    /// Emits the seed's gauges (alpha, stage, epochs in stage, gradient norm
+    /// and ratio, accuracy change, parameters) as one packet; nothing for an
+    /// empty slot.
+    pub fn emit_metrics(&self) {
+        use crate::telemetry::metric;
+        use leyline::telemetry as names;
+        let Some(state) = &self.state else {
+            return;
+        };
+        if !self.telemetry.is_enabled() {
+            return;
+        }
+        let metrics = &state.metrics;
+        let mut values = vec![
+            metric(names::KASMINA_SEED_ALPHA, state.alpha()),
+            metric(names::KASMINA_SEED_STAGE, f64::from(state.stage.value())),
+            metric(
+                names::KASMINA_SEED_EPOCHS_IN_STAGE,
+                f64::from(metrics.epochs_in_stage),
+            ),
+            metric(names::KASMINA_SEED_GRADIENT_NORM, metrics.gradient_norm),
+            metric(
+                names::KASMINA_SEED_ACCURACY_DELTA,
+                metrics.improvement_since_stage_start(),
+            ),
+            metric(names::KASMINA_SEED_PARAMS, state.param_count as f64),
+        ];
+        if let Some(ratio) = metrics.gradient_ratio {
+            values.push(metric(names::KASMINA_SEED_GRADIENT_RATIO, ratio));
+        }
+        let mut packet =
+            leyline::proto::TelemetryPacket::new(&self.source, leyline::TelemetryLevel::Debug);
+        for mut value in values {
+            value
+                .attributes
+                .insert("slot_id".to_owned(), self.id().to_string());
+            value
+                .attributes
+                .insert("seed_id".to_owned(), state.seed_id.clone());
+            packet = packet.with_metric(value);
+        }
+        self.telemetry.emit_packet(packet);
     }
 
     /// Records the epoch's accuracies (percent).

@@ -8,6 +8,10 @@
 //! the event's own fields (`from`/`to`, `gate`/`passed`/`target_stage`/checks,
 //! `reason`/`initiator`, `params`).
 //!
+//! Per-seed gauges (`kasmina.seed.*`, `kasmina.seeds.active`) are emitted on
+//! demand by `MorphogeneticModel::emit_seed_metrics`, one packet per seed
+//! with `slot_id` / `seed_id` attributes on every metric.
+//!
 //! Emission goes through [`LifecycleTelemetry`], a cheap clonable handle
 //! around a [`TelemetryEmitter`]: a `nissa::Hub` (never blocks), a
 //! [`MemoryCollector`] for tests, or nothing. As the reference requires,
@@ -17,7 +21,7 @@
 use std::sync::{Arc, Mutex};
 
 use leyline::TelemetryLevel;
-use leyline::proto::{TelemetryEvent, TelemetryPacket};
+use leyline::proto::{TelemetryEvent, TelemetryMetric, TelemetryPacket};
 
 /// Something that accepts telemetry packets without blocking.
 pub trait TelemetryEmitter: Send + Sync {
@@ -101,6 +105,27 @@ impl LifecycleTelemetry {
             emitter.emit(packet);
         }));
     }
+}
+
+impl LifecycleTelemetry {
+    /// Emits a ready-made packet (metrics, several events).
+    pub fn emit_packet(&self, packet: TelemetryPacket) {
+        let Some(emitter) = &self.emitter else {
+            return;
+        };
+        let emitter = Arc::clone(emitter);
+        // Telemetry must never abort a lifecycle operation.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            emitter.emit(packet);
+        }));
+    }
+}
+
+/// A metric named `name` (a `leyline::telemetry` constant) with leyline's
+/// unit for it.
+pub fn metric(name: &str, value: f64) -> TelemetryMetric {
+    let unit = leyline::telemetry::metric_spec(name).map_or("", |spec| spec.unit);
+    TelemetryMetric::new(name, value, unit)
 }
 
 /// An in-memory emitter for tests: keeps every packet.

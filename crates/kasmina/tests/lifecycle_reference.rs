@@ -491,6 +491,41 @@ fn item_10_scheduled_prune_waits_for_alpha_zero() {
 }
 
 #[test]
+fn blend_out_freeze_follows_the_down_ramp() {
+    let mut slot = lone_slot(Topology::Cnn);
+    walk_to(&mut slot, "conv_light", options(), SeedStage::Holding);
+    let requires_grad = |slot: &kasmina::slot::SeedSlot| {
+        slot.parameters()
+            .iter()
+            .map(|(_, tensor)| tensor.requires_grad())
+            .collect::<Vec<_>>()
+    };
+    assert!(requires_grad(&slot).iter().all(|&r| r));
+    slot.retarget_alpha(0.5, 2, AlphaCurve::Linear, 12.0)
+        .expect("partial retarget");
+    assert_eq!(slot.stage(), Some(SeedStage::Blending));
+    assert!(slot.state().expect("state").blend_out_freeze());
+    assert!(
+        requires_grad(&slot).iter().all(|&r| !r),
+        "frozen while ramping down"
+    );
+    slot.step_epoch().expect("tick");
+    slot.step_epoch().expect("tick");
+    assert_eq!(slot.alpha(), 0.5);
+    assert_eq!(
+        slot.stage(),
+        Some(SeedStage::Blending),
+        "a partial target does not prune"
+    );
+    slot.step_epoch().expect("tick");
+    assert!(!slot.state().expect("state").blend_out_freeze());
+    assert!(
+        requires_grad(&slot).iter().all(|&r| r),
+        "trains again once held"
+    );
+}
+
+#[test]
 fn item_11_fossilized_cannot_be_pruned_and_holding_never_times_out() {
     let mut slot = lone_slot(Topology::Cnn);
     walk_to(&mut slot, "norm", options(), SeedStage::Fossilized);

@@ -376,5 +376,27 @@ fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
     for packet in memory.packets() {
         assert!(packet.source.starts_with("kasmina.r"), "{}", packet.source);
     }
+    memory.clear();
+    model.emit_seed_metrics();
+    assert!(hub.flush(Duration::from_secs(5)).is_complete());
+    use leyline::telemetry::{KASMINA_SEED_ALPHA, KASMINA_SEED_STAGE, KASMINA_SEEDS_ACTIVE};
+    let alphas = memory.metrics_named(KASMINA_SEED_ALPHA);
+    assert_eq!(alphas.len(), 2, "the pruned and the fossilized seed");
+    let fossil = alphas
+        .iter()
+        .find(|m| m.attributes["slot_id"] == "r0c1")
+        .expect("keeper");
+    assert_eq!(fossil.value, 1.0);
+    assert_eq!(fossil.unit, "ratio");
+    let stages: Vec<f64> = memory
+        .metrics_named(KASMINA_SEED_STAGE)
+        .iter()
+        .map(|m| m.value)
+        .collect();
+    assert!(stages.contains(&f64::from(SeedStage::Pruned.value())));
+    assert!(stages.contains(&f64::from(SeedStage::Fossilized.value())));
+    let active = memory.metrics_named(KASMINA_SEEDS_ACTIVE);
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].value, 1.0);
     hub.close();
 }
