@@ -319,7 +319,7 @@ fn failed_captures_release_their_memory_pools() {
     cuda::empty_cache().unwrap();
     let baseline = cuda::memory_reserved(0).unwrap();
     let block_elements: i64 = 4 << 20; // 16 MiB of f32 per capture
-    for attempt in 0..5 {
+    for attempt in 0..6 {
         let mut calls = 0;
         // Alternate a returned error, a panic, and an illegal read-back.
         let result = CudaGraph::capture(&stream, None, 1, || {
@@ -345,9 +345,9 @@ fn failed_captures_release_their_memory_pools() {
     cuda::synchronize(0).unwrap();
     cuda::empty_cache().unwrap();
     let after = cuda::memory_reserved(0).unwrap();
-    // Five unreleased private pools would keep at least 5 x 16 MiB reserved.
+    // Each unreleased private pool would keep its 16 MiB block reserved.
     assert!(
-        after <= baseline + (16 << 20),
+        after <= baseline + (8 << 20),
         "reserved grew from {baseline} to {after} bytes: failed captures leaked their pools"
     );
     // Eager work is fine afterwards.
