@@ -17,7 +17,9 @@ Variants (record mode names):
 Staging and readback match the Rust counterparts: every step runs on a
 dedicated compute stream; eager, compile and graph-step stage the epoch's
 pinned host data with non-blocking copies on a staging stream between timing
-events (h2d_ms); graph-epoch keeps the data resident on the device. Loss and
+events (h2d_ms), queued at the end of the previous epoch behind its steps so
+that they overlap its readback; graph-epoch keeps the data resident on the
+device. Loss and
 correct-count accumulate on the device and are read back once per epoch
 (non-blocking copy to pinned memory, then one event wait). Epoch time is host
 wall time of the whole epoch, staging and readback included.
@@ -145,8 +147,13 @@ class Workload:
             self.host_y = y.pin_memory()
             self.compute = torch.cuda.Stream(device)
             self.staging = torch.cuda.Stream(device)
-            self.h2d_start = torch.cuda.Event(enable_timing=True)
-            self.h2d_end = torch.cuda.Event(enable_timing=True)
+            # Two alternating start/end pairs: the copy feeding an epoch is
+            # timed at its end while the next epoch's copy is in flight.
+            self.h2d = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                        for _ in range(2)]
+            self.pending = None
+            self.fed = None
+            self.consumed = torch.cuda.Event()
             self.done = torch.cuda.Event(enable_timing=True)
             self.timing_start = torch.cuda.Event(enable_timing=True)
             self.readback = torch.zeros(2, dtype=torch.float32).pin_memory()
@@ -173,21 +180,38 @@ class Workload:
         self.correct_acc.add_((logits.detach().argmax(1) == y).sum())
 
     # -- epoch pieces -----------------------------------------------------
-    def stage(self) -> bool:
-        if not self.cuda or self.resident:
-            return False
+    def queue_copy(self, pair: int) -> None:
+        start, end = self.h2d[pair]
         with torch.cuda.stream(self.staging):
-            self.h2d_start.record(self.staging)
+            start.record(self.staging)
             self.dev_x.copy_(self.host_x, non_blocking=True)
             self.dev_y.copy_(self.host_y, non_blocking=True)
-            self.h2d_end.record(self.staging)
-        self.compute.wait_event(self.h2d_end)
+            end.record(self.staging)
+        self.pending = pair
+
+    def stage(self) -> bool:
+        """Waits for this epoch's staged data, staging it now if no copy was queued."""
+        if not self.cuda or self.resident:
+            return False
+        if self.pending is None:
+            self.queue_copy(0 if self.fed is None else 1 - self.fed)
+        self.fed, self.pending = self.pending, None
+        self.compute.wait_event(self.h2d[self.fed][1])
         return True
 
+    def h2d_ms(self) -> float:
+        start, end = self.h2d[self.fed]
+        return start.elapsed_time(end)
+
     def read_metrics(self):
-        # The accumulator reset for the next epoch is queued behind the
-        # readback copy, so the host waits only for the copy (as in Rust).
+        # As in Rust: the next epoch's staging copy is queued behind this
+        # epoch's steps (overlapping the readback), and the accumulator reset
+        # behind the readback copy, so the host waits only for that copy.
         if self.cuda:
+            if not self.resident:
+                self.consumed.record(self.compute)
+                self.staging.wait_event(self.consumed)
+                self.queue_copy(1 - self.fed)
             self.readback.copy_(self.metrics, non_blocking=True)
             self.done.record(self.compute)
             self.metrics.zero_()
@@ -234,7 +258,7 @@ class Runner:
             self.epoch_body()
             loss, accuracy = w.read_metrics()
         epoch_ms = (time.perf_counter() - started) * 1e3
-        h2d_ms = w.h2d_start.elapsed_time(w.h2d_end) if staged else None
+        h2d_ms = w.h2d_ms() if staged else None
         return epoch_ms, h2d_ms, loss, accuracy
 
     def graph(self):

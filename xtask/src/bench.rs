@@ -293,17 +293,16 @@ fn columns(record: &Value) -> Vec<(String, String)> {
         .filter(|(key, _)| present(key))
         .map(|(key, title)| ((*key).to_owned(), (*title).to_owned()))
         .collect();
-    if columns.is_empty() {
-        if let Some(metrics) = entries(record)
+    if columns.is_empty()
+        && let Some(metrics) = entries(record)
             .iter()
             .find_map(|entry| entry["metrics"].as_object())
-        {
-            columns = metrics
-                .keys()
-                .take(6)
-                .map(|key| (key.clone(), key.clone()))
-                .collect();
-        }
+    {
+        columns = metrics
+            .keys()
+            .take(6)
+            .map(|key| (key.clone(), key.clone()))
+            .collect();
     }
     columns
 }

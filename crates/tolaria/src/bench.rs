@@ -173,7 +173,7 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Bas
         "measured_epochs": options.measured_epochs,
         "bare_replay_samples": options.bare_replay_samples,
         "timed_replays": options.timed_replays,
-        "staging": "eager and graph-step: packed pinned host buffer, one H2D copy per epoch on a staging stream; graph-epoch: device-resident",
+        "staging": "eager and graph-step: packed pinned host buffer, one H2D copy per epoch on a staging stream, queued at the end of the previous epoch behind its steps (overlapping its readback); graph-step copies each later microbatch over the first one, which is the static buffer; graph-epoch: device-resident",
         "readback": "one device-to-host copy of the loss/confusion buffer per epoch",
         "epoch_ms": "host wall time of a whole epoch including staging and readback",
         "trainer_config": serde_json::to_value(variant_config(variants.first().copied().unwrap_or(Variant { mode: ExecutionMode::Eager, step: StepKind::Fused }), device)).unwrap_or_default(),

@@ -8,6 +8,7 @@
 //! failed capture or an unseen shape falls back to eager and reports a
 //! `tolaria.graph_fallback` event with the reason.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -33,14 +34,27 @@ pub fn apply_precision(precision: &PrecisionConfig) -> Result<()> {
 }
 
 /// Streams, events and the graph pool of a trainer on one CUDA device.
+///
+/// Staging is pipelined: at the end of an epoch, once its steps are queued,
+/// the staging stream waits for them and copies the next epoch's microbatches
+/// into the device buffer, concurrently with the metric readback. Two pairs of
+/// timing events alternate, so the copy that fed an epoch can be timed when
+/// that epoch ends while the next copy is still in flight.
 pub(crate) struct CudaContext {
     /// Where every step runs, warm-up and capture included.
     pub(crate) compute: CudaStream,
     /// Where host-to-device staging copies run.
     staging: CudaStream,
     pool: GraphPool,
-    h2d_start: CudaEvent,
-    h2d_end: CudaEvent,
+    /// Start/end timing events of the two alternating staging copies.
+    h2d: [(CudaEvent, CudaEvent); 2],
+    /// The event pair of a staging copy queued for the next epoch.
+    pending: Cell<Option<usize>>,
+    /// The event pair of the copy that fed the current epoch.
+    fed: Cell<Option<usize>>,
+    /// Recorded on `compute` after an epoch's last step: the device buffer
+    /// may be overwritten by the next staging copy once it completes.
+    consumed: CudaEvent,
     /// Recorded on `compute` after the metric readback copy.
     pub(crate) done: CudaEvent,
     /// Start event for replay timing.
@@ -64,38 +78,73 @@ impl CudaContext {
             compute,
             staging,
             pool: GraphPool::new()?,
-            h2d_start: CudaEvent::new(true)?,
-            h2d_end: CudaEvent::new(true)?,
+            h2d: [
+                (CudaEvent::new(true)?, CudaEvent::new(true)?),
+                (CudaEvent::new(true)?, CudaEvent::new(true)?),
+            ],
+            pending: Cell::new(None),
+            fed: Cell::new(None),
+            consumed: CudaEvent::new(false)?,
             done: CudaEvent::new(true)?,
             timing_start: CudaEvent::new(true)?,
             readback,
         })
     }
 
-    /// Copies `host` into `device` on the staging stream between two timing
-    /// events, and makes the compute stream wait for it.
-    pub(crate) fn stage(&self, device: &Tensor, host: &Tensor) -> Result<()> {
-        {
-            let _staging = self.staging.make_current()?;
-            self.h2d_start.record(&self.staging)?;
-            torch_ext::copy_non_blocking(&mut device.shallow_clone(), host)?;
-            self.h2d_end.record(&self.staging)?;
-        }
-        self.compute.wait_event(&self.h2d_end)?;
+    /// Queues `host -> device` on the staging stream between the timing
+    /// events of `pair`.
+    fn queue_copy(&self, device: &Tensor, host: &Tensor, pair: usize) -> Result<()> {
+        let _staging = self.staging.make_current()?;
+        let (start, end) = &self.h2d[pair];
+        start.record(&self.staging)?;
+        torch_ext::copy_non_blocking(&mut device.shallow_clone(), host)?;
+        end.record(&self.staging)?;
+        self.pending.set(Some(pair));
         Ok(())
     }
 
-    /// Device time of the last staging copy (valid once the epoch's readback
-    /// completed).
-    pub(crate) fn h2d_elapsed_ms(&self) -> Result<f64> {
-        Ok(f64::from(self.h2d_start.elapsed_ms(&self.h2d_end)?))
+    /// Makes the compute stream wait for this epoch's staged data, staging it
+    /// now when no copy was queued by the previous epoch.
+    pub(crate) fn stage(&self, device: &Tensor, host: &Tensor) -> Result<()> {
+        if self.pending.get().is_none() {
+            let pair = self.fed.get().map_or(0, |fed| 1 - fed);
+            self.queue_copy(device, host, pair)?;
+        }
+        let pair = self.pending.take().unwrap_or(0);
+        self.fed.set(Some(pair));
+        self.compute.wait_event(&self.h2d[pair].1)?;
+        Ok(())
     }
 
-    /// Copies the metric buffer to pinned memory on the compute stream, then
-    /// queues the accumulator reset for the next epoch behind that copy, and
-    /// waits for the copy's event only: the epoch's single device-to-host
-    /// synchronization, with the reset off its critical path.
-    pub(crate) fn read_and_reset_metrics(&self, state: &mut LinearCeState) -> Result<Vec<f32>> {
+    /// Forgets a queued copy (the training set was replaced).
+    pub(crate) fn cancel_prefetch(&self) {
+        self.pending.set(None);
+    }
+
+    /// Device time of the staging copy that fed the last epoch (valid once
+    /// that epoch's readback completed).
+    pub(crate) fn h2d_elapsed_ms(&self) -> Result<f64> {
+        let pair = self.fed.get().unwrap_or(0);
+        let (start, end) = &self.h2d[pair];
+        Ok(f64::from(start.elapsed_ms(end)?))
+    }
+
+    /// Ends an epoch: queues the next epoch's staging copy behind this
+    /// epoch's steps (when `prefetch` names the buffers), copies the metric
+    /// buffer to pinned memory, queues the accumulator reset behind that copy,
+    /// and waits for the copy's event only: the epoch's single device-to-host
+    /// synchronization, with staging and reset off its critical path.
+    pub(crate) fn finish_epoch(
+        &self,
+        state: &mut LinearCeState,
+        prefetch: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Vec<f32>> {
+        if let Some((device, host)) = prefetch {
+            self.consumed.record(&self.compute)?;
+            self.staging.wait_event(&self.consumed)?;
+            let pair = self.fed.get().map_or(0, |fed| 1 - fed);
+            self.queue_copy(device, host, pair)?;
+        }
         torch_ext::copy_non_blocking(&mut self.readback.shallow_clone(), state.metric_buffer())?;
         self.done.record(&self.compute)?;
         state.reset_metrics()?;

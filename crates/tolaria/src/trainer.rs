@@ -5,7 +5,9 @@
 //! On CUDA every step runs on a dedicated compute stream (also the capture
 //! stream, so warm-up and capture share it); microbatches come from a packed
 //! pinned host buffer, staged by one transfer per epoch on a separate staging
-//! stream timed with events, or from a device-resident copy. Nothing is read
+//! stream timed with events (queued at the end of the previous epoch, behind
+//! its steps, so it overlaps that epoch's readback), or from a device-resident
+//! copy. Nothing is read
 //! back to the host inside an epoch: the metric buffer is copied to pinned
 //! memory after the last step and the host waits on one event.
 
@@ -263,6 +265,9 @@ impl Trainer {
         config.batch_size = batch_size;
         config.n_samples = set.len();
         let data = place_training_set(&config, self.device, set)?;
+        if let Some(cuda) = &self.cuda {
+            cuda.cancel_prefetch();
+        }
         let previous = std::mem::replace(&mut self.data, data);
         self.retired.push(previous);
         self.config.batch_size = batch_size;
@@ -417,7 +422,8 @@ impl Trainer {
                 outcome.capture_ms = step.capture_ms;
             }
         }
-        outcome.metric_values = cuda.read_and_reset_metrics(&mut self.state)?;
+        let prefetch = staged.then_some((&self.data.device, &self.data.host));
+        outcome.metric_values = cuda.finish_epoch(&mut self.state, prefetch)?;
         Ok(outcome)
     }
 
