@@ -189,7 +189,10 @@ char* esper_fused_adamw_(void* const* params, void* const* grads, void* const* e
                       maximize != 0, optional_tensor(grad_scale), optional_tensor(found_inf));
   }
   if (found_inf != nullptr) {
-    const std::vector<at::Tensor> found_inf_list(step_list.size(), tensor_ref(found_inf, "found_inf"));
+    // found_inf holds one value (GradScaler makes it 0-dim, some callers [1]);
+    // viewed as 0-dim it broadcasts into any step tensor.
+    const at::Tensor found = tensor_ref(found_inf, "found_inf").reshape({});
+    const std::vector<at::Tensor> found_inf_list(step_list.size(), found);
     at::_foreach_sub_(step_list, found_inf_list);
   }
   ESPER_CATCH

@@ -541,3 +541,43 @@ fn amp_unscale_divides_gradients_and_flags_non_finite_values() {
     fused::amp_unscale_(&with_inf, &mut found_inf, &inv_scale).unwrap();
     assert_eq!(values(&found_inf), vec![1.0]);
 }
+
+#[test]
+fn fused_steps_skip_the_update_when_found_inf_is_set() {
+    let found_inf = Tensor::ones([1], (Kind::Float, Device::Cpu));
+    let grads = vec![Tensor::from_slice(&[0.5_f32, -1.0])];
+
+    let params = vec![Tensor::from_slice(&[1.0_f32, 2.0])];
+    let options = SgdOptions {
+        lr: LearningRate::Value(0.5),
+        found_inf: Some(&found_inf),
+        ..SgdOptions::default()
+    };
+    fused::sgd_step_with(&params, &grads, &[], &options).unwrap();
+    assert_eq!(values(&params[0]), vec![1.0, 2.0], "SGD step skipped");
+
+    let exp_avgs = vec![params[0].zeros_like()];
+    let exp_avg_sqs = vec![params[0].zeros_like()];
+    let steps = vec![Tensor::zeros([], (Kind::Float, Device::Cpu))];
+    let options = AdamWOptions {
+        found_inf: Some(&found_inf),
+        ..AdamWOptions::default()
+    };
+    fused::adamw_step(&params, &grads, &exp_avgs, &exp_avg_sqs, &steps, &options).unwrap();
+    assert_eq!(values(&params[0]), vec![1.0, 2.0], "AdamW step skipped");
+    assert_eq!(
+        values(&steps[0]),
+        vec![0.0],
+        "a skipped step is not counted"
+    );
+
+    // With found_inf clear the same call updates.
+    let clear = Tensor::zeros([1], (Kind::Float, Device::Cpu));
+    let options = AdamWOptions {
+        found_inf: Some(&clear),
+        ..AdamWOptions::default()
+    };
+    fused::adamw_step(&params, &grads, &exp_avgs, &exp_avg_sqs, &steps, &options).unwrap();
+    assert_eq!(values(&steps[0]), vec![1.0]);
+    assert_ne!(values(&params[0]), vec![1.0, 2.0]);
+}
