@@ -41,6 +41,8 @@ pub struct BatchAttribution {
     pub share: Tensor,
 }
 
+/// Alphas `[blocks B, 1, ...]` (float32; the blend casts them to the
+/// features' dtype), `alpha` everywhere except block `zero_block`.
 fn per_sample_alpha(
     alpha: f64,
     blocks: i64,
@@ -97,7 +99,7 @@ fn fused_forward(
             zero_block,
             batch,
             feature_rank,
-            x.kind(),
+            Kind::Float,
             x.device(),
         )?));
     }
@@ -197,7 +199,7 @@ pub fn counterfactual_contribution(
     let accuracy = |block: i64| -> Result<f64> {
         let logits = fused.f_narrow(0, block * batch, batch)?;
         let correct = logits
-            .f_argmax(1, false)?
+            .f_argmax(-1, false)?
             .f_eq_tensor(&labels.f_to_device(logits.device())?)?
             .f_to_kind(Kind::Double)?
             .f_mean(Kind::Double)?;

@@ -12,12 +12,13 @@
 //! TRAINING at alpha 0: `y = h + (s - stopgrad(s))`, equal to `h` in value but
 //! passing gradients to the seed.
 //!
-//! Alpha is either one scalar or a per-sample tensor `[N, 1, 1, 1]`
-//! ([`BlendAlpha::PerSample`]), the override used to evaluate several alpha
-//! configurations in one batch.
+//! Alpha is either one scalar or a per-sample tensor `[N, 1, 1, 1]` (CNN) /
+//! `[N, 1, 1]` (transformer) ([`BlendAlpha::PerSample`]), the override used
+//! to evaluate several alpha configurations in one batch.
 
 use tch::{Tensor, nn};
 
+use crate::host::Topology;
 use crate::layers::Linear;
 use crate::{Error, Result};
 
@@ -126,21 +127,25 @@ pub fn incubator(host: &Tensor, seed: &Tensor) -> Result<Tensor> {
     Ok(host.f_add(&zero_valued)?)
 }
 
-/// The learned per-sample gate of the GATE algorithm: mean-pool to `[B, C]`,
+/// The learned per-sample gate of the GATE algorithm: mean-pool to `[B, C]`
+/// (over `H, W` on CNN features, over `T` on transformer features),
 /// `Linear(C -> max(8, C/4))`, ReLU, `Linear(-> 1)`, sigmoid.
 #[derive(Debug)]
 pub struct GatedBlend {
     hidden: Linear,
     output: Linear,
+    topology: Topology,
 }
 
 impl GatedBlend {
-    /// A gate for `channels` channels, its parameters under `path`.
-    pub fn new(path: &nn::Path<'_>, channels: i64) -> Result<GatedBlend> {
+    /// A gate for `channels` channels of `topology` features, its parameters
+    /// under `path`.
+    pub fn new(path: &nn::Path<'_>, channels: i64, topology: Topology) -> Result<GatedBlend> {
         let width = (channels / 4).max(GATE_MIN_HIDDEN);
         Ok(GatedBlend {
             hidden: Linear::new(&path.sub("fc1"), channels, width, true)?,
             output: Linear::new(&path.sub("fc2"), width, 1, true)?,
+            topology,
         })
     }
 
@@ -150,18 +155,22 @@ impl GatedBlend {
     }
 
     /// # Shapes
-    /// `[B, C, H, W] -> [B, 1, 1, 1]` (values in `(0, 1)`).
+    /// CNN `[B, C, H, W] -> [B, 1, 1, 1]`; transformer `[B, T, C] -> [B, 1, 1]`
+    /// (values in `(0, 1)`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let size = x.size();
-        if size.len() < 3 {
+        let (rank, pooled_dims): (usize, &[i64]) = match self.topology {
+            Topology::Cnn => (4, &[2, 3]),
+            Topology::Transformer => (3, &[1]),
+        };
+        if size.len() != rank {
             return Err(Error::ShapeMismatch {
                 op: "gated blend",
-                expected: vec![-1, -1, -1, -1],
+                expected: vec![-1; rank],
                 got: size,
             });
         }
-        let spatial: Vec<i64> = (2..size.len() as i64).collect();
-        let pooled = x.f_mean_dim(spatial.as_slice(), false, None)?; // [B, C]
+        let pooled = x.f_mean_dim(pooled_dims, false, None)?; // [B, C]
         let hidden = self.hidden.forward(&pooled)?.f_relu()?; // [B, width]
         let gate = self.output.forward(&hidden)?.f_sigmoid()?; // [B, 1]
         let mut shape = vec![size[0]];

@@ -1,9 +1,15 @@
-//! Blueprints: the seed modules a slot can germinate (CNN topology).
+//! Blueprints: the seed modules a slot can germinate.
 //!
-//! Each [`Blueprint`] builds a [`SeedModule`] that maps `[B, C, H, W]` to the
-//! same shape, in its own `VarStore` (so the slot owns the parameters, their
-//! optimizer and their device). Parameter counts follow the reference formulas
-//! ([`Blueprint::param_count`], with `C` channels):
+//! The registry key is `topology:name` (`cnn:conv_light`,
+//! `transformer:lora`): [`Blueprint::from_name`] resolves a name for a host
+//! [`Topology`], and an unknown name (or one of the other topology) is an
+//! error. Each blueprint builds a [`SeedModule`] that maps the features to the
+//! same shape (`[B, C, H, W]` for CNN hosts, `[B, T, C]` for transformers), in
+//! its own `VarStore` (so the slot owns the parameters, their optimizer and
+//! their device). Parameter counts follow the reference formulas
+//! ([`Blueprint::param_count`]).
+//!
+//! CNN blueprints (`C` channels):
 //!
 //! | name | module | params |
 //! |---|---|---|
@@ -16,7 +22,21 @@
 //! | conv_light | `x + ReLU(GN(conv3x3 x))` | 9C²+2C |
 //! | conv_heavy | `x + B2(B1(x))`, each `B = ReLU(GN(conv3x3))` | 18C²+4C |
 //!
-//! Behaviour at birth (what the reference initialises, and what the tests check):
+//! Transformer blueprints (`C` = model width; every final projection is
+//! zero-initialised, so all of them are the identity at birth):
+//!
+//! | name | module | params (C = 384) |
+//! |---|---|---|
+//! | noop | identity | 0 |
+//! | norm | `x + tanh(s) (LN(x) - x)` | 2C+1 (769) |
+//! | lora | `x + up(down x)`, rank 8, no biases | 16C (6,144) |
+//! | lora_large | rank 32 | 64C (24,576) |
+//! | attention | `x + proj(causal SDPA(qkv x))`, 4 heads, biases | 4C²+4C (591,360) |
+//! | flex_attention | the same module (the reference's cached block mask is a speed device) | 4C²+4C |
+//! | mlp_small | `x + fc2(GELU(fc1 x))`, 2x expansion, biases | 4C²+3C (590,976) |
+//! | mlp | 4x expansion | 8C²+5C (1,181,568) |
+//!
+//! CNN behaviour at birth (what the reference initialises, and what the tests check):
 //! - identity: `noop`, `norm` (`s = 0`), `conv_small` (conv zero-initialised),
 //!   `bottleneck` (`up` zero-initialised);
 //! - near identity: `attention` scales every channel by `sigma(3) = 0.9526`
@@ -33,7 +53,8 @@
 
 use tch::{Device, Tensor, nn};
 
-use crate::layers::{Conv2d, GroupNorm, Linear, fill_parameter};
+use crate::host::Topology;
+use crate::layers::{Conv2d, GroupNorm, LayerNorm, Linear, causal_self_attention, fill_parameter};
 use crate::{Error, Result};
 
 /// Channels per GroupNorm group the blueprints aim for.
@@ -46,16 +67,23 @@ pub const ATTENTION_REDUCTION: i64 = 4;
 pub const BOTTLENECK_REDUCTION: i64 = 4;
 /// Smallest bottleneck width.
 pub const BOTTLENECK_MIN_WIDTH: i64 = 8;
+/// Rank of the `lora` transformer seed.
+pub const LORA_RANK: i64 = 8;
+/// Rank of the `lora_large` transformer seed.
+pub const LORA_LARGE_RANK: i64 = 32;
+/// Heads of the transformer `attention` seed.
+pub const ATTENTION_SEED_HEADS: i64 = 4;
 
-/// A CNN blueprint (the `topology:name` registry key is `cnn:<name>`).
+/// A blueprint (see the module tables for what each is per topology).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Blueprint {
-    /// Identity.
+    /// Identity (both topologies).
     Noop,
-    /// GroupNorm mix with a tanh-bounded scale.
+    /// Norm mix with a tanh-bounded scale (GroupNorm on CNN, LayerNorm on
+    /// transformers).
     Norm,
-    /// Squeeze-excitation channel attention.
+    /// Squeeze-excitation (CNN) or an extra causal attention (transformer).
     Attention,
     /// Depthwise-separable residual.
     Depthwise,
@@ -67,11 +95,50 @@ pub enum Blueprint {
     ConvLight,
     /// Two 3x3 conv blocks as one residual.
     ConvHeavy,
+    /// Low-rank adapter, rank 8 (transformer).
+    Lora,
+    /// Low-rank adapter, rank 32 (transformer).
+    LoraLarge,
+    /// 2x MLP residual (transformer).
+    MlpSmall,
+    /// 4x MLP residual (transformer).
+    Mlp,
+    /// Causal attention (transformer; same module as `attention`).
+    FlexAttention,
 }
 
 impl Blueprint {
-    /// Every CNN blueprint, in the reference table's order.
+    /// Every blueprint.
     pub const ALL: &'static [Blueprint] = &[
+        Blueprint::Noop,
+        Blueprint::Norm,
+        Blueprint::Attention,
+        Blueprint::Depthwise,
+        Blueprint::Bottleneck,
+        Blueprint::ConvSmall,
+        Blueprint::ConvLight,
+        Blueprint::ConvHeavy,
+        Blueprint::Lora,
+        Blueprint::LoraLarge,
+        Blueprint::MlpSmall,
+        Blueprint::Mlp,
+        Blueprint::FlexAttention,
+    ];
+
+    /// The transformer blueprints, in the reference table's order.
+    pub const TRANSFORMER: &'static [Blueprint] = &[
+        Blueprint::Noop,
+        Blueprint::Norm,
+        Blueprint::Lora,
+        Blueprint::LoraLarge,
+        Blueprint::Attention,
+        Blueprint::FlexAttention,
+        Blueprint::MlpSmall,
+        Blueprint::Mlp,
+    ];
+
+    /// The CNN blueprints, in the reference table's order.
+    pub const CNN: &'static [Blueprint] = &[
         Blueprint::Noop,
         Blueprint::Norm,
         Blueprint::Attention,
@@ -93,55 +160,104 @@ impl Blueprint {
             Blueprint::ConvSmall => "conv_small",
             Blueprint::ConvLight => "conv_light",
             Blueprint::ConvHeavy => "conv_heavy",
+            Blueprint::Lora => "lora",
+            Blueprint::LoraLarge => "lora_large",
+            Blueprint::MlpSmall => "mlp_small",
+            Blueprint::Mlp => "mlp",
+            Blueprint::FlexAttention => "flex_attention",
         }
     }
 
-    /// Looks a blueprint up by registry name (`conv_light` or `cnn:conv_light`).
-    /// Unknown names (transformer-only blueprints included) are an error.
-    pub fn from_name(name: &str) -> Result<Blueprint> {
-        let bare = name.strip_prefix("cnn:").unwrap_or(name);
-        Blueprint::ALL
+    /// The blueprints that exist for `topology`.
+    pub fn for_topology(topology: Topology) -> &'static [Blueprint] {
+        match topology {
+            Topology::Cnn => Blueprint::CNN,
+            Topology::Transformer => Blueprint::TRANSFORMER,
+        }
+    }
+
+    /// Whether this blueprint exists for `topology`.
+    pub fn exists_in(self, topology: Topology) -> bool {
+        Blueprint::for_topology(topology).contains(&self)
+    }
+
+    fn known_names(topology: Topology) -> String {
+        let prefix = match topology {
+            Topology::Cnn => "cnn",
+            Topology::Transformer => "transformer",
+        };
+        let names: Vec<&str> = Blueprint::for_topology(topology)
+            .iter()
+            .map(|b| b.name())
+            .collect();
+        format!("{prefix}: {}", names.join(", "))
+    }
+
+    /// Looks a blueprint up for `topology` by registry name (`conv_light`,
+    /// or the full key `cnn:conv_light`). Unknown names and names (or keys)
+    /// of the other topology are [`Error::UnknownBlueprint`].
+    pub fn from_name(topology: Topology, name: &str) -> Result<Blueprint> {
+        let prefix = match topology {
+            Topology::Cnn => "cnn:",
+            Topology::Transformer => "transformer:",
+        };
+        let bare = name.strip_prefix(prefix).unwrap_or(name);
+        Blueprint::for_topology(topology)
             .iter()
             .copied()
             .find(|blueprint| blueprint.name() == bare)
             .ok_or_else(|| Error::UnknownBlueprint {
                 name: name.to_owned(),
-                known: Blueprint::ALL
-                    .iter()
-                    .map(|b| b.name())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                known: Blueprint::known_names(topology),
             })
     }
 
-    /// The blueprint a leyline blueprint action selects (CNN ones only).
-    pub fn from_action(action: leyline::BlueprintAction) -> Result<Blueprint> {
-        Blueprint::from_name(action.blueprint_id())
+    /// The blueprint a leyline blueprint action selects for `topology`.
+    pub fn from_action(topology: Topology, action: leyline::BlueprintAction) -> Result<Blueprint> {
+        Blueprint::from_name(topology, action.blueprint_id())
     }
 
-    /// Parameter count of this blueprint at `channels` channels, by the
-    /// reference formula (see the module table).
-    pub fn param_count(self, channels: i64) -> i64 {
-        let c = channels;
-        match self {
-            Blueprint::Noop => 0,
-            Blueprint::Norm => 2 * c + 1,
-            Blueprint::Attention => {
-                let r = attention_width(c);
-                2 * c * r + c
-            }
-            Blueprint::Depthwise => c * c + 11 * c,
-            Blueprint::Bottleneck => {
-                let b = bottleneck_width(c);
-                2 * c * b + 9 * b * b + 2 * c
-            }
-            Blueprint::ConvSmall => c * c + 2 * c,
-            Blueprint::ConvLight => 9 * c * c + 2 * c,
-            Blueprint::ConvHeavy => 18 * c * c + 4 * c,
+    fn not_in(self, topology: Topology) -> Error {
+        Error::UnknownBlueprint {
+            name: self.name().to_owned(),
+            known: Blueprint::known_names(topology),
         }
     }
 
-    /// The reference registry's rough estimate (used for masking heuristics).
+    /// Parameter count at width `dim` (channels) on `topology`, by the
+    /// reference formula (see the module tables).
+    pub fn param_count(self, topology: Topology, dim: i64) -> Result<i64> {
+        if !self.exists_in(topology) {
+            return Err(self.not_in(topology));
+        }
+        let c = dim;
+        Ok(match (topology, self) {
+            (_, Blueprint::Noop) => 0,
+            (_, Blueprint::Norm) => 2 * c + 1,
+            (Topology::Cnn, Blueprint::Attention) => {
+                let r = attention_width(c);
+                2 * c * r + c
+            }
+            (_, Blueprint::Depthwise) => c * c + 11 * c,
+            (_, Blueprint::Bottleneck) => {
+                let b = bottleneck_width(c);
+                2 * c * b + 9 * b * b + 2 * c
+            }
+            (_, Blueprint::ConvSmall) => c * c + 2 * c,
+            (_, Blueprint::ConvLight) => 9 * c * c + 2 * c,
+            (_, Blueprint::ConvHeavy) => 18 * c * c + 4 * c,
+            (_, Blueprint::Lora) => 2 * c * LORA_RANK,
+            (_, Blueprint::LoraLarge) => 2 * c * LORA_LARGE_RANK,
+            (Topology::Transformer, Blueprint::Attention) | (_, Blueprint::FlexAttention) => {
+                4 * c * c + 4 * c
+            }
+            (_, Blueprint::MlpSmall) => 4 * c * c + 3 * c,
+            (_, Blueprint::Mlp) => 8 * c * c + 5 * c,
+        })
+    }
+
+    /// The reference registry's rough estimate (CNN entries at C = 64,
+    /// transformer ones at C = 384).
     pub fn param_estimate(self) -> i64 {
         match self {
             Blueprint::Noop => 0,
@@ -152,28 +268,37 @@ impl Blueprint {
             Blueprint::ConvSmall => 18000,
             Blueprint::ConvLight => 37000,
             Blueprint::ConvHeavy => 74000,
+            Blueprint::Lora => 6144,
+            Blueprint::LoraLarge => 24576,
+            Blueprint::MlpSmall => 590_976,
+            Blueprint::Mlp => 1_181_568,
+            Blueprint::FlexAttention => 591_360,
         }
     }
 
-    /// Builds the seed module for `channels` channels on `device`, in a fresh
-    /// `VarStore` (parameters drawn from tch's global generator).
-    pub fn build(self, channels: i64, device: Device) -> Result<SeedModule> {
-        if channels < 1 {
+    /// Builds the seed module for width `dim` on `topology` and `device`, in
+    /// a fresh `VarStore` (parameters drawn from tch's global generator).
+    pub fn build(self, topology: Topology, dim: i64, device: Device) -> Result<SeedModule> {
+        if !self.exists_in(topology) {
+            return Err(self.not_in(topology));
+        }
+        if dim < 1 {
             return Err(Error::InvalidConfig {
-                reason: format!(
-                    "blueprint {} needs channels >= 1, got {channels}",
-                    self.name()
-                ),
+                reason: format!("blueprint {} needs channels >= 1, got {dim}", self.name()),
             });
         }
         let var_store = nn::VarStore::new(device);
         let network = {
             let root = var_store.root();
-            SeedNetwork::build(self, &root, channels)?
+            match topology {
+                Topology::Cnn => SeedNetwork::build(self, &root, dim)?,
+                Topology::Transformer => SeedNetwork::build_transformer(self, &root, dim)?,
+            }
         };
         Ok(SeedModule {
             blueprint: self,
-            channels,
+            topology,
+            channels: dim,
             var_store,
             network,
         })
@@ -261,6 +386,23 @@ enum SeedNetwork {
         first: SeedConvBlock,
         second: SeedConvBlock,
     },
+    LayerNormMix {
+        norm: LayerNorm,
+        scale: Tensor,
+    },
+    LowRank {
+        down: Linear,
+        up: Linear,
+    },
+    CausalAttention {
+        qkv: Linear,
+        proj: Linear,
+        heads: i64,
+    },
+    Mlp {
+        fc1: Linear,
+        fc2: Linear,
+    },
 }
 
 impl SeedNetwork {
@@ -315,12 +457,68 @@ impl SeedNetwork {
                 first: SeedConvBlock::new(&root.sub("enhance0"), c)?,
                 second: SeedConvBlock::new(&root.sub("enhance1"), c)?,
             },
+            other => return Err(other.not_in(Topology::Cnn)),
+        })
+    }
+
+    fn build_transformer(blueprint: Blueprint, root: &nn::Path<'_>, c: i64) -> Result<SeedNetwork> {
+        let low_rank = |rank: i64| -> Result<SeedNetwork> {
+            let down = Linear::new(&root.sub("down"), c, rank, false)?;
+            let mut up = Linear::new(&root.sub("up"), rank, c, false)?;
+            up.zero_()?;
+            Ok(SeedNetwork::LowRank { down, up })
+        };
+        let mlp = |expansion: i64| -> Result<SeedNetwork> {
+            let fc1 = Linear::new(&root.sub("fc1"), c, expansion * c, true)?;
+            let mut fc2 = Linear::new(&root.sub("fc2"), expansion * c, c, true)?;
+            fc2.zero_()?;
+            Ok(SeedNetwork::Mlp { fc1, fc2 })
+        };
+        Ok(match blueprint {
+            Blueprint::Noop => SeedNetwork::Noop,
+            Blueprint::Norm => SeedNetwork::LayerNormMix {
+                norm: LayerNorm::new(&root.sub("norm"), c)?,
+                scale: root.f_zeros("scale", &[1])?,
+            },
+            Blueprint::Lora => low_rank(LORA_RANK)?,
+            Blueprint::LoraLarge => low_rank(LORA_LARGE_RANK)?,
+            Blueprint::Attention | Blueprint::FlexAttention => {
+                if c % ATTENTION_SEED_HEADS != 0 {
+                    return Err(Error::InvalidConfig {
+                        reason: format!(
+                            "attention seed: width {c} is not divisible by {ATTENTION_SEED_HEADS} heads"
+                        ),
+                    });
+                }
+                let qkv = Linear::new(&root.sub("qkv"), c, 3 * c, true)?;
+                let mut proj = Linear::new(&root.sub("proj"), c, c, true)?;
+                proj.zero_()?;
+                SeedNetwork::CausalAttention {
+                    qkv,
+                    proj,
+                    heads: ATTENTION_SEED_HEADS,
+                }
+            }
+            Blueprint::MlpSmall => mlp(2)?,
+            Blueprint::Mlp => mlp(4)?,
+            other => return Err(other.not_in(Topology::Transformer)),
         })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match self {
             SeedNetwork::Noop => x.shallow_clone(),
+            SeedNetwork::LayerNormMix { norm, scale } => {
+                let mix = norm.forward(x)?.f_sub(x)?;
+                x.f_add(&mix.f_mul(&scale.f_tanh()?)?)?
+            }
+            SeedNetwork::LowRank { down, up } => x.f_add(&up.forward(&down.forward(x)?)?)?,
+            SeedNetwork::CausalAttention { qkv, proj, heads } => {
+                x.f_add(&causal_self_attention(x, qkv, proj, *heads)?)?
+            }
+            SeedNetwork::Mlp { fc1, fc2 } => {
+                x.f_add(&fc2.forward(&fc1.forward(x)?.f_gelu("none")?)?)?
+            }
             SeedNetwork::Norm { norm, scale } => {
                 let mix = norm.forward(x)?.f_sub(x)?;
                 x.f_add(&mix.f_mul(&scale.f_tanh()?)?)?
@@ -372,6 +570,10 @@ impl SeedNetwork {
             SeedNetwork::ConvSmall { conv, .. } => conv.zero_(),
             SeedNetwork::ConvLight { block } => block.conv.zero_(),
             SeedNetwork::ConvHeavy { second, .. } => second.conv.zero_(),
+            SeedNetwork::LayerNormMix { .. } => Ok(()),
+            SeedNetwork::LowRank { up, .. } => up.zero_(),
+            SeedNetwork::CausalAttention { proj, .. } => proj.zero_(),
+            SeedNetwork::Mlp { fc2, .. } => fc2.zero_(),
         }
     }
 }
@@ -381,6 +583,7 @@ impl SeedNetwork {
 #[derive(Debug)]
 pub struct SeedModule {
     blueprint: Blueprint,
+    topology: Topology,
     channels: i64,
     var_store: nn::VarStore,
     network: SeedNetwork,
@@ -392,7 +595,12 @@ impl SeedModule {
         self.blueprint
     }
 
-    /// Channel count the module expects.
+    /// Host topology the module was built for.
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    /// Channel count (model width) the module expects.
     pub fn channels(&self) -> i64 {
         self.channels
     }
@@ -424,14 +632,24 @@ impl SeedModule {
     }
 
     /// # Shapes
-    /// `[B, C, H, W] -> [B, C, H, W]`; any other rank or channel count is a
-    /// [`Error::ShapeMismatch`].
+    /// CNN `[B, C, H, W] -> [B, C, H, W]`; transformer `[B, T, C] -> [B, T, C]`;
+    /// any other rank or width is a [`Error::ShapeMismatch`].
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let size = x.size();
-        if size.len() != 4 || size[1] != self.channels {
+        let (fits, expected) = match self.topology {
+            Topology::Cnn => (
+                size.len() == 4 && size[1] == self.channels,
+                vec![-1, self.channels, -1, -1],
+            ),
+            Topology::Transformer => (
+                size.len() == 3 && size[2] == self.channels,
+                vec![-1, -1, self.channels],
+            ),
+        };
+        if !fits {
             return Err(Error::ShapeMismatch {
                 op: "seed forward",
-                expected: vec![-1, self.channels, -1, -1],
+                expected,
                 got: size,
             });
         }

@@ -191,6 +191,39 @@ impl GroupNorm {
     }
 }
 
+/// Layer normalisation over the last dimension, with affine.
+#[derive(Debug)]
+pub struct LayerNorm {
+    /// `[C]`, initialised to 1.
+    pub weight: Tensor,
+    /// `[C]`, initialised to 0.
+    pub bias: Tensor,
+    width: i64,
+}
+
+impl LayerNorm {
+    /// LayerNorm over a last dimension of `width`.
+    pub fn new(path: &nn::Path<'_>, width: i64) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: path.f_ones("weight", &[width])?,
+            bias: path.f_zeros("bias", &[width])?,
+            width,
+        })
+    }
+
+    /// # Shapes
+    /// `[..., C] -> [..., C]`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_layer_norm(
+            [self.width].as_slice(),
+            Some(&self.weight),
+            Some(&self.bias),
+            NORM_EPS,
+            true,
+        )?)
+    }
+}
+
 /// 2-D batch normalisation with running statistics (non-trainable buffers).
 #[derive(Debug)]
 pub struct BatchNorm2d {
@@ -246,4 +279,39 @@ pub fn fill_parameter(parameter: &mut Tensor, value: f64) -> Result<()> {
     let _guard = tch::no_grad_guard();
     let _filled = parameter.f_fill_(value)?;
     Ok(())
+}
+
+/// Multi-head causal self-attention: `proj(SDPA(q, k, v, causal))` with
+/// `q, k, v` from one `qkv` projection.
+///
+/// # Shapes
+/// `[B, T, C] -> [B, T, C]`; `qkv: C -> 3C`, `proj: C -> C`, `C % heads == 0`.
+pub fn causal_self_attention(
+    x: &Tensor,
+    qkv: &Linear,
+    proj: &Linear,
+    heads: i64,
+) -> Result<Tensor> {
+    let (batch, time, width) = x.size3()?;
+    if heads < 1 || width % heads != 0 {
+        return Err(crate::Error::InvalidConfig {
+            reason: format!("attention: width {width} is not divisible by {heads} heads"),
+        });
+    }
+    let head_dim = width / heads;
+    // [B, T, C] -> [B, H, T, C/H]
+    let split = |t: &Tensor| -> Result<Tensor> {
+        Ok(t.f_reshape([batch, time, heads, head_dim])?
+            .f_transpose(1, 2)?)
+    };
+    let projected = qkv.forward(x)?; // [B, T, 3C]
+    let parts = projected.f_chunk(3, 2)?;
+    let (q, k, v) = (split(&parts[0])?, split(&parts[1])?, split(&parts[2])?);
+    let attended =
+        Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?; // [B, H, T, C/H]
+    let merged = attended
+        .f_transpose(1, 2)?
+        .f_contiguous()?
+        .f_reshape([batch, time, width])?; // [B, T, C]
+    proj.forward(&merged)
 }

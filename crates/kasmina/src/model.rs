@@ -267,8 +267,10 @@ impl MorphogeneticModel {
     }
 
     /// The forward pass with per-sample alpha overrides: `overrides[i]`
-    /// (`[B, 1, 1, 1]`) replaces slot `i`'s alpha (execution order); a
-    /// missing or `None` entry keeps the slot's own alpha.
+    /// (`[B, 1, 1, 1]` on CNN hosts, `[B, 1, 1]` on transformers) replaces
+    /// slot `i`'s alpha (execution order); a missing or `None` entry keeps
+    /// the slot's own alpha. Overrides bypass the incubator (see
+    /// [`SeedSlot::forward`]).
     pub fn forward_with_alpha(
         &self,
         x: &Tensor,

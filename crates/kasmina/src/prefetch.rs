@@ -26,7 +26,7 @@ use tch::Device;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::blueprint::{Blueprint, SeedModule};
-use crate::host::SlotId;
+use crate::host::{SlotId, Topology};
 use crate::{Error, Result};
 
 /// Default request queue capacity.
@@ -67,6 +67,7 @@ pub struct PreparedSeed {
 
 struct Job {
     id: u64,
+    topology: Topology,
     blueprint: Blueprint,
     channels: i64,
     slot: SlotId,
@@ -82,7 +83,7 @@ impl Job {
             Err(Error::Cancelled)
         } else {
             self.blueprint
-                .build(self.channels, self.device)
+                .build(self.topology, self.channels, self.device)
                 .and_then(|module| {
                     if self.cancelled.load(Ordering::Acquire) {
                         Err(Error::Cancelled)
@@ -220,12 +221,13 @@ impl Prefetcher {
 
     fn make_job(
         &self,
+        topology: Topology,
         blueprint: &str,
         channels: i64,
         slot: SlotId,
         device: Device,
     ) -> Result<(Job, Ticket)> {
-        let blueprint = Blueprint::from_name(blueprint)?;
+        let blueprint = Blueprint::from_name(topology, blueprint)?;
         if channels < 1 {
             return Err(Error::InvalidConfig {
                 reason: format!("prefetch of {blueprint} needs channels >= 1, got {channels}"),
@@ -236,6 +238,7 @@ impl Prefetcher {
         let (reply, receiver) = oneshot::channel();
         let job = Job {
             id,
+            topology,
             blueprint,
             channels,
             slot,
@@ -254,8 +257,9 @@ impl Prefetcher {
         Ok((job, ticket))
     }
 
-    /// Queues a build of `blueprint` at `channels` channels on `device` for
-    /// `slot`, waiting while the queue is full. Call from non-async code.
+    /// Queues a build of the CNN `blueprint` at `channels` channels on
+    /// `device` for `slot`, waiting while the queue is full. Call from
+    /// non-async code.
     pub fn request(
         &self,
         blueprint: &str,
@@ -263,7 +267,20 @@ impl Prefetcher {
         slot: SlotId,
         device: Device,
     ) -> Result<Ticket> {
-        let (job, ticket) = self.make_job(blueprint, channels, slot, device)?;
+        self.request_for(Topology::Cnn, blueprint, channels, slot, device)
+    }
+
+    /// Like [`Prefetcher::request`] for a host of any topology (`dim` is the
+    /// slot's channel count or model width).
+    pub fn request_for(
+        &self,
+        topology: Topology,
+        blueprint: &str,
+        dim: i64,
+        slot: SlotId,
+        device: Device,
+    ) -> Result<Ticket> {
+        let (job, ticket) = self.make_job(topology, blueprint, dim, slot, device)?;
         let sender = self.sender.as_ref().ok_or(Error::PrefetcherClosed)?;
         sender
             .blocking_send(job)
@@ -280,7 +297,7 @@ impl Prefetcher {
         slot: SlotId,
         device: Device,
     ) -> Result<Ticket> {
-        let (job, ticket) = self.make_job(blueprint, channels, slot, device)?;
+        let (job, ticket) = self.make_job(Topology::Cnn, blueprint, channels, slot, device)?;
         let sender = self.sender.as_ref().ok_or(Error::PrefetcherClosed)?;
         sender.try_send(job).map_err(|error| match error {
             mpsc::error::TrySendError::Full(_) => Error::QueueFull {

@@ -7,7 +7,9 @@
 //!
 //! - [`SeedSlot::germinate`] builds and probes the module (output shape must
 //!   equal input shape), creates the state at DORMANT and passes G0 to reach
-//!   GERMINATED. A slot holding any state, cooldown stages included, refuses.
+//!   GERMINATED (probe `[1, C, H, W]` on CNN slots, `[2, 8, C]` on
+//!   transformer slots). A slot holding any state, cooldown stages included,
+//!   refuses.
 //! - [`SeedSlot::advance_stage`] evaluates the target's gate; on success it
 //!   transitions and runs the entry hooks: TRAINING turns gradient isolation
 //!   on; BLENDING schedules alpha to the germination target over the blend
@@ -45,6 +47,8 @@ use crate::optim::{SEED_LR, SEED_MOMENTUM, Sgd, zero_grads};
 use crate::telemetry::LifecycleTelemetry;
 use crate::{Error, Result};
 
+/// Sequence length of the germination probe on transformer slots (`[2, 8, C]`).
+pub const TRANSFORMER_PROBE_TOKENS: i64 = 8;
 /// Default blend tempo (epochs), the reference's STANDARD.
 pub const DEFAULT_TEMPO_EPOCHS: u32 = 5;
 /// Seed gradient norm under which gradients count as vanishing.
@@ -552,8 +556,8 @@ impl SeedSlot {
         device: Device,
     ) -> Result<()> {
         self.check_available()?;
-        let blueprint = Blueprint::from_name(blueprint)?;
-        let module = blueprint.build(self.spec.channels, device)?;
+        let blueprint = Blueprint::from_name(self.topology, blueprint)?;
+        let module = blueprint.build(self.topology, self.spec.channels, device)?;
         self.germinate_module(module, options)
     }
 
@@ -579,6 +583,16 @@ impl SeedSlot {
         options: GerminationOptions,
     ) -> Result<()> {
         self.check_available()?;
+        if module.topology() != self.topology {
+            return Err(Error::UnknownBlueprint {
+                name: module.blueprint().name().to_owned(),
+                known: format!(
+                    "a {:?} module cannot grow in a {:?} slot",
+                    module.topology(),
+                    self.topology
+                ),
+            });
+        }
         if module.channels() != self.spec.channels {
             return Err(Error::ShapeMismatch {
                 op: "germinate (seed channels)",
@@ -587,13 +601,16 @@ impl SeedSlot {
             });
         }
         let (height, width) = self.spec.spatial;
-        let probe_shape = [1, self.spec.channels, height.max(1), width.max(1)];
-        let probe = Tensor::f_zeros(probe_shape, (tch::Kind::Float, module.device()))?;
+        let probe_shape = match self.topology {
+            Topology::Cnn => vec![1, self.spec.channels, height.max(1), width.max(1)],
+            Topology::Transformer => vec![2, TRANSFORMER_PROBE_TOKENS, self.spec.channels],
+        };
+        let probe = Tensor::f_zeros(probe_shape.as_slice(), (tch::Kind::Float, module.device()))?;
         let probe_out = tch::no_grad(|| module.forward(&probe))?;
         if probe_out.size() != probe_shape {
             return Err(Error::ShapeMismatch {
                 op: "germination probe",
-                expected: probe_shape.to_vec(),
+                expected: probe_shape,
                 got: probe_out.size(),
             });
         }
@@ -602,7 +619,11 @@ impl SeedSlot {
         }
         let gate = if options.algorithm == AlphaAlgorithm::Gate {
             let root = module.var_store().root();
-            Some(GatedBlend::new(&root.sub("gate"), self.spec.channels)?)
+            Some(GatedBlend::new(
+                &root.sub("gate"),
+                self.spec.channels,
+                self.topology,
+            )?)
         } else {
             None
         };
@@ -1108,12 +1129,16 @@ impl SeedSlot {
 
     /// Applies the slot to host features at its boundary.
     ///
-    /// `alpha_override`, shape `[N, 1, 1, 1]`, replaces the controller's
-    /// alpha per sample (counterfactual evaluation; the incubator is then
-    /// bypassed, which at alpha 0 gives the same value).
+    /// `alpha_override` (`[N, 1, 1, 1]` on CNN slots, `[N, 1, 1]` on
+    /// transformer slots, or anything broadcastable) replaces the
+    /// controller's alpha per sample: counterfactual evaluation, or a static
+    /// device tensor for a captured graph. It bypasses the incubator, which
+    /// gives the same value at alpha 0 but no seed gradient: pass `None` for
+    /// TRAINING seeds while training.
     ///
     /// # Shapes
-    /// `[N, C, H, W] -> [N, C, H, W]`.
+    /// `[N, C, H, W] -> [N, C, H, W]` (CNN), `[N, T, C] -> [N, T, C]`
+    /// (transformer).
     pub fn forward(&self, host: &Tensor, alpha_override: Option<&Tensor>) -> Result<Tensor> {
         let (Some(state), Some(seed)) = (&self.state, &self.seed) else {
             return Ok(host.shallow_clone());

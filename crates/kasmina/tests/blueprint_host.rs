@@ -4,7 +4,7 @@
 
 use kasmina::Error;
 use kasmina::blueprint::{Blueprint, group_norm_groups};
-use kasmina::host::{CnnHost, CnnHostConfig, Host, LinearHost, SlotId, Surface};
+use kasmina::host::{CnnHost, CnnHostConfig, Host, LinearHost, SlotId, Surface, Topology};
 use tch::{Device, Kind, Tensor};
 
 /// The reference table (ESPER_PYTHON_REFERENCE.md §2.6) at C = 8/16/32/64.
@@ -23,14 +23,16 @@ const CHANNELS: [i64; 4] = [8, 16, 32, 64];
 #[test]
 fn parameter_counts_equal_the_reference_table() {
     for (name, counts) in REFERENCE_PARAMS {
-        let blueprint = Blueprint::from_name(name).expect("known blueprint");
+        let blueprint = Blueprint::from_name(Topology::Cnn, name).expect("known blueprint");
         for (channels, expected) in CHANNELS.into_iter().zip(counts) {
             assert_eq!(
-                blueprint.param_count(channels),
+                blueprint.param_count(Topology::Cnn, channels).expect("cnn"),
                 expected,
                 "{name} formula at C={channels}"
             );
-            let module = blueprint.build(channels, Device::Cpu).expect("build");
+            let module = blueprint
+                .build(Topology::Cnn, channels, Device::Cpu)
+                .expect("build");
             assert_eq!(
                 module.param_count(),
                 expected,
@@ -38,26 +40,28 @@ fn parameter_counts_equal_the_reference_table() {
             );
         }
     }
-    assert_eq!(REFERENCE_PARAMS.len(), Blueprint::ALL.len());
+    assert_eq!(REFERENCE_PARAMS.len(), Blueprint::CNN.len());
 }
 
 #[test]
 fn unknown_blueprints_are_errors() {
     for name in ["lora", "mlp", "conv_huge", "", "CONV_LIGHT"] {
-        let error = Blueprint::from_name(name).expect_err("unknown");
+        let error = Blueprint::from_name(Topology::Cnn, name).expect_err("unknown");
         assert!(
             matches!(&error, Error::UnknownBlueprint { name: got, .. } if got == name),
             "{error}"
         );
     }
     assert_eq!(
-        Blueprint::from_name("cnn:conv_light").ok(),
+        Blueprint::from_name(Topology::Cnn, "cnn:conv_light").ok(),
         Some(Blueprint::ConvLight)
     );
-    assert!(Blueprint::from_action(leyline::BlueprintAction::Lora).is_err());
+    assert!(Blueprint::from_action(Topology::Cnn, leyline::BlueprintAction::Lora).is_err());
     for action in leyline::BlueprintAction::CNN {
         assert_eq!(
-            Blueprint::from_action(*action).expect("cnn").name(),
+            Blueprint::from_action(Topology::Cnn, *action)
+                .expect("cnn")
+                .name(),
             action.blueprint_id()
         );
     }
@@ -91,8 +95,10 @@ fn behaviour_at_birth_matches_the_reference_initialisation() {
     tch::manual_seed(1);
     for channels in [4, 8, 16] {
         let x = seeded_input(channels);
-        for blueprint in Blueprint::ALL {
-            let module = blueprint.build(channels, Device::Cpu).expect("build");
+        for blueprint in Blueprint::CNN {
+            let module = blueprint
+                .build(Topology::Cnn, channels, Device::Cpu)
+                .expect("build");
             let y = module.forward(&x).expect("forward");
             assert_eq!(y.size(), x.size(), "{blueprint} keeps the shape");
             match blueprint {
@@ -121,6 +127,7 @@ fn behaviour_at_birth_matches_the_reference_initialisation() {
                         "{blueprint} is not identity"
                     );
                 }
+                other => panic!("{other} is not a CNN blueprint"),
             }
         }
     }
@@ -129,8 +136,10 @@ fn behaviour_at_birth_matches_the_reference_initialisation() {
 #[test]
 fn zeroing_the_final_affine_makes_residual_seeds_the_identity() {
     let x = seeded_input(8);
-    for blueprint in Blueprint::ALL {
-        let mut module = blueprint.build(8, Device::Cpu).expect("build");
+    for blueprint in Blueprint::CNN {
+        let mut module = blueprint
+            .build(Topology::Cnn, 8, Device::Cpu)
+            .expect("build");
         module.zero_init_final_affine().expect("zero");
         let y = module.forward(&x).expect("forward");
         if *blueprint == Blueprint::Attention {
@@ -144,7 +153,9 @@ fn zeroing_the_final_affine_makes_residual_seeds_the_identity() {
 
 #[test]
 fn seed_forward_rejects_the_wrong_channel_count() {
-    let module = Blueprint::ConvLight.build(8, Device::Cpu).expect("build");
+    let module = Blueprint::ConvLight
+        .build(Topology::Cnn, 8, Device::Cpu)
+        .expect("build");
     let error = module
         .forward(&seeded_input(4))
         .expect_err("4 channels into an 8-channel seed");

@@ -8,7 +8,7 @@ use kasmina::Error;
 use kasmina::alpha::AlphaController;
 use kasmina::blend::{BlendAlpha, blend_add, blend_gate, blend_multiply};
 use kasmina::gate::{GateInputs, GateMode, QualityGates};
-use kasmina::host::{CnnHost, CnnHostConfig, SlotId, Topology};
+use kasmina::host::{CnnHost, CnnHostConfig, InjectionSpec, SlotId, Surface, Topology};
 use kasmina::model::MorphogeneticModel;
 use kasmina::slot::{GerminationOptions, PruneInitiator, PruneSchedule, SeedState};
 use kasmina::telemetry::LifecycleTelemetry;
@@ -553,9 +553,8 @@ fn item_11_fossilized_cannot_be_pruned_and_holding_never_times_out() {
 }
 
 /// Gradient of `sum(slot(h) * w)` with respect to a leaf `h`.
-fn host_side_gradient(slot: &kasmina::slot::SeedSlot) -> Tensor {
-    let host = features(13).set_requires_grad(true);
-    let weights = features(14);
+fn host_side_gradient(slot: &kasmina::slot::SeedSlot, host: &Tensor, weights: &Tensor) -> Tensor {
+    let host = host.detach().set_requires_grad(true);
     (slot.forward(&host, None).expect("forward") * weights)
         .sum(Kind::Float)
         .backward();
@@ -571,30 +570,57 @@ fn item_15_cnn_keeps_isolation_transformer_drops_it() {
     assert!(alpha > 0.0 && alpha < 1.0);
     assert!(cnn.state().expect("state").isolate_gradients());
     // With isolation the host sees only the (1 - a) path of the lerp.
-    let expected = features(14) * (1.0 - alpha);
-    let cnn_grad = host_side_gradient(&cnn);
+    let weights = features(14);
+    let cnn_grad = host_side_gradient(&cnn, &features(13), &weights);
     assert!(
-        (&cnn_grad - &expected).abs().max().double_value(&[]) < 1e-6,
-        "no seed feedback into host gradients"
-    );
-
-    let mut transformer = lone_slot(Topology::Transformer);
-    walk_to(
-        &mut transformer,
-        "conv_light",
-        options(),
-        SeedStage::Blending,
-    );
-    transformer.step_epoch().expect("tick");
-    assert!(!transformer.state().expect("state").isolate_gradients());
-    let transformer_grad = host_side_gradient(&transformer);
-    assert!(
-        (&transformer_grad - &expected)
+        (&cnn_grad - &weights * (1.0 - alpha))
             .abs()
             .max()
             .double_value(&[])
-            > 1e-4,
+            < 1e-6,
+        "no seed feedback into host gradients"
+    );
+
+    // A transformer slot (width 8, 6 tokens) with a LoRA seed.
+    let mut transformer = kasmina::slot::SeedSlot::new(
+        InjectionSpec {
+            spatial: (6, 1),
+            surface: Surface::BlockEnd,
+            ..common::spec(8, 6)
+        },
+        Topology::Transformer,
+        slot_config(GateMode::Permissive),
+        LifecycleTelemetry::disabled(),
+    );
+    walk_to(&mut transformer, "lora", options(), SeedStage::Training);
+    assert!(transformer.state().expect("state").isolate_gradients());
+    walk_to_blending(&mut transformer);
+    transformer.step_epoch().expect("tick");
+    let alpha = transformer.alpha();
+    assert!(alpha > 0.0 && alpha < 1.0);
+    assert!(!transformer.state().expect("state").isolate_gradients());
+    tch::manual_seed(15);
+    let tokens = Tensor::randn([2, 6, 8], (Kind::Float, Device::Cpu));
+    let weights = Tensor::randn([2, 6, 8], (Kind::Float, Device::Cpu));
+    let transformer_grad = host_side_gradient(&transformer, &tokens, &weights);
+    // The LoRA seed is the identity at birth, so the seed path hands the
+    // host a further `a w`: the host gradient is `w`, not `(1 - a) w`.
+    assert!(
+        (&transformer_grad - &weights).abs().max().double_value(&[]) < 1e-5,
         "the transformer seed co-adapts with the host"
+    );
+}
+
+/// TRAINING -> BLENDING through the real G2 gate.
+fn walk_to_blending(slot: &mut kasmina::slot::SeedSlot) {
+    for _ in 0..common::TEST_STAGE_EPOCHS {
+        slot.step_epoch().expect("tick");
+    }
+    slot.record_gradient_norms(1.0, 1.0, 100).expect("grads");
+    assert!(
+        slot.advance_stage(Some(SeedStage::Blending))
+            .expect("g2")
+            .passed
     );
 }
 

@@ -255,7 +255,9 @@ fn seed_masks_lay_out_host_then_seeds_in_slot_order() {
     assert_eq!(masks.seeds[1].span().end, masks.total);
     assert_eq!(
         masks.seeds[0].numel() as i64,
-        kasmina::blueprint::Blueprint::Bottleneck.param_count(2)
+        kasmina::blueprint::Blueprint::Bottleneck
+            .param_count(kasmina::host::Topology::Cnn, 2)
+            .expect("cnn")
     );
     assert_eq!(
         masks.seed("r0c1").expect("seed").seed_id.as_deref(),

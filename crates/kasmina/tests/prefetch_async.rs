@@ -30,7 +30,9 @@ fn a_prefetched_module_germinates() {
     assert_eq!(prepared.module.channels(), 4);
     assert_eq!(
         prepared.module.param_count(),
-        Blueprint::ConvLight.param_count(4)
+        Blueprint::ConvLight
+            .param_count(Topology::Cnn, 4)
+            .expect("cnn")
     );
     let mut slot = lone_slot(Topology::Cnn);
     slot.germinate_module(prepared.module, GerminationOptions::new("prefetched"))
@@ -98,7 +100,7 @@ fn many_requests_in_flight_all_complete_and_polling_works() {
     // More requests than queue slots: `request` waits for room.
     let tickets: Vec<_> = (0..24)
         .map(|index| {
-            let blueprint = Blueprint::ALL[index % Blueprint::ALL.len()];
+            let blueprint = Blueprint::CNN[index % Blueprint::CNN.len()];
             prefetcher
                 .request(
                     blueprint.name(),
@@ -121,7 +123,10 @@ fn many_requests_in_flight_all_complete_and_polling_works() {
             std::thread::sleep(Duration::from_micros(200));
         };
         assert_eq!(prepared.module.blueprint(), blueprint);
-        assert_eq!(prepared.module.param_count(), blueprint.param_count(8));
+        assert_eq!(
+            prepared.module.param_count(),
+            blueprint.param_count(Topology::Cnn, 8).expect("cnn")
+        );
         ids.push(prepared.id);
     }
     ids.sort_unstable();

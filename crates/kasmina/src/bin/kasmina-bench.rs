@@ -64,8 +64,8 @@ fn parse_args() -> anyhow::Result<Args> {
 
 /// The `index`-th request of the workload: blueprint, channels, slot.
 fn request_spec(index: usize) -> (&'static str, i64, SlotId) {
-    let blueprint = Blueprint::ALL[index % Blueprint::ALL.len()].name();
-    let (col, channels) = SLOT_CHANNELS[(index / Blueprint::ALL.len()) % SLOT_CHANNELS.len()];
+    let blueprint = Blueprint::CNN[index % Blueprint::CNN.len()].name();
+    let (col, channels) = SLOT_CHANNELS[(index / Blueprint::CNN.len()) % SLOT_CHANNELS.len()];
     (blueprint, channels, SlotId::new(0, col))
 }
 
@@ -215,7 +215,7 @@ fn main() -> anyhow::Result<()> {
         params: serde_json::json!({
             "requests": requests,
             "warmup_requests": WARMUP_REQUESTS,
-            "blueprints": Blueprint::ALL.iter().map(|b| b.name()).collect::<Vec<_>>(),
+            "blueprints": Blueprint::CNN.iter().map(|b| b.name()).collect::<Vec<_>>(),
             "slots": SLOT_CHANNELS.iter().map(|(col, channels)| {
                 serde_json::json!({ "slot": SlotId::new(0, *col).to_string(), "channels": channels })
             }).collect::<Vec<_>>(),

@@ -11,9 +11,12 @@
 //! - [`linear`]: the `tolaria-reference` host, `Linear(16 -> 4)`, no slots.
 //! - [`cnn`]: the configurable CNN host with PRE_POOL (`r0c{i}`) and
 //!   POST_POOL (`r1c{i}`) surfaces.
+//! - [`transformer`]: a small GPT-style host with a slot after each layer
+//!   group (`r0c{g}`).
 
 pub mod cnn;
 pub mod linear;
+pub mod transformer;
 
 use tch::{Tensor, nn};
 
@@ -21,6 +24,7 @@ use crate::{Error, Result};
 
 pub use cnn::{CnnHost, CnnHostConfig};
 pub use linear::LinearHost;
+pub use transformer::{TransformerHost, TransformerHostConfig};
 
 /// A canonical slot id `r{row}c{col}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
