@@ -367,12 +367,15 @@ def make_runner(mode: str, workload: Workload) -> Runner:
 
 def run_mode(mode: str, device: torch.device, args) -> dict:
     cfg = dict(REFERENCE)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
     workload = Workload(cfg, device, resident=(mode == "graph-epoch"))
     runner = make_runner(mode, workload)
     metrics = {}
+    if device.type == "cuda":
+        # As in Rust: what is allocated when the peak is reset (this variant's
+        # buffers plus whatever earlier variants left, e.g. cuBLAS workspaces).
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
     first = None
     for _ in range(args.warmup_epochs):
         epoch_ms, _, _, _ = runner.epoch()

@@ -365,6 +365,13 @@ fn print_comparison(before: &Value, after: &Value) {
             continue;
         };
         let mut line = format!("{implementation:<7} {mode:<24}");
+        if let Some(error) = entry["error"].as_str().or(old["error"].as_str()) {
+            let first_line = error.lines().next().unwrap_or("");
+            line.push_str(&format!(
+                " (error: {})",
+                first_line.chars().take(80).collect::<String>()
+            ));
+        }
         for (key, title) in &columns {
             if let (Some(was), Some(now)) = (metric(old, key), metric(entry, key)) {
                 let ratio = if was == 0.0 { f64::NAN } else { now / was };

@@ -217,9 +217,14 @@ fn run_variant(
     // After the trainer exists: the caching allocator refuses to reset the
     // statistics of a device it has not initialised yet. The peak then starts
     // from what the trainer holds (parameters, data, buffers).
+    // The baseline (memory allocated when the peak is reset) includes what
+    // earlier variants of the same process left allocated, notably libtorch's
+    // cuBLAS workspace for every stream that ran a matrix product.
+    let mut memory_baseline = None;
     if let Device::Cuda(index) = trainer.device() {
         torch_ext::cuda::synchronize(index)?;
         torch_ext::cuda::reset_peak_memory_stats(index)?;
+        memory_baseline = Some(torch_ext::cuda::memory_allocated(index)? as f64);
     }
     let mut metrics = BTreeMap::new();
     let mut warmup = Vec::with_capacity(options.warmup_epochs);
@@ -318,6 +323,7 @@ fn run_variant(
     }
     if let Some(peak) = trainer.peak_memory_bytes()? {
         put("peak_device_memory_bytes", Some(peak as f64));
+        put("device_memory_at_start_bytes", memory_baseline);
     }
     Ok((metrics, sink.names()))
 }

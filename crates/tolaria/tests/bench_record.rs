@@ -1,0 +1,59 @@
+//! The reference benchmark on the CPU writes a well-formed baseline record.
+
+use leyline::baseline::BaselineRecord;
+use tolaria::bench::{BenchOptions, Variant};
+use tolaria::{DeviceChoice, ExecutionMode, StepKind};
+
+#[test]
+fn variant_names_round_trip() {
+    for mode in ExecutionMode::ALL {
+        for step in [StepKind::Fused, StepKind::Autograd] {
+            let variant = Variant { mode, step };
+            assert_eq!(Variant::from_name(&variant.name()), Some(variant));
+        }
+    }
+    assert_eq!(Variant::from_name("graph"), None);
+}
+
+#[test]
+fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Result<()> {
+    let mut options = BenchOptions::new("cpu-test", DeviceChoice::Cpu, true);
+    options.warmup_epochs = 2;
+    options.measured_epochs = 12;
+    options.variants = vec![
+        Variant::from_name("eager").expect("known"),
+        Variant::from_name("graph-step").expect("known"),
+    ];
+    let mut lines = Vec::new();
+    let record = tolaria::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
+    let record = BaselineRecord::from_json(&record.to_json_pretty())?;
+    assert_eq!(record.workload, "tolaria-reference");
+    assert_eq!(record.environment.device, "cpu");
+    let eager = record.result("rust", "eager").expect("eager entry");
+    assert!(eager.error.is_none());
+    assert_eq!(eager.metrics["measured_epochs"], 12.0);
+    let (p50, p95, max) = (
+        eager.metrics["epoch_ms_p50"],
+        eager.metrics["epoch_ms_p95"],
+        eager.metrics["epoch_ms_max"],
+    );
+    assert!(0.0 < p50 && p50 <= p95 && p95 <= max, "{p50} {p95} {max}");
+    assert!(eager.metrics["final_train_loss"] < eager.metrics["validation_loss"] + 1.0);
+    let graph = record
+        .result("rust", "graph-step")
+        .expect("graph-step entry");
+    assert!(
+        graph
+            .error
+            .as_deref()
+            .is_some_and(|error| error.contains("CUDA"))
+    );
+    assert!(
+        record
+            .telemetry_names
+            .iter()
+            .any(|name| name == leyline::telemetry::TOLARIA_TRAINING_LATENCY_MS)
+    );
+    assert!(lines.iter().any(|line| line.contains("[rust eager]")));
+    Ok(())
+}
