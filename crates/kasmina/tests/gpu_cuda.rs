@@ -100,3 +100,50 @@ fn a_two_seed_model_trains_attributes_and_exports_on_the_gpu() {
     let mask = masks.to_tensor(&masks.seeds[1], device).expect("mask");
     assert_eq!(mask.device(), device);
 }
+
+#[test]
+fn a_transformer_with_seeds_runs_on_the_gpu() {
+    let Some(device) = cuda_or_skip("a_transformer_with_seeds_runs_on_the_gpu") else {
+        return;
+    };
+    tch::manual_seed(8);
+    let config = kasmina::host::TransformerHostConfig::tiny();
+    let host = kasmina::host::TransformerHost::new(config.clone(), device).expect("host");
+    let slot = SlotId::new(0, 1);
+    let mut model = MorphogeneticModel::new(
+        host,
+        &[slot],
+        SlotConfig::default(),
+        LifecycleTelemetry::disabled(),
+    )
+    .expect("model");
+    model
+        .germinate(slot, "attention", GerminationOptions::new("attention"))
+        .expect("germinate");
+    model
+        .advance_stage(slot, Some(SeedStage::Training))
+        .expect("g1");
+    let tokens = Tensor::randint(config.vocab_size, [4, 12], (Kind::Int64, device));
+    let logits = model.forward(&tokens, true).expect("forward");
+    assert_eq!(logits.size(), vec![4, 12, config.vocab_size]);
+    logits
+        .reshape([-1, config.vocab_size])
+        .cross_entropy_for_logits(&tokens.reshape([-1]))
+        .backward();
+    model.step_seed_optimizers().expect("seed step");
+    model
+        .slot_mut(slot)
+        .expect("slot")
+        .set_alpha(0.5)
+        .expect("alpha");
+    let attribution = attribute_batch(&model, &tokens).expect("attribution");
+    assert_eq!(attribution.influence.size(), vec![4, 1]);
+    assert!(
+        attribution
+            .influence
+            .to_device(Device::Cpu)
+            .min()
+            .double_value(&[])
+            > 0.0
+    );
+}
