@@ -399,12 +399,14 @@ pub(crate) fn bundle(root: &Path, args: &[String]) -> Result<()> {
     if !args.is_empty() {
         bail!("`cargo xtask bundle` takes no arguments");
     }
+    // Only this command's own entries are replaced: other tools may keep
+    // their files in `bundle/` too.
     let bundle = root.join("bundle");
-    if bundle.exists() {
-        std::fs::remove_dir_all(&bundle)
-            .with_context(|| format!("removing {}", bundle.display()))?;
+    let tests = bundle.join("tests");
+    if tests.exists() {
+        std::fs::remove_dir_all(&tests).with_context(|| format!("removing {}", tests.display()))?;
     }
-    std::fs::create_dir_all(bundle.join("tests"))?;
+    std::fs::create_dir_all(&tests)?;
     crate::run_step(
         "cargo build --release -p esper",
         crate::cargo(root).args(["build", "--release", "-p", "esper", "--bin", "esper"]),
@@ -429,7 +431,7 @@ pub(crate) fn bundle(root: &Path, args: &[String]) -> Result<()> {
     std::fs::write(bundle.join("GIT_REV"), format!("{}\n", git_rev(root)))?;
     let total = folder_size(&bundle)?;
     eprintln!(
-        "==> bundle: {} ({:.1} MB)",
+        "==> bundle: {} ({:.1} MB in all)",
         bundle.display(),
         total as f64 / 1e6
     );

@@ -197,3 +197,22 @@ fn a_replaced_training_set_with_a_partial_last_batch_trains() -> anyhow::Result<
     );
     Ok(())
 }
+
+#[test]
+fn epochs_reach_a_nissa_hub() -> anyhow::Result<()> {
+    let memory = nissa::MemorySink::new();
+    let hub = nissa::Hub::builder().sink(memory.clone()).build()?;
+    let mut trainer = Trainer::with_telemetry(cpu_config(), Box::new(hub.clone()))?;
+    trainer.train(2)?;
+    let flushed = hub.flush(std::time::Duration::from_secs(5));
+    assert!(flushed.is_complete(), "{flushed:?}");
+    let latencies = memory.metrics_named(names::TOLARIA_TRAINING_LATENCY_MS);
+    assert_eq!(latencies.len(), 2, "{flushed:?}");
+    assert!(
+        latencies
+            .iter()
+            .all(|metric| metric.value > 0.0 && metric.unit == "ms")
+    );
+    hub.close();
+    Ok(())
+}
