@@ -71,7 +71,7 @@ fn main() {
 
     // libtorch's CUDA half. torch-sys links torch_cuda too, but the linker
     // drops it as not needed unless something references it: the shim does,
-    // which is also what makes `tch::Cuda::is_available()` see the GPU.
+    // and `torch_ext::cuda::load_backend` also loads it at run time.
     let torch_lib = libtorch.join("lib");
     let cuda_lib = cuda.join("lib");
     require_dir(&torch_lib);

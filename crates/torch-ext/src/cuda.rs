@@ -10,16 +10,43 @@ use std::ffi::c_char;
 use crate::error::{Error, Result};
 use crate::ffi;
 
-/// Whether at least one CUDA device can be used.
+/// Loads `libtorch_cuda.so` (through the binary's runpath or the library
+/// search path) so that libtorch's CUDA kernels are registered, and reports
+/// whether it is loaded. Idempotent and cheap after the first call.
 ///
-/// Linking torch-ext also keeps `libtorch_cuda` loaded, which is what makes
-/// tch's own `tch::Cuda::is_available()` agree with this.
+/// torch-sys names that library at link time, but the linker drops it from a
+/// binary that references none of its symbols (`--as-needed`); tch's CUDA
+/// tensor operations then fail with "Could not run ... with arguments from
+/// the 'CUDA' backend" although the GPU is visible. [`is_available`] and
+/// [`device_count`] call this first, so any caller that asks torch-ext about
+/// CUDA before using tch on a GPU gets working kernels. Returns `false` with a
+/// CPU-only libtorch.
+pub fn load_backend() -> bool {
+    static LOADED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOADED.get_or_init(|| {
+        // SAFETY: a valid NUL-terminated name and plain flags; the handle is
+        // deliberately never closed, so the library stays for the process.
+        let handle = unsafe { dlopen(c"libtorch_cuda.so".as_ptr(), RTLD_NOW | RTLD_GLOBAL) };
+        !handle.is_null()
+    })
+}
+
+unsafe extern "C" {
+    fn dlopen(filename: *const c_char, flags: std::ffi::c_int) -> *mut std::ffi::c_void;
+}
+
+const RTLD_NOW: std::ffi::c_int = 2;
+const RTLD_GLOBAL: std::ffi::c_int = 0x100;
+
+/// Whether at least one CUDA device can be used (loading libtorch's CUDA
+/// backend first, see [`load_backend`]).
 pub fn is_available() -> bool {
     device_count() > 0
 }
 
 /// Number of CUDA devices (0 without a driver or device).
 pub fn device_count() -> usize {
+    load_backend();
     // SAFETY: no arguments; c10::cuda::device_count is noexcept and caches its
     // answer, returning 0 when CUDA cannot be initialised.
     let count = unsafe { ffi::esper_cuda_device_count() };

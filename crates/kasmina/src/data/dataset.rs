@@ -326,15 +326,15 @@ impl Dataset {
     /// available, or the data already lives on a CUDA device, this returns
     /// the data set unchanged (a shallow clone) rather than failing, so the
     /// same code runs on CPU-only machines. "Available" is
-    /// `tch::Cuda::is_available()`, which is only true in binaries that keep
-    /// `libtorch_cuda` loaded (linking `torch-ext` does).
+    /// [`torch_ext::cuda::is_available`], which also loads libtorch's CUDA
+    /// backend.
     ///
     /// tch 0.24 always passes a device to `pin_memory`, so libtorch 2.11
     /// prints a deprecation warning for that argument; it is harmless
     /// (checked on an H100).
     pub fn pin_memory(&self) -> Result<Self> {
         const OP: &str = "Dataset::pin_memory";
-        if !tch::Cuda::is_available() || self.device() != Device::Cpu {
+        if !torch_ext::cuda::is_available() || self.device() != Device::Cpu {
             return Ok(self.shallow_clone());
         }
         let images = self
@@ -352,7 +352,7 @@ impl Dataset {
     /// without CUDA). Like [`Dataset::pin_memory`], it makes libtorch print a
     /// deprecation warning about the device argument.
     pub fn is_pinned(&self) -> bool {
-        tch::Cuda::is_available()
+        torch_ext::cuda::is_available()
             && self.device() == Device::Cpu
             && self.images.f_is_pinned(Device::Cuda(0)).unwrap_or(false)
     }
