@@ -6,6 +6,7 @@
 //! `_per_s`, `_bytes`).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -125,6 +126,75 @@ impl BaselineRecord {
     }
 }
 
+/// The command line every benchmark binary accepts, as `cargo xtask bench`
+/// calls it: `--out PATH.json --label LABEL [--quick]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchArgs {
+    /// Where to write the [`BaselineRecord`].
+    pub out: PathBuf,
+    /// Record label.
+    pub label: String,
+    /// A smoke run with fewer iterations (not for committed records).
+    pub quick: bool,
+}
+
+/// What a benchmark command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BenchCommand {
+    /// Run the benchmark.
+    Run(BenchArgs),
+    /// `-h` / `--help`: print usage and stop.
+    Help,
+}
+
+impl BenchArgs {
+    /// Parses the arguments after the program name.
+    pub fn parse<I: IntoIterator<Item = String>>(args: I) -> crate::Result<BenchCommand> {
+        let usage = |reason: String| crate::ContractError::Usage { reason };
+        let mut out = None;
+        let mut label = None;
+        let mut quick = false;
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--out" => {
+                    out = Some(PathBuf::from(
+                        args.next()
+                            .ok_or_else(|| usage("--out needs a path".to_owned()))?,
+                    ));
+                }
+                "--label" => {
+                    label = Some(
+                        args.next()
+                            .ok_or_else(|| usage("--label needs a value".to_owned()))?,
+                    );
+                }
+                "--quick" => quick = true,
+                "-h" | "--help" => return Ok(BenchCommand::Help),
+                other => return Err(usage(format!("unknown argument {other:?}"))),
+            }
+        }
+        Ok(BenchCommand::Run(BenchArgs {
+            out: out.ok_or_else(|| usage("--out PATH.json is required".to_owned()))?,
+            label: label.ok_or_else(|| usage("--label LABEL is required".to_owned()))?,
+            quick,
+        }))
+    }
+}
+
+impl BaselineRecord {
+    /// Writes the record as pretty JSON to `path`, creating its folder.
+    pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(parent) = path
+            .parent()
+            .filter(|parent| !parent.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, self.to_json_pretty())
+    }
+}
+
 /// The CPU model from `/proc/cpuinfo`, or "unknown".
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
@@ -166,6 +236,40 @@ mod tests {
         assert_eq!(percentile(&samples, 95.0), Some(95.0));
         assert_eq!(percentile(&samples, 100.0), Some(100.0));
         assert_eq!(percentile(&[], 50.0), None);
+    }
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|arg| (*arg).to_owned()).collect()
+    }
+
+    #[test]
+    fn bench_args_follow_the_contract() {
+        assert_eq!(
+            BenchArgs::parse(strings(&["--label", "x", "--out", "a/b.json", "--quick"])),
+            Ok(BenchCommand::Run(BenchArgs {
+                out: PathBuf::from("a/b.json"),
+                label: "x".to_owned(),
+                quick: true,
+            }))
+        );
+        assert_eq!(
+            BenchArgs::parse(strings(&["--help"])),
+            Ok(BenchCommand::Help)
+        );
+        for bad in [
+            &["--out"][..],
+            &["--label", "x"],
+            &["--out", "a.json"],
+            &["--out", "a.json", "--label", "x", "--fast"],
+        ] {
+            assert!(
+                matches!(
+                    BenchArgs::parse(strings(bad)),
+                    Err(crate::ContractError::Usage { .. })
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

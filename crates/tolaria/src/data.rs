@@ -17,40 +17,16 @@
 //! with respect to the log-probabilities; `inputs` carries a constant 1 column
 //! so that weight and bias are one `[C, F + 1]` matrix.
 
+use kasmina::data::shuffle::SplitMix64;
+
 use crate::config::TrainerConfig;
 
-/// SplitMix64: tiny, seedable, and easy to reproduce bit for bit in Python.
-#[derive(Debug, Clone)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator starting from `seed`.
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, 1)` with 53 random bits.
-    pub fn next_unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-
-    /// Standard normal (Box-Muller, cosine branch only).
-    pub fn next_normal(&mut self) -> f64 {
-        let u1 = 1.0 - self.next_unit();
-        let u2 = self.next_unit();
-        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-    }
+/// A standard normal draw by Box-Muller (cosine branch only), the form the
+/// Python peer reproduces bit for bit.
+fn box_muller_normal(rng: &mut SplitMix64) -> f64 {
+    let u1 = 1.0 - rng.next_f64();
+    let u2 = rng.next_f64();
+    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
 /// Labelled samples of the reference task.
@@ -99,10 +75,12 @@ impl ReferenceData {
         let (n_features, n_classes) = (config.n_features, config.n_classes);
         let mut rng = SplitMix64::new(config.seed);
         let teacher: Vec<f64> = (0..n_features * n_classes)
-            .map(|_| rng.next_normal())
+            .map(|_| box_muller_normal(&mut rng))
             .collect();
         let mut draw = |n: usize| {
-            let inputs: Vec<f64> = (0..n * n_features).map(|_| rng.next_normal()).collect();
+            let inputs: Vec<f64> = (0..n * n_features)
+                .map(|_| box_muller_normal(&mut rng))
+                .collect();
             let labels = inputs
                 .chunks(n_features)
                 .map(|row| teacher_label(row, &teacher, n_classes))
@@ -118,7 +96,7 @@ impl ReferenceData {
         let mut init_rng = SplitMix64::new(config.seed ^ INIT_STREAM);
         let bound = 1.0 / (n_features as f64).sqrt();
         let initial_parameters = (0..n_classes * (n_features + 1))
-            .map(|_| ((2.0 * init_rng.next_unit() - 1.0) * bound) as f32)
+            .map(|_| ((2.0 * init_rng.next_f64() - 1.0) * bound) as f32)
             .collect();
         ReferenceData {
             train,
@@ -206,14 +184,6 @@ pub fn pack_epoch(set: &LabelledSet, n_classes: usize, batch_size: usize) -> Pac
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splitmix_matches_the_published_reference_sequence() {
-        // First outputs of SplitMix64 seeded with 1234567 (Vigna's reference code).
-        let mut rng = SplitMix64::new(1_234_567);
-        assert_eq!(rng.next_u64(), 6_457_827_717_110_365_317);
-        assert_eq!(rng.next_u64(), 3_203_168_211_198_807_973);
-    }
 
     #[test]
     fn packing_lays_out_seed_onehot_and_inputs() {

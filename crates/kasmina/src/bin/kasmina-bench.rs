@@ -16,14 +16,15 @@
 //! to `--out`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use kasmina::blueprint::Blueprint;
 use kasmina::host::SlotId;
 use kasmina::prefetch::{PrefetchConfig, Prefetcher};
-use leyline::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry, percentile};
+use leyline::baseline::{
+    BASELINE_SCHEMA, BaselineRecord, BenchArgs, BenchCommand, Environment, ResultEntry, percentile,
+};
 use tch::Device;
 
 const WORKLOAD: &str = "kasmina-prefetch";
@@ -31,36 +32,6 @@ const REQUESTS: usize = 256;
 const QUICK_REQUESTS: usize = 32;
 const WARMUP_REQUESTS: usize = 16;
 const SLOT_CHANNELS: [(u32, i64); 3] = [(0, 8), (1, 16), (2, 32)];
-
-struct Args {
-    out: PathBuf,
-    label: String,
-    quick: bool,
-}
-
-fn parse_args() -> anyhow::Result<Args> {
-    let mut out = None;
-    let mut label = None;
-    let mut quick = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => out = Some(PathBuf::from(args.next().context("--out needs a path")?)),
-            "--label" => label = Some(args.next().context("--label needs a value")?),
-            "--quick" => quick = true,
-            "-h" | "--help" => {
-                println!("usage: kasmina-bench --out PATH.json --label LABEL [--quick]");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?} (see --help)"),
-        }
-    }
-    Ok(Args {
-        out: out.context("--out PATH.json is required")?,
-        label: label.context("--label LABEL is required")?,
-        quick,
-    })
-}
 
 /// The `index`-th request of the workload: blueprint, channels, slot.
 fn request_spec(index: usize) -> (&'static str, i64, SlotId) {
@@ -142,7 +113,13 @@ fn torch_version() -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = parse_args()?;
+    let args = match BenchArgs::parse(std::env::args().skip(1))? {
+        BenchCommand::Run(args) => args,
+        BenchCommand::Help => {
+            println!("usage: kasmina-bench --out PATH.json --label LABEL [--quick]");
+            return Ok(());
+        }
+    };
     let requests = if args.quick { QUICK_REQUESTS } else { REQUESTS };
     let device = kasmina::device::cuda_if_available();
     tch::manual_seed(0);
@@ -228,11 +205,8 @@ fn main() -> anyhow::Result<()> {
         // The prefetcher emits no telemetry of its own.
         telemetry_names: Vec::new(),
     };
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    std::fs::write(&args.out, record.to_json_pretty())
+    record
+        .write_to(&args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!("kasmina-prefetch: wrote {}", args.out.display());
     Ok(())

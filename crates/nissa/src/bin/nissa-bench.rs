@@ -6,47 +6,17 @@
 //! `leyline::baseline::BaselineRecord` (workload `nissa-emit`) to `--out`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use leyline::TelemetryLevel;
-use leyline::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry, percentile};
+use leyline::baseline::{
+    BASELINE_SCHEMA, BaselineRecord, BenchArgs, BenchCommand, Environment, ResultEntry, percentile,
+};
 use leyline::proto::{TelemetryMetric, TelemetryPacket};
 use nissa::{Hub, HubConfig, Sink, SlowSink};
-
-/// Command-line options.
-struct Options {
-    out: PathBuf,
-    label: String,
-    quick: bool,
-}
-
-fn parse_options() -> anyhow::Result<Options> {
-    let mut out = None;
-    let mut label = None;
-    let mut quick = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--out" => out = Some(PathBuf::from(args.next().context("--out needs a path")?)),
-            "--label" => label = Some(args.next().context("--label needs a value")?),
-            "--quick" => quick = true,
-            "-h" | "--help" => {
-                println!("usage: nissa-bench --out PATH.json --label LABEL [--quick]");
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?} (try --help)"),
-        }
-    }
-    Ok(Options {
-        out: out.context("--out PATH.json is required")?,
-        label: label.context("--label LABEL is required")?,
-        quick,
-    })
-}
 
 /// A fast sink that only counts, to show the slow one stalls nobody.
 struct CountingSink {
@@ -247,7 +217,13 @@ fn run_mode(producers: usize, params: Params) -> anyhow::Result<ResultEntry> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let options = parse_options()?;
+    let options = match BenchArgs::parse(std::env::args().skip(1))? {
+        BenchCommand::Run(options) => options,
+        BenchCommand::Help => {
+            println!("usage: nissa-bench --out PATH.json --label LABEL [--quick]");
+            return Ok(());
+        }
+    };
     // The hub reports its (deliberate) drops here once every ten seconds.
     nissa::init_subscriber("warn")?;
     let params = Params {
@@ -321,11 +297,8 @@ fn main() -> anyhow::Result<()> {
             leyline::telemetry::NISSA_SINK_DROPPED_TOTAL.to_owned(),
         ],
     };
-    if let Some(parent) = options.out.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    std::fs::write(&options.out, record.to_json_pretty())
+    record
+        .write_to(&options.out)
         .with_context(|| format!("writing {}", options.out.display()))?;
     eprintln!("wrote {}", options.out.display());
     if record.results.iter().any(|entry| entry.error.is_some()) {
