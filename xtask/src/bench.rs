@@ -391,7 +391,12 @@ fn print_comparison(before: &Value, after: &Value) {
 const BUNDLE_LIMIT_BYTES: u64 = 40 * 1024 * 1024;
 
 /// GPU test targets carried in the bundle: (package, test target).
-const BUNDLE_TESTS: &[(&str, &str)] = &[("torch-ext", "gpu"), ("tolaria", "gpu")];
+const BUNDLE_TESTS: &[(&str, &str)] = &[
+    ("torch-ext", "gpu"),
+    ("tolaria", "gpu"),
+    ("kasmina", "gpu_cuda"),
+    ("kasmina", "data_dataset"),
+];
 
 /// `cargo xtask bundle`: release binaries, GPU test binaries, Python peers and
 /// `run.sh` in the git-ignored `bundle/`, stripped, under 40 MB.

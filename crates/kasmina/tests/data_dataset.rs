@@ -331,7 +331,7 @@ fn device_moves_keep_the_data() {
     let pinned = dataset.pin_memory().unwrap();
     assert!(pinned.images().equal(dataset.images()));
     assert_eq!(pinned.name(), dataset.name());
-    if tch::Cuda::is_available() {
+    if torch_ext::cuda::is_available() {
         assert!(pinned.is_pinned());
         let on_gpu = pinned.to_device(Device::Cuda(0)).unwrap();
         let ids_on_gpu = epoch(&on_gpu, 4, Some(5), false).concat();

@@ -62,8 +62,14 @@ impl BlobTaskOptions {
     }
 }
 
-/// The `tolaria-reference` task: [`BlobTaskOptions::reference`], images
-/// `[16, 16]` `f32`, labels `[16]` in `0..4`, named `tolaria-reference`.
+/// A task of the `tolaria-reference` shape as a [`Dataset`]:
+/// [`BlobTaskOptions::reference`], images `[16, 16]` `f32`, labels `[16]` in
+/// `0..4`, named `tolaria-reference`, for tests of hosts and slots.
+///
+/// The benchmark itself trains on `tolaria::data`'s generator (Box-Muller
+/// inputs labelled by a random linear teacher), which its Python peer
+/// reproduces bit for bit; the two share the [`super::shuffle::SplitMix64`]
+/// stream but not the sampling, so their values differ.
 pub fn reference_task(seed: u64) -> Result<Dataset> {
     Ok(blob_task(&BlobTaskOptions::reference(seed))?.with_name(REFERENCE_TASK_NAME))
 }
