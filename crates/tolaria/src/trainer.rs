@@ -18,6 +18,7 @@ use leyline::proto::TelemetryPacket;
 use leyline::telemetry::{self as names, TelemetryLevel};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
+use torch_ext::CudaGraph;
 
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, TrainerConfig};
 use crate::data::{LabelledSet, MicrobatchSpan, PackedEpoch, ReferenceData, pack_epoch};
@@ -466,6 +467,16 @@ impl Trainer {
         }
     }
 
+    /// The captured graph of the current mode (any of the step graphs in
+    /// graph-step mode), or `None` in eager mode and before capture.
+    fn captured_graph(&self) -> Option<&CudaGraph> {
+        match self.config.mode {
+            ExecutionMode::Eager => None,
+            ExecutionMode::GraphStep => self.step_graphs.any_graph(),
+            ExecutionMode::GraphEpoch => self.epoch_graph.graph(),
+        }
+    }
+
     /// Host wall time of `replays` back-to-back replays of the captured step
     /// (or epoch) graph, synchronized once at the end: the floor a graph-mode
     /// epoch approaches. These replays train on whatever the static buffers
@@ -474,12 +485,7 @@ impl Trainer {
         let Some(cuda) = self.cuda.as_ref() else {
             return Ok(None);
         };
-        let graph = match self.config.mode {
-            ExecutionMode::Eager => None,
-            ExecutionMode::GraphStep => self.step_graphs.any_graph(),
-            ExecutionMode::GraphEpoch => self.epoch_graph.graph(),
-        };
-        let Some(graph) = graph else {
+        let Some(graph) = self.captured_graph() else {
             return Ok(None);
         };
         let _compute = cuda.compute.make_current()?;
@@ -502,12 +508,7 @@ impl Trainer {
         let Some(cuda) = self.cuda.as_ref() else {
             return Ok(None);
         };
-        let graph = match self.config.mode {
-            ExecutionMode::Eager => None,
-            ExecutionMode::GraphStep => self.step_graphs.any_graph(),
-            ExecutionMode::GraphEpoch => self.epoch_graph.graph(),
-        };
-        let Some(graph) = graph else {
+        let Some(graph) = self.captured_graph() else {
             return Ok(None);
         };
         let _compute = cuda.compute.make_current()?;
