@@ -515,3 +515,54 @@ fn folder_size(path: &Path) -> Result<u64> {
     }
     Ok(total)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Options> {
+        let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+        Options::parse(&args)
+    }
+
+    #[test]
+    fn options_parse_known_flags() {
+        let options = parse(&[
+            "--label",
+            "x",
+            "--workload",
+            "nissa-emit",
+            "--compare",
+            "y",
+            "--quick",
+        ])
+        .expect("valid options");
+        assert_eq!(options.label.as_deref(), Some("x"));
+        assert_eq!(options.workloads, ["nissa-emit"]);
+        assert_eq!(options.compare.as_deref(), Some("y"));
+        assert!(options.quick);
+    }
+
+    #[test]
+    fn options_reject_unknown_flags_workloads_and_missing_values() {
+        for (args, expected) in [
+            (&["--fast"][..], "unknown bench option"),
+            (&["--workload", "simic-everything"], "unknown workload"),
+            (&["--label"], "--label needs a value"),
+        ] {
+            let error = parse(args).err().map(|error| error.to_string());
+            assert!(
+                error.as_deref().is_some_and(|text| text.contains(expected)),
+                "{args:?}: {error:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_workload_has_a_distinct_name() {
+        let mut names: Vec<&str> = WORKLOADS.iter().map(|workload| workload.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), WORKLOADS.len());
+    }
+}
