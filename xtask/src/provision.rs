@@ -127,7 +127,7 @@ fn pip_install(venv_python: &Path) -> Result<()> {
     if !status.success() {
         bail!(
             "pip could not install {}. This step needs the PyPI registry (about 2.8 GB of \
-             downloads) and about 6 GB of free disk in the cache directory. Check the network \
+             downloads) and about 5 GB of free disk in the cache directory. Check the network \
              and disk, or set ESPER_CACHE_DIR to a folder with room, then run this command again; \
              it resumes where it stopped.",
             PIP_REQUIREMENTS.join(" ")
