@@ -89,14 +89,15 @@ total = sum(float(r[-1].replace(",", "")) for r in rows)
 unit = rows[0][-2] if rows else "?"
 print(len(rows), "kernels", round(total, 1), unit)'
   }
+  scratch=$(mktemp -d)
   for variant in eager eager-autograd; do
-    one=$(count "$here/esper" bench tolaria-reference --out /tmp/k1.json --modes "$variant" --epochs 1 --warmup-epochs 0)
-    two=$(count "$here/esper" bench tolaria-reference --out /tmp/k2.json --modes "$variant" --epochs 2 --warmup-epochs 0)
+    one=$(count "$here/esper" bench tolaria-reference --out "$scratch/k1.json" --modes "$variant" --epochs 1 --warmup-epochs 0)
+    two=$(count "$here/esper" bench tolaria-reference --out "$scratch/k2.json" --modes "$variant" --epochs 2 --warmup-epochs 0)
     echo "rust $variant: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
   done
   if [ "$run_python" = 1 ]; then
-    one=$(count python3 "$here/tolaria_reference.py" --out /tmp/p1.json --modes eager --epochs 1 --warmup-epochs 0)
-    two=$(count python3 "$here/tolaria_reference.py" --out /tmp/p2.json --modes eager --epochs 2 --warmup-epochs 0)
+    one=$(count python3 "$here/tolaria_reference.py" --out "$scratch/p1.json" --modes eager --epochs 1 --warmup-epochs 0)
+    two=$(count python3 "$here/tolaria_reference.py" --out "$scratch/p2.json" --modes eager --epochs 2 --warmup-epochs 0)
     echo "python eager: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
   fi
 fi
