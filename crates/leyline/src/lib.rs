@@ -11,6 +11,34 @@
 //! - [`codec`]: validated encode/decode of the contracts (protobuf and JSON).
 //!
 //! Leyline has no dependency on tch and builds in seconds.
+//!
+//! ```
+//! use leyline::codec::Contract;
+//! use leyline::proto::SeedState;
+//! use leyline::{SCHEMA_VERSION, SeedStage};
+//!
+//! // The transition table is the one source of truth for lifecycle moves.
+//! assert!(SeedStage::Training.can_transition_to(SeedStage::Blending));
+//! assert!(leyline::stage::validate_transition(SeedStage::Training, SeedStage::Fossilized).is_err());
+//! // The reserved stage value 5 is rejected at every boundary.
+//! assert!(SeedStage::from_value(5).is_err());
+//!
+//! // Contracts round-trip through protobuf and JSON, validated both ways.
+//! let state = SeedState {
+//!     schema_version: SCHEMA_VERSION,
+//!     seed_id: "seed-1".into(),
+//!     slot_id: "r0c1".into(),
+//!     stage: SeedStage::Blending.value(),
+//!     alpha: 0.4,
+//!     alpha_curve: 1,
+//!     alpha_algorithm: 1,
+//!     ..Default::default()
+//! };
+//! let bytes = state.encode_protobuf()?;
+//! assert_eq!(SeedState::decode_protobuf(&bytes)?, state);
+//! assert_eq!(SeedState::from_json(&state.to_json()?)?, state);
+//! # Ok::<(), leyline::ContractError>(())
+//! ```
 
 #[macro_use]
 mod contract_enum;
