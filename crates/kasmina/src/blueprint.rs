@@ -149,23 +149,30 @@ impl Blueprint {
         Blueprint::ConvHeavy,
     ];
 
+    /// The leyline blueprint action this blueprint is (the one mapping
+    /// between the two; names and ids come from leyline).
+    pub fn action(self) -> leyline::BlueprintAction {
+        use leyline::BlueprintAction as Action;
+        match self {
+            Blueprint::Noop => Action::Noop,
+            Blueprint::Norm => Action::Norm,
+            Blueprint::Attention => Action::Attention,
+            Blueprint::Depthwise => Action::Depthwise,
+            Blueprint::Bottleneck => Action::Bottleneck,
+            Blueprint::ConvSmall => Action::ConvSmall,
+            Blueprint::ConvLight => Action::ConvLight,
+            Blueprint::ConvHeavy => Action::ConvHeavy,
+            Blueprint::Lora => Action::Lora,
+            Blueprint::LoraLarge => Action::LoraLarge,
+            Blueprint::MlpSmall => Action::MlpSmall,
+            Blueprint::Mlp => Action::Mlp,
+            Blueprint::FlexAttention => Action::FlexAttention,
+        }
+    }
+
     /// Registry name (`conv_light`, ...), the leyline `blueprint_id`.
     pub fn name(self) -> &'static str {
-        match self {
-            Blueprint::Noop => "noop",
-            Blueprint::Norm => "norm",
-            Blueprint::Attention => "attention",
-            Blueprint::Depthwise => "depthwise",
-            Blueprint::Bottleneck => "bottleneck",
-            Blueprint::ConvSmall => "conv_small",
-            Blueprint::ConvLight => "conv_light",
-            Blueprint::ConvHeavy => "conv_heavy",
-            Blueprint::Lora => "lora",
-            Blueprint::LoraLarge => "lora_large",
-            Blueprint::MlpSmall => "mlp_small",
-            Blueprint::Mlp => "mlp",
-            Blueprint::FlexAttention => "flex_attention",
-        }
+        self.action().blueprint_id()
     }
 
     /// The blueprints that exist for `topology`.

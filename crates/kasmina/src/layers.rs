@@ -87,17 +87,25 @@ impl Conv2d {
 
     /// Sets weight (and bias) to zero.
     pub fn zero_(&mut self) -> Result<()> {
-        zero_parameter(&mut self.weight)?;
-        if let Some(bias) = self.bias.as_mut() {
-            zero_parameter(bias)?;
-        }
-        Ok(())
+        zero_weight_and_bias(&mut self.weight, self.bias.as_mut())
     }
 
     /// Number of parameters.
     pub fn param_count(&self) -> i64 {
-        self.weight.numel() as i64 + self.bias.as_ref().map_or(0, |b| b.numel() as i64)
+        weight_and_bias_count(&self.weight, self.bias.as_ref())
     }
+}
+
+fn zero_weight_and_bias(weight: &mut Tensor, bias: Option<&mut Tensor>) -> Result<()> {
+    zero_parameter(weight)?;
+    if let Some(bias) = bias {
+        zero_parameter(bias)?;
+    }
+    Ok(())
+}
+
+fn weight_and_bias_count(weight: &Tensor, bias: Option<&Tensor>) -> i64 {
+    weight.numel() as i64 + bias.map_or(0, |bias| bias.numel() as i64)
 }
 
 /// Fully connected layer.
@@ -135,16 +143,12 @@ impl Linear {
 
     /// Sets weight (and bias) to zero.
     pub fn zero_(&mut self) -> Result<()> {
-        zero_parameter(&mut self.weight)?;
-        if let Some(bias) = self.bias.as_mut() {
-            zero_parameter(bias)?;
-        }
-        Ok(())
+        zero_weight_and_bias(&mut self.weight, self.bias.as_mut())
     }
 
     /// Number of parameters.
     pub fn param_count(&self) -> i64 {
-        self.weight.numel() as i64 + self.bias.as_ref().map_or(0, |b| b.numel() as i64)
+        weight_and_bias_count(&self.weight, self.bias.as_ref())
     }
 }
 

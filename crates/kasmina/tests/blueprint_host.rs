@@ -314,3 +314,27 @@ fn reference_linear_host() {
         .sum();
     assert_eq!(params, 16 * 4 + 4);
 }
+
+#[test]
+fn blueprint_sets_and_names_agree_with_leyline() {
+    use leyline::BlueprintAction;
+    for (topology, actions) in [
+        (Topology::Cnn, BlueprintAction::CNN),
+        (Topology::Transformer, BlueprintAction::TRANSFORMER),
+    ] {
+        let mut ours: Vec<i32> = Blueprint::for_topology(topology)
+            .iter()
+            .map(|blueprint| blueprint.action().value())
+            .collect();
+        let mut theirs: Vec<i32> = actions.iter().map(|action| action.value()).collect();
+        ours.sort_unstable();
+        theirs.sort_unstable();
+        assert_eq!(ours, theirs, "{topology:?}");
+        for &action in actions {
+            let blueprint = Blueprint::from_action(topology, action)
+                .expect("every leyline blueprint of the topology exists");
+            assert_eq!(blueprint.action(), action);
+            assert_eq!(blueprint.name(), action.blueprint_id());
+        }
+    }
+}

@@ -28,56 +28,44 @@ impl CudaStream {
     /// set, like `torch.cuda.Stream()`); `high_priority` picks the
     /// high-priority pool.
     pub fn from_pool(device: usize, high_priority: bool) -> Result<Self> {
+        Self::from_shim(device, "CudaStream::from_pool", |device, raw| {
+            // SAFETY: `raw` is a live out-parameter; the shim catches all exceptions.
+            unsafe { ffi::esper_stream_from_pool(device, i32::from(high_priority), raw) }
+        })
+    }
+
+    /// Runs a shim entry point that fills in the stream of a checked `device`.
+    fn from_shim(
+        device: usize,
+        op: &'static str,
+        shim: impl FnOnce(i32, *mut RawStream) -> ffi::RawError,
+    ) -> Result<Self> {
         let device = ensure_device(device)?;
         let mut raw = RawStream {
             stream_id: 0,
             device_index: 0,
             device_type: 0,
         };
-        // SAFETY: `raw` is a live out-parameter; the shim catches all exceptions.
-        unsafe {
-            ffi::check(
-                "CudaStream::from_pool",
-                ffi::esper_stream_from_pool(device, i32::from(high_priority), &mut raw),
-            )?;
-        }
+        let error = shim(device, &mut raw);
+        // SAFETY: `error` comes straight from the shim entry point.
+        unsafe { ffi::check(op, error)? };
         Ok(Self { raw })
     }
 
     /// The current stream of `device` on this thread.
     pub fn current(device: usize) -> Result<Self> {
-        let device = ensure_device(device)?;
-        let mut raw = RawStream {
-            stream_id: 0,
-            device_index: 0,
-            device_type: 0,
-        };
-        // SAFETY: `raw` is a live out-parameter; the shim catches all exceptions.
-        unsafe {
-            ffi::check(
-                "CudaStream::current",
-                ffi::esper_stream_current(device, &mut raw),
-            )?
-        };
-        Ok(Self { raw })
+        Self::from_shim(device, "CudaStream::current", |device, raw| {
+            // SAFETY: `raw` is a live out-parameter; the shim catches all exceptions.
+            unsafe { ffi::esper_stream_current(device, raw) }
+        })
     }
 
     /// The default (legacy "null") stream of `device`.
     pub fn default_stream(device: usize) -> Result<Self> {
-        let device = ensure_device(device)?;
-        let mut raw = RawStream {
-            stream_id: 0,
-            device_index: 0,
-            device_type: 0,
-        };
-        // SAFETY: `raw` is a live out-parameter; the shim catches all exceptions.
-        unsafe {
-            ffi::check(
-                "CudaStream::default_stream",
-                ffi::esper_stream_default(device, &mut raw),
-            )?
-        };
-        Ok(Self { raw })
+        Self::from_shim(device, "CudaStream::default_stream", |device, raw| {
+            // SAFETY: `raw` is a live out-parameter; the shim catches all exceptions.
+            unsafe { ffi::esper_stream_default(device, raw) }
+        })
     }
 
     /// The device index this stream belongs to.
