@@ -52,6 +52,8 @@ pub mod gate;
 pub mod proto;
 pub mod stage;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use action::{
     ACTION_HEADS, AlphaCurveAction, AlphaSpeedAction, AlphaTargetAction, BlueprintAction,
