@@ -136,6 +136,7 @@ pub fn hostile_string() -> impl Strategy<Value = String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::ValueTree;
     use proptest::test_runner::TestRunner;
 
     #[test]
