@@ -6,7 +6,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={proto}");
     let file_descriptors = protox::compile([proto], ["proto"])?;
     let mut config = prost_build::Config::new();
-    config.type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]");
+    // Every JSON key must name a field: a misspelt key is an error naming it,
+    // never a field silently left at its default. (The contracts have no
+    // oneofs and no flattened fields, so the attribute applies to all.)
+    config.type_attribute(
+        ".",
+        "#[derive(serde::Serialize, serde::Deserialize)]\n#[serde(deny_unknown_fields)]",
+    );
     config.btree_map(["."]);
     config.compile_fds(file_descriptors)?;
     Ok(())

@@ -110,7 +110,7 @@ fn bench(args: &[String]) -> Result<()> {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    std::fs::write(&out, record.to_json_pretty())
+    std::fs::write(&out, record.to_json_pretty()?)
         .with_context(|| format!("writing {}", out.display()))?;
     print_table(&record);
     eprintln!("wrote {}", out.display());

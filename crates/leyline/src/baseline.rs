@@ -4,11 +4,18 @@
 //! --compare` and parity checks read them back. The shape follows DESIGN.md §7:
 //! metric keys are snake_case with the unit as suffix (`_ms`, `_us`, `_ns`,
 //! `_per_s`, `_bytes`).
+//!
+//! A record is validated when written and when read (see [`validate`] for the
+//! rules), so a record that could not be read back is never written.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+pub mod validate;
+
+pub use validate::{ENVIRONMENT_FIELDS, MAX_FILE_NAME_BYTES, file_name_problem};
 
 /// Version of the record layout.
 pub const BASELINE_SCHEMA: u32 = 1;
@@ -61,6 +68,7 @@ impl Environment {
 
 /// One implementation/mode's measured metrics.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ResultEntry {
     /// "rust" or "python".
     #[serde(rename = "impl")]
@@ -76,6 +84,7 @@ pub struct ResultEntry {
 
 /// One benchmark run of one workload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BaselineRecord {
     /// Always [`BASELINE_SCHEMA`].
     pub schema: u32,
@@ -94,28 +103,29 @@ pub struct BaselineRecord {
 }
 
 impl BaselineRecord {
-    /// Reads a record, rejecting other schema versions.
-    pub fn from_json(text: &str) -> Result<BaselineRecord, crate::ContractError> {
+    /// Reads a record: unknown keys, missing fields and anything
+    /// [`BaselineRecord::validate`] refuses (other schema versions included)
+    /// are errors.
+    pub fn from_json(text: &str) -> crate::Result<BaselineRecord> {
         let record: BaselineRecord =
             serde_json::from_str(text).map_err(|error| crate::ContractError::Json {
                 message: "BaselineRecord",
                 reason: error.to_string(),
             })?;
-        if record.schema != BASELINE_SCHEMA {
-            return Err(crate::ContractError::SchemaVersion {
-                message: "BaselineRecord",
-                expected: BASELINE_SCHEMA,
-                got: record.schema,
-            });
-        }
+        record.validate()?;
         Ok(record)
     }
 
-    /// Pretty JSON with a trailing newline.
-    pub fn to_json_pretty(&self) -> String {
-        let mut text = serde_json::to_string_pretty(self).unwrap_or_else(|_| "{}".to_owned());
+    /// Pretty JSON with a trailing newline, after [`BaselineRecord::validate`].
+    pub fn to_json_pretty(&self) -> crate::Result<String> {
+        self.validate()?;
+        let mut text =
+            serde_json::to_string_pretty(self).map_err(|error| crate::ContractError::Json {
+                message: "BaselineRecord",
+                reason: error.to_string(),
+            })?;
         text.push('\n');
-        text
+        Ok(text)
     }
 
     /// The entry for `implementation` and `mode`, if present.
@@ -148,30 +158,45 @@ pub enum BenchCommand {
 }
 
 impl BenchArgs {
-    /// Parses the arguments after the program name.
+    /// Parses the arguments after the program name. Each option may appear
+    /// once; `--out` must not be empty and `--label` must be a portable file
+    /// name ([`file_name_problem`]), since it becomes one.
     pub fn parse<I: IntoIterator<Item = String>>(args: I) -> crate::Result<BenchCommand> {
         let usage = |reason: String| crate::ContractError::Usage { reason };
-        let mut out = None;
-        let mut label = None;
+        let mut out: Option<PathBuf> = None;
+        let mut label: Option<String> = None;
         let mut quick = false;
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--out" => {
-                    out = Some(PathBuf::from(
-                        args.next()
-                            .ok_or_else(|| usage("--out needs a path".to_owned()))?,
-                    ));
+                    let value = args
+                        .next()
+                        .filter(|value| !value.is_empty())
+                        .ok_or_else(|| usage("--out needs a path".to_owned()))?;
+                    if out.replace(PathBuf::from(value)).is_some() {
+                        return Err(usage("--out given twice".to_owned()));
+                    }
                 }
                 "--label" => {
-                    label = Some(
-                        args.next()
-                            .ok_or_else(|| usage("--label needs a value".to_owned()))?,
-                    );
+                    let value = args
+                        .next()
+                        .ok_or_else(|| usage("--label needs a value".to_owned()))?;
+                    if let Some(problem) = file_name_problem(&value) {
+                        return Err(usage(format!("--label {problem}")));
+                    }
+                    if label.replace(value).is_some() {
+                        return Err(usage("--label given twice".to_owned()));
+                    }
                 }
                 "--quick" => quick = true,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
-                other => return Err(usage(format!("unknown argument {other:?}"))),
+                other => {
+                    return Err(usage(format!(
+                        "unknown argument {}",
+                        crate::checks::shown(other)
+                    )));
+                }
             }
         }
         Ok(BenchCommand::Run(BenchArgs {
@@ -183,15 +208,40 @@ impl BenchArgs {
 }
 
 impl BaselineRecord {
-    /// Writes the record as pretty JSON to `path`, creating its folder.
+    /// Writes the record as pretty JSON to `path`, creating its folder. A
+    /// record [`BaselineRecord::validate`] refuses is not written: the error
+    /// has kind `InvalidData` and carries the [`crate::ContractError`]. The
+    /// text goes to a temporary file in the same folder that is then renamed
+    /// over `path`, so a reader never sees a partial record.
     pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
-        if let Some(parent) = path
+        let text = self
+            .to_json_pretty()
+            .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, error))?;
+        let file_name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} names no file", path.display()),
+            )
+        })?;
+        let parent = path
             .parent()
-            .filter(|parent| !parent.as_os_str().is_empty())
-        {
+            .filter(|parent| !parent.as_os_str().is_empty());
+        if let Some(parent) = parent {
             std::fs::create_dir_all(parent)?;
         }
-        std::fs::write(path, self.to_json_pretty())
+        let mut temporary_name = std::ffi::OsString::from(".");
+        temporary_name.push(file_name);
+        temporary_name.push(format!(".{}.tmp", std::process::id()));
+        let temporary = match parent {
+            Some(parent) => parent.join(&temporary_name),
+            None => PathBuf::from(&temporary_name),
+        };
+        let written =
+            std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temporary);
+        }
+        written
     }
 }
 
@@ -214,15 +264,18 @@ pub fn git_rev() -> String {
     std::env::var("ESPER_GIT_REV").unwrap_or_else(|_| "unknown".to_owned())
 }
 
-/// Percentile (0..=100) of `samples` by nearest rank; `None` when empty.
+/// Percentile (0..=100) of `samples` by nearest rank; `None` when `samples`
+/// is empty or `percent` is NaN or outside `[0, 100]`. Samples are ordered by
+/// `f64::total_cmp` (a NaN sample sorts last; the record refuses it later).
 pub fn percentile(samples: &[f64], percent: f64) -> Option<f64> {
-    if samples.is_empty() {
+    if samples.is_empty() || !(0.0..=100.0).contains(&percent) {
         return None;
     }
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
+    // `percent / 100 * len` is finite and in [0, len]; the cast saturates.
     let rank = ((percent / 100.0) * sorted.len() as f64).ceil() as usize;
-    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
 }
 
 #[cfg(test)]
@@ -288,7 +341,7 @@ mod tests {
             }],
             telemetry_names: vec!["nissa.dropped_total".to_owned()],
         };
-        let text = record.to_json_pretty();
+        let text = record.to_json_pretty().expect("valid");
         assert_eq!(BaselineRecord::from_json(&text), Ok(record));
         let wrong = text.replacen("\"schema\": 1", "\"schema\": 2", 1);
         assert!(BaselineRecord::from_json(&wrong).is_err());

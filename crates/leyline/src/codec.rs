@@ -2,8 +2,32 @@
 //!
 //! Decoding (protobuf or JSON) never panics: bytes that are not a message,
 //! enum values outside the contract (the reserved stage 5 included), non-finite
-//! or out-of-range numbers and unknown schema versions all return a
-//! [`ContractError`].
+//! or out-of-range numbers, unknown schema versions and (JSON) unknown or
+//! missing keys all return a [`ContractError`]. Every encoder and decoder runs
+//! [`Contract::validate`], so both encodings accept exactly the same values and
+//! whatever one writes, the other reads back.
+//!
+//! # Non-finite numbers
+//!
+//! JSON cannot carry NaN or the infinities (serde would write `null`, which no
+//! decoder of a required number accepts), so **non-finite numbers are not
+//! contract values**: `validate` refuses them with
+//! [`ContractError::InvalidField`] naming the message and the field, and
+//! therefore `encode_protobuf`, `to_json`, `decode_protobuf` and `from_json`
+//! refuse them too, in protobuf as well as in JSON. Telemetry follows the same
+//! rule: a [`TelemetryPacket`] with a non-finite metric value is refused as a
+//! whole by [`check_finite_packet`] (and by its `validate`); a sink must count
+//! such a packet failed, never delivered.
+//!
+//! # Ranges
+//!
+//! Where the contract states a range it is enforced: `alpha`, `alpha_target`
+//! and gate `score` in `[0, 1]`; accuracies in `[0, 100]` percent
+//! ([`MAX_ACCURACY_PERCENT`]); improvement and counterfactual contribution in
+//! `[-100, 100]` percentage points ([`MAX_ABS_PERCENTAGE_POINTS`]); gradient
+//! norm `>= 0`; gradient ratio in `[0, MAX_GRADIENT_RATIO]`
+//! ([`crate::gate::thresholds::MAX_GRADIENT_RATIO`]). Metric and event names
+//! are not empty.
 
 use prost::Message;
 
@@ -11,6 +35,8 @@ use crate::action::{
     AlphaCurveAction, AlphaSpeedAction, AlphaTargetAction, BlueprintAction, GerminationStyle,
     LifecycleOp, TempoAction,
 };
+use crate::checks;
+use crate::gate::thresholds::MAX_GRADIENT_RATIO;
 use crate::proto::{
     AdaptationCommand, GateResult, SeedMetricSet, SeedState, TelemetryEvent, TelemetryMetric,
     TelemetryPacket,
@@ -64,64 +90,46 @@ pub trait Contract: Message + Default + serde::Serialize + serde::de::Deserializ
     }
 }
 
-fn check_schema(message: &'static str, got: u32) -> Result<()> {
-    if got == SCHEMA_VERSION {
-        Ok(())
-    } else {
-        Err(ContractError::SchemaVersion {
-            message,
-            expected: SCHEMA_VERSION,
-            got,
-        })
-    }
-}
+/// Largest accuracy, in percent.
+pub const MAX_ACCURACY_PERCENT: f64 = 100.0;
 
-fn check_finite(message: &'static str, field: &'static str, value: f64) -> Result<()> {
-    if value.is_finite() {
-        Ok(())
-    } else {
-        Err(ContractError::InvalidField {
-            message,
-            field,
-            reason: format!("{value} is not finite"),
-        })
-    }
-}
-
-fn check_unit_interval(message: &'static str, field: &'static str, value: f64) -> Result<()> {
-    if (0.0..=1.0).contains(&value) {
-        Ok(())
-    } else {
-        Err(ContractError::InvalidField {
-            message,
-            field,
-            reason: format!("{value} is outside [0, 1]"),
-        })
-    }
-}
+/// Largest magnitude of an accuracy difference (improvement since stage
+/// start, counterfactual contribution), in percentage points.
+pub const MAX_ABS_PERCENTAGE_POINTS: f64 = 100.0;
 
 impl Contract for SeedMetricSet {
     const NAME: &'static str = "SeedMetricSet";
 
     fn validate(&self) -> Result<()> {
-        check_schema(Self::NAME, self.schema_version)?;
+        let name = Self::NAME;
+        checks::schema(name, self.schema_version)?;
         for (field, value) in [
             ("train_accuracy", self.train_accuracy),
             ("val_accuracy", self.val_accuracy),
             ("accuracy_at_stage_start", self.accuracy_at_stage_start),
-            (
-                "improvement_since_stage_start",
-                self.improvement_since_stage_start,
-            ),
-            ("gradient_norm", self.gradient_norm),
         ] {
-            check_finite(Self::NAME, field, value)?;
+            checks::in_range(name, field, value, 0.0, MAX_ACCURACY_PERCENT)?;
         }
+        let points = MAX_ABS_PERCENTAGE_POINTS;
+        checks::in_range(
+            name,
+            "improvement_since_stage_start",
+            self.improvement_since_stage_start,
+            -points,
+            points,
+        )?;
+        checks::in_range(name, "gradient_norm", self.gradient_norm, 0.0, f64::MAX)?;
         if let Some(ratio) = self.gradient_ratio {
-            check_finite(Self::NAME, "gradient_ratio", ratio)?;
+            checks::in_range(name, "gradient_ratio", ratio, 0.0, MAX_GRADIENT_RATIO)?;
         }
         if let Some(contribution) = self.counterfactual_contribution {
-            check_finite(Self::NAME, "counterfactual_contribution", contribution)?;
+            checks::in_range(
+                name,
+                "counterfactual_contribution",
+                contribution,
+                -points,
+                points,
+            )?;
         }
         Ok(())
     }
@@ -158,14 +166,14 @@ impl Contract for SeedState {
     const NAME: &'static str = "SeedState";
 
     fn validate(&self) -> Result<()> {
-        check_schema(Self::NAME, self.schema_version)?;
+        checks::schema(Self::NAME, self.schema_version)?;
         self.seed_stage()?;
         self.previous_seed_stage()?;
         self.alpha_mode_enum()?;
         self.alpha_curve_enum()?;
         self.alpha_algorithm_enum()?;
-        check_unit_interval(Self::NAME, "alpha", self.alpha)?;
-        check_unit_interval(Self::NAME, "alpha_target", self.alpha_target)?;
+        checks::in_range(Self::NAME, "alpha", self.alpha, 0.0, 1.0)?;
+        checks::in_range(Self::NAME, "alpha_target", self.alpha_target, 0.0, 1.0)?;
         if let Some(metrics) = &self.metrics {
             metrics.validate()?;
         }
@@ -184,9 +192,9 @@ impl Contract for GateResult {
     const NAME: &'static str = "GateResult";
 
     fn validate(&self) -> Result<()> {
-        check_schema(Self::NAME, self.schema_version)?;
+        checks::schema(Self::NAME, self.schema_version)?;
         self.gate_level()?;
-        check_unit_interval(Self::NAME, "score", self.score)
+        checks::in_range(Self::NAME, "score", self.score, 0.0, 1.0)
     }
 }
 
@@ -258,28 +266,43 @@ impl Contract for TelemetryPacket {
     const NAME: &'static str = "TelemetryPacket";
 
     fn validate(&self) -> Result<()> {
-        check_schema(Self::NAME, self.schema_version)?;
+        checks::schema(Self::NAME, self.schema_version)?;
         self.telemetry_level()?;
         for metric in &self.metrics {
-            if metric.name.is_empty() {
-                return Err(ContractError::InvalidField {
-                    message: Self::NAME,
-                    field: "metrics.name",
-                    reason: "empty metric name".to_owned(),
-                });
-            }
+            checks::non_empty(Self::NAME, "metrics.name", &metric.name)?;
         }
+        check_finite_packet(self)?;
         for event in &self.events {
             event.telemetry_level()?;
-            if event.name.is_empty() {
-                return Err(ContractError::InvalidField {
-                    message: Self::NAME,
-                    field: "events.name",
-                    reason: "empty event name".to_owned(),
-                });
-            }
+            checks::non_empty(Self::NAME, "events.name", &event.name)?;
         }
         Ok(())
+    }
+}
+
+/// Refuses a packet that carries a non-finite metric value (see the module
+/// docs): `Err(InvalidField { message: "TelemetryPacket", field:
+/// "metrics.value", .. })` naming the first such metric and its index, `Ok`
+/// otherwise. It checks nothing else; [`Contract::validate`] runs it along
+/// with the other checks. Costs one comparison per metric, no allocation on
+/// success.
+pub fn check_finite_packet(packet: &TelemetryPacket) -> Result<()> {
+    match packet
+        .metrics
+        .iter()
+        .enumerate()
+        .find(|(_, metric)| !metric.value.is_finite())
+    {
+        None => Ok(()),
+        Some((index, metric)) => Err(checks::invalid(
+            TelemetryPacket::NAME,
+            "metrics.value",
+            format!(
+                "metric {} (index {index}) has value {}, which is not finite",
+                checks::shown(&metric.name),
+                metric.value
+            ),
+        )),
     }
 }
 
@@ -341,7 +364,7 @@ impl Contract for AdaptationCommand {
     const NAME: &'static str = "AdaptationCommand";
 
     fn validate(&self) -> Result<()> {
-        check_schema(Self::NAME, self.schema_version)?;
+        checks::schema(Self::NAME, self.schema_version)?;
         self.decoded().map(|_| ())
     }
 }

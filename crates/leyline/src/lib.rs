@@ -46,6 +46,7 @@ mod contract_enum;
 pub mod action;
 pub mod alpha;
 pub mod baseline;
+mod checks;
 pub mod codec;
 pub mod error;
 pub mod gate;

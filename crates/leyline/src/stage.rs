@@ -120,11 +120,17 @@ impl SeedStage {
 
     /// Index into the 10-wide stage one-hot (values above 5 shift down by one).
     pub fn one_hot_index(self) -> usize {
-        let value = self.value();
-        if value > RESERVED_STAGE_VALUE {
-            (value - 1) as usize
-        } else {
-            value as usize
+        match self {
+            SeedStage::Unknown => 0,
+            SeedStage::Dormant => 1,
+            SeedStage::Germinated => 2,
+            SeedStage::Training => 3,
+            SeedStage::Blending => 4,
+            SeedStage::Holding => 5,
+            SeedStage::Fossilized => 6,
+            SeedStage::Pruned => 7,
+            SeedStage::Embargoed => 8,
+            SeedStage::Resetting => 9,
         }
     }
 }

@@ -160,12 +160,29 @@ fn attributes() -> impl Strategy<Value = BTreeMap<String, String>> {
     proptest::collection::btree_map(text(), text(), 0..3)
 }
 
+/// `[low, high]` with both bounds (and -0.0 where 0 is one) drawn often.
+fn bounded(low: f64, high: f64) -> impl Strategy<Value = f64> {
+    prop_oneof![low..=high, Just(low), Just(high), Just(-0.0f64.max(low))]
+}
+
 fn metric_set() -> impl Strategy<Value = SeedMetricSet> {
+    let accuracy = || bounded(0.0, 100.0);
+    let points = || bounded(-100.0, 100.0);
     (
-        (any::<u32>(), any::<u32>(), finite(), finite(), finite()),
-        (finite(), finite(), proptest::option::of(finite())),
         (
-            proptest::option::of(finite()),
+            any::<u32>(),
+            any::<u32>(),
+            accuracy(),
+            accuracy(),
+            accuracy(),
+        ),
+        (
+            points(),
+            prop_oneof![finite().prop_map(f64::abs), Just(f64::MAX)],
+            proptest::option::of(bounded(0.0, 10.0)),
+        ),
+        (
+            proptest::option::of(points()),
             any::<u64>(),
             any::<bool>(),
             any::<bool>(),

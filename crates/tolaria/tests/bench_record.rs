@@ -26,7 +26,7 @@ fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Resu
     ];
     let mut lines = Vec::new();
     let record = tolaria::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
-    let record = BaselineRecord::from_json(&record.to_json_pretty())?;
+    let record = BaselineRecord::from_json(&record.to_json_pretty()?)?;
     assert_eq!(record.workload, "tolaria-reference");
     assert_eq!(record.environment.device, "cpu");
     let eager = record.result("rust", "eager").expect("eager entry");
