@@ -94,8 +94,8 @@ proptest! {
 
     #[test]
     fn permutation_is_a_permutation(n in 0usize..500, seed in any::<u64>()) {
-        let mut order = permutation(n, seed);
-        prop_assert_eq!(&order, &permutation(n, seed));
+        let mut order = permutation(n, seed).unwrap();
+        prop_assert_eq!(&order, &permutation(n, seed).unwrap());
         order.sort_unstable();
         prop_assert_eq!(order, (0..n as i64).collect::<Vec<_>>());
     }
@@ -134,7 +134,7 @@ fn shuffled_batches_depend_only_on_the_seed() {
     let epoch_1 = epoch(&dataset, 16, Some(epoch_seed(42, 1)), false);
     assert_ne!(epoch_0, epoch_1);
     // The order is the documented permutation.
-    assert_eq!(first.concat(), permutation(100, 7));
+    assert_eq!(first.concat(), permutation(100, 7).unwrap());
 }
 
 #[test]
@@ -147,7 +147,10 @@ fn batches_report_their_count() {
     batches.next();
     assert_eq!(batches.len(), 3);
     let err = dataset.batches(0, None, false).unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { .. }), "{err:?}");
+    assert!(
+        matches!(err, DataError::InvalidField { ref field, .. } if field == "batch_size"),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -170,7 +173,7 @@ fn unshuffled_batches_are_views_of_the_data() {
 fn shuffled_is_deterministic_and_a_permutation() {
     let dataset = numbered(50);
     let shuffled = dataset.shuffled(3).unwrap();
-    assert_eq!(dataset_ids(&shuffled), permutation(50, 3));
+    assert_eq!(dataset_ids(&shuffled), permutation(50, 3).unwrap());
     assert!(
         shuffled
             .images()
@@ -197,7 +200,7 @@ fn split_by_count_with_and_without_seed() {
     assert_eq!(tail.name(), "numbered/second");
 
     let (a, b) = dataset.split(SplitSize::Count(3), Some(11)).unwrap();
-    let order = permutation(10, 11);
+    let order = permutation(10, 11).unwrap();
     assert_eq!(dataset_ids(&a), order[..3]);
     assert_eq!(dataset_ids(&b), order[3..]);
     let (again, _) = dataset.split(SplitSize::Count(3), Some(11)).unwrap();
@@ -217,10 +220,11 @@ fn split_rejects_bad_sizes() {
         assert!(
             matches!(
                 err,
-                DataError::InvalidArgument {
+                DataError::InvalidField {
                     op: "Dataset::split",
+                    ref field,
                     ..
-                }
+                } if field == "size"
             ),
             "{size:?}: {err:?}"
         );
@@ -273,54 +277,46 @@ fn class_counts_count_each_label() {
 #[test]
 fn new_checks_its_inputs() {
     let images = || Tensor::zeros([3, 2], (Kind::Float, Device::Cpu));
-    let cases = [
-        (
-            "count mismatch",
-            Dataset::new("x", images(), Tensor::from_slice(&[0i64, 1]), 2),
+    let is_field = |result: &Result<Dataset, DataError>, name: &str| matches!(result, Err(DataError::InvalidField { op: "Dataset::new", field, .. }) if field == name);
+    let result = Dataset::new("x", images(), Tensor::from_slice(&[0i64, 1]), 2);
+    assert!(
+        matches!(
+            result,
+            Err(DataError::LengthMismatch {
+                samples: 3,
+                labels: 2,
+                ..
+            })
         ),
-        (
-            "label too large",
-            Dataset::new("x", images(), Tensor::from_slice(&[0i64, 1, 2]), 2),
-        ),
-        (
-            "negative label",
-            Dataset::new("x", images(), Tensor::from_slice(&[0i64, -1, 1]), 2),
-        ),
-        (
-            "float labels",
-            Dataset::new("x", images(), Tensor::from_slice(&[0f32, 1.0, 1.0]), 2),
-        ),
-        (
-            "2-D labels",
-            Dataset::new(
-                "x",
-                images(),
-                Tensor::zeros([3, 1], (Kind::Int64, Device::Cpu)),
-                2,
-            ),
-        ),
-        (
-            "no classes",
-            Dataset::new(
-                "x",
-                images(),
-                Tensor::zeros([3], (Kind::Int64, Device::Cpu)),
-                0,
-            ),
-        ),
-    ];
-    for (case, result) in cases {
+        "count mismatch: {result:?}"
+    );
+    for (labels, index, label) in [([0i64, 1, 2], 2, 2), ([0i64, -1, 1], 1, -1)] {
+        let result = Dataset::new("x", images(), Tensor::from_slice(&labels), 2);
         assert!(
             matches!(
                 result,
-                Err(DataError::InvalidArgument {
-                    op: "Dataset::new",
-                    ..
-                })
+                Err(DataError::LabelOutOfRange { index: i, label: l, num_classes: 2, .. })
+                    if i == index && l == label
             ),
-            "{case}: {result:?}"
+            "{labels:?}: {result:?}"
         );
     }
+    let result = Dataset::new("x", images(), Tensor::from_slice(&[0f32, 1.0, 1.0]), 2);
+    assert!(is_field(&result, "labels"), "float labels: {result:?}");
+    let result = Dataset::new(
+        "x",
+        images(),
+        Tensor::zeros([3, 1], (Kind::Int64, Device::Cpu)),
+        2,
+    );
+    assert!(is_field(&result, "labels"), "2-D labels: {result:?}");
+    let result = Dataset::new(
+        "x",
+        images(),
+        Tensor::zeros([3], (Kind::Int64, Device::Cpu)),
+        0,
+    );
+    assert!(is_field(&result, "num_classes"), "no classes: {result:?}");
 }
 
 #[test]
@@ -337,7 +333,7 @@ fn device_moves_keep_the_data() {
         let ids_on_gpu = epoch(&on_gpu, 4, Some(5), false).concat();
         assert_eq!(
             ids_on_gpu,
-            permutation(6, 5),
+            permutation(6, 5).unwrap(),
             "the same seed gives the same order on the GPU"
         );
     } else {

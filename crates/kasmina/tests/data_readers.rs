@@ -9,7 +9,7 @@ use flate2::Compression;
 use flate2::write::GzEncoder;
 use kasmina::data::cifar10::{self, Cifar10Options};
 use kasmina::data::fashion_mnist::{self, FashionMnistOptions};
-use kasmina::data::{DataError, Dataset, Normalisation};
+use kasmina::data::{DataError, Dataset, FormatError, Normalisation};
 use tempfile::TempDir;
 
 // ---------------------------------------------------------------- helpers
@@ -147,7 +147,7 @@ fn assert_fashion_message(err: &DataError, path: &Path) {
 fn fashion_pixels_and_labels_round_trip_exactly() {
     let fixture = FashionFixture::new();
     let options = FashionMnistOptions {
-        normalisation: Normalisation::identity(1),
+        normalisation: Normalisation::identity(1).unwrap(),
         ..fixture.options()
     };
     let (train, test) = fashion_mnist::load(options).unwrap();
@@ -176,10 +176,7 @@ fn fashion_default_normalisation_uses_mean_0_2860_std_0_3530() {
     let fixture = FashionFixture::new();
     assert_eq!(
         FashionMnistOptions::default().normalisation,
-        Normalisation {
-            mean: vec![0.2860],
-            std: vec![0.3530]
-        }
+        Normalisation::new(vec![0.2860], vec![0.3530]).unwrap()
     );
     let (train, _) = fashion_mnist::load(fixture.options()).unwrap();
     let got = floats(train.images());
@@ -247,9 +244,12 @@ fn fashion_wrong_magic_number_is_reported_for_images_and_labels() {
     assert!(
         matches!(
             err,
-            DataError::BadMagic {
-                expected: 0x803,
-                found: 0x801,
+            DataError::Format {
+                source: FormatError::BadMagic {
+                    expected: 0x803,
+                    found: 0x801,
+                    ..
+                },
                 ..
             }
         ),
@@ -269,9 +269,12 @@ fn fashion_wrong_magic_number_is_reported_for_images_and_labels() {
     assert!(
         matches!(
             err,
-            DataError::BadMagic {
-                expected: 0x801,
-                found: 0x901,
+            DataError::Format {
+                source: FormatError::BadMagic {
+                    expected: 0x801,
+                    found: 0x901,
+                    ..
+                },
                 ..
             }
         ),
@@ -294,7 +297,7 @@ fn fashion_truncated_file_reports_promised_and_present_bytes() {
     let err = fixture.load_err();
     let promised = 16 + N_TRAIN as u64 * 784;
     assert!(
-        matches!(err, DataError::Truncated { expected_bytes, found_bytes, .. }
+        matches!(err, DataError::Format { source: FormatError::Truncated { expected_bytes, found_bytes }, .. }
             if expected_bytes == promised && found_bytes == promised - 392 - 784),
         "{err:?}"
     );
@@ -311,9 +314,11 @@ fn fashion_truncated_file_reports_promised_and_present_bytes() {
     assert!(
         matches!(
             err,
-            DataError::Truncated {
-                expected_bytes: 16,
-                found_bytes: 4,
+            DataError::Format {
+                source: FormatError::Truncated {
+                    expected_bytes: 16,
+                    found_bytes: 4,
+                },
                 ..
             }
         ),
@@ -333,9 +338,11 @@ fn fashion_truncated_file_reports_promised_and_present_bytes() {
     assert!(
         matches!(
             err,
-            DataError::Truncated {
-                expected_bytes: 13,
-                found_bytes: 11,
+            DataError::Format {
+                source: FormatError::Truncated {
+                    expected_bytes: 13,
+                    found_bytes: 11,
+                },
                 ..
             }
         ),
@@ -359,9 +366,12 @@ fn fashion_trailing_data_is_reported() {
     assert!(
         matches!(
             err,
-            DataError::TrailingData {
-                expected_bytes: 20,
-                found_bytes: 21,
+            DataError::Format {
+                source: FormatError::TrailingData {
+                    expected_bytes: 20,
+                    found_bytes: 21,
+                    at_least: false,
+                },
                 ..
             }
         ),
@@ -406,7 +416,7 @@ fn fashion_label_out_of_range_names_sample_and_file() {
         );
         let err = fixture.load_err();
         assert!(
-            matches!(err, DataError::LabelOutOfRange { sample: 3, label, num_classes: 10, .. } if label == bad_label),
+            matches!(err, DataError::Format { source: FormatError::LabelOutOfRange { sample: 3, label, num_classes: 10 }, .. } if label == bad_label),
             "{err:?}"
         );
         assert_fashion_message(&err, &fixture.path(fashion_mnist::TEST_LABELS_FILE));
@@ -465,7 +475,10 @@ fn fashion_rejects_a_normalisation_with_the_wrong_channel_count() {
         ..fixture.options()
     };
     let err = fashion_mnist::load(options).unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { .. }), "{err:?}");
+    assert!(
+        matches!(err, DataError::InvalidField { ref field, .. } if field == "normalisation.channels"),
+        "{err:?}"
+    );
 }
 
 /// The real files from Debian's `dataset-fashion-mnist`, when installed.
@@ -550,7 +563,7 @@ fn cifar_records_round_trip_in_file_order_chw() {
     let dir = tempfile::tempdir().unwrap();
     let (train_files, test_file) = write_cifar(dir.path());
     let options = Cifar10Options {
-        normalisation: Normalisation::identity(3),
+        normalisation: Normalisation::identity(3).unwrap(),
         ..Cifar10Options::from_dir(dir.path())
     };
     let (train, test) = cifar10::load(options).unwrap();
@@ -615,7 +628,7 @@ fn cifar_load_files_reads_one_batch() {
     let batch = cifar10::load_files(
         "one",
         &[dir.path().join("data_batch_3.bin")],
-        &Normalisation::identity(3),
+        &Normalisation::identity(3).unwrap(),
     )
     .unwrap();
     assert_eq!(batch.name(), "one");
@@ -631,7 +644,7 @@ fn cifar_file_size_not_a_multiple_of_3073_is_reported() {
     std::fs::write(&path, &train_files[1][..train_files[1].len() - 100]).unwrap();
     let err = cifar10::load(Cifar10Options::from_dir(dir.path())).unwrap_err();
     assert!(
-        matches!(err, DataError::BadRecordSize { size, record_size: 3073, .. } if size == 3 * 3073 - 100),
+        matches!(err, DataError::Format { source: FormatError::BadRecordSize { size, record_size: 3073 }, .. } if size == 3 * 3073 - 100),
         "{err:?}"
     );
     assert_cifar_message(&err, &path);
@@ -652,9 +665,12 @@ fn cifar_label_out_of_range_names_record_and_file() {
     assert!(
         matches!(
             err,
-            DataError::LabelOutOfRange {
-                sample: 2,
-                label: 10,
+            DataError::Format {
+                source: FormatError::LabelOutOfRange {
+                    sample: 2,
+                    label: 10,
+                    ..
+                },
                 ..
             }
         ),

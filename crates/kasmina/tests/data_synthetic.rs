@@ -133,19 +133,28 @@ fn synthetic_tasks_reject_empty_shapes() {
         ..ImageTaskOptions::fashion_like(4, 0)
     })
     .unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { .. }), "{err:?}");
+    assert!(
+        matches!(err, DataError::InvalidField { ref field, .. } if field == "channels"),
+        "{err:?}"
+    );
     let err = synthetic::blob_task(&BlobTaskOptions {
         num_classes: 0,
         ..BlobTaskOptions::reference(0)
     })
     .unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { .. }), "{err:?}");
+    assert!(
+        matches!(err, DataError::InvalidField { ref field, .. } if field == "num_classes"),
+        "{err:?}"
+    );
     let err = synthetic::blob_task(&BlobTaskOptions {
         noise_std: f64::NAN,
         ..BlobTaskOptions::reference(0)
     })
     .unwrap_err();
-    assert!(matches!(err, DataError::InvalidArgument { .. }), "{err:?}");
+    assert!(
+        matches!(err, DataError::InvalidField { ref field, .. } if field == "noise_std"),
+        "{err:?}"
+    );
     // Zero samples is a valid (empty) data set.
     let empty = synthetic::blob_task(&BlobTaskOptions {
         n_samples: 0,

@@ -10,14 +10,18 @@
 //! variable [`DIR_ENV`]; there is no default location. A folder that holds a
 //! `cifar-10-batches-bin` sub-folder instead of the files is accepted too (the
 //! layout of the original archive and of `make_fake_cifar.py`).
+//!
+//! [`parse_records`] is the pure-bytes reader (no file, no tch) the loaders
+//! and fuzz targets share.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use tch::Tensor;
 
 use super::idx::read_file;
+use super::limits::{MAX_CIFAR_BYTES, invalid_field};
 use super::normalisation::{Normalisation, bytes_to_normalised_f32};
-use super::{DataError, Dataset, Result, torch_error};
+use super::{DataError, Dataset, FormatError, Result, torch_error};
 
 /// Environment variable naming the folder that holds the `.bin` files.
 pub const DIR_ENV: &str = "ESPER_CIFAR10_DIR";
@@ -136,8 +140,9 @@ fn resolve_dir(options: &Cifar10Options) -> Result<(PathBuf, String)> {
 ///
 /// # Errors
 /// A [`DataError`] naming the file for no configured folder, a missing folder
-/// or file, a file whose size is not a multiple of [`RECORD_SIZE`], or a label
-/// of 10 or more.
+/// or file, an empty file, a file whose size is not a multiple of
+/// [`RECORD_SIZE`], files above [`MAX_CIFAR_BYTES`] in total, or a label of
+/// 10 or more (see [`Cifar10Records::append`]).
 pub fn load(options: Cifar10Options) -> Result<(Dataset, Dataset)> {
     let (dir, hint) = resolve_dir(&options)?;
     let train_paths: Vec<PathBuf> = TRAIN_FILES.iter().map(|name| dir.join(name)).collect();
@@ -174,6 +179,118 @@ pub fn load_files(name: &str, paths: &[PathBuf], normalisation: &Normalisation) 
     )
 }
 
+/// The records of one or more CIFAR-10 binary files, split into labels and
+/// pixels.
+///
+/// Produced only by [`parse_records`] and [`Cifar10Records::append`], so
+/// `pixels().len() == labels().len() * PIXELS_PER_IMAGE` and every label is
+/// below [`NUM_CLASSES`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Cifar10Records {
+    labels: Vec<u8>,
+    pixels: Vec<u8>,
+}
+
+impl Cifar10Records {
+    /// No records yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// One label per record, each in `0..10`.
+    pub fn labels(&self) -> &[u8] {
+        &self.labels
+    }
+
+    /// The pixels of every record, `[N, 3, 32, 32]` row-major (CHW per image).
+    pub fn pixels(&self) -> &[u8] {
+        &self.pixels
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Whether there is no record.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Checks `bytes` (one file's content) and appends its records; returns
+    /// how many it held. On error nothing is appended.
+    ///
+    /// # Errors
+    /// [`FormatError::Empty`] for no bytes, [`FormatError::BadRecordSize`]
+    /// when the size is not a multiple of [`RECORD_SIZE`],
+    /// [`FormatError::TooLarge`] when the records held so far plus these
+    /// exceed [`MAX_CIFAR_BYTES`], [`FormatError::LabelOutOfRange`] (sample
+    /// index within `bytes`) for a label byte of 10 or more.
+    pub fn append(&mut self, bytes: &[u8]) -> Result<usize, FormatError> {
+        if bytes.is_empty() {
+            return Err(FormatError::Empty);
+        }
+        if !bytes.len().is_multiple_of(RECORD_SIZE) {
+            return Err(FormatError::BadRecordSize {
+                size: bytes.len() as u64,
+                record_size: RECORD_SIZE as u64,
+            });
+        }
+        let held = self.labels.len().saturating_mul(RECORD_SIZE);
+        let total = held.saturating_add(bytes.len());
+        if total as u64 > MAX_CIFAR_BYTES {
+            return Err(FormatError::TooLarge {
+                what: "CIFAR-10 records",
+                bytes: total as u128,
+                limit: MAX_CIFAR_BYTES,
+            });
+        }
+        let records = bytes.chunks_exact(RECORD_SIZE);
+        if let Some((sample, &label)) = records
+            .clone()
+            .filter_map(|record| record.first())
+            .enumerate()
+            .find(|&(_, &label)| usize::from(label) >= NUM_CLASSES)
+        {
+            return Err(FormatError::LabelOutOfRange {
+                sample,
+                label,
+                num_classes: NUM_CLASSES,
+            });
+        }
+        let n_records = bytes.len() / RECORD_SIZE;
+        let too_large = || FormatError::TooLarge {
+            what: "CIFAR-10 records (allocation refused)",
+            bytes: total as u128,
+            limit: MAX_CIFAR_BYTES,
+        };
+        self.labels
+            .try_reserve_exact(n_records)
+            .map_err(|_| too_large())?;
+        self.pixels
+            .try_reserve_exact(n_records * PIXELS_PER_IMAGE)
+            .map_err(|_| too_large())?;
+        for record in records {
+            if let Some((&label, pixels)) = record.split_first() {
+                self.labels.push(label);
+                self.pixels.extend_from_slice(pixels);
+            }
+        }
+        Ok(n_records)
+    }
+}
+
+/// Reads the records of one CIFAR-10 binary file's content (pure: no file,
+/// no tch; the entry point for fuzz targets).
+///
+/// # Errors
+/// As [`Cifar10Records::append`].
+pub fn parse_records(bytes: &[u8]) -> Result<Cifar10Records, FormatError> {
+    let mut records = Cifar10Records::new();
+    records.append(bytes)?;
+    Ok(records)
+}
+
 fn read_batches(
     name: &str,
     paths: &[PathBuf],
@@ -181,68 +298,38 @@ fn read_batches(
     hint: &str,
 ) -> Result<Dataset> {
     const OP: &str = "cifar10::load";
-    if normalisation.channels() != IMAGE_SHAPE[0] {
-        return Err(DataError::InvalidArgument {
-            op: OP,
-            reason: format!(
-                "CIFAR-10 has 3 channels, the normalisation has {}",
-                normalisation.channels()
-            ),
-        });
+    let [image_channels, ..] = IMAGE_SHAPE;
+    if normalisation.channels() != image_channels {
+        return Err(invalid_field(
+            OP,
+            "normalisation.channels",
+            normalisation.channels(),
+            "3 (CIFAR-10 is RGB)",
+        ));
     }
-    let mut records = Vec::new();
+    let mut records = Cifar10Records::new();
     for path in paths {
-        let file = read_file(path, hint)?;
-        check_records(path, &file, hint)?;
-        if records.is_empty() {
-            records = file;
-        } else {
-            records.extend_from_slice(&file);
-        }
+        let held = records.len().saturating_mul(RECORD_SIZE) as u64;
+        let file = read_file(path, MAX_CIFAR_BYTES.saturating_sub(held), hint)?;
+        records.append(&file).map_err(|source| DataError::Format {
+            path: path.clone(),
+            source,
+            hint: hint.to_string(),
+        })?;
     }
-    let n_samples = records.len() / RECORD_SIZE;
+    // n_samples * RECORD_SIZE <= MAX_CIFAR_BYTES, so it fits an i64.
+    let n_samples = records.len() as i64;
     let labels: Vec<i64> = records
+        .labels()
         .iter()
-        .step_by(RECORD_SIZE)
         .map(|&label| i64::from(label))
         .collect();
     let [channels, height, width] = IMAGE_SHAPE.map(|size| size as i64);
-    // [N, 3073] -> drop the label column -> [N, 3, 32, 32] view; the float
-    // conversion in `bytes_to_normalised_f32` makes it contiguous.
-    let bytes = Tensor::f_from_slice(&records)
-        .and_then(|t| t.f_reshape([n_samples as i64, RECORD_SIZE as i64]))
-        .and_then(|t| t.f_narrow(1, 1, PIXELS_PER_IMAGE as i64))
-        .and_then(|t| t.f_view([n_samples as i64, channels, height, width]))
+    let bytes = Tensor::f_from_slice(records.pixels())
+        .and_then(|t| t.f_view([n_samples, channels, height, width]))
         .map_err(torch_error(OP))?;
     drop(records);
     let images = bytes_to_normalised_f32(&bytes, normalisation)?;
     let labels = Tensor::f_from_slice(&labels).map_err(torch_error(OP))?;
     Dataset::new(name, images, labels, NUM_CLASSES)
-}
-
-/// Checks that `file` is whole records with labels below [`NUM_CLASSES`].
-fn check_records(path: &Path, file: &[u8], hint: &str) -> Result<()> {
-    if !file.len().is_multiple_of(RECORD_SIZE) {
-        return Err(DataError::BadRecordSize {
-            path: path.to_path_buf(),
-            size: file.len() as u64,
-            record_size: RECORD_SIZE as u64,
-            hint: hint.to_string(),
-        });
-    }
-    let bad_label = file
-        .iter()
-        .step_by(RECORD_SIZE)
-        .enumerate()
-        .find(|&(_, &label)| label as usize >= NUM_CLASSES);
-    if let Some((sample, &label)) = bad_label {
-        return Err(DataError::LabelOutOfRange {
-            path: path.to_path_buf(),
-            sample,
-            label,
-            num_classes: NUM_CLASSES,
-            hint: hint.to_string(),
-        });
-    }
-    Ok(())
 }

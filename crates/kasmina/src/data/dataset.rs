@@ -6,6 +6,7 @@
 
 use tch::{Device, Kind, Tensor};
 
+use super::limits::{MAX_NUM_CLASSES, MAX_SAMPLES, at_most, invalid_field};
 use super::shuffle::permutation;
 use super::{DataError, Result, torch_error};
 
@@ -33,9 +34,23 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Builds a data set after checking that `labels` is a 1-D `i64` tensor
-    /// with one label per sample, on the same device as `images`, and that
-    /// every label lies in `0..num_classes` (this reads the labels back).
+    /// Builds a data set after checking its inputs.
+    ///
+    /// `num_classes` must lie in `1..=`[`MAX_NUM_CLASSES`]; `images` must have
+    /// a leading sample dimension of at most [`MAX_SAMPLES`] samples;
+    /// `labels` must be a 1-D `i64` tensor with one label per sample, on the
+    /// same device as `images`, each in `0..num_classes`; floating-point
+    /// images must be finite. This reads the labels' range and the images'
+    /// finiteness back (once, here; derived data sets are not re-checked).
+    ///
+    /// # Errors
+    /// [`DataError::InvalidField`] for `num_classes`, the images' rank or the
+    /// labels' shape and kind, or a device mismatch;
+    /// [`DataError::TooLarge`] above [`MAX_SAMPLES`];
+    /// [`DataError::LengthMismatch`] when samples and labels differ in
+    /// number; [`DataError::LabelOutOfRange`] naming the first bad sample and
+    /// its label; [`DataError::NonFiniteValue`] naming the first sample that
+    /// holds NaN or an infinity.
     pub fn new(
         name: impl Into<String>,
         images: Tensor,
@@ -43,50 +58,67 @@ impl Dataset {
         num_classes: usize,
     ) -> Result<Self> {
         const OP: &str = "Dataset::new";
-        let invalid = |reason: String| DataError::InvalidArgument { op: OP, reason };
-        if num_classes == 0 {
-            return Err(invalid("num_classes must be at least 1".to_string()));
-        }
-        if images.dim() == 0 {
-            return Err(invalid(
-                "images must have a leading sample dimension".to_string(),
+        let name = name.into();
+        if num_classes == 0 || num_classes > MAX_NUM_CLASSES {
+            return Err(invalid_field(
+                OP,
+                "num_classes",
+                num_classes,
+                format!("1..={MAX_NUM_CLASSES}"),
             ));
         }
+        if !images.defined() || !labels.defined() {
+            return Err(invalid_field(
+                OP,
+                "images, labels",
+                (images.defined(), labels.defined()),
+                "defined tensors",
+            ));
+        }
+        let image_shape = images.size();
+        let Some(&n_images) = image_shape.first() else {
+            return Err(invalid_field(
+                OP,
+                "images.shape",
+                image_shape,
+                "a leading sample dimension",
+            ));
+        };
         let label_kind = labels.f_kind().map_err(torch_error(OP))?;
-        if labels.dim() != 1 || label_kind != Kind::Int64 {
-            return Err(invalid(format!(
-                "labels must be a 1-D Int64 tensor, got shape {:?} of {label_kind:?}",
-                labels.size()
-            )));
-        }
-        let (n_images, n_labels) = (images.size()[0], labels.size()[0]);
+        let label_shape = labels.size();
+        let (&[n_labels], Kind::Int64) = (label_shape.as_slice(), label_kind) else {
+            return Err(invalid_field(
+                OP,
+                "labels",
+                (label_shape, label_kind),
+                "a 1-D Int64 tensor",
+            ));
+        };
         if n_images != n_labels {
-            return Err(invalid(format!("{n_images} samples but {n_labels} labels")));
+            return Err(DataError::LengthMismatch {
+                dataset: name,
+                samples: n_images,
+                labels: n_labels,
+            });
         }
+        at_most(
+            OP,
+            "samples",
+            usize::try_from(n_labels).unwrap_or(usize::MAX),
+            MAX_SAMPLES,
+        )?;
         if images.device() != labels.device() {
-            return Err(invalid(format!(
-                "images on {:?} but labels on {:?}",
-                images.device(),
-                labels.device()
-            )));
+            return Err(invalid_field(
+                OP,
+                "labels.device",
+                labels.device(),
+                format!("the images' device {:?}", images.device()),
+            ));
         }
-        if n_labels > 0 {
-            let min = labels
-                .f_min()
-                .and_then(|t| t.f_int64_value(&[]))
-                .map_err(torch_error(OP))?;
-            let max = labels
-                .f_max()
-                .and_then(|t| t.f_int64_value(&[]))
-                .map_err(torch_error(OP))?;
-            if min < 0 || max >= num_classes as i64 {
-                return Err(invalid(format!(
-                    "labels span {min}..={max}, outside 0..{num_classes}"
-                )));
-            }
-        }
+        check_labels(&name, &labels, num_classes)?;
+        check_finite(&name, &images)?;
         Ok(Self {
-            name: name.into(),
+            name,
             images,
             labels,
             num_classes,
@@ -134,7 +166,11 @@ impl Dataset {
 
     /// Number of samples.
     pub fn len(&self) -> usize {
-        self.labels.size()[0] as usize
+        // Checked at construction: a 1-D tensor of at most MAX_SAMPLES.
+        self.labels
+            .size()
+            .first()
+            .map_or(0, |&n| usize::try_from(n).unwrap_or(0))
     }
 
     /// Whether there are no samples.
@@ -144,7 +180,7 @@ impl Dataset {
 
     /// Shape of one sample, e.g. `[1, 28, 28]`.
     pub fn sample_shape(&self) -> Vec<i64> {
-        self.images.size()[1..].to_vec()
+        self.images.size().get(1..).unwrap_or_default().to_vec()
     }
 
     /// The device holding the tensors.
@@ -216,7 +252,7 @@ impl Dataset {
 
     /// All samples in the order of [`permutation`]`(len, seed)`.
     pub fn shuffled(&self, seed: u64) -> Result<Self> {
-        self.select(&permutation(self.len(), seed))
+        self.select(&permutation(self.len(), seed)?)
     }
 
     /// Splits into two disjoint parts that together hold every sample once.
@@ -231,17 +267,20 @@ impl Dataset {
         let n = self.len();
         let first_len = match size {
             SplitSize::Fraction(fraction) if (0.0..=1.0).contains(&fraction) => {
-                (fraction * n as f64).round() as usize
+                // In [0, n]: the product of a fraction in [0, 1] and n.
+                ((fraction * n as f64).round() as usize).min(n)
             }
             SplitSize::Count(count) if count <= n => count,
             _ => {
-                return Err(DataError::InvalidArgument {
-                    op: OP,
-                    reason: format!(
-                        "{size:?} is not a fraction in [0, 1] or a count up to the {n} samples of {}",
+                return Err(invalid_field(
+                    OP,
+                    "size",
+                    size,
+                    format!(
+                        "a fraction in [0, 1] or a count up to the {n} samples of {}",
                         self.name
                     ),
-                });
+                ));
             }
         };
         let (first_name, second_name) = (
@@ -251,12 +290,14 @@ impl Dataset {
         match seed {
             None => {
                 let first = self.slice(0, first_len)?.with_name(first_name);
-                let second = self.slice(first_len, n - first_len)?.with_name(second_name);
+                let second = self
+                    .slice(first_len, n.saturating_sub(first_len))?
+                    .with_name(second_name);
                 Ok((first, second))
             }
             Some(seed) => {
-                let order = permutation(n, seed);
-                let (head, tail) = order.split_at(first_len);
+                let order = permutation(n, seed)?;
+                let (head, tail) = order.split_at_checked(first_len).unwrap_or((&order, &[]));
                 let first = self.select(head)?.with_name(first_name);
                 let second = self.select(tail)?.with_name(second_name);
                 Ok((first, second))
@@ -281,16 +322,13 @@ impl Dataset {
     ) -> Result<Batches> {
         const OP: &str = "Dataset::batches";
         if batch_size == 0 {
-            return Err(DataError::InvalidArgument {
-                op: OP,
-                reason: "batch_size must be at least 1".to_string(),
-            });
+            return Err(invalid_field(OP, "batch_size", batch_size, "at least 1"));
         }
         let n = self.len();
         let order = match shuffle_seed {
             None => None,
             Some(seed) => Some(
-                Tensor::f_from_slice(&permutation(n, seed))
+                Tensor::f_from_slice(&permutation(n, seed)?)
                     .and_then(|t| t.f_to_device(self.device()))
                     .map_err(torch_error(OP))?,
             ),
@@ -366,7 +404,11 @@ impl Dataset {
             .and_then(|t| t.f_to_device(Device::Cpu))
             .and_then(|t| Vec::<i64>::try_from(&t))
             .map_err(torch_error(OP))?;
-        Ok(counts.into_iter().map(|count| count as usize).collect())
+        // bincount counts are non-negative.
+        Ok(counts
+            .into_iter()
+            .map(|count| usize::try_from(count).unwrap_or(0))
+            .collect())
     }
 }
 
@@ -388,10 +430,10 @@ pub struct Batches {
 impl Batches {
     fn batch(&self, batch_idx: usize) -> Result<(Tensor, Tensor)> {
         const OP: &str = "Batches::next";
-        let start = (batch_idx * self.batch_size) as i64;
-        let len = (self
-            .batch_size
-            .min(self.n_samples - batch_idx * self.batch_size)) as i64;
+        // batch_idx < n_batches, so start < n_samples <= MAX_SAMPLES.
+        let start = batch_idx.saturating_mul(self.batch_size);
+        let len = self.batch_size.min(self.n_samples.saturating_sub(start));
+        let (start, len) = (start as i64, len as i64);
         let pair = match &self.order {
             None => self
                 .images
@@ -416,14 +458,93 @@ impl Iterator for Batches {
             return None;
         }
         let batch = self.batch(self.next_batch);
-        self.next_batch += 1;
+        self.next_batch = self.next_batch.saturating_add(1);
         Some(batch)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.n_batches - self.next_batch;
+        let left = self.n_batches.saturating_sub(self.next_batch);
         (left, Some(left))
     }
 }
 
 impl ExactSizeIterator for Batches {}
+
+/// Every label of `labels` (1-D `i64`) in `0..num_classes`, or the first that
+/// is not.
+fn check_labels(name: &str, labels: &Tensor, num_classes: usize) -> Result<()> {
+    const OP: &str = "Dataset::new";
+    if labels.numel() == 0 {
+        return Ok(());
+    }
+    // num_classes <= MAX_NUM_CLASSES fits an i64.
+    let classes = num_classes as i64;
+    let bad = labels
+        .f_lt(0)
+        .and_then(|low| Ok(low.f_logical_or(&labels.f_ge(classes)?)?))
+        .map_err(torch_error(OP))?;
+    let any_bad = bad
+        .f_any()
+        .and_then(|t| t.f_int64_value(&[]))
+        .map_err(torch_error(OP))?;
+    if any_bad == 0 {
+        return Ok(());
+    }
+    // The first offending sample: argmax of a bool mask is its first true.
+    let index = bad
+        .f_to_kind(Kind::Uint8)
+        .and_then(|t| t.f_argmax(0, false))
+        .and_then(|t| t.f_int64_value(&[]))
+        .map_err(torch_error(OP))?;
+    let label = labels.f_int64_value(&[index]).map_err(torch_error(OP))?;
+    Err(DataError::LabelOutOfRange {
+        dataset: name.to_string(),
+        index: usize::try_from(index).unwrap_or(usize::MAX),
+        label,
+        num_classes,
+    })
+}
+
+/// Every value of a floating-point `images` tensor finite, or the first that
+/// is not (other kinds hold only finite values).
+fn check_finite(name: &str, images: &Tensor) -> Result<()> {
+    const OP: &str = "Dataset::new";
+    let is_float = images.f_is_floating_point().map_err(torch_error(OP))?;
+    if !is_float || images.numel() == 0 {
+        return Ok(());
+    }
+    let bad = images
+        .f_isfinite()
+        .and_then(|finite| finite.f_logical_not())
+        .and_then(|bad| bad.f_flatten(0, -1))
+        .map_err(torch_error(OP))?;
+    let any_bad = bad
+        .f_any()
+        .and_then(|t| t.f_int64_value(&[]))
+        .map_err(torch_error(OP))?;
+    if any_bad == 0 {
+        return Ok(());
+    }
+    let flat = bad
+        .f_to_kind(Kind::Uint8)
+        .and_then(|t| t.f_argmax(0, false))
+        .and_then(|t| t.f_int64_value(&[]))
+        .map_err(torch_error(OP))?;
+    let value = images
+        .f_flatten(0, -1)
+        .and_then(|t| t.f_double_value(&[flat]))
+        .map_err(torch_error(OP))?;
+    let per_sample = images
+        .size()
+        .get(1..)
+        .map_or(1, |rest| rest.iter().product::<i64>())
+        .max(1);
+    let flat = usize::try_from(flat).unwrap_or(0);
+    let per_sample = usize::try_from(per_sample).unwrap_or(1);
+    Err(DataError::NonFiniteValue {
+        dataset: name.to_string(),
+        sample: flat / per_sample,
+        element: flat % per_sample,
+        value,
+    })
+}

@@ -3,17 +3,19 @@
 //! The files come from Debian's `dataset-fashion-mnist` package (installed by
 //! `cargo xtask provision`), which puts them in [`DEFAULT_DIR`]. The folder is
 //! chosen by, in order: [`FashionMnistOptions::dir`], the environment
-//! variable [`DIR_ENV`], then [`DEFAULT_DIR`]. Each file is decompressed in one
-//! go into memory (nothing is unpacked on disk), the four files in parallel,
-//! and turned into tensors with one copy and in-place normalisation.
+//! variable [`DIR_ENV`], then [`DEFAULT_DIR`]. Each file is inflated in
+//! memory by the streaming IDX reader ([`super::idx`]: header checked first,
+//! then exactly the promised bytes; nothing is unpacked on disk), the four
+//! files in parallel, and turned into tensors with one copy and in-place
+//! normalisation.
 
 use std::path::{Path, PathBuf};
 
 use tch::Tensor;
 
-use super::idx::{self, IMAGES_MAGIC, IdxFile, LABELS_MAGIC};
+use super::idx::{self, IMAGES_MAGIC, IdxArray, LABELS_MAGIC};
 use super::normalisation::{Normalisation, bytes_to_normalised_f32};
-use super::{DataError, Dataset, Result, torch_error};
+use super::{DataError, Dataset, FormatError, Result, torch_error};
 
 /// Environment variable naming the folder that holds the four files.
 pub const DIR_ENV: &str = "ESPER_FASHION_MNIST_DIR";
@@ -130,13 +132,12 @@ fn hint(source: DirSource) -> String {
 /// differ, or a label of 10 or more.
 pub fn load(options: FashionMnistOptions) -> Result<(Dataset, Dataset)> {
     if options.normalisation.channels() != 1 {
-        return Err(DataError::InvalidArgument {
-            op: "fashion_mnist::load",
-            reason: format!(
-                "Fashion-MNIST has 1 channel, the normalisation has {}",
-                options.normalisation.channels()
-            ),
-        });
+        return Err(super::limits::invalid_field(
+            "fashion_mnist::load",
+            "normalisation.channels",
+            options.normalisation.channels(),
+            "1 (Fashion-MNIST is greyscale)",
+        ));
     }
     let (dir, source) = resolve_dir(&options);
     let hint = hint(source);
@@ -144,31 +145,39 @@ pub fn load(options: FashionMnistOptions) -> Result<(Dataset, Dataset)> {
         return Err(DataError::MissingDirectory { path: dir, hint });
     }
     let read_images = |name: &str| {
+        let path = dir.join(name);
         idx::read_gz(
-            &dir.join(name),
+            &path,
             IMAGES_MAGIC,
             "IDX unsigned-byte images, 3 dimensions",
             &hint,
         )
+        .map(|array| (path, array))
     };
     let read_labels = |name: &str| {
+        let path = dir.join(name);
         idx::read_gz(
-            &dir.join(name),
+            &path,
             LABELS_MAGIC,
             "IDX unsigned-byte labels, 1 dimension",
             &hint,
         )
+        .map(|array| (path, array))
     };
-    // Decompression dominates; the four files decode on four threads.
+    // Decompression dominates; the four files decode on four threads (in
+    // the calling thread when the system refuses a new one).
+    let train_images_job = || read_images(TRAIN_IMAGES_FILE);
+    let train_labels_job = || read_labels(TRAIN_LABELS_FILE);
+    let test_images_job = || read_images(TEST_IMAGES_FILE);
     let (train_images, train_labels, test_images, test_labels) = std::thread::scope(|scope| {
-        let train_images = scope.spawn(|| read_images(TRAIN_IMAGES_FILE));
-        let train_labels = scope.spawn(|| read_labels(TRAIN_LABELS_FILE));
-        let test_images = scope.spawn(|| read_images(TEST_IMAGES_FILE));
+        let train_images = spawn_reader(scope, &train_images_job);
+        let train_labels = spawn_reader(scope, &train_labels_job);
+        let test_images = spawn_reader(scope, &test_images_job);
         let test_labels = read_labels(TEST_LABELS_FILE);
         (
-            join(train_images),
-            join(train_labels),
-            join(test_images),
+            join(train_images, &train_images_job),
+            join(train_labels, &train_labels_job),
+            join(test_images, &test_images_job),
             test_labels,
         )
     });
@@ -189,46 +198,74 @@ pub fn load(options: FashionMnistOptions) -> Result<(Dataset, Dataset)> {
     Ok((train, test))
 }
 
-/// Waits for a reader thread, passing its panic on (readers do not panic on
-/// bad input, so a panic here is a bug).
-fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    match handle.join() {
-        Ok(value) => value,
-        Err(panic) => std::panic::resume_unwind(panic),
+/// Runs `job` on a new scoped thread; `None` when the system refuses one.
+fn spawn_reader<'scope, 'env, F, T>(
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    job: &'env F,
+) -> Option<std::thread::ScopedJoinHandle<'scope, T>>
+where
+    F: Fn() -> T + Sync,
+    T: Send + 'scope,
+{
+    std::thread::Builder::new()
+        .name("fashion-mnist-reader".to_string())
+        .spawn_scoped(scope, move || job())
+        .ok()
+}
+
+/// Waits for a reader thread, or runs `job` here when no thread could be
+/// started. A panic of the thread is passed on unchanged (the readers do not
+/// panic on bad input, so one would be a bug, not a data error).
+fn join<T>(handle: Option<std::thread::ScopedJoinHandle<'_, T>>, job: &dyn Fn() -> T) -> T {
+    match handle {
+        Some(handle) => match handle.join() {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        },
+        None => job(),
     }
 }
 
 /// Checks a decoded images/labels pair and builds the data set.
 fn to_dataset(
     name: &str,
-    images: IdxFile,
-    labels: IdxFile,
+    (images_path, images): (PathBuf, IdxArray),
+    (labels_path, labels): (PathBuf, IdxArray),
     normalisation: &Normalisation,
     hint: &str,
 ) -> Result<Dataset> {
-    let (n_images, rows, cols) = (images.dims[0], images.dims[1], images.dims[2]);
+    // The expected magic numbers fix the ranks to 3 and 1.
+    let (&[n_images, rows, cols], &[n_labels]) = (images.dims(), labels.dims()) else {
+        return Err(DataError::BadDimensions {
+            path: images_path,
+            expected: "rank 3 images and rank 1 labels".to_string(),
+            found: format!("{:?} and {:?}", images.dims(), labels.dims()),
+            hint: hint.to_string(),
+        });
+    };
     if rows != IMAGE_SIDE || cols != IMAGE_SIDE {
         return Err(DataError::BadDimensions {
-            path: images.path.clone(),
+            path: images_path,
             expected: format!("{IMAGE_SIDE}x{IMAGE_SIDE} pixels"),
             found: format!("{rows}x{cols} pixels"),
             hint: hint.to_string(),
         });
     }
-    let n_labels = labels.dims[0];
     if n_images != n_labels {
         return Err(DataError::CountMismatch {
-            images_path: images.path.clone(),
+            images_path,
             images: n_images,
-            labels_path: labels.path.clone(),
+            labels_path,
             labels: n_labels,
             hint: hint.to_string(),
         });
     }
-    let label_values = checked_labels(&labels.path, labels.values(), hint)?;
+    let label_values = checked_labels(&labels_path, labels.values(), hint)?;
     const OP: &str = "fashion_mnist::load";
+    // n_images * 784 <= MAX_IDX_BYTES, so it fits an i64.
+    let side = IMAGE_SIDE as i64;
     let bytes = Tensor::f_from_slice(images.values())
-        .and_then(|t| t.f_reshape([n_images as i64, 1, IMAGE_SIDE as i64, IMAGE_SIDE as i64]))
+        .and_then(|t| t.f_reshape([n_images as i64, 1, side, side]))
         .map_err(torch_error(OP))?;
     drop(images);
     let pixels = bytes_to_normalised_f32(&bytes, normalisation)?;
@@ -243,11 +280,13 @@ fn checked_labels(path: &Path, values: &[u8], hint: &str) -> Result<Vec<i64>> {
         .enumerate()
         .find(|&(_, &label)| label as usize >= NUM_CLASSES)
     {
-        return Err(DataError::LabelOutOfRange {
+        return Err(DataError::Format {
             path: path.to_path_buf(),
-            sample,
-            label,
-            num_classes: NUM_CLASSES,
+            source: FormatError::LabelOutOfRange {
+                sample,
+                label,
+                num_classes: NUM_CLASSES,
+            },
             hint: hint.to_string(),
         });
     }

@@ -14,13 +14,23 @@
 //!   fast CNN tests.
 //! - [`normalisation`]: the per-data-set mean and standard deviation.
 //!
+//! - [`idx`] and [`cifar10::parse_records`]: the pure-bytes readers (no
+//!   file, no tch), usable from fuzz targets; they fail with a [`FormatError`].
+//! - [`limits`]: the stated upper bounds every size is checked against before
+//!   anything is allocated.
+//!
 //! Problems with files are reported as [`DataError`]s that name the file and
-//! say what to do about it.
+//! say what to do about it. Every constructor and loader validates what enters
+//! (sizes with checked arithmetic against [`limits`], finiteness of floats,
+//! label ranges) and returns a typed error naming the field and the value;
+//! nothing in this module panics on bad input.
 
 pub mod cifar10;
 mod dataset;
 pub mod fashion_mnist;
-mod idx;
+mod format;
+pub mod idx;
+pub mod limits;
 pub mod normalisation;
 pub mod shuffle;
 pub mod synthetic;
@@ -28,6 +38,7 @@ pub mod synthetic;
 use std::path::PathBuf;
 
 pub use dataset::{Batches, Dataset, SplitSize};
+pub use format::FormatError;
 pub use normalisation::Normalisation;
 
 /// Result alias of the data layer.
@@ -84,67 +95,16 @@ pub enum DataError {
         /// What to do about it.
         hint: String,
     },
-    /// An IDX file starts with the wrong magic number.
-    #[error(
-        "wrong magic number in {}: expected {expected:#010x} ({what}), found {found:#010x}. {hint}",
-        path.display()
-    )]
-    BadMagic {
+    /// A file's content breaks its format: see [`FormatError`] for what the
+    /// pure-bytes readers check (magic number, element type, rank, empty or
+    /// oversized dimensions, cut-short or trailing content, record size,
+    /// labels).
+    #[error("{}: {source}. {hint}", path.display())]
+    Format {
         /// The file.
         path: PathBuf,
-        /// The magic number the file should start with.
-        expected: u32,
-        /// The magic number it starts with.
-        found: u32,
-        /// What the expected magic number stands for.
-        what: &'static str,
-        /// What to do about it.
-        hint: String,
-    },
-    /// A file holds fewer bytes than its header (or the format) promises.
-    #[error(
-        "{} is truncated: its header promises {expected_bytes} bytes of (decompressed) content, the file holds {found_bytes}. {hint}",
-        path.display()
-    )]
-    Truncated {
-        /// The file (decompressed content for gzipped files).
-        path: PathBuf,
-        /// Bytes the header promises, header included.
-        expected_bytes: u64,
-        /// Bytes present.
-        found_bytes: u64,
-        /// What to do about it.
-        hint: String,
-    },
-    /// A file holds more bytes than its header promises.
-    #[error(
-        "{} has trailing data: its header promises {expected_bytes} bytes of (decompressed) content, the file holds {found_bytes}. {hint}",
-        path.display()
-    )]
-    TrailingData {
-        /// The file (decompressed content for gzipped files).
-        path: PathBuf,
-        /// Bytes the header promises, header included.
-        expected_bytes: u64,
-        /// Bytes present.
-        found_bytes: u64,
-        /// What to do about it.
-        hint: String,
-    },
-    /// A label is not a valid class index.
-    #[error(
-        "label {label} of sample {sample} in {} is out of range (the data set has {num_classes} classes, labels 0..{num_classes}). {hint}",
-        path.display()
-    )]
-    LabelOutOfRange {
-        /// The file.
-        path: PathBuf,
-        /// Index of the sample (within the file).
-        sample: usize,
-        /// The label found.
-        label: u8,
-        /// Number of classes of the data set.
-        num_classes: usize,
+        /// What is wrong with its content.
+        source: FormatError,
         /// What to do about it.
         hint: String,
     },
@@ -157,21 +117,6 @@ pub enum DataError {
         expected: String,
         /// Dimensions the file declares.
         found: String,
-        /// What to do about it.
-        hint: String,
-    },
-    /// A CIFAR-10 binary file's size is not a whole number of records.
-    #[error(
-        "{} holds {size} bytes, which is not a multiple of the {record_size}-byte CIFAR-10 record (1 label byte + 3072 pixel bytes). {hint}",
-        path.display()
-    )]
-    BadRecordSize {
-        /// The file.
-        path: PathBuf,
-        /// The file's size in bytes.
-        size: u64,
-        /// Size of one record.
-        record_size: u64,
         /// What to do about it.
         hint: String,
     },
@@ -200,6 +145,65 @@ pub enum DataError {
         op: &'static str,
         /// What is wrong with the argument.
         reason: String,
+    },
+    /// A configuration value or argument is outside its allowed range.
+    #[error("{op}: {field} = {value} is invalid: expected {expected}")]
+    InvalidField {
+        /// The operation or constructor that checked it, e.g. `Normalisation::new`.
+        op: &'static str,
+        /// The field, e.g. `std[0]` or `batch_size`.
+        field: String,
+        /// The offending value, as written by `Debug`.
+        value: String,
+        /// What the field accepts.
+        expected: String,
+    },
+    /// A size (or a product of sizes) is above the data layer's stated bound
+    /// (see [`limits`]); nothing was allocated.
+    #[error("{op}: {what} is above the bound of {limit}")]
+    TooLarge {
+        /// The operation that checked it.
+        op: &'static str,
+        /// The size and how it was computed, e.g. `n_samples x n_features = 4 x 18446744073709551615`.
+        what: String,
+        /// The bound ([`limits`]).
+        limit: u64,
+    },
+    /// A data set's images and labels hold different numbers of samples.
+    #[error("data set {dataset}: {samples} samples but {labels} labels")]
+    LengthMismatch {
+        /// The data set's name.
+        dataset: String,
+        /// Samples in the images tensor.
+        samples: i64,
+        /// Entries in the labels tensor.
+        labels: i64,
+    },
+    /// A label is not a class index of the data set.
+    #[error("data set {dataset}: label {label} of sample {index} is outside 0..{num_classes}")]
+    LabelOutOfRange {
+        /// The data set's name.
+        dataset: String,
+        /// Index of the first offending sample.
+        index: usize,
+        /// Its label.
+        label: i64,
+        /// Number of classes of the data set.
+        num_classes: usize,
+    },
+    /// A data set's sample values hold NaN or an infinity.
+    #[error(
+        "data set {dataset}: value {value} at sample {sample} (element {element}) is not finite"
+    )]
+    NonFiniteValue {
+        /// The data set's name.
+        dataset: String,
+        /// Index of the first sample holding a non-finite value.
+        sample: usize,
+        /// Flat index of that value within the sample.
+        element: usize,
+        /// The value.
+        value: f64,
     },
     /// A libtorch operation failed.
     #[error("{op}: torch: {source}")]

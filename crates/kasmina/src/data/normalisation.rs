@@ -1,22 +1,85 @@
 //! Per-data-set pixel normalisation, applied once at load time.
 //!
 //! Raw pixels are bytes; loaders turn them into `f32` as
-//! `(byte / 255 - mean[channel]) / std[channel]`.
+//! `(byte / 255 - mean[channel]) / std[channel]`. A [`Normalisation`] is
+//! validated when it is built, so every normalised pixel is a finite `f32`.
 
 use tch::{Kind, Tensor};
 
+use super::limits::{MAX_CHANNELS, invalid_field};
 use super::{Result, torch_error};
 
 /// Mean and standard deviation per channel of pixels scaled to `[0, 1]`.
+///
+/// Built only through [`Normalisation::new`] (or the presets), which checks
+/// that there are `1..=`[`MAX_CHANNELS`] channels, every mean is finite,
+/// every standard deviation is finite and positive, and the normalised
+/// values of bytes 0 and 255 are finite `f32`s.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Normalisation {
-    /// Mean per channel.
-    pub mean: Vec<f32>,
-    /// Standard deviation per channel.
-    pub std: Vec<f32>,
+    mean: Vec<f32>,
+    std: Vec<f32>,
 }
 
 impl Normalisation {
+    /// A normalisation with `mean[c]` and `std[c]` for channel `c`.
+    ///
+    /// # Errors
+    /// [`super::DataError::InvalidField`] naming `mean`, `std`, `mean[c]` or
+    /// `std[c]` and the value: lengths that differ or lie outside
+    /// `1..=`[`MAX_CHANNELS`], a NaN or infinite mean, a standard deviation
+    /// that is not finite and positive, or a pair for which bytes 0 or 255
+    /// would normalise to an infinity.
+    pub fn new(mean: Vec<f32>, std: Vec<f32>) -> Result<Self> {
+        const OP: &str = "Normalisation::new";
+        if mean.is_empty() || mean.len() > MAX_CHANNELS {
+            return Err(invalid_field(
+                OP,
+                "mean.len()",
+                mean.len(),
+                format!("1..={MAX_CHANNELS} channels"),
+            ));
+        }
+        if std.len() != mean.len() {
+            return Err(invalid_field(
+                OP,
+                "std.len()",
+                std.len(),
+                format!("{} (one per mean)", mean.len()),
+            ));
+        }
+        for (channel, (&m, &s)) in mean.iter().zip(&std).enumerate() {
+            if !m.is_finite() {
+                return Err(invalid_field(
+                    OP,
+                    format!("mean[{channel}]"),
+                    m,
+                    "a finite value",
+                ));
+            }
+            if !(s.is_finite() && s > 0.0) {
+                return Err(invalid_field(
+                    OP,
+                    format!("std[{channel}]"),
+                    s,
+                    "a finite value above 0",
+                ));
+            }
+            // (x - m) / s is monotone in x: the extremes bound every pixel.
+            if !((0.0 - m) / s).is_finite() || !((1.0 - m) / s).is_finite() {
+                return Err(invalid_field(
+                    OP,
+                    format!("std[{channel}]"),
+                    s,
+                    format!(
+                        "a value for which (0 - {m}) / std and (1 - {m}) / std are finite f32s"
+                    ),
+                ));
+            }
+        }
+        Ok(Self { mean, std })
+    }
+
     /// Fashion-MNIST (one channel): mean 0.2860, std 0.3530.
     pub fn fashion_mnist() -> Self {
         Self {
@@ -36,11 +99,33 @@ impl Normalisation {
 
     /// No normalisation beyond scaling bytes to `[0, 1]`: mean 0, std 1 for
     /// each of `channels` channels.
-    pub fn identity(channels: usize) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// [`super::DataError::InvalidField`] when `channels` is 0 or above
+    /// [`MAX_CHANNELS`].
+    pub fn identity(channels: usize) -> Result<Self> {
+        if channels == 0 || channels > MAX_CHANNELS {
+            return Err(invalid_field(
+                "Normalisation::identity",
+                "channels",
+                channels,
+                format!("1..={MAX_CHANNELS}"),
+            ));
+        }
+        Ok(Self {
             mean: vec![0.0; channels],
             std: vec![1.0; channels],
-        }
+        })
+    }
+
+    /// Mean per channel.
+    pub fn mean(&self) -> &[f32] {
+        &self.mean
+    }
+
+    /// Standard deviation per channel.
+    pub fn std(&self) -> &[f32] {
+        &self.std
     }
 
     /// Number of channels this normalisation covers.
@@ -59,6 +144,7 @@ pub(crate) fn bytes_to_normalised_f32(
     const OP: &str = "normalise pixels";
     let mut images = bytes.f_to_kind(Kind::Float).map_err(torch_error(OP))?;
     let _ = images.f_div_scalar_(255.0).map_err(torch_error(OP))?;
+    // At most MAX_CHANNELS channels.
     let channels = normalisation.channels() as i64;
     let mean = Tensor::f_from_slice(&normalisation.mean)
         .and_then(|t| t.f_reshape([1, channels, 1, 1]))

@@ -7,6 +7,9 @@
 //! never `ln`/`cos`, so synthetic values are bitwise reproducible across
 //! platforms too.
 
+use super::Result;
+use super::limits::{MAX_SAMPLES, at_most, reserve};
+
 /// SplitMix64 (Steele, Lea and Flood, 2014): a 64-bit state advanced by a
 /// constant, then mixed. Small, fast, and every seed (0 included) is usable.
 #[derive(Debug, Clone)]
@@ -72,14 +75,23 @@ impl SplitMix64 {
 /// A uniformly random permutation of `0..n` fixed by `seed` (Fisher-Yates
 /// driven by [`SplitMix64`]). Indices are `i64` so they can go straight into
 /// a tensor for `index_select`.
-pub fn permutation(n: usize, seed: u64) -> Vec<i64> {
+///
+/// # Errors
+/// [`super::DataError::TooLarge`] when `n` is above [`MAX_SAMPLES`] (checked before
+/// anything is allocated) or the allocator refuses the indices.
+pub fn permutation(n: usize, seed: u64) -> Result<Vec<i64>> {
+    const OP: &str = "shuffle::permutation";
+    let n = at_most(OP, "n", n, MAX_SAMPLES)?;
+    let mut order: Vec<i64> = reserve(OP, "permutation", n)?;
+    // n <= MAX_SAMPLES < i64::MAX.
+    order.extend(0..n as i64);
     let mut rng = SplitMix64::new(seed);
-    let mut order: Vec<i64> = (0..n as i64).collect();
     for i in (1..n).rev() {
+        // j <= i < n: `below(i + 1)` draws from 0..=i.
         let j = rng.below(i as u64 + 1) as usize;
-        order.swap(i, j);
+        order.swap(i, j.min(i));
     }
-    order
+    Ok(order)
 }
 
 /// The shuffle seed of epoch `epoch` of a run seeded with `run_seed`: one

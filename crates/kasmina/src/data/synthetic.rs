@@ -13,8 +13,14 @@
 
 use tch::Tensor;
 
+#[cfg(doc)]
+use super::DataError;
+use super::limits::{
+    MAX_GRID, MAX_NUM_CLASSES, MAX_SAMPLES, MAX_SYNTHETIC_SCALE, MAX_SYNTHETIC_VALUES, at_most,
+    checked_product, invalid_field, reserve,
+};
 use super::shuffle::SplitMix64;
-use super::{DataError, Dataset, Result, torch_error};
+use super::{Dataset, Result, torch_error};
 
 /// Name of the data set [`reference_task`] returns.
 pub const REFERENCE_TASK_NAME: &str = "tolaria-reference";
@@ -74,46 +80,89 @@ pub fn reference_task(seed: u64) -> Result<Dataset> {
     Ok(blob_task(&BlobTaskOptions::reference(seed))?.with_name(REFERENCE_TASK_NAME))
 }
 
+impl BlobTaskOptions {
+    /// Checks every field, with checked arithmetic, before anything is
+    /// allocated: `n_samples` at most [`MAX_SAMPLES`], `n_features` at least
+    /// 1, `num_classes` in `1..=`[`MAX_NUM_CLASSES`], `n_samples x n_features`
+    /// and `num_classes x n_features` at most [`MAX_SYNTHETIC_VALUES`],
+    /// `centre_range` and `noise_std` finite in `[0, `[`MAX_SYNTHETIC_SCALE`]`]`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidField`] or [`DataError::TooLarge`] naming the field
+    /// and its value.
+    pub fn validate(&self) -> Result<()> {
+        const OP: &str = "synthetic::blob_task";
+        at_most(OP, "n_samples", self.n_samples, MAX_SAMPLES)?;
+        check_positive(
+            OP,
+            &[
+                ("n_features", self.n_features),
+                ("num_classes", self.num_classes),
+            ],
+        )?;
+        at_most(OP, "num_classes", self.num_classes, MAX_NUM_CLASSES)?;
+        checked_product(
+            OP,
+            &[
+                ("n_samples", self.n_samples),
+                ("n_features", self.n_features),
+            ],
+            MAX_SYNTHETIC_VALUES,
+        )?;
+        checked_product(
+            OP,
+            &[
+                ("num_classes", self.num_classes),
+                ("n_features", self.n_features),
+            ],
+            MAX_SYNTHETIC_VALUES,
+        )?;
+        check_scale(
+            OP,
+            &[
+                ("centre_range", self.centre_range),
+                ("noise_std", self.noise_std),
+            ],
+        )
+    }
+}
+
 /// A blob task (see [`BlobTaskOptions`]): images `[n_samples, n_features]`
 /// `f32`, labels `[n_samples]`, named `synthetic-blobs`.
+///
+/// # Errors
+/// As [`BlobTaskOptions::validate`], checked before anything is allocated.
 pub fn blob_task(options: &BlobTaskOptions) -> Result<Dataset> {
     const OP: &str = "synthetic::blob_task";
-    check_positive(
-        OP,
-        &[
-            ("n_features", options.n_features),
-            ("num_classes", options.num_classes),
-        ],
-    )?;
-    check_finite(
-        OP,
-        &[
-            ("centre_range", options.centre_range),
-            ("noise_std", options.noise_std),
-        ],
-    )?;
-    let mut rng = SplitMix64::new(options.seed);
-    let centres: Vec<f64> = (0..options.num_classes * options.n_features)
-        .map(|_| rng.uniform(-options.centre_range, options.centre_range))
-        .collect();
-    let mut features = allocate(OP, &[options.n_samples, options.n_features])?;
-    for sample in 0..options.n_samples {
-        let centre =
-            &centres[(sample % options.num_classes) * options.n_features..][..options.n_features];
+    options.validate()?;
+    let BlobTaskOptions {
+        n_samples,
+        n_features,
+        num_classes,
+        centre_range,
+        noise_std,
+        seed,
+    } = *options;
+    let mut rng = SplitMix64::new(seed);
+    // Bounded by validate().
+    let mut centres: Vec<f64> = reserve(OP, "centres", num_classes * n_features)?;
+    centres.extend((0..num_classes * n_features).map(|_| rng.uniform(-centre_range, centre_range)));
+    let mut features: Vec<f32> = reserve(OP, "features", n_samples * n_features)?;
+    for centre in centres.chunks_exact(n_features).cycle().take(n_samples) {
         features.extend(
             centre
                 .iter()
-                .map(|&mean| (mean + options.noise_std * rng.normal()) as f32),
+                .map(|&mean| (mean + noise_std * rng.normal()) as f32),
         );
     }
     let images = Tensor::f_from_slice(&features)
-        .and_then(|t| t.f_reshape([options.n_samples as i64, options.n_features as i64]))
+        .and_then(|t| t.f_reshape([n_samples as i64, n_features as i64]))
         .map_err(torch_error(OP))?;
     Dataset::new(
         "synthetic-blobs",
         images,
-        cyclic_labels(OP, options.n_samples, options.num_classes)?,
-        options.num_classes,
+        cyclic_labels(OP, n_samples, num_classes)?,
+        num_classes,
     )
 }
 
@@ -181,11 +230,67 @@ impl ImageTaskOptions {
     }
 }
 
+impl ImageTaskOptions {
+    /// Checks every field, with checked arithmetic, before anything is
+    /// allocated: `n_samples` at most [`MAX_SAMPLES`]; `channels`, `height`,
+    /// `width`, `num_classes` and `grid` at least 1; `num_classes` at most
+    /// [`MAX_NUM_CLASSES`], `grid` at most [`MAX_GRID`]; the pixel count
+    /// `n_samples x channels x height x width` and the template count
+    /// `num_classes x channels x grid x grid` at most
+    /// [`MAX_SYNTHETIC_VALUES`]; `noise_std` finite in
+    /// `[0, `[`MAX_SYNTHETIC_SCALE`]`]`.
+    ///
+    /// # Errors
+    /// [`DataError::InvalidField`] or [`DataError::TooLarge`] naming the field
+    /// and its value.
+    pub fn validate(&self) -> Result<()> {
+        const OP: &str = "synthetic::image_task";
+        at_most(OP, "n_samples", self.n_samples, MAX_SAMPLES)?;
+        check_positive(
+            OP,
+            &[
+                ("channels", self.channels),
+                ("height", self.height),
+                ("width", self.width),
+                ("num_classes", self.num_classes),
+                ("grid", self.grid),
+            ],
+        )?;
+        at_most(OP, "num_classes", self.num_classes, MAX_NUM_CLASSES)?;
+        at_most(OP, "grid", self.grid, MAX_GRID)?;
+        checked_product(
+            OP,
+            &[
+                ("n_samples", self.n_samples),
+                ("channels", self.channels),
+                ("height", self.height),
+                ("width", self.width),
+            ],
+            MAX_SYNTHETIC_VALUES,
+        )?;
+        checked_product(
+            OP,
+            &[
+                ("num_classes", self.num_classes),
+                ("channels", self.channels),
+                ("grid", self.grid),
+                ("grid", self.grid),
+            ],
+            MAX_SYNTHETIC_VALUES,
+        )?;
+        check_scale(OP, &[("noise_std", self.noise_std)])
+    }
+}
+
 /// An image task (see [`ImageTaskOptions`]): images
 /// `[n_samples, channels, height, width]` `f32`, labels `[n_samples]`, named
 /// `synthetic-images`.
+///
+/// # Errors
+/// As [`ImageTaskOptions::validate`], checked before anything is allocated.
 pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
     const OP: &str = "synthetic::image_task";
+    options.validate()?;
     let ImageTaskOptions {
         n_samples,
         channels,
@@ -196,31 +301,24 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
         noise_std,
         seed,
     } = *options;
-    check_positive(
-        OP,
-        &[
-            ("channels", channels),
-            ("height", height),
-            ("width", width),
-            ("num_classes", num_classes),
-            ("grid", grid),
-        ],
-    )?;
-    check_finite(OP, &[("noise_std", noise_std)])?;
     let mut rng = SplitMix64::new(seed);
+    // Every product below is bounded by validate() (and usize is 64-bit).
     let template_len = channels * grid * grid;
-    let templates: Vec<f64> = (0..num_classes * template_len)
-        .map(|_| rng.uniform(-1.0, 1.0))
-        .collect();
-    let mut pixels = allocate(OP, &[n_samples, channels, height, width])?;
-    for sample in 0..n_samples {
-        let template = &templates[(sample % num_classes) * template_len..][..template_len];
-        for channel in 0..channels {
+    let mut templates: Vec<f64> = reserve(OP, "templates", num_classes * template_len)?;
+    templates.extend((0..num_classes * template_len).map(|_| rng.uniform(-1.0, 1.0)));
+    let mut pixels: Vec<f32> = reserve(OP, "pixels", n_samples * channels * height * width)?;
+    // Column x of the image reads template column x * grid / width.
+    let columns: Vec<usize> = (0..width).map(|x| x * grid / width).collect();
+    for template in templates.chunks_exact(template_len).cycle().take(n_samples) {
+        for channel_rows in template.chunks_exact(grid * grid) {
+            let rows: Vec<&[f64]> = channel_rows.chunks_exact(grid).collect();
             for y in 0..height {
-                let row = &template[(channel * grid + y * grid / height) * grid..][..grid];
-                pixels.extend(
-                    (0..width).map(|x| (row[x * grid / width] + noise_std * rng.normal()) as f32),
-                );
+                // y * grid / height < grid.
+                let row = rows.get(y * grid / height).copied().unwrap_or_default();
+                pixels.extend(columns.iter().map(|&column| {
+                    let centre = row.get(column).copied().unwrap_or_default();
+                    (centre + noise_std * rng.normal()) as f32
+                }));
             }
         }
     }
@@ -243,47 +341,32 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
 }
 
 fn cyclic_labels(op: &'static str, n_samples: usize, num_classes: usize) -> Result<Tensor> {
-    let labels: Vec<i64> = (0..n_samples)
-        .map(|sample| (sample % num_classes) as i64)
-        .collect();
+    let mut labels: Vec<i64> = reserve(op, "labels", n_samples)?;
+    // Both bounded by validate(): the values fit an i64.
+    labels.extend((0..n_samples).map(|sample| (sample % num_classes) as i64));
     Tensor::f_from_slice(&labels).map_err(torch_error(op))
 }
 
 fn check_positive(op: &'static str, sizes: &[(&str, usize)]) -> Result<()> {
     match sizes.iter().find(|(_, size)| *size == 0) {
-        Some((name, _)) => Err(DataError::InvalidArgument {
-            op,
-            reason: format!("{name} must be at least 1"),
-        }),
+        Some(&(name, size)) => Err(invalid_field(op, name, size, "at least 1")),
         None => Ok(()),
     }
 }
 
-fn check_finite(op: &'static str, values: &[(&str, f64)]) -> Result<()> {
+/// Each value finite and in `[0, MAX_SYNTHETIC_SCALE]`, so generated values
+/// stay finite `f32`s.
+fn check_scale(op: &'static str, values: &[(&str, f64)]) -> Result<()> {
     match values
         .iter()
-        .find(|(_, value)| !value.is_finite() || *value < 0.0)
+        .find(|(_, value)| !(0.0..=MAX_SYNTHETIC_SCALE).contains(value))
     {
-        Some((name, value)) => Err(DataError::InvalidArgument {
+        Some(&(name, value)) => Err(invalid_field(
             op,
-            reason: format!("{name} must be finite and not negative, got {value}"),
-        }),
+            name,
+            value,
+            format!("a finite value in [0, {MAX_SYNTHETIC_SCALE}]"),
+        )),
         None => Ok(()),
     }
-}
-
-/// An empty vector with room for the product of `sizes` values, or an error
-/// (rather than an abort) when that does not fit in memory.
-fn allocate(op: &'static str, sizes: &[usize]) -> Result<Vec<f32>> {
-    let too_big = || DataError::InvalidArgument {
-        op,
-        reason: format!("{sizes:?} values do not fit in memory"),
-    };
-    let len = sizes
-        .iter()
-        .try_fold(1usize, |len, &size| len.checked_mul(size))
-        .ok_or_else(too_big)?;
-    let mut values = Vec::new();
-    values.try_reserve_exact(len).map_err(|_| too_big())?;
-    Ok(values)
 }
