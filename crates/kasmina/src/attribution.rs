@@ -19,12 +19,40 @@
 //! statistics), so the fused blocks do not see each other. Both this and
 //! [`counterfactual_contribution`] read nothing back inside a step and must be
 //! called outside any captured CUDA graph.
+//!
+//! Shapes are checked before libtorch sees them: `x` needs a batch dimension
+//! (the host checks the rest), `labels` must be integer class ids, `[B]` on
+//! CNN hosts and `[B, T]` on transformers ([`Error::ShapeMismatch`]).
 
 use tch::{Kind, Tensor};
 
 use crate::host::SlotId;
 use crate::model::MorphogeneticModel;
 use crate::{Error, Result};
+
+/// The batch size of `x`, which must have at least one dimension.
+fn batch_of(op: &'static str, x: &Tensor) -> Result<i64> {
+    x.size()
+        .first()
+        .copied()
+        .ok_or_else(|| Error::ShapeMismatch {
+            op,
+            expected: vec![-1],
+            got: Vec::new(),
+        })
+}
+
+/// `blocks * batch` samples, or an error where that overflows.
+fn fused_samples(blocks: i64, batch: i64) -> Result<usize> {
+    blocks
+        .checked_mul(batch)
+        .and_then(|samples| usize::try_from(samples).ok())
+        .ok_or_else(|| Error::OutOfRange {
+            field: "attribution (fused samples)",
+            value: format!("{blocks} x {batch}"),
+            allowed: "a sample count that fits usize".to_owned(),
+        })
+}
 
 /// The attribution of one batch.
 #[derive(Debug)]
@@ -52,14 +80,21 @@ fn per_sample_alpha(
     kind: Kind,
     device: tch::Device,
 ) -> Result<Tensor> {
-    let mut values = vec![alpha as f32; (blocks * batch) as usize];
+    let samples = fused_samples(blocks, batch)?;
+    let mut values = vec![alpha as f32; samples];
     if let Some(block) = zero_block {
-        let start = (block * batch) as usize;
-        values[start..start + batch as usize]
-            .iter_mut()
-            .for_each(|v| *v = 0.0);
+        // block < blocks, so this block's samples lie within `values`.
+        let start = fused_samples(block, batch)?;
+        let end = fused_samples(block + 1, batch)?;
+        if let Some(zeroed) = values.get_mut(start..end) {
+            zeroed.iter_mut().for_each(|v| *v = 0.0);
+        }
     }
-    let mut shape = vec![blocks * batch];
+    let mut shape = vec![i64::try_from(samples).map_err(|_| Error::OutOfRange {
+        field: "attribution (fused samples)",
+        value: samples.to_string(),
+        allowed: "a sample count that fits i64".to_owned(),
+    })?];
     shape.extend(std::iter::repeat_n(1, feature_rank.saturating_sub(1)));
     Ok(Tensor::f_from_slice(&values)?
         .f_reshape(shape.as_slice())?
@@ -74,8 +109,12 @@ fn fused_forward(
     x: &Tensor,
     switched_off: &[Option<usize>],
 ) -> Result<Tensor> {
-    let blocks = switched_off.len() as i64;
-    let batch = x.size().first().copied().unwrap_or(0);
+    let blocks = i64::try_from(switched_off.len()).map_err(|_| Error::OutOfRange {
+        field: "attribution (blocks)",
+        value: switched_off.len().to_string(),
+        allowed: "a block count that fits i64".to_owned(),
+    })?;
+    let batch = batch_of("attribution input", x)?;
     let mut repeats = vec![blocks];
     repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
     let fused_input = x.f_repeat(repeats.as_slice())?;
@@ -110,7 +149,7 @@ fn fused_forward(
 /// Attributes `x` (`[B, ...]`) to the seeds on the forward path (see the
 /// module docs for what the numbers mean).
 pub fn attribute_batch(model: &MorphogeneticModel, x: &Tensor) -> Result<BatchAttribution> {
-    let batch = x.size().first().copied().unwrap_or(0);
+    let batch = batch_of("attribute_batch input", x)?;
     let active: Vec<usize> = model
         .slots()
         .iter()
@@ -124,7 +163,7 @@ pub fn attribute_batch(model: &MorphogeneticModel, x: &Tensor) -> Result<BatchAt
     let output = fused.f_narrow(0, 0, batch)?;
     let flat_output = output.f_reshape([batch, -1])?;
     let mut columns = Vec::with_capacity(active.len());
-    for block in 1..=active.len() as i64 {
+    for block in (1..).take(active.len()) {
         let counterfactual = fused
             .f_narrow(0, block * batch, batch)?
             .f_reshape([batch, -1])?;
@@ -143,15 +182,15 @@ pub fn attribute_batch(model: &MorphogeneticModel, x: &Tensor) -> Result<BatchAt
     let totals = influence.f_sum_dim_intlist([1i64].as_slice(), true, Kind::Float)?; // [B, 1]
     let safe_totals = totals.f_clamp_min(f64::MIN_POSITIVE)?;
     let share = influence.f_div(&safe_totals)?;
-    let slots = active
+    let active_slots: Vec<_> = active
         .iter()
-        .map(|&index| model.slots()[index].id())
+        .filter_map(|&index| model.slots().get(index))
         .collect();
-    let seed_ids = active
+    let slots = active_slots.iter().map(|slot| slot.id()).collect();
+    let seed_ids = active_slots
         .iter()
-        .map(|&index| {
-            model.slots()[index]
-                .state()
+        .map(|slot| {
+            slot.state()
                 .map(|state| state.seed_id().to_owned())
                 .unwrap_or_default()
         })
@@ -188,11 +227,24 @@ pub fn counterfactual_contribution(
                 .collect::<Vec<_>>()
                 .join(", "),
         })?;
-    if !model.slots()[index].is_active() {
-        return Ok(0.0);
+    let batch = batch_of("counterfactual input", x)?;
+    let integer = matches!(
+        labels.kind(),
+        Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8
+    );
+    // One class id per sample (CNN) or per token (transformer, `[B, T]`).
+    let expected: Vec<i64> = match model.host().topology() {
+        crate::host::Topology::Cnn => vec![batch],
+        crate::host::Topology::Transformer => x.size().into_iter().take(2).collect(),
+    };
+    if labels.size() != expected || !integer {
+        return Err(Error::ShapeMismatch {
+            op: "counterfactual labels (integer class ids)",
+            expected,
+            got: labels.size(),
+        });
     }
-    let batch = x.size().first().copied().unwrap_or(0);
-    if batch == 0 {
+    if batch == 0 || !model.slots().get(index).is_some_and(|s| s.is_active()) {
         return Ok(0.0);
     }
     let fused = fused_forward(model, x, &[None, Some(index)])?;

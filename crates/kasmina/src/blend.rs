@@ -15,11 +15,22 @@
 //! Alpha is either one scalar or a per-sample tensor `[N, 1, 1, 1]` (CNN) /
 //! `[N, 1, 1]` (transformer) ([`BlendAlpha::PerSample`]), the override used
 //! to evaluate several alpha configurations in one batch.
+//!
+//! Bad input (issue 9): a scalar alpha must be finite ([`Error::NonFinite`]);
+//! finite values outside `[0, 1]` are clamped as in the reference. Operand
+//! shapes are checked before libtorch sees them ([`Error::ShapeMismatch`]):
+//! seed output and seed input equal the host features, gate values and
+//! per-sample alphas are `[B or 1, 1, ..., 1]` of the host's rank. The
+//! values of a per-sample alpha tensor live on the device and are not read
+//! back: a non-finite one makes the output non-finite, which the governor's
+//! NaN check on the loss catches (reference: NaN/Inf loss -> `governor_nan`
+//! panic and rollback).
 
 use tch::{Tensor, nn};
 
 use crate::host::Topology;
 use crate::layers::Linear;
+use crate::validate::{MAX_CHANNELS, finite, shape, size_in};
 use crate::{Error, Result};
 
 /// Hidden width floor of the gated-blend network.
@@ -35,11 +46,25 @@ pub enum BlendAlpha<'a> {
 }
 
 impl BlendAlpha<'_> {
+    /// Checks the alpha against host features `host`: a finite scalar, or a
+    /// per-sample tensor of shape `[B or 1, 1, ..., 1]` with the host's rank.
+    pub fn check(&self, host: &Tensor) -> Result<()> {
+        match self {
+            BlendAlpha::Scalar(a) => finite("alpha", *a).map(|_| ()),
+            BlendAlpha::PerSample(tensor) => check_per_sample("per-sample alpha", tensor, host),
+        }
+    }
+
+    /// The scalar clamped to `[0, 1]` (checked finite by [`BlendAlpha::check`]).
+    fn clamped_scalar(a: f64) -> Result<f64> {
+        Ok(finite("alpha", a)?.clamp(0.0, 1.0))
+    }
+
     fn clamped_tensor(&self, like: &Tensor) -> Result<Tensor> {
         match self {
             BlendAlpha::Scalar(a) => Ok(Tensor::f_full(
                 [1i64].as_slice(),
-                a.clamp(0.0, 1.0),
+                BlendAlpha::clamped_scalar(*a)?,
                 (like.kind(), like.device()),
             )?),
             BlendAlpha::PerSample(tensor) => Ok(tensor
@@ -48,6 +73,21 @@ impl BlendAlpha<'_> {
                 .f_clamp(0.0, 1.0)?),
         }
     }
+}
+
+/// Per-sample values (alpha or gate) for host features `host`: the host's
+/// rank, batch `B` or 1 in front, 1 everywhere else.
+fn check_per_sample(op: &'static str, values: &Tensor, host: &Tensor) -> Result<()> {
+    let host_size = host.size();
+    let got = values.size();
+    let batch = host_size.first().copied().unwrap_or(0);
+    let mut expected = vec![1; host_size.len()];
+    if let (Some(first), Some(&leading)) = (expected.first_mut(), got.first()) {
+        if leading == batch {
+            *first = batch;
+        }
+    }
+    shape(op, &got, &expected)
 }
 
 fn check_same_shape(op: &'static str, host: &Tensor, seed: &Tensor) -> Result<()> {
@@ -67,9 +107,10 @@ fn check_same_shape(op: &'static str, host: &Tensor, seed: &Tensor) -> Result<()
 /// `h`, `s`: `[B, ...]` (equal) -> `[B, ...]`.
 pub fn blend_add(host: &Tensor, seed: &Tensor, alpha: &BlendAlpha<'_>) -> Result<Tensor> {
     check_same_shape("blend add", host, seed)?;
+    alpha.check(host)?;
     let seed = seed.f_to_kind(host.kind())?;
     match alpha {
-        BlendAlpha::Scalar(a) => Ok(host.f_lerp(&seed, a.clamp(0.0, 1.0))?),
+        BlendAlpha::Scalar(a) => Ok(host.f_lerp(&seed, BlendAlpha::clamped_scalar(*a)?)?),
         BlendAlpha::PerSample(_) => {
             let weight = alpha.clamped_tensor(host)?;
             Ok(host.f_lerp_tensor(&seed, &weight)?)
@@ -88,10 +129,12 @@ pub fn blend_multiply(
     alpha: &BlendAlpha<'_>,
 ) -> Result<Tensor> {
     check_same_shape("blend multiply", host, seed)?;
+    check_same_shape("blend multiply (seed input)", host, seed_input)?;
+    alpha.check(host)?;
     let seed = seed.f_to_kind(host.kind())?;
     let valve = seed.f_sub(&seed_input.f_to_kind(host.kind())?)?.f_tanh()?;
     let scaled = match alpha {
-        BlendAlpha::Scalar(a) => valve.f_mul_scalar(a.clamp(0.0, 1.0))?,
+        BlendAlpha::Scalar(a) => valve.f_mul_scalar(BlendAlpha::clamped_scalar(*a)?)?,
         BlendAlpha::PerSample(_) => valve.f_mul(&alpha.clamped_tensor(host)?)?,
     };
     Ok(host.f_mul(&scaled.f_add_scalar(1.0)?)?)
@@ -108,6 +151,8 @@ pub fn blend_gate(
     alpha: &BlendAlpha<'_>,
 ) -> Result<Tensor> {
     check_same_shape("blend gate", host, seed)?;
+    check_per_sample("blend gate (gate values)", gate, host)?;
+    alpha.check(host)?;
     let seed = seed.f_to_kind(host.kind())?;
     let effective = gate
         .f_to_kind(host.kind())?
@@ -135,17 +180,20 @@ pub struct GatedBlend {
     hidden: Linear,
     output: Linear,
     topology: Topology,
+    channels: i64,
 }
 
 impl GatedBlend {
-    /// A gate for `channels` channels of `topology` features, its parameters
-    /// under `path`.
+    /// A gate for `channels` channels (in `[1, MAX_CHANNELS]`) of
+    /// `topology` features, its parameters under `path`.
     pub fn new(path: &nn::Path<'_>, channels: i64, topology: Topology) -> Result<GatedBlend> {
+        let channels = size_in("GatedBlend.channels", channels, 1, MAX_CHANNELS)?;
         let width = (channels / 4).max(GATE_MIN_HIDDEN);
         Ok(GatedBlend {
             hidden: Linear::new(&path.sub("fc1"), channels, width, true)?,
             output: Linear::new(&path.sub("fc2"), width, 1, true)?,
             topology,
+            channels,
         })
     }
 
@@ -159,22 +207,18 @@ impl GatedBlend {
     /// (values in `(0, 1)`).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let size = x.size();
-        let (rank, pooled_dims): (usize, &[i64]) = match self.topology {
-            Topology::Cnn => (4, &[2, 3]),
-            Topology::Transformer => (3, &[1]),
+        let c = self.channels;
+        let (expected, pooled_dims): (Vec<i64>, &[i64]) = match self.topology {
+            Topology::Cnn => (vec![-1, c, -1, -1], &[2, 3]),
+            Topology::Transformer => (vec![-1, -1, c], &[1]),
         };
-        if size.len() != rank {
-            return Err(Error::ShapeMismatch {
-                op: "gated blend",
-                expected: vec![-1; rank],
-                got: size,
-            });
-        }
+        shape("gated blend", &size, &expected)?;
+        let batch = size.first().copied().unwrap_or(0);
         let pooled = x.f_mean_dim(pooled_dims, false, None)?; // [B, C]
         let hidden = self.hidden.forward(&pooled)?.f_relu()?; // [B, width]
         let gate = self.output.forward(&hidden)?.f_sigmoid()?; // [B, 1]
-        let mut shape = vec![size[0]];
-        shape.extend(std::iter::repeat_n(1, size.len() - 1));
-        Ok(gate.f_reshape(shape.as_slice())?)
+        let mut out_shape = vec![batch];
+        out_shape.extend(std::iter::repeat_n(1, size.len().saturating_sub(1)));
+        Ok(gate.f_reshape(out_shape.as_slice())?)
     }
 }

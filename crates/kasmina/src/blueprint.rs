@@ -50,11 +50,17 @@
 //! GroupNorm groups ([`group_norm_groups`]): the largest of 32/16/8/4/2/1 that
 //! divides `C` with at least 16 channels per group; failing that, the largest
 //! of them that divides `C`.
+//!
+//! Widths are bounded ([`Blueprint::check_dim`]): `C` in `[1, MAX_CHANNELS]`
+//! and at most `MAX_PARAMETERS` parameters, checked before any variable is
+//! created (so a hostile width is an error, never an overflow or a huge
+//! allocation).
 
 use tch::{Device, Tensor, nn};
 
 use crate::host::Topology;
 use crate::layers::{Conv2d, GroupNorm, LayerNorm, Linear, causal_self_attention, fill_parameter};
+use crate::validate::{MAX_CHANNELS, MAX_PARAMETERS, shape, size_in};
 use crate::{Error, Result};
 
 /// Channels per GroupNorm group the blueprints aim for.
@@ -232,12 +238,13 @@ impl Blueprint {
     }
 
     /// Parameter count at width `dim` (channels) on `topology`, by the
-    /// reference formula (see the module tables).
+    /// reference formula (see the module tables). `dim` must be in
+    /// `[1, MAX_CHANNELS]` (which keeps every formula far from overflow).
     pub fn param_count(self, topology: Topology, dim: i64) -> Result<i64> {
         if !self.exists_in(topology) {
             return Err(self.not_in(topology));
         }
-        let c = dim;
+        let c = size_in("blueprint width", dim, 1, MAX_CHANNELS)?;
         Ok(match (topology, self) {
             (_, Blueprint::Noop) => 0,
             (_, Blueprint::Norm) => 2 * c + 1,
@@ -283,17 +290,23 @@ impl Blueprint {
         }
     }
 
+    /// Checks that this blueprint exists for `topology` and can be built at
+    /// width `dim`: `dim` in `[1, MAX_CHANNELS]` and at most `MAX_PARAMETERS`
+    /// parameters. Returns the parameter count.
+    pub fn check_dim(self, topology: Topology, dim: i64) -> Result<i64> {
+        size_in(
+            "blueprint parameters",
+            self.param_count(topology, dim)?,
+            0,
+            MAX_PARAMETERS,
+        )
+    }
+
     /// Builds the seed module for width `dim` on `topology` and `device`, in
-    /// a fresh `VarStore` (parameters drawn from tch's global generator).
+    /// a fresh `VarStore` (parameters drawn from tch's global generator),
+    /// once [`Blueprint::check_dim`] accepts the width.
     pub fn build(self, topology: Topology, dim: i64, device: Device) -> Result<SeedModule> {
-        if !self.exists_in(topology) {
-            return Err(self.not_in(topology));
-        }
-        if dim < 1 {
-            return Err(Error::InvalidConfig {
-                reason: format!("blueprint {} needs channels >= 1, got {dim}", self.name()),
-            });
-        }
+        self.check_dim(topology, dim)?;
         let var_store = nn::VarStore::new(device);
         let network = {
             let root = var_store.root();
@@ -642,24 +655,12 @@ impl SeedModule {
     /// CNN `[B, C, H, W] -> [B, C, H, W]`; transformer `[B, T, C] -> [B, T, C]`;
     /// any other rank or width is a [`Error::ShapeMismatch`].
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let size = x.size();
-        let (fits, expected) = match self.topology {
-            Topology::Cnn => (
-                size.len() == 4 && size[1] == self.channels,
-                vec![-1, self.channels, -1, -1],
-            ),
-            Topology::Transformer => (
-                size.len() == 3 && size[2] == self.channels,
-                vec![-1, -1, self.channels],
-            ),
+        let c = self.channels;
+        let expected = match self.topology {
+            Topology::Cnn => vec![-1, c, -1, -1],
+            Topology::Transformer => vec![-1, -1, c],
         };
-        if !fits {
-            return Err(Error::ShapeMismatch {
-                op: "seed forward",
-                expected,
-                got: size,
-            });
-        }
+        shape("seed forward", &x.size(), &expected)?;
         self.network.forward(x)
     }
 }

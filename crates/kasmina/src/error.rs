@@ -94,6 +94,25 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A number that must be finite was NaN or infinite (see
+    /// [`crate::validate`]).
+    #[error("{field} must be finite, got {value}")]
+    NonFinite {
+        /// The field or argument, e.g. `SlotConfig.seed_learning_rate`.
+        field: &'static str,
+        /// The refused value.
+        value: f64,
+    },
+    /// A value outside its allowed range (see [`crate::validate`]).
+    #[error("{field} = {value} is outside {allowed}")]
+    OutOfRange {
+        /// The field or argument, e.g. `CnnHostConfig.n_blocks`.
+        field: &'static str,
+        /// The refused value, as written by `Display`.
+        value: String,
+        /// The allowed range, e.g. `[1, 65536]`.
+        allowed: String,
+    },
     /// A prefetch request was cancelled before its seed module was handed over.
     #[error("prefetch request was cancelled")]
     Cancelled,

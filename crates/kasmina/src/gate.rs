@@ -16,10 +16,19 @@
 //! - G5 (-> FOSSILIZED): a counterfactual contribution exists (else
 //!   `counterfactual_not_available`), the seed is healthy; strict also
 //!   contribution >= 1.0 pp. Score `min(1, contribution / 10)`.
+//!
+//! Bad input (issue 9) fails closed: every numeric input a gate reads must
+//! be finite, else a `<field>_finite` check fails (the slot refuses such
+//! values where they enter, so this only guards hand-built [`GateInputs`]),
+//! and scores are always finite and in `[0, 1]`. [`GateThresholds::validate`]
+//! refuses non-finite and out-of-range thresholds.
 
 use leyline::gate::thresholds;
 use leyline::proto::GateResult;
 use leyline::{AlphaMode, GateLevel, SeedStage};
+
+use crate::Result;
+use crate::validate::{finite, non_negative, unit_interval};
 
 /// Strict (bare `QualityGates()`) or permissive (the training default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -56,6 +65,31 @@ impl Default for GateThresholds {
             min_gradient_health: thresholds::MIN_GRADIENT_HEALTH_FOR_BLENDING,
             min_fossilize_contribution: thresholds::MIN_FOSSILIZE_CONTRIBUTION,
         }
+    }
+}
+
+impl GateThresholds {
+    /// Checks every threshold: all finite; the gradient ratio threshold
+    /// `>= 0`; the gradient health floor in `[0, 1]`. Any `min_stage_epochs`
+    /// is allowed.
+    pub fn validate(&self) -> Result<()> {
+        finite(
+            "GateThresholds.min_training_improvement",
+            self.min_training_improvement,
+        )?;
+        non_negative(
+            "GateThresholds.gradient_ratio_threshold",
+            self.gradient_ratio_threshold,
+        )?;
+        unit_interval(
+            "GateThresholds.min_gradient_health",
+            self.min_gradient_health,
+        )?;
+        finite(
+            "GateThresholds.min_fossilize_contribution",
+            self.min_fossilize_contribution,
+        )?;
+        Ok(())
     }
 }
 
@@ -159,6 +193,23 @@ impl Checks {
             self.failed.push(name.to_owned());
         }
     }
+
+    /// Fails `name` when `value` is present and not finite (an absent value
+    /// is judged by the gate's own checks).
+    fn require_finite(&mut self, value: Option<f64>, name: &str) {
+        if value.is_some_and(|v| !v.is_finite()) {
+            self.failed.push(name.to_owned());
+        }
+    }
+}
+
+/// `value` clamped to `[0, 1]`, 0 when it is not finite.
+fn unit_score(value: f64) -> f64 {
+    if value.is_finite() {
+        value.clamp(0.0, 1.0)
+    } else {
+        0.0
+    }
 }
 
 impl QualityGates {
@@ -180,7 +231,13 @@ impl QualityGates {
         QualityGates::new(GateMode::Permissive)
     }
 
-    /// Evaluates `gate` on `inputs`.
+    /// Checks the thresholds ([`GateThresholds::validate`]).
+    pub fn validate(&self) -> Result<()> {
+        self.thresholds.validate()
+    }
+
+    /// Evaluates `gate` on `inputs`. Non-finite inputs fail their
+    /// `<field>_finite` check (see the module docs).
     pub fn evaluate(&self, gate: GateLevel, inputs: &GateInputs<'_>) -> GateOutcome {
         let strict = self.mode == GateMode::Strict;
         let limits = &self.thresholds;
@@ -201,6 +258,9 @@ impl QualityGates {
                     inputs.epochs_in_stage >= limits.min_stage_epochs,
                     "min_training_epochs",
                 );
+                checks.require_finite(Some(inputs.improvement), "improvement_finite");
+                checks.require_finite(inputs.gradient_ratio, "gradient_ratio_finite");
+                checks.require_finite(inputs.gradient_health, "gradient_health_finite");
                 if strict {
                     checks.check(
                         inputs.improvement >= limits.min_training_improvement,
@@ -222,10 +282,12 @@ impl QualityGates {
                         "gradient_health",
                     );
                 }
-                (inputs.improvement / 5.0).clamp(0.0, 1.0)
+                unit_score(inputs.improvement / 5.0)
             }
             GateLevel::G3 => {
                 let tolerance = thresholds::ALPHA_TOLERANCE;
+                checks.require_finite(Some(inputs.alpha), "alpha_finite");
+                checks.require_finite(Some(inputs.alpha_target), "alpha_target_finite");
                 checks.check(inputs.alpha_target >= 1.0 - tolerance, "alpha_target_full");
                 checks.check(inputs.alpha_mode == AlphaMode::Hold, "alpha_mode_hold");
                 checks.check(
@@ -238,7 +300,7 @@ impl QualityGates {
                         "min_blending_epochs",
                     );
                 }
-                inputs.alpha.clamp(0.0, 1.0)
+                unit_score(inputs.alpha)
             }
             GateLevel::G5 => match inputs.counterfactual {
                 None => {
@@ -247,6 +309,7 @@ impl QualityGates {
                 }
                 Some(contribution) => {
                     checks.check(true, "counterfactual_available");
+                    checks.require_finite(Some(contribution), "counterfactual_finite");
                     checks.check(inputs.is_healthy, "seed_healthy");
                     if strict {
                         checks.check(
@@ -254,11 +317,7 @@ impl QualityGates {
                             "min_contribution",
                         );
                     }
-                    if contribution.is_finite() {
-                        (contribution / 10.0).clamp(0.0, 1.0)
-                    } else {
-                        0.0
-                    }
+                    unit_score(contribution / 10.0)
                 }
             },
         };

@@ -8,10 +8,15 @@
 //! weights are 1 and biases 0, BatchNorm running statistics start at 0 / 1.
 //! Every layer registers its variables in the [`nn::Path`] it is built in, so
 //! the owning `VarStore` holds them (and moves them between devices).
+//!
+//! Constructors bound their sizes (each dimension in `[1, MAX_FEATURES]`,
+//! kernels in `[1, MAX_KERNEL_SIZE]`, at most `MAX_PARAMETERS` weights; see
+//! [`crate::validate`]) before any variable is created.
 
 use tch::{Tensor, nn};
 
 use crate::Result;
+use crate::validate::{MAX_FEATURES, MAX_KERNEL_SIZE, MAX_PARAMETERS, checked_product, size_in};
 
 /// Epsilon of GroupNorm and BatchNorm (PyTorch default).
 pub const NORM_EPS: f64 = 1e-5;
@@ -44,13 +49,23 @@ impl Conv2d {
         groups: i64,
         bias: bool,
     ) -> Result<Conv2d> {
-        if groups < 1 || in_channels % groups != 0 || out_channels % groups != 0 {
+        size_in("Conv2d.in_channels", in_channels, 1, MAX_FEATURES)?;
+        size_in("Conv2d.out_channels", out_channels, 1, MAX_FEATURES)?;
+        size_in("Conv2d.kernel", kernel, 1, MAX_KERNEL_SIZE)?;
+        size_in("Conv2d.groups", groups, 1, in_channels)?;
+        if in_channels % groups != 0 || out_channels % groups != 0 {
             return Err(crate::Error::InvalidConfig {
                 reason: format!(
                     "conv {in_channels}->{out_channels} cannot be split into {groups} groups"
                 ),
             });
         }
+        checked_product(
+            "Conv2d (weights)",
+            &[out_channels, in_channels / groups, kernel, kernel],
+            MAX_PARAMETERS,
+        )?;
+        // Bounded by the weight count just checked.
         let fan_in = (in_channels / groups) * kernel * kernel;
         let bound = fan_in_bound(fan_in);
         let weight = path.f_uniform(
@@ -125,6 +140,13 @@ impl Linear {
         out_features: i64,
         bias: bool,
     ) -> Result<Linear> {
+        size_in("Linear.in_features", in_features, 1, MAX_FEATURES)?;
+        size_in("Linear.out_features", out_features, 1, MAX_FEATURES)?;
+        checked_product(
+            "Linear (weights)",
+            &[in_features, out_features],
+            MAX_PARAMETERS,
+        )?;
         let bound = fan_in_bound(in_features);
         let weight = path.f_uniform("weight", &[out_features, in_features], -bound, bound)?;
         let bias = if bias {
@@ -165,6 +187,7 @@ pub struct GroupNorm {
 impl GroupNorm {
     /// GroupNorm over `channels` channels in `groups` groups.
     pub fn new(path: &nn::Path<'_>, groups: i64, channels: i64) -> Result<GroupNorm> {
+        size_in("GroupNorm.channels", channels, 1, MAX_FEATURES)?;
         if groups < 1 || channels % groups != 0 {
             return Err(crate::Error::InvalidConfig {
                 reason: format!("GroupNorm: {channels} channels cannot form {groups} groups"),
@@ -208,6 +231,7 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// LayerNorm over a last dimension of `width`.
     pub fn new(path: &nn::Path<'_>, width: i64) -> Result<LayerNorm> {
+        size_in("LayerNorm.width", width, 1, MAX_FEATURES)?;
         Ok(LayerNorm {
             weight: path.f_ones("weight", &[width])?,
             bias: path.f_zeros("bias", &[width])?,
@@ -244,6 +268,7 @@ pub struct BatchNorm2d {
 impl BatchNorm2d {
     /// BatchNorm over `channels` channels.
     pub fn new(path: &nn::Path<'_>, channels: i64) -> Result<BatchNorm2d> {
+        size_in("BatchNorm2d.channels", channels, 1, MAX_FEATURES)?;
         Ok(BatchNorm2d {
             weight: path.f_ones("weight", &[channels])?,
             bias: path.f_zeros("bias", &[channels])?,
@@ -296,7 +321,14 @@ pub fn causal_self_attention(
     proj: &Linear,
     heads: i64,
 ) -> Result<Tensor> {
-    let (batch, time, width) = x.size3()?;
+    let size = x.size();
+    let &[batch, time, width] = size.as_slice() else {
+        return Err(crate::Error::ShapeMismatch {
+            op: "attention input",
+            expected: vec![-1, -1, -1],
+            got: size,
+        });
+    };
     if heads < 1 || width % heads != 0 {
         return Err(crate::Error::InvalidConfig {
             reason: format!("attention: width {width} is not divisible by {heads} heads"),
@@ -309,8 +341,15 @@ pub fn causal_self_attention(
             .f_transpose(1, 2)?)
     };
     let projected = qkv.forward(x)?; // [B, T, 3C]
-    let parts = projected.f_chunk(3, 2)?;
-    let (q, k, v) = (split(&parts[0])?, split(&parts[1])?, split(&parts[2])?);
+    let parts = projected.f_split(width, 2)?;
+    let [q, k, v] = parts.as_slice() else {
+        return Err(crate::Error::ShapeMismatch {
+            op: "attention (qkv projection)",
+            expected: vec![batch, time, width.saturating_mul(3)],
+            got: projected.size(),
+        });
+    };
+    let (q, k, v) = (split(q)?, split(k)?, split(v)?);
     let attended =
         Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?; // [B, H, T, C/H]
     let merged = attended

@@ -18,7 +18,8 @@
 //!   usable.
 //! - [`layers`], [`optim`]: the small tch building blocks (fallible layers, a
 //!   deterministic SGD with momentum) the rest is made of.
-//! - [`error`]: the crate's error type.
+//! - [`error`]: the crate's error type; [`validate`]: the checks and size
+//!   bounds applied where values enter the crate.
 
 pub mod alpha;
 pub mod attribution;
@@ -36,6 +37,8 @@ pub mod model;
 pub mod optim;
 pub mod prefetch;
 pub mod slot;
+mod slot_checks;
 pub mod telemetry;
+pub mod validate;
 
 pub use error::{Error, Result};

@@ -10,13 +10,23 @@
 //! statistics) are not parameters and are not in the vector. Frozen
 //! parameters (blend-out freeze) stay in place, so the layout changes only
 //! when a seed germinates or leaves.
+//!
+//! [`SeedMasks::to_tensor`] accepts any mask, including hand-built ones: a
+//! range outside the layout, or a layout of more than `MAX_MASK_ELEMENTS`
+//! elements, is an error, never an out-of-bounds index or a huge host
+//! allocation.
 
 use std::collections::HashSet;
 use std::ops::Range;
 
 use tch::{Device, Kind, Tensor, nn};
 
-use crate::Result;
+use crate::validate::MAX_PARAMETERS;
+use crate::{Error, Result};
+
+/// Largest flattened layout [`SeedMasks::to_tensor`] builds (host plus
+/// seeds, each at most `MAX_PARAMETERS`): `4 MAX_PARAMETERS`.
+pub const MAX_MASK_ELEMENTS: i64 = 4 * MAX_PARAMETERS;
 
 /// The trainable variables of `var_store`, sorted by name.
 pub fn trainable_parameters(var_store: &nn::VarStore) -> Vec<(String, Tensor)> {
@@ -125,16 +135,41 @@ impl SeedMasks {
         self.seeds.iter().find(|mask| mask.owner == slot)
     }
 
-    /// A boolean tensor `[total]`, true on the elements `mask` owns.
+    /// A boolean tensor `[total]` on `device`, true on the elements `mask`
+    /// owns. Every range must lie within `0..total` and `total` be at most
+    /// `MAX_MASK_ELEMENTS` ([`Error::OutOfRange`] otherwise).
     pub fn to_tensor(&self, mask: &OwnerMask, device: Device) -> Result<Tensor> {
-        let mut values = vec![false; self.total];
+        let total = i64::try_from(self.total)
+            .ok()
+            .filter(|total| *total <= MAX_MASK_ELEMENTS)
+            .ok_or_else(|| Error::OutOfRange {
+                field: "SeedMasks.total",
+                value: self.total.to_string(),
+                allowed: format!("[0, {MAX_MASK_ELEMENTS}]"),
+            })?;
+        let mut spans = Vec::with_capacity(mask.ranges.len());
         for range in &mask.ranges {
-            values[range.range.clone()]
-                .iter_mut()
-                .for_each(|v| *v = true);
+            let span = &range.range;
+            let fits = span.start <= span.end && span.end <= self.total;
+            // Both ends are at most `total`, which fits i64 (checked above).
+            let start = i64::try_from(span.start).ok().filter(|_| fits);
+            let end = i64::try_from(span.end).ok().filter(|_| fits);
+            let (Some(start), Some(end)) = (start, end) else {
+                return Err(Error::OutOfRange {
+                    field: "OwnerMask.ranges",
+                    value: format!("{} {:?}", range.name, span),
+                    allowed: format!("ranges within 0..{}", self.total),
+                });
+            };
+            spans.push((start, end - start));
         }
-        Ok(Tensor::f_from_slice(&values)?
-            .f_to_kind(Kind::Bool)?
-            .f_to_device(device)?)
+        let values = Tensor::f_zeros([total].as_slice(), (Kind::Bool, device))?;
+        for (start, length) in spans {
+            if length > 0 {
+                let mut owned = values.f_narrow(0, start, length)?;
+                let _filled = owned.f_fill_(1)?;
+            }
+        }
+        Ok(values)
     }
 }

@@ -6,6 +6,12 @@
 //! without an active seed are identities and are skipped, so a model with no
 //! active seed runs exactly the host's plain forward. Lifecycle calls are
 //! addressed by slot id and delegate to [`SeedSlot`].
+//!
+//! Bad input: the slot configuration is checked once when the model is built
+//! ([`SlotConfig::validate`]); the input's shape is checked by the host
+//! before libtorch sees it; more alpha overrides than slots are an error;
+//! [`MorphogeneticModel::record_accuracy`] checks its values before any slot
+//! records them.
 
 use leyline::gate::thresholds::MIN_PRUNE_AGE;
 use leyline::{AlphaCurve, LifecycleOp, SeedStage};
@@ -62,7 +68,8 @@ impl OpAvailability {
         LifecycleOp::ALL
             .iter()
             .position(|candidate| *candidate == op)
-            .is_some_and(|index| self.ops[index])
+            .and_then(|index| self.ops.get(index).copied())
+            .unwrap_or(false)
     }
 }
 
@@ -101,6 +108,7 @@ impl MorphogeneticModel {
         config: SlotConfig,
         telemetry: LifecycleTelemetry,
     ) -> Result<MorphogeneticModel> {
+        config.validate()?;
         for slot in enabled {
             host.injection_spec(*slot)?;
         }
@@ -110,7 +118,7 @@ impl MorphogeneticModel {
             .iter()
             .filter(|spec| enabled.contains(&spec.slot_id))
             .map(|spec| SeedSlot::new(spec.clone(), topology, config, telemetry.clone()))
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         Ok(MorphogeneticModel {
             host,
             slots,
@@ -152,31 +160,36 @@ impl MorphogeneticModel {
         self.slots.iter().map(SeedSlot::id).collect()
     }
 
+    fn unknown_slot(&self, slot: SlotId) -> Error {
+        Error::UnknownSlot {
+            slot: slot.to_string(),
+            available: self
+                .slot_ids()
+                .iter()
+                .map(SlotId::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+
     fn slot_index(&self, slot: SlotId) -> Result<usize> {
         self.slots
             .iter()
             .position(|s| s.id() == slot)
-            .ok_or_else(|| Error::UnknownSlot {
-                slot: slot.to_string(),
-                available: self
-                    .slot_ids()
-                    .iter()
-                    .map(SlotId::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
+            .ok_or_else(|| self.unknown_slot(slot))
     }
 
     /// The enabled slot `slot`.
     pub fn slot(&self, slot: SlotId) -> Result<&SeedSlot> {
         let index = self.slot_index(slot)?;
-        Ok(&self.slots[index])
+        self.slots.get(index).ok_or_else(|| self.unknown_slot(slot))
     }
 
     /// The enabled slot `slot`, mutably.
     pub fn slot_mut(&mut self, slot: SlotId) -> Result<&mut SeedSlot> {
         let index = self.slot_index(slot)?;
-        Ok(&mut self.slots[index])
+        let unknown = self.unknown_slot(slot);
+        self.slots.get_mut(index).ok_or(unknown)
     }
 
     /// Seeds on the forward path.
@@ -270,13 +283,20 @@ impl MorphogeneticModel {
     /// (`[B, 1, 1, 1]` on CNN hosts, `[B, 1, 1]` on transformers) replaces
     /// slot `i`'s alpha (execution order); a missing or `None` entry keeps
     /// the slot's own alpha. Overrides bypass the incubator (see
-    /// [`SeedSlot::forward`]).
+    /// [`SeedSlot::forward`]). More overrides than slots are an error.
     pub fn forward_with_alpha(
         &self,
         x: &Tensor,
         overrides: &[Option<&Tensor>],
         train: bool,
     ) -> Result<Tensor> {
+        if overrides.len() > self.slots.len() {
+            return Err(Error::OutOfRange {
+                field: "forward_with_alpha.overrides",
+                value: format!("{} overrides", overrides.len()),
+                allowed: format!("at most one per enabled slot ({})", self.slots.len()),
+            });
+        }
         let mut boundary = 0;
         let mut features = x.shallow_clone();
         for (index, slot) in self.slots.iter().enumerate() {
@@ -380,8 +400,10 @@ impl MorphogeneticModel {
         self.slots.iter_mut().try_for_each(SeedSlot::step_epoch)
     }
 
-    /// Records accuracies (percent) on every slot that holds a live seed.
+    /// Records accuracies (percent, finite, in `[0, 100]`) on every slot
+    /// that holds a live seed; refused values reach no slot.
     pub fn record_accuracy(&mut self, train_accuracy: f64, val_accuracy: f64) -> Result<()> {
+        crate::slot_checks::accuracies(train_accuracy, val_accuracy)?;
         for slot in &mut self.slots {
             if slot.stage().is_some_and(|stage| !stage.is_failure()) {
                 slot.record_accuracy(train_accuracy, val_accuracy)?;

@@ -6,10 +6,16 @@
 //! reference's per-seed optimizer: lr 0.01, momentum 0.9), created lazily and
 //! dropped with the seed. Parameters without a gradient are skipped (their
 //! momentum is left untouched), as in PyTorch.
+//!
+//! The learning rate must be finite and in `(0, MAX_LEARNING_RATE]`, the
+//! momentum finite and in `[0, 1]` ([`Sgd::new`] refuses anything else: a
+//! NaN learning rate would turn every parameter non-finite on the first
+//! step).
 
 use tch::Tensor;
 
 use crate::Result;
+use crate::validate::{MAX_LEARNING_RATE, in_range, positive_at_most};
 
 /// Seed learning rate of the reference.
 pub const SEED_LR: f64 = 0.01;
@@ -26,15 +32,19 @@ pub struct Sgd {
 }
 
 impl Sgd {
-    /// An optimizer over `parameters` (shallow handles to the variables).
-    pub fn new(parameters: Vec<Tensor>, learning_rate: f64, momentum: f64) -> Sgd {
+    /// An optimizer over `parameters` (shallow handles to the variables);
+    /// see the module docs for the accepted learning rate and momentum.
+    pub fn new(parameters: Vec<Tensor>, learning_rate: f64, momentum: f64) -> Result<Sgd> {
+        let learning_rate =
+            positive_at_most("Sgd.learning_rate", learning_rate, MAX_LEARNING_RATE)?;
+        let momentum = in_range("Sgd.momentum", momentum, 0.0, 1.0)?;
         let buffers = parameters.iter().map(|_| None).collect();
-        Sgd {
+        Ok(Sgd {
             learning_rate,
             momentum,
             parameters,
             buffers,
-        }
+        })
     }
 
     /// Learning rate.

@@ -17,6 +17,11 @@
 //! Modules draw their initial values from tch's global generator; with
 //! several requests in flight the draw order, and so the values, depend on
 //! scheduling. Germinate synchronously where bitwise reproducibility matters.
+//!
+//! Bounds: queue capacity in `[1, MAX_QUEUE_CAPACITY]`, worker threads in
+//! `[1, MAX_WORKER_THREADS]` ([`Prefetcher::new`]); a request's width is
+//! checked by [`Blueprint::check_dim`] when it is made, not in the worker;
+//! [`Prefetcher::shutdown`] waits at most `MAX_SHUTDOWN_WAIT`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -27,14 +32,21 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::blueprint::{Blueprint, SeedModule};
 use crate::host::{SlotId, Topology};
+use crate::validate::size_in;
 use crate::{Error, Result};
 
 /// Default request queue capacity.
 pub const DEFAULT_QUEUE_CAPACITY: usize = 64;
 /// Default runtime worker threads.
 pub const DEFAULT_WORKER_THREADS: usize = 2;
+/// Largest request queue capacity.
+pub const MAX_QUEUE_CAPACITY: usize = 1 << 16;
+/// Largest number of runtime worker threads.
+pub const MAX_WORKER_THREADS: usize = 256;
+/// Longest wait of [`Prefetcher::shutdown`] (longer timeouts are capped).
+pub const MAX_SHUTDOWN_WAIT: Duration = Duration::from_secs(3600);
 
-/// Prefetcher sizing.
+/// Prefetcher sizing (checked by [`PrefetchConfig::validate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefetchConfig {
     /// Requests that may wait in the queue.
@@ -49,6 +61,26 @@ impl Default for PrefetchConfig {
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             worker_threads: DEFAULT_WORKER_THREADS,
         }
+    }
+}
+
+impl PrefetchConfig {
+    /// Checks the sizing: queue capacity in `[1, MAX_QUEUE_CAPACITY]`,
+    /// worker threads in `[1, MAX_WORKER_THREADS]`.
+    pub fn validate(&self) -> Result<()> {
+        size_in(
+            "PrefetchConfig.queue_capacity",
+            self.queue_capacity,
+            1,
+            MAX_QUEUE_CAPACITY,
+        )?;
+        size_in(
+            "PrefetchConfig.worker_threads",
+            self.worker_threads,
+            1,
+            MAX_WORKER_THREADS,
+        )?;
+        Ok(())
     }
 }
 
@@ -189,11 +221,7 @@ impl std::fmt::Debug for Prefetcher {
 impl Prefetcher {
     /// Starts the runtime and the dispatcher.
     pub fn new(config: PrefetchConfig) -> Result<Prefetcher> {
-        if config.queue_capacity == 0 || config.worker_threads == 0 {
-            return Err(Error::InvalidConfig {
-                reason: "prefetch queue capacity and worker threads must be >= 1".to_owned(),
-            });
-        }
+        config.validate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(config.worker_threads)
             .thread_name("kasmina-prefetch")
@@ -228,11 +256,7 @@ impl Prefetcher {
         device: Device,
     ) -> Result<(Job, Ticket)> {
         let blueprint = Blueprint::from_name(topology, blueprint)?;
-        if channels < 1 {
-            return Err(Error::InvalidConfig {
-                reason: format!("prefetch of {blueprint} needs channels >= 1, got {channels}"),
-            });
-        }
+        blueprint.check_dim(topology, channels)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let cancelled = Arc::new(AtomicBool::new(false));
         let (reply, receiver) = oneshot::channel();
@@ -309,12 +333,13 @@ impl Prefetcher {
     }
 
     /// Stops accepting requests and stops the runtime, waiting up to
-    /// `timeout` for running builds. Requests not yet built are abandoned:
-    /// their tickets report [`Error::PrefetcherClosed`].
+    /// `timeout` (capped at `MAX_SHUTDOWN_WAIT`) for running builds. Requests
+    /// not yet built are abandoned: their tickets report
+    /// [`Error::PrefetcherClosed`].
     pub fn shutdown(mut self, timeout: Duration) {
         self.sender = None;
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(timeout);
+            runtime.shutdown_timeout(timeout.min(MAX_SHUTDOWN_WAIT));
         }
     }
 }

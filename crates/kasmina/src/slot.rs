@@ -27,6 +27,14 @@
 //!   detached copy of the host features when isolation is on; TRAINING at
 //!   alpha 0 is the straight-through incubator; otherwise ADD / MULTIPLY /
 //!   GATE (see [`crate::blend`]).
+//!
+//! Bad input (issue 9): the slot configuration and injection spec are
+//! checked by [`SeedSlot::new`], the germination options by germination, and
+//! every measurement (accuracies, gradient norms, counterfactual
+//! contribution, alpha values, targets and steepness) by the call that
+//! records it; a refused value is a typed error and the call changes
+//! nothing, so no lifecycle move is ever decided by a non-finite number.
+//! The checks live in `slot_checks`.
 
 use std::collections::VecDeque;
 
@@ -44,6 +52,7 @@ use crate::gate::{GateInputs, GateOutcome, QualityGates};
 use crate::host::{InjectionSpec, SlotId, Topology};
 use crate::masks::trainable_parameters;
 use crate::optim::{SEED_LR, SEED_MOMENTUM, Sgd, zero_grads};
+use crate::slot_checks;
 use crate::telemetry::LifecycleTelemetry;
 use crate::{Error, Result};
 
@@ -56,7 +65,8 @@ pub const GRADIENT_VANISHING_NORM: f64 = 1e-7;
 /// Seed gradient norm over which gradients count as exploding.
 pub const GRADIENT_EXPLODING_NORM: f64 = 100.0;
 
-/// Per-slot behaviour.
+/// Per-slot behaviour (checked by [`SlotConfig::validate`] when a slot is
+/// built).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SlotConfig {
     /// Gate mode and thresholds.
@@ -89,7 +99,8 @@ impl Default for SlotConfig {
     }
 }
 
-/// How a seed is germinated (the style, tempo and alpha-target heads).
+/// How a seed is germinated (the style, tempo and alpha-target heads);
+/// checked by [`GerminationOptions::validate`] at germination.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GerminationOptions {
     /// Seed id (G0 needs it non-empty).
@@ -245,21 +256,28 @@ pub struct SeedState {
 }
 
 impl SeedState {
-    /// A DORMANT state for a seed about to germinate.
-    pub fn new(blueprint: Blueprint, options: &GerminationOptions, param_count: i64) -> SeedState {
-        SeedState {
+    /// A DORMANT state for a seed about to germinate. The options must pass
+    /// [`GerminationOptions::validate`] and `param_count` be `>= 0`.
+    pub fn new(
+        blueprint: Blueprint,
+        options: &GerminationOptions,
+        param_count: i64,
+    ) -> Result<SeedState> {
+        options.validate()?;
+        let param_count = slot_checks::param_count(param_count)?;
+        Ok(SeedState {
             seed_id: options.seed_id.clone(),
             blueprint,
             stage: SeedStage::Dormant,
             previous_stage: SeedStage::Unknown,
             epochs_in_previous_stage: 0,
             history: VecDeque::new(),
-            alpha: AlphaController::new(0.0),
+            alpha: AlphaController::default(),
             algorithm: options.algorithm,
             blend_curve: options.blend_curve,
             blend_steepness: options.blend_steepness,
             tempo_epochs: options.tempo_epochs,
-            blend_alpha_target: options.alpha_target.clamp(0.0, 1.0),
+            blend_alpha_target: options.alpha_target,
             isolate_gradients: false,
             blend_out_freeze: false,
             is_healthy: true,
@@ -267,7 +285,7 @@ impl SeedState {
             cooldown_epochs: 0,
             prune_reason: None,
             param_count,
-        }
+        })
     }
 
     /// Moves to `to` if the leyline table allows it: records the previous
@@ -410,6 +428,7 @@ pub struct SeedSlot {
     spec: InjectionSpec,
     topology: Topology,
     config: SlotConfig,
+    probe_shape: Vec<i64>,
     state: Option<SeedState>,
     seed: Option<LiveSeed>,
     telemetry: LifecycleTelemetry,
@@ -417,23 +436,28 @@ pub struct SeedSlot {
 }
 
 impl SeedSlot {
-    /// An empty slot at `spec` of a host with `topology`.
+    /// An empty slot at `spec` of a host with `topology`. The config must
+    /// pass [`SlotConfig::validate`] and the spec
+    /// [`InjectionSpec::validate`].
     pub fn new(
         spec: InjectionSpec,
         topology: Topology,
         config: SlotConfig,
         telemetry: LifecycleTelemetry,
-    ) -> SeedSlot {
+    ) -> Result<SeedSlot> {
+        config.validate()?;
+        let probe_shape = spec.validate(topology)?;
         let source = format!("kasmina.{}", spec.slot_id);
-        SeedSlot {
+        Ok(SeedSlot {
             spec,
             topology,
             config,
+            probe_shape,
             state: None,
             seed: None,
             telemetry,
             source,
-        }
+        })
     }
 
     /// Slot id.
@@ -556,6 +580,7 @@ impl SeedSlot {
         device: Device,
     ) -> Result<()> {
         self.check_available()?;
+        options.validate()?;
         let blueprint = Blueprint::from_name(self.topology, blueprint)?;
         let module = blueprint.build(self.topology, self.spec.channels, device)?;
         self.germinate_module(module, options)
@@ -600,11 +625,8 @@ impl SeedSlot {
                 got: vec![module.channels()],
             });
         }
-        let (height, width) = self.spec.spatial;
-        let probe_shape = match self.topology {
-            Topology::Cnn => vec![1, self.spec.channels, height.max(1), width.max(1)],
-            Topology::Transformer => vec![2, TRANSFORMER_PROBE_TOKENS, self.spec.channels],
-        };
+        options.validate()?;
+        let probe_shape = self.probe_shape.clone();
         let probe = Tensor::f_zeros(probe_shape.as_slice(), (tch::Kind::Float, module.device()))?;
         let probe_out = tch::no_grad(|| module.forward(&probe))?;
         if probe_out.size() != probe_shape {
@@ -628,7 +650,7 @@ impl SeedSlot {
             None
         };
         let param_count = module.param_count();
-        let mut state = SeedState::new(module.blueprint(), &options, param_count);
+        let mut state = SeedState::new(module.blueprint(), &options, param_count)?;
         let outcome = self
             .config
             .gates
@@ -715,7 +737,7 @@ impl SeedSlot {
                 state.isolate_gradients = topology == Topology::Cnn;
                 state.metrics.accuracy_at_blending_start = Some(state.metrics.val_accuracy);
                 let current = state.alpha.alpha();
-                state.alpha.set_alpha(current);
+                state.alpha.snap(current);
                 state.alpha.retarget(
                     state.blend_alpha_target,
                     state.tempo_epochs,
@@ -723,7 +745,7 @@ impl SeedSlot {
                     Some(state.blend_steepness),
                 )?;
             }
-            (_, SeedStage::Holding) => state.alpha.set_alpha(1.0),
+            (_, SeedStage::Holding) => state.alpha.snap(1.0),
             _ => {}
         }
         self.emit_stage_changed(from, target);
@@ -797,6 +819,7 @@ impl SeedSlot {
         curve: AlphaCurve,
         steepness: f64,
     ) -> Result<PruneSchedule> {
+        crate::alpha::check_steepness("steepness", steepness)?;
         let state = self.state.as_ref().ok_or_else(|| self.no_seed())?;
         let stage = state.stage;
         if stage == SeedStage::Fossilized || stage.is_failure() {
@@ -827,14 +850,15 @@ impl SeedSlot {
         Ok(PruneSchedule::Scheduled)
     }
 
-    /// Sets alpha directly (clamped to `[0, 1]`), holding there.
+    /// Sets alpha directly (finite, in `[0, 1]`), holding there.
     pub fn set_alpha(&mut self, alpha: f64) -> Result<()> {
-        self.state_mut()?.alpha.set_alpha(alpha);
-        Ok(())
+        self.state_mut()?.alpha.set_alpha(alpha)
     }
 
     /// Retargets a BLENDING or HOLDING seed's alpha (the SET_ALPHA_TARGET
-    /// op); HOLDING first returns to BLENDING. Needs the controller in HOLD.
+    /// op); HOLDING first returns to BLENDING. Needs the controller in HOLD,
+    /// a target in `[0, 1]` and a valid steepness (checked before anything
+    /// changes).
     pub fn retarget_alpha(
         &mut self,
         target: f64,
@@ -842,6 +866,8 @@ impl SeedSlot {
         curve: AlphaCurve,
         steepness: f64,
     ) -> Result<()> {
+        crate::validate::unit_interval("alpha_target", target)?;
+        crate::alpha::check_steepness("steepness", steepness)?;
         let slot = self.id().to_string();
         let stage = self.state.as_ref().ok_or_else(|| self.no_seed())?.stage;
         match stage {
@@ -900,8 +926,8 @@ impl SeedSlot {
         let Some(state) = self.state.as_mut() else {
             return Ok(());
         };
-        state.metrics.epochs_in_stage += 1;
-        state.metrics.epochs_total += 1;
+        state.metrics.epochs_in_stage = state.metrics.epochs_in_stage.saturating_add(1);
+        state.metrics.epochs_total = state.metrics.epochs_total.saturating_add(1);
         let stage = state.stage;
         if !stage.is_failure() {
             self.apply_freeze()?;
@@ -919,7 +945,7 @@ impl SeedSlot {
                 self.emit_stage_changed(SeedStage::Pruned, SeedStage::Embargoed);
             }
             SeedStage::Embargoed => {
-                state.cooldown_epochs += 1;
+                state.cooldown_epochs = state.cooldown_epochs.saturating_add(1);
                 if state.cooldown_epochs >= embargo_epochs {
                     state
                         .transition(SeedStage::Resetting)
@@ -1010,8 +1036,9 @@ impl SeedSlot {
         self.telemetry.emit_packet(packet);
     }
 
-    /// Records the epoch's accuracies (percent).
+    /// Records the epoch's accuracies (percent, finite, in `[0, 100]`).
     pub fn record_accuracy(&mut self, train_accuracy: f64, val_accuracy: f64) -> Result<()> {
+        let (train_accuracy, val_accuracy) = slot_checks::accuracies(train_accuracy, val_accuracy)?;
         let state = self.state_mut()?;
         state.metrics.train_accuracy = train_accuracy;
         state.metrics.val_accuracy = val_accuracy;
@@ -1023,14 +1050,21 @@ impl SeedSlot {
     /// `(seed / host) sqrt(host_params / seed_params)`, clamped to 10, 0 when
     /// the host norm is below 1e-8 or the seed has no parameters; the stored
     /// value is an EMA (`0.9 old + 0.1 new`, the first measurement taken
-    /// as is). Health is this project's summary: 0 for non-finite or
-    /// exploding (> 100) norms, 0.5 for vanishing (< 1e-7) ones, else 1.
+    /// as is). Health is this project's summary: 0 for exploding (> 100)
+    /// norms, 0.5 for vanishing (< 1e-7) ones, else 1.
+    ///
+    /// Norms must be finite and `>= 0`, `host_params >= 0`; anything else is
+    /// refused and nothing is recorded (a NaN norm once read as the best
+    /// possible ratio and opened G2). A non-finite gradient means the step
+    /// diverged: that is the governor's call (reference: NaN/Inf ->
+    /// `governor_nan` panic and rollback), not a gate input.
     pub fn record_gradient_norms(
         &mut self,
         seed_norm: f64,
         host_norm: f64,
         host_params: i64,
     ) -> Result<()> {
+        slot_checks::gradient_measurement(seed_norm, host_norm, host_params)?;
         let state = self.state_mut()?;
         let seed_params = state.param_count;
         let ratio = if host_norm < thresholds::MIN_HOST_GRAD_NORM || seed_params <= 0 {
@@ -1045,13 +1079,9 @@ impl SeedSlot {
             None => ratio,
             Some(previous) => decay * previous + (1.0 - decay) * ratio,
         });
-        let exploding = !seed_norm.is_finite() || seed_norm > GRADIENT_EXPLODING_NORM;
+        let exploding = seed_norm > GRADIENT_EXPLODING_NORM;
         let vanishing = seed_params > 0 && seed_norm < GRADIENT_VANISHING_NORM;
-        state.metrics.gradient_norm = if seed_norm.is_finite() {
-            seed_norm
-        } else {
-            0.0
-        };
+        state.metrics.gradient_norm = seed_norm;
         state.metrics.gradients_exploding = exploding;
         state.metrics.gradients_vanishing = vanishing;
         state.metrics.gradient_health = Some(if exploding {
@@ -1076,8 +1106,10 @@ impl SeedSlot {
         gradient_norm(&parameters)
     }
 
-    /// Sets the counterfactual contribution (percentage points) G5 reads.
+    /// Sets the counterfactual contribution (percentage points, finite, in
+    /// `[-100, 100]`) G5 reads; a refused value leaves the old one.
     pub fn set_counterfactual_contribution(&mut self, contribution: f64) -> Result<()> {
+        let contribution = slot_checks::contribution(contribution)?;
         self.state_mut()?.metrics.counterfactual_contribution = Some(contribution);
         Ok(())
     }
@@ -1104,14 +1136,17 @@ impl SeedSlot {
         let Some(seed) = self.seed.as_mut() else {
             return Ok(());
         };
-        let optimizer = seed.optimizer.get_or_insert_with(|| {
+        if seed.optimizer.is_none() {
             let parameters = trainable_parameters(seed.module.var_store())
                 .into_iter()
                 .map(|(_, tensor)| tensor)
                 .collect();
-            Sgd::new(parameters, learning_rate, momentum)
-        });
-        optimizer.step()
+            seed.optimizer = Some(Sgd::new(parameters, learning_rate, momentum)?);
+        }
+        match seed.optimizer.as_mut() {
+            Some(optimizer) => optimizer.step(),
+            None => Ok(()),
+        }
     }
 
     /// Zeroes the seed's gradients.
@@ -1140,6 +1175,10 @@ impl SeedSlot {
     /// `[N, C, H, W] -> [N, C, H, W]` (CNN), `[N, T, C] -> [N, T, C]`
     /// (transformer).
     pub fn forward(&self, host: &Tensor, alpha_override: Option<&Tensor>) -> Result<Tensor> {
+        slot_checks::features(self.topology, &self.spec, host)?;
+        if let Some(tensor) = alpha_override {
+            BlendAlpha::PerSample(tensor).check(host)?;
+        }
         let (Some(state), Some(seed)) = (&self.state, &self.seed) else {
             return Ok(host.shallow_clone());
         };

@@ -274,7 +274,7 @@ fn host_config_is_validated() {
     ] {
         assert!(matches!(
             CnnHost::new(config, Device::Cpu),
-            Err(Error::InvalidConfig { .. })
+            Err(Error::OutOfRange { .. })
         ));
     }
     let partial = CnnHost::new(

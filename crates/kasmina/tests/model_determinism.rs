@@ -85,7 +85,7 @@ fn run(seed: i64) -> RunResult {
         .into_iter()
         .map(|(_, t)| t)
         .collect();
-    let mut host_optimizer = Sgd::new(host_parameters, 0.01, 0.9);
+    let mut host_optimizer = Sgd::new(host_parameters, 0.01, 0.9).expect("sgd");
 
     for _ in 0..MAX_EPOCHS {
         for step in 0..STEPS_PER_EPOCH {

@@ -142,11 +142,17 @@ fn invalid_configuration_and_channels_are_refused() {
             queue_capacity: 0,
             worker_threads: 1
         }),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::OutOfRange {
+            field: "PrefetchConfig.queue_capacity",
+            ..
+        })
     ));
     let prefetcher = prefetcher();
     assert!(matches!(
         prefetcher.request("norm", 0, SlotId::new(0, 0), Device::Cpu),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::OutOfRange {
+            field: "blueprint width",
+            ..
+        })
     ));
 }

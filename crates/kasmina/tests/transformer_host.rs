@@ -107,7 +107,7 @@ fn tiny_host_shapes_slots_and_routing() {
     tch::manual_seed(4);
     let config = TransformerHostConfig::tiny();
     let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
-    assert_eq!(host.param_count(), config.param_count());
+    assert_eq!(host.param_count(), config.param_count().expect("count"));
     assert_eq!(host.topology(), Topology::Transformer);
     let ids: Vec<(String, usize, i64)> = host
         .injection_specs()
@@ -154,14 +154,22 @@ fn tiny_host_shapes_slots_and_routing() {
 fn reference_host_has_about_thirty_million_parameters() {
     // 50257 x 384 tied embedding, 256 x 384 positions, 6 blocks of
     // 1,774,464, final LayerNorm 768: the reference's "about 30.0M".
-    assert_eq!(TransformerHostConfig::reference().param_count(), 30_044_544);
+    assert_eq!(
+        TransformerHostConfig::reference()
+            .param_count()
+            .expect("count"),
+        30_044_544
+    );
     let bad = TransformerHostConfig {
         n_layer: 4,
         ..TransformerHostConfig::reference()
     };
     assert!(matches!(
         TransformerHost::new(bad, Device::Cpu),
-        Err(Error::InvalidConfig { .. })
+        Err(Error::OutOfRange {
+            field: "TransformerHostConfig.num_segments",
+            ..
+        })
     ));
 }
 

@@ -14,11 +14,19 @@
 //!
 //! Tensors are NCHW (the reference uses channels_last on GPU; the layout does
 //! not change values).
+//!
+//! [`CnnHostConfig::validate`] bounds every size (see [`crate::validate`])
+//! before anything is allocated, and [`Host::forward_segment`] checks the
+//! activation's shape at its starting boundary before libtorch sees it.
 
 use tch::{Device, Tensor, nn};
 
 use super::{Host, InjectionSpec, SlotId, Surface, Topology, check_boundaries};
 use crate::layers::{BatchNorm2d, Conv2d, Linear};
+use crate::validate::{
+    MAX_CHANNELS, MAX_CLASSES, MAX_KERNEL_SIZE, MAX_LAYERS, MAX_PARAMETERS, MAX_SPATIAL,
+    checked_product, checked_sum, shape, size_in,
+};
 use crate::{Error, Result};
 
 /// Shape and size of a CNN host.
@@ -65,38 +73,100 @@ impl CnnHostConfig {
         }
     }
 
-    fn validate(&self) -> Result<()> {
-        let problem = if self.n_blocks < 2 {
-            Some(format!("n_blocks must be >= 2, got {}", self.n_blocks))
-        } else if self.pool_layers > self.n_blocks {
-            Some(format!(
-                "pool_layers {} exceeds n_blocks {}",
-                self.pool_layers, self.n_blocks
-            ))
-        } else if self.kernel_size < 1 || self.kernel_size % 2 == 0 {
-            Some(format!(
-                "kernel_size must be odd and >= 1, got {}",
-                self.kernel_size
-            ))
-        } else if self.base_channels < 1 || self.in_channels < 1 || self.num_classes < 1 {
-            Some("channels and classes must be >= 1".to_owned())
-        } else if self.input_size >> self.pool_layers < 1 {
-            Some(format!(
-                "input size {} is too small for {} pools",
-                self.input_size, self.pool_layers
-            ))
-        } else {
-            None
-        };
-        match problem {
-            Some(reason) => Err(Error::InvalidConfig { reason }),
-            None => Ok(()),
+    /// Checks every field: `in_channels` and `base_channels` in
+    /// `[1, MAX_CHANNELS]`, `input_size` in `[1, MAX_SPATIAL]`, `n_blocks` in
+    /// `[2, MAX_LAYERS]` with the last block's `base 2^(n-1)` channels at most
+    /// `MAX_CHANNELS`, `pool_layers <= n_blocks` with at least one pixel left
+    /// after the pools, `kernel_size` odd in `[1, MAX_KERNEL_SIZE]`,
+    /// `num_classes` in `[1, MAX_CLASSES]`, and at most `MAX_PARAMETERS`
+    /// parameters in all. Returns the parameter count.
+    pub fn validate(&self) -> Result<i64> {
+        size_in(
+            "CnnHostConfig.in_channels",
+            self.in_channels,
+            1,
+            MAX_CHANNELS,
+        )?;
+        size_in(
+            "CnnHostConfig.base_channels",
+            self.base_channels,
+            1,
+            MAX_CHANNELS,
+        )?;
+        size_in("CnnHostConfig.input_size", self.input_size, 1, MAX_SPATIAL)?;
+        size_in("CnnHostConfig.n_blocks", self.n_blocks, 2, MAX_LAYERS)?;
+        size_in(
+            "CnnHostConfig.pool_layers",
+            self.pool_layers,
+            0,
+            self.n_blocks,
+        )?;
+        size_in(
+            "CnnHostConfig.kernel_size",
+            self.kernel_size,
+            1,
+            MAX_KERNEL_SIZE,
+        )?;
+        if self.kernel_size % 2 == 0 {
+            return Err(Error::OutOfRange {
+                field: "CnnHostConfig.kernel_size",
+                value: self.kernel_size.to_string(),
+                allowed: format!("odd values in [1, {MAX_KERNEL_SIZE}]"),
+            });
         }
+        size_in(
+            "CnnHostConfig.num_classes",
+            self.num_classes,
+            1,
+            MAX_CLASSES,
+        )?;
+        let last = self.block_channels(self.n_blocks - 1)?;
+        size_in("CnnHostConfig (last block channels)", last, 1, MAX_CHANNELS)?;
+        let remaining = u32::try_from(self.pool_layers)
+            .ok()
+            .and_then(|pools| self.input_size.checked_shr(pools))
+            .unwrap_or(0);
+        if remaining < 1 {
+            return Err(Error::OutOfRange {
+                field: "CnnHostConfig.pool_layers",
+                value: self.pool_layers.to_string(),
+                allowed: format!("at most log2(input_size = {}) pools", self.input_size),
+            });
+        }
+        let k = self.kernel_size;
+        let mut counts = Vec::with_capacity(2 * self.n_blocks + 2);
+        let mut in_channels = self.in_channels;
+        for block in 0..self.n_blocks {
+            let out = self.block_channels(block)?;
+            let field = "CnnHostConfig (conv parameters)";
+            counts.push(checked_product(
+                field,
+                &[in_channels, out, k, k],
+                MAX_PARAMETERS,
+            )?);
+            counts.push(checked_product(field, &[2, out], MAX_PARAMETERS)?);
+            in_channels = out;
+        }
+        let field = "CnnHostConfig (classifier parameters)";
+        counts.push(checked_product(
+            field,
+            &[in_channels + 1, self.num_classes],
+            MAX_PARAMETERS,
+        )?);
+        checked_sum("CnnHostConfig (parameters)", &counts, MAX_PARAMETERS)
     }
 
-    /// Channels of block `i`.
-    pub fn block_channels(&self, block: usize) -> i64 {
-        self.base_channels << block
+    /// Channels of block `i`, `base * 2^i` (an error where that overflows).
+    pub fn block_channels(&self, block: usize) -> Result<i64> {
+        u32::try_from(block)
+            .ok()
+            .filter(|&shift| shift < 62)
+            .and_then(|shift| self.base_channels.checked_mul(1i64 << shift))
+            .ok_or_else(|| Error::OutOfRange {
+                field: "CnnHostConfig.block_channels",
+                value: format!("base {} * 2^{block}", self.base_channels),
+                allowed: "a product that fits i64".to_owned(),
+            })
     }
 }
 
@@ -121,12 +191,15 @@ pub struct CnnHost {
     blocks: Vec<ConvBlock>,
     classifier: Linear,
     segments: Vec<Segment>,
+    /// Expected activation shape at each boundary (`-1` = any batch).
+    boundary_shapes: Vec<Vec<i64>>,
     specs: Vec<InjectionSpec>,
     name: String,
 }
 
 impl CnnHost {
-    /// Builds the host on `device` (parameters from tch's global generator).
+    /// Builds the host on `device` (parameters from tch's global generator)
+    /// once [`CnnHostConfig::validate`] accepts the configuration.
     pub fn new(config: CnnHostConfig, device: Device) -> Result<CnnHost> {
         config.validate()?;
         let var_store = nn::VarStore::new(device);
@@ -134,7 +207,7 @@ impl CnnHost {
         let mut blocks = Vec::with_capacity(config.n_blocks);
         let mut in_channels = config.in_channels;
         for block in 0..config.n_blocks {
-            let out_channels = config.block_channels(block);
+            let out_channels = config.block_channels(block)?;
             let path = root.sub(format!("block{block}"));
             blocks.push(ConvBlock {
                 conv: Conv2d::new(
@@ -159,9 +232,11 @@ impl CnnHost {
         let mut segments = Vec::new();
         let mut specs = Vec::new();
         let mut size = config.input_size;
+        let mut boundary_shapes = vec![vec![-1, config.in_channels, size, size]];
         for block in 0..config.n_blocks {
-            let channels = config.block_channels(block);
+            let channels = config.block_channels(block)?;
             segments.push(Segment::Block(block));
+            boundary_shapes.push(vec![-1, channels, size, size]);
             specs.push(InjectionSpec {
                 slot_id: SlotId::new(0, block as u32),
                 channels,
@@ -173,6 +248,7 @@ impl CnnHost {
             if block < config.pool_layers {
                 segments.push(Segment::Pool);
                 size /= 2;
+                boundary_shapes.push(vec![-1, channels, size, size]);
                 specs.push(InjectionSpec {
                     slot_id: SlotId::new(1, block as u32),
                     channels,
@@ -184,6 +260,7 @@ impl CnnHost {
             }
         }
         segments.push(Segment::Head);
+        boundary_shapes.push(vec![-1, config.num_classes]);
         let name = format!("cnn-{}x{}", config.n_blocks, config.base_channels);
         drop(root);
         Ok(CnnHost {
@@ -192,6 +269,7 @@ impl CnnHost {
             blocks,
             classifier,
             segments,
+            boundary_shapes,
             specs,
             name,
         })
@@ -214,7 +292,9 @@ impl CnnHost {
     fn run_segment(&self, segment: &Segment, x: &Tensor, train: bool) -> Result<Tensor> {
         Ok(match segment {
             Segment::Block(index) => {
-                let block = &self.blocks[*index];
+                let block = self.blocks.get(*index).ok_or(Error::InvalidConfig {
+                    reason: format!("cnn host has no block {index}"),
+                })?;
                 block.bn.forward(&block.conv.forward(x)?, train)?.f_relu()? // [B, C_i, H, W]
             }
             Segment::Pool => x.f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)?, // [B, C, H/2, W/2]
@@ -261,19 +341,17 @@ impl Host for CnnHost {
     /// the last boundary is `[B, num_classes]`.
     fn forward_segment(&self, x: &Tensor, from: usize, to: usize, train: bool) -> Result<Tensor> {
         check_boundaries(self, from, to)?;
-        if from == 0 {
-            let expected = self.input_shape();
-            let size = x.size();
-            if size.len() != 4 || size[1..] != expected[..] {
-                return Err(Error::ShapeMismatch {
-                    op: "cnn host input",
-                    expected: [vec![-1], expected].concat(),
-                    got: size,
-                });
-            }
-        }
+        let expected = self
+            .boundary_shapes
+            .get(from)
+            .map_or(&[][..], Vec::as_slice);
+        shape(
+            "cnn host (activation at the start boundary)",
+            &x.size(),
+            expected,
+        )?;
         let mut activation = x.shallow_clone();
-        for segment in &self.segments[from..to] {
+        for segment in self.segments.get(from..to).unwrap_or_default() {
             activation = self.run_segment(segment, &activation, train)?;
         }
         Ok(activation)

@@ -1,13 +1,16 @@
 //! The `tolaria-reference` host: a single `Linear(16 -> 4)`.
 //!
 //! It has one segment and no injection points: it exists so that the trainer's
-//! fast path and the Python Phase-0 workload share one definition.
+//! fast path and the Python Phase-0 workload share one definition. Sizes are
+//! bounded ([`LinearHost::new`]) and inputs shape-checked before libtorch sees
+//! them.
 
 use tch::{Device, Tensor, nn};
 
 use super::{Host, InjectionSpec, Topology, check_boundaries};
 use crate::Result;
 use crate::layers::Linear;
+use crate::validate::{MAX_FEATURES, MAX_PARAMETERS, checked_product, shape, size_in};
 
 /// Input features of the reference workload.
 pub const REFERENCE_IN_FEATURES: i64 = 16;
@@ -20,12 +23,21 @@ pub struct LinearHost {
     var_store: nn::VarStore,
     linear: Linear,
     in_features: i64,
+    out_features: i64,
     name: String,
 }
 
 impl LinearHost {
     /// `Linear(in_features -> out_features)` with bias, PyTorch default init.
+    /// Both sizes in `[1, MAX_FEATURES]`, at most `MAX_PARAMETERS` weights.
     pub fn new(in_features: i64, out_features: i64, device: Device) -> Result<LinearHost> {
+        size_in("LinearHost.in_features", in_features, 1, MAX_FEATURES)?;
+        size_in("LinearHost.out_features", out_features, 1, MAX_FEATURES)?;
+        checked_product(
+            "LinearHost (parameters)",
+            &[in_features + 1, out_features],
+            MAX_PARAMETERS,
+        )?;
         let var_store = nn::VarStore::new(device);
         let linear = Linear::new(
             &var_store.root().sub("linear"),
@@ -37,6 +49,7 @@ impl LinearHost {
             var_store,
             linear,
             in_features,
+            out_features,
             name: format!("linear-{in_features}x{out_features}"),
         })
     }
@@ -81,6 +94,16 @@ impl Host for LinearHost {
     /// `[B, in] -> [B, out]` for `0 -> 1`; identity when `from == to`.
     fn forward_segment(&self, x: &Tensor, from: usize, to: usize, _train: bool) -> Result<Tensor> {
         check_boundaries(self, from, to)?;
+        let features = if from == 0 {
+            self.in_features
+        } else {
+            self.out_features
+        };
+        shape(
+            "linear host (activation at the start boundary)",
+            &x.size(),
+            &[-1, features],
+        )?;
         if from == to {
             return Ok(x.shallow_clone());
         }

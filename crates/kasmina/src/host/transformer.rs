@@ -10,11 +10,21 @@
 //! per group of `n_layer / num_segments` layers, then the logits
 //! `[B, T, vocab]`. Slots `r0c{g}` sit after group `g` (after layers 2/4/6
 //! for the reference's 6 layers and 3 segments), all with `C` channels.
+//!
+//! [`TransformerHostConfig::validate`] bounds every size (see
+//! [`crate::validate`]) before anything is allocated, and
+//! [`Host::forward_segment`] checks the activation's shape at its starting
+//! boundary. Token ids are not range-checked on the device (that would be a
+//! readback): an id outside `[0, vocab)` is a libtorch error on CPU and a
+//! device-side assert on CUDA, so data sets must be validated when loaded.
 
 use tch::{Device, Kind, Tensor, nn};
 
 use super::{Host, InjectionSpec, SlotId, Surface, Topology, check_boundaries};
 use crate::layers::{LayerNorm, Linear, causal_self_attention};
+use crate::validate::{
+    MAX_CHANNELS, MAX_CLASSES, MAX_LAYERS, MAX_PARAMETERS, MAX_SPATIAL, size_in,
+};
 use crate::{Error, Result};
 
 /// Standard deviation of the embedding initialisation (GPT-2).
@@ -64,33 +74,76 @@ impl TransformerHostConfig {
     }
 
     /// Trainable parameters of a host of this shape (head tied to the
-    /// token embedding).
-    pub fn param_count(&self) -> i64 {
+    /// token embedding); an error where the count overflows `i64`.
+    pub fn param_count(&self) -> Result<i64> {
+        let overflow = || Error::OutOfRange {
+            field: "TransformerHostConfig (parameters)",
+            value: format!("{self:?}"),
+            allowed: "a parameter count that fits i64".to_owned(),
+        };
         let c = self.n_embd;
-        let per_layer = 2 * (2 * c) + (4 * c * c + 4 * c) + (8 * c * c + 5 * c);
-        self.vocab_size * c + self.block_size * c + self.n_layer as i64 * per_layer + 2 * c
+        let layers = i64::try_from(self.n_layer).map_err(|_| overflow())?;
+        let count = (|| {
+            let c2 = c.checked_mul(c)?;
+            // 2 LayerNorms (4C), qkv + attention projection (4C^2 + 4C),
+            // MLP 4x (8C^2 + 5C).
+            let per_layer = c2.checked_mul(12)?.checked_add(c.checked_mul(13)?)?;
+            self.vocab_size
+                .checked_mul(c)?
+                .checked_add(self.block_size.checked_mul(c)?)?
+                .checked_add(layers.checked_mul(per_layer)?)?
+                .checked_add(c.checked_mul(2)?)
+        })();
+        count.ok_or_else(overflow)
     }
 
-    fn validate(&self) -> Result<()> {
-        let problem = if self.n_head < 1 || self.n_embd % self.n_head != 0 {
-            Some(format!(
-                "n_embd {} is not divisible by n_head {}",
-                self.n_embd, self.n_head
-            ))
-        } else if self.num_segments == 0 || !self.n_layer.is_multiple_of(self.num_segments) {
-            Some(format!(
-                "n_layer {} is not a multiple of num_segments {}",
-                self.n_layer, self.num_segments
-            ))
-        } else if self.vocab_size < 1 || self.block_size < 1 {
-            Some("vocab_size and block_size must be >= 1".to_owned())
-        } else {
-            None
-        };
-        match problem {
-            Some(reason) => Err(Error::InvalidConfig { reason }),
-            None => Ok(()),
+    /// Checks every field: `vocab_size` in `[1, MAX_CLASSES]`, `n_embd` in
+    /// `[1, MAX_CHANNELS]`, `n_head` in `[1, n_embd]` dividing `n_embd`,
+    /// `n_layer` in `[1, MAX_LAYERS]`, `num_segments` in `[1, n_layer]`
+    /// dividing `n_layer`, `block_size` in `[1, MAX_SPATIAL]`, and at most
+    /// `MAX_PARAMETERS` parameters. Returns the parameter count.
+    pub fn validate(&self) -> Result<i64> {
+        size_in(
+            "TransformerHostConfig.vocab_size",
+            self.vocab_size,
+            1,
+            MAX_CLASSES,
+        )?;
+        size_in("TransformerHostConfig.n_embd", self.n_embd, 1, MAX_CHANNELS)?;
+        size_in("TransformerHostConfig.n_head", self.n_head, 1, self.n_embd)?;
+        size_in("TransformerHostConfig.n_layer", self.n_layer, 1, MAX_LAYERS)?;
+        size_in(
+            "TransformerHostConfig.num_segments",
+            self.num_segments,
+            1,
+            self.n_layer,
+        )?;
+        size_in(
+            "TransformerHostConfig.block_size",
+            self.block_size,
+            1,
+            MAX_SPATIAL,
+        )?;
+        if self.n_embd % self.n_head != 0 {
+            return Err(Error::OutOfRange {
+                field: "TransformerHostConfig.n_head",
+                value: self.n_head.to_string(),
+                allowed: format!("divisors of n_embd = {}", self.n_embd),
+            });
         }
+        if !self.n_layer.is_multiple_of(self.num_segments) {
+            return Err(Error::OutOfRange {
+                field: "TransformerHostConfig.num_segments",
+                value: self.num_segments.to_string(),
+                allowed: format!("divisors of n_layer = {}", self.n_layer),
+            });
+        }
+        size_in(
+            "TransformerHostConfig (parameters)",
+            self.param_count()?,
+            0,
+            MAX_PARAMETERS,
+        )
     }
 }
 
@@ -180,12 +233,19 @@ impl TransformerHost {
         let per_segment = config.n_layer / config.num_segments;
         let mut segments = vec![Segment::Embed];
         let mut specs = Vec::with_capacity(config.num_segments);
+        let slot_col = |group: usize| {
+            u32::try_from(group).map_err(|_| Error::OutOfRange {
+                field: "TransformerHostConfig.num_segments",
+                value: config.num_segments.to_string(),
+                allowed: format!("[1, {MAX_LAYERS}]"),
+            })
+        };
         for group in 0..config.num_segments {
             segments.push(Segment::Layers(
                 group * per_segment..(group + 1) * per_segment,
             ));
             specs.push(InjectionSpec {
-                slot_id: SlotId::new(0, group as u32),
+                slot_id: SlotId::new(0, slot_col(group)?),
                 channels: width,
                 spatial: (config.block_size, 1),
                 surface: Surface::BlockEnd,
@@ -233,7 +293,7 @@ impl TransformerHost {
             }
             Segment::Layers(range) => {
                 let mut hidden = x.shallow_clone();
-                for block in &self.blocks[range.clone()] {
+                for block in self.blocks.get(range.clone()).unwrap_or_default() {
                     hidden = block.forward(&hidden, self.config.n_head)?;
                 }
                 hidden
@@ -243,6 +303,51 @@ impl TransformerHost {
                 normed.f_matmul(&self.token_embedding.f_transpose(0, 1)?)? // [B, T, vocab]
             }
         })
+    }
+}
+
+impl TransformerHost {
+    /// The activation at `boundary`: int64/int32 token ids `[B, T]` at 0,
+    /// `[B, T, C]` inside, `[B, T, vocab]` at the last, with
+    /// `1 <= T <= block_size` (the error shows `block_size` for `T`).
+    fn check_activation(&self, x: &Tensor, boundary: usize) -> Result<()> {
+        let size = x.size();
+        let config = &self.config;
+        let longest = config.block_size;
+        let (op, expected, token_ids) = if boundary == 0 {
+            (
+                "transformer host input (int64 token ids)",
+                vec![-1, longest],
+                true,
+            )
+        } else if boundary == self.segments.len() {
+            (
+                "transformer host logits",
+                vec![-1, longest, config.vocab_size],
+                false,
+            )
+        } else {
+            (
+                "transformer host hidden states",
+                vec![-1, longest, config.n_embd],
+                false,
+            )
+        };
+        let time = size.get(1).copied().unwrap_or(0);
+        let kind_fits = !token_ids || matches!(x.kind(), Kind::Int64 | Kind::Int);
+        let fits = kind_fits
+            && size.len() == expected.len()
+            && (1..=longest).contains(&time)
+            && size.iter().zip(&expected).skip(2).all(|(g, e)| g == e);
+        if fits {
+            Ok(())
+        } else {
+            Err(Error::ShapeMismatch {
+                op,
+                expected,
+                got: size,
+            })
+        }
     }
 }
 
@@ -276,19 +381,9 @@ impl Host for TransformerHost {
     /// boundaries are `[B, T, C]`; the last is `[B, T, vocab]`.
     fn forward_segment(&self, x: &Tensor, from: usize, to: usize, _train: bool) -> Result<Tensor> {
         check_boundaries(self, from, to)?;
-        if from == 0 && to > 0 {
-            let size = x.size();
-            let integer = matches!(x.kind(), Kind::Int64 | Kind::Int);
-            if size.len() != 2 || size[1] > self.config.block_size || size[1] < 1 || !integer {
-                return Err(Error::ShapeMismatch {
-                    op: "transformer host input (int64 token ids)",
-                    expected: vec![-1, self.config.block_size],
-                    got: size,
-                });
-            }
-        }
+        self.check_activation(x, from)?;
         let mut activation = x.shallow_clone();
-        for segment in &self.segments[from..to] {
+        for segment in self.segments.get(from..to).unwrap_or_default() {
             activation = self.run_segment(segment, &activation)?;
         }
         Ok(activation)

@@ -47,6 +47,7 @@ pub fn lone_slot(topology: Topology) -> SeedSlot {
         slot_config(GateMode::Permissive),
         LifecycleTelemetry::disabled(),
     )
+    .expect("slot")
 }
 
 /// Host features `[2, 4, 6, 6]` from a seeded generator.
