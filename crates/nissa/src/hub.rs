@@ -11,17 +11,36 @@ use std::time::{Duration, Instant};
 
 use leyline::proto::TelemetryPacket;
 
-use crate::jsonl::{JsonlConfig, JsonlSink};
-use crate::prometheus::PrometheusSink;
+use crate::jsonl::{JSONL_SINK_NAME, JsonlConfig, JsonlSink};
+use crate::prometheus::{PROMETHEUS_SINK_NAME, PrometheusSink};
 use crate::sink::Sink;
 use crate::stats::{FlushOutcome, HubStats};
-use crate::tracing_bridge::TracingSink;
+use crate::tracing_bridge::{TRACING_SINK_NAME, TracingSink};
+use crate::validate::{check_sink_name, deadline};
 use crate::worker::{Shared, SinkState, WorkerTiming, run_sink, run_worker};
 use crate::{NissaError, Result};
 
 /// Port of the metrics endpoint unless configured otherwise (the port
 /// OpenTelemetry's Prometheus exporters use).
 pub const DEFAULT_METRICS_PORT: u16 = 9464;
+
+/// Largest capacity of the main queue and of any sink's queue. Queues are
+/// allocated up front (the main one holds whole packets, about 100 bytes a
+/// slot), so the bound keeps a hub under about 100 MiB per queue.
+pub const MAX_QUEUE_CAPACITY: usize = 1 << 20;
+
+/// Largest `batch_max` (packets a sink writes between flushes).
+pub const MAX_BATCH: usize = 1 << 16;
+
+/// Most sinks one hub runs (each has a task and may hold a blocking thread).
+pub const MAX_SINKS: usize = 64;
+
+/// Longest `tick_max` (idle sleep of the worker, the worst-case delivery
+/// delay of a trickle of packets).
+pub const MAX_TICK: Duration = Duration::from_secs(3600);
+
+/// Longest sink name, in bytes.
+pub const MAX_SINK_NAME_BYTES: usize = 64;
 
 /// Tuning of a hub. The defaults suit a training run; tests and benchmarks
 /// shrink the queues to exercise dropping.
@@ -61,24 +80,27 @@ impl Default for HubConfig {
 }
 
 impl HubConfig {
+    /// Checks every setting against its range; the error names the field.
     fn validate(&self) -> Result<()> {
-        let positive = [
-            ("queue_capacity", self.queue_capacity),
-            ("sink_queue_capacity", self.sink_queue_capacity),
-            ("batch_max", self.batch_max),
+        let sized = [
+            ("queue_capacity", self.queue_capacity, MAX_QUEUE_CAPACITY),
+            (
+                "sink_queue_capacity",
+                self.sink_queue_capacity,
+                MAX_QUEUE_CAPACITY,
+            ),
+            ("batch_max", self.batch_max, MAX_BATCH),
         ];
-        for (field, value) in positive {
-            if value == 0 {
-                return Err(NissaError::Config {
-                    field,
-                    reason: "must be at least 1".to_owned(),
-                });
-            }
+        for (field, value, max) in sized {
+            check_size(field, value, max)?;
         }
-        if self.wake_threshold == Some(0) {
+        if let Some(threshold) = self.wake_threshold {
+            check_size("wake_threshold", threshold, self.queue_capacity)?;
+        }
+        if self.tick_max > MAX_TICK {
             return Err(NissaError::Config {
-                field: "wake_threshold",
-                reason: "must be at least 1".to_owned(),
+                field: "tick_max",
+                reason: format!("{:?} is longer than {MAX_TICK:?}", self.tick_max),
             });
         }
         if self.tick_min.is_zero() || self.tick_max < self.tick_min {
@@ -91,6 +113,18 @@ impl HubConfig {
             });
         }
         Ok(())
+    }
+}
+
+/// `value` must lie in `1..=max`.
+fn check_size(field: &'static str, value: usize, max: usize) -> Result<()> {
+    if (1..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(NissaError::Config {
+            field,
+            reason: format!("{value} is outside 1..={max}"),
+        })
     }
 }
 
@@ -169,6 +203,37 @@ impl HubBuilder {
     pub fn build(self) -> Result<Hub> {
         let config = self.config;
         config.validate()?;
+        let planned_sinks = self.sinks.len() + usize::from(self.metrics_addr.is_some());
+        if planned_sinks > MAX_SINKS {
+            return Err(NissaError::Config {
+                field: "sinks",
+                reason: format!("{planned_sinks} sinks, more than {MAX_SINKS}"),
+            });
+        }
+        // Checked before any sink opens a file or the endpoint binds.
+        let names = self
+            .sinks
+            .iter()
+            .map(|planned| match planned {
+                PlannedSink::Ready(sink, _) => sink.name(),
+                PlannedSink::Jsonl(_) => JSONL_SINK_NAME,
+                PlannedSink::Tracing => TRACING_SINK_NAME,
+            })
+            .chain(self.metrics_addr.map(|_| PROMETHEUS_SINK_NAME));
+        check_sink_names(names)?;
+        for planned in &self.sinks {
+            if let PlannedSink::Ready(sink, Some(capacity)) = planned {
+                check_size("sink queue capacity", *capacity, MAX_QUEUE_CAPACITY).map_err(
+                    |error| match error {
+                        NissaError::Config { field, reason } => NissaError::Config {
+                            field,
+                            reason: format!("sink {:?}: {reason}", sink.name()),
+                        },
+                        other => other,
+                    },
+                )?;
+            }
+        }
         let mut sinks: Vec<(Box<dyn Sink>, usize)> = Vec::new();
         for planned in self.sinks {
             let (sink, capacity): (Box<dyn Sink>, Option<usize>) = match planned {
@@ -177,12 +242,6 @@ impl HubBuilder {
                 PlannedSink::Tracing => (Box::new(TracingSink::new()), None),
             };
             let capacity = capacity.unwrap_or(config.sink_queue_capacity);
-            if capacity == 0 {
-                return Err(NissaError::Config {
-                    field: "sink queue capacity",
-                    reason: format!("sink {} needs a capacity of at least 1", sink.name()),
-                });
-            }
             sinks.push((sink, capacity));
         }
         let prometheus = match self.metrics_addr {
@@ -210,7 +269,7 @@ impl HubBuilder {
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .max_blocking_threads(sinks.len() + 1)
+            .max_blocking_threads(sinks.len().saturating_add(1))
             .thread_name("nissa")
             .enable_all()
             .build()
@@ -236,6 +295,22 @@ impl HubBuilder {
             })),
         })
     }
+}
+
+/// Every name valid (see [`crate::validate`]) and no name twice: the name
+/// keys the statistics and the `sink` label of the hub's counters.
+fn check_sink_names<'a>(names: impl Iterator<Item = &'a str>) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        check_sink_name(name)?;
+        if !seen.insert(name) {
+            return Err(NissaError::Config {
+                field: "sink name",
+                reason: format!("two sinks are called {name:?}"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The running hub behind every [`Hub`] clone.
@@ -409,7 +484,8 @@ impl Drop for HubInner {
 /// The flush protocol on the shared state (used by `close`, which already
 /// holds the runtime).
 fn flush_shared(shared: &Shared, timeout: Duration) -> FlushOutcome {
-    let deadline = Instant::now() + timeout;
+    // A timeout beyond what `Instant` can hold means no deadline.
+    let deadline = deadline(timeout);
     let ticket = shared.flush_requested.fetch_add(1, Ordering::AcqRel) + 1;
     shared.wake.notify_one();
     let mut complete = wait_until(deadline, || {
@@ -430,18 +506,21 @@ fn flush_shared(shared: &Shared, timeout: Duration) -> FlushOutcome {
 }
 
 /// Polls `done` with a growing sleep (50 us to 2 ms) until it holds or the
-/// deadline passes.
-fn wait_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+/// deadline (if any) passes.
+fn wait_until(deadline: Option<Instant>, mut done: impl FnMut() -> bool) -> bool {
     let mut pause = Duration::from_micros(50);
     loop {
         if done() {
             return true;
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(2));
+        let sleep = match deadline {
+            None => pause,
+            Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                Some(left) if !left.is_zero() => pause.min(left),
+                _ => return false,
+            },
+        };
+        std::thread::sleep(sleep);
+        pause = pause.saturating_mul(2).min(Duration::from_millis(2));
     }
 }

@@ -26,13 +26,14 @@ pub mod sink;
 pub mod stats;
 pub mod testing;
 pub mod tracing_bridge;
+mod validate;
 mod worker;
 
 pub use error::{NissaError, Result};
 pub use hub::{DEFAULT_METRICS_PORT, Hub, HubBuilder, HubConfig};
 pub use jsonl::{JsonlConfig, JsonlSink};
 pub use prometheus::{PrometheusSink, exposed_name};
-pub use sink::Sink;
+pub use sink::{Flushed, Sink};
 pub use stats::{FlushOutcome, HubStats, SinkStats};
 pub use testing::{FailingSink, MemorySink, SlowSink};
 pub use tracing_bridge::{TracingSink, init_subscriber};

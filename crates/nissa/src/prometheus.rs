@@ -38,9 +38,21 @@ use crate::{NissaError, Result};
 /// natively).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Name of the Prometheus sink in statistics and labels.
+pub const PROMETHEUS_SINK_NAME: &str = "prometheus";
+
 /// Most label sets one metric may grow to; further ones are refused (the
 /// packet counts as failed) so that a runaway attribute cannot exhaust memory.
 pub const MAX_SERIES_PER_METRIC: usize = 1000;
+
+/// Most attributes (labels) one metric of a packet may carry.
+pub const MAX_LABELS: usize = 16;
+
+/// Longest attribute name, in bytes.
+pub const MAX_LABEL_NAME_BYTES: usize = 128;
+
+/// Longest attribute value, in bytes.
+pub const MAX_LABEL_VALUE_BYTES: usize = 1024;
 
 /// Histogram buckets for millisecond metrics. 18 ms is the seeds' epoch
 /// latency budget (p95), so the alert on it reads an exact bucket edge.
@@ -129,12 +141,23 @@ struct HubCounters {
     refresh: Mutex<()>,
 }
 
+/// Bookkeeping of the recorded series, behind one lock.
+#[derive(Default)]
+struct Recorded {
+    /// Label sets seen per metric, for the cardinality cap.
+    series: HashMap<&'static str, HashSet<Labels>>,
+    /// Sum of the observations of each histogram series (the family does not
+    /// expose it), so that an observation can be refused before the sum
+    /// becomes non-finite.
+    sums: HashMap<(&'static str, Labels), f64>,
+}
+
 /// The registry and its families, shared by the sink and the endpoint.
 struct MetricSet {
     registry: Registry,
     by_name: HashMap<&'static str, Entry>,
-    /// Label sets seen per metric, for the cardinality cap.
-    series: Mutex<HashMap<&'static str, HashSet<Labels>>>,
+    /// What was recorded; its lock serialises recording (check, then apply).
+    recorded: Mutex<Recorded>,
     hub: HubCounters,
 }
 
@@ -206,7 +229,7 @@ impl MetricSet {
         MetricSet {
             registry,
             by_name,
-            series: Mutex::new(HashMap::new()),
+            recorded: Mutex::new(Recorded::default()),
             hub: HubCounters {
                 dropped: hub_dropped.unwrap_or_default(),
                 after_close: hub_after_close.unwrap_or_default(),
@@ -217,64 +240,80 @@ impl MetricSet {
         }
     }
 
+    /// Records every metric of `packet`, or nothing of it: a packet with a
+    /// non-finite value, a negative counter increment, an increment or
+    /// observation that would make a total non-finite, a label set over the
+    /// bounds or with colliding names, or a new series beyond
+    /// [`MAX_SERIES_PER_METRIC`] is refused whole.
     fn record(&self, packet: &TelemetryPacket) -> std::result::Result<(), String> {
-        let mut problem = None;
-        for metric in &packet.metrics {
-            let Some((name, entry)) = self.by_name.get_key_value(metric.name.as_str()) else {
-                continue;
-            };
-            if !metric.value.is_finite() {
-                problem.get_or_insert_with(|| format!("{} is not finite", metric.name));
-                continue;
-            }
-            let labels = label_set(&metric.attributes);
-            let outcome = match entry {
-                Entry::Counter(family) => {
-                    if metric.value < 0.0 {
-                        Err(format!(
-                            "counter {} got a negative increment {}",
-                            metric.name, metric.value
-                        ))
-                    } else {
-                        self.admit(name, &labels).map(|()| {
-                            family.get_or_create(&labels).inc_by(metric.value);
-                        })
-                    }
-                }
-                Entry::Gauge(family) => self.admit(name, &labels).map(|()| {
-                    family.get_or_create(&labels).set(metric.value);
-                }),
-                Entry::Histogram(family) => self
-                    .admit(name, &labels)
-                    .map(|()| family.get_or_create(&labels).observe(metric.value)),
-            };
-            if let Err(reason) = outcome {
-                problem.get_or_insert(reason);
-            }
-        }
-        match problem {
-            None => Ok(()),
-            Some(reason) => Err(reason),
-        }
-    }
-
-    /// Admits `labels` as a series of `name` unless the metric already has
-    /// [`MAX_SERIES_PER_METRIC`] others.
-    fn admit(&self, name: &'static str, labels: &Labels) -> std::result::Result<(), String> {
-        let mut series = match self.series.lock() {
+        crate::validate::finite_metrics(packet)?;
+        // One lock for check and apply, so that the totals checked are the
+        // totals added to (clones of the sink share the registry).
+        let mut recorded = match self.recorded.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let known = series.entry(name).or_default();
-        if known.contains(labels) {
-            return Ok(());
+        let Recorded { series, sums } = &mut *recorded;
+        let mut plan: Vec<(&'static str, &Entry, Labels, f64)> =
+            Vec::with_capacity(packet.metrics.len());
+        let mut totals: HashMap<(&'static str, Labels), f64> = HashMap::new();
+        let mut new_series: HashMap<&'static str, HashSet<Labels>> = HashMap::new();
+        for metric in &packet.metrics {
+            let Some((&name, entry)) = self.by_name.get_key_value(metric.name.as_str()) else {
+                continue;
+            };
+            let labels =
+                label_set(&metric.attributes).map_err(|reason| format!("{name}: {reason}"))?;
+            let value = metric.value;
+            let current = match entry {
+                Entry::Counter(_) if value < 0.0 => {
+                    return Err(format!("counter {name} got a negative increment {value}"));
+                }
+                Entry::Counter(family) => Some(family.get(&labels).map_or(0.0, |c| c.get())),
+                Entry::Histogram(_) => {
+                    Some(sums.get(&(name, labels.clone())).copied().unwrap_or(0.0))
+                }
+                Entry::Gauge(_) => None,
+            };
+            if let Some(current) = current {
+                let total = totals.entry((name, labels.clone())).or_insert(current);
+                *total += value;
+                if !total.is_finite() {
+                    return Err(format!(
+                        "{name}: adding {value} would make its total non-finite"
+                    ));
+                }
+            }
+            let known = series.get(name);
+            if !known.is_some_and(|known| known.contains(&labels)) {
+                let fresh = new_series.entry(name).or_default();
+                fresh.insert(labels.clone());
+                let count = known.map_or(0, HashSet::len).saturating_add(fresh.len());
+                if count > MAX_SERIES_PER_METRIC {
+                    return Err(format!(
+                        "{name} already has {MAX_SERIES_PER_METRIC} label sets; refusing another"
+                    ));
+                }
+            }
+            plan.push((name, entry, labels, value));
         }
-        if known.len() >= MAX_SERIES_PER_METRIC {
-            return Err(format!(
-                "{name} already has {MAX_SERIES_PER_METRIC} label sets; refusing another"
-            ));
+        for (name, fresh) in new_series {
+            series.entry(name).or_default().extend(fresh);
         }
-        known.insert(labels.clone());
+        for (name, entry, labels, value) in plan {
+            match entry {
+                Entry::Counter(family) => {
+                    family.get_or_create(&labels).inc_by(value);
+                }
+                Entry::Gauge(family) => {
+                    family.get_or_create(&labels).set(value);
+                }
+                Entry::Histogram(family) => {
+                    family.get_or_create(&labels).observe(value);
+                    *sums.entry((name, labels)).or_insert(0.0) += value;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -296,11 +335,12 @@ impl MetricSet {
         }
     }
 
-    fn exposition(&self) -> String {
+    /// The exposition text; `None` if the encoder failed (never served
+    /// half-written).
+    fn exposition(&self) -> Option<String> {
         let mut text = String::with_capacity(16 * 1024);
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).ok()?;
+        Some(text)
     }
 }
 
@@ -312,14 +352,45 @@ fn raise(counter: &Counter<u64, AtomicU64>, target: u64) {
 }
 
 /// Attributes as a label set: sorted, names made valid, reserved names
-/// (`le`, `quantile`, `__*`) prefixed with `attr_`.
-fn label_set(attributes: &BTreeMap<String, String>) -> Labels {
-    let mut labels: Labels = attributes
-        .iter()
-        .map(|(key, value)| (label_name(key), value.clone()))
-        .collect();
+/// (`le`, `quantile`, `__*`) prefixed with `attr_`. Refused: more than
+/// [`MAX_LABELS`] attributes, a name over [`MAX_LABEL_NAME_BYTES`] or a value
+/// over [`MAX_LABEL_VALUE_BYTES`], and two names that become the same label
+/// (`a.b` and `a_b`), which would put one label twice in a series. Values are
+/// kept as they are; the encoder escapes `\`, `"` and newlines.
+fn label_set(attributes: &BTreeMap<String, String>) -> std::result::Result<Labels, String> {
+    if attributes.len() > MAX_LABELS {
+        return Err(format!(
+            "{} attributes, more than {MAX_LABELS}",
+            attributes.len()
+        ));
+    }
+    let mut labels = Labels::with_capacity(attributes.len());
+    for (key, value) in attributes {
+        if key.len() > MAX_LABEL_NAME_BYTES {
+            return Err(format!(
+                "an attribute name has {} bytes, more than {MAX_LABEL_NAME_BYTES}",
+                key.len()
+            ));
+        }
+        if value.len() > MAX_LABEL_VALUE_BYTES {
+            return Err(format!(
+                "attribute {key:?} has a value of {} bytes, more than {MAX_LABEL_VALUE_BYTES}",
+                value.len()
+            ));
+        }
+        labels.push((label_name(key), value.clone()));
+    }
     labels.sort();
-    labels
+    if let Some([first, _]) = labels
+        .windows(2)
+        .find(|pair| matches!(pair, [first, second] if first.0 == second.0))
+    {
+        return Err(format!(
+            "two attributes become the label {:?}; refusing a series with a label twice",
+            first.0
+        ));
+    }
+    Ok(labels)
 }
 
 fn label_name(key: &str) -> String {
@@ -379,21 +450,22 @@ impl PrometheusSink {
         Ok((sink, endpoint))
     }
 
-    /// The current exposition text (OpenMetrics), without the hub counters.
+    /// The current exposition text (OpenMetrics), without the hub counters
+    /// (empty if the encoder failed, which it does not for these types).
     pub fn exposition(&self) -> String {
-        self.metrics.exposition()
+        self.metrics.exposition().unwrap_or_default()
     }
 }
 
 impl Sink for PrometheusSink {
     fn name(&self) -> &str {
-        "prometheus"
+        PROMETHEUS_SINK_NAME
     }
 
     fn write(&mut self, packet: &TelemetryPacket) -> Result<()> {
         self.metrics
             .record(packet)
-            .map_err(|reason| NissaError::sink("prometheus", reason))
+            .map_err(|reason| NissaError::sink(PROMETHEUS_SINK_NAME, reason))
     }
 }
 
@@ -464,7 +536,14 @@ fn respond<B>(
     let (status, content_type, body) = match (request.method(), request.uri().path()) {
         (&Method::GET, "/metrics") => {
             metrics.refresh_hub_counters(&shared.stats());
-            (StatusCode::OK, CONTENT_TYPE, metrics.exposition())
+            match metrics.exposition() {
+                Some(text) => (StatusCode::OK, CONTENT_TYPE, text),
+                None => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain; charset=utf-8",
+                    "could not encode the metrics\n".to_owned(),
+                ),
+            }
         }
         (&Method::GET, "/") => (
             StatusCode::OK,
@@ -526,5 +605,24 @@ mod tests {
         assert_eq!(label_name("le"), "attr_le");
         assert_eq!(label_name("__name__"), "attr___name__");
         assert_eq!(label_name(""), "_");
+    }
+
+    #[test]
+    fn colliding_label_names_are_refused() {
+        let attributes = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect()
+        };
+        assert!(label_set(&attributes(&[("a.b", "1"), ("a_b", "2")])).is_err());
+        assert!(label_set(&attributes(&[("le", "1"), ("attr_le", "2")])).is_err());
+        assert_eq!(
+            label_set(&attributes(&[("b", "1"), ("a", "2")])),
+            Ok(vec![
+                ("a".to_owned(), "2".to_owned()),
+                ("b".to_owned(), "1".to_owned())
+            ])
+        );
     }
 }

@@ -51,7 +51,10 @@ impl SinkStats {
     /// `delivered + dropped + failed + pending`: equals `emitted` whenever the
     /// counters were read while no packet was in flight.
     pub fn accounted(&self) -> u64 {
-        self.delivered + self.dropped + self.failed + self.pending
+        self.delivered
+            .saturating_add(self.dropped)
+            .saturating_add(self.failed)
+            .saturating_add(self.pending)
     }
 }
 
@@ -63,7 +66,9 @@ impl HubStats {
 
     /// Packets not yet delivered, dropped or failed, summed over sinks.
     pub fn pending(&self) -> u64 {
-        self.sinks.iter().map(|sink| sink.pending).sum()
+        self.sinks
+            .iter()
+            .fold(0, |sum, sink| sum.saturating_add(sink.pending))
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! Events become `tracing` events with target `nissa` at the level of the
 //! event (CRITICAL maps to ERROR, the highest `tracing` level); metrics are
-//! logged at TRACE so they stay silent unless asked for.
+//! logged at TRACE so they stay silent unless asked for. A packet with a
+//! non-finite metric value is refused (counted failed), as in every built-in
+//! sink.
 
 use leyline::TelemetryLevel;
 use leyline::proto::{TelemetryEvent, TelemetryPacket};
@@ -11,7 +13,13 @@ use leyline::proto::{TelemetryEvent, TelemetryPacket};
 use crate::sink::Sink;
 use crate::{NissaError, Result};
 
+/// Name of the tracing bridge in statistics and labels.
+pub const TRACING_SINK_NAME: &str = "tracing";
+
 /// Logs every event of every packet through `tracing`.
+///
+/// A packet with a non-finite metric value is refused whole (counted failed,
+/// nothing of it logged), like in every built-in sink.
 #[derive(Debug, Default, Clone)]
 pub struct TracingSink {
     _private: (),
@@ -66,10 +74,12 @@ fn log_event(source: &str, event: &TelemetryEvent) {
 
 impl Sink for TracingSink {
     fn name(&self) -> &str {
-        "tracing"
+        TRACING_SINK_NAME
     }
 
     fn write(&mut self, packet: &TelemetryPacket) -> Result<()> {
+        crate::validate::finite_metrics(packet)
+            .map_err(|reason| NissaError::sink(TRACING_SINK_NAME, reason))?;
         for event in &packet.events {
             log_event(&packet.source, event);
         }

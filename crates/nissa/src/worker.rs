@@ -198,7 +198,9 @@ impl Shared {
         let queue_dropped = self.queue_dropped.0.load(Ordering::Acquire);
         let popped = self.popped.0.load(Ordering::Acquire);
         let queued = self.queue.len() as u64;
-        let emitted = popped + queued + queue_dropped;
+        // Counts of packets: they cannot reach 2^64 in practice; saturating
+        // keeps a wrap from ever showing.
+        let emitted = popped.saturating_add(queued).saturating_add(queue_dropped);
         let sinks = self
             .sinks
             .iter()
@@ -209,15 +211,18 @@ impl Shared {
                 let pushed = sink.pushed.0.load(Ordering::Acquire);
                 // Packets the worker popped but has not yet offered to this
                 // sink are in flight too.
-                let not_yet_offered = popped.saturating_sub(pushed + sink_queue_dropped);
+                let not_yet_offered =
+                    popped.saturating_sub(pushed.saturating_add(sink_queue_dropped));
                 SinkStats {
                     name: sink.name.clone(),
                     emitted,
                     delivered,
-                    dropped: queue_dropped + sink_queue_dropped,
+                    dropped: queue_dropped.saturating_add(sink_queue_dropped),
                     sink_queue_dropped,
                     failed,
-                    pending: queued + not_yet_offered + pushed.saturating_sub(delivered + failed),
+                    pending: queued
+                        .saturating_add(not_yet_offered)
+                        .saturating_add(pushed.saturating_sub(delivered.saturating_add(failed))),
                 }
             })
             .collect();
@@ -291,7 +296,7 @@ pub(crate) async fn run_worker(shared: Arc<Shared>, timing: WorkerTiming) {
         tick = if round.moved > 0 {
             timing.tick_min
         } else {
-            (tick * 2).min(timing.tick_max)
+            tick.saturating_mul(2).min(timing.tick_max)
         };
         let _ = tokio::time::timeout(tick, shared.wake.notified()).await;
     }
@@ -484,11 +489,14 @@ fn write_batch(sink: &mut dyn Sink, batch: &mut Batch) {
         }
     }
     if !state.broken.load(Ordering::Acquire) {
-        match catch_unwind(AssertUnwindSafe(|| sink.flush())) {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                written = 0;
-                first_error.get_or_insert_with(|| error.to_string());
+        match catch_unwind(AssertUnwindSafe(|| sink.flush_written(written))) {
+            Ok(flushed) => {
+                // The sink reports a prefix of what it accepted; a report
+                // beyond that is not believed.
+                written = written.min(flushed.delivered);
+                if let Some(error) = flushed.error {
+                    first_error.get_or_insert_with(|| error.to_string());
+                }
             }
             Err(_) => {
                 written = 0;
@@ -500,7 +508,9 @@ fn write_batch(sink: &mut dyn Sink, batch: &mut Batch) {
         written = 0;
     }
     state.delivered.0.fetch_add(written, Ordering::AcqRel);
-    state.failed.fetch_add(total - written, Ordering::AcqRel);
+    state
+        .failed
+        .fetch_add(total.saturating_sub(written), Ordering::AcqRel);
     if let Some(reason) = first_error {
         state.report_failure(&reason);
     }
