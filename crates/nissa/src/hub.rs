@@ -203,7 +203,10 @@ impl HubBuilder {
     pub fn build(self) -> Result<Hub> {
         let config = self.config;
         config.validate()?;
-        let planned_sinks = self.sinks.len() + usize::from(self.metrics_addr.is_some());
+        let planned_sinks = self
+            .sinks
+            .len()
+            .saturating_add(usize::from(self.metrics_addr.is_some()));
         if planned_sinks > MAX_SINKS {
             return Err(NissaError::Config {
                 field: "sinks",
@@ -486,7 +489,10 @@ impl Drop for HubInner {
 fn flush_shared(shared: &Shared, timeout: Duration) -> FlushOutcome {
     // A timeout beyond what `Instant` can hold means no deadline.
     let deadline = deadline(timeout);
-    let ticket = shared.flush_requested.fetch_add(1, Ordering::AcqRel) + 1;
+    let ticket = shared
+        .flush_requested
+        .fetch_add(1, Ordering::AcqRel)
+        .saturating_add(1);
     shared.wake.notify_one();
     let mut complete = wait_until(deadline, || {
         shared.flush_fanned.load(Ordering::Acquire) >= ticket

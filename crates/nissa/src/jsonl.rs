@@ -204,10 +204,9 @@ impl JsonlSink {
         }
     }
 
-    /// Refuses what leyline's reader would refuse.
+    /// Refuses what leyline's reader would refuse (its `validate` includes
+    /// [`leyline::codec::check_finite_packet`]).
     fn check(&self, packet: &TelemetryPacket) -> Result<()> {
-        crate::validate::finite_metrics(packet)
-            .map_err(|reason| NissaError::sink(&self.name, reason))?;
         packet
             .validate()
             .map_err(|error| NissaError::sink(&self.name, error))

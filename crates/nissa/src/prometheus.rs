@@ -38,6 +38,15 @@ use crate::{NissaError, Result};
 /// natively).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// Most connections the metrics endpoint serves at once; a connection
+/// beyond them is closed at once, so idle or hostile clients cannot pile up
+/// tasks and descriptors.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// A client must send its request headers within this time, or the
+/// connection is closed.
+pub const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Name of the Prometheus sink in statistics and labels.
 pub const PROMETHEUS_SINK_NAME: &str = "prometheus";
 
@@ -499,6 +508,7 @@ impl MetricsEndpoint {
 
 async fn serve(listener: tokio::net::TcpListener, metrics: Arc<MetricSet>, shared: Arc<Shared>) {
     let mut accept_failure_reported = false;
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _peer)) => stream,
@@ -512,9 +522,15 @@ async fn serve(listener: tokio::net::TcpListener, metrics: Arc<MetricSet>, share
                 continue;
             }
         };
+        // Over the cap: dropping the stream closes the connection.
+        let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
         let metrics = Arc::clone(&metrics);
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
+            let _permit = permit;
             let service = hyper::service::service_fn(move |request: Request<_>| {
                 let response = respond(&request, &metrics, &shared);
                 async move { Ok::<_, Infallible>(response) }
@@ -522,6 +538,8 @@ async fn serve(listener: tokio::net::TcpListener, metrics: Arc<MetricSet>, share
             let io = hyper_util::rt::TokioIo::new(stream);
             // A client hanging up mid-request is its own business.
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .serve_connection(io, service)
                 .await;
         });

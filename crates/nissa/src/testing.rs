@@ -128,9 +128,10 @@ impl Sink for SlowSink {
     fn write(&mut self, _packet: &TelemetryPacket) -> Result<()> {
         // Sleep granularity is coarse; spin-free waiting to the deadline keeps
         // the per-packet cost close to `delay` without burning a core.
-        let deadline = Instant::now() + self.delay;
+        // A delay beyond what `Instant` can hold is a plain (endless) sleep.
+        let deadline = Instant::now().checked_add(self.delay);
         std::thread::sleep(self.delay);
-        while Instant::now() < deadline {
+        while deadline.is_some_and(|deadline| Instant::now() < deadline) {
             std::thread::yield_now();
         }
         self.written.fetch_add(1, Ordering::AcqRel);

@@ -72,18 +72,10 @@ pub(crate) fn check_file_stem(stem: &str) -> Result<()> {
 
 /// Refuses a packet that carries a non-finite metric value: JSON cannot
 /// carry one, so no built-in sink delivers it (the packet counts as failed).
+/// The rule and the check are leyline's
+/// ([`leyline::codec::check_finite_packet`]).
 pub(crate) fn finite_metrics(packet: &TelemetryPacket) -> std::result::Result<(), String> {
-    match packet
-        .metrics
-        .iter()
-        .find(|metric| !metric.value.is_finite())
-    {
-        None => Ok(()),
-        Some(metric) => Err(format!(
-            "metric {:?} has the non-finite value {}; packets with non-finite values are refused",
-            metric.name, metric.value
-        )),
-    }
+    leyline::codec::check_finite_packet(packet).map_err(|error| error.to_string())
 }
 
 /// The instant `timeout` from now, or `None` when that lies beyond what

@@ -314,27 +314,27 @@ struct Round {
 fn drain_round(shared: &Shared, limit: usize) -> Round {
     let mut moved = 0;
     let mut emptied = false;
-    let mut pushed = vec![0u64; shared.sinks.len()];
-    let mut dropped = vec![0u64; shared.sinks.len()];
+    // (pushed, dropped) per sink in this round; at most `limit` each.
+    let mut counts = vec![(0u64, 0u64); shared.sinks.len()];
     while moved < limit {
         let Some(packet) = shared.queue.pop() else {
             emptied = true;
             break;
         };
         let packet = Arc::new(packet);
-        for (index, sink) in shared.sinks.iter().enumerate() {
+        for (sink, (pushed, dropped)) in shared.sinks.iter().zip(counts.iter_mut()) {
             match sink.queue.push(Arc::clone(&packet)) {
-                Ok(()) => pushed[index] += 1,
-                Err(_) => dropped[index] += 1,
+                Ok(()) => *pushed += 1,
+                Err(_) => *dropped += 1,
             }
         }
         moved += 1;
     }
     if moved > 0 {
-        for (index, sink) in shared.sinks.iter().enumerate() {
-            sink.pushed.0.fetch_add(pushed[index], Ordering::AcqRel);
-            sink.dropped.fetch_add(dropped[index], Ordering::AcqRel);
-            if pushed[index] > 0 {
+        for (sink, (pushed, dropped)) in shared.sinks.iter().zip(counts) {
+            sink.pushed.0.fetch_add(pushed, Ordering::AcqRel);
+            sink.dropped.fetch_add(dropped, Ordering::AcqRel);
+            if pushed > 0 {
                 sink.wake.notify_one();
             }
         }
@@ -354,12 +354,10 @@ impl DropReporter {
     const INTERVAL: Duration = Duration::from_secs(10);
 
     fn report(&mut self, shared: &Shared) {
-        let total = shared.queue_dropped.0.load(Ordering::Relaxed)
-            + shared
-                .sinks
-                .iter()
-                .map(|sink| sink.dropped.load(Ordering::Relaxed))
-                .sum::<u64>();
+        let total = shared.sinks.iter().fold(
+            shared.queue_dropped.0.load(Ordering::Relaxed),
+            |sum, sink| sum.saturating_add(sink.dropped.load(Ordering::Relaxed)),
+        );
         if total == self.reported {
             return;
         }
@@ -415,7 +413,7 @@ pub(crate) async fn run_sink(state: Arc<SinkState>, sink: Box<dyn Sink>, batch_m
                 None => break,
             }
         }
-        popped += packets.len() as u64;
+        popped = popped.saturating_add(packets.len() as u64);
         if !packets.is_empty() {
             let batch = Batch {
                 packets,

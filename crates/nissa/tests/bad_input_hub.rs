@@ -251,3 +251,16 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_slow_sink_with_a_maximal_delay_sleeps_instead_of_panicking() {
+    let mut slow = nissa::SlowSink::new(Duration::MAX);
+    let writer = std::thread::spawn(move || {
+        use nissa::Sink;
+        let _ = slow.write(&packet(0.5));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // Still asleep (the thread is left to the end of the test process); a
+    // panic on `Instant` overflow would have finished it.
+    assert!(!writer.is_finished());
+}

@@ -366,3 +366,36 @@ fn oversized_label_sets_are_refused() {
         1
     );
 }
+
+#[test]
+fn idle_connections_beyond_the_cap_are_closed_and_scrapes_resume() {
+    use std::io::Read;
+    use std::net::TcpStream;
+
+    let hub = Hub::builder().prometheus_on_port(0).build().unwrap();
+    let addr = hub.metrics_addr().unwrap();
+    let idle: Vec<TcpStream> = (0..nissa::prometheus::MAX_CONNECTIONS)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    // Let the endpoint accept them all.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let read = extra.read(&mut byte);
+    assert!(
+        matches!(read, Ok(0))
+            || read
+                .as_ref()
+                .is_err_and(|error| error.kind() != std::io::ErrorKind::WouldBlock
+                    && error.kind() != std::io::ErrorKind::TimedOut),
+        "the connection over the cap was kept open: {read:?}"
+    );
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(200));
+    let body = scrape(&hub);
+    assert!(body.ends_with("# EOF\n"));
+    hub.close();
+}
