@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use tch::Device;
 
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, TrainerConfig};
-use crate::error::Result;
+use crate::error::{Result, TolariaError};
 use crate::telemetry::CollectingSink;
 use crate::trainer::{Trainer, resolve_device};
 
@@ -111,8 +111,46 @@ impl BenchOptions {
     }
 }
 
+impl BenchOptions {
+    /// Checks the counts against [`MAX_BENCH_EPOCHS`] and
+    /// [`MAX_BENCH_REPLAYS`] (per-epoch vectors are allocated from them).
+    ///
+    /// # Errors
+    /// [`TolariaError::InvalidConfig`] naming the field and its value.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value, limit) in [
+            ("warmup_epochs", self.warmup_epochs, MAX_BENCH_EPOCHS),
+            ("measured_epochs", self.measured_epochs, MAX_BENCH_EPOCHS),
+            (
+                "bare_replay_samples",
+                self.bare_replay_samples,
+                MAX_BENCH_REPLAYS,
+            ),
+            ("timed_replays", self.timed_replays, MAX_BENCH_REPLAYS),
+        ] {
+            if value > limit {
+                return Err(TolariaError::InvalidConfig {
+                    field,
+                    reason: format!("{value} is above the bound of {limit}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Largest number of warm-up or measured epochs of one benchmark variant.
+pub const MAX_BENCH_EPOCHS: usize = 1_000_000;
+/// Largest number of bare-replay samples or timed replays.
+pub const MAX_BENCH_REPLAYS: usize = 10_000_000;
+
 /// Runs the benchmark; `progress` receives one line per stage.
+///
+/// # Errors
+/// [`BenchOptions::validate`]'s errors, a device that is not there; a
+/// variant that fails is recorded in the record with its error instead.
 pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    options.validate()?;
     let device = resolve_device(options.device)?;
     let variants = if options.variants.is_empty() {
         Variant::defaults(device.is_cuda())

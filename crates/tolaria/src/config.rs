@@ -5,6 +5,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TolariaError};
 
+/// Largest number of training (or validation) samples, and largest batch size.
+pub const MAX_SAMPLES: usize = 1 << 24;
+/// Largest number of input features of the linear host.
+pub const MAX_FEATURES: usize = 1 << 16;
+/// Largest number of classes (the confusion matrix holds `n_classes^2` `f32`s).
+pub const MAX_CLASSES: usize = 1024;
+/// Largest packed buffer (training or validation set), in `f32`s: 1 GiB.
+pub const MAX_PACKED_VALUES: usize = 1 << 28;
+
 /// How each training step is executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -189,36 +198,81 @@ impl TrainerConfig {
         self.n_samples.div_ceil(self.batch_size.max(1))
     }
 
-    /// Checks ranges and combinations that cannot work.
+    /// Checks ranges and combinations that cannot work, with checked
+    /// arithmetic on every size before anything is allocated:
+    ///
+    /// - `n_samples` in `1..=`[`MAX_SAMPLES`], `n_validation_samples` at most
+    ///   [`MAX_SAMPLES`], `batch_size` in `1..=`[`MAX_SAMPLES`];
+    /// - `n_features` in `1..=`[`MAX_FEATURES`], `n_classes` in
+    ///   `2..=`[`MAX_CLASSES`];
+    /// - the packed training and validation buffers
+    ///   (`samples x (2 x n_classes + n_features + 1)` `f32`s) at most
+    ///   [`MAX_PACKED_VALUES`];
+    /// - `learning_rate` finite, positive and a positive finite `f32`
+    ///   (the device keeps it in `f32`); `momentum` in `[0, 1)`;
+    /// - graph-epoch mode only with device-resident data.
+    ///
+    /// # Errors
+    /// [`TolariaError::InvalidConfig`] naming the field and its value.
     pub fn validate(&self) -> Result<()> {
-        let invalid = |field: &'static str, reason: &str| {
-            Err(TolariaError::InvalidConfig {
-                field,
-                reason: reason.to_owned(),
-            })
+        let invalid = |field: &'static str, reason: String| {
+            Err(TolariaError::InvalidConfig { field, reason })
         };
-        if self.n_samples == 0 {
-            return invalid("n_samples", "must be at least 1");
+        let in_range = |field: &'static str, value: usize, low: usize, high: usize| {
+            if (low..=high).contains(&value) {
+                Ok(())
+            } else {
+                invalid(field, format!("{value} is outside {low}..={high}"))
+            }
+        };
+        in_range("n_samples", self.n_samples, 1, MAX_SAMPLES)?;
+        in_range(
+            "n_validation_samples",
+            self.n_validation_samples,
+            0,
+            MAX_SAMPLES,
+        )?;
+        in_range("batch_size", self.batch_size, 1, MAX_SAMPLES)?;
+        in_range("n_features", self.n_features, 1, MAX_FEATURES)?;
+        in_range("n_classes", self.n_classes, 2, MAX_CLASSES)?;
+        for (field, samples) in [
+            ("n_samples", self.n_samples),
+            ("n_validation_samples", self.n_validation_samples),
+        ] {
+            match crate::data::packed_len(samples, self.n_features, self.n_classes) {
+                Some(len) if len <= MAX_PACKED_VALUES => {}
+                len => {
+                    return invalid(
+                        field,
+                        format!(
+                            "{samples} samples of {} features and {} classes pack into {} f32s, \
+                             above the bound of {MAX_PACKED_VALUES}",
+                            self.n_features,
+                            self.n_classes,
+                            len.map_or_else(
+                                || "more than usize::MAX".to_owned(),
+                                |len| len.to_string()
+                            )
+                        ),
+                    );
+                }
+            }
         }
-        if self.n_features == 0 {
-            return invalid("n_features", "must be at least 1");
-        }
-        if self.n_classes < 2 {
-            return invalid("n_classes", "must be at least 2");
-        }
-        if self.batch_size == 0 {
-            return invalid("batch_size", "must be at least 1");
-        }
-        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
-            return invalid("learning_rate", "must be finite and positive");
+        let lr = self.learning_rate;
+        let lr_f32 = lr as f32;
+        if !(lr.is_finite() && lr > 0.0 && lr_f32.is_finite() && lr_f32 > 0.0) {
+            return invalid(
+                "learning_rate",
+                format!("{lr} is not a finite positive number representable as a positive f32"),
+            );
         }
         if !(0.0..1.0).contains(&self.momentum) {
-            return invalid("momentum", "must lie in [0, 1)");
+            return invalid("momentum", format!("{} is outside [0, 1)", self.momentum));
         }
         if self.mode == ExecutionMode::GraphEpoch && self.data_placement != DataPlacement::Device {
             return invalid(
                 "data_placement",
-                "graph-epoch replays the whole epoch from device memory: use `device`",
+                "graph-epoch replays the whole epoch from device memory: use `device`".to_owned(),
             );
         }
         Ok(())

@@ -31,6 +31,56 @@ pub enum TolariaError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A training or validation set is inconsistent (lengths, sizes).
+    #[error("invalid data set `{field}`: {reason}")]
+    InvalidData {
+        /// The offending field, e.g. `inputs`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
+    /// A label is not a class index.
+    #[error("label {label} of sample {index} is outside 0..{n_classes}")]
+    LabelOutOfRange {
+        /// Index of the first offending sample.
+        index: usize,
+        /// Its label.
+        label: usize,
+        /// Number of classes.
+        n_classes: usize,
+    },
+    /// An input feature is NaN or infinite.
+    #[error("input feature {feature} of sample {sample} is {value}, not finite")]
+    NonFiniteInput {
+        /// Index of the first offending sample.
+        sample: usize,
+        /// The feature within the sample.
+        feature: usize,
+        /// The value.
+        value: f32,
+    },
+    /// The loss read back at the end of an epoch (training) or of a
+    /// validation pass is NaN or infinite: the run diverged. The epoch's
+    /// updates have been applied (the parameters are likely non-finite too);
+    /// the caller decides what to do (roll back, stop).
+    #[error("{phase} loss of epoch {epoch} is {value}, not finite: the run diverged")]
+    NonFiniteLoss {
+        /// `training` or `validation`.
+        phase: &'static str,
+        /// Zero-based epoch index (for validation: epochs trained before it).
+        epoch: usize,
+        /// The loss read back.
+        value: f64,
+    },
+    /// A metric read back at the end of an epoch is impossible (non-finite or
+    /// out of range), so it cannot be reported.
+    #[error("metric `{what}` read back as {value}, which is impossible")]
+    InvalidMetric {
+        /// The metric, e.g. `correct`.
+        what: &'static str,
+        /// The value read back.
+        value: f64,
+    },
     /// A value read back from the device does not have the expected shape.
     #[error("readback of `{what}` returned {got} values, expected {expected}")]
     Readback {

@@ -65,15 +65,20 @@ pub(crate) struct CudaContext {
 
 impl CudaContext {
     pub(crate) fn new(device_index: usize, n_classes: usize) -> Result<CudaContext> {
+        let metrics_len = n_classes
+            .checked_mul(n_classes)
+            .and_then(|len| len.checked_add(1))
+            .and_then(|len| i64::try_from(len).ok())
+            .ok_or_else(|| crate::TolariaError::InvalidConfig {
+                field: "n_classes",
+                reason: format!("{n_classes}^2 + 1 metric values overflow"),
+            })?;
         let compute = CudaStream::from_pool(device_index, false)?;
         let staging = CudaStream::from_pool(device_index, false)?;
-        let readback = Tensor::f_zeros(
-            [1 + (n_classes * n_classes) as i64],
-            (Kind::Float, Device::Cpu),
-        )
-        .op("zeros")?
-        .f_pin_memory(Device::Cuda(device_index))
-        .op("pin_memory")?;
+        let readback = Tensor::f_zeros([metrics_len], (Kind::Float, Device::Cpu))
+            .op("zeros")?
+            .f_pin_memory(Device::Cuda(device_index))
+            .op("pin_memory")?;
         Ok(CudaContext {
             compute,
             staging,
@@ -91,11 +96,18 @@ impl CudaContext {
         })
     }
 
+    /// The staging timing events of `pair` (0 or 1; any other value reads
+    /// as 1, which cannot happen: pairs only ever alternate between the two).
+    fn event_pair(&self, pair: usize) -> &(CudaEvent, CudaEvent) {
+        let [first, second] = &self.h2d;
+        if pair == 0 { first } else { second }
+    }
+
     /// Queues `host -> device` on the staging stream between the timing
     /// events of `pair`.
     fn queue_copy(&self, device: &Tensor, host: &Tensor, pair: usize) -> Result<()> {
         let _staging = self.staging.make_current()?;
-        let (start, end) = &self.h2d[pair];
+        let (start, end) = self.event_pair(pair);
         start.record(&self.staging)?;
         torch_ext::copy_non_blocking(&mut device.shallow_clone(), host)?;
         end.record(&self.staging)?;
@@ -107,12 +119,12 @@ impl CudaContext {
     /// now when no copy was queued by the previous epoch.
     pub(crate) fn stage(&self, device: &Tensor, host: &Tensor) -> Result<()> {
         if self.pending.get().is_none() {
-            let pair = self.fed.get().map_or(0, |fed| 1 - fed);
+            let pair = self.fed.get().map_or(0, |fed| usize::from(fed == 0));
             self.queue_copy(device, host, pair)?;
         }
         let pair = self.pending.take().unwrap_or(0);
         self.fed.set(Some(pair));
-        self.compute.wait_event(&self.h2d[pair].1)?;
+        self.compute.wait_event(&self.event_pair(pair).1)?;
         Ok(())
     }
 
@@ -125,7 +137,7 @@ impl CudaContext {
     /// that epoch's readback completed).
     pub(crate) fn h2d_elapsed_ms(&self) -> Result<f64> {
         let pair = self.fed.get().unwrap_or(0);
-        let (start, end) = &self.h2d[pair];
+        let (start, end) = self.event_pair(pair);
         Ok(f64::from(start.elapsed_ms(end)?))
     }
 
@@ -142,7 +154,7 @@ impl CudaContext {
         if let Some((device, host)) = prefetch {
             self.consumed.record(&self.compute)?;
             self.staging.wait_event(&self.consumed)?;
-            let pair = self.fed.get().map_or(0, |fed| 1 - fed);
+            let pair = self.fed.get().map_or(0, |fed| usize::from(fed == 0));
             self.queue_copy(device, host, pair)?;
         }
         torch_ext::copy_non_blocking(&mut self.readback.shallow_clone(), state.metric_buffer())?;

@@ -20,9 +20,9 @@
 
 use tch::{Kind, Reduction, Tensor};
 
-use crate::config::StepKind;
+use crate::config::{MAX_CLASSES, MAX_FEATURES, StepKind};
 use crate::data::MicrobatchSpan;
-use crate::error::{Result, TorchResultExt};
+use crate::error::{Result, TolariaError, TorchResultExt};
 
 /// The tensors one step reads, as views into a packed microbatch buffer.
 #[derive(Debug)]
@@ -48,11 +48,23 @@ impl StepViews {
         n_features: usize,
         n_classes: usize,
     ) -> Result<StepViews> {
-        let batch = span.batch as i64;
-        let classes = n_classes as i64;
-        let columns = n_features as i64 + 1;
-        let offset = span.offset as i64;
+        let too_large = || TolariaError::InvalidData {
+            field: "span",
+            reason: format!(
+                "{span:?} with {n_features} features and {n_classes} classes does not fit i64 offsets"
+            ),
+        };
+        let to_i64 = |value: usize| i64::try_from(value).map_err(|_| too_large());
+        let batch = to_i64(span.batch)?;
+        let classes = to_i64(n_classes)?;
+        let columns = to_i64(n_features)?.checked_add(1).ok_or_else(too_large)?;
+        let offset = to_i64(span.offset)?;
+        let block_len = batch.checked_mul(classes).ok_or_else(too_large)?;
+        let onehot_at = offset.checked_add(block_len).ok_or_else(too_large)?;
+        let inputs_at = onehot_at.checked_add(block_len).ok_or_else(too_large)?;
+        batch.checked_mul(columns).ok_or_else(too_large)?;
         let block = |start: i64, rows: i64, cols: i64| -> Result<Tensor> {
+            // rows x cols was checked above for every block.
             packed
                 .f_narrow(0, start, rows * cols)
                 .op("narrow")?
@@ -60,9 +72,9 @@ impl StepViews {
                 .op("view")
         };
         let grad_seed = block(offset, batch, classes)?;
-        let grad_seed_column = block(offset, batch * classes, 1)?;
-        let onehot = block(offset + batch * classes, batch, classes)?;
-        let inputs = block(offset + 2 * batch * classes, batch, columns)?;
+        let grad_seed_column = block(offset, block_len, 1)?;
+        let onehot = block(onehot_at, batch, classes)?;
+        let inputs = block(inputs_at, batch, columns)?;
         Ok(StepViews {
             grad_seed,
             grad_seed_column,
@@ -136,6 +148,58 @@ impl LinearCeState {
         momentum_factor: f64,
         device: tch::Device,
     ) -> Result<LinearCeState> {
+        let invalid =
+            |field: &'static str, reason: String| TolariaError::InvalidConfig { field, reason };
+        if !(1..=MAX_FEATURES).contains(&n_features) {
+            return Err(invalid(
+                "n_features",
+                format!("{n_features} is outside 1..={MAX_FEATURES}"),
+            ));
+        }
+        if !(2..=MAX_CLASSES).contains(&n_classes) {
+            return Err(invalid(
+                "n_classes",
+                format!("{n_classes} is outside 2..={MAX_CLASSES}"),
+            ));
+        }
+        let lr_f32 = learning_rate as f32;
+        if !(learning_rate > 0.0 && lr_f32.is_finite() && lr_f32 > 0.0) {
+            return Err(invalid(
+                "learning_rate",
+                format!(
+                    "{learning_rate} is not a finite positive number representable as a positive f32"
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&momentum_factor) {
+            return Err(invalid(
+                "momentum",
+                format!("{momentum_factor} is outside [0, 1)"),
+            ));
+        }
+        // Bounded above: C <= 2^10 and F + 1 <= 2^16 + 1, so these fit an i64.
+        let n_parameters = n_classes * (n_features + 1);
+        if initial_parameters.len() != n_parameters {
+            return Err(TolariaError::InvalidData {
+                field: "initial_parameters",
+                reason: format!(
+                    "{} values for a [{n_classes}, {} + 1] matrix of {n_parameters}",
+                    initial_parameters.len(),
+                    n_features
+                ),
+            });
+        }
+        if let Some((index, value)) = initial_parameters
+            .iter()
+            .enumerate()
+            .find(|(_, value)| !value.is_finite())
+        {
+            return Err(TolariaError::InvalidData {
+                field: "initial_parameters",
+                reason: format!("value {index} is {value}, not finite"),
+            });
+        }
+        let confusion_len = (n_classes * n_classes) as i64;
         let shape = [n_classes as i64, n_features as i64 + 1];
         let params = Tensor::f_from_slice(initial_parameters)
             .op("from_slice")?
@@ -144,27 +208,27 @@ impl LinearCeState {
             .f_to_device(device)
             .op("to_device")?;
         let params = if kind == StepKind::Autograd {
-            params.set_requires_grad(true)
+            params.f_set_requires_grad(true).op("set_requires_grad")?
         } else {
             params
         };
         let zeros = |shape: &[i64]| Tensor::f_zeros(shape, (Kind::Float, device)).op("zeros");
         let momentum = zeros(&shape)?;
         let grad = zeros(&shape)?;
-        let neg_lr = Tensor::f_from_slice(&[-(learning_rate as f32)])
+        let neg_lr = Tensor::f_from_slice(&[-lr_f32])
             .op("from_slice")?
             .f_view([] as [i64; 0])
             .op("view")?
             .f_to_device(device)
             .op("to_device")?;
-        let metrics = zeros(&[1 + (n_classes * n_classes) as i64])?;
+        let metrics = zeros(&[1 + confusion_len])?;
         let loss_sum = metrics
             .f_narrow(0, 0, 1)
             .op("narrow")?
             .f_view([1, 1])
             .op("view")?;
         let confusion = metrics
-            .f_narrow(0, 1, (n_classes * n_classes) as i64)
+            .f_narrow(0, 1, confusion_len)
             .op("narrow")?
             .f_view([n_classes as i64, n_classes as i64])
             .op("view")?;
@@ -233,7 +297,7 @@ impl LinearCeState {
 
     fn fused_step(&mut self, views: &StepViews) -> Result<()> {
         // [B, C] = [B, F + 1] x [F + 1, C]
-        let logits = views.inputs.f_mm(&self.params.tr()).op("mm")?;
+        let logits = views.inputs.f_mm(&self.params.f_tr().op("t")?).op("mm")?;
         let log_probs = logits.f_log_softmax(1, None::<Kind>).op("log_softmax")?;
         // [B, C] = (softmax - onehot) / B
         let grad_logits = Tensor::f_internal_log_softmax_backward_data(
@@ -247,7 +311,8 @@ impl LinearCeState {
             Some([params, grad, momentum]) => {
                 // [C, F + 1] = [C, B] x [B, F + 1]
                 let _ = grad_logits
-                    .tr()
+                    .f_tr()
+                    .op("t")?
                     .f_mm_out(&self.grad, &views.inputs)
                     .op("mm_out")?;
                 // momentum = m * momentum + grad; params -= lr * momentum.
@@ -270,7 +335,7 @@ impl LinearCeState {
                     .op("mul_")?;
                 let _ = self
                     .momentum
-                    .f_addmm_(&grad_logits.tr(), &views.inputs)
+                    .f_addmm_(&grad_logits.f_tr().op("t")?, &views.inputs)
                     .op("addmm_")?;
                 let _ = self
                     .params
@@ -290,13 +355,13 @@ impl LinearCeState {
     }
 
     fn autograd_step(&mut self, views: &StepViews) -> Result<()> {
-        let logits = views.inputs.f_mm(&self.params.tr()).op("mm")?;
+        let logits = views.inputs.f_mm(&self.params.f_tr().op("t")?).op("mm")?;
         let loss = logits
             .f_cross_entropy_loss::<Tensor>(&views.onehot, None, Reduction::Mean, -100, 0.0)
             .op("cross_entropy")?;
         let mut grads =
             Tensor::f_run_backward(&[&loss], &[&self.params], false, false).op("autograd::grad")?;
-        let grad = grads.pop().ok_or(crate::TolariaError::Readback {
+        let grad = grads.pop().ok_or(TolariaError::Readback {
             what: "autograd gradient",
             expected: 1,
             got: 0,
@@ -313,9 +378,9 @@ impl LinearCeState {
             .op("addcmul_")?;
         let _ = self
             .loss_sum
-            .f_add_(&loss.detach().f_view([1, 1]).op("view")?)
+            .f_add_(&loss.f_detach().op("detach")?.f_view([1, 1]).op("view")?)
             .op("add_")?;
-        self.accumulate_confusion(&logits.detach(), views)
+        self.accumulate_confusion(&logits.f_detach().op("detach")?, views)
     }
 
     fn accumulate_confusion(&mut self, logits: &Tensor, views: &StepViews) -> Result<()> {
@@ -329,6 +394,16 @@ impl LinearCeState {
     }
 
     /// Interprets a metric buffer read back to the host.
+    ///
+    /// The loss is returned as read (a diverged run gives NaN or an
+    /// infinity: the trainer reports that as
+    /// [`TolariaError::NonFiniteLoss`]); the confusion diagonal must be a
+    /// finite count of at most `samples`.
+    ///
+    /// # Errors
+    /// [`TolariaError::Readback`] for a buffer of the wrong length,
+    /// [`TolariaError::InvalidMetric`] for an impossible count of correct
+    /// samples.
     pub fn interpret_metrics(
         &self,
         values: &[f32],
@@ -336,18 +411,33 @@ impl LinearCeState {
         samples: usize,
     ) -> Result<EpochMetrics> {
         let classes = self.n_classes;
-        if values.len() != 1 + classes * classes {
-            return Err(crate::TolariaError::Readback {
+        let expected = classes
+            .checked_mul(classes)
+            .and_then(|len| len.checked_add(1))
+            .unwrap_or(usize::MAX);
+        let (Some((&loss_sum, confusion)), true) = (values.split_first(), values.len() == expected)
+        else {
+            return Err(TolariaError::Readback {
                 what: "epoch metrics",
-                expected: 1 + classes * classes,
+                expected,
                 got: values.len(),
             });
-        }
-        let correct: f32 = (0..classes)
-            .map(|class| values[1 + class * classes + class])
+        };
+        // The diagonal of the row-major [C, C] confusion matrix.
+        let correct: f64 = confusion
+            .iter()
+            .step_by(classes + 1)
+            .map(|&count| f64::from(count))
             .sum();
+        if !(correct.is_finite() && (0.0..=samples as f64 + 0.5).contains(&correct)) {
+            return Err(TolariaError::InvalidMetric {
+                what: "correct",
+                value: correct,
+            });
+        }
         Ok(EpochMetrics {
-            loss: f64::from(values[0]) / n_steps.max(1) as f64,
+            loss: f64::from(loss_sum) / n_steps.max(1) as f64,
+            // A finite count in [0, samples + 0.5]: the cast cannot saturate.
             correct: correct.round() as usize,
             samples,
         })
@@ -356,7 +446,7 @@ impl LinearCeState {
     /// Evaluates `inputs` (`[n, F + 1]`) against `onehot` (`[n, C]`) without
     /// touching the training state; returns device scalars `[mean loss, correct]`.
     pub fn evaluate(&self, inputs: &Tensor, onehot: &Tensor) -> Result<Tensor> {
-        let logits = inputs.f_mm(&self.params.tr()).op("mm")?;
+        let logits = inputs.f_mm(&self.params.f_tr().op("t")?).op("mm")?;
         let log_probs = logits.f_log_softmax(1, None::<Kind>).op("log_softmax")?;
         let n = inputs.size().first().copied().unwrap_or(1).max(1);
         let loss = log_probs

@@ -17,7 +17,7 @@ use std::time::Instant;
 use leyline::proto::TelemetryPacket;
 use leyline::telemetry::{self as names, TelemetryLevel};
 use serde::Serialize;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 use torch_ext::CudaGraph;
 
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, TrainerConfig};
@@ -156,7 +156,7 @@ impl Trainer {
             });
         }
         graph::apply_precision(&config.precision)?;
-        let reference = ReferenceData::generate(&config);
+        let reference = ReferenceData::generate(&config)?;
         let mut state = LinearCeState::new(
             config.step,
             &reference.initial_parameters,
@@ -175,12 +175,15 @@ impl Trainer {
         let validation = if reference.validation.is_empty() {
             None
         } else {
-            let packed = pack_epoch(
-                &reference.validation,
-                config.n_classes,
-                reference.validation.len(),
-            );
-            let span = packed.spans[0];
+            let packed = pack_epoch(&reference.validation, reference.validation.len())?;
+            let span = packed
+                .spans
+                .first()
+                .copied()
+                .ok_or(TolariaError::InvalidData {
+                    field: "validation",
+                    reason: "a non-empty validation set packed into no microbatch".to_owned(),
+                })?;
             let flat = Tensor::f_from_slice(&packed.values)
                 .op("from_slice")?
                 .f_to_device(device)
@@ -252,15 +255,50 @@ impl Trainer {
     /// Replaces the training set (re-packed with `batch_size`). Graphs stay:
     /// a microbatch shape that was not captured runs eagerly and reports a
     /// `tolaria.graph_fallback`.
+    ///
+    /// The set was validated when it was built ([`LabelledSet::new`]: lengths,
+    /// label range, finite inputs); here it must be non-empty and match the
+    /// trainer's features and classes, and `batch_size` must lie in
+    /// `1..=`[`crate::config::MAX_SAMPLES`].
+    ///
+    /// # Errors
+    /// [`TolariaError::InvalidConfig`] naming `batch_size`, `training set`,
+    /// `n_features` or `n_classes`; [`TolariaError::InvalidData`] when the
+    /// packed set is above the bound.
     pub fn replace_training_set(&mut self, set: &LabelledSet, batch_size: usize) -> Result<()> {
-        if batch_size == 0 || set.is_empty() || set.n_features != self.config.n_features {
-            return Err(TolariaError::InvalidConfig {
-                field: "training set",
-                reason: format!(
-                    "need a non-empty set of {} features and a batch size of at least 1",
+        let invalid =
+            |field: &'static str, reason: String| TolariaError::InvalidConfig { field, reason };
+        if !(1..=crate::config::MAX_SAMPLES).contains(&batch_size) {
+            return Err(invalid(
+                "batch_size",
+                format!("{batch_size} is outside 1..={}", crate::config::MAX_SAMPLES),
+            ));
+        }
+        if set.is_empty() {
+            return Err(invalid(
+                "training set",
+                "the set holds no sample".to_owned(),
+            ));
+        }
+        if set.n_features() != self.config.n_features {
+            return Err(invalid(
+                "n_features",
+                format!(
+                    "the set has {} features, the trainer {}",
+                    set.n_features(),
                     self.config.n_features
                 ),
-            });
+            ));
+        }
+        if set.n_classes() != self.config.n_classes {
+            return Err(invalid(
+                "n_classes",
+                format!(
+                    "the set has {} classes, the trainer {}",
+                    set.n_classes(),
+                    self.config.n_classes
+                ),
+            ));
         }
         let mut config = self.config.clone();
         config.batch_size = batch_size;
@@ -277,6 +315,16 @@ impl Trainer {
     }
 
     /// Trains one epoch and reports it (and emits its telemetry).
+    ///
+    /// The loss and accuracy are read back once, after the last step; that
+    /// is where they are checked (never inside the epoch).
+    ///
+    /// # Errors
+    /// [`TolariaError::NonFiniteLoss`] when the epoch's loss is NaN or
+    /// infinite (the run diverged): the epoch still counts as trained (its
+    /// updates were applied) and its latency telemetry is emitted, but no
+    /// report is produced, so a diverged loss is never recorded as a result.
+    /// Device, capture and readback failures as [`TolariaError`].
     pub fn train_epoch(&mut self) -> Result<EpochReport> {
         let mut events = Vec::new();
         let started = Instant::now();
@@ -305,8 +353,15 @@ impl Trainer {
             eager_steps: outcome.eager_steps,
             capture_ms: outcome.capture_ms,
         };
-        self.epochs_done += 1;
+        self.epochs_done = self.epochs_done.saturating_add(1);
         self.emit_epoch(&report, &metrics, events);
+        if !report.loss.is_finite() {
+            return Err(TolariaError::NonFiniteLoss {
+                phase: "training",
+                epoch: report.epoch,
+                value: report.loss,
+            });
+        }
         Ok(report)
     }
 
@@ -361,13 +416,16 @@ impl Trainer {
             }
             ExecutionMode::GraphStep => {
                 for (views, span) in self.data.views.iter().zip(&self.data.spans) {
+                    let (n_features, n_classes) = (self.config.n_features, self.config.n_classes);
+                    // Spans come from pack_epoch: offsets and lengths are
+                    // within a buffer of at most MAX_PACKED_VALUES f32s.
                     let flat = self
                         .data
                         .device
                         .f_narrow(
                             0,
                             span.offset as i64,
-                            span.len(self.config.n_features, self.config.n_classes) as i64,
+                            span.len(n_features, n_classes)? as i64,
                         )
                         .op("narrow")?;
                     let slot_span = self
@@ -384,8 +442,7 @@ impl Trainer {
                                 .f_narrow(
                                     0,
                                     slot_span.offset as i64,
-                                    slot_span.len(self.config.n_features, self.config.n_classes)
-                                        as i64,
+                                    slot_span.len(n_features, n_classes)? as i64,
                                 )
                                 .op("narrow")?,
                         )
@@ -429,6 +486,11 @@ impl Trainer {
     }
 
     /// Evaluates the validation set under inference mode (one readback).
+    ///
+    /// # Errors
+    /// [`TolariaError::NonFiniteLoss`] (phase `validation`) when the loss is
+    /// NaN or infinite; [`TolariaError::Readback`] for a short readback;
+    /// [`TolariaError::TorchExt`] when inference mode cannot be entered.
     pub fn validate(&mut self) -> Result<Option<ValidationReport>> {
         let Some((inputs, onehot)) = &self.validation else {
             return Ok(None);
@@ -439,16 +501,23 @@ impl Trainer {
             None => None,
         };
         let values = {
-            let _inference = torch_ext::InferenceModeGuard::new();
+            let _inference = torch_ext::InferenceModeGuard::try_new()?;
             let result = self.state.evaluate(inputs, onehot)?;
             let host = result.f_to_device(Device::Cpu).op("to_cpu")?;
             Vec::<f32>::try_from(&host).op("to_vec")?
         };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        let &[loss, correct] = values.as_slice() else {
+            return Err(TolariaError::Readback {
+                what: "validation metrics",
+                expected: 2,
+                got: values.len(),
+            });
+        };
         let samples = onehot.size().first().copied().unwrap_or(0).max(1) as f64;
         let report = ValidationReport {
-            loss: f64::from(values.first().copied().unwrap_or(f32::NAN)),
-            accuracy: f64::from(values.get(1).copied().unwrap_or(0.0)) / samples,
+            loss: f64::from(loss),
+            accuracy: f64::from(correct) / samples,
             elapsed_ms,
         };
         self.telemetry.emit(
@@ -456,6 +525,13 @@ impl Trainer {
                 telemetry::metric(names::TOLARIA_VALIDATION_LATENCY_MS, elapsed_ms),
             ),
         );
+        if !report.loss.is_finite() {
+            return Err(TolariaError::NonFiniteLoss {
+                phase: "validation",
+                epoch: self.epochs_done,
+                value: report.loss,
+            });
+        }
         Ok(Some(report))
     }
 
@@ -520,7 +596,7 @@ impl Trainer {
         cuda.done.synchronize()?;
         let elapsed_ms = f64::from(cuda.timing_start.elapsed_ms(&cuda.done)?);
         Ok(Some(
-            elapsed_ms * 1e3 / (replays.max(1) * steps_per_replay) as f64,
+            elapsed_ms * 1e3 / (replays.max(1) as f64 * steps_per_replay as f64),
         ))
     }
 
@@ -635,7 +711,7 @@ fn place_training_set(
     device: Device,
     set: &LabelledSet,
 ) -> Result<EpochData> {
-    let PackedEpoch { values, spans } = pack_epoch(set, config.n_classes, config.batch_size);
+    let PackedEpoch { values, spans } = pack_epoch(set, config.batch_size)?;
     let host = Tensor::f_from_slice(&values).op("from_slice")?;
     let (host, device_buffer) = match device {
         Device::Cuda(_) => {
@@ -648,8 +724,6 @@ fn place_training_set(
             (host, copy)
         }
     };
-    // Keep the element type explicit: every view below is float32.
-    debug_assert_eq!(device_buffer.kind(), Kind::Float);
     let views = spans
         .iter()
         .map(|&span| StepViews::new(&device_buffer, span, config.n_features, config.n_classes))

@@ -119,16 +119,12 @@ fn a_new_batch_shape_falls_back_to_eager_with_telemetry() -> anyhow::Result<()> 
     if !cuda_or_skip("a_new_batch_shape_falls_back_to_eager_with_telemetry") {
         return Ok(());
     }
-    let reference = ReferenceData::generate(&TrainerConfig::reference());
-    let mut inputs = reference.train.inputs.clone();
-    inputs.extend_from_slice(&reference.validation.inputs[..2 * 16]);
-    let mut labels = reference.train.labels.clone();
-    labels.extend_from_slice(&reference.validation.labels[..2]);
-    let eighteen = LabelledSet {
-        inputs,
-        labels,
-        n_features: 16,
-    };
+    let reference = ReferenceData::generate(&TrainerConfig::reference())?;
+    let mut inputs = reference.train.inputs().to_vec();
+    inputs.extend_from_slice(&reference.validation.inputs()[..2 * 16]);
+    let mut labels = reference.train.labels().to_vec();
+    labels.extend_from_slice(&reference.validation.labels()[..2]);
+    let eighteen = LabelledSet::new(inputs, labels, 16, 4)?;
     for mode in [ExecutionMode::GraphStep, ExecutionMode::GraphEpoch] {
         let sink = CollectingSink::new();
         let mut trainer =
@@ -174,8 +170,8 @@ fn a_panic_inside_a_captured_step_is_an_error_and_eager_training_continues() -> 
         return Ok(());
     }
     let config = config(ExecutionMode::Eager, StepKind::Fused);
-    let reference = ReferenceData::generate(&config);
-    let packed = pack_epoch(&reference.train, 4, 4);
+    let reference = ReferenceData::generate(&config)?;
+    let packed = pack_epoch(&reference.train, 4)?;
     let device = tch::Device::Cuda(0);
     let buffer = tch::Tensor::from_slice(&packed.values).to_device(device);
     let views = StepViews::new(

@@ -88,7 +88,7 @@ fn fused_backward_matches_autograd_with_and_without_the_fused_sgd_kernel() -> an
     let (autograd, autograd_loss) = run(StepKind::Autograd, false)?;
     let (manual, manual_loss) = run(StepKind::Fused, false)?;
     let (fused_kernel, fused_loss) = run(StepKind::Fused, true)?;
-    let initial = ReferenceData::generate(&cpu_config()).initial_parameters;
+    let initial = ReferenceData::generate(&cpu_config())?.initial_parameters;
     assert!(
         max_abs_difference(&autograd, &initial) > 1e-3,
         "training moved the parameters"
@@ -175,16 +175,12 @@ fn every_epoch_emits_latency_and_graph_state_telemetry() -> anyhow::Result<()> {
 fn a_replaced_training_set_with_a_partial_last_batch_trains() -> anyhow::Result<()> {
     let mut trainer = Trainer::new(cpu_config())?;
     trainer.train(2)?;
-    let reference = ReferenceData::generate(&cpu_config());
-    let mut inputs = reference.train.inputs.clone();
-    inputs.extend_from_slice(&reference.validation.inputs[..2 * 16]);
-    let mut labels = reference.train.labels.clone();
-    labels.extend_from_slice(&reference.validation.labels[..2]);
-    let set = LabelledSet {
-        inputs,
-        labels,
-        n_features: 16,
-    };
+    let reference = ReferenceData::generate(&cpu_config())?;
+    let mut inputs = reference.train.inputs().to_vec();
+    inputs.extend_from_slice(&reference.validation.inputs()[..2 * 16]);
+    let mut labels = reference.train.labels().to_vec();
+    labels.extend_from_slice(&reference.validation.labels()[..2]);
+    let set = LabelledSet::new(inputs, labels, 16, 4)?;
     trainer.replace_training_set(&set, 4)?;
     let report = trainer.train_epoch()?;
     assert_eq!(report.eager_steps, 5, "18 samples in batches of 4");
