@@ -481,7 +481,7 @@ fn check_labels(name: &str, labels: &Tensor, num_classes: usize) -> Result<()> {
     let classes = num_classes as i64;
     let bad = labels
         .f_lt(0)
-        .and_then(|low| Ok(low.f_logical_or(&labels.f_ge(classes)?)?))
+        .and_then(|low| low.f_logical_or(&labels.f_ge(classes)?))
         .map_err(torch_error(OP))?;
     let any_bad = bad
         .f_any()

@@ -209,7 +209,7 @@ where
 {
     std::thread::Builder::new()
         .name("fashion-mnist-reader".to_string())
-        .spawn_scoped(scope, move || job())
+        .spawn_scoped(scope, job)
         .ok()
 }
 
