@@ -20,8 +20,7 @@
 //!
 //! Bounds: queue capacity in `[1, MAX_QUEUE_CAPACITY]`, worker threads in
 //! `[1, MAX_WORKER_THREADS]` ([`Prefetcher::new`]); a request's width is
-//! checked by [`Blueprint::check_dim`] when it is made, not in the worker;
-//! [`Prefetcher::shutdown`] waits at most `MAX_SHUTDOWN_WAIT`.
+//! checked by [`Blueprint::check_dim`] when it is made, not in the worker.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,8 +42,6 @@ pub const DEFAULT_WORKER_THREADS: usize = 2;
 pub const MAX_QUEUE_CAPACITY: usize = 1 << 16;
 /// Largest number of runtime worker threads.
 pub const MAX_WORKER_THREADS: usize = 256;
-/// Longest wait of [`Prefetcher::shutdown`] (longer timeouts are capped).
-pub const MAX_SHUTDOWN_WAIT: Duration = Duration::from_secs(3600);
 
 /// Prefetcher sizing (checked by [`PrefetchConfig::validate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,13 +330,13 @@ impl Prefetcher {
     }
 
     /// Stops accepting requests and stops the runtime, waiting up to
-    /// `timeout` (capped at `MAX_SHUTDOWN_WAIT`) for running builds. Requests
-    /// not yet built are abandoned: their tickets report
+    /// `timeout` for running builds (any `Duration`, `Duration::MAX`
+    /// included). Requests not yet built are abandoned: their tickets report
     /// [`Error::PrefetcherClosed`].
     pub fn shutdown(mut self, timeout: Duration) {
         self.sender = None;
         if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(timeout.min(MAX_SHUTDOWN_WAIT));
+            runtime.shutdown_timeout(timeout);
         }
     }
 }

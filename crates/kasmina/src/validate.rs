@@ -30,8 +30,9 @@ pub const MAX_KERNEL_SIZE: i64 = 63;
 /// Largest number of trainable parameters of a host, a seed or one layer
 /// (2^32: 16 GiB in fp32).
 pub const MAX_PARAMETERS: i64 = 1 << 32;
-/// Largest number of elements of a germination probe tensor (2^30).
-pub const MAX_PROBE_ELEMENTS: i64 = 1 << 30;
+/// Largest number of elements of a germination probe tensor (2^28: 1 GiB
+/// in fp32).
+pub const MAX_PROBE_ELEMENTS: i64 = 1 << 28;
 /// Largest seed learning rate accepted by [`crate::slot::SlotConfig`] and
 /// [`crate::optim::Sgd`].
 pub const MAX_LEARNING_RATE: f64 = 100.0;

@@ -10,6 +10,7 @@
 
 mod common;
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{features, spec};
@@ -29,11 +30,24 @@ use leyline::testing::{
 };
 use leyline::{AlphaAlgorithm, AlphaCurve, AlphaMode, GateLevel, SeedStage};
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::TestCaseError;
 use tch::{Device, Kind, Tensor};
 
 /// Mostly valid numbers in `[low, high]`, often hostile ones.
 fn number(low: f64, high: f64) -> impl Strategy<Value = f64> {
     prop_oneof![3 => low..=high, 2 => extreme_f64()]
+}
+
+/// Alpha values and targets: often exactly 1 (G3 needs a full target),
+/// otherwise anything in `[0, 1]` or hostile.
+fn alpha_value() -> impl Strategy<Value = f64> {
+    prop_oneof![2 => Just(1.0), 3 => number(0.0, 1.0)]
+}
+
+/// Host parameter counts: mostly plausible, sometimes hostile.
+fn host_params() -> impl Strategy<Value = i64> {
+    prop_oneof![3 => 1i64..100_000, 1 => extreme_i64()]
 }
 
 fn curve() -> impl Strategy<Value = AlphaCurve> {
@@ -81,17 +95,17 @@ impl Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => (number(0.0, 1.0), number(0.1, 30.0), 0u32..4, prop::sample::select(AlphaAlgorithm::ALL.to_vec()))
+        2 => (alpha_value(), number(0.1, 30.0), 0u32..4, prop::sample::select(AlphaAlgorithm::ALL.to_vec()))
             .prop_map(|(target, steepness, tempo, algorithm)| Op::Germinate { target, steepness, tempo, algorithm }),
         4 => Just(Op::Advance(None)),
         1 => prop::sample::select(SeedStage::ALL.to_vec()).prop_map(|s| Op::Advance(Some(s))),
         5 => Just(Op::Step),
         1 => Just(Op::Prune),
         1 => (extreme_u32(), number(0.1, 30.0)).prop_map(|(steps, k)| Op::SchedulePrune(steps % 5, k)),
-        1 => number(0.0, 1.0).prop_map(Op::SetAlpha),
-        1 => (number(0.0, 1.0), 0u32..4, number(0.1, 30.0)).prop_map(|(t, s, k)| Op::Retarget(t, s, k)),
+        1 => alpha_value().prop_map(Op::SetAlpha),
+        1 => (alpha_value(), 0u32..4, number(0.1, 30.0)).prop_map(|(t, s, k)| Op::Retarget(t, s, k)),
         2 => (number(0.0, 100.0), number(0.0, 100.0)).prop_map(|(t, v)| Op::Accuracy(t, v)),
-        2 => (number(0.0, 5.0), number(0.0, 5.0), extreme_i64()).prop_map(|(s, h, p)| Op::Gradients(s, h, p)),
+        2 => (number(0.0, 5.0), number(0.0, 5.0), host_params()).prop_map(|(s, h, p)| Op::Gradients(s, h, p)),
         1 => number(-100.0, 100.0).prop_map(Op::Counterfactual),
         1 => any::<bool>().prop_map(Op::Healthy),
     ]
@@ -129,7 +143,16 @@ fn apply(slot: &mut SeedSlot, op: &Op, count: u32) -> kasmina::Result<()> {
     }
 }
 
-fn run(ops: &[Op], strict: bool) -> Result<(), TestCaseError> {
+/// What a run covered: stages visited, and stages in which a non-finite
+/// value was refused.
+#[derive(Default)]
+struct Coverage {
+    visited: HashSet<SeedStage>,
+    refused_in: HashSet<SeedStage>,
+}
+
+fn run(ops: &[Op], strict: bool) -> Result<Coverage, TestCaseError> {
+    let mut coverage = Coverage::default();
     let mode = if strict {
         GateMode::Strict
     } else {
@@ -153,6 +176,12 @@ fn run(ops: &[Op], strict: bool) -> Result<(), TestCaseError> {
         if op.non_finite() {
             prop_assert!(result.is_err(), "{:?} accepted a non-finite value", op);
             prop_assert_eq!(slot.state().cloned(), before, "{:?} changed the seed", op);
+            if let Some(stage) = slot.stage() {
+                coverage.refused_in.insert(stage);
+            }
+        }
+        if let Some(stage) = slot.stage() {
+            coverage.visited.insert(stage);
         }
         if let Some(state) = slot.state() {
             prop_assert!((0.0..=1.0).contains(&state.alpha()));
@@ -165,7 +194,37 @@ fn run(ops: &[Op], strict: bool) -> Result<(), TestCaseError> {
             op
         );
     }
-    Ok(())
+    Ok(coverage)
+}
+
+/// Guards the property below against vacuity: the same generator, run
+/// deterministically, reaches every live stage and throws non-finite values
+/// at seeds in each of them.
+#[test]
+fn hostile_sequences_reach_every_live_stage() {
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = prop::collection::vec(op(), 40..80);
+    let mut total = Coverage::default();
+    for round in 0..160 {
+        let ops = strategy.new_tree(&mut runner).expect("tree").current();
+        let coverage = run(&ops, round % 2 == 0).expect("invariants");
+        total.visited.extend(coverage.visited);
+        total.refused_in.extend(coverage.refused_in);
+    }
+    for stage in [
+        SeedStage::Germinated,
+        SeedStage::Training,
+        SeedStage::Blending,
+        SeedStage::Holding,
+        SeedStage::Fossilized,
+        SeedStage::Pruned,
+    ] {
+        assert!(total.visited.contains(&stage), "{stage} never reached");
+        assert!(
+            total.refused_in.contains(&stage),
+            "no hostile value in {stage}"
+        );
+    }
 }
 
 proptest! {

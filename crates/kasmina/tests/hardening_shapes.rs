@@ -171,6 +171,16 @@ fn model_services_check_their_tensors() {
         "more overrides than slots"
     );
     model.step_epoch().expect("tick");
+    model.record_accuracy(30.0, 30.0).expect("accuracy");
+    assert!(model.record_accuracy(f64::NAN, 50.0).is_err());
+    assert!(model.record_accuracy(50.0, 101.0).is_err());
+    let metrics = model
+        .slot(R0C1)
+        .expect("slot")
+        .state()
+        .expect("state")
+        .metrics();
+    assert_eq!((metrics.train_accuracy, metrics.val_accuracy), (30.0, 30.0));
 }
 
 #[test]
