@@ -566,4 +566,27 @@ proptest! {
             prop_assert_eq!(&bytes[bytes.len() - product..], array.values());
         }
     }
+
+    #[test]
+    fn permutations_never_panic(n in extreme_usize(), seed in extreme_u64()) {
+        match permutation(n, seed) {
+            Ok(mut order) => {
+                prop_assert!(n <= MAX_SAMPLES);
+                order.sort_unstable();
+                prop_assert_eq!(order, (0..n as i64).collect::<Vec<_>>());
+            }
+            Err(err) => prop_assert!(n > MAX_SAMPLES && matches!(err, DataError::TooLarge { .. }), "{err:?}"),
+        }
+    }
+
+    #[test]
+    fn cifar_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..7000)) {
+        match cifar10::parse_records(&bytes) {
+            Ok(records) => {
+                prop_assert_eq!(records.len() * RECORD_SIZE, bytes.len());
+                prop_assert!(records.labels().iter().all(|&label| label < 10));
+            }
+            Err(err) => prop_assert!(!matches!(err, FormatError::Read(_)), "{err:?}"),
+        }
+    }
 }

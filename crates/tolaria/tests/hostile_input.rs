@@ -476,4 +476,37 @@ proptest! {
             prop_assert!(span.len(n_features, n_classes).is_ok_and(|len| offset + len <= 256));
         }
     }
+
+    #[test]
+    fn step_state_and_metrics_never_panic(
+        n_features in extreme_usize(), n_classes in extreme_usize(),
+        learning_rate in extreme_f64(), momentum in extreme_f64(),
+        values in proptest::collection::vec(extreme_f32(), 0..20), samples in extreme_usize(),
+    ) {
+        let parameters = vec![0.1f32; 4 * 17];
+        match LinearCeState::new(StepKind::Fused, &parameters, n_features, n_classes, learning_rate, momentum, tch::Device::Cpu) {
+            Ok(state) => {
+                prop_assert_eq!((n_features, n_classes), (16, 4));
+                if let Ok(metrics) = state.interpret_metrics(&values, 4, samples) {
+                    prop_assert_eq!(values.len(), 17);
+                    prop_assert!(metrics.correct <= samples);
+                }
+            }
+            Err(err) => prop_assert!(matches!(err, TolariaError::InvalidConfig { .. } | TolariaError::InvalidData { .. }), "{err:?}"),
+        }
+    }
+
+    #[test]
+    fn bench_options_never_panic(
+        warmup_epochs in extreme_usize(), measured_epochs in extreme_usize(),
+        bare_replay_samples in extreme_usize(), timed_replays in extreme_usize(),
+    ) {
+        let options = BenchOptions {
+            warmup_epochs, measured_epochs, bare_replay_samples, timed_replays,
+            ..BenchOptions::new("x", DeviceChoice::Cpu, true)
+        };
+        let within = warmup_epochs.max(measured_epochs) <= tolaria::bench::MAX_BENCH_EPOCHS
+            && bare_replay_samples.max(timed_replays) <= tolaria::bench::MAX_BENCH_REPLAYS;
+        prop_assert_eq!(options.validate().is_ok(), within);
+    }
 }
