@@ -43,25 +43,32 @@ pub const MAX_TICK: Duration = Duration::from_secs(3600);
 pub const MAX_SINK_NAME_BYTES: usize = 64;
 
 /// Tuning of a hub. The defaults suit a training run; tests and benchmarks
-/// shrink the queues to exercise dropping.
+/// shrink the queues to exercise dropping. [`HubBuilder::build`] checks every
+/// field and returns [`NissaError::Config`] naming the one out of range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HubConfig {
-    /// Capacity of the main queue between emitters and the worker.
+    /// Capacity of the main queue between emitters and the worker
+    /// (`1..=`[`MAX_QUEUE_CAPACITY`]).
     pub queue_capacity: usize,
-    /// Capacity of each sink's own queue (unless set per sink).
+    /// Capacity of each sink's own queue unless set per sink
+    /// (`1..=`[`MAX_QUEUE_CAPACITY`]).
     pub sink_queue_capacity: usize,
-    /// Most packets a sink writes before it flushes.
+    /// Most packets a sink writes before it flushes (`1..=`[`MAX_BATCH`]).
     pub batch_max: usize,
     /// Queue length at which an emitter wakes the worker before its next tick
-    /// (`None`: a quarter of `queue_capacity`).
+    /// (`None`: a quarter of `queue_capacity`; otherwise
+    /// `1..=queue_capacity`).
     pub wake_threshold: Option<usize>,
-    /// Sleep of the worker after a round that moved packets.
+    /// Sleep of the worker after a round that moved packets (more than zero,
+    /// at most `tick_max`).
     pub tick_min: Duration,
     /// Longest sleep of an idle worker (the worst-case delivery delay of a
-    /// trickle of packets that never reaches the wake threshold).
+    /// trickle of packets that never reaches the wake threshold; at most
+    /// [`MAX_TICK`]).
     pub tick_max: Duration,
     /// How long [`Hub::close`] (and dropping the last handle) waits for the
-    /// sinks to finish.
+    /// sinks to finish. Any value: one beyond what [`Instant`] can represent
+    /// (such as `Duration::MAX`) waits without a deadline.
     pub close_timeout: Duration,
 }
 
@@ -198,8 +205,11 @@ impl HubBuilder {
         self.prometheus(SocketAddr::from(([127, 0, 0, 1], port)))
     }
 
-    /// Opens the sinks, starts the runtime and, if asked for, binds the
-    /// metrics endpoint.
+    /// Checks the configuration and the sinks (at most [`MAX_SINKS`], names
+    /// 1 to [`MAX_SINK_NAME_BYTES`] bytes without control characters and all
+    /// different), then opens the sinks, starts the runtime and, if asked
+    /// for, binds the metrics endpoint. Nothing is opened or bound when a
+    /// check fails.
     pub fn build(self) -> Result<Hub> {
         let config = self.config;
         config.validate()?;
@@ -401,8 +411,10 @@ impl Hub {
     }
 
     /// Waits until every packet emitted before this call was delivered, dropped
-    /// or failed in every sink and every sink was flushed, or until `timeout`.
-    /// Blocks the calling thread; call it at checkpoints, not on a hot path.
+    /// or failed in every sink and every sink was flushed, or until `timeout`
+    /// (one beyond what [`Instant`] can represent, such as `Duration::MAX`,
+    /// means no deadline). Blocks the calling thread; call it at checkpoints,
+    /// not on a hot path.
     pub fn flush(&self, timeout: Duration) -> FlushOutcome {
         let Some(inner) = &self.inner else {
             return FlushOutcome {

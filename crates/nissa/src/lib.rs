@@ -15,6 +15,14 @@
 //! - [`testing`]: [`MemorySink`] and friends for tests and benchmarks.
 //! - [`stats`]: the delivery accounting.
 //!
+//! Bad input: configuration is checked when a hub is built (typed
+//! [`NissaError::Config`] naming the field, with stated bounds such as
+//! [`hub::MAX_QUEUE_CAPACITY`]); packets are checked where a sink takes them.
+//! A sink counts a packet delivered only when a consumer can read it back, so
+//! the built-in sinks refuse (count failed) a packet with a non-finite metric
+//! value, which JSON cannot carry. Timeouts saturate to "no deadline" instead
+//! of overflowing.
+//!
 //! Nissa depends on leyline only (no tch); telemetry names come from
 //! [`leyline::telemetry`].
 
