@@ -304,8 +304,12 @@ fn cifar_empty_files_short_records_and_bad_labels_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("empty.bin");
     std::fs::write(&path, b"").unwrap();
-    let err = cifar10::load_files("x", &[path.clone()], &Normalisation::identity(3).unwrap())
-        .unwrap_err();
+    let err = cifar10::load_files(
+        "x",
+        std::slice::from_ref(&path),
+        &Normalisation::identity(3).unwrap(),
+    )
+    .unwrap_err();
     assert!(
         matches!(err, DataError::Format { path: ref p, source: FormatError::Empty, .. } if *p == path),
         "{err:?}"
