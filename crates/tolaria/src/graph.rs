@@ -1,6 +1,6 @@
 //! CUDA execution pieces of the trainer: the compute/staging streams and
-//! events ([`CudaContext`]), per-shape step graphs ([`StepGraphs`]), the
-//! whole-epoch graph ([`EpochGraph`]), and the start-up precision settings.
+//! events (`CudaContext`), per-shape step graphs (`StepGraphs`), the
+//! whole-epoch graph (`EpochGraph`), and the start-up precision settings.
 //!
 //! Capture rules (DESIGN.md §4): warm up on the capture stream (the trainer's
 //! compute stream, where every step runs), never read back inside a step, keep

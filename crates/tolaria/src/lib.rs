@@ -12,7 +12,7 @@
 //! - [`graph`]: streams, events, step/epoch graph capture and fallback.
 //! - [`trainer`]: [`Trainer`], its epochs, validation and telemetry.
 //! - [`telemetry`]: where packets go ([`TelemetryOut`]).
-//! - [`bench`]: the `tolaria-reference` benchmark behind `esper bench`.
+//! - [`bench`](mod@bench): the `tolaria-reference` benchmark behind `esper bench`.
 //!
 //! GPU-only paths compile everywhere; on a machine without CUDA the graph
 //! modes return [`TolariaError::CudaRequired`].
