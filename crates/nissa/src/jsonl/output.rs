@@ -7,7 +7,9 @@
 //! is then cut back to the end of the last whole line, so every line in it
 //! parses; if even that fails, the file is left and the next line starts a
 //! fresh file. A plain writer (a pipe) cannot be cut back: the next write
-//! starts with a newline, so a fragment is never glued to the next line.
+//! starts with a newline, so a fragment is never glued to the next line (and
+//! a line that lacked only its newline, which a line reader yields whole, is
+//! counted delivered).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
@@ -181,11 +183,19 @@ impl Rotating {
                 let good = self
                     .bytes
                     .saturating_add(line_start(ends, line + whole).saturating_sub(start) as u64);
-                // Cut the fragment off; if that fails, leave this file.
-                match self.file.truncate_to(good) {
-                    Ok(()) => self.bytes = good,
-                    Err(_) => self.damaged = true,
-                }
+                // Cut the fragment off; if that fails, leave this file with
+                // the fragment as its last line. A fragment that lacks only
+                // its newline then reads back whole, so it is delivered.
+                let whole = match self.file.truncate_to(good) {
+                    Ok(()) => {
+                        self.bytes = good;
+                        whole
+                    }
+                    Err(_) => {
+                        self.damaged = true;
+                        whole_lines(lines_in, start, accepted.saturating_add(1))
+                    }
+                };
                 return Written {
                     lines: line + whole,
                     error: Some(NissaError::Io {
