@@ -22,6 +22,7 @@ pub mod config;
 pub mod data;
 pub mod error;
 pub mod graph;
+mod placement;
 pub mod step;
 pub mod telemetry;
 pub mod trainer;

@@ -9,7 +9,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use leyline::proto::{TelemetryEvent, TelemetryMetric, TelemetryPacket};
-use leyline::telemetry::TelemetryLevel;
+use leyline::telemetry::{self as names, TelemetryLevel};
+
+use crate::trainer::EpochReport;
 
 /// Telemetry source name of the trainer's packets.
 pub const SOURCE: &str = "tolaria";
@@ -130,4 +132,51 @@ pub(crate) fn event(
         event.attributes.insert((*key).to_owned(), value.clone());
     }
     event
+}
+
+/// The packet of one training epoch: latency, graph state, staging time,
+/// warm-up left (graph modes: `warmup_remaining` is `Some`), capture time,
+/// fallbacks, and the epoch's events; Warning level when a fallback happened.
+pub(crate) fn epoch_packet(
+    report: &EpochReport,
+    warmup_remaining: Option<usize>,
+    events: Vec<TelemetryEvent>,
+) -> TelemetryPacket {
+    let fallbacks = events
+        .iter()
+        .filter(|event| event.name == names::TOLARIA_GRAPH_FALLBACK)
+        .count();
+    let level = if fallbacks > 0 {
+        TelemetryLevel::Warning
+    } else {
+        TelemetryLevel::Info
+    };
+    let mut packet = TelemetryPacket::new(SOURCE, level)
+        .with_metric(metric(names::TOLARIA_TRAINING_LATENCY_MS, report.epoch_ms))
+        .with_metric(metric(
+            names::TOLARIA_TRAIN_GRAPH_ENABLED,
+            f64::from(u8::from(report.graph_enabled())),
+        ));
+    if let Some(h2d_ms) = report.h2d_ms {
+        packet = packet.with_metric(metric(names::TOLARIA_H2D_COPY_MS, h2d_ms));
+    }
+    if let Some(remaining) = warmup_remaining {
+        packet = packet.with_metric(metric(
+            names::TOLARIA_GRAPH_WARMUP_REMAINING,
+            remaining as f64,
+        ));
+    }
+    if let Some(capture_ms) = report.capture_ms {
+        packet = packet.with_metric(metric(names::TOLARIA_GRAPH_CAPTURE_MS, capture_ms));
+    }
+    if fallbacks > 0 {
+        packet = packet.with_metric(metric(
+            names::TOLARIA_GRAPH_FALLBACK_TOTAL,
+            fallbacks as f64,
+        ));
+    }
+    for event in events {
+        packet = packet.with_event(event);
+    }
+    packet
 }

@@ -21,10 +21,11 @@ use tch::{Device, Tensor};
 use torch_ext::CudaGraph;
 
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, TrainerConfig};
-use crate::data::{LabelledSet, MicrobatchSpan, PackedEpoch, ReferenceData, pack_epoch};
+use crate::data::{LabelledSet, ReferenceData, pack_epoch};
 use crate::error::{Result, TolariaError, TorchResultExt};
 use crate::graph::{self, CudaContext, EpochGraph, StepGraphs};
-use crate::step::{EpochMetrics, LinearCeState, StepViews};
+use crate::placement::{self, EpochData, place_training_set};
+use crate::step::{LinearCeState, StepViews};
 use crate::telemetry::{self, CollectingSink, TelemetryOut};
 
 /// What one training epoch did and how long it took.
@@ -66,18 +67,6 @@ pub struct ValidationReport {
     pub accuracy: f64,
     /// Host wall time of the pass.
     pub elapsed_ms: f64,
-}
-
-/// Training data in its host and device forms, with per-microbatch views.
-struct EpochData {
-    /// Packed microbatches on the host (page-locked on CUDA).
-    host: Tensor,
-    /// The same on the device (staged every epoch, or resident).
-    device: Tensor,
-    spans: Vec<MicrobatchSpan>,
-    /// Views into `device`, one per microbatch.
-    views: Vec<StepViews>,
-    samples: usize,
 }
 
 /// The `tolaria-reference` trainer.
@@ -266,40 +255,7 @@ impl Trainer {
     /// `n_features` or `n_classes`; [`TolariaError::InvalidData`] when the
     /// packed set is above the bound.
     pub fn replace_training_set(&mut self, set: &LabelledSet, batch_size: usize) -> Result<()> {
-        let invalid =
-            |field: &'static str, reason: String| TolariaError::InvalidConfig { field, reason };
-        if !(1..=crate::config::MAX_SAMPLES).contains(&batch_size) {
-            return Err(invalid(
-                "batch_size",
-                format!("{batch_size} is outside 1..={}", crate::config::MAX_SAMPLES),
-            ));
-        }
-        if set.is_empty() {
-            return Err(invalid(
-                "training set",
-                "the set holds no sample".to_owned(),
-            ));
-        }
-        if set.n_features() != self.config.n_features {
-            return Err(invalid(
-                "n_features",
-                format!(
-                    "the set has {} features, the trainer {}",
-                    set.n_features(),
-                    self.config.n_features
-                ),
-            ));
-        }
-        if set.n_classes() != self.config.n_classes {
-            return Err(invalid(
-                "n_classes",
-                format!(
-                    "the set has {} classes, the trainer {}",
-                    set.n_classes(),
-                    self.config.n_classes
-                ),
-            ));
-        }
+        placement::check_replacement(&self.config, set, batch_size)?;
         let mut config = self.config.clone();
         config.batch_size = batch_size;
         config.n_samples = set.len();
@@ -354,7 +310,7 @@ impl Trainer {
             capture_ms: outcome.capture_ms,
         };
         self.epochs_done = self.epochs_done.saturating_add(1);
-        self.emit_epoch(&report, &metrics, events);
+        self.emit_epoch(&report, events);
         if !report.loss.is_finite() {
             return Err(TolariaError::NonFiniteLoss {
                 phase: "training",
@@ -600,63 +556,14 @@ impl Trainer {
         ))
     }
 
-    fn emit_epoch(
-        &self,
-        report: &EpochReport,
-        metrics: &EpochMetrics,
-        events: Vec<leyline::proto::TelemetryEvent>,
-    ) {
-        let fallback = events
-            .iter()
-            .any(|event| event.name == names::TOLARIA_GRAPH_FALLBACK);
-        let level = if fallback {
-            TelemetryLevel::Warning
-        } else {
-            TelemetryLevel::Info
+    fn emit_epoch(&self, report: &EpochReport, events: Vec<leyline::proto::TelemetryEvent>) {
+        let warmup_remaining = match self.config.mode {
+            ExecutionMode::Eager => None,
+            ExecutionMode::GraphEpoch => Some(self.epoch_graph.warmup_remaining()),
+            ExecutionMode::GraphStep => Some(self.step_graphs.warmup_remaining()),
         };
-        let mut packet = TelemetryPacket::new(telemetry::SOURCE, level)
-            .with_metric(telemetry::metric(
-                names::TOLARIA_TRAINING_LATENCY_MS,
-                report.epoch_ms,
-            ))
-            .with_metric(telemetry::metric(
-                names::TOLARIA_TRAIN_GRAPH_ENABLED,
-                f64::from(u8::from(report.graph_enabled())),
-            ));
-        if let Some(h2d_ms) = report.h2d_ms {
-            packet = packet.with_metric(telemetry::metric(names::TOLARIA_H2D_COPY_MS, h2d_ms));
-        }
-        if self.config.mode.uses_graphs() {
-            let remaining = match self.config.mode {
-                ExecutionMode::GraphEpoch => self.epoch_graph.warmup_remaining(),
-                _ => self.step_graphs.warmup_remaining(),
-            };
-            packet = packet.with_metric(telemetry::metric(
-                names::TOLARIA_GRAPH_WARMUP_REMAINING,
-                remaining as f64,
-            ));
-        }
-        if let Some(capture_ms) = report.capture_ms {
-            packet = packet.with_metric(telemetry::metric(
-                names::TOLARIA_GRAPH_CAPTURE_MS,
-                capture_ms,
-            ));
-        }
-        let fallbacks = events
-            .iter()
-            .filter(|event| event.name == names::TOLARIA_GRAPH_FALLBACK)
-            .count();
-        if fallbacks > 0 {
-            packet = packet.with_metric(telemetry::metric(
-                names::TOLARIA_GRAPH_FALLBACK_TOTAL,
-                fallbacks as f64,
-            ));
-        }
-        let _ = metrics;
-        for event in events {
-            packet = packet.with_event(event);
-        }
-        self.telemetry.emit(packet);
+        self.telemetry
+            .emit(telemetry::epoch_packet(report, warmup_remaining, events));
     }
 
     /// The telemetry names this trainer's packets use (for records).
@@ -703,36 +610,4 @@ struct EpochOutcome {
     replayed_steps: usize,
     eager_steps: usize,
     capture_ms: Option<f64>,
-}
-
-/// Packs `set`, puts it in host memory (pinned on CUDA) and on the device.
-fn place_training_set(
-    config: &TrainerConfig,
-    device: Device,
-    set: &LabelledSet,
-) -> Result<EpochData> {
-    let PackedEpoch { values, spans } = pack_epoch(set, config.batch_size)?;
-    let host = Tensor::f_from_slice(&values).op("from_slice")?;
-    let (host, device_buffer) = match device {
-        Device::Cuda(_) => {
-            let pinned = host.f_pin_memory(device).op("pin_memory")?;
-            let on_device = pinned.f_to_device(device).op("to_device")?;
-            (pinned, on_device)
-        }
-        _ => {
-            let copy = host.f_detach_copy().op("copy")?;
-            (host, copy)
-        }
-    };
-    let views = spans
-        .iter()
-        .map(|&span| StepViews::new(&device_buffer, span, config.n_features, config.n_classes))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(EpochData {
-        host,
-        device: device_buffer,
-        spans,
-        views,
-        samples: set.len(),
-    })
 }

@@ -1,0 +1,99 @@
+//! Where the training set lives: packed, in host memory (page-locked on
+//! CUDA) and on the device, with one set of step views per microbatch; and
+//! the checks a replacement training set must pass.
+
+use tch::{Device, Tensor};
+
+use crate::config::{MAX_SAMPLES, TrainerConfig};
+use crate::data::{LabelledSet, MicrobatchSpan, PackedEpoch, pack_epoch};
+use crate::error::{Result, TolariaError, TorchResultExt};
+use crate::step::StepViews;
+
+/// Training data in its host and device forms, with per-microbatch views.
+pub(crate) struct EpochData {
+    /// Packed microbatches on the host (page-locked on CUDA).
+    pub(crate) host: Tensor,
+    /// The same on the device (staged every epoch, or resident).
+    pub(crate) device: Tensor,
+    pub(crate) spans: Vec<MicrobatchSpan>,
+    /// Views into `device`, one per microbatch.
+    pub(crate) views: Vec<StepViews>,
+    pub(crate) samples: usize,
+}
+
+/// Packs `set`, puts it in host memory (pinned on CUDA) and on the device.
+pub(crate) fn place_training_set(
+    config: &TrainerConfig,
+    device: Device,
+    set: &LabelledSet,
+) -> Result<EpochData> {
+    let PackedEpoch { values, spans } = pack_epoch(set, config.batch_size)?;
+    let host = Tensor::f_from_slice(&values).op("from_slice")?;
+    let (host, device_buffer) = match device {
+        Device::Cuda(_) => {
+            let pinned = host.f_pin_memory(device).op("pin_memory")?;
+            let on_device = pinned.f_to_device(device).op("to_device")?;
+            (pinned, on_device)
+        }
+        _ => {
+            let copy = host.f_detach_copy().op("copy")?;
+            (host, copy)
+        }
+    };
+    let views = spans
+        .iter()
+        .map(|&span| StepViews::new(&device_buffer, span, config.n_features, config.n_classes))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(EpochData {
+        host,
+        device: device_buffer,
+        spans,
+        views,
+        samples: set.len(),
+    })
+}
+
+/// What [`crate::Trainer::replace_training_set`] requires beyond
+/// [`LabelledSet::new`]'s own checks: `batch_size` in `1..=`[`MAX_SAMPLES`],
+/// a non-empty set, and the trainer's features and classes.
+pub(crate) fn check_replacement(
+    config: &TrainerConfig,
+    set: &LabelledSet,
+    batch_size: usize,
+) -> Result<()> {
+    let invalid =
+        |field: &'static str, reason: String| TolariaError::InvalidConfig { field, reason };
+    if !(1..=MAX_SAMPLES).contains(&batch_size) {
+        return Err(invalid(
+            "batch_size",
+            format!("{batch_size} is outside 1..={MAX_SAMPLES}"),
+        ));
+    }
+    if set.is_empty() {
+        return Err(invalid(
+            "training set",
+            "the set holds no sample".to_owned(),
+        ));
+    }
+    if set.n_features() != config.n_features {
+        return Err(invalid(
+            "n_features",
+            format!(
+                "the set has {} features, the trainer {}",
+                set.n_features(),
+                config.n_features
+            ),
+        ));
+    }
+    if set.n_classes() != config.n_classes {
+        return Err(invalid(
+            "n_classes",
+            format!(
+                "the set has {} classes, the trainer {}",
+                set.n_classes(),
+                config.n_classes
+            ),
+        ));
+    }
+    Ok(())
+}
