@@ -4,6 +4,8 @@
 //! fails; the hub owns a small tokio runtime (one worker thread plus a blocking
 //! pool for the sinks), so it works from any thread, inside or outside tokio.
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};

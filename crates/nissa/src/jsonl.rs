@@ -21,6 +21,8 @@
 //! plain file-name part (see [`MAX_FILE_STEM_BYTES`]), `max_file_bytes` and
 //! `max_files` at least 1.
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 mod output;
 mod stamp;
 

@@ -26,6 +26,19 @@
 //! Nissa depends on leyline only (no tch); telemetry names come from
 //! [`leyline::telemetry`].
 
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing
+    )
+)]
+
 pub mod error;
 pub mod hub;
 pub mod jsonl;

@@ -13,6 +13,8 @@
 //! still reach the other sinks). The hub's own `nissa.*` counters are read from
 //! the hub's statistics at scrape time.
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -353,9 +355,8 @@ impl MetricSet {
 }
 
 fn raise(counter: &Counter<u64, AtomicU64>, target: u64) {
-    let current = counter.get();
-    if target > current {
-        counter.inc_by(target - current);
+    if let Some(delta) = target.checked_sub(counter.get()).filter(|delta| *delta > 0) {
+        counter.inc_by(delta);
     }
 }
 

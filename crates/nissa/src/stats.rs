@@ -6,6 +6,8 @@
 //! emitted after [`crate::Hub::close`] are not part of `emitted`; they are
 //! counted in [`HubStats::after_close`].
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 /// A snapshot of the hub's counters.
 ///
 /// The counters are read one by one while the hub runs, so a snapshot taken

@@ -4,6 +4,8 @@
 //! Everything here runs where a value enters (building a hub, opening a sink,
 //! a sink's `write`), never on the emit path.
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 use std::time::{Duration, Instant};
 
 use leyline::proto::TelemetryPacket;

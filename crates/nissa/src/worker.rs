@@ -11,6 +11,8 @@
 //! shared counter: the worker counts what it pops, and
 //! `emitted = popped + queued + queue_dropped`.
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -178,16 +180,10 @@ impl Shared {
         if !self.stopped.load(Ordering::Acquire) {
             return;
         }
-        let mut caught = 0;
-        while self.queue.pop().is_some() {
-            caught += 1;
-        }
+        let caught = std::iter::from_fn(|| self.queue.pop()).count() as u64;
         self.after_close.fetch_add(caught, Ordering::Relaxed);
         for sink in &self.sinks {
-            let mut left = 0;
-            while sink.queue.pop().is_some() {
-                left += 1;
-            }
+            let left = std::iter::from_fn(|| sink.queue.pop()).count() as u64;
             sink.pushed.0.fetch_sub(left, Ordering::Relaxed);
             sink.dropped.fetch_add(left, Ordering::Relaxed);
         }
@@ -312,7 +308,7 @@ struct Round {
 /// Pops up to `limit` packets and offers each to every sink. Counters are
 /// published once per round, which keeps atomics off the per-packet path.
 fn drain_round(shared: &Shared, limit: usize) -> Round {
-    let mut moved = 0;
+    let mut moved: usize = 0;
     let mut emptied = false;
     // (pushed, dropped) per sink in this round; at most `limit` each.
     let mut counts = vec![(0u64, 0u64); shared.sinks.len()];
@@ -324,11 +320,11 @@ fn drain_round(shared: &Shared, limit: usize) -> Round {
         let packet = Arc::new(packet);
         for (sink, (pushed, dropped)) in shared.sinks.iter().zip(counts.iter_mut()) {
             match sink.queue.push(Arc::clone(&packet)) {
-                Ok(()) => *pushed += 1,
-                Err(_) => *dropped += 1,
+                Ok(()) => *pushed = pushed.saturating_add(1),
+                Err(_) => *dropped = dropped.saturating_add(1),
             }
         }
-        moved += 1;
+        moved = moved.saturating_add(1);
     }
     if moved > 0 {
         for (sink, (pushed, dropped)) in shared.sinks.iter().zip(counts) {
@@ -471,11 +467,11 @@ fn write_batch(sink: &mut dyn Sink, batch: &mut Batch) {
         batch.packets.clear();
         return;
     }
-    let mut written = 0;
+    let mut written: u64 = 0;
     let mut first_error: Option<String> = None;
     for packet in &packets {
         match catch_unwind(AssertUnwindSafe(|| sink.write(packet))) {
-            Ok(Ok(())) => written += 1,
+            Ok(Ok(())) => written = written.saturating_add(1),
             Ok(Err(error)) => {
                 first_error.get_or_insert_with(|| error.to_string());
             }

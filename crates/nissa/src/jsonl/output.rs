@@ -11,6 +11,8 @@
 //! a line that lacked only its newline, which a line reader yields whole, is
 //! counted delivered).
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -165,14 +167,14 @@ impl Rotating {
             }
             // As many lines as fit the current file, at least one.
             let mut size = self.bytes.saturating_add(first_len);
-            let mut next = line + 1;
+            let mut next = line.saturating_add(1);
             while let Some(&end) = ends.get(next) {
                 let len = end.saturating_sub(line_start(ends, next)) as u64;
                 if size.saturating_add(len) > max {
                     break;
                 }
                 size = size.saturating_add(len);
-                next += 1;
+                next = next.saturating_add(1);
             }
             let end = ends.get(next.saturating_sub(1)).copied().unwrap_or(start);
             let chunk = buffer.get(start..end).unwrap_or_default();
@@ -180,9 +182,9 @@ impl Rotating {
             if let Err(source) = result {
                 let lines_in = ends.get(line..next).unwrap_or_default();
                 let whole = whole_lines(lines_in, start, accepted);
-                let good = self
-                    .bytes
-                    .saturating_add(line_start(ends, line + whole).saturating_sub(start) as u64);
+                let good = self.bytes.saturating_add(
+                    line_start(ends, line.saturating_add(whole)).saturating_sub(start) as u64,
+                );
                 // Cut the fragment off; if that fails, leave this file with
                 // the fragment as its last line. A fragment that lacks only
                 // its newline then reads back whole, so it is delivered.
@@ -197,7 +199,7 @@ impl Rotating {
                     }
                 };
                 return Written {
-                    lines: line + whole,
+                    lines: line.saturating_add(whole),
                     error: Some(NissaError::Io {
                         op: "write",
                         path: self.path(),

@@ -1,5 +1,7 @@
 //! The UTC timestamp in run directory names (`YYYY-MM-DD_HHMMSS`).
 
+#![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `YYYY-MM-DD_HHMMSS` in UTC (the epoch for clocks set before 1970).
@@ -22,6 +24,10 @@ pub(crate) fn utc_stamp(now: SystemTime) -> String {
 /// Gregorian date of a day count since 1970-01-01 (Howard Hinnant's
 /// `civil_from_days`). Exact for every day count a `u64` of seconds can
 /// give (below 2.2e14 days, far from any overflow of the arithmetic).
+#[expect(
+    clippy::arithmetic_side_effects,
+    reason = "days comes from utc_stamp: a u64 of seconds / 86400 < 2.2e14, so every intermediate stays below 1e15 in i64"
+)]
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let shifted = days + 719_468;
     let era = shifted.div_euclid(146_097);
