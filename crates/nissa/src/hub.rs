@@ -225,8 +225,9 @@ impl HubBuilder {
                 reason: format!("{planned_sinks} sinks, more than {MAX_SINKS}"),
             });
         }
-        // Checked before any sink opens a file or the endpoint binds.
-        let names = self
+        // Checked before any sink opens a file or the endpoint binds; read
+        // once, in the order the sinks are started below.
+        let names: Vec<String> = self
             .sinks
             .iter()
             .map(|planned| match planned {
@@ -234,8 +235,10 @@ impl HubBuilder {
                 PlannedSink::Jsonl(_) => JSONL_SINK_NAME,
                 PlannedSink::Tracing => TRACING_SINK_NAME,
             })
-            .chain(self.metrics_addr.map(|_| PROMETHEUS_SINK_NAME));
-        check_sink_names(names)?;
+            .chain(self.metrics_addr.map(|_| PROMETHEUS_SINK_NAME))
+            .map(str::to_owned)
+            .collect();
+        check_sink_names(names.iter().map(String::as_str))?;
         for planned in &self.sinks {
             if let PlannedSink::Ready(sink, Some(capacity)) = planned {
                 check_size("sink queue capacity", *capacity, MAX_QUEUE_CAPACITY).map_err(
@@ -270,7 +273,8 @@ impl HubBuilder {
 
         let states: Vec<Arc<SinkState>> = sinks
             .iter()
-            .map(|(sink, capacity)| Arc::new(SinkState::new(sink.name().to_owned(), *capacity)))
+            .zip(names)
+            .map(|((_, capacity), name)| Arc::new(SinkState::new(name, *capacity)))
             .collect();
         let wake_threshold = config
             .wake_threshold
