@@ -276,7 +276,7 @@ fn run_variant(
     let mut h2d_ms = Vec::new();
     let mut replayed_epochs = 0usize;
     let mut last = None;
-    let report_every = (options.measured_epochs / 4).max(1);
+    let report_every = options.measured_epochs.checked_div(4).unwrap_or(0).max(1);
     for index in 0..options.measured_epochs {
         let report = trainer.train_epoch()?;
         epoch_ms.push(report.epoch_ms);
@@ -284,9 +284,10 @@ fn run_variant(
             h2d_ms.push(ms);
         }
         if report.graph_enabled() {
-            replayed_epochs += 1;
+            replayed_epochs = replayed_epochs.saturating_add(1);
         }
-        if (index + 1) % report_every == 0 {
+        let done = index.saturating_add(1);
+        if done.checked_rem(report_every) == Some(0) {
             progress(&format!(
                 "[rust {}] measured {}/{}",
                 Variant {
@@ -294,7 +295,7 @@ fn run_variant(
                     step: config.step
                 }
                 .name(),
-                index + 1,
+                done,
                 options.measured_epochs
             ));
         }

@@ -109,8 +109,8 @@ impl LabelledSet {
             .find(|&(_, value)| !value.is_finite())
         {
             return Err(TolariaError::NonFiniteInput {
-                sample: position / n_features,
-                feature: position % n_features,
+                sample: position.checked_div(n_features).unwrap_or(position),
+                feature: position.checked_rem(n_features).unwrap_or(0),
                 value,
             });
         }
@@ -180,13 +180,19 @@ impl ReferenceData {
         config.validate()?;
         let (n_features, n_classes) = (config.n_features, config.n_classes);
         let mut rng = SplitMix64::new(config.seed);
-        // Bounded by validate(): F <= 2^16, C <= 2^10.
-        let teacher: Vec<f64> = (0..n_features * n_classes)
+        // Bounded by validate(): F <= 2^16, C <= 2^10, n x F <= the packed
+        // buffer's bound; checked again here so no product can wrap.
+        let product = |a: usize, b: usize| {
+            a.checked_mul(b).ok_or_else(|| TolariaError::InvalidConfig {
+                field: "n_features",
+                reason: format!("{a} x {b} overflows usize"),
+            })
+        };
+        let teacher: Vec<f64> = (0..product(n_features, n_classes)?)
             .map(|_| box_muller_normal(&mut rng))
             .collect();
         let mut draw = |n: usize| {
-            // n x F is bounded by validate()'s packed-buffer check.
-            let inputs: Vec<f64> = (0..n * n_features)
+            let inputs: Vec<f64> = (0..product(n, n_features)?)
                 .map(|_| box_muller_normal(&mut rng))
                 .collect();
             let labels = inputs
@@ -204,7 +210,7 @@ impl ReferenceData {
         let validation = draw(config.n_validation_samples)?;
         let mut init_rng = SplitMix64::new(config.seed ^ INIT_STREAM);
         let bound = 1.0 / (n_features as f64).sqrt();
-        let initial_parameters = (0..n_classes * (n_features + 1))
+        let initial_parameters = (0..product(n_classes, n_features.saturating_add(1))?)
             .map(|_| ((2.0 * init_rng.next_f64() - 1.0) * bound) as f32)
             .collect();
         Ok(ReferenceData {

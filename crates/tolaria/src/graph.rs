@@ -283,7 +283,7 @@ impl StepGraphs {
             });
         }
         if self.warmup_remaining > 0 {
-            self.warmup_remaining -= 1;
+            self.warmup_remaining = self.warmup_remaining.saturating_sub(1);
             state.step(views)?;
             return Ok(GraphRun {
                 replayed: false,

@@ -17,6 +17,23 @@
 //! GPU-only paths compile everywhere; on a machine without CUDA the graph
 //! modes return [`TolariaError::CudaRequired`].
 
+// No panics on caller- or file-supplied values: the panic lints are on for
+// library code, and every integer operation is checked, saturating or bounded
+// where it is written (sizes are validated where they enter).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
+
 pub mod bench;
 pub mod config;
 pub mod data;

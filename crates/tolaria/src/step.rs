@@ -66,7 +66,7 @@ impl StepViews {
         let block = |start: i64, rows: i64, cols: i64| -> Result<Tensor> {
             // rows x cols was checked above for every block.
             packed
-                .f_narrow(0, start, rows * cols)
+                .f_narrow(0, start, rows.saturating_mul(cols))
                 .op("narrow")?
                 .f_view([rows, cols])
                 .op("view")
@@ -177,8 +177,9 @@ impl LinearCeState {
                 format!("{momentum_factor} is outside [0, 1)"),
             ));
         }
-        // Bounded above: C <= 2^10 and F + 1 <= 2^16 + 1, so these fit an i64.
-        let n_parameters = n_classes * (n_features + 1);
+        // Bounded above: C <= 2^10 and F + 1 <= 2^16 + 1, so these fit an
+        // i64 and the saturating operations never saturate.
+        let n_parameters = n_classes.saturating_mul(n_features.saturating_add(1));
         if initial_parameters.len() != n_parameters {
             return Err(TolariaError::InvalidData {
                 field: "initial_parameters",
@@ -199,8 +200,8 @@ impl LinearCeState {
                 reason: format!("value {index} is {value}, not finite"),
             });
         }
-        let confusion_len = (n_classes * n_classes) as i64;
-        let shape = [n_classes as i64, n_features as i64 + 1];
+        let confusion_len = n_classes.saturating_mul(n_classes) as i64;
+        let shape = [n_classes as i64, (n_features as i64).saturating_add(1)];
         let params = Tensor::f_from_slice(initial_parameters)
             .op("from_slice")?
             .f_view(shape)
@@ -221,7 +222,7 @@ impl LinearCeState {
             .op("view")?
             .f_to_device(device)
             .op("to_device")?;
-        let metrics = zeros(&[1 + confusion_len])?;
+        let metrics = zeros(&[confusion_len.saturating_add(1)])?;
         let loss_sum = metrics
             .f_narrow(0, 0, 1)
             .op("narrow")?
@@ -426,7 +427,7 @@ impl LinearCeState {
         // The diagonal of the row-major [C, C] confusion matrix.
         let correct: f64 = confusion
             .iter()
-            .step_by(classes + 1)
+            .step_by(classes.saturating_add(1))
             .map(|&count| f64::from(count))
             .sum();
         if !(correct.is_finite() && (0.0..=samples as f64 + 0.5).contains(&correct)) {

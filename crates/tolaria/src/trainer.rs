@@ -415,9 +415,9 @@ impl Trainer {
                         events,
                     )?;
                     if step.replayed {
-                        outcome.replayed_steps += 1;
+                        outcome.replayed_steps = outcome.replayed_steps.saturating_add(1);
                     } else {
-                        outcome.eager_steps += 1;
+                        outcome.eager_steps = outcome.eager_steps.saturating_add(1);
                     }
                     if step.capture_ms.is_some() {
                         outcome.capture_ms = step.capture_ms;
@@ -457,7 +457,7 @@ impl Trainer {
             None => None,
         };
         let values = {
-            let _inference = torch_ext::InferenceModeGuard::try_new()?;
+            let _inference = torch_ext::InferenceModeGuard::new()?;
             let result = self.state.evaluate(inputs, onehot)?;
             let host = result.f_to_device(Device::Cpu).op("to_cpu")?;
             Vec::<f32>::try_from(&host).op("to_vec")?

@@ -258,7 +258,7 @@ impl Cifar10Records {
                 num_classes: NUM_CLASSES,
             });
         }
-        let n_records = bytes.len() / RECORD_SIZE;
+        let n_records = bytes.len().checked_div(RECORD_SIZE).unwrap_or(0);
         let too_large = || FormatError::TooLarge {
             what: "CIFAR-10 records (allocation refused)",
             bytes: total as u128,
@@ -268,7 +268,7 @@ impl Cifar10Records {
             .try_reserve_exact(n_records)
             .map_err(|_| too_large())?;
         self.pixels
-            .try_reserve_exact(n_records * PIXELS_PER_IMAGE)
+            .try_reserve_exact(n_records.saturating_mul(PIXELS_PER_IMAGE))
             .map_err(|_| too_large())?;
         for record in records {
             if let Some((&label, pixels)) = record.split_first() {

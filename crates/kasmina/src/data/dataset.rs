@@ -334,7 +334,7 @@ impl Dataset {
             ),
         };
         let n_batches = if drop_last {
-            n / batch_size
+            n.checked_div(batch_size).unwrap_or(0)
         } else {
             n.div_ceil(batch_size)
         };
@@ -543,8 +543,8 @@ fn check_finite(name: &str, images: &Tensor) -> Result<()> {
     let per_sample = usize::try_from(per_sample).unwrap_or(1);
     Err(DataError::NonFiniteValue {
         dataset: name.to_string(),
-        sample: flat / per_sample,
-        element: flat % per_sample,
+        sample: flat.checked_div(per_sample).unwrap_or(flat),
+        element: flat.checked_rem(per_sample).unwrap_or(0),
         value,
     })
 }

@@ -109,7 +109,7 @@ fn fill<R: Read>(reader: &mut R, buf: &mut [u8]) -> Result<usize, FormatError> {
     while let Some(rest) = buf.get_mut(filled..).filter(|rest| !rest.is_empty()) {
         match reader.read(rest) {
             Ok(0) => break,
-            Ok(read) => filled += read,
+            Ok(read) => filled = filled.saturating_add(read),
             Err(error) if error.kind() == ErrorKind::Interrupted => {}
             Err(error) => return Err(FormatError::Read(error)),
         }
@@ -153,7 +153,7 @@ fn parse<R: Read>(
         });
     }
     // rank <= 4: the header is at most 20 bytes.
-    let header_len = 4 + 4 * u64::from(rank);
+    let header_len = u64::from(rank).saturating_add(1).saturating_mul(4);
     let mut dims = Vec::with_capacity(usize::from(rank));
     let mut payload: u128 = 1;
     for index in 0..usize::from(rank) {
@@ -161,7 +161,10 @@ fn parse<R: Read>(
         if got < word.len() {
             return Err(FormatError::Truncated {
                 expected_bytes: header_len,
-                found_bytes: 4 + 4 * index as u64 + got as u64,
+                found_bytes: (index as u64)
+                    .saturating_add(1)
+                    .saturating_mul(4)
+                    .saturating_add(got as u64),
             });
         }
         let size = u32::from_be_bytes(word);
@@ -181,7 +184,8 @@ fn parse<R: Read>(
         Ok(payload) if payload <= MAX_IDX_BYTES => payload,
         _ => return Err(too_large),
     };
-    let expected_bytes = header_len + payload;
+    // Both bounded (20 bytes, MAX_IDX_BYTES): the sum cannot saturate.
+    let expected_bytes = header_len.saturating_add(payload);
     let mut values = Vec::new();
     let reserve = payload.min(IDX_RESERVE_BYTES) as usize;
     if values.try_reserve_exact(reserve).is_err() {
@@ -194,7 +198,7 @@ fn parse<R: Read>(
     if (read as u64) < payload {
         return Err(FormatError::Truncated {
             expected_bytes,
-            found_bytes: header_len + read as u64,
+            found_bytes: header_len.saturating_add(read as u64),
         });
     }
     // Drive the stream to its end (a gzip decoder checks its CRC there), but
@@ -203,13 +207,13 @@ fn parse<R: Read>(
     let mut trailing = 0u64;
     loop {
         let got = fill(&mut reader, &mut probe)?;
-        trailing += got as u64;
+        trailing = trailing.saturating_add(got as u64);
         if got < probe.len() || trailing >= TRAILING_PROBE_BYTES {
             let at_least = got == probe.len();
             if trailing > 0 {
                 return Err(FormatError::TrailingData {
                     expected_bytes,
-                    found_bytes: expected_bytes + trailing,
+                    found_bytes: expected_bytes.saturating_add(trailing),
                     at_least,
                 });
             }

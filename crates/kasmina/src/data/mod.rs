@@ -25,6 +25,10 @@
 //! label ranges) and returns a typed error naming the field and the value;
 //! nothing in this module panics on bad input.
 
+// Sizes here come from callers and files: every integer operation is checked,
+// saturating or explicitly justified.
+#![warn(clippy::arithmetic_side_effects)]
+
 pub mod cifar10;
 mod dataset;
 pub mod fashion_mnist;

@@ -38,9 +38,11 @@ impl SplitMix64 {
         if bound == 0 {
             return 0;
         }
-        let threshold = bound.wrapping_neg() % bound;
+        // bound > 0 here, so the remainder exists.
+        let threshold = bound.wrapping_neg().checked_rem(bound).unwrap_or(0);
         loop {
-            let product = u128::from(self.next_u64()) * u128::from(bound);
+            // A 64 x 64-bit product always fits 128 bits: it never wraps.
+            let product = u128::from(self.next_u64()).wrapping_mul(u128::from(bound));
             // The low half decides rejection; the high half is the draw.
             if (product as u64) >= threshold {
                 return (product >> 64) as u64;
@@ -88,7 +90,7 @@ pub fn permutation(n: usize, seed: u64) -> Result<Vec<i64>> {
     let mut rng = SplitMix64::new(seed);
     for i in (1..n).rev() {
         // j <= i < n: `below(i + 1)` draws from 0..=i.
-        let j = rng.below(i as u64 + 1) as usize;
+        let j = rng.below((i as u64).saturating_add(1)) as usize;
         order.swap(i, j.min(i));
     }
     Ok(order)

@@ -144,10 +144,20 @@ pub fn blob_task(options: &BlobTaskOptions) -> Result<Dataset> {
         seed,
     } = *options;
     let mut rng = SplitMix64::new(seed);
-    // Bounded by validate().
-    let mut centres: Vec<f64> = reserve(OP, "centres", num_classes * n_features)?;
-    centres.extend((0..num_classes * n_features).map(|_| rng.uniform(-centre_range, centre_range)));
-    let mut features: Vec<f32> = reserve(OP, "features", n_samples * n_features)?;
+    // Both products were checked against MAX_SYNTHETIC_VALUES by validate().
+    let n_centres = checked_product(
+        OP,
+        &[("num_classes", num_classes), ("n_features", n_features)],
+        MAX_SYNTHETIC_VALUES,
+    )?;
+    let n_values = checked_product(
+        OP,
+        &[("n_samples", n_samples), ("n_features", n_features)],
+        MAX_SYNTHETIC_VALUES,
+    )?;
+    let mut centres: Vec<f64> = reserve(OP, "centres", n_centres)?;
+    centres.extend((0..n_centres).map(|_| rng.uniform(-centre_range, centre_range)));
+    let mut features: Vec<f32> = reserve(OP, "features", n_values)?;
     for centre in centres.chunks_exact(n_features).cycle().take(n_samples) {
         features.extend(
             centre
@@ -302,19 +312,42 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
         seed,
     } = *options;
     let mut rng = SplitMix64::new(seed);
-    // Every product below is bounded by validate() (and usize is 64-bit).
-    let template_len = channels * grid * grid;
-    let mut templates: Vec<f64> = reserve(OP, "templates", num_classes * template_len)?;
-    templates.extend((0..num_classes * template_len).map(|_| rng.uniform(-1.0, 1.0)));
-    let mut pixels: Vec<f32> = reserve(OP, "pixels", n_samples * channels * height * width)?;
-    // Column x of the image reads template column x * grid / width.
-    let columns: Vec<usize> = (0..width).map(|x| x * grid / width).collect();
+    // Every product was checked against MAX_SYNTHETIC_VALUES by validate().
+    let grid_cells = checked_product(OP, &[("grid", grid), ("grid", grid)], MAX_SYNTHETIC_VALUES)?;
+    let template_len = checked_product(
+        OP,
+        &[("channels", channels), ("grid x grid", grid_cells)],
+        MAX_SYNTHETIC_VALUES,
+    )?;
+    let n_template_values = checked_product(
+        OP,
+        &[("num_classes", num_classes), ("template", template_len)],
+        MAX_SYNTHETIC_VALUES,
+    )?;
+    let n_pixels = checked_product(
+        OP,
+        &[
+            ("n_samples", n_samples),
+            ("channels", channels),
+            ("height", height),
+            ("width", width),
+        ],
+        MAX_SYNTHETIC_VALUES,
+    )?;
+    let mut templates: Vec<f64> = reserve(OP, "templates", n_template_values)?;
+    templates.extend((0..n_template_values).map(|_| rng.uniform(-1.0, 1.0)));
+    let mut pixels: Vec<f32> = reserve(OP, "pixels", n_pixels)?;
+    // Pixel x of a row reads template cell x * grid / width (< grid), and row
+    // y reads template row y * grid / height (< grid); the products stay
+    // below MAX_SYNTHETIC_VALUES x MAX_GRID, far from usize::MAX.
+    let cell =
+        |position: usize, side: usize| position.saturating_mul(grid).checked_div(side).unwrap_or(0);
+    let columns: Vec<usize> = (0..width).map(|x| cell(x, width)).collect();
     for template in templates.chunks_exact(template_len).cycle().take(n_samples) {
-        for channel_rows in template.chunks_exact(grid * grid) {
+        for channel_rows in template.chunks_exact(grid_cells) {
             let rows: Vec<&[f64]> = channel_rows.chunks_exact(grid).collect();
             for y in 0..height {
-                // y * grid / height < grid.
-                let row = rows.get(y * grid / height).copied().unwrap_or_default();
+                let row = rows.get(cell(y, height)).copied().unwrap_or_default();
                 pixels.extend(columns.iter().map(|&column| {
                     let centre = row.get(column).copied().unwrap_or_default();
                     (centre + noise_std * rng.normal()) as f32
@@ -343,7 +376,7 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
 fn cyclic_labels(op: &'static str, n_samples: usize, num_classes: usize) -> Result<Tensor> {
     let mut labels: Vec<i64> = reserve(op, "labels", n_samples)?;
     // Both bounded by validate(): the values fit an i64.
-    labels.extend((0..n_samples).map(|sample| (sample % num_classes) as i64));
+    labels.extend((0..n_samples).map(|sample| sample.checked_rem(num_classes).unwrap_or(0) as i64));
     Tensor::f_from_slice(&labels).map_err(torch_error(op))
 }
 
