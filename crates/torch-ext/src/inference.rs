@@ -23,21 +23,9 @@ pub struct InferenceModeGuard {
 }
 
 impl InferenceModeGuard {
-    /// Enters inference mode.
-    ///
-    /// # Panics
-    /// Only if the C++ side cannot allocate the (tiny) guard object, i.e. when
-    /// the process is out of memory; [`InferenceModeGuard::try_new`] reports
-    /// that as an error instead.
-    pub fn new() -> Self {
-        match Self::try_new() {
-            Ok(guard) => guard,
-            Err(error) => panic!("InferenceModeGuard::new: {error}"),
-        }
-    }
-
-    /// Enters inference mode, reporting allocation failure as an error.
-    pub fn try_new() -> Result<Self> {
+    /// Enters inference mode. Fails (instead of panicking) only when the C++
+    /// side cannot create the guard, e.g. when the process is out of memory.
+    pub fn new() -> Result<Self> {
         let mut raw: *mut c_void = std::ptr::null_mut();
         // SAFETY: `raw` is a live out-parameter; on success it owns a new
         // c10::InferenceMode released in `Drop` on this same thread (the guard
@@ -56,12 +44,6 @@ impl InferenceModeGuard {
             raw,
             _not_send: PhantomData,
         })
-    }
-}
-
-impl Default for InferenceModeGuard {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

@@ -61,6 +61,19 @@
 //! between graphs replayed in capture order. Captures use
 //! `cudaStreamCaptureModeThreadLocal` by default (see [`CaptureMode`]).
 
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing
+    )
+)]
+
 mod autocast;
 mod copy;
 pub mod cuda;

@@ -176,7 +176,7 @@ fn inference_mode_guard_applies_and_restores() {
     let before = Tensor::zeros([2], (Kind::Float, Device::Cpu));
     assert!(!is_inference(&before).unwrap());
     {
-        let _guard = InferenceModeGuard::new();
+        let _guard = InferenceModeGuard::new().unwrap();
         assert!(is_inference_mode_enabled());
         let inside = &weight * 2.0;
         assert!(is_inference(&inside).unwrap());
@@ -185,7 +185,7 @@ fn inference_mode_guard_applies_and_restores() {
             "no autograd graph inside inference mode"
         );
         {
-            let _nested = InferenceModeGuard::new();
+            let _nested = InferenceModeGuard::new().unwrap();
             assert!(is_inference_mode_enabled());
         }
         assert!(
