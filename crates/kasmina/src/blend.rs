@@ -82,10 +82,10 @@ fn check_per_sample(op: &'static str, values: &Tensor, host: &Tensor) -> Result<
     let got = values.size();
     let batch = host_size.first().copied().unwrap_or(0);
     let mut expected = vec![1; host_size.len()];
-    if let (Some(first), Some(&leading)) = (expected.first_mut(), got.first()) {
-        if leading == batch {
-            *first = batch;
-        }
+    if let (Some(first), Some(&leading)) = (expected.first_mut(), got.first())
+        && leading == batch
+    {
+        *first = batch;
     }
     shape(op, &got, &expected)
 }
