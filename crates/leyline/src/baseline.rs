@@ -275,7 +275,8 @@ pub fn percentile(samples: &[f64], percent: f64) -> Option<f64> {
     sorted.sort_by(f64::total_cmp);
     // `percent / 100 * len` is finite and in [0, len]; the cast saturates.
     let rank = ((percent / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted.get(rank.clamp(1, sorted.len()) - 1).copied()
+    let index = rank.clamp(1, sorted.len()).checked_sub(1)?;
+    sorted.get(index).copied()
 }
 
 #[cfg(test)]

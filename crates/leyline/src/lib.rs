@@ -40,6 +40,20 @@
 //! # Ok::<(), leyline::ContractError>(())
 //! ```
 
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
+
 #[macro_use]
 mod contract_enum;
 
@@ -53,7 +67,10 @@ pub mod gate;
 pub mod proto;
 pub mod stage;
 pub mod telemetry;
+// Test support only (feature `testing`), never in a production path; its
+// one arithmetic expression is a constant (`i32::MAX + 1` as i64).
 #[cfg(feature = "testing")]
+#[allow(clippy::arithmetic_side_effects)]
 pub mod testing;
 
 pub use action::{
