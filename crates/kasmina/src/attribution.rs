@@ -24,6 +24,8 @@
 //! (the host checks the rest), `labels` must be integer class ids, `[B]` on
 //! CNN hosts and `[B, T]` on transformers ([`Error::ShapeMismatch`]).
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Kind, Tensor};
 
 use crate::host::SlotId;
@@ -40,6 +42,15 @@ fn batch_of(op: &'static str, x: &Tensor) -> Result<i64> {
             expected: vec![-1],
             got: Vec::new(),
         })
+}
+
+/// The first sample of `block` in a fused batch of `batch`-sample blocks.
+fn block_start(block: i64, batch: i64) -> Result<i64> {
+    i64::try_from(fused_samples(block, batch)?).map_err(|_| Error::OutOfRange {
+        field: "attribution (block start)",
+        value: format!("{block} x {batch}"),
+        allowed: "a sample index that fits i64".to_owned(),
+    })
 }
 
 /// `blocks * batch` samples, or an error where that overflows.
@@ -85,7 +96,7 @@ fn per_sample_alpha(
     if let Some(block) = zero_block {
         // block < blocks, so this block's samples lie within `values`.
         let start = fused_samples(block, batch)?;
-        let end = fused_samples(block + 1, batch)?;
+        let end = fused_samples(block.saturating_add(1), batch)?;
         if let Some(zeroed) = values.get_mut(start..end) {
             zeroed.iter_mut().for_each(|v| *v = 0.0);
         }
@@ -165,7 +176,7 @@ pub fn attribute_batch(model: &MorphogeneticModel, x: &Tensor) -> Result<BatchAt
     let mut columns = Vec::with_capacity(active.len());
     for block in (1..).take(active.len()) {
         let counterfactual = fused
-            .f_narrow(0, block * batch, batch)?
+            .f_narrow(0, block_start(block, batch)?, batch)?
             .f_reshape([batch, -1])?;
         let distance = flat_output
             .f_sub(&counterfactual)?
@@ -249,7 +260,7 @@ pub fn counterfactual_contribution(
     }
     let fused = fused_forward(model, x, &[None, Some(index)])?;
     let accuracy = |block: i64| -> Result<f64> {
-        let logits = fused.f_narrow(0, block * batch, batch)?;
+        let logits = fused.f_narrow(0, block_start(block, batch)?, batch)?;
         let correct = logits
             .f_argmax(-1, false)?
             .f_eq_tensor(&labels.f_to_device(logits.device())?)?

@@ -26,6 +26,8 @@
 //! NaN check on the loss catches (reference: NaN/Inf loss -> `governor_nan`
 //! panic and rollback).
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Tensor, nn};
 
 use crate::host::Topology;
@@ -199,7 +201,9 @@ impl GatedBlend {
 
     /// Number of parameters.
     pub fn param_count(&self) -> i64 {
-        self.hidden.param_count() + self.output.param_count()
+        self.hidden
+            .param_count()
+            .saturating_add(self.output.param_count())
     }
 
     /// # Shapes

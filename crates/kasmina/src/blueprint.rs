@@ -56,6 +56,8 @@
 //! created (so a hostile width is an error, never an overflow or a huge
 //! allocation).
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Device, Tensor, nn};
 
 use crate::host::Topology;
@@ -240,6 +242,10 @@ impl Blueprint {
     /// Parameter count at width `dim` (channels) on `topology`, by the
     /// reference formula (see the module tables). `dim` must be in
     /// `[1, MAX_CHANNELS]` (which keeps every formula far from overflow).
+    #[expect(
+        clippy::arithmetic_side_effects,
+        reason = "c is checked to [1, MAX_CHANNELS = 2^16] first: every formula stays below 2^37"
+    )]
     pub fn param_count(self, topology: Topology, dim: i64) -> Result<i64> {
         if !self.exists_in(topology) {
             return Err(self.not_in(topology));
@@ -347,8 +353,16 @@ pub fn group_norm_groups(channels: i64) -> i64 {
     CANDIDATES
         .iter()
         .copied()
-        .find(|&g| channels % g == 0 && channels / g >= TARGET_CHANNELS_PER_GROUP)
-        .or_else(|| CANDIDATES.iter().copied().find(|&g| channels % g == 0))
+        .find(|&g| {
+            channels.checked_rem(g) == Some(0)
+                && channels.checked_div(g) >= Some(TARGET_CHANNELS_PER_GROUP)
+        })
+        .or_else(|| {
+            CANDIDATES
+                .iter()
+                .copied()
+                .find(|&g| channels.checked_rem(g) == Some(0))
+        })
         .unwrap_or(1)
 }
 
@@ -481,6 +495,10 @@ impl SeedNetwork {
         })
     }
 
+    #[expect(
+        clippy::arithmetic_side_effects,
+        reason = "c was checked by Blueprint::check_dim (<= MAX_CHANNELS): 4 c cannot overflow"
+    )]
     fn build_transformer(blueprint: Blueprint, root: &nn::Path<'_>, c: i64) -> Result<SeedNetwork> {
         let low_rank = |rank: i64| -> Result<SeedNetwork> {
             let down = Linear::new(&root.sub("down"), c, rank, false)?;

@@ -13,6 +13,8 @@
 //! kernels in `[1, MAX_KERNEL_SIZE]`, at most `MAX_PARAMETERS` weights; see
 //! [`crate::validate`]) before any variable is created.
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Tensor, nn};
 
 use crate::Result;
@@ -53,24 +55,25 @@ impl Conv2d {
         size_in("Conv2d.out_channels", out_channels, 1, MAX_FEATURES)?;
         size_in("Conv2d.kernel", kernel, 1, MAX_KERNEL_SIZE)?;
         size_in("Conv2d.groups", groups, 1, in_channels)?;
-        if in_channels % groups != 0 || out_channels % groups != 0 {
-            return Err(crate::Error::InvalidConfig {
+        let per_group = in_channels
+            .checked_div(groups)
+            .filter(|_| in_channels.checked_rem(groups) == Some(0))
+            .filter(|_| out_channels.checked_rem(groups) == Some(0))
+            .ok_or_else(|| crate::Error::InvalidConfig {
                 reason: format!(
                     "conv {in_channels}->{out_channels} cannot be split into {groups} groups"
                 ),
-            });
-        }
-        checked_product(
+            })?;
+        let weights = checked_product(
             "Conv2d (weights)",
-            &[out_channels, in_channels / groups, kernel, kernel],
+            &[out_channels, per_group, kernel, kernel],
             MAX_PARAMETERS,
         )?;
-        // Bounded by the weight count just checked.
-        let fan_in = (in_channels / groups) * kernel * kernel;
+        let fan_in = checked_product("Conv2d (fan in)", &[per_group, kernel, kernel], weights)?;
         let bound = fan_in_bound(fan_in);
         let weight = path.f_uniform(
             "weight",
-            &[out_channels, in_channels / groups, kernel, kernel],
+            &[out_channels, per_group, kernel, kernel],
             -bound,
             bound,
         )?;
@@ -82,7 +85,7 @@ impl Conv2d {
         Ok(Conv2d {
             weight,
             bias,
-            padding: kernel / 2,
+            padding: kernel.div_euclid(2),
             groups,
         })
     }
@@ -120,7 +123,9 @@ fn zero_weight_and_bias(weight: &mut Tensor, bias: Option<&mut Tensor>) -> Resul
 }
 
 fn weight_and_bias_count(weight: &Tensor, bias: Option<&Tensor>) -> i64 {
-    weight.numel() as i64 + bias.map_or(0, |bias| bias.numel() as i64)
+    // Element counts of allocated tensors: far below i64::MAX.
+    let count = |tensor: &Tensor| i64::try_from(tensor.numel()).unwrap_or(i64::MAX);
+    count(weight).saturating_add(bias.map_or(0, count))
 }
 
 /// Fully connected layer.
@@ -188,7 +193,7 @@ impl GroupNorm {
     /// GroupNorm over `channels` channels in `groups` groups.
     pub fn new(path: &nn::Path<'_>, groups: i64, channels: i64) -> Result<GroupNorm> {
         size_in("GroupNorm.channels", channels, 1, MAX_FEATURES)?;
-        if groups < 1 || channels % groups != 0 {
+        if groups < 1 || channels.checked_rem(groups) != Some(0) {
             return Err(crate::Error::InvalidConfig {
                 reason: format!("GroupNorm: {channels} channels cannot form {groups} groups"),
             });
@@ -329,12 +334,12 @@ pub fn causal_self_attention(
             got: size,
         });
     };
-    if heads < 1 || width % heads != 0 {
-        return Err(crate::Error::InvalidConfig {
+    let head_dim = width
+        .checked_div(heads)
+        .filter(|_| heads >= 1 && width.checked_rem(heads) == Some(0))
+        .ok_or_else(|| crate::Error::InvalidConfig {
             reason: format!("attention: width {width} is not divisible by {heads} heads"),
-        });
-    }
-    let head_dim = width / heads;
+        })?;
     // [B, T, C] -> [B, H, T, C/H]
     let split = |t: &Tensor| -> Result<Tensor> {
         Ok(t.f_reshape([batch, time, heads, head_dim])?

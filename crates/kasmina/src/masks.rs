@@ -16,6 +16,8 @@
 //! elements, is an error, never an out-of-bounds index or a huge host
 //! allocation.
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use std::collections::HashSet;
 use std::ops::Range;
 
@@ -97,14 +99,16 @@ pub struct SeedMasks {
 impl SeedMasks {
     /// Lays out `owners` (`(owner, seed_id, parameters)`, host first) in order.
     pub(crate) fn layout(owners: Vec<OwnerParameters>) -> SeedMasks {
-        let mut offset = 0;
+        let mut offset: usize = 0;
         let mut masks = Vec::with_capacity(owners.len());
         for (owner, seed_id, parameters) in owners {
             let ranges = parameters
                 .iter()
                 .map(|(name, tensor)| {
                     let start = offset;
-                    offset += tensor.numel();
+                    // Element counts of tensors that exist in memory: their
+                    // sum cannot reach usize::MAX.
+                    offset = offset.saturating_add(tensor.numel());
                     ParamRange {
                         name: name.clone(),
                         range: start..offset,
@@ -161,7 +165,7 @@ impl SeedMasks {
                     allowed: format!("ranges within 0..{}", self.total),
                 });
             };
-            spans.push((start, end - start));
+            spans.push((start, end.saturating_sub(start)));
         }
         let values = Tensor::f_zeros([total].as_slice(), (Kind::Bool, device))?;
         for (start, length) in spans {

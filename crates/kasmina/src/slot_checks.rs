@@ -6,6 +6,8 @@
 //! construction, germination, the `record_*` / `set_*` calls), never inside
 //! the forward pass. Bounds come from [`crate::validate`].
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use crate::Result;
 use crate::alpha::check_steepness;
 use crate::host::{InjectionSpec, Topology};

@@ -13,6 +13,8 @@
 //! configuration is an error in debug and release builds alike instead of an
 //! overflow, a panic or a petabyte allocation.
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use crate::{Error, Result};
 
 /// Largest channel count (feature width, model width) of a host or seed.

@@ -19,6 +19,8 @@
 //! before anything is allocated, and [`Host::forward_segment`] checks the
 //! activation's shape at its starting boundary before libtorch sees it.
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Device, Tensor, nn};
 
 use super::{Host, InjectionSpec, SlotId, Surface, Topology, check_boundaries};
@@ -120,7 +122,7 @@ impl CnnHostConfig {
             1,
             MAX_CLASSES,
         )?;
-        let last = self.block_channels(self.n_blocks - 1)?;
+        let last = self.block_channels(self.n_blocks.saturating_sub(1))?;
         size_in("CnnHostConfig (last block channels)", last, 1, MAX_CHANNELS)?;
         let remaining = u32::try_from(self.pool_layers)
             .ok()
@@ -134,7 +136,7 @@ impl CnnHostConfig {
             });
         }
         let k = self.kernel_size;
-        let mut counts = Vec::with_capacity(2 * self.n_blocks + 2);
+        let mut counts = Vec::new();
         let mut in_channels = self.in_channels;
         for block in 0..self.n_blocks {
             let out = self.block_channels(block)?;
@@ -150,9 +152,10 @@ impl CnnHostConfig {
         let field = "CnnHostConfig (classifier parameters)";
         counts.push(checked_product(
             field,
-            &[in_channels + 1, self.num_classes],
+            &[in_channels, self.num_classes],
             MAX_PARAMETERS,
         )?);
+        counts.push(self.num_classes);
         checked_sum("CnnHostConfig (parameters)", &counts, MAX_PARAMETERS)
     }
 
@@ -254,7 +257,8 @@ impl CnnHost {
                     channels,
                     spatial: (size, size),
                     surface: Surface::PostPool,
-                    order: config.n_blocks + block,
+                    // n_blocks <= MAX_LAYERS (validated): no overflow.
+                    order: config.n_blocks.saturating_add(block),
                     boundary: segments.len(),
                 });
             }

@@ -5,12 +5,14 @@
 //! bounded ([`LinearHost::new`]) and inputs shape-checked before libtorch sees
 //! them.
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Device, Tensor, nn};
 
 use super::{Host, InjectionSpec, Topology, check_boundaries};
 use crate::Result;
 use crate::layers::Linear;
-use crate::validate::{MAX_FEATURES, MAX_PARAMETERS, checked_product, shape, size_in};
+use crate::validate::{MAX_FEATURES, MAX_PARAMETERS, checked_product, checked_sum, shape, size_in};
 
 /// Input features of the reference workload.
 pub const REFERENCE_IN_FEATURES: i64 = 16;
@@ -33,9 +35,14 @@ impl LinearHost {
     pub fn new(in_features: i64, out_features: i64, device: Device) -> Result<LinearHost> {
         size_in("LinearHost.in_features", in_features, 1, MAX_FEATURES)?;
         size_in("LinearHost.out_features", out_features, 1, MAX_FEATURES)?;
-        checked_product(
+        let weights = checked_product(
+            "LinearHost (weights)",
+            &[in_features, out_features],
+            MAX_PARAMETERS,
+        )?;
+        checked_sum(
             "LinearHost (parameters)",
-            &[in_features + 1, out_features],
+            &[weights, out_features],
             MAX_PARAMETERS,
         )?;
         let var_store = nn::VarStore::new(device);

@@ -18,6 +18,8 @@
 //! readback): an id outside `[0, vocab)` is a libtorch error on CPU and a
 //! device-side assert on CUDA, so data sets must be validated when loaded.
 
+#![warn(clippy::arithmetic_side_effects)]
+
 use tch::{Device, Kind, Tensor, nn};
 
 use super::{Host, InjectionSpec, SlotId, Surface, Topology, check_boundaries};
@@ -124,7 +126,7 @@ impl TransformerHostConfig {
             1,
             MAX_SPATIAL,
         )?;
-        if self.n_embd % self.n_head != 0 {
+        if self.n_embd.checked_rem(self.n_head) != Some(0) {
             return Err(Error::OutOfRange {
                 field: "TransformerHostConfig.n_head",
                 value: self.n_head.to_string(),
@@ -158,6 +160,10 @@ struct Block {
 }
 
 impl Block {
+    #[expect(
+        clippy::arithmetic_side_effects,
+        reason = "width = n_embd <= MAX_CHANNELS (validated), so 4 width cannot overflow"
+    )]
     fn new(path: &nn::Path<'_>, width: i64) -> Result<Block> {
         Ok(Block {
             attention_norm: LayerNorm::new(&path.sub("ln1"), width)?,
@@ -230,7 +236,10 @@ impl TransformerHost {
             .map(|layer| Block::new(&root.sub(format!("h{layer}")), width))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = LayerNorm::new(&root.sub("ln_f"), width)?;
-        let per_segment = config.n_layer / config.num_segments;
+        let per_segment = config
+            .n_layer
+            .checked_div(config.num_segments)
+            .unwrap_or(config.n_layer);
         let mut segments = vec![Segment::Embed];
         let mut specs = Vec::with_capacity(config.num_segments);
         let slot_col = |group: usize| {
@@ -240,10 +249,10 @@ impl TransformerHost {
                 allowed: format!("[1, {MAX_LAYERS}]"),
             })
         };
-        for group in 0..config.num_segments {
-            segments.push(Segment::Layers(
-                group * per_segment..(group + 1) * per_segment,
-            ));
+        let firsts = (0..).step_by(per_segment.max(1));
+        for (group, first) in (0..config.num_segments).zip(firsts) {
+            // first + per_segment <= n_layer <= MAX_LAYERS (validated).
+            segments.push(Segment::Layers(first..first.saturating_add(per_segment)));
             specs.push(InjectionSpec {
                 slot_id: SlotId::new(0, slot_col(group)?),
                 channels: width,
