@@ -656,11 +656,7 @@ impl SeedModule {
 
     /// Number of trainable parameters actually allocated.
     pub fn param_count(&self) -> i64 {
-        self.var_store
-            .trainable_variables()
-            .iter()
-            .map(|t| t.numel() as i64)
-            .sum()
+        crate::validate::element_count(&self.var_store.trainable_variables())
     }
 
     /// Zeroes the last convolution / linear layer (weight and bias), making

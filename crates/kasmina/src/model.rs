@@ -420,7 +420,7 @@ impl MorphogeneticModel {
         let host_parameters: Vec<Tensor> =
             self.host_parameters().into_iter().map(|(_, t)| t).collect();
         let host_norm = gradient_norm(&host_parameters)?;
-        let host_count: i64 = host_parameters.iter().map(|t| t.numel() as i64).sum();
+        let host_count = crate::validate::element_count(&host_parameters);
         for slot in &mut self.slots {
             if slot.seed_module().is_some() {
                 let seed_norm = slot.seed_gradient_norm()?;

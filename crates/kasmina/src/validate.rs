@@ -140,6 +140,14 @@ pub fn checked_sum(field: &'static str, terms: &[i64], limit: i64) -> Result<i64
     Ok(sum)
 }
 
+/// The number of elements of `tensors` together (saturating: counts of
+/// tensors that exist in memory are far below `i64::MAX`).
+pub fn element_count(tensors: &[tch::Tensor]) -> i64 {
+    tensors.iter().fold(0i64, |count, tensor| {
+        count.saturating_add(i64::try_from(tensor.numel()).unwrap_or(i64::MAX))
+    })
+}
+
 /// A feature shape check: `got` must have `expected.len()` dimensions and
 /// equal `expected` wherever `expected` is not `-1`.
 pub fn shape(op: &'static str, got: &[i64], expected: &[i64]) -> Result<()> {

@@ -285,11 +285,7 @@ impl TransformerHost {
 
     /// Number of trainable parameters.
     pub fn param_count(&self) -> i64 {
-        self.var_store
-            .trainable_variables()
-            .iter()
-            .map(|t| t.numel() as i64)
-            .sum()
+        crate::validate::element_count(&self.var_store.trainable_variables())
     }
 
     fn run_segment(&self, segment: &Segment, x: &Tensor) -> Result<Tensor> {
