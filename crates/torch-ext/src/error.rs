@@ -16,6 +16,13 @@ pub enum Error {
         /// How many CUDA devices there are.
         count: usize,
     },
+    /// A device name that is none of `auto`, `cpu`, `cuda`, `cuda:N` (see
+    /// [`crate::device::DeviceChoice`]).
+    #[error("unknown device {text:?} (expected auto, cpu, cuda or cuda:N)")]
+    UnknownDevice {
+        /// The refused text.
+        text: String,
+    },
     /// The C++ side threw (a `c10::Error`, a CUDA error, ...); `message` is
     /// its text without the C++ backtrace.
     #[error("{op}: {message}")]

@@ -3,6 +3,8 @@
 //!
 //! # What is here
 //!
+//! - [`device`]: the workspace's one device selection ([`DeviceChoice`],
+//!   [`device::select`]).
 //! - [`cuda`]: availability, device synchronisation, sync-debug mode,
 //!   caching-allocator statistics, device name and CUDA versions.
 //! - [`CudaStream`] / [`StreamGuard`], [`CudaEvent`]: side streams, making a
@@ -77,6 +79,7 @@
 mod autocast;
 mod copy;
 pub mod cuda;
+pub mod device;
 mod error;
 mod event;
 mod ffi;
@@ -88,6 +91,7 @@ mod stream;
 
 pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};
 pub use copy::copy_non_blocking;
+pub use device::DeviceChoice;
 pub use error::{Error, Result};
 pub use event::CudaEvent;
 pub use graph::{CaptureMode, CudaGraph, GraphPool};
