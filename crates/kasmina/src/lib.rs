@@ -21,6 +21,19 @@
 //! - [`error`]: the crate's error type; [`validate`]: the checks and size
 //!   bounds applied where values enter the crate.
 
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing
+    )
+)]
+
 pub mod alpha;
 pub mod attribution;
 pub mod blend;

@@ -67,10 +67,8 @@ pub mod gate;
 pub mod proto;
 pub mod stage;
 pub mod telemetry;
-// Test support only (feature `testing`), never in a production path; its
-// one arithmetic expression is a constant (`i32::MAX + 1` as i64).
+// Test support only (feature `testing`), never in a production path.
 #[cfg(feature = "testing")]
-#[allow(clippy::arithmetic_side_effects)]
 pub mod testing;
 
 pub use action::{

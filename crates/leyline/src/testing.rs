@@ -81,7 +81,7 @@ pub fn extreme_i64() -> impl Strategy<Value = i64> {
         1 => Just(-1i64),
         1 => Just(i64::MIN),
         1 => Just(i64::MAX),
-        1 => Just(i64::from(i32::MAX) + 1),
+        1 => Just(1i64 << 31),
         2 => any::<i64>(),
         4 => -8i64..64,
     ]
