@@ -102,7 +102,44 @@ pub struct BaselineRecord {
     pub telemetry_names: Vec<String>,
 }
 
+/// What a benchmark measured: a record less the three things the program
+/// that writes it adds (workload name, label and the [`Environment`] it
+/// probed). Library crates return this from their benchmark functions; the
+/// `esper` binary turns it into a record with
+/// [`BaselineRecord::from_measurements`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurements {
+    /// The workload's parameters.
+    pub params: serde_json::Value,
+    /// One entry per implementation and mode.
+    pub results: Vec<ResultEntry>,
+    /// Telemetry names the run emitted.
+    pub telemetry_names: Vec<String>,
+}
+
 impl BaselineRecord {
+    /// The record of `measurements` of `workload` run under `label` on
+    /// `environment`, checked by [`BaselineRecord::validate`] (so a record
+    /// that could not be written is refused here already).
+    pub fn from_measurements(
+        workload: &str,
+        label: &str,
+        environment: Environment,
+        measurements: Measurements,
+    ) -> crate::Result<BaselineRecord> {
+        let record = BaselineRecord {
+            schema: BASELINE_SCHEMA,
+            workload: workload.to_owned(),
+            label: label.to_owned(),
+            environment,
+            params: measurements.params,
+            results: measurements.results,
+            telemetry_names: measurements.telemetry_names,
+        };
+        record.validate()?;
+        Ok(record)
+    }
+
     /// Reads a record: unknown keys, missing fields and anything
     /// [`BaselineRecord::validate`] refuses (other schema versions included)
     /// are errors.

@@ -55,6 +55,17 @@ pub enum NissaError {
     /// A global tracing subscriber is already installed.
     #[error("could not install the tracing subscriber: {0}")]
     Subscriber(String),
+    /// The `nissa-emit` benchmark ([`crate::bench`]) could not produce its
+    /// figures: a parameter out of range, a producer thread that panicked, a
+    /// flush that did not finish, or a figure that came out empty or not
+    /// finite (a record refuses those).
+    #[error("nissa-emit benchmark: {what}: {reason}")]
+    Bench {
+        /// The parameter or figure concerned.
+        what: &'static str,
+        /// What is wrong with it, with its value.
+        reason: String,
+    },
 }
 
 /// Result with [`NissaError`].

@@ -14,6 +14,8 @@
 //!   lines with rotation; `tracing` events; a Prometheus `/metrics` endpoint).
 //! - [`testing`]: [`MemorySink`] and friends for tests and benchmarks.
 //! - [`stats`]: the delivery accounting.
+//! - [`bench`](mod@bench): the `nissa-emit` benchmark's measuring code
+//!   (figures only; `esper bench nissa-emit` writes the record).
 //!
 //! Bad input: configuration is checked when a hub is built (typed
 //! [`NissaError::Config`] naming the field, with stated bounds such as
@@ -39,6 +41,7 @@
     )
 )]
 
+pub mod bench;
 pub mod error;
 pub mod hub;
 pub mod jsonl;

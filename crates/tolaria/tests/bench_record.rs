@@ -1,6 +1,10 @@
-//! The reference benchmark on the CPU writes a well-formed baseline record.
+//! The reference benchmark on the CPU gives figures that make a well-formed
+//! baseline record.
 
-use leyline::baseline::BaselineRecord;
+use std::collections::BTreeMap;
+
+use leyline::baseline::{BaselineRecord, Environment};
+use tch::Device;
 use tolaria::bench::{BenchOptions, Variant};
 use tolaria::{DeviceChoice, ExecutionMode, StepKind};
 
@@ -15,9 +19,24 @@ fn variant_names_round_trip() {
     assert_eq!(Variant::from_name("graph"), None);
 }
 
+/// A fixed environment: probing the machine is the `esper` binary's job.
+fn environment() -> Environment {
+    Environment {
+        device: "cpu".to_owned(),
+        torch: "test".to_owned(),
+        cuda: "n/a".to_owned(),
+        driver: "n/a".to_owned(),
+        cpu: "test cpu".to_owned(),
+        git_rev: "test".to_owned(),
+        tf32: false,
+        amp: "off".to_owned(),
+        extra: BTreeMap::new(),
+    }
+}
+
 #[test]
 fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Result<()> {
-    let mut options = BenchOptions::new("cpu-test", DeviceChoice::Cpu, true);
+    let mut options = BenchOptions::new(DeviceChoice::Cpu, true);
     options.warmup_epochs = 2;
     options.measured_epochs = 12;
     options.variants = vec![
@@ -25,10 +44,16 @@ fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Resu
         Variant::from_name("graph-step").expect("known"),
     ];
     let mut lines = Vec::new();
-    let record = tolaria::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
+    let run = tolaria::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
+    assert_eq!(run.device, Device::Cpu);
+    let record = BaselineRecord::from_measurements(
+        tolaria::bench::WORKLOAD,
+        "cpu-test",
+        environment(),
+        run.measurements,
+    )?;
     let record = BaselineRecord::from_json(&record.to_json_pretty()?)?;
     assert_eq!(record.workload, "tolaria-reference");
-    assert_eq!(record.environment.device, "cpu");
     let eager = record.result("rust", "eager").expect("eager entry");
     assert!(eager.error.is_none());
     assert_eq!(eager.metrics["measured_epochs"], 12.0);

@@ -1,0 +1,384 @@
+//! The `esper bench` command line: the workload, then
+//! `--out PATH.json [--label LABEL] [--quick]` (the contract `cargo xtask
+//! bench` and `scripts/bundle_run.sh` call every workload with) and the
+//! options of the torch workloads (`--device`, and for `tolaria-reference`
+//! `--modes`, `--epochs`, `--warmup-epochs`).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use leyline::baseline::file_name_problem;
+use tolaria::bench::Variant;
+use torch_ext::DeviceChoice;
+
+/// The workloads `esper bench` runs (DESIGN.md §6), each measured by its
+/// crate's `bench` module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// `tolaria::bench`: every execution mode of the reference trainer.
+    TolariaReference,
+    /// `nissa::bench`: hot-path emit with a slow sink.
+    NissaEmit,
+    /// `kasmina::bench`: germination requests through the prefetcher.
+    KasminaPrefetch,
+}
+
+impl Workload {
+    /// Every workload, in the order `cargo xtask bench` runs them.
+    pub(crate) const ALL: [Workload; 3] = [
+        Workload::TolariaReference,
+        Workload::NissaEmit,
+        Workload::KasminaPrefetch,
+    ];
+
+    /// The record's workload name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::TolariaReference => tolaria::bench::WORKLOAD,
+            Workload::NissaEmit => nissa::bench::WORKLOAD,
+            Workload::KasminaPrefetch => kasmina::bench::WORKLOAD,
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Workload> {
+        Workload::ALL
+            .into_iter()
+            .find(|workload| workload.name() == name)
+    }
+
+    /// Whether the workload runs on a torch device (takes `--device`).
+    fn uses_torch(self) -> bool {
+        self != Workload::NissaEmit
+    }
+}
+
+/// A command line that does not follow the contract, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Usage(pub(crate) String);
+
+impl fmt::Display for Usage {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            formatter,
+            "{} (usage: esper bench <workload> --out PATH.json [--label LABEL] [--quick] ...; \
+             see `esper help`)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// What `esper bench` was asked to run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BenchArgs {
+    /// Which workload.
+    pub(crate) workload: Workload,
+    /// Where to write the record.
+    pub(crate) out: PathBuf,
+    /// Record label: `--label`, else the file stem of `--out`; a portable
+    /// file name either way ([`file_name_problem`]).
+    pub(crate) label: String,
+    /// A smoke run with fewer iterations (not for committed records).
+    pub(crate) quick: bool,
+    /// `--device` (torch workloads only).
+    pub(crate) device: DeviceChoice,
+    /// `--modes` (`tolaria-reference` only; empty: its defaults).
+    pub(crate) variants: Vec<Variant>,
+    /// `--epochs` (`tolaria-reference` only).
+    pub(crate) epochs: Option<usize>,
+    /// `--warmup-epochs` (`tolaria-reference` only).
+    pub(crate) warmup_epochs: Option<usize>,
+}
+
+/// What a bench command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum BenchCommand {
+    /// Run the benchmark.
+    Run(BenchArgs),
+    /// `-h` / `--help`: print usage and stop.
+    Help,
+}
+
+fn usage(reason: impl Into<String>) -> Usage {
+    Usage(reason.into())
+}
+
+/// Stores `value` in `slot`, refusing a second occurrence of `flag`.
+fn once<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), Usage> {
+    if slot.replace(value).is_some() {
+        return Err(usage(format!("{flag} given twice")));
+    }
+    Ok(())
+}
+
+fn count(flag: &str, text: &str) -> Result<usize, Usage> {
+    text.parse()
+        .map_err(|error| usage(format!("{flag} {}: {error}", shown(text))))
+}
+
+/// `text` quoted, with control characters escaped.
+fn shown(text: &str) -> String {
+    format!("{text:?}")
+}
+
+/// The label `--label` gave, else the file stem of `out`.
+fn label_of(label: Option<String>, out: &Path) -> Result<String, Usage> {
+    let label = match label {
+        Some(label) => label,
+        None => out
+            .file_stem()
+            .and_then(|stem| stem.to_str())
+            .map(str::to_owned)
+            .ok_or_else(|| usage("--label LABEL is required when --out has no file stem"))?,
+    };
+    match file_name_problem(&label) {
+        None => Ok(label),
+        Some(problem) => Err(usage(format!("--label {problem}"))),
+    }
+}
+
+impl BenchArgs {
+    /// Parses the arguments after `esper bench`: the workload name, then the
+    /// options, each at most once. `--out` must not be empty; the label must
+    /// be a portable file name, since it becomes one. An option that does not
+    /// apply to the workload is refused.
+    pub(crate) fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<BenchCommand, Usage> {
+        let mut args = args.into_iter();
+        let workload = match args.next() {
+            None => return Err(usage("`esper bench` needs a workload name")),
+            Some(flag) if flag == "-h" || flag == "--help" => return Ok(BenchCommand::Help),
+            Some(name) => Workload::from_name(&name).ok_or_else(|| {
+                let known: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
+                usage(format!(
+                    "unknown workload {} (known: {})",
+                    shown(&name),
+                    known.join(", ")
+                ))
+            })?,
+        };
+        let mut out: Option<PathBuf> = None;
+        let mut label: Option<String> = None;
+        let mut quick = false;
+        let mut device: Option<DeviceChoice> = None;
+        let mut variants: Option<Vec<Variant>> = None;
+        let mut epochs: Option<usize> = None;
+        let mut warmup_epochs: Option<usize> = None;
+        while let Some(arg) = args.next() {
+            let flag = arg.as_str();
+            let torch_only = matches!(flag, "--device");
+            let tolaria_only = matches!(flag, "--modes" | "--epochs" | "--warmup-epochs");
+            if (torch_only && !workload.uses_torch())
+                || (tolaria_only && workload != Workload::TolariaReference)
+            {
+                return Err(usage(format!(
+                    "{flag} does not apply to {}",
+                    workload.name()
+                )));
+            }
+            let mut value = || {
+                args.next()
+                    .ok_or_else(|| usage(format!("{flag} needs a value")))
+            };
+            match flag {
+                "--out" => {
+                    let path = value()?;
+                    if path.is_empty() {
+                        return Err(usage("--out needs a path"));
+                    }
+                    once(&mut out, flag, PathBuf::from(path))?;
+                }
+                "--label" => once(&mut label, flag, value()?)?,
+                "--quick" => quick = true,
+                "--device" => {
+                    let text = value()?;
+                    let choice = text
+                        .parse::<DeviceChoice>()
+                        .map_err(|error| usage(format!("--device: {error}")))?;
+                    once(&mut device, flag, choice)?;
+                }
+                "--modes" => {
+                    let mut parsed = Vec::new();
+                    for name in value()?.split(',').filter(|name| !name.is_empty()) {
+                        parsed.push(
+                            Variant::from_name(name)
+                                .ok_or_else(|| usage(format!("unknown mode {}", shown(name))))?,
+                        );
+                    }
+                    once(&mut variants, flag, parsed)?;
+                }
+                "--epochs" => once(&mut epochs, flag, count(flag, &value()?)?)?,
+                "--warmup-epochs" => once(&mut warmup_epochs, flag, count(flag, &value()?)?)?,
+                "-h" | "--help" => return Ok(BenchCommand::Help),
+                other => return Err(usage(format!("unknown argument {}", shown(other)))),
+            }
+        }
+        let out = out.ok_or_else(|| usage("--out PATH.json is required"))?;
+        let label = label_of(label, &out)?;
+        Ok(BenchCommand::Run(BenchArgs {
+            workload,
+            out,
+            label,
+            quick,
+            device: device.unwrap_or_default(),
+            variants: variants.unwrap_or_default(),
+            epochs,
+            warmup_epochs,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|arg| (*arg).to_owned()).collect()
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchCommand, Usage> {
+        BenchArgs::parse(strings(args))
+    }
+
+    fn run_args(args: &[&str]) -> BenchArgs {
+        match parse(args) {
+            Ok(BenchCommand::Run(args)) => args,
+            other => panic!("{args:?} gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bench_args_follow_the_contract() {
+        let args = run_args(&["nissa-emit", "--label", "x", "--out", "a/b.json", "--quick"]);
+        assert_eq!(args.workload, Workload::NissaEmit);
+        assert_eq!(args.out, PathBuf::from("a/b.json"));
+        assert_eq!(args.label, "x");
+        assert!(args.quick);
+        assert_eq!(args.device, DeviceChoice::Auto);
+        assert_eq!(parse(&["--help"]), Ok(BenchCommand::Help));
+        assert_eq!(
+            parse(&["kasmina-prefetch", "--out", "a.json", "-h"]),
+            Ok(BenchCommand::Help)
+        );
+        for bad in [
+            &[][..],
+            &["nissa-emit", "--out"],
+            &["nissa-emit", "--label", "x"],
+            &["nissa-emit", "--out", "a.json", "--label", "x", "--fast"],
+            &["simic-everything", "--out", "a.json"],
+        ] {
+            assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn every_workload_is_named_by_its_crate() {
+        for workload in Workload::ALL {
+            assert_eq!(Workload::from_name(workload.name()), Some(workload));
+        }
+        let names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
+        assert_eq!(
+            names,
+            ["tolaria-reference", "nissa-emit", "kasmina-prefetch"]
+        );
+    }
+
+    #[test]
+    fn the_label_defaults_to_the_file_stem_of_out() {
+        let args = run_args(&["tolaria-reference", "--out", "out/cpu-2026.json"]);
+        assert_eq!(args.label, "cpu-2026");
+        // A stem that is no portable file name needs an explicit label.
+        assert!(parse(&["nissa-emit", "--out", "out/.json"]).is_err());
+        assert!(parse(&["nissa-emit", "--out", "out/a b.json"]).is_err());
+        let args = run_args(&["nissa-emit", "--out", "out/a b.json", "--label", "ok"]);
+        assert_eq!(args.label, "ok");
+    }
+
+    #[test]
+    fn bench_args_refuse_bad_labels_and_repeated_options() {
+        for bad in [
+            &["nissa-emit", "--out", "a.json", "--label", "../x"][..],
+            &["nissa-emit", "--out", "a.json", "--label", ""],
+            &["nissa-emit", "--out", "a.json", "--label", "a/b"],
+            &[
+                "nissa-emit",
+                "--out",
+                "a.json",
+                "--out",
+                "b.json",
+                "--label",
+                "x",
+            ],
+            &[
+                "nissa-emit",
+                "--out",
+                "a.json",
+                "--label",
+                "x",
+                "--label",
+                "y",
+            ],
+            &["nissa-emit", "--out", "", "--label", "x"],
+            &[
+                "tolaria-reference",
+                "--out",
+                "a.json",
+                "--device",
+                "cpu",
+                "--device",
+                "cpu",
+            ],
+            &[
+                "tolaria-reference",
+                "--out",
+                "a.json",
+                "--epochs",
+                "1",
+                "--epochs",
+                "2",
+            ],
+        ] {
+            assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+        }
+        assert_eq!(
+            run_args(&["nissa-emit", "--out", "a.json", "--label", "cpu-2026"]).label,
+            "cpu-2026"
+        );
+    }
+
+    #[test]
+    fn tolaria_options_parse_and_apply_only_where_they_mean_something() {
+        let args = run_args(&[
+            "tolaria-reference",
+            "--out",
+            "k.json",
+            "--device",
+            "cuda:1",
+            "--modes",
+            "eager,graph-step-autograd",
+            "--epochs",
+            "2",
+            "--warmup-epochs",
+            "0",
+        ]);
+        assert_eq!(args.device, DeviceChoice::Cuda(1));
+        let modes: Vec<String> = args.variants.iter().map(Variant::name).collect();
+        assert_eq!(modes, ["eager", "graph-step-autograd"]);
+        assert_eq!((args.epochs, args.warmup_epochs), (Some(2), Some(0)));
+        assert_eq!(
+            run_args(&["kasmina-prefetch", "--out", "k.json", "--device", "cpu"]).device,
+            DeviceChoice::Cpu
+        );
+        for bad in [
+            &["nissa-emit", "--out", "a.json", "--device", "cpu"][..],
+            &["kasmina-prefetch", "--out", "a.json", "--modes", "eager"],
+            &["nissa-emit", "--out", "a.json", "--epochs", "3"],
+            &["tolaria-reference", "--out", "a.json", "--device", "gpu"],
+            &["tolaria-reference", "--out", "a.json", "--modes", "graph"],
+            &["tolaria-reference", "--out", "a.json", "--epochs", "-1"],
+        ] {
+            let error = parse(bad).expect_err("refused");
+            assert!(!error.0.is_empty(), "{bad:?}");
+        }
+    }
+}

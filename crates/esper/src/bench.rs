@@ -1,0 +1,80 @@
+//! `esper bench <workload>`: runs one workload's measuring code (each in
+//! its crate's `bench` module, returning figures only), probes the machine
+//! ([`crate::probe`]), builds the `leyline::baseline::BaselineRecord`, writes
+//! it ([`crate::record`]) and prints its table ([`crate::table`]).
+
+use anyhow::{Result, bail};
+use leyline::baseline::{BaselineRecord, Environment};
+
+use crate::args::{BenchArgs, Workload};
+use crate::{probe, record, table};
+
+/// Runs the workload `args` names and writes its record to `args.out`.
+///
+/// # Errors
+/// Anything that stops the measurement or the writing; for `nissa-emit`
+/// also an inexact drop accounting (after the record is written, so it can
+/// be read).
+pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    let mut progress = |line: &str| eprintln!("{line}");
+    let record = match args.workload {
+        Workload::TolariaReference => tolaria_reference(args, &mut progress)?,
+        Workload::NissaEmit => nissa_emit(args, &mut progress)?,
+        Workload::KasminaPrefetch => kasmina_prefetch(args, &mut progress)?,
+    };
+    record::write(&record, &args.out)?;
+    println!("{}", table::render(args.workload, &record));
+    eprintln!("wrote {}", args.out.display());
+    if args.workload == Workload::NissaEmit && record.results.iter().any(|e| e.error.is_some()) {
+        bail!("drop accounting was not exact; see the record");
+    }
+    Ok(())
+}
+
+fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    let mut options = tolaria::bench::BenchOptions::new(args.device, args.quick);
+    options.variants.clone_from(&args.variants);
+    if let Some(epochs) = args.epochs {
+        options.measured_epochs = epochs;
+    }
+    if let Some(warmup) = args.warmup_epochs {
+        options.warmup_epochs = warmup;
+    }
+    let run = tolaria::bench::run(&options, progress)?;
+    let mut environment = probe::with_torch(run.device)?;
+    environment.tf32 = run.tf32;
+    environment.extra.insert(
+        "torch_threads".to_owned(),
+        serde_json::Value::from(tch::get_num_threads()),
+    );
+    record_of(args, environment, run.measurements)
+}
+
+fn nissa_emit(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    // The hub reports its (deliberate) drops through tracing once every ten
+    // seconds.
+    nissa::init_subscriber("warn")?;
+    let measurements =
+        nissa::bench::run_emit(&nissa::bench::EmitParams::new(args.quick), progress)?;
+    record_of(args, probe::host(), measurements)
+}
+
+fn kasmina_prefetch(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    let device = torch_ext::device::select(args.device)?;
+    let params = kasmina::bench::PrefetchParams::new(args.quick);
+    let measurements = kasmina::bench::run_prefetch(&params, device, progress)?;
+    record_of(args, probe::with_torch(device)?, measurements)
+}
+
+fn record_of(
+    args: &BenchArgs,
+    environment: Environment,
+    measurements: leyline::baseline::Measurements,
+) -> Result<BaselineRecord> {
+    Ok(BaselineRecord::from_measurements(
+        args.workload.name(),
+        &args.label,
+        environment,
+        measurements,
+    )?)
+}
