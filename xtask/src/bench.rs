@@ -395,7 +395,7 @@ const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("torch-ext", "gpu"),
     ("tolaria", "gpu"),
     ("kasmina", "gpu_cuda"),
-    ("kasmina", "data_dataset"),
+    ("tolaria", "data_dataset"),
 ];
 
 /// `cargo xtask bundle`: release binaries, GPU test binaries, Python peers and
