@@ -8,6 +8,10 @@
 //! - [`gate`], [`alpha`], [`action`]: the remaining contract enums, the action
 //!   heads and [`HEAD_NAMES`].
 //! - [`telemetry`]: every telemetry metric and event name, with kind and unit.
+//! - [`emit`]: the one way telemetry leaves a crate: the [`Emitter`] trait
+//!   (`nissa::Hub` implements it), the clonable [`Telemetry`] handle every
+//!   producer holds, the [`metric`] and [`event`] constructors and the
+//!   [`Collector`] tests read back.
 //! - [`codec`]: validated encode/decode of the contracts (protobuf and JSON).
 //!
 //! Leyline has no dependency on tch and builds in seconds.
@@ -62,6 +66,7 @@ pub mod alpha;
 pub mod baseline;
 mod checks;
 pub mod codec;
+pub mod emit;
 pub mod error;
 pub mod gate;
 pub mod proto;
@@ -77,6 +82,7 @@ pub use action::{
     TempoAction,
 };
 pub use alpha::{AlphaAlgorithm, AlphaCurve, AlphaMode};
+pub use emit::{Collector, Emitter, Telemetry, event, metric};
 pub use error::{ContractError, Result};
 pub use gate::GateLevel;
 pub use stage::SeedStage;
