@@ -3,6 +3,9 @@
 //! `emit` is a bounded, lock-free queue push that never blocks and never
 //! fails; the hub owns a small tokio runtime (one worker thread plus a blocking
 //! pool for the sinks), so it works from any thread, inside or outside tokio.
+//! The hub implements [`leyline::Emitter`], the workspace's one emitting trait;
+//! producers hold the [`leyline::Telemetry`] handle that [`Hub::telemetry`]
+//! returns.
 
 #![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
 
@@ -460,6 +463,27 @@ impl Hub {
     /// Address of the `/metrics` endpoint, when one was configured.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.inner.as_ref().and_then(|inner| inner.metrics_addr)
+    }
+
+    /// A [`leyline::Telemetry`] handle emitting into this hub (through a
+    /// clone of it), the handle producers such as kasmina and tolaria take;
+    /// the disabled handle for [`Hub::disabled`], so that producers skip
+    /// building packets nobody reads.
+    pub fn telemetry(&self) -> leyline::Telemetry {
+        if self.is_disabled() {
+            leyline::Telemetry::disabled()
+        } else {
+            leyline::Telemetry::new(self.clone())
+        }
+    }
+}
+
+/// The hub is the production [`leyline::Emitter`]: [`Hub::emit`] never blocks
+/// and never fails, which is the trait's contract.
+impl leyline::Emitter for Hub {
+    #[inline]
+    fn emit(&self, packet: TelemetryPacket) {
+        Hub::emit(self, packet);
     }
 }
 

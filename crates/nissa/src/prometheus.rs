@@ -256,7 +256,7 @@ impl MetricSet {
     /// bounds or with colliding names, or a new series beyond
     /// [`MAX_SERIES_PER_METRIC`] is refused whole.
     fn record(&self, packet: &TelemetryPacket) -> std::result::Result<(), String> {
-        crate::validate::finite_metrics(packet)?;
+        leyline::codec::check_finite_packet(packet).map_err(|error| error.to_string())?;
         // One lock for check and apply, so that the totals checked are the
         // totals added to (clones of the sink share the registry).
         let mut recorded = match self.recorded.lock() {

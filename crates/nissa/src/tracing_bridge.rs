@@ -78,8 +78,8 @@ impl Sink for TracingSink {
     }
 
     fn write(&mut self, packet: &TelemetryPacket) -> Result<()> {
-        crate::validate::finite_metrics(packet)
-            .map_err(|reason| NissaError::sink(TRACING_SINK_NAME, reason))?;
+        leyline::codec::check_finite_packet(packet)
+            .map_err(|error| NissaError::sink(TRACING_SINK_NAME, error))?;
         for event in &packet.events {
             log_event(&packet.source, event);
         }

@@ -1,14 +1,14 @@
-//! Checks on what enters the hub from callers: sink names, file stems,
-//! packet values and timeouts.
+//! Checks on what enters the hub from callers: sink names, file stems and
+//! timeouts. (A packet's values are checked by leyline's
+//! `codec::check_finite_packet`, the one finiteness check, where a sink takes
+//! the packet.)
 //!
 //! Everything here runs where a value enters (building a hub, opening a sink,
-//! a sink's `write`), never on the emit path.
+//! a flush or close deadline), never on the emit path.
 
 #![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
 
 use std::time::{Duration, Instant};
-
-use leyline::proto::TelemetryPacket;
 
 use crate::hub::MAX_SINK_NAME_BYTES;
 use crate::jsonl::MAX_FILE_STEM_BYTES;
@@ -70,14 +70,6 @@ pub(crate) fn check_file_stem(stem: &str) -> Result<()> {
             reason,
         }),
     }
-}
-
-/// Refuses a packet that carries a non-finite metric value: JSON cannot
-/// carry one, so no built-in sink delivers it (the packet counts as failed).
-/// The rule and the check are leyline's
-/// ([`leyline::codec::check_finite_packet`]).
-pub(crate) fn finite_metrics(packet: &TelemetryPacket) -> std::result::Result<(), String> {
-    leyline::codec::check_finite_packet(packet).map_err(|error| error.to_string())
 }
 
 /// The instant `timeout` from now, or `None` when that lies beyond what
