@@ -7,6 +7,9 @@
 //! [`Sink`], each behind a bounded queue of its own, so a slow or broken sink
 //! only loses its own packets. [`Hub::stats`] accounts for every packet:
 //! after a flush, per sink, `emitted == delivered + dropped + failed`.
+//! [`Hub`] implements [`leyline::Emitter`], the workspace's one emitting
+//! trait, and [`Hub::telemetry`] gives producers the [`leyline::Telemetry`]
+//! handle they hold; nissa defines no emitting trait of its own.
 //!
 //! - [`hub`]: the handle, its builder and configuration.
 //! - [`sink`]: the [`Sink`] trait other crates implement.
