@@ -4,12 +4,19 @@
 //! - `cargo xtask test`: provision libtorch and system packages if needed, then
 //!   fmt, clippy (warnings denied), the whole test suite and the telemetry
 //!   alert-rule check.
-//! - `cargo xtask bench`: provision, build release, run the benchmark workloads
-//!   and write `baselines/perf/<workload>/<label>.json`.
-//! - `cargo xtask bundle`: the bench bundle for the GPU machine (`bundle/`).
+//! - `cargo xtask bench`: provision, build release `esper`, run every
+//!   benchmark workload through `esper bench` and write
+//!   `baselines/perf/<workload>/<label>.json` ([`bench`]: running,
+//!   `bench::peers`: the Python peers, `bench::compare`: tables and
+//!   before/after).
+//! - `cargo xtask bundle`: the bench bundle for the GPU machine (`bundle/`,
+//!   [`bundle`]).
+//! - [`probe`]: the revision, date and GPU presence, from commands.
 //! - `cargo xtask provision`: only the provisioning step.
 
 mod bench;
+mod bundle;
+mod probe;
 mod provision;
 
 use std::path::{Path, PathBuf};
@@ -67,7 +74,7 @@ fn run() -> Result<()> {
         "bundle" => {
             let root = project_root()?;
             provision::ensure(&root)?;
-            bench::bundle(&root, &rest)
+            bundle::run(&root, &rest)
         }
         "provision" => {
             let root = project_root()?;

@@ -381,4 +381,36 @@ mod tests {
             assert!(!error.0.is_empty(), "{bad:?}");
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Moved from leyline with the parsing: any strings in the label,
+        /// out and extra positions give a run, help or a usage error, never a
+        /// panic, and a run carries exactly the label given.
+        #[test]
+        fn bench_args_from_hostile_strings(
+            label in leyline::testing::hostile_string(),
+            out in leyline::testing::hostile_string(),
+            extra in proptest::option::of(leyline::testing::hostile_string()),
+        ) {
+            let mut args = strings(&["nissa-emit", "--out"]);
+            args.extend([out.clone(), "--label".to_owned(), label.clone()]);
+            args.extend(extra.clone());
+            let parsed = BenchArgs::parse(args);
+            let extra_ok = extra.as_deref().is_none_or(|arg| arg == "--quick");
+            let help = extra.as_deref().is_some_and(|arg| arg == "-h" || arg == "--help");
+            let label_ok = file_name_problem(&label).is_none();
+            if out.is_empty() {
+                proptest::prop_assert!(matches!(parsed, Err(Usage(_))));
+            } else if help {
+                proptest::prop_assert_eq!(parsed, Ok(BenchCommand::Help));
+            } else if label_ok && extra_ok {
+                let is_run = matches!(parsed, Ok(BenchCommand::Run(ref run)) if run.label == label);
+                proptest::prop_assert!(is_run);
+            } else {
+                proptest::prop_assert!(matches!(parsed, Err(Usage(_))));
+            }
+        }
+    }
 }

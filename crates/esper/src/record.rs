@@ -125,4 +125,24 @@ mod tests {
     fn a_path_without_a_file_name_is_refused() {
         assert!(write(&record(), Path::new("/")).is_err());
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+        /// Moved from leyline with the writing: every valid record written
+        /// reads back equal from its file.
+        #[test]
+        fn a_written_record_always_reads_back_equal(
+            record in leyline::testing::valid_baseline_record(),
+        ) {
+            let dir = scratch("property");
+            let path = dir.join(&record.workload).join(format!("{}.json", record.label));
+            let written = write(&record, &path);
+            proptest::prop_assert!(written.is_ok(), "{:?}", written);
+            let read = std::fs::read_to_string(&path)
+                .map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            let _ = std::fs::remove_dir_all(&dir);
+            proptest::prop_assert_eq!(BaselineRecord::from_json(&read), Ok(record));
+        }
+    }
 }

@@ -1,15 +1,19 @@
-//! Benchmark baseline records (`baselines/perf/<workload>/<label>.json`).
+//! Benchmark baseline records (`baselines/perf/<workload>/<label>.json`):
+//! the record's schema, its validation, and pure helpers to fill it.
 //!
-//! Every benchmark binary writes a [`BaselineRecord`]; `cargo xtask bench
-//! --compare` and parity checks read them back. The shape follows DESIGN.md §7:
-//! metric keys are snake_case with the unit as suffix (`_ms`, `_us`, `_ns`,
-//! `_per_s`, `_bytes`).
+//! A benchmark's measuring code (in its crate's `bench` module) returns
+//! [`Measurements`]; the `esper bench` binary probes the machine for the
+//! [`Environment`], builds the [`BaselineRecord`] and writes it; `cargo xtask
+//! bench --compare` and parity checks read records back. The shape follows
+//! DESIGN.md §7: metric keys are snake_case with the unit as suffix (`_ms`,
+//! `_us`, `_ns`, `_per_s`, `_bytes`).
 //!
-//! A record is validated when written and when read (see [`validate`] for the
-//! rules), so a record that could not be read back is never written.
+//! A record is validated when built from measurements, when serialised and
+//! when read (see [`validate`] for the rules), so a record that could not be
+//! read back is never written. Nothing here reads the environment, runs a
+//! command or touches a file: contracts stay contracts.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +37,7 @@ pub struct Environment {
     pub driver: String,
     /// CPU model.
     pub cpu: String,
-    /// Git revision of the code that ran (from `ESPER_GIT_REV`, else "unknown").
+    /// Git revision of the code that ran, or "unknown".
     pub git_rev: String,
     /// Whether TF32 matmuls were allowed.
     pub tf32: bool,
@@ -42,28 +46,6 @@ pub struct Environment {
     /// Anything else worth recording (core count, OS, ...).
     #[serde(default, flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
-}
-
-impl Environment {
-    /// A CPU-only environment description of this machine (no torch).
-    pub fn cpu_only() -> Environment {
-        Environment {
-            device: "cpu".to_owned(),
-            torch: "n/a".to_owned(),
-            cuda: "n/a".to_owned(),
-            driver: "n/a".to_owned(),
-            cpu: cpu_model(),
-            git_rev: git_rev(),
-            tf32: false,
-            amp: "off".to_owned(),
-            extra: BTreeMap::from([(
-                "cpu_cores".to_owned(),
-                serde_json::Value::from(
-                    std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
-                ),
-            )]),
-        }
-    }
 }
 
 /// One implementation/mode's measured metrics.
@@ -173,134 +155,6 @@ impl BaselineRecord {
     }
 }
 
-/// The command line every benchmark binary accepts, as `cargo xtask bench`
-/// calls it: `--out PATH.json --label LABEL [--quick]`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BenchArgs {
-    /// Where to write the [`BaselineRecord`].
-    pub out: PathBuf,
-    /// Record label.
-    pub label: String,
-    /// A smoke run with fewer iterations (not for committed records).
-    pub quick: bool,
-}
-
-/// What a benchmark command line asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BenchCommand {
-    /// Run the benchmark.
-    Run(BenchArgs),
-    /// `-h` / `--help`: print usage and stop.
-    Help,
-}
-
-impl BenchArgs {
-    /// Parses the arguments after the program name. Each option may appear
-    /// once; `--out` must not be empty and `--label` must be a portable file
-    /// name ([`file_name_problem`]), since it becomes one.
-    pub fn parse<I: IntoIterator<Item = String>>(args: I) -> crate::Result<BenchCommand> {
-        let usage = |reason: String| crate::ContractError::Usage { reason };
-        let mut out: Option<PathBuf> = None;
-        let mut label: Option<String> = None;
-        let mut quick = false;
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            match arg.as_str() {
-                "--out" => {
-                    let value = args
-                        .next()
-                        .filter(|value| !value.is_empty())
-                        .ok_or_else(|| usage("--out needs a path".to_owned()))?;
-                    if out.replace(PathBuf::from(value)).is_some() {
-                        return Err(usage("--out given twice".to_owned()));
-                    }
-                }
-                "--label" => {
-                    let value = args
-                        .next()
-                        .ok_or_else(|| usage("--label needs a value".to_owned()))?;
-                    if let Some(problem) = file_name_problem(&value) {
-                        return Err(usage(format!("--label {problem}")));
-                    }
-                    if label.replace(value).is_some() {
-                        return Err(usage("--label given twice".to_owned()));
-                    }
-                }
-                "--quick" => quick = true,
-                "-h" | "--help" => return Ok(BenchCommand::Help),
-                other => {
-                    return Err(usage(format!(
-                        "unknown argument {}",
-                        crate::checks::shown(other)
-                    )));
-                }
-            }
-        }
-        Ok(BenchCommand::Run(BenchArgs {
-            out: out.ok_or_else(|| usage("--out PATH.json is required".to_owned()))?,
-            label: label.ok_or_else(|| usage("--label LABEL is required".to_owned()))?,
-            quick,
-        }))
-    }
-}
-
-impl BaselineRecord {
-    /// Writes the record as pretty JSON to `path`, creating its folder. A
-    /// record [`BaselineRecord::validate`] refuses is not written: the error
-    /// has kind `InvalidData` and carries the [`crate::ContractError`]. The
-    /// text goes to a temporary file in the same folder that is then renamed
-    /// over `path`, so a reader never sees a partial record.
-    pub fn write_to(&self, path: &Path) -> std::io::Result<()> {
-        let text = self
-            .to_json_pretty()
-            .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidData, error))?;
-        let file_name = path.file_name().ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{} names no file", path.display()),
-            )
-        })?;
-        let parent = path
-            .parent()
-            .filter(|parent| !parent.as_os_str().is_empty());
-        if let Some(parent) = parent {
-            std::fs::create_dir_all(parent)?;
-        }
-        let mut temporary_name = std::ffi::OsString::from(".");
-        temporary_name.push(file_name);
-        temporary_name.push(format!(".{}.tmp", std::process::id()));
-        let temporary = match parent {
-            Some(parent) => parent.join(&temporary_name),
-            None => PathBuf::from(&temporary_name),
-        };
-        let written =
-            std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, path));
-        if written.is_err() {
-            let _ = std::fs::remove_file(&temporary);
-        }
-        written
-    }
-}
-
-/// The CPU model from `/proc/cpuinfo`, or "unknown".
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split(':').nth(1))
-                .map(|model| model.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-/// The code revision, from `ESPER_GIT_REV` (set by `cargo xtask bench` and the
-/// bench bundle), else "unknown".
-pub fn git_rev() -> String {
-    std::env::var("ESPER_GIT_REV").unwrap_or_else(|_| "unknown".to_owned())
-}
-
 /// Percentile (0..=100) of `samples` by nearest rank; `None` when `samples`
 /// is empty or `percent` is NaN or outside `[0, 100]`. Samples are ordered by
 /// `f64::total_cmp` (a NaN sample sorts last; the record refuses it later).
@@ -329,47 +183,23 @@ mod tests {
         assert_eq!(percentile(&[], 50.0), None);
     }
 
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|arg| (*arg).to_owned()).collect()
-    }
-
-    #[test]
-    fn bench_args_follow_the_contract() {
-        assert_eq!(
-            BenchArgs::parse(strings(&["--label", "x", "--out", "a/b.json", "--quick"])),
-            Ok(BenchCommand::Run(BenchArgs {
-                out: PathBuf::from("a/b.json"),
-                label: "x".to_owned(),
-                quick: true,
-            }))
-        );
-        assert_eq!(
-            BenchArgs::parse(strings(&["--help"])),
-            Ok(BenchCommand::Help)
-        );
-        for bad in [
-            &["--out"][..],
-            &["--label", "x"],
-            &["--out", "a.json"],
-            &["--out", "a.json", "--label", "x", "--fast"],
-        ] {
-            assert!(
-                matches!(
-                    BenchArgs::parse(strings(bad)),
-                    Err(crate::ContractError::Usage { .. })
-                ),
-                "{bad:?}"
-            );
-        }
-    }
-
     #[test]
     fn record_round_trips_and_checks_schema() {
         let record = BaselineRecord {
             schema: BASELINE_SCHEMA,
             workload: "nissa-emit".to_owned(),
             label: "test".to_owned(),
-            environment: Environment::cpu_only(),
+            environment: Environment {
+                device: "cpu".to_owned(),
+                torch: "n/a".to_owned(),
+                cuda: "n/a".to_owned(),
+                driver: "n/a".to_owned(),
+                cpu: "test cpu".to_owned(),
+                git_rev: "abc".to_owned(),
+                tf32: false,
+                amp: "off".to_owned(),
+                extra: BTreeMap::from([("cpu_cores".to_owned(), serde_json::Value::from(2))]),
+            },
             params: serde_json::json!({ "events": 10 }),
             results: vec![ResultEntry {
                 implementation: "rust".to_owned(),
@@ -383,5 +213,58 @@ mod tests {
         assert_eq!(BaselineRecord::from_json(&text), Ok(record));
         let wrong = text.replacen("\"schema\": 1", "\"schema\": 2", 1);
         assert!(BaselineRecord::from_json(&wrong).is_err());
+    }
+
+    #[test]
+    fn a_record_from_measurements_is_validated() {
+        let environment = || Environment {
+            device: "cpu".to_owned(),
+            torch: "n/a".to_owned(),
+            cuda: "n/a".to_owned(),
+            driver: "n/a".to_owned(),
+            cpu: "test cpu".to_owned(),
+            git_rev: "abc".to_owned(),
+            tf32: false,
+            amp: "off".to_owned(),
+            extra: BTreeMap::new(),
+        };
+        let measurements = |value: f64| Measurements {
+            params: serde_json::json!({ "requests": 4 }),
+            results: vec![ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: "sequential".to_owned(),
+                metrics: BTreeMap::from([("latency_ms_p50".to_owned(), value)]),
+                error: None,
+            }],
+            telemetry_names: Vec::new(),
+        };
+        let record = BaselineRecord::from_measurements(
+            "kasmina-prefetch",
+            "t",
+            environment(),
+            measurements(1.5),
+        )
+        .expect("valid");
+        assert_eq!(record.schema, BASELINE_SCHEMA);
+        assert_eq!(record.workload, "kasmina-prefetch");
+        assert_eq!(record.label, "t");
+        assert_eq!(record.params["requests"], 4);
+        assert_eq!(
+            BaselineRecord::from_json(&record.to_json_pretty().expect("valid")),
+            Ok(record)
+        );
+        for (workload, label, value, field) in [
+            ("kasmina-prefetch", "t", f64::NAN, "results.metrics"),
+            ("kasmina-prefetch", "../t", 1.0, "label"),
+            ("", "t", 1.0, "workload"),
+        ] {
+            assert!(
+                matches!(
+                    BaselineRecord::from_measurements(workload, label, environment(), measurements(value)),
+                    Err(crate::ContractError::InvalidField { field: refused, .. }) if refused == field
+                ),
+                "{workload:?} {label:?} {value}"
+            );
+        }
     }
 }

@@ -56,12 +56,6 @@ pub enum ContractError {
         /// Decoder's explanation.
         reason: String,
     },
-    /// A benchmark command line that does not follow the bench-binary contract.
-    #[error("{reason} (usage: --out PATH.json --label LABEL [--quick])")]
-    Usage {
-        /// What is wrong with the arguments.
-        reason: String,
-    },
     /// Text that is not valid JSON for the message.
     #[error("cannot parse {message} from JSON: {reason}")]
     Json {

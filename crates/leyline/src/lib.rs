@@ -13,8 +13,13 @@
 //!   producer holds, the [`metric`] and [`event`] constructors and the
 //!   [`Collector`] tests read back.
 //! - [`codec`]: validated encode/decode of the contracts (protobuf and JSON).
+//! - [`baseline`]: the benchmark record's schema and validation
+//!   (`BaselineRecord`, the `Measurements` a benchmark returns).
 //!
-//! Leyline has no dependency on tch and builds in seconds.
+//! Leyline has no dependency on tch and builds in seconds. It owns the
+//! contracts and nothing that probes the machine: it reads no environment
+//! variable, runs no command and touches no file (`xtask/tests/layering.rs`
+//! checks its sources); the `esper` binary and xtask do that.
 //!
 //! ```
 //! use leyline::codec::Contract;

@@ -8,6 +8,8 @@
 
 use proptest::prelude::*;
 
+use crate::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry};
+
 /// `f64` values a training run can produce or a hostile caller can pass:
 /// NaN, both infinities, signed zeros, subnormals, the extremes, values just
 /// outside `[0, 1]`, plus ordinary finite numbers.
@@ -162,4 +164,76 @@ mod tests {
             .any(|v| v.checked_mul(4).is_none());
         assert!(hit);
     }
+}
+
+/// Baseline records that satisfy every rule of `baseline::validate`:
+/// portable names, odd but valid text, extreme finite metrics, extra
+/// environment keys that repeat no fixed field, distinct entries and known
+/// telemetry names. Whatever is written of one must read back equal.
+pub fn valid_baseline_record() -> impl Strategy<Value = BaselineRecord> {
+    let name = "[a-z0-9][a-z0-9._-]{0,20}";
+    let metric = (
+        "[a-z0-9_]{1,12}",
+        prop_oneof![
+            -1e12f64..1e12,
+            Just(0.0),
+            Just(f64::MAX),
+            Just(f64::MIN_POSITIVE)
+        ],
+    );
+    let entry = (
+        "[a-z]{1,6}",
+        "[a-z-]{1,10}",
+        proptest::collection::btree_map(metric.0, metric.1, 0..6),
+        proptest::option::of("\\PC{0,12}"),
+    )
+        .prop_map(|(implementation, mode, metrics, error)| ResultEntry {
+            implementation,
+            mode,
+            metrics,
+            error,
+        });
+    let extra_value = prop_oneof![
+        any::<u64>().prop_map(serde_json::Value::from),
+        any::<i64>().prop_map(serde_json::Value::from),
+        (-1e9f64..1e9).prop_map(serde_json::Value::from),
+        "\\PC{0,8}".prop_map(serde_json::Value::from),
+        any::<bool>().prop_map(serde_json::Value::from),
+    ];
+    (
+        (name, name, "\\PC{0,16}", any::<bool>()),
+        proptest::collection::btree_map("[a-z_]{1,10}", extra_value, 0..4),
+        proptest::collection::vec(entry, 0..4),
+        proptest::sample::subsequence(crate::telemetry::all_names().collect::<Vec<_>>(), 0..4),
+    )
+        .prop_map(|((workload, label, text, tf32), extra, results, names)| {
+            let mut extra = extra;
+            for field in crate::baseline::ENVIRONMENT_FIELDS {
+                extra.remove(field);
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            let results = results
+                .into_iter()
+                .filter(|entry| seen.insert((entry.implementation.clone(), entry.mode.clone())))
+                .collect();
+            BaselineRecord {
+                schema: BASELINE_SCHEMA,
+                workload,
+                label,
+                environment: Environment {
+                    device: text.clone(),
+                    torch: text.clone(),
+                    cuda: text.clone(),
+                    driver: text.clone(),
+                    cpu: text.clone(),
+                    git_rev: text.clone(),
+                    tf32,
+                    amp: text.clone(),
+                    extra,
+                },
+                params: serde_json::json!({ "text": text, "list": [1, 2.5, null] }),
+                results,
+                telemetry_names: names.into_iter().map(str::to_owned).collect(),
+            }
+        })
 }

@@ -4,9 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use leyline::baseline::{
-    BASELINE_SCHEMA, BaselineRecord, BenchArgs, BenchCommand, Environment, ResultEntry, percentile,
-};
+use leyline::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry, percentile};
 use leyline::codec::{Contract, check_finite_packet};
 use leyline::proto::{
     AdaptationCommand, GateResult, SeedMetricSet, SeedState, TelemetryEvent, TelemetryMetric,
@@ -285,17 +283,13 @@ fn baseline_record_with_non_finite_metric_is_refused_at_write() {
         bad.results[0]
             .metrics
             .insert("epoch_ms_p50".to_owned(), value);
+        // Serialising validates, so nothing can write the record; the file
+        // side (`esper`'s record writer) has its own test.
         assert_eq!(record_field(bad.to_json_pretty()), Some("results.metrics"));
-        let dir = std::env::temp_dir().join(format!(
-            "leyline-bad-input-{}-{}",
-            std::process::id(),
-            value.is_nan()
-        ));
-        let path = dir.join("record.json");
-        let error = bad.write_to(&path).expect_err("refused");
-        assert_eq!(error.kind(), std::io::ErrorKind::InvalidData);
-        assert!(!path.exists(), "an unreadable record was written");
-        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            record_field(bad.validate().map(|()| String::new())),
+            Some("results.metrics")
+        );
     }
 }
 
@@ -418,34 +412,6 @@ fn committed_baselines_still_read_back() {
         }
     }
     assert!(read >= 3, "read {read} records");
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|arg| (*arg).to_owned()).collect()
-}
-
-#[test]
-fn bench_args_refuse_bad_labels_and_repeated_options() {
-    for bad in [
-        &["--out", "a.json", "--label", "../x"][..],
-        &["--out", "a.json", "--label", ""],
-        &["--out", "a.json", "--label", "a/b"],
-        &["--out", "a.json", "--out", "b.json", "--label", "x"],
-        &["--out", "a.json", "--label", "x", "--label", "y"],
-        &["--out", "", "--label", "x"],
-    ] {
-        assert!(
-            matches!(
-                BenchArgs::parse(strings(bad)),
-                Err(ContractError::Usage { .. })
-            ),
-            "{bad:?}"
-        );
-    }
-    assert!(matches!(
-        BenchArgs::parse(strings(&["--out", "a.json", "--label", "cpu-2026"])),
-        Ok(BenchCommand::Run(_))
-    ));
 }
 
 #[test]

@@ -88,8 +88,8 @@ fn check_metric_key(key: &str) -> Result<()> {
 }
 
 impl BaselineRecord {
-    /// Checks the record against the rules of the module docs; `to_json_pretty`,
-    /// `write_to` and `from_json` all run it.
+    /// Checks the record against the rules of the module docs;
+    /// `from_measurements`, `to_json_pretty` and `from_json` all run it.
     pub fn validate(&self) -> Result<()> {
         if self.schema != BASELINE_SCHEMA {
             return Err(ContractError::SchemaVersion {

@@ -1,0 +1,164 @@
+//! `cargo xtask bundle`: the bench bundle for the GPU machine, which has no
+//! Rust toolchain and no network. Release `esper` (every benchmark workload
+//! runs through it), the GPU test binaries, the Python peers and
+//! `scripts/bundle_run.sh` as `run.sh`, stripped, in the git-ignored
+//! `bundle/`, under 40 MB.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+/// Largest bundle `cargo xtask bundle` accepts (the device carry limit is 64 MiB
+/// for the whole working tree).
+const BUNDLE_LIMIT_BYTES: u64 = 40 * 1024 * 1024;
+
+/// GPU test targets carried in the bundle: (package, test target).
+const BUNDLE_TESTS: &[(&str, &str)] = &[
+    ("torch-ext", "gpu"),
+    ("tolaria", "gpu"),
+    ("kasmina", "gpu_cuda"),
+    ("tolaria", "data_dataset"),
+];
+
+/// `cargo xtask bundle`: release binaries, GPU test binaries, Python peers and
+/// `run.sh` in the git-ignored `bundle/`, stripped, under 40 MB.
+pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
+    if !args.is_empty() {
+        bail!("`cargo xtask bundle` takes no arguments");
+    }
+    // Only this command's own entries are replaced: other tools may keep
+    // their files in `bundle/` too.
+    let bundle = root.join("bundle");
+    let tests = bundle.join("tests");
+    if tests.exists() {
+        std::fs::remove_dir_all(&tests).with_context(|| format!("removing {}", tests.display()))?;
+    }
+    std::fs::create_dir_all(&tests)?;
+    crate::run_step(
+        "cargo build --release -p esper",
+        crate::cargo(root).args(["build", "--release", "-p", "esper", "--bin", "esper"]),
+    )?;
+    copy_stripped(&root.join("target/release/esper"), &bundle.join("esper"))?;
+    for (package, test) in BUNDLE_TESTS {
+        match test_executable(root, package, test) {
+            Ok(executable) => {
+                let name = format!("{}_{test}", package.replace('-', "_"));
+                copy_stripped(&executable, &bundle.join("tests").join(name))?;
+            }
+            Err(error) => eprintln!("==> bundle: no `{package}` test `{test}`: {error:#}"),
+        }
+    }
+    std::fs::copy(
+        root.join("bench/python/tolaria_reference.py"),
+        bundle.join("tolaria_reference.py"),
+    )?;
+    let run_script = bundle.join("run.sh");
+    std::fs::copy(root.join("scripts/bundle_run.sh"), &run_script)?;
+    set_executable(&run_script)?;
+    std::fs::write(
+        bundle.join("GIT_REV"),
+        format!("{}\n", crate::probe::git_rev(root)),
+    )?;
+    let total = folder_size(&bundle)?;
+    eprintln!(
+        "==> bundle: {} ({:.1} MB in all)",
+        bundle.display(),
+        total as f64 / 1e6
+    );
+    if total > BUNDLE_LIMIT_BYTES {
+        bail!("bundle is {total} bytes, over the {BUNDLE_LIMIT_BYTES}-byte limit");
+    }
+    Ok(())
+}
+
+/// Builds `package`'s test target `test` in release and returns its executable.
+fn test_executable(root: &Path, package: &str, test: &str) -> Result<PathBuf> {
+    let output = crate::cargo(root)
+        .args([
+            "test",
+            "--release",
+            "--no-run",
+            "-p",
+            package,
+            "--test",
+            test,
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("building {package} test {test}"))?;
+    if !output.status.success() {
+        bail!("`cargo test --no-run -p {package} --test {test}` failed");
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|message| {
+            message["reason"] == "compiler-artifact" && message["target"]["name"] == test
+        })
+        .find_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .context("cargo reported no test executable")
+}
+
+fn copy_stripped(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).with_context(|| format!("copying {}", from.display()))?;
+    let stripped = Command::new("strip")
+        .arg("--strip-all")
+        .arg(to)
+        .status()
+        .is_ok_and(|status| status.success());
+    if !stripped {
+        eprintln!("==> bundle: could not strip {} (kept as is)", to.display());
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut permissions = std::fs::metadata(path)?.permissions();
+    permissions.set_mode(0o755);
+    std::fs::set_permissions(path, permissions)?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn set_executable(_path: &Path) -> Result<()> {
+    Ok(())
+}
+
+fn folder_size(path: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let metadata = entry.metadata()?;
+        total += if metadata.is_dir() {
+            folder_size(&entry.path())?
+        } else {
+            metadata.len()
+        };
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bundled_test_target_exists() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("xtask lives in the workspace");
+        for (package, test) in BUNDLE_TESTS {
+            let source = root
+                .join("crates")
+                .join(package)
+                .join("tests")
+                .join(format!("{test}.rs"));
+            assert!(source.is_file(), "{} is missing", source.display());
+        }
+    }
+}
