@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
 #
-#   bash bundle/run.sh [--quick] [--label LABEL] [--no-tests] [--no-python] [--kernels]
+#   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
+#                      [--kernels]
 #
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
-# binaries, the Rust bench, then the Python peers merged into the same record, and
-# writes everything under $OUT (default: bundle/out):
-#   <label>.json            the baseline record (Rust and Python side by side)
+# binaries, then each workload through `esper bench` (default: tolaria-reference only;
+# --workload NAME, repeatable, picks others: nissa-emit, kasmina-prefetch), the Python peers
+# merged into the tolaria-reference record, and writes everything under $OUT (default:
+# bundle/out):
+#   <label>.json            the tolaria-reference record (Rust and Python side by side)
+#   <workload>/<label>.json the record of each other workload asked for
 #   tests.log               GPU test output
-#   bench_rust.log, bench_python.log
+#   bench_rust.log, bench_python.log, bench_<workload>.log
 #   kernels.log             (--kernels) kernels and GPU time per eager epoch, via ncu
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,10 +25,12 @@ label=""
 run_tests=1
 run_python=1
 count_kernels=0
+workloads=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
     --label) label="$2"; shift ;;
+    --workload) workloads+=("$2"); shift ;;
     --no-tests) run_tests=0 ;;
     --no-python) run_python=0 ;;
     --kernels) count_kernels=1 ;;
@@ -32,6 +38,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ ${#workloads[@]} -gt 0 ] || workloads=(tolaria-reference)
 
 torch_dir=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))') || {
   echo "python3 with torch not found" >&2; exit 1; }
@@ -67,11 +74,21 @@ if [ "$run_tests" = 1 ]; then
 fi
 
 record="$out/$label.json"
-echo "== rust bench"
-"$here/esper" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+reference=0
+for workload in "${workloads[@]}"; do
+  if [ "$workload" = tolaria-reference ]; then
+    reference=1
+    echo "== rust bench"
+    "$here/esper" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
+  else
+    echo "== rust bench $workload"
+    "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick 2>&1 \
+      | tee "$out/bench_$workload.log"
+  fi
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+done
 
-if [ "$run_python" = 1 ] && [ -f "$record" ]; then
+if [ "$run_python" = 1 ] && [ "$reference" = 1 ] && [ -f "$record" ]; then
   echo "== python peers"
   python3 "$here/tolaria_reference.py" --merge-into "$record" $quick 2>&1 | tee "$out/bench_python.log"
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
