@@ -64,7 +64,7 @@ ALL_MODES = ["eager", "compile-default", "compile-reduce-overhead", "graph-step"
 
 
 class SplitMix64:
-    """Bit-for-bit the generator of tolaria::data::SplitMix64."""
+    """Bit-for-bit the generator of tolaria::data::shuffle::SplitMix64."""
 
     def __init__(self, seed: int) -> None:
         self.state = seed & MASK64
@@ -86,7 +86,7 @@ class SplitMix64:
 
 
 def generate(cfg: dict):
-    """Training/validation sets and initial [C, F+1] parameters, as tolaria::data."""
+    """Training/validation sets and initial [C, F+1] parameters, as tolaria::data::reference."""
     n_features, n_classes = cfg["n_features"], cfg["n_classes"]
     rng = SplitMix64(cfg["seed"])
     teacher = [rng.next_normal() for _ in range(n_features * n_classes)]

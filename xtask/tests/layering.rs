@@ -165,3 +165,193 @@ fn the_check_catches_upward_and_torch_dependencies() {
     let problems = violations(&bad);
     assert_eq!(problems.len(), 4, "{problems:#?}");
 }
+
+/// Dependencies a crate must not take although the layer order would allow
+/// them, because what they serve is owned elsewhere: (crate, dependency, why).
+const NOT_OWNED_HERE: &[(&str, &str, &str)] = &[(
+    "kasmina",
+    "flate2",
+    "data sets (and their gzip readers) belong to tolaria::data",
+)];
+
+#[test]
+fn crates_take_no_dependency_of_a_concern_they_do_not_own() {
+    let manifests = all_manifests();
+    let mut problems = Vec::new();
+    for &(name, dependency, why) in NOT_OWNED_HERE {
+        let manifest = manifests
+            .iter()
+            .find(|manifest| manifest.name == name)
+            .unwrap_or_else(|| panic!("crate {name} not found"));
+        if manifest.dependencies.iter().any(|dep| dep == dependency) {
+            problems.push(format!("{name} depends on {dependency}: {why}"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The Rust sources under `dir`, recursively.
+fn rust_sources(dir: &Path) -> Vec<PathBuf> {
+    let mut sources = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for path in entries.filter_map(|entry| entry.ok().map(|entry| entry.path())) {
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    sources.sort();
+    sources
+}
+
+#[test]
+fn kasmina_is_the_model_side_and_holds_no_data_layer() {
+    let src = workspace_root().join("crates/kasmina/src");
+    for gone in ["data", "data.rs", "device.rs"] {
+        assert!(
+            !src.join(gone).exists(),
+            "crates/kasmina/src/{gone}: data sets live in tolaria::data, device selection in \
+             torch_ext::device"
+        );
+    }
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("kasmina's lib.rs");
+    for line in lib.lines().map(str::trim) {
+        assert!(
+            !matches!(
+                line,
+                "pub mod data;" | "mod data;" | "pub mod device;" | "mod device;"
+            ),
+            "kasmina declares `{line}`"
+        );
+    }
+    for path in rust_sources(&workspace_root().join("crates/kasmina")) {
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        let code = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"));
+        for line in code {
+            assert!(
+                !line.contains("tolaria::"),
+                "{}: `{}`: kasmina must not reach the trainer side",
+                path.display(),
+                line.trim()
+            );
+        }
+    }
+}
+
+#[test]
+fn torch_ext_owns_the_one_device_selection() {
+    let root = workspace_root();
+    let device = std::fs::read_to_string(root.join("crates/torch-ext/src/device.rs"))
+        .expect("crates/torch-ext/src/device.rs");
+    assert!(device.contains("pub fn select(choice: DeviceChoice)"));
+    let mut problems = Vec::new();
+    for path in rust_sources(&root.join("crates")) {
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        for pattern in [
+            "fn resolve_device",
+            "fn cuda_if_available",
+            "enum DeviceChoice",
+        ] {
+            if text.contains(pattern) && !path.ends_with("torch-ext/src/device.rs") {
+                problems.push(format!("{}: `{pattern}`", path.display()));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "device selection outside torch_ext::device:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// What leyline's sources must not contain: contracts do not read the
+/// environment, run commands, touch files or the network, or reach libtorch.
+/// Machine probing and record writing live where records are written (the
+/// `esper` binary, xtask).
+const NOT_IN_CONTRACTS: &[&str] = &[
+    "std::env",
+    "env::var",
+    "std::process",
+    "Command::new",
+    "std::fs",
+    "std::net",
+    "/proc/",
+    "tch::",
+    "torch_ext",
+    "torch_sys",
+];
+
+/// `(line number, pattern)` for each code line of `text` (comments skipped)
+/// holding one of [`NOT_IN_CONTRACTS`].
+fn environment_uses(text: &str) -> Vec<(usize, &'static str)> {
+    let mut found = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        for pattern in NOT_IN_CONTRACTS {
+            if line.contains(pattern) {
+                found.push((index + 1, *pattern));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn leyline_has_no_dependency_on_the_environment_or_tch() {
+    let src = workspace_root().join("crates/leyline/src");
+    let sources = rust_sources(&src);
+    assert!(
+        sources.len() > 5,
+        "leyline sources not found under {}",
+        src.display()
+    );
+    let mut problems = Vec::new();
+    for path in sources {
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        for (line, pattern) in environment_uses(&text) {
+            problems.push(format!("{}:{line}: `{pattern}`", path.display()));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "leyline keeps contracts only (probe the machine in esper or xtask):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_contract_scan_catches_probing_and_skips_comments() {
+    let probing = "fn rev() -> String {\n    std::env::var(\"ESPER_GIT_REV\").unwrap_or_default()\n}\n\
+                   fn cpu() -> String { std::fs::read_to_string(\"/proc/cpuinfo\").unwrap() }\n\
+                   fn git() { std::process::Command::new(\"git\"); }\n\
+                   fn device() -> tch::Device { tch::Device::Cpu }\n";
+    let patterns: Vec<&str> = environment_uses(probing)
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    for expected in [
+        "std::env",
+        "std::fs",
+        "/proc/",
+        "std::process",
+        "Command::new",
+        "tch::",
+    ] {
+        assert!(
+            patterns.contains(&expected),
+            "{expected} not caught: {patterns:?}"
+        );
+    }
+    assert!(environment_uses("//! reads `std::env` nowhere\n// tch:: neither\n").is_empty());
+    assert!(environment_uses("pub struct AdaptationCommand;\n").is_empty());
+}

@@ -12,10 +12,10 @@
 //! (building seed modules off the training thread) and [`telemetry`]
 //! (lifecycle events).
 //!
-//! - [`data`]: data sets (Fashion-MNIST IDX, CIFAR-10 binary, seeded synthetic
-//!   tasks) with shuffle, split, batching and per-data-set normalisation.
-//! - [`device`]: picking the GPU in a way that makes tch's CUDA kernels
-//!   usable.
+//! Kasmina is the model side. It holds no data sets, splits, shuffling or
+//! staging (those are `tolaria::data`, the trainer side) and picks no device
+//! (`torch_ext::device::select` does; callers pass the device in).
+//!
 //! - [`layers`], [`optim`]: the small tch building blocks (fallible layers, a
 //!   deterministic SGD with momentum) the rest is made of.
 //! - [`error`]: the crate's error type; [`validate`]: the checks and size
@@ -38,8 +38,6 @@ pub mod alpha;
 pub mod attribution;
 pub mod blend;
 pub mod blueprint;
-pub mod data;
-pub mod device;
 pub mod error;
 pub mod export;
 pub mod gate;

@@ -13,7 +13,7 @@ use leyline::SeedStage;
 use tch::{Device, Kind, Tensor};
 
 fn cuda_or_skip(test: &str) -> Option<Device> {
-    let device = kasmina::device::cuda_if_available();
+    let device = torch_ext::device::select(torch_ext::DeviceChoice::Auto).unwrap_or(Device::Cpu);
     if device == Device::Cpu {
         eprintln!("skipping {test}: no CUDA device");
         None

@@ -359,7 +359,7 @@ proptest! {
             base_channels: sizes[2],
             kernel_size: sizes[3],
             pool_layers: counts[1],
-            num_classes: sizes[0],
+            n_classes: sizes[0],
         };
         if let Ok(params) = cnn.validate() {
             prop_assert!(params > 0 && params <= kasmina::validate::MAX_PARAMETERS);

@@ -73,9 +73,9 @@ fn cnn_host_sizes_near_the_limits_are_errors() {
             },
         ),
         (
-            "num_classes i64::MAX",
+            "n_classes i64::MAX",
             CnnHostConfig {
-                num_classes: i64::MAX,
+                n_classes: i64::MAX,
                 ..base.clone()
             },
         ),

@@ -17,7 +17,7 @@ use tch::Device;
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, TrainerConfig};
 use crate::error::{Result, TolariaError};
 use crate::telemetry::CollectingSink;
-use crate::trainer::{Trainer, resolve_device};
+use crate::trainer::Trainer;
 
 /// Workload name in records.
 pub const WORKLOAD: &str = "tolaria-reference";
@@ -151,7 +151,7 @@ pub const MAX_BENCH_REPLAYS: usize = 10_000_000;
 /// variant that fails is recorded in the record with its error instead.
 pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
     options.validate()?;
-    let device = resolve_device(options.device)?;
+    let device = torch_ext::device::select(options.device)?;
     let variants = if options.variants.is_empty() {
         Variant::defaults(device.is_cuda())
     } else {
@@ -232,10 +232,7 @@ pub fn variant_config(variant: Variant, device: Device) -> TrainerConfig {
     TrainerConfig {
         mode: variant.mode,
         step: variant.step,
-        device: match device {
-            Device::Cuda(index) => DeviceChoice::Cuda(index),
-            _ => DeviceChoice::Cpu,
-        },
+        device: DeviceChoice::of(device),
         data_placement: if variant.mode == ExecutionMode::GraphEpoch {
             DataPlacement::Device
         } else {

@@ -83,17 +83,9 @@ pub enum StepKind {
     Autograd,
 }
 
-/// Which device to train on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DeviceChoice {
-    /// CUDA device 0 when present, else the CPU.
-    Auto,
-    /// The CPU.
-    Cpu,
-    /// The CUDA device with this index.
-    Cuda(usize),
-}
+/// Which device to train on: torch-ext's, the workspace's one device choice
+/// (resolved by [`torch_ext::device::select`]).
+pub use torch_ext::DeviceChoice;
 
 /// `torch.set_float32_matmul_precision` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,26 +39,10 @@ pub enum TolariaError {
         /// What is wrong with it, with the values.
         reason: String,
     },
-    /// A label is not a class index.
-    #[error("label {label} of sample {index} is outside 0..{n_classes}")]
-    LabelOutOfRange {
-        /// Index of the first offending sample.
-        index: usize,
-        /// Its label.
-        label: usize,
-        /// Number of classes.
-        n_classes: usize,
-    },
-    /// An input feature is NaN or infinite.
-    #[error("input feature {feature} of sample {sample} is {value}, not finite")]
-    NonFiniteInput {
-        /// Index of the first offending sample.
-        sample: usize,
-        /// The feature within the sample.
-        feature: usize,
-        /// The value.
-        value: f32,
-    },
+    /// A data set could not be read, built or used (see
+    /// [`crate::data::DataError`]: files, formats, sizes, labels, finiteness).
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
     /// The loss read back at the end of an epoch (training) or of a
     /// validation pass is NaN or infinite: the run diverged. The epoch's
     /// updates have been applied (the parameters are likely non-finite too);

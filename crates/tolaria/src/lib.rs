@@ -5,8 +5,15 @@
 //! and SGD with momentum, in three execution modes ([`ExecutionMode`]):
 //! eager, one CUDA graph per step, and one CUDA graph per epoch.
 //!
+//! Tolaria is the trainer side: it owns every data set and its staging
+//! ([`data`]). It defines no model structure (hosts, slots and seeds are
+//! Kasmina's) and resolves devices only through `torch_ext::device::select`.
+//!
 //! - [`config`]: the serde [`TrainerConfig`].
-//! - [`data`]: the seeded synthetic data set and its packed microbatch layout.
+//! - [`data`]: every data set (Fashion-MNIST, CIFAR-10, seeded synthetic
+//!   tasks, the `tolaria-reference` task) as one [`data::Dataset`] type, with
+//!   seeded shuffle, split and batches, and the reference task's packed
+//!   microbatch layout.
 //! - [`step`]: the training step (hand-derived fused backward, or autograd)
 //!   on device-resident parameters, momentum and metric accumulators.
 //! - [`graph`]: streams, events, step/epoch graph capture and fallback.

@@ -5,7 +5,7 @@
 use tch::{Device, Tensor};
 
 use crate::config::{MAX_SAMPLES, TrainerConfig};
-use crate::data::{LabelledSet, MicrobatchSpan, PackedEpoch, pack_epoch};
+use crate::data::{Dataset, MicrobatchSpan, PackedEpoch, pack_epoch, tabular_features};
 use crate::error::{Result, TolariaError, TorchResultExt};
 use crate::step::StepViews;
 
@@ -25,7 +25,7 @@ pub(crate) struct EpochData {
 pub(crate) fn place_training_set(
     config: &TrainerConfig,
     device: Device,
-    set: &LabelledSet,
+    set: &Dataset,
 ) -> Result<EpochData> {
     let PackedEpoch { values, spans } = pack_epoch(set, config.batch_size)?;
     let host = Tensor::f_from_slice(&values).op("from_slice")?;
@@ -54,11 +54,12 @@ pub(crate) fn place_training_set(
 }
 
 /// What [`crate::Trainer::replace_training_set`] requires beyond
-/// [`LabelledSet::new`]'s own checks: `batch_size` in `1..=`[`MAX_SAMPLES`],
-/// a non-empty set, and the trainer's features and classes.
+/// [`Dataset::new`]'s own checks: `batch_size` in `1..=`[`MAX_SAMPLES`],
+/// between 1 and [`MAX_SAMPLES`] samples of `[n_features]` rows, and the
+/// trainer's features and classes.
 pub(crate) fn check_replacement(
     config: &TrainerConfig,
-    set: &LabelledSet,
+    set: &Dataset,
     batch_size: usize,
 ) -> Result<()> {
     let invalid =
@@ -69,18 +70,22 @@ pub(crate) fn check_replacement(
             format!("{batch_size} is outside 1..={MAX_SAMPLES}"),
         ));
     }
-    if set.is_empty() {
+    if set.is_empty() || set.len() > MAX_SAMPLES {
         return Err(invalid(
             "training set",
-            "the set holds no sample".to_owned(),
+            format!(
+                "{} holds {} samples, expected 1..={MAX_SAMPLES}",
+                set.name(),
+                set.len()
+            ),
         ));
     }
-    if set.n_features() != config.n_features {
+    let n_features = tabular_features(set)?;
+    if n_features != config.n_features {
         return Err(invalid(
             "n_features",
             format!(
-                "the set has {} features, the trainer {}",
-                set.n_features(),
+                "the set has {n_features} features, the trainer {}",
                 config.n_features
             ),
         ));

@@ -20,8 +20,8 @@ use serde::Serialize;
 use tch::{Device, Tensor};
 use torch_ext::CudaGraph;
 
-use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, TrainerConfig};
-use crate::data::{LabelledSet, ReferenceData, pack_epoch};
+use crate::config::{DataPlacement, ExecutionMode, TrainerConfig};
+use crate::data::{Dataset, ReferenceData, pack_epoch};
 use crate::error::{Result, TolariaError, TorchResultExt};
 use crate::graph::{self, CudaContext, EpochGraph, StepGraphs};
 use crate::placement::{self, EpochData, place_training_set};
@@ -97,29 +97,6 @@ impl std::fmt::Debug for Trainer {
     }
 }
 
-/// Resolves the configured device.
-pub fn resolve_device(choice: DeviceChoice) -> Result<Device> {
-    match choice {
-        DeviceChoice::Cpu => Ok(Device::Cpu),
-        DeviceChoice::Auto => Ok(if torch_ext::cuda::is_available() {
-            Device::Cuda(0)
-        } else {
-            Device::Cpu
-        }),
-        DeviceChoice::Cuda(index) => {
-            let count = torch_ext::cuda::device_count();
-            if index < count {
-                Ok(Device::Cuda(index))
-            } else {
-                Err(TolariaError::CudaRequired {
-                    what: "device cuda",
-                    reason: format!("CUDA device {index} requested, {count} present"),
-                })
-            }
-        }
-    }
-}
-
 impl Trainer {
     /// A trainer for `config` that keeps its telemetry in memory.
     pub fn new(config: TrainerConfig) -> Result<Trainer> {
@@ -136,7 +113,7 @@ impl Trainer {
         telemetry: Box<dyn TelemetryOut>,
     ) -> Result<Trainer> {
         config.validate()?;
-        let device = resolve_device(config.device)?;
+        let device = torch_ext::device::select(config.device)?;
         if config.mode.uses_graphs() && !device.is_cuda() {
             return Err(TolariaError::CudaRequired {
                 what: config.mode.name(),
@@ -245,16 +222,18 @@ impl Trainer {
     /// a microbatch shape that was not captured runs eagerly and reports a
     /// `tolaria.graph_fallback`.
     ///
-    /// The set was validated when it was built ([`LabelledSet::new`]: lengths,
-    /// label range, finite inputs); here it must be non-empty and match the
-    /// trainer's features and classes, and `batch_size` must lie in
-    /// `1..=`[`crate::config::MAX_SAMPLES`].
+    /// The set was validated when it was built ([`Dataset::new`]: lengths,
+    /// label range, finite values); here it must hold between 1 and
+    /// [`crate::config::MAX_SAMPLES`] samples of `[n_features]` and the
+    /// trainer's classes, and `batch_size` must lie in
+    /// `1..=`[`crate::config::MAX_SAMPLES`]. Packing reads the set back to
+    /// the host once, here, never inside an epoch.
     ///
     /// # Errors
     /// [`TolariaError::InvalidConfig`] naming `batch_size`, `training set`,
     /// `n_features` or `n_classes`; [`TolariaError::InvalidData`] when the
-    /// packed set is above the bound.
-    pub fn replace_training_set(&mut self, set: &LabelledSet, batch_size: usize) -> Result<()> {
+    /// samples are not rows or the packed set is above the bound.
+    pub fn replace_training_set(&mut self, set: &Dataset, batch_size: usize) -> Result<()> {
         placement::check_replacement(&self.config, set, batch_size)?;
         let mut config = self.config.clone();
         config.batch_size = batch_size;

@@ -5,7 +5,7 @@
 //! closure is an error.
 
 use leyline::telemetry as names;
-use tolaria::data::{LabelledSet, MicrobatchSpan, ReferenceData, pack_epoch};
+use tolaria::data::{Dataset, MicrobatchSpan, ReferenceData, pack_epoch};
 use tolaria::step::{LinearCeState, StepViews};
 use tolaria::{
     CollectingSink, DataPlacement, DeviceChoice, ExecutionMode, StepKind, Trainer, TrainerConfig,
@@ -120,11 +120,11 @@ fn a_new_batch_shape_falls_back_to_eager_with_telemetry() -> anyhow::Result<()> 
         return Ok(());
     }
     let reference = ReferenceData::generate(&TrainerConfig::reference())?;
-    let mut inputs = reference.train.inputs().to_vec();
-    inputs.extend_from_slice(&reference.validation.inputs()[..2 * 16]);
-    let mut labels = reference.train.labels().to_vec();
-    labels.extend_from_slice(&reference.validation.labels()[..2]);
-    let eighteen = LabelledSet::new(inputs, labels, 16, 4)?;
+    let mut inputs = reference.train.features_to_vec()?;
+    inputs.extend_from_slice(&reference.validation.features_to_vec()?[..2 * 16]);
+    let mut labels = reference.train.labels_to_vec()?;
+    labels.extend_from_slice(&reference.validation.labels_to_vec()?[..2]);
+    let eighteen = Dataset::from_rows("eighteen", &inputs, &labels, 16, 4)?;
     for mode in [ExecutionMode::GraphStep, ExecutionMode::GraphEpoch] {
         let sink = CollectingSink::new();
         let mut trainer =

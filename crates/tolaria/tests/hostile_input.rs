@@ -3,11 +3,11 @@
 //! diverging run. Every case must end in a typed error naming the field (or
 //! the epoch), never a panic, an abort or a result that hides the problem.
 
-use leyline::testing::{extreme_f32, extreme_f64, extreme_u64, extreme_usize};
+use leyline::testing::{extreme_f32, extreme_f64, extreme_i64, extreme_u64, extreme_usize};
 use proptest::prelude::*;
 use tolaria::bench::{BenchOptions, Variant};
 use tolaria::config::{MAX_CLASSES, MAX_FEATURES, MAX_PACKED_VALUES, MAX_SAMPLES};
-use tolaria::data::{LabelledSet, MicrobatchSpan, ReferenceData, pack_epoch, packed_len};
+use tolaria::data::{DataError, Dataset, MicrobatchSpan, ReferenceData, pack_epoch, packed_len};
 use tolaria::step::{LinearCeState, StepViews};
 use tolaria::{DeviceChoice, ExecutionMode, StepKind, TolariaError, Trainer, TrainerConfig};
 
@@ -25,50 +25,61 @@ fn config_field(result: Result<(), TolariaError>) -> Option<&'static str> {
     }
 }
 
+fn data_field(err: &DataError) -> Option<&str> {
+    match err {
+        DataError::InvalidField { field, .. } => Some(field),
+        _ => None,
+    }
+}
+
 #[test]
 fn labels_out_of_range_are_refused_when_the_set_is_built() {
     // Label 7 of 4 classes used to pack an all-zero one-hot row: a fake loss.
-    let err = LabelledSet::new(vec![0.5; 4 * 16], vec![0, 1, 7, 2], 16, 4).unwrap_err();
+    let err = Dataset::from_rows("t", &[0.5; 4 * 16], &[0, 1, 7, 2], 16, 4).unwrap_err();
     assert!(
         matches!(
             err,
-            TolariaError::LabelOutOfRange {
+            DataError::LabelOutOfRange {
                 index: 2,
                 label: 7,
-                n_classes: 4
+                n_classes: 4,
+                ..
             }
         ),
         "{err:?}"
     );
     assert!(err.to_string().contains("label 7 of sample 2"), "{err}");
+    let negative = Dataset::from_rows("t", &[0.5; 16], &[-1], 16, 4).unwrap_err();
+    assert!(
+        matches!(negative, DataError::LabelOutOfRange { label: -1, .. }),
+        "{negative:?}"
+    );
+    // Through the trainer's error, the message is kept.
+    let wrapped = TolariaError::from(err);
+    assert!(
+        wrapped.to_string().contains("label 7 of sample 2"),
+        "{wrapped}"
+    );
 }
 
 #[test]
 fn inputs_and_labels_of_different_lengths_are_a_typed_error() {
     for (inputs, labels) in [(3 * 16, 4), (5 * 16, 4), (4 * 16 + 1, 4), (16, 0)] {
-        let err = LabelledSet::new(vec![0.5; inputs], vec![0; labels], 16, 4).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                TolariaError::InvalidData {
-                    field: "inputs",
-                    ..
-                }
-            ),
+        let err = Dataset::from_rows("t", &vec![0.5; inputs], &vec![0; labels], 16, 4).unwrap_err();
+        assert_eq!(
+            data_field(&err),
+            Some("features"),
             "{inputs} inputs, {labels} labels: {err:?}"
         );
     }
     for (features, classes, field) in [
         (0, 4, "n_features"),
         (usize::MAX, 4, "n_features"),
-        (16, 1, "n_classes"),
+        (16, 0, "n_classes"),
         (16, usize::MAX, "n_classes"),
     ] {
-        let err = LabelledSet::new(Vec::new(), Vec::new(), features, classes).unwrap_err();
-        assert!(
-            matches!(err, TolariaError::InvalidData { field: f, .. } if f == field),
-            "{err:?}"
-        );
+        let err = Dataset::from_rows("t", &[], &[], features, classes).unwrap_err();
+        assert_eq!(data_field(&err), Some(field), "{err:?}");
     }
 }
 
@@ -77,9 +88,9 @@ fn non_finite_inputs_are_refused_naming_sample_and_feature() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut inputs = vec![0.5; 3 * 4];
         inputs[6] = bad;
-        let err = LabelledSet::new(inputs, vec![0, 1, 1], 4, 2).unwrap_err();
+        let err = Dataset::from_rows("t", &inputs, &[0, 1, 1], 4, 2).unwrap_err();
         assert!(
-            matches!(err, TolariaError::NonFiniteInput { sample: 1, feature: 2, value } if value.is_nan() == bad.is_nan()),
+            matches!(err, DataError::NonFiniteValue { sample: 1, element: 2, value, .. } if value.is_nan() == bad.is_nan()),
             "{err:?}"
         );
     }
@@ -254,7 +265,7 @@ fn a_diverging_run_reports_a_non_finite_loss_instead_of_a_result() {
 #[test]
 fn a_replaced_training_set_must_match_the_trainer() {
     let mut trainer = Trainer::new(cpu()).unwrap();
-    let three_classes = LabelledSet::new(vec![0.5; 4 * 16], vec![0, 1, 2, 2], 16, 3).unwrap();
+    let three_classes = Dataset::from_rows("t", &[0.5; 4 * 16], &[0, 1, 2, 2], 16, 3).unwrap();
     assert!(matches!(
         trainer.replace_training_set(&three_classes, 4),
         Err(TolariaError::InvalidConfig {
@@ -262,7 +273,7 @@ fn a_replaced_training_set_must_match_the_trainer() {
             ..
         })
     ));
-    let eight_features = LabelledSet::new(vec![0.5; 4 * 8], vec![0, 1, 2, 3], 8, 4).unwrap();
+    let eight_features = Dataset::from_rows("t", &[0.5; 4 * 8], &[0, 1, 2, 3], 8, 4).unwrap();
     assert!(matches!(
         trainer.replace_training_set(&eight_features, 4),
         Err(TolariaError::InvalidConfig {
@@ -270,7 +281,18 @@ fn a_replaced_training_set_must_match_the_trainer() {
             ..
         })
     ));
-    let good = LabelledSet::new(vec![0.5; 4 * 16], vec![0, 1, 2, 3], 16, 4).unwrap();
+    // Samples that are not rows cannot be packed.
+    let images = tch::Tensor::zeros([4, 2, 8], (tch::Kind::Float, tch::Device::Cpu));
+    let labels = tch::Tensor::from_slice(&[0i64, 1, 2, 3]);
+    let not_rows = Dataset::new("images", images, labels, 4).unwrap();
+    assert!(matches!(
+        trainer.replace_training_set(&not_rows, 4),
+        Err(TolariaError::InvalidData {
+            field: "images",
+            ..
+        })
+    ));
+    let good = Dataset::from_rows("t", &[0.5; 4 * 16], &[0, 1, 2, 3], 16, 4).unwrap();
     for batch in [0, usize::MAX] {
         assert!(matches!(
             trainer.replace_training_set(&good, batch),
@@ -280,7 +302,7 @@ fn a_replaced_training_set_must_match_the_trainer() {
             })
         ));
     }
-    let empty = LabelledSet::new(Vec::new(), Vec::new(), 16, 4).unwrap();
+    let empty = Dataset::from_rows("t", &[], &[], 16, 4).unwrap();
     assert!(trainer.replace_training_set(&empty, 4).is_err());
     trainer.replace_training_set(&good, MAX_SAMPLES).unwrap();
     assert_eq!(trainer.train_epoch().unwrap().eager_steps, 1);
@@ -443,15 +465,15 @@ proptest! {
     }
 
     #[test]
-    fn labelled_sets_and_packing_never_panic(
+    fn tabular_sets_and_packing_never_panic(
         inputs in proptest::collection::vec(extreme_f32(), 0..40),
-        labels in proptest::collection::vec(extreme_usize(), 0..10),
+        labels in proptest::collection::vec(extreme_i64(), 0..10),
         n_features in extreme_usize(), n_classes in extreme_usize(), batch_size in extreme_usize(),
     ) {
-        match LabelledSet::new(inputs.clone(), labels.clone(), n_features, n_classes) {
+        match Dataset::from_rows("p", &inputs, &labels, n_features, n_classes) {
             Ok(set) => {
-                prop_assert!(set.inputs().iter().all(|value| value.is_finite()));
-                prop_assert!(set.labels().iter().all(|&label| label < n_classes));
+                prop_assert!(set.features_to_vec().unwrap().iter().all(|value| value.is_finite()));
+                prop_assert!(set.labels_to_vec().unwrap().iter().all(|&label| (label as u64) < n_classes as u64));
                 match pack_epoch(&set, batch_size) {
                     Ok(packed) => {
                         prop_assert_eq!(packed.spans.len(), set.len().div_ceil(batch_size));
@@ -462,7 +484,7 @@ proptest! {
             }
             Err(err) => prop_assert!(matches!(
                 err,
-                TolariaError::InvalidData { .. } | TolariaError::LabelOutOfRange { .. } | TolariaError::NonFiniteInput { .. }
+                DataError::InvalidField { .. } | DataError::TooLarge { .. } | DataError::LabelOutOfRange { .. } | DataError::NonFiniteValue { .. }
             ), "{err:?}"),
         }
     }

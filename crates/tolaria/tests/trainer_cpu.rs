@@ -1,9 +1,10 @@
 //! CPU behaviour of the trainer: it learns the reference task, it is
 //! deterministic, the fused backward matches autograd, and CUDA-only modes
-//! refuse to run on the CPU with the documented error.
+//! and absent CUDA devices refuse to run on the CPU with the documented
+//! errors.
 
 use leyline::telemetry as names;
-use tolaria::data::{LabelledSet, ReferenceData};
+use tolaria::data::{Dataset, ReferenceData};
 use tolaria::{
     CollectingSink, DataPlacement, DeviceChoice, ExecutionMode, StepKind, TolariaError, Trainer,
     TrainerConfig,
@@ -101,7 +102,7 @@ fn fused_backward_matches_autograd_with_and_without_the_fused_sgd_kernel() -> an
 }
 
 #[test]
-fn graph_modes_and_cuda_devices_return_cuda_required_on_the_cpu() {
+fn graph_modes_return_cuda_required_and_absent_cuda_devices_a_device_error_on_the_cpu() {
     for mode in [ExecutionMode::GraphStep, ExecutionMode::GraphEpoch] {
         let config = TrainerConfig {
             mode,
@@ -118,9 +119,10 @@ fn graph_modes_and_cuda_devices_return_cuda_required_on_the_cpu() {
             device: DeviceChoice::Cuda(0),
             ..TrainerConfig::reference()
         };
+        // Device selection is torch-ext's: its typed error comes through.
         assert!(matches!(
             Trainer::new(config),
-            Err(TolariaError::CudaRequired { .. })
+            Err(TolariaError::TorchExt(torch_ext::Error::CudaUnavailable))
         ));
     }
 }
@@ -176,11 +178,11 @@ fn a_replaced_training_set_with_a_partial_last_batch_trains() -> anyhow::Result<
     let mut trainer = Trainer::new(cpu_config())?;
     trainer.train(2)?;
     let reference = ReferenceData::generate(&cpu_config())?;
-    let mut inputs = reference.train.inputs().to_vec();
-    inputs.extend_from_slice(&reference.validation.inputs()[..2 * 16]);
-    let mut labels = reference.train.labels().to_vec();
-    labels.extend_from_slice(&reference.validation.labels()[..2]);
-    let set = LabelledSet::new(inputs, labels, 16, 4)?;
+    let mut inputs = reference.train.features_to_vec()?;
+    inputs.extend_from_slice(&reference.validation.features_to_vec()?[..2 * 16]);
+    let mut labels = reference.train.labels_to_vec()?;
+    labels.extend_from_slice(&reference.validation.labels_to_vec()?[..2]);
+    let set = Dataset::from_rows("eighteen", &inputs, &labels, 16, 4)?;
     trainer.replace_training_set(&set, 4)?;
     let report = trainer.train_epoch()?;
     assert_eq!(report.eager_steps, 5, "18 samples in batches of 4");

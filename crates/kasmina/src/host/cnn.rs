@@ -47,7 +47,7 @@ pub struct CnnHostConfig {
     /// How many of the first blocks are followed by a 2x2 max-pool.
     pub pool_layers: usize,
     /// Output classes.
-    pub num_classes: i64,
+    pub n_classes: i64,
 }
 
 impl CnnHostConfig {
@@ -61,7 +61,7 @@ impl CnnHostConfig {
             base_channels: 8,
             kernel_size: 3,
             pool_layers: 3,
-            num_classes: 10,
+            n_classes: 10,
         }
     }
 
@@ -80,7 +80,7 @@ impl CnnHostConfig {
     /// `[2, MAX_LAYERS]` with the last block's `base 2^(n-1)` channels at most
     /// `MAX_CHANNELS`, `pool_layers <= n_blocks` with at least one pixel left
     /// after the pools, `kernel_size` odd in `[1, MAX_KERNEL_SIZE]`,
-    /// `num_classes` in `[1, MAX_CLASSES]`, and at most `MAX_PARAMETERS`
+    /// `n_classes` in `[1, MAX_CLASSES]`, and at most `MAX_PARAMETERS`
     /// parameters in all. Returns the parameter count.
     pub fn validate(&self) -> Result<i64> {
         size_in(
@@ -117,8 +117,8 @@ impl CnnHostConfig {
             });
         }
         size_in(
-            "CnnHostConfig.num_classes",
-            self.num_classes,
+            "CnnHostConfig.n_classes",
+            self.n_classes,
             1,
             MAX_CLASSES,
         )?;
@@ -152,10 +152,10 @@ impl CnnHostConfig {
         let field = "CnnHostConfig (classifier parameters)";
         counts.push(checked_product(
             field,
-            &[in_channels, self.num_classes],
+            &[in_channels, self.n_classes],
             MAX_PARAMETERS,
         )?);
-        counts.push(self.num_classes);
+        counts.push(self.n_classes);
         checked_sum("CnnHostConfig (parameters)", &counts, MAX_PARAMETERS)
     }
 
@@ -228,7 +228,7 @@ impl CnnHost {
         let classifier = Linear::new(
             &root.sub("classifier"),
             in_channels,
-            config.num_classes,
+            config.n_classes,
             true,
         )?;
 
@@ -264,7 +264,7 @@ impl CnnHost {
             }
         }
         segments.push(Segment::Head);
-        boundary_shapes.push(vec![-1, config.num_classes]);
+        boundary_shapes.push(vec![-1, config.n_classes]);
         let name = format!("cnn-{}x{}", config.n_blocks, config.base_channels);
         drop(root);
         Ok(CnnHost {
@@ -338,7 +338,7 @@ impl Host for CnnHost {
     /// # Shapes
     /// Boundary 0 is `[B, in_channels, S, S]`; a PRE_POOL boundary after block
     /// `i` is `[B, base 2^i, s, s]`, the POST_POOL one `[B, base 2^i, s/2, s/2]`;
-    /// the last boundary is `[B, num_classes]`.
+    /// the last boundary is `[B, n_classes]`.
     fn forward_segment(&self, x: &Tensor, from: usize, to: usize, train: bool) -> Result<Tensor> {
         check_boundaries(self, from, to)?;
         let expected = self

@@ -30,11 +30,11 @@ pub const TEST_IMAGES_FILE: &str = "t10k-images-idx3-ubyte.gz";
 /// Test labels file name.
 pub const TEST_LABELS_FILE: &str = "t10k-labels-idx1-ubyte.gz";
 /// Number of classes.
-pub const NUM_CLASSES: usize = 10;
+pub const N_CLASSES: usize = 10;
 /// Image height and width, in pixels.
 pub const IMAGE_SIDE: usize = 28;
 /// Class names, indexed by label.
-pub const CLASS_NAMES: [&str; NUM_CLASSES] = [
+pub const CLASS_NAMES: [&str; N_CLASSES] = [
     "T-shirt/top",
     "Trouser",
     "Pullover",
@@ -270,22 +270,22 @@ fn to_dataset(
     drop(images);
     let pixels = bytes_to_normalised_f32(&bytes, normalisation)?;
     let labels = Tensor::f_from_slice(&label_values).map_err(torch_error(OP))?;
-    Dataset::new(name, pixels, labels, NUM_CLASSES)
+    Dataset::new(name, pixels, labels, N_CLASSES)
 }
 
-/// The labels as `i64`, after checking each is below [`NUM_CLASSES`].
+/// The labels as `i64`, after checking each is below [`N_CLASSES`].
 fn checked_labels(path: &Path, values: &[u8], hint: &str) -> Result<Vec<i64>> {
     if let Some((sample, &label)) = values
         .iter()
         .enumerate()
-        .find(|&(_, &label)| label as usize >= NUM_CLASSES)
+        .find(|&(_, &label)| label as usize >= N_CLASSES)
     {
         return Err(DataError::Format {
             path: path.to_path_buf(),
             source: FormatError::LabelOutOfRange {
                 sample,
                 label,
-                num_classes: NUM_CLASSES,
+                n_classes: N_CLASSES,
             },
             hint: hint.to_string(),
         });

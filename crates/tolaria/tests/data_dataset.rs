@@ -3,10 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use kasmina::data::shuffle::{SplitMix64, epoch_seed, permutation};
-use kasmina::data::{DataError, Dataset, SplitSize};
 use proptest::prelude::*;
 use tch::{Device, Kind, Tensor};
+use tolaria::data::shuffle::{SplitMix64, epoch_seed, permutation};
+use tolaria::data::{DataError, Dataset, SplitSize};
 
 /// `n` samples of shape `[2]`: sample `i` is `[i, -i]`, label `i % 3`, so a
 /// batch tells which samples it holds.
@@ -295,7 +295,7 @@ fn new_checks_its_inputs() {
         assert!(
             matches!(
                 result,
-                Err(DataError::LabelOutOfRange { index: i, label: l, num_classes: 2, .. })
+                Err(DataError::LabelOutOfRange { index: i, label: l, n_classes: 2, .. })
                     if i == index && l == label
             ),
             "{labels:?}: {result:?}"
@@ -316,7 +316,7 @@ fn new_checks_its_inputs() {
         Tensor::zeros([3], (Kind::Int64, Device::Cpu)),
         0,
     );
-    assert!(is_field(&result, "num_classes"), "no classes: {result:?}");
+    assert!(is_field(&result, "n_classes"), "no classes: {result:?}");
 }
 
 #[test]

@@ -35,7 +35,7 @@ pub const MAX_CIFAR_BYTES: u64 = 1 << 30;
 /// Largest number of samples of a data set, a permutation or a synthetic task.
 pub const MAX_SAMPLES: usize = 1 << 30;
 /// Largest number of classes.
-pub const MAX_NUM_CLASSES: usize = 1 << 20;
+pub const MAX_CLASSES: usize = 1 << 20;
 /// Largest number of channels of a [`super::Normalisation`].
 pub const MAX_CHANNELS: usize = 1024;
 /// Largest number of `f32` values a synthetic generator produces (1 GiB).

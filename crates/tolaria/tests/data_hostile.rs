@@ -8,18 +8,18 @@ use std::io::{Read, Write};
 use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
-use kasmina::data::cifar10::{self, RECORD_SIZE};
-use kasmina::data::fashion_mnist::{self, FashionMnistOptions};
-use kasmina::data::idx::{self, IMAGES_MAGIC, LABELS_MAGIC};
-use kasmina::data::limits::{
-    MAX_IDX_BYTES, MAX_NUM_CLASSES, MAX_SAMPLES, MAX_SYNTHETIC_VALUES, TRAILING_PROBE_BYTES,
-};
-use kasmina::data::shuffle::permutation;
-use kasmina::data::synthetic::{self, BlobTaskOptions, ImageTaskOptions};
-use kasmina::data::{DataError, Dataset, FormatError, Normalisation, SplitSize};
 use leyline::testing::{extreme_f32, extreme_f64, extreme_i64, extreme_u64, extreme_usize};
 use proptest::prelude::*;
 use tch::Tensor;
+use tolaria::data::cifar10::{self, RECORD_SIZE};
+use tolaria::data::fashion_mnist::{self, FashionMnistOptions};
+use tolaria::data::idx::{self, IMAGES_MAGIC, LABELS_MAGIC};
+use tolaria::data::limits::{
+    MAX_CLASSES, MAX_IDX_BYTES, MAX_SAMPLES, MAX_SYNTHETIC_VALUES, TRAILING_PROBE_BYTES,
+};
+use tolaria::data::shuffle::permutation;
+use tolaria::data::synthetic::{self, BlobTaskOptions, ImageTaskOptions};
+use tolaria::data::{DataError, Dataset, FormatError, Normalisation, SplitSize};
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
@@ -341,11 +341,11 @@ fn a_dataset_with_non_finite_values_is_refused_naming_the_sample() {
 fn a_dataset_with_too_many_classes_is_refused() {
     let images = || Tensor::from_slice(&[0.0f32, 1.0]).reshape([2, 1]);
     let labels = || Tensor::from_slice(&[0i64, 1]);
-    for classes in [usize::MAX, MAX_NUM_CLASSES + 1] {
+    for classes in [usize::MAX, MAX_CLASSES + 1] {
         let err = Dataset::new("x", images(), labels(), classes).unwrap_err();
-        assert_eq!(field_of(&err), Some("num_classes"), "{err}");
+        assert_eq!(field_of(&err), Some("n_classes"), "{err}");
     }
-    assert!(Dataset::new("x", images(), labels(), MAX_NUM_CLASSES).is_ok());
+    assert!(Dataset::new("x", images(), labels(), MAX_CLASSES).is_ok());
 }
 
 // ---------------------------------------------------------------- sizes
@@ -357,45 +357,45 @@ fn too_large(result: Result<Dataset, DataError>) -> bool {
 #[test]
 fn synthetic_sizes_near_the_integer_limits_are_refused_before_allocating() {
     let blob = |options: BlobTaskOptions| synthetic::blob_task(&options);
-    let reference = BlobTaskOptions::reference(1);
+    let base = BlobTaskOptions::small(1);
     assert!(too_large(blob(BlobTaskOptions {
         n_features: usize::MAX,
-        num_classes: 2,
-        ..reference.clone()
+        n_classes: 2,
+        ..base.clone()
     })));
     assert!(too_large(blob(BlobTaskOptions {
         n_samples: usize::MAX,
-        ..reference.clone()
+        ..base.clone()
     })));
     assert!(too_large(blob(BlobTaskOptions {
         n_samples: MAX_SAMPLES,
         n_features: MAX_SYNTHETIC_VALUES,
-        ..reference.clone()
+        ..base.clone()
     })));
     assert!(too_large(blob(BlobTaskOptions {
-        num_classes: usize::MAX,
-        ..reference.clone()
+        n_classes: usize::MAX,
+        ..base.clone()
     })));
     for (field, options) in [
         (
             "centre_range",
             BlobTaskOptions {
                 centre_range: 1e300,
-                ..reference.clone()
+                ..base.clone()
             },
         ),
         (
             "noise_std",
             BlobTaskOptions {
                 noise_std: f64::INFINITY,
-                ..reference.clone()
+                ..base.clone()
             },
         ),
         (
             "centre_range",
             BlobTaskOptions {
                 centre_range: -1.0,
-                ..reference.clone()
+                ..base.clone()
             },
         ),
     ] {
@@ -438,7 +438,7 @@ fn permutations_above_the_bound_are_refused() {
 
 #[test]
 fn splits_and_batches_validate_their_arguments() {
-    let dataset = synthetic::blob_task(&BlobTaskOptions::reference(2)).unwrap();
+    let dataset = synthetic::blob_task(&BlobTaskOptions::small(2)).unwrap();
     for size in [
         SplitSize::Fraction(f64::NAN),
         SplitSize::Fraction(f64::INFINITY),
@@ -492,16 +492,16 @@ proptest! {
     #[test]
     fn blob_tasks_never_panic(
         n_samples in extreme_usize(), n_features in extreme_usize(),
-        num_classes in extreme_usize(), centre_range in extreme_f64(),
+        n_classes in extreme_usize(), centre_range in extreme_f64(),
         noise_std in extreme_f64(), seed in extreme_u64(),
     ) {
-        let options = BlobTaskOptions { n_samples, n_features, num_classes, centre_range, noise_std, seed };
+        let options = BlobTaskOptions { n_samples, n_features, n_classes, centre_range, noise_std, seed };
         match options.validate() {
             Err(err) => prop_assert!(
                 matches!(err, DataError::InvalidField { .. } | DataError::TooLarge { .. }),
                 "{err:?}"
             ),
-            Ok(()) if small(&[n_samples, n_features]) && small(&[num_classes, n_features]) => {
+            Ok(()) if small(&[n_samples, n_features]) && small(&[n_classes, n_features]) => {
                 let dataset = synthetic::blob_task(&options).unwrap();
                 prop_assert_eq!(dataset.len(), n_samples);
                 prop_assert_eq!(dataset.images().isfinite().all().int64_value(&[]), 1);
@@ -513,17 +513,17 @@ proptest! {
     #[test]
     fn image_tasks_never_panic(
         n_samples in extreme_usize(), channels in extreme_usize(), height in extreme_usize(),
-        width in extreme_usize(), num_classes in extreme_usize(), grid in extreme_usize(),
+        width in extreme_usize(), n_classes in extreme_usize(), grid in extreme_usize(),
         noise_std in extreme_f64(), seed in extreme_u64(),
     ) {
-        let options = ImageTaskOptions { n_samples, channels, height, width, num_classes, grid, noise_std, seed };
+        let options = ImageTaskOptions { n_samples, channels, height, width, n_classes, grid, noise_std, seed };
         match options.validate() {
             Err(err) => prop_assert!(
                 matches!(err, DataError::InvalidField { .. } | DataError::TooLarge { .. }),
                 "{err:?}"
             ),
             Ok(()) if small(&[n_samples, channels, height, width])
-                && small(&[num_classes, channels, grid, grid]) => {
+                && small(&[n_classes, channels, grid, grid]) => {
                 let dataset = synthetic::image_task(&options).unwrap();
                 prop_assert_eq!(dataset.len(), n_samples);
                 prop_assert_eq!(dataset.images().isfinite().all().int64_value(&[]), 1);
@@ -538,7 +538,7 @@ proptest! {
         start in extreme_usize(), len in extreme_usize(), index in extreme_i64(),
         classes in extreme_usize(), seed in extreme_u64(),
     ) {
-        let dataset = synthetic::blob_task(&BlobTaskOptions::reference(seed)).unwrap();
+        let dataset = synthetic::blob_task(&BlobTaskOptions::small(seed)).unwrap();
         let n = dataset.len();
         match dataset.split(SplitSize::Fraction(fraction), Some(seed)) {
             Ok((first, second)) => {
@@ -558,7 +558,7 @@ proptest! {
         prop_assert_eq!(dataset.slice(start, len).is_ok(), start.checked_add(len).is_some_and(|end| end <= n));
         prop_assert_eq!(dataset.select(&[index]).is_ok(), (0..n as i64).contains(&index));
         let relabelled = Dataset::new("z", dataset.images().shallow_clone(), dataset.labels().shallow_clone(), classes);
-        prop_assert_eq!(relabelled.is_ok(), (4..=MAX_NUM_CLASSES).contains(&classes), "{:?}", relabelled);
+        prop_assert_eq!(relabelled.is_ok(), (4..=MAX_CLASSES).contains(&classes), "{:?}", relabelled);
     }
 
     #[test]

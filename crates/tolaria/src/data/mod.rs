@@ -1,18 +1,24 @@
-//! Data sets: Fashion-MNIST, CIFAR-10 binary, seeded synthetic tasks.
+//! Data sets, the trainer side's: every data set the workspace trains on is
+//! read, generated, split, shuffled and staged here (Kasmina, the model side,
+//! holds none).
 //!
 //! Every loader returns in-memory [`Dataset`]s: `images` as an `f32` tensor of
-//! shape `[N, C, H, W]` (or `[N, F]` for the tabular reference task) with the
-//! data set's normalisation already applied, and `labels` as an `i64` tensor of
-//! shape `[N]`. A [`Dataset`] can be shuffled, split and cut into batches with
+//! shape `[N, C, H, W]` (or `[N, F]` for tabular tasks) with the data set's
+//! normalisation already applied, and `labels` as an `i64` tensor of shape
+//! `[N]`. A [`Dataset`] can be shuffled, split and cut into batches with
 //! seeded, device-independent permutations ([`shuffle`]).
 //!
 //! - [`fashion_mnist`]: the four gzipped IDX files of Debian's
 //!   `dataset-fashion-mnist` package, read with flate2 (nothing is unpacked).
 //! - [`cifar10`]: the CIFAR-10 binary format (`data_batch_1..5.bin`,
 //!   `test_batch.bin`).
-//! - [`synthetic`]: seeded tasks for the `tolaria-reference` workload and for
-//!   fast CNN tests.
+//! - [`reference`](mod@reference): the `tolaria-reference` task (Box-Muller inputs labelled
+//!   by a random linear teacher, mirrored bit for bit by the Python peer) and
+//!   its packed microbatch layout, the staging format of the fast path.
+//! - [`synthetic`]: seeded blob and image tasks for fast tests.
 //! - [`normalisation`]: the per-data-set mean and standard deviation.
+//! - [`shuffle`]: the seeded SplitMix64 stream, permutations and epoch
+//!   seeds.
 //!
 //! - [`idx`] and [`cifar10::parse_records`]: the pure-bytes readers (no
 //!   file, no tch), usable from fuzz targets; they fail with a [`FormatError`].
@@ -23,12 +29,14 @@
 //! say what to do about it. Every constructor and loader validates what enters
 //! (sizes with checked arithmetic against [`limits`], finiteness of floats,
 //! label ranges) and returns a typed error naming the field and the value;
-//! nothing in this module panics on bad input.
+//! nothing in this module panics on bad input. The crate's
+//! [`crate::TolariaError::Data`] carries a [`DataError`] upwards.
 
 // Sizes here come from callers and files: every integer operation is checked,
 // saturating or explicitly justified.
 #![warn(clippy::arithmetic_side_effects)]
 
+mod batches;
 pub mod cifar10;
 mod dataset;
 pub mod fashion_mnist;
@@ -36,14 +44,20 @@ mod format;
 pub mod idx;
 pub mod limits;
 pub mod normalisation;
+pub mod reference;
 pub mod shuffle;
 pub mod synthetic;
 
 use std::path::PathBuf;
 
-pub use dataset::{Batches, Dataset, SplitSize};
+pub use batches::Batches;
+pub use dataset::{Dataset, SplitSize};
 pub use format::FormatError;
 pub use normalisation::Normalisation;
+pub use reference::{
+    MicrobatchSpan, PackedEpoch, REFERENCE_TASK_NAME, ReferenceData, pack_epoch, packed_len,
+    tabular_features,
+};
 
 /// Result alias of the data layer.
 pub type Result<T, E = DataError> = std::result::Result<T, E>;
@@ -184,7 +198,7 @@ pub enum DataError {
         labels: i64,
     },
     /// A label is not a class index of the data set.
-    #[error("data set {dataset}: label {label} of sample {index} is outside 0..{num_classes}")]
+    #[error("data set {dataset}: label {label} of sample {index} is outside 0..{n_classes}")]
     LabelOutOfRange {
         /// The data set's name.
         dataset: String,
@@ -193,7 +207,7 @@ pub enum DataError {
         /// Its label.
         label: i64,
         /// Number of classes of the data set.
-        num_classes: usize,
+        n_classes: usize,
     },
     /// A data set's sample values hold NaN or an infinity.
     #[error(

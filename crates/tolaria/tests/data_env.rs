@@ -2,9 +2,9 @@
 //! default. One test in its own binary, because it changes the process
 //! environment and tests in one binary run in parallel.
 
-use kasmina::data::DataError;
-use kasmina::data::cifar10::{self, Cifar10Options};
-use kasmina::data::fashion_mnist::{self, FashionMnistOptions};
+use tolaria::data::DataError;
+use tolaria::data::cifar10::{self, Cifar10Options};
+use tolaria::data::fashion_mnist::{self, FashionMnistOptions};
 
 fn set_env(name: &str, value: &std::path::Path) {
     // SAFETY: this binary holds a single test, so no other thread reads or

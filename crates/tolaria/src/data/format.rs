@@ -99,8 +99,8 @@ pub enum FormatError {
     },
     /// A label byte that is not a class index.
     #[error(
-        "label {label} of sample {sample} is out of range (the data set has {num_classes} \
-         classes, labels 0..{num_classes})"
+        "label {label} of sample {sample} is out of range (the data set has {n_classes} \
+         classes, labels 0..{n_classes})"
     )]
     LabelOutOfRange {
         /// Index of the sample within the file.
@@ -108,6 +108,6 @@ pub enum FormatError {
         /// The label found.
         label: u8,
         /// Number of classes of the data set.
-        num_classes: usize,
+        n_classes: usize,
     },
 }

@@ -6,7 +6,8 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::limits::{MAX_NUM_CLASSES, MAX_SAMPLES, at_most, invalid_field};
+use super::batches::Batches;
+use super::limits::{MAX_CLASSES, MAX_SAMPLES, at_most, invalid_field};
 use super::shuffle::permutation;
 use super::{DataError, Result, torch_error};
 
@@ -22,29 +23,30 @@ pub enum SplitSize {
 /// Samples and labels held in memory, on one device.
 ///
 /// # Shapes
-/// - `images`: `[N, C, H, W]` for image data sets, `[N, F]` for the tabular
-///   reference task; `f32`, already normalised.
-/// - `labels`: `[N]`, `i64`, each in `0..num_classes`.
+/// - `images`: `[N, C, H, W]` for image data sets, `[N, F]` for tabular
+///   tasks (the `tolaria-reference` task among them); `f32`, already
+///   normalised.
+/// - `labels`: `[N]`, `i64`, each in `0..n_classes`.
 #[derive(Debug)]
 pub struct Dataset {
     name: String,
     images: Tensor,
     labels: Tensor,
-    num_classes: usize,
+    n_classes: usize,
 }
 
 impl Dataset {
     /// Builds a data set after checking its inputs.
     ///
-    /// `num_classes` must lie in `1..=`[`MAX_NUM_CLASSES`]; `images` must have
+    /// `n_classes` must lie in `1..=`[`MAX_CLASSES`]; `images` must have
     /// a leading sample dimension of at most [`MAX_SAMPLES`] samples;
     /// `labels` must be a 1-D `i64` tensor with one label per sample, on the
-    /// same device as `images`, each in `0..num_classes`; floating-point
+    /// same device as `images`, each in `0..n_classes`; floating-point
     /// images must be finite. This reads the labels' range and the images'
     /// finiteness back (once, here; derived data sets are not re-checked).
     ///
     /// # Errors
-    /// [`DataError::InvalidField`] for `num_classes`, the images' rank or the
+    /// [`DataError::InvalidField`] for `n_classes`, the images' rank or the
     /// labels' shape and kind, or a device mismatch;
     /// [`DataError::TooLarge`] above [`MAX_SAMPLES`];
     /// [`DataError::LengthMismatch`] when samples and labels differ in
@@ -55,16 +57,16 @@ impl Dataset {
         name: impl Into<String>,
         images: Tensor,
         labels: Tensor,
-        num_classes: usize,
+        n_classes: usize,
     ) -> Result<Self> {
         const OP: &str = "Dataset::new";
         let name = name.into();
-        if num_classes == 0 || num_classes > MAX_NUM_CLASSES {
+        if n_classes == 0 || n_classes > MAX_CLASSES {
             return Err(invalid_field(
                 OP,
-                "num_classes",
-                num_classes,
-                format!("1..={MAX_NUM_CLASSES}"),
+                "n_classes",
+                n_classes,
+                format!("1..={MAX_CLASSES}"),
             ));
         }
         if !images.defined() || !labels.defined() {
@@ -115,14 +117,77 @@ impl Dataset {
                 format!("the images' device {:?}", images.device()),
             ));
         }
-        check_labels(&name, &labels, num_classes)?;
+        check_labels(&name, &labels, n_classes)?;
         check_finite(&name, &images)?;
         Ok(Self {
             name,
             images,
             labels,
-            num_classes,
+            n_classes,
         })
+    }
+
+    /// A tabular data set from host values: `features` row-major
+    /// `[labels.len(), n_features]`, one label per sample, each in
+    /// `0..n_classes`. The tensors are built on the CPU and then checked by
+    /// [`Dataset::new`].
+    ///
+    /// # Errors
+    /// [`DataError::InvalidField`] for an `n_features` of 0 or above
+    /// `i64::MAX`, or `features` whose length is not `labels.len() x
+    /// n_features` (checked arithmetic); [`DataError::TooLarge`] above
+    /// [`MAX_SAMPLES`] samples; then [`Dataset::new`]'s errors (classes,
+    /// label range, finiteness).
+    pub fn from_rows(
+        name: impl Into<String>,
+        features: &[f32],
+        labels: &[i64],
+        n_features: usize,
+        n_classes: usize,
+    ) -> Result<Self> {
+        const OP: &str = "Dataset::from_rows";
+        let columns = i64::try_from(n_features)
+            .ok()
+            .filter(|&columns| columns > 0)
+            .ok_or_else(|| invalid_field(OP, "n_features", n_features, "1..=i64::MAX"))?;
+        at_most(OP, "samples", labels.len(), MAX_SAMPLES)?;
+        if labels.len().checked_mul(n_features) != Some(features.len()) {
+            return Err(invalid_field(
+                OP,
+                "features",
+                features.len(),
+                format!("{} labels x {n_features} features values", labels.len()),
+            ));
+        }
+        // At most MAX_SAMPLES rows: the count fits an i64.
+        let rows = i64::try_from(labels.len()).unwrap_or(i64::MAX);
+        let images = Tensor::f_from_slice(features)
+            .and_then(|t| t.f_reshape([rows, columns]))
+            .map_err(torch_error(OP))?;
+        let labels = Tensor::f_from_slice(labels).map_err(torch_error(OP))?;
+        Self::new(name, images, labels, n_classes)
+    }
+
+    /// Every sample's values as `f32`, flattened row-major, copied to host
+    /// memory. A readback: for staging and tests, never inside an epoch.
+    pub fn features_to_vec(&self) -> Result<Vec<f32>> {
+        const OP: &str = "Dataset::features_to_vec";
+        self.images
+            .f_to_kind(Kind::Float)
+            .and_then(|t| t.f_to_device(Device::Cpu))
+            .and_then(|t| t.f_flatten(0, -1))
+            .and_then(|t| Vec::<f32>::try_from(&t))
+            .map_err(torch_error(OP))
+    }
+
+    /// The labels copied to host memory (each in `0..n_classes`). A
+    /// readback: for staging and tests, never inside an epoch.
+    pub fn labels_to_vec(&self) -> Result<Vec<i64>> {
+        const OP: &str = "Dataset::labels_to_vec";
+        self.labels
+            .f_to_device(Device::Cpu)
+            .and_then(|t| Vec::<i64>::try_from(&t))
+            .map_err(torch_error(OP))
     }
 
     /// A data set made of parts already known to be consistent (derived from
@@ -132,7 +197,7 @@ impl Dataset {
             name,
             images,
             labels,
-            num_classes: self.num_classes,
+            n_classes: self.n_classes,
         }
     }
 
@@ -159,9 +224,9 @@ impl Dataset {
         &self.labels
     }
 
-    /// Number of classes (labels lie in `0..num_classes`).
-    pub fn num_classes(&self) -> usize {
-        self.num_classes
+    /// Number of classes (labels lie in `0..n_classes`).
+    pub fn n_classes(&self) -> usize {
+        self.n_classes
     }
 
     /// Number of samples.
@@ -333,20 +398,13 @@ impl Dataset {
                     .map_err(torch_error(OP))?,
             ),
         };
-        let n_batches = if drop_last {
-            n.checked_div(batch_size).unwrap_or(0)
-        } else {
-            n.div_ceil(batch_size)
-        };
-        Ok(Batches {
-            images: self.images.shallow_clone(),
-            labels: self.labels.shallow_clone(),
+        Ok(Batches::new(
+            self.images.shallow_clone(),
+            self.labels.shallow_clone(),
             order,
-            n_samples: n,
             batch_size,
-            n_batches,
-            next_batch: 0,
-        })
+            drop_last,
+        ))
     }
 
     /// The data set on `device` (a copy unless it is already there).
@@ -400,7 +458,7 @@ impl Dataset {
         const OP: &str = "Dataset::class_counts";
         let counts = self
             .labels
-            .f_bincount::<Tensor>(None, self.num_classes as i64)
+            .f_bincount::<Tensor>(None, self.n_classes as i64)
             .and_then(|t| t.f_to_device(Device::Cpu))
             .and_then(|t| Vec::<i64>::try_from(&t))
             .map_err(torch_error(OP))?;
@@ -412,73 +470,15 @@ impl Dataset {
     }
 }
 
-/// One epoch of batches from [`Dataset::batches`]: each item is
-/// `(images [B, ...], labels [B])` with `B = batch_size`, except possibly the
-/// last one.
-#[derive(Debug)]
-pub struct Batches {
-    images: Tensor,
-    labels: Tensor,
-    /// The epoch's order on the data set's device; `None` for stored order.
-    order: Option<Tensor>,
-    n_samples: usize,
-    batch_size: usize,
-    n_batches: usize,
-    next_batch: usize,
-}
-
-impl Batches {
-    fn batch(&self, batch_idx: usize) -> Result<(Tensor, Tensor)> {
-        const OP: &str = "Batches::next";
-        // batch_idx < n_batches, so start < n_samples <= MAX_SAMPLES.
-        let start = batch_idx.saturating_mul(self.batch_size);
-        let len = self.batch_size.min(self.n_samples.saturating_sub(start));
-        let (start, len) = (start as i64, len as i64);
-        let pair = match &self.order {
-            None => self
-                .images
-                .f_narrow(0, start, len)
-                .and_then(|images| Ok((images, self.labels.f_narrow(0, start, len)?))),
-            Some(order) => order.f_narrow(0, start, len).and_then(|index| {
-                Ok((
-                    self.images.f_index_select(0, &index)?,
-                    self.labels.f_index_select(0, &index)?,
-                ))
-            }),
-        };
-        pair.map_err(torch_error(OP))
-    }
-}
-
-impl Iterator for Batches {
-    type Item = Result<(Tensor, Tensor)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.next_batch >= self.n_batches {
-            return None;
-        }
-        let batch = self.batch(self.next_batch);
-        self.next_batch = self.next_batch.saturating_add(1);
-        Some(batch)
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        let left = self.n_batches.saturating_sub(self.next_batch);
-        (left, Some(left))
-    }
-}
-
-impl ExactSizeIterator for Batches {}
-
-/// Every label of `labels` (1-D `i64`) in `0..num_classes`, or the first that
+/// Every label of `labels` (1-D `i64`) in `0..n_classes`, or the first that
 /// is not.
-fn check_labels(name: &str, labels: &Tensor, num_classes: usize) -> Result<()> {
+fn check_labels(name: &str, labels: &Tensor, n_classes: usize) -> Result<()> {
     const OP: &str = "Dataset::new";
     if labels.numel() == 0 {
         return Ok(());
     }
-    // num_classes <= MAX_NUM_CLASSES fits an i64.
-    let classes = num_classes as i64;
+    // n_classes <= MAX_CLASSES fits an i64.
+    let classes = n_classes as i64;
     let bad = labels
         .f_lt(0)
         .and_then(|low| low.f_logical_or(&labels.f_ge(classes)?))
@@ -501,7 +501,7 @@ fn check_labels(name: &str, labels: &Tensor, num_classes: usize) -> Result<()> {
         dataset: name.to_string(),
         index: usize::try_from(index).unwrap_or(usize::MAX),
         label,
-        num_classes,
+        n_classes,
     })
 }
 

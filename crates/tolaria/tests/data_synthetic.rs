@@ -1,14 +1,14 @@
 //! Seeded synthetic tasks: shapes, balance, bitwise reproducibility, and that
 //! the classes are actually learnable.
 
-use kasmina::data::synthetic::{self, BlobTaskOptions, ImageTaskOptions};
-use kasmina::data::{DataError, Dataset};
 use tch::{Kind, Tensor};
+use tolaria::data::synthetic::{self, BlobTaskOptions, ImageTaskOptions};
+use tolaria::data::{DataError, Dataset};
 
 /// Accuracy of classifying `test` by the nearest class mean of `train`.
 fn nearest_mean_accuracy(train: &Dataset, test: &Dataset) -> f64 {
     let flat_train = train.images().flatten(1, -1);
-    let means: Vec<Tensor> = (0..train.num_classes() as i64)
+    let means: Vec<Tensor> = (0..train.n_classes() as i64)
         .map(|class| {
             let mask = train.labels().eq(class);
             flat_train
@@ -41,47 +41,47 @@ fn bits(tensor: &Tensor) -> Vec<u32> {
 }
 
 #[test]
-fn reference_task_is_16_by_16_with_4_balanced_classes() {
-    let task = synthetic::reference_task(0).unwrap();
-    assert_eq!(task.name(), "tolaria-reference");
+fn small_blob_task_is_16_by_16_with_4_balanced_classes() {
+    let task = synthetic::blob_task(&BlobTaskOptions::small(0)).unwrap();
+    assert_eq!(task.name(), "synthetic-blobs");
     assert_eq!(task.images().size(), vec![16, 16]);
     assert_eq!(task.images().kind(), Kind::Float);
-    assert_eq!(task.num_classes(), 4);
+    assert_eq!(task.n_classes(), 4);
     assert_eq!(task.class_counts().unwrap(), vec![4, 4, 4, 4]);
     // Four batches of four, as the workload runs it.
     assert_eq!(task.batches(4, None, true).unwrap().len(), 4);
 }
 
 #[test]
-fn reference_task_is_bitwise_reproducible_and_seed_dependent() {
-    let a = synthetic::reference_task(42).unwrap();
-    let b = synthetic::reference_task(42).unwrap();
+fn small_blob_task_is_bitwise_reproducible_and_seed_dependent() {
+    let a = synthetic::blob_task(&BlobTaskOptions::small(42)).unwrap();
+    let b = synthetic::blob_task(&BlobTaskOptions::small(42)).unwrap();
     assert_eq!(bits(a.images()), bits(b.images()));
     assert!(a.labels().equal(b.labels()));
-    let c = synthetic::reference_task(43).unwrap();
+    let c = synthetic::blob_task(&BlobTaskOptions::small(43)).unwrap();
     assert_ne!(bits(a.images()), bits(c.images()));
 }
 
 #[test]
 fn blob_classes_are_separable_by_their_means() {
-    // Class means of a larger draw with the reference settings, checked on a
+    // Class means of a larger draw with the small settings, checked on a
     // held-out half: the blobs are well apart relative to the noise.
     let mut accuracies = Vec::new();
     for seed in 0..10 {
         let options = BlobTaskOptions {
             n_samples: 400,
-            ..BlobTaskOptions::reference(seed)
+            ..BlobTaskOptions::small(seed)
         };
         let task = synthetic::blob_task(&options).unwrap();
         let (train, test) = task
-            .split(kasmina::data::SplitSize::Fraction(0.5), Some(seed))
+            .split(tolaria::data::SplitSize::Fraction(0.5), Some(seed))
             .unwrap();
         accuracies.push(nearest_mean_accuracy(&train, &test));
     }
     let mean = accuracies.iter().sum::<f64>() / accuracies.len() as f64;
     assert!(mean > 0.9, "nearest-mean accuracy {accuracies:?}");
     // Noise exists: the task is not trivially a lookup of the centres.
-    let task = synthetic::reference_task(0).unwrap();
+    let task = synthetic::blob_task(&BlobTaskOptions::small(0)).unwrap();
     let first_class = task
         .images()
         .index_select(0, &Tensor::from_slice(&[0i64, 4]));
@@ -112,7 +112,7 @@ fn image_task_is_bitwise_reproducible_and_seed_dependent() {
 fn image_task_classes_differ_and_are_learnable() {
     let task = synthetic::image_task(&ImageTaskOptions::fashion_like(400, 3)).unwrap();
     let (train, test) = task
-        .split(kasmina::data::SplitSize::Fraction(0.5), Some(3))
+        .split(tolaria::data::SplitSize::Fraction(0.5), Some(3))
         .unwrap();
     let accuracy = nearest_mean_accuracy(&train, &test);
     assert!(accuracy > 0.9, "nearest-mean accuracy {accuracy}");
@@ -138,17 +138,17 @@ fn synthetic_tasks_reject_empty_shapes() {
         "{err:?}"
     );
     let err = synthetic::blob_task(&BlobTaskOptions {
-        num_classes: 0,
-        ..BlobTaskOptions::reference(0)
+        n_classes: 0,
+        ..BlobTaskOptions::small(0)
     })
     .unwrap_err();
     assert!(
-        matches!(err, DataError::InvalidField { ref field, .. } if field == "num_classes"),
+        matches!(err, DataError::InvalidField { ref field, .. } if field == "n_classes"),
         "{err:?}"
     );
     let err = synthetic::blob_task(&BlobTaskOptions {
         noise_std: f64::NAN,
-        ..BlobTaskOptions::reference(0)
+        ..BlobTaskOptions::small(0)
     })
     .unwrap_err();
     assert!(
@@ -158,7 +158,7 @@ fn synthetic_tasks_reject_empty_shapes() {
     // Zero samples is a valid (empty) data set.
     let empty = synthetic::blob_task(&BlobTaskOptions {
         n_samples: 0,
-        ..BlobTaskOptions::reference(0)
+        ..BlobTaskOptions::small(0)
     })
     .unwrap();
     assert!(empty.is_empty());

@@ -1,11 +1,14 @@
-//! Seeded synthetic tasks: the `tolaria-reference` blobs and small images.
+//! Seeded synthetic tasks for fast tests: Gaussian blobs and small images.
+//!
+//! (The `tolaria-reference` benchmark task is not one of these: it is
+//! [`super::reference`](mod@super::reference)'s teacher-labelled generator.)
 //!
 //! Both generators draw every value from one [`SplitMix64`] stream in a fixed
 //! order, using only integer arithmetic, IEEE additions and multiplications,
 //! so the same options give bitwise identical tensors on every machine, and a
 //! different seed gives different data. Values are produced in `f64` and
 //! rounded once to `f32`. Labels cycle through the classes (`label of sample
-//! i = i % num_classes`), so the classes are balanced; shuffle with
+//! i = i % n_classes`), so the classes are balanced; shuffle with
 //! [`Dataset::shuffled`] or [`Dataset::batches`] when order matters.
 //!
 //! No normalisation is applied: the values are already centred near zero with
@@ -16,14 +19,11 @@ use tch::Tensor;
 #[cfg(doc)]
 use super::DataError;
 use super::limits::{
-    MAX_GRID, MAX_NUM_CLASSES, MAX_SAMPLES, MAX_SYNTHETIC_SCALE, MAX_SYNTHETIC_VALUES, at_most,
+    MAX_CLASSES, MAX_GRID, MAX_SAMPLES, MAX_SYNTHETIC_SCALE, MAX_SYNTHETIC_VALUES, at_most,
     checked_product, invalid_field, reserve,
 };
 use super::shuffle::SplitMix64;
 use super::{Dataset, Result, torch_error};
-
-/// Name of the data set [`reference_task`] returns.
-pub const REFERENCE_TASK_NAME: &str = "tolaria-reference";
 
 /// A Gaussian-blob classification task on feature vectors.
 ///
@@ -31,12 +31,13 @@ pub const REFERENCE_TASK_NAME: &str = "tolaria-reference";
 /// 1. class centres, class by class, feature by feature:
 ///    `centre[c][f] = uniform(-centre_range, centre_range)`;
 /// 2. samples in order, features in order:
-///    `x[i][f] = centre[i % num_classes][f] + noise_std * normal()`, where
+///    `x[i][f] = centre[i % n_classes][f] + noise_std * normal()`, where
 ///    `normal()` is [`SplitMix64::normal`] (unit variance, Irwin-Hall).
 ///
-/// With the reference settings (16 features, centres in `[-1, 1]`, noise 0.5)
-/// two centres are about 3.3 apart, over six noise standard deviations, so the
-/// classes are almost always linearly separable but not trivially so.
+/// With the [`BlobTaskOptions::small`] settings (16 features, centres in
+/// `[-1, 1]`, noise 0.5) two centres are about 3.3 apart, over six noise
+/// standard deviations, so the classes are almost always linearly separable
+/// but not trivially so.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BlobTaskOptions {
     /// Number of samples.
@@ -44,7 +45,7 @@ pub struct BlobTaskOptions {
     /// Features per sample.
     pub n_features: usize,
     /// Number of classes.
-    pub num_classes: usize,
+    pub n_classes: usize,
     /// Centres are drawn uniformly from `[-centre_range, centre_range)` per feature.
     pub centre_range: f64,
     /// Standard deviation of the noise around each centre.
@@ -54,13 +55,13 @@ pub struct BlobTaskOptions {
 }
 
 impl BlobTaskOptions {
-    /// The `tolaria-reference` workload: 16 samples x 16 features, 4 classes
-    /// (4 samples each), centres in `[-1, 1)`, noise 0.5.
-    pub fn reference(seed: u64) -> Self {
+    /// A small task for tests of hosts and slots: 16 samples x 16 features,
+    /// 4 classes (4 samples each), centres in `[-1, 1)`, noise 0.5.
+    pub fn small(seed: u64) -> Self {
         Self {
             n_samples: 16,
             n_features: 16,
-            num_classes: 4,
+            n_classes: 4,
             centre_range: 1.0,
             noise_std: 0.5,
             seed,
@@ -68,23 +69,11 @@ impl BlobTaskOptions {
     }
 }
 
-/// A task of the `tolaria-reference` shape as a [`Dataset`]:
-/// [`BlobTaskOptions::reference`], images `[16, 16]` `f32`, labels `[16]` in
-/// `0..4`, named `tolaria-reference`, for tests of hosts and slots.
-///
-/// The benchmark itself trains on `tolaria::data`'s generator (Box-Muller
-/// inputs labelled by a random linear teacher), which its Python peer
-/// reproduces bit for bit; the two share the [`super::shuffle::SplitMix64`]
-/// stream but not the sampling, so their values differ.
-pub fn reference_task(seed: u64) -> Result<Dataset> {
-    Ok(blob_task(&BlobTaskOptions::reference(seed))?.with_name(REFERENCE_TASK_NAME))
-}
-
 impl BlobTaskOptions {
     /// Checks every field, with checked arithmetic, before anything is
     /// allocated: `n_samples` at most [`MAX_SAMPLES`], `n_features` at least
-    /// 1, `num_classes` in `1..=`[`MAX_NUM_CLASSES`], `n_samples x n_features`
-    /// and `num_classes x n_features` at most [`MAX_SYNTHETIC_VALUES`],
+    /// 1, `n_classes` in `1..=`[`MAX_CLASSES`], `n_samples x n_features`
+    /// and `n_classes x n_features` at most [`MAX_SYNTHETIC_VALUES`],
     /// `centre_range` and `noise_std` finite in `[0, `[`MAX_SYNTHETIC_SCALE`]`]`.
     ///
     /// # Errors
@@ -97,10 +86,10 @@ impl BlobTaskOptions {
             OP,
             &[
                 ("n_features", self.n_features),
-                ("num_classes", self.num_classes),
+                ("n_classes", self.n_classes),
             ],
         )?;
-        at_most(OP, "num_classes", self.num_classes, MAX_NUM_CLASSES)?;
+        at_most(OP, "n_classes", self.n_classes, MAX_CLASSES)?;
         checked_product(
             OP,
             &[
@@ -112,7 +101,7 @@ impl BlobTaskOptions {
         checked_product(
             OP,
             &[
-                ("num_classes", self.num_classes),
+                ("n_classes", self.n_classes),
                 ("n_features", self.n_features),
             ],
             MAX_SYNTHETIC_VALUES,
@@ -138,7 +127,7 @@ pub fn blob_task(options: &BlobTaskOptions) -> Result<Dataset> {
     let BlobTaskOptions {
         n_samples,
         n_features,
-        num_classes,
+        n_classes,
         centre_range,
         noise_std,
         seed,
@@ -147,7 +136,7 @@ pub fn blob_task(options: &BlobTaskOptions) -> Result<Dataset> {
     // Both products were checked against MAX_SYNTHETIC_VALUES by validate().
     let n_centres = checked_product(
         OP,
-        &[("num_classes", num_classes), ("n_features", n_features)],
+        &[("n_classes", n_classes), ("n_features", n_features)],
         MAX_SYNTHETIC_VALUES,
     )?;
     let n_values = checked_product(
@@ -171,8 +160,8 @@ pub fn blob_task(options: &BlobTaskOptions) -> Result<Dataset> {
     Dataset::new(
         "synthetic-blobs",
         images,
-        cyclic_labels(OP, n_samples, num_classes)?,
-        num_classes,
+        cyclic_labels(OP, n_samples, n_classes)?,
+        n_classes,
     )
 }
 
@@ -182,7 +171,7 @@ pub fn blob_task(options: &BlobTaskOptions) -> Result<Dataset> {
 /// 1. one coarse `grid x grid` template per class and channel, class by class,
 ///    channel by channel, row-major: `uniform(-1, 1)`;
 /// 2. samples in order, then channel, row, column: `x[i][ch][y][x] =
-///    template[i % num_classes][ch][y * grid / height][x * grid / width] +
+///    template[i % n_classes][ch][y * grid / height][x * grid / width] +
 ///    noise_std * normal()`, i.e. the template upsampled by nearest neighbour
 ///    plus noise.
 ///
@@ -199,7 +188,7 @@ pub struct ImageTaskOptions {
     /// Image width, in pixels.
     pub width: usize,
     /// Number of classes.
-    pub num_classes: usize,
+    pub n_classes: usize,
     /// Side of the coarse template grid (`grid x grid` cells per channel).
     pub grid: usize,
     /// Standard deviation of the per-pixel noise.
@@ -217,7 +206,7 @@ impl ImageTaskOptions {
             channels: 1,
             height: 28,
             width: 28,
-            num_classes: 10,
+            n_classes: 10,
             grid: 4,
             noise_std: 0.5,
             seed,
@@ -232,7 +221,7 @@ impl ImageTaskOptions {
             channels: 3,
             height: 32,
             width: 32,
-            num_classes: 10,
+            n_classes: 10,
             grid: 4,
             noise_std: 0.5,
             seed,
@@ -243,10 +232,10 @@ impl ImageTaskOptions {
 impl ImageTaskOptions {
     /// Checks every field, with checked arithmetic, before anything is
     /// allocated: `n_samples` at most [`MAX_SAMPLES`]; `channels`, `height`,
-    /// `width`, `num_classes` and `grid` at least 1; `num_classes` at most
-    /// [`MAX_NUM_CLASSES`], `grid` at most [`MAX_GRID`]; the pixel count
+    /// `width`, `n_classes` and `grid` at least 1; `n_classes` at most
+    /// [`MAX_CLASSES`], `grid` at most [`MAX_GRID`]; the pixel count
     /// `n_samples x channels x height x width` and the template count
-    /// `num_classes x channels x grid x grid` at most
+    /// `n_classes x channels x grid x grid` at most
     /// [`MAX_SYNTHETIC_VALUES`]; `noise_std` finite in
     /// `[0, `[`MAX_SYNTHETIC_SCALE`]`]`.
     ///
@@ -262,11 +251,11 @@ impl ImageTaskOptions {
                 ("channels", self.channels),
                 ("height", self.height),
                 ("width", self.width),
-                ("num_classes", self.num_classes),
+                ("n_classes", self.n_classes),
                 ("grid", self.grid),
             ],
         )?;
-        at_most(OP, "num_classes", self.num_classes, MAX_NUM_CLASSES)?;
+        at_most(OP, "n_classes", self.n_classes, MAX_CLASSES)?;
         at_most(OP, "grid", self.grid, MAX_GRID)?;
         checked_product(
             OP,
@@ -281,7 +270,7 @@ impl ImageTaskOptions {
         checked_product(
             OP,
             &[
-                ("num_classes", self.num_classes),
+                ("n_classes", self.n_classes),
                 ("channels", self.channels),
                 ("grid", self.grid),
                 ("grid", self.grid),
@@ -306,7 +295,7 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
         channels,
         height,
         width,
-        num_classes,
+        n_classes,
         grid,
         noise_std,
         seed,
@@ -321,7 +310,7 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
     )?;
     let n_template_values = checked_product(
         OP,
-        &[("num_classes", num_classes), ("template", template_len)],
+        &[("n_classes", n_classes), ("template", template_len)],
         MAX_SYNTHETIC_VALUES,
     )?;
     let n_pixels = checked_product(
@@ -368,15 +357,15 @@ pub fn image_task(options: &ImageTaskOptions) -> Result<Dataset> {
     Dataset::new(
         "synthetic-images",
         images,
-        cyclic_labels(OP, n_samples, num_classes)?,
-        num_classes,
+        cyclic_labels(OP, n_samples, n_classes)?,
+        n_classes,
     )
 }
 
-fn cyclic_labels(op: &'static str, n_samples: usize, num_classes: usize) -> Result<Tensor> {
+fn cyclic_labels(op: &'static str, n_samples: usize, n_classes: usize) -> Result<Tensor> {
     let mut labels: Vec<i64> = reserve(op, "labels", n_samples)?;
     // Both bounded by validate(): the values fit an i64.
-    labels.extend((0..n_samples).map(|sample| sample.checked_rem(num_classes).unwrap_or(0) as i64));
+    labels.extend((0..n_samples).map(|sample| sample.checked_rem(n_classes).unwrap_or(0) as i64));
     Tensor::f_from_slice(&labels).map_err(torch_error(op))
 }
 

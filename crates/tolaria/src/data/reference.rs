@@ -1,9 +1,11 @@
-//! The synthetic `tolaria-reference` data set and its microbatch layout.
+//! The `tolaria-reference` task (the only one of that name) and its packed
+//! microbatch layout, the staging format of the reference fast path.
 //!
-//! Samples are drawn from a seeded SplitMix64 stream (Box-Muller normals), and
-//! labels come from a random linear teacher, so the task is learnable by the
-//! linear host. `bench/python/tolaria_reference.py` implements the same
-//! generator, so Rust and Python train on the same numbers.
+//! Samples are drawn from a seeded [`SplitMix64`] stream (Box-Muller normals),
+//! and labels come from a random linear teacher, so the task is learnable by
+//! the linear host. Both sets are [`Dataset`]s like every other data set.
+//! `bench/python/tolaria_reference.py` implements the same generator, so
+//! Rust and Python train on the same numbers.
 //!
 //! Each microbatch is packed into one contiguous block of `f32`s, so staging a
 //! whole epoch is a single host-to-device transfer and every tensor a step
@@ -17,10 +19,14 @@
 //! with respect to the log-probabilities; `inputs` carries a constant 1 column
 //! so that weight and bias are one `[C, F + 1]` matrix.
 
-use kasmina::data::shuffle::SplitMix64;
-
-use crate::config::{MAX_CLASSES, MAX_FEATURES, MAX_PACKED_VALUES, MAX_SAMPLES, TrainerConfig};
+use super::Dataset;
+use super::shuffle::SplitMix64;
+use crate::config::{MAX_PACKED_VALUES, TrainerConfig};
 use crate::error::{Result, TolariaError};
+
+/// Name of the task; its sets are named `tolaria-reference/train` and
+/// `tolaria-reference/validation`.
+pub const REFERENCE_TASK_NAME: &str = "tolaria-reference";
 
 /// A standard normal draw by Box-Muller (cosine branch only), the form the
 /// Python peer reproduces bit for bit.
@@ -30,138 +36,15 @@ fn box_muller_normal(rng: &mut SplitMix64) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-/// Labelled samples of the reference task.
-///
-/// Built only through [`LabelledSet::new`], which checks that the inputs
-/// hold exactly `n_features` finite values per label and every label is a
-/// class index, so a packed epoch never holds a fake one-hot row (a label out
-/// of range would train towards nothing and read as a loss of 0).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LabelledSet {
-    inputs: Vec<f32>,
-    labels: Vec<usize>,
-    n_features: usize,
-    n_classes: usize,
-}
-
-impl LabelledSet {
-    /// A set of `labels.len()` samples: row-major `[n, n_features]` inputs
-    /// and one class index in `0..n_classes` per sample.
-    ///
-    /// # Errors
-    /// [`TolariaError::InvalidData`] when `n_features` lies outside
-    /// `1..=`[`MAX_FEATURES`], `n_classes` outside `2..=`[`MAX_CLASSES`],
-    /// there are more than [`MAX_SAMPLES`] samples, or `inputs.len()` is not
-    /// `labels.len() x n_features` (checked arithmetic);
-    /// [`TolariaError::LabelOutOfRange`] for the first label of `n_classes`
-    /// or more; [`TolariaError::NonFiniteInput`] for the first NaN or
-    /// infinite input.
-    pub fn new(
-        inputs: Vec<f32>,
-        labels: Vec<usize>,
-        n_features: usize,
-        n_classes: usize,
-    ) -> Result<LabelledSet> {
-        let invalid =
-            |field: &'static str, reason: String| TolariaError::InvalidData { field, reason };
-        if !(1..=MAX_FEATURES).contains(&n_features) {
-            return Err(invalid(
-                "n_features",
-                format!("{n_features} is outside 1..={MAX_FEATURES}"),
-            ));
-        }
-        if !(2..=MAX_CLASSES).contains(&n_classes) {
-            return Err(invalid(
-                "n_classes",
-                format!("{n_classes} is outside 2..={MAX_CLASSES}"),
-            ));
-        }
-        if labels.len() > MAX_SAMPLES {
-            return Err(invalid(
-                "labels",
-                format!("{} samples, above the bound of {MAX_SAMPLES}", labels.len()),
-            ));
-        }
-        if labels.len().checked_mul(n_features) != Some(inputs.len()) {
-            return Err(invalid(
-                "inputs",
-                format!(
-                    "{} values for {} labels of {n_features} features",
-                    inputs.len(),
-                    labels.len()
-                ),
-            ));
-        }
-        if let Some((index, &label)) = labels
-            .iter()
-            .enumerate()
-            .find(|&(_, &label)| label >= n_classes)
-        {
-            return Err(TolariaError::LabelOutOfRange {
-                index,
-                label,
-                n_classes,
-            });
-        }
-        if let Some((position, &value)) = inputs
-            .iter()
-            .enumerate()
-            .find(|&(_, value)| !value.is_finite())
-        {
-            return Err(TolariaError::NonFiniteInput {
-                sample: position.checked_div(n_features).unwrap_or(position),
-                feature: position.checked_rem(n_features).unwrap_or(0),
-                value,
-            });
-        }
-        Ok(LabelledSet {
-            inputs,
-            labels,
-            n_features,
-            n_classes,
-        })
-    }
-
-    /// Row-major `[n, n_features]` inputs.
-    pub fn inputs(&self) -> &[f32] {
-        &self.inputs
-    }
-
-    /// Class index per sample.
-    pub fn labels(&self) -> &[usize] {
-        &self.labels
-    }
-
-    /// Features per sample.
-    pub fn n_features(&self) -> usize {
-        self.n_features
-    }
-
-    /// Number of classes (labels lie in `0..n_classes`).
-    pub fn n_classes(&self) -> usize {
-        self.n_classes
-    }
-
-    /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    /// Whether the set holds no sample.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-}
-
 /// Training and validation sets of the reference task, plus the initial
 /// parameters (drawn from their own stream so they do not depend on the data
 /// size).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ReferenceData {
-    /// Training samples.
-    pub train: LabelledSet,
-    /// Validation samples.
-    pub validation: LabelledSet,
+    /// Training samples, `[n_samples, n_features]` on the CPU.
+    pub train: Dataset,
+    /// Validation samples, `[n_validation_samples, n_features]` on the CPU.
+    pub validation: Dataset,
     /// Initial `[C, F + 1]` parameters (weight columns then the bias column),
     /// uniform in `±1/sqrt(F)` like `torch.nn.Linear`'s default.
     pub initial_parameters: Vec<f32>,
@@ -175,7 +58,8 @@ impl ReferenceData {
     ///
     /// # Errors
     /// [`TrainerConfig::validate`]'s errors, checked before anything is
-    /// allocated, so every size below is bounded.
+    /// allocated, so every size below is bounded; [`TolariaError::Data`] if
+    /// libtorch cannot hold the sets.
     pub fn generate(config: &TrainerConfig) -> Result<ReferenceData> {
         config.validate()?;
         let (n_features, n_classes) = (config.n_features, config.n_classes);
@@ -191,23 +75,25 @@ impl ReferenceData {
         let teacher: Vec<f64> = (0..product(n_features, n_classes)?)
             .map(|_| box_muller_normal(&mut rng))
             .collect();
-        let mut draw = |n: usize| {
+        let mut draw = |n: usize, part: &str| -> Result<Dataset> {
             let inputs: Vec<f64> = (0..product(n, n_features)?)
                 .map(|_| box_muller_normal(&mut rng))
                 .collect();
-            let labels = inputs
+            let labels: Vec<i64> = inputs
                 .chunks_exact(n_features)
                 .map(|row| teacher_label(row, &teacher, n_classes))
                 .collect();
-            LabelledSet::new(
-                inputs.iter().map(|&value| value as f32).collect(),
-                labels,
+            let features: Vec<f32> = inputs.iter().map(|&value| value as f32).collect();
+            Ok(Dataset::from_rows(
+                format!("{REFERENCE_TASK_NAME}/{part}"),
+                &features,
+                &labels,
                 n_features,
                 n_classes,
-            )
+            )?)
         };
-        let train = draw(config.n_samples)?;
-        let validation = draw(config.n_validation_samples)?;
+        let train = draw(config.n_samples, "train")?;
+        let validation = draw(config.n_validation_samples, "validation")?;
         let mut init_rng = SplitMix64::new(config.seed ^ INIT_STREAM);
         let bound = 1.0 / (n_features as f64).sqrt();
         let initial_parameters = (0..product(n_classes, n_features.saturating_add(1))?)
@@ -222,12 +108,13 @@ impl ReferenceData {
 }
 
 /// Arg-max of `row · teacher[:, c]` (teacher is row-major `[F, C]`).
-fn teacher_label(row: &[f64], teacher: &[f64], n_classes: usize) -> usize {
+fn teacher_label(row: &[f64], teacher: &[f64], n_classes: usize) -> i64 {
     let mut best = (0, f64::NEG_INFINITY);
-    for class in 0..n_classes {
+    // n_classes <= MAX_CLASSES (validated): every class fits an i64.
+    for class in 0..n_classes as i64 {
         let score: f64 = row
             .iter()
-            .zip(teacher.iter().skip(class).step_by(n_classes))
+            .zip(teacher.iter().skip(class as usize).step_by(n_classes))
             .map(|(value, weight)| value * weight)
             .sum();
         if score > best.1 {
@@ -282,13 +169,35 @@ pub struct PackedEpoch {
     pub spans: Vec<MicrobatchSpan>,
 }
 
-/// Packs `set` into microbatches of `batch_size` (the last may be smaller).
+/// Features per sample of a tabular set (its samples are `[F]`, `F >= 1`).
 ///
 /// # Errors
-/// [`TolariaError::InvalidData`] for a `batch_size` of 0, or a packed buffer
-/// above [`MAX_PACKED_VALUES`] `f32`s (checked before allocating).
-pub fn pack_epoch(set: &LabelledSet, batch_size: usize) -> Result<PackedEpoch> {
-    let (n_features, n_classes) = (set.n_features, set.n_classes);
+/// [`TolariaError::InvalidData`] naming `images` for any other sample shape.
+pub fn tabular_features(set: &Dataset) -> Result<usize> {
+    match set.sample_shape().as_slice() {
+        &[features] if features > 0 => Ok(usize::try_from(features).unwrap_or(usize::MAX)),
+        shape => Err(TolariaError::InvalidData {
+            field: "images",
+            reason: format!(
+                "{} has samples of shape {shape:?}; the packed layout needs [n_features] rows",
+                set.name()
+            ),
+        }),
+    }
+}
+
+/// Packs `set` into microbatches of `batch_size` (the last may be smaller).
+///
+/// Reads the set back to host memory once (staging happens before the
+/// epochs, never inside one).
+///
+/// # Errors
+/// [`TolariaError::InvalidData`] for a `batch_size` of 0, samples that are
+/// not `[n_features]` rows ([`tabular_features`]), or a packed buffer above
+/// [`MAX_PACKED_VALUES`] `f32`s (checked before allocating);
+/// [`TolariaError::Data`] when the readback fails.
+pub fn pack_epoch(set: &Dataset, batch_size: usize) -> Result<PackedEpoch> {
+    let (n_features, n_classes) = (tabular_features(set)?, set.n_classes());
     if batch_size == 0 {
         return Err(TolariaError::InvalidData {
             field: "batch_size",
@@ -305,15 +214,18 @@ pub fn pack_epoch(set: &LabelledSet, batch_size: usize) -> Result<PackedEpoch> {
                 set.len()
             ),
         })?;
+    let inputs = set.features_to_vec()?;
+    // Labels were checked to lie in 0..n_classes when the set was built.
+    let labels: Vec<usize> = set
+        .labels_to_vec()?
+        .into_iter()
+        .map(|label| usize::try_from(label).unwrap_or(usize::MAX))
+        .collect();
     let mut values = Vec::with_capacity(total);
     let mut spans = Vec::with_capacity(set.len().div_ceil(batch_size));
     // Both chunkings yield the same number of chunks: inputs.len() == len x F.
     let input_rows = batch_size.saturating_mul(n_features);
-    for (labels, inputs) in set
-        .labels
-        .chunks(batch_size)
-        .zip(set.inputs.chunks(input_rows))
-    {
+    for (labels, inputs) in labels.chunks(batch_size).zip(inputs.chunks(input_rows)) {
         let batch = labels.len();
         spans.push(MicrobatchSpan {
             offset: values.len(),
@@ -340,7 +252,7 @@ mod tests {
 
     #[test]
     fn packing_lays_out_seed_onehot_and_inputs() {
-        let set = LabelledSet::new(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], vec![1, 0, 1], 2, 2)
+        let set = Dataset::from_rows("t", &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[1, 0, 1], 2, 2)
             .expect("a valid set");
         let packed = pack_epoch(&set, 2).expect("packs");
         assert_eq!(
@@ -370,21 +282,35 @@ mod tests {
     #[test]
     fn reference_data_is_seeded_and_uses_every_class() {
         let config = TrainerConfig::reference();
+        let host = |data: &ReferenceData| {
+            (
+                data.train.features_to_vec().expect("train features"),
+                data.train.labels_to_vec().expect("train labels"),
+                data.validation
+                    .features_to_vec()
+                    .expect("validation features"),
+                data.validation.labels_to_vec().expect("validation labels"),
+                data.initial_parameters.clone(),
+            )
+        };
         let first = ReferenceData::generate(&config).expect("reference data");
         assert_eq!(
-            first,
-            ReferenceData::generate(&config).expect("reference data")
+            host(&first),
+            host(&ReferenceData::generate(&config).expect("reference data"))
         );
+        assert_eq!(first.train.name(), "tolaria-reference/train");
+        assert_eq!(first.train.sample_shape(), vec![16]);
         let other = ReferenceData::generate(&TrainerConfig {
             seed: config.seed + 1,
             ..config.clone()
         })
         .expect("reference data");
-        assert_ne!(first.train.inputs(), other.train.inputs());
+        assert_ne!(host(&first).0, host(&other).0);
+        let (_, train_labels, _, validation_labels, _) = host(&first);
         let mut seen = [false; 4];
-        for &label in first.train.labels().iter().chain(first.validation.labels()) {
-            seen[label] = true;
+        for &label in train_labels.iter().chain(&validation_labels) {
+            seen[label as usize] = true;
         }
-        assert_eq!(seen, [true; 4], "labels {:?}", first.train.labels);
+        assert_eq!(seen, [true; 4], "labels {train_labels:?}");
     }
 }

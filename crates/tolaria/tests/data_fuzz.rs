@@ -15,11 +15,11 @@ use std::time::Instant;
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use kasmina::data::FormatError;
-use kasmina::data::cifar10::{self, NUM_CLASSES, PIXELS_PER_IMAGE, RECORD_SIZE};
-use kasmina::data::idx::{self, IdxArray};
-use kasmina::data::limits::{MAX_IDX_BYTES, MAX_IDX_RANK};
-use kasmina::data::shuffle::SplitMix64;
+use tolaria::data::FormatError;
+use tolaria::data::cifar10::{self, N_CLASSES, PIXELS_PER_IMAGE, RECORD_SIZE};
+use tolaria::data::idx::{self, IdxArray};
+use tolaria::data::limits::{MAX_IDX_BYTES, MAX_IDX_RANK};
+use tolaria::data::shuffle::SplitMix64;
 
 /// Inputs per reader (raw IDX, gzipped IDX, CIFAR-10 records).
 const RAW_IDX_INPUTS: usize = 500_000;
@@ -211,7 +211,7 @@ fn readers_survive_hundreds_of_thousands_of_hostile_inputs() {
                     records
                         .labels()
                         .iter()
-                        .all(|&label| usize::from(label) < NUM_CLASSES)
+                        .all(|&label| usize::from(label) < N_CLASSES)
                 );
             }
         });

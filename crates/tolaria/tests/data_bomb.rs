@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
-use kasmina::data::fashion_mnist::{self, FashionMnistOptions};
-use kasmina::data::{DataError, FormatError};
+use tolaria::data::fashion_mnist::{self, FashionMnistOptions};
+use tolaria::data::{DataError, FormatError};
 
 /// The system allocator, counting live bytes and their peak.
 struct PeakCounting;

@@ -38,7 +38,7 @@ pub const TRAIN_FILES: [&str; 5] = [
 /// Test file.
 pub const TEST_FILE: &str = "test_batch.bin";
 /// Number of classes.
-pub const NUM_CLASSES: usize = 10;
+pub const N_CLASSES: usize = 10;
 /// Channels, height and width of an image.
 pub const IMAGE_SHAPE: [usize; 3] = [3, 32, 32];
 /// Pixel bytes per image.
@@ -46,7 +46,7 @@ pub const PIXELS_PER_IMAGE: usize = 3 * 32 * 32;
 /// Bytes per record: the label byte plus the pixels.
 pub const RECORD_SIZE: usize = 1 + PIXELS_PER_IMAGE;
 /// Class names, indexed by label.
-pub const CLASS_NAMES: [&str; NUM_CLASSES] = [
+pub const CLASS_NAMES: [&str; N_CLASSES] = [
     "airplane",
     "automobile",
     "bird",
@@ -184,7 +184,7 @@ pub fn load_files(name: &str, paths: &[PathBuf], normalisation: &Normalisation) 
 ///
 /// Produced only by [`parse_records`] and [`Cifar10Records::append`], so
 /// `pixels().len() == labels().len() * PIXELS_PER_IMAGE` and every label is
-/// below [`NUM_CLASSES`].
+/// below [`N_CLASSES`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Cifar10Records {
     labels: Vec<u8>,
@@ -250,12 +250,12 @@ impl Cifar10Records {
             .clone()
             .filter_map(|record| record.first())
             .enumerate()
-            .find(|&(_, &label)| usize::from(label) >= NUM_CLASSES)
+            .find(|&(_, &label)| usize::from(label) >= N_CLASSES)
         {
             return Err(FormatError::LabelOutOfRange {
                 sample,
                 label,
-                num_classes: NUM_CLASSES,
+                n_classes: N_CLASSES,
             });
         }
         let n_records = bytes.len().checked_div(RECORD_SIZE).unwrap_or(0);
@@ -331,5 +331,5 @@ fn read_batches(
     drop(records);
     let images = bytes_to_normalised_f32(&bytes, normalisation)?;
     let labels = Tensor::f_from_slice(&labels).map_err(torch_error(OP))?;
-    Dataset::new(name, images, labels, NUM_CLASSES)
+    Dataset::new(name, images, labels, N_CLASSES)
 }
