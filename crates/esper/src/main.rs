@@ -8,6 +8,8 @@
 //! `nissa::bench::run_emit`, `kasmina::bench::run_prefetch`); this binary
 //! parses the command line ([`args`]), probes the machine ([`probe`]), builds
 //! the record and writes it ([`record`]), then prints a table ([`table`]).
+//! It holds no measuring code, and the library crates neither probe the
+//! machine nor write records: those two jobs are this binary's alone.
 //!
 //! ```text
 //! esper bench <workload> --out PATH.json [--label LABEL] [--quick] [workload options]
