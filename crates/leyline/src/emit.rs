@@ -249,6 +249,17 @@ impl Collector {
             .collect()
     }
 
+    /// Every metric named `name` (with its unit and attributes), in emission
+    /// order.
+    pub fn metrics_named(&self, name: &str) -> Vec<TelemetryMetric> {
+        self.store()
+            .iter()
+            .flat_map(|packet| packet.metrics.iter())
+            .filter(|metric| metric.name == name)
+            .cloned()
+            .collect()
+    }
+
     /// Every value of the metric `name`, in emission order.
     pub fn metric_values(&self, name: &str) -> Vec<f64> {
         self.store()
@@ -451,6 +462,10 @@ mod tests {
             [0.1, 0.2]
         );
         assert!(collector.metric_values("not.there").is_empty());
+        let alphas = collector.metrics_named(names::KASMINA_SEED_ALPHA);
+        assert_eq!(alphas.len(), 2);
+        assert!(alphas.iter().all(|metric| metric.unit == "ratio"));
+        assert!(collector.metrics_named("not.there").is_empty());
         let expected: BTreeSet<String> = [
             names::KASMINA_SEED_ALPHA,
             names::KASMINA_SEED_GERMINATED,
