@@ -11,12 +11,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use leyline::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry, percentile};
+use leyline::{Collector, Telemetry};
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, TrainerConfig};
 use crate::error::{Result, TolariaError};
-use crate::telemetry::CollectingSink;
 use crate::trainer::Trainer;
 
 /// Workload name in records.
@@ -247,8 +247,8 @@ fn run_variant(
     options: &BenchOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(BTreeMap<String, f64>, BTreeSet<String>)> {
-    let sink = CollectingSink::new();
-    let mut trainer = Trainer::with_telemetry(config.clone(), Box::new(sink.clone()))?;
+    let sink = Collector::new();
+    let mut trainer = Trainer::with_telemetry(config.clone(), Telemetry::new(sink.clone()))?;
     // After the trainer exists: the caching allocator refuses to reset the
     // statistics of a device it has not initialised yet. The peak then starts
     // from what the trainer holds (parameters, data, buffers).
@@ -330,7 +330,7 @@ fn run_variant(
     put(
         "graph_fallback_events",
         Some(
-            sink.events(leyline::telemetry::TOLARIA_GRAPH_FALLBACK)
+            sink.events_named(leyline::telemetry::TOLARIA_GRAPH_FALLBACK)
                 .len() as f64,
         ),
     );

@@ -12,15 +12,15 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
+use leyline::event;
 use leyline::proto::TelemetryEvent;
-use leyline::telemetry::{self as names, TelemetryLevel};
+use leyline::telemetry as names;
 use tch::{Device, Kind, Tensor};
 use torch_ext::{CudaEvent, CudaGraph, CudaStream, GraphPool};
 
 use crate::config::{MatmulPrecision, PrecisionConfig};
 use crate::error::{Result, TorchResultExt};
 use crate::step::{LinearCeState, StepViews};
-use crate::telemetry::event;
 
 /// Applies TF32 and matmul-precision settings (process-wide; call once).
 pub fn apply_precision(precision: &PrecisionConfig) -> Result<()> {
@@ -308,9 +308,8 @@ impl StepGraphs {
                 graph.replay()?;
                 events.push(event(
                     names::TOLARIA_GRAPH_ENABLED,
-                    TelemetryLevel::Info,
                     "training step captured as a CUDA graph",
-                    &[
+                    [
                         ("capture_ms", format!("{capture_ms:.3}")),
                         ("shape", format!("{:?}", views.shape())),
                         ("mode", "graph-step".to_owned()),
@@ -430,9 +429,8 @@ impl EpochGraph {
                 graph.replay()?;
                 events.push(event(
                     names::TOLARIA_GRAPH_ENABLED,
-                    TelemetryLevel::Info,
                     "training epoch captured as one CUDA graph",
-                    &[
+                    [
                         ("capture_ms", format!("{capture_ms:.3}")),
                         ("steps", views.len().to_string()),
                         ("mode", "graph-epoch".to_owned()),
@@ -456,8 +454,7 @@ impl EpochGraph {
 fn fallback_event(reason: &str) -> TelemetryEvent {
     event(
         names::TOLARIA_GRAPH_FALLBACK,
-        TelemetryLevel::Warning,
         "graph mode fell back to eager",
-        &[("reason", reason.to_owned())],
+        [("reason", reason.to_owned())],
     )
 }

@@ -18,7 +18,8 @@
 //!   on device-resident parameters, momentum and metric accumulators.
 //! - [`graph`]: streams, events, step/epoch graph capture and fallback.
 //! - [`trainer`]: [`Trainer`], its epochs, validation and telemetry.
-//! - [`telemetry`]: where packets go ([`TelemetryOut`]).
+//! - [`telemetry`]: the trainer's packets; they leave through the
+//!   [`leyline::Telemetry`] handle given to [`Trainer::with_telemetry`].
 //! - [`bench`](mod@bench): the `tolaria-reference` benchmark behind `esper bench`.
 //!
 //! GPU-only paths compile everywhere; on a machine without CUDA the graph
@@ -56,5 +57,4 @@ pub use config::{
     TrainerConfig,
 };
 pub use error::{Result, TolariaError};
-pub use telemetry::{CollectingSink, NullSink, TelemetryOut};
 pub use trainer::{EpochReport, Trainer, ValidationReport};

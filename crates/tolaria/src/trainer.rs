@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use leyline::proto::TelemetryPacket;
 use leyline::telemetry::{self as names, TelemetryLevel};
+use leyline::{Telemetry, metric};
 use serde::Serialize;
 use tch::{Device, Tensor};
 use torch_ext::CudaGraph;
@@ -26,7 +26,7 @@ use crate::error::{Result, TolariaError, TorchResultExt};
 use crate::graph::{self, CudaContext, EpochGraph, StepGraphs};
 use crate::placement::{self, EpochData, place_training_set};
 use crate::step::{LinearCeState, StepViews};
-use crate::telemetry::{self, CollectingSink, TelemetryOut};
+use crate::telemetry;
 
 /// What one training epoch did and how long it took.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -82,7 +82,7 @@ pub struct Trainer {
     cuda: Option<CudaContext>,
     step_graphs: StepGraphs,
     epoch_graph: EpochGraph,
-    telemetry: Box<dyn TelemetryOut>,
+    telemetry: Telemetry,
     epochs_done: usize,
 }
 
@@ -98,20 +98,18 @@ impl std::fmt::Debug for Trainer {
 }
 
 impl Trainer {
-    /// A trainer for `config` that keeps its telemetry in memory.
+    /// A trainer for `config` without telemetry ([`Telemetry::disabled`]).
     pub fn new(config: TrainerConfig) -> Result<Trainer> {
-        Trainer::with_telemetry(config, Box::new(CollectingSink::new()))
+        Trainer::with_telemetry(config, Telemetry::disabled())
     }
 
-    /// A trainer for `config` that emits to `telemetry`.
+    /// A trainer for `config` that emits to `telemetry` (a Nissa hub's
+    /// `nissa::Hub::telemetry()`, a [`leyline::Collector`], ...).
     ///
     /// Applies the precision settings, generates the data, places it, and on
     /// CUDA creates the compute and staging streams, events and graph pool.
     /// Graph modes on the CPU return [`TolariaError::CudaRequired`].
-    pub fn with_telemetry(
-        config: TrainerConfig,
-        telemetry: Box<dyn TelemetryOut>,
-    ) -> Result<Trainer> {
+    pub fn with_telemetry(config: TrainerConfig, telemetry: Telemetry) -> Result<Trainer> {
         config.validate()?;
         let device = torch_ext::device::select(config.device)?;
         if config.mode.uses_graphs() && !device.is_cuda() {
@@ -455,10 +453,10 @@ impl Trainer {
             accuracy: f64::from(correct) / samples,
             elapsed_ms,
         };
-        self.telemetry.emit(
-            TelemetryPacket::new(telemetry::SOURCE, TelemetryLevel::Info).with_metric(
-                telemetry::metric(names::TOLARIA_VALIDATION_LATENCY_MS, elapsed_ms),
-            ),
+        self.telemetry.emit_metrics(
+            telemetry::SOURCE,
+            TelemetryLevel::Info,
+            [metric(names::TOLARIA_VALIDATION_LATENCY_MS, elapsed_ms)],
         );
         if !report.loss.is_finite() {
             return Err(TolariaError::NonFiniteLoss {
@@ -542,7 +540,7 @@ impl Trainer {
             ExecutionMode::GraphStep => Some(self.step_graphs.warmup_remaining()),
         };
         self.telemetry
-            .emit(telemetry::epoch_packet(report, warmup_remaining, events));
+            .emit_packet(telemetry::epoch_packet(report, warmup_remaining, events));
     }
 
     /// The telemetry names this trainer's packets use (for records).

@@ -5,11 +5,10 @@
 //! closure is an error.
 
 use leyline::telemetry as names;
+use leyline::{Collector, Telemetry};
 use tolaria::data::{Dataset, MicrobatchSpan, ReferenceData, pack_epoch};
 use tolaria::step::{LinearCeState, StepViews};
-use tolaria::{
-    CollectingSink, DataPlacement, DeviceChoice, ExecutionMode, StepKind, Trainer, TrainerConfig,
-};
+use tolaria::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, Trainer, TrainerConfig};
 use torch_ext::cuda::SyncDebugMode;
 
 fn cuda_or_skip(test: &str) -> bool {
@@ -126,20 +125,20 @@ fn a_new_batch_shape_falls_back_to_eager_with_telemetry() -> anyhow::Result<()> 
     labels.extend_from_slice(&reference.validation.labels_to_vec()?[..2]);
     let eighteen = Dataset::from_rows("eighteen", &inputs, &labels, 16, 4)?;
     for mode in [ExecutionMode::GraphStep, ExecutionMode::GraphEpoch] {
-        let sink = CollectingSink::new();
+        let sink = Collector::new();
         let mut trainer =
-            Trainer::with_telemetry(config(mode, StepKind::Fused), Box::new(sink.clone()))?;
+            Trainer::with_telemetry(config(mode, StepKind::Fused), Telemetry::new(sink.clone()))?;
         trainer.train(3)?;
-        let enabled = sink.events(names::TOLARIA_GRAPH_ENABLED);
+        let enabled = sink.events_named(names::TOLARIA_GRAPH_ENABLED);
         assert_eq!(enabled.len(), 1, "{mode:?}: one capture");
         let capture_ms: f64 = enabled[0].attributes["capture_ms"].parse()?;
         assert!(capture_ms > 0.0);
-        assert!(sink.events(names::TOLARIA_GRAPH_FALLBACK).is_empty());
+        assert!(sink.events_named(names::TOLARIA_GRAPH_FALLBACK).is_empty());
 
         trainer.replace_training_set(&eighteen, 4)?;
         let report = trainer.train_epoch()?;
         assert!(report.loss.is_finite());
-        let fallbacks = sink.events(names::TOLARIA_GRAPH_FALLBACK);
+        let fallbacks = sink.events_named(names::TOLARIA_GRAPH_FALLBACK);
         assert_eq!(fallbacks.len(), 1, "{mode:?}: {fallbacks:?}");
         assert!(
             fallbacks[0].attributes["reason"].contains("unseen"),
@@ -159,7 +158,7 @@ fn a_new_batch_shape_falls_back_to_eager_with_telemetry() -> anyhow::Result<()> 
         }
         // Reported once per new shape, not every epoch.
         trainer.train_epoch()?;
-        assert_eq!(sink.events(names::TOLARIA_GRAPH_FALLBACK).len(), 1);
+        assert_eq!(sink.events_named(names::TOLARIA_GRAPH_FALLBACK).len(), 1);
     }
     Ok(())
 }

@@ -4,10 +4,10 @@
 //! errors.
 
 use leyline::telemetry as names;
+use leyline::{Collector, Telemetry};
 use tolaria::data::{Dataset, ReferenceData};
 use tolaria::{
-    CollectingSink, DataPlacement, DeviceChoice, ExecutionMode, StepKind, TolariaError, Trainer,
-    TrainerConfig,
+    DataPlacement, DeviceChoice, ExecutionMode, StepKind, TolariaError, Trainer, TrainerConfig,
 };
 
 fn cpu_config() -> TrainerConfig {
@@ -156,8 +156,8 @@ fn invalid_configurations_are_refused() {
 
 #[test]
 fn every_epoch_emits_latency_and_graph_state_telemetry() -> anyhow::Result<()> {
-    let sink = CollectingSink::new();
-    let mut trainer = Trainer::with_telemetry(cpu_config(), Box::new(sink.clone()))?;
+    let sink = Collector::new();
+    let mut trainer = Trainer::with_telemetry(cpu_config(), Telemetry::new(sink.clone()))?;
     let reports = trainer.train(3)?;
     let latencies = sink.metric_values(names::TOLARIA_TRAINING_LATENCY_MS);
     let reported: Vec<f64> = reports.iter().map(|report| report.epoch_ms).collect();
@@ -166,7 +166,7 @@ fn every_epoch_emits_latency_and_graph_state_telemetry() -> anyhow::Result<()> {
         sink.metric_values(names::TOLARIA_TRAIN_GRAPH_ENABLED),
         vec![0.0; 3]
     );
-    assert!(sink.events(names::TOLARIA_GRAPH_FALLBACK).is_empty());
+    assert!(sink.events_named(names::TOLARIA_GRAPH_FALLBACK).is_empty());
     // Staging is a CUDA concept: nothing is timed on the CPU.
     assert!(sink.metric_values(names::TOLARIA_H2D_COPY_MS).is_empty());
     assert!(reports.iter().all(|report| report.h2d_ms.is_none()));
@@ -200,7 +200,7 @@ fn a_replaced_training_set_with_a_partial_last_batch_trains() -> anyhow::Result<
 fn epochs_reach_a_nissa_hub() -> anyhow::Result<()> {
     let memory = nissa::MemorySink::new();
     let hub = nissa::Hub::builder().sink(memory.clone()).build()?;
-    let mut trainer = Trainer::with_telemetry(cpu_config(), Box::new(hub.clone()))?;
+    let mut trainer = Trainer::with_telemetry(cpu_config(), hub.telemetry())?;
     trainer.train(2)?;
     let flushed = hub.flush(std::time::Duration::from_secs(5));
     assert!(flushed.is_complete(), "{flushed:?}");
