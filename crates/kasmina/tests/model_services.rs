@@ -329,7 +329,7 @@ fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
         .sink(memory.clone())
         .build()
         .expect("hub");
-    let mut model = tiny_model(LifecycleTelemetry::from_hub(hub.clone()));
+    let mut model = tiny_model(hub.telemetry());
     to_training(&mut model, R0C0, "norm", "doomed");
     model
         .prune(R0C0, "policy_choice", PruneInitiator::Policy)
