@@ -7,6 +7,12 @@
 //! active seed runs exactly the host's plain forward. Lifecycle calls are
 //! addressed by slot id and delegate to [`SeedSlot`].
 //!
+//! The model owns no optimizer: [`MorphogeneticModel::parameter_groups`]
+//! lists the host's group and one per live seed, and
+//! [`MorphogeneticModel::drain_group_events`] says which groups appeared or
+//! went since the last call (see [`crate::groups`]); the trainer builds and
+//! drops optimizer state from those.
+//!
 //! Bad input: the slot configuration is checked once when the model is built
 //! ([`SlotConfig::validate`]); the input's shape is checked by the host
 //! before libtorch sees it; more alpha overrides than slots are an error;
@@ -19,28 +25,19 @@ use tch::{Device, Tensor};
 
 use crate::blueprint::SeedModule;
 use crate::gate::GateOutcome;
+use crate::groups::{GroupEvent, GroupKey, ParamGroup};
 use crate::host::{Host, SlotId};
+use crate::lifecycle::{GerminationOptions, PruneInitiator, PruneSchedule, SlotConfig};
 use crate::masks::{SeedMasks, trainable_parameters};
-use crate::slot::{
-    GerminationOptions, PruneInitiator, PruneSchedule, SeedSlot, SlotConfig, gradient_norm,
-};
+use crate::slot::{SeedSlot, gradient_norm};
 use crate::telemetry::LifecycleTelemetry;
 use crate::{Error, Result};
-
-/// Who owns a parameter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ParameterOwner {
-    /// The host network.
-    Host,
-    /// The seed in this slot.
-    Seed(SlotId),
-}
 
 /// One parameter in the model's documented order (see [`crate::masks`]).
 #[derive(Debug)]
 pub struct NamedParameter {
-    /// Owner.
-    pub owner: ParameterOwner,
+    /// The group the parameter belongs to.
+    pub group: GroupKey,
     /// `VarStore` name.
     pub name: String,
     /// The variable (a shallow handle).
@@ -78,6 +75,8 @@ pub struct MorphogeneticModel {
     host: Box<dyn Host>,
     slots: Vec<SeedSlot>,
     telemetry: LifecycleTelemetry,
+    /// Host group events not yet drained (`Added(Host)` at construction).
+    host_events: Vec<GroupEvent>,
 }
 
 impl std::fmt::Debug for MorphogeneticModel {
@@ -123,6 +122,7 @@ impl MorphogeneticModel {
             host,
             slots,
             telemetry,
+            host_events: vec![GroupEvent::Added(GroupKey::Host)],
         })
     }
 
@@ -403,7 +403,7 @@ impl MorphogeneticModel {
     /// Records accuracies (percent, finite, in `[0, 100]`) on every slot
     /// that holds a live seed; refused values reach no slot.
     pub fn record_accuracy(&mut self, train_accuracy: f64, val_accuracy: f64) -> Result<()> {
-        crate::slot_checks::accuracies(train_accuracy, val_accuracy)?;
+        crate::lifecycle::measure::accuracies(train_accuracy, val_accuracy)?;
         for slot in &mut self.slots {
             if slot.stage().is_some_and(|stage| !stage.is_failure()) {
                 slot.record_accuracy(train_accuracy, val_accuracy)?;
@@ -442,7 +442,7 @@ impl MorphogeneticModel {
             .host_parameters()
             .into_iter()
             .map(|(name, tensor)| NamedParameter {
-                owner: ParameterOwner::Host,
+                group: GroupKey::Host,
                 name,
                 tensor,
             })
@@ -452,7 +452,7 @@ impl MorphogeneticModel {
                 slot.parameters()
                     .into_iter()
                     .map(|(name, tensor)| NamedParameter {
-                        owner: ParameterOwner::Seed(slot.id()),
+                        group: GroupKey::Seed(slot.id()),
                         name,
                         tensor,
                     }),
@@ -476,13 +476,43 @@ impl MorphogeneticModel {
         SeedMasks::layout(owners)
     }
 
-    /// One step of every live seed's own optimizer.
-    pub fn step_seed_optimizers(&mut self) -> Result<()> {
-        self.slots.iter_mut().try_for_each(SeedSlot::optimizer_step)
+    /// The parameter groups: the host's ([`GroupKey::Host`], sorted by
+    /// name), then one per live seed ([`GroupKey::Seed`]) in slot execution
+    /// order. A FOSSILIZED seed keeps its own group; a pruned one has none.
+    pub fn parameter_groups(&self) -> Vec<ParamGroup> {
+        let mut groups = vec![ParamGroup::new(GroupKey::Host, self.host_parameters())];
+        for slot in &self.slots {
+            if slot.seed_module().is_some() {
+                groups.push(ParamGroup::new(
+                    GroupKey::Seed(slot.id()),
+                    slot.parameters(),
+                ));
+            }
+        }
+        groups
     }
 
-    /// Zeroes every seed's gradients.
-    pub fn zero_seed_grads(&mut self) -> Result<()> {
-        self.slots.iter_mut().try_for_each(SeedSlot::zero_grad)
+    /// The group `key`, if it exists now.
+    pub fn parameter_group(&self, key: GroupKey) -> Option<ParamGroup> {
+        match key {
+            GroupKey::Host => Some(ParamGroup::new(GroupKey::Host, self.host_parameters())),
+            GroupKey::Seed(id) => self
+                .slots
+                .iter()
+                .find(|slot| slot.id() == id && slot.seed_module().is_some())
+                .map(|slot| ParamGroup::new(key, slot.parameters())),
+        }
+    }
+
+    /// Hands over the group events recorded since the last call: the
+    /// host's (`Added(Host)` once, after construction), then each slot's in
+    /// execution order, each slot's oldest first (see [`crate::groups`] for
+    /// why events are queued).
+    pub fn drain_group_events(&mut self) -> Vec<GroupEvent> {
+        let mut events = std::mem::take(&mut self.host_events);
+        for slot in &mut self.slots {
+            events.extend(slot.drain_group_events());
+        }
+        events
     }
 }

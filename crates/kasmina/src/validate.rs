@@ -8,6 +8,11 @@
 //! [`Error::OutOfRange`], naming the field and the value, and the call that
 //! received it changes nothing.
 //!
+//! The contract ranges of measurements (accuracies in `[0, 100]` %,
+//! contributions within ±100 pp) are leyline's
+//! (`leyline::codec::MAX_ACCURACY_PERCENT`,
+//! `leyline::codec::MAX_ABS_PERCENTAGE_POINTS`), not repeated here.
+//!
 //! Sizes have stated upper bounds (the constants below), checked with
 //! checked arithmetic before any tensor is allocated, so a hostile
 //! configuration is an error in debug and release builds alike instead of an
@@ -35,14 +40,6 @@ pub const MAX_PARAMETERS: i64 = 1 << 32;
 /// Largest number of elements of a germination probe tensor (2^28: 1 GiB
 /// in fp32).
 pub const MAX_PROBE_ELEMENTS: i64 = 1 << 28;
-/// Largest seed learning rate accepted by [`crate::slot::SlotConfig`] and
-/// [`crate::optim::Sgd`].
-pub const MAX_LEARNING_RATE: f64 = 100.0;
-/// Accuracies are percentages in `[0, 100]`.
-pub const MAX_ACCURACY_PERCENT: f64 = 100.0;
-/// Counterfactual contributions are accuracy differences in percentage
-/// points, so in `[-100, 100]`.
-pub const MAX_CONTRIBUTION_POINTS: f64 = 100.0;
 
 /// `value` if it is finite, else [`Error::NonFinite`].
 pub fn finite(field: &'static str, value: f64) -> Result<f64> {

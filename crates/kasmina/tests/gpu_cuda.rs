@@ -2,12 +2,15 @@
 //! machine without CUDA): prefetched modules land on the GPU, and a model
 //! with two seeds trains, attributes and exports there.
 
+mod common;
+
+use common::sgd::GroupSgd;
 use kasmina::attribution::attribute_batch;
 use kasmina::export::export_seed_states;
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
+use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::model::MorphogeneticModel;
 use kasmina::prefetch::{PrefetchConfig, Prefetcher};
-use kasmina::slot::{GerminationOptions, SlotConfig};
 use kasmina::telemetry::LifecycleTelemetry;
 use leyline::SeedStage;
 use tch::{Device, Kind, Tensor};
@@ -87,7 +90,7 @@ fn a_two_seed_model_trains_attributes_and_exports_on_the_gpu() {
     assert_eq!(logits.device(), device);
     logits.cross_entropy_for_logits(&labels).backward();
     model.measure_gradients().expect("measure");
-    model.step_seed_optimizers().expect("seed step");
+    GroupSgd::new(0.01, 0.9).step(&mut model);
     let attribution = attribute_batch(&model, &images).expect("attribution");
     assert_eq!(attribution.influence.size(), vec![32, 2]);
     assert_eq!(attribution.influence.device(), device);
@@ -130,7 +133,7 @@ fn a_transformer_with_seeds_runs_on_the_gpu() {
         .reshape([-1, config.vocab_size])
         .cross_entropy_for_logits(&tokens.reshape([-1]))
         .backward();
-    model.step_seed_optimizers().expect("seed step");
+    GroupSgd::new(0.01, 0.9).step(&mut model);
     model
         .slot_mut(slot)
         .expect("slot")

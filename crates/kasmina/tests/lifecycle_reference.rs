@@ -8,9 +8,10 @@ use kasmina::Error;
 use kasmina::alpha::AlphaController;
 use kasmina::blend::{BlendAlpha, blend_add, blend_gate, blend_multiply};
 use kasmina::gate::{GateInputs, GateMode, QualityGates};
+use kasmina::groups::{GroupEvent, GroupKey};
 use kasmina::host::{CnnHost, CnnHostConfig, InjectionSpec, SlotId, Surface, Topology};
+use kasmina::lifecycle::{GerminationOptions, PruneInitiator, PruneSchedule, SeedState};
 use kasmina::model::MorphogeneticModel;
-use kasmina::slot::{GerminationOptions, PruneInitiator, PruneSchedule, SeedState};
 use kasmina::telemetry::LifecycleTelemetry;
 use leyline::gate::thresholds::MIN_PRUNE_AGE;
 use leyline::{AlphaAlgorithm, AlphaCurve, AlphaMode, GateLevel, LifecycleOp, SeedStage};
@@ -447,7 +448,11 @@ fn item_09_prune_pipeline_and_cooldown() {
             .expect("prune")
     );
     assert!(slot.seed_module().is_none(), "module freed at once");
-    assert!(!slot.has_optimizer());
+    assert_eq!(
+        slot.drain_group_events().last(),
+        Some(&GroupEvent::Removed(GroupKey::Seed(slot.id()))),
+        "the trainer is told to drop the seed's optimizer state"
+    );
     assert_eq!(slot.stage(), Some(SeedStage::Pruned), "state persists");
     let mut stages = Vec::new();
     for _ in 0..7 {

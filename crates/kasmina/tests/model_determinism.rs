@@ -1,17 +1,19 @@
 //! Same seed, same results: a CNN host with two seeds (conv_light at r0c1,
 //! attention at r0c2) trained through germinate -> TRAINING -> BLENDING ->
 //! HOLDING -> FOSSILIZED twice from the same `tch::manual_seed` ends with
-//! bitwise-identical parameters and buffers on CPU.
+//! bitwise-identical parameters and buffers on CPU. Host and seeds train
+//! with the test-local group SGD (`common::sgd`), which follows the model's
+//! parameter-group events.
 
 mod common;
 
+use common::sgd::GroupSgd;
 use common::{TEST_STAGE_EPOCHS, slot_config};
 use kasmina::attribution::counterfactual_contribution;
 use kasmina::gate::GateMode;
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
+use kasmina::lifecycle::GerminationOptions;
 use kasmina::model::MorphogeneticModel;
-use kasmina::optim::Sgd;
-use kasmina::slot::GerminationOptions;
 use kasmina::telemetry::LifecycleTelemetry;
 use leyline::SeedStage;
 use tch::{Device, Kind, Tensor};
@@ -80,24 +82,17 @@ fn run(seed: i64) -> RunResult {
         )
         .expect("germinate attention");
     let initial = snapshot(&model);
-    let host_parameters: Vec<Tensor> = model
-        .host_parameters()
-        .into_iter()
-        .map(|(_, t)| t)
-        .collect();
-    let mut host_optimizer = Sgd::new(host_parameters, 0.01, 0.9).expect("sgd");
+    let mut optimizer = GroupSgd::new(0.01, 0.9);
 
     for _ in 0..MAX_EPOCHS {
         for step in 0..STEPS_PER_EPOCH {
             let batch = images.narrow(0, (step * 8) as i64, 8);
             let batch_labels = labels.narrow(0, (step * 8) as i64, 8);
-            host_optimizer.zero_grad().expect("zero host");
-            model.zero_seed_grads().expect("zero seeds");
+            optimizer.zero_grad(&mut model);
             let logits = model.forward(&batch, true).expect("forward");
             logits.cross_entropy_for_logits(&batch_labels).backward();
             model.measure_gradients().expect("measure");
-            host_optimizer.step().expect("host step");
-            model.step_seed_optimizers().expect("seed steps");
+            optimizer.step(&mut model);
         }
         let accuracy = tch::no_grad(|| {
             let logits = model.forward(&images, false).expect("eval");

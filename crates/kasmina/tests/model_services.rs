@@ -1,19 +1,22 @@
 //! The morphogenetic model's services: forward routing, attribute_batch,
-//! counterfactual contribution, export_seed_states, seed masks, and the
-//! lifecycle telemetry arriving in a Nissa memory sink.
+//! counterfactual contribution, export_seed_states, seed masks, parameter
+//! groups and their events, and the lifecycle telemetry arriving in a Nissa
+//! memory sink.
 
 mod common;
 
 use std::time::Duration;
 
+use common::sgd::GroupSgd;
 use common::slot_config;
 use kasmina::Error;
 use kasmina::attribution::{attribute_batch, counterfactual_contribution};
 use kasmina::export::export_seed_states;
 use kasmina::gate::GateMode;
+use kasmina::groups::{GroupEvent, GroupKey};
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
-use kasmina::model::{MorphogeneticModel, ParameterOwner};
-use kasmina::slot::{GerminationOptions, PruneInitiator};
+use kasmina::lifecycle::{GerminationOptions, PruneInitiator};
+use kasmina::model::MorphogeneticModel;
 use kasmina::telemetry::LifecycleTelemetry;
 use leyline::codec::Contract;
 use leyline::proto::SeedState as SeedStateMessage;
@@ -270,10 +273,7 @@ fn seed_masks_lay_out_host_then_seeds_in_slot_order() {
         .collect();
     let parameter_names: Vec<&str> = parameters.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(range_names, parameter_names);
-    assert_eq!(
-        parameters.last().expect("some").owner,
-        ParameterOwner::Seed(R0C1)
-    );
+    assert_eq!(parameters.last().expect("some").group, GroupKey::Seed(R0C1));
     let mask = masks.to_tensor(&masks.seeds[1], Device::Cpu).expect("mask");
     assert_eq!(mask.size(), vec![masks.total as i64]);
     assert_eq!(
@@ -291,9 +291,19 @@ fn seed_masks_lay_out_host_then_seeds_in_slot_order() {
 }
 
 #[test]
-fn seed_optimizer_is_per_seed_and_dropped_with_the_seed() {
+fn seed_groups_appear_with_the_seed_and_go_with_the_prune() {
     let mut model = tiny_model(LifecycleTelemetry::disabled());
+    assert_eq!(
+        model.drain_group_events(),
+        vec![GroupEvent::Added(GroupKey::Host)],
+        "building the model adds the host's group"
+    );
+    assert!(
+        model.drain_group_events().is_empty(),
+        "drained events are gone"
+    );
     to_training(&mut model, R0C0, "conv_light", "a");
+    let mut optimizer = GroupSgd::new(0.01, 0.9);
     let x = images();
     let before: Vec<Tensor> = model
         .slot(R0C0)
@@ -307,10 +317,27 @@ fn seed_optimizer_is_per_seed_and_dropped_with_the_seed() {
         .expect("forward")
         .sum(Kind::Float)
         .backward();
-    assert!(!model.slot(R0C0).expect("slot").has_optimizer());
-    model.step_seed_optimizers().expect("step");
+    optimizer.step(&mut model);
+    assert_eq!(
+        optimizer.events(),
+        [GroupEvent::Added(GroupKey::Seed(R0C0))],
+        "germination adds the seed's group (the host's was drained above)"
+    );
+    assert!(optimizer.has_group(GroupKey::Seed(R0C0)));
+    let groups = model.parameter_groups();
+    let keys: Vec<GroupKey> = groups.iter().map(|group| group.key).collect();
+    assert_eq!(keys, [GroupKey::Host, GroupKey::Seed(R0C0)]);
+    assert_eq!(groups[1].names.len(), groups[1].tensors.len());
+    assert_eq!(
+        groups[1].element_count(),
+        model
+            .slot(R0C0)
+            .expect("slot")
+            .state()
+            .expect("state")
+            .param_count()
+    );
     let slot = model.slot(R0C0).expect("slot");
-    assert!(slot.has_optimizer());
     let after: Vec<Tensor> = slot.parameters().iter().map(|(_, t)| t.copy()).collect();
     assert!(
         before.iter().zip(&after).any(|(a, b)| !a.equal(b)),
@@ -319,7 +346,97 @@ fn seed_optimizer_is_per_seed_and_dropped_with_the_seed() {
     model
         .prune(R0C0, "test", PruneInitiator::Policy)
         .expect("prune");
-    assert!(!model.slot(R0C0).expect("slot").has_optimizer());
+    assert_eq!(
+        model.drain_group_events(),
+        vec![GroupEvent::Removed(GroupKey::Seed(R0C0))]
+    );
+    assert!(model.parameter_group(GroupKey::Seed(R0C0)).is_none());
+    // The cooldown (embargo, reset) frees nothing more: no further events.
+    for _ in 0..7 {
+        model.step_epoch().expect("tick");
+    }
+    assert!(model.slot(R0C0).expect("slot").is_empty());
+    assert!(model.drain_group_events().is_empty());
+    // Re-germinating the same slot adds a fresh group.
+    to_training(&mut model, R0C0, "norm", "b");
+    assert_eq!(
+        model.drain_group_events(),
+        vec![GroupEvent::Added(GroupKey::Seed(R0C0))]
+    );
+}
+
+#[test]
+fn a_fossilized_seed_keeps_its_group_and_keeps_training() {
+    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    to_training(&mut model, R0C1, "conv_light", "fossil");
+    for _ in 0..common::TEST_STAGE_EPOCHS {
+        model.step_epoch().expect("tick");
+    }
+    model
+        .slot_mut(R0C1)
+        .expect("slot")
+        .record_gradient_norms(1.0, 1.0, 100)
+        .expect("grads");
+    assert!(model.advance_stage(R0C1, None).expect("g2").passed);
+    while !model
+        .slot(R0C1)
+        .expect("slot")
+        .state()
+        .expect("state")
+        .alpha_controller()
+        .is_settled()
+    {
+        model.step_epoch().expect("tick");
+    }
+    assert!(model.advance_stage(R0C1, None).expect("g3").passed);
+    model
+        .slot_mut(R0C1)
+        .expect("slot")
+        .set_counterfactual_contribution(2.0)
+        .expect("cf");
+    let mut optimizer = GroupSgd::new(0.01, 0.9);
+    optimizer.sync(&mut model);
+    assert!(model.fossilize(R0C1).expect("g5").passed);
+    assert_eq!(
+        model.slot(R0C1).expect("slot").stage(),
+        Some(SeedStage::Fossilized)
+    );
+    assert!(
+        model.drain_group_events().is_empty(),
+        "fossilizing neither adds nor removes a group"
+    );
+    assert!(model.parameter_group(GroupKey::Seed(R0C1)).is_some());
+    let before: Vec<Tensor> = model
+        .slot(R0C1)
+        .expect("slot")
+        .parameters()
+        .iter()
+        .map(|(_, t)| t.copy())
+        .collect();
+    let labels = Tensor::from_slice(&[0i64, 1, 2, 3, 4]);
+    model
+        .forward(&images(), true)
+        .expect("forward")
+        .cross_entropy_for_logits(&labels)
+        .backward();
+    optimizer.step(&mut model);
+    let after: Vec<Tensor> = model
+        .slot(R0C1)
+        .expect("slot")
+        .parameters()
+        .iter()
+        .map(|(_, t)| t.copy())
+        .collect();
+    assert!(
+        before.iter().zip(&after).any(|(a, b)| !a.equal(b)),
+        "a fossil keeps training (reference: seeds train through FOSSILIZED)"
+    );
+    assert!(
+        !model
+            .prune(R0C1, "test", PruneInitiator::Policy)
+            .expect("prune")
+    );
+    assert!(model.drain_group_events().is_empty());
 }
 
 #[test]
@@ -329,7 +446,7 @@ fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
         .sink(memory.clone())
         .build()
         .expect("hub");
-    let mut model = tiny_model(hub.telemetry());
+    let mut model = tiny_model(LifecycleTelemetry::from_hub(hub.clone()));
     to_training(&mut model, R0C0, "norm", "doomed");
     model
         .prune(R0C0, "policy_choice", PruneInitiator::Policy)

@@ -9,8 +9,8 @@ use common::lone_slot;
 use kasmina::Error;
 use kasmina::blueprint::Blueprint;
 use kasmina::host::{SlotId, Topology};
+use kasmina::lifecycle::GerminationOptions;
 use kasmina::prefetch::{PrefetchConfig, Prefetcher};
-use kasmina::slot::GerminationOptions;
 use leyline::SeedStage;
 use tch::Device;
 

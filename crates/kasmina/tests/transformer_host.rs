@@ -2,13 +2,15 @@
 //! identity at birth, slot routing, and a morphogenetic transformer with
 //! seeds (forward, attribution, export).
 
+mod common;
+
 use kasmina::Error;
 use kasmina::attribution::{attribute_batch, counterfactual_contribution};
 use kasmina::blueprint::Blueprint;
 use kasmina::export::export_seed_states;
 use kasmina::host::{Host, SlotId, Topology, TransformerHost, TransformerHostConfig};
+use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::model::MorphogeneticModel;
-use kasmina::slot::{GerminationOptions, SlotConfig};
 use kasmina::telemetry::LifecycleTelemetry;
 use leyline::{AlphaAlgorithm, SeedStage};
 use tch::{Device, Kind, Tensor};
@@ -219,7 +221,7 @@ fn a_morphogenetic_transformer_grows_seeds() {
         .reshape([-1, config.vocab_size])
         .cross_entropy_for_logits(&targets.reshape([-1]))
         .backward();
-    model.step_seed_optimizers().expect("step");
+    common::sgd::GroupSgd::new(0.01, 0.9).step(&mut model);
     for slot in slots {
         model
             .slot_mut(slot)

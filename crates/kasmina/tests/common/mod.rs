@@ -3,9 +3,12 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod sgd;
+
 use kasmina::gate::{GateMode, GateThresholds, QualityGates};
 use kasmina::host::{InjectionSpec, SlotId, Surface, Topology};
-use kasmina::slot::{GerminationOptions, SeedSlot, SlotConfig};
+use kasmina::lifecycle::{GerminationOptions, SlotConfig};
+use kasmina::slot::SeedSlot;
 use kasmina::telemetry::LifecycleTelemetry;
 use leyline::SeedStage;
 use tch::{Device, Kind, Tensor};
