@@ -30,8 +30,8 @@ use crate::host::{Host, SlotId};
 use crate::lifecycle::{GerminationOptions, PruneInitiator, PruneSchedule, SlotConfig};
 use crate::masks::{SeedMasks, trainable_parameters};
 use crate::slot::{SeedSlot, gradient_norm};
-use crate::telemetry::LifecycleTelemetry;
 use crate::{Error, Result};
+use leyline::Telemetry;
 
 /// One parameter in the model's documented order (see [`crate::masks`]).
 #[derive(Debug)]
@@ -74,7 +74,7 @@ impl OpAvailability {
 pub struct MorphogeneticModel {
     host: Box<dyn Host>,
     slots: Vec<SeedSlot>,
-    telemetry: LifecycleTelemetry,
+    telemetry: Telemetry,
     /// Host group events not yet drained (`Added(Host)` at construction).
     host_events: Vec<GroupEvent>,
 }
@@ -95,7 +95,7 @@ impl MorphogeneticModel {
         host: impl Host + 'static,
         enabled: &[SlotId],
         config: SlotConfig,
-        telemetry: LifecycleTelemetry,
+        telemetry: Telemetry,
     ) -> Result<MorphogeneticModel> {
         MorphogeneticModel::from_boxed(Box::new(host), enabled, config, telemetry)
     }
@@ -105,7 +105,7 @@ impl MorphogeneticModel {
         host: Box<dyn Host>,
         enabled: &[SlotId],
         config: SlotConfig,
-        telemetry: LifecycleTelemetry,
+        telemetry: Telemetry,
     ) -> Result<MorphogeneticModel> {
         config.validate()?;
         for slot in enabled {
@@ -131,7 +131,7 @@ impl MorphogeneticModel {
         host: impl Host + 'static,
         enabled: &[&str],
         config: SlotConfig,
-        telemetry: LifecycleTelemetry,
+        telemetry: Telemetry,
     ) -> Result<MorphogeneticModel> {
         let ids = enabled
             .iter()
@@ -386,13 +386,14 @@ impl MorphogeneticModel {
         for slot in &self.slots {
             slot.emit_metrics();
         }
-        let packet =
-            leyline::proto::TelemetryPacket::new("kasmina", leyline::TelemetryLevel::Debug)
-                .with_metric(crate::telemetry::metric(
-                    leyline::telemetry::KASMINA_SEEDS_ACTIVE,
-                    self.active_seed_count() as f64,
-                ));
-        self.telemetry.emit_packet(packet);
+        self.telemetry.emit_metrics(
+            crate::telemetry::SOURCE,
+            leyline::TelemetryLevel::Debug,
+            [leyline::metric(
+                leyline::telemetry::KASMINA_SEEDS_ACTIVE,
+                self.active_seed_count() as f64,
+            )],
+        );
     }
 
     /// Runs [`SeedSlot::step_epoch`] on every slot.

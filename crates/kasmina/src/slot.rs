@@ -40,8 +40,8 @@ use crate::lifecycle::{
 };
 use crate::masks::trainable_parameters;
 use crate::slot_checks;
-use crate::telemetry::LifecycleTelemetry;
 use crate::{Error, Result};
+use leyline::Telemetry;
 
 /// Sequence length of the germination probe on transformer slots (`[2, 8, C]`).
 pub const TRANSFORMER_PROBE_TOKENS: i64 = 8;
@@ -73,7 +73,7 @@ impl SeedSlot {
         spec: InjectionSpec,
         topology: Topology,
         config: SlotConfig,
-        telemetry: LifecycleTelemetry,
+        telemetry: Telemetry,
     ) -> Result<SeedSlot> {
         let lifecycle = Lifecycle::new(spec.slot_id, topology, config, telemetry)?;
         let probe_shape = spec.validate(topology)?;

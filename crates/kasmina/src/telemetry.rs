@@ -32,16 +32,6 @@ pub fn slot_source(slot: SlotId) -> String {
     format!("{SOURCE}.{slot}")
 }
 
-/// Transitional name of [`leyline::Telemetry`] while call sites move over;
-/// removed once no caller spells it.
-pub type LifecycleTelemetry = leyline::Telemetry;
-
-/// Transitional name of [`leyline::Collector`] while call sites move over;
-/// removed once no caller spells it.
-pub type MemoryCollector = leyline::Collector;
-
-pub use leyline::metric;
-
 #[cfg(test)]
 mod tests {
     use super::*;

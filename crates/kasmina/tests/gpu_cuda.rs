@@ -11,8 +11,8 @@ use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
 use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::model::MorphogeneticModel;
 use kasmina::prefetch::{PrefetchConfig, Prefetcher};
-use kasmina::telemetry::LifecycleTelemetry;
 use leyline::SeedStage;
+use leyline::Telemetry;
 use tch::{Device, Kind, Tensor};
 
 fn cuda_or_skip(test: &str) -> Option<Device> {
@@ -51,13 +51,9 @@ fn a_two_seed_model_trains_attributes_and_exports_on_the_gpu() {
     tch::manual_seed(5);
     let host = CnnHost::new(CnnHostConfig::fashion_mnist(), device).expect("host");
     let slots = [SlotId::new(0, 1), SlotId::new(0, 2)];
-    let mut model = MorphogeneticModel::new(
-        host,
-        &slots,
-        SlotConfig::default(),
-        LifecycleTelemetry::disabled(),
-    )
-    .expect("model");
+    let mut model =
+        MorphogeneticModel::new(host, &slots, SlotConfig::default(), Telemetry::disabled())
+            .expect("model");
     model
         .germinate(slots[0], "conv_light", GerminationOptions::new("light"))
         .expect("germinate");
@@ -113,13 +109,9 @@ fn a_transformer_with_seeds_runs_on_the_gpu() {
     let config = kasmina::host::TransformerHostConfig::tiny();
     let host = kasmina::host::TransformerHost::new(config.clone(), device).expect("host");
     let slot = SlotId::new(0, 1);
-    let mut model = MorphogeneticModel::new(
-        host,
-        &[slot],
-        SlotConfig::default(),
-        LifecycleTelemetry::disabled(),
-    )
-    .expect("model");
+    let mut model =
+        MorphogeneticModel::new(host, &[slot], SlotConfig::default(), Telemetry::disabled())
+            .expect("model");
     model
         .germinate(slot, "attention", GerminationOptions::new("attention"))
         .expect("germinate");

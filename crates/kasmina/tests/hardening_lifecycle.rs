@@ -11,7 +11,7 @@ use kasmina::gate::{GateInputs, GateMode, QualityGates};
 use kasmina::host::Topology;
 use kasmina::lifecycle::GerminationOptions;
 use kasmina::slot::SeedSlot;
-use kasmina::telemetry::LifecycleTelemetry;
+use leyline::Telemetry;
 use leyline::{AlphaCurve, AlphaMode, GateLevel, SeedStage};
 use tch::Device;
 
@@ -24,7 +24,7 @@ fn strict_slot() -> SeedSlot {
         common::spec(4, 6),
         Topology::Cnn,
         slot_config(GateMode::Strict),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("slot")
 }

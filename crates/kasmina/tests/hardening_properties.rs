@@ -24,8 +24,8 @@ use kasmina::lifecycle::{GerminationOptions, PruneInitiator, SlotConfig};
 use kasmina::masks::{OwnerMask, ParamRange};
 use kasmina::prefetch::{PrefetchConfig, Prefetcher};
 use kasmina::slot::SeedSlot;
-use kasmina::telemetry::LifecycleTelemetry;
 use kasmina::validate::{MAX_CHANNELS, MAX_LAYERS};
+use leyline::Telemetry;
 use leyline::testing::{
     extreme_f64, extreme_i64, extreme_u32, extreme_usize, hostile_string, non_finite_f64,
 };
@@ -163,13 +163,8 @@ fn run(ops: &[Op], strict: bool) -> Result<Coverage, TestCaseError> {
     config.auto_forward_g1 = true;
     config.auto_forward_g2 = true;
     config.auto_forward_g3 = true;
-    let mut slot = SeedSlot::new(
-        spec(4, 6),
-        Topology::Cnn,
-        config,
-        LifecycleTelemetry::disabled(),
-    )
-    .expect("slot");
+    let mut slot =
+        SeedSlot::new(spec(4, 6), Topology::Cnn, config, Telemetry::disabled()).expect("slot");
     let input = features(1);
     for (count, op) in (0u32..).zip(ops) {
         let before = slot.state().cloned();
@@ -336,7 +331,7 @@ proptest! {
             && thresholds[3].is_finite();
         prop_assert_eq!(config.validate().is_ok(), valid, "{:?}", config);
         prop_assert_eq!(
-            SeedSlot::new(spec(4, 6), Topology::Cnn, config, LifecycleTelemetry::disabled()).is_ok(),
+            SeedSlot::new(spec(4, 6), Topology::Cnn, config, Telemetry::disabled()).is_ok(),
             valid
         );
         let mut options = GerminationOptions::new("s");

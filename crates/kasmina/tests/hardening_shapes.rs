@@ -16,7 +16,7 @@ use kasmina::host::{TransformerHost, TransformerHostConfig};
 use kasmina::lifecycle::GerminationOptions;
 use kasmina::masks::{OwnerMask, ParamRange};
 use kasmina::model::{MorphogeneticModel, OpAvailability};
-use kasmina::telemetry::LifecycleTelemetry;
+use leyline::Telemetry;
 use leyline::{LifecycleOp, SeedStage};
 use tch::{Device, Kind, Tensor};
 
@@ -47,7 +47,7 @@ fn model_with_seed() -> MorphogeneticModel {
         host,
         &[R0C1],
         slot_config(GateMode::Permissive),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("model");
     model

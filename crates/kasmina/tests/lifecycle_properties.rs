@@ -12,8 +12,8 @@ use kasmina::gate::GateMode;
 use kasmina::host::Topology;
 use kasmina::lifecycle::{GerminationOptions, PruneInitiator};
 use kasmina::slot::SeedSlot;
-use kasmina::telemetry::{LifecycleTelemetry, MemoryCollector};
 use leyline::{AlphaAlgorithm, AlphaCurve, AlphaMode, SeedStage};
+use leyline::{Collector, Telemetry};
 use std::collections::HashSet;
 
 use proptest::prelude::*;
@@ -129,7 +129,7 @@ fn expected_error(error: &Error) -> bool {
 /// Applies `ops` to a fresh slot, checking the invariants after every op;
 /// returns the stages visited.
 fn run_sequence(ops: Vec<Op>, strict: bool) -> Result<HashSet<SeedStage>, TestCaseError> {
-    let collector = MemoryCollector::new();
+    let collector = Collector::new();
     let mode = if strict {
         GateMode::Strict
     } else {
@@ -139,7 +139,7 @@ fn run_sequence(ops: Vec<Op>, strict: bool) -> Result<HashSet<SeedStage>, TestCa
         spec(4, 6),
         Topology::Cnn,
         common::slot_config(mode),
-        LifecycleTelemetry::new(collector.clone()),
+        Telemetry::new(collector.clone()),
     )
     .expect("slot");
     let input = features(1);

@@ -12,7 +12,7 @@ use kasmina::groups::{GroupEvent, GroupKey};
 use kasmina::host::{CnnHost, CnnHostConfig, InjectionSpec, SlotId, Surface, Topology};
 use kasmina::lifecycle::{GerminationOptions, PruneInitiator, PruneSchedule, SeedState};
 use kasmina::model::MorphogeneticModel;
-use kasmina::telemetry::LifecycleTelemetry;
+use leyline::Telemetry;
 use leyline::gate::thresholds::MIN_PRUNE_AGE;
 use leyline::{AlphaAlgorithm, AlphaCurve, AlphaMode, GateLevel, LifecycleOp, SeedStage};
 use tch::{Device, Kind, Tensor};
@@ -294,7 +294,7 @@ fn item_07_op_availability_masks() {
         host,
         &enabled,
         slot_config(GateMode::Permissive),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("model");
     let availability = model.op_availability(1);
@@ -396,7 +396,7 @@ fn item_08_strict_g5_contribution_floor() {
         common::spec(4, 6),
         Topology::Cnn,
         slot_config(GateMode::Strict),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("slot");
     slot.germinate("norm", options(), Device::Cpu)
@@ -611,7 +611,7 @@ fn item_15_cnn_keeps_isolation_transformer_drops_it() {
         },
         Topology::Transformer,
         slot_config(GateMode::Permissive),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("slot");
     walk_to(&mut transformer, "lora", options(), SeedStage::Training);
@@ -659,7 +659,7 @@ fn item_15_cnn_host_upstream_of_a_full_alpha_seed_gets_no_gradient_through_it() 
         host,
         &[slot],
         slot_config(GateMode::Permissive),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("model");
     model

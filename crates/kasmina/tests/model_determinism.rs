@@ -14,8 +14,8 @@ use kasmina::gate::GateMode;
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
 use kasmina::lifecycle::GerminationOptions;
 use kasmina::model::MorphogeneticModel;
-use kasmina::telemetry::LifecycleTelemetry;
 use leyline::SeedStage;
+use leyline::Telemetry;
 use tch::{Device, Kind, Tensor};
 
 const STEPS_PER_EPOCH: usize = 2;
@@ -62,7 +62,7 @@ fn run(seed: i64) -> RunResult {
         host,
         &slots,
         slot_config(GateMode::Permissive),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("model");
     let images = Tensor::randn([16, 1, 28, 28], (Kind::Float, Device::Cpu));

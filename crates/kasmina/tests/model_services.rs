@@ -1,11 +1,9 @@
 //! The morphogenetic model's services: forward routing, attribute_batch,
 //! counterfactual contribution, export_seed_states, seed masks, parameter
-//! groups and their events, and the lifecycle telemetry arriving in a Nissa
-//! memory sink.
+//! groups and their events, and the lifecycle telemetry arriving through a
+//! `leyline::Telemetry` handle (the hub's delivery is nissa's own test).
 
 mod common;
-
-use std::time::Duration;
 
 use common::sgd::GroupSgd;
 use common::slot_config;
@@ -17,17 +15,17 @@ use kasmina::groups::{GroupEvent, GroupKey};
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
 use kasmina::lifecycle::{GerminationOptions, PruneInitiator};
 use kasmina::model::MorphogeneticModel;
-use kasmina::telemetry::LifecycleTelemetry;
 use leyline::codec::Contract;
 use leyline::proto::SeedState as SeedStateMessage;
 use leyline::{AlphaAlgorithm, SeedStage};
+use leyline::{Collector, Telemetry};
 use tch::{Device, Kind, Tensor};
 
 const R0C0: SlotId = SlotId { row: 0, col: 0 };
 const R1C0: SlotId = SlotId { row: 1, col: 0 };
 const R0C1: SlotId = SlotId { row: 0, col: 1 };
 
-fn tiny_model(telemetry: LifecycleTelemetry) -> MorphogeneticModel {
+fn tiny_model(telemetry: Telemetry) -> MorphogeneticModel {
     tch::manual_seed(11);
     let host = CnnHost::new(
         CnnHostConfig {
@@ -65,7 +63,7 @@ fn to_training(model: &mut MorphogeneticModel, slot: SlotId, blueprint: &str, id
 
 #[test]
 fn slots_run_in_execution_order_and_inactive_slots_are_identities() {
-    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let mut model = tiny_model(Telemetry::disabled());
     assert_eq!(model.slot_ids(), vec![R0C0, R1C0, R0C1]);
     let x = images();
     let plain = model.host().forward(&x, false).expect("host");
@@ -96,7 +94,7 @@ fn slots_run_in_execution_order_and_inactive_slots_are_identities() {
             host,
             &[SlotId::new(5, 5)],
             slot_config(GateMode::Permissive),
-            LifecycleTelemetry::disabled()
+            Telemetry::disabled()
         )
         .is_err()
     );
@@ -104,7 +102,7 @@ fn slots_run_in_execution_order_and_inactive_slots_are_identities() {
 
 #[test]
 fn attribute_batch_measures_each_seeds_influence_per_sample() {
-    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let mut model = tiny_model(Telemetry::disabled());
     let x = images();
     let empty = attribute_batch(&model, &x).expect("no seeds");
     assert_eq!(empty.influence.size(), vec![5, 0]);
@@ -172,7 +170,7 @@ fn attribute_batch_measures_each_seeds_influence_per_sample() {
 
 #[test]
 fn export_seed_states_reports_every_held_state() {
-    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let mut model = tiny_model(Telemetry::disabled());
     assert!(export_seed_states(&model).expect("export").is_empty());
     to_training(&mut model, R0C0, "norm", "first");
     model
@@ -237,7 +235,7 @@ fn export_seed_states_reports_every_held_state() {
 
 #[test]
 fn seed_masks_lay_out_host_then_seeds_in_slot_order() {
-    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let mut model = tiny_model(Telemetry::disabled());
     to_training(&mut model, R0C1, "conv_light", "late");
     to_training(&mut model, R0C0, "bottleneck", "early");
     let masks = model.seed_masks();
@@ -292,7 +290,7 @@ fn seed_masks_lay_out_host_then_seeds_in_slot_order() {
 
 #[test]
 fn seed_groups_appear_with_the_seed_and_go_with_the_prune() {
-    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let mut model = tiny_model(Telemetry::disabled());
     assert_eq!(
         model.drain_group_events(),
         vec![GroupEvent::Added(GroupKey::Host)],
@@ -367,7 +365,7 @@ fn seed_groups_appear_with_the_seed_and_go_with_the_prune() {
 
 #[test]
 fn a_fossilized_seed_keeps_its_group_and_keeps_training() {
-    let mut model = tiny_model(LifecycleTelemetry::disabled());
+    let mut model = tiny_model(Telemetry::disabled());
     to_training(&mut model, R0C1, "conv_light", "fossil");
     for _ in 0..common::TEST_STAGE_EPOCHS {
         model.step_epoch().expect("tick");
@@ -440,13 +438,10 @@ fn a_fossilized_seed_keeps_its_group_and_keeps_training() {
 }
 
 #[test]
-fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
-    let memory = nissa::MemorySink::new();
-    let hub = nissa::Hub::builder()
-        .sink(memory.clone())
-        .build()
-        .expect("hub");
-    let mut model = tiny_model(LifecycleTelemetry::from_hub(hub.clone()));
+fn lifecycle_events_and_seed_gauges_arrive_through_the_telemetry_handle() {
+    let collector = Collector::new();
+    let telemetry = Telemetry::new(collector.clone());
+    let mut model = tiny_model(telemetry.clone());
     to_training(&mut model, R0C0, "norm", "doomed");
     model
         .prune(R0C0, "policy_choice", PruneInitiator::Policy)
@@ -458,15 +453,14 @@ fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
         GerminationOptions::new("keeper"),
         SeedStage::Fossilized,
     );
-    assert!(hub.flush(Duration::from_secs(5)).is_complete());
     use leyline::telemetry::{
         KASMINA_SEED_FOSSILIZED, KASMINA_SEED_GATE_EVALUATED, KASMINA_SEED_GERMINATED,
         KASMINA_SEED_PRUNED, KASMINA_SEED_STAGE_CHANGED,
     };
-    assert_eq!(memory.events_named(KASMINA_SEED_GERMINATED).len(), 2);
+    assert_eq!(collector.events_named(KASMINA_SEED_GERMINATED).len(), 2);
     // G0 twice, G1 twice, then G2, G3, G5 for the keeper.
-    assert_eq!(memory.events_named(KASMINA_SEED_GATE_EVALUATED).len(), 7);
-    let changes: Vec<(String, String)> = memory
+    assert_eq!(collector.events_named(KASMINA_SEED_GATE_EVALUATED).len(), 7);
+    let changes: Vec<(String, String)> = collector
         .events_named(KASMINA_SEED_STAGE_CHANGED)
         .iter()
         .map(|e| (e.attributes["from"].clone(), e.attributes["to"].clone()))
@@ -484,22 +478,21 @@ fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
     // Only the keeper's slot was stepped, so the pruned seed stays PRUNED and
     // the list is exactly the lifecycle moves made.
     assert_eq!(changes, expected);
-    let pruned = memory.events_named(KASMINA_SEED_PRUNED);
+    let pruned = collector.events_named(KASMINA_SEED_PRUNED);
     assert_eq!(pruned.len(), 1);
     assert_eq!(pruned[0].attributes["reason"], "policy_choice");
     assert_eq!(pruned[0].attributes["initiator"], "policy");
     assert_eq!(pruned[0].attributes["slot_id"], "r0c0");
-    let fossilized = memory.events_named(KASMINA_SEED_FOSSILIZED);
+    let fossilized = collector.events_named(KASMINA_SEED_FOSSILIZED);
     assert_eq!(fossilized.len(), 1);
     assert_eq!(fossilized[0].attributes["seed_id"], "keeper");
-    for packet in memory.packets() {
+    for packet in collector.packets() {
         assert!(packet.source.starts_with("kasmina.r"), "{}", packet.source);
     }
-    memory.clear();
+    collector.clear();
     model.emit_seed_metrics();
-    assert!(hub.flush(Duration::from_secs(5)).is_complete());
     use leyline::telemetry::{KASMINA_SEED_ALPHA, KASMINA_SEED_STAGE, KASMINA_SEEDS_ACTIVE};
-    let alphas = memory.metrics_named(KASMINA_SEED_ALPHA);
+    let alphas = collector.metrics_named(KASMINA_SEED_ALPHA);
     assert_eq!(alphas.len(), 2, "the pruned and the fossilized seed");
     let fossil = alphas
         .iter()
@@ -507,15 +500,15 @@ fn lifecycle_events_arrive_in_a_nissa_memory_sink() {
         .expect("keeper");
     assert_eq!(fossil.value, 1.0);
     assert_eq!(fossil.unit, "ratio");
-    let stages: Vec<f64> = memory
+    let stages: Vec<f64> = collector
         .metrics_named(KASMINA_SEED_STAGE)
         .iter()
         .map(|m| m.value)
         .collect();
     assert!(stages.contains(&f64::from(SeedStage::Pruned.value())));
     assert!(stages.contains(&f64::from(SeedStage::Fossilized.value())));
-    let active = memory.metrics_named(KASMINA_SEEDS_ACTIVE);
+    let active = collector.metrics_named(KASMINA_SEEDS_ACTIVE);
     assert_eq!(active.len(), 1);
     assert_eq!(active[0].value, 1.0);
-    hub.close();
+    assert_eq!(telemetry.contained_panics(), 0);
 }

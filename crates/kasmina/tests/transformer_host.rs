@@ -11,7 +11,7 @@ use kasmina::export::export_seed_states;
 use kasmina::host::{Host, SlotId, Topology, TransformerHost, TransformerHostConfig};
 use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::model::MorphogeneticModel;
-use kasmina::telemetry::LifecycleTelemetry;
+use leyline::Telemetry;
 use leyline::{AlphaAlgorithm, SeedStage};
 use tch::{Device, Kind, Tensor};
 
@@ -181,13 +181,9 @@ fn a_morphogenetic_transformer_grows_seeds() {
     let config = TransformerHostConfig::tiny();
     let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
     let slots = [SlotId::new(0, 0), SlotId::new(0, 1)];
-    let mut model = MorphogeneticModel::new(
-        host,
-        &slots,
-        SlotConfig::default(),
-        LifecycleTelemetry::disabled(),
-    )
-    .expect("model");
+    let mut model =
+        MorphogeneticModel::new(host, &slots, SlotConfig::default(), Telemetry::disabled())
+            .expect("model");
     let x = tokens(4, 12, config.vocab_size);
     let plain = model.forward(&x, false).expect("plain");
     model

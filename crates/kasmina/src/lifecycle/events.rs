@@ -74,7 +74,7 @@ impl Lifecycle {
     /// and ratio, accuracy change, parameters) as one packet; nothing for an
     /// empty slot.
     pub fn emit_metrics(&self) {
-        use crate::telemetry::metric;
+        use leyline::metric;
         use leyline::telemetry as names;
         let Some(state) = &self.state else {
             return;

@@ -42,8 +42,8 @@ use leyline::{AlphaCurve, AlphaMode, ContractError, GateLevel, SeedStage};
 use crate::blueprint::Blueprint;
 use crate::gate::GateOutcome;
 use crate::host::{SlotId, Topology};
-use crate::telemetry::LifecycleTelemetry;
 use crate::{Error, Result};
+use leyline::Telemetry;
 
 mod config;
 mod events;
@@ -62,7 +62,7 @@ pub struct Lifecycle {
     topology: Topology,
     config: SlotConfig,
     state: Option<SeedState>,
-    telemetry: LifecycleTelemetry,
+    telemetry: Telemetry,
     source: String,
 }
 
@@ -74,7 +74,7 @@ impl Lifecycle {
         slot: SlotId,
         topology: Topology,
         config: SlotConfig,
-        telemetry: LifecycleTelemetry,
+        telemetry: Telemetry,
     ) -> Result<Lifecycle> {
         config.validate()?;
         Ok(Lifecycle {
@@ -83,7 +83,7 @@ impl Lifecycle {
             config,
             state: None,
             telemetry,
-            source: format!("kasmina.{slot}"),
+            source: crate::telemetry::slot_source(slot),
         })
     }
 

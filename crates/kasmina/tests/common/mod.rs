@@ -9,8 +9,8 @@ use kasmina::gate::{GateMode, GateThresholds, QualityGates};
 use kasmina::host::{InjectionSpec, SlotId, Surface, Topology};
 use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::slot::SeedSlot;
-use kasmina::telemetry::LifecycleTelemetry;
 use leyline::SeedStage;
+use leyline::Telemetry;
 use tch::{Device, Kind, Tensor};
 
 /// Epochs a test seed must spend in TRAINING (and strict BLENDING).
@@ -48,7 +48,7 @@ pub fn lone_slot(topology: Topology) -> SeedSlot {
         spec(4, 6),
         topology,
         slot_config(GateMode::Permissive),
-        LifecycleTelemetry::disabled(),
+        Telemetry::disabled(),
     )
     .expect("slot")
 }
