@@ -17,6 +17,10 @@
 //! - [`step`]: the training step (hand-derived fused backward, or autograd)
 //!   on device-resident parameters, momentum and metric accumulators.
 //! - [`graph`]: streams, events, step/epoch graph capture and fallback.
+//! - [`optim`]: the optimizer state of every parameter group of a
+//!   morphogenetic model (host and seeds), built and dropped as Kasmina's
+//!   group events arrive, stepped with fused kernels, learning rate and step
+//!   count on the device. The trainer is the one owner of optimizers.
 //! - [`trainer`]: [`Trainer`], its epochs, validation and telemetry.
 //! - [`telemetry`]: the trainer's packets; they leave through the
 //!   [`leyline::Telemetry`] handle given to [`Trainer::with_telemetry`].
@@ -47,6 +51,7 @@ pub mod config;
 pub mod data;
 pub mod error;
 pub mod graph;
+pub mod optim;
 mod placement;
 pub mod step;
 pub mod telemetry;

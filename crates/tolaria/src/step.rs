@@ -91,6 +91,14 @@ impl StepViews {
 }
 
 /// Parameters, optimizer state and the epoch's metric accumulators.
+///
+/// This is the reference fast path's own, hand-fused SGD state, the one
+/// special path outside [`crate::optim`]: its gradient is written by one
+/// matrix product into a buffer (not `.grad`), and without torch-ext's fused
+/// kernel the momentum update folds the gradient product in (`addmm_`), so
+/// [`crate::optim::GroupOptimizer`] (which adds a device step count and reads
+/// `.grad`) would change the `tolaria-reference` kernel count and figures.
+/// Every other optimizer state belongs to [`crate::optim::GroupOptimizers`].
 #[derive(Debug)]
 pub struct LinearCeState {
     kind: StepKind,
