@@ -355,3 +355,149 @@ fn the_contract_scan_catches_probing_and_skips_comments() {
     assert!(environment_uses("//! reads `std::env` nowhere\n// tch:: neither\n").is_empty());
     assert!(environment_uses("pub struct AdaptationCommand;\n").is_empty());
 }
+
+/// Names of emitting traits, handles and collectors that telemetry once had
+/// outside leyline; none may be defined again (`leyline::emit` is the one way
+/// out).
+const RETIRED_TELEMETRY_TYPES: &[&str] = &[
+    "TelemetryEmitter",
+    "LifecycleTelemetry",
+    "MemoryCollector",
+    "TelemetryOut",
+    "NullSink",
+    "CollectingSink",
+];
+
+/// `(line number, what)` for each telemetry definition on a code line of
+/// `text` (comments skipped): a trait whose name ends in `Emitter` or starts
+/// with `TelemetryOut`, a `fn metric` constructor, or a type, trait or alias
+/// named in [`RETIRED_TELEMETRY_TYPES`].
+fn telemetry_definitions(text: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            continue;
+        }
+        let words: Vec<&str> = code
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|word| !word.is_empty())
+            .collect();
+        for pair in words.windows(2) {
+            let [keyword, name] = pair else { continue };
+            let what = match *keyword {
+                "trait" if name.ends_with("Emitter") || name.starts_with("TelemetryOut") => {
+                    Some(format!("trait {name}"))
+                }
+                "fn" if *name == "metric" => Some("fn metric".to_owned()),
+                "struct" | "enum" | "type" | "trait" if RETIRED_TELEMETRY_TYPES.contains(name) => {
+                    Some(format!("{keyword} {name}"))
+                }
+                _ => None,
+            };
+            if let Some(what) = what {
+                found.push((index + 1, what));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn telemetry_has_one_emitting_trait_and_one_metric_constructor_in_leyline() {
+    let root = workspace_root();
+    let mut found = Vec::new();
+    for path in rust_sources(&root.join("crates")) {
+        // Only library and binary sources; tests may define helper emitters.
+        if !path.components().any(|part| part.as_os_str() == "src") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        let file = path
+            .strip_prefix(&root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        for (line, what) in telemetry_definitions(&text) {
+            found.push((file.clone(), line, what));
+        }
+    }
+    let kinds: Vec<(&str, &str)> = found
+        .iter()
+        .map(|(file, _, what)| (file.as_str(), what.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("crates/leyline/src/emit.rs", "trait Emitter"),
+            ("crates/leyline/src/emit.rs", "fn metric"),
+        ],
+        "telemetry leaves every crate through leyline::emit (one Emitter trait, one Telemetry \
+         handle, one metric constructor); found {found:#?}"
+    );
+}
+
+#[test]
+fn the_telemetry_scan_catches_second_emitters_and_skips_comments() {
+    let second = "pub trait TelemetryOut: Send {\n\
+                  pub trait TelemetryEmitter: Send + Sync {\n\
+                  pub(crate) fn metric(name: &str, value: f64) -> TelemetryMetric {\n\
+                  pub struct CollectingSink {\n\
+                  pub type LifecycleTelemetry = leyline::Telemetry;\n";
+    let found: Vec<String> = telemetry_definitions(second)
+        .into_iter()
+        .map(|(_, what)| what)
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "trait TelemetryOut",
+            "trait TelemetryEmitter",
+            "fn metric",
+            "struct CollectingSink",
+            "type LifecycleTelemetry",
+        ]
+    );
+    assert!(telemetry_definitions("//! a `trait Emitter` elsewhere\n// fn metric(\n").is_empty());
+    assert!(
+        telemetry_definitions("impl leyline::Emitter for Hub {\nlet m = metric(n, v);\n")
+            .is_empty()
+    );
+}
+
+/// The normal (library) dependencies of `crates/<name>`, dev and build ones
+/// left out.
+fn library_dependencies(name: &str) -> Vec<String> {
+    let path = workspace_root()
+        .join("crates")
+        .join(name)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let value: toml::Table =
+        toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    value
+        .get("dependencies")
+        .and_then(toml::Value::as_table)
+        .map(|table| table.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn producers_emit_through_leyline_without_depending_on_nissa() {
+    // Kasmina not at all (its tests use leyline::Collector); tolaria's
+    // library neither (its tests may deliver to a hub).
+    let kasmina = all_manifests()
+        .into_iter()
+        .find(|manifest| manifest.name == "kasmina")
+        .expect("crate kasmina");
+    assert!(
+        !kasmina.dependencies.iter().any(|dep| dep == "nissa"),
+        "kasmina depends on nissa: lifecycle telemetry leaves through leyline::Telemetry"
+    );
+    assert!(
+        !library_dependencies("tolaria")
+            .iter()
+            .any(|dep| dep == "nissa"),
+        "tolaria's library depends on nissa: the trainer emits through leyline::Telemetry"
+    );
+}
