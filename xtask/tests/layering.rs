@@ -246,6 +246,65 @@ fn kasmina_is_the_model_side_and_holds_no_data_layer() {
     }
 }
 
+/// Optimizer code kasmina's library must not hold: the trainer owns every
+/// optimizer (`tolaria::optim`); kasmina exposes parameter groups and
+/// records when one appears or goes.
+const OPTIMIZER_CODE: &[&str] = &[
+    "sgd_step",
+    "adamw_step",
+    "optimizer_step",
+    "step_seed_optimizers",
+    "reset_optimizer_state",
+    "struct Sgd",
+];
+
+/// `(line number, pattern)` for each code line of `text` (comments skipped)
+/// holding one of [`OPTIMIZER_CODE`].
+fn optimizer_code(text: &str) -> Vec<(usize, &'static str)> {
+    let code = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"));
+    code.flat_map(|(index, line)| {
+        OPTIMIZER_CODE
+            .iter()
+            .filter(move |pattern| line.contains(**pattern))
+            .map(move |pattern| (index + 1, *pattern))
+    })
+    .collect()
+}
+
+#[test]
+fn kasmina_holds_no_optimizer_and_exposes_parameter_groups() {
+    let src = workspace_root().join("crates/kasmina/src");
+    for gone in ["optim.rs", "optim"] {
+        assert!(
+            !src.join(gone).exists(),
+            "crates/kasmina/src/{gone}: optimizers are the trainer's (tolaria::optim)"
+        );
+    }
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("kasmina's lib.rs");
+    assert!(lib.lines().all(|line| !line.trim().ends_with("mod optim;")));
+    let mut problems = Vec::new();
+    for path in rust_sources(&src) {
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        for (line, pattern) in optimizer_code(&text) {
+            problems.push(format!("{}:{line}: `{pattern}`", path.display()));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "optimizer code in kasmina:\n{}",
+        problems.join("\n")
+    );
+    let model = std::fs::read_to_string(src.join("model.rs")).expect("kasmina's model.rs");
+    for api in ["pub fn parameter_groups(", "pub fn drain_group_events("] {
+        assert!(model.contains(api), "MorphogeneticModel lost `{api}`");
+    }
+    let sample = "// sgd_step in a comment\nfused::sgd_step(&p, &g, &b, lr)?;\n";
+    assert_eq!(optimizer_code(sample), [(2, "sgd_step")], "the scan works");
+}
+
 #[test]
 fn torch_ext_owns_the_one_device_selection() {
     let root = workspace_root();
