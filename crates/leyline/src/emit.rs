@@ -13,6 +13,29 @@
 //! without pulling in nissa's tokio and hyper, and nissa is one implementation
 //! among others.
 //!
+//! ```
+//! use leyline::telemetry::{KASMINA_SEED_ALPHA, KASMINA_SEED_GERMINATED};
+//! use leyline::{Collector, Telemetry, TelemetryLevel, metric};
+//!
+//! let collector = Collector::new();
+//! // A producer holds the handle; a binary would pass `hub.telemetry()`.
+//! let telemetry = Telemetry::new(collector.clone());
+//! telemetry.emit_event(
+//!     "kasmina.r0c1",
+//!     KASMINA_SEED_GERMINATED,
+//!     "seed germinated",
+//!     vec![("slot_id", "r0c1".to_owned())],
+//! );
+//! telemetry.emit_metrics(
+//!     "kasmina.r0c1",
+//!     TelemetryLevel::Debug,
+//!     [metric(KASMINA_SEED_ALPHA, 0.5)],
+//! );
+//! assert_eq!(collector.event_names(), [KASMINA_SEED_GERMINATED]);
+//! assert_eq!(collector.metric_values(KASMINA_SEED_ALPHA), [0.5]);
+//! assert!(!Telemetry::disabled().is_enabled());
+//! ```
+//!
 //! # Contract
 //!
 //! An emit never blocks and never fails the caller: [`Emitter::emit`] returns
