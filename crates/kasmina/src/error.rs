@@ -95,7 +95,7 @@ pub enum Error {
     /// [`crate::validate`]).
     #[error("{field} must be finite, got {value}")]
     NonFinite {
-        /// The field or argument, e.g. `SlotConfig.seed_learning_rate`.
+        /// The field or argument, e.g. `GerminationOptions.alpha_target`.
         field: &'static str,
         /// The refused value.
         value: f64,
