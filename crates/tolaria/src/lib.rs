@@ -6,8 +6,10 @@
 //! eager, one CUDA graph per step, and one CUDA graph per epoch.
 //!
 //! Tolaria is the trainer side: it owns every data set and its staging
-//! ([`data`]). It defines no model structure (hosts, slots and seeds are
-//! Kasmina's) and resolves devices only through `torch_ext::device::select`.
+//! ([`data`]) and every optimizer ([`optim`]: the state of each parameter
+//! group Kasmina exposes). It defines no model structure (hosts, slots and
+//! seeds are Kasmina's) and resolves devices only through
+//! `torch_ext::device::select`.
 //!
 //! - [`config`]: the serde [`TrainerConfig`].
 //! - [`data`]: every data set (Fashion-MNIST, CIFAR-10, seeded synthetic
