@@ -1,6 +1,9 @@
 //! Architecture invariant: dependencies point down the crate list of
 //! DESIGN.md §2 (leyline at the bottom), and leyline, nissa and xtask never
-//! depend on tch. Read straight from every crate's `Cargo.toml`.
+//! depend on tch. Read straight from every crate's `Cargo.toml`; leyline's
+//! sources are also scanned, so the contracts never read the environment,
+//! run commands or touch files (machine probing is the `esper` binary's and
+//! xtask's).
 
 use std::path::{Path, PathBuf};
 
@@ -65,6 +68,18 @@ fn read_manifest(path: &Path) -> Manifest {
                 collect(target.get(section));
             }
         }
+    }
+    // A crate's tests may turn on its own features through a path
+    // dev-dependency on itself (leyline's `testing`); that is no edge.
+    if let Some(dev) = value
+        .get("dev-dependencies")
+        .and_then(toml::Value::as_table)
+        && dev.contains_key(&name)
+        && let Some(at) = dependencies
+            .iter()
+            .rposition(|dependency| *dependency == name)
+    {
+        dependencies.remove(at);
     }
     Manifest { name, dependencies }
 }

@@ -23,6 +23,8 @@
 //! - [`layers`]: the small fallible tch layers the rest is made of.
 //! - [`error`]: the crate's error type; [`validate`]: the checks and size
 //!   bounds applied where values enter the crate.
+//! - [`bench`](mod@bench): the `kasmina-prefetch` benchmark's measuring code
+//!   (figures only; `esper bench kasmina-prefetch` writes the record).
 
 #![cfg_attr(
     not(test),
@@ -39,6 +41,7 @@
 
 pub mod alpha;
 pub mod attribution;
+pub mod bench;
 pub mod blend;
 pub mod blueprint;
 pub mod error;

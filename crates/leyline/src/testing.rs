@@ -135,37 +135,6 @@ pub fn hostile_string() -> impl Strategy<Value = String> {
     ]
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-
-    #[test]
-    fn extreme_f64_reaches_every_non_finite_class() {
-        let mut runner = TestRunner::deterministic();
-        let strategy = extreme_f64();
-        let (mut nan, mut pos, mut neg) = (false, false, false);
-        for _ in 0..2_000 {
-            let v = strategy.new_tree(&mut runner).expect("tree").current();
-            nan |= v.is_nan();
-            pos |= v == f64::INFINITY;
-            neg |= v == f64::NEG_INFINITY;
-        }
-        assert!(nan && pos && neg, "nan={nan} +inf={pos} -inf={neg}");
-    }
-
-    #[test]
-    fn extreme_usize_reaches_overflowing_sizes() {
-        let mut runner = TestRunner::deterministic();
-        let strategy = extreme_usize();
-        let hit = (0..2_000)
-            .map(|_| strategy.new_tree(&mut runner).expect("tree").current())
-            .any(|v| v.checked_mul(4).is_none());
-        assert!(hit);
-    }
-}
-
 /// Baseline records that satisfy every rule of `baseline::validate`:
 /// portable names, odd but valid text, extreme finite metrics, extra
 /// environment keys that repeat no fixed field, distinct entries and known
@@ -236,4 +205,35 @@ pub fn valid_baseline_record() -> impl Strategy<Value = BaselineRecord> {
                 telemetry_names: names.into_iter().map(str::to_owned).collect(),
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    #[test]
+    fn extreme_f64_reaches_every_non_finite_class() {
+        let mut runner = TestRunner::deterministic();
+        let strategy = extreme_f64();
+        let (mut nan, mut pos, mut neg) = (false, false, false);
+        for _ in 0..2_000 {
+            let v = strategy.new_tree(&mut runner).expect("tree").current();
+            nan |= v.is_nan();
+            pos |= v == f64::INFINITY;
+            neg |= v == f64::NEG_INFINITY;
+        }
+        assert!(nan && pos && neg, "nan={nan} +inf={pos} -inf={neg}");
+    }
+
+    #[test]
+    fn extreme_usize_reaches_overflowing_sizes() {
+        let mut runner = TestRunner::deterministic();
+        let strategy = extreme_usize();
+        let hit = (0..2_000)
+            .map(|_| strategy.new_tree(&mut runner).expect("tree").current())
+            .any(|v| v.checked_mul(4).is_none());
+        assert!(hit);
+    }
 }

@@ -1,16 +1,18 @@
 //! The `tolaria-reference` benchmark: every execution mode on one device,
-//! warm-up epochs then measured epochs, summarised as a
+//! warm-up epochs then measured epochs, summarised as the figures of a
 //! `leyline::baseline::BaselineRecord` (DESIGN.md §7).
 //!
 //! Per mode it records epoch latency percentiles (host wall time of a whole
 //! epoch, staging and readback included), the first epoch, capture time,
 //! staging time, device time per replayed step, four bare replays of the
 //! captured step (the floor a graph-step epoch approaches) and peak device
-//! memory. `esper bench tolaria-reference` is the thin front end.
+//! memory. [`run`] returns the figures with the device they came from; it
+//! probes no machine and writes no record: `esper bench tolaria-reference`
+//! adds the environment and writes it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use leyline::baseline::{BASELINE_SCHEMA, BaselineRecord, Environment, ResultEntry, percentile};
+use leyline::baseline::{Measurements, ResultEntry, percentile};
 use leyline::{Collector, Telemetry};
 use serde::{Deserialize, Serialize};
 use tch::Device;
@@ -79,8 +81,6 @@ impl Variant {
 /// What to run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchOptions {
-    /// Record label.
-    pub label: String,
     /// Device to run on.
     pub device: DeviceChoice,
     /// Variants to run (empty: [`Variant::defaults`]).
@@ -98,9 +98,8 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     /// Full settings (20 warm-up, 300 measured epochs), or a smoke run.
-    pub fn new(label: &str, device: DeviceChoice, quick: bool) -> BenchOptions {
+    pub fn new(device: DeviceChoice, quick: bool) -> BenchOptions {
         BenchOptions {
-            label: label.to_owned(),
             device,
             variants: Vec::new(),
             warmup_epochs: if quick { 5 } else { 20 },
@@ -144,12 +143,24 @@ pub const MAX_BENCH_EPOCHS: usize = 1_000_000;
 /// Largest number of bare-replay samples or timed replays.
 pub const MAX_BENCH_REPLAYS: usize = 10_000_000;
 
+/// What [`run`] measured, and where: the record's figures, and the two
+/// facts of its environment that only the run knows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferenceRun {
+    /// Parameters, one result entry per variant, telemetry names.
+    pub measurements: Measurements,
+    /// The device every variant ran on.
+    pub device: Device,
+    /// Whether the variants allowed TF32 matmuls (`environment.tf32`).
+    pub tf32: bool,
+}
+
 /// Runs the benchmark; `progress` receives one line per stage.
 ///
 /// # Errors
 /// [`BenchOptions::validate`]'s errors, a device that is not there; a
-/// variant that fails is recorded in the record with its error instead.
-pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+/// variant that fails is recorded in the figures with its error instead.
+pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<ReferenceRun> {
     options.validate()?;
     let device = torch_ext::device::select(options.device)?;
     let variants = if options.variants.is_empty() {
@@ -216,14 +227,14 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Bas
         "epoch_ms": "host wall time of a whole epoch including staging and readback",
         "trainer_config": serde_json::to_value(variant_config(variants.first().copied().unwrap_or(Variant { mode: ExecutionMode::Eager, step: StepKind::Fused }), device)).unwrap_or_default(),
     });
-    Ok(BaselineRecord {
-        schema: BASELINE_SCHEMA,
-        workload: WORKLOAD.to_owned(),
-        label: options.label.clone(),
-        environment: environment(device, precision.is_some_and(|p| p.allow_tf32))?,
-        params,
-        results,
-        telemetry_names: telemetry_names.into_iter().collect(),
+    Ok(ReferenceRun {
+        measurements: Measurements {
+            params,
+            results,
+            telemetry_names: telemetry_names.into_iter().collect(),
+        },
+        device,
+        tf32: precision.is_some_and(|p| p.allow_tf32),
     })
 }
 
@@ -372,25 +383,4 @@ fn device_label(device: Device) -> String {
         ),
         _ => "cpu".to_owned(),
     }
-}
-
-/// The record's environment for `device`.
-pub fn environment(device: Device, tf32: bool) -> Result<Environment> {
-    let mut environment = Environment::cpu_only();
-    environment.torch = std::env::var("ESPER_TORCH_VERSION")
-        .unwrap_or_else(|_| "2.11.0 (libtorch for tch 0.24)".to_owned());
-    environment.tf32 = tf32;
-    environment.amp = "off".to_owned();
-    environment.extra.insert(
-        "torch_threads".to_owned(),
-        serde_json::Value::from(tch::get_num_threads()),
-    );
-    if let Device::Cuda(index) = device {
-        environment.device = torch_ext::cuda::device_name(index)?;
-        let (runtime, driver) = torch_ext::cuda::runtime_versions()?;
-        environment.cuda = runtime;
-        environment.driver = std::env::var("ESPER_DRIVER_VERSION")
-            .unwrap_or_else(|_| format!("CUDA driver API {driver}"));
-    }
-    Ok(environment)
 }

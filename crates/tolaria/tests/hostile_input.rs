@@ -412,7 +412,7 @@ fn bench_options_with_absurd_counts_are_refused() {
         "bare_replay_samples",
         "timed_replays",
     ] {
-        let mut options = BenchOptions::new("x", DeviceChoice::Cpu, true);
+        let mut options = BenchOptions::new(DeviceChoice::Cpu, true);
         options.variants = vec![Variant {
             mode: ExecutionMode::Eager,
             step: StepKind::Fused,
@@ -525,7 +525,7 @@ proptest! {
     ) {
         let options = BenchOptions {
             warmup_epochs, measured_epochs, bare_replay_samples, timed_replays,
-            ..BenchOptions::new("x", DeviceChoice::Cpu, true)
+            ..BenchOptions::new(DeviceChoice::Cpu, true)
         };
         let within = warmup_epochs.max(measured_epochs) <= tolaria::bench::MAX_BENCH_EPOCHS
             && bare_replay_samples.max(timed_replays) <= tolaria::bench::MAX_BENCH_REPLAYS;
