@@ -40,7 +40,9 @@ const SILENCEABLE: &[&str] = &[
 
 fn workspace_root() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map_or_else(|| manifest.to_path_buf(), Path::to_path_buf)
+    manifest
+        .parent()
+        .map_or_else(|| manifest.to_path_buf(), Path::to_path_buf)
 }
 
 /// Every `.rs` file under `dir`, recursively, sorted.
@@ -76,7 +78,11 @@ struct Site {
 /// (possibly spread over several lines) naming one of [`SILENCEABLE`].
 fn silenced_sites(root: &Path, file: &Path) -> Vec<Site> {
     let text = std::fs::read_to_string(file).unwrap_or_default();
-    let rel = file.strip_prefix(root).unwrap_or(file).display().to_string();
+    let rel = file
+        .strip_prefix(root)
+        .unwrap_or(file)
+        .display()
+        .to_string();
     let mut sites = Vec::new();
     let lines: Vec<&str> = text.lines().collect();
     let mut i = 0;
@@ -149,7 +155,10 @@ fn every_remaining_site_states_its_reason() {
         rust_files(&root.join("crates").join(name).join("src"), &mut files);
     }
     assert!(files.len() > 20, "found only {} library files", files.len());
-    let sites: Vec<Site> = files.iter().flat_map(|f| silenced_sites(&root, f)).collect();
+    let sites: Vec<Site> = files
+        .iter()
+        .flat_map(|f| silenced_sites(&root, f))
+        .collect();
     let mut problems = Vec::new();
     println!("remaining panic and unchecked-arithmetic sites in library code:");
     for site in &sites {
