@@ -18,6 +18,7 @@ const BUNDLE_LIMIT_BYTES: u64 = 40 * 1024 * 1024;
 const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("torch-ext", "gpu"),
     ("tolaria", "gpu"),
+    ("tolaria", "gpu_optim"),
     ("kasmina", "gpu_cuda"),
     ("tolaria", "data_dataset"),
 ];
