@@ -258,13 +258,20 @@ impl LinearCeState {
     }
 
     /// Chooses the fused step's optimizer update: torch-ext's fused SGD
-    /// kernel (`at::_fused_sgd_`) or `mul_` + `addmm_` + `addcmul_`.
+    /// kernel (`at::_fused_sgd_`) or `mul_` + `addmm_` + `addcmul_`. Without
+    /// momentum the fused kernel takes no buffer list (libtorch refuses one),
+    /// and plain SGD is the same update as the unfused path's.
     pub fn set_fused_sgd(&mut self, enabled: bool) {
+        let momentum = if self.momentum_factor == 0.0 {
+            Vec::new()
+        } else {
+            vec![self.momentum.shallow_clone()]
+        };
         self.fused_sgd = enabled.then(|| {
             [
                 vec![self.params.shallow_clone()],
                 vec![self.grad.shallow_clone()],
-                vec![self.momentum.shallow_clone()],
+                momentum,
             ]
         });
     }

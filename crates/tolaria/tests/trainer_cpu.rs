@@ -101,6 +101,29 @@ fn fused_backward_matches_autograd_with_and_without_the_fused_sgd_kernel() -> an
     Ok(())
 }
 
+/// Without momentum the fused SGD kernel takes no buffer list (libtorch
+/// refuses one; found by `trainer_configs_never_panic`), and the three step
+/// paths still agree.
+#[test]
+fn plain_sgd_without_momentum_trains_on_every_step_path() -> anyhow::Result<()> {
+    let run = |step: StepKind, fused_sgd: bool| -> anyhow::Result<Vec<f32>> {
+        let mut trainer = Trainer::new(TrainerConfig {
+            step,
+            fused_sgd,
+            momentum: 0.0,
+            ..cpu_config()
+        })?;
+        trainer.train(3)?;
+        Ok(trainer.parameters()?)
+    };
+    let autograd = run(StepKind::Autograd, false)?;
+    let initial = ReferenceData::generate(&cpu_config())?.initial_parameters;
+    assert!(max_abs_difference(&autograd, &initial) > 1e-4);
+    assert!(max_abs_difference(&run(StepKind::Fused, false)?, &autograd) < 1e-5);
+    assert!(max_abs_difference(&run(StepKind::Fused, true)?, &autograd) < 1e-5);
+    Ok(())
+}
+
 #[test]
 fn graph_modes_return_cuda_required_and_absent_cuda_devices_a_device_error_on_the_cpu() {
     for mode in [ExecutionMode::GraphStep, ExecutionMode::GraphEpoch] {
