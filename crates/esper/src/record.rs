@@ -10,7 +10,7 @@ use leyline::baseline::BaselineRecord;
 
 /// Writes `record` as pretty JSON to `path`, creating its folder. A record
 /// [`BaselineRecord::validate`] refuses is not written (the error carries
-/// the `leyline::ContractError`). The text goes to a temporary file in the
+/// the `leyline::Error`). The text goes to a temporary file in the
 /// same folder that is then renamed over `path`, so a reader never sees a
 /// partial record.
 pub(crate) fn write(record: &BaselineRecord, path: &Path) -> Result<()> {
@@ -108,8 +108,8 @@ mod tests {
             let error = write(&bad, &path).expect_err("refused");
             assert!(
                 matches!(
-                    error.downcast_ref::<leyline::ContractError>(),
-                    Some(leyline::ContractError::InvalidField {
+                    error.downcast_ref::<leyline::Error>(),
+                    Some(leyline::Error::InvalidField {
                         field: "results.metrics",
                         ..
                     })

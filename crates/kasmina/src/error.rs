@@ -8,7 +8,7 @@ pub enum Error {
     Torch(#[from] tch::TchError),
     /// A contract value was refused (enum value, message validation).
     #[error(transparent)]
-    Contract(#[from] leyline::ContractError),
+    Contract(#[from] leyline::Error),
     /// A blueprint name that the registry does not know.
     #[error("unknown blueprint {name:?} (known CNN blueprints: {known})")]
     UnknownBlueprint {
@@ -23,7 +23,7 @@ pub enum Error {
         /// Slot the seed lives in.
         slot: String,
         /// The contract error naming the refused move.
-        source: leyline::ContractError,
+        source: leyline::Error,
     },
     /// A lifecycle target that may not be asked for explicitly (failure stages, none).
     #[error("slot {slot}: {target} cannot be requested as an advance target")]

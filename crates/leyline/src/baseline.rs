@@ -127,7 +127,7 @@ impl BaselineRecord {
     /// are errors.
     pub fn from_json(text: &str) -> crate::Result<BaselineRecord> {
         let record: BaselineRecord =
-            serde_json::from_str(text).map_err(|error| crate::ContractError::Json {
+            serde_json::from_str(text).map_err(|error| crate::Error::Json {
                 message: "BaselineRecord",
                 reason: error.to_string(),
             })?;
@@ -138,11 +138,10 @@ impl BaselineRecord {
     /// Pretty JSON with a trailing newline, after [`BaselineRecord::validate`].
     pub fn to_json_pretty(&self) -> crate::Result<String> {
         self.validate()?;
-        let mut text =
-            serde_json::to_string_pretty(self).map_err(|error| crate::ContractError::Json {
-                message: "BaselineRecord",
-                reason: error.to_string(),
-            })?;
+        let mut text = serde_json::to_string_pretty(self).map_err(|error| crate::Error::Json {
+            message: "BaselineRecord",
+            reason: error.to_string(),
+        })?;
         text.push('\n');
         Ok(text)
     }
@@ -261,7 +260,7 @@ mod tests {
             assert!(
                 matches!(
                     BaselineRecord::from_measurements(workload, label, environment(), measurements(value)),
-                    Err(crate::ContractError::InvalidField { field: refused, .. }) if refused == field
+                    Err(crate::Error::InvalidField { field: refused, .. }) if refused == field
                 ),
                 "{workload:?} {label:?} {value}"
             );

@@ -1,8 +1,8 @@
 //! Field checks shared by the codec and the baseline record. Each returns a
-//! [`ContractError`] naming the message and the field, with the offending
+//! [`Error`] naming the message and the field, with the offending
 //! value (long text shown truncated).
 
-use crate::{ContractError, Result, SCHEMA_VERSION};
+use crate::{Error, Result, SCHEMA_VERSION};
 
 /// Characters of caller-supplied text repeated in an error reason.
 const SHOWN_CHARS: usize = 64;
@@ -19,8 +19,8 @@ pub(crate) fn shown(text: &str) -> String {
 }
 
 /// An `InvalidField` error.
-pub(crate) fn invalid(message: &'static str, field: &'static str, reason: String) -> ContractError {
-    ContractError::InvalidField {
+pub(crate) fn invalid(message: &'static str, field: &'static str, reason: String) -> Error {
+    Error::InvalidField {
         message,
         field,
         reason,
@@ -32,7 +32,7 @@ pub(crate) fn schema(message: &'static str, got: u32) -> Result<()> {
     if got == SCHEMA_VERSION {
         Ok(())
     } else {
-        Err(ContractError::SchemaVersion {
+        Err(Error::SchemaVersion {
             message,
             expected: SCHEMA_VERSION,
             got,
@@ -98,11 +98,11 @@ mod tests {
     fn range_check_names_non_finite_before_range() {
         let error = in_range("M", "f", f64::NAN, 0.0, 1.0);
         assert!(
-            matches!(&error, Err(ContractError::InvalidField { reason, .. }) if reason.contains("not finite"))
+            matches!(&error, Err(Error::InvalidField { reason, .. }) if reason.contains("not finite"))
         );
         let error = in_range("M", "f", 2.0, 0.0, 1.0);
         assert!(
-            matches!(&error, Err(ContractError::InvalidField { reason, .. }) if reason.contains("outside"))
+            matches!(&error, Err(Error::InvalidField { reason, .. }) if reason.contains("outside"))
         );
         assert_eq!(in_range("M", "f", -0.0, 0.0, 1.0), Ok(()));
     }

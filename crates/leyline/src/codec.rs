@@ -3,7 +3,7 @@
 //! Decoding (protobuf or JSON) never panics: bytes that are not a message,
 //! enum values outside the contract (the reserved stage 5 included), non-finite
 //! or out-of-range numbers, unknown schema versions and (JSON) unknown or
-//! missing keys all return a [`ContractError`]. Every encoder and decoder runs
+//! missing keys all return a [`Error`]. Every encoder and decoder runs
 //! [`Contract::validate`], so both encodings accept exactly the same values and
 //! whatever one writes, the other reads back.
 //!
@@ -12,7 +12,7 @@
 //! JSON cannot carry NaN or the infinities (serde would write `null`, which no
 //! decoder of a required number accepts), so **non-finite numbers are not
 //! contract values**: `validate` refuses them with
-//! [`ContractError::InvalidField`] naming the message and the field, and
+//! [`Error::InvalidField`] naming the message and the field, and
 //! therefore `encode_protobuf`, `to_json`, `decode_protobuf` and `from_json`
 //! refuse them too, in protobuf as well as in JSON. Telemetry follows the same
 //! rule: a [`TelemetryPacket`] with a non-finite metric value is refused as a
@@ -42,8 +42,8 @@ use crate::proto::{
     TelemetryPacket,
 };
 use crate::{
-    AlphaAlgorithm, AlphaCurve, AlphaMode, ContractError, GateLevel, Result, SCHEMA_VERSION,
-    SeedStage, TelemetryLevel,
+    AlphaAlgorithm, AlphaCurve, AlphaMode, Error, GateLevel, Result, SCHEMA_VERSION, SeedStage,
+    TelemetryLevel,
 };
 
 /// A contract message: protobuf + JSON codec and a validity check.
@@ -62,7 +62,7 @@ pub trait Contract: Message + Default + serde::Serialize + serde::de::Deserializ
 
     /// Decodes protobuf bytes and validates the result.
     fn decode_protobuf(bytes: &[u8]) -> Result<Self> {
-        let message = Self::decode(bytes).map_err(|error| ContractError::Decode {
+        let message = Self::decode(bytes).map_err(|error| Error::Decode {
             message: Self::NAME,
             reason: error.to_string(),
         })?;
@@ -73,7 +73,7 @@ pub trait Contract: Message + Default + serde::Serialize + serde::de::Deserializ
     /// Serialises as JSON (after validation).
     fn to_json(&self) -> Result<String> {
         self.validate()?;
-        serde_json::to_string(self).map_err(|error| ContractError::Json {
+        serde_json::to_string(self).map_err(|error| Error::Json {
             message: Self::NAME,
             reason: error.to_string(),
         })
@@ -81,7 +81,7 @@ pub trait Contract: Message + Default + serde::Serialize + serde::de::Deserializ
 
     /// Parses JSON (every non-optional field required) and validates the result.
     fn from_json(text: &str) -> Result<Self> {
-        let message: Self = serde_json::from_str(text).map_err(|error| ContractError::Json {
+        let message: Self = serde_json::from_str(text).map_err(|error| Error::Json {
             message: Self::NAME,
             reason: error.to_string(),
         })?;

@@ -36,7 +36,7 @@ macro_rules! contract_enum {
             pub fn from_value(value: i32) -> $crate::Result<Self> {
                 match value {
                     $( $value => Ok($name::$variant), )+
-                    _ => Err($crate::ContractError::InvalidEnumValue {
+                    _ => Err($crate::Error::InvalidEnumValue {
                         enum_name: stringify!($name),
                         value: i64::from(value),
                     }),
@@ -47,7 +47,7 @@ macro_rules! contract_enum {
             pub fn from_name(text: &str) -> $crate::Result<Self> {
                 match text {
                     $( $text => Ok($name::$variant), )+
-                    _ => Err($crate::ContractError::InvalidEnumName {
+                    _ => Err($crate::Error::InvalidEnumName {
                         enum_name: stringify!($name),
                         name: text.to_owned(),
                     }),
@@ -56,7 +56,7 @@ macro_rules! contract_enum {
         }
 
         impl TryFrom<i32> for $name {
-            type Error = $crate::ContractError;
+            type Error = $crate::Error;
             fn try_from(value: i32) -> $crate::Result<Self> {
                 Self::from_value(value)
             }

@@ -2,7 +2,7 @@
 
 /// Why a contract value was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ContractError {
+pub enum Error {
     /// An integer that names no variant of a contract enum (including the
     /// reserved `SeedStage` value 5).
     #[error("invalid {enum_name} value {value}")]
@@ -67,4 +67,4 @@ pub enum ContractError {
 }
 
 /// Result alias of the contracts crate.
-pub type Result<T, E = ContractError> = std::result::Result<T, E>;
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -46,7 +46,7 @@
 //! let bytes = state.encode_protobuf()?;
 //! assert_eq!(SeedState::decode_protobuf(&bytes)?, state);
 //! assert_eq!(SeedState::from_json(&state.to_json()?)?, state);
-//! # Ok::<(), leyline::ContractError>(())
+//! # Ok::<(), leyline::Error>(())
 //! ```
 
 #![cfg_attr(
@@ -88,7 +88,7 @@ pub use action::{
 };
 pub use alpha::{AlphaAlgorithm, AlphaCurve, AlphaMode};
 pub use emit::{Collector, Emitter, Telemetry, event, metric};
-pub use error::{ContractError, Result};
+pub use error::{Error, Result};
 pub use gate::GateLevel;
 pub use stage::SeedStage;
 pub use telemetry::TelemetryLevel;

@@ -4,7 +4,7 @@
 //! moves exist; every crate asks [`SeedStage::can_transition_to`] or
 //! [`validate_transition`] rather than keeping its own list.
 
-use crate::{ContractError, Result};
+use crate::{Error, Result};
 
 contract_enum! {
     /// Lifecycle stage of a seed. The integer values are part of the contract;
@@ -140,7 +140,7 @@ pub fn validate_transition(from: SeedStage, to: SeedStage) -> Result<()> {
     if from.can_transition_to(to) {
         Ok(())
     } else {
-        Err(ContractError::IllegalTransition { from, to })
+        Err(Error::IllegalTransition { from, to })
     }
 }
 

@@ -10,7 +10,7 @@ use leyline::proto::{
     AdaptationCommand, GateResult, SeedMetricSet, SeedState, TelemetryEvent, TelemetryMetric,
     TelemetryPacket,
 };
-use leyline::{ContractError, SCHEMA_VERSION, TelemetryLevel};
+use leyline::{Error, SCHEMA_VERSION, TelemetryLevel};
 
 fn metric_set() -> SeedMetricSet {
     SeedMetricSet {
@@ -94,7 +94,7 @@ fn command() -> AdaptationCommand {
 
 fn field_of<T>(result: leyline::Result<T>) -> Option<&'static str> {
     match result {
-        Err(ContractError::InvalidField { field, .. }) => Some(field),
+        Err(Error::InvalidField { field, .. }) => Some(field),
         _ => None,
     }
 }
@@ -109,7 +109,7 @@ fn assert_unknown_key_refused<T: Contract + std::fmt::Debug>(message: &T) {
     assert!(T::from_json(&json).is_ok());
     let bad = with_extra_key(&json, "alhpa_tagret");
     match T::from_json(&bad) {
-        Err(ContractError::Json { reason, .. }) => {
+        Err(Error::Json { reason, .. }) => {
             assert!(reason.contains("alhpa_tagret"), "{}: {reason}", T::NAME);
         }
         other => panic!("{}: misspelt key accepted: {other:?}", T::NAME),
@@ -131,13 +131,13 @@ fn misspelt_keys_in_nested_messages_are_refused() {
     let nested = json.replacen("\"epochs_total\"", "\"epoch_total\"", 1);
     assert!(matches!(
         SeedState::from_json(&nested),
-        Err(ContractError::Json { reason, .. }) if reason.contains("epoch_total")
+        Err(Error::Json { reason, .. }) if reason.contains("epoch_total")
     ));
     let json = packet().to_json().expect("json");
     let nested = json.replacen("\"unit\"", "\"units\"", 1);
     assert!(matches!(
         TelemetryPacket::from_json(&nested),
-        Err(ContractError::Json { reason, .. }) if reason.contains("units")
+        Err(Error::Json { reason, .. }) if reason.contains("units")
     ));
 }
 
@@ -267,7 +267,7 @@ fn record() -> BaselineRecord {
 
 fn record_field(result: leyline::Result<String>) -> Option<&'static str> {
     match result {
-        Err(ContractError::InvalidField {
+        Err(Error::InvalidField {
             message: "BaselineRecord",
             field,
             ..
@@ -353,12 +353,12 @@ fn baseline_unknown_keys_and_duplicate_entries_are_refused_on_read() {
     let misspelt = text.replacen("\"telemetry_names\"", "\"telemetry_name\"", 1);
     assert!(matches!(
         BaselineRecord::from_json(&misspelt),
-        Err(ContractError::Json { reason, .. }) if reason.contains("telemetry_name")
+        Err(Error::Json { reason, .. }) if reason.contains("telemetry_name")
     ));
     let misspelt = text.replacen("\"mode\"", "\"mod\"", 1);
     assert!(matches!(
         BaselineRecord::from_json(&misspelt),
-        Err(ContractError::Json { reason, .. }) if reason.contains("mod")
+        Err(Error::Json { reason, .. }) if reason.contains("mod")
     ));
     let mut duplicate = record();
     duplicate.results.push(duplicate.results[0].clone());
@@ -387,7 +387,7 @@ fn baseline_reading_validates_like_writing() {
             .replacen("\"cpu-test\"", "\"../escape\"", 1);
     assert!(matches!(
         BaselineRecord::from_json(&text),
-        Err(ContractError::InvalidField { field: "label", .. })
+        Err(Error::InvalidField { field: "label", .. })
     ));
 }
 

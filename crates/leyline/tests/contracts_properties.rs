@@ -9,7 +9,7 @@ use leyline::proto::{
     TelemetryPacket,
 };
 use leyline::stage::{VALID_TRANSITIONS, validate_transition, validate_transition_values};
-use leyline::{ContractError, SCHEMA_VERSION, SeedStage};
+use leyline::{Error, SCHEMA_VERSION, SeedStage};
 use proptest::prelude::*;
 
 /// The legal moves of ESPER_PYTHON_REFERENCE.md §1.2, written out independently
@@ -53,11 +53,11 @@ proptest! {
         let allowed = both_valid && REFERENCE_EDGES.contains(&(from, to));
         prop_assert_eq!(result.is_ok(), allowed, "{} -> {}: {:?}", from, to, result);
         if both_valid && !allowed {
-            let is_illegal_transition = matches!(result, Err(ContractError::IllegalTransition { .. }));
+            let is_illegal_transition = matches!(result, Err(Error::IllegalTransition { .. }));
             prop_assert!(is_illegal_transition);
         }
         if !both_valid {
-            let is_invalid_value = matches!(result, Err(ContractError::InvalidEnumValue { .. }));
+            let is_invalid_value = matches!(result, Err(Error::InvalidEnumValue { .. }));
             prop_assert!(is_invalid_value);
         }
     }
@@ -116,7 +116,7 @@ proptest! {
         let bytes = prost::Message::encode_to_vec(&state);
         let is_invalid = matches!(
             SeedState::decode_protobuf(&bytes),
-            Err(ContractError::InvalidEnumValue { value: 5, .. })
+            Err(Error::InvalidEnumValue { value: 5, .. })
         );
         prop_assert!(is_invalid);
         prop_assert!(state.to_json().is_err());
@@ -350,11 +350,11 @@ fn wrong_schema_version_and_missing_json_keys_are_rejected() {
     };
     assert!(matches!(
         command.validate(),
-        Err(ContractError::SchemaVersion { got: 2, .. })
+        Err(Error::SchemaVersion { got: 2, .. })
     ));
     assert!(matches!(
         AdaptationCommand::from_json("{\"schema_version\": 1}"),
-        Err(ContractError::Json { .. })
+        Err(Error::Json { .. })
     ));
     let nan_alpha = SeedState {
         schema_version: SCHEMA_VERSION,
@@ -365,6 +365,6 @@ fn wrong_schema_version_and_missing_json_keys_are_rejected() {
     };
     assert!(matches!(
         nan_alpha.validate(),
-        Err(ContractError::InvalidField { field: "alpha", .. })
+        Err(Error::InvalidField { field: "alpha", .. })
     ));
 }

@@ -20,8 +20,8 @@ use leyline::testing::{
 };
 use leyline::{
     AlphaAlgorithm, AlphaCurve, AlphaCurveAction, AlphaMode, AlphaSpeedAction, AlphaTargetAction,
-    BlueprintAction, ContractError, GateLevel, GerminationStyle, HEAD_NAMES, LifecycleOp,
-    SCHEMA_VERSION, SeedStage, TelemetryLevel, TempoAction,
+    BlueprintAction, Error, GateLevel, GerminationStyle, HEAD_NAMES, LifecycleOp, SCHEMA_VERSION,
+    SeedStage, TelemetryLevel, TempoAction,
 };
 use proptest::prelude::*;
 
@@ -52,7 +52,7 @@ macro_rules! check_enum {
         let listed = <$enum>::ALL.iter().find(|variant| variant.value() == value);
         prop_assert_eq!(decoded.as_ref().ok(), listed);
         if decoded.is_err() {
-            let named = matches!(decoded, Err(ContractError::InvalidEnumValue { value: v, .. }) if v == i64::from(value));
+            let named = matches!(decoded, Err(Error::InvalidEnumValue { value: v, .. }) if v == i64::from(value));
             prop_assert!(named);
         }
         let by_name = <$enum>::from_name(name);
@@ -113,7 +113,7 @@ fn verdict<T: Contract + Clone + PartialEq + std::fmt::Debug>(
     prop_assert_eq!(result.is_ok(), expected_ok, "{:?}", result);
     match result {
         Ok(()) => round_trips(message),
-        Err(ContractError::InvalidField { field: named, .. }) => {
+        Err(Error::InvalidField { field: named, .. }) => {
             prop_assert_eq!(named, field);
             prop_assert!(message.to_json().is_err());
             prop_assert!(message.encode_protobuf().is_err());
@@ -276,7 +276,7 @@ proptest! {
         } else {
             let typed = matches!(
                 result,
-                Err(ContractError::InvalidEnumValue { .. } | ContractError::SchemaVersion { .. })
+                Err(Error::InvalidEnumValue { .. } | Error::SchemaVersion { .. })
             );
             prop_assert!(typed);
         }
@@ -411,7 +411,7 @@ proptest! {
             }
             Err(error) => {
                 prop_assert_eq!(record.validate(), Err(error.clone()));
-                let typed = matches!(error, ContractError::InvalidField { message: "BaselineRecord", .. });
+                let typed = matches!(error, Error::InvalidField { message: "BaselineRecord", .. });
                 prop_assert!(typed, "{:?}", error);
             }
         }

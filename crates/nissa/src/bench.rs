@@ -28,7 +28,7 @@ use leyline::TelemetryLevel;
 use leyline::baseline::{Measurements, ResultEntry, percentile};
 use leyline::proto::{TelemetryMetric, TelemetryPacket};
 
-use crate::error::{NissaError, Result};
+use crate::error::{Error, Result};
 use crate::{Hub, HubConfig, Sink, SlowSink};
 
 /// Workload name in records.
@@ -90,9 +90,9 @@ impl EmitParams {
     /// are checked when the hub is built.
     ///
     /// # Errors
-    /// [`NissaError::Bench`] naming the parameter and its value.
+    /// [`Error::Bench`] naming the parameter and its value.
     pub fn validate(&self) -> Result<()> {
-        let out_of_range = |what, value: usize, max: usize| NissaError::Bench {
+        let out_of_range = |what, value: usize, max: usize| Error::Bench {
             what,
             reason: format!("{value} is outside [1, {max}]"),
         };
@@ -108,7 +108,7 @@ impl EmitParams {
         }
         let emits = self.events_per_producer.saturating_mul(self.repeats);
         if emits > MAX_EMITS_PER_PRODUCER {
-            return Err(NissaError::Bench {
+            return Err(Error::Bench {
                 what: "events_per_producer * repeats",
                 reason: format!(
                     "{} * {} = {emits} is above {MAX_EMITS_PER_PRODUCER}",
@@ -117,7 +117,7 @@ impl EmitParams {
             });
         }
         if self.slow_sink_delay > MAX_SLOW_SINK_DELAY {
-            return Err(NissaError::Bench {
+            return Err(Error::Bench {
                 what: "slow_sink_delay",
                 reason: format!(
                     "{:?} is above {MAX_SLOW_SINK_DELAY:?}",
@@ -149,7 +149,7 @@ impl EmitParams {
 ///
 /// # Errors
 /// [`EmitParams::validate`]'s errors, a hub that does not build
-/// ([`NissaError::Config`]), and [`NissaError::Bench`] when a producer
+/// ([`Error::Config`]), and [`Error::Bench`] when a producer
 /// thread panics, the warm-up flush does not finish, or a figure comes out
 /// empty or not finite. An inexact accounting is not an error here: it is
 /// the entry's `error` in the figures.
@@ -240,12 +240,12 @@ fn produce(hub: &Hub, events: usize, producer: usize) -> ProducerRun {
     }
 }
 
-/// `value` when finite, else [`NissaError::Bench`] naming the figure.
+/// `value` when finite, else [`Error::Bench`] naming the figure.
 fn finite(what: &'static str, value: f64) -> Result<f64> {
     if value.is_finite() {
         Ok(value)
     } else {
-        Err(NissaError::Bench {
+        Err(Error::Bench {
             what,
             reason: format!("{value} is not finite"),
         })
@@ -254,7 +254,7 @@ fn finite(what: &'static str, value: f64) -> Result<f64> {
 
 /// Nearest-rank percentile of a sample set that must not be empty.
 fn nearest_rank(what: &'static str, samples: &[f64], percent: f64) -> Result<f64> {
-    let value = percentile(samples, percent).ok_or_else(|| NissaError::Bench {
+    let value = percentile(samples, percent).ok_or_else(|| Error::Bench {
         what,
         reason: format!("no samples for percentile {percent}"),
     })?;
@@ -264,7 +264,7 @@ fn nearest_rank(what: &'static str, samples: &[f64], percent: f64) -> Result<f64
 /// Mean of a sample set that must not be empty.
 fn mean(what: &'static str, samples: &[f64]) -> Result<f64> {
     if samples.is_empty() {
-        return Err(NissaError::Bench {
+        return Err(Error::Bench {
             what,
             reason: "no samples".to_owned(),
         });
@@ -302,7 +302,7 @@ fn measure(
         let runs: Vec<ProducerRun> =
             runs.into_iter()
                 .collect::<Option<_>>()
-                .ok_or_else(|| NissaError::Bench {
+                .ok_or_else(|| Error::Bench {
                     what: "producer thread",
                     reason: format!("a producer of {producers} panicked"),
                 })?;
@@ -357,7 +357,7 @@ fn run_mode(
         0,
     );
     if !hub.flush(WARMUP_FLUSH).is_complete() {
-        return Err(NissaError::Bench {
+        return Err(Error::Bench {
             what: "warm-up flush",
             reason: format!("did not finish within {WARMUP_FLUSH:?}"),
         });
@@ -497,7 +497,7 @@ mod tests {
             ),
         ] {
             match run_emit(&params, &mut |_| {}) {
-                Err(NissaError::Bench { what: refused, .. }) => assert_eq!(refused, what),
+                Err(Error::Bench { what: refused, .. }) => assert_eq!(refused, what),
                 other => panic!("{params:?} gave {other:?}"),
             }
         }
@@ -513,7 +513,7 @@ mod tests {
         };
         assert!(matches!(
             run_emit(&params, &mut |_| {}),
-            Err(NissaError::Config { .. })
+            Err(Error::Config { .. })
         ));
     }
 
@@ -521,18 +521,18 @@ mod tests {
     fn empty_samples_are_an_error_not_nan() {
         assert!(matches!(
             nearest_rank("emit_ns_p50", &[], 50.0),
-            Err(NissaError::Bench {
+            Err(Error::Bench {
                 what: "emit_ns_p50",
                 ..
             })
         ));
         assert!(matches!(
             mean("events_per_s", &[]),
-            Err(NissaError::Bench { .. })
+            Err(Error::Bench { .. })
         ));
         assert!(matches!(
             finite("events_per_s", f64::INFINITY),
-            Err(NissaError::Bench {
+            Err(Error::Bench {
                 what: "events_per_s",
                 ..
             })

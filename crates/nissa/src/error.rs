@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in Nissa.
 #[derive(Debug, thiserror::Error)]
-pub enum NissaError {
+pub enum Error {
     /// A configuration value is out of range.
     #[error("invalid hub configuration: {field} {reason}")]
     Config {
@@ -68,13 +68,13 @@ pub enum NissaError {
     },
 }
 
-/// Result with [`NissaError`].
-pub type Result<T> = std::result::Result<T, NissaError>;
+/// Result with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
 
-impl NissaError {
+impl Error {
     /// A sink failure with a reason.
-    pub fn sink(sink: &str, reason: impl std::fmt::Display) -> NissaError {
-        NissaError::Sink {
+    pub fn sink(sink: &str, reason: impl std::fmt::Display) -> Error {
+        Error::Sink {
             sink: sink.to_owned(),
             reason: reason.to_string(),
         }

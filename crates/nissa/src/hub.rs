@@ -23,7 +23,7 @@ use crate::stats::{FlushOutcome, HubStats};
 use crate::tracing_bridge::{TRACING_SINK_NAME, TracingSink};
 use crate::validate::{check_sink_name, deadline};
 use crate::worker::{Shared, SinkState, WorkerTiming, run_sink, run_worker};
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// Port of the metrics endpoint unless configured otherwise (the port
 /// OpenTelemetry's Prometheus exporters use).
@@ -49,7 +49,7 @@ pub const MAX_SINK_NAME_BYTES: usize = 64;
 
 /// Tuning of a hub. The defaults suit a training run; tests and benchmarks
 /// shrink the queues to exercise dropping. [`HubBuilder::build`] checks every
-/// field and returns [`NissaError::Config`] naming the one out of range.
+/// field and returns [`Error::Config`] naming the one out of range.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HubConfig {
     /// Capacity of the main queue between emitters and the worker
@@ -110,13 +110,13 @@ impl HubConfig {
             check_size("wake_threshold", threshold, self.queue_capacity)?;
         }
         if self.tick_max > MAX_TICK {
-            return Err(NissaError::Config {
+            return Err(Error::Config {
                 field: "tick_max",
                 reason: format!("{:?} is longer than {MAX_TICK:?}", self.tick_max),
             });
         }
         if self.tick_min.is_zero() || self.tick_max < self.tick_min {
-            return Err(NissaError::Config {
+            return Err(Error::Config {
                 field: "tick_min/tick_max",
                 reason: format!(
                     "need 0 < tick_min <= tick_max, got {:?} and {:?}",
@@ -133,7 +133,7 @@ fn check_size(field: &'static str, value: usize, max: usize) -> Result<()> {
     if (1..=max).contains(&value) {
         Ok(())
     } else {
-        Err(NissaError::Config {
+        Err(Error::Config {
             field,
             reason: format!("{value} is outside 1..={max}"),
         })
@@ -223,7 +223,7 @@ impl HubBuilder {
             .len()
             .saturating_add(usize::from(self.metrics_addr.is_some()));
         if planned_sinks > MAX_SINKS {
-            return Err(NissaError::Config {
+            return Err(Error::Config {
                 field: "sinks",
                 reason: format!("{planned_sinks} sinks, more than {MAX_SINKS}"),
             });
@@ -246,7 +246,7 @@ impl HubBuilder {
             if let PlannedSink::Ready(sink, Some(capacity)) = planned {
                 check_size("sink queue capacity", *capacity, MAX_QUEUE_CAPACITY).map_err(
                     |error| match error {
-                        NissaError::Config { field, reason } => NissaError::Config {
+                        Error::Config { field, reason } => Error::Config {
                             field,
                             reason: format!("sink {:?}: {reason}", sink.name()),
                         },
@@ -295,7 +295,7 @@ impl HubBuilder {
             .thread_name("nissa")
             .enable_all()
             .build()
-            .map_err(NissaError::Runtime)?;
+            .map_err(Error::Runtime)?;
         let timing = WorkerTiming {
             tick_min: config.tick_min,
             tick_max: config.tick_max,
@@ -326,7 +326,7 @@ fn check_sink_names<'a>(names: impl Iterator<Item = &'a str>) -> Result<()> {
     for name in names {
         check_sink_name(name)?;
         if !seen.insert(name) {
-            return Err(NissaError::Config {
+            return Err(Error::Config {
                 field: "sink name",
                 reason: format!("two sinks are called {name:?}"),
             });
@@ -362,7 +362,7 @@ struct HubInner {
 /// assert!(hub.flush(Duration::from_secs(5)).is_complete());
 /// assert_eq!(memory.len(), 1);
 /// hub.close();
-/// # Ok::<(), nissa::NissaError>(())
+/// # Ok::<(), nissa::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct Hub {

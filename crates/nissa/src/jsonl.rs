@@ -35,7 +35,7 @@ use leyline::proto::TelemetryPacket;
 
 use self::output::{Opener, Output, open_new_file};
 use crate::sink::{Flushed, Sink};
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// Name of the JSONL sink built by [`JsonlSink::create`].
 pub const JSONL_SINK_NAME: &str = "jsonl";
@@ -76,7 +76,7 @@ impl JsonlConfig {
     /// `telemetry_YYYY-MM-DD_HHMMSS` (with `_NNN` appended if taken).
     pub fn new_run_dir(root: impl AsRef<Path>) -> Result<JsonlConfig> {
         let root = root.as_ref();
-        std::fs::create_dir_all(root).map_err(|source| NissaError::Io {
+        std::fs::create_dir_all(root).map_err(|source| Error::Io {
             op: "create directory",
             path: root.to_owned(),
             source,
@@ -93,7 +93,7 @@ impl JsonlConfig {
                 Ok(()) => return Ok(JsonlConfig::new(dir)),
                 Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(source) => {
-                    return Err(NissaError::Io {
+                    return Err(Error::Io {
                         op: "create directory",
                         path: dir,
                         source,
@@ -101,7 +101,7 @@ impl JsonlConfig {
                 }
             }
         }
-        Err(NissaError::Config {
+        Err(Error::Config {
             field: "run directory",
             reason: format!("1000 run directories for {stamp} already exist"),
         })
@@ -129,13 +129,13 @@ impl JsonlConfig {
     fn validate(&self) -> Result<()> {
         crate::validate::check_file_stem(&self.file_stem)?;
         if self.max_file_bytes == 0 {
-            return Err(NissaError::Config {
+            return Err(Error::Config {
                 field: "max_file_bytes",
                 reason: "must be at least 1".to_owned(),
             });
         }
         if self.max_files == Some(0) {
-            return Err(NissaError::Config {
+            return Err(Error::Config {
                 field: "max_files",
                 reason: "must be at least 1".to_owned(),
             });
@@ -163,7 +163,7 @@ impl JsonlSink {
     /// [`JsonlSink::create`] with a file opener of the caller's (tests).
     pub(crate) fn create_with(config: JsonlConfig, opener: Opener) -> Result<JsonlSink> {
         config.validate()?;
-        std::fs::create_dir_all(&config.dir).map_err(|source| NissaError::Io {
+        std::fs::create_dir_all(&config.dir).map_err(|source| Error::Io {
             op: "create directory",
             path: config.dir.clone(),
             source,
@@ -211,7 +211,7 @@ impl JsonlSink {
     fn check(&self, packet: &TelemetryPacket) -> Result<()> {
         packet
             .validate()
-            .map_err(|error| NissaError::sink(&self.name, error))
+            .map_err(|error| Error::sink(&self.name, error))
     }
 }
 
@@ -225,7 +225,7 @@ impl Sink for JsonlSink {
         let start = self.buffer.len();
         if let Err(error) = serde_json::to_writer(&mut self.buffer, packet) {
             self.buffer.truncate(start);
-            return Err(NissaError::Encode(error));
+            return Err(Error::Encode(error));
         }
         // Compact JSON escapes every control character inside strings, so the
         // newline below is the only one in the line.

@@ -21,7 +21,7 @@
 //!   (figures only; `esper bench nissa-emit` writes the record).
 //!
 //! Bad input: configuration is checked when a hub is built (typed
-//! [`NissaError::Config`] naming the field, with stated bounds such as
+//! [`Error::Config`] naming the field, with stated bounds such as
 //! [`hub::MAX_QUEUE_CAPACITY`]); packets are checked where a sink takes them.
 //! A sink counts a packet delivered only when a consumer can read it back, so
 //! the built-in sinks refuse (count failed) a packet with a non-finite metric
@@ -56,7 +56,7 @@ pub mod tracing_bridge;
 mod validate;
 mod worker;
 
-pub use error::{NissaError, Result};
+pub use error::{Error, Result};
 pub use hub::{DEFAULT_METRICS_PORT, Hub, HubBuilder, HubConfig};
 pub use jsonl::{JsonlConfig, JsonlSink};
 pub use prometheus::{PrometheusSink, exposed_name};

@@ -33,7 +33,7 @@ mod endpoint;
 pub(crate) use self::endpoint::MetricsEndpoint;
 use crate::sink::Sink;
 use crate::stats::HubStats;
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// Content type of the exposition (OpenMetrics text, which Prometheus scrapes
 /// natively).
@@ -445,11 +445,11 @@ impl PrometheusSink {
 
     /// The sink plus an endpoint bound to `addr`, started by the hub.
     pub(crate) fn with_endpoint(addr: SocketAddr) -> Result<(PrometheusSink, MetricsEndpoint)> {
-        let listener = std::net::TcpListener::bind(addr)
-            .map_err(|source| NissaError::Bind { addr, source })?;
+        let listener =
+            std::net::TcpListener::bind(addr).map_err(|source| Error::Bind { addr, source })?;
         listener
             .set_nonblocking(true)
-            .map_err(|source| NissaError::Bind { addr, source })?;
+            .map_err(|source| Error::Bind { addr, source })?;
         let sink = PrometheusSink::new();
         let endpoint = MetricsEndpoint {
             listener,
@@ -474,7 +474,7 @@ impl Sink for PrometheusSink {
     fn write(&mut self, packet: &TelemetryPacket) -> Result<()> {
         self.metrics
             .record(packet)
-            .map_err(|reason| NissaError::sink(PROMETHEUS_SINK_NAME, reason))
+            .map_err(|reason| Error::sink(PROMETHEUS_SINK_NAME, reason))
     }
 }
 

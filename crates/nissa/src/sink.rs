@@ -8,7 +8,7 @@
 
 use leyline::proto::TelemetryPacket;
 
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// What [`Sink::flush_written`] achieved for the packets accepted since the
 /// previous flush.
@@ -18,7 +18,7 @@ pub struct Flushed {
     /// order, reached the destination whole (readable by a consumer).
     pub delivered: u64,
     /// Why the others did not, if some did not.
-    pub error: Option<NissaError>,
+    pub error: Option<Error>,
 }
 
 /// A destination for telemetry packets.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use leyline::proto::{TelemetryEvent, TelemetryMetric, TelemetryPacket};
 
 use crate::sink::Sink;
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// Keeps every packet it receives. Clones share the storage: give one clone
 /// to the hub and read from another.
@@ -174,7 +174,7 @@ impl Sink for FailingSink {
 
     fn write(&mut self, _packet: &TelemetryPacket) -> Result<()> {
         self.attempts.fetch_add(1, Ordering::AcqRel);
-        Err(NissaError::sink(
+        Err(Error::sink(
             &self.name,
             "no space left on device (simulated)",
         ))

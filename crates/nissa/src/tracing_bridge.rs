@@ -11,7 +11,7 @@ use leyline::TelemetryLevel;
 use leyline::proto::{TelemetryEvent, TelemetryPacket};
 
 use crate::sink::Sink;
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// Name of the tracing bridge in statistics and labels.
 pub const TRACING_SINK_NAME: &str = "tracing";
@@ -79,7 +79,7 @@ impl Sink for TracingSink {
 
     fn write(&mut self, packet: &TelemetryPacket) -> Result<()> {
         leyline::codec::check_finite_packet(packet)
-            .map_err(|error| NissaError::sink(TRACING_SINK_NAME, error))?;
+            .map_err(|error| Error::sink(TRACING_SINK_NAME, error))?;
         for event in &packet.events {
             log_event(&packet.source, event);
         }
@@ -109,11 +109,11 @@ pub fn init_subscriber(default_filter: &str) -> Result<()> {
         Ok(from_env) if !from_env.trim().is_empty() => EnvFilter::try_new(from_env),
         _ => EnvFilter::try_new(default_filter),
     }
-    .map_err(|error| NissaError::Subscriber(error.to_string()))?;
+    .map_err(|error| Error::Subscriber(error.to_string()))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init()
-        .map_err(|error| NissaError::Subscriber(error.to_string()))
+        .map_err(|error| Error::Subscriber(error.to_string()))
 }

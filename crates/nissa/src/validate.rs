@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::hub::MAX_SINK_NAME_BYTES;
 use crate::jsonl::MAX_FILE_STEM_BYTES;
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// A sink name is 1 to [`MAX_SINK_NAME_BYTES`] bytes without control
 /// characters (it becomes a log field and a Prometheus label value).
@@ -31,7 +31,7 @@ pub(crate) fn check_sink_name(name: &str) -> Result<()> {
     };
     match reason {
         None => Ok(()),
-        Some(reason) => Err(NissaError::Config {
+        Some(reason) => Err(Error::Config {
             field: "sink name",
             reason,
         }),
@@ -65,7 +65,7 @@ pub(crate) fn check_file_stem(stem: &str) -> Result<()> {
     };
     match reason {
         None => Ok(()),
-        Some(reason) => Err(NissaError::Config {
+        Some(reason) => Err(Error::Config {
             field: "file_stem",
             reason,
         }),

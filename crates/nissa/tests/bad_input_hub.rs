@@ -8,12 +8,12 @@ use leyline::TelemetryLevel;
 use leyline::proto::{TelemetryEvent, TelemetryMetric, TelemetryPacket};
 use leyline::testing::{extreme_f64, extreme_u64, extreme_usize, hostile_string};
 use nissa::hub::{MAX_BATCH, MAX_QUEUE_CAPACITY, MAX_SINK_NAME_BYTES, MAX_SINKS, MAX_TICK};
-use nissa::{Hub, HubConfig, JsonlConfig, JsonlSink, MemorySink, NissaError, PrometheusSink};
+use nissa::{Error, Hub, HubConfig, JsonlConfig, JsonlSink, MemorySink, PrometheusSink};
 use proptest::prelude::*;
 
 fn config_field(result: &nissa::Result<Hub>) -> Option<&'static str> {
     match result {
-        Err(NissaError::Config { field, .. }) => Some(field),
+        Err(Error::Config { field, .. }) => Some(field),
         _ => None,
     }
 }
@@ -217,7 +217,7 @@ proptest! {
             .build();
         let hub = match built {
             Ok(hub) => hub,
-            Err(NissaError::Config { field, reason }) => {
+            Err(Error::Config { field, reason }) => {
                 prop_assert!(!reason.is_empty(), "{field}: empty reason");
                 return Ok(());
             }

@@ -12,7 +12,7 @@ use leyline::TelemetryLevel;
 use leyline::codec::Contract;
 use leyline::proto::{TelemetryEvent, TelemetryMetric, TelemetryPacket};
 use leyline::testing::{extreme_u64, extreme_usize, hostile_string};
-use nissa::{Hub, JsonlConfig, JsonlSink, NissaError, Sink};
+use nissa::{Error, Hub, JsonlConfig, JsonlSink, Sink};
 use proptest::prelude::*;
 
 fn alpha(value: f64, seq: i64) -> TelemetryPacket {
@@ -258,7 +258,7 @@ fn file_stems_that_leave_the_run_directory_are_refused() {
         assert!(
             matches!(
                 result,
-                Err(NissaError::Config {
+                Err(Error::Config {
                     field: "file_stem",
                     ..
                 })
@@ -296,7 +296,7 @@ proptest! {
                 let entries = std::fs::read_dir(root.path()).unwrap().count();
                 prop_assert_eq!(entries, 1);
             }
-            Err(NissaError::Config { field, .. }) => prop_assert_eq!(field, "file_stem"),
+            Err(Error::Config { field, .. }) => prop_assert_eq!(field, "file_stem"),
             Err(other) => prop_assert!(false, "{:?}: untyped refusal {:?}", stem, other),
         }
     }
@@ -314,7 +314,7 @@ proptest! {
         config.max_files = max_files;
         let mut sink = match JsonlSink::create(config) {
             Ok(sink) => sink,
-            Err(NissaError::Config { field, .. }) => {
+            Err(Error::Config { field, .. }) => {
                 prop_assert!(field == "max_file_bytes" || field == "max_files");
                 return Ok(());
             }

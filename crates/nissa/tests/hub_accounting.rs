@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use leyline::TelemetryLevel;
 use leyline::proto::TelemetryPacket;
-use nissa::{Hub, HubConfig, MemorySink, NissaError, Sink};
+use nissa::{Error, Hub, HubConfig, MemorySink, Sink};
 use proptest::prelude::*;
 
 /// Records `(producer, seq)` of every packet it accepts, after an optional
@@ -56,7 +56,7 @@ impl Sink for RecordingSink {
             .is_some_and(|every| id.1.is_multiple_of(every))
         {
             self.failed.lock().unwrap().push(id);
-            return Err(NissaError::sink(self.name, "refused (test)"));
+            return Err(Error::sink(self.name, "refused (test)"));
         }
         self.accepted.lock().unwrap().push(id);
         Ok(())

@@ -178,12 +178,9 @@ fn the_disabled_hub_does_nothing() {
 #[test]
 fn invalid_configuration_is_an_error() {
     let zero_queue = Hub::builder().queue_capacity(0).build();
-    assert!(matches!(zero_queue, Err(nissa::NissaError::Config { .. })));
+    assert!(matches!(zero_queue, Err(nissa::Error::Config { .. })));
     let zero_sink_queue = Hub::builder().sink_with_queue(MemorySink::new(), 0).build();
-    assert!(matches!(
-        zero_sink_queue,
-        Err(nissa::NissaError::Config { .. })
-    ));
+    assert!(matches!(zero_sink_queue, Err(nissa::Error::Config { .. })));
 }
 
 #[test]

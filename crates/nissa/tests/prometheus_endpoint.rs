@@ -396,7 +396,7 @@ fn a_taken_port_is_a_bind_error() {
     let addr = hub.metrics_addr().unwrap();
     let second = Hub::builder().prometheus(addr).build();
     assert!(
-        matches!(second, Err(nissa::NissaError::Bind { .. })),
+        matches!(second, Err(nissa::Error::Bind { .. })),
         "{second:?}"
     );
     hub.close();

@@ -155,10 +155,7 @@ fn an_unwritable_directory_is_an_error_at_build_time() {
     let file = dir.path().join("not-a-directory");
     std::fs::write(&file, "x").unwrap();
     let result = Hub::builder().jsonl(JsonlConfig::new(&file)).build();
-    assert!(
-        matches!(result, Err(nissa::NissaError::Io { .. })),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(nissa::Error::Io { .. })), "{result:?}");
 }
 
 #[test]

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tch::Device;
 
 use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, TrainerConfig};
-use crate::error::{Result, TolariaError};
+use crate::error::{Error, Result};
 use crate::trainer::Trainer;
 
 /// Workload name in records.
@@ -115,7 +115,7 @@ impl BenchOptions {
     /// [`MAX_BENCH_REPLAYS`] (per-epoch vectors are allocated from them).
     ///
     /// # Errors
-    /// [`TolariaError::InvalidConfig`] naming the field and its value.
+    /// [`Error::InvalidConfig`] naming the field and its value.
     pub fn validate(&self) -> Result<()> {
         for (field, value, limit) in [
             ("warmup_epochs", self.warmup_epochs, MAX_BENCH_EPOCHS),
@@ -128,7 +128,7 @@ impl BenchOptions {
             ("timed_replays", self.timed_replays, MAX_BENCH_REPLAYS),
         ] {
             if value > limit {
-                return Err(TolariaError::InvalidConfig {
+                return Err(Error::InvalidConfig {
                     field,
                     reason: format!("{value} is above the bound of {limit}"),
                 });

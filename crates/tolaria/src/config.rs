@@ -3,14 +3,15 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, TolariaError};
+use crate::error::{Error, Result};
 
-/// Largest number of training (or validation) samples, and largest batch size.
-pub const MAX_SAMPLES: usize = 1 << 24;
+/// Largest number of training (or validation) samples, and largest batch size,
+/// of the trainer (the data layer's own bounds are in [`crate::data::limits`]).
+pub const MAX_TRAINER_SAMPLES: usize = 1 << 24;
 /// Largest number of input features of the linear host.
-pub const MAX_FEATURES: usize = 1 << 16;
+pub const MAX_TRAINER_FEATURES: usize = 1 << 16;
 /// Largest number of classes (the confusion matrix holds `n_classes^2` `f32`s).
-pub const MAX_CLASSES: usize = 1024;
+pub const MAX_TRAINER_CLASSES: usize = 1024;
 /// Largest packed buffer (training or validation set), in `f32`s: 1 GiB.
 pub const MAX_PACKED_VALUES: usize = 1 << 28;
 
@@ -193,10 +194,10 @@ impl TrainerConfig {
     /// Checks ranges and combinations that cannot work, with checked
     /// arithmetic on every size before anything is allocated:
     ///
-    /// - `n_samples` in `1..=`[`MAX_SAMPLES`], `n_validation_samples` at most
-    ///   [`MAX_SAMPLES`], `batch_size` in `1..=`[`MAX_SAMPLES`];
-    /// - `n_features` in `1..=`[`MAX_FEATURES`], `n_classes` in
-    ///   `2..=`[`MAX_CLASSES`];
+    /// - `n_samples` in `1..=`[`MAX_TRAINER_SAMPLES`], `n_validation_samples` at most
+    ///   [`MAX_TRAINER_SAMPLES`], `batch_size` in `1..=`[`MAX_TRAINER_SAMPLES`];
+    /// - `n_features` in `1..=`[`MAX_TRAINER_FEATURES`], `n_classes` in
+    ///   `2..=`[`MAX_TRAINER_CLASSES`];
     /// - the packed training and validation buffers
     ///   (`samples x (2 x n_classes + n_features + 1)` `f32`s) at most
     ///   [`MAX_PACKED_VALUES`];
@@ -205,11 +206,10 @@ impl TrainerConfig {
     /// - graph-epoch mode only with device-resident data.
     ///
     /// # Errors
-    /// [`TolariaError::InvalidConfig`] naming the field and its value.
+    /// [`Error::InvalidConfig`] naming the field and its value.
     pub fn validate(&self) -> Result<()> {
-        let invalid = |field: &'static str, reason: String| {
-            Err(TolariaError::InvalidConfig { field, reason })
-        };
+        let invalid =
+            |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
         let in_range = |field: &'static str, value: usize, low: usize, high: usize| {
             if (low..=high).contains(&value) {
                 Ok(())
@@ -217,16 +217,16 @@ impl TrainerConfig {
                 invalid(field, format!("{value} is outside {low}..={high}"))
             }
         };
-        in_range("n_samples", self.n_samples, 1, MAX_SAMPLES)?;
+        in_range("n_samples", self.n_samples, 1, MAX_TRAINER_SAMPLES)?;
         in_range(
             "n_validation_samples",
             self.n_validation_samples,
             0,
-            MAX_SAMPLES,
+            MAX_TRAINER_SAMPLES,
         )?;
-        in_range("batch_size", self.batch_size, 1, MAX_SAMPLES)?;
-        in_range("n_features", self.n_features, 1, MAX_FEATURES)?;
-        in_range("n_classes", self.n_classes, 2, MAX_CLASSES)?;
+        in_range("batch_size", self.batch_size, 1, MAX_TRAINER_SAMPLES)?;
+        in_range("n_features", self.n_features, 1, MAX_TRAINER_FEATURES)?;
+        in_range("n_classes", self.n_classes, 2, MAX_TRAINER_CLASSES)?;
         for (field, samples) in [
             ("n_samples", self.n_samples),
             ("n_validation_samples", self.n_validation_samples),

@@ -2,7 +2,7 @@
 
 /// Why a trainer operation failed.
 #[derive(Debug, thiserror::Error)]
-pub enum TolariaError {
+pub enum Error {
     /// A libtorch operation failed.
     #[error("tensor operation `{op}` failed: {source}")]
     Torch {
@@ -78,16 +78,16 @@ pub enum TolariaError {
 }
 
 /// Tolaria's result type.
-pub type Result<T> = std::result::Result<T, TolariaError>;
+pub type Result<T> = std::result::Result<T, Error>;
 
 /// Attaches the operation name to a tch error.
 pub(crate) trait TorchResultExt<T> {
-    /// Maps a tch error into [`TolariaError::Torch`] naming `op`.
+    /// Maps a tch error into [`Error::Torch`] naming `op`.
     fn op(self, op: &'static str) -> Result<T>;
 }
 
 impl<T> TorchResultExt<T> for std::result::Result<T, tch::TchError> {
     fn op(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| TolariaError::Torch { op, source })
+        self.map_err(|source| Error::Torch { op, source })
     }
 }

@@ -69,7 +69,7 @@ impl CudaContext {
             .checked_mul(n_classes)
             .and_then(|len| len.checked_add(1))
             .and_then(|len| i64::try_from(len).ok())
-            .ok_or_else(|| crate::TolariaError::InvalidConfig {
+            .ok_or_else(|| crate::Error::InvalidConfig {
                 field: "n_classes",
                 reason: format!("{n_classes}^2 + 1 metric values overflow"),
             })?;

@@ -29,7 +29,7 @@
 //! - [`bench`](mod@bench): the `tolaria-reference` benchmark behind `esper bench`.
 //!
 //! GPU-only paths compile everywhere; on a machine without CUDA the graph
-//! modes return [`TolariaError::CudaRequired`].
+//! modes return [`Error::CudaRequired`].
 
 // No panics on caller- or file-supplied values: the panic lints are on for
 // library code, and every integer operation is checked, saturating or bounded
@@ -63,5 +63,5 @@ pub use config::{
     DataPlacement, DeviceChoice, ExecutionMode, MatmulPrecision, PrecisionConfig, StepKind,
     TrainerConfig,
 };
-pub use error::{Result, TolariaError};
+pub use error::{Error, Result};
 pub use trainer::{EpochReport, Trainer, ValidationReport};

@@ -4,9 +4,9 @@
 
 use tch::{Device, Tensor};
 
-use crate::config::{MAX_SAMPLES, TrainerConfig};
+use crate::config::{MAX_TRAINER_SAMPLES, TrainerConfig};
 use crate::data::{Dataset, MicrobatchSpan, PackedEpoch, pack_epoch, tabular_features};
-use crate::error::{Result, TolariaError, TorchResultExt};
+use crate::error::{Error, Result, TorchResultExt};
 use crate::step::StepViews;
 
 /// Training data in its host and device forms, with per-microbatch views.
@@ -54,27 +54,26 @@ pub(crate) fn place_training_set(
 }
 
 /// What [`crate::Trainer::replace_training_set`] requires beyond
-/// [`Dataset::new`]'s own checks: `batch_size` in `1..=`[`MAX_SAMPLES`],
-/// between 1 and [`MAX_SAMPLES`] samples of `[n_features]` rows, and the
+/// [`Dataset::new`]'s own checks: `batch_size` in `1..=`[`MAX_TRAINER_SAMPLES`],
+/// between 1 and [`MAX_TRAINER_SAMPLES`] samples of `[n_features]` rows, and the
 /// trainer's features and classes.
 pub(crate) fn check_replacement(
     config: &TrainerConfig,
     set: &Dataset,
     batch_size: usize,
 ) -> Result<()> {
-    let invalid =
-        |field: &'static str, reason: String| TolariaError::InvalidConfig { field, reason };
-    if !(1..=MAX_SAMPLES).contains(&batch_size) {
+    let invalid = |field: &'static str, reason: String| Error::InvalidConfig { field, reason };
+    if !(1..=MAX_TRAINER_SAMPLES).contains(&batch_size) {
         return Err(invalid(
             "batch_size",
-            format!("{batch_size} is outside 1..={MAX_SAMPLES}"),
+            format!("{batch_size} is outside 1..={MAX_TRAINER_SAMPLES}"),
         ));
     }
-    if set.is_empty() || set.len() > MAX_SAMPLES {
+    if set.is_empty() || set.len() > MAX_TRAINER_SAMPLES {
         return Err(invalid(
             "training set",
             format!(
-                "{} holds {} samples, expected 1..={MAX_SAMPLES}",
+                "{} holds {} samples, expected 1..={MAX_TRAINER_SAMPLES}",
                 set.name(),
                 set.len()
             ),

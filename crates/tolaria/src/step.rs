@@ -20,9 +20,9 @@
 
 use tch::{Kind, Reduction, Tensor};
 
-use crate::config::{MAX_CLASSES, MAX_FEATURES, StepKind};
+use crate::config::{MAX_TRAINER_CLASSES, MAX_TRAINER_FEATURES, StepKind};
 use crate::data::MicrobatchSpan;
-use crate::error::{Result, TolariaError, TorchResultExt};
+use crate::error::{Error, Result, TorchResultExt};
 
 /// The tensors one step reads, as views into a packed microbatch buffer.
 #[derive(Debug)]
@@ -48,7 +48,7 @@ impl StepViews {
         n_features: usize,
         n_classes: usize,
     ) -> Result<StepViews> {
-        let too_large = || TolariaError::InvalidData {
+        let too_large = || Error::InvalidData {
             field: "span",
             reason: format!(
                 "{span:?} with {n_features} features and {n_classes} classes does not fit i64 offsets"
@@ -156,18 +156,17 @@ impl LinearCeState {
         momentum_factor: f64,
         device: tch::Device,
     ) -> Result<LinearCeState> {
-        let invalid =
-            |field: &'static str, reason: String| TolariaError::InvalidConfig { field, reason };
-        if !(1..=MAX_FEATURES).contains(&n_features) {
+        let invalid = |field: &'static str, reason: String| Error::InvalidConfig { field, reason };
+        if !(1..=MAX_TRAINER_FEATURES).contains(&n_features) {
             return Err(invalid(
                 "n_features",
-                format!("{n_features} is outside 1..={MAX_FEATURES}"),
+                format!("{n_features} is outside 1..={MAX_TRAINER_FEATURES}"),
             ));
         }
-        if !(2..=MAX_CLASSES).contains(&n_classes) {
+        if !(2..=MAX_TRAINER_CLASSES).contains(&n_classes) {
             return Err(invalid(
                 "n_classes",
-                format!("{n_classes} is outside 2..={MAX_CLASSES}"),
+                format!("{n_classes} is outside 2..={MAX_TRAINER_CLASSES}"),
             ));
         }
         let lr_f32 = learning_rate as f32;
@@ -189,7 +188,7 @@ impl LinearCeState {
         // i64 and the saturating operations never saturate.
         let n_parameters = n_classes.saturating_mul(n_features.saturating_add(1));
         if initial_parameters.len() != n_parameters {
-            return Err(TolariaError::InvalidData {
+            return Err(Error::InvalidData {
                 field: "initial_parameters",
                 reason: format!(
                     "{} values for a [{n_classes}, {} + 1] matrix of {n_parameters}",
@@ -203,7 +202,7 @@ impl LinearCeState {
             .enumerate()
             .find(|(_, value)| !value.is_finite())
         {
-            return Err(TolariaError::InvalidData {
+            return Err(Error::InvalidData {
                 field: "initial_parameters",
                 reason: format!("value {index} is {value}, not finite"),
             });
@@ -377,7 +376,7 @@ impl LinearCeState {
             .op("cross_entropy")?;
         let mut grads =
             Tensor::f_run_backward(&[&loss], &[&self.params], false, false).op("autograd::grad")?;
-        let grad = grads.pop().ok_or(TolariaError::Readback {
+        let grad = grads.pop().ok_or(Error::Readback {
             what: "autograd gradient",
             expected: 1,
             got: 0,
@@ -413,12 +412,12 @@ impl LinearCeState {
     ///
     /// The loss is returned as read (a diverged run gives NaN or an
     /// infinity: the trainer reports that as
-    /// [`TolariaError::NonFiniteLoss`]); the confusion diagonal must be a
+    /// [`Error::NonFiniteLoss`]); the confusion diagonal must be a
     /// finite count of at most `samples`.
     ///
     /// # Errors
-    /// [`TolariaError::Readback`] for a buffer of the wrong length,
-    /// [`TolariaError::InvalidMetric`] for an impossible count of correct
+    /// [`Error::Readback`] for a buffer of the wrong length,
+    /// [`Error::InvalidMetric`] for an impossible count of correct
     /// samples.
     pub fn interpret_metrics(
         &self,
@@ -433,7 +432,7 @@ impl LinearCeState {
             .unwrap_or(usize::MAX);
         let (Some((&loss_sum, confusion)), true) = (values.split_first(), values.len() == expected)
         else {
-            return Err(TolariaError::Readback {
+            return Err(Error::Readback {
                 what: "epoch metrics",
                 expected,
                 got: values.len(),
@@ -446,7 +445,7 @@ impl LinearCeState {
             .map(|&count| f64::from(count))
             .sum();
         if !(correct.is_finite() && (0.0..=samples as f64 + 0.5).contains(&correct)) {
-            return Err(TolariaError::InvalidMetric {
+            return Err(Error::InvalidMetric {
                 what: "correct",
                 value: correct,
             });

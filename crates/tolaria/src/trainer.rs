@@ -22,7 +22,7 @@ use torch_ext::CudaGraph;
 
 use crate::config::{DataPlacement, ExecutionMode, TrainerConfig};
 use crate::data::{Dataset, ReferenceData, pack_epoch};
-use crate::error::{Result, TolariaError, TorchResultExt};
+use crate::error::{Error, Result, TorchResultExt};
 use crate::graph::{self, CudaContext, EpochGraph, StepGraphs};
 use crate::placement::{self, EpochData, place_training_set};
 use crate::step::{LinearCeState, StepViews};
@@ -108,12 +108,12 @@ impl Trainer {
     ///
     /// Applies the precision settings, generates the data, places it, and on
     /// CUDA creates the compute and staging streams, events and graph pool.
-    /// Graph modes on the CPU return [`TolariaError::CudaRequired`].
+    /// Graph modes on the CPU return [`Error::CudaRequired`].
     pub fn with_telemetry(config: TrainerConfig, telemetry: Telemetry) -> Result<Trainer> {
         config.validate()?;
         let device = torch_ext::device::select(config.device)?;
         if config.mode.uses_graphs() && !device.is_cuda() {
-            return Err(TolariaError::CudaRequired {
+            return Err(Error::CudaRequired {
                 what: config.mode.name(),
                 reason: "CUDA graphs exist only on CUDA devices; this trainer runs on the CPU"
                     .to_owned(),
@@ -140,14 +140,10 @@ impl Trainer {
             None
         } else {
             let packed = pack_epoch(&reference.validation, reference.validation.len())?;
-            let span = packed
-                .spans
-                .first()
-                .copied()
-                .ok_or(TolariaError::InvalidData {
-                    field: "validation",
-                    reason: "a non-empty validation set packed into no microbatch".to_owned(),
-                })?;
+            let span = packed.spans.first().copied().ok_or(Error::InvalidData {
+                field: "validation",
+                reason: "a non-empty validation set packed into no microbatch".to_owned(),
+            })?;
             let flat = Tensor::f_from_slice(&packed.values)
                 .op("from_slice")?
                 .f_to_device(device)
@@ -222,14 +218,14 @@ impl Trainer {
     ///
     /// The set was validated when it was built ([`Dataset::new`]: lengths,
     /// label range, finite values); here it must hold between 1 and
-    /// [`crate::config::MAX_SAMPLES`] samples of `[n_features]` and the
+    /// [`crate::config::MAX_TRAINER_SAMPLES`] samples of `[n_features]` and the
     /// trainer's classes, and `batch_size` must lie in
-    /// `1..=`[`crate::config::MAX_SAMPLES`]. Packing reads the set back to
+    /// `1..=`[`crate::config::MAX_TRAINER_SAMPLES`]. Packing reads the set back to
     /// the host once, here, never inside an epoch.
     ///
     /// # Errors
-    /// [`TolariaError::InvalidConfig`] naming `batch_size`, `training set`,
-    /// `n_features` or `n_classes`; [`TolariaError::InvalidData`] when the
+    /// [`Error::InvalidConfig`] naming `batch_size`, `training set`,
+    /// `n_features` or `n_classes`; [`Error::InvalidData`] when the
     /// samples are not rows or the packed set is above the bound.
     pub fn replace_training_set(&mut self, set: &Dataset, batch_size: usize) -> Result<()> {
         placement::check_replacement(&self.config, set, batch_size)?;
@@ -253,11 +249,11 @@ impl Trainer {
     /// is where they are checked (never inside the epoch).
     ///
     /// # Errors
-    /// [`TolariaError::NonFiniteLoss`] when the epoch's loss is NaN or
+    /// [`Error::NonFiniteLoss`] when the epoch's loss is NaN or
     /// infinite (the run diverged): the epoch still counts as trained (its
     /// updates were applied) and its latency telemetry is emitted, but no
     /// report is produced, so a diverged loss is never recorded as a result.
-    /// Device, capture and readback failures as [`TolariaError`].
+    /// Device, capture and readback failures as [`Error`].
     pub fn train_epoch(&mut self) -> Result<EpochReport> {
         let mut events = Vec::new();
         let started = Instant::now();
@@ -289,7 +285,7 @@ impl Trainer {
         self.epochs_done = self.epochs_done.saturating_add(1);
         self.emit_epoch(&report, events);
         if !report.loss.is_finite() {
-            return Err(TolariaError::NonFiniteLoss {
+            return Err(Error::NonFiniteLoss {
                 phase: "training",
                 epoch: report.epoch,
                 value: report.loss,
@@ -323,7 +319,7 @@ impl Trainer {
         events: &mut Vec<leyline::proto::TelemetryEvent>,
     ) -> Result<EpochOutcome> {
         let Some(cuda) = self.cuda.as_ref() else {
-            return Err(TolariaError::CudaRequired {
+            return Err(Error::CudaRequired {
                 what: "cuda epoch",
                 reason: "no CUDA context".to_owned(),
             });
@@ -421,9 +417,9 @@ impl Trainer {
     /// Evaluates the validation set under inference mode (one readback).
     ///
     /// # Errors
-    /// [`TolariaError::NonFiniteLoss`] (phase `validation`) when the loss is
-    /// NaN or infinite; [`TolariaError::Readback`] for a short readback;
-    /// [`TolariaError::TorchExt`] when inference mode cannot be entered.
+    /// [`Error::NonFiniteLoss`] (phase `validation`) when the loss is
+    /// NaN or infinite; [`Error::Readback`] for a short readback;
+    /// [`Error::TorchExt`] when inference mode cannot be entered.
     pub fn validate(&mut self) -> Result<Option<ValidationReport>> {
         let Some((inputs, onehot)) = &self.validation else {
             return Ok(None);
@@ -441,7 +437,7 @@ impl Trainer {
         };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         let &[loss, correct] = values.as_slice() else {
-            return Err(TolariaError::Readback {
+            return Err(Error::Readback {
                 what: "validation metrics",
                 expected: 2,
                 got: values.len(),
@@ -459,7 +455,7 @@ impl Trainer {
             [metric(names::TOLARIA_VALIDATION_LATENCY_MS, elapsed_ms)],
         );
         if !report.loss.is_finite() {
-            return Err(TolariaError::NonFiniteLoss {
+            return Err(Error::NonFiniteLoss {
                 phase: "validation",
                 epoch: self.epochs_done,
                 value: report.loss,

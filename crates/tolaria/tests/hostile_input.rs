@@ -6,10 +6,12 @@
 use leyline::testing::{extreme_f32, extreme_f64, extreme_i64, extreme_u64, extreme_usize};
 use proptest::prelude::*;
 use tolaria::bench::{BenchOptions, Variant};
-use tolaria::config::{MAX_CLASSES, MAX_FEATURES, MAX_PACKED_VALUES, MAX_SAMPLES};
+use tolaria::config::{
+    MAX_PACKED_VALUES, MAX_TRAINER_CLASSES, MAX_TRAINER_FEATURES, MAX_TRAINER_SAMPLES,
+};
 use tolaria::data::{DataError, Dataset, MicrobatchSpan, ReferenceData, pack_epoch, packed_len};
 use tolaria::step::{LinearCeState, StepViews};
-use tolaria::{DeviceChoice, ExecutionMode, StepKind, TolariaError, Trainer, TrainerConfig};
+use tolaria::{DeviceChoice, Error, ExecutionMode, StepKind, Trainer, TrainerConfig};
 
 fn cpu() -> TrainerConfig {
     TrainerConfig {
@@ -18,9 +20,9 @@ fn cpu() -> TrainerConfig {
     }
 }
 
-fn config_field(result: Result<(), TolariaError>) -> Option<&'static str> {
+fn config_field(result: Result<(), Error>) -> Option<&'static str> {
     match result {
-        Err(TolariaError::InvalidConfig { field, .. }) => Some(field),
+        Err(Error::InvalidConfig { field, .. }) => Some(field),
         _ => None,
     }
 }
@@ -55,7 +57,7 @@ fn labels_out_of_range_are_refused_when_the_set_is_built() {
         "{negative:?}"
     );
     // Through the trainer's error, the message is kept.
-    let wrapped = TolariaError::from(err);
+    let wrapped = Error::from(err);
     assert!(
         wrapped.to_string().contains("label 7 of sample 2"),
         "{wrapped}"
@@ -120,7 +122,7 @@ fn learning_rates_that_are_not_positive_finite_f32s_are_refused() {
         assert!(
             matches!(
                 Trainer::new(config),
-                Err(TolariaError::InvalidConfig {
+                Err(Error::InvalidConfig {
                     field: "learning_rate",
                     ..
                 })
@@ -151,7 +153,7 @@ fn sizes_near_the_integer_limits_are_refused_before_allocating() {
         (
             "n_classes",
             TrainerConfig {
-                n_classes: MAX_CLASSES + 1,
+                n_classes: MAX_TRAINER_CLASSES + 1,
                 ..cpu()
             },
         ),
@@ -194,8 +196,8 @@ fn sizes_near_the_integer_limits_are_refused_before_allocating() {
         (
             "n_samples",
             TrainerConfig {
-                n_samples: MAX_SAMPLES,
-                n_features: MAX_FEATURES,
+                n_samples: MAX_TRAINER_SAMPLES,
+                n_features: MAX_TRAINER_FEATURES,
                 ..cpu()
             },
         ),
@@ -203,10 +205,10 @@ fn sizes_near_the_integer_limits_are_refused_before_allocating() {
     for (field, config) in cases {
         assert_eq!(config_field(config.validate()), Some(field), "{config:?}");
         assert!(
-            matches!(ReferenceData::generate(&config), Err(TolariaError::InvalidConfig { field: f, .. }) if f == field)
+            matches!(ReferenceData::generate(&config), Err(Error::InvalidConfig { field: f, .. }) if f == field)
         );
         assert!(
-            matches!(Trainer::new(config), Err(TolariaError::InvalidConfig { field: f, .. }) if f == field)
+            matches!(Trainer::new(config), Err(Error::InvalidConfig { field: f, .. }) if f == field)
         );
     }
     assert_eq!(packed_len(usize::MAX, 16, 4), None);
@@ -245,7 +247,7 @@ fn a_diverging_run_reports_a_non_finite_loss_instead_of_a_result() {
     }
     let err = outcome.expect("a learning rate of 3e38 diverges within 20 epochs");
     assert!(
-        matches!(err, TolariaError::NonFiniteLoss { phase: "training", value, .. } if !value.is_finite()),
+        matches!(err, Error::NonFiniteLoss { phase: "training", value, .. } if !value.is_finite()),
         "{err:?}"
     );
     assert!(trainer.epochs_done() > 0);
@@ -253,7 +255,7 @@ fn a_diverging_run_reports_a_non_finite_loss_instead_of_a_result() {
     assert!(
         matches!(
             validation,
-            Err(TolariaError::NonFiniteLoss {
+            Err(Error::NonFiniteLoss {
                 phase: "validation",
                 ..
             })
@@ -268,7 +270,7 @@ fn a_replaced_training_set_must_match_the_trainer() {
     let three_classes = Dataset::from_rows("t", &[0.5; 4 * 16], &[0, 1, 2, 2], 16, 3).unwrap();
     assert!(matches!(
         trainer.replace_training_set(&three_classes, 4),
-        Err(TolariaError::InvalidConfig {
+        Err(Error::InvalidConfig {
             field: "n_classes",
             ..
         })
@@ -276,7 +278,7 @@ fn a_replaced_training_set_must_match_the_trainer() {
     let eight_features = Dataset::from_rows("t", &[0.5; 4 * 8], &[0, 1, 2, 3], 8, 4).unwrap();
     assert!(matches!(
         trainer.replace_training_set(&eight_features, 4),
-        Err(TolariaError::InvalidConfig {
+        Err(Error::InvalidConfig {
             field: "n_features",
             ..
         })
@@ -287,7 +289,7 @@ fn a_replaced_training_set_must_match_the_trainer() {
     let not_rows = Dataset::new("images", images, labels, 4).unwrap();
     assert!(matches!(
         trainer.replace_training_set(&not_rows, 4),
-        Err(TolariaError::InvalidData {
+        Err(Error::InvalidData {
             field: "images",
             ..
         })
@@ -296,7 +298,7 @@ fn a_replaced_training_set_must_match_the_trainer() {
     for batch in [0, usize::MAX] {
         assert!(matches!(
             trainer.replace_training_set(&good, batch),
-            Err(TolariaError::InvalidConfig {
+            Err(Error::InvalidConfig {
                 field: "batch_size",
                 ..
             })
@@ -304,7 +306,9 @@ fn a_replaced_training_set_must_match_the_trainer() {
     }
     let empty = Dataset::from_rows("t", &[], &[], 16, 4).unwrap();
     assert!(trainer.replace_training_set(&empty, 4).is_err());
-    trainer.replace_training_set(&good, MAX_SAMPLES).unwrap();
+    trainer
+        .replace_training_set(&good, MAX_TRAINER_SAMPLES)
+        .unwrap();
     assert_eq!(trainer.train_epoch().unwrap().eager_steps, 1);
 }
 
@@ -324,21 +328,21 @@ fn step_state_and_views_check_their_sizes() {
     };
     assert!(matches!(
         new_state(&parameters, f64::NAN, 0.9),
-        Err(TolariaError::InvalidConfig {
+        Err(Error::InvalidConfig {
             field: "learning_rate",
             ..
         })
     ));
     assert!(matches!(
         new_state(&parameters, 0.01, f64::NAN),
-        Err(TolariaError::InvalidConfig {
+        Err(Error::InvalidConfig {
             field: "momentum",
             ..
         })
     ));
     assert!(matches!(
         new_state(&parameters[1..], 0.01, 0.9),
-        Err(TolariaError::InvalidData {
+        Err(Error::InvalidData {
             field: "initial_parameters",
             ..
         })
@@ -347,7 +351,7 @@ fn step_state_and_views_check_their_sizes() {
     poisoned[5] = f32::NAN;
     assert!(matches!(
         new_state(&poisoned, 0.01, 0.9),
-        Err(TolariaError::InvalidData {
+        Err(Error::InvalidData {
             field: "initial_parameters",
             ..
         })
@@ -355,7 +359,7 @@ fn step_state_and_views_check_their_sizes() {
     let state = new_state(&parameters, 0.01, 0.9).unwrap();
     assert!(matches!(
         state.interpret_metrics(&[0.0; 3], 1, 4),
-        Err(TolariaError::Readback {
+        Err(Error::Readback {
             expected: 17,
             got: 3,
             ..
@@ -365,7 +369,7 @@ fn step_state_and_views_check_their_sizes() {
     values[1] = f32::NAN;
     assert!(matches!(
         state.interpret_metrics(&values, 1, 4),
-        Err(TolariaError::InvalidMetric {
+        Err(Error::InvalidMetric {
             what: "correct",
             ..
         })
@@ -373,7 +377,7 @@ fn step_state_and_views_check_their_sizes() {
     values[1] = 5.0;
     assert!(matches!(
         state.interpret_metrics(&values, 1, 4),
-        Err(TolariaError::InvalidMetric {
+        Err(Error::InvalidMetric {
             what: "correct",
             ..
         })
@@ -425,7 +429,7 @@ fn bench_options_with_absurd_counts_are_refused() {
         }
         let result = tolaria::bench::run(&options, &mut |_| {});
         assert!(
-            matches!(result, Err(TolariaError::InvalidConfig { field: f, .. }) if f == field),
+            matches!(result, Err(Error::InvalidConfig { field: f, .. }) if f == field),
             "{field}: {result:?}"
         );
     }
@@ -446,7 +450,7 @@ proptest! {
             learning_rate, momentum, seed, ..cpu()
         };
         match config.validate() {
-            Err(err) => prop_assert!(matches!(err, TolariaError::InvalidConfig { .. }), "{err:?}"),
+            Err(err) => prop_assert!(matches!(err, Error::InvalidConfig { .. }), "{err:?}"),
             Ok(()) => {
                 prop_assert!(learning_rate.is_finite() && learning_rate > 0.0);
                 prop_assert!((0.0..1.0).contains(&momentum));
@@ -457,7 +461,7 @@ proptest! {
                     let mut trainer = Trainer::new(config).unwrap();
                     match trainer.train_epoch() {
                         Ok(report) => prop_assert!(report.loss.is_finite()),
-                        Err(err) => prop_assert!(matches!(err, TolariaError::NonFiniteLoss { .. }), "{err:?}"),
+                        Err(err) => prop_assert!(matches!(err, Error::NonFiniteLoss { .. }), "{err:?}"),
                     }
                 }
             }
@@ -514,7 +518,7 @@ proptest! {
                     prop_assert!(metrics.correct <= samples);
                 }
             }
-            Err(err) => prop_assert!(matches!(err, TolariaError::InvalidConfig { .. } | TolariaError::InvalidData { .. }), "{err:?}"),
+            Err(err) => prop_assert!(matches!(err, Error::InvalidConfig { .. } | Error::InvalidData { .. }), "{err:?}"),
         }
     }
 

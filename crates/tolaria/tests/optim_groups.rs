@@ -13,7 +13,7 @@ use leyline::SeedStage;
 use leyline::testing::extreme_f64;
 use proptest::prelude::*;
 use tch::{Device, Kind, Tensor};
-use tolaria::TolariaError;
+use tolaria::Error;
 use tolaria::optim::{
     AdamWConfig, GroupOptimizer, GroupOptimizerConfig, GroupOptimizers, OptimizerConfig, SgdConfig,
     StateReset,
@@ -341,7 +341,7 @@ fn rollback_zeroes_every_groups_state_in_place() {
     assert_eq!(optimizers.keys(), [GroupKey::Host]);
     assert!(matches!(
         optimizers.set_learning_rate(GroupKey::Seed(SLOT), 0.1),
-        Err(TolariaError::InvalidConfig { .. })
+        Err(Error::InvalidConfig { .. })
     ));
 }
 

@@ -7,7 +7,7 @@ use leyline::telemetry as names;
 use leyline::{Collector, Telemetry};
 use tolaria::data::{Dataset, ReferenceData};
 use tolaria::{
-    DataPlacement, DeviceChoice, ExecutionMode, StepKind, TolariaError, Trainer, TrainerConfig,
+    DataPlacement, DeviceChoice, Error, ExecutionMode, StepKind, Trainer, TrainerConfig,
 };
 
 fn cpu_config() -> TrainerConfig {
@@ -133,7 +133,7 @@ fn graph_modes_return_cuda_required_and_absent_cuda_devices_a_device_error_on_th
             ..cpu_config()
         };
         match Trainer::new(config) {
-            Err(TolariaError::CudaRequired { what, .. }) => assert_eq!(what, mode.name()),
+            Err(Error::CudaRequired { what, .. }) => assert_eq!(what, mode.name()),
             other => panic!("{mode:?} on the CPU gave {other:?}"),
         }
     }
@@ -145,7 +145,7 @@ fn graph_modes_return_cuda_required_and_absent_cuda_devices_a_device_error_on_th
         // Device selection is torch-ext's: its typed error comes through.
         assert!(matches!(
             Trainer::new(config),
-            Err(TolariaError::TorchExt(torch_ext::Error::CudaUnavailable))
+            Err(Error::TorchExt(torch_ext::Error::CudaUnavailable))
         ));
     }
 }
@@ -159,7 +159,7 @@ fn invalid_configurations_are_refused() {
     };
     assert!(matches!(
         Trainer::new(graph_epoch_on_host),
-        Err(TolariaError::InvalidConfig {
+        Err(Error::InvalidConfig {
             field: "data_placement",
             ..
         })
@@ -170,7 +170,7 @@ fn invalid_configurations_are_refused() {
     };
     assert!(matches!(
         Trainer::new(zero_batch),
-        Err(TolariaError::InvalidConfig {
+        Err(Error::InvalidConfig {
             field: "batch_size",
             ..
         })

@@ -116,12 +116,7 @@ impl CnnHostConfig {
                 allowed: format!("odd values in [1, {MAX_KERNEL_SIZE}]"),
             });
         }
-        size_in(
-            "CnnHostConfig.n_classes",
-            self.n_classes,
-            1,
-            MAX_CLASSES,
-        )?;
+        size_in("CnnHostConfig.n_classes", self.n_classes, 1, MAX_CLASSES)?;
         let last = self.block_channels(self.n_blocks.saturating_sub(1))?;
         size_in("CnnHostConfig (last block channels)", last, 1, MAX_CHANNELS)?;
         let remaining = u32::try_from(self.pool_layers)
@@ -225,12 +220,7 @@ impl CnnHost {
             });
             in_channels = out_channels;
         }
-        let classifier = Linear::new(
-            &root.sub("classifier"),
-            in_channels,
-            config.n_classes,
-            true,
-        )?;
+        let classifier = Linear::new(&root.sub("classifier"), in_channels, config.n_classes, true)?;
 
         let mut segments = Vec::new();
         let mut specs = Vec::new();

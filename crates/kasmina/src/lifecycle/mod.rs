@@ -37,7 +37,7 @@
 //! changes nothing, so no lifecycle move is ever decided by a non-finite
 //! number.
 
-use leyline::{AlphaCurve, AlphaMode, ContractError, GateLevel, SeedStage};
+use leyline::{AlphaCurve, AlphaMode, GateLevel, SeedStage};
 
 use crate::blueprint::Blueprint;
 use crate::gate::GateOutcome;
@@ -133,7 +133,7 @@ impl Lifecycle {
         }
     }
 
-    fn illegal(&self, source: ContractError) -> Error {
+    fn illegal(&self, source: leyline::Error) -> Error {
         Error::IllegalTransition {
             slot: self.slot.to_string(),
             source,
@@ -213,9 +213,9 @@ impl Lifecycle {
         let from = state.stage;
         let target = match target {
             Some(target) => target,
-            None => from
-                .advance_target()
-                .ok_or_else(|| self.illegal(ContractError::IllegalTransition { from, to: from }))?,
+            None => from.advance_target().ok_or_else(|| {
+                self.illegal(leyline::Error::IllegalTransition { from, to: from })
+            })?,
         };
         let gate = match GateLevel::for_target(target) {
             Some(gate) if !target.is_failure() => gate,
@@ -367,7 +367,7 @@ impl Lifecycle {
                 self.emit_stage_changed(SeedStage::Holding, SeedStage::Blending);
             }
             other => {
-                return Err(self.illegal(ContractError::IllegalTransition {
+                return Err(self.illegal(leyline::Error::IllegalTransition {
                     from: other,
                     to: SeedStage::Blending,
                 }));

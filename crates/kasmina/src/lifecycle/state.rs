@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use leyline::gate::thresholds;
-use leyline::{AlphaAlgorithm, AlphaCurve, ContractError, SeedStage};
+use leyline::{AlphaAlgorithm, AlphaCurve, SeedStage};
 
 use super::config::GerminationOptions;
 use super::measure;
@@ -124,7 +124,7 @@ impl SeedState {
     /// Moves to `to` if the leyline table allows it: records the previous
     /// stage and its epochs, appends to the bounded history (100 entries),
     /// resets the epochs-in-stage counter and the stage-start accuracy.
-    pub fn transition(&mut self, to: SeedStage) -> std::result::Result<(), ContractError> {
+    pub fn transition(&mut self, to: SeedStage) -> std::result::Result<(), leyline::Error> {
         leyline::stage::validate_transition(self.stage, to)?;
         let record = StageRecord {
             from: self.stage,

@@ -19,7 +19,7 @@ use std::collections::BTreeSet;
 
 use super::{BASELINE_SCHEMA, BaselineRecord};
 use crate::checks::{self, invalid, shown};
-use crate::{ContractError, Result};
+use crate::{Error, Result};
 
 /// Message name in errors.
 const NAME: &str = "BaselineRecord";
@@ -92,7 +92,7 @@ impl BaselineRecord {
     /// `from_measurements`, `to_json_pretty` and `from_json` all run it.
     pub fn validate(&self) -> Result<()> {
         if self.schema != BASELINE_SCHEMA {
-            return Err(ContractError::SchemaVersion {
+            return Err(Error::SchemaVersion {
                 message: NAME,
                 expected: BASELINE_SCHEMA,
                 got: self.schema,

@@ -18,7 +18,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::JsonlConfig;
-use crate::NissaError;
+use crate::Error;
 
 /// An open file the sink appends lines to.
 pub(crate) trait LineFile: Write + Send {
@@ -74,7 +74,7 @@ pub(crate) enum Output {
 /// How far a write got: whole lines delivered and the error that stopped it.
 pub(crate) struct Written {
     pub(crate) lines: usize,
-    pub(crate) error: Option<NissaError>,
+    pub(crate) error: Option<Error>,
 }
 
 impl Output {
@@ -200,7 +200,7 @@ impl Rotating {
                 };
                 return Written {
                     lines: line.saturating_add(whole),
-                    error: Some(NissaError::Io {
+                    error: Some(Error::Io {
                         op: "write",
                         path: self.path(),
                         source,
@@ -218,7 +218,7 @@ impl Rotating {
 
     /// Moves on to the next file, removing the oldest beyond `max_files`.
     fn rotate(&mut self) -> crate::Result<()> {
-        let after = self.index.checked_add(1).ok_or(NissaError::Config {
+        let after = self.index.checked_add(1).ok_or(Error::Config {
             field: "file index",
             reason: "the run directory has used every file index".to_owned(),
         })?;
@@ -246,7 +246,7 @@ impl Stream {
         let data = buffer.get(..total).unwrap_or_default();
         let failed = |lines: usize, source: std::io::Error| Written {
             lines,
-            error: Some(NissaError::Io {
+            error: Some(Error::Io {
                 op: "write",
                 path: PathBuf::from("(writer)"),
                 source,
@@ -305,13 +305,13 @@ fn open_next(
         match opener(&path) {
             Ok(file) => return Ok((file, index)),
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
-                index = index.checked_add(1).ok_or(NissaError::Config {
+                index = index.checked_add(1).ok_or(Error::Config {
                     field: "file index",
                     reason: "the run directory has used every file index".to_owned(),
                 })?;
             }
             Err(source) => {
-                return Err(NissaError::Io {
+                return Err(Error::Io {
                     op: "create",
                     path,
                     source,

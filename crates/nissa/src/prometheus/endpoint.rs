@@ -14,7 +14,7 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use super::{CONTENT_TYPE, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MetricSet};
 use crate::worker::Shared;
-use crate::{NissaError, Result};
+use crate::{Error, Result};
 
 /// A bound listener waiting for the hub's runtime.
 pub(crate) struct MetricsEndpoint {
@@ -35,10 +35,10 @@ impl MetricsEndpoint {
         let bound = self
             .listener
             .local_addr()
-            .map_err(|source| NissaError::Bind { addr, source })?;
+            .map_err(|source| Error::Bind { addr, source })?;
         let _context = runtime.enter();
         let listener = tokio::net::TcpListener::from_std(self.listener)
-            .map_err(|source| NissaError::Bind { addr, source })?;
+            .map_err(|source| Error::Bind { addr, source })?;
         runtime.spawn(serve(listener, self.metrics, shared));
         Ok(bound)
     }

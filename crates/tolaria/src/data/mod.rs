@@ -30,7 +30,7 @@
 //! (sizes with checked arithmetic against [`limits`], finiteness of floats,
 //! label ranges) and returns a typed error naming the field and the value;
 //! nothing in this module panics on bad input. The crate's
-//! [`crate::TolariaError::Data`] carries a [`DataError`] upwards.
+//! [`crate::Error::Data`] carries a [`DataError`] upwards.
 
 // Sizes here come from callers and files: every integer operation is checked,
 // saturating or explicitly justified.

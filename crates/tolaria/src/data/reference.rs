@@ -22,7 +22,7 @@
 use super::Dataset;
 use super::shuffle::SplitMix64;
 use crate::config::{MAX_PACKED_VALUES, TrainerConfig};
-use crate::error::{Result, TolariaError};
+use crate::error::{Error, Result};
 
 /// Name of the task; its sets are named `tolaria-reference/train` and
 /// `tolaria-reference/validation`.
@@ -58,7 +58,7 @@ impl ReferenceData {
     ///
     /// # Errors
     /// [`TrainerConfig::validate`]'s errors, checked before anything is
-    /// allocated, so every size below is bounded; [`TolariaError::Data`] if
+    /// allocated, so every size below is bounded; [`Error::Data`] if
     /// libtorch cannot hold the sets.
     pub fn generate(config: &TrainerConfig) -> Result<ReferenceData> {
         config.validate()?;
@@ -67,7 +67,7 @@ impl ReferenceData {
         // Bounded by validate(): F <= 2^16, C <= 2^10, n x F <= the packed
         // buffer's bound; checked again here so no product can wrap.
         let product = |a: usize, b: usize| {
-            a.checked_mul(b).ok_or_else(|| TolariaError::InvalidConfig {
+            a.checked_mul(b).ok_or_else(|| Error::InvalidConfig {
                 field: "n_features",
                 reason: format!("{a} x {b} overflows usize"),
             })
@@ -137,9 +137,9 @@ impl MicrobatchSpan {
     /// Length of the packed block in `f32`s.
     ///
     /// # Errors
-    /// [`TolariaError::InvalidData`] when the length overflows `usize`.
+    /// [`Error::InvalidData`] when the length overflows `usize`.
     pub fn len(&self, n_features: usize, n_classes: usize) -> Result<usize> {
-        packed_len(self.batch, n_features, n_classes).ok_or_else(|| TolariaError::InvalidData {
+        packed_len(self.batch, n_features, n_classes).ok_or_else(|| Error::InvalidData {
             field: "span",
             reason: format!(
                 "a microbatch of {} samples, {n_features} features and {n_classes} classes \
@@ -172,11 +172,11 @@ pub struct PackedEpoch {
 /// Features per sample of a tabular set (its samples are `[F]`, `F >= 1`).
 ///
 /// # Errors
-/// [`TolariaError::InvalidData`] naming `images` for any other sample shape.
+/// [`Error::InvalidData`] naming `images` for any other sample shape.
 pub fn tabular_features(set: &Dataset) -> Result<usize> {
     match set.sample_shape().as_slice() {
         &[features] if features > 0 => Ok(usize::try_from(features).unwrap_or(usize::MAX)),
-        shape => Err(TolariaError::InvalidData {
+        shape => Err(Error::InvalidData {
             field: "images",
             reason: format!(
                 "{} has samples of shape {shape:?}; the packed layout needs [n_features] rows",
@@ -192,21 +192,21 @@ pub fn tabular_features(set: &Dataset) -> Result<usize> {
 /// epochs, never inside one).
 ///
 /// # Errors
-/// [`TolariaError::InvalidData`] for a `batch_size` of 0, samples that are
+/// [`Error::InvalidData`] for a `batch_size` of 0, samples that are
 /// not `[n_features]` rows ([`tabular_features`]), or a packed buffer above
 /// [`MAX_PACKED_VALUES`] `f32`s (checked before allocating);
-/// [`TolariaError::Data`] when the readback fails.
+/// [`Error::Data`] when the readback fails.
 pub fn pack_epoch(set: &Dataset, batch_size: usize) -> Result<PackedEpoch> {
     let (n_features, n_classes) = (tabular_features(set)?, set.n_classes());
     if batch_size == 0 {
-        return Err(TolariaError::InvalidData {
+        return Err(Error::InvalidData {
             field: "batch_size",
             reason: "0: a microbatch holds at least 1 sample".to_owned(),
         });
     }
     let total = packed_len(set.len(), n_features, n_classes)
         .filter(|&total| total <= MAX_PACKED_VALUES)
-        .ok_or_else(|| TolariaError::InvalidData {
+        .ok_or_else(|| Error::InvalidData {
             field: "inputs",
             reason: format!(
                 "{} samples of {n_features} features and {n_classes} classes pack into more \

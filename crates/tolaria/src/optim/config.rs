@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, TolariaError};
+use crate::error::{Error, Result};
 
 /// Largest learning rate any group accepts.
 pub const MAX_LEARNING_RATE: f64 = 100.0;
@@ -175,8 +175,8 @@ const SEED_FIELDS: Fields = Fields {
     weight_decay: "OptimizerConfig.seed.weight_decay",
 };
 
-fn invalid(field: &'static str, value: f64, allowed: &str) -> TolariaError {
-    TolariaError::InvalidConfig {
+fn invalid(field: &'static str, value: f64, allowed: &str) -> Error {
+    Error::InvalidConfig {
         field,
         reason: format!("{value} must be {allowed}"),
     }

@@ -33,7 +33,7 @@ use kasmina::groups::{GroupEvent, GroupKey};
 use kasmina::model::MorphogeneticModel;
 use tch::Device;
 
-use crate::error::{Result, TolariaError};
+use crate::error::{Error, Result};
 
 mod config;
 mod group;
@@ -171,7 +171,7 @@ impl GroupOptimizers {
     pub fn set_learning_rate(&mut self, key: GroupKey, value: f64) -> Result<()> {
         match self.groups.get_mut(&key) {
             Some(group) => group.set_learning_rate(value),
-            None => Err(TolariaError::InvalidConfig {
+            None => Err(Error::InvalidConfig {
                 field: "GroupOptimizers.group",
                 reason: format!("{key} has no optimizer state"),
             }),
