@@ -2,8 +2,8 @@
 //! dependencies (no tch).
 //!
 //! - `cargo xtask test`: provision libtorch and system packages if needed, then
-//!   fmt, clippy (warnings denied), the whole test suite and the telemetry
-//!   alert-rule check.
+//!   fmt, clippy (warnings denied), the whole test suite, the hostile-size
+//!   tests again in release, and the telemetry alert-rule check.
 //! - `cargo xtask bench`: provision, build release `esper`, run every
 //!   benchmark workload through `esper bench` and write
 //!   `baselines/perf/<workload>/<label>.json` ([`bench`]: running,
@@ -120,6 +120,30 @@ pub(crate) fn run_step(name: &str, command: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// The test targets that feed sizes and numbers near the integer and float
+/// limits to every crate's entry points; `cargo xtask test` runs them in
+/// release too.
+const RELEASE_SIZE_TESTS: &[&str] = &[
+    "-p",
+    "leyline",
+    "--test",
+    "hostile_inputs",
+    "-p",
+    "nissa",
+    "--test",
+    "bad_input_hub",
+    "-p",
+    "kasmina",
+    "--test",
+    "hardening_sizes",
+    "-p",
+    "tolaria",
+    "--test",
+    "data_hostile",
+    "--test",
+    "hostile_input",
+];
+
 fn run_tests(root: &Path) -> Result<()> {
     let started = std::time::Instant::now();
     run_step(
@@ -140,6 +164,15 @@ fn run_tests(root: &Path) -> Result<()> {
     run_step(
         "cargo test --workspace",
         cargo(root).args(["test", "--workspace"]),
+    )?;
+    // Release builds wrap on integer overflow where debug builds panic: the
+    // tests of overflow-prone sizes run again in release, so both profiles
+    // are shown to give the same typed errors.
+    run_step(
+        "cargo test --release (sizes near the integer limits)",
+        cargo(root)
+            .args(["test", "--release"])
+            .args(RELEASE_SIZE_TESTS),
     )?;
     check_alert_rules(root)?;
     eprintln!(
