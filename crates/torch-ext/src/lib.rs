@@ -19,6 +19,11 @@
 //! - [`fused`]: `_foreach_*` multi-tensor ops, fused SGD / AdamW steps, AMP
 //!   unscale and a read-back-free `clip_grad_norm_`.
 //!
+//! torch-ext owns the libtorch concerns of the workspace (device selection,
+//! streams, graphs, precision, fused kernels) and nothing above them: it knows
+//! no model, data set, optimizer policy or telemetry, and depends on no other
+//! workspace crate.
+//!
 //! On a machine without CUDA every CUDA-only function returns
 //! [`Error::CudaUnavailable`]; nothing crashes. Precision switches, modes,
 //! copies and the fused ops work on CPU too.
