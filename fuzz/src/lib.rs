@@ -89,3 +89,65 @@ pub fn baseline_record(data: &[u8]) {
         );
     }
 }
+
+/// IDX reading (raw and gzipped): the first byte picks the form. An accepted
+/// array holds exactly the number of values its dimensions promise, and
+/// reading is bounded by the header, never by the input's size.
+#[cfg(feature = "torch")]
+pub fn idx(data: &[u8]) {
+    use tolaria::data::idx::{IdxArray, parse_idx_gz, parse_idx_reader};
+    let Some((&selector, bytes)) = data.split_first() else {
+        return;
+    };
+    let parsed: Option<IdxArray> = if selector % 2 == 0 {
+        parse_idx_reader(bytes).ok()
+    } else {
+        parse_idx_gz(bytes).ok()
+    };
+    if let Some(array) = parsed {
+        let promised = array
+            .dims()
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .expect("accepted dimensions multiply without overflow");
+        assert_eq!(array.values().len(), promised, "values match the header");
+        assert!(array.dims().iter().all(|&d| d > 0), "no empty dimension");
+    }
+}
+
+/// CIFAR-10 binary records: an accepted file holds whole records with labels
+/// below 10.
+#[cfg(feature = "torch")]
+pub fn cifar10(data: &[u8]) {
+    use tolaria::data::cifar10::{N_CLASSES, PIXELS_PER_IMAGE, parse_records};
+    if let Ok(records) = parse_records(data) {
+        assert!(!records.labels().is_empty(), "an accepted file is not empty");
+        assert_eq!(
+            records.pixels().len(),
+            records.labels().len() * PIXELS_PER_IMAGE,
+            "whole records"
+        );
+        assert!(
+            records.labels().iter().all(|&l| usize::from(l) < N_CLASSES),
+            "labels in range"
+        );
+    }
+}
+
+/// Alpha controllers read from JSON (checkpoints): an accepted controller
+/// serialises and reads back equal, and its alpha is finite and in [0, 1].
+#[cfg(feature = "torch")]
+pub fn alpha_controller(data: &[u8]) {
+    use kasmina::alpha::AlphaController;
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(controller) = serde_json::from_str::<AlphaController>(text) {
+        let alpha = controller.alpha();
+        assert!((0.0..=1.0).contains(&alpha), "alpha {alpha} out of range");
+        let again = serde_json::to_string(&controller).expect("an accepted controller serialises");
+        let back: AlphaController =
+            serde_json::from_str(&again).expect("a serialised controller reads back");
+        assert_eq!(back, controller, "JSON round trip");
+    }
+}

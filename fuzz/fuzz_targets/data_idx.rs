@@ -1,0 +1,6 @@
+//! libFuzzer target: `esper_fuzz::idx` (see fuzz/README.md). Needs libtorch:
+//! run with `--features torch`.
+
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| esper_fuzz::idx(data));
