@@ -31,6 +31,15 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The AMP grad scaler was given a bad saved state, tensors it cannot
+    /// use, or calls out of order (see [`crate::amp::GradScaler`]).
+    #[error("grad scaler `{field}`: {reason}")]
+    GradScaler {
+        /// The offending field or call, e.g. `scale` or `unscale_`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
     /// A training or validation set is inconsistent (lengths, sizes).
     #[error("invalid data set `{field}`: {reason}")]
     InvalidData {

@@ -48,6 +48,7 @@
     )
 )]
 
+pub mod amp;
 pub mod bench;
 pub mod config;
 pub mod data;
