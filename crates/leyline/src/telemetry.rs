@@ -122,6 +122,10 @@ metric_names! {
     TOLARIA_GRAD_AGG_PROJECTIONS = "tolaria.grad_agg.projections", Counter, "count", "PCGrad projections applied";
     /// Flattened parameter count aggregated.
     TOLARIA_GRAD_AGG_FLAT_PARAMS = "tolaria.grad_agg.flat_params", Gauge, "count", "Parameters in the flattened gradient";
+    /// Seed-gradient pairs that conflicted (negative dot product) per pair compared, over an epoch.
+    TOLARIA_GRAD_AGG_CONFLICT_RATIO = "tolaria.grad_agg.conflict_ratio", Gauge, "ratio", "Conflicting seed-gradient pairs per pair";
+    /// Mean share of the teacher (host) gradient in the aggregated gradient's norms, over an epoch.
+    TOLARIA_GRAD_AGG_TEACHER_SHARE = "tolaria.grad_agg.teacher_share", Gauge, "ratio", "Teacher share of the aggregated gradient";
     /// Per-seed alpha.
     KASMINA_SEED_ALPHA = "kasmina.seed.alpha", Gauge, "ratio", "Seed blend amplitude";
     /// Per-seed stage contract value.

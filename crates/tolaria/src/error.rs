@@ -40,6 +40,17 @@ pub enum Error {
         /// What is wrong with it, with the values.
         reason: String,
     },
+    /// Gradient aggregation was given gradients that do not match the
+    /// parameter layout (count, shape, dtype, device), more seeds than it
+    /// holds rows for, or inconsistent arguments (see
+    /// [`crate::grad_agg::GradAggregator`]).
+    #[error("gradient aggregation `{field}`: {reason}")]
+    GradAgg {
+        /// The offending argument, e.g. `seeds` or `out`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
     /// A training or validation set is inconsistent (lengths, sizes).
     #[error("invalid data set `{field}`: {reason}")]
     InvalidData {

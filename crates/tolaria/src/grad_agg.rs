@@ -1,0 +1,715 @@
+//! Gradient aggregation across seeds, with PCGrad: used by the general
+//! trainer's step (not yet built); nothing calls it yet.
+//!
+//! One step of a morphogenetic model has a *teacher* gradient (the host's
+//! own loss gradient) and one contribution gradient per active seed, all
+//! over the same parameter layout (the parameters whose `.grad` receives the
+//! result). [`GradAggregator::aggregate`] writes
+//! `teacher + Σ seeds'` into those gradients, where `seeds'` are the seed
+//! gradients after PCGrad (Yu et al. 2020, "Gradient Surgery for Multi-Task
+//! Learning"):
+//!
+//! - **0 seeds**: pass-through, `out = teacher` (one multi-tensor copy).
+//! - **1 seed, and the caller's attribution confirms one active seed**: the
+//!   single-seed fast path, `out = teacher + seed`, without the Gram matrix
+//!   and the projection loop. The reference allows this path only when
+//!   Kasmina's attribution confirms a single active seed
+//!   (`attribution_confirms_single_seed`); without that confirmation one seed
+//!   goes through the general path (with one seed there is no pair to
+//!   project, so the gradient is the same; the step counts as a general one).
+//! - **2 or more seeds**: PCGrad. For each seed `i`, for each other seed `j`
+//!   in ascending order, `if g_i'·g_j < 0 { g_i' -= (g_i'·g_j / |g_j|²) g_j }`,
+//!   against the *original* `g_j`; the projected gradients are summed. The
+//!   teacher is the anchor: it is neither projected nor projected against.
+//!
+//! Where the reference is silent or differs, the choices are: a fixed
+//! ascending order (the reference shuffles with Python's `random`; a fixed
+//! order keeps CPU runs bitwise reproducible and is what a captured CUDA
+//! graph would replay anyway) and projection against the original seed
+//! gradients (the reference projects against gradients already adjusted in
+//! the same pass; the original paper uses the originals).
+//!
+//! **Pooled buffers.** The aggregator owns one flat device buffer with a row
+//! per gradient source (`[max_seeds + 1, numel]`, row 0 the teacher) and a
+//! flat aggregate `[numel]`, plus per-parameter views of both, allocated once
+//! for a layout (the shapes, dtype and device of `out`) and reused by every
+//! step; a different layout re-allocates them (see
+//! [`GradAggregator::allocations`]). Each step copies the gradients into
+//! their rows with one torch-ext `_foreach_copy_` (no per-parameter clones).
+//!
+//! **Device-only projection.** PCGrad runs in the span of the rows: with the
+//! Gram matrix `D = G Gᵀ` (one matmul over the `[k + 1, numel]` rows) each
+//! projected gradient is `g_i' = Σ_m C[i, m] g_m` with a small coefficient
+//! matrix `C` (identity at the start), and `g_i'·g_j = (C D)[i, j]`. One
+//! projection step against seed `j` updates column `j` of `C` for every `i`
+//! at once, with `(dot < 0)` as a float multiplier instead of a branch, so
+//! nothing is read back and the step can be captured in a CUDA graph (the
+//! seed count is the host-side shape of the step: a different count is a
+//! different graph). The aggregate is `(1ᵀ C) G`, one `[1, k + 1] × [k + 1,
+//! numel]` matmul into the pooled aggregate, copied into `out` with one
+//! `_foreach_copy_`. The Gram matrix follows the matmul precision in force
+//! (TF32 when enabled); the `k × k` work runs in `f64`.
+//!
+//! **Metrics.** Every step adds to one `f64` device accumulator (steps per
+//! path, seed pairs compared, conflicting pairs, projections applied, teacher
+//! share); [`GradAggregator::take_epoch_metrics`] reads it once, at the end
+//! of the epoch, and zeroes it. The conflict ratio is conflicting pairs
+//! (negative dot product between the *original* seed gradients, counted
+//! before any projection) over pairs compared; the reference divides the
+//! conflict count by `seeds − 1` instead, which is not a ratio for three or
+//! more seeds. The teacher share of a step is `|t| / (|t| + Σ|s_i'|)`, the
+//! teacher's norm over the sum of the norms of the aggregated parts, as the
+//! reference's per-bucket share (norm over summed norms); a pass-through
+//! step's share is 1 by definition, and the epoch's value is the mean over
+//! steps. The telemetry names are leyline's `tolaria.grad_agg.*`.
+
+use leyline::metric;
+use leyline::proto::TelemetryMetric;
+use leyline::telemetry as names;
+use tch::{Device, Kind, Tensor};
+use torch_ext::fused;
+
+use crate::error::{Error, Result, TorchResultExt};
+
+/// Most seeds one aggregator holds rows for (the projection loop launches a
+/// few small kernels per seed).
+pub const MAX_GRAD_AGG_SEEDS: usize = 64;
+
+/// Accumulator fields, in order.
+const STEPS: i64 = 0;
+const PASS_THROUGH: i64 = 1;
+const SINGLE_SEED: i64 = 2;
+const GENERAL: i64 = 3;
+const PAIRS: i64 = 4;
+const CONFLICTS: i64 = 5;
+const PROJECTIONS: i64 = 6;
+const SHARE: i64 = 7;
+const FIELDS: i64 = 8;
+/// Largest count an `f64` accumulator holds exactly.
+const MAX_EXACT_COUNT: f64 = 9_007_199_254_740_992.0;
+
+/// Which path a step took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AggPath {
+    /// No seed: the teacher gradient passed through.
+    PassThrough,
+    /// One seed confirmed by attribution: teacher plus seed, no projection.
+    SingleSeed,
+    /// The general path: Gram matrix and PCGrad over the seeds (one
+    /// unconfirmed seed included).
+    PcGrad,
+}
+
+/// One epoch of aggregation statistics, read back by
+/// [`GradAggregator::take_epoch_metrics`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GradAggMetrics {
+    /// Steps aggregated.
+    pub steps: u64,
+    /// Steps that passed the teacher gradient through (no seed).
+    pub pass_through_steps: u64,
+    /// Steps on the single-seed fast path.
+    pub single_seed_steps: u64,
+    /// Steps on the general (PCGrad) path.
+    pub pcgrad_steps: u64,
+    /// Seed pairs compared, summed over the epoch's steps.
+    pub seed_pairs: u64,
+    /// Seed pairs whose original gradients conflicted (negative dot product).
+    pub conflicts: u64,
+    /// Projections applied (ordered pairs `(i, j)` where `g_i'` was
+    /// projected off `g_j`).
+    pub projections: u64,
+    /// `conflicts / seed_pairs`, 0 without pairs.
+    pub conflict_ratio: f64,
+    /// Mean teacher share over the epoch's steps, 0 without steps.
+    pub teacher_share: f64,
+    /// Elements in the current flattened layout (0 before the first step).
+    pub flat_params: u64,
+}
+
+impl GradAggMetrics {
+    /// The epoch's `tolaria.grad_agg.*` metrics (conflicts, projections,
+    /// conflict ratio, teacher share, flattened parameters).
+    pub fn telemetry(&self) -> Vec<TelemetryMetric> {
+        vec![
+            metric(names::TOLARIA_GRAD_AGG_CONFLICTS, self.conflicts as f64),
+            metric(names::TOLARIA_GRAD_AGG_PROJECTIONS, self.projections as f64),
+            metric(names::TOLARIA_GRAD_AGG_CONFLICT_RATIO, self.conflict_ratio),
+            metric(names::TOLARIA_GRAD_AGG_TEACHER_SHARE, self.teacher_share),
+            metric(names::TOLARIA_GRAD_AGG_FLAT_PARAMS, self.flat_params as f64),
+        ]
+    }
+}
+
+/// The pooled buffers of one layout.
+#[derive(Debug)]
+struct Pool {
+    shapes: Vec<Vec<i64>>,
+    kind: Kind,
+    numel: i64,
+    /// `[max_seeds + 1, numel]`; row 0 the teacher, row `1 + i` seed `i`.
+    rows: Tensor,
+    /// Per-parameter views of every row, row after row.
+    row_views: Vec<Tensor>,
+    /// `[1, numel]`: the aggregate.
+    aggregate: Tensor,
+    /// Per-parameter views of the aggregate.
+    aggregate_views: Vec<Tensor>,
+}
+
+fn agg_error(field: &'static str, reason: String) -> Error {
+    Error::GradAgg { field, reason }
+}
+
+fn to_i64(value: usize, field: &'static str) -> Result<i64> {
+    i64::try_from(value).map_err(|_| agg_error(field, format!("{value} does not fit in i64")))
+}
+
+impl Pool {
+    fn new(shapes: Vec<Vec<i64>>, kind: Kind, device: Device, rows_max: i64) -> Result<Self> {
+        let mut numels = Vec::with_capacity(shapes.len());
+        let mut numel = 0i64;
+        for shape in &shapes {
+            let count = shape
+                .iter()
+                .try_fold(1i64, |acc, &dim| acc.checked_mul(dim))
+                .ok_or_else(|| agg_error("out", format!("shape {shape:?} overflows")))?;
+            numel = numel
+                .checked_add(count)
+                .ok_or_else(|| agg_error("out", "total numel overflows i64".into()))?;
+            numels.push(count);
+        }
+        rows_max
+            .checked_mul(numel)
+            .ok_or_else(|| agg_error("out", format!("{rows_max} rows of {numel} overflow")))?;
+        let rows = Tensor::f_zeros([rows_max, numel], (kind, device)).op("zeros rows")?;
+        let aggregate = Tensor::f_zeros([1, numel], (kind, device)).op("zeros aggregate")?;
+        let views_of = |flat: &Tensor| -> Result<Vec<Tensor>> {
+            let mut views = Vec::with_capacity(shapes.len());
+            let mut offset = 0i64;
+            for (shape, &count) in shapes.iter().zip(&numels) {
+                let view = flat.f_narrow(0, offset, count).op("narrow")?;
+                views.push(view.f_view_(shape.as_slice()).op("view")?);
+                offset = offset.saturating_add(count);
+            }
+            Ok(views)
+        };
+        let mut row_views = Vec::new();
+        for row in 0..rows_max {
+            row_views.extend(views_of(&rows.f_select(0, row).op("select row")?)?);
+        }
+        let aggregate_views = views_of(&aggregate.f_select(0, 0).op("select aggregate")?)?;
+        Ok(Self {
+            shapes,
+            kind,
+            numel,
+            rows,
+            row_views,
+            aggregate,
+            aggregate_views,
+        })
+    }
+}
+
+/// PCGrad gradient aggregation over pooled device buffers (see the module
+/// docs).
+#[derive(Debug)]
+pub struct GradAggregator {
+    device: Device,
+    max_seeds: usize,
+    pool: Option<Pool>,
+    allocations: u64,
+    /// `f64 [FIELDS]`: steps, pass-through, single-seed, general, pairs,
+    /// conflicts, projections, teacher-share sum.
+    accum: Tensor,
+    /// `f64 [max_seeds + 2, FIELDS]`: the constant part of each step's
+    /// increment; row 0 pass-through, row 1 single seed, row `1 + k` the
+    /// general path with `k` seeds.
+    increments: Tensor,
+    /// `f64 [R, R]`: `allowed[j][i] = 1` when seed row `i` may be projected
+    /// off row `j` (`i ≥ 1`, `i ≠ j`).
+    allowed: Tensor,
+    /// `f64 [R, R]`: 1 where `1 ≤ i < j` (the seed pairs).
+    upper: Tensor,
+    /// `f64 [R, R]` identity.
+    eye: Tensor,
+    /// `f64 [R, R]` coefficients of the last general step.
+    coef: Tensor,
+    /// Rows used by the last general step (for [`Self::projected_seeds`]).
+    last_general_rows: Option<i64>,
+    /// Gradient handles of the current step (capacity kept).
+    sources: Vec<Tensor>,
+}
+
+impl GradAggregator {
+    /// An aggregator for up to `max_seeds` seeds (1..=[`MAX_GRAD_AGG_SEEDS`])
+    /// on `device`. The gradient buffers are allocated by the first
+    /// [`aggregate`](Self::aggregate), for its layout.
+    pub fn new(max_seeds: usize, device: Device) -> Result<Self> {
+        if !(1..=MAX_GRAD_AGG_SEEDS).contains(&max_seeds) {
+            return Err(agg_error(
+                "max_seeds",
+                format!("{max_seeds} is outside 1..={MAX_GRAD_AGG_SEEDS}"),
+            ));
+        }
+        let rows = max_seeds.saturating_add(1);
+        let mut increments = Vec::with_capacity(rows.saturating_add(1).saturating_mul(8));
+        increments.extend([1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+        increments.extend([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        for seeds in 1..=max_seeds {
+            let pairs = seeds.saturating_mul(seeds.saturating_sub(1)) / 2;
+            increments.extend([1.0, 0.0, 0.0, 1.0, pairs as f64, 0.0, 0.0, 0.0]);
+        }
+        let mut allowed = Vec::with_capacity(rows.saturating_mul(rows));
+        let mut upper = Vec::with_capacity(rows.saturating_mul(rows));
+        for j in 0..rows {
+            for i in 0..rows {
+                allowed.push(if i >= 1 && i != j { 1.0 } else { 0.0 });
+                upper.push(if j >= 1 && j < i { 1.0 } else { 0.0 });
+            }
+        }
+        let r = to_i64(rows, "max_seeds")?;
+        let table = |values: &[f64], shape: [i64; 2]| -> Result<Tensor> {
+            Tensor::f_from_slice(values)
+                .op("from_slice")?
+                .f_view_(shape)
+                .op("view")?
+                .f_to(device)
+                .op("to device")
+        };
+        let inc_rows = r
+            .checked_add(1)
+            .ok_or_else(|| agg_error("max_seeds", "overflow".into()))?;
+        let opts = (Kind::Double, device);
+        Ok(Self {
+            device,
+            max_seeds,
+            pool: None,
+            allocations: 0,
+            accum: Tensor::f_zeros([FIELDS], opts).op("zeros accum")?,
+            increments: table(&increments, [inc_rows, FIELDS])?,
+            allowed: table(&allowed, [r, r])?,
+            upper: table(&upper, [r, r])?,
+            eye: Tensor::f_eye(r, opts).op("eye")?,
+            coef: Tensor::f_zeros([r, r], opts).op("zeros coef")?,
+            last_general_rows: None,
+            sources: Vec::new(),
+        })
+    }
+
+    /// Most seeds one step may have.
+    pub fn max_seeds(&self) -> usize {
+        self.max_seeds
+    }
+
+    /// How many times the pooled buffers were allocated (once per layout).
+    pub fn allocations(&self) -> u64 {
+        self.allocations
+    }
+
+    /// The pooled `[max_seeds + 1, numel]` rows (row 0 the teacher), `None`
+    /// before the first step.
+    pub fn pooled_rows(&self) -> Option<&Tensor> {
+        self.pool.as_ref().map(|pool| &pool.rows)
+    }
+
+    /// Aggregates one step's gradients into `out` (the parameters' `.grad`
+    /// tensors, which define the layout; `teacher` may be those same
+    /// tensors) and returns the path taken. `teacher` and every entry of
+    /// `seeds` hold one gradient per entry of `out`, of the same shape, dtype
+    /// (`f32` or `f64`) and device. `attribution_confirms_single_seed` may be
+    /// true only with exactly one seed, and selects the fast path.
+    ///
+    /// Nothing is read back; the checks are on shapes only. A layout other
+    /// than the last one re-allocates the pooled buffers (outside any
+    /// captured region).
+    pub fn aggregate<S: AsRef<[Tensor]>>(
+        &mut self,
+        teacher: &[Tensor],
+        seeds: &[S],
+        attribution_confirms_single_seed: bool,
+        out: &[Tensor],
+    ) -> Result<AggPath> {
+        if seeds.len() > self.max_seeds {
+            return Err(agg_error(
+                "seeds",
+                format!(
+                    "{} seeds, the aggregator holds {}",
+                    seeds.len(),
+                    self.max_seeds
+                ),
+            ));
+        }
+        if attribution_confirms_single_seed && seeds.len() != 1 {
+            return Err(agg_error(
+                "attribution_confirms_single_seed",
+                format!("true with {} seeds", seeds.len()),
+            ));
+        }
+        self.ensure_layout(out)?;
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        check_list(pool, self.device, "teacher", 0, teacher)?;
+        for (index, seed) in seeds.iter().enumerate() {
+            check_list(pool, self.device, "seeds", index, seed.as_ref())?;
+        }
+        tch::no_grad(|| match seeds.len() {
+            0 => self.pass_through(teacher, out),
+            1 if attribution_confirms_single_seed => self.single_seed(teacher, seeds, out),
+            _ => self.pcgrad(teacher, seeds, out),
+        })
+    }
+
+    fn ensure_layout(&mut self, out: &[Tensor]) -> Result<()> {
+        let Some(first) = out.first() else {
+            return Err(agg_error("out", "no parameter gradients".into()));
+        };
+        if !first.defined() {
+            return Err(agg_error("out", "gradient 0 is undefined".into()));
+        }
+        let kind = first.f_kind().op("kind")?;
+        if !matches!(kind, Kind::Float | Kind::Double) {
+            return Err(agg_error(
+                "out",
+                format!("dtype {kind:?}, expected Float or Double"),
+            ));
+        }
+        let unchanged = self.pool.as_ref().is_some_and(|pool| {
+            pool.kind == kind
+                && pool.shapes.len() == out.len()
+                && out
+                    .iter()
+                    .zip(&pool.shapes)
+                    .all(|(tensor, shape)| tensor.defined() && tensor.size() == *shape)
+        });
+        if !unchanged {
+            let mut shapes = Vec::with_capacity(out.len());
+            for (index, tensor) in out.iter().enumerate() {
+                if !tensor.defined() {
+                    return Err(agg_error("out", format!("gradient {index} is undefined")));
+                }
+                shapes.push(tensor.size());
+            }
+            let rows = to_i64(self.max_seeds.saturating_add(1), "max_seeds")?;
+            self.pool = None;
+            self.pool = Some(Pool::new(shapes, kind, self.device, rows)?);
+            self.allocations = self.allocations.saturating_add(1);
+            self.last_general_rows = None;
+        }
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        check_list(pool, self.device, "out", 0, out)
+    }
+
+    fn pass_through(&mut self, teacher: &[Tensor], out: &[Tensor]) -> Result<AggPath> {
+        fused::foreach_copy_(out, teacher, false)?;
+        self.add_increment(0)?;
+        Ok(AggPath::PassThrough)
+    }
+
+    /// Copies the teacher and the seeds into rows `0..=k`; returns the rows.
+    fn flatten<S: AsRef<[Tensor]>>(&mut self, teacher: &[Tensor], seeds: &[S]) -> Result<Tensor> {
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        self.sources.clear();
+        self.sources
+            .extend(teacher.iter().map(Tensor::shallow_clone));
+        for seed in seeds {
+            self.sources
+                .extend(seed.as_ref().iter().map(Tensor::shallow_clone));
+        }
+        let dst = pool
+            .row_views
+            .get(..self.sources.len())
+            .ok_or_else(|| agg_error("seeds", "more rows than the pool holds".into()))?;
+        fused::foreach_copy_(dst, &self.sources, false)?;
+        self.sources.clear();
+        let rows = to_i64(seeds.len().saturating_add(1), "seeds")?;
+        pool.rows.f_narrow(0, 0, rows).op("narrow rows")
+    }
+
+    fn single_seed<S: AsRef<[Tensor]>>(
+        &mut self,
+        teacher: &[Tensor],
+        seeds: &[S],
+        out: &[Tensor],
+    ) -> Result<AggPath> {
+        let rows = self.flatten(teacher, seeds)?;
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        let teacher_row = rows.f_select(0, 0).op("select")?;
+        let seed_row = rows.f_select(0, 1).op("select")?;
+        let aggregate = pool.aggregate.f_select(0, 0).op("select")?;
+        let _ = teacher_row.f_add_out(&aggregate, &seed_row).op("add_out")?;
+        let norms = rows
+            .f_norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+            .op("row norms")?
+            .f_to_dtype(Kind::Double, false, false)
+            .op("to f64")?;
+        let share = teacher_share(&norms)?;
+        fused::foreach_copy_(out, &pool.aggregate_views, false)?;
+        self.add_increment(1)?;
+        self.add_at(SHARE, &share)?;
+        Ok(AggPath::SingleSeed)
+    }
+
+    fn pcgrad<S: AsRef<[Tensor]>>(
+        &mut self,
+        teacher: &[Tensor],
+        seeds: &[S],
+        out: &[Tensor],
+    ) -> Result<AggPath> {
+        let rows = self.flatten(teacher, seeds)?;
+        let r = to_i64(seeds.len().saturating_add(1), "seeds")?;
+        let gram = rows
+            .f_mm(&rows.f_tr().op("t")?)
+            .op("gram")?
+            .f_to_dtype(Kind::Double, false, false)
+            .op("gram f64")?;
+        let square = |t: &Tensor| -> Result<Tensor> {
+            t.f_narrow(0, 0, r)
+                .op("narrow")?
+                .f_narrow(1, 0, r)
+                .op("narrow")
+        };
+        let mut coef = square(&self.coef)?;
+        coef.f_copy_(&square(&self.eye)?).op("coef = I")?;
+        let allowed = square(&self.allowed)?;
+        let mut projections = Tensor::f_zeros([], (Kind::Double, self.device)).op("zeros")?;
+        for j in 1..r {
+            let column = gram.f_select(1, j).op("select")?;
+            // dots[i] = g_i'·g_j for every row i at once.
+            let dots = coef.f_mv(&column).op("mv")?;
+            let mask = dots
+                .f_lt(0.0)
+                .op("lt")?
+                .f_to_dtype(Kind::Double, false, false)
+                .op("mask f64")?
+                .f_mul(&allowed.f_select(0, j).op("select")?)
+                .op("mask")?;
+            let denominator = column
+                .f_select(0, j)
+                .op("select")?
+                .f_clamp_min(f64::MIN_POSITIVE)
+                .op("clamp")?;
+            let step = dots.f_mul(&mask).op("mul")?.f_div(&denominator).op("div")?;
+            let _ = coef.f_select(1, j).op("select")?.f_sub_(&step).op("sub_")?;
+            let _ = projections
+                .f_add_(&mask.f_sum(Kind::Double).op("sum")?)
+                .op("add_")?;
+        }
+        // |g_i'|² = (C D Cᵀ)[i, i].
+        let norms = coef
+            .f_mm(&gram)
+            .op("mm")?
+            .f_mul(&coef)
+            .op("mul")?
+            .f_sum_dim_intlist([1i64].as_slice(), false, Kind::Double)
+            .op("sum")?
+            .f_clamp_min(0.0)
+            .op("clamp")?
+            .f_sqrt()
+            .op("sqrt")?;
+        let share = teacher_share(&norms)?;
+        let conflicts = gram
+            .f_lt(0.0)
+            .op("lt")?
+            .f_to_dtype(Kind::Double, false, false)
+            .op("to f64")?
+            .f_mul(&square(&self.upper)?)
+            .op("mul")?
+            .f_sum(Kind::Double)
+            .op("sum")?;
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        let weights = coef
+            .f_sum_dim_intlist([0i64].as_slice(), true, Kind::Double)
+            .op("sum")?
+            .f_to_dtype(pool.kind, false, false)
+            .op("to kind")?;
+        let _ = weights
+            .f_mm_out(&pool.aggregate, &rows)
+            .op("mm aggregate")?;
+        fused::foreach_copy_(out, &pool.aggregate_views, false)?;
+        // Increment row `1 + k` is the general path with `k` seeds: row `r`.
+        self.add_increment(r)?;
+        let stats = Tensor::f_stack(&[conflicts, projections, share], 0).op("stack")?;
+        // conflicts, projections, share: three consecutive fields.
+        let _ = self
+            .accum
+            .f_narrow(0, CONFLICTS, 3)
+            .op("narrow")?
+            .f_add_(&stats)
+            .op("add_")?;
+        self.last_general_rows = Some(r);
+        Ok(AggPath::PcGrad)
+    }
+
+    fn add_increment(&mut self, row: i64) -> Result<()> {
+        let increment = self.increments.f_select(0, row).op("select")?;
+        let _ = self.accum.f_add_(&increment).op("add_")?;
+        Ok(())
+    }
+
+    fn add_at(&mut self, field: i64, value: &Tensor) -> Result<()> {
+        let _ = self
+            .accum
+            .f_narrow(0, field, 1)
+            .op("narrow")?
+            .f_add_(value)
+            .op("add_")?;
+        Ok(())
+    }
+
+    /// The projected seed gradients `[k, numel]` of the last general step
+    /// (`None` if there was none since the last layout change, or if the
+    /// pooled rows have since been overwritten by another path). Allocates:
+    /// for tests and diagnostics, not for the step.
+    pub fn projected_seeds(&self) -> Result<Option<Tensor>> {
+        let (Some(r), Some(pool)) = (self.last_general_rows, self.pool.as_ref()) else {
+            return Ok(None);
+        };
+        let seeds = r.saturating_sub(1);
+        let coef = self
+            .coef
+            .f_narrow(0, 1, seeds)
+            .op("narrow")?
+            .f_narrow(1, 0, r)
+            .op("narrow")?
+            .f_to_dtype(pool.kind, false, false)
+            .op("to kind")?;
+        let rows = pool.rows.f_narrow(0, 0, r).op("narrow")?;
+        Ok(Some(coef.f_mm(&rows).op("mm")?))
+    }
+
+    /// Reads the epoch's statistics back (the one readback of an epoch),
+    /// zeroes the accumulator and returns them. A non-finite or impossible
+    /// value (a non-finite gradient makes the teacher share NaN) is
+    /// [`Error::InvalidMetric`].
+    pub fn take_epoch_metrics(&mut self) -> Result<GradAggMetrics> {
+        let host = self.accum.f_to(Device::Cpu).op("accum to cpu")?;
+        let values = Vec::<f64>::try_from(&host).op("accum to_vec")?;
+        let _ = self.accum.f_zero_().op("zero accum")?;
+        let field = |index: i64| values.get(usize::try_from(index).unwrap_or(usize::MAX));
+        let count = |index: i64, what: &'static str| -> Result<u64> {
+            let value = field(index).copied().unwrap_or(f64::NAN);
+            if value.is_finite() && (0.0..=MAX_EXACT_COUNT).contains(&value) && value.fract() == 0.0
+            {
+                Ok(value as u64)
+            } else {
+                Err(Error::InvalidMetric { what, value })
+            }
+        };
+        let steps = count(STEPS, "tolaria.grad_agg.steps")?;
+        let seed_pairs = count(PAIRS, "tolaria.grad_agg.seed_pairs")?;
+        let conflicts = count(CONFLICTS, names::TOLARIA_GRAD_AGG_CONFLICTS)?;
+        let share_sum = field(SHARE).copied().unwrap_or(f64::NAN);
+        if !share_sum.is_finite() || share_sum < 0.0 || share_sum > steps as f64 + 1e-6 {
+            return Err(Error::InvalidMetric {
+                what: names::TOLARIA_GRAD_AGG_TEACHER_SHARE,
+                value: share_sum,
+            });
+        }
+        if conflicts > seed_pairs {
+            return Err(Error::InvalidMetric {
+                what: names::TOLARIA_GRAD_AGG_CONFLICTS,
+                value: conflicts as f64,
+            });
+        }
+        Ok(GradAggMetrics {
+            steps,
+            pass_through_steps: count(PASS_THROUGH, "tolaria.grad_agg.pass_through_steps")?,
+            single_seed_steps: count(SINGLE_SEED, "tolaria.grad_agg.single_seed_steps")?,
+            pcgrad_steps: count(GENERAL, "tolaria.grad_agg.pcgrad_steps")?,
+            seed_pairs,
+            conflicts,
+            projections: count(PROJECTIONS, names::TOLARIA_GRAD_AGG_PROJECTIONS)?,
+            conflict_ratio: if seed_pairs == 0 {
+                0.0
+            } else {
+                conflicts as f64 / seed_pairs as f64
+            },
+            teacher_share: if steps == 0 {
+                0.0
+            } else {
+                (share_sum / steps as f64).min(1.0)
+            },
+            flat_params: self
+                .pool
+                .as_ref()
+                .map_or(0, |pool| u64::try_from(pool.numel).unwrap_or(0)),
+        })
+    }
+}
+
+/// `|t| / (|t| + Σ|s_i'|)` from the row norms (row 0 the teacher); 0 when
+/// every norm is 0.
+fn teacher_share(norms: &Tensor) -> Result<Tensor> {
+    let total = norms
+        .f_sum(Kind::Double)
+        .op("sum")?
+        .f_clamp_min(f64::MIN_POSITIVE)
+        .op("clamp")?;
+    norms.f_select(0, 0).op("select")?.f_div(&total).op("div")
+}
+
+/// Checks one gradient list against the layout: count, defined, shape,
+/// dtype, device.
+fn check_list(
+    pool: &Pool,
+    device: Device,
+    field: &'static str,
+    index: usize,
+    tensors: &[Tensor],
+) -> Result<()> {
+    if tensors.len() != pool.shapes.len() {
+        return Err(agg_error(
+            field,
+            format!(
+                "list {index} has {} gradients, the layout has {}",
+                tensors.len(),
+                pool.shapes.len()
+            ),
+        ));
+    }
+    for (position, (tensor, shape)) in tensors.iter().zip(&pool.shapes).enumerate() {
+        let place = || format!("list {index}, gradient {position}");
+        if !tensor.defined() {
+            return Err(agg_error(field, format!("{} is undefined", place())));
+        }
+        let size = tensor.size();
+        if size != *shape {
+            return Err(agg_error(
+                field,
+                format!("{}: shape {size:?}, the layout has {shape:?}", place()),
+            ));
+        }
+        let kind = tensor.f_kind().op("kind")?;
+        if kind != pool.kind {
+            return Err(agg_error(
+                field,
+                format!(
+                    "{}: dtype {kind:?}, the layout has {:?}",
+                    place(),
+                    pool.kind
+                ),
+            ));
+        }
+        if tensor.device() != device {
+            return Err(agg_error(
+                field,
+                format!(
+                    "{}: device {:?}, the aggregator is on {device:?}",
+                    place(),
+                    tensor.device()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
