@@ -20,6 +20,7 @@
 //! The test asserts that counterexample instead of a property that does not
 //! hold.
 
+use leyline::telemetry as names;
 use proptest::prelude::*;
 use tch::{Device, Kind, Tensor};
 use tolaria::Error;
@@ -454,15 +455,15 @@ fn epoch_metrics_accumulate_over_paths_reset_and_become_telemetry() {
     assert_eq!(
         names,
         [
-            "tolaria.grad_agg.conflicts",
-            "tolaria.grad_agg.projections",
-            "tolaria.grad_agg.conflict_ratio",
-            "tolaria.grad_agg.teacher_share",
-            "tolaria.grad_agg.flat_params"
+            names::TOLARIA_GRAD_AGG_CONFLICTS,
+            names::TOLARIA_GRAD_AGG_PROJECTIONS,
+            names::TOLARIA_GRAD_AGG_CONFLICT_RATIO,
+            names::TOLARIA_GRAD_AGG_TEACHER_SHARE,
+            names::TOLARIA_GRAD_AGG_FLAT_PARAMS
         ]
     );
     for x in &metrics {
-        let spec = leyline::telemetry::metric_spec(&x.name).expect("leyline knows the name");
+        let spec = names::metric_spec(&x.name).expect("leyline knows the name");
         assert_eq!(x.unit, spec.unit);
     }
     assert_eq!(metrics[0].value, 1.0);
@@ -490,7 +491,7 @@ fn a_non_finite_gradient_is_caught_at_the_epoch_readback() {
         .unwrap();
     match agg.take_epoch_metrics() {
         Err(Error::InvalidMetric { what, value }) => {
-            assert_eq!(what, "tolaria.grad_agg.teacher_share");
+            assert_eq!(what, names::TOLARIA_GRAD_AGG_TEACHER_SHARE);
             assert!(value.is_nan());
         }
         other => panic!("expected InvalidMetric, got {other:?}"),

@@ -63,30 +63,21 @@
 //! step's share is 1 by definition, and the epoch's value is the mean over
 //! steps. The telemetry names are leyline's `tolaria.grad_agg.*`.
 
-use leyline::metric;
-use leyline::proto::TelemetryMetric;
-use leyline::telemetry as names;
 use tch::{Device, Kind, Tensor};
 use torch_ext::fused;
 
 use crate::error::{Error, Result, TorchResultExt};
 
+mod metrics;
+mod pool;
+
+pub use metrics::GradAggMetrics;
+use metrics::{CONFLICTS, FIELDS, SHARE};
+use pool::{Pool, check_list};
+
 /// Most seeds one aggregator holds rows for (the projection loop launches a
 /// few small kernels per seed).
 pub const MAX_GRAD_AGG_SEEDS: usize = 64;
-
-/// Accumulator fields, in order.
-const STEPS: i64 = 0;
-const PASS_THROUGH: i64 = 1;
-const SINGLE_SEED: i64 = 2;
-const GENERAL: i64 = 3;
-const PAIRS: i64 = 4;
-const CONFLICTS: i64 = 5;
-const PROJECTIONS: i64 = 6;
-const SHARE: i64 = 7;
-const FIELDS: i64 = 8;
-/// Largest count an `f64` accumulator holds exactly.
-const MAX_EXACT_COUNT: f64 = 9_007_199_254_740_992.0;
 
 /// Which path a step took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,115 +91,12 @@ pub enum AggPath {
     PcGrad,
 }
 
-/// One epoch of aggregation statistics, read back by
-/// [`GradAggregator::take_epoch_metrics`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GradAggMetrics {
-    /// Steps aggregated.
-    pub steps: u64,
-    /// Steps that passed the teacher gradient through (no seed).
-    pub pass_through_steps: u64,
-    /// Steps on the single-seed fast path.
-    pub single_seed_steps: u64,
-    /// Steps on the general (PCGrad) path.
-    pub pcgrad_steps: u64,
-    /// Seed pairs compared, summed over the epoch's steps.
-    pub seed_pairs: u64,
-    /// Seed pairs whose original gradients conflicted (negative dot product).
-    pub conflicts: u64,
-    /// Projections applied (ordered pairs `(i, j)` where `g_i'` was
-    /// projected off `g_j`).
-    pub projections: u64,
-    /// `conflicts / seed_pairs`, 0 without pairs.
-    pub conflict_ratio: f64,
-    /// Mean teacher share over the epoch's steps, 0 without steps.
-    pub teacher_share: f64,
-    /// Elements in the current flattened layout (0 before the first step).
-    pub flat_params: u64,
-}
-
-impl GradAggMetrics {
-    /// The epoch's `tolaria.grad_agg.*` metrics (conflicts, projections,
-    /// conflict ratio, teacher share, flattened parameters).
-    pub fn telemetry(&self) -> Vec<TelemetryMetric> {
-        vec![
-            metric(names::TOLARIA_GRAD_AGG_CONFLICTS, self.conflicts as f64),
-            metric(names::TOLARIA_GRAD_AGG_PROJECTIONS, self.projections as f64),
-            metric(names::TOLARIA_GRAD_AGG_CONFLICT_RATIO, self.conflict_ratio),
-            metric(names::TOLARIA_GRAD_AGG_TEACHER_SHARE, self.teacher_share),
-            metric(names::TOLARIA_GRAD_AGG_FLAT_PARAMS, self.flat_params as f64),
-        ]
-    }
-}
-
-/// The pooled buffers of one layout.
-#[derive(Debug)]
-struct Pool {
-    shapes: Vec<Vec<i64>>,
-    kind: Kind,
-    numel: i64,
-    /// `[max_seeds + 1, numel]`; row 0 the teacher, row `1 + i` seed `i`.
-    rows: Tensor,
-    /// Per-parameter views of every row, row after row.
-    row_views: Vec<Tensor>,
-    /// `[1, numel]`: the aggregate.
-    aggregate: Tensor,
-    /// Per-parameter views of the aggregate.
-    aggregate_views: Vec<Tensor>,
-}
-
-fn agg_error(field: &'static str, reason: String) -> Error {
+pub(super) fn agg_error(field: &'static str, reason: String) -> Error {
     Error::GradAgg { field, reason }
 }
 
 fn to_i64(value: usize, field: &'static str) -> Result<i64> {
     i64::try_from(value).map_err(|_| agg_error(field, format!("{value} does not fit in i64")))
-}
-
-impl Pool {
-    fn new(shapes: Vec<Vec<i64>>, kind: Kind, device: Device, rows_max: i64) -> Result<Self> {
-        let mut numels = Vec::with_capacity(shapes.len());
-        let mut numel = 0i64;
-        for shape in &shapes {
-            let count = shape
-                .iter()
-                .try_fold(1i64, |acc, &dim| acc.checked_mul(dim))
-                .ok_or_else(|| agg_error("out", format!("shape {shape:?} overflows")))?;
-            numel = numel
-                .checked_add(count)
-                .ok_or_else(|| agg_error("out", "total numel overflows i64".into()))?;
-            numels.push(count);
-        }
-        rows_max
-            .checked_mul(numel)
-            .ok_or_else(|| agg_error("out", format!("{rows_max} rows of {numel} overflow")))?;
-        let rows = Tensor::f_zeros([rows_max, numel], (kind, device)).op("zeros rows")?;
-        let aggregate = Tensor::f_zeros([1, numel], (kind, device)).op("zeros aggregate")?;
-        let views_of = |flat: &Tensor| -> Result<Vec<Tensor>> {
-            let mut views = Vec::with_capacity(shapes.len());
-            let mut offset = 0i64;
-            for (shape, &count) in shapes.iter().zip(&numels) {
-                let view = flat.f_narrow(0, offset, count).op("narrow")?;
-                views.push(view.f_view_(shape.as_slice()).op("view")?);
-                offset = offset.saturating_add(count);
-            }
-            Ok(views)
-        };
-        let mut row_views = Vec::new();
-        for row in 0..rows_max {
-            row_views.extend(views_of(&rows.f_select(0, row).op("select row")?)?);
-        }
-        let aggregate_views = views_of(&aggregate.f_select(0, 0).op("select aggregate")?)?;
-        Ok(Self {
-            shapes,
-            kind,
-            numel,
-            rows,
-            row_views,
-            aggregate,
-            aggregate_views,
-        })
-    }
 }
 
 /// PCGrad gradient aggregation over pooled device buffers (see the module
@@ -595,55 +483,11 @@ impl GradAggregator {
         let host = self.accum.f_to(Device::Cpu).op("accum to cpu")?;
         let values = Vec::<f64>::try_from(&host).op("accum to_vec")?;
         let _ = self.accum.f_zero_().op("zero accum")?;
-        let field = |index: i64| values.get(usize::try_from(index).unwrap_or(usize::MAX));
-        let count = |index: i64, what: &'static str| -> Result<u64> {
-            let value = field(index).copied().unwrap_or(f64::NAN);
-            if value.is_finite() && (0.0..=MAX_EXACT_COUNT).contains(&value) && value.fract() == 0.0
-            {
-                Ok(value as u64)
-            } else {
-                Err(Error::InvalidMetric { what, value })
-            }
-        };
-        let steps = count(STEPS, "tolaria.grad_agg.steps")?;
-        let seed_pairs = count(PAIRS, "tolaria.grad_agg.seed_pairs")?;
-        let conflicts = count(CONFLICTS, names::TOLARIA_GRAD_AGG_CONFLICTS)?;
-        let share_sum = field(SHARE).copied().unwrap_or(f64::NAN);
-        if !share_sum.is_finite() || share_sum < 0.0 || share_sum > steps as f64 + 1e-6 {
-            return Err(Error::InvalidMetric {
-                what: names::TOLARIA_GRAD_AGG_TEACHER_SHARE,
-                value: share_sum,
-            });
-        }
-        if conflicts > seed_pairs {
-            return Err(Error::InvalidMetric {
-                what: names::TOLARIA_GRAD_AGG_CONFLICTS,
-                value: conflicts as f64,
-            });
-        }
-        Ok(GradAggMetrics {
-            steps,
-            pass_through_steps: count(PASS_THROUGH, "tolaria.grad_agg.pass_through_steps")?,
-            single_seed_steps: count(SINGLE_SEED, "tolaria.grad_agg.single_seed_steps")?,
-            pcgrad_steps: count(GENERAL, "tolaria.grad_agg.pcgrad_steps")?,
-            seed_pairs,
-            conflicts,
-            projections: count(PROJECTIONS, names::TOLARIA_GRAD_AGG_PROJECTIONS)?,
-            conflict_ratio: if seed_pairs == 0 {
-                0.0
-            } else {
-                conflicts as f64 / seed_pairs as f64
-            },
-            teacher_share: if steps == 0 {
-                0.0
-            } else {
-                (share_sum / steps as f64).min(1.0)
-            },
-            flat_params: self
-                .pool
-                .as_ref()
-                .map_or(0, |pool| u64::try_from(pool.numel).unwrap_or(0)),
-        })
+        let flat_params = self
+            .pool
+            .as_ref()
+            .map_or(0, |pool| u64::try_from(pool.numel).unwrap_or(0));
+        GradAggMetrics::from_accumulator(&values, flat_params)
     }
 }
 
@@ -656,60 +500,4 @@ fn teacher_share(norms: &Tensor) -> Result<Tensor> {
         .f_clamp_min(f64::MIN_POSITIVE)
         .op("clamp")?;
     norms.f_select(0, 0).op("select")?.f_div(&total).op("div")
-}
-
-/// Checks one gradient list against the layout: count, defined, shape,
-/// dtype, device.
-fn check_list(
-    pool: &Pool,
-    device: Device,
-    field: &'static str,
-    index: usize,
-    tensors: &[Tensor],
-) -> Result<()> {
-    if tensors.len() != pool.shapes.len() {
-        return Err(agg_error(
-            field,
-            format!(
-                "list {index} has {} gradients, the layout has {}",
-                tensors.len(),
-                pool.shapes.len()
-            ),
-        ));
-    }
-    for (position, (tensor, shape)) in tensors.iter().zip(&pool.shapes).enumerate() {
-        let place = || format!("list {index}, gradient {position}");
-        if !tensor.defined() {
-            return Err(agg_error(field, format!("{} is undefined", place())));
-        }
-        let size = tensor.size();
-        if size != *shape {
-            return Err(agg_error(
-                field,
-                format!("{}: shape {size:?}, the layout has {shape:?}", place()),
-            ));
-        }
-        let kind = tensor.f_kind().op("kind")?;
-        if kind != pool.kind {
-            return Err(agg_error(
-                field,
-                format!(
-                    "{}: dtype {kind:?}, the layout has {:?}",
-                    place(),
-                    pool.kind
-                ),
-            ));
-        }
-        if tensor.device() != device {
-            return Err(agg_error(
-                field,
-                format!(
-                    "{}: device {:?}, the aggregator is on {device:?}",
-                    place(),
-                    tensor.device()
-                ),
-            ));
-        }
-    }
-    Ok(())
 }

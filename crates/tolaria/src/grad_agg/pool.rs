@@ -1,0 +1,131 @@
+//! The pooled gradient buffers of one parameter layout and the checks of a
+//! step's gradient lists against it.
+
+use tch::{Device, Kind, Tensor};
+
+use super::agg_error;
+use crate::error::{Result, TorchResultExt};
+
+/// The pooled buffers of one layout.
+#[derive(Debug)]
+pub(super) struct Pool {
+    pub(super) shapes: Vec<Vec<i64>>,
+    pub(super) kind: Kind,
+    pub(super) numel: i64,
+    /// `[max_seeds + 1, numel]`; row 0 the teacher, row `1 + i` seed `i`.
+    pub(super) rows: Tensor,
+    /// Per-parameter views of every row, row after row.
+    pub(super) row_views: Vec<Tensor>,
+    /// `[1, numel]`: the aggregate.
+    pub(super) aggregate: Tensor,
+    /// Per-parameter views of the aggregate.
+    pub(super) aggregate_views: Vec<Tensor>,
+}
+
+impl Pool {
+    /// Allocates the rows, the aggregate and their per-parameter views.
+    pub(super) fn new(
+        shapes: Vec<Vec<i64>>,
+        kind: Kind,
+        device: Device,
+        rows_max: i64,
+    ) -> Result<Self> {
+        let mut numels = Vec::with_capacity(shapes.len());
+        let mut numel = 0i64;
+        for shape in &shapes {
+            let count = shape
+                .iter()
+                .try_fold(1i64, |acc, &dim| acc.checked_mul(dim))
+                .ok_or_else(|| agg_error("out", format!("shape {shape:?} overflows")))?;
+            numel = numel
+                .checked_add(count)
+                .ok_or_else(|| agg_error("out", "total numel overflows i64".into()))?;
+            numels.push(count);
+        }
+        rows_max
+            .checked_mul(numel)
+            .ok_or_else(|| agg_error("out", format!("{rows_max} rows of {numel} overflow")))?;
+        let rows = Tensor::f_zeros([rows_max, numel], (kind, device)).op("zeros rows")?;
+        let aggregate = Tensor::f_zeros([1, numel], (kind, device)).op("zeros aggregate")?;
+        let views_of = |flat: &Tensor| -> Result<Vec<Tensor>> {
+            let mut views = Vec::with_capacity(shapes.len());
+            let mut offset = 0i64;
+            for (shape, &count) in shapes.iter().zip(&numels) {
+                let view = flat.f_narrow(0, offset, count).op("narrow")?;
+                views.push(view.f_view_(shape.as_slice()).op("view")?);
+                offset = offset.saturating_add(count);
+            }
+            Ok(views)
+        };
+        let mut row_views = Vec::new();
+        for row in 0..rows_max {
+            row_views.extend(views_of(&rows.f_select(0, row).op("select row")?)?);
+        }
+        let aggregate_views = views_of(&aggregate.f_select(0, 0).op("select aggregate")?)?;
+        Ok(Self {
+            shapes,
+            kind,
+            numel,
+            rows,
+            row_views,
+            aggregate,
+            aggregate_views,
+        })
+    }
+}
+
+/// Checks one gradient list against the layout: count, defined, shape,
+/// dtype, device.
+pub(super) fn check_list(
+    pool: &Pool,
+    device: Device,
+    field: &'static str,
+    index: usize,
+    tensors: &[Tensor],
+) -> Result<()> {
+    if tensors.len() != pool.shapes.len() {
+        return Err(agg_error(
+            field,
+            format!(
+                "list {index} has {} gradients, the layout has {}",
+                tensors.len(),
+                pool.shapes.len()
+            ),
+        ));
+    }
+    for (position, (tensor, shape)) in tensors.iter().zip(&pool.shapes).enumerate() {
+        let place = || format!("list {index}, gradient {position}");
+        if !tensor.defined() {
+            return Err(agg_error(field, format!("{} is undefined", place())));
+        }
+        let size = tensor.size();
+        if size != *shape {
+            return Err(agg_error(
+                field,
+                format!("{}: shape {size:?}, the layout has {shape:?}", place()),
+            ));
+        }
+        let kind = tensor.f_kind().op("kind")?;
+        if kind != pool.kind {
+            return Err(agg_error(
+                field,
+                format!(
+                    "{}: dtype {kind:?}, the layout has {:?}",
+                    place(),
+                    pool.kind
+                ),
+            ));
+        }
+        if tensor.device() != device {
+            return Err(agg_error(
+                field,
+                format!(
+                    "{}: device {:?}, the aggregator is on {device:?}",
+                    place(),
+                    tensor.device()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
