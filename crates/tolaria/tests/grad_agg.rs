@@ -432,6 +432,12 @@ fn epoch_metrics_accumulate_over_paths_reset_and_become_telemetry() {
     agg.aggregate(&teacher, &one, false, &out).unwrap(); // unconfirmed: general, share 0.5
     assert_close(&read(&out), &[3.0, 9.0], TOL, "one unconfirmed seed");
     agg.aggregate(&teacher, &two, false, &out).unwrap(); // 5 / (5 + √0.5 + 1)
+    assert!(agg.projected_seeds().unwrap().is_some());
+    agg.aggregate(&teacher, &one, true, &out).unwrap(); // share 0.5 again
+    assert!(
+        agg.projected_seeds().unwrap().is_none(),
+        "stale after another path"
+    );
     let m = agg.take_epoch_metrics().unwrap();
     assert_eq!(
         (
@@ -440,13 +446,13 @@ fn epoch_metrics_accumulate_over_paths_reset_and_become_telemetry() {
             m.single_seed_steps,
             m.pcgrad_steps
         ),
-        (4, 1, 1, 2)
+        (5, 1, 2, 2)
     );
     assert_eq!((m.seed_pairs, m.conflicts, m.projections), (1, 1, 2));
     let last = 5.0 / (6.0 + 0.5f64.sqrt());
     assert_close(
         &[m.teacher_share],
-        &[(1.0 + 0.5 + 0.5 + last) / 4.0],
+        &[(1.0 + 0.5 + 0.5 + last + 0.5) / 5.0],
         TOL,
         "mean share",
     );

@@ -294,6 +294,7 @@ impl GradAggregator {
     fn pass_through(&mut self, teacher: &[Tensor], out: &[Tensor]) -> Result<AggPath> {
         fused::foreach_copy_(out, teacher, false)?;
         self.add_increment(0)?;
+        self.last_general_rows = None;
         Ok(AggPath::PassThrough)
     }
 
@@ -342,6 +343,7 @@ impl GradAggregator {
         fused::foreach_copy_(out, &pool.aggregate_views, false)?;
         self.add_increment(1)?;
         self.add_at(SHARE, &share)?;
+        self.last_general_rows = None;
         Ok(AggPath::SingleSeed)
     }
 
@@ -455,8 +457,8 @@ impl GradAggregator {
     }
 
     /// The projected seed gradients `[k, numel]` of the last general step
-    /// (`None` if there was none since the last layout change, or if the
-    /// pooled rows have since been overwritten by another path). Allocates:
+    /// (`None` if the last step took another path, or none ran since the
+    /// last layout change). Allocates:
     /// for tests and diagnostics, not for the step.
     pub fn projected_seeds(&self) -> Result<Option<Tensor>> {
         let (Some(r), Some(pool)) = (self.last_general_rows, self.pool.as_ref()) else {
