@@ -419,6 +419,13 @@ fn synthetic_sizes_near_the_integer_limits_are_refused_before_allocating() {
         channels: 1 << 20,
         ..fashion.clone()
     })));
+    // Zero samples must not hide a huge width: the per-row buffers are sized
+    // by the width alone (a release build once tried to allocate 8.8e18 bytes).
+    assert!(too_large(image(ImageTaskOptions {
+        n_samples: 0,
+        width: usize::MAX / 2,
+        ..fashion.clone()
+    })));
     let err = image(ImageTaskOptions {
         noise_std: f64::NAN,
         ..fashion.clone()

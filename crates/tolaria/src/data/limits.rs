@@ -53,16 +53,24 @@ pub(crate) fn checked_product(
     sizes: &[(&str, usize)],
     limit: usize,
 ) -> Result<usize> {
+    // A zero factor must not hide a huge one (0 samples of width 2^60 still
+    // sizes per-row buffers by the width): the bound applies to the product
+    // of the factors with zeros counted as one.
+    let bounded = sizes.iter().try_fold(1usize, |product, &(_, size)| {
+        product.checked_mul(size.max(1))
+    });
     let product = sizes
         .iter()
         .try_fold(1usize, |product, &(_, size)| product.checked_mul(size));
-    match product {
-        Some(product) if product <= limit => Ok(product),
-        _ => {
+    match (bounded, product) {
+        (Some(bounded), Some(product)) if bounded <= limit => Ok(product),
+        (bounded, _) => {
             let names: Vec<&str> = sizes.iter().map(|&(name, _)| name).collect();
             let values: Vec<String> = sizes.iter().map(|&(_, size)| size.to_string()).collect();
-            let value =
-                product.map_or_else(|| "more than usize::MAX".to_owned(), |p| p.to_string());
+            let value = bounded.map_or_else(
+                || "more than usize::MAX".to_owned(),
+                |p| format!("{p} (zeros counted as 1)"),
+            );
             Err(DataError::TooLarge {
                 op,
                 what: format!("{} = {} = {value}", names.join(" x "), values.join(" x ")),
