@@ -51,6 +51,17 @@ pub enum Error {
         /// What is wrong with it, with the values.
         reason: String,
     },
+    /// Deferred seed metrics were given gradients that do not match the
+    /// parameter layout (count, shape, device), an inconsistent group event,
+    /// or reduced to a value the contract refuses (non-finite, out of range)
+    /// at the epoch's end (see [`crate::seed_metrics::SeedMetricsAccumulator`]).
+    #[error("seed metrics `{field}`: {reason}")]
+    SeedMetrics {
+        /// The offending argument or metric, e.g. `grads` or `gradient_norm`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
     /// A training or validation set is inconsistent (lengths, sizes).
     #[error("invalid data set `{field}`: {reason}")]
     InvalidData {

@@ -57,6 +57,7 @@ pub mod grad_agg;
 pub mod graph;
 pub mod optim;
 mod placement;
+pub mod seed_metrics;
 pub mod step;
 pub mod telemetry;
 pub mod trainer;
