@@ -62,6 +62,16 @@ pub enum Error {
         /// What is wrong with it, with the values.
         reason: String,
     },
+    /// The governor was given a bad configuration value or loss, asked to
+    /// roll back without a snapshot, or found a snapshot that no longer
+    /// matches the model (see [`crate::governor::Governor`]).
+    #[error("governor `{field}`: {reason}")]
+    Governor {
+        /// The offending field or argument, e.g. `snapshot` or `host`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
     /// A training or validation set is inconsistent (lengths, sizes).
     #[error("invalid data set `{field}`: {reason}")]
     InvalidData {

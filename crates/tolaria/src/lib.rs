@@ -53,6 +53,7 @@ pub mod bench;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod governor;
 pub mod grad_agg;
 pub mod graph;
 pub mod optim;
