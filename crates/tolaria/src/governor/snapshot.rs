@@ -78,10 +78,13 @@ struct Fossil {
     entries: Vec<Entry>,
 }
 
+/// A fossil's slot, seed id and variables (sorted by name).
+type FossilSources = (SlotId, String, Vec<(String, Tensor)>);
+
 /// The model's variables to snapshot, in snapshot order.
 struct Sources {
     host: Vec<(String, Tensor)>,
-    fossils: Vec<(SlotId, String, Vec<(String, Tensor)>)>,
+    fossils: Vec<FossilSources>,
 }
 
 fn sorted(mut variables: Vec<(String, Tensor)>) -> Vec<(String, Tensor)> {
