@@ -244,7 +244,11 @@ fn observe_params_reads_grads_and_missing_grad_counts_zero() {
     let mut acc = SeedMetricsAccumulator::new(1, &groups, Device::Cpu).unwrap();
     assert!(acc.observe_params(0, &groups).unwrap());
     let metrics = acc.finish_epoch().unwrap();
-    close(metrics.host.clone().unwrap().gradient_norm.unwrap(), 6.0, "host"); // sqrt(4*9)
+    close(
+        metrics.host.clone().unwrap().gradient_norm.unwrap(),
+        6.0,
+        "host",
+    ); // sqrt(4*9)
     let seed = metrics.seed(SEED_A).unwrap();
     close(seed.group.gradient_norm.unwrap(), 12f64.sqrt(), "seed"); // sqrt(3*4)
     assert_eq!(seed.group.layers[0], ("frozen".to_owned(), 0.0));
@@ -534,7 +538,7 @@ fn metric_set_round_trips_through_leyline_codec() {
         .unwrap();
     }
     let metrics = acc.finish_epoch().unwrap();
-    let set = metrics.seeds[0].metric_set.clone().unwrap();
+    let set = metrics.seeds[0].metric_set.unwrap();
     assert_eq!(set.schema_version, leyline::SCHEMA_VERSION);
     // Params have no .grad (observe_params counted 0 on 3 steps), tiny
     // gradients on the other 3: the mean is far below 1e-7.
