@@ -179,6 +179,9 @@ event_names! {
     TOLARIA_COMPILE_FALLBACK = "tolaria.compile_fallback", Warning, "Compiled step fell back to eager";
     /// A controller decision missed its deadline.
     TOLARIA_TIMEOUT_DECISION_MISSED = "tolaria.timeout.decision_missed", Warning, "Controller decision deadline missed";
+    /// A controller's decision failed (error or panic) and WAIT was applied
+    /// (attributes `epoch`, `request_id`, `reason`).
+    TOLARIA_CONTROLLER_FAILED = "tolaria.controller.failed", Error, "Controller decision failed; WAIT applied";
     /// The governor triggered a rollback (attribute `reason`).
     TOLARIA_ROLLBACK_TRIGGERED = "tolaria.rollback.triggered", Critical, "Governor rollback started";
     /// A rollback restored the last good state (attribute `recovery_ms`).

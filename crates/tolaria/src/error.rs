@@ -106,6 +106,25 @@ pub enum Error {
         /// The value read back.
         value: f64,
     },
+    /// A controller, its observation, its decision or the decision deadline
+    /// is invalid (see [`crate::controller`]).
+    #[error("controller `{field}`: {reason}")]
+    Controller {
+        /// The offending field or argument, e.g. `deadline` or `decision.slot`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
+    /// Kasmina refused a lifecycle operation a decision asked for (illegal
+    /// transition, occupied slot, failed gate check...; see
+    /// [`crate::controller::apply`]).
+    #[error("lifecycle operation `{op}` refused: {source}")]
+    Lifecycle {
+        /// The operation, e.g. `germinate`.
+        op: &'static str,
+        /// Kasmina's typed error.
+        source: kasmina::Error,
+    },
     /// A value read back from the device does not have the expected shape.
     #[error("readback of `{what}` returned {got} values, expected {expected}")]
     Readback {

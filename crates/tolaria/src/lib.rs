@@ -51,6 +51,7 @@
 pub mod amp;
 pub mod bench;
 pub mod config;
+pub mod controller;
 pub mod data;
 pub mod error;
 pub mod governor;
