@@ -9,9 +9,8 @@
 //!   and the first non-WAIT decision wins (WAIT if none).
 //! - The ransomware check needs a seed's total improvement, which Kasmina's
 //!   `SeedState` does not carry: it is the seed's validation accuracy minus
-//!   the validation accuracy of the epoch at which this controller first
-//!   saw that seed id (its germination epoch when the controller runs every
-//!   epoch).
+//!   the seed's validation accuracy when this controller first saw that
+//!   seed id (at its germination when the controller runs every epoch).
 
 use std::collections::BTreeMap;
 
@@ -285,9 +284,15 @@ impl Controller for HeuristicController {
             if stage.is_terminal() || stage.is_failure() {
                 continue;
             }
+            let seen_at = seed
+                .metrics
+                .as_ref()
+                .map_or(observation.metrics.val_accuracy, |metrics| {
+                    metrics.val_accuracy
+                });
             self.baselines
                 .entry(seed.seed_id.clone())
-                .or_insert(observation.metrics.val_accuracy);
+                .or_insert(seen_at);
             let Some(slot) = observation
                 .slots
                 .iter()
@@ -301,6 +306,8 @@ impl Controller for HeuristicController {
         if live.is_empty() {
             return Ok(self.decide_germination(observation));
         }
+        // The first seed's WAIT (with its reason) unless a later seed acts.
+        let mut first_wait = None;
         for (seed, stage, slot) in live {
             let decision = self.decide_seed(seed, stage, slot);
             if !decision.is_wait() {
@@ -309,7 +316,8 @@ impl Controller for HeuristicController {
                 }
                 return Ok(decision);
             }
+            first_wait.get_or_insert(decision);
         }
-        Ok(Decision::wait().because("seeds_busy", 1.0))
+        Ok(first_wait.unwrap_or_else(Decision::wait))
     }
 }
