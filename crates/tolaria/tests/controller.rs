@@ -1,22 +1,18 @@
 //! The epoch-boundary controller: the heuristic's rules (reference §3.5) on
 //! hand-built observations, the decision deadline (timeout, stale answers,
-//! errors, panics) and `apply` on a small Kasmina model.
+//! errors, panics); `apply` is in `controller_apply.rs`.
 
 use std::time::Duration;
 
-use kasmina::export::export_seed_states;
-use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
-use kasmina::lifecycle::SlotConfig;
-use kasmina::model::MorphogeneticModel;
+use kasmina::host::SlotId;
 use leyline::proto::{SeedMetricSet, SeedState};
 use leyline::telemetry as names;
 use leyline::{AlphaMode, BlueprintAction, Collector, LifecycleOp, SeedStage, Telemetry};
-use tch::Device;
 use tolaria::Error;
 use tolaria::controller::heuristic::{BLUEPRINT_ROTATION, SignalTracker};
 use tolaria::controller::{
-    Applied, Controller, DeadlineOutcome, Decision, DecisionDeadline, EpochMetrics,
-    EpochObservation, HeuristicController, apply,
+    Controller, DeadlineOutcome, Decision, DecisionDeadline, EpochMetrics, EpochObservation,
+    HeuristicController,
 };
 
 const R0C0: SlotId = SlotId { row: 0, col: 0 };
@@ -367,7 +363,7 @@ impl Controller for SlowFirst {
             std::thread::sleep(self.sleep);
             return Ok(Decision::germinate(R0C0, BlueprintAction::Norm));
         }
-        let slot = if observation.epoch % 2 == 0 {
+        let slot = if observation.epoch.is_multiple_of(2) {
             R0C0
         } else {
             R0C1
@@ -522,107 +518,6 @@ fn deadline_must_be_positive_and_bounded() {
             "{error}"
         );
     }
-}
-
-// ---- apply ----
-
-fn tiny_model() -> MorphogeneticModel {
-    tch::manual_seed(3);
-    let host = CnnHost::new(
-        CnnHostConfig {
-            base_channels: 2,
-            ..CnnHostConfig::fashion_mnist()
-        },
-        Device::Cpu,
-    )
-    .expect("host");
-    MorphogeneticModel::new(
-        host,
-        &[R0C0, R0C1],
-        SlotConfig::default(),
-        Telemetry::disabled(),
-    )
-    .expect("model")
-}
-
-#[test]
-fn apply_germinates_advances_prunes_and_refuses_illegal_decisions() {
-    let mut model = tiny_model();
-    let germinate = Decision::germinate(R0C0, BlueprintAction::ConvLight);
-    assert_eq!(
-        apply(&germinate, &mut model, "seed-1").expect("germinate"),
-        Applied::Germinated {
-            slot: R0C0,
-            blueprint: "conv_light"
-        }
-    );
-    let observation =
-        EpochObservation::from_model(&model, 0, metrics(1.0, 50.0)).expect("observation");
-    assert_eq!(observation.seeds.len(), 1);
-    assert_eq!(observation.seeds[0].stage, SeedStage::Germinated.value());
-    assert_eq!(observation.available_slots(), [R0C1]);
-
-    // An occupied slot: Kasmina's typed refusal.
-    let error = apply(&germinate, &mut model, "seed-2").expect_err("occupied");
-    assert!(
-        matches!(
-            error,
-            Error::Lifecycle {
-                op: "germinate",
-                source: kasmina::Error::SlotOccupied { .. }
-            }
-        ),
-        "{error}"
-    );
-    // ADVANCE with no seed there.
-    let error = apply(&Decision::advance(R0C1), &mut model, "x").expect_err("empty");
-    assert!(
-        matches!(error, Error::Lifecycle { op: "advance", .. }),
-        "{error}"
-    );
-    // A decision missing its slot.
-    let mut slotless = Decision::prune(R0C0);
-    slotless.slot = None;
-    let error = apply(&slotless, &mut model, "x").expect_err("no slot");
-    assert!(
-        matches!(
-            error,
-            Error::Controller {
-                field: "decision.slot",
-                ..
-            }
-        ),
-        "{error}"
-    );
-
-    let advanced = apply(&Decision::advance(R0C0), &mut model, "x").expect("advance");
-    assert!(
-        matches!(
-            advanced,
-            Applied::GateEvaluated {
-                passed: true,
-                op: LifecycleOp::Advance,
-                ..
-            }
-        ),
-        "{advanced:?}"
-    );
-    let stage = export_seed_states(&model).expect("export")[0].stage;
-    assert_eq!(stage, SeedStage::Training.value());
-
-    assert_eq!(
-        apply(&Decision::prune(R0C0), &mut model, "x").expect("prune"),
-        Applied::Pruned {
-            slot: R0C0,
-            pruned: true
-        }
-    );
-    let stage = export_seed_states(&model).expect("export")[0].stage;
-    assert_eq!(stage, SeedStage::Pruned.value());
-    assert_eq!(
-        apply(&Decision::wait(), &mut model, "x").expect("wait"),
-        Applied::Waited
-    );
 }
 
 #[test]

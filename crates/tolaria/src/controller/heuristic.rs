@@ -68,6 +68,11 @@ pub const STABILIZATION_LOWER: f64 = -0.05;
 /// See [`STABILIZATION_LOWER`].
 pub const STABILIZATION_UPPER: f64 = 0.03;
 
+/// `index` modulo `count` (0 for a zero count).
+fn wrap(index: usize, count: usize) -> usize {
+    index.checked_rem(count).unwrap_or(0)
+}
+
 /// The reference's `SignalTracker`: plateau count and the stabilisation
 /// latch, fed once per epoch with the validation loss and accuracy.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -150,19 +155,19 @@ impl HeuristicController {
     pub fn next_blueprint(&mut self) -> BlueprintAction {
         let count = BLUEPRINT_ROTATION.len();
         for offset in 0..count {
-            let index = self.rotation.wrapping_add(offset) % count;
+            let index = wrap(self.rotation.wrapping_add(offset), count);
             let Some(&candidate) = BLUEPRINT_ROTATION.get(index) else {
                 continue;
             };
             if self.penalty(candidate) < BLUEPRINT_PENALTY_THRESHOLD {
-                self.rotation = index.wrapping_add(1) % count;
+                self.rotation = wrap(index.wrapping_add(1), count);
                 return candidate;
             }
         }
         let mut sorted = BLUEPRINT_ROTATION;
         sorted.sort_by(|a, b| self.penalty(*a).total_cmp(&self.penalty(*b)));
-        let index = self.rotation % count;
-        self.rotation = index.wrapping_add(1) % count;
+        let index = wrap(self.rotation, count);
+        self.rotation = wrap(index.wrapping_add(1), count);
         sorted
             .get(index)
             .copied()
