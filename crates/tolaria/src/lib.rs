@@ -11,6 +11,11 @@
 //! seeds are Kasmina's) and resolves devices only through
 //! `torch_ext::device::select`.
 //!
+//! The components of the general trainer ([`amp`], [`grad_agg`],
+//! [`seed_metrics`], [`governor`], [`controller`]) are built and tested on
+//! the CPU; the engine that drives a Kasmina model through them each epoch
+//! is not built yet.
+//!
 //! - [`config`]: the serde [`TrainerConfig`].
 //! - [`data`]: every data set (Fashion-MNIST, CIFAR-10, seeded synthetic
 //!   tasks, the `tolaria-reference` task) as one [`data::Dataset`] type, with
