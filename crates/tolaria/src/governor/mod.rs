@@ -25,7 +25,7 @@
 //! - [`Governor::snapshot`] copies the host's parameters and buffers and the
 //!   FOSSILIZED seeds' variables into host tensors allocated once per layout
 //!   and reused (pinned, with the copies queued on a side stream, on CUDA):
-//!   see [`snapshot`].
+//!   see the `snapshot` submodule.
 //! - [`Governor::rollback`] restores the snapshot bitwise, prunes every live
 //!   seed with the panic's reason (initiator `governor`), drops the pruned
 //!   seeds' optimizer state and zeroes the rest through
