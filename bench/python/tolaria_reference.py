@@ -135,8 +135,12 @@ class Workload:
         with torch.no_grad():
             self.model.weight.copy_(params[:, : cfg["n_features"]])
             self.model.bias.copy_(params[:, cfg["n_features"]])
+        # The fused multi-tensor kernel on CUDA (one launch per step for every
+        # parameter and momentum buffer), as the Rust side's `_fused_sgd_`:
+        # the default foreach implementation launches several kernels a step.
         self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=cfg["learning_rate"], momentum=cfg["momentum"]
+            self.model.parameters(), lr=cfg["learning_rate"], momentum=cfg["momentum"],
+            fused=self.cuda,
         )
         self.batch = cfg["batch_size"]
         self.n_samples = x.shape[0]
