@@ -107,34 +107,33 @@ where
 
 /// The product of `factors`, if it neither overflows nor exceeds `limit`.
 pub fn checked_product(field: &'static str, factors: &[i64], limit: i64) -> Result<i64> {
-    let mut product: i64 = 1;
-    for &factor in factors {
-        product = factor
-            .checked_mul(product)
-            .filter(|p| *p >= 0 && *p <= limit)
-            .ok_or_else(|| Error::OutOfRange {
-                field,
-                value: format!("{factors:?} (product)"),
-                allowed: format!("a product in [0, {limit}]"),
-            })?;
-    }
-    Ok(product)
+    checked_fold(field, factors, limit, "product", 1, i64::checked_mul)
 }
 
 /// The sum of `terms`, if it neither overflows nor exceeds `limit`.
 pub fn checked_sum(field: &'static str, terms: &[i64], limit: i64) -> Result<i64> {
-    let mut sum: i64 = 0;
-    for &term in terms {
-        sum = sum
-            .checked_add(term)
-            .filter(|s| *s >= 0 && *s <= limit)
+    checked_fold(field, terms, limit, "sum", 0, i64::checked_add)
+}
+
+/// Folds `values` with `op`, refusing any intermediate that overflows or
+/// leaves `[0, limit]`.
+fn checked_fold(
+    field: &'static str,
+    values: &[i64],
+    limit: i64,
+    what: &str,
+    start: i64,
+    op: fn(i64, i64) -> Option<i64>,
+) -> Result<i64> {
+    values.iter().try_fold(start, |acc, &value| {
+        op(acc, value)
+            .filter(|r| (0..=limit).contains(r))
             .ok_or_else(|| Error::OutOfRange {
                 field,
-                value: format!("{terms:?} (sum)"),
-                allowed: format!("a sum in [0, {limit}]"),
-            })?;
-    }
-    Ok(sum)
+                value: format!("{values:?} ({what})"),
+                allowed: format!("a {what} in [0, {limit}]"),
+            })
+    })
 }
 
 /// The number of elements of `tensors` together (saturating: counts of

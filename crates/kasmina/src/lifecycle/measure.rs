@@ -87,13 +87,7 @@ impl Lifecycle {
         gradient_measurement(seed_norm, host_norm, host_params)?;
         let state = self.state_mut()?;
         let seed_params = state.param_count;
-        let ratio = if host_norm < thresholds::MIN_HOST_GRAD_NORM || seed_params <= 0 {
-            0.0
-        } else {
-            ((seed_norm / host_norm) * (host_params as f64 / seed_params as f64).sqrt())
-                .min(thresholds::MAX_GRADIENT_RATIO)
-        };
-        let ratio = if ratio.is_finite() { ratio } else { 0.0 };
+        let ratio = gradient_ratio(seed_norm, seed_params, host_norm, host_params);
         let decay = thresholds::GRADIENT_RATIO_EMA_DECAY;
         state.metrics.gradient_ratio = Some(match state.metrics.gradient_ratio {
             None => ratio,
@@ -127,4 +121,19 @@ impl Lifecycle {
         self.state_mut()?.is_healthy = healthy;
         Ok(())
     }
+}
+
+/// The gradient ratio of one measurement, before the EMA:
+/// `(seed / host) sqrt(host_params / seed_params)`, clamped to
+/// [`thresholds::MAX_GRADIENT_RATIO`], 0 when the host norm is below
+/// [`thresholds::MIN_HOST_GRAD_NORM`], the seed has no parameters or the
+/// result is not finite. The one definition: the trainer's deferred seed
+/// metrics report the same quantity on epoch means.
+pub fn gradient_ratio(seed_norm: f64, seed_params: i64, host_norm: f64, host_params: i64) -> f64 {
+    if host_norm < thresholds::MIN_HOST_GRAD_NORM || seed_params <= 0 {
+        return 0.0;
+    }
+    let ratio = ((seed_norm / host_norm) * (host_params as f64 / seed_params as f64).sqrt())
+        .min(thresholds::MAX_GRADIENT_RATIO);
+    if ratio.is_finite() { ratio } else { 0.0 }
 }

@@ -2,9 +2,10 @@
 //! the parent module's docs for the definitions).
 
 use kasmina::groups::GroupKey;
-use kasmina::lifecycle::measure::{GRADIENT_EXPLODING_NORM, GRADIENT_VANISHING_NORM};
+use kasmina::lifecycle::measure::{
+    GRADIENT_EXPLODING_NORM, GRADIENT_VANISHING_NORM, gradient_ratio,
+};
 use leyline::codec::Contract;
-use leyline::gate::thresholds::{MAX_GRADIENT_RATIO, MIN_HOST_GRAD_NORM};
 use leyline::proto::SeedMetricSet;
 
 use super::{GroupAccumulator, metrics_error};
@@ -122,17 +123,6 @@ pub(super) fn reduce(group: &GroupAccumulator, values: &[f64]) -> Result<GroupGr
             .collect();
     }
     Ok(metrics)
-}
-
-/// Kasmina's gradient ratio on the epoch means.
-fn gradient_ratio(seed_norm: f64, seed_params: i64, host_norm: f64, host_params: i64) -> f64 {
-    if host_norm < MIN_HOST_GRAD_NORM || seed_params <= 0 {
-        return 0.0;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let scale = (host_params as f64 / seed_params as f64).sqrt();
-    let ratio = ((seed_norm / host_norm) * scale).min(MAX_GRADIENT_RATIO);
-    if ratio.is_finite() { ratio } else { 0.0 }
 }
 
 pub(super) fn seed_metrics(
