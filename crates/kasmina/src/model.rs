@@ -290,6 +290,32 @@ impl MorphogeneticModel {
         overrides: &[Option<&Tensor>],
         train: bool,
     ) -> Result<Tensor> {
+        self.forward_walk(x, overrides, train, None)
+    }
+
+    /// [`MorphogeneticModel::forward_with_alpha`] that also returns the
+    /// gradient taps of the seeds whose branch feeds the host gradient (see
+    /// [`SeedSlot::forward_tapped`]): one `(slot, tap)` per live,
+    /// non-isolated seed on the forward path, in execution order. With
+    /// gradient isolation (CNN hosts) the list is empty.
+    pub fn forward_tapped(
+        &self,
+        x: &Tensor,
+        overrides: &[Option<&Tensor>],
+        train: bool,
+    ) -> Result<(Tensor, Vec<(SlotId, Tensor)>)> {
+        let mut taps = Vec::new();
+        let logits = self.forward_walk(x, overrides, train, Some(&mut taps))?;
+        Ok((logits, taps))
+    }
+
+    fn forward_walk(
+        &self,
+        x: &Tensor,
+        overrides: &[Option<&Tensor>],
+        train: bool,
+        mut taps: Option<&mut Vec<(SlotId, Tensor)>>,
+    ) -> Result<Tensor> {
         if overrides.len() > self.slots.len() {
             return Err(Error::OutOfRange {
                 field: "forward_with_alpha.overrides",
@@ -308,7 +334,11 @@ impl MorphogeneticModel {
                 .host
                 .forward_segment(&features, boundary, target, train)?;
             let alpha_override = overrides.get(index).copied().flatten();
-            features = slot.forward(&features, alpha_override)?;
+            let (output, tap) = slot.forward_tapped(&features, alpha_override, taps.is_some())?;
+            if let (Some(taps), Some(tap)) = (taps.as_deref_mut(), tap) {
+                taps.push((slot.id(), tap));
+            }
+            features = output;
             boundary = target;
         }
         self.host

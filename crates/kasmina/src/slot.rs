@@ -376,22 +376,56 @@ impl SeedSlot {
     /// `[N, C, H, W] -> [N, C, H, W]` (CNN), `[N, T, C] -> [N, T, C]`
     /// (transformer).
     pub fn forward(&self, host: &Tensor, alpha_override: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_tapped(host, alpha_override, false)
+            .map(|(output, _)| output)
+    }
+
+    /// [`SeedSlot::forward`] that can also return a *gradient tap*: with
+    /// `tap` set and a live seed that sees the live (not detached) host
+    /// features, the seed's input is a distinct view of `host` and is
+    /// returned beside the output. The gradient of a loss with respect to
+    /// that view is what flows into the host through this seed's branch
+    /// alone (the trainer's gradient aggregation separates it from the
+    /// host's own gradient with it). `None` for an isolated seed (its branch
+    /// sends the host no gradient), an empty slot, or `tap == false`.
+    pub fn forward_tapped(
+        &self,
+        host: &Tensor,
+        alpha_override: Option<&Tensor>,
+        tap: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         slot_checks::features(self.topology(), &self.spec, host)?;
         if let Some(tensor) = alpha_override {
             BlendAlpha::PerSample(tensor).check(host)?;
         }
         let (Some(state), Some(seed)) = (self.lifecycle.state(), &self.seed) else {
-            return Ok(host.shallow_clone());
+            return Ok((host.shallow_clone(), None));
         };
         if !state.stage().is_active() {
-            return Ok(host.shallow_clone());
+            return Ok((host.shallow_clone(), None));
         }
-        let seed_input = if state.isolate_gradients() {
-            host.f_detach()?.f_contiguous()?
+        let (seed_input, tap) = if state.isolate_gradients() {
+            (host.f_detach()?.f_contiguous()?, None)
+        } else if tap && host.requires_grad() {
+            let view = host.f_view_as(host)?;
+            (view.shallow_clone(), Some(view))
         } else {
-            host.shallow_clone()
+            (host.shallow_clone(), None)
         };
-        let seed_output = seed.module.forward(&seed_input)?;
+        let output = self.blend(host, &seed_input, seed, state, alpha_override)?;
+        Ok((output, tap))
+    }
+
+    /// The blend of the seed's output into `host` (see [`SeedSlot::forward`]).
+    fn blend(
+        &self,
+        host: &Tensor,
+        seed_input: &Tensor,
+        seed: &LiveSeed,
+        state: &SeedState,
+        alpha_override: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let seed_output = seed.module.forward(seed_input)?;
         let alpha = state.alpha();
         if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
             return incubator(host, &seed_output);
@@ -402,10 +436,10 @@ impl SeedSlot {
         };
         match (state.algorithm(), &seed.gate) {
             (AlphaAlgorithm::Multiply, _) => {
-                blend_multiply(host, &seed_output, &seed_input, &blend_alpha)
+                blend_multiply(host, &seed_output, seed_input, &blend_alpha)
             }
             (AlphaAlgorithm::Gate, Some(gate)) => {
-                let gate_values = gate.forward(&seed_input)?;
+                let gate_values = gate.forward(seed_input)?;
                 blend_gate(host, &seed_output, &gate_values, &blend_alpha)
             }
             (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None) => {

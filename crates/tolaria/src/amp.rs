@@ -452,6 +452,14 @@ impl GradScaler {
         Ok(())
     }
 
+    /// Forgets a step begun but not finished (an `unscale_` without its
+    /// `update`), e.g. when a CUDA-graph capture of the step failed part-way:
+    /// nothing ran on the device, so the next step starts afresh. The
+    /// device state (scale, tracker) is untouched.
+    pub fn abandon_step(&mut self) {
+        self.stage = Stage::Ready;
+    }
+
     /// Reads the scale and tracker back to the host: for telemetry and
     /// checkpoints at epoch boundaries, never inside a step.
     ///

@@ -58,6 +58,7 @@ pub mod bench;
 pub mod config;
 pub mod controller;
 pub mod data;
+pub mod engine;
 pub mod error;
 pub mod governor;
 pub mod grad_agg;

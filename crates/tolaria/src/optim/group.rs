@@ -196,9 +196,20 @@ impl GroupOptimizer {
     /// One update from the current gradients (see the module docs).
     /// Launches device work only; reads nothing back.
     pub fn step(&mut self) -> Result<()> {
+        self.step_with(None)
+    }
+
+    /// [`GroupOptimizer::step`] that is skipped on the device when
+    /// `found_inf` (a 0-dim `f32` tensor, the grad scaler's flag) is
+    /// non-zero: AMP's skipped step, without a readback. Parameters that do
+    /// not require gradients (a seed frozen for a blend-out) are left alone.
+    pub fn step_with(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let scratch = &mut self.scratch;
         scratch.clear();
         for (index, parameter) in self.parameters.iter().enumerate() {
+            if !parameter.requires_grad() {
+                continue;
+            }
             let grad = parameter.f_grad().op("grad")?;
             if !grad.defined() {
                 continue;
@@ -242,6 +253,7 @@ impl GroupOptimizer {
                     lr,
                     momentum: *momentum,
                     is_first_step: false,
+                    found_inf,
                     ..SgdOptions::default()
                 },
             )?,
@@ -263,6 +275,7 @@ impl GroupOptimizer {
                     beta2: *beta2,
                     eps: *eps,
                     weight_decay: *weight_decay,
+                    found_inf,
                     ..AdamWOptions::default()
                 },
             )?,

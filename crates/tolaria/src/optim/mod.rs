@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 
 use kasmina::groups::{GroupEvent, GroupKey};
 use kasmina::model::MorphogeneticModel;
-use tch::Device;
+use tch::{Device, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -148,7 +148,15 @@ impl GroupOptimizers {
 
     /// One step of every group (host first, then seeds in slot order).
     pub fn step(&mut self) -> Result<()> {
-        self.groups.values_mut().try_for_each(GroupOptimizer::step)
+        self.step_with(None)
+    }
+
+    /// [`GroupOptimizers::step`] skipped on the device when `found_inf` is
+    /// non-zero (see [`GroupOptimizer::step_with`]).
+    pub fn step_with(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        self.groups
+            .values_mut()
+            .try_for_each(|group| group.step_with(found_inf))
     }
 
     /// Zeroes the gradients of every group's parameters in place.

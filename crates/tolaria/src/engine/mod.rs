@@ -1,0 +1,722 @@
+//! The engine: Tolaria's one epoch loop, for any [`Step`].
+//!
+//! A batch's path reads top to bottom:
+//!
+//! 1. **data**: [`staging::StagedData`] holds the training set where the
+//!    steps read it (resident on the device by default), shuffled on the
+//!    device once per epoch;
+//! 2. **stage**: the engine gathers each batch's samples into place (an
+//!    `index_select` on the device; inside a captured step graph, from a
+//!    static index buffer);
+//! 3. **step**: [`Step::run`] enqueues what one batch does (forward,
+//!    backward, update) and adds its loss and hits into the engine's device
+//!    accumulator; nothing is read back;
+//! 4. **deferred metrics**: whatever the step gathers on the device during
+//!    the epoch (gradient norms, aggregation counters) stays there;
+//! 5. **end of epoch**: one readback of the accumulator.
+//!
+//! The engine owns streams, staging, capture, replay and readback; the step
+//! owns what a batch does. Execution modes ([`ExecutionMode`]): eager; one
+//! CUDA graph per (step shape, batch size, step variant), captured after
+//! `warmup_steps` eager steps of that shape on the capture stream and
+//! replayed for every later batch; or one graph for the whole epoch,
+//! captured at an epoch boundary after an eager warm-up epoch. The step's
+//! [`StepKey`] names everything that changes its kernel sequence (active
+//! seeds, stages, precision); when it changes at an epoch boundary every
+//! graph of the old key is dropped and the new shape is captured again.
+//! Graphs share one memory pool per device and process
+//! ([`shared_pool`]), so a second trainer's capture reuses the first one's
+//! memory instead of growing its own.
+//!
+//! A capture that fails (the step reads back, or does something else
+//! a graph cannot hold) is discarded by torch-ext, the step is told
+//! ([`Step::abandon`]), a `tolaria.graph_fallback` event with the reason is
+//! queued, and that shape runs eagerly from then on; training continues.
+//!
+//! Bad input: a batch size of 0 or larger than the data set, and a data set
+//! whose device differs from the step's, are errors before anything runs.
+
+pub mod model_step;
+pub mod staging;
+pub mod trainer;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use leyline::event;
+use leyline::proto::TelemetryEvent;
+use leyline::telemetry as names;
+use tch::{Device, Kind, Tensor};
+use torch_ext::{CudaEvent, CudaGraph, CudaStream, GraphPool};
+
+use crate::config::ExecutionMode;
+use crate::error::{Error, Result, TorchResultExt};
+use staging::StagedData;
+
+/// One batch as the step sees it: inputs `[B, ...]` and `i64` labels `[B]`
+/// on the step's device.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    /// Input samples.
+    pub inputs: &'a Tensor,
+    /// Class ids.
+    pub labels: &'a Tensor,
+    /// Zero-based index of the batch in its epoch.
+    pub index: usize,
+}
+
+/// The engine's device accumulator of an epoch: `f32 [3]` holding the sum
+/// of per-sample losses, the number of correct predictions and the number
+/// of samples. A step adds into it with [`EpochAccumulator::add`].
+#[derive(Debug)]
+pub struct EpochAccumulator {
+    values: Tensor,
+}
+
+impl EpochAccumulator {
+    fn new(device: Device) -> Result<EpochAccumulator> {
+        Ok(EpochAccumulator {
+            values: Tensor::f_zeros([3], (Kind::Float, device)).op("accumulator zeros")?,
+        })
+    }
+
+    /// Adds one batch: `mean_loss` (0-dim, any float kind) times `samples`,
+    /// and the hits of `logits` `[B, classes]` against `labels` `[B]`.
+    /// Device work only.
+    pub fn add(&self, mean_loss: &Tensor, logits: &Tensor, labels: &Tensor) -> Result<()> {
+        let samples = logits.size().first().copied().unwrap_or(0);
+        let hits = logits
+            .f_argmax(-1, false)
+            .op("argmax")?
+            .f_eq_tensor(labels)
+            .op("eq")?
+            .f_sum(Kind::Float)
+            .op("sum")?;
+        let loss = mean_loss
+            .f_detach()
+            .op("detach")?
+            .f_to_kind(Kind::Float)
+            .op("to_kind")?
+            .f_mul_scalar(samples)
+            .op("mul")?;
+        let count = Tensor::f_scalar_tensor(samples as f64, (Kind::Float, self.values.device()))
+            .op("scalar_tensor")?;
+        let row = Tensor::f_stack(&[loss, hits, count], 0).op("stack")?;
+        let _ = self.values.shallow_clone().f_add_(&row).op("accumulate")?;
+        Ok(())
+    }
+
+    fn zero(&self) -> Result<()> {
+        let _ = self.values.shallow_clone().f_zero_().op("zero")?;
+        Ok(())
+    }
+
+    /// Reads the sums back (one transfer): `(loss_sum, correct, samples)`.
+    fn read(&self) -> Result<(f64, f64, f64)> {
+        let values = Vec::<f32>::try_from(
+            self.values
+                .f_to_device(Device::Cpu)
+                .op("accumulator readback")?,
+        )
+        .op("accumulator to vec")?;
+        match values.as_slice() {
+            [loss, correct, samples] => {
+                Ok((f64::from(*loss), f64::from(*correct), f64::from(*samples)))
+            }
+            other => Err(Error::Readback {
+                what: "epoch accumulator",
+                expected: 3,
+                got: other.len(),
+            }),
+        }
+    }
+}
+
+/// What changes a step's kernel sequence: equal keys may share a graph.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StepKey(pub String);
+
+/// What one batch does. The general implementation is
+/// [`model_step::ModelStep`] (any Kasmina model, autograd); the special one
+/// is the hand-derived linear step of `tolaria-reference`
+/// ([`crate::step`], driven by [`crate::Trainer`]).
+pub trait Step {
+    /// Called at each epoch boundary, before the epoch, outside any capture:
+    /// adopt layout changes (new or removed parameter groups, stages,
+    /// alphas) and return the key of the step's shape.
+    fn prepare(&mut self) -> Result<StepKey>;
+
+    /// Which variant batch `index` of an epoch runs (e.g. whether it
+    /// gathers gradient norms): a step graph is captured per variant.
+    fn variant(&self, index: usize) -> u8 {
+        let _ = index;
+        0
+    }
+
+    /// Enqueues one batch and adds its loss and hits to `accumulator`.
+    /// Must not read device values back (it may be captured).
+    fn run(&mut self, batch: &Batch<'_>, accumulator: &EpochAccumulator) -> Result<()>;
+
+    /// Forgets host-side state of a batch that did not finish (a capture
+    /// that failed part-way).
+    fn abandon(&mut self);
+}
+
+/// How the engine runs steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Eager, graph per step, or graph per epoch.
+    pub mode: ExecutionMode,
+    /// Eager steps of a shape (graph-step) before its capture; graph-epoch
+    /// warms up for one whole epoch of the shape.
+    pub warmup_steps: usize,
+    /// Samples per batch.
+    pub batch_size: usize,
+    /// Drop the last, smaller batch of an epoch.
+    pub drop_last: bool,
+    /// Turn CUDA sync debugging to "error" around each epoch's steps: any
+    /// device-to-host synchronisation inside an epoch then fails it (tests).
+    pub forbid_syncs: bool,
+}
+
+/// What one epoch of the engine did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineEpoch {
+    /// Mean training loss over the epoch's samples.
+    pub loss: f64,
+    /// Training accuracy, percent.
+    pub accuracy: f64,
+    /// Samples trained.
+    pub samples: usize,
+    /// Batches run.
+    pub steps: usize,
+    /// Batches replayed from graphs.
+    pub replayed_steps: usize,
+    /// Batches run eagerly.
+    pub eager_steps: usize,
+    /// Wall time from the first enqueue to the readback, ms.
+    pub epoch_ms: f64,
+    /// Device time of the epoch's steps (CUDA events), ms.
+    pub device_ms: Option<f64>,
+    /// Graph captures made this epoch, and their total time, ms.
+    pub captures: usize,
+    /// Total capture time this epoch, ms.
+    pub capture_ms: Option<f64>,
+    /// Telemetry events of the epoch (`tolaria.graph_enabled`,
+    /// `tolaria.graph_fallback`).
+    pub events: Vec<TelemetryEvent>,
+}
+
+impl EngineEpoch {
+    /// Whether any batch of the epoch replayed a graph.
+    pub fn graph_enabled(&self) -> bool {
+        self.replayed_steps > 0
+    }
+}
+
+/// One graph memory pool per CUDA device for the whole process: every
+/// engine captures into it.
+pub fn shared_pool(device_index: usize) -> Result<GraphPool> {
+    static POOLS: OnceLock<Mutex<HashMap<usize, GraphPool>>> = OnceLock::new();
+    let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut pools = pools.lock().map_err(|_| Error::InvalidConfig {
+        field: "graph pool",
+        reason: "the process-wide graph pool table is poisoned".to_owned(),
+    })?;
+    if let Some(pool) = pools.get(&device_index) {
+        return Ok(*pool);
+    }
+    let pool = GraphPool::new()?;
+    let _ = pools.insert(device_index, pool);
+    Ok(pool)
+}
+
+struct CudaParts {
+    device_index: usize,
+    compute: CudaStream,
+    pool: GraphPool,
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+/// A captured step graph and its static index buffer.
+struct StepGraph {
+    graph: CudaGraph,
+    indices: Tensor,
+}
+
+/// The epoch loop (see the module docs).
+pub struct Engine {
+    device: Device,
+    config: EngineConfig,
+    cuda: Option<CudaParts>,
+    accumulator: EpochAccumulator,
+    key: Option<StepKey>,
+    /// Graph-step graphs of the current key, by (batch size, variant).
+    step_graphs: HashMap<(i64, u8), StepGraph>,
+    /// Eager steps run per (batch size, variant) under the current key.
+    warm: HashMap<(i64, u8), usize>,
+    /// The whole-epoch graph of the current key and its permutation buffer.
+    epoch_graph: Option<(CudaGraph, Tensor)>,
+    /// Epochs run eagerly under the current key (graph-epoch warm-up).
+    warm_epochs: usize,
+    /// Shapes whose capture failed under the current key: eager.
+    failed: BTreeSet<(i64, u8)>,
+    epoch_failed: bool,
+    /// Captures made over the engine's life.
+    total_captures: usize,
+    /// Time of the first capture of this engine, ms.
+    first_capture_ms: Option<f64>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("device", &self.device)
+            .field("config", &self.config)
+            .field("key", &self.key)
+            .field("step_graphs", &self.step_graphs.len())
+            .field("epoch_graph", &self.epoch_graph.is_some())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// An engine on `device`. Graph modes need a CUDA device
+    /// ([`Error::CudaRequired`]); the batch size must be at least 1.
+    pub fn new(device: Device, config: EngineConfig) -> Result<Engine> {
+        if config.batch_size == 0 {
+            return Err(Error::InvalidConfig {
+                field: "batch_size",
+                reason: "0; a batch needs at least one sample".to_owned(),
+            });
+        }
+        let cuda = match device {
+            Device::Cuda(index) => {
+                let compute = CudaStream::from_pool(index, false)?;
+                Some(CudaParts {
+                    device_index: index,
+                    compute,
+                    pool: shared_pool(index)?,
+                    start: CudaEvent::new(true)?,
+                    end: CudaEvent::new(true)?,
+                })
+            }
+            _ if config.mode.uses_graphs() => {
+                return Err(Error::CudaRequired {
+                    what: "graph execution modes",
+                    reason: format!("the engine runs on {device:?}"),
+                });
+            }
+            _ => None,
+        };
+        Ok(Engine {
+            device,
+            config,
+            cuda,
+            accumulator: EpochAccumulator::new(device)?,
+            key: None,
+            step_graphs: HashMap::new(),
+            warm: HashMap::new(),
+            epoch_graph: None,
+            warm_epochs: 0,
+            failed: BTreeSet::new(),
+            epoch_failed: false,
+            total_captures: 0,
+            first_capture_ms: None,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Graphs captured over the engine's life.
+    pub fn total_captures(&self) -> usize {
+        self.total_captures
+    }
+
+    /// Duration of this engine's first capture, ms.
+    pub fn first_capture_ms(&self) -> Option<f64> {
+        self.first_capture_ms
+    }
+
+    /// Drops every graph (the next epoch warms up and captures again).
+    pub fn invalidate(&mut self) {
+        self.key = None;
+        self.step_graphs.clear();
+        self.warm.clear();
+        self.epoch_graph = None;
+        self.warm_epochs = 0;
+        self.failed.clear();
+        self.epoch_failed = false;
+    }
+
+    /// Runs `f` with the engine's compute stream current (a no-op wrapper
+    /// on the CPU): work that must be ordered with the steps (alpha
+    /// updates, snapshots, validation) goes through here.
+    pub fn on_compute_stream<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        match &self.cuda {
+            Some(cuda) => {
+                let _guard = cuda.compute.make_current()?;
+                f()
+            }
+            None => f(),
+        }
+    }
+
+    /// Trains one epoch of `data` with `step`.
+    pub fn run_epoch(&mut self, step: &mut dyn Step, data: &StagedData) -> Result<EngineEpoch> {
+        if data.device() != self.device {
+            return Err(Error::InvalidConfig {
+                field: "data",
+                reason: format!(
+                    "the data set is on {:?}, the engine on {:?}",
+                    data.device(),
+                    self.device
+                ),
+            });
+        }
+        let batch = i64::try_from(self.config.batch_size).map_err(|_| Error::InvalidConfig {
+            field: "batch_size",
+            reason: "does not fit i64".to_owned(),
+        })?;
+        let plan = data.plan(batch, self.config.drop_last)?;
+        let wall = Instant::now();
+        let compute = self.cuda.as_ref().map(|cuda| cuda.compute);
+        let guard = match &compute {
+            Some(stream) => Some(stream.make_current()?),
+            None => None,
+        };
+        let key = step.prepare()?;
+        if self.key.as_ref() != Some(&key) {
+            self.invalidate();
+            self.key = Some(key);
+        }
+        self.accumulator.zero()?;
+        let permutation = data.permutation()?;
+        let mut outcome = EpochCounts::default();
+        if let Some(cuda) = &self.cuda {
+            cuda.start.record(&cuda.compute)?;
+        }
+        let sync_guard = SyncGuard::new(self.config.forbid_syncs && self.cuda.is_some())?;
+        let ran = match self.config.mode {
+            ExecutionMode::GraphEpoch => {
+                self.epoch_graph_epoch(step, data, &plan, &permutation, &mut outcome)
+            }
+            ExecutionMode::GraphStep | ExecutionMode::Eager => {
+                self.step_epoch(step, data, &plan, &permutation, &mut outcome)
+            }
+        };
+        drop(sync_guard);
+        ran?;
+        let device_ms = match &self.cuda {
+            Some(cuda) => {
+                cuda.end.record(&cuda.compute)?;
+                cuda.end.synchronize()?;
+                Some(f64::from(cuda.start.elapsed_ms(&cuda.end)?))
+            }
+            None => None,
+        };
+        let (loss_sum, correct, samples) = self.accumulator.read()?;
+        drop(guard);
+        let epoch_ms = wall.elapsed().as_secs_f64() * 1000.0;
+        if samples <= 0.0 {
+            return Err(Error::InvalidMetric {
+                what: "epoch samples",
+                value: samples,
+            });
+        }
+        Ok(EngineEpoch {
+            loss: loss_sum / samples,
+            accuracy: 100.0 * correct / samples,
+            samples: samples as usize,
+            steps: plan.len(),
+            replayed_steps: outcome.replayed,
+            eager_steps: outcome.eager,
+            epoch_ms,
+            device_ms,
+            captures: outcome.captures,
+            capture_ms: (outcome.captures > 0).then_some(outcome.capture_ms),
+            events: outcome.events,
+        })
+    }
+
+    /// Eager and graph-step epochs: batch by batch.
+    fn step_epoch(
+        &mut self,
+        step: &mut dyn Step,
+        data: &StagedData,
+        plan: &[(i64, i64)],
+        permutation: &Tensor,
+        outcome: &mut EpochCounts,
+    ) -> Result<()> {
+        for (index, &(start, len)) in plan.iter().enumerate() {
+            let indices = permutation.f_narrow(0, start, len).op("narrow")?;
+            let shape = (len, step.variant(index));
+            if self.config.mode == ExecutionMode::GraphStep && !self.failed.contains(&shape) {
+                if let Some(graph) = self.step_graphs.get(&shape) {
+                    let _ = graph
+                        .indices
+                        .shallow_clone()
+                        .f_copy_(&indices)
+                        .op("index copy")?;
+                    graph.graph.replay()?;
+                    outcome.replayed = outcome.replayed.saturating_add(1);
+                    continue;
+                }
+                let warm = self.warm.get(&shape).copied().unwrap_or(0);
+                if warm >= self.config.warmup_steps {
+                    if self.capture_step(step, data, &indices, index, shape, outcome)? {
+                        outcome.replayed = outcome.replayed.saturating_add(1);
+                        continue;
+                    }
+                } else {
+                    let _ = self.warm.insert(shape, warm.saturating_add(1));
+                }
+            }
+            run_one(step, data, &indices, index, &self.accumulator)?;
+            outcome.eager = outcome.eager.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    /// Captures the step graph for `shape` and replays it for this batch;
+    /// `false` (after queuing the fallback event) when the capture failed.
+    fn capture_step(
+        &mut self,
+        step: &mut dyn Step,
+        data: &StagedData,
+        indices: &Tensor,
+        index: usize,
+        shape: (i64, u8),
+        outcome: &mut EpochCounts,
+    ) -> Result<bool> {
+        let Some(cuda) = &self.cuda else {
+            return Ok(false);
+        };
+        let static_indices = deep_copy(indices)?;
+        let started = Instant::now();
+        let accumulator = &self.accumulator;
+        let captured = {
+            // The sync-debug guard must not see the capture's own device
+            // synchronisation.
+            let _relaxed = SyncGuard::relax()?;
+            CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
+                run_one(step, data, &static_indices, index, accumulator)
+                    .map_err(|error| error.to_string())
+            })
+        };
+        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+        match captured {
+            Ok(graph) => {
+                graph.replay()?;
+                self.note_capture(elapsed, outcome, shape);
+                let _ = self.step_graphs.insert(
+                    shape,
+                    StepGraph {
+                        graph,
+                        indices: static_indices,
+                    },
+                );
+                Ok(true)
+            }
+            Err(error) => {
+                step.abandon();
+                let _ = self.failed.insert(shape);
+                outcome.events.push(fallback_event(&error.to_string()));
+                Ok(false)
+            }
+        }
+    }
+
+    fn note_capture(&mut self, elapsed: f64, outcome: &mut EpochCounts, shape: (i64, u8)) {
+        self.total_captures = self.total_captures.saturating_add(1);
+        if self.first_capture_ms.is_none() {
+            self.first_capture_ms = Some(elapsed);
+        }
+        outcome.captures = outcome.captures.saturating_add(1);
+        outcome.capture_ms += elapsed;
+        outcome.events.push(event(
+            names::TOLARIA_GRAPH_ENABLED,
+            "training step captured",
+            vec![
+                ("batch", shape.0.to_string()),
+                ("variant", shape.1.to_string()),
+                ("capture_ms", format!("{elapsed:.3}")),
+                ("mode", self.config.mode.name().to_owned()),
+            ],
+        ));
+    }
+
+    /// Graph-epoch: eager warm-up epochs, then the whole epoch as one graph.
+    fn epoch_graph_epoch(
+        &mut self,
+        step: &mut dyn Step,
+        data: &StagedData,
+        plan: &[(i64, i64)],
+        permutation: &Tensor,
+        outcome: &mut EpochCounts,
+    ) -> Result<()> {
+        let steps = plan.len();
+        if let Some((graph, static_permutation)) = &self.epoch_graph {
+            let _ = static_permutation
+                .shallow_clone()
+                .f_copy_(permutation)
+                .op("permutation copy")?;
+            graph.replay()?;
+            outcome.replayed = outcome.replayed.saturating_add(steps);
+            return Ok(());
+        }
+        let warm_steps = self.warm_epochs.saturating_mul(steps);
+        if self.epoch_failed || warm_steps < self.config.warmup_steps.max(1) {
+            self.warm_epochs = self.warm_epochs.saturating_add(1);
+            for (index, &(start, len)) in plan.iter().enumerate() {
+                let indices = permutation.f_narrow(0, start, len).op("narrow")?;
+                run_one(step, data, &indices, index, &self.accumulator)?;
+            }
+            outcome.eager = outcome.eager.saturating_add(steps);
+            return Ok(());
+        }
+        let Some(cuda) = &self.cuda else {
+            return Err(Error::CudaRequired {
+                what: "graph-epoch mode",
+                reason: "no CUDA device".to_owned(),
+            });
+        };
+        let static_permutation = deep_copy(permutation)?;
+        let started = Instant::now();
+        let accumulator = &self.accumulator;
+        let captured = {
+            let _relaxed = SyncGuard::relax()?;
+            CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
+                (|| -> Result<()> {
+                    accumulator.zero()?;
+                    for (index, &(start, len)) in plan.iter().enumerate() {
+                        let indices = static_permutation.f_narrow(0, start, len).op("narrow")?;
+                        run_one(step, data, &indices, index, accumulator)?;
+                    }
+                    Ok(())
+                })()
+                .map_err(|error| error.to_string())
+            })
+        };
+        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
+        match captured {
+            Ok(graph) => {
+                graph.replay()?;
+                self.note_capture(elapsed, outcome, (plan.len() as i64, u8::MAX));
+                self.epoch_graph = Some((graph, static_permutation));
+                outcome.replayed = outcome.replayed.saturating_add(steps);
+            }
+            Err(error) => {
+                step.abandon();
+                self.epoch_failed = true;
+                outcome.events.push(fallback_event(&error.to_string()));
+                for (index, &(start, len)) in plan.iter().enumerate() {
+                    let indices = permutation.f_narrow(0, start, len).op("narrow")?;
+                    run_one(step, data, &indices, index, &self.accumulator)?;
+                }
+                outcome.eager = outcome.eager.saturating_add(steps);
+            }
+        }
+        Ok(())
+    }
+
+    /// The CUDA device index, if on CUDA.
+    pub fn cuda_index(&self) -> Option<usize> {
+        self.cuda.as_ref().map(|cuda| cuda.device_index)
+    }
+}
+
+#[derive(Default)]
+struct EpochCounts {
+    replayed: usize,
+    eager: usize,
+    captures: usize,
+    capture_ms: f64,
+    events: Vec<TelemetryEvent>,
+}
+
+fn run_one(
+    step: &mut dyn Step,
+    data: &StagedData,
+    indices: &Tensor,
+    index: usize,
+    accumulator: &EpochAccumulator,
+) -> Result<()> {
+    let (inputs, labels) = data.gather(indices)?;
+    step.run(
+        &Batch {
+            inputs: &inputs,
+            labels: &labels,
+            index,
+        },
+        accumulator,
+    )
+}
+
+/// A fresh tensor holding a copy of `tensor` (a capture's static buffer).
+fn deep_copy(tensor: &Tensor) -> Result<Tensor> {
+    let copy = tensor.f_empty_like().op("empty_like")?;
+    let _ = copy.shallow_clone().f_copy_(tensor).op("copy_")?;
+    Ok(copy)
+}
+
+fn fallback_event(reason: &str) -> TelemetryEvent {
+    event(
+        names::TOLARIA_GRAPH_FALLBACK,
+        "graph capture failed; the step runs eagerly",
+        vec![("reason", reason.to_owned())],
+    )
+}
+
+/// Sets CUDA sync debugging to "error" while alive (when `on`), restoring
+/// the previous mode on drop.
+struct SyncGuard {
+    previous: Option<torch_ext::cuda::SyncDebugMode>,
+}
+
+impl SyncGuard {
+    fn new(on: bool) -> Result<SyncGuard> {
+        if !on {
+            return Ok(SyncGuard { previous: None });
+        }
+        let previous = torch_ext::cuda::sync_debug_mode()?;
+        torch_ext::cuda::set_sync_debug_mode(torch_ext::cuda::SyncDebugMode::Error)?;
+        Ok(SyncGuard {
+            previous: Some(previous),
+        })
+    }
+
+    /// Turns sync debugging off for a capture (which synchronises the device
+    /// on purpose), restoring it on drop.
+    fn relax() -> Result<SyncGuard> {
+        if !torch_ext::cuda::is_available() {
+            return Ok(SyncGuard { previous: None });
+        }
+        let previous = torch_ext::cuda::sync_debug_mode()?;
+        if previous == torch_ext::cuda::SyncDebugMode::Off {
+            return Ok(SyncGuard { previous: None });
+        }
+        torch_ext::cuda::set_sync_debug_mode(torch_ext::cuda::SyncDebugMode::Off)?;
+        Ok(SyncGuard {
+            previous: Some(previous),
+        })
+    }
+}
+
+impl Drop for SyncGuard {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous.take() {
+            let _ = torch_ext::cuda::set_sync_debug_mode(previous);
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! The general step: one batch of any [`MorphogeneticModel`] with libtorch
+//! autograd.
+//!
+//! One [`Step::run`] is, with nothing read back:
+//!
+//! 1. zero every group's gradients in place;
+//! 2. per microbatch: the forward under autocast (bf16/fp16, or none for
+//!    fp32), mean cross-entropy in fp32 weighted by the microbatch's share
+//!    of the batch, scaled by the [`GradScaler`], backward; the loss and
+//!    hits go into the engine's accumulator;
+//! 3. when seeds feed the host's gradient (non-isolated seeds, i.e.
+//!    transformer hosts from BLENDING on), the host gradient is split by
+//!    gradient taps ([`MorphogeneticModel::forward_tapped`]) into the host's
+//!    own part (the teacher) and one part per seed, and recombined by the
+//!    [`GradAggregator`] (PCGrad with two or more seeds; the single-seed
+//!    fast path only when [`kasmina::attribution::attribute_batch`] on a
+//!    probe batch confirms one influential seed). With isolation (CNN hosts)
+//!    no seed sends the host a gradient and nothing is aggregated;
+//! 4. unscale (fp16), deferred gradient norms every
+//!    `gradient_telemetry_stride` batches ([`SeedMetricsAccumulator`]),
+//!    gradient clipping on the device (`clip_grad_norm_` with foreach
+//!    kernels), the optimizer step of every group skipped on the device
+//!    when the scaler found an inf, the scaler's update.
+//!
+//! Alphas live in device tensors: every active, blending seed's alpha is a
+//! `[1, 1, 1, 1]` (CNN) or `[1, 1, 1]` (transformer) tensor given to the
+//! forward as an override and refilled at each epoch boundary, so a blend
+//! schedule does not change the step's [`StepKey`]; a seed still in the
+//! incubator (TRAINING at alpha 0) runs through Kasmina's incubator. The key
+//! holds the precision, microbatches, clipping, the aggregation path and
+//! each slot's seed, stage class, blend algorithm, isolation and freeze.
+
+use std::fmt::Write as _;
+
+use kasmina::groups::{GroupKey, ParamGroup};
+use kasmina::host::{SlotId, Topology};
+use kasmina::model::MorphogeneticModel;
+use leyline::SeedStage;
+use tch::{Device, Kind, Reduction, Tensor};
+use torch_ext::fused;
+
+use super::{Batch, EpochAccumulator, Step, StepKey};
+use crate::amp::{GradScaler, GradScalerConfig, Precision};
+use crate::error::{Error, Result, TorchResultExt};
+use crate::grad_agg::{AggPath, GradAggMetrics, GradAggregator};
+use crate::optim::{GroupOptimizers, OptimizerConfig};
+use crate::seed_metrics::{EpochSeedMetrics, SeedMetricsAccumulator};
+
+/// Largest number of microbatches a batch may be split into.
+pub const MAX_MICROBATCHES: usize = 1024;
+
+/// What the general step does besides forward and backward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelStepConfig {
+    /// Autocast dtype (`fp32` turns AMP off).
+    pub precision: Precision,
+    /// The fp16 grad scaler's settings.
+    pub scaler: GradScalerConfig,
+    /// Microbatches per batch (gradients accumulate over them).
+    pub microbatches: usize,
+    /// Clip the joint L2 norm of all gradients to this (on the device).
+    pub clip_grad_norm: Option<f64>,
+    /// Gather gradient norms every this many batches of an epoch.
+    pub gradient_telemetry_stride: u64,
+    /// Most seeds the aggregator holds rows for.
+    pub max_seeds: usize,
+    /// The optimizers of the host and of every seed.
+    pub optimizer: OptimizerConfig,
+}
+
+impl Default for ModelStepConfig {
+    fn default() -> Self {
+        ModelStepConfig {
+            precision: Precision::Fp32,
+            scaler: GradScalerConfig::default(),
+            microbatches: 1,
+            clip_grad_norm: None,
+            gradient_telemetry_stride: crate::seed_metrics::DEFAULT_GRADIENT_TELEMETRY_STRIDE,
+            max_seeds: 8,
+            optimizer: OptimizerConfig::default(),
+        }
+    }
+}
+
+impl ModelStepConfig {
+    /// Checks ranges: microbatches in `1..=MAX_MICROBATCHES`, a positive
+    /// finite clip norm, a stride of at least 1, the optimizer settings.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_MICROBATCHES).contains(&self.microbatches) {
+            return Err(Error::InvalidConfig {
+                field: "microbatches",
+                reason: format!("{} is outside 1..={MAX_MICROBATCHES}", self.microbatches),
+            });
+        }
+        if let Some(norm) = self.clip_grad_norm
+            && !(norm.is_finite() && norm > 0.0)
+        {
+            return Err(Error::InvalidConfig {
+                field: "clip_grad_norm",
+                reason: format!("{norm} must be finite and > 0"),
+            });
+        }
+        if self.gradient_telemetry_stride == 0 {
+            return Err(Error::InvalidConfig {
+                field: "gradient_telemetry_stride",
+                reason: "0; must be at least 1".to_owned(),
+            });
+        }
+        self.scaler.validate()?;
+        self.optimizer.validate()
+    }
+}
+
+/// Per-epoch layout: what the forward and the update touch.
+#[derive(Debug, Default)]
+struct Layout {
+    /// Alpha override per enabled slot (execution order).
+    overrides: Vec<Option<Tensor>>,
+    /// Every trainable parameter group (host first).
+    groups: Vec<ParamGroup>,
+    /// The host's parameters.
+    host: Vec<Tensor>,
+    /// Seeds' trainable parameters (requires_grad).
+    seeds: Vec<Tensor>,
+    /// Aggregation path when seeds feed the host gradient.
+    tap_seeds: usize,
+    confirmed_single: bool,
+    /// Per-microbatch scratch gradients of the host (tap path).
+    scratch: Vec<Tensor>,
+}
+
+/// The general autograd step over a Kasmina model (see the module docs).
+pub struct ModelStep {
+    model: MorphogeneticModel,
+    optimizers: GroupOptimizers,
+    scaler: GradScaler,
+    seed_metrics: SeedMetricsAccumulator,
+    aggregator: GradAggregator,
+    config: ModelStepConfig,
+    device: Device,
+    layout: Layout,
+    /// Samples `attribute_batch` runs on to confirm a single seed.
+    probe: Option<Tensor>,
+    /// The last aggregation path taken (host-side record).
+    last_path: Option<AggPath>,
+    /// Bumped whenever parameter groups change.
+    generation: u64,
+    /// The key the layout was built for, and the key reported.
+    key: Option<String>,
+    full_key: Option<StepKey>,
+}
+
+impl std::fmt::Debug for ModelStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelStep")
+            .field("model", &self.model)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl ModelStep {
+    /// The step for `model` (its parameter groups get optimizers now).
+    pub fn new(mut model: MorphogeneticModel, config: ModelStepConfig) -> Result<ModelStep> {
+        config.validate()?;
+        let device = model.device();
+        if config.precision != Precision::Fp32 && !matches!(device, Device::Cuda(_)) {
+            return Err(Error::InvalidConfig {
+                field: "precision",
+                reason: format!(
+                    "{} autocast needs a CUDA device; use fp32 on {device:?}",
+                    config.precision
+                ),
+            });
+        }
+        let mut optimizers = GroupOptimizers::new(config.optimizer, device)?;
+        let _ = optimizers.sync(&mut model)?;
+        let seed_metrics = SeedMetricsAccumulator::new(
+            config.gradient_telemetry_stride,
+            &model.parameter_groups(),
+            device,
+        )?;
+        let aggregator = GradAggregator::new(config.max_seeds.max(1), device)?;
+        let scaler = GradScaler::for_precision(config.precision, config.scaler, device)?;
+        Ok(ModelStep {
+            model,
+            optimizers,
+            scaler,
+            seed_metrics,
+            aggregator,
+            config,
+            device,
+            layout: Layout::default(),
+            probe: None,
+            last_path: None,
+            generation: 0,
+            key: None,
+            full_key: None,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &MorphogeneticModel {
+        &self.model
+    }
+
+    /// The model, for lifecycle calls at epoch boundaries; the next
+    /// [`Step::prepare`] adopts whatever changed.
+    pub fn model_mut(&mut self) -> &mut MorphogeneticModel {
+        &mut self.model
+    }
+
+    /// The model and the optimizers together (a governor rollback needs
+    /// both).
+    pub fn model_and_optimizers(&mut self) -> (&mut MorphogeneticModel, &mut GroupOptimizers) {
+        (&mut self.model, &mut self.optimizers)
+    }
+
+    /// The optimizers.
+    pub fn optimizers(&self) -> &GroupOptimizers {
+        &self.optimizers
+    }
+
+    /// The grad scaler.
+    pub fn scaler(&self) -> &GradScaler {
+        &self.scaler
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelStepConfig {
+        &self.config
+    }
+
+    /// The aggregation path of the last batch that had seeds feeding the
+    /// host gradient.
+    pub fn last_aggregation_path(&self) -> Option<AggPath> {
+        self.last_path
+    }
+
+    /// Samples for the single-seed attribution check (a few dozen suffice).
+    pub fn set_probe(&mut self, inputs: Tensor) {
+        self.probe = Some(inputs);
+    }
+
+    /// The epoch's deferred gradient metrics (one readback; zeroes them).
+    pub fn take_seed_metrics(&mut self) -> Result<EpochSeedMetrics> {
+        self.seed_metrics.finish_epoch()
+    }
+
+    /// The epoch's aggregation counters (one readback; zeroes them).
+    pub fn take_grad_agg_metrics(&mut self) -> Result<GradAggMetrics> {
+        self.aggregator.take_epoch_metrics()
+    }
+
+    fn alpha_shape(&self) -> Vec<i64> {
+        match self.model.host().topology() {
+            Topology::Cnn => vec![1, 1, 1, 1],
+            Topology::Transformer => vec![1, 1, 1],
+        }
+    }
+
+    /// The step's key for the model as it is now, and each enabled slot's
+    /// alpha when it blends through an override (execution order).
+    fn describe(&self) -> (String, Vec<Option<f64>>, usize) {
+        let mut key = String::from(self.model.host().name());
+        let mut alphas = Vec::with_capacity(self.model.slots().len());
+        let mut tap_seeds = 0_usize;
+        for slot in self.model.slots() {
+            let _ = write!(key, "|{}:", slot.id());
+            let Some(state) = slot.state().filter(|state| state.stage().is_active()) else {
+                alphas.push(None);
+                key.push('-');
+                continue;
+            };
+            let incubating = state.stage() == SeedStage::Training && state.alpha() == 0.0;
+            let _ = write!(
+                key,
+                "{}/{}/{:?}/{:?}/iso{}/frz{}/inc{}",
+                state.seed_id(),
+                state.blueprint().name(),
+                state.stage(),
+                state.algorithm(),
+                state.isolate_gradients(),
+                state.blend_out_freeze(),
+                incubating
+            );
+            if !state.isolate_gradients() {
+                tap_seeds = tap_seeds.saturating_add(1);
+            }
+            alphas.push((!incubating).then(|| state.alpha()));
+        }
+        let _ = write!(
+            key,
+            "|taps{tap_seeds}|{}|mb{}|clip{:?}|gen{}",
+            self.config.precision,
+            self.config.microbatches,
+            self.config.clip_grad_norm,
+            self.generation
+        );
+        (key, alphas, tap_seeds)
+    }
+
+    /// Refills the alpha tensors in place (same key: a captured graph reads
+    /// them).
+    fn refill_alphas(&self, alphas: &[Option<f64>]) -> Result<()> {
+        for (tensor, alpha) in self.layout.overrides.iter().zip(alphas) {
+            if let (Some(tensor), Some(alpha)) = (tensor, alpha) {
+                let _ = tensor.shallow_clone().f_fill_(*alpha).op("alpha fill")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds the layout for a new key.
+    fn rebuild_layout(&mut self, alphas: &[Option<f64>], tap_seeds: usize) -> Result<bool> {
+        let shape = self.alpha_shape();
+        let overrides = alphas
+            .iter()
+            .map(|alpha| {
+                alpha
+                    .map(|alpha| {
+                        Tensor::f_full(shape.as_slice(), alpha, (Kind::Float, self.device))
+                            .op("alpha tensor")
+                    })
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let groups = self.model.parameter_groups();
+        let host = self
+            .model
+            .host_parameters()
+            .into_iter()
+            .map(|(_, tensor)| tensor)
+            .collect::<Vec<_>>();
+        let seeds = groups
+            .iter()
+            .filter(|group| group.key != GroupKey::Host)
+            .flat_map(|group| group.tensors.iter())
+            .filter(|tensor| tensor.requires_grad())
+            .map(Tensor::shallow_clone)
+            .collect::<Vec<_>>();
+        let confirmed_single = tap_seeds == 1 && self.confirm_single_seed()?;
+        let scratch = if tap_seeds > 0 {
+            host.iter()
+                .map(|tensor| tensor.f_zeros_like().op("scratch grad"))
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            Vec::new()
+        };
+        self.layout = Layout {
+            overrides,
+            groups,
+            host,
+            seeds,
+            tap_seeds,
+            confirmed_single,
+            scratch,
+        };
+        Ok(confirmed_single)
+    }
+
+    /// Whether attribution on the probe batch sees exactly one seed with
+    /// influence (no probe: not confirmed).
+    fn confirm_single_seed(&self) -> Result<bool> {
+        let Some(probe) = &self.probe else {
+            return Ok(false);
+        };
+        let attribution =
+            kasmina::attribution::attribute_batch(&self.model, probe).map_err(|source| {
+                Error::Lifecycle {
+                    op: "attribute_batch",
+                    source,
+                }
+            })?;
+        let per_seed = attribution
+            .influence
+            .f_sum_dim_intlist(0, false, Kind::Float)
+            .op("influence sum")?
+            .f_to_device(Device::Cpu)
+            .op("influence readback")?;
+        let per_seed = Vec::<f32>::try_from(&per_seed).op("influence to vec")?;
+        Ok(per_seed.iter().filter(|value| **value > 0.0).count() == 1)
+    }
+
+    /// Makes sure every trainable parameter has a (zero) gradient tensor, so
+    /// zeroing, unscaling and the update see a fixed set of tensors (and a
+    /// captured graph accumulates into buffers that outlive it).
+    fn materialise_grads(&self) -> Result<()> {
+        let mut missing = Vec::new();
+        for group in &self.layout.groups {
+            for tensor in &group.tensors {
+                if tensor.requires_grad() && !tensor.f_grad().op("grad")?.defined() {
+                    missing.push(
+                        tensor
+                            .f_sum(Kind::Float)
+                            .op("sum")?
+                            .f_mul_scalar(0.0)
+                            .op("mul")?,
+                    );
+                }
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let total = Tensor::f_stack(&missing, 0)
+            .op("stack")?
+            .f_sum(Kind::Float)
+            .op("sum")?;
+        total.f_backward().op("materialise grads")?;
+        Ok(())
+    }
+
+    fn grads(&self) -> Result<Vec<Tensor>> {
+        let mut grads = Vec::new();
+        for group in &self.layout.groups {
+            for tensor in &group.tensors {
+                if tensor.requires_grad() {
+                    let grad = tensor.f_grad().op("grad")?;
+                    if grad.defined() {
+                        grads.push(grad);
+                    }
+                }
+            }
+        }
+        Ok(grads)
+    }
+
+    fn forward_loss(
+        &self,
+        inputs: &Tensor,
+        labels: &Tensor,
+        taps: bool,
+    ) -> Result<(Tensor, Tensor, Vec<(SlotId, Tensor)>)> {
+        let overrides: Vec<Option<&Tensor>> =
+            self.layout.overrides.iter().map(Option::as_ref).collect();
+        let autocast = match (self.config.precision.autocast_kind(), self.device) {
+            (Some(kind), Device::Cuda(_)) => Some(torch_ext::AutocastGuard::new(
+                torch_ext::AutocastDevice::Cuda,
+                kind,
+            )?),
+            _ => None,
+        };
+        let (logits, taps) = if taps {
+            self.model
+                .forward_tapped(inputs, &overrides, true)
+                .map_err(|source| Error::Lifecycle {
+                    op: "forward",
+                    source,
+                })?
+        } else {
+            (
+                self.model
+                    .forward_with_alpha(inputs, &overrides, true)
+                    .map_err(|source| Error::Lifecycle {
+                        op: "forward",
+                        source,
+                    })?,
+                Vec::new(),
+            )
+        };
+        drop(autocast);
+        let logits = logits.f_to_kind(Kind::Float).op("logits to f32")?;
+        let loss = logits
+            .f_cross_entropy_loss::<Tensor>(labels, None, Reduction::Mean, -100, 0.0)
+            .op("cross_entropy")?;
+        Ok((logits, loss, taps))
+    }
+
+    /// The tap path of one microbatch: the host gradient split into the
+    /// teacher and one part per seed, aggregated and added to the host
+    /// gradients; seed gradients added to the seeds'.
+    fn tapped_backward(&mut self, scaled: &Tensor, taps: &[(SlotId, Tensor)]) -> Result<()> {
+        let host = &self.layout.host;
+        let seeds = &self.layout.seeds;
+        let tap_tensors: Vec<Tensor> = taps.iter().map(|(_, tap)| tap.shallow_clone()).collect();
+        let mut inputs: Vec<&Tensor> = host.iter().collect();
+        inputs.extend(seeds.iter());
+        inputs.extend(tap_tensors.iter());
+        let grads = Tensor::f_run_backward(&[scaled], &inputs, true, false).op("backward")?;
+        let (host_total, rest) = grads.split_at(host.len());
+        let (seed_grads, tap_grads) = rest.split_at(seeds.len());
+        let mut per_seed = Vec::with_capacity(taps.len());
+        for (tap, tap_grad) in tap_tensors.iter().zip(tap_grads) {
+            let root = tap
+                .f_mul(&tap_grad.f_detach().op("detach")?)
+                .op("tap root")?
+                .f_sum(Kind::Float)
+                .op("tap root sum")?;
+            let through = Tensor::f_run_backward(&[root], host, true, false).op("tap backward")?;
+            per_seed.push(dense(&through, host)?);
+        }
+        let total = dense(host_total, host)?;
+        let mut teacher = Vec::with_capacity(total.len());
+        for (index, total) in total.iter().enumerate() {
+            let mut rest = total.shallow_clone();
+            for seed in &per_seed {
+                if let Some(part) = seed.get(index) {
+                    rest = rest.f_sub(part).op("teacher")?;
+                }
+            }
+            teacher.push(rest);
+        }
+        let path = self.aggregator.aggregate(
+            &teacher,
+            &per_seed,
+            self.layout.confirmed_single,
+            &self.layout.scratch,
+        )?;
+        self.last_path = Some(path);
+        let host_grads = host
+            .iter()
+            .map(|tensor| tensor.f_grad().op("grad"))
+            .collect::<Result<Vec<_>>>()?;
+        fused::foreach_add_(&host_grads, &self.layout.scratch, 1.0)?;
+        let mut seed_dst = Vec::new();
+        let mut seed_src = Vec::new();
+        for (tensor, grad) in seeds.iter().zip(seed_grads) {
+            if grad.defined() {
+                seed_dst.push(tensor.f_grad().op("grad")?);
+                seed_src.push(grad.shallow_clone());
+            }
+        }
+        if !seed_dst.is_empty() {
+            fused::foreach_add_(&seed_dst, &seed_src, 1.0)?;
+        }
+        Ok(())
+    }
+}
+
+/// Gradients with undefined entries replaced by zeros shaped like `like`.
+fn dense(grads: &[Tensor], like: &[Tensor]) -> Result<Vec<Tensor>> {
+    grads
+        .iter()
+        .zip(like)
+        .map(|(grad, like)| {
+            if grad.defined() {
+                Ok(grad.shallow_clone())
+            } else {
+                like.f_zeros_like().op("zeros_like")
+            }
+        })
+        .collect()
+}
+
+impl Step for ModelStep {
+    fn prepare(&mut self) -> Result<StepKey> {
+        let events = self.optimizers.sync(&mut self.model)?;
+        if !events.is_empty() {
+            self.generation = self.generation.wrapping_add(1);
+        }
+        for event in events {
+            let group = self.model.parameter_group(event.key());
+            self.seed_metrics.on_group_event(event, group.as_ref())?;
+        }
+        let (mut key, alphas, tap_seeds) = self.describe();
+        if self.key.as_ref() == Some(&key) {
+            self.refill_alphas(&alphas)?;
+        } else {
+            let single = self.rebuild_layout(&alphas, tap_seeds)?;
+            self.materialise_grads()?;
+            self.key = Some(key.clone());
+            let _ = write!(key, "|single{single}");
+            self.full_key = Some(StepKey(key));
+        }
+        self.full_key.clone().ok_or_else(|| Error::InvalidConfig {
+            field: "step key",
+            reason: "no layout was built".to_owned(),
+        })
+    }
+
+    fn variant(&self, index: usize) -> u8 {
+        u8::from(self.seed_metrics.observes(index as u64))
+    }
+
+    fn run(&mut self, batch: &Batch<'_>, accumulator: &EpochAccumulator) -> Result<()> {
+        let size = batch.inputs.size().first().copied().unwrap_or(0);
+        if size == 0 || batch.labels.size().first().copied() != Some(size) {
+            return Err(Error::InvalidData {
+                field: "batch",
+                reason: format!(
+                    "inputs {:?} and labels {:?} do not hold the same non-zero number of samples",
+                    batch.inputs.size(),
+                    batch.labels.size()
+                ),
+            });
+        }
+        self.optimizers.zero_grad()?;
+        let micro = i64::try_from(self.config.microbatches)
+            .unwrap_or(1)
+            .clamp(1, size);
+        let inputs = batch.inputs.f_chunk(micro, 0).op("chunk")?;
+        let labels = batch.labels.f_chunk(micro, 0).op("chunk")?;
+        let taps = self.layout.tap_seeds > 0;
+        if taps {
+            fused::foreach_zero_(&self.layout.scratch)?;
+        }
+        for (x, y) in inputs.iter().zip(&labels) {
+            let part = x.size().first().copied().unwrap_or(0);
+            let (logits, loss, tapped) = self.forward_loss(x, y, taps)?;
+            accumulator.add(&loss, &logits, y)?;
+            let weighted = loss.f_mul_scalar(part as f64 / size as f64).op("weight")?;
+            let scaled = self.scaler.scale_loss(&weighted)?;
+            if tapped.is_empty() {
+                scaled.f_backward().op("backward")?;
+            } else {
+                self.tapped_backward(&scaled, &tapped)?;
+            }
+        }
+        let grads = self.grads()?;
+        self.scaler.unscale_(&grads)?;
+        let _ = self
+            .seed_metrics
+            .observe_params(batch.index as u64, &self.layout.groups)?;
+        if let Some(max_norm) = self.config.clip_grad_norm
+            && !grads.is_empty()
+        {
+            let _ = fused::clip_grad_norm_(&grads, max_norm, 2.0)?;
+        }
+        self.optimizers
+            .step_with(self.scaler.optimizer_found_inf())?;
+        self.scaler.update()
+    }
+
+    fn abandon(&mut self) {
+        self.scaler.abandon_step();
+    }
+}

@@ -1,0 +1,617 @@
+//! The general trainer: a Kasmina model trained epoch by epoch through the
+//! [`Engine`] and the general [`ModelStep`], with everything that happens at
+//! an epoch boundary.
+//!
+//! [`ModelTrainer::train_epoch`] runs, in order:
+//!
+//! 1. the epoch's steps ([`Engine::run_epoch`]; one readback at its end);
+//! 2. validation on the held-out set, under inference mode, in evaluation
+//!    mode, with the training precision (one readback);
+//! 3. the deferred gradient metrics (one readback), recorded on each seed's
+//!    slot ([`kasmina::slot::SeedSlot::record_gradient_norms`]), and the
+//!    gradient-aggregation counters;
+//! 4. the governor: a non-finite, lobotomised or diverging loss rolls the
+//!    model back to its last snapshot (prunes the live seeds, clears every
+//!    optimizer's state) and the epoch reports it; otherwise a snapshot is
+//!    taken every `snapshot_interval_epochs`;
+//! 5. the accuracies recorded on every live seed
+//!    ([`MorphogeneticModel::record_accuracy`]);
+//! 6. the controller's decision, asked with a deadline
+//!    ([`DecisionDeadline`]; a late or failed answer is WAIT, with
+//!    `tolaria.timeout.*` telemetry) and carried out through Kasmina
+//!    ([`crate::controller::apply`]);
+//! 7. Kasmina's epoch tick ([`MorphogeneticModel::step_epoch`]: alpha
+//!    schedules, cooldowns) and the epoch's telemetry.
+//!
+//! The next epoch's [`Step::prepare`] adopts whatever the boundary changed;
+//! a changed step shape is captured again.
+
+use std::time::{Duration, Instant};
+
+use kasmina::groups::GroupKey;
+use kasmina::model::MorphogeneticModel;
+use leyline::proto::TelemetryPacket;
+use leyline::telemetry as names;
+use leyline::{SeedStage, Telemetry, TelemetryLevel, metric};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Reduction, Tensor};
+
+use super::model_step::{ModelStep, ModelStepConfig};
+use super::staging::StagedData;
+use super::{Engine, EngineConfig, EngineEpoch};
+use crate::amp::{GradScalerConfig, Precision};
+use crate::config::{ExecutionMode, PrecisionConfig};
+use crate::controller::{
+    Applied, Controller, DeadlineOutcome, DecisionDeadline, EpochMetrics, EpochObservation,
+};
+use crate::data::Dataset;
+use crate::error::{Error, Result, TorchResultExt};
+use crate::governor::{Governor, GovernorConfig, RollbackReport, Verdict};
+use crate::grad_agg::GradAggMetrics;
+use crate::optim::OptimizerConfig;
+
+/// Everything the general trainer needs to know.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelTrainerConfig {
+    /// Seed of the shuffle.
+    pub seed: u64,
+    /// Samples per training batch.
+    pub batch_size: usize,
+    /// Samples per validation batch.
+    pub validation_batch_size: usize,
+    /// Drop each epoch's last, smaller batch.
+    pub drop_last: bool,
+    /// Shuffle the training set every epoch (on the device).
+    pub shuffle: bool,
+    /// Eager, graph per step, or graph per epoch.
+    pub mode: ExecutionMode,
+    /// Autocast precision; `None` picks bf16 on GPUs that support it, fp32
+    /// on the CPU ([`Precision::auto`]).
+    pub precision: Option<Precision>,
+    /// Microbatches per batch.
+    pub microbatches: usize,
+    /// Clip the joint gradient L2 norm (on the device).
+    pub clip_grad_norm: Option<f64>,
+    /// Gather gradient norms every this many batches.
+    pub gradient_telemetry_stride: u64,
+    /// Host and seed optimizers.
+    pub optimizer: OptimizerConfig,
+    /// Eager steps of a shape before its capture.
+    pub graph_warmup_steps: usize,
+    /// Most seeds the gradient aggregator holds rows for.
+    pub max_seeds: usize,
+    /// TF32 and matmul precision.
+    pub matmul: PrecisionConfig,
+    /// Run the governor (NaN, lobotomy and divergence rollback).
+    pub governor: bool,
+    /// Governor snapshot interval, epochs.
+    pub snapshot_interval_epochs: usize,
+    /// Fail an epoch that synchronises the device inside its steps (CUDA
+    /// sync debug mode "error"; tests).
+    pub forbid_syncs: bool,
+    /// Validation samples the counterfactual contribution of each blending
+    /// or holding seed is measured on at every boundary (0: not measured;
+    /// G5 then refuses to fossilize).
+    pub counterfactual_samples: usize,
+}
+
+impl Default for ModelTrainerConfig {
+    fn default() -> Self {
+        ModelTrainerConfig {
+            seed: 0,
+            batch_size: 256,
+            validation_batch_size: 1000,
+            drop_last: true,
+            shuffle: true,
+            mode: ExecutionMode::Eager,
+            precision: None,
+            microbatches: 1,
+            clip_grad_norm: None,
+            gradient_telemetry_stride: crate::seed_metrics::DEFAULT_GRADIENT_TELEMETRY_STRIDE,
+            optimizer: OptimizerConfig::default(),
+            graph_warmup_steps: 3,
+            max_seeds: 8,
+            matmul: PrecisionConfig::default(),
+            governor: true,
+            snapshot_interval_epochs: 5,
+            forbid_syncs: false,
+            counterfactual_samples: 1000,
+        }
+    }
+}
+
+/// Validation figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Validation {
+    /// Mean loss.
+    pub loss: f64,
+    /// Accuracy, percent.
+    pub accuracy: f64,
+    /// Wall time, ms.
+    pub elapsed_ms: f64,
+}
+
+/// What one [`ModelTrainer::train_epoch`] did.
+#[derive(Debug, Clone)]
+pub struct ModelEpochReport {
+    /// Zero-based epoch.
+    pub epoch: usize,
+    /// The engine's figures (loss, accuracy, timing, graphs).
+    pub train: EngineEpoch,
+    /// Validation, when the trainer has a validation set.
+    pub validation: Option<Validation>,
+    /// The governor's verdict (`None` without a governor).
+    pub verdict: Option<Verdict>,
+    /// The rollback, when the governor panicked.
+    pub rollback: Option<RollbackReport>,
+    /// The controller's outcome and what was applied (`None` without a
+    /// controller, or after a rollback).
+    pub decision: Option<(DeadlineOutcome, Applied)>,
+    /// The epoch's aggregation counters.
+    pub grad_agg: GradAggMetrics,
+    /// Seeds on the forward path after the boundary.
+    pub active_seeds: usize,
+}
+
+/// The general trainer (see the module docs).
+pub struct ModelTrainer {
+    config: ModelTrainerConfig,
+    precision: Precision,
+    engine: Engine,
+    step: ModelStep,
+    train: StagedData,
+    validation: Option<StagedData>,
+    governor: Option<Governor>,
+    deadline: Option<DecisionDeadline>,
+    telemetry: Telemetry,
+    epoch: usize,
+    germinations: u64,
+}
+
+impl std::fmt::Debug for ModelTrainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelTrainer")
+            .field("config", &self.config)
+            .field("precision", &self.precision)
+            .field("epoch", &self.epoch)
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl ModelTrainer {
+    /// A trainer of `model` on `train` (validated on `validation`), staged
+    /// on the model's device. The data's sample shape must be the host's
+    /// input shape and its classes the host's outputs (checked on a probe
+    /// batch before anything trains).
+    pub fn new(
+        model: MorphogeneticModel,
+        train: &Dataset,
+        validation: Option<&Dataset>,
+        config: ModelTrainerConfig,
+        telemetry: Telemetry,
+    ) -> Result<ModelTrainer> {
+        let device = model.device();
+        crate::graph::apply_precision(&config.matmul)?;
+        if matches!(device, Device::Cuda(_)) {
+            torch_ext::precision::set_cudnn_benchmark(true);
+        }
+        let precision = match config.precision {
+            Some(precision) => precision,
+            None => Precision::auto(device)?,
+        };
+        if config.validation_batch_size == 0 {
+            return Err(Error::InvalidConfig {
+                field: "validation_batch_size",
+                reason: "0; a batch needs at least one sample".to_owned(),
+            });
+        }
+        let expected = model.host().input_shape();
+        for (name, data) in
+            std::iter::once(("train", train)).chain(validation.map(|v| ("validation", v)))
+        {
+            if data.sample_shape() != expected {
+                return Err(Error::InvalidData {
+                    field: "sample shape",
+                    reason: format!(
+                        "the {name} set's samples are {:?}, the host `{}` takes {:?}",
+                        data.sample_shape(),
+                        model.host().name(),
+                        expected
+                    ),
+                });
+            }
+        }
+        let step_config = ModelStepConfig {
+            precision,
+            scaler: GradScalerConfig::default(),
+            microbatches: config.microbatches,
+            clip_grad_norm: config.clip_grad_norm,
+            gradient_telemetry_stride: config.gradient_telemetry_stride,
+            max_seeds: config.max_seeds,
+            optimizer: config.optimizer,
+        };
+        let governor = if config.governor {
+            let mut governor_config = GovernorConfig::for_classes(train.n_classes())?;
+            governor_config.snapshot_interval_epochs = config.snapshot_interval_epochs;
+            Some(Governor::new(governor_config)?)
+        } else {
+            None
+        };
+        let mut step = ModelStep::new(model, step_config)?;
+        let staged = StagedData::resident(train, device, config.shuffle, config.seed)?;
+        let probe_len = i64::try_from(staged.len().min(32)).unwrap_or(1);
+        let probe = staged.inputs().f_narrow(0, 0, probe_len).op("probe")?;
+        let logits = tch::no_grad(|| step.model().forward(&probe, false)).map_err(|source| {
+            Error::Lifecycle {
+                op: "probe forward",
+                source,
+            }
+        })?;
+        let outputs = logits.size().last().copied().unwrap_or(0);
+        if usize::try_from(outputs).ok() != Some(train.n_classes()) {
+            return Err(Error::InvalidData {
+                field: "n_classes",
+                reason: format!(
+                    "the data set has {} classes, the host outputs {outputs}",
+                    train.n_classes()
+                ),
+            });
+        }
+        step.set_probe(probe);
+        let validation = validation
+            .map(|data| StagedData::resident(data, device, false, config.seed))
+            .transpose()?;
+        let engine = Engine::new(
+            device,
+            EngineConfig {
+                mode: config.mode,
+                warmup_steps: config.graph_warmup_steps,
+                batch_size: config.batch_size,
+                drop_last: config.drop_last,
+                forbid_syncs: config.forbid_syncs,
+            },
+        )?;
+        Ok(ModelTrainer {
+            config,
+            precision,
+            engine,
+            step,
+            train: staged,
+            validation,
+            governor,
+            deadline: None,
+            telemetry,
+            epoch: 0,
+            germinations: 0,
+        })
+    }
+
+    /// Asks `controller` for a decision at every epoch boundary, waiting at
+    /// most `deadline`.
+    pub fn with_controller(
+        mut self,
+        controller: impl Controller + 'static,
+        deadline: Duration,
+    ) -> Result<ModelTrainer> {
+        self.deadline = Some(DecisionDeadline::new(
+            controller,
+            deadline,
+            self.telemetry.clone(),
+        )?);
+        Ok(self)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &MorphogeneticModel {
+        self.step.model()
+    }
+
+    /// The model, for lifecycle calls between epochs.
+    pub fn model_mut(&mut self) -> &mut MorphogeneticModel {
+        self.step.model_mut()
+    }
+
+    /// The step (optimizers, scaler).
+    pub fn step(&self) -> &ModelStep {
+        &self.step
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelTrainerConfig {
+        &self.config
+    }
+
+    /// The precision in force.
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Epochs trained.
+    pub fn epoch(&self) -> usize {
+        self.epoch
+    }
+
+    /// The governor, if on.
+    pub fn governor(&self) -> Option<&Governor> {
+        self.governor.as_ref()
+    }
+
+    /// The training data as staged.
+    pub fn train_data(&self) -> &StagedData {
+        &self.train
+    }
+
+    /// Trains one epoch and runs its boundary (see the module docs).
+    pub fn train_epoch(&mut self) -> Result<ModelEpochReport> {
+        let epoch = self.epoch;
+        let train = self.engine.run_epoch(&mut self.step, &self.train)?;
+        let validation = self.validate()?;
+        let seed_metrics = self.step.take_seed_metrics()?;
+        let grad_agg = self.step.take_grad_agg_metrics()?;
+        for seed in &seed_metrics.seeds {
+            if let (GroupKey::Seed(slot), Some((seed_norm, host_norm, host_params))) =
+                (seed.group.key, seed.record_arguments())
+            {
+                self.step
+                    .model_mut()
+                    .slot_mut(slot)
+                    .and_then(|slot| slot.record_gradient_norms(seed_norm, host_norm, host_params))
+                    .map_err(|source| Error::Lifecycle {
+                        op: "record_gradient_norms",
+                        source,
+                    })?;
+            }
+        }
+        let mut verdict = None;
+        let mut rollback = None;
+        if let Some(governor) = self.governor.as_mut() {
+            let judged = governor.check(train.loss);
+            verdict = Some(judged);
+            match judged {
+                Verdict::Panic(reason) => {
+                    let (model, optimizers) = self.step.model_and_optimizers();
+                    let report = self.engine.on_compute_stream(|| {
+                        governor.rollback(model, optimizers, &self.telemetry, reason)
+                    })?;
+                    rollback = Some(report);
+                }
+                Verdict::Healthy if governor.snapshot_due(epoch) => {
+                    let model = self.step.model();
+                    self.engine
+                        .on_compute_stream(|| governor.snapshot(model, epoch))?;
+                }
+                Verdict::Healthy | Verdict::Anomaly { .. } => {}
+            }
+        } else if !train.loss.is_finite() {
+            return Err(Error::NonFiniteLoss {
+                phase: "training",
+                epoch,
+                value: train.loss,
+            });
+        }
+        let mut decision = None;
+        if rollback.is_none() {
+            let val_accuracy = validation.map_or(train.accuracy, |v| v.accuracy);
+            let val_loss = validation.map_or(train.loss, |v| v.loss);
+            if train.loss.is_finite() && val_loss.is_finite() {
+                self.step
+                    .model_mut()
+                    .record_accuracy(train.accuracy, val_accuracy)
+                    .map_err(|source| Error::Lifecycle {
+                        op: "record_accuracy",
+                        source,
+                    })?;
+            }
+            self.measure_contributions()?;
+            if let Some(deadline) = self.deadline.as_mut() {
+                let metrics = EpochMetrics {
+                    train_loss: train.loss,
+                    train_accuracy: train.accuracy,
+                    val_loss,
+                    val_accuracy,
+                };
+                let epoch_u32 = u32::try_from(epoch).unwrap_or(u32::MAX);
+                let observation =
+                    EpochObservation::from_model(self.step.model(), epoch_u32, metrics)?;
+                let outcome = deadline.decide(&observation);
+                let seed_id = format!("seed-{}", self.germinations);
+                let applied =
+                    crate::controller::apply(&outcome.decision(), self.step.model_mut(), &seed_id)
+                        .unwrap_or(Applied::Waited);
+                if matches!(applied, Applied::Germinated { .. }) {
+                    self.germinations = self.germinations.saturating_add(1);
+                }
+                decision = Some((outcome, applied));
+            }
+        }
+        self.step
+            .model_mut()
+            .step_epoch()
+            .map_err(|source| Error::Lifecycle {
+                op: "step_epoch",
+                source,
+            })?;
+        self.emit(&train, validation.as_ref(), &grad_agg);
+        self.epoch = self.epoch.saturating_add(1);
+        Ok(ModelEpochReport {
+            epoch,
+            train,
+            validation,
+            verdict,
+            rollback,
+            decision,
+            grad_agg,
+            active_seeds: self.step.model().active_seed_count(),
+        })
+    }
+
+    /// Sets the counterfactual contribution (accuracy with the seed minus
+    /// without it, percentage points) of every seed in BLENDING or later, on
+    /// the first `counterfactual_samples` validation samples (training
+    /// samples without a validation set).
+    fn measure_contributions(&mut self) -> Result<()> {
+        let samples = self.config.counterfactual_samples;
+        if samples == 0 {
+            return Ok(());
+        }
+        let data = self.validation.as_ref().unwrap_or(&self.train);
+        let len = i64::try_from(samples.min(data.len())).unwrap_or(1);
+        let inputs = data.inputs().f_narrow(0, 0, len).op("narrow")?;
+        let labels = data.labels().f_narrow(0, 0, len).op("narrow")?;
+        let slots: Vec<_> = self
+            .step
+            .model()
+            .slots()
+            .iter()
+            .filter(|slot| {
+                slot.stage()
+                    .is_some_and(|stage| matches!(stage, SeedStage::Blending | SeedStage::Holding))
+            })
+            .map(|slot| slot.id())
+            .collect();
+        for slot in slots {
+            let model = self.step.model();
+            let contribution = self.engine.on_compute_stream(|| {
+                let _inference = torch_ext::InferenceModeGuard::new()?;
+                kasmina::attribution::counterfactual_contribution(model, slot, &inputs, &labels)
+                    .map_err(|source| Error::Lifecycle {
+                        op: "counterfactual_contribution",
+                        source,
+                    })
+            })?;
+            self.step
+                .model_mut()
+                .slot_mut(slot)
+                .and_then(|slot| slot.set_counterfactual_contribution(contribution))
+                .map_err(|source| Error::Lifecycle {
+                    op: "set_counterfactual_contribution",
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Validation loss and accuracy on the validation set (`None` without
+    /// one): inference mode, evaluation-mode forward, the training
+    /// precision, one readback.
+    pub fn validate(&mut self) -> Result<Option<Validation>> {
+        let Some(data) = &self.validation else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let model = self.step.model();
+        let batch = i64::try_from(self.config.validation_batch_size).unwrap_or(i64::MAX);
+        let precision = self.precision;
+        let device = model.device();
+        let (loss, correct, samples) = self.engine.on_compute_stream(|| {
+            let _inference = torch_ext::InferenceModeGuard::new()?;
+            let _autocast = match (precision.autocast_kind(), device) {
+                (Some(kind), Device::Cuda(_)) => Some(torch_ext::AutocastGuard::new(
+                    torch_ext::AutocastDevice::Cuda,
+                    kind,
+                )?),
+                _ => None,
+            };
+            let sums = Tensor::f_zeros([2], (Kind::Float, device)).op("validation sums")?;
+            for (start, len) in data.plan(batch, false)? {
+                let inputs = data.inputs().f_narrow(0, start, len).op("narrow")?;
+                let labels = data.labels().f_narrow(0, start, len).op("narrow")?;
+                let logits = model
+                    .forward(&inputs, false)
+                    .map_err(|source| Error::Lifecycle {
+                        op: "validation forward",
+                        source,
+                    })?
+                    .f_to_kind(Kind::Float)
+                    .op("to f32")?;
+                let loss = logits
+                    .f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Sum, -100, 0.0)
+                    .op("validation loss")?;
+                let hits = logits
+                    .f_argmax(-1, false)
+                    .op("argmax")?
+                    .f_eq_tensor(&labels)
+                    .op("eq")?
+                    .f_sum(Kind::Float)
+                    .op("sum")?;
+                let row = Tensor::f_stack(&[loss, hits], 0).op("stack")?;
+                let _ = sums.shallow_clone().f_add_(&row).op("add")?;
+            }
+            let values = Vec::<f32>::try_from(&sums.f_to_device(Device::Cpu).op("readback")?)
+                .op("to vec")?;
+            match values.as_slice() {
+                [loss, correct] => Ok((f64::from(*loss), f64::from(*correct), data.len() as f64)),
+                other => Err(Error::Readback {
+                    what: "validation sums",
+                    expected: 2,
+                    got: other.len(),
+                }),
+            }
+        })?;
+        Ok(Some(Validation {
+            loss: loss / samples,
+            accuracy: 100.0 * correct / samples,
+            elapsed_ms: started.elapsed().as_secs_f64() * 1000.0,
+        }))
+    }
+
+    fn emit(
+        &self,
+        train: &EngineEpoch,
+        validation: Option<&Validation>,
+        grad_agg: &GradAggMetrics,
+    ) {
+        if !self.telemetry.is_enabled() {
+            return;
+        }
+        let fallbacks = train
+            .events
+            .iter()
+            .filter(|event| event.name == names::TOLARIA_GRAPH_FALLBACK)
+            .count();
+        let level = if fallbacks > 0 {
+            TelemetryLevel::Warning
+        } else {
+            TelemetryLevel::Info
+        };
+        let mut packet = TelemetryPacket::new(crate::telemetry::SOURCE, level)
+            .with_metric(metric(names::TOLARIA_TRAINING_LATENCY_MS, train.epoch_ms))
+            .with_metric(metric(
+                names::TOLARIA_TRAIN_GRAPH_ENABLED,
+                f64::from(u8::from(train.graph_enabled())),
+            ));
+        if let Some(h2d) = self.train.h2d_ms().filter(|_| self.epoch == 0) {
+            packet = packet.with_metric(metric(names::TOLARIA_H2D_COPY_MS, h2d));
+        }
+        if let Some(validation) = validation {
+            packet = packet.with_metric(metric(
+                names::TOLARIA_VALIDATION_LATENCY_MS,
+                validation.elapsed_ms,
+            ));
+        }
+        if let Some(capture_ms) = train.capture_ms {
+            packet = packet.with_metric(metric(names::TOLARIA_GRAPH_CAPTURE_MS, capture_ms));
+        }
+        if fallbacks > 0 {
+            packet = packet.with_metric(metric(
+                names::TOLARIA_GRAPH_FALLBACK_TOTAL,
+                fallbacks as f64,
+            ));
+        }
+        for grad_metric in grad_agg.telemetry() {
+            packet = packet.with_metric(grad_metric);
+        }
+        for event in &train.events {
+            packet = packet.with_event(event.clone());
+        }
+        self.telemetry.emit_packet(packet);
+        self.step.model().emit_seed_metrics();
+    }
+}

@@ -1,0 +1,235 @@
+//! The general trainer on the CPU: a Fashion-MNIST CNN host grows a seed
+//! through its whole lifecycle while accuracy rises; deferred gradient
+//! metrics and the device shuffle behave; transformer seeds that feed the
+//! host gradient go through the aggregator; bad input is refused.
+
+use std::time::Duration;
+
+use kasmina::host::SlotId;
+use kasmina::host::cnn::{CnnHost, CnnHostConfig};
+use kasmina::lifecycle::{GerminationOptions, SlotConfig};
+use kasmina::model::MorphogeneticModel;
+use leyline::telemetry as names;
+use leyline::{Collector, SeedStage, Telemetry};
+use tch::Device;
+use tolaria::ExecutionMode;
+use tolaria::amp::Precision;
+use tolaria::controller::HeuristicController;
+use tolaria::data::Dataset;
+use tolaria::data::fashion_mnist::{self, FashionMnistOptions};
+use tolaria::engine::staging::StagedData;
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+
+fn subset(data: &Dataset, len: usize) -> Dataset {
+    data.slice(0, len.min(data.len())).expect("subset")
+}
+
+fn fmnist(train: usize, test: usize) -> (Dataset, Dataset) {
+    let (full_train, full_test) = fashion_mnist::load(FashionMnistOptions::default())
+        .expect("Fashion-MNIST (install the dataset-fashion-mnist package)");
+    (
+        subset(&full_train.shuffled(7).expect("shuffle"), train),
+        subset(&full_test, test),
+    )
+}
+
+fn cnn_model(telemetry: Telemetry) -> MorphogeneticModel {
+    tch::manual_seed(11);
+    let host = CnnHost::new(CnnHostConfig::fashion_mnist(), Device::Cpu).expect("host");
+    MorphogeneticModel::with_slot_names(host, &["r0c1"], SlotConfig::default(), telemetry)
+        .expect("model")
+}
+
+fn cpu_config() -> ModelTrainerConfig {
+    ModelTrainerConfig {
+        batch_size: 64,
+        validation_batch_size: 500,
+        precision: Some(Precision::Fp32),
+        gradient_telemetry_stride: 4,
+        counterfactual_samples: 500,
+        ..ModelTrainerConfig::default()
+    }
+}
+
+#[test]
+fn a_fashion_mnist_seed_walks_germinate_to_fossilized_while_accuracy_rises() {
+    let collector = Collector::new();
+    let telemetry = Telemetry::new(collector.clone());
+    let (train, test) = fmnist(2048, 500);
+    let model = cnn_model(telemetry.clone());
+    let mut trainer =
+        ModelTrainer::new(model, &train, Some(&test), cpu_config(), telemetry).expect("trainer");
+    let slot = SlotId::new(0, 1);
+    let first = trainer.train_epoch().expect("epoch 0");
+    let first_accuracy = first.validation.expect("validation").accuracy;
+    trainer
+        .model_mut()
+        .germinate(slot, "conv_light", GerminationOptions::new("seed-0"))
+        .expect("germinate");
+    let mut stages = vec![SeedStage::Germinated];
+    let mut last_accuracy = first_accuracy;
+    for epoch in 1..40 {
+        let stage = trainer.model().slot(slot).expect("slot").stage();
+        match stage {
+            Some(SeedStage::Holding) => {
+                let _ = trainer.model_mut().fossilize(slot).expect("fossilize");
+            }
+            Some(SeedStage::Fossilized) => break,
+            Some(_) => {
+                let _ = trainer
+                    .model_mut()
+                    .advance_stage(slot, None)
+                    .expect("advance");
+            }
+            None => panic!("the seed vanished at epoch {epoch}"),
+        }
+        let now = trainer.model().slot(slot).expect("slot").stage();
+        if let Some(now) = now
+            && stages.last() != Some(&now)
+        {
+            stages.push(now);
+        }
+        let report = trainer.train_epoch().expect("epoch");
+        last_accuracy = report.validation.expect("validation").accuracy;
+        assert!(report.train.loss.is_finite());
+    }
+    assert_eq!(
+        stages,
+        vec![
+            SeedStage::Germinated,
+            SeedStage::Training,
+            SeedStage::Blending,
+            SeedStage::Holding,
+            SeedStage::Fossilized
+        ],
+        "stages walked"
+    );
+    assert!(
+        last_accuracy > first_accuracy + 5.0,
+        "validation accuracy {first_accuracy:.1}% -> {last_accuracy:.1}%"
+    );
+    let metric_names: Vec<String> = collector
+        .packets()
+        .iter()
+        .flat_map(|packet| packet.metrics.iter().map(|metric| metric.name.clone()))
+        .collect();
+    for name in [
+        names::TOLARIA_TRAINING_LATENCY_MS,
+        names::TOLARIA_TRAIN_GRAPH_ENABLED,
+        names::TOLARIA_VALIDATION_LATENCY_MS,
+        names::KASMINA_SEED_GRADIENT_RATIO,
+        names::KASMINA_SEEDS_ACTIVE,
+    ] {
+        assert!(metric_names.iter().any(|n| n == name), "{name} emitted");
+    }
+    // The seed's deferred gradient metrics reached its slot.
+    let state = trainer
+        .model()
+        .slot(slot)
+        .expect("slot")
+        .state()
+        .expect("state");
+    assert!(
+        state
+            .metrics()
+            .gradient_ratio
+            .is_some_and(|ratio| ratio > 0.0)
+    );
+}
+
+#[test]
+fn the_heuristic_controller_drives_the_trainer_through_the_deadline() {
+    let collector = Collector::new();
+    let telemetry = Telemetry::new(collector.clone());
+    let (train, test) = fmnist(512, 300);
+    let model = cnn_model(telemetry.clone());
+    let config = ModelTrainerConfig {
+        counterfactual_samples: 300,
+        ..cpu_config()
+    };
+    let mut trainer = ModelTrainer::new(model, &train, Some(&test), config, telemetry)
+        .expect("trainer")
+        .with_controller(HeuristicController::new(), Duration::from_secs(5))
+        .expect("controller");
+    let slot = SlotId::new(0, 1);
+    let mut epochs = 0;
+    let mut decided = 0;
+    while epochs < 100 {
+        let report = trainer.train_epoch().expect("epoch");
+        epochs += 1;
+        if report.decision.is_some() {
+            decided += 1;
+        }
+        if trainer.model().slot(slot).expect("slot").state().is_some() {
+            break;
+        }
+    }
+    assert_eq!(decided, epochs, "a decision every epoch");
+    assert!(
+        trainer.model().slot(slot).expect("slot").state().is_some(),
+        "the heuristic germinated in the enabled slot within {epochs} epochs"
+    );
+}
+
+#[test]
+fn the_device_shuffle_is_a_seeded_permutation_that_changes_per_epoch() {
+    let data = Dataset::from_rows(
+        "rows",
+        &(0..100).map(|i| i as f32).collect::<Vec<_>>(),
+        &(0..100).map(|i| i % 2).collect::<Vec<i64>>(),
+        1,
+        2,
+    )
+    .expect("data");
+    let staged = StagedData::resident(&data, Device::Cpu, true, 42).expect("staged");
+    let first = Vec::<i64>::try_from(staged.permutation().expect("perm")).expect("vec");
+    let second = Vec::<i64>::try_from(staged.permutation().expect("perm")).expect("vec");
+    let mut sorted = first.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, (0..100).collect::<Vec<i64>>(), "a permutation");
+    assert_ne!(first, second, "a new order each epoch");
+    assert_ne!(first, sorted, "shuffled");
+    let again = StagedData::resident(&data, Device::Cpu, true, 42).expect("staged");
+    let replay = Vec::<i64>::try_from(again.permutation().expect("perm")).expect("vec");
+    assert_eq!(first, replay, "same seed, same order");
+    again.set_epoch(1);
+    let replay_second = Vec::<i64>::try_from(again.permutation().expect("perm")).expect("vec");
+    assert_eq!(second, replay_second, "an epoch can be resumed");
+}
+
+#[test]
+fn graph_modes_and_half_precision_refuse_the_cpu() {
+    let (train, test) = fmnist(256, 100);
+    for (mode, precision) in [
+        (ExecutionMode::GraphStep, Precision::Fp32),
+        (ExecutionMode::GraphEpoch, Precision::Fp32),
+        (ExecutionMode::Eager, Precision::Bf16),
+    ] {
+        let config = ModelTrainerConfig {
+            mode,
+            precision: Some(precision),
+            ..cpu_config()
+        };
+        let model = cnn_model(Telemetry::disabled());
+        let error = ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled())
+            .expect_err("refused");
+        let text = error.to_string();
+        assert!(text.contains("CUDA"), "{mode:?}/{precision}: {text}");
+    }
+}
+
+#[test]
+fn data_of_the_wrong_shape_is_refused_before_training() {
+    let rows = Dataset::from_rows(
+        "flat",
+        &vec![0.5_f32; 64 * 16],
+        &(0..64).map(|i| i % 10).collect::<Vec<i64>>(),
+        16,
+        10,
+    )
+    .expect("data");
+    let model = cnn_model(Telemetry::disabled());
+    let error = ModelTrainer::new(model, &rows, None, cpu_config(), Telemetry::disabled())
+        .expect_err("refused");
+    assert!(error.to_string().contains("sample shape"), "{error}");
+}
