@@ -21,14 +21,18 @@ pub(crate) enum Workload {
     NissaEmit,
     /// `kasmina::bench`: germination requests through the prefetcher.
     KasminaPrefetch,
+    /// `tolaria::engine::bench`: the CNN host with two seeds on
+    /// Fashion-MNIST through the general trainer.
+    TolariaFmnist,
 }
 
 impl Workload {
     /// Every workload, in the order `cargo xtask bench` runs them.
-    pub(crate) const ALL: [Workload; 3] = [
+    pub(crate) const ALL: [Workload; 4] = [
         Workload::TolariaReference,
         Workload::NissaEmit,
         Workload::KasminaPrefetch,
+        Workload::TolariaFmnist,
     ];
 
     /// The record's workload name.
@@ -37,6 +41,7 @@ impl Workload {
             Workload::TolariaReference => tolaria::bench::WORKLOAD,
             Workload::NissaEmit => nissa::bench::WORKLOAD,
             Workload::KasminaPrefetch => kasmina::bench::WORKLOAD,
+            Workload::TolariaFmnist => tolaria::engine::bench::FMNIST_WORKLOAD,
         }
     }
 
@@ -89,6 +94,9 @@ pub(crate) struct BenchArgs {
     pub(crate) epochs: Option<usize>,
     /// `--warmup-epochs` (`tolaria-reference` only).
     pub(crate) warmup_epochs: Option<usize>,
+    /// `--synthetic` (`tolaria-fmnist` only): seeded images of the real
+    /// size instead of the Fashion-MNIST files.
+    pub(crate) synthetic: bool,
 }
 
 /// What a bench command line asks for.
@@ -164,12 +172,21 @@ impl BenchArgs {
         let mut variants: Option<Vec<Variant>> = None;
         let mut epochs: Option<usize> = None;
         let mut warmup_epochs: Option<usize> = None;
+        let mut synthetic = false;
         while let Some(arg) = args.next() {
             let flag = arg.as_str();
             let torch_only = matches!(flag, "--device");
-            let tolaria_only = matches!(flag, "--modes" | "--epochs" | "--warmup-epochs");
+            let tolaria_only = matches!(flag, "--modes");
+            let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
+            let fmnist_only = matches!(flag, "--synthetic");
             if (torch_only && !workload.uses_torch())
                 || (tolaria_only && workload != Workload::TolariaReference)
+                || (epoch_flags
+                    && !matches!(
+                        workload,
+                        Workload::TolariaReference | Workload::TolariaFmnist
+                    ))
+                || (fmnist_only && workload != Workload::TolariaFmnist)
             {
                 return Err(usage(format!(
                     "{flag} does not apply to {}",
@@ -190,6 +207,7 @@ impl BenchArgs {
                 }
                 "--label" => once(&mut label, flag, value()?)?,
                 "--quick" => quick = true,
+                "--synthetic" => synthetic = true,
                 "--device" => {
                     let text = value()?;
                     let choice = text
@@ -224,6 +242,7 @@ impl BenchArgs {
             variants: variants.unwrap_or_default(),
             epochs,
             warmup_epochs,
+            synthetic,
         }))
     }
 }
@@ -355,7 +374,7 @@ mod tests {
             "--device",
             "cuda:1",
             "--modes",
-            "eager,graph-step-autograd",
+            "fused-eager,fused-graph-step-autograd",
             "--epochs",
             "2",
             "--warmup-epochs",
@@ -363,7 +382,7 @@ mod tests {
         ]);
         assert_eq!(args.device, DeviceChoice::Cuda(1));
         let modes: Vec<String> = args.variants.iter().map(Variant::name).collect();
-        assert_eq!(modes, ["eager", "graph-step-autograd"]);
+        assert_eq!(modes, ["fused-eager", "fused-graph-step-autograd"]);
         assert_eq!((args.epochs, args.warmup_epochs), (Some(2), Some(0)));
         assert_eq!(
             run_args(&["kasmina-prefetch", "--out", "k.json", "--device", "cpu"]).device,

@@ -21,6 +21,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         Workload::TolariaReference => tolaria_reference(args, &mut progress)?,
         Workload::NissaEmit => nissa_emit(args, &mut progress)?,
         Workload::KasminaPrefetch => kasmina_prefetch(args, &mut progress)?,
+        Workload::TolariaFmnist => tolaria_fmnist(args, &mut progress)?,
     };
     record::write(&record, &args.out)?;
     println!("{}", table::render(args.workload, &record));
@@ -47,6 +48,22 @@ fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result
         "torch_threads".to_owned(),
         serde_json::Value::from(tch::get_num_threads()),
     );
+    record_of(args, environment, run.measurements)
+}
+
+fn tolaria_fmnist(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    let mut options = tolaria::engine::bench::FmnistOptions::new(args.device, args.quick);
+    options.synthetic = args.synthetic;
+    if let Some(epochs) = args.epochs {
+        options.measured_epochs = epochs;
+    }
+    if let Some(warmup) = args.warmup_epochs {
+        options.warmup_epochs = warmup;
+    }
+    let run = tolaria::engine::bench::run_fmnist(&options, progress)?;
+    let mut environment = probe::with_torch(run.device)?;
+    environment.tf32 = true;
+    environment.amp = "bf16 and off (per mode)".to_owned();
     record_of(args, environment, run.measurements)
 }
 

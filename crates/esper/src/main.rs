@@ -36,9 +36,11 @@ commands:
     workloads:
       tolaria-reference     every execution mode of the reference trainer
         --device DEVICE     auto (default), cpu, cuda or cuda:N
-        --modes LIST        comma-separated: eager, graph-step, graph-epoch, and the same
-                            with -autograd (default: all fused modes plus eager-autograd and
-                            graph-step-autograd on CUDA; eager ones on the CPU)
+                            (the general trainer's eager, graph-step and graph-epoch always
+                            run; --modes picks the hand-derived special step's variants)
+        --modes LIST        comma-separated: fused-eager, fused-graph-step, fused-graph-epoch,
+                            and the same with -autograd (default: the fused modes on CUDA,
+                            fused-eager on the CPU)
         --epochs N          measured epochs (default 300, 30 with --quick; at least 200 for
                             records)
         --warmup-epochs N   unmeasured epochs first (default 20, 5 with --quick)
@@ -46,6 +48,12 @@ commands:
                             (exits non-zero after writing when the accounting is not exact)
       kasmina-prefetch      germination requests through the async blueprint prefetcher
         --device DEVICE     auto (default), cpu, cuda or cuda:N
+      tolaria-fmnist        the Fashion-MNIST CNN host with two blending seeds, general trainer,
+                            fp32/bf16 x eager/graph-step (fp32 eager on the CPU)
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+        --epochs N          measured epochs (default 5, 2 with --quick)
+        --warmup-epochs N   unmeasured epochs first (default 2)
+        --synthetic         seeded images of the real size instead of the data set
   help                      this text
 
 environment (recorded, set by `cargo xtask bench` and the bench bundle):

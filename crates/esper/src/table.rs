@@ -38,6 +38,17 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("requests", "requests", 0),
             ("requests_per_s", "requests/s", 1),
         ],
+        Workload::TolariaFmnist => &[
+            ("epoch_ms_p50", "p50 ms", 1),
+            ("epoch_ms_p95", "p95 ms", 1),
+            ("samples_per_s", "samples/s", 0),
+            ("device_epoch_ms_p50", "device ms", 1),
+            ("validation_ms_p50", "val ms", 1),
+            ("capture_ms", "capture ms", 1),
+            ("second_trainer_capture_ms", "2nd cap ms", 1),
+            ("peak_device_memory_bytes", "peak bytes", 0),
+            ("val_accuracy", "val acc", 2),
+        ],
     }
 }
 

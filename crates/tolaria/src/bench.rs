@@ -38,13 +38,14 @@ impl Variant {
     /// for the autograd step.
     pub fn name(&self) -> String {
         match self.step {
-            StepKind::Fused => self.mode.name().to_owned(),
-            StepKind::Autograd => format!("{}-autograd", self.mode.name()),
+            StepKind::Fused => format!("fused-{}", self.mode.name()),
+            StepKind::Autograd => format!("fused-{}-autograd", self.mode.name()),
         }
     }
 
     /// Parses [`Variant::name`].
     pub fn from_name(name: &str) -> Option<Variant> {
+        let name = name.strip_prefix("fused-")?;
         let (mode_name, step) = match name.strip_suffix("-autograd") {
             Some(mode_name) => (mode_name, StepKind::Autograd),
             None => (name, StepKind::Fused),
@@ -64,16 +65,15 @@ impl Variant {
             mode,
             step: StepKind::Autograd,
         };
+        let _ = autograd;
         if cuda {
             vec![
                 fused(ExecutionMode::Eager),
                 fused(ExecutionMode::GraphStep),
                 fused(ExecutionMode::GraphEpoch),
-                autograd(ExecutionMode::Eager),
-                autograd(ExecutionMode::GraphStep),
             ]
         } else {
-            vec![fused(ExecutionMode::Eager), autograd(ExecutionMode::Eager)]
+            vec![fused(ExecutionMode::Eager)]
         }
     }
 }
@@ -94,6 +94,9 @@ pub struct BenchOptions {
     pub bare_replay_samples: usize,
     /// Back-to-back replays timed with events for `replay_us_per_step`.
     pub timed_replays: usize,
+    /// Also run the general trainer's modes (named `eager`, `graph-step`,
+    /// `graph-epoch`; the fused special variants are `fused-*`).
+    pub general: bool,
 }
 
 impl BenchOptions {
@@ -106,6 +109,7 @@ impl BenchOptions {
             measured_epochs: if quick { 30 } else { 300 },
             bare_replay_samples: if quick { 30 } else { 300 },
             timed_replays: if quick { 50 } else { 500 },
+            general: true,
         }
     }
 }
@@ -207,8 +211,53 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
             }
         }
     }
+    if options.general {
+        let modes: &[ExecutionMode] = if device.is_cuda() {
+            &ExecutionMode::ALL
+        } else {
+            &[ExecutionMode::Eager]
+        };
+        for mode in modes {
+            let name = mode.name().to_owned();
+            progress(&format!(
+                "[rust {name}] general trainer: {} warm-up + {} measured epochs",
+                options.warmup_epochs, options.measured_epochs
+            ));
+            let entry = match crate::engine::bench::run_reference_general(
+                *mode,
+                device,
+                options.warmup_epochs,
+                options.measured_epochs,
+            ) {
+                Ok(metrics) => {
+                    progress(&format!(
+                        "[rust {name}] epoch p50 {:.4} ms, p95 {:.4} ms",
+                        metrics.get("epoch_ms_p50").copied().unwrap_or(f64::NAN),
+                        metrics.get("epoch_ms_p95").copied().unwrap_or(f64::NAN)
+                    ));
+                    ResultEntry {
+                        implementation: "rust".to_owned(),
+                        mode: name,
+                        metrics,
+                        error: None,
+                    }
+                }
+                Err(error) => {
+                    progress(&format!("[rust {name}] failed: {error}"));
+                    ResultEntry {
+                        implementation: "rust".to_owned(),
+                        mode: name,
+                        metrics: BTreeMap::new(),
+                        error: Some(error.to_string()),
+                    }
+                }
+            };
+            results.push(entry);
+        }
+    }
     let reference = TrainerConfig::reference();
     let params = serde_json::json!({
+        "modes": "eager, graph-step, graph-epoch: the general trainer (engine + autograd ModelStep over a Kasmina Linear host, device-resident data); fused-*: the hand-derived special step",
         "model": format!("Linear({}->{})", reference.n_features, reference.n_classes),
         "n_samples": reference.n_samples,
         "n_features": reference.n_features,

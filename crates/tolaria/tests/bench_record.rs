@@ -17,6 +17,11 @@ fn variant_names_round_trip() {
         }
     }
     assert_eq!(Variant::from_name("graph"), None);
+    assert_eq!(
+        Variant::from_name("eager"),
+        None,
+        "the general trainer owns the plain names"
+    );
 }
 
 /// A fixed environment: probing the machine is the `esper` binary's job.
@@ -40,8 +45,8 @@ fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Resu
     options.warmup_epochs = 2;
     options.measured_epochs = 12;
     options.variants = vec![
-        Variant::from_name("eager").expect("known"),
-        Variant::from_name("graph-step").expect("known"),
+        Variant::from_name("fused-eager").expect("known"),
+        Variant::from_name("fused-graph-step").expect("known"),
     ];
     let mut lines = Vec::new();
     let run = tolaria::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
@@ -54,7 +59,9 @@ fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Resu
     )?;
     let record = BaselineRecord::from_json(&record.to_json_pretty()?)?;
     assert_eq!(record.workload, "tolaria-reference");
-    let eager = record.result("rust", "eager").expect("eager entry");
+    let eager = record
+        .result("rust", "fused-eager")
+        .expect("fused eager entry");
     assert!(eager.error.is_none());
     assert_eq!(eager.metrics["measured_epochs"], 12.0);
     let (p50, p95, max) = (
@@ -65,8 +72,8 @@ fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Resu
     assert!(0.0 < p50 && p50 <= p95 && p95 <= max, "{p50} {p95} {max}");
     assert!(eager.metrics["final_train_loss"] < eager.metrics["validation_loss"] + 1.0);
     let graph = record
-        .result("rust", "graph-step")
-        .expect("graph-step entry");
+        .result("rust", "fused-graph-step")
+        .expect("fused graph-step entry");
     assert!(
         graph
             .error

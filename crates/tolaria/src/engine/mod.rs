@@ -36,6 +36,7 @@
 //! Bad input: a batch size of 0 or larger than the data set, and a data set
 //! whose device differs from the step's, are errors before anything runs.
 
+pub mod bench;
 pub mod model_step;
 pub mod staging;
 pub mod trainer;

@@ -204,6 +204,11 @@ impl ModelStep {
         &self.model
     }
 
+    /// Hands the model back (optimizer state dropped).
+    pub fn into_model(self) -> MorphogeneticModel {
+        self.model
+    }
+
     /// The model, for lifecycle calls at epoch boundaries; the next
     /// [`Step::prepare`] adopts whatever changed.
     pub fn model_mut(&mut self) -> &mut MorphogeneticModel {

@@ -308,6 +308,12 @@ impl ModelTrainer {
         self.step.model()
     }
 
+    /// Ends training and hands the model back (its parameters and seeds as
+    /// trained; the optimizer state is dropped).
+    pub fn into_model(self) -> MorphogeneticModel {
+        self.step.into_model()
+    }
+
     /// The model, for lifecycle calls between epochs.
     pub fn model_mut(&mut self) -> &mut MorphogeneticModel {
         self.step.model_mut()

@@ -1,0 +1,268 @@
+//! GPU behaviour of the general trainer (run on the GPU machine; every test
+//! prints a reason and returns when no CUDA device is present): graph-step
+//! and eager give the same parameters with two blending seeds (fp32);
+//! steady-state graph epochs never synchronise (sync debug "error" inside
+//! the epoch); a second trainer's first capture reuses the shared pool; a
+//! step that reads back cannot be captured, falls back to eager with
+//! `tolaria.graph_fallback` and training goes on; bf16 and fp16 train.
+
+use kasmina::model::MorphogeneticModel;
+use leyline::telemetry as names;
+use leyline::{Collector, Telemetry};
+use tch::{Device, Tensor};
+use tolaria::ExecutionMode;
+use tolaria::amp::Precision;
+use tolaria::data::Dataset;
+use tolaria::data::synthetic::{ImageTaskOptions, image_task};
+use tolaria::engine::bench::{bring_to_blending, fmnist_model};
+use tolaria::engine::model_step::{ModelStep, ModelStepConfig};
+use tolaria::engine::staging::StagedData;
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+use tolaria::engine::{Batch, Engine, EngineConfig, EpochAccumulator, Step, StepKey};
+
+fn cuda_or_skip(test: &str) -> bool {
+    if torch_ext::cuda::is_available() {
+        true
+    } else {
+        println!("skipping {test}: no CUDA device on this machine");
+        false
+    }
+}
+
+fn data(samples: usize, seed: u64) -> Dataset {
+    image_task(&ImageTaskOptions::fashion_like(samples, seed)).expect("synthetic images")
+}
+
+/// The two-seed benchmark model, seeds blending at 0.5, on CUDA.
+fn blending_model(train: &Dataset) -> MorphogeneticModel {
+    tch::manual_seed(5);
+    let model = fmnist_model(Device::Cuda(0), Telemetry::disabled()).expect("model");
+    bring_to_blending(model, train, 40).expect("seeds blending")
+}
+
+fn config(mode: ExecutionMode, precision: Precision) -> ModelTrainerConfig {
+    ModelTrainerConfig {
+        mode,
+        precision: Some(precision),
+        batch_size: 128,
+        validation_batch_size: 512,
+        counterfactual_samples: 0,
+        gradient_telemetry_stride: 2,
+        ..ModelTrainerConfig::default()
+    }
+}
+
+fn parameters(model: &MorphogeneticModel) -> Vec<f32> {
+    model
+        .parameters()
+        .iter()
+        .flat_map(|parameter| {
+            Vec::<f32>::try_from(parameter.tensor.to_device(Device::Cpu).flatten(0, -1))
+                .expect("to vec")
+        })
+        .collect()
+}
+
+#[test]
+fn graph_step_and_eager_train_two_seeds_to_the_same_parameters() {
+    if !cuda_or_skip("graph_step_and_eager_train_two_seeds_to_the_same_parameters") {
+        return;
+    }
+    torch_ext::precision::set_cudnn_deterministic(true);
+    let train = data(1024, 1);
+    let test = data(256, 2);
+    let mut finals = Vec::new();
+    for mode in [ExecutionMode::Eager, ExecutionMode::GraphStep] {
+        let model = blending_model(&train);
+        let mut config = config(mode, Precision::Fp32);
+        config.matmul.allow_tf32 = false;
+        let mut trainer =
+            ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled())
+                .expect("trainer");
+        let mut replayed = 0;
+        for _ in 0..4 {
+            let report = trainer.train_epoch().expect("epoch");
+            replayed += report.train.replayed_steps;
+        }
+        if mode == ExecutionMode::GraphStep {
+            assert!(replayed > 0, "graph-step replayed no step");
+        }
+        finals.push(parameters(trainer.model()));
+    }
+    torch_ext::precision::set_cudnn_deterministic(false);
+    let (eager, graph) = (&finals[0], &finals[1]);
+    assert_eq!(eager.len(), graph.len());
+    let worst = eager
+        .iter()
+        .zip(graph)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0_f32, f32::max);
+    println!("eager vs graph-step, 4 epochs, two seeds: max |difference| {worst:e}");
+    assert!(worst < 1e-4, "parameters differ by {worst}");
+}
+
+#[test]
+fn steady_state_graph_epochs_never_synchronise() {
+    if !cuda_or_skip("steady_state_graph_epochs_never_synchronise") {
+        return;
+    }
+    let train = data(2048, 3);
+    for mode in [ExecutionMode::GraphStep, ExecutionMode::GraphEpoch] {
+        let model = blending_model(&train);
+        let mut config = config(mode, Precision::Bf16);
+        config.forbid_syncs = true;
+        let mut trainer =
+            ModelTrainer::new(model, &train, None, config, Telemetry::disabled()).expect("trainer");
+        for epoch in 0..4 {
+            let report = trainer
+                .train_epoch()
+                .unwrap_or_else(|error| panic!("{mode:?} epoch {epoch} synchronised: {error}"));
+            if epoch == 3 {
+                assert_eq!(
+                    report.train.replayed_steps, report.train.steps,
+                    "{mode:?}: every step of a steady-state epoch replays"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_second_trainer_captures_into_the_shared_pool() {
+    if !cuda_or_skip("a_second_trainer_captures_into_the_shared_pool") {
+        return;
+    }
+    let train = data(2048, 4);
+    let mut captures = Vec::new();
+    for _ in 0..2 {
+        let model = blending_model(&train);
+        let mut trainer = ModelTrainer::new(
+            model,
+            &train,
+            None,
+            config(ExecutionMode::GraphStep, Precision::Bf16),
+            Telemetry::disabled(),
+        )
+        .expect("trainer");
+        let _ = trainer.train_epoch().expect("epoch");
+        captures.push(trainer.engine().first_capture_ms().expect("captured"));
+    }
+    println!(
+        "first capture: first trainer {:.2} ms, second trainer {:.2} ms",
+        captures[0], captures[1]
+    );
+}
+
+/// The general step, plus a host readback after each batch: fine eagerly,
+/// impossible inside a graph capture.
+struct ReadingBack {
+    inner: ModelStep,
+    readbacks: usize,
+}
+
+impl Step for ReadingBack {
+    fn prepare(&mut self) -> tolaria::Result<StepKey> {
+        self.inner.prepare()
+    }
+
+    fn run(&mut self, batch: &Batch<'_>, accumulator: &EpochAccumulator) -> tolaria::Result<()> {
+        self.inner.run(batch, accumulator)?;
+        let first = batch
+            .labels
+            .f_select(0, 0)
+            .and_then(|label| i64::try_from(&label))
+            .map_err(|source| tolaria::Error::Torch {
+                op: "readback inside the step",
+                source,
+            })?;
+        let _ = first;
+        self.readbacks += 1;
+        Ok(())
+    }
+
+    fn abandon(&mut self) {
+        self.inner.abandon();
+    }
+}
+
+#[test]
+fn an_uncapturable_step_falls_back_to_eager_and_keeps_training() {
+    if !cuda_or_skip("an_uncapturable_step_falls_back_to_eager_and_keeps_training") {
+        return;
+    }
+    let train = data(1024, 5);
+    let model = blending_model(&train);
+    let step = ModelStep::new(
+        model,
+        ModelStepConfig {
+            precision: Precision::Bf16,
+            ..ModelStepConfig::default()
+        },
+    )
+    .expect("step");
+    let mut step = ReadingBack {
+        inner: step,
+        readbacks: 0,
+    };
+    let staged = StagedData::resident(&train, Device::Cuda(0), true, 9).expect("staged");
+    let mut engine = Engine::new(
+        Device::Cuda(0),
+        EngineConfig {
+            mode: ExecutionMode::GraphStep,
+            warmup_steps: 2,
+            batch_size: 128,
+            drop_last: true,
+            forbid_syncs: false,
+        },
+    )
+    .expect("engine");
+    let first = engine.run_epoch(&mut step, &staged).expect("epoch 0");
+    let fallbacks: Vec<_> = first
+        .events
+        .iter()
+        .filter(|event| event.name == names::TOLARIA_GRAPH_FALLBACK)
+        .collect();
+    assert!(!fallbacks.is_empty(), "a fallback event");
+    println!("fallback reason: {:?}", fallbacks[0].attributes);
+    assert_eq!(first.replayed_steps, 0);
+    assert_eq!(first.eager_steps, first.steps, "every step ran eagerly");
+    let mut losses = vec![first.loss];
+    for _ in 0..3 {
+        let epoch = engine.run_epoch(&mut step, &staged).expect("epoch");
+        assert_eq!(epoch.replayed_steps, 0);
+        losses.push(epoch.loss);
+    }
+    assert!(
+        losses.last() < losses.first(),
+        "training went on after the fallback: {losses:?}"
+    );
+    assert_eq!(step.readbacks, 4 * first.steps);
+}
+
+#[test]
+fn half_precision_trains_and_the_fp16_scaler_keeps_a_finite_scale() {
+    if !cuda_or_skip("half_precision_trains_and_the_fp16_scaler_keeps_a_finite_scale") {
+        return;
+    }
+    let train = data(2048, 6);
+    for precision in [Precision::Bf16, Precision::Fp16] {
+        let collector = Collector::new();
+        let model = blending_model(&train);
+        let mut trainer = ModelTrainer::new(
+            model,
+            &train,
+            None,
+            config(ExecutionMode::GraphStep, precision),
+            Telemetry::new(collector),
+        )
+        .expect("trainer");
+        let mut losses = Vec::new();
+        for _ in 0..4 {
+            losses.push(trainer.train_epoch().expect("epoch").train.loss);
+        }
+        assert!(losses[3] < losses[0], "{precision}: {losses:?}");
+        let state = trainer.step().scaler().state().expect("scaler state");
+        assert!(state.scale.is_finite() && state.scale > 0.0, "{state:?}");
+    }
+    let _ = Tensor::zeros([1], (tch::Kind::Float, Device::Cpu));
+}
