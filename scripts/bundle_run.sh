@@ -7,7 +7,7 @@
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
 # binaries, then each workload through `esper bench` (default: tolaria-reference only;
-# --workload NAME, repeatable, picks others: nissa-emit, kasmina-prefetch), the Python peers
+# --workload NAME, repeatable, picks others: nissa-emit, kasmina-prefetch, tolaria-fmnist), the Python peers
 # merged into the tolaria-reference record, and writes everything under $OUT (default:
 # bundle/out):
 #   <label>.json            the tolaria-reference record (Rust and Python side by side)
@@ -80,6 +80,27 @@ for workload in "${workloads[@]}"; do
     reference=1
     echo "== rust bench"
     "$here/esper" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
+  elif [ "$workload" = tolaria-fmnist ]; then
+    data_args=()
+    if [ -d "$here/data/fashion-mnist" ]; then
+      export ESPER_FASHION_MNIST_DIR="$here/data/fashion-mnist"
+      data_args=(--data-dir "$here/data/fashion-mnist")
+    else
+      data_args=(--synthetic)
+    fi
+    rust_data=()
+    [ "${data_args[0]}" = --synthetic ] && rust_data=(--synthetic)
+    echo "== rust bench $workload"
+    "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
+      "${rust_data[@]}" 2>&1 | tee "$out/bench_$workload.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    if [ "$run_python" = 1 ] && [ -f "$here/tolaria_fmnist.py" ] && [ -f "$out/$workload/$label.json" ]; then
+      echo "== python peers ($workload)"
+      python3 "$here/tolaria_fmnist.py" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
+        $quick 2>&1 | tee "$out/bench_python_$workload.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    fi
+    continue
   else
     echo "== rust bench $workload"
     "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick 2>&1 \

@@ -24,15 +24,21 @@ pub(crate) enum Workload {
     /// `tolaria::engine::bench`: the CNN host with two seeds on
     /// Fashion-MNIST through the general trainer.
     TolariaFmnist,
+    /// The decision-deadline drill.
+    TolariaTimeout,
+    /// The governor-rollback drill.
+    TolariaRollback,
 }
 
 impl Workload {
     /// Every workload, in the order `cargo xtask bench` runs them.
-    pub(crate) const ALL: [Workload; 4] = [
+    pub(crate) const ALL: [Workload; 6] = [
         Workload::TolariaReference,
         Workload::NissaEmit,
         Workload::KasminaPrefetch,
         Workload::TolariaFmnist,
+        Workload::TolariaTimeout,
+        Workload::TolariaRollback,
     ];
 
     /// The record's workload name.
@@ -42,6 +48,8 @@ impl Workload {
             Workload::NissaEmit => nissa::bench::WORKLOAD,
             Workload::KasminaPrefetch => kasmina::bench::WORKLOAD,
             Workload::TolariaFmnist => tolaria::engine::bench::FMNIST_WORKLOAD,
+            Workload::TolariaTimeout => tolaria::engine::bench::TIMEOUT_WORKLOAD,
+            Workload::TolariaRollback => tolaria::engine::bench::ROLLBACK_WORKLOAD,
         }
     }
 

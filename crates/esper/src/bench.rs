@@ -22,6 +22,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         Workload::NissaEmit => nissa_emit(args, &mut progress)?,
         Workload::KasminaPrefetch => kasmina_prefetch(args, &mut progress)?,
         Workload::TolariaFmnist => tolaria_fmnist(args, &mut progress)?,
+        Workload::TolariaTimeout => {
+            let run = tolaria::engine::bench::run_timeout_drill(args.device, args.quick)?;
+            record_of(args, probe::with_torch(run.device)?, run.measurements)?
+        }
+        Workload::TolariaRollback => {
+            let run = tolaria::engine::bench::run_rollback_drill(args.device, args.quick)?;
+            record_of(args, probe::with_torch(run.device)?, run.measurements)?
+        }
     };
     record::write(&record, &args.out)?;
     println!("{}", table::render(args.workload, &record));

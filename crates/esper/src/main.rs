@@ -54,6 +54,10 @@ commands:
         --epochs N          measured epochs (default 5, 2 with --quick)
         --warmup-epochs N   unmeasured epochs first (default 2)
         --synthetic         seeded images of the real size instead of the data set
+      tolaria-timeout       drill: a controller slower than its deadline; WAIT and telemetry
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+      tolaria-rollback      drill: NaN weights -> governor rollback -> training goes on
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
   help                      this text
 
 environment (recorded, set by `cargo xtask bench` and the bench bundle):

@@ -49,6 +49,20 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("peak_device_memory_bytes", "peak bytes", 0),
             ("val_accuracy", "val acc", 2),
         ],
+        Workload::TolariaTimeout => &[
+            ("epochs", "epochs", 0),
+            ("timeouts", "timeouts", 0),
+            ("deadline_ms", "deadline ms", 1),
+            ("decision_wait_ms_p50", "wait p50 ms", 2),
+            ("recovery_ms_max", "recovery max ms", 3),
+        ],
+        Workload::TolariaRollback => &[
+            ("recovery_ms", "recovery ms", 3),
+            ("restored_tensors", "restored", 0),
+            ("pruned_seeds", "pruned", 0),
+            ("loss_before", "loss before", 4),
+            ("loss_after", "loss after", 4),
+        ],
     }
 }
 

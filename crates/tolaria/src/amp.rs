@@ -1,8 +1,8 @@
 //! Automatic mixed precision: the autocast [`Precision`] and a [`GradScaler`]
 //! whose whole state lives on the device.
 //!
-//! Used by the general trainer's step (not yet built); nothing in the
-//! trainer loop calls this module yet.
+//! Used by the general step ([`crate::engine::model_step::ModelStep`]) on
+//! every batch.
 //!
 //! [`Precision`] is the issue's `precision = "fp32" | "bf16" | "fp16"`:
 //! the dtype autocast runs the forward pass in (TF32 and the matmul

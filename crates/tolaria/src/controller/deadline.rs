@@ -1,7 +1,7 @@
 //! [`DecisionDeadline`]: a controller on one long-lived worker thread,
 //! asked once per epoch and waited for with a deadline.
 //!
-//! Used by the general trainer's step (not yet built). On a missed deadline
+//! Used by the general trainer at every epoch boundary. On a missed deadline
 //! the caller gets WAIT (the safe default) and `tolaria.timeout.*` telemetry
 //! (event `tolaria.timeout.decision_missed`; metrics `decisions_total`,
 //! `deadline_ms`, `elapsed_ms`); the late answer is discarded when it

@@ -1,7 +1,7 @@
 //! [`HeuristicController`]: the reference's `HeuristicTamiyo` (reference
 //! §3.5), with its `SignalTracker` (plateau and stabilisation).
 //!
-//! Used by the general trainer's step (not yet built). Every constant below
+//! Asked by the general trainer through [`super::DecisionDeadline`]. Every constant below
 //! is the reference's value, cited in its doc.
 //!
 //! Two reading choices, stated because the reference leaves them open:

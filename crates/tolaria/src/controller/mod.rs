@@ -1,8 +1,8 @@
 //! The epoch-boundary controller: what Tolaria asks, once per epoch, which
 //! lifecycle operation to carry out next.
 //!
-//! Used by the general trainer's step (not yet built): nothing in
-//! [`crate::trainer`] calls this module yet.
+//! Asked by the general trainer at every epoch boundary
+//! ([`crate::engine::trainer::ModelTrainer::with_controller`]).
 //!
 //! - [`Controller`]: the trait Tamiyo will implement; it reads an
 //!   [`EpochObservation`] (built at the epoch boundary from Kasmina's exported

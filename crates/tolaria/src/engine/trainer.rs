@@ -148,8 +148,9 @@ pub struct ModelEpochReport {
     /// The controller's outcome and what was applied (`None` without a
     /// controller, or after a rollback).
     pub decision: Option<(DeadlineOutcome, Applied)>,
-    /// The epoch's aggregation counters.
-    pub grad_agg: GradAggMetrics,
+    /// The epoch's aggregation counters (`None` when a non-finite gradient
+    /// made them unusable).
+    pub grad_agg: Option<GradAggMetrics>,
     /// Seeds on the forward path after the boundary.
     pub active_seeds: usize,
 }
@@ -359,9 +360,16 @@ impl ModelTrainer {
         let epoch = self.epoch;
         let train = self.engine.run_epoch(&mut self.step, &self.train)?;
         let validation = self.validate()?;
-        let seed_metrics = self.step.take_seed_metrics()?;
-        let grad_agg = self.step.take_grad_agg_metrics()?;
-        for seed in &seed_metrics.seeds {
+        // A non-finite gradient (a diverged epoch, an fp16 step the scaler
+        // skipped) makes the epoch's gradient figures unusable: they are
+        // dropped (the accumulators are zeroed either way), the seeds keep
+        // their last measurement, and the governor judges the loss.
+        let seed_metrics = unusable_as_none(self.step.take_seed_metrics())?;
+        let grad_agg = unusable_as_none(self.step.take_grad_agg_metrics())?;
+        let seeds = seed_metrics
+            .map(|metrics| metrics.seeds)
+            .unwrap_or_default();
+        for seed in &seeds {
             if let (GroupKey::Seed(slot), Some((seed_norm, host_norm, host_params))) =
                 (seed.group.key, seed.record_arguments())
             {
@@ -444,7 +452,7 @@ impl ModelTrainer {
                 op: "step_epoch",
                 source,
             })?;
-        self.emit(&train, validation.as_ref(), &grad_agg);
+        self.emit(&train, validation.as_ref(), grad_agg.as_ref());
         self.epoch = self.epoch.saturating_add(1);
         Ok(ModelEpochReport {
             epoch,
@@ -572,7 +580,7 @@ impl ModelTrainer {
         &self,
         train: &EngineEpoch,
         validation: Option<&Validation>,
-        grad_agg: &GradAggMetrics,
+        grad_agg: Option<&GradAggMetrics>,
     ) {
         if !self.telemetry.is_enabled() {
             return;
@@ -611,7 +619,7 @@ impl ModelTrainer {
                 fallbacks as f64,
             ));
         }
-        for grad_metric in grad_agg.telemetry() {
+        for grad_metric in grad_agg.map(GradAggMetrics::telemetry).unwrap_or_default() {
             packet = packet.with_metric(grad_metric);
         }
         for event in &train.events {
@@ -619,5 +627,17 @@ impl ModelTrainer {
         }
         self.telemetry.emit_packet(packet);
         self.step.model().emit_seed_metrics();
+    }
+}
+
+/// `Ok(None)` for gradient figures refused as non-finite or impossible;
+/// other errors pass.
+fn unusable_as_none<T>(result: Result<T>) -> Result<Option<T>> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(Error::SeedMetrics { .. } | Error::InvalidMetric { .. } | Error::GradAgg { .. }) => {
+            Ok(None)
+        }
+        Err(other) => Err(other),
     }
 }

@@ -2,8 +2,8 @@
 //! (NaN/Inf loss, lobotomy, divergence) and rolls the model back to its last
 //! good state (reference §5, "Governor"; behaviours of §9 item 13).
 //!
-//! Used by the general trainer's step (not yet built): nothing in the
-//! trainer loop calls it yet.
+//! Driven by the general trainer at every epoch boundary
+//! ([`crate::engine::trainer::ModelTrainer::train_epoch`]).
 //!
 //! - [`Governor::check`] takes the one loss read back at the end of an epoch
 //!   (the caller's readback; the governor reads nothing from the device) and

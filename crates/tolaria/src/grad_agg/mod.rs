@@ -1,5 +1,6 @@
 //! Gradient aggregation across seeds, with PCGrad: used by the general
-//! trainer's step (not yet built); nothing calls it yet.
+//! step ([`crate::engine::model_step::ModelStep`]) whenever seeds feed the
+//! host's gradient (its gradient taps give the per-seed parts).
 //!
 //! One step of a morphogenetic model has a *teacher* gradient (the host's
 //! own loss gradient) and one contribution gradient per active seed, all

@@ -1,8 +1,8 @@
 //! Deferred seed metrics: per-group and per-layer gradient norms gathered on
 //! the device during an epoch and read back once, at its end.
 //!
-//! Used by the general trainer's step (not yet built): nothing in
-//! [`crate::trainer`] calls it yet.
+//! Used by the general step ([`crate::engine::model_step::ModelStep`]),
+//! reduced by the general trainer at every epoch's end.
 //!
 //! # What is measured
 //!
