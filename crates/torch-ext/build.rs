@@ -17,6 +17,7 @@ const SOURCES: &[&str] = &[
     "cpp/graph.cpp",
     "cpp/modes.cpp",
     "cpp/fused.cpp",
+    "cpp/memory.cpp",
 ];
 const HEADERS: &[&str] = &["cpp/esper_torch_ext.h", "cpp/error.h", "cpp/stream_pack.h"];
 

@@ -228,6 +228,7 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
                 device,
                 options.warmup_epochs,
                 options.measured_epochs,
+                progress,
             ) {
                 Ok(metrics) => {
                     progress(&format!(

@@ -118,6 +118,10 @@ char* esper_fused_adamw_(void* const* params, void* const* grads, void* const* e
                          double weight_decay, double eps, int32_t maximize,
                          const void* grad_scale, const void* found_inf);
 
+char* esper_contiguous_channels_last(const void* tensor, void** out);
+char* esper_set_channels_last_(void* tensor, int32_t* changed);
+char* esper_is_channels_last(const void* tensor, int32_t* result);
+
 #ifdef __cplusplus
 }
 #endif

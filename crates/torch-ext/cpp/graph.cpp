@@ -69,8 +69,13 @@ struct EsperGraph : public at::cuda::CUDAGraph {
     //    CUDAGeneratorState::capture_epilogue is not exported from
     //    libtorch_cuda; what it does at the end of a capture is clear this
     //    public flag (the returned increment only matters to a finished graph).
+    //    The graph-relative offset is reset too: a random op queued during
+    //    the failed capture (e.g. the Philox state flash attention takes)
+    //    leaves it non-zero, and the next eager random op would then fail
+    //    "Offset increment outside graph capture encountered unexpectedly".
     for (auto& entry : captured_generator_states_) {
       entry.first->capturing_ = false;
+      entry.first->offset_intragraph_ = 0;
     }
 
     // 4. Drop this capture's reference on the memory pools. reset() only does

@@ -157,6 +157,12 @@ unsafe extern "C" {
         ord: f64,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_contiguous_channels_last(
+        tensor: *const c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
+    pub(crate) fn esper_set_channels_last_(tensor: *mut c_void, changed: *mut i32) -> RawError;
+    pub(crate) fn esper_is_channels_last(tensor: *const c_void, result: *mut i32) -> RawError;
     pub(crate) fn esper_clip_grad_norm_(
         grads: *const *mut c_void,
         n: i64,

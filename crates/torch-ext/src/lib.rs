@@ -91,6 +91,7 @@ mod ffi;
 pub mod fused;
 pub mod graph;
 mod inference;
+pub mod memory;
 pub mod precision;
 mod stream;
 

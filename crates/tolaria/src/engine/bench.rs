@@ -341,6 +341,14 @@ fn measure(
         if report.train.capture_ms.is_some() {
             put(&mut metrics, "capture_ms", report.train.capture_ms);
         }
+        for event in &report.train.events {
+            if event.name == leyline::telemetry::TOLARIA_GRAPH_FALLBACK {
+                progress(&format!(
+                    "[rust {name}] graph fallback: {:?}",
+                    event.attributes
+                ));
+            }
+        }
     }
     if let Some(index) = cuda_index {
         torch_ext::cuda::synchronize(index)?;
@@ -469,6 +477,7 @@ pub fn run_reference_general(
     device: Device,
     warmup_epochs: usize,
     measured_epochs: usize,
+    progress: &mut dyn FnMut(&str),
 ) -> Result<BTreeMap<String, f64>> {
     let reference = TrainerConfig::reference();
     let data = crate::data::ReferenceData::generate(&reference)?;
@@ -529,6 +538,15 @@ pub fn run_reference_general(
         let epoch = engine.run_epoch(&mut step, &staged)?;
         if epoch.capture_ms.is_some() {
             put(&mut metrics, "capture_ms", epoch.capture_ms);
+        }
+        for event in &epoch.events {
+            if event.name == leyline::telemetry::TOLARIA_GRAPH_FALLBACK {
+                progress(&format!(
+                    "[rust {}] graph fallback: {:?}",
+                    mode.name(),
+                    event.attributes
+                ));
+            }
         }
     }
     let mut epoch_ms = Vec::with_capacity(measured_epochs);

@@ -66,6 +66,10 @@ pub struct ModelStepConfig {
     pub max_seeds: usize,
     /// The optimizers of the host and of every seed.
     pub optimizer: OptimizerConfig,
+    /// Keep every 4-D parameter (and so the CNN's activations) in
+    /// channels-last layout, which cuDNN runs without layout conversions.
+    /// Only on CUDA; ignored on the CPU.
+    pub channels_last: bool,
 }
 
 impl Default for ModelStepConfig {
@@ -78,6 +82,7 @@ impl Default for ModelStepConfig {
             gradient_telemetry_stride: crate::seed_metrics::DEFAULT_GRADIENT_TELEMETRY_STRIDE,
             max_seeds: 8,
             optimizer: OptimizerConfig::default(),
+            channels_last: true,
         }
     }
 }
@@ -148,6 +153,8 @@ pub struct ModelStep {
     /// The key the layout was built for, and the key reported.
     key: Option<String>,
     full_key: Option<StepKey>,
+    /// 4-D parameters and inputs kept channels-last (CUDA only).
+    channels_last: bool,
 }
 
 impl std::fmt::Debug for ModelStep {
@@ -173,6 +180,10 @@ impl ModelStep {
                 ),
             });
         }
+        let channels_last = config.channels_last && matches!(device, Device::Cuda(_));
+        if channels_last {
+            to_channels_last(&model)?;
+        }
         let mut optimizers = GroupOptimizers::new(config.optimizer, device)?;
         let _ = optimizers.sync(&mut model)?;
         let seed_metrics = SeedMetricsAccumulator::new(
@@ -196,6 +207,7 @@ impl ModelStep {
             generation: 0,
             key: None,
             full_key: None,
+            channels_last,
         })
     }
 
@@ -440,9 +452,12 @@ impl ModelStep {
         let overrides: Vec<Option<&Tensor>> =
             self.layout.overrides.iter().map(Option::as_ref).collect();
         let autocast = match (self.config.precision.autocast_kind(), self.device) {
-            (Some(kind), Device::Cuda(_)) => Some(torch_ext::AutocastGuard::new(
+            // No weight-cast cache: cached casts made in one replay would be
+            // stale in the next, and PyTorch requires it off under capture.
+            (Some(kind), Device::Cuda(_)) => Some(torch_ext::AutocastGuard::with_cache(
                 torch_ext::AutocastDevice::Cuda,
                 kind,
+                false,
             )?),
             _ => None,
         };
@@ -533,6 +548,14 @@ impl ModelStep {
     }
 }
 
+/// Converts every 4-D parameter of `model` to channels-last in place.
+fn to_channels_last(model: &MorphogeneticModel) -> Result<()> {
+    for parameter in model.parameters() {
+        let _ = torch_ext::memory::set_channels_last_(&parameter.tensor)?;
+    }
+    Ok(())
+}
+
 /// Gradients with undefined entries replaced by zeros shaped like `like`.
 fn dense(grads: &[Tensor], like: &[Tensor]) -> Result<Vec<Tensor>> {
     grads
@@ -550,6 +573,11 @@ fn dense(grads: &[Tensor], like: &[Tensor]) -> Result<Vec<Tensor>> {
 
 impl Step for ModelStep {
     fn prepare(&mut self) -> Result<StepKey> {
+        if self.channels_last {
+            // New seeds arrive contiguous: convert them before their
+            // optimizer state is built, so the state follows the layout.
+            to_channels_last(&self.model)?;
+        }
         let events = self.optimizers.sync(&mut self.model)?;
         if !events.is_empty() {
             self.generation = self.generation.wrapping_add(1);
@@ -594,7 +622,12 @@ impl Step for ModelStep {
         let micro = i64::try_from(self.config.microbatches)
             .unwrap_or(1)
             .clamp(1, size);
-        let inputs = batch.inputs.f_chunk(micro, 0).op("chunk")?;
+        let inputs = if self.channels_last && batch.inputs.dim() == 4 {
+            torch_ext::memory::contiguous_channels_last(batch.inputs)?
+        } else {
+            batch.inputs.shallow_clone()
+        };
+        let inputs = inputs.f_chunk(micro, 0).op("chunk")?;
         let labels = batch.labels.f_chunk(micro, 0).op("chunk")?;
         let taps = self.layout.tap_seeds > 0;
         if taps {

@@ -90,6 +90,9 @@ pub struct ModelTrainerConfig {
     /// Fail an epoch that synchronises the device inside its steps (CUDA
     /// sync debug mode "error"; tests).
     pub forbid_syncs: bool,
+    /// Keep 4-D parameters channels-last on CUDA (see
+    /// [`ModelStepConfig::channels_last`]).
+    pub channels_last: bool,
     /// Validation samples the counterfactual contribution of each blending
     /// or holding seed is measured on at every boundary (0: not measured;
     /// G5 then refuses to fossilize).
@@ -117,6 +120,7 @@ impl Default for ModelTrainerConfig {
             snapshot_interval_epochs: 5,
             forbid_syncs: false,
             counterfactual_samples: 1000,
+            channels_last: true,
         }
     }
 }
@@ -232,6 +236,7 @@ impl ModelTrainer {
             gradient_telemetry_stride: config.gradient_telemetry_stride,
             max_seeds: config.max_seeds,
             optimizer: config.optimizer,
+            channels_last: config.channels_last,
         };
         let governor = if config.governor {
             let mut governor_config = GovernorConfig::for_classes(train.n_classes())?;

@@ -1,0 +1,47 @@
+// Memory formats: channels-last copies and in-place conversion of
+// parameters (data and gradient), which libtorch's C API in tch lacks.
+#include "esper_torch_ext.h"
+
+#include "error.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+
+extern "C" {
+
+char* esper_contiguous_channels_last(const void* tensor, void** out) {
+  ESPER_TRY
+  TORCH_CHECK(tensor != nullptr, "channels_last: null tensor");
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  TORCH_CHECK(t.dim() == 4, "channels_last: a 4-D tensor is needed, got ", t.dim(), " dimensions");
+  *out = new at::Tensor(t.contiguous(at::MemoryFormat::ChannelsLast));
+  ESPER_CATCH
+}
+
+char* esper_set_channels_last_(void* tensor, int32_t* changed) {
+  ESPER_TRY
+  TORCH_CHECK(tensor != nullptr, "set_channels_last_: null tensor");
+  auto& t = *static_cast<at::Tensor*>(tensor);
+  *changed = 0;
+  if (t.dim() != 4 || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return nullptr;
+  }
+  c10::NoGradGuard no_grad;
+  t.set_data(t.contiguous(at::MemoryFormat::ChannelsLast));
+  auto& grad = t.mutable_grad();
+  if (grad.defined()) {
+    grad = grad.contiguous(at::MemoryFormat::ChannelsLast);
+  }
+  *changed = 1;
+  ESPER_CATCH
+}
+
+char* esper_is_channels_last(const void* tensor, int32_t* result) {
+  ESPER_TRY
+  TORCH_CHECK(tensor != nullptr, "is_channels_last: null tensor");
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  *result = t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast) ? 1 : 0;
+  ESPER_CATCH
+}
+
+}  // extern "C"

@@ -1,0 +1,58 @@
+//! Memory formats tch cannot express: channels-last (NHWC) copies of 4-D
+//! tensors, and converting parameters to channels-last in place.
+//!
+//! cuDNN runs convolutions, pooling and normalisation of NHWC tensors
+//! without layout conversions; a CNN whose weights are channels-last gets
+//! NHWC activations throughout (`torch.channels_last` in PyTorch).
+
+use crate::error::Result;
+use crate::ffi;
+
+/// `tensor.contiguous(memory_format=torch.channels_last)`: a 4-D tensor in
+/// NHWC layout (the tensor itself, shared, when it already is). Anything
+/// but 4-D is an error.
+pub fn contiguous_channels_last(tensor: &tch::Tensor) -> Result<tch::Tensor> {
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: `tensor` is a live `at::Tensor`; `out` receives a fresh heap
+    // tensor on success.
+    unsafe {
+        ffi::check(
+            "contiguous_channels_last",
+            ffi::esper_contiguous_channels_last(ffi::tensor_ptr(tensor), &mut out),
+        )?;
+        // SAFETY: on success `out` is a fresh heap `at::Tensor*`, owned now by
+        // the returned tch tensor.
+        Ok(tch::Tensor::from_ptr(out.cast()))
+    }
+}
+
+/// Converts a 4-D parameter to channels-last in place (its data, and its
+/// gradient when it has one), keeping its autograd identity
+/// (`param.data = param.contiguous(channels_last)`). Returns whether
+/// anything changed: tensors that are not 4-D, or already channels-last,
+/// are left alone. Do it before optimizer state is built from the
+/// parameter, so the state follows the layout.
+pub fn set_channels_last_(parameter: &tch::Tensor) -> Result<bool> {
+    let mut changed = 0_i32;
+    // SAFETY: `parameter` is a live `at::Tensor`; `changed` outlives the call.
+    unsafe {
+        ffi::check(
+            "set_channels_last_",
+            ffi::esper_set_channels_last_(ffi::tensor_ptr(parameter), &mut changed),
+        )?;
+    }
+    Ok(changed != 0)
+}
+
+/// Whether `tensor` is 4-D and contiguous in channels-last layout.
+pub fn is_channels_last(tensor: &tch::Tensor) -> Result<bool> {
+    let mut result = 0_i32;
+    // SAFETY: `tensor` is a live `at::Tensor`; `result` outlives the call.
+    unsafe {
+        ffi::check(
+            "is_channels_last",
+            ffi::esper_is_channels_last(ffi::tensor_ptr(tensor), &mut result),
+        )?;
+    }
+    Ok(result != 0)
+}
