@@ -26,6 +26,14 @@ namespace {
 struct EsperGraph : public at::cuda::CUDAGraph {
   EsperGraph() : at::cuda::CUDAGraph(/*keep_graph=*/false) {}
 
+  // Takes the CUDA generators out of capture mode (see abort_capture, 3.).
+  void release_generators() {
+    for (auto& entry : captured_generator_states_) {
+      entry.first->capturing_ = false;
+      entry.first->offset_intragraph_ = 0;
+    }
+  }
+
   // Undo what capture_begin did when capture_end could not finish. Best
   // effort: every step runs even when an earlier one fails; the first failure
   // message is kept for the caller.
@@ -149,7 +157,16 @@ char* esper_graph_capture_begin(void* graph, uint64_t pool_first, uint64_t pool_
               "invalid stream capture mode ", capture_mode);
   at::cuda::MempoolId_t pool{static_cast<at::cuda::CaptureId_t>(pool_first),
                              static_cast<at::cuda::CaptureId_t>(pool_second)};
-  as_graph(graph)->capture_begin(pool, static_cast<cudaStreamCaptureMode>(capture_mode));
+  EsperGraph* esper_graph = as_graph(graph);
+  try {
+    esper_graph->capture_begin(pool, static_cast<cudaStreamCaptureMode>(capture_mode));
+  } catch (...) {
+    // capture_begin puts the CUDA generators into capture mode before it asks
+    // the allocator for the pool; when that (or the stream capture) throws,
+    // take them out again, or every later eager random op misbehaves.
+    esper_graph->release_generators();
+    throw;
+  }
   ESPER_CATCH
 }
 

@@ -217,19 +217,43 @@ impl EngineEpoch {
 }
 
 /// One graph memory pool per CUDA device for the whole process: every
-/// engine captures into it.
+/// engine captures into it. A one-kernel *keeper* graph captured into the
+/// pool when it is made lives as long as the process: the caching allocator
+/// frees a pool once no graph uses it, and capturing into a freed pool's id
+/// is an internal error, so without the keeper the second trainer after the
+/// first one's graphs were dropped could not capture at all.
 pub fn shared_pool(device_index: usize) -> Result<GraphPool> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, GraphPool>>> = OnceLock::new();
+    struct Shared {
+        pool: GraphPool,
+        _keeper: CudaGraph,
+        _cell: Tensor,
+    }
+    static POOLS: OnceLock<Mutex<HashMap<usize, Shared>>> = OnceLock::new();
     let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut pools = pools.lock().map_err(|_| Error::InvalidConfig {
         field: "graph pool",
         reason: "the process-wide graph pool table is poisoned".to_owned(),
     })?;
-    if let Some(pool) = pools.get(&device_index) {
-        return Ok(*pool);
+    if let Some(shared) = pools.get(&device_index) {
+        return Ok(shared.pool);
     }
     let pool = GraphPool::new()?;
-    let _ = pools.insert(device_index, pool);
+    let stream = CudaStream::from_pool(device_index, false)?;
+    let cell = Tensor::f_zeros([1], (Kind::Float, Device::Cuda(device_index))).op("keeper cell")?;
+    let keeper = CudaGraph::capture(&stream, Some(&pool), 1, || {
+        cell.shallow_clone()
+            .f_add_scalar_(1.0)
+            .map(|_| ())
+            .map_err(|error| error.to_string())
+    })?;
+    let _ = pools.insert(
+        device_index,
+        Shared {
+            pool,
+            _keeper: keeper,
+            _cell: cell,
+        },
+    );
     Ok(pool)
 }
 
