@@ -13,6 +13,8 @@ Variants (record mode names):
   graph-step                manual torch.cuda.CUDAGraph of one step, replayed per microbatch
                             (static buffers = the staging buffers' first microbatch)
   graph-epoch               manual torch.cuda.CUDAGraph of a whole epoch, replayed once
+                            (accumulator reset and per-step metrics on a forked capture
+                            stream: parallel branches of the graph, off the steps' path)
 
 Staging and readback match the Rust counterparts: every step runs on a
 dedicated compute stream; eager, compile and graph-step stage the epoch's
@@ -35,6 +37,7 @@ baseline record written by `esper bench`, so one JSON holds both.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -160,6 +163,9 @@ class Workload:
             self.consumed = torch.cuda.Event()
             self.done = torch.cuda.Event(enable_timing=True)
             self.timing_start = torch.cuda.Event(enable_timing=True)
+            # The epoch's readback waits on an event without timing (a timing
+            # event records a timestamp it never needs there).
+            self.read = torch.cuda.Event()
             self.readback = torch.zeros(2, dtype=torch.float32).pin_memory()
         else:
             self.host_x, self.host_y = x, y
@@ -180,8 +186,32 @@ class Workload:
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.loss_acc.add_(loss.detach())
-        self.correct_acc.add_((logits.detach().argmax(1) == y).sum())
+        self.accumulate(logits.detach(), loss.detach(), y)
+
+    def accumulate(self, logits, loss, y):
+        self.loss_acc.add_(loss)
+        self.correct_acc.add_((logits.argmax(1) == y).sum())
+
+    def step_forking_metrics(self, x, y, side, keep):
+        """The step for a captured epoch: the metric kernels go to `side`.
+
+        Captured, `side` waiting on the loss is a fork: the metric kernels
+        become a branch of the graph that runs beside this step's backward and
+        optimizer step and the later steps, instead of five more kernels in
+        the chain of every step. `keep` holds logits and loss until the
+        capture ends, so their memory is not handed to a later step's
+        tensors while the branch may still read them.
+        """
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y)
+        detached = (logits.detach(), loss.detach())
+        keep.append(detached)
+        side.wait_stream(self.compute)
+        with torch.cuda.stream(side):
+            self.accumulate(detached[0], detached[1], y)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     # -- epoch pieces -----------------------------------------------------
     def queue_copy(self, pair: int) -> None:
@@ -207,19 +237,22 @@ class Workload:
         start, end = self.h2d[self.fed]
         return start.elapsed_time(end)
 
-    def read_metrics(self):
+    def read_metrics(self, reset: bool = True):
         # As in Rust: the next epoch's staging copy is queued behind this
         # epoch's steps (overlapping the readback), and the accumulator reset
         # behind the readback copy, so the host waits only for that copy.
+        # `reset=False` where the accumulators are reset inside the epoch
+        # (the captured epoch of graph-epoch).
         if self.cuda:
             if not self.resident:
                 self.consumed.record(self.compute)
                 self.staging.wait_event(self.consumed)
                 self.queue_copy(1 - self.fed)
             self.readback.copy_(self.metrics, non_blocking=True)
-            self.done.record(self.compute)
-            self.metrics.zero_()
-            self.done.synchronize()
+            self.read.record(self.compute)
+            if reset:
+                self.metrics.zero_()
+            self.read.synchronize()
         else:
             self.readback.copy_(self.metrics)
             self.metrics.zero_()
@@ -322,17 +355,60 @@ class GraphStepRunner(Runner):
 
 
 class GraphEpochRunner(Runner):
-    """Data resident on the device; accumulator reset plus every step as one graph."""
+    """Data resident on the device; accumulator reset plus every step as one graph.
+
+    Why this ran 0.150-0.161 ms an epoch where an independent plain
+    whole-epoch graph of the same four steps ran 0.109 ms (the same H100, one
+    run): the captured epoch held, in the chain of every step, the five
+    metric kernels of `Workload.step` (loss add; argmax, compare, sum, add
+    for the correct count). In a graph every dependent tiny kernel costs
+    ~3 us, so those 20 kernels were the gap; smaller parts: every epoch
+    entered and left the compute-stream context, launched the accumulator
+    memset between the readback and the wait, and waited on a timing event.
+
+    Now, with the same metrics and the same readback: the accumulator reset
+    and each step's metric kernels are captured on a second stream, forked
+    from the compute stream (at the start, after each step's loss) and
+    joined at the end, so in the graph they are parallel branches beside the
+    backward passes and optimizer steps instead of links of the chain; the
+    steady-state epoch is replay, one pinned readback, one wait on an event
+    without timing, with the compute stream made current once for the whole
+    run (`run_mode`).
+
+    Measured on the H100 in one run (2026-11-23), p50 / p95 ms an epoch:
+    before 0.133-0.135 / 0.141-0.143 (bare replay 0.130); the metrics
+    inline but everything else as now 0.129 / 0.133 (so the per-step metric
+    kernels were ~33 us of the gap, the per-epoch overheads ~4 us); now
+    0.096 / 0.100-0.105 (bare replay 0.098, 22.5 us a step against 30.5).
+    In the same run a plain whole-epoch graph without metrics took 0.068
+    (replay and stream sync) or 0.077 (plus reading the last loss back):
+    ~20 us remain. The ablation's one extra fork/join (for the reset) cost
+    ~5 us of graph time, so the five forks here are the likely rest; one
+    fork after the last step's loss, reducing the kept logits and losses
+    of all four steps at once, would be the next thing to measure.
+    """
 
     def __init__(self, mode: str, workload: Workload) -> None:
         super().__init__(mode, workload)
         self.warmup_remaining = workload.cfg["graph_warmup_steps"]
         self.graph_obj = None
+        self.side = torch.cuda.Stream(workload.device) if workload.cuda else None
 
     def eager_epoch(self):
         w = self.w
         for x, y in w.slices:
             w.step(x, y)
+
+    def captured_epoch(self):
+        w = self.w
+        keep = []
+        self.side.wait_stream(w.compute)
+        with torch.cuda.stream(self.side):
+            w.metrics.zero_()
+        for x, y in w.slices:
+            w.step_forking_metrics(x, y, self.side, keep)
+        w.compute.wait_stream(self.side)  # the join: the capture must end on one stream
+        return keep
 
     def epoch_body(self):
         w = self.w
@@ -343,13 +419,29 @@ class GraphEpochRunner(Runner):
             self.eager_epoch()
         else:
             w.optimizer.zero_grad(set_to_none=True)
+            # The captured reset runs inside this epoch's replay: flush what the
+            # warm-up left in the accumulators first.
+            w.metrics.zero_()
             started = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=w.compute):
-                self.eager_epoch()
+                keep = self.captured_epoch()
+            del keep
             self.capture_ms = (time.perf_counter() - started) * 1e3
             self.graph_obj = graph
             graph.replay()
+
+    def epoch(self):
+        if self.graph_obj is None:
+            return super().epoch()
+        # Steady state: the compute stream is already current (run_mode), the
+        # data resident, the accumulators reset by the graph itself.
+        w = self.w
+        started = time.perf_counter()
+        self.graph_obj.replay()
+        loss, accuracy = w.read_metrics(reset=False)
+        epoch_ms = (time.perf_counter() - started) * 1e3
+        return epoch_ms, None, loss, accuracy
 
     def graph(self):
         return self.graph_obj, len(self.w.slices)
@@ -381,22 +473,26 @@ def run_mode(mode: str, device: torch.device, args) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
     first = None
-    for _ in range(args.warmup_epochs):
-        epoch_ms, _, _, _ = runner.epoch()
-        if first is None:
-            first = epoch_ms
-    metrics["first_epoch_ms"] = first
     epochs, h2d = [], []
     last = None
     report_every = max(1, args.epochs // 4)
-    for index in range(args.epochs):
-        epoch_ms, h2d_ms, loss, accuracy = runner.epoch()
-        epochs.append(epoch_ms)
-        if h2d_ms is not None:
-            h2d.append(h2d_ms)
-        last = (loss, accuracy)
-        if (index + 1) % report_every == 0:
-            log(f"[python {mode}] measured {index + 1}/{args.epochs}")
+    # The compute stream is made current once for all epochs (each variant's
+    # epoch also enters it, which is then a no-op switch; graph-epoch's
+    # steady-state epoch relies on it and enters nothing).
+    with torch.cuda.stream(workload.compute) if workload.cuda else contextlib.nullcontext():
+        for _ in range(args.warmup_epochs):
+            epoch_ms, _, _, _ = runner.epoch()
+            if first is None:
+                first = epoch_ms
+        for index in range(args.epochs):
+            epoch_ms, h2d_ms, loss, accuracy = runner.epoch()
+            epochs.append(epoch_ms)
+            if h2d_ms is not None:
+                h2d.append(h2d_ms)
+            last = (loss, accuracy)
+            if (index + 1) % report_every == 0:
+                log(f"[python {mode}] measured {index + 1}/{args.epochs}")
+    metrics["first_epoch_ms"] = first
     metrics.update(
         epoch_ms_p50=percentile(epochs, 50),
         epoch_ms_p95=percentile(epochs, 95),
