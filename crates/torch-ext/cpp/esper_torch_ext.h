@@ -121,6 +121,7 @@ char* esper_fused_adamw_(void* const* params, void* const* grads, void* const* e
 char* esper_contiguous_channels_last(const void* tensor, void** out);
 char* esper_set_channels_last_(void* tensor, int32_t* changed);
 char* esper_is_channels_last(const void* tensor, int32_t* result);
+char* esper_set_grads_to_none(void* const* tensors, int64_t n);
 
 #ifdef __cplusplus
 }

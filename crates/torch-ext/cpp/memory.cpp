@@ -44,4 +44,14 @@ char* esper_is_channels_last(const void* tensor, int32_t* result) {
   ESPER_CATCH
 }
 
+char* esper_set_grads_to_none(void* const* tensors, int64_t n) {
+  ESPER_TRY
+  TORCH_CHECK(n >= 0, "set_grads_to_none: negative count");
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(tensors[i] != nullptr, "set_grads_to_none: null tensor");
+    static_cast<at::Tensor*>(tensors[i])->mutable_grad().reset();
+  }
+  ESPER_CATCH
+}
+
 }  // extern "C"

@@ -163,6 +163,7 @@ unsafe extern "C" {
     ) -> RawError;
     pub(crate) fn esper_set_channels_last_(tensor: *mut c_void, changed: *mut i32) -> RawError;
     pub(crate) fn esper_is_channels_last(tensor: *const c_void, result: *mut i32) -> RawError;
+    pub(crate) fn esper_set_grads_to_none(tensors: *const *mut c_void, n: i64) -> RawError;
     pub(crate) fn esper_clip_grad_norm_(
         grads: *const *mut c_void,
         n: i64,

@@ -4,6 +4,9 @@
 //! cuDNN runs convolutions, pooling and normalisation of NHWC tensors
 //! without layout conversions; a CNN whose weights are channels-last gets
 //! NHWC activations throughout (`torch.channels_last` in PyTorch).
+//!
+//! Also [`set_grads_to_none`]: `zero_grad(set_to_none=True)`, which tch
+//! lacks (its `zero_grad` zeroes in place).
 
 use crate::error::Result;
 use crate::ffi;
@@ -55,4 +58,24 @@ pub fn is_channels_last(tensor: &tch::Tensor) -> Result<bool> {
         )?;
     }
     Ok(result != 0)
+}
+
+/// Drops the gradient of every tensor (`param.grad = None`), as
+/// `optimizer.zero_grad(set_to_none=True)`: the next backward writes fresh
+/// gradients instead of adding into zeroed ones, which saves a zeroing
+/// kernel per list and an accumulation kernel per parameter. Host-only; no
+/// device work.
+pub fn set_grads_to_none(tensors: &[tch::Tensor]) -> Result<()> {
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let ptrs = ffi::tensor_ptrs(tensors);
+    let len = i64::try_from(ptrs.len()).unwrap_or(i64::MAX);
+    // SAFETY: `ptrs` holds the live tensors of `tensors`, length passed along.
+    unsafe {
+        ffi::check(
+            "set_grads_to_none",
+            ffi::esper_set_grads_to_none(ptrs.as_ptr(), len),
+        )
+    }
 }

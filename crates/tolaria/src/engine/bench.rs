@@ -550,12 +550,21 @@ pub fn run_reference_general(
         }
     }
     let mut epoch_ms = Vec::with_capacity(measured_epochs);
+    let mut device_ms = Vec::with_capacity(measured_epochs);
     let mut last = None;
     for _ in 0..measured_epochs {
         let epoch = engine.run_epoch(&mut step, &staged)?;
         epoch_ms.push(epoch.epoch_ms);
+        if let Some(ms) = epoch.device_ms {
+            device_ms.push(ms);
+        }
         last = Some(epoch);
     }
+    put(
+        &mut metrics,
+        "device_epoch_ms_p50",
+        percentile(&device_ms, 50.0),
+    );
     put(&mut metrics, "epoch_ms_p50", percentile(&epoch_ms, 50.0));
     put(&mut metrics, "epoch_ms_p95", percentile(&epoch_ms, 95.0));
     put(&mut metrics, "epoch_ms_max", percentile(&epoch_ms, 100.0));

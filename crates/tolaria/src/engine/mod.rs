@@ -67,24 +67,30 @@ pub struct Batch<'a> {
     pub index: usize,
 }
 
-/// The engine's device accumulator of an epoch: `f32 [3]` holding the sum
-/// of per-sample losses, the number of correct predictions and the number
-/// of samples. A step adds into it with [`EpochAccumulator::add`].
+/// The engine's device accumulator of an epoch: `f32 [2]` holding the sum
+/// of per-sample losses and the number of correct predictions (the sample
+/// count is the host's: the batch plan). A step adds into it with
+/// [`EpochAccumulator::add`]: five kernels, no readback.
 #[derive(Debug)]
 pub struct EpochAccumulator {
     values: Tensor,
+    loss: Tensor,
+    hits: Tensor,
 }
 
 impl EpochAccumulator {
     fn new(device: Device) -> Result<EpochAccumulator> {
+        let values = Tensor::f_zeros([2], (Kind::Float, device)).op("accumulator zeros")?;
         Ok(EpochAccumulator {
-            values: Tensor::f_zeros([3], (Kind::Float, device)).op("accumulator zeros")?,
+            loss: values.f_select(0, 0).op("select")?,
+            hits: values.f_select(0, 1).op("select")?,
+            values,
         })
     }
 
-    /// Adds one batch: `mean_loss` (0-dim, any float kind) times `samples`,
-    /// and the hits of `logits` `[B, classes]` against `labels` `[B]`.
-    /// Device work only.
+    /// Adds one batch: `mean_loss` (0-dim `f32`) times the batch size, and
+    /// the hits of `logits` `[B, classes]` against `labels` `[B]`. Device
+    /// work only.
     pub fn add(&self, mean_loss: &Tensor, logits: &Tensor, labels: &Tensor) -> Result<()> {
         let samples = logits.size().first().copied().unwrap_or(0);
         let hits = logits
@@ -98,13 +104,17 @@ impl EpochAccumulator {
             .f_detach()
             .op("detach")?
             .f_to_kind(Kind::Float)
-            .op("to_kind")?
-            .f_mul_scalar(samples)
-            .op("mul")?;
-        let count = Tensor::f_scalar_tensor(samples as f64, (Kind::Float, self.values.device()))
-            .op("scalar_tensor")?;
-        let row = Tensor::f_stack(&[loss, hits, count], 0).op("stack")?;
-        let _ = self.values.shallow_clone().f_add_(&row).op("accumulate")?;
+            .op("to_kind")?;
+        torch_ext::fused::foreach_add_(
+            std::slice::from_ref(&self.loss),
+            std::slice::from_ref(&loss),
+            samples as f64,
+        )?;
+        torch_ext::fused::foreach_add_(
+            std::slice::from_ref(&self.hits),
+            std::slice::from_ref(&hits),
+            1.0,
+        )?;
         Ok(())
     }
 
@@ -113,8 +123,8 @@ impl EpochAccumulator {
         Ok(())
     }
 
-    /// Reads the sums back (one transfer): `(loss_sum, correct, samples)`.
-    fn read(&self) -> Result<(f64, f64, f64)> {
+    /// Reads the sums back (one transfer): `(loss_sum, correct)`.
+    fn read(&self) -> Result<(f64, f64)> {
         let values = Vec::<f32>::try_from(
             self.values
                 .f_to_device(Device::Cpu)
@@ -122,12 +132,10 @@ impl EpochAccumulator {
         )
         .op("accumulator to vec")?;
         match values.as_slice() {
-            [loss, correct, samples] => {
-                Ok((f64::from(*loss), f64::from(*correct), f64::from(*samples)))
-            }
+            [loss, correct] => Ok((f64::from(*loss), f64::from(*correct))),
             other => Err(Error::Readback {
                 what: "epoch accumulator",
-                expected: 3,
+                expected: 2,
                 got: other.len(),
             }),
         }
@@ -451,7 +459,8 @@ impl Engine {
         };
         // The readback waits for the compute stream, so the end event has
         // completed when it returns: one synchronisation per epoch.
-        let (loss_sum, correct, samples) = self.accumulator.read()?;
+        let (loss_sum, correct) = self.accumulator.read()?;
+        let samples = plan.iter().map(|&(_, len)| len as f64).sum::<f64>();
         let device_ms = match (&self.cuda, device_ms) {
             (Some(cuda), Some(())) => Some(f64::from(cuda.start.elapsed_ms(&cuda.end)?)),
             _ => None,

@@ -132,6 +132,8 @@ struct Layout {
     confirmed_single: bool,
     /// Per-microbatch scratch gradients of the host (tap path).
     scratch: Vec<Tensor>,
+    /// Every parameter that requires a gradient (host and seeds).
+    trainable: Vec<Tensor>,
 }
 
 /// The general autograd step over a Kasmina model (see the module docs).
@@ -364,6 +366,12 @@ impl ModelStep {
         } else {
             Vec::new()
         };
+        let trainable = groups
+            .iter()
+            .flat_map(|group| group.tensors.iter())
+            .filter(|tensor| tensor.requires_grad())
+            .map(Tensor::shallow_clone)
+            .collect();
         self.layout = Layout {
             overrides,
             groups,
@@ -372,6 +380,7 @@ impl ModelStep {
             tap_seeds,
             confirmed_single,
             scratch,
+            trainable,
         };
         Ok(confirmed_single)
     }
@@ -591,7 +600,9 @@ impl Step for ModelStep {
             self.refill_alphas(&alphas)?;
         } else {
             let single = self.rebuild_layout(&alphas, tap_seeds)?;
-            self.materialise_grads()?;
+            if tap_seeds > 0 {
+                self.materialise_grads()?;
+            }
             self.key = Some(key.clone());
             let _ = write!(key, "|single{single}");
             self.full_key = Some(StepKey(key));
@@ -618,7 +629,16 @@ impl Step for ModelStep {
                 ),
             });
         }
-        self.optimizers.zero_grad()?;
+        let taps = self.layout.tap_seeds > 0;
+        if taps {
+            // The tap path adds into existing gradients.
+            self.optimizers.zero_grad()?;
+        } else {
+            // set_to_none: backward writes fresh gradients (no zeroing and
+            // no accumulation kernels); under capture they live in the
+            // graph's pool and are rewritten by every replay.
+            torch_ext::memory::set_grads_to_none(&self.layout.trainable)?;
+        }
         let micro = i64::try_from(self.config.microbatches)
             .unwrap_or(1)
             .clamp(1, size);
@@ -629,7 +649,6 @@ impl Step for ModelStep {
         };
         let inputs = inputs.f_chunk(micro, 0).op("chunk")?;
         let labels = batch.labels.f_chunk(micro, 0).op("chunk")?;
-        let taps = self.layout.tap_seeds > 0;
         if taps {
             fused::foreach_zero_(&self.layout.scratch)?;
         }
