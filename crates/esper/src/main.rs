@@ -49,7 +49,7 @@ commands:
       kasmina-prefetch      germination requests through the async blueprint prefetcher
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       tolaria-fmnist        the Fashion-MNIST CNN host with two blending seeds, general trainer,
-                            fp32/bf16 x eager/graph-step (fp32 eager on the CPU)
+                            fp32/bf16 x eager/graph-step/graph-epoch (fp32 eager on the CPU)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
         --epochs N          measured epochs (default 5, 2 with --quick)
         --warmup-epochs N   unmeasured epochs first (default 2)

@@ -405,7 +405,9 @@ impl SeedSlot {
             return Ok((host.shallow_clone(), None));
         }
         let (seed_input, tap) = if state.isolate_gradients() {
-            (host.f_detach()?.f_contiguous()?, None)
+            // Detached, layout kept: a channels-last host stays channels-last
+            // (the reference's `.contiguous()` copy changes no value).
+            (host.f_detach()?, None)
         } else if tap && host.requires_grad() {
             let view = host.f_view_as(host)?;
             (view.shallow_clone(), Some(view))

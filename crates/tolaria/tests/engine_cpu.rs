@@ -233,3 +233,60 @@ fn data_of_the_wrong_shape_is_refused_before_training() {
         .expect_err("refused");
     assert!(error.to_string().contains("sample shape"), "{error}");
 }
+
+#[test]
+fn a_model_handed_from_one_trainer_to_the_next_keeps_training() {
+    let (train, test) = fmnist(512, 100);
+    let mut model = cnn_model(Telemetry::disabled());
+    model
+        .germinate(
+            SlotId::new(0, 1),
+            "conv_light",
+            GerminationOptions::new("seed-0"),
+        )
+        .expect("germinate");
+    let _ = model
+        .advance_stage(SlotId::new(0, 1), Some(SeedStage::Training))
+        .expect("training");
+    let mut trainer = ModelTrainer::new(
+        model,
+        &train,
+        Some(&test),
+        cpu_config(),
+        Telemetry::disabled(),
+    )
+    .expect("first trainer");
+    let _ = trainer.train_epoch().expect("epoch");
+    let model = trainer.into_model();
+    let before: Vec<Vec<f32>> = model
+        .parameters()
+        .iter()
+        .map(|p| Vec::<f32>::try_from(p.tensor.flatten(0, -1)).expect("vec"))
+        .collect();
+    let mut trainer = ModelTrainer::new(
+        model,
+        &train,
+        Some(&test),
+        cpu_config(),
+        Telemetry::disabled(),
+    )
+    .expect("second trainer");
+    assert_eq!(
+        trainer.step().optimizers().keys().len(),
+        2,
+        "host and seed groups have state"
+    );
+    let _ = trainer.train_epoch().expect("epoch");
+    let after: Vec<Vec<f32>> = trainer
+        .model()
+        .parameters()
+        .iter()
+        .map(|p| Vec::<f32>::try_from(p.tensor.flatten(0, -1)).expect("vec"))
+        .collect();
+    for (index, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(
+            b != a,
+            "parameter {index} did not move in the second trainer"
+        );
+    }
+}

@@ -51,8 +51,8 @@ pub struct FmnistOptions {
     pub data_dir: Option<PathBuf>,
     /// Use seeded synthetic images of the real size instead of the files.
     pub synthetic: bool,
-    /// Variants: (precision, mode). Empty: fp32 and bf16 x eager, graph-step
-    /// on CUDA; fp32 eager on the CPU.
+    /// Variants: (precision, mode). Empty: fp32 and bf16 x eager, graph-step,
+    /// graph-epoch on CUDA; fp32 eager on the CPU.
     pub variants: Vec<(Precision, ExecutionMode)>,
     /// Unmeasured epochs per variant.
     pub warmup_epochs: usize,
@@ -201,6 +201,8 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
                 (Precision::Bf16, ExecutionMode::Eager),
                 (Precision::Fp32, ExecutionMode::GraphStep),
                 (Precision::Bf16, ExecutionMode::GraphStep),
+                (Precision::Fp32, ExecutionMode::GraphEpoch),
+                (Precision::Bf16, ExecutionMode::GraphEpoch),
             ]
         } else {
             vec![(Precision::Fp32, ExecutionMode::Eager)]

@@ -186,8 +186,14 @@ impl ModelStep {
         if channels_last {
             to_channels_last(&model)?;
         }
+        // State for every group the model has now, whatever events an
+        // earlier owner already drained (a model handed from one trainer to
+        // the next has none pending).
+        let _ = model.drain_group_events();
         let mut optimizers = GroupOptimizers::new(config.optimizer, device)?;
-        let _ = optimizers.sync(&mut model)?;
+        for group in model.parameter_groups() {
+            optimizers.apply(kasmina::groups::GroupEvent::Added(group.key), &model)?;
+        }
         let seed_metrics = SeedMetricsAccumulator::new(
             config.gradient_telemetry_stride,
             &model.parameter_groups(),
