@@ -2,6 +2,12 @@
 //! machine probing, record writing and output; the work lives in the
 //! library crates).
 //!
+//! `esper train` trains a host on a task while a controller grows it
+//! ([`train`]: configuration, data and host, the epoch loop through
+//! tolaria's `ModelTrainer`, progress, the run directory); `esper plot
+//! RUN_DIR` draws a run's picture again ([`plot`]). Both parse their
+//! options with clap.
+//!
 //! `esper bench <workload>` is the one program that runs every benchmark
 //! workload and writes every baseline record: each workload's measuring code
 //! is a library function returning figures (`tolaria::bench::run`,
@@ -12,23 +18,39 @@
 //! machine nor write records: those two jobs are this binary's alone.
 //!
 //! ```text
+//! esper train [--controller heuristic] [--task fmnist] [options]   (esper train --help)
+//! esper plot RUN_DIR
 //! esper bench <workload> --out PATH.json [--label LABEL] [--quick] [workload options]
 //! ```
 
 mod args;
 mod bench;
+mod plot;
 mod probe;
 mod record;
 mod table;
+mod train;
 
 use anyhow::{Result, bail};
+use clap::Parser;
 
 use crate::args::{BenchArgs, BenchCommand};
+use crate::plot::PlotArgs;
+use crate::train::Finished;
+use crate::train::args::TrainArgs;
+use crate::train::interrupt::EXIT_INTERRUPTED;
 
 const USAGE: &str = "\
 usage: esper <command> [options]
 
 commands:
+  train [options]           train a host while a controller grows it (`esper train --help`):
+      --controller heuristic|ppo, --task fmnist|fmnist-impaired|cifar10|synthetic,
+      --slots r0c1,r0c2, --max-seeds N, --epochs N, --batch-size N, --learning-rate LR,
+      --device DEVICE, --precision auto|fp32|bf16|fp16, --seed N, --run-dir DIR,
+      --config FILE.toml, --train-samples N, --mode eager|graph-step|graph-epoch,
+      --data-dir DIR
+  plot RUN_DIR              draw a run's picture (run.png, run.svg) from its epochs.jsonl
   bench WORKLOAD            run one benchmark workload and write its baseline record
       --out PATH            where to write the JSON record (required)
       --label LABEL         record label (default: the file stem of --out)
@@ -73,9 +95,24 @@ fn main() {
     }
 }
 
+/// Parses the options after `esper <command>` with clap; on a usage error
+/// or `--help`, prints clap's text and exits (status 2 or 0).
+fn parse_or_exit<T: Parser>(command: &str, args: impl Iterator<Item = String>) -> T {
+    let argv = std::iter::once(format!("esper {command}")).chain(args);
+    T::try_parse_from(argv).unwrap_or_else(|error| error.exit())
+}
+
 fn run() -> Result<()> {
     let mut args = std::env::args().skip(1);
     match args.next().as_deref() {
+        Some("train") => {
+            let train_args: TrainArgs = parse_or_exit("train", args);
+            if train::run(&train_args)? == Finished::Interrupted {
+                std::process::exit(EXIT_INTERRUPTED);
+            }
+            Ok(())
+        }
+        Some("plot") => plot::run(&parse_or_exit::<PlotArgs>("plot", args)),
         Some("bench") => match BenchArgs::parse(args)? {
             BenchCommand::Run(bench_args) => bench::run(&bench_args),
             BenchCommand::Help => {

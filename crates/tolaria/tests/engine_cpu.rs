@@ -290,3 +290,91 @@ fn a_model_handed_from_one_trainer_to_the_next_keeps_training() {
         );
     }
 }
+
+/// Two transformer seeds blending without isolation feed the host's
+/// gradient: the step splits it with gradient taps and PCGrad aggregates
+/// the parts; the counters see the pairs.
+#[test]
+fn blending_transformer_seeds_go_through_pcgrad() {
+    use kasmina::host::{TransformerHost, TransformerHostConfig};
+    use tolaria::engine::model_step::{ModelStep, ModelStepConfig};
+    use tolaria::engine::{Batch, EpochAccumulator, Step};
+    use tolaria::grad_agg::AggPath;
+
+    tch::manual_seed(3);
+    let config = TransformerHostConfig::tiny();
+    let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
+    let mut model = MorphogeneticModel::with_slot_names(
+        host,
+        &["r0c0", "r0c1"],
+        SlotConfig::default(),
+        Telemetry::disabled(),
+    )
+    .expect("model");
+    let slots = [SlotId::new(0, 0), SlotId::new(0, 1)];
+    for (slot, name) in slots.iter().zip(["a", "b"]) {
+        let mut options = GerminationOptions::new(name);
+        options.tempo_epochs = 1;
+        options.alpha_target = 0.5;
+        model
+            .germinate(*slot, "mlp_small", options)
+            .expect("germinate");
+        let _ = model
+            .advance_stage(*slot, Some(SeedStage::Training))
+            .expect("training");
+    }
+    // Feed the lifecycle what G2 reads until both seeds may blend.
+    for _ in 0..20 {
+        if slots
+            .iter()
+            .all(|slot| model.slot(*slot).expect("slot").stage() == Some(SeedStage::Blending))
+        {
+            break;
+        }
+        for slot in slots {
+            let seed = model.slot_mut(slot).expect("slot");
+            seed.record_gradient_norms(1.0, 1.0, 1000).expect("norms");
+        }
+        model.record_accuracy(50.0, 50.0).expect("accuracy");
+        model.step_epoch().expect("tick");
+        for slot in slots {
+            let _ = model.advance_stage(slot, Some(SeedStage::Blending));
+        }
+    }
+    for slot in slots {
+        let state = model.slot(slot).expect("slot").state().expect("state");
+        assert_eq!(state.stage(), SeedStage::Blending);
+        assert!(
+            !state.isolate_gradients(),
+            "transformer seeds co-adapt once blending"
+        );
+    }
+    let mut step = ModelStep::new(model, ModelStepConfig::default()).expect("step");
+    let key = step.prepare().expect("prepare");
+    assert!(key.0.contains("taps2"), "{key:?}");
+    let inputs = tch::Tensor::randint(config.vocab_size, [4, 12], (tch::Kind::Int64, Device::Cpu));
+    let labels = tch::Tensor::randint(config.vocab_size, [4, 12], (tch::Kind::Int64, Device::Cpu));
+    let accumulator = EpochAccumulator::new(Device::Cpu).expect("acc");
+    let before = step.model().host_parameters()[0].1.copy();
+    for index in 0..3 {
+        step.run(
+            &Batch {
+                inputs: &inputs,
+                labels: &labels,
+                index,
+            },
+            &accumulator,
+        )
+        .expect("step");
+    }
+    assert_eq!(step.last_aggregation_path(), Some(AggPath::PcGrad));
+    let metrics = step.take_grad_agg_metrics().expect("metrics");
+    assert_eq!(metrics.pcgrad_steps, 3, "{metrics:?}");
+    assert_eq!(
+        metrics.seed_pairs, 3,
+        "one pair of seeds per step: {metrics:?}"
+    );
+    assert!(metrics.teacher_share > 0.0 && metrics.teacher_share <= 1.0);
+    let after = &step.model().host_parameters()[0].1;
+    assert!(!before.equal(after), "the host trained");
+}

@@ -241,10 +241,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
             config.clone(),
             Telemetry::new(sink.clone()),
         );
-        let mut trainer = match trainer {
-            Ok(trainer) => trainer,
-            Err(error) => return Err(error),
-        };
+        let mut trainer = trainer?;
         let outcome = measure(&mut trainer, options, &name, progress);
         names.extend(sink.names());
         let metrics = match outcome {
@@ -375,7 +372,7 @@ fn measure(
         steps = steps.saturating_add(report.train.steps);
         progress(&format!(
             "[rust {name}] epoch {}/{}: {:.1} ms, loss {:.4}",
-            index + 1,
+            index.saturating_add(1),
             options.measured_epochs,
             report.train.epoch_ms,
             report.train.loss
@@ -493,14 +490,13 @@ pub fn run_reference_general(
         .op("to device")?;
     tch::no_grad(|| -> Result<()> {
         let linear = host.linear();
-        let _ = linear
+        linear
             .weight
             .shallow_clone()
             .f_copy_(&initial.f_narrow(1, 0, 16).op("narrow")?)
             .op("weight init")?;
         if let Some(bias) = &linear.bias {
-            let _ = bias
-                .shallow_clone()
+            bias.shallow_clone()
                 .f_copy_(&initial.f_select(1, 16).op("select")?)
                 .op("bias init")?;
         }

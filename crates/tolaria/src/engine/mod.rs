@@ -79,7 +79,9 @@ pub struct EpochAccumulator {
 }
 
 impl EpochAccumulator {
-    fn new(device: Device) -> Result<EpochAccumulator> {
+    /// A zeroed accumulator on `device` (the engine holds one; a test
+    /// driving a [`Step`] by hand makes its own).
+    pub fn new(device: Device) -> Result<EpochAccumulator> {
         let values = Tensor::f_zeros([2], (Kind::Float, device)).op("accumulator zeros")?;
         Ok(EpochAccumulator {
             loss: values.f_select(0, 0).op("select")?,
@@ -88,11 +90,19 @@ impl EpochAccumulator {
         })
     }
 
-    /// Adds one batch: `mean_loss` (0-dim `f32`) times the batch size, and
-    /// the hits of `logits` `[B, classes]` against `labels` `[B]`. Device
+    /// Adds one batch of `samples` samples: `mean_loss` (0-dim `f32`) times
+    /// `samples`, and the hits of `logits` `[N, classes]` against `labels`
+    /// `[N]`, scaled by `samples / N` (token models predict `N = B x T`
+    /// labels; a sample then counts its fraction of correct tokens). Device
     /// work only.
-    pub fn add(&self, mean_loss: &Tensor, logits: &Tensor, labels: &Tensor) -> Result<()> {
-        let samples = logits.size().first().copied().unwrap_or(0);
+    pub fn add(
+        &self,
+        mean_loss: &Tensor,
+        logits: &Tensor,
+        labels: &Tensor,
+        samples: i64,
+    ) -> Result<()> {
+        let predictions = logits.size().first().copied().unwrap_or(0).max(1);
         let hits = logits
             .f_argmax(-1, false)
             .op("argmax")?
@@ -113,7 +123,7 @@ impl EpochAccumulator {
         torch_ext::fused::foreach_add_(
             std::slice::from_ref(&self.hits),
             std::slice::from_ref(&hits),
-            1.0,
+            samples as f64 / predictions as f64,
         )?;
         Ok(())
     }
@@ -502,7 +512,7 @@ impl Engine {
             let shape = (len, step.variant(index));
             if self.config.mode == ExecutionMode::GraphStep && !self.failed.contains(&shape) {
                 if let Some(graph) = self.step_graphs.get(&shape) {
-                    let _ = graph
+                    graph
                         .indices
                         .shallow_clone()
                         .f_copy_(&indices)
@@ -606,7 +616,7 @@ impl Engine {
     ) -> Result<()> {
         let steps = plan.len();
         if let Some((graph, static_permutation)) = &self.epoch_graph {
-            let _ = static_permutation
+            static_permutation
                 .shallow_clone()
                 .f_copy_(permutation)
                 .op("permutation copy")?;
@@ -705,7 +715,7 @@ fn run_one(
 /// A fresh tensor holding a copy of `tensor` (a capture's static buffer).
 fn deep_copy(tensor: &Tensor) -> Result<Tensor> {
     let copy = tensor.f_empty_like().op("empty_like")?;
-    let _ = copy.shallow_clone().f_copy_(tensor).op("copy_")?;
+    copy.shallow_clone().f_copy_(tensor).op("copy_")?;
     Ok(copy)
 }
 

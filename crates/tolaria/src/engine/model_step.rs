@@ -458,12 +458,7 @@ impl ModelStep {
         Ok(grads)
     }
 
-    fn forward_loss(
-        &self,
-        inputs: &Tensor,
-        labels: &Tensor,
-        taps: bool,
-    ) -> Result<(Tensor, Tensor, Vec<(SlotId, Tensor)>)> {
+    fn forward_loss(&self, inputs: &Tensor, labels: &Tensor, taps: bool) -> Result<ForwardLoss> {
         let overrides: Vec<Option<&Tensor>> =
             self.layout.overrides.iter().map(Option::as_ref).collect();
         let autocast = match (self.config.precision.autocast_kind(), self.device) {
@@ -495,11 +490,19 @@ impl ModelStep {
             )
         };
         drop(autocast);
-        let logits = logits.f_to_kind(Kind::Float).op("logits to f32")?;
+        let mut logits = logits.f_to_kind(Kind::Float).op("logits to f32")?;
+        let mut labels = labels.shallow_clone();
+        if logits.dim() == 3 {
+            // Token models: `[B, T, V]` logits against `[B, T]` labels, one
+            // prediction per token.
+            let classes = logits.size().last().copied().unwrap_or(1);
+            logits = logits.f_reshape([-1, classes]).op("flatten tokens")?;
+            labels = labels.f_reshape([-1]).op("flatten labels")?;
+        }
         let loss = logits
-            .f_cross_entropy_loss::<Tensor>(labels, None, Reduction::Mean, -100, 0.0)
+            .f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
             .op("cross_entropy")?;
-        Ok((logits, loss, taps))
+        Ok((logits, loss, labels, taps))
     }
 
     /// The tap path of one microbatch: the host gradient split into the
@@ -562,6 +565,10 @@ impl ModelStep {
         Ok(())
     }
 }
+
+/// One microbatch's forward: `[N, classes]` logits (f32), the mean loss,
+/// the `[N]` labels they were scored against, and the gradient taps.
+type ForwardLoss = (Tensor, Tensor, Tensor, Vec<(SlotId, Tensor)>);
 
 /// Converts every 4-D parameter of `model` to channels-last in place.
 fn to_channels_last(model: &MorphogeneticModel) -> Result<()> {
@@ -660,9 +667,13 @@ impl Step for ModelStep {
         }
         for (x, y) in inputs.iter().zip(&labels) {
             let part = x.size().first().copied().unwrap_or(0);
-            let (logits, loss, tapped) = self.forward_loss(x, y, taps)?;
-            accumulator.add(&loss, &logits, y)?;
-            let weighted = loss.f_mul_scalar(part as f64 / size as f64).op("weight")?;
+            let (logits, loss, flat_labels, tapped) = self.forward_loss(x, y, taps)?;
+            accumulator.add(&loss, &logits, &flat_labels, part)?;
+            let weighted = if part == size {
+                loss
+            } else {
+                loss.f_mul_scalar(part as f64 / size as f64).op("weight")?
+            };
             let scaled = self.scaler.scale_loss(&weighted)?;
             if tapped.is_empty() {
                 scaled.f_backward().op("backward")?;

@@ -1,7 +1,7 @@
 //! Staging: where the engine's steps read their samples from.
 //!
 //! [`StagedData::resident`] copies a [`Dataset`] to the training device once
-//! (inputs `f32`, labels `i64`); every epoch is then shuffled on the device
+//! (floating inputs as `f32`, token ids as `i64`, labels `i64`); every epoch is then shuffled on the device
 //! and each batch gathered there, so no host-to-device copy happens inside
 //! an epoch. On a CUDA device the copy goes through pinned memory and its
 //! time is measured with events ([`StagedData::h2d_ms`]).
@@ -83,7 +83,7 @@ impl StagedData {
                     .images()
                     .f_to_device(device)
                     .op("stage inputs")?
-                    .f_to_kind(Kind::Float)
+                    .f_to_kind(input_kind(dataset.images()))
                     .op("inputs to f32")?;
                 let labels = pinned
                     .labels()
@@ -101,7 +101,7 @@ impl StagedData {
                     .images()
                     .f_to_device(device)
                     .op("stage inputs")?
-                    .f_to_kind(Kind::Float)
+                    .f_to_kind(input_kind(dataset.images()))
                     .op("inputs to f32")?
                     .f_contiguous()
                     .op("contiguous")?;
@@ -234,9 +234,18 @@ impl StagedData {
     }
 }
 
+/// Floating inputs train in `f32`; integer inputs (token ids) stay `i64`.
+fn input_kind(inputs: &Tensor) -> Kind {
+    if inputs.is_floating_point() {
+        Kind::Float
+    } else {
+        Kind::Int64
+    }
+}
+
 /// `x >>> shift` on `i64` (arithmetic shift, then the sign bits cleared).
 fn logical_shift_right(x: &Tensor, shift: i64) -> Result<Tensor> {
-    let mask = i64::MAX >> (shift - 1);
+    let mask = i64::MAX >> shift.saturating_sub(1);
     x.f_bitwise_right_shift_tensor_scalar(shift)
         .op("hash shift")?
         .f_bitwise_and(mask)
