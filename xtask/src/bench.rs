@@ -41,6 +41,18 @@ const WORKLOADS: &[Workload] = &[
         name: "kasmina-prefetch",
         python_peers: None,
     },
+    Workload {
+        name: "tolaria-fmnist",
+        python_peers: Some("bench/python/tolaria_fmnist.py"),
+    },
+    Workload {
+        name: "tolaria-timeout",
+        python_peers: None,
+    },
+    Workload {
+        name: "tolaria-rollback",
+        python_peers: None,
+    },
 ];
 
 /// Options of `cargo xtask bench`.
