@@ -44,6 +44,23 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
         crate::cargo(root).args(["build", "--release", "-p", "esper", "--bin", "esper"]),
     )?;
     copy_stripped(&root.join("target/release/esper"), &bundle.join("esper"))?;
+    // The general trainer on the tolaria-fmnist model, one mode at a time:
+    // what a profiler runs on the GPU machine.
+    crate::run_step(
+        "cargo build --release -p tolaria --example train_fmnist",
+        crate::cargo(root).args([
+            "build",
+            "--release",
+            "-p",
+            "tolaria",
+            "--example",
+            "train_fmnist",
+        ]),
+    )?;
+    copy_stripped(
+        &root.join("target/release/examples/train_fmnist"),
+        &bundle.join("train_fmnist"),
+    )?;
     for (package, test) in BUNDLE_TESTS {
         match test_executable(root, package, test) {
             Ok(executable) => {
