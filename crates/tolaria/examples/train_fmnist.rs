@@ -5,8 +5,11 @@
 //! ```text
 //! cargo run --release -p tolaria --example train_fmnist -- \
 //!     [--mode eager|graph-step|graph-epoch] [--precision auto|fp32|bf16|fp16] \
-//!     [--epochs N] [--train-samples N] [--synthetic] [--device auto|cpu|cuda]
+//!     [--epochs N] [--train-samples N] [--synthetic] [--device auto|cpu|cuda] [--kernels]
 //! ```
+//!
+//! `--kernels` prints, after training, what each captured graph holds (one
+//! line per kernel function and node kind).
 //!
 //! Without `--synthetic` it reads Fashion-MNIST from Debian's
 //! `dataset-fashion-mnist` package (or `$ESPER_FASHION_MNIST_DIR`).
@@ -28,6 +31,7 @@ struct Args {
     train_samples: Option<usize>,
     synthetic: bool,
     device: DeviceChoice,
+    kernels: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -38,6 +42,7 @@ fn parse() -> Result<Args, String> {
         train_samples: None,
         synthetic: false,
         device: DeviceChoice::Auto,
+        kernels: false,
     };
     let mut raw = std::env::args().skip(1);
     while let Some(flag) = raw.next() {
@@ -64,6 +69,7 @@ fn parse() -> Result<Args, String> {
                 );
             }
             "--synthetic" => args.synthetic = true,
+            "--kernels" => args.kernels = true,
             "--device" => {
                 args.device = value()?
                     .parse()
@@ -127,6 +133,18 @@ fn run() -> Result<(), String> {
             report.train.loss,
             report.validation.map_or(f64::NAN, |v| v.accuracy)
         );
+    }
+    if args.kernels {
+        for ((batch, variant), nodes) in trainer
+            .engine()
+            .graph_summaries()
+            .map_err(|e| e.to_string())?
+        {
+            println!("graph for batch {batch}, variant {variant}:");
+            for (count, node) in nodes {
+                println!("{count:6}  {node}");
+            }
+        }
     }
     Ok(())
 }

@@ -71,6 +71,7 @@ void esper_graph_free(void* graph);
 char* esper_graph_capture_begin(void* graph, uint64_t pool_first, uint64_t pool_second,
                                 int32_t capture_mode);
 char* esper_graph_capture_end(void* graph);
+char* esper_graph_summary(void* graph, char** out);
 char* esper_graph_capture_abort(void* graph, EsperStream stream);
 char* esper_graph_pool(void* graph, uint64_t* first, uint64_t* second);
 char* esper_graph_replay(void* graph);

@@ -16,7 +16,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -24,7 +26,60 @@ namespace {
 // memory pool id, generator states) in protected members; a subclass is the
 // supported way to reach them without relying on member layout.
 struct EsperGraph : public at::cuda::CUDAGraph {
-  EsperGraph() : at::cuda::CUDAGraph(/*keep_graph=*/false) {}
+  // keep_graph: the captured cudaGraph_t stays until capture_end has read
+  // its node summary; instantiate() runs right after (see
+  // esper_graph_capture_end), so replays behave as with keep_graph=false.
+  EsperGraph() : at::cuda::CUDAGraph(/*keep_graph=*/true) {}
+
+  // One line per node kind and kernel name, "count\tname", of the last
+  // completed capture.
+  std::string summary;
+
+  void summarise() {
+    summary.clear();
+    cudaGraph_t graph = raw_cuda_graph();
+    size_t count = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (cudaGraphGetNodes(graph, nodes.data(), &count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    std::map<std::string, size_t> kinds;
+    for (auto node : nodes) {
+      cudaGraphNodeType type;
+      if (cudaGraphNodeGetType(node, &type) != cudaSuccess) {
+        (void)cudaGetLastError();
+        kinds["?"]++;
+        continue;
+      }
+      if (type == cudaGraphNodeTypeKernel) {
+        cudaKernelNodeParams params{};
+        const char* name = nullptr;
+        if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess && params.func != nullptr &&
+            cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr) {
+          kinds[std::string("kernel ") + name]++;
+        } else {
+          (void)cudaGetLastError();
+          kinds["kernel (unnamed: launched through the driver API)"]++;
+        }
+      } else if (type == cudaGraphNodeTypeMemcpy) {
+        kinds["memcpy"]++;
+      } else if (type == cudaGraphNodeTypeMemset) {
+        kinds["memset"]++;
+      } else if (type == cudaGraphNodeTypeEmpty) {
+        kinds["empty"]++;
+      } else {
+        kinds["other node type " + std::to_string(static_cast<int>(type))]++;
+      }
+    }
+    for (const auto& [name, n] : kinds) {
+      summary += std::to_string(n) + "\t" + name + "\n";
+    }
+  }
 
   // Takes the CUDA generators out of capture mode (see abort_capture, 3.).
   void release_generators() {
@@ -172,7 +227,16 @@ char* esper_graph_capture_begin(void* graph, uint64_t pool_first, uint64_t pool_
 
 char* esper_graph_capture_end(void* graph) {
   ESPER_TRY
-  as_graph(graph)->capture_end();
+  EsperGraph* esper_graph = as_graph(graph);
+  esper_graph->capture_end();
+  esper_graph->summarise();
+  esper_graph->instantiate();
+  ESPER_CATCH
+}
+
+char* esper_graph_summary(void* graph, char** out) {
+  ESPER_TRY
+  *out = esper::copy_string(as_graph(graph)->summary);
   ESPER_CATCH
 }
 

@@ -97,6 +97,7 @@ unsafe extern "C" {
         second: *mut u64,
     ) -> RawError;
     pub(crate) fn esper_graph_replay(graph: *mut c_void) -> RawError;
+    pub(crate) fn esper_graph_summary(graph: *mut c_void, out: *mut *mut c_char) -> RawError;
     pub(crate) fn esper_graph_reset(graph: *mut c_void) -> RawError;
     pub(crate) fn esper_stream_is_capturing(stream: RawStream, capturing: *mut i32) -> RawError;
 

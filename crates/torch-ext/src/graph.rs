@@ -257,6 +257,41 @@ impl CudaGraph {
         }
     }
 
+    /// What the graph holds, read from the captured `cudaGraph_t` before it
+    /// was instantiated: `(count, node)` pairs, one per kernel function
+    /// (`"kernel NAME"`; kernels launched through the driver API, e.g.
+    /// cuDNN's and cuBLAS's, are `"kernel (unnamed: ...)"`) and per other
+    /// node kind (`"memcpy"`, `"memset"`, ...), sorted by node.
+    pub fn node_summary(&self) -> Result<Vec<(usize, String)>> {
+        let mut raw: *mut std::ffi::c_char = std::ptr::null_mut();
+        // SAFETY: `self.raw` is a live graph; `raw` receives a shim string.
+        let text = unsafe {
+            ffi::check(
+                "CudaGraph::node_summary",
+                ffi::esper_graph_summary(self.raw_ptr(), &mut raw),
+            )?;
+            ffi::take_string(raw).unwrap_or_default()
+        };
+        Ok(text
+            .lines()
+            .filter_map(|line| {
+                let (count, name) = line.split_once('\t')?;
+                Some((count.parse().ok()?, name.to_owned()))
+            })
+            .collect())
+    }
+
+    /// Kernel launches in the graph (all `"kernel ..."` nodes of
+    /// [`CudaGraph::node_summary`]).
+    pub fn kernel_count(&self) -> Result<usize> {
+        Ok(self
+            .node_summary()?
+            .iter()
+            .filter(|(_, name)| name.starts_with("kernel"))
+            .map(|(count, _)| count)
+            .sum())
+    }
+
     fn raw_ptr(&self) -> *mut c_void {
         self.raw.as_ptr()
     }

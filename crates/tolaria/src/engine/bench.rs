@@ -437,6 +437,13 @@ fn measure(
             ),
         );
     }
+    if let Some(report) = &last {
+        put(
+            &mut metrics,
+            "kernels_per_step",
+            trainer.engine().kernels_per_step(report.train.steps)?,
+        );
+    }
     if let Some(index) = cuda_index {
         put(
             &mut metrics,

@@ -679,6 +679,43 @@ impl Engine {
         Ok(())
     }
 
+    /// Node summaries of the graphs held now: one entry per step graph
+    /// (batch size, variant) and the epoch graph (`(steps, u8::MAX)`), each
+    /// with [`CudaGraph::node_summary`]'s `(count, node)` pairs.
+    pub fn graph_summaries(&self) -> Result<Vec<((i64, u8), Vec<(usize, String)>)>> {
+        let mut summaries = Vec::new();
+        let mut shapes: Vec<&(i64, u8)> = self.step_graphs.keys().collect();
+        shapes.sort();
+        for shape in shapes {
+            if let Some(graph) = self.step_graphs.get(shape) {
+                summaries.push((*shape, graph.graph.node_summary()?));
+            }
+        }
+        if let Some((graph, permutation)) = &self.epoch_graph {
+            let steps = permutation.size().first().copied().unwrap_or(0);
+            summaries.push(((steps, u8::MAX), graph.node_summary()?));
+        }
+        Ok(summaries)
+    }
+
+    /// Kernel launches per training step in the captured graphs: the
+    /// largest batch's variant-0 step graph, or the epoch graph's kernels
+    /// over `steps`; `None` without a graph.
+    pub fn kernels_per_step(&self, steps: usize) -> Result<Option<f64>> {
+        if let Some((graph, _)) = &self.epoch_graph {
+            return Ok(Some(graph.kernel_count()? as f64 / steps.max(1) as f64));
+        }
+        let best = self
+            .step_graphs
+            .iter()
+            .filter(|((_, variant), _)| *variant == 0)
+            .max_by_key(|((batch, _), _)| *batch);
+        match best {
+            Some((_, graph)) => Ok(Some(graph.graph.kernel_count()? as f64)),
+            None => Ok(None),
+        }
+    }
+
     /// The CUDA device index, if on CUDA.
     pub fn cuda_index(&self) -> Option<usize> {
         self.cuda.as_ref().map(|cuda| cuda.device_index)
