@@ -378,3 +378,48 @@ fn blending_transformer_seeds_go_through_pcgrad() {
     let after = &step.model().host_parameters()[0].1;
     assert!(!before.equal(after), "the host trained");
 }
+
+#[test]
+fn pinned_host_staging_trains_exactly_like_resident_data() {
+    use tolaria::DataPlacement;
+    let (train, test) = fmnist(640, 100);
+    let mut finals = Vec::new();
+    for placement in [DataPlacement::Device, DataPlacement::PinnedHost] {
+        let model = cnn_model(Telemetry::disabled());
+        let config = ModelTrainerConfig {
+            data_placement: placement,
+            drop_last: false,
+            ..cpu_config()
+        };
+        let mut trainer =
+            ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled())
+                .expect("trainer");
+        for _ in 0..2 {
+            let report = trainer.train_epoch().expect("epoch");
+            assert_eq!(
+                report.train.samples, 640,
+                "the last, smaller batch is staged too"
+            );
+        }
+        finals.push(
+            trainer
+                .model()
+                .parameters()
+                .iter()
+                .map(|p| Vec::<f32>::try_from(p.tensor.flatten(0, -1)).expect("vec"))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert!(
+        finals[0] == finals[1],
+        "pinned staging changed the training"
+    );
+    // Graph modes need device-resident data; the error says so.
+    let model = cnn_model(Telemetry::disabled());
+    let config = ModelTrainerConfig {
+        data_placement: DataPlacement::PinnedHost,
+        mode: ExecutionMode::GraphStep,
+        ..cpu_config()
+    };
+    assert!(ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled()).is_err());
+}

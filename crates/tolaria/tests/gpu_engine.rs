@@ -272,3 +272,39 @@ fn half_precision_trains_and_the_fp16_scaler_keeps_a_finite_scale() {
     }
     let _ = Tensor::zeros([1], (tch::Kind::Float, Device::Cpu));
 }
+
+#[test]
+fn pinned_host_staging_on_a_side_stream_trains_exactly_like_resident_data() {
+    if !cuda_or_skip("pinned_host_staging_on_a_side_stream_trains_exactly_like_resident_data") {
+        return;
+    }
+    torch_ext::precision::set_cudnn_deterministic(true);
+    let train = data(1024, 8);
+    let mut finals = Vec::new();
+    for placement in [
+        tolaria::DataPlacement::Device,
+        tolaria::DataPlacement::PinnedHost,
+    ] {
+        let model = blending_model(&train);
+        let mut config = config(ExecutionMode::Eager, Precision::Fp32);
+        config.matmul.allow_tf32 = false;
+        config.data_placement = placement;
+        let mut trainer =
+            ModelTrainer::new(model, &train, None, config, Telemetry::disabled()).expect("trainer");
+        let mut copy_ms = None;
+        for _ in 0..3 {
+            copy_ms = trainer.train_epoch().expect("epoch").train.h2d_ms;
+        }
+        if placement == tolaria::DataPlacement::PinnedHost {
+            let ms = copy_ms.expect("pinned staging times its copies");
+            println!("pinned staging: {ms:.3} ms of copies per epoch");
+            assert!(ms > 0.0);
+        }
+        finals.push(parameters(trainer.model()));
+    }
+    torch_ext::precision::set_cudnn_deterministic(false);
+    assert!(
+        finals[0] == finals[1],
+        "pinned staging changed the training"
+    );
+}

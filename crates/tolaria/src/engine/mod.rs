@@ -3,8 +3,9 @@
 //! A batch's path reads top to bottom:
 //!
 //! 1. **data**: [`staging::StagedData`] holds the training set where the
-//!    steps read it (resident on the device by default), shuffled on the
-//!    device once per epoch;
+//!    steps read it (resident on the device by default, shuffled there once
+//!    per epoch; or in pinned host memory, staged batch by batch through two
+//!    buffers on a staging stream, eager only);
 //! 2. **stage**: the engine gathers each batch's samples into place (an
 //!    `index_select` on the device; inside a captured step graph, from a
 //!    static index buffer);
@@ -152,6 +153,10 @@ impl EpochAccumulator {
     }
 }
 
+/// One captured graph's shape `(batch size, variant)` (the epoch graph is
+/// `(steps, u8::MAX)`) and its `(count, node)` pairs.
+pub type GraphSummary = ((i64, u8), Vec<(usize, String)>);
+
 /// What changes a step's kernel sequence: equal keys may share a graph.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StepKey(pub String);
@@ -222,6 +227,9 @@ pub struct EngineEpoch {
     pub captures: usize,
     /// Total capture time this epoch, ms.
     pub capture_ms: Option<f64>,
+    /// Pinned staging: the summed time of the epoch's host-to-device
+    /// copies (CUDA events), ms; `None` for device-resident data.
+    pub h2d_ms: Option<f64>,
     /// Telemetry events of the epoch (`tolaria.graph_enabled`,
     /// `tolaria.graph_fallback`).
     pub events: Vec<TelemetryEvent>,
@@ -432,6 +440,16 @@ impl Engine {
             reason: "does not fit i64".to_owned(),
         })?;
         let plan = data.plan(batch, self.config.drop_last)?;
+        if data.is_pinned_host() && self.config.mode.uses_graphs() {
+            return Err(Error::InvalidConfig {
+                field: "data_placement",
+                reason: format!(
+                    "{} replays graphs over device-resident data; pinned-host staging runs eager \
+                     (use mode eager, or device-resident data)",
+                    self.config.mode.name()
+                ),
+            });
+        }
         let wall = Instant::now();
         let compute = self.cuda.as_ref().map(|cuda| cuda.compute);
         let guard = match &compute {
@@ -453,6 +471,9 @@ impl Engine {
         let ran = match self.config.mode {
             ExecutionMode::GraphEpoch => {
                 self.epoch_graph_epoch(step, data, &plan, &permutation, &mut outcome)
+            }
+            ExecutionMode::Eager if data.is_pinned_host() => {
+                self.pinned_epoch(step, data, &plan, &permutation, &mut outcome)
             }
             ExecutionMode::GraphStep | ExecutionMode::Eager => {
                 self.step_epoch(step, data, &plan, &permutation, &mut outcome)
@@ -476,6 +497,7 @@ impl Engine {
             _ => None,
         };
         drop(guard);
+        let h2d_ms = data.take_copy_ms()?;
         let epoch_ms = wall.elapsed().as_secs_f64() * 1000.0;
         if samples <= 0.0 {
             return Err(Error::InvalidMetric {
@@ -494,8 +516,42 @@ impl Engine {
             device_ms,
             captures: outcome.captures,
             capture_ms: (outcome.captures > 0).then_some(outcome.capture_ms),
+            h2d_ms,
             events: outcome.events,
         })
+    }
+
+    /// Eager epochs from pinned host memory: the copy of batch `b + 1` is
+    /// queued before the step of batch `b`, into the other buffer.
+    fn pinned_epoch(
+        &mut self,
+        step: &mut dyn Step,
+        data: &StagedData,
+        plan: &[(i64, i64)],
+        permutation: &Tensor,
+        outcome: &mut EpochCounts,
+    ) -> Result<()> {
+        if let Some(&(start, len)) = plan.first() {
+            data.stage(0, &permutation.f_narrow(0, start, len).op("narrow")?)?;
+        }
+        for (index, _) in plan.iter().enumerate() {
+            let slot = index % 2;
+            let (inputs, labels) = data.staged(slot)?;
+            if let Some(&(start, len)) = plan.get(index.saturating_add(1)) {
+                data.stage(slot ^ 1, &permutation.f_narrow(0, start, len).op("narrow")?)?;
+            }
+            step.run(
+                &Batch {
+                    inputs: &inputs,
+                    labels: &labels,
+                    index,
+                },
+                &self.accumulator,
+            )?;
+            data.consumed(slot)?;
+            outcome.eager = outcome.eager.saturating_add(1);
+        }
+        Ok(())
     }
 
     /// Eager and graph-step epochs: batch by batch.
@@ -682,7 +738,7 @@ impl Engine {
     /// Node summaries of the graphs held now: one entry per step graph
     /// (batch size, variant) and the epoch graph (`(steps, u8::MAX)`), each
     /// with [`CudaGraph::node_summary`]'s `(count, node)` pairs.
-    pub fn graph_summaries(&self) -> Result<Vec<((i64, u8), Vec<(usize, String)>)>> {
+    pub fn graph_summaries(&self) -> Result<Vec<GraphSummary>> {
         let mut summaries = Vec::new();
         let mut shapes: Vec<&(i64, u8)> = self.step_graphs.keys().collect();
         shapes.sort();

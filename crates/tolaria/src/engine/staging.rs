@@ -13,9 +13,16 @@
 //! needs nothing from the host. [`StagedData::set_epoch`] picks the epoch
 //! (a resumed run asks for the epoch it resumes at).
 //!
-//! The host-resident alternative (pinned batches prefetched on a staging
-//! stream) is not built; a data set too large for the device is an error
-//! naming its size.
+//! [`StagedData::pinned`] is the alternative for a data set that should not
+//! live on the device: the samples stay in page-locked host memory, each
+//! batch is gathered on the host into one of two pinned buffers and copied
+//! to one of two device buffers on a dedicated staging stream, while the
+//! previous batch trains (double buffering: the copy of batch `b + 1`
+//! overlaps the step of batch `b`; events order the compute stream after
+//! the copy and the next copy into a buffer after the step that read it).
+//! The order is the same hash, computed on the host. `h2d_copy_ms` is the
+//! summed event time of the epoch's copies. Pinned staging runs eager
+//! steps; the graph modes need device-resident data (the engine says so).
 
 use std::cell::Cell;
 use std::time::Instant;
@@ -28,6 +35,7 @@ use crate::error::{Error, Result, TorchResultExt};
 /// A data set staged for the engine (see the module docs).
 #[derive(Debug)]
 pub struct StagedData {
+    /// All samples: on the device (resident) or in pinned host memory.
     inputs: Tensor,
     labels: Tensor,
     len: i64,
@@ -36,6 +44,37 @@ pub struct StagedData {
     epoch: Cell<u64>,
     device: Device,
     h2d_ms: Option<f64>,
+    /// The double buffers of pinned staging; `None` when resident.
+    pinned: Option<Pinned>,
+}
+
+/// One of the two buffer pairs of pinned staging.
+#[derive(Debug)]
+struct Slot {
+    host_inputs: Tensor,
+    host_labels: Tensor,
+    device_inputs: Tensor,
+    device_labels: Tensor,
+    /// Recorded on the staging stream after this slot's copy.
+    copied: Option<torch_ext::CudaEvent>,
+    /// Recorded on the compute stream after the step that read the slot.
+    consumed: Option<torch_ext::CudaEvent>,
+    /// Timing events around the copy.
+    timing: Option<(torch_ext::CudaEvent, torch_ext::CudaEvent)>,
+    /// Samples in the slot now.
+    len: Cell<i64>,
+    /// Whether a copy into the slot was queued and not yet timed.
+    pending: Cell<bool>,
+}
+
+/// Pinned-host staging state (see the module docs).
+#[derive(Debug)]
+struct Pinned {
+    slots: [Slot; 2],
+    stream: Option<torch_ext::CudaStream>,
+    batch: i64,
+    /// Summed copy time of the epoch so far, ms.
+    copy_ms: Cell<f64>,
 }
 
 /// SplitMix64 increment (the golden-ratio constant), as two's-complement
@@ -124,7 +163,256 @@ impl StagedData {
             epoch: Cell::new(0),
             device,
             h2d_ms,
+            pinned: None,
         })
+    }
+
+    /// Keeps `dataset` in page-locked host memory and stages batches of at
+    /// most `batch` samples to `device` through two buffers (see the module
+    /// docs). On the CPU the buffers are plain memory and nothing is copied
+    /// asynchronously.
+    ///
+    /// # Errors
+    /// [`Error::InvalidData`] for an empty data set; [`Error::InvalidConfig`]
+    /// for a batch of 0; [`Error::Torch`] when a buffer cannot be allocated.
+    pub fn pinned(
+        dataset: &Dataset,
+        device: Device,
+        batch: usize,
+        shuffle: bool,
+        seed: u64,
+    ) -> Result<StagedData> {
+        let len = i64::try_from(dataset.len()).map_err(|_| Error::InvalidData {
+            field: "dataset",
+            reason: format!("{} samples do not fit i64", dataset.len()),
+        })?;
+        if len == 0 {
+            return Err(Error::InvalidData {
+                field: "dataset",
+                reason: format!("`{}` holds no sample", dataset.name()),
+            });
+        }
+        let batch = i64::try_from(batch)
+            .ok()
+            .filter(|batch| *batch > 0)
+            .ok_or_else(|| Error::InvalidConfig {
+                field: "batch_size",
+                reason: format!("{batch}; pinned staging needs a batch of at least 1"),
+            })?
+            .min(len);
+        let host = dataset.pin_memory()?;
+        let inputs = host
+            .images()
+            .f_to_kind(input_kind(dataset.images()))
+            .op("inputs kind")?;
+        let inputs = if device.is_cuda() && !inputs.is_pinned(Device::Cuda(0)) {
+            inputs.f_pin_memory(Device::Cuda(0)).op("pin inputs")?
+        } else {
+            inputs
+        };
+        let labels = host.labels().f_to_kind(Kind::Int64).op("labels kind")?;
+        let labels = if device.is_cuda() && !labels.is_pinned(Device::Cuda(0)) {
+            labels.f_pin_memory(Device::Cuda(0)).op("pin labels")?
+        } else {
+            labels
+        };
+        let mut sample_shape = inputs.size();
+        if let Some(first) = sample_shape.first_mut() {
+            *first = batch;
+        }
+        let kind = inputs.kind();
+        let slot = || -> Result<Slot> {
+            let pin = |tensor: Tensor| -> Result<Tensor> {
+                if device.is_cuda() {
+                    tensor.f_pin_memory(Device::Cuda(0)).op("pin buffer")
+                } else {
+                    Ok(tensor)
+                }
+            };
+            let cuda = device.is_cuda();
+            let event = |timing: bool| -> Result<Option<torch_ext::CudaEvent>> {
+                Ok(if cuda {
+                    Some(torch_ext::CudaEvent::new(timing)?)
+                } else {
+                    None
+                })
+            };
+            Ok(Slot {
+                host_inputs: pin(
+                    Tensor::f_empty(sample_shape.as_slice(), (kind, Device::Cpu))
+                        .op("host buffer")?,
+                )?,
+                host_labels: pin(
+                    Tensor::f_empty([batch], (Kind::Int64, Device::Cpu)).op("host buffer")?
+                )?,
+                device_inputs: Tensor::f_empty(sample_shape.as_slice(), (kind, device))
+                    .op("device buffer")?,
+                device_labels: Tensor::f_empty([batch], (Kind::Int64, device))
+                    .op("device buffer")?,
+                copied: event(false)?,
+                consumed: event(false)?,
+                timing: match (event(true)?, event(true)?) {
+                    (Some(start), Some(end)) => Some((start, end)),
+                    _ => None,
+                },
+                len: Cell::new(0),
+                pending: Cell::new(false),
+            })
+        };
+        let stream = match device {
+            Device::Cuda(index) => Some(torch_ext::CudaStream::from_pool(index, false)?),
+            _ => None,
+        };
+        Ok(StagedData {
+            inputs,
+            labels,
+            len,
+            shuffle,
+            seed,
+            epoch: Cell::new(0),
+            device,
+            h2d_ms: None,
+            pinned: Some(Pinned {
+                slots: [slot()?, slot()?],
+                stream,
+                batch,
+                copy_ms: Cell::new(0.0),
+            }),
+        })
+    }
+
+    /// Whether batches are staged from pinned host memory
+    /// ([`StagedData::pinned`]).
+    pub fn is_pinned_host(&self) -> bool {
+        self.pinned.is_some()
+    }
+
+    /// Pinned staging: gathers the samples at `indices` (an `i64` CPU
+    /// tensor of at most the staging batch) into slot `slot`'s host buffer
+    /// and queues its copy to the device buffer on the staging stream.
+    pub(crate) fn stage(&self, slot: usize, indices: &Tensor) -> Result<()> {
+        let (Some(pinned), Some(buffers)) = (
+            self.pinned.as_ref(),
+            self.pinned.as_ref().and_then(|p| p.slots.get(slot)),
+        ) else {
+            return Err(Error::InvalidConfig {
+                field: "staging",
+                reason: "stage() needs pinned staging and a slot of 0 or 1".to_owned(),
+            });
+        };
+        let len = indices.size().first().copied().unwrap_or(0);
+        if len <= 0 || len > pinned.batch {
+            return Err(Error::InvalidConfig {
+                field: "staging",
+                reason: format!("{len} samples for a staging batch of {}", pinned.batch),
+            });
+        }
+        // The copy that last read this host buffer must be done before the
+        // host overwrites it, and the step that read the device buffer
+        // before the next copy lands there.
+        if let Some(copied) = &buffers.copied {
+            copied.synchronize()?;
+        }
+        self.settle_timing(buffers)?;
+        let host_inputs = buffers.host_inputs.f_narrow(0, 0, len).op("narrow")?;
+        let host_labels = buffers.host_labels.f_narrow(0, 0, len).op("narrow")?;
+        let _ = self
+            .inputs
+            .f_index_select_out(&host_inputs, 0, indices)
+            .op("host gather")?;
+        let _ = self
+            .labels
+            .f_index_select_out(&host_labels, 0, indices)
+            .op("host gather")?;
+        let mut device_inputs = buffers.device_inputs.f_narrow(0, 0, len).op("narrow")?;
+        let mut device_labels = buffers.device_labels.f_narrow(0, 0, len).op("narrow")?;
+        match &pinned.stream {
+            Some(stream) => {
+                let _guard = stream.make_current()?;
+                if let Some(consumed) = &buffers.consumed {
+                    stream.wait_event(consumed)?;
+                }
+                if let Some((start, _)) = &buffers.timing {
+                    start.record(stream)?;
+                }
+                torch_ext::copy_non_blocking(&mut device_inputs, &host_inputs)?;
+                torch_ext::copy_non_blocking(&mut device_labels, &host_labels)?;
+                if let Some((_, end)) = &buffers.timing {
+                    end.record(stream)?;
+                    buffers.pending.set(true);
+                }
+                if let Some(copied) = &buffers.copied {
+                    copied.record(stream)?;
+                }
+            }
+            None => {
+                device_inputs.f_copy_(&host_inputs).op("copy")?;
+                device_labels.f_copy_(&host_labels).op("copy")?;
+            }
+        }
+        buffers.len.set(len);
+        Ok(())
+    }
+
+    /// Pinned staging: the device tensors of slot `slot`, with the current
+    /// stream made to wait for their copy.
+    pub(crate) fn staged(&self, slot: usize) -> Result<(Tensor, Tensor)> {
+        let buffers = self
+            .pinned
+            .as_ref()
+            .and_then(|pinned| pinned.slots.get(slot))
+            .ok_or_else(|| Error::InvalidConfig {
+                field: "staging",
+                reason: "staged() needs pinned staging and a slot of 0 or 1".to_owned(),
+            })?;
+        if let (Some(copied), Device::Cuda(index)) = (&buffers.copied, self.device) {
+            torch_ext::CudaStream::current(index)?.wait_event(copied)?;
+        }
+        let len = buffers.len.get();
+        Ok((
+            buffers.device_inputs.f_narrow(0, 0, len).op("narrow")?,
+            buffers.device_labels.f_narrow(0, 0, len).op("narrow")?,
+        ))
+    }
+
+    /// Pinned staging: marks slot `slot` read by everything queued on the
+    /// current stream so far.
+    pub(crate) fn consumed(&self, slot: usize) -> Result<()> {
+        if let (Some(buffers), Device::Cuda(index)) = (
+            self.pinned
+                .as_ref()
+                .and_then(|pinned| pinned.slots.get(slot)),
+            self.device,
+        ) && let Some(consumed) = &buffers.consumed
+        {
+            consumed.record(&torch_ext::CudaStream::current(index)?)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a finished copy's time to the epoch's sum.
+    fn settle_timing(&self, buffers: &Slot) -> Result<()> {
+        if let (Some(pinned), Some((start, end))) = (self.pinned.as_ref(), &buffers.timing)
+            && buffers.pending.get()
+        {
+            end.synchronize()?;
+            let ms = f64::from(start.elapsed_ms(end)?);
+            pinned.copy_ms.set(pinned.copy_ms.get() + ms);
+            buffers.pending.set(false);
+        }
+        Ok(())
+    }
+
+    /// Pinned staging: the summed copy time since the last call, ms (waits
+    /// for the copies still in flight); `None` when resident.
+    pub(crate) fn take_copy_ms(&self) -> Result<Option<f64>> {
+        let Some(pinned) = &self.pinned else {
+            return Ok(None);
+        };
+        for buffers in &pinned.slots {
+            self.settle_timing(buffers)?;
+        }
+        Ok(Some(pinned.copy_ms.replace(0.0)))
     }
 
     /// Samples held.
@@ -197,12 +485,17 @@ impl StagedData {
         Ok(plan)
     }
 
-    /// The sample order of the current epoch (an `i64 [N]` device tensor),
-    /// then advances the epoch.
+    /// The sample order of the current epoch (an `i64 [N]` tensor on the
+    /// device, or on the host for pinned staging), then advances the epoch.
     pub fn permutation(&self) -> Result<Tensor> {
         let epoch = self.epoch.get();
         self.epoch.set(epoch.wrapping_add(1));
-        let order = Tensor::f_arange(self.len, (Kind::Int64, self.device)).op("arange")?;
+        let order_device = if self.pinned.is_some() {
+            Device::Cpu
+        } else {
+            self.device
+        };
+        let order = Tensor::f_arange(self.len, (Kind::Int64, order_device)).op("arange")?;
         if !self.shuffle {
             return Ok(order);
         }

@@ -90,6 +90,9 @@ pub struct ModelTrainerConfig {
     /// Fail an epoch that synchronises the device inside its steps (CUDA
     /// sync debug mode "error"; tests).
     pub forbid_syncs: bool,
+    /// Where the training set lives: on the device (default; every mode),
+    /// or in pinned host memory with double-buffered staging (eager only).
+    pub data_placement: crate::config::DataPlacement,
     /// Keep 4-D parameters channels-last on CUDA (see
     /// [`ModelStepConfig::channels_last`]).
     pub channels_last: bool,
@@ -121,6 +124,7 @@ impl Default for ModelTrainerConfig {
             forbid_syncs: false,
             counterfactual_samples: 1000,
             channels_last: true,
+            data_placement: crate::config::DataPlacement::Device,
         }
     }
 }
@@ -246,9 +250,25 @@ impl ModelTrainer {
             None
         };
         let mut step = ModelStep::new(model, step_config)?;
-        let staged = StagedData::resident(train, device, config.shuffle, config.seed)?;
+        let staged = match config.data_placement {
+            crate::config::DataPlacement::Device => {
+                StagedData::resident(train, device, config.shuffle, config.seed)?
+            }
+            crate::config::DataPlacement::PinnedHost => StagedData::pinned(
+                train,
+                device,
+                config.batch_size,
+                config.shuffle,
+                config.seed,
+            )?,
+        };
         let probe_len = i64::try_from(staged.len().min(32)).unwrap_or(1);
-        let probe = staged.inputs().f_narrow(0, 0, probe_len).op("probe")?;
+        let probe = staged
+            .inputs()
+            .f_narrow(0, 0, probe_len)
+            .op("probe")?
+            .f_to_device(device)
+            .op("probe to device")?;
         let logits = tch::no_grad(|| step.model().forward(&probe, false)).map_err(|source| {
             Error::Lifecycle {
                 op: "probe forward",
@@ -482,8 +502,19 @@ impl ModelTrainer {
         }
         let data = self.validation.as_ref().unwrap_or(&self.train);
         let len = i64::try_from(samples.min(data.len())).unwrap_or(1);
-        let inputs = data.inputs().f_narrow(0, 0, len).op("narrow")?;
-        let labels = data.labels().f_narrow(0, 0, len).op("narrow")?;
+        let device = self.step.model().device();
+        let inputs = data
+            .inputs()
+            .f_narrow(0, 0, len)
+            .op("narrow")?
+            .f_to_device(device)
+            .op("to device")?;
+        let labels = data
+            .labels()
+            .f_narrow(0, 0, len)
+            .op("narrow")?
+            .f_to_device(device)
+            .op("to device")?;
         let slots: Vec<_> = self
             .step
             .model()
@@ -606,7 +637,10 @@ impl ModelTrainer {
                 names::TOLARIA_TRAIN_GRAPH_ENABLED,
                 f64::from(u8::from(train.graph_enabled())),
             ));
-        if let Some(h2d) = self.train.h2d_ms().filter(|_| self.epoch == 0) {
+        let h2d = train
+            .h2d_ms
+            .or_else(|| self.train.h2d_ms().filter(|_| self.epoch == 0));
+        if let Some(h2d) = h2d {
             packet = packet.with_metric(metric(names::TOLARIA_H2D_COPY_MS, h2d));
         }
         if let Some(validation) = validation {
