@@ -181,6 +181,44 @@ fn the_check_catches_upward_and_torch_dependencies() {
     assert_eq!(problems.len(), 4, "{problems:#?}");
 }
 
+/// The workspace crates tamiyo may use: the ones below it that it needs
+/// (contracts, the libtorch extensions, the model side, the trainer's
+/// controller trait). Not nissa: like every producer it emits through
+/// `leyline::Telemetry`.
+const TAMIYO_MAY_USE: &[&str] = &["leyline", "torch-ext", "kasmina", "tolaria"];
+
+#[test]
+fn tamiyo_sits_above_tolaria_and_nothing_below_uses_it() {
+    let manifests = all_manifests();
+    let tamiyo = manifests
+        .iter()
+        .find(|manifest| manifest.name == "tamiyo")
+        .expect("crate tamiyo");
+    let workspace: Vec<&str> = manifests.iter().map(|m| m.name.as_str()).collect();
+    let mut problems = Vec::new();
+    for dependency in &tamiyo.dependencies {
+        if workspace.contains(&dependency.as_str())
+            && !TAMIYO_MAY_USE.contains(&dependency.as_str())
+        {
+            problems.push(format!(
+                "tamiyo depends on {dependency}; it may use only {TAMIYO_MAY_USE:?}"
+            ));
+        }
+    }
+    let tamiyo_layer = layer_of("tamiyo").expect("tamiyo is in the layer list");
+    for manifest in &manifests {
+        let below = layer_of(&manifest.name).is_some_and(|layer| layer < tamiyo_layer)
+            || TOOLING.contains(&manifest.name.as_str());
+        if below && manifest.dependencies.iter().any(|dep| dep == "tamiyo") {
+            problems.push(format!(
+                "{} depends on tamiyo, which sits above it",
+                manifest.name
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// Dependencies a crate must not take although the layer order would allow
 /// them, because what they serve is owned elsewhere: (crate, dependency, why).
 const NOT_OWNED_HERE: &[(&str, &str, &str)] = &[(

@@ -1,0 +1,68 @@
+//! Tamiyo: the controller that decides, once per host epoch, what happens to
+//! the seeds (reference §3).
+//!
+//! - [`features`]: the HEAD "Obs V3" observation (schema version
+//!   [`features::SCHEMA_VERSION`]): the exact layout, widths and
+//!   normalisations of reference §3.3 ([`features::layout`] names every
+//!   field's offset and width), the per-environment history it needs
+//!   ([`features::ObservationTracker`]), and [`features::FeatureBatch`], which
+//!   writes `[n_envs, obs_dim]` observations and `[n_envs, num_slots]`
+//!   blueprint indices for many environments into preallocated tensors.
+//! - [`normaliser`]: the running observation normaliser (the reference's
+//!   `RunningMeanStd`: EMA or Welford moments, epsilon, clip), state on the
+//!   device, a serde form for checkpoints.
+//! - [`heads`]: the action heads as the policy uses them (positions in
+//!   [`leyline::HEAD_NAMES`], sizes, causal relevance per op, canonical
+//!   actions) and [`heads::FactoredAction`].
+//! - [`masks`]: the action masks per head (reference §3.2), including the
+//!   op-conditioned slot masks and the HEAD "D3" germination block, from the
+//!   observation and Kasmina's [`kasmina::model::OpAvailability`].
+//! - [`policy`]: the recurrent actor-critic (reference §3.4): blueprint
+//!   embedding, feature net, residual LSTM, one head per
+//!   [`leyline::HEAD_NAMES`] entry and the critic, on a tch `VarStore`, with
+//!   one batched forward for every environment; masked sampling with a
+//!   seeded device-side generator, per-head log-probs and entropies in fp32,
+//!   the causal relevance of each head for the chosen op
+//!   ([`policy::sampling`]).
+//! - [`controller`]: [`controller::PolicyController`], the policy network
+//!   behind Tolaria's [`tolaria::controller::Controller`] trait for one
+//!   environment.
+//!
+//! Not built yet (later slices of issue 12): the PPO trainer and its
+//! auxiliary heads (the reference's `q_head` and contribution predictor live
+//! with the losses that train them, in simic), CUDA-graph policy inference
+//! for a fixed batch (the forward here is eager), and Tamiyo telemetry
+//! (leyline names none yet). The heuristic controller of reference §3.5 is
+//! Tolaria's [`tolaria::controller::HeuristicController`].
+//!
+//! `examples/policy_controller.rs` runs the whole loop on a small Kasmina
+//! model: observe, mask, act, and Tolaria's `apply`. (Like the other
+//! libtorch crates, Tamiyo has no doctests: a doctest binary is linked
+//! outside `target/` and would not find libtorch.)
+
+// No panics on caller- or file-supplied values: the panic lints are on for
+// library code, and every integer operation is checked, saturating or bounded
+// where it is written (sizes are validated where they enter).
+#![cfg_attr(
+    not(test),
+    warn(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::indexing_slicing,
+        clippy::arithmetic_side_effects
+    )
+)]
+
+pub mod controller;
+pub mod error;
+pub mod features;
+pub mod heads;
+pub mod masks;
+pub mod normaliser;
+pub mod policy;
+
+pub use error::{Error, Result};

@@ -1,0 +1,378 @@
+//! [`RunningMeanStd`]: the running observation normaliser (reference §3.3,
+//! the Python `RunningMeanStd`).
+//!
+//! Per feature, a running mean and variance, updated with a whole batch
+//! `[n, dim]` of observations at a time from the batch's mean and population
+//! variance:
+//!
+//! - with a momentum `m` (the reference's default 0.99), an EMA:
+//!   `mean' = m·mean + (1−m)·μ_b`, `var' = m·var + (1−m)·σ²_b + m(1−m)(mean − μ_b)²`
+//!   (the law of total variance for the two weighted parts);
+//! - without one, Welford's parallel combination over every sample seen
+//!   (count starting at epsilon).
+//!
+//! [`RunningMeanStd::normalize`] returns `clamp((x − mean) / sqrt(var + ε), ±clip)`
+//! (epsilon 1e-4, clip 10). The state (mean, var, count) lives on the device
+//! and an update never reads it back; the PPO trainer freezes the normaliser
+//! during a rollout and updates it just before the update (reference §3.3).
+//! [`NormaliserState`] is the serde form for checkpoints (the one place the
+//! state is read back).
+//!
+//! Batches are shape-checked (`[n ≥ 1, dim]`, floating point, same device);
+//! their values are not (that would need a readback): observations are
+//! checked where they are encoded ([`crate::features`]).
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{TorchResultExt, shape_mismatch};
+use crate::{Error, Result};
+
+/// Widest observation the normaliser takes.
+pub const MAX_DIM: usize = 1 << 20;
+
+/// The normaliser's constants.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NormaliserConfig {
+    /// Added to the variance before the square root, and the initial count
+    /// (1e-4).
+    pub epsilon: f64,
+    /// Normalised values are clamped to `±clip` (10).
+    pub clip: f64,
+    /// EMA momentum in `(0, 1)` (0.99); `None` for Welford's full-history
+    /// moments.
+    pub momentum: Option<f64>,
+}
+
+impl Default for NormaliserConfig {
+    /// The reference's observation normaliser: epsilon 1e-4, clip 10, EMA
+    /// momentum 0.99.
+    fn default() -> Self {
+        NormaliserConfig {
+            epsilon: 1e-4,
+            clip: 10.0,
+            momentum: Some(0.99),
+        }
+    }
+}
+
+impl NormaliserConfig {
+    /// Checks the constants: epsilon finite and > 0, clip finite and > 0,
+    /// momentum in `(0, 1)`.
+    pub fn validate(&self) -> Result<()> {
+        let positive = |field: &'static str, value: f64| {
+            if value.is_finite() && value > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::InvalidConfig {
+                    field,
+                    reason: format!("{value} is not a finite positive number"),
+                })
+            }
+        };
+        positive("NormaliserConfig.epsilon", self.epsilon)?;
+        positive("NormaliserConfig.clip", self.clip)?;
+        if let Some(momentum) = self.momentum
+            && !(momentum > 0.0 && momentum < 1.0)
+        {
+            return Err(Error::InvalidConfig {
+                field: "NormaliserConfig.momentum",
+                reason: format!("{momentum} is outside (0, 1)"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The normaliser's state on the host (checkpoints).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NormaliserState {
+    /// The constants.
+    pub config: NormaliserConfig,
+    /// Running mean per feature.
+    pub mean: Vec<f64>,
+    /// Running variance per feature (≥ 0).
+    pub var: Vec<f64>,
+    /// Samples seen (plus epsilon).
+    pub count: f64,
+}
+
+/// The running normaliser (see the module docs).
+#[derive(Debug)]
+pub struct RunningMeanStd {
+    config: NormaliserConfig,
+    dim: usize,
+    mean: Tensor,
+    var: Tensor,
+    count: Tensor,
+}
+
+fn check_dim(dim: usize) -> Result<i64> {
+    if (1..=MAX_DIM).contains(&dim) {
+        Ok(i64::try_from(dim).unwrap_or(i64::MAX))
+    } else {
+        Err(Error::InvalidConfig {
+            field: "RunningMeanStd.dim",
+            reason: format!("{dim} is outside [1, {MAX_DIM}]"),
+        })
+    }
+}
+
+impl RunningMeanStd {
+    /// A normaliser for `dim` features on `device`: mean 0, variance 1,
+    /// count epsilon.
+    pub fn new(dim: usize, config: NormaliserConfig, device: Device) -> Result<RunningMeanStd> {
+        config.validate()?;
+        let width = check_dim(dim)?;
+        Ok(RunningMeanStd {
+            config,
+            dim,
+            mean: Tensor::f_zeros([width], (Kind::Float, device)).op("normaliser mean")?,
+            var: Tensor::f_ones([width], (Kind::Float, device)).op("normaliser var")?,
+            count: Tensor::f_full([], config.epsilon, (Kind::Double, device))
+                .op("normaliser count")?,
+        })
+    }
+
+    /// Number of features.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The constants.
+    pub fn config(&self) -> NormaliserConfig {
+        self.config
+    }
+
+    /// The device the state lives on.
+    pub fn device(&self) -> Device {
+        self.mean.device()
+    }
+
+    /// The running mean, `[dim]` on the device.
+    pub fn mean(&self) -> &Tensor {
+        &self.mean
+    }
+
+    /// The running variance, `[dim]` on the device.
+    pub fn var(&self) -> &Tensor {
+        &self.var
+    }
+
+    fn check_batch(&self, what: &'static str, batch: &Tensor) -> Result<()> {
+        let size = batch.size();
+        let ok = matches!(size.as_slice(), [rows, width] if *rows >= 1
+            && usize::try_from(*width).ok() == Some(self.dim));
+        if !ok {
+            return Err(shape_mismatch(
+                what,
+                format!("[n >= 1, {}]", self.dim),
+                size,
+            ));
+        }
+        if !batch.is_floating_point() {
+            return Err(shape_mismatch(
+                what,
+                "a floating-point tensor",
+                batch.kind(),
+            ));
+        }
+        if batch.device() != self.device() {
+            return Err(shape_mismatch(
+                what,
+                format!("a tensor on {:?}", self.device()),
+                batch.device(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Updates the moments with `batch` (`[n, dim]`, see the module docs).
+    /// No readback.
+    pub fn update(&mut self, batch: &Tensor) -> Result<()> {
+        self.check_batch("RunningMeanStd.update", batch)?;
+        let batch = batch.f_to_kind(Kind::Float).op("normaliser batch")?;
+        let rows = batch.size().first().copied().unwrap_or(1);
+        let batch_mean = batch
+            .f_mean_dim(0, false, Kind::Float)
+            .op("normaliser batch mean")?;
+        let batch_var = batch
+            .f_var_correction(0, 0, false)
+            .op("normaliser batch var")?;
+        let delta = batch_mean.f_sub(&self.mean).op("normaliser delta")?;
+        let delta_sq = delta.f_square().op("normaliser delta²")?;
+        match self.config.momentum {
+            Some(momentum) => {
+                let rest = 1.0 - momentum;
+                let mean = (self.mean.f_mul_scalar(momentum).op("ema mean")?)
+                    .f_add(&batch_mean.f_mul_scalar(rest).op("ema mean")?)
+                    .op("ema mean")?;
+                let var = self
+                    .var
+                    .f_mul_scalar(momentum)
+                    .op("ema var")?
+                    .f_add(&batch_var.f_mul_scalar(rest).op("ema var")?)
+                    .op("ema var")?
+                    .f_add(&delta_sq.f_mul_scalar(momentum * rest).op("ema var")?)
+                    .op("ema var")?;
+                self.mean = mean;
+                self.var = var;
+                self.count = self.count.f_add_scalar(rows).op("ema count")?;
+            }
+            None => {
+                // Welford's parallel combination, counts in f64 on the device.
+                let count = self.count.f_to_kind(Kind::Float).op("welford count")?;
+                let total = self.count.f_add_scalar(rows).op("welford total")?;
+                let total_f = total.f_to_kind(Kind::Float).op("welford total")?;
+                let batch_weight = Tensor::f_full([], rows, (Kind::Float, self.device()))
+                    .op("welford rows")?
+                    .f_div(&total_f)
+                    .op("welford weight")?;
+                let mean = self
+                    .mean
+                    .f_add(&delta.f_mul(&batch_weight).op("welford mean")?)
+                    .op("welford mean")?;
+                // m2 = var·count + var_b·rows + delta²·count·rows/total.
+                let m2 = self
+                    .var
+                    .f_mul(&count)
+                    .op("welford m2")?
+                    .f_add(&batch_var.f_mul_scalar(rows).op("welford m2")?)
+                    .op("welford m2")?
+                    .f_add(
+                        &delta_sq
+                            .f_mul(&count)
+                            .op("welford m2")?
+                            .f_mul(&batch_weight)
+                            .op("welford m2")?,
+                    )
+                    .op("welford m2")?;
+                self.var = m2.f_div(&total_f).op("welford var")?;
+                self.mean = mean;
+                self.count = total;
+            }
+        }
+        Ok(())
+    }
+
+    /// `clamp((x − mean) / sqrt(var + ε), ±clip)` for `x` `[n, dim]` (a new
+    /// tensor in `f32`).
+    pub fn normalize(&self, x: &Tensor) -> Result<Tensor> {
+        self.check_batch("RunningMeanStd.normalize", x)?;
+        let scale = self
+            .var
+            .f_add_scalar(self.config.epsilon)
+            .op("normalise std")?
+            .f_sqrt()
+            .op("normalise std")?;
+        x.f_to_kind(Kind::Float)
+            .op("normalise input")?
+            .f_sub(&self.mean)
+            .op("normalise centre")?
+            .f_div(&scale)
+            .op("normalise scale")?
+            .f_clamp(-self.config.clip, self.config.clip)
+            .op("normalise clip")
+    }
+
+    /// Back to mean 0, variance 1, count epsilon.
+    pub fn reset(&mut self) -> Result<()> {
+        let _ = self.mean.f_zero_().op("normaliser reset")?;
+        let _ = self.var.f_fill_(1.0).op("normaliser reset")?;
+        let _ = self
+            .count
+            .f_fill_(self.config.epsilon)
+            .op("normaliser reset")?;
+        Ok(())
+    }
+
+    /// The state on the host (reads the device back once).
+    pub fn state(&self) -> Result<NormaliserState> {
+        let read = |what: &'static str, tensor: &Tensor| -> Result<Vec<f64>> {
+            let host = tensor
+                .f_to_kind(Kind::Double)
+                .op("normaliser readback")?
+                .f_to_device(Device::Cpu)
+                .op("normaliser readback")?;
+            let values = Vec::<f64>::try_from(&host).op("normaliser readback")?;
+            if values.len() != self.dim {
+                return Err(Error::Readback {
+                    what,
+                    expected: self.dim,
+                    got: values.len(),
+                });
+            }
+            Ok(values)
+        };
+        let count = self
+            .count
+            .f_to_device(Device::Cpu)
+            .op("normaliser readback")?
+            .f_double_value(&[])
+            .op("normaliser readback")?;
+        Ok(NormaliserState {
+            config: self.config,
+            mean: read("normaliser mean", &self.mean)?,
+            var: read("normaliser var", &self.var)?,
+            count,
+        })
+    }
+
+    /// A normaliser from a saved state on `device`. The state is checked:
+    /// constants valid, mean and var of one length in `[1, MAX_DIM]`, every
+    /// value finite, variances ≥ 0, count ≥ epsilon.
+    pub fn from_state(state: &NormaliserState, device: Device) -> Result<RunningMeanStd> {
+        state.config.validate()?;
+        check_dim(state.mean.len())?;
+        if state.var.len() != state.mean.len() {
+            return Err(Error::InvalidInput {
+                field: "NormaliserState.var",
+                reason: format!("{} values for {} means", state.var.len(), state.mean.len()),
+            });
+        }
+        if let Some(bad) = state.mean.iter().find(|value| !value.is_finite()) {
+            return Err(Error::InvalidInput {
+                field: "NormaliserState.mean",
+                reason: format!("{bad} is not finite"),
+            });
+        }
+        if let Some(bad) = state
+            .var
+            .iter()
+            .find(|value| !(value.is_finite() && **value >= 0.0))
+        {
+            return Err(Error::InvalidInput {
+                field: "NormaliserState.var",
+                reason: format!("{bad} is not a finite variance"),
+            });
+        }
+        if !(state.count.is_finite() && state.count >= state.config.epsilon) {
+            return Err(Error::InvalidInput {
+                field: "NormaliserState.count",
+                reason: format!(
+                    "{} is not a finite count of at least epsilon {}",
+                    state.count, state.config.epsilon
+                ),
+            });
+        }
+        let load = |values: &[f64]| -> Result<Tensor> {
+            Tensor::f_from_slice(values)
+                .op("normaliser load")?
+                .f_to_kind(Kind::Float)
+                .op("normaliser load")?
+                .f_to_device(device)
+                .op("normaliser load")
+        };
+        let mean = load(&state.mean)?;
+        let var = load(&state.var)?;
+        Ok(RunningMeanStd {
+            config: state.config,
+            dim: state.mean.len(),
+            mean,
+            var,
+            count: Tensor::f_full([], state.count, (Kind::Double, device)).op("normaliser load")?,
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! The policy: the recurrent actor-critic network ([`network`]), its layers
+//! ([`layers`]) and masked sampling ([`sampling`]).
+//!
+//! [`Policy`] owns the `VarStore` and the [`PolicyNetwork`] built in it (the
+//! store saves and loads checkpoints and moves the variables between
+//! devices); [`Policy::act`] runs one batched forward and samples an action
+//! for every environment.
+
+pub mod layers;
+pub mod network;
+pub mod sampling;
+
+use tch::{Device, Tensor, nn};
+
+use crate::Result;
+use crate::masks::MaskTensors;
+
+pub use crate::heads::relevant_head_count;
+pub use network::{LstmState, PolicyConfig, PolicyNetwork, PolicyOutput};
+pub use sampling::{
+    MASKED_LOGIT_VALUE, PolicyRng, SampleMode, SampledActions, Sampler, SamplingConfig,
+};
+
+/// A policy network with the `VarStore` that holds its variables.
+#[derive(Debug)]
+pub struct Policy {
+    var_store: nn::VarStore,
+    network: PolicyNetwork,
+}
+
+/// What [`Policy::act`] returns.
+#[derive(Debug)]
+pub struct Act {
+    /// The sampled actions, log-probabilities, entropies and relevance.
+    pub sample: SampledActions,
+    /// The critic's V(s), `[B]` fp32.
+    pub value: Tensor,
+    /// The LSTM state after this step.
+    pub hidden: LstmState,
+}
+
+impl Policy {
+    /// A freshly initialised policy on `device` (seed libtorch's generator
+    /// first for a reproducible initialisation).
+    pub fn new(config: PolicyConfig, device: Device) -> Result<Policy> {
+        let var_store = nn::VarStore::new(device);
+        let network = PolicyNetwork::new(&var_store.root(), config)?;
+        Ok(Policy { var_store, network })
+    }
+
+    /// The network.
+    pub fn network(&self) -> &PolicyNetwork {
+        &self.network
+    }
+
+    /// The variables (save, load, optimizers).
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.var_store
+    }
+
+    /// The variables, mutably (load a checkpoint, freeze).
+    pub fn var_store_mut(&mut self) -> &mut nn::VarStore {
+        &mut self.var_store
+    }
+
+    /// Number of trainable parameters.
+    pub fn parameter_count(&self) -> usize {
+        self.var_store
+            .trainable_variables()
+            .iter()
+            .map(Tensor::numel)
+            .sum()
+    }
+
+    /// One batched forward and a sampled action per environment, without
+    /// gradients (a rollout or a controller step).
+    pub fn act(
+        &self,
+        obs: &Tensor,
+        blueprint_indices: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+        sampler: &mut Sampler,
+    ) -> Result<Act> {
+        let _guard = tch::no_grad_guard();
+        let output = self
+            .network
+            .forward(obs, blueprint_indices, hidden, masks)?;
+        let sample = sampler.sample(&output.logits, masks)?;
+        Ok(Act {
+            sample,
+            value: output.value,
+            hidden: output.hidden,
+        })
+    }
+}

@@ -1,0 +1,533 @@
+//! [`PolicyNetwork`]: the factored recurrent actor-critic (reference §3.4,
+//! HEAD `FactoredRecurrentActorCritic`).
+//!
+//! ```text
+//! blueprint indices [B, S] -> embedding (14 x 4, N(0, 0.02); -1 -> null row 13) -> [B, 4S]
+//! obs [B, D] ++ embeddings -> Linear(D + 4S -> feature) -> LayerNorm -> ReLU
+//!   -> (Linear(feature -> hidden) when the widths differ)
+//!   -> ResidualLSTM: per layer  x + LayerNorm(LSTM(x))          [B, hidden]
+//!   -> one head per HEAD_NAMES entry: Linear(hidden -> hidden/2) -> ReLU -> Linear(-> n)
+//!      (blueprint: hidden -> hidden -> hidden/2 -> 13)
+//!   -> critic V(s): hidden -> hidden/2 (LN, ReLU) -> hidden/4 (LN, ReLU) -> hidden/8 (ReLU) -> 1
+//! ```
+//!
+//! Initialisation: every linear weight orthogonal with gain √2 and a zero
+//! bias, the heads' output layers gain 0.01, the critic's output layer gain
+//! 0.1; LSTM weights orthogonal, forget-gate biases `1 + ln(layers)`.
+//!
+//! One call runs every environment of a batch: [`PolicyNetwork::forward`]
+//! takes `[B, D]` observations, `[B, S]` blueprint indices and the LSTM state
+//! `[layers, B, hidden]`, and returns fp32 logits per head, the value `[B]`
+//! and the new state; [`PolicyNetwork::forward_sequence`] unrolls `[B, T, D]`
+//! from a state (what the PPO update needs). Shapes, dtypes and devices are
+//! checked before libtorch sees them. Blueprint indices are built and
+//! checked on the host ([`crate::features`]); on the device an index outside
+//! `[0, 13)` selects the null row, so a bad index can never fault a kernel.
+
+use tch::{Device, Kind, Tensor, nn};
+
+use super::layers::{BlockSpec, LayerNorm, Linear, LstmLayer, Mlp, to_f32};
+use crate::error::{TorchResultExt, shape_mismatch};
+use crate::features::{BLUEPRINT_EMBED_DIM, NUM_BLUEPRINTS, layout};
+use crate::heads::{BLUEPRINT, head_sizes};
+use crate::masks::MaskTensors;
+use crate::{Error, Result};
+use leyline::{DEFAULT_NUM_SLOTS, NUM_ACTION_HEADS};
+
+/// Widest feature or hidden layer the network takes.
+pub const MAX_WIDTH: i64 = 1 << 14;
+/// Most residual LSTM layers.
+pub const MAX_LSTM_LAYERS: usize = 16;
+/// Standard deviation of the blueprint embedding's initialisation.
+pub const EMBEDDING_INIT_STD: f64 = 0.02;
+/// Gain of the heads' output layers.
+pub const POLICY_OUTPUT_GAIN: f64 = 0.01;
+/// Gain of the critic's output layer.
+pub const VALUE_OUTPUT_GAIN: f64 = 0.1;
+
+/// The network's sizes (serialised next to checkpoints).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Slots per observation (the slot head's size).
+    pub num_slots: usize,
+    /// Width of the feature net (512 at HEAD).
+    pub feature_dim: i64,
+    /// LSTM hidden width (512 at HEAD).
+    pub hidden_dim: i64,
+    /// Residual LSTM layers (1 at HEAD).
+    pub lstm_layers: usize,
+}
+
+impl Default for PolicyConfig {
+    /// HEAD's defaults: three slots, feature and hidden width 512, one LSTM
+    /// layer.
+    fn default() -> Self {
+        PolicyConfig {
+            num_slots: DEFAULT_NUM_SLOTS,
+            feature_dim: 512,
+            hidden_dim: 512,
+            lstm_layers: 1,
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// Checks the sizes: slots in `[1, MAX_SLOTS]`, feature width in
+    /// `[1, MAX_WIDTH]`, hidden width in `[8, MAX_WIDTH]` (the critic narrows
+    /// it by 8), layers in `[1, MAX_LSTM_LAYERS]`.
+    pub fn validate(&self) -> Result<()> {
+        layout(self.num_slots).map_err(|_| Error::InvalidConfig {
+            field: "PolicyConfig.num_slots",
+            reason: format!(
+                "{} is outside [1, {}]",
+                self.num_slots,
+                crate::features::MAX_SLOTS
+            ),
+        })?;
+        if !(1..=MAX_WIDTH).contains(&self.feature_dim) {
+            return Err(Error::InvalidConfig {
+                field: "PolicyConfig.feature_dim",
+                reason: format!("{} is outside [1, {MAX_WIDTH}]", self.feature_dim),
+            });
+        }
+        if !(8..=MAX_WIDTH).contains(&self.hidden_dim) {
+            return Err(Error::InvalidConfig {
+                field: "PolicyConfig.hidden_dim",
+                reason: format!("{} is outside [8, {MAX_WIDTH}]", self.hidden_dim),
+            });
+        }
+        if !(1..=MAX_LSTM_LAYERS).contains(&self.lstm_layers) {
+            return Err(Error::InvalidConfig {
+                field: "PolicyConfig.lstm_layers",
+                reason: format!("{} is outside [1, {MAX_LSTM_LAYERS}]", self.lstm_layers),
+            });
+        }
+        Ok(())
+    }
+
+    /// Observation width (`23 + 31 · num_slots`).
+    pub fn obs_dim(&self) -> usize {
+        layout(self.num_slots).map_or(0, |layout| layout.obs_dim())
+    }
+}
+
+/// The LSTM state of a batch: `h` and `c`, each `[layers, B, hidden]`.
+#[derive(Debug)]
+pub struct LstmState {
+    /// Hidden state.
+    pub h: Tensor,
+    /// Cell state.
+    pub c: Tensor,
+}
+
+impl LstmState {
+    /// Zeros for `batch` environments.
+    pub fn zeros(layers: usize, batch: usize, hidden: i64, device: Device) -> Result<LstmState> {
+        let shape = [
+            i64::try_from(layers).unwrap_or(i64::MAX),
+            i64::try_from(batch).unwrap_or(i64::MAX),
+            hidden,
+        ];
+        Ok(LstmState {
+            h: Tensor::f_zeros(shape, (Kind::Float, device)).op("lstm state")?,
+            c: Tensor::f_zeros(shape, (Kind::Float, device)).op("lstm state")?,
+        })
+    }
+
+    /// Environments in the batch.
+    pub fn batch_size(&self) -> i64 {
+        self.h.size().get(1).copied().unwrap_or(0)
+    }
+
+    /// The same state cut from the autograd graph (between episodes).
+    pub fn detach(&self) -> LstmState {
+        LstmState {
+            h: self.h.detach(),
+            c: self.c.detach(),
+        }
+    }
+
+    /// A second handle on the same tensors.
+    pub fn shallow_clone(&self) -> LstmState {
+        LstmState {
+            h: self.h.shallow_clone(),
+            c: self.c.shallow_clone(),
+        }
+    }
+
+    /// Environment `env`'s state, `[layers, 1, hidden]` each.
+    pub fn select(&self, env: i64) -> Result<LstmState> {
+        if !(0..self.batch_size()).contains(&env) {
+            return Err(shape_mismatch("LstmState.select", self.batch_size(), env));
+        }
+        Ok(LstmState {
+            h: self.h.f_narrow(1, env, 1).op("lstm state select")?,
+            c: self.c.f_narrow(1, env, 1).op("lstm state select")?,
+        })
+    }
+}
+
+/// What one forward pass returns.
+#[derive(Debug)]
+pub struct PolicyOutput {
+    /// Raw logits per head ([`leyline::HEAD_NAMES`] order), fp32,
+    /// `[B, n]` (`[B, T, n]` for sequences).
+    pub logits: [Tensor; NUM_ACTION_HEADS],
+    /// Logits with the base masks applied (masked options at
+    /// [`super::sampling::MASKED_LOGIT_VALUE`]), fp32; `None` from
+    /// [`PolicyNetwork::forward_sequence`].
+    pub masked_logits: Option<[Tensor; NUM_ACTION_HEADS]>,
+    /// The critic's V(s), fp32, `[B]` (`[B, T]`).
+    pub value: Tensor,
+    /// The LSTM state after the last step.
+    pub hidden: LstmState,
+}
+
+/// The policy network (see the module docs).
+#[derive(Debug)]
+pub struct PolicyNetwork {
+    config: PolicyConfig,
+    device: Device,
+    obs_dim: i64,
+    embedding: Tensor,
+    feature: Linear,
+    feature_norm: LayerNorm,
+    input_proj: Option<Linear>,
+    lstm: Vec<(LstmLayer, LayerNorm)>,
+    heads: Vec<Mlp>,
+    critic: Mlp,
+}
+
+fn as_i64(value: usize) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl PolicyNetwork {
+    /// Builds the network's variables under `path` (see the module docs for
+    /// the initialisation; seed libtorch's generator first for a
+    /// reproducible one).
+    pub fn new(path: &nn::Path<'_>, config: PolicyConfig) -> Result<PolicyNetwork> {
+        config.validate()?;
+        let obs_dim = as_i64(config.obs_dim());
+        let embed_width = as_i64(BLUEPRINT_EMBED_DIM.saturating_mul(config.num_slots));
+        let hidden = config.hidden_dim;
+        let half = hidden / 2;
+        let embedding = path
+            .sub("blueprint_embedding")
+            .f_randn(
+                "weight",
+                &[
+                    as_i64(NUM_BLUEPRINTS.saturating_add(1)),
+                    as_i64(BLUEPRINT_EMBED_DIM),
+                ],
+                0.0,
+                EMBEDDING_INIT_STD,
+            )
+            .op("blueprint embedding")?;
+        let feature_path = path.sub("feature_net");
+        let feature = Linear::new(
+            &feature_path,
+            obs_dim.saturating_add(embed_width),
+            config.feature_dim,
+            std::f64::consts::SQRT_2,
+        )?;
+        let feature_norm = LayerNorm::new(&feature_path.sub("norm"), config.feature_dim)?;
+        let input_proj = if config.feature_dim == hidden {
+            None
+        } else {
+            Some(Linear::new(
+                &path.sub("lstm_input_proj"),
+                config.feature_dim,
+                hidden,
+                std::f64::consts::SQRT_2,
+            )?)
+        };
+        let forget_bias = 1.0 + (config.lstm_layers as f64).ln();
+        let lstm = (0..config.lstm_layers)
+            .map(|layer| {
+                let layer_path = path.sub("lstm").sub(layer.to_string());
+                Ok((
+                    LstmLayer::new(&layer_path, hidden, forget_bias)?,
+                    LayerNorm::new(&layer_path.sub("norm"), hidden)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let heads_path = path.sub("heads");
+        let heads = head_sizes(config.num_slots)
+            .iter()
+            .enumerate()
+            .map(|(head, size)| {
+                let name = leyline::HEAD_NAMES.get(head).copied().unwrap_or("head");
+                let output = BlockSpec {
+                    output: as_i64(*size),
+                    norm: false,
+                };
+                let plain = |output: i64| BlockSpec {
+                    output,
+                    norm: false,
+                };
+                let specs: Vec<BlockSpec> = if head == BLUEPRINT {
+                    vec![plain(hidden), plain(half), output]
+                } else {
+                    vec![plain(half), output]
+                };
+                Mlp::new(&heads_path.sub(name), hidden, &specs, POLICY_OUTPUT_GAIN)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let normed = |output: i64| BlockSpec { output, norm: true };
+        let critic = Mlp::new(
+            &path.sub("state_value_head"),
+            hidden,
+            &[
+                normed(half),
+                normed(hidden / 4),
+                BlockSpec {
+                    output: hidden / 8,
+                    norm: false,
+                },
+                BlockSpec {
+                    output: 1,
+                    norm: false,
+                },
+            ],
+            VALUE_OUTPUT_GAIN,
+        )?;
+        Ok(PolicyNetwork {
+            config,
+            device: path.device(),
+            obs_dim,
+            embedding,
+            feature,
+            feature_norm,
+            input_proj,
+            lstm,
+            heads,
+            critic,
+        })
+    }
+
+    /// The sizes.
+    pub fn config(&self) -> PolicyConfig {
+        self.config
+    }
+
+    /// The device the variables live on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// A zero LSTM state for `batch` environments.
+    pub fn initial_state(&self, batch: usize) -> Result<LstmState> {
+        LstmState::zeros(
+            self.config.lstm_layers,
+            batch,
+            self.config.hidden_dim,
+            self.device,
+        )
+    }
+
+    fn check(&self, what: &'static str, tensor: &Tensor, shape: &[i64], kind: Kind) -> Result<()> {
+        if tensor.size() != shape || tensor.kind() != kind || tensor.device() != self.device {
+            return Err(shape_mismatch(
+                what,
+                format!("{kind:?} {shape:?} on {:?}", self.device),
+                (tensor.kind(), tensor.size(), tensor.device()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_hidden(&self, hidden: &LstmState, batch: i64) -> Result<()> {
+        let shape = [
+            as_i64(self.config.lstm_layers),
+            batch,
+            self.config.hidden_dim,
+        ];
+        self.check("forward.hidden.h", &hidden.h, &shape, Kind::Float)?;
+        self.check("forward.hidden.c", &hidden.c, &shape, Kind::Float)
+    }
+
+    /// One step for a batch (see the module docs), with the base `masks`
+    /// applied to a copy of the logits.
+    ///
+    /// # Shapes
+    /// `obs [B, obs_dim]` f32, `blueprint_indices [B, num_slots]` i64,
+    /// `hidden [layers, B, hidden]` ×2 → logits `[B, n_head]` per head,
+    /// value `[B]`, hidden `[layers, B, hidden]`.
+    pub fn forward(
+        &self,
+        obs: &Tensor,
+        blueprint_indices: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+    ) -> Result<PolicyOutput> {
+        let batch = obs.size().first().copied().unwrap_or(0);
+        if batch < 1 {
+            return Err(shape_mismatch(
+                "forward.obs",
+                "[B >= 1, obs_dim]",
+                obs.size(),
+            ));
+        }
+        let slots = as_i64(self.config.num_slots);
+        self.check("forward.obs", obs, &[batch, self.obs_dim], Kind::Float)?;
+        self.check(
+            "forward.blueprint_indices",
+            blueprint_indices,
+            &[batch, slots],
+            Kind::Int64,
+        )?;
+        self.check_hidden(hidden, batch)?;
+        masks.check(batch, self.config.num_slots, self.device)?;
+        let obs = obs.f_unsqueeze(1).op("forward unsqueeze")?;
+        let blueprints = blueprint_indices.f_unsqueeze(1).op("forward unsqueeze")?;
+        let (lstm_out, hidden) = self.core(&obs, &blueprints, hidden)?;
+        let lstm_out = lstm_out.f_squeeze_dim(1).op("forward squeeze")?;
+        let (logits, value) = self.outputs(&lstm_out)?;
+        let masked = super::sampling::mask_all(&logits, &masks.heads)?;
+        Ok(PolicyOutput {
+            logits,
+            masked_logits: Some(masked),
+            value,
+            hidden,
+        })
+    }
+
+    /// `T` steps for a batch from `hidden` (the PPO update's unroll); no
+    /// masks.
+    ///
+    /// # Shapes
+    /// `obs [B, T, obs_dim]`, `blueprint_indices [B, T, num_slots]` →
+    /// logits `[B, T, n_head]`, value `[B, T]`.
+    pub fn forward_sequence(
+        &self,
+        obs: &Tensor,
+        blueprint_indices: &Tensor,
+        hidden: &LstmState,
+    ) -> Result<PolicyOutput> {
+        let size = obs.size();
+        let (batch, steps) = match size.as_slice() {
+            [batch, steps, _] if *batch >= 1 && *steps >= 1 => (*batch, *steps),
+            _ => {
+                return Err(shape_mismatch(
+                    "forward_sequence.obs",
+                    "[B >= 1, T >= 1, obs_dim]",
+                    size,
+                ));
+            }
+        };
+        let slots = as_i64(self.config.num_slots);
+        self.check(
+            "forward_sequence.obs",
+            obs,
+            &[batch, steps, self.obs_dim],
+            Kind::Float,
+        )?;
+        self.check(
+            "forward_sequence.blueprint_indices",
+            blueprint_indices,
+            &[batch, steps, slots],
+            Kind::Int64,
+        )?;
+        self.check_hidden(hidden, batch)?;
+        let (lstm_out, hidden) = self.core(obs, blueprint_indices, hidden)?;
+        let (logits, value) = self.outputs(&lstm_out)?;
+        Ok(PolicyOutput {
+            logits,
+            masked_logits: None,
+            value,
+            hidden,
+        })
+    }
+
+    /// Embedding, feature net and residual LSTM on `[B, T, ...]` inputs.
+    fn core(
+        &self,
+        obs: &Tensor,
+        blueprint_indices: &Tensor,
+        hidden: &LstmState,
+    ) -> Result<(Tensor, LstmState)> {
+        let null = as_i64(NUM_BLUEPRINTS);
+        let valid = blueprint_indices
+            .f_ge(0)
+            .op("blueprint valid")?
+            .f_logical_and(&blueprint_indices.f_lt(null).op("blueprint valid")?)
+            .op("blueprint valid")?;
+        let null_index = Tensor::f_full([], null, (Kind::Int64, self.device)).op("null index")?;
+        let safe = blueprint_indices
+            .f_where_self(&valid, &null_index)
+            .op("blueprint index")?;
+        let embedded = Tensor::f_embedding(&self.embedding, &safe, -1, false, false)
+            .op("blueprint embedding")?
+            .f_flatten(2, -1)
+            .op("blueprint embedding flatten")?;
+        let x = Tensor::f_cat(&[obs, &embedded], -1).op("feature input")?;
+        let x = self.feature.forward(&x)?;
+        let x = self.feature_norm.forward(&x)?.f_relu().op("feature relu")?;
+        let mut x = match &self.input_proj {
+            Some(projection) => projection.forward(&x)?,
+            None => x,
+        };
+        let mut hs = Vec::with_capacity(self.lstm.len());
+        let mut cs = Vec::with_capacity(self.lstm.len());
+        for (layer, (lstm, norm)) in self.lstm.iter().enumerate() {
+            let layer = as_i64(layer);
+            let h = hidden.h.f_narrow(0, layer, 1).op("lstm state h")?;
+            let c = hidden.c.f_narrow(0, layer, 1).op("lstm state c")?;
+            let [output, h, c] = lstm.forward(&x, &h, &c)?;
+            x = norm.forward(&output)?.f_add(&x).op("lstm residual")?;
+            hs.push(h);
+            cs.push(c);
+        }
+        let hidden = LstmState {
+            h: Tensor::f_cat(&hs, 0).op("lstm state")?,
+            c: Tensor::f_cat(&cs, 0).op("lstm state")?,
+        };
+        Ok((x, hidden))
+    }
+
+    /// Logits per head and the value from the LSTM output `[..., hidden]`.
+    fn outputs(&self, lstm_out: &Tensor) -> Result<([Tensor; NUM_ACTION_HEADS], Tensor)> {
+        let logits = self
+            .heads
+            .iter()
+            .map(|head| to_f32(&head.forward(lstm_out)?))
+            .collect::<Result<Vec<_>>>()?;
+        let logits: [Tensor; NUM_ACTION_HEADS] = logits
+            .try_into()
+            .map_err(|_| shape_mismatch("policy heads", NUM_ACTION_HEADS, "another count"))?;
+        let value = to_f32(
+            &self
+                .critic
+                .forward(lstm_out)?
+                .f_squeeze_dim(-1)
+                .op("value squeeze")?,
+        )?;
+        Ok((logits, value))
+    }
+
+    /// Output-layer weight of head `head` (for tests of the
+    /// initialisation).
+    pub fn head_output_weight(&self, head: usize) -> Option<&Tensor> {
+        self.heads
+            .get(head)
+            .and_then(Mlp::output_layer)
+            .map(Linear::weight)
+    }
+
+    /// Output-layer weight of the critic.
+    pub fn value_output_weight(&self) -> Option<&Tensor> {
+        self.critic.output_layer().map(Linear::weight)
+    }
+
+    /// `[w_ih, w_hh, b_ih, b_hh]` of LSTM layer `layer`.
+    pub fn lstm_parameters(&self, layer: usize) -> Option<&[Tensor; 4]> {
+        self.lstm.get(layer).map(|(lstm, _)| lstm.params())
+    }
+
+    /// The blueprint embedding table `[14, 4]`.
+    pub fn blueprint_embedding(&self) -> &Tensor {
+        &self.embedding
+    }
+}

@@ -1,0 +1,686 @@
+//! Masked sampling of a factored action for a batch of environments
+//! (reference §3.1 "Sampling (HEAD)"), all on the device.
+//!
+//! 1. The op is chosen first from its masked logits (masked options at
+//!    [`MASKED_LOGIT_VALUE`], −1e4 as in the reference).
+//! 2. Every other head's mask is conditioned on the op: a head that does not
+//!    matter for it (leyline's causal relevance, [`crate::heads::relevance`])
+//!    is forced to its canonical action ([`crate::heads::canonical_action`];
+//!    the slot head for WAIT to the first allowed slot), and the slot head
+//!    takes the op's row of `slot_by_op`. Masking the raw logits with the
+//!    conditioned mask gives a forced head log-probability 0 and entropy 0.
+//! 3. Each head is then chosen: greedy (argmax over the valid options) or
+//!    sampled by Gumbel-max over the valid options, with Gumbel noise from
+//!    [`PolicyRng`], a counter-based generator (the SplitMix64 finaliser of
+//!    seed, draw and element index, in device integer ops): seeded per
+//!    controller, the same on the CPU and CUDA, independent of libtorch's
+//!    global generator. A masked option is never chosen, whatever its logit.
+//!
+//! Log-probabilities are `log_softmax` of the masked logits in fp32 at the
+//! chosen action; entropies are normalised by `ln(valid options)` (0 when
+//! one option is valid), as the reference's. An optional per-head
+//! probability floor (reference §4.2, floor capped at `0.99 / valid` and the
+//! other options rescaled) changes the logits before both, so sampling and
+//! log-probabilities describe the same distribution.
+//!
+//! [`SampledActions::relevance`] is the causal mask `[B, 8]` PPO applies to
+//! per-head log-probabilities; [`evaluate_actions`] recomputes
+//! log-probabilities and entropies of stored actions the same way.
+
+use leyline::{HEAD_NAMES, LifecycleOp, NUM_ACTION_HEADS};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{TorchResultExt, shape_mismatch};
+use crate::heads::{FactoredAction, OP, SLOT, canonical_action, head_sizes, relevance};
+use crate::masks::MaskTensors;
+use crate::{Error, Result};
+
+/// Logit of a masked option (the reference's `MASKED_LOGIT_VALUE`: large
+/// enough to zero its probability in fp32, small enough for fp16/bf16).
+pub const MASKED_LOGIT_VALUE: f64 = -1e4;
+
+/// The reference's per-head probability floors (§4.2), [`HEAD_NAMES`]
+/// order: slot .05, blueprint .12, style .08, tempo .12, alpha_target .08,
+/// alpha_speed .06, alpha_curve .06, op .15.
+pub fn reference_probability_floors() -> [f64; NUM_ACTION_HEADS] {
+    let mut floors = [0.0; NUM_ACTION_HEADS];
+    for (floor, name) in floors.iter_mut().zip(HEAD_NAMES.iter()) {
+        *floor = match *name {
+            "slot" => 0.05,
+            "blueprint" | "tempo" => 0.12,
+            "style" | "alpha_target" => 0.08,
+            "alpha_speed" | "alpha_curve" => 0.06,
+            "op" => 0.15,
+            _ => 0.0,
+        };
+    }
+    floors
+}
+
+/// Greedy or sampled choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum SampleMode {
+    /// The most likely valid option of each head.
+    Greedy,
+    /// A sample from each head's masked distribution.
+    Stochastic,
+}
+
+/// How actions are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    /// Greedy or sampled.
+    pub mode: SampleMode,
+    /// Per-head probability floors in `[0, 1)` ([`HEAD_NAMES`] order), or
+    /// none.
+    pub floors: Option<[f64; NUM_ACTION_HEADS]>,
+}
+
+impl Default for SamplingConfig {
+    /// Sampled, no floors.
+    fn default() -> Self {
+        SamplingConfig {
+            mode: SampleMode::Stochastic,
+            floors: None,
+        }
+    }
+}
+
+impl SamplingConfig {
+    /// Checks the floors (finite, in `[0, 1)`).
+    pub fn validate(&self) -> Result<()> {
+        for floor in self.floors.iter().flatten() {
+            if !(0.0..1.0).contains(floor) {
+                return Err(Error::InvalidConfig {
+                    field: "SamplingConfig.floors",
+                    reason: format!("{floor} is outside [0, 1)"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn floor(&self, head: usize) -> Option<f64> {
+        self.floors
+            .and_then(|floors| floors.get(head).copied())
+            .filter(|floor| *floor > 0.0)
+    }
+}
+
+const GOLDEN: i64 = 0x9E37_79B9_7F4A_7C15_u64 as i64;
+const MIX1: i64 = 0xBF58_476D_1CE4_E5B9_u64 as i64;
+const MIX2: i64 = 0x94D0_49BB_1331_11EB_u64 as i64;
+
+/// The SplitMix64 finaliser on the host.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `x >>> shift` on `i64` tensors (arithmetic shift, sign bits cleared).
+fn logical_shift_right(x: &Tensor, shift: i64) -> Result<Tensor> {
+    let mask = i64::MAX >> shift.saturating_sub(1).clamp(0, 63);
+    x.f_bitwise_right_shift_tensor_scalar(shift)
+        .op("rng shift")?
+        .f_bitwise_and(mask)
+        .op("rng mask")
+}
+
+/// A seeded counter-based generator of uniform noise on the device (see
+/// the module docs). Each draw advances a counter; the same seed and
+/// sequence of draws give the same numbers on any device.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PolicyRng {
+    seed: u64,
+    draws: u64,
+}
+
+impl PolicyRng {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> PolicyRng {
+        PolicyRng { seed, draws: 0 }
+    }
+
+    /// Draws made so far.
+    pub fn draws(&self) -> u64 {
+        self.draws
+    }
+
+    /// Uniform numbers in the open interval `(0, 1)`, `f32`, of `shape` on
+    /// `device` (24 random bits each).
+    pub fn uniform(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        let draw = self.draws;
+        self.draws = self.draws.wrapping_add(1);
+        let count = shape
+            .iter()
+            .try_fold(1_i64, |total, dim| {
+                (*dim >= 0).then(|| total.checked_mul(*dim)).flatten()
+            })
+            .ok_or_else(|| shape_mismatch("PolicyRng.uniform", "a valid shape", shape))?;
+        let base = mix(self.seed ^ mix(draw.wrapping_add(0x5EED_0F7A_u64))) as i64;
+        let mut x = Tensor::f_arange(count, (Kind::Int64, device))
+            .op("rng arange")?
+            .f_add_scalar(1)
+            .op("rng hash")?
+            .f_mul_scalar(GOLDEN)
+            .op("rng hash")?
+            .f_add_scalar(base)
+            .op("rng hash")?;
+        for (shift, multiplier) in [(30, Some(MIX1)), (27, Some(MIX2)), (31, None)] {
+            let shifted = logical_shift_right(&x, shift)?;
+            x = x.f_bitwise_xor_tensor(&shifted).op("rng xor")?;
+            if let Some(multiplier) = multiplier {
+                x = x.f_mul_scalar(multiplier).op("rng mul")?;
+            }
+        }
+        // The top 24 bits, centred in their bucket: (k + 0.5) / 2^24.
+        logical_shift_right(&x, 40)?
+            .f_to_kind(Kind::Float)
+            .op("rng float")?
+            .f_add_scalar(0.5)
+            .op("rng float")?
+            .f_mul_scalar(1.0 / f64::from(1_u32 << 24))
+            .op("rng float")?
+            .f_view(shape)
+            .op("rng view")
+    }
+
+    /// Standard Gumbel noise `−ln(−ln u)` of `shape` on `device`.
+    pub fn gumbel(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        self.uniform(shape, device)?
+            .f_log()
+            .op("gumbel")?
+            .f_neg()
+            .op("gumbel")?
+            .f_log()
+            .op("gumbel")?
+            .f_neg()
+            .op("gumbel")
+    }
+}
+
+/// `logits` (as fp32) with the options `mask` forbids at
+/// [`MASKED_LOGIT_VALUE`].
+pub fn mask_logits(logits: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    logits
+        .f_to_kind(Kind::Float)
+        .op("mask logits")?
+        .f_where_scalarother(mask, MASKED_LOGIT_VALUE)
+        .op("mask logits")
+}
+
+/// [`mask_logits`] for every head.
+pub fn mask_all(
+    logits: &[Tensor; NUM_ACTION_HEADS],
+    masks: &[Tensor; NUM_ACTION_HEADS],
+) -> Result<[Tensor; NUM_ACTION_HEADS]> {
+    let masked = logits
+        .iter()
+        .zip(masks.iter())
+        .map(|(logits, mask)| mask_logits(logits, mask))
+        .collect::<Result<Vec<_>>>()?;
+    masked
+        .try_into()
+        .map_err(|_| shape_mismatch("mask_all", NUM_ACTION_HEADS, "another count"))
+}
+
+/// The reference's floor-preserving renormalisation: every valid option
+/// gets at least `min(floor, 0.99 / valid)` probability, the options above
+/// it are scaled to fill the rest; returned as masked logits (log
+/// probabilities, masked options at [`MASKED_LOGIT_VALUE`]).
+pub fn apply_probability_floor(
+    masked_logits: &Tensor,
+    mask: &Tensor,
+    floor: f64,
+) -> Result<Tensor> {
+    let probs = masked_logits
+        .f_softmax(-1, Kind::Float)
+        .op("floor softmax")?;
+    let mask_f = mask.f_to_kind(Kind::Float).op("floor mask")?;
+    let valid = mask_f
+        .f_sum_dim_intlist(-1, true, Kind::Float)
+        .op("floor count")?
+        .f_clamp_min(1.0)
+        .op("floor count")?;
+    let effective = valid
+        .f_reciprocal()
+        .op("floor cap")?
+        .f_mul_scalar(0.99)
+        .op("floor cap")?
+        .f_clamp_max(floor)
+        .op("floor cap")?;
+    let under = probs
+        .f_lt_tensor(&effective)
+        .op("floor under")?
+        .f_logical_and(mask)
+        .op("floor under")?;
+    let over = probs
+        .f_ge_tensor(&effective)
+        .op("floor over")?
+        .f_logical_and(mask)
+        .op("floor over")?;
+    let floor_mass = under
+        .f_to_kind(Kind::Float)
+        .op("floor mass")?
+        .f_sum_dim_intlist(-1, true, Kind::Float)
+        .op("floor mass")?
+        .f_mul(&effective)
+        .op("floor mass")?;
+    let over_total = probs
+        .f_where_scalarother(&over, 0.0)
+        .op("floor over total")?
+        .f_sum_dim_intlist(-1, true, Kind::Float)
+        .op("floor over total")?
+        .f_clamp_min(1e-8)
+        .op("floor over total")?;
+    let scale = floor_mass
+        .f_neg()
+        .op("floor rest")?
+        .f_add_scalar(1.0)
+        .op("floor rest")?
+        .f_clamp_min(1e-8)
+        .op("floor rest")?
+        .f_div(&over_total)
+        .op("floor scale")?;
+    let scaled = probs.f_mul(&scale).op("floor scaled")?;
+    let floored = effective
+        .f_expand_as(&probs)
+        .op("floor expand")?
+        .f_where_self(&under, &scaled.f_where_self(&over, &probs).op("floor")?)
+        .op("floor")?;
+    floored
+        .f_clamp_min(1e-8)
+        .op("floor log")?
+        .f_log()
+        .op("floor log")?
+        .f_where_scalarother(mask, MASKED_LOGIT_VALUE)
+        .op("floor mask")
+}
+
+/// fp32 log-probabilities of `actions` (`[B]` i64) under `masked_logits`
+/// (`[B, n]`).
+pub fn log_prob(masked_logits: &Tensor, actions: &Tensor) -> Result<Tensor> {
+    masked_logits
+        .f_log_softmax(-1, Kind::Float)
+        .op("log softmax")?
+        .f_gather(-1, &actions.f_unsqueeze(-1).op("log prob index")?, false)
+        .op("log prob gather")?
+        .f_squeeze_dim(-1)
+        .op("log prob squeeze")
+}
+
+/// Entropy over the valid options divided by `ln(valid)` (0 with one valid
+/// option), fp32, `[B]`.
+pub fn normalized_entropy(masked_logits: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    let logits = masked_logits.f_to_kind(Kind::Float).op("entropy")?;
+    let probs = logits.f_softmax(-1, Kind::Float).op("entropy softmax")?;
+    let log_probs = logits.f_log_softmax(-1, Kind::Float).op("entropy log")?;
+    let mask_f = mask.f_to_kind(Kind::Float).op("entropy mask")?;
+    let raw = probs
+        .f_mul(&log_probs)
+        .op("entropy")?
+        .f_mul(&mask_f)
+        .op("entropy")?
+        .f_sum_dim_intlist(-1, false, Kind::Float)
+        .op("entropy")?
+        .f_neg()
+        .op("entropy")?;
+    let valid = mask_f
+        .f_sum_dim_intlist(-1, false, Kind::Float)
+        .op("entropy count")?;
+    let several = valid.f_gt(1.0).op("entropy count")?;
+    let max_entropy = valid
+        .f_clamp_min(1.0)
+        .op("entropy max")?
+        .f_log()
+        .op("entropy max")?
+        .f_where_scalarother(&several, 1.0)
+        .op("entropy max")?
+        .f_clamp_min(1e-8)
+        .op("entropy max")?;
+    raw.f_div(&max_entropy)
+        .op("entropy normalise")?
+        .f_where_scalarother(&several, 0.0)
+        .op("entropy single")
+}
+
+/// The choice of each row: argmax of `masked_logits` (greedy) or of
+/// `masked_logits + Gumbel noise` (sampled), over the options `mask`
+/// allows only.
+fn choose(
+    masked_logits: &Tensor,
+    mask: &Tensor,
+    mode: SampleMode,
+    rng: &mut PolicyRng,
+) -> Result<Tensor> {
+    let scores = match mode {
+        SampleMode::Greedy => masked_logits.shallow_clone(),
+        SampleMode::Stochastic => {
+            let noise = rng.gumbel(&masked_logits.size(), masked_logits.device())?;
+            masked_logits.f_add(&noise).op("gumbel scores")?
+        }
+    };
+    scores
+        .f_where_scalarother(mask, f64::NEG_INFINITY)
+        .op("choose mask")?
+        .f_argmax(-1, false)
+        .op("choose argmax")
+}
+
+/// Per-op relevance and canonical actions on a device, built once.
+#[derive(Debug)]
+pub struct Sampler {
+    config: SamplingConfig,
+    rng: PolicyRng,
+    /// `[NUM_OPS, 8]` bool: leyline's relevance table.
+    relevance: Tensor,
+    device: Device,
+}
+
+/// One batch of sampled actions (all on the device).
+#[derive(Debug)]
+pub struct SampledActions {
+    /// `[B, 8]` i64, one index per head in [`HEAD_NAMES`] order.
+    pub actions: Tensor,
+    /// `[B, 8]` fp32 log-probabilities of the chosen options.
+    pub log_probs: Tensor,
+    /// `[B, 8]` fp32 normalised entropies.
+    pub entropies: Tensor,
+    /// `[B, 8]` bool: which heads causally matter for each row's op.
+    pub relevance: Tensor,
+    /// The op-conditioned masks the heads were sampled under.
+    pub masks: [Tensor; NUM_ACTION_HEADS],
+}
+
+impl SampledActions {
+    /// The actions on the host (one readback for the batch).
+    pub fn to_host(&self, num_slots: usize) -> Result<Vec<FactoredAction>> {
+        let host = self
+            .actions
+            .f_to_device(Device::Cpu)
+            .op("actions readback")?
+            .f_contiguous()
+            .op("actions readback")?
+            .f_view(-1)
+            .op("actions readback")?;
+        let values = Vec::<i64>::try_from(&host).op("actions readback")?;
+        let rows = self.actions.size().first().copied().unwrap_or(0);
+        let expected = usize::try_from(rows)
+            .unwrap_or(0)
+            .saturating_mul(NUM_ACTION_HEADS);
+        if values.len() != expected {
+            return Err(Error::Readback {
+                what: "actions",
+                expected,
+                got: values.len(),
+            });
+        }
+        values
+            .chunks_exact(NUM_ACTION_HEADS)
+            .map(|row| {
+                let mut indices = [0_i64; NUM_ACTION_HEADS];
+                indices.copy_from_slice(row);
+                FactoredAction::from_indices(&indices, num_slots)
+            })
+            .collect()
+    }
+}
+
+impl Sampler {
+    /// A sampler on `device` with generator seed `seed`.
+    pub fn new(config: SamplingConfig, seed: u64, device: Device) -> Result<Sampler> {
+        config.validate()?;
+        let table: Vec<u8> = LifecycleOp::ALL
+            .iter()
+            .flat_map(|op| relevance(*op).map(u8::from))
+            .collect();
+        let relevance = Tensor::f_from_slice(&table)
+            .op("relevance table")?
+            .f_view([
+                i64::try_from(LifecycleOp::ALL.len()).unwrap_or(i64::MAX),
+                i64::try_from(NUM_ACTION_HEADS).unwrap_or(i64::MAX),
+            ])
+            .op("relevance table")?
+            .f_to_kind(Kind::Bool)
+            .op("relevance table")?
+            .f_to_device(device)
+            .op("relevance table")?;
+        Ok(Sampler {
+            config,
+            rng: PolicyRng::new(seed),
+            relevance,
+            device,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> SamplingConfig {
+        self.config
+    }
+
+    /// Sets greedy or sampled choice.
+    pub fn set_mode(&mut self, mode: SampleMode) {
+        self.config.mode = mode;
+    }
+
+    /// The generator.
+    pub fn rng(&self) -> &PolicyRng {
+        &self.rng
+    }
+
+    /// `[B, 8]` relevance of each head for `ops` (`[B]` i64).
+    pub fn relevance(&self, ops: &Tensor) -> Result<Tensor> {
+        self.relevance.f_index_select(0, ops).op("relevance select")
+    }
+
+    /// The masks each head is chosen under, given the chosen `ops` (`[B]`):
+    /// irrelevant heads forced to their canonical option, the slot head to
+    /// `slot_by_op[op]` (see the module docs).
+    pub fn conditioned_masks(
+        &self,
+        masks: &MaskTensors,
+        ops: &Tensor,
+    ) -> Result<[Tensor; NUM_ACTION_HEADS]> {
+        let relevant = self.relevance(ops)?;
+        let size = masks.slot_by_op.size();
+        let (batch, num_slots) = match size.as_slice() {
+            [batch, _, slots] => (*batch, *slots),
+            _ => {
+                return Err(shape_mismatch(
+                    "conditioned_masks.slot_by_op",
+                    "[B, ops, S]",
+                    size,
+                ));
+            }
+        };
+        let index = ops
+            .f_view([batch, 1, 1])
+            .op("slot by op index")?
+            .f_expand([batch, 1, num_slots], false)
+            .op("slot by op index")?;
+        let slot_base = masks
+            .slot_by_op
+            .f_gather(1, &index, false)
+            .op("slot by op")?
+            .f_squeeze_dim(1)
+            .op("slot by op")?;
+        let mut out = Vec::with_capacity(NUM_ACTION_HEADS);
+        for (head, base) in masks.heads.iter().enumerate() {
+            if head == OP {
+                out.push(base.shallow_clone());
+                continue;
+            }
+            let base = if head == SLOT {
+                slot_base.shallow_clone()
+            } else {
+                base.shallow_clone()
+            };
+            let width = base.size().get(1).copied().unwrap_or(0);
+            let canonical = match canonical_action(head) {
+                Some(option) => Tensor::f_full([batch], option, (Kind::Int64, self.device))
+                    .op("canonical option")?,
+                // First allowed slot.
+                None => base
+                    .f_to_kind(Kind::Int)
+                    .op("first slot")?
+                    .f_argmax(-1, false)
+                    .op("first slot")?,
+            };
+            let forced = canonical
+                .f_one_hot(width)
+                .op("canonical one-hot")?
+                .f_to_kind(Kind::Bool)
+                .op("canonical one-hot")?;
+            let keep = relevant
+                .f_select(1, i64::try_from(head).unwrap_or(0))
+                .op("relevance column")?
+                .f_unsqueeze(1)
+                .op("relevance column")?;
+            out.push(base.f_where_self(&keep, &forced).op("conditioned mask")?);
+        }
+        out.try_into()
+            .map_err(|_| shape_mismatch("conditioned_masks", NUM_ACTION_HEADS, "another count"))
+    }
+
+    /// Masked (and floored) logits of head `head` under `mask`.
+    fn head_logits(&self, head: usize, logits: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let masked = mask_logits(logits, mask)?;
+        match self.config.floor(head) {
+            Some(floor) => apply_probability_floor(&masked, mask, floor),
+            None => Ok(masked),
+        }
+    }
+
+    /// Samples one action per row from raw `logits` (as
+    /// [`super::PolicyOutput::logits`]) under the base `masks` (see the
+    /// module docs).
+    pub fn sample(
+        &mut self,
+        logits: &[Tensor; NUM_ACTION_HEADS],
+        masks: &MaskTensors,
+    ) -> Result<SampledActions> {
+        let batch = logits
+            .get(OP)
+            .and_then(|logits| logits.size().first().copied())
+            .unwrap_or(0);
+        let num_slots = logits
+            .get(SLOT)
+            .and_then(|logits| logits.size().get(1).copied())
+            .and_then(|slots| usize::try_from(slots).ok())
+            .unwrap_or(0);
+        self.check_logits(logits, batch, num_slots)?;
+        masks.check(batch, num_slots, self.device)?;
+        let op_mask = masks
+            .heads
+            .get(OP)
+            .ok_or_else(|| shape_mismatch("sample.masks", NUM_ACTION_HEADS, "fewer"))?;
+        let op_logits = logits
+            .get(OP)
+            .ok_or_else(|| shape_mismatch("sample.logits", NUM_ACTION_HEADS, "fewer"))?;
+        let op_masked = self.head_logits(OP, op_logits, op_mask)?;
+        let ops = choose(&op_masked, op_mask, self.config.mode, &mut self.rng)?;
+        let conditioned = self.conditioned_masks(masks, &ops)?;
+        let mut actions = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut log_probs = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut entropies = Vec::with_capacity(NUM_ACTION_HEADS);
+        for (head, (logits, mask)) in logits.iter().zip(conditioned.iter()).enumerate() {
+            let (masked, action) = if head == OP {
+                (op_masked.shallow_clone(), ops.shallow_clone())
+            } else {
+                let masked = self.head_logits(head, logits, mask)?;
+                let action = choose(&masked, mask, self.config.mode, &mut self.rng)?;
+                (masked, action)
+            };
+            log_probs.push(log_prob(&masked, &action)?);
+            entropies.push(normalized_entropy(&masked, mask)?);
+            actions.push(action);
+        }
+        Ok(SampledActions {
+            actions: Tensor::f_stack(&actions, 1).op("stack actions")?,
+            log_probs: Tensor::f_stack(&log_probs, 1).op("stack log probs")?,
+            entropies: Tensor::f_stack(&entropies, 1).op("stack entropies")?,
+            relevance: self.relevance(&ops)?,
+            masks: conditioned,
+        })
+    }
+
+    /// Log-probabilities and entropies (`[B, 8]` each, fp32) of stored
+    /// `actions` (`[B, 8]` i64) under raw `logits` and the base `masks`,
+    /// conditioned on the stored ops exactly as [`Sampler::sample`] did.
+    pub fn evaluate_actions(
+        &self,
+        logits: &[Tensor; NUM_ACTION_HEADS],
+        masks: &MaskTensors,
+        actions: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
+        let batch = actions.size().first().copied().unwrap_or(0);
+        let num_slots = logits
+            .get(SLOT)
+            .and_then(|logits| logits.size().get(1).copied())
+            .and_then(|slots| usize::try_from(slots).ok())
+            .unwrap_or(0);
+        let expected = [batch, i64::try_from(NUM_ACTION_HEADS).unwrap_or(0)];
+        if actions.size() != expected || actions.kind() != Kind::Int64 {
+            return Err(shape_mismatch(
+                "evaluate_actions.actions",
+                format!("Int64 {expected:?}"),
+                (actions.kind(), actions.size()),
+            ));
+        }
+        self.check_logits(logits, batch, num_slots)?;
+        masks.check(batch, num_slots, self.device)?;
+        let ops = actions
+            .f_select(1, i64::try_from(OP).unwrap_or(0))
+            .op("stored ops")?;
+        let conditioned = self.conditioned_masks(masks, &ops)?;
+        let mut log_probs = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut entropies = Vec::with_capacity(NUM_ACTION_HEADS);
+        for (head, (logits, mask)) in logits.iter().zip(conditioned.iter()).enumerate() {
+            let masked = self.head_logits(head, logits, mask)?;
+            let action = actions
+                .f_select(1, i64::try_from(head).unwrap_or(0))
+                .op("stored action")?;
+            log_probs.push(log_prob(&masked, &action)?);
+            entropies.push(normalized_entropy(&masked, mask)?);
+        }
+        Ok((
+            Tensor::f_stack(&log_probs, 1).op("stack log probs")?,
+            Tensor::f_stack(&entropies, 1).op("stack entropies")?,
+        ))
+    }
+
+    fn check_logits(
+        &self,
+        logits: &[Tensor; NUM_ACTION_HEADS],
+        batch: i64,
+        num_slots: usize,
+    ) -> Result<()> {
+        if batch < 1 || num_slots < 1 {
+            return Err(shape_mismatch(
+                "sample.logits",
+                "[B >= 1, n] per head",
+                (batch, num_slots),
+            ));
+        }
+        for (head, (logits, size)) in logits.iter().zip(head_sizes(num_slots)).enumerate() {
+            let expected = [batch, i64::try_from(size).unwrap_or(i64::MAX)];
+            if logits.size() != expected
+                || !logits.is_floating_point()
+                || logits.device() != self.device
+            {
+                return Err(shape_mismatch(
+                    "sample.logits",
+                    format!(
+                        "floating {expected:?} on {:?} for head {}",
+                        self.device,
+                        HEAD_NAMES.get(head).unwrap_or(&"?")
+                    ),
+                    (logits.kind(), logits.size(), logits.device()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

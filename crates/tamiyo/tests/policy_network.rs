@@ -1,0 +1,386 @@
+//! The policy network (reference §3.4): sizes and parameter count at HEAD's
+//! defaults, one batched forward equal to per-environment forwards, the
+//! LSTM state carried across calls (steps equal a sequence), the
+//! initialisation, the null blueprint entry, and shape checks before
+//! libtorch.
+
+use leyline::NUM_ACTION_HEADS;
+use tamiyo::Error;
+use tamiyo::heads::{BLUEPRINT, OP, head_sizes};
+use tamiyo::masks::MaskTensors;
+use tamiyo::policy::{
+    LstmState, MASKED_LOGIT_VALUE, Policy, PolicyConfig, PolicyNetwork, SampleMode, Sampler,
+    SamplingConfig,
+};
+use tch::{Device, Kind, Tensor};
+
+fn small() -> PolicyConfig {
+    PolicyConfig {
+        num_slots: 3,
+        feature_dim: 24,
+        hidden_dim: 16,
+        lstm_layers: 2,
+    }
+}
+
+fn policy(config: PolicyConfig, seed: i64) -> Policy {
+    tch::manual_seed(seed);
+    Policy::new(config, Device::Cpu).expect("policy")
+}
+
+fn inputs(batch: i64, obs_dim: i64, salt: f64) -> (Tensor, Tensor) {
+    let obs = (Tensor::arange(batch * obs_dim, (Kind::Float, Device::Cpu)) * 0.37 + salt)
+        .sin()
+        .view([batch, obs_dim]);
+    let blueprints: Vec<i64> = (0..batch * 3).map(|i| (i * 5) % 14 - 1).collect();
+    (obs, Tensor::from_slice(&blueprints).view([batch, 3]))
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+#[test]
+fn heads_default_sizes_and_parameter_count_follow_the_reference() {
+    let config = PolicyConfig::default();
+    assert_eq!(
+        (
+            config.num_slots,
+            config.feature_dim,
+            config.hidden_dim,
+            config.lstm_layers
+        ),
+        (3, 512, 512, 1)
+    );
+    assert_eq!(config.obs_dim(), 116);
+    let policy = policy(config, 0);
+    // Blueprint embedding 14 x 4; feature net 128 -> 512 + LayerNorm; one
+    // LSTM(512) layer + LayerNorm; seven heads 512 -> 256 -> n; blueprint
+    // 512 -> 512 -> 256 -> 13; critic 512 -> 256 -> 128 -> 64 -> 1 with two
+    // LayerNorms.
+    let linear = |i: usize, o: usize| i * o + o;
+    let heads: usize = head_sizes(3)
+        .iter()
+        .enumerate()
+        .map(|(head, &n)| {
+            if head == BLUEPRINT {
+                linear(512, 512) + linear(512, 256) + linear(256, n)
+            } else {
+                linear(512, 256) + linear(256, n)
+            }
+        })
+        .sum();
+    let expected = 14 * 4
+        + linear(128, 512)
+        + 2 * 512
+        + (2 * 4 * 512 * 512 + 2 * 4 * 512)
+        + 2 * 512
+        + heads
+        + linear(512, 256)
+        + 2 * 256
+        + linear(256, 128)
+        + 2 * 128
+        + linear(128, 64)
+        + linear(64, 1);
+    assert_eq!(policy.parameter_count(), expected);
+
+    let network = policy.network();
+    let (obs, blueprints) = inputs(2, 116, 0.0);
+    let hidden = network.initial_state(2).expect("hidden");
+    assert_eq!(hidden.h.size(), [1, 2, 512]);
+    let masks = MaskTensors::allow_all(2, 3, Device::Cpu).expect("masks");
+    let output = network
+        .forward(&obs, &blueprints, &hidden, &masks)
+        .expect("forward");
+    let sizes: Vec<i64> = output.logits.iter().map(|l| l.size()[1]).collect();
+    assert_eq!(sizes, [3, 13, 4, 3, 3, 4, 5, 6]);
+    assert!(output.logits.iter().all(|l| l.kind() == Kind::Float));
+    assert_eq!(output.value.size(), [2]);
+    assert_eq!(output.hidden.c.size(), [1, 2, 512]);
+}
+
+#[test]
+fn one_batched_forward_equals_per_environment_forwards() {
+    let policy = policy(small(), 1);
+    let network = policy.network();
+    let batch = 4;
+    let (obs, blueprints) = inputs(batch, 116, 0.3);
+    let hidden = LstmState {
+        h: Tensor::randn([2, batch, 16], (Kind::Float, Device::Cpu)) * 0.5,
+        c: Tensor::randn([2, batch, 16], (Kind::Float, Device::Cpu)) * 0.5,
+    };
+    let masks = MaskTensors::allow_all(batch as usize, 3, Device::Cpu).expect("masks");
+    let together = network
+        .forward(&obs, &blueprints, &hidden, &masks)
+        .expect("batch");
+    for env in 0..batch {
+        let one_masks = MaskTensors::allow_all(1, 3, Device::Cpu).expect("masks");
+        let alone = network
+            .forward(
+                &obs.narrow(0, env, 1),
+                &blueprints.narrow(0, env, 1),
+                &hidden.select(env).expect("select"),
+                &one_masks,
+            )
+            .expect("one");
+        for head in 0..NUM_ACTION_HEADS {
+            let diff = max_diff(
+                &together.logits[head].narrow(0, env, 1),
+                &alone.logits[head],
+            );
+            assert!(diff < 1e-5, "env {env} head {head}: {diff}");
+        }
+        assert!(max_diff(&together.value.narrow(0, env, 1), &alone.value) < 1e-5);
+        assert!(max_diff(&together.hidden.h.narrow(1, env, 1), &alone.hidden.h) < 1e-5);
+        assert!(max_diff(&together.hidden.c.narrow(1, env, 1), &alone.hidden.c) < 1e-5);
+    }
+}
+
+#[test]
+fn the_lstm_state_is_carried_across_calls() {
+    let policy = policy(small(), 2);
+    let network = policy.network();
+    let (batch, steps) = (3_i64, 5_i64);
+    let (obs, _) = inputs(batch * steps, 116, 1.1);
+    let obs = obs.view([batch, steps, 116]);
+    let blueprints: Vec<i64> = (0..batch * steps * 3).map(|i| (i * 7) % 14 - 1).collect();
+    let blueprints = Tensor::from_slice(&blueprints).view([batch, steps, 3]);
+    let start = network.initial_state(batch as usize).expect("hidden");
+    let sequence = network
+        .forward_sequence(&obs, &blueprints, &start)
+        .expect("sequence");
+    assert_eq!(sequence.logits[OP].size(), [batch, steps, 6]);
+    assert_eq!(sequence.value.size(), [batch, steps]);
+
+    let masks = MaskTensors::allow_all(batch as usize, 3, Device::Cpu).expect("masks");
+    let mut hidden = start;
+    let mut first_values = None;
+    for step in 0..steps {
+        let output = network
+            .forward(
+                &obs.select(1, step),
+                &blueprints.select(1, step),
+                &hidden,
+                &masks,
+            )
+            .expect("step");
+        for head in 0..NUM_ACTION_HEADS {
+            let diff = max_diff(&output.logits[head], &sequence.logits[head].select(1, step));
+            assert!(diff < 1e-5, "step {step} head {head}: {diff}");
+        }
+        if step == 0 {
+            first_values = Some(output.value.shallow_clone());
+        }
+        hidden = output.hidden;
+    }
+    assert!(max_diff(&hidden.h, &sequence.hidden.h) < 1e-5);
+    assert!(max_diff(&hidden.c, &sequence.hidden.c) < 1e-5);
+
+    // The state matters: the first step's input again, from the final state.
+    let again = network
+        .forward(&obs.select(1, 0), &blueprints.select(1, 0), &hidden, &masks)
+        .expect("again");
+    let first = first_values.expect("first step");
+    assert!(
+        max_diff(&again.value, &first) > 1e-7,
+        "a new state gives new outputs"
+    );
+}
+
+#[test]
+fn initialisation_follows_the_reference() {
+    let config = PolicyConfig {
+        lstm_layers: 2,
+        ..small()
+    };
+    let policy = policy(config, 3);
+    let network: &PolicyNetwork = policy.network();
+    let gram_is = |weight: &Tensor, gain: f64| {
+        // Orthogonal with gain g: rows (out <= in) satisfy W Wᵀ = g² I.
+        let (rows, cols) = (weight.size()[0], weight.size()[1]);
+        let gram = if rows <= cols {
+            weight.matmul(&weight.tr())
+        } else {
+            weight.tr().matmul(weight)
+        };
+        let n = gram.size()[0];
+        let eye = Tensor::eye(n, (Kind::Float, Device::Cpu)) * gain * gain;
+        max_diff(&gram, &eye) < 1e-4 * gain.max(1e-2)
+    };
+    for head in 0..NUM_ACTION_HEADS {
+        let weight = network.head_output_weight(head).expect("head");
+        assert!(gram_is(weight, 0.01), "head {head} output gain 0.01");
+    }
+    assert!(gram_is(network.value_output_weight().expect("critic"), 0.1));
+    let forget = 1.0 + 2.0_f64.ln();
+    for layer in 0..2 {
+        let [w_ih, w_hh, b_ih, b_hh] = network.lstm_parameters(layer).expect("layer");
+        assert!(gram_is(w_ih, 1.0) && gram_is(w_hh, 1.0));
+        for bias in [b_ih, b_hh] {
+            let values = Vec::<f32>::try_from(bias).expect("bias");
+            for (index, value) in values.iter().enumerate() {
+                let want = if (16..32).contains(&index) {
+                    forget
+                } else {
+                    0.0
+                };
+                assert!((f64::from(*value) - want).abs() < 1e-6, "bias {index}");
+            }
+        }
+    }
+    let embedding = network.blueprint_embedding();
+    assert_eq!(embedding.size(), [14, 4]);
+    let std = embedding.std(true).double_value(&[]);
+    assert!(std > 0.005 && std < 0.05, "N(0, 0.02): std {std}");
+}
+
+#[test]
+fn a_blueprint_index_outside_the_table_selects_the_null_entry() {
+    let policy = policy(small(), 4);
+    let network = policy.network();
+    let (obs, _) = inputs(3, 116, 0.7);
+    let hidden = network.initial_state(3).expect("hidden");
+    let masks = MaskTensors::allow_all(3, 3, Device::Cpu).expect("masks");
+    let run = |indices: &[i64]| {
+        network
+            .forward(
+                &obs,
+                &Tensor::from_slice(indices).view([3, 3]),
+                &hidden,
+                &masks,
+            )
+            .expect("forward")
+            .value
+    };
+    let null = run(&[-1; 9]);
+    assert!(max_diff(&run(&[13, -7, 99, -1, -1, -1, 500, -2, 14]), &null) < 1e-7);
+    assert!(max_diff(&run(&[2, 2, 2, 2, 2, 2, 2, 2, 2]), &null) > 1e-7);
+}
+
+#[test]
+fn masked_logits_carry_the_masked_value() {
+    let policy = policy(small(), 5);
+    let network = policy.network();
+    let (obs, blueprints) = inputs(1, 116, 0.0);
+    let hidden = network.initial_state(1).expect("hidden");
+    let mut masks = MaskTensors::allow_all(1, 3, Device::Cpu).expect("masks");
+    masks.heads[OP] = Tensor::from_slice(&[true, false, true, false, false, false]).view([1, 6]);
+    let output = network
+        .forward(&obs, &blueprints, &hidden, &masks)
+        .expect("forward");
+    let masked = output.masked_logits.expect("masked");
+    let values = Vec::<f32>::try_from(masked[OP].view(-1)).expect("values");
+    let raw = Vec::<f32>::try_from(output.logits[OP].view(-1)).expect("raw");
+    for (index, (m, r)) in values.iter().zip(&raw).enumerate() {
+        if [0, 2].contains(&index) {
+            assert_eq!(m, r);
+        } else {
+            assert_eq!(*m, MASKED_LOGIT_VALUE as f32);
+        }
+    }
+
+    // act: a batch of one, under the masks, without gradients.
+    let mut sampler = Sampler::new(
+        SamplingConfig {
+            mode: SampleMode::Greedy,
+            floors: None,
+        },
+        0,
+        Device::Cpu,
+    )
+    .expect("sampler");
+    let act = policy
+        .act(&obs, &blueprints, &hidden, &masks, &mut sampler)
+        .expect("act");
+    let op = act.sample.actions.int64_value(&[0, OP as i64]);
+    assert!([0, 2].contains(&op));
+    assert!(!act.value.requires_grad());
+}
+
+#[test]
+fn shapes_dtypes_and_sizes_are_checked_before_libtorch() {
+    let policy = policy(small(), 6);
+    let network = policy.network();
+    let (obs, blueprints) = inputs(2, 116, 0.0);
+    let hidden = network.initial_state(2).expect("hidden");
+    let masks = MaskTensors::allow_all(2, 3, Device::Cpu).expect("masks");
+    let shape_error =
+        |result: tamiyo::Result<_>| matches!(result, Err(Error::ShapeMismatch { .. }));
+    assert!(shape_error(network.forward(
+        &obs.narrow(1, 0, 115),
+        &blueprints,
+        &hidden,
+        &masks
+    )));
+    assert!(shape_error(network.forward(
+        &obs.to_kind(Kind::Double),
+        &blueprints,
+        &hidden,
+        &masks
+    )));
+    assert!(shape_error(network.forward(
+        &obs,
+        &blueprints.to_kind(Kind::Int),
+        &hidden,
+        &masks
+    )));
+    assert!(shape_error(network.forward(
+        &obs,
+        &blueprints.narrow(1, 0, 2),
+        &hidden,
+        &masks
+    )));
+    let one = network.initial_state(1).expect("hidden");
+    assert!(shape_error(network.forward(
+        &obs,
+        &blueprints,
+        &one,
+        &masks
+    )));
+    let few = MaskTensors::allow_all(1, 3, Device::Cpu).expect("masks");
+    assert!(shape_error(network.forward(
+        &obs,
+        &blueprints,
+        &hidden,
+        &few
+    )));
+    assert!(shape_error(network.forward(
+        &obs.narrow(0, 0, 0),
+        &blueprints.narrow(0, 0, 0),
+        &hidden,
+        &masks
+    )));
+    assert!(shape_error(network.forward_sequence(
+        &obs,
+        &blueprints,
+        &hidden
+    )));
+    for bad in [
+        PolicyConfig {
+            num_slots: 0,
+            ..small()
+        },
+        PolicyConfig {
+            hidden_dim: 4,
+            ..small()
+        },
+        PolicyConfig {
+            feature_dim: 0,
+            ..small()
+        },
+        PolicyConfig {
+            lstm_layers: 0,
+            ..small()
+        },
+    ] {
+        assert!(matches!(
+            Policy::new(bad, Device::Cpu),
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+    let json = serde_json::to_string(&small()).expect("json");
+    assert_eq!(
+        serde_json::from_str::<PolicyConfig>(&json).expect("parse"),
+        small()
+    );
+}
