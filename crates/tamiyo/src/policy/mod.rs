@@ -1,5 +1,6 @@
 //! The policy: the recurrent actor-critic network ([`network`]), its layers
-//! ([`layers`]) and masked sampling ([`sampling`]).
+//! ([`layers`]), masked sampling ([`sampling`]) and its seeded generator
+//! ([`rng`]).
 //!
 //! [`Policy`] owns the `VarStore` and the [`PolicyNetwork`] built in it (the
 //! store saves and loads checkpoints and moves the variables between
@@ -8,6 +9,7 @@
 
 pub mod layers;
 pub mod network;
+pub mod rng;
 pub mod sampling;
 
 use tch::{Device, Tensor, nn};
@@ -17,9 +19,8 @@ use crate::masks::MaskTensors;
 
 pub use crate::heads::relevant_head_count;
 pub use network::{LstmState, PolicyConfig, PolicyNetwork, PolicyOutput};
-pub use sampling::{
-    MASKED_LOGIT_VALUE, PolicyRng, SampleMode, SampledActions, Sampler, SamplingConfig,
-};
+pub use rng::PolicyRng;
+pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};
 
 /// A policy network with the `VarStore` that holds its variables.
 #[derive(Debug)]
