@@ -336,6 +336,7 @@ class FmnistNet(nn.Module):
 
     def forward(self, x, training: bool = True):
         host = self.host
+        x = nhwc_single_channel(x)
         x = self._block(host.block0, x, training)                    # r0c0: 8 x 28 x 28
         x = F.max_pool2d(x, 2)                                       # r1c0: 8 x 14 x 14
         x = self._block(host.block1, x, training)                    # r0c1: 16 x 14 x 14
@@ -351,6 +352,17 @@ class FmnistNet(nn.Module):
         return F.linear(pooled, host.classifier.weight, host.classifier.bias)
 
 
+def nhwc_single_channel(t: torch.Tensor) -> torch.Tensor:
+    """A `[N, 1, H, W]` tensor is contiguous in both layouts, so
+    `.contiguous(memory_format=torch.channels_last)` leaves its NCHW strides and
+    cuDNN runs the first block with NCHW kernels plus layout conversions. A view
+    with NHWC strides (same memory) makes it take the NHWC kernels from the first
+    layer on; the Rust side does the same (torch-ext `memory`)."""
+    if t.dim() == 4 and t.shape[1] == 1 and t.is_contiguous() and t.stride(1) != 1:
+        return t.as_strided(t.shape, (t.shape[2] * t.shape[3], 1, t.shape[3], 1))
+    return t
+
+
 def build_model(device: torch.device, channels_last: bool = True) -> FmnistNet:
     """The network with its seeded initialisation (the same in every mode)."""
     with torch.random.fork_rng(devices=[]):
@@ -359,6 +371,9 @@ def build_model(device: torch.device, channels_last: bool = True) -> FmnistNet:
     model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.data = nhwc_single_channel(parameter.data)
     return model
 
 

@@ -7,6 +7,24 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 
+namespace {
+
+// A 4-D tensor with one channel is contiguous in both layouts, so
+// `contiguous(ChannelsLast)` returns it unchanged, with NCHW strides; cuDNN
+// then treats it as NCHW. This gives it channels-last strides (a view of the
+// same memory) so convolutions, batch norm and pooling take their NHWC
+// kernels from the first layer on.
+at::Tensor restride_single_channel(const at::Tensor& t) {
+  if (t.dim() != 4 || t.size(1) != 1 || !t.is_contiguous() || t.stride(1) == 1) {
+    return t;
+  }
+  const int64_t h = t.size(2);
+  const int64_t w = t.size(3);
+  return t.as_strided(t.sizes(), {h * w, 1, w, 1}, t.storage_offset());
+}
+
+}  // namespace
+
 extern "C" {
 
 char* esper_contiguous_channels_last(const void* tensor, void** out) {
@@ -14,7 +32,7 @@ char* esper_contiguous_channels_last(const void* tensor, void** out) {
   TORCH_CHECK(tensor != nullptr, "channels_last: null tensor");
   const auto& t = *static_cast<const at::Tensor*>(tensor);
   TORCH_CHECK(t.dim() == 4, "channels_last: a 4-D tensor is needed, got ", t.dim(), " dimensions");
-  *out = new at::Tensor(t.contiguous(at::MemoryFormat::ChannelsLast));
+  *out = new at::Tensor(restride_single_channel(t.contiguous(at::MemoryFormat::ChannelsLast)));
   ESPER_CATCH
 }
 
@@ -23,14 +41,18 @@ char* esper_set_channels_last_(void* tensor, int32_t* changed) {
   TORCH_CHECK(tensor != nullptr, "set_channels_last_: null tensor");
   auto& t = *static_cast<at::Tensor*>(tensor);
   *changed = 0;
-  if (t.dim() != 4 || t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+  if (t.dim() != 4) {
     return nullptr;
   }
   c10::NoGradGuard no_grad;
-  t.set_data(t.contiguous(at::MemoryFormat::ChannelsLast));
+  auto converted = restride_single_channel(t.contiguous(at::MemoryFormat::ChannelsLast));
+  if (converted.strides() == t.strides()) {
+    return nullptr;
+  }
+  t.set_data(converted);
   auto& grad = t.mutable_grad();
   if (grad.defined()) {
-    grad = grad.contiguous(at::MemoryFormat::ChannelsLast);
+    grad = restride_single_channel(grad.contiguous(at::MemoryFormat::ChannelsLast));
   }
   *changed = 1;
   ESPER_CATCH
