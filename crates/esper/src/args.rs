@@ -306,7 +306,14 @@ mod tests {
         let names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
         assert_eq!(
             names,
-            ["tolaria-reference", "nissa-emit", "kasmina-prefetch"]
+            [
+                "tolaria-reference",
+                "nissa-emit",
+                "kasmina-prefetch",
+                "tolaria-fmnist",
+                "tolaria-timeout",
+                "tolaria-rollback"
+            ]
         );
     }
 

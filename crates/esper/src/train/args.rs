@@ -1,0 +1,155 @@
+//! The `esper train` command line (clap): every key of the run
+//! configuration as a flag, plus `--config FILE.toml` and `--resume`.
+//!
+//! Each flag is optional here: [`super::config::RunConfig::resolve`] lays the
+//! flags over the configuration file and the file over the defaults, so a
+//! flag given on the command line always wins.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// Who decides, once per epoch, which lifecycle operation to carry out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum ControllerKind {
+    /// The reference's heuristic (`tolaria::controller::HeuristicController`).
+    Heuristic,
+    /// The learned PPO policy (issue 12; not implemented yet).
+    Ppo,
+}
+
+impl ControllerKind {
+    /// The command-line name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            ControllerKind::Heuristic => "heuristic",
+            ControllerKind::Ppo => "ppo",
+        }
+    }
+}
+
+/// What to train on, and the host that goes with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum TaskKind {
+    /// Fashion-MNIST with the CNN host of channels 8/16/32.
+    Fmnist,
+    /// Fashion-MNIST with an impaired CNN host (channels 4/8/16), so that
+    /// seeds have something to add.
+    FmnistImpaired,
+    /// CIFAR-10 (binary format, from `--data-dir` or `ESPER_CIFAR10_DIR`)
+    /// with the reference `cifar_baseline` host.
+    Cifar10,
+    /// Seeded Fashion-MNIST-shaped images (no files; for smoke runs and
+    /// tests).
+    Synthetic,
+}
+
+impl TaskKind {
+    /// The command-line name.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            TaskKind::Fmnist => "fmnist",
+            TaskKind::FmnistImpaired => "fmnist-impaired",
+            TaskKind::Cifar10 => "cifar10",
+            TaskKind::Synthetic => "synthetic",
+        }
+    }
+}
+
+/// Autocast precision of training and validation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum PrecisionChoice {
+    /// bf16 on GPUs that support it, fp32 on the CPU.
+    Auto,
+    /// No autocast.
+    Fp32,
+    /// bf16 autocast (CUDA only).
+    Bf16,
+    /// fp16 autocast with the gradient scaler (CUDA only).
+    Fp16,
+}
+
+/// How each training step runs (tolaria's `ExecutionMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum ModeChoice {
+    /// Every op launched from the host.
+    Eager,
+    /// One CUDA graph per step shape (CUDA only).
+    GraphStep,
+    /// One CUDA graph per epoch (CUDA only).
+    GraphEpoch,
+}
+
+/// `esper train`: trains a host on a task while a controller grows it.
+#[derive(Debug, Clone, Default, PartialEq, Parser)]
+#[command(
+    name = "esper train",
+    about = "Train a host network on a task while a controller germinates, blends and \
+             fossilizes seeds in its slots.",
+    after_help = "Every option can also be given in a TOML file (--config), with the same \
+                  names (dashes or underscores); options on the command line override it. \
+                  The run directory receives config.toml (the resolved configuration), \
+                  epochs.jsonl (one line per epoch), telemetry/ (JSON lines) and \
+                  run.png / run.svg (the run picture). Ctrl-C finishes the current epoch, \
+                  writes everything and exits with status 130."
+)]
+pub(crate) struct TrainArgs {
+    /// A TOML file with any of the options below (flags override it).
+    #[arg(long, value_name = "FILE.toml")]
+    pub(crate) config: Option<PathBuf>,
+    /// Who decides the lifecycle operations [default: heuristic].
+    #[arg(long, value_enum)]
+    pub(crate) controller: Option<ControllerKind>,
+    /// Task and host [default: fmnist].
+    #[arg(long, value_enum)]
+    pub(crate) task: Option<TaskKind>,
+    /// Comma-separated seed slots, e.g. r0c0,r0c1 [default: r0c1,r0c2].
+    #[arg(long, value_delimiter = ',', value_name = "SLOTS")]
+    pub(crate) slots: Option<Vec<String>>,
+    /// Most seeds alive or fossilized at once [default: number of slots].
+    #[arg(long, value_name = "N")]
+    pub(crate) max_seeds: Option<usize>,
+    /// Epochs to train [default: 50].
+    #[arg(long, value_name = "N")]
+    pub(crate) epochs: Option<usize>,
+    /// Samples per training batch [default: 128].
+    #[arg(long, value_name = "N")]
+    pub(crate) batch_size: Option<usize>,
+    /// SGD learning rate (momentum 0.9) of the host and of every seed
+    /// [default: 0.003].
+    #[arg(long, value_name = "LR")]
+    pub(crate) learning_rate: Option<f64>,
+    /// auto, cpu, cuda or cuda:N [default: auto].
+    #[arg(long, value_name = "DEVICE")]
+    pub(crate) device: Option<String>,
+    /// Autocast precision [default: auto].
+    #[arg(long, value_enum)]
+    pub(crate) precision: Option<PrecisionChoice>,
+    /// Seed of the weights, the shuffle and the train subset [default: 0].
+    #[arg(long, value_name = "N")]
+    pub(crate) seed: Option<u64>,
+    /// Where the run's files go [default: runs/<UTC timestamp>].
+    #[arg(long, value_name = "DIR")]
+    pub(crate) run_dir: Option<PathBuf>,
+    /// Train on a seeded random subset of this many samples (0: all)
+    /// [default: 12000 for the Fashion-MNIST tasks, all for cifar10, 4096
+    /// generated for synthetic].
+    #[arg(long, value_name = "N")]
+    pub(crate) train_samples: Option<usize>,
+    /// Execution mode [default: eager].
+    #[arg(long, value_enum)]
+    pub(crate) mode: Option<ModeChoice>,
+    /// Folder of the data set files (Fashion-MNIST: the four .gz files;
+    /// CIFAR-10: the .bin files) [default: ESPER_FASHION_MNIST_DIR or
+    /// /usr/share/datasets/fashion-mnist; ESPER_CIFAR10_DIR].
+    #[arg(long, value_name = "DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
+    /// Continue a run from its last checkpoint (not implemented yet).
+    #[arg(long, value_name = "RUN_DIR")]
+    pub(crate) resume: Option<PathBuf>,
+}

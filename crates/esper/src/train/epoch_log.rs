@@ -1,0 +1,244 @@
+//! `RUN_DIR/epochs.jsonl`: one JSON object per epoch, written (and flushed)
+//! as each epoch ends, so that a run cut short keeps every finished epoch,
+//! and read back by `esper plot`.
+//!
+//! A line holds the epoch's figures (`train_loss`, `train_accuracy`,
+//! `val_loss`, `val_accuracy`, `epoch_ms`, `samples_per_s`), every enabled
+//! slot's stage name and alpha after the epoch boundary, the controller's
+//! decision with what applying it did, and the governor's rollback if one
+//! happened. A loss that is not finite (a diverged epoch the governor rolled
+//! back) is written as `null`, since JSON has no NaN.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use kasmina::model::MorphogeneticModel;
+use leyline::SeedStage;
+use serde::{Deserialize, Serialize};
+use tolaria::controller::{Applied, DeadlineOutcome};
+use tolaria::engine::trainer::ModelEpochReport;
+
+/// The file name inside the run directory.
+pub(crate) const FILE_NAME: &str = "epochs.jsonl";
+
+/// One slot after an epoch boundary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SlotRecord {
+    /// Slot id, e.g. `r0c1`.
+    pub(crate) slot: String,
+    /// Stage name (leyline's, e.g. `BLENDING`); `DORMANT` for an empty slot.
+    pub(crate) stage: String,
+    /// Blend amplitude in `[0, 1]`.
+    pub(crate) alpha: f64,
+    /// Blueprint of the seed in the slot, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) blueprint: Option<String>,
+    /// Id of the seed in the slot, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) seed_id: Option<String>,
+}
+
+/// The controller's decision at an epoch boundary and what it did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct DecisionRecord {
+    /// Lifecycle operation (leyline's name, e.g. `GERMINATE`).
+    pub(crate) op: String,
+    /// Target slot (every operation but WAIT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) slot: Option<String>,
+    /// Blueprint (GERMINATE only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) blueprint: Option<String>,
+    /// The controller's reason (e.g. `plateau`), or `timeout` /
+    /// `controller_failed` when the deadline turned it into WAIT.
+    pub(crate) reason: String,
+    /// What applying it did: `waited`, `germinated`, `advanced`,
+    /// `fossilized`, `pruned`, `kept` (a prune Kasmina declined), or the
+    /// gate's refusal (`refused: G2 failed: ...`).
+    pub(crate) outcome: String,
+}
+
+/// One line of `epochs.jsonl`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct EpochRecord {
+    /// Zero-based epoch.
+    pub(crate) epoch: usize,
+    /// Mean training loss (`null` when not finite).
+    pub(crate) train_loss: Option<f64>,
+    /// Training accuracy, percent.
+    pub(crate) train_accuracy: f64,
+    /// Validation loss (`null` when not finite).
+    pub(crate) val_loss: Option<f64>,
+    /// Validation accuracy, percent.
+    pub(crate) val_accuracy: f64,
+    /// Wall time of the whole epoch (steps, validation, boundary), ms.
+    pub(crate) epoch_ms: f64,
+    /// Training samples per second of wall time.
+    pub(crate) samples_per_s: f64,
+    /// Seeds on the forward path after the boundary.
+    pub(crate) active_seeds: usize,
+    /// Every enabled slot, in execution order.
+    pub(crate) slots: Vec<SlotRecord>,
+    /// The decision applied at the boundary (`null` without one, e.g.
+    /// after a rollback).
+    pub(crate) decision: Option<DecisionRecord>,
+    /// The governor's rollback reason (e.g. `governor_nan`), if it rolled
+    /// back this epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rollback: Option<String>,
+}
+
+fn finite(value: f64) -> Option<f64> {
+    value.is_finite().then_some(value)
+}
+
+impl EpochRecord {
+    /// The record of `report`, with the slots of `model` as they are after
+    /// the boundary and `epoch_ms` of wall time.
+    pub(crate) fn new(
+        report: &ModelEpochReport,
+        model: &MorphogeneticModel,
+        epoch_ms: f64,
+    ) -> EpochRecord {
+        let (val_loss, val_accuracy) = report
+            .validation
+            .map_or((report.train.loss, report.train.accuracy), |validation| {
+                (validation.loss, validation.accuracy)
+            });
+        let seconds = epoch_ms / 1000.0;
+        EpochRecord {
+            epoch: report.epoch,
+            train_loss: finite(report.train.loss),
+            train_accuracy: report.train.accuracy,
+            val_loss: finite(val_loss),
+            val_accuracy,
+            epoch_ms,
+            samples_per_s: if seconds > 0.0 {
+                report.train.samples as f64 / seconds
+            } else {
+                0.0
+            },
+            active_seeds: report.active_seeds,
+            slots: slot_records(model),
+            decision: report
+                .decision
+                .as_ref()
+                .map(|(outcome, applied)| decision_record(outcome, applied)),
+            rollback: report
+                .rollback
+                .as_ref()
+                .map(|rollback| rollback.reason.as_str().to_owned()),
+        }
+    }
+
+    /// The decision, if it changed the model (a WAIT, a gate that refused
+    /// and a declined prune did not).
+    pub(crate) fn acted(&self) -> Option<&DecisionRecord> {
+        self.decision.as_ref().filter(|decision| {
+            !matches!(decision.outcome.as_str(), "waited" | "kept")
+                && !decision.outcome.starts_with("refused")
+        })
+    }
+}
+
+/// Every enabled slot of `model`, in execution order.
+pub(crate) fn slot_records(model: &MorphogeneticModel) -> Vec<SlotRecord> {
+    model
+        .slots()
+        .iter()
+        .map(|slot| SlotRecord {
+            slot: slot.id().to_string(),
+            stage: slot.stage().unwrap_or(SeedStage::Dormant).name().to_owned(),
+            alpha: slot.alpha(),
+            blueprint: slot
+                .state()
+                .map(|state| state.blueprint().name().to_owned()),
+            seed_id: slot.state().map(|state| state.seed_id().to_owned()),
+        })
+        .collect()
+}
+
+fn decision_record(outcome: &DeadlineOutcome, applied: &Applied) -> DecisionRecord {
+    let decision = outcome.decision();
+    let result = match applied {
+        Applied::Waited => "waited".to_owned(),
+        Applied::Germinated { .. } => "germinated".to_owned(),
+        Applied::GateEvaluated {
+            op, passed: true, ..
+        } => {
+            if *op == leyline::LifecycleOp::Fossilize {
+                "fossilized".to_owned()
+            } else {
+                "advanced".to_owned()
+            }
+        }
+        Applied::GateEvaluated {
+            passed: false,
+            message,
+            ..
+        } => format!("refused: {message}"),
+        Applied::Pruned { pruned: true, .. } => "pruned".to_owned(),
+        Applied::Pruned { pruned: false, .. } => "kept".to_owned(),
+    };
+    DecisionRecord {
+        op: decision.op.name().to_owned(),
+        slot: decision.slot.map(|slot| slot.to_string()),
+        blueprint: decision
+            .blueprint
+            .map(|blueprint| blueprint.blueprint_id().to_owned()),
+        reason: decision.reason.to_owned(),
+        outcome: result,
+    }
+}
+
+/// Appends records to `epochs.jsonl`, one flushed line each.
+#[derive(Debug)]
+pub(crate) struct EpochLog {
+    path: PathBuf,
+    file: File,
+}
+
+impl EpochLog {
+    /// Creates (or truncates) `dir/epochs.jsonl`.
+    pub(crate) fn create(dir: &Path) -> Result<EpochLog> {
+        let path = dir.join(FILE_NAME);
+        let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(EpochLog { path, file })
+    }
+
+    /// Writes `record` as one line and flushes it to the file.
+    pub(crate) fn append(&mut self, record: &EpochRecord) -> Result<()> {
+        let mut line = serde_json::to_vec(record).context("encoding an epoch record")?;
+        line.push(b'\n');
+        self.file
+            .write_all(&line)
+            .and_then(|()| self.file.flush())
+            .with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+/// Reads every record of `dir/epochs.jsonl` (blank lines skipped; a line
+/// that does not parse is an error naming its number).
+pub(crate) fn read(dir: &Path) -> Result<Vec<EpochRecord>> {
+    let path = dir.join(FILE_NAME);
+    let file = File::open(&path).with_context(|| {
+        format!(
+            "opening {} (is {} the directory of an `esper train` run?)",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    let mut records = Vec::new();
+    for (index, line) in BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("reading {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let record = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {}", path.display(), index + 1))?;
+        records.push(record);
+    }
+    Ok(records)
+}

@@ -1,0 +1,304 @@
+//! `esper train`: one training run, from the command line to the run
+//! directory.
+//!
+//! 1. resolve the configuration ([`config`]: defaults, `--config` file,
+//!    flags) and refuse what is not built yet (`--controller ppo`,
+//!    `--resume`) before anything is created;
+//! 2. load the task's data ([`task`]; a missing data set stops the run
+//!    before its directory exists);
+//! 3. create the run directory, write `config.toml`, start the telemetry hub
+//!    (`nissa::Hub` with a JSONL sink into `RUN_DIR/telemetry/`) and build
+//!    the task's host with the seed slots ([`task`]);
+//! 4. train epoch by epoch through `tolaria::engine::trainer::ModelTrainer`,
+//!    with the heuristic controller behind a decision deadline and the
+//!    `--max-seeds` limit ([`seed_budget`]), printing progress
+//!    ([`progress`]) and appending each epoch to `epochs.jsonl`
+//!    ([`epoch_log`]);
+//! 5. at the end, or at the first epoch boundary after Ctrl-C
+//!    ([`interrupt`]), flush the telemetry and draw the run picture
+//!    ([`crate::plot`]).
+//!
+//! The training itself lives in tolaria; this module only wires the pieces
+//! together and writes files.
+
+pub(crate) mod args;
+pub(crate) mod config;
+pub(crate) mod epoch_log;
+pub(crate) mod interrupt;
+pub(crate) mod progress;
+pub(crate) mod seed_budget;
+pub(crate) mod task;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nissa::{Hub, JsonlConfig};
+use tolaria::amp::Precision;
+use tolaria::config::ExecutionMode;
+use tolaria::controller::HeuristicController;
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
+
+use self::args::{ControllerKind, ModeChoice, PrecisionChoice, TrainArgs};
+use self::config::RunConfig;
+use self::epoch_log::{EpochLog, EpochRecord};
+use self::interrupt::Interrupt;
+use self::progress::Progress;
+use self::seed_budget::SeedBudget;
+
+/// How long the trainer waits for the controller's decision at an epoch
+/// boundary before it applies WAIT (the heuristic answers in microseconds).
+pub(crate) const DECISION_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The telemetry folder inside the run directory.
+pub(crate) const TELEMETRY_DIR: &str = "telemetry";
+
+/// The configuration file name inside the run directory.
+pub(crate) const CONFIG_NAME: &str = "config.toml";
+
+/// SGD momentum of the host and the seeds (the reference's).
+const MOMENTUM: f64 = 0.9;
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finished {
+    /// Every epoch ran.
+    Completed,
+    /// Ctrl-C stopped it at an epoch boundary.
+    Interrupted,
+}
+
+/// Runs `esper train` (see the module docs).
+pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
+    if let Some(dir) = &args.resume {
+        bail!(
+            "not implemented yet: --resume {} (checkpoints and resuming arrive with a later \
+             part of issue 13; start a new run instead)",
+            dir.display()
+        );
+    }
+    let config = RunConfig::resolve(args)?;
+    if config.controller == ControllerKind::Ppo {
+        bail!(
+            "not implemented yet: the PPO controller arrives with issue 12 (use --controller \
+             heuristic)"
+        );
+    }
+    let device = torch_ext::device::select(config.device_choice()?)
+        .with_context(|| format!("selecting device {}", config.device))?;
+    println!(
+        "esper train: task {}, controller {}, device {}, run directory {}",
+        config.task.name(),
+        config.controller.name(),
+        torch_ext::DeviceChoice::of(device),
+        config.run_dir.display()
+    );
+    // The data first: a missing data set leaves no half-made run directory.
+    let data = task::load_data(&config)?;
+    create_run_dir(&config.run_dir)?;
+    config.write(&config.run_dir.join(CONFIG_NAME))?;
+    let interrupt = Interrupt::install()?;
+    let hub = Hub::builder()
+        .jsonl(JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR)))
+        .build()
+        .context("starting the telemetry hub")?;
+    let result = train(&config, device, &data, &hub, &interrupt);
+    let flushed = hub.flush(Duration::from_secs(10));
+    hub.close();
+    if !flushed.is_complete() {
+        eprintln!(
+            "esper: {} telemetry packets were still pending when the run ended",
+            flushed.pending
+        );
+    }
+    let (records, finished) = result?;
+    let (png, svg) = crate::plot::draw_run(&config.run_dir, &records)?;
+    print_summary(&config, &records, finished);
+    println!("picture: {} and {}", png.display(), svg.display());
+    Ok(finished)
+}
+
+/// Creates `dir`, refusing one that already holds files (a run directory is
+/// never overwritten).
+fn create_run_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        let mut entries = std::fs::read_dir(dir)
+            .with_context(|| format!("reading the run directory {}", dir.display()))?;
+        if entries.next().is_some() {
+            bail!(
+                "the run directory {} already holds files; choose another --run-dir",
+                dir.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the run directory {}", dir.display()))
+}
+
+/// The trainer's configuration for `config`.
+fn trainer_config(config: &RunConfig) -> ModelTrainerConfig {
+    let optimizer = OptimizerConfig {
+        host: GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM),
+        seed: GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM),
+    };
+    ModelTrainerConfig {
+        seed: config.seed,
+        batch_size: config.batch_size,
+        mode: match config.mode {
+            ModeChoice::Eager => ExecutionMode::Eager,
+            ModeChoice::GraphStep => ExecutionMode::GraphStep,
+            ModeChoice::GraphEpoch => ExecutionMode::GraphEpoch,
+        },
+        precision: match config.precision {
+            PrecisionChoice::Auto => None,
+            PrecisionChoice::Fp32 => Some(Precision::Fp32),
+            PrecisionChoice::Bf16 => Some(Precision::Bf16),
+            PrecisionChoice::Fp16 => Some(Precision::Fp16),
+        },
+        optimizer,
+        max_seeds: config.max_seeds.max(1),
+        ..ModelTrainerConfig::default()
+    }
+}
+
+/// Loads, builds and trains; returns the epochs written and how the run
+/// ended.
+fn train(
+    config: &RunConfig,
+    device: tch::Device,
+    data: &task::TaskData,
+    hub: &Hub,
+    interrupt: &Interrupt,
+) -> Result<(Vec<EpochRecord>, Finished)> {
+    let telemetry = hub.telemetry();
+    let model = task::build_model(config, device, telemetry.clone())?;
+    let controller = SeedBudget::new(HeuristicController::new(), config.max_seeds);
+    let mut trainer = ModelTrainer::new(
+        model,
+        &data.train,
+        Some(&data.validation),
+        trainer_config(config),
+        telemetry,
+    )
+    .context("setting up the trainer")?
+    .with_controller(controller, DECISION_DEADLINE)
+    .context("starting the controller")?;
+    println!(
+        "{} training / {} validation samples, {}, slots {}, at most {} seeds, {} epochs of \
+         batch {}, lr {}, {} {}",
+        data.train.len(),
+        data.validation.len(),
+        trainer.model().host().name(),
+        config.slots.join(","),
+        config.max_seeds,
+        config.epochs,
+        config.batch_size,
+        config.learning_rate,
+        trainer.precision(),
+        trainer.config().mode.name(),
+    );
+    let mut log = EpochLog::create(&config.run_dir)?;
+    let progress = Progress::new(config.epochs);
+    let mut records = Vec::with_capacity(config.epochs);
+    let mut finished = Finished::Completed;
+    for _ in 0..config.epochs {
+        if interrupt.requested() {
+            finished = Finished::Interrupted;
+            break;
+        }
+        let started = Instant::now();
+        let report = match trainer.train_epoch() {
+            Ok(report) => report,
+            Err(error) => {
+                progress.finish();
+                return Err(error).with_context(|| {
+                    format!(
+                        "epoch {} failed ({} earlier epochs are in {})",
+                        trainer.epoch() + 1,
+                        records.len(),
+                        config.run_dir.join(epoch_log::FILE_NAME).display()
+                    )
+                });
+            }
+        };
+        let epoch_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let record = EpochRecord::new(&report, trainer.model(), epoch_ms);
+        log.append(&record)?;
+        progress.epoch(&record);
+        records.push(record);
+    }
+    if interrupt.requested() {
+        finished = Finished::Interrupted;
+    }
+    progress.finish();
+    if finished == Finished::Interrupted {
+        progress.note(&format!(
+            "stopped by Ctrl-C after {} of {} epochs",
+            records.len(),
+            config.epochs
+        ));
+    }
+    Ok((records, finished))
+}
+
+/// The closing lines: accuracy from first to last epoch, and what became of
+/// every seed.
+fn print_summary(config: &RunConfig, records: &[EpochRecord], finished: Finished) {
+    let (Some(first), Some(last)) = (records.first(), records.last()) else {
+        println!("no epoch finished");
+        return;
+    };
+    let best = records
+        .iter()
+        .map(|record| record.val_accuracy)
+        .fold(f64::MIN, f64::max);
+    println!(
+        "{} {} epochs in {:.1} s: validation accuracy {:.2}% -> {:.2}% (best {:.2}%)",
+        if finished == Finished::Completed {
+            "trained"
+        } else {
+            "stopped after"
+        },
+        records.len(),
+        records.iter().map(|record| record.epoch_ms).sum::<f64>() / 1000.0,
+        first.val_accuracy,
+        last.val_accuracy,
+        best
+    );
+    let mut events = Vec::new();
+    for record in records {
+        if let Some(decision) = record.acted() {
+            events.push(format!(
+                "epoch {}: {}",
+                record.epoch + 1,
+                progress::describe_decision(decision)
+            ));
+        }
+    }
+    if events.is_empty() {
+        let reason = last
+            .decision
+            .as_ref()
+            .map_or("no decision", |decision| decision.reason.as_str());
+        println!("no seed was germinated (the controller's last reason: {reason})");
+    } else {
+        println!("lifecycle operations:\n  {}", events.join("\n  "));
+    }
+    let stages: Vec<String> = last
+        .slots
+        .iter()
+        .map(|slot| match &slot.blueprint {
+            Some(blueprint) => format!("{} {} ({blueprint})", slot.slot, slot.stage),
+            None => format!("{} {}", slot.slot, slot.stage),
+        })
+        .collect();
+    println!("slots at the end: {}", stages.join(", "));
+    println!(
+        "files: {} ({}, {}, {}/)",
+        config.run_dir.display(),
+        CONFIG_NAME,
+        epoch_log::FILE_NAME,
+        TELEMETRY_DIR
+    );
+}

@@ -1,0 +1,305 @@
+//! `esper train` and `esper plot` driven as a user drives them: the built
+//! binary, real files in a temporary directory, the synthetic task on the
+//! CPU (a few seconds per run).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const ESPER: &str = env!("CARGO_BIN_EXE_esper");
+
+fn esper(args: &[&str]) -> Output {
+    Command::new(ESPER)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn path_arg(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 temporary path")
+}
+
+/// A short synthetic run's arguments into `run_dir`.
+fn synthetic_run(run_dir: &Path, epochs: &str) -> Vec<String> {
+    [
+        "train",
+        "--controller",
+        "heuristic",
+        "--task",
+        "synthetic",
+        "--train-samples",
+        "512",
+        "--epochs",
+        epochs,
+        "--device",
+        "cpu",
+        "--run-dir",
+        path_arg(run_dir),
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect()
+}
+
+fn epoch_lines(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("epochs.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("an epoch line is JSON"))
+        .collect()
+}
+
+fn assert_picture(run_dir: &Path) {
+    let png = std::fs::read(run_dir.join("run.png")).expect("run.png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "run.png is a PNG");
+    assert!(
+        png.len() > 10_000,
+        "run.png has content ({} bytes)",
+        png.len()
+    );
+    let svg = std::fs::read_to_string(run_dir.join("run.svg")).expect("run.svg");
+    assert!(svg.contains("<svg"), "run.svg is an SVG");
+    assert!(
+        svg.contains("accuracy") && svg.contains("r0c1"),
+        "charts and lanes"
+    );
+}
+
+#[test]
+fn a_config_with_an_unknown_key_fails_naming_the_key_and_its_nearest_spelling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "task = \"synthetic\"\nepoch = 3\n").expect("write");
+    let run_dir = dir.path().join("run");
+    let output = esper(&[
+        "train",
+        "--config",
+        path_arg(&config),
+        "--run-dir",
+        path_arg(&run_dir),
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "refused: {stderr}");
+    assert!(
+        stderr.contains("unknown key \"epoch\" in ") && stderr.contains("run.toml"),
+        "names the key and the file: {stderr}"
+    );
+    assert!(
+        stderr.contains("did you mean \"epochs\"?"),
+        "suggests the nearest key: {stderr}"
+    );
+    assert!(!run_dir.exists(), "nothing was created");
+}
+
+#[test]
+fn a_short_synthetic_heuristic_run_writes_its_directory_and_plot_redraws_the_picture() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The file says 5 epochs and batch 64; the flag's 3 epochs win.
+    let config = dir.path().join("run.toml");
+    std::fs::write(
+        &config,
+        "epochs = 5\nbatch-size = 64\nslots = [\"r0c1\", \"r0c2\"]\n",
+    )
+    .expect("write");
+    let run_dir = dir.path().join("run");
+    let mut args = synthetic_run(&run_dir, "3");
+    args.extend(["--config".to_owned(), path_arg(&config).to_owned()]);
+    let output = Command::new(ESPER)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stdout = text(&output.stdout);
+    assert!(
+        output.status.success(),
+        "run failed: {stdout}\n{}",
+        text(&output.stderr)
+    );
+    // Not a terminal: one plain line per epoch.
+    for epoch in 1..=3 {
+        assert!(
+            stdout.contains(&format!("epoch {epoch}/3  train loss")),
+            "{stdout}"
+        );
+    }
+
+    // The resolved configuration: flag over file over default.
+    let written: toml::Table = std::fs::read_to_string(run_dir.join("config.toml"))
+        .expect("config.toml")
+        .parse()
+        .expect("config.toml is TOML");
+    assert_eq!(written["epochs"].as_integer(), Some(3));
+    assert_eq!(written["batch_size"].as_integer(), Some(64));
+    assert_eq!(written["task"].as_str(), Some("synthetic"));
+    assert_eq!(written["controller"].as_str(), Some("heuristic"));
+    assert_eq!(written["train_samples"].as_integer(), Some(512));
+
+    // One line per epoch with the figures, the slots and the decision.
+    let epochs = epoch_lines(&run_dir);
+    assert_eq!(epochs.len(), 3);
+    for (index, epoch) in epochs.iter().enumerate() {
+        assert_eq!(epoch["epoch"].as_u64(), Some(index as u64));
+        for key in [
+            "train_loss",
+            "train_accuracy",
+            "val_loss",
+            "val_accuracy",
+            "epoch_ms",
+        ] {
+            assert!(epoch[key].as_f64().is_some(), "{key} in {epoch}");
+        }
+        let slots = epoch["slots"].as_array().expect("slots");
+        let names: Vec<&str> = slots.iter().filter_map(|s| s["slot"].as_str()).collect();
+        assert_eq!(names, ["r0c1", "r0c2"]);
+        for slot in slots {
+            assert!(slot["stage"].as_str().is_some() && slot["alpha"].as_f64().is_some());
+        }
+        assert_eq!(
+            epoch["decision"]["op"].as_str(),
+            Some("WAIT"),
+            "too early to act"
+        );
+    }
+
+    // Telemetry: JSON lines through nissa into telemetry/.
+    let telemetry: String = std::fs::read_dir(run_dir.join("telemetry"))
+        .expect("telemetry/")
+        .map(|entry| std::fs::read_to_string(entry.expect("entry").path()).expect("read"))
+        .collect();
+    assert!(
+        telemetry.contains("tolaria.training.latency_ms"),
+        "the trainer's epoch telemetry was delivered"
+    );
+
+    assert_picture(&run_dir);
+
+    // `esper plot` draws the picture again from epochs.jsonl.
+    std::fs::remove_file(run_dir.join("run.png")).expect("remove");
+    std::fs::remove_file(run_dir.join("run.svg")).expect("remove");
+    let plot = esper(&["plot", path_arg(&run_dir)]);
+    assert!(plot.status.success(), "{}", text(&plot.stderr));
+    assert_picture(&run_dir);
+
+    // A run directory is never overwritten.
+    let again = Command::new(ESPER)
+        .args(synthetic_run(&run_dir, "1"))
+        .output()
+        .expect("esper runs");
+    assert!(!again.status.success());
+    assert!(text(&again.stderr).contains("already holds files"));
+}
+
+#[test]
+fn the_ppo_controller_and_resume_fail_with_a_clear_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let output = esper(&[
+        "train",
+        "--controller",
+        "ppo",
+        "--task",
+        "synthetic",
+        "--run-dir",
+        path_arg(&run_dir),
+    ]);
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr)
+            .contains("not implemented yet: the PPO controller arrives with issue 12"),
+        "{}",
+        text(&output.stderr)
+    );
+    assert!(!run_dir.exists(), "nothing was created");
+    let resume = esper(&["train", "--resume", path_arg(&run_dir)]);
+    assert!(!resume.status.success());
+    assert!(text(&resume.stderr).contains("not implemented yet: --resume"));
+}
+
+#[test]
+fn a_missing_fashion_mnist_says_how_to_install_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-folder");
+    let output = esper(&[
+        "train",
+        "--task",
+        "fmnist",
+        "--device",
+        "cpu",
+        "--data-dir",
+        path_arg(&missing),
+        "--run-dir",
+        path_arg(&dir.path().join("run")),
+    ]);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success());
+    // The data layer's message arrives whole: the folder, the files it
+    // wants, and the package that installs them.
+    for needle in [
+        "no-such-folder does not exist",
+        "train-images-idx3-ubyte.gz",
+        "cargo xtask provision",
+        "dataset-fashion-mnist",
+        "--data-dir",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} in {stderr}");
+    }
+}
+
+#[test]
+fn unknown_options_and_values_are_refused_by_the_parser() {
+    for args in [
+        &["train", "--task", "mnist"][..],
+        &["train", "--epochz", "3"],
+        &["plot"],
+    ] {
+        let output = esper(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+    }
+    let help = esper(&["train", "--help"]);
+    assert!(help.status.success());
+    assert!(text(&help.stdout).contains("--max-seeds"));
+    let usage = esper(&["help"]);
+    assert!(text(&usage.stdout).contains("train [options]"));
+    assert!(text(&usage.stdout).contains("bench WORKLOAD"));
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_finishes_the_epoch_writes_everything_and_exits_130() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir: PathBuf = dir.path().join("run");
+    let child = Command::new(ESPER)
+        .args(synthetic_run(&run_dir, "500"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("esper starts");
+    let started = Instant::now();
+    // Wait for the first whole line (the file may be mid-write).
+    let first_epoch_written =
+        || std::fs::read_to_string(run_dir.join("epochs.jsonl")).is_ok_and(|t| t.contains('\n'));
+    while !first_epoch_written() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no epoch within two minutes"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+    let output = child.wait_with_output().expect("esper ends");
+    assert_eq!(output.status.code(), Some(130), "{}", text(&output.stderr));
+    let epochs = epoch_lines(&run_dir).len();
+    assert!((1..500).contains(&epochs), "{epochs} epochs written");
+    assert!(run_dir.join("config.toml").is_file());
+    assert_picture(&run_dir);
+}
