@@ -15,7 +15,14 @@
 use std::path::{Path, PathBuf};
 
 /// Library crates whose non-test code is held to the rule.
-const LIBRARY_CRATES: &[&str] = &["leyline", "nissa", "torch-ext", "kasmina", "tolaria"];
+const LIBRARY_CRATES: &[&str] = &[
+    "leyline",
+    "nissa",
+    "torch-ext",
+    "kasmina",
+    "tolaria",
+    "tamiyo",
+];
 
 /// The clippy restriction lints every library crate turns on.
 const PANIC_LINTS: &[&str] = &[
