@@ -67,6 +67,7 @@ mod tests {
             },
             params: serde_json::json!({ "events": 10 }),
             results: vec![ResultEntry {
+                amp: None,
                 implementation: "rust".to_owned(),
                 mode: "default".to_owned(),
                 metrics: BTreeMap::from([("emit_ns_p99".to_owned(), 120.0)]),

@@ -112,6 +112,7 @@ mod tests {
     #[test]
     fn rows_show_headline_metrics_dashes_and_errors() {
         let entry = |mode: &str, metrics: &[(&str, f64)], error: Option<&str>| ResultEntry {
+            amp: None,
             implementation: "rust".to_owned(),
             mode: mode.to_owned(),
             metrics: metrics

@@ -109,12 +109,14 @@ pub fn run_prefetch(
     let ((sequential, sequential_wall), (burst, burst_wall)) = measured?;
     let results = vec![
         ResultEntry {
+            amp: None,
             implementation: "rust".to_owned(),
             mode: "sequential".to_owned(),
             metrics: summarize(&sequential, sequential_wall)?,
             error: None,
         },
         ResultEntry {
+            amp: None,
             implementation: "rust".to_owned(),
             mode: "burst".to_owned(),
             metrics: summarize(&burst, burst_wall)?,

@@ -62,6 +62,11 @@ pub struct ResultEntry {
     /// Why this variant produced no figures, when it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The autocast dtype of this entry when it differs per entry within a
+    /// record (`"off"`, `"bf16"` or `"fp16"`; the record-wide setting is
+    /// `environment.amp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amp: Option<String>,
 }
 
 /// One benchmark run of one workload.
@@ -201,6 +206,7 @@ mod tests {
             },
             params: serde_json::json!({ "events": 10 }),
             results: vec![ResultEntry {
+                amp: None,
                 implementation: "rust".to_owned(),
                 mode: "default".to_owned(),
                 metrics: BTreeMap::from([("emit_ns_p99".to_owned(), 120.0)]),
@@ -230,6 +236,7 @@ mod tests {
         let measurements = |value: f64| Measurements {
             params: serde_json::json!({ "requests": 4 }),
             results: vec![ResultEntry {
+                amp: None,
                 implementation: "rust".to_owned(),
                 mode: "sequential".to_owned(),
                 metrics: BTreeMap::from([("latency_ms_p50".to_owned(), value)]),

@@ -157,6 +157,7 @@ pub fn valid_baseline_record() -> impl Strategy<Value = BaselineRecord> {
         proptest::option::of("\\PC{0,12}"),
     )
         .prop_map(|(implementation, mode, metrics, error)| ResultEntry {
+            amp: None,
             implementation,
             mode,
             metrics,

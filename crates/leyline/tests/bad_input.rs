@@ -256,6 +256,7 @@ fn record() -> BaselineRecord {
         },
         params: serde_json::json!({ "events": 10 }),
         results: vec![ResultEntry {
+            amp: None,
             implementation: "rust".to_owned(),
             mode: "default".to_owned(),
             metrics: BTreeMap::from([("emit_ns_p99".to_owned(), 120.0)]),
@@ -422,4 +423,23 @@ fn percentile_refuses_percent_outside_its_range() {
     }
     assert_eq!(percentile(&samples, 0.0), Some(1.0));
     assert_eq!(percentile(&samples, 100.0), Some(3.0));
+}
+
+#[test]
+fn a_result_entry_names_its_own_amp_only_as_off_bf16_or_fp16() {
+    for amp in ["off", "bf16", "fp16"] {
+        let mut good = record();
+        good.results[0].amp = Some(amp.to_owned());
+        let text = good.to_json_pretty().expect("valid");
+        assert_eq!(BaselineRecord::from_json(&text), Ok(good));
+    }
+    for amp in ["", "fp8", "BF16"] {
+        let mut bad = record();
+        bad.results[0].amp = Some(amp.to_owned());
+        assert_eq!(
+            record_field(bad.to_json_pretty()),
+            Some("results.amp"),
+            "{amp:?}"
+        );
+    }
 }

@@ -526,6 +526,7 @@ fn baseline_record_reader_survives_fuzzing() {
         },
         params: serde_json::json!({ "epochs": 3, "lr": 0.1 }),
         results: vec![ResultEntry {
+            amp: None,
             implementation: "rust".into(),
             mode: "eager".into(),
             metrics: [("epoch_ms_p50".to_owned(), 1.5), ("steps".to_owned(), 4.0)].into(),

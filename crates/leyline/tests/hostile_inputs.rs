@@ -397,6 +397,7 @@ proptest! {
             },
             params: serde_json::json!({ "value": value, "cores": cores }),
             results: vec![ResultEntry {
+                amp: None,
                 implementation: "rust".into(),
                 mode: "eager".into(),
                 metrics: BTreeMap::from([(metric_key, value)]),

@@ -428,6 +428,7 @@ fn run_mode(
     let error = (!exact)
         .then(|| format!("accounting mismatch: expected {expected} emitted, stats {stats:?}"));
     Ok(ResultEntry {
+        amp: None,
         implementation: "rust".to_owned(),
         mode: format!("{producers}-producer"),
         metrics,

@@ -194,6 +194,7 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
                 ));
                 telemetry_names.extend(names);
                 results.push(ResultEntry {
+                    amp: None,
                     implementation: "rust".to_owned(),
                     mode: name,
                     metrics,
@@ -203,6 +204,7 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
             Err(error) => {
                 progress(&format!("[rust {name}] failed: {error}"));
                 results.push(ResultEntry {
+                    amp: None,
                     implementation: "rust".to_owned(),
                     mode: name,
                     metrics: BTreeMap::new(),
@@ -237,6 +239,7 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
                         metrics.get("epoch_ms_p95").copied().unwrap_or(f64::NAN)
                     ));
                     ResultEntry {
+                        amp: None,
                         implementation: "rust".to_owned(),
                         mode: name,
                         metrics,
@@ -246,6 +249,7 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
                 Err(error) => {
                     progress(&format!("[rust {name}] failed: {error}"));
                     ResultEntry {
+                        amp: None,
                         implementation: "rust".to_owned(),
                         mode: name,
                         metrics: BTreeMap::new(),

@@ -124,6 +124,15 @@ impl BaselineRecord {
                     ),
                 ));
             }
+            if let Some(amp) = &entry.amp
+                && !matches!(amp.as_str(), "off" | "bf16" | "fp16")
+            {
+                return Err(invalid(
+                    NAME,
+                    "results.amp",
+                    format!("{} is not one of \"off\", \"bf16\", \"fp16\"", shown(amp)),
+                ));
+            }
             for (key, &value) in &entry.metrics {
                 check_metric_key(key)?;
                 if !value.is_finite() {

@@ -261,6 +261,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
                     metrics.get("samples_per_s").copied().unwrap_or(f64::NAN)
                 ));
                 results.push(ResultEntry {
+                    amp: None,
                     implementation: "rust".to_owned(),
                     mode: name,
                     metrics,
@@ -272,6 +273,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
         };
         progress(&format!("[rust {name}] failed: {metrics}"));
         results.push(ResultEntry {
+            amp: None,
             implementation: "rust".to_owned(),
             mode: name,
             metrics: BTreeMap::new(),
@@ -722,6 +724,7 @@ pub fn run_timeout_drill(device_choice: DeviceChoice, quick: bool) -> Result<Ben
                 "recovery_ms": "time waited beyond the deadline before WAIT applied",
             }),
             results: vec![ResultEntry {
+                amp: None,
                 implementation: "rust".to_owned(),
                 mode: "drill".to_owned(),
                 metrics,
@@ -834,6 +837,7 @@ pub fn run_rollback_drill(device_choice: DeviceChoice, quick: bool) -> Result<Be
                 "snapshot_interval_epochs": 1,
             }),
             results: vec![ResultEntry {
+                amp: None,
                 implementation: "rust".to_owned(),
                 mode: "drill".to_owned(),
                 metrics,
