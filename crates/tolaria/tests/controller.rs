@@ -474,12 +474,9 @@ fn deadline_survives_a_panicking_and_an_erroring_controller() {
     // Generous: a panic's backtrace is symbolised on the worker before the
     // failure is reported, which takes seconds on a loaded machine; this
     // test is about failures, not timing.
-    let mut runner = DecisionDeadline::new(
-        Unreliable { calls: 0 },
-        Duration::from_secs(20),
-        telemetry,
-    )
-    .expect("runner");
+    let mut runner =
+        DecisionDeadline::new(Unreliable { calls: 0 }, Duration::from_secs(20), telemetry)
+            .expect("runner");
     let panicked = runner.decide(&obs(0, 1.0, 50.0, vec![]));
     let DeadlineOutcome::Failed { reason } = &panicked else {
         panic!("expected a failure, got {panicked:?}");
