@@ -3,10 +3,11 @@
 //!
 //! - `cargo xtask test`: provision libtorch and system packages if needed, then
 //!   fmt, clippy (warnings denied), the whole test suite, the hostile-size
-//!   tests again in release, and the telemetry alert-rule check.
+//!   tests again in release, the API docs (warnings denied), and the
+//!   telemetry alert-rule check.
 //! - `cargo xtask bench`: provision, build release `esper`, run every
 //!   benchmark workload through `esper bench` and write
-//!   `baselines/perf/<workload>/<label>.json` ([`bench`]: running,
+//!   `baselines/perf/<workload>/<label>.json` ([`bench`](mod@bench): running,
 //!   `bench::peers`: the Python peers, `bench::compare`: tables and
 //!   before/after).
 //! - `cargo xtask bundle`: the bench bundle for the GPU machine (`bundle/`,
@@ -28,7 +29,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  test                     provision, then fmt + clippy (-D warnings) + every test + rule checks
+  test                     provision, then fmt + clippy (-D warnings) + every test + docs + rule checks
   bench [options]          provision, build release, run the benchmark workloads
       --label LABEL        record label (default: <device>-<date>)
       --workload NAME      run one workload only (repeatable)
@@ -173,6 +174,14 @@ fn run_tests(root: &Path) -> Result<()> {
         cargo(root)
             .args(["test", "--release"])
             .args(RELEASE_SIZE_TESTS),
+    )?;
+    // The API docs the crates' users read: every intra-doc link resolves and
+    // no doc comment is malformed.
+    run_step(
+        "cargo doc --workspace --no-deps (warnings denied)",
+        cargo(root)
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     check_alert_rules(root)?;
     eprintln!(

@@ -133,7 +133,7 @@ pub(crate) struct TrainArgs {
     /// Seed of the weights, the shuffle and the train subset [default: 0].
     #[arg(long, value_name = "N")]
     pub(crate) seed: Option<u64>,
-    /// Where the run's files go [default: runs/<UTC timestamp>].
+    /// Where the run's files go (default: `runs/<UTC timestamp>`).
     #[arg(long, value_name = "DIR")]
     pub(crate) run_dir: Option<PathBuf>,
     /// Train on a seeded random subset of this many samples (0: all)

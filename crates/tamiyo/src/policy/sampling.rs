@@ -22,7 +22,7 @@
 //! log-probabilities describe the same distribution.
 //!
 //! [`SampledActions::relevance`] is the causal mask `[B, 8]` PPO applies to
-//! per-head log-probabilities; [`evaluate_actions`] recomputes
+//! per-head log-probabilities; [`Sampler::evaluate_actions`] recomputes
 //! log-probabilities and entropies of stored actions the same way.
 
 use leyline::{HEAD_NAMES, LifecycleOp, NUM_ACTION_HEADS};

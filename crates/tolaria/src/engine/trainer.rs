@@ -23,7 +23,7 @@
 //! 7. Kasmina's epoch tick ([`MorphogeneticModel::step_epoch`]: alpha
 //!    schedules, cooldowns) and the epoch's telemetry.
 //!
-//! The next epoch's [`Step::prepare`] adopts whatever the boundary changed;
+//! The next epoch's [`Step::prepare`](super::Step::prepare) adopts whatever the boundary changed;
 //! a changed step shape is captured again.
 
 use std::time::{Duration, Instant};
