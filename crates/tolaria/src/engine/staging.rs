@@ -96,16 +96,7 @@ impl StagedData {
         shuffle: bool,
         seed: u64,
     ) -> Result<StagedData> {
-        let len = i64::try_from(dataset.len()).map_err(|_| Error::InvalidData {
-            field: "dataset",
-            reason: format!("{} samples do not fit i64", dataset.len()),
-        })?;
-        if len == 0 {
-            return Err(Error::InvalidData {
-                field: "dataset",
-                reason: format!("`{}` holds no sample", dataset.name()),
-            });
-        }
+        let len = sample_count(dataset)?;
         let started = Instant::now();
         let (inputs, labels, h2d_ms) = match device {
             Device::Cuda(_) => {
@@ -182,16 +173,7 @@ impl StagedData {
         shuffle: bool,
         seed: u64,
     ) -> Result<StagedData> {
-        let len = i64::try_from(dataset.len()).map_err(|_| Error::InvalidData {
-            field: "dataset",
-            reason: format!("{} samples do not fit i64", dataset.len()),
-        })?;
-        if len == 0 {
-            return Err(Error::InvalidData {
-                field: "dataset",
-                reason: format!("`{}` holds no sample", dataset.name()),
-            });
-        }
+        let len = sample_count(dataset)?;
         let batch = i64::try_from(batch)
             .ok()
             .filter(|batch| *batch > 0)
@@ -525,6 +507,21 @@ impl StagedData {
             self.labels.f_index_select(0, indices).op("gather labels")?,
         ))
     }
+}
+
+/// The number of samples of `dataset` as `i64`; an empty set is an error.
+fn sample_count(dataset: &Dataset) -> Result<i64> {
+    let len = i64::try_from(dataset.len()).map_err(|_| Error::InvalidData {
+        field: "dataset",
+        reason: format!("{} samples do not fit i64", dataset.len()),
+    })?;
+    if len == 0 {
+        return Err(Error::InvalidData {
+            field: "dataset",
+            reason: format!("`{}` holds no sample", dataset.name()),
+        });
+    }
+    Ok(len)
 }
 
 /// Floating inputs train in `f32`; integer inputs (token ids) stay `i64`.
