@@ -332,20 +332,23 @@ impl RunningMeanStd {
                 reason: format!("{} values for {} means", state.var.len(), state.mean.len()),
             });
         }
-        if let Some(bad) = state.mean.iter().find(|value| !value.is_finite()) {
+        // The state lives on the device in f32: a value finite in f64 but
+        // beyond f32 would become infinite there (and normalise to NaN).
+        let fits_f32 = |value: f64| value.is_finite() && value.abs() <= f64::from(f32::MAX);
+        if let Some(bad) = state.mean.iter().find(|value| !fits_f32(**value)) {
             return Err(Error::InvalidInput {
                 field: "NormaliserState.mean",
-                reason: format!("{bad} is not finite"),
+                reason: format!("{bad} is not finite as an f32"),
             });
         }
         if let Some(bad) = state
             .var
             .iter()
-            .find(|value| !(value.is_finite() && **value >= 0.0))
+            .find(|value| !(fits_f32(**value) && **value >= 0.0))
         {
             return Err(Error::InvalidInput {
                 field: "NormaliserState.var",
-                reason: format!("{bad} is not a finite variance"),
+                reason: format!("{bad} is not a variance finite as an f32"),
             });
         }
         if !(state.count.is_finite() && state.count >= state.config.epsilon) {
