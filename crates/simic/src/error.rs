@@ -1,0 +1,91 @@
+//! Simic's error type: one enum for the whole crate.
+
+/// Why a Simic operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A libtorch operation failed.
+    #[error("tensor operation `{op}` failed: {source}")]
+    Torch {
+        /// The operation that failed.
+        op: &'static str,
+        /// libtorch's message.
+        source: tch::TchError,
+    },
+    /// A configuration value is out of range or inconsistent.
+    #[error("invalid configuration `{field}`: {reason}")]
+    InvalidConfig {
+        /// The offending field, e.g. `PpoConfig.clip`.
+        field: &'static str,
+        /// What is wrong with it, with the value.
+        reason: String,
+    },
+    /// An input value is impossible (non-finite, out of its range).
+    #[error("invalid input `{field}`: {reason}")]
+    InvalidInput {
+        /// The offending field, e.g. `reward.contribution`.
+        field: &'static str,
+        /// What is wrong with it, with the value.
+        reason: String,
+    },
+    /// A tensor does not have the shape, dtype or device the call needs
+    /// (checked before libtorch sees it).
+    #[error("shape mismatch in `{what}`: expected {expected}, got {got}")]
+    ShapeMismatch {
+        /// The argument, e.g. `PpoBatch.advantages`.
+        what: &'static str,
+        /// What was expected.
+        expected: String,
+        /// What was given.
+        got: String,
+    },
+    /// A value read back from the device does not have the expected size or
+    /// is not finite where it must be.
+    #[error("readback of `{what}` failed: {reason}")]
+    Readback {
+        /// What was read.
+        what: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The rollout buffer is full, or a step was written out of order.
+    #[error("rollout buffer: {0}")]
+    Buffer(String),
+    /// A training loss or statistic became NaN or infinite.
+    #[error("non-finite `{what}` ({value})")]
+    NonFinite {
+        /// What was non-finite, e.g. `ppo.loss`.
+        what: &'static str,
+        /// The value as read.
+        value: f64,
+    },
+    /// A leyline contract value was refused.
+    #[error("contract value refused: {0}")]
+    Contract(#[from] leyline::Error),
+    /// Kasmina refused an operation on an environment's model.
+    #[error("kasmina: {0}")]
+    Kasmina(#[from] kasmina::Error),
+    /// Tolaria failed while training an environment.
+    #[error("tolaria: {0}")]
+    Tolaria(#[from] tolaria::Error),
+    /// Tamiyo (features, masks, policy) refused an input.
+    #[error("tamiyo: {0}")]
+    Tamiyo(#[from] tamiyo::Error),
+    /// torch-ext failed (fused kernels, streams, graphs).
+    #[error("torch-ext: {0}")]
+    TorchExt(#[from] torch_ext::Error),
+}
+
+/// `Result` with Simic's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Attaches the operation name to a libtorch error.
+pub(crate) trait TorchResultExt<T> {
+    /// `Err(TchError)` becomes [`Error::Torch`] naming `op`.
+    fn op(self, op: &'static str) -> Result<T>;
+}
+
+impl<T> TorchResultExt<T> for std::result::Result<T, tch::TchError> {
+    fn op(self, op: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Torch { op, source })
+    }
+}
