@@ -319,6 +319,16 @@ pub struct Engine {
     total_captures: usize,
     /// Time of the first capture of this engine, ms.
     first_capture_ms: Option<f64>,
+    /// The epoch launched and not yet read back.
+    launched: Option<Launched>,
+}
+
+/// What [`Engine::finish_epoch`] needs of a launched epoch.
+struct Launched {
+    wall: Instant,
+    samples: f64,
+    steps: usize,
+    outcome: EpochCounts,
 }
 
 impl std::fmt::Debug for Engine {
@@ -376,6 +386,7 @@ impl Engine {
             epoch_failed: false,
             total_captures: 0,
             first_capture_ms: None,
+            launched: None,
         })
     }
 
@@ -423,8 +434,21 @@ impl Engine {
         }
     }
 
-    /// Trains one epoch of `data` with `step`.
+    /// Trains one epoch of `data` with `step`: [`Engine::launch_epoch`]
+    /// then [`Engine::finish_epoch`].
     pub fn run_epoch(&mut self, step: &mut dyn Step, data: &StagedData) -> Result<EngineEpoch> {
+        self.launch_epoch(step, data)?;
+        self.finish_epoch(data)
+    }
+
+    /// Queues one epoch of `data` with `step` on the compute stream and
+    /// returns without reading anything back (on the CPU the work is done
+    /// when it returns). Several engines (the environments of a vectorized
+    /// run, each on its own stream) can be launched before any is finished,
+    /// so their epochs overlap on the GPU. An epoch launched and not yet
+    /// finished is replaced (its figures are lost) by the next launch.
+    pub fn launch_epoch(&mut self, step: &mut dyn Step, data: &StagedData) -> Result<()> {
+        self.launched = None;
         if data.device() != self.device {
             return Err(Error::InvalidConfig {
                 field: "data",
@@ -452,7 +476,7 @@ impl Engine {
         }
         let wall = Instant::now();
         let compute = self.cuda.as_ref().map(|cuda| cuda.compute);
-        let guard = match &compute {
+        let _guard = match &compute {
             Some(stream) => Some(stream.make_current()?),
             None => None,
         };
@@ -481,20 +505,46 @@ impl Engine {
         };
         drop(sync_guard);
         ran?;
-        let device_ms = match &self.cuda {
-            Some(cuda) => {
-                cuda.end.record(&cuda.compute)?;
-                Some(())
-            }
+        if let Some(cuda) = &self.cuda {
+            cuda.end.record(&cuda.compute)?;
+        }
+        self.launched = Some(Launched {
+            wall,
+            samples: plan.iter().map(|&(_, len)| len as f64).sum::<f64>(),
+            steps: plan.len(),
+            outcome,
+        });
+        Ok(())
+    }
+
+    /// Reads back the epoch [`Engine::launch_epoch`] queued (one
+    /// synchronisation with the compute stream) and returns its figures;
+    /// `data` is the launched epoch's data set (for its copy timings).
+    /// [`Error::InvalidConfig`] when no epoch is launched.
+    pub fn finish_epoch(&mut self, data: &StagedData) -> Result<EngineEpoch> {
+        let Some(launched) = self.launched.take() else {
+            return Err(Error::InvalidConfig {
+                field: "finish_epoch",
+                reason: "no epoch was launched (launch_epoch first)".to_owned(),
+            });
+        };
+        let Launched {
+            wall,
+            samples,
+            steps,
+            outcome,
+        } = launched;
+        let compute = self.cuda.as_ref().map(|cuda| cuda.compute);
+        let guard = match &compute {
+            Some(stream) => Some(stream.make_current()?),
             None => None,
         };
         // The readback waits for the compute stream, so the end event has
         // completed when it returns: one synchronisation per epoch.
         let (loss_sum, correct) = self.accumulator.read()?;
-        let samples = plan.iter().map(|&(_, len)| len as f64).sum::<f64>();
-        let device_ms = match (&self.cuda, device_ms) {
-            (Some(cuda), Some(())) => Some(f64::from(cuda.start.elapsed_ms(&cuda.end)?)),
-            _ => None,
+        let device_ms = match &self.cuda {
+            Some(cuda) => Some(f64::from(cuda.start.elapsed_ms(&cuda.end)?)),
+            None => None,
         };
         drop(guard);
         let h2d_ms = data.take_copy_ms()?;
@@ -509,7 +559,7 @@ impl Engine {
             loss: loss_sum / samples,
             accuracy: 100.0 * correct / samples,
             samples: samples as usize,
-            steps: plan.len(),
+            steps,
             replayed_steps: outcome.replayed,
             eager_steps: outcome.eager,
             epoch_ms,

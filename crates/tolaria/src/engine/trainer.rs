@@ -25,10 +25,12 @@
 //!
 //! The next epoch's [`Step::prepare`](super::Step::prepare) adopts whatever the boundary changed;
 //! a changed step shape is captured again.
+//!
+//! The same steps are public one by one ([`phases`]), for a driver that runs
+//! many trainers side by side and decides for all of them at once.
 
 use std::time::{Duration, Instant};
 
-use kasmina::groups::GroupKey;
 use kasmina::model::MorphogeneticModel;
 use leyline::proto::TelemetryPacket;
 use leyline::telemetry as names;
@@ -49,6 +51,10 @@ use crate::error::{Error, Result, TorchResultExt};
 use crate::governor::{Governor, GovernorConfig, RollbackReport, Verdict};
 use crate::grad_agg::GradAggMetrics;
 use crate::optim::OptimizerConfig;
+
+pub mod phases;
+
+pub use phases::TrainedEpoch;
 
 /// Everything the general trainer needs to know.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -382,113 +388,34 @@ impl ModelTrainer {
 
     /// Trains one epoch and runs its boundary (see the module docs).
     pub fn train_epoch(&mut self) -> Result<ModelEpochReport> {
-        let epoch = self.epoch;
-        let train = self.engine.run_epoch(&mut self.step, &self.train)?;
+        self.launch_epoch()?;
+        let mut trained = self.finish_training()?;
         let validation = self.validate()?;
-        // A non-finite gradient (a diverged epoch, an fp16 step the scaler
-        // skipped) makes the epoch's gradient figures unusable: they are
-        // dropped (the accumulators are zeroed either way), the seeds keep
-        // their last measurement, and the governor judges the loss.
-        let seed_metrics = unusable_as_none(self.step.take_seed_metrics())?;
-        let grad_agg = unusable_as_none(self.step.take_grad_agg_metrics())?;
-        let seeds = seed_metrics
-            .map(|metrics| metrics.seeds)
-            .unwrap_or_default();
-        for seed in &seeds {
-            if let (GroupKey::Seed(slot), Some((seed_norm, host_norm, host_params))) =
-                (seed.group.key, seed.record_arguments())
-            {
-                self.step
-                    .model_mut()
-                    .slot_mut(slot)
-                    .and_then(|slot| slot.record_gradient_norms(seed_norm, host_norm, host_params))
-                    .map_err(|source| Error::Lifecycle {
-                        op: "record_gradient_norms",
-                        source,
-                    })?;
-            }
-        }
-        let mut verdict = None;
-        let mut rollback = None;
-        if let Some(governor) = self.governor.as_mut() {
-            let judged = governor.check(train.loss);
-            verdict = Some(judged);
-            match judged {
-                Verdict::Panic(reason) => {
-                    let (model, optimizers) = self.step.model_and_optimizers();
-                    let report = self.engine.on_compute_stream(|| {
-                        governor.rollback(model, optimizers, &self.telemetry, reason)
-                    })?;
-                    rollback = Some(report);
-                }
-                Verdict::Healthy if governor.snapshot_due(epoch) => {
-                    let model = self.step.model();
-                    self.engine
-                        .on_compute_stream(|| governor.snapshot(model, epoch))?;
-                }
-                Verdict::Healthy | Verdict::Anomaly { .. } => {}
-            }
-        } else if !train.loss.is_finite() {
-            return Err(Error::NonFiniteLoss {
-                phase: "training",
-                epoch,
-                value: train.loss,
-            });
-        }
+        self.judge(&mut trained)?;
         let mut decision = None;
-        if rollback.is_none() {
-            let val_accuracy = validation.map_or(train.accuracy, |v| v.accuracy);
-            let val_loss = validation.map_or(train.loss, |v| v.loss);
-            if train.loss.is_finite() && val_loss.is_finite() {
-                self.step
-                    .model_mut()
-                    .record_accuracy(train.accuracy, val_accuracy)
-                    .map_err(|source| Error::Lifecycle {
-                        op: "record_accuracy",
-                        source,
-                    })?;
-            }
+        if !trained.rolled_back() {
+            self.record_validation(&mut trained, validation)?;
             self.measure_contributions()?;
             if let Some(deadline) = self.deadline.as_mut() {
                 let metrics = EpochMetrics {
-                    train_loss: train.loss,
-                    train_accuracy: train.accuracy,
-                    val_loss,
-                    val_accuracy,
+                    train_loss: trained.train.loss,
+                    train_accuracy: trained.train.accuracy,
+                    val_loss: validation.map_or(trained.train.loss, |v| v.loss),
+                    val_accuracy: validation.map_or(trained.train.accuracy, |v| v.accuracy),
                 };
-                let epoch_u32 = u32::try_from(epoch).unwrap_or(u32::MAX);
+                let epoch_u32 = u32::try_from(trained.epoch).unwrap_or(u32::MAX);
                 let observation =
                     EpochObservation::from_model(self.step.model(), epoch_u32, metrics)?;
                 let outcome = deadline.decide(&observation);
-                let seed_id = format!("seed-{}", self.germinations);
-                let applied =
-                    crate::controller::apply(&outcome.decision(), self.step.model_mut(), &seed_id)
-                        .unwrap_or(Applied::Waited);
-                if matches!(applied, Applied::Germinated { .. }) {
-                    self.germinations = self.germinations.saturating_add(1);
-                }
+                let applied = self
+                    .apply_decision(&outcome.decision())
+                    .unwrap_or(Applied::Waited);
                 decision = Some((outcome, applied));
             }
+        } else {
+            trained.validation = validation;
         }
-        self.step
-            .model_mut()
-            .step_epoch()
-            .map_err(|source| Error::Lifecycle {
-                op: "step_epoch",
-                source,
-            })?;
-        self.emit(&train, validation.as_ref(), grad_agg.as_ref());
-        self.epoch = self.epoch.saturating_add(1);
-        Ok(ModelEpochReport {
-            epoch,
-            train,
-            validation,
-            verdict,
-            rollback,
-            decision,
-            grad_agg,
-            active_seeds: self.step.model().active_seed_count(),
-        })
+        self.conclude_epoch(trained, decision)
     }
 
     /// Sets the counterfactual contribution (accuracy with the seed minus
