@@ -102,6 +102,13 @@ for workload in "${workloads[@]}"; do
     fi
     continue
   else
+    [ -d "$here/data/fashion-mnist" ] && export ESPER_FASHION_MNIST_DIR="$here/data/fashion-mnist"
+    if [ "$workload" = simic-cifar ] && [ -z "${ESPER_CIFAR10_DIR:-}" ] && [ -f "$here/make_fake_cifar.py" ]; then
+      # The fake CIFAR-10 at real size (DESIGN.md §5), generated here rather than carried.
+      cifar_root="${TMPDIR:-/tmp}/esper-fake-cifar"
+      [ -d "$cifar_root" ] || python3 "$here/make_fake_cifar.py" "$cifar_root" >"$out/make_fake_cifar.log" 2>&1
+      export ESPER_CIFAR10_DIR="$cifar_root"
+    fi
     echo "== rust bench $workload"
     "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick 2>&1 \
       | tee "$out/bench_$workload.log"

@@ -53,6 +53,22 @@ const WORKLOADS: &[Workload] = &[
         name: "tolaria-rollback",
         python_peers: None,
     },
+    Workload {
+        name: "simic-throughput",
+        python_peers: None,
+    },
+    Workload {
+        name: "simic-cifar",
+        python_peers: None,
+    },
+    Workload {
+        name: "simic-learning",
+        python_peers: None,
+    },
+    Workload {
+        name: "ppo-cartpole",
+        python_peers: None,
+    },
 ];
 
 /// Options of `cargo xtask bench`.

@@ -79,6 +79,13 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
         std::fs::copy(&fmnist_peer, bundle.join("tolaria_fmnist.py"))?;
     }
     copy_fashion_mnist(&bundle)?;
+    // The fake CIFAR-10 generator of the project's shared tools, when this
+    // checkout sits beside them (`simic-cifar` generates its data with it on
+    // the GPU machine).
+    let fake_cifar = root.join("../shared/tools/make_fake_cifar.py");
+    if fake_cifar.is_file() {
+        std::fs::copy(&fake_cifar, bundle.join("make_fake_cifar.py"))?;
+    }
     let run_script = bundle.join("run.sh");
     std::fs::copy(root.join("scripts/bundle_run.sh"), &run_script)?;
     set_executable(&run_script)?;

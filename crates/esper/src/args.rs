@@ -28,17 +28,29 @@ pub(crate) enum Workload {
     TolariaTimeout,
     /// The governor-rollback drill.
     TolariaRollback,
+    /// `simic::bench`: vectorized PPO on Fashion-MNIST.
+    SimicThroughput,
+    /// `simic::bench`: vectorized PPO on CIFAR-10 (`ESPER_CIFAR10_DIR`).
+    SimicCifar,
+    /// `simic::bench`: PPO rounds beside the heuristic and no growth.
+    SimicLearning,
+    /// `simic::bench`: the PPO update on CartPole-v1.
+    PpoCartpole,
 }
 
 impl Workload {
     /// Every workload, in the order `cargo xtask bench` runs them.
-    pub(crate) const ALL: [Workload; 6] = [
+    pub(crate) const ALL: [Workload; 10] = [
         Workload::TolariaReference,
         Workload::NissaEmit,
         Workload::KasminaPrefetch,
         Workload::TolariaFmnist,
         Workload::TolariaTimeout,
         Workload::TolariaRollback,
+        Workload::SimicThroughput,
+        Workload::SimicCifar,
+        Workload::SimicLearning,
+        Workload::PpoCartpole,
     ];
 
     /// The record's workload name.
@@ -50,6 +62,10 @@ impl Workload {
             Workload::TolariaFmnist => tolaria::engine::bench::FMNIST_WORKLOAD,
             Workload::TolariaTimeout => tolaria::engine::bench::TIMEOUT_WORKLOAD,
             Workload::TolariaRollback => tolaria::engine::bench::ROLLBACK_WORKLOAD,
+            Workload::SimicThroughput => simic::bench::THROUGHPUT_WORKLOAD,
+            Workload::SimicCifar => simic::bench::CIFAR_WORKLOAD,
+            Workload::SimicLearning => simic::bench::LEARNING_WORKLOAD,
+            Workload::PpoCartpole => simic::bench::CARTPOLE_WORKLOAD,
         }
     }
 

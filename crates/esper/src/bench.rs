@@ -30,6 +30,27 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             let run = tolaria::engine::bench::run_rollback_drill(args.device, args.quick)?;
             record_of(args, probe::with_torch(run.device)?, run.measurements)?
         }
+        Workload::SimicThroughput | Workload::SimicCifar => {
+            let task = if args.workload == Workload::SimicCifar {
+                simic::bench::ThroughputTask::Cifar10
+            } else {
+                simic::bench::ThroughputTask::FashionMnist
+            };
+            let options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
+            let run = simic::bench::run_throughput(task, &options, &mut progress)?;
+            simic_record(args, run)?
+        }
+        Workload::SimicLearning => {
+            let options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
+            let rounds = if args.quick { 2 } else { 8 };
+            let run = simic::bench::run_learning(&options, rounds, &mut progress)?;
+            simic_record(args, run)?
+        }
+        Workload::PpoCartpole => {
+            let options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
+            let run = simic::bench::run_cartpole(&options, &mut progress)?;
+            simic_record(args, run)?
+        }
     };
     record::write(&record, &args.out)?;
     println!("{}", table::render(args.workload, &record));
@@ -89,6 +110,13 @@ fn kasmina_prefetch(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<
     let params = kasmina::bench::PrefetchParams::new(args.quick);
     let measurements = kasmina::bench::run_prefetch(&params, device, progress)?;
     record_of(args, probe::with_torch(device)?, measurements)
+}
+
+fn simic_record(args: &BenchArgs, run: simic::bench::SimicBenchRun) -> Result<BaselineRecord> {
+    let mut environment = probe::with_torch(run.device)?;
+    environment.tf32 = true;
+    environment.amp = "per entry".to_owned();
+    record_of(args, environment, run.measurements)
 }
 
 fn record_of(

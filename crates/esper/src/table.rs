@@ -63,6 +63,29 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("loss_before", "loss before", 4),
             ("loss_after", "loss after", 4),
         ],
+        Workload::SimicThroughput | Workload::SimicCifar => &[
+            ("eps", "eps", 2),
+            ("eps_steady", "eps steady", 2),
+            ("policy_inference_ms", "infer ms", 3),
+            ("update_ms", "update ms", 1),
+            ("train_ms_per_env_epoch", "train ms/ee", 1),
+            ("counterfactual_ms_per_env_epoch", "cf ms/ee", 1),
+            ("active_seeds_per_env", "seeds", 2),
+            ("peak_memory_mb", "peak MB", 0),
+        ],
+        Workload::SimicLearning => &[
+            ("mean_episode_reward", "reward", 3),
+            ("final_accuracy_pct", "final acc", 2),
+            ("active_seeds_per_env", "seeds", 2),
+            ("fossilizations", "fossils", 0),
+        ],
+        Workload::PpoCartpole => &[
+            ("mean_return_100k", "ret 100k", 1),
+            ("mean_return_250k", "ret 250k", 1),
+            ("mean_return_500k", "ret 500k", 1),
+            ("mean_return_final", "ret final", 1),
+            ("steps_per_s", "steps/s", 0),
+        ],
     }
 }
 

@@ -1,4 +1,5 @@
-//! Simic's error type: one enum for the whole crate.
+//! Simic's error type: one enum for the whole crate. Errors of the crates
+//! below are boxed, so a `Result` stays small.
 
 /// Why a Simic operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -60,19 +61,58 @@ pub enum Error {
     },
     /// A leyline contract value was refused.
     #[error("contract value refused: {0}")]
-    Contract(#[from] leyline::Error),
+    Contract(Box<leyline::Error>),
     /// Kasmina refused an operation on an environment's model.
     #[error("kasmina: {0}")]
-    Kasmina(#[from] kasmina::Error),
+    Kasmina(Box<kasmina::Error>),
     /// Tolaria failed while training an environment.
     #[error("tolaria: {0}")]
-    Tolaria(#[from] tolaria::Error),
+    Tolaria(Box<tolaria::Error>),
+    /// A data set could not be read (missing files say how to get them).
+    #[error("data: {0}")]
+    Data(Box<tolaria::data::DataError>),
     /// Tamiyo (features, masks, policy) refused an input.
     #[error("tamiyo: {0}")]
-    Tamiyo(#[from] tamiyo::Error),
+    Tamiyo(Box<tamiyo::Error>),
     /// torch-ext failed (fused kernels, streams, graphs).
     #[error("torch-ext: {0}")]
-    TorchExt(#[from] torch_ext::Error),
+    TorchExt(Box<torch_ext::Error>),
+}
+
+impl From<leyline::Error> for Error {
+    fn from(error: leyline::Error) -> Self {
+        Error::Contract(Box::new(error))
+    }
+}
+
+impl From<kasmina::Error> for Error {
+    fn from(error: kasmina::Error) -> Self {
+        Error::Kasmina(Box::new(error))
+    }
+}
+
+impl From<tolaria::Error> for Error {
+    fn from(error: tolaria::Error) -> Self {
+        Error::Tolaria(Box::new(error))
+    }
+}
+
+impl From<tolaria::data::DataError> for Error {
+    fn from(error: tolaria::data::DataError) -> Self {
+        Error::Data(Box::new(error))
+    }
+}
+
+impl From<tamiyo::Error> for Error {
+    fn from(error: tamiyo::Error) -> Self {
+        Error::Tamiyo(Box::new(error))
+    }
+}
+
+impl From<torch_ext::Error> for Error {
+    fn from(error: torch_ext::Error) -> Self {
+        Error::TorchExt(Box::new(error))
+    }
 }
 
 /// `Result` with Simic's [`Error`].

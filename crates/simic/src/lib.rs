@@ -8,6 +8,29 @@
 //!
 //! Modules (each says what it owns):
 //!
+//! - [`vectorized`]: the vectorized PPO rounds ([`vectorized::Simic`]):
+//!   environments driven through Tolaria's epoch phases, the fused
+//!   counterfactual pass, one batched policy forward and one readback per
+//!   step, rewards, the rollout buffer, GAE and the update.
+//! - [`buffer`]: the rollout buffer on the device, `[n_envs, steps]`.
+//! - [`agent`]: Tamiyo's policy as PPO sees it (batched acting,
+//!   re-evaluation of stored rows as sequences).
+//! - [`gae`]: generalised advantage estimation over `[E, T]` rollouts on the
+//!   device (terminal, truncation with bootstrap, row ends).
+//! - [`ppo`]: the PPO update on rows of `[R, T, ...]` batches (config and
+//!   schedules, the per-head clipped loss, the value normaliser, the KL early
+//!   stop) with Tolaria's AdamW.
+//! - [`cartpole`]: CartPole-v1 (gymnasium's rules, vectorised, auto-reset),
+//!   CleanRL's MLP actor-critic and `train_cartpole`, the PPO core's proof.
+//!
+//! - [`counterfactual`]: counterfactual and Shapley attribution of the
+//!   seeds: alpha configurations, the fused validation pass over them, and
+//!   the contribution, interaction and Shapley estimates.
+//!
+//! - [`rewards`]: the reward of one environment step (SHAPED, SPARSE,
+//!   MINIMAL, by component, with PBRS), the episode rules (governor
+//!   rollback, auto-prune) and the running reward normaliser.
+//!
 //! Like the other libtorch crates, Simic has no doctests: a doctest binary is
 //! linked outside `target/` and would not find libtorch.
 
@@ -28,6 +51,15 @@
     )
 )]
 
+pub mod agent;
+pub mod bench;
+pub mod buffer;
+pub mod cartpole;
+pub mod counterfactual;
 pub mod error;
+pub mod gae;
+pub mod ppo;
+pub mod rewards;
+pub mod vectorized;
 
 pub use error::{Error, Result};

@@ -287,8 +287,10 @@ impl PolicyController {
     }
 }
 
-/// The Tolaria decision of `action` (slot by position in `slots`).
-fn to_decision(action: &FactoredAction, slots: &[SlotId], confidence: f64) -> Result<Decision> {
+/// The Tolaria decision of `action` (slot by position in `slots`), with
+/// `confidence` (clamped to `[0, 1]`, 0 when not finite). SET_ALPHA_TARGET
+/// carries only its slot: Tolaria's `Decision` has no alpha schedule yet.
+pub fn to_decision(action: &FactoredAction, slots: &[SlotId], confidence: f64) -> Result<Decision> {
     let slot = slots
         .get(action.slot)
         .copied()

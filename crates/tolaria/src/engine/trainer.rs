@@ -386,6 +386,11 @@ impl ModelTrainer {
         &self.train
     }
 
+    /// The validation data as staged, if any.
+    pub fn validation_data(&self) -> Option<&StagedData> {
+        self.validation.as_ref()
+    }
+
     /// Trains one epoch and runs its boundary (see the module docs).
     pub fn train_epoch(&mut self) -> Result<ModelEpochReport> {
         self.launch_epoch()?;

@@ -1,0 +1,110 @@
+//! Tamiyo's policy as the PPO update sees it: the batched action for every
+//! environment during a rollout, and the re-evaluation of stored rows for
+//! the update.
+//!
+//! The update unrolls each environment's row as one sequence of `T` steps
+//! from a zero LSTM state (reference §4.2: the whole rollout is one batch,
+//! each row one sequence of `chunk_length` = episode length), through
+//! [`tamiyo::policy::PolicyNetwork::forward_sequence`], and scores the
+//! stored actions under the stored base masks with the same op-conditioned
+//! masking the sampler used ([`tamiyo::policy::Sampler::evaluate_actions`]),
+//! so the log-probability ratio is exactly new over old.
+
+use tamiyo::masks::MaskTensors;
+use tamiyo::policy::{Act, LstmState, Policy, Sampler};
+use tch::{Kind, Tensor};
+
+use crate::buffer::Rollout;
+use crate::error::TorchResultExt;
+use crate::ppo::Evaluation;
+use crate::{Error, Result};
+use leyline::NUM_ACTION_HEADS;
+
+/// One batched, gradient-free forward and sample for every environment
+/// (`obs [E, obs_dim]`, `blueprints [E, S]`, the LSTM state `[layers, E,
+/// hidden]`, base masks for `E` rows).
+pub fn act(
+    policy: &Policy,
+    sampler: &mut Sampler,
+    obs: &Tensor,
+    blueprints: &Tensor,
+    hidden: &LstmState,
+    masks: &MaskTensors,
+) -> Result<Act> {
+    Ok(policy.act(obs, blueprints, hidden, masks, sampler)?)
+}
+
+/// Re-evaluates the rollout's `rows` (`[r]` i64) under the current policy,
+/// with gradients: per-head log-probabilities and normalised entropies
+/// `[r, T, 8]` and values `[r, T]`.
+pub fn evaluate_rows(
+    policy: &Policy,
+    sampler: &Sampler,
+    rollout: &Rollout,
+    rows: &Tensor,
+) -> Result<Evaluation> {
+    let rows = rows
+        .f_to_device(rollout.obs.device())
+        .op("rows to device")?;
+    let obs = rollout.obs.f_index_select(0, &rows).op("rows obs")?;
+    let blueprints = rollout
+        .blueprints
+        .f_index_select(0, &rows)
+        .op("rows blueprints")?;
+    let actions = rollout
+        .actions
+        .f_index_select(0, &rows)
+        .op("rows actions")?;
+    let size = obs.size();
+    let (r, t) = match size.as_slice() {
+        [r, t, _] => (*r, *t),
+        _ => {
+            return Err(Error::ShapeMismatch {
+                what: "evaluate_rows.obs",
+                expected: "[r, T, obs_dim]".to_owned(),
+                got: format!("{size:?}"),
+            });
+        }
+    };
+    let batch = usize::try_from(r).map_err(|_| Error::ShapeMismatch {
+        what: "evaluate_rows.rows",
+        expected: "a non-negative row count".to_owned(),
+        got: r.to_string(),
+    })?;
+    let network = policy.network();
+    let hidden = network.initial_state(batch)?;
+    let output = network.forward_sequence(&obs, &blueprints, &hidden)?;
+    let flat = r.saturating_mul(t);
+    let logits = output
+        .logits
+        .iter()
+        .map(|logits| {
+            let width = logits.size().last().copied().unwrap_or(0);
+            logits
+                .f_reshape([flat, width])
+                .op("flatten logits")?
+                .f_to_kind(Kind::Float)
+                .op("logits to f32")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let logits: [Tensor; NUM_ACTION_HEADS] =
+        logits.try_into().map_err(|_| Error::ShapeMismatch {
+            what: "evaluate_rows.logits",
+            expected: NUM_ACTION_HEADS.to_string(),
+            got: "another count".to_owned(),
+        })?;
+    let masks = rollout.flat_masks(&rows)?;
+    let heads = i64::try_from(NUM_ACTION_HEADS).unwrap_or(8);
+    let actions = actions.f_reshape([flat, heads]).op("flatten actions")?;
+    let (log_probs, entropies) = sampler.evaluate_actions(&logits, &masks, &actions)?;
+    Ok(Evaluation {
+        log_probs: log_probs.f_reshape([r, t, heads]).op("log probs rows")?,
+        entropies: entropies.f_reshape([r, t, heads]).op("entropies rows")?,
+        values: output
+            .value
+            .f_to_kind(Kind::Float)
+            .op("values to f32")?
+            .f_reshape([r, t])
+            .op("values rows")?,
+    })
+}

@@ -1,0 +1,557 @@
+//! Simic's benchmark workloads (DESIGN.md §6), measured here and turned into
+//! records by `esper bench`: figures only, no machine probing, no files
+//! written.
+//!
+//! - `simic-throughput`: vectorized PPO on Fashion-MNIST, 4 environments ×
+//!   3 slots (r0c0 r0c1 r0c2), max 3 seeds, episode length 25, each
+//!   environment-epoch on its quarter of the 60,000 training samples (batch
+//!   512), validation with the counterfactual configurations on the 10,000
+//!   test samples; the learned policy acting and learning.
+//! - `simic-cifar`: the same on CIFAR-10 (the fake CIFAR-10 at real size on
+//!   the GPU machine) with the reference `cifar_baseline` host.
+//! - `simic-learning`: PPO rounds on Fashion-MNIST with an impaired host
+//!   (channels 4/8/16), per round the mean episode reward and the final
+//!   accuracies, beside the heuristic controller and the host grown by
+//!   nobody on the same data and seeds.
+//! - `ppo-cartpole`: the same PPO update on CartPole-v1, 500k steps.
+//!
+//! Every variant is one result entry; eps counts environment-epochs over
+//! the whole run's wall time, PPO updates and the first round's captures
+//! included (reference §4.8), and `eps_steady` the rounds after the first.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use kasmina::host::CnnHostConfig;
+use leyline::Telemetry;
+use leyline::baseline::{Measurements, ResultEntry};
+use serde_json::json;
+use tch::Device;
+use tolaria::amp::Precision;
+use tolaria::config::ExecutionMode;
+use tolaria::controller::HeuristicController;
+use tolaria::data::Dataset;
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+use torch_ext::DeviceChoice;
+
+use crate::cartpole::{CartpoleConfig, train_cartpole};
+use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+use crate::{Error, Result};
+
+/// Workload names.
+pub const THROUGHPUT_WORKLOAD: &str = "simic-throughput";
+/// Workload names.
+pub const CIFAR_WORKLOAD: &str = "simic-cifar";
+/// Workload names.
+pub const LEARNING_WORKLOAD: &str = "simic-learning";
+/// Workload names.
+pub const CARTPOLE_WORKLOAD: &str = "ppo-cartpole";
+
+/// The slots of every simic workload.
+const SLOTS: [&str; 3] = ["r0c0", "r0c1", "r0c2"];
+
+/// Which data a throughput run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThroughputTask {
+    /// Fashion-MNIST (`simic-throughput`).
+    FashionMnist,
+    /// CIFAR-10 binary files (`simic-cifar`).
+    Cifar10,
+}
+
+/// Options of the simic workloads.
+#[derive(Debug, Clone)]
+pub struct SimicBenchOptions {
+    /// Device.
+    pub device: DeviceChoice,
+    /// A short run (CI, CPU): small data subsets, short episodes.
+    pub quick: bool,
+    /// Folder of the data set (`None`: the loaders' defaults).
+    pub data_dir: Option<PathBuf>,
+    /// Rounds per variant.
+    pub rounds: usize,
+    /// Variants to run by name (`bf16-graph-step`, `fp32-graph-step`,
+    /// `fp16-graph-step`, `fp32-eager`); empty: the defaults for the device.
+    pub variants: Vec<String>,
+}
+
+impl SimicBenchOptions {
+    /// Defaults: 3 rounds (1 quick).
+    pub fn new(device: DeviceChoice, quick: bool) -> SimicBenchOptions {
+        SimicBenchOptions {
+            device,
+            quick,
+            data_dir: None,
+            rounds: if quick { 1 } else { 3 },
+            variants: Vec::new(),
+        }
+    }
+}
+
+/// What a workload run measured.
+#[derive(Debug)]
+pub struct SimicBenchRun {
+    /// The device it ran on.
+    pub device: Device,
+    /// The figures.
+    pub measurements: Measurements,
+}
+
+fn load(task: ThroughputTask, options: &SimicBenchOptions) -> Result<(Dataset, Dataset)> {
+    let (train, test) = match task {
+        ThroughputTask::FashionMnist => {
+            let mut load = tolaria::data::fashion_mnist::FashionMnistOptions::default();
+            if let Some(dir) = &options.data_dir {
+                load.dir = Some(dir.clone());
+            }
+            tolaria::data::fashion_mnist::load(load)?
+        }
+        ThroughputTask::Cifar10 => {
+            let load = match &options.data_dir {
+                Some(dir) => tolaria::data::cifar10::Cifar10Options::from_dir(dir),
+                None => tolaria::data::cifar10::Cifar10Options::default(),
+            };
+            tolaria::data::cifar10::load(load)?
+        }
+    };
+    if options.quick {
+        let take = |data: &Dataset, n: usize| {
+            data.slice(0, n.min(data.len()))
+                .map_err(|error| Error::InvalidConfig {
+                    field: "bench data",
+                    reason: error.to_string(),
+                })
+        };
+        return Ok((take(&train, 2048)?, take(&test, 512)?));
+    }
+    Ok((train, test))
+}
+
+fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
+    Ok(match name {
+        "bf16-graph-step" => (Precision::Bf16, ExecutionMode::GraphStep),
+        "fp16-graph-step" => (Precision::Fp16, ExecutionMode::GraphStep),
+        "fp32-graph-step" => (Precision::Fp32, ExecutionMode::GraphStep),
+        "bf16-eager" => (Precision::Bf16, ExecutionMode::Eager),
+        "fp32-eager" => (Precision::Fp32, ExecutionMode::Eager),
+        other => {
+            return Err(Error::InvalidConfig {
+                field: "variants",
+                reason: format!(
+                    "unknown variant `{other}` (bf16-graph-step, fp16-graph-step, \
+                     fp32-graph-step, bf16-eager, fp32-eager)"
+                ),
+            });
+        }
+    })
+}
+
+fn simic_config(
+    precision: Precision,
+    mode: ExecutionMode,
+    episode_length: u32,
+    quick: bool,
+) -> SimicConfig {
+    let mut config = SimicConfig::reference(episode_length);
+    config.trainer = ModelTrainerConfig {
+        batch_size: if quick { 128 } else { 512 },
+        mode,
+        precision: Some(precision),
+        ..config.trainer
+    };
+    config
+}
+
+fn amp_name(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Bf16 => "bf16",
+        Precision::Fp16 => "fp16",
+        Precision::Fp32 => "off",
+    }
+}
+
+/// Runs `rounds` rounds and the figures of one variant.
+fn throughput_variant(
+    spec: &EnvSpec,
+    config: SimicConfig,
+    device: Device,
+    rounds: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(Vec<RoundReport>, f64, f64)> {
+    if let Device::Cuda(index) = device {
+        torch_ext::cuda::reset_peak_memory_stats(index)?;
+    }
+    let started = Instant::now();
+    let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
+    let mut reports = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let report = simic.run_round(spec, true)?;
+        progress(&format!(
+            "  round {round}: {} env-epochs in {:.1} s, reward {:.2}, seeds {:.2}, acc {:?}",
+            report.env_epochs,
+            report.timings.total_ms / 1000.0,
+            report.mean_episode_reward,
+            report.mean_active_seeds,
+            report.final_accuracies
+        ));
+        reports.push(report);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    let peak_mb = match device {
+        Device::Cuda(index) => torch_ext::cuda::max_memory_allocated(index)? as f64 / 1_048_576.0,
+        _ => 0.0,
+    };
+    Ok((reports, wall, peak_mb))
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, count) = values.fold((0.0, 0_usize), |(s, c), v| (s + v, c.saturating_add(1)));
+    if count == 0 { 0.0 } else { sum / count as f64 }
+}
+
+/// `simic-throughput` or `simic-cifar`.
+pub fn run_throughput(
+    task: ThroughputTask,
+    options: &SimicBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SimicBenchRun> {
+    let device = torch_ext::device::select(options.device)?;
+    let (train, test) = load(task, options)?;
+    let host = match task {
+        ThroughputTask::FashionMnist => CnnHostConfig::fashion_mnist(),
+        ThroughputTask::Cifar10 => CnnHostConfig::cifar_baseline(),
+    };
+    let n_envs = 4;
+    let spec = EnvSpec::sharded(
+        host,
+        SLOTS.iter().map(|s| (*s).to_owned()).collect(),
+        &train,
+        test,
+        n_envs,
+    )?;
+    let episode_length = if options.quick { 5 } else { 25 };
+    let names: Vec<String> = if !options.variants.is_empty() {
+        options.variants.clone()
+    } else if device.is_cuda() {
+        vec!["bf16-graph-step".to_owned(), "fp32-graph-step".to_owned()]
+    } else {
+        vec!["fp32-eager".to_owned()]
+    };
+    let mut results = Vec::new();
+    for name in &names {
+        let (precision, mode) = variant(name)?;
+        progress(&format!("{name}: {} rounds", options.rounds));
+        let config = simic_config(precision, mode, episode_length, options.quick);
+        let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
+            Ok((reports, wall, peak_mb)) => {
+                let env_epochs: u64 = reports.iter().map(|r| r.env_epochs).sum();
+                let steady: Vec<&RoundReport> = reports.iter().skip(1).collect();
+                let steady_epochs: u64 = steady.iter().map(|r| r.env_epochs).sum();
+                let steady_s: f64 = steady.iter().map(|r| r.timings.total_ms / 1000.0).sum();
+                let per_env_epoch = |pick: fn(&RoundReport) -> f64| {
+                    let total: f64 = reports.iter().map(pick).sum();
+                    total / env_epochs.max(1) as f64
+                };
+                let mut metrics = std::collections::BTreeMap::new();
+                metrics.insert("eps".to_owned(), env_epochs as f64 / wall);
+                if steady_s > 0.0 {
+                    metrics.insert("eps_steady".to_owned(), steady_epochs as f64 / steady_s);
+                }
+                metrics.insert(
+                    "policy_inference_ms".to_owned(),
+                    mean(reports.iter().map(|r| r.inference_ms)),
+                );
+                metrics.insert(
+                    "update_ms".to_owned(),
+                    mean(reports.iter().map(|r| r.timings.update_ms)),
+                );
+                metrics.insert(
+                    "counterfactual_ms_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.timings.counterfactual_ms),
+                );
+                metrics.insert(
+                    "train_ms_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.timings.train_ms),
+                );
+                metrics.insert(
+                    "boundary_ms_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.timings.boundary_ms),
+                );
+                metrics.insert(
+                    "setup_ms_per_round".to_owned(),
+                    mean(reports.iter().map(|r| r.timings.setup_ms)),
+                );
+                metrics.insert(
+                    "active_seeds_per_env".to_owned(),
+                    mean(reports.iter().map(|r| r.mean_active_seeds)),
+                );
+                metrics.insert(
+                    "final_accuracy_pct".to_owned(),
+                    mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
+                );
+                metrics.insert("peak_memory_mb".to_owned(), peak_mb);
+                metrics.insert("env_epochs".to_owned(), env_epochs as f64);
+                metrics.insert("wall_s".to_owned(), wall);
+                ResultEntry {
+                    implementation: "rust".to_owned(),
+                    mode: name.clone(),
+                    metrics,
+                    error: None,
+                    amp: Some(amp_name(precision).to_owned()),
+                }
+            }
+            Err(error) => ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: name.clone(),
+                metrics: std::collections::BTreeMap::new(),
+                error: Some(error.to_string()),
+                amp: Some(amp_name(precision).to_owned()),
+            },
+        };
+        results.push(entry);
+    }
+    Ok(SimicBenchRun {
+        device,
+        measurements: Measurements {
+            params: json!({
+                "task": match task { ThroughputTask::FashionMnist => "fashion-mnist", ThroughputTask::Cifar10 => "cifar10" },
+                "n_envs": n_envs,
+                "slots": SLOTS,
+                "max_seeds": 3,
+                "episode_length": episode_length,
+                "rounds": options.rounds,
+                "batch_size_per_env": if options.quick { 128 } else { 512 },
+                "train_samples_per_env": spec.train.first().map_or(0, Dataset::len),
+                "validation_samples": spec.validation.len(),
+                "quick": options.quick,
+            }),
+            results,
+            telemetry_names: Vec::new(),
+        },
+    })
+}
+
+/// Final validation accuracies of `n_envs` environments trained for
+/// `epochs` epochs with the heuristic controller (`heuristic`) or none.
+fn baseline_accuracies(
+    spec: &EnvSpec,
+    config: &SimicConfig,
+    device: Device,
+    round: u64,
+    heuristic: bool,
+) -> Result<Vec<f64>> {
+    let n = config.n_envs;
+    let mut accuracies = Vec::with_capacity(n);
+    for env in 0..n {
+        let seed = config.seed.wrapping_add(
+            round
+                .saturating_mul(n as u64)
+                .saturating_add(env as u64)
+                .saturating_mul(config.env_seed_stride),
+        );
+        tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+        let host = kasmina::host::CnnHost::new(spec.host.clone(), device)?;
+        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
+        let model = kasmina::model::MorphogeneticModel::with_slot_names(
+            host,
+            &names,
+            kasmina::lifecycle::SlotConfig::default(),
+            Telemetry::disabled(),
+        )?;
+        let train = spec.train.get(env).ok_or_else(|| Error::InvalidConfig {
+            field: "EnvSpec.train",
+            reason: format!("no shard {env}"),
+        })?;
+        let trainer_config = ModelTrainerConfig {
+            seed,
+            ..config.trainer.clone()
+        };
+        let mut trainer = ModelTrainer::new(
+            model,
+            train,
+            Some(&spec.validation),
+            trainer_config,
+            Telemetry::disabled(),
+        )?;
+        if heuristic {
+            trainer = trainer.with_controller(
+                HeuristicController::new(),
+                std::time::Duration::from_secs(5),
+            )?;
+        }
+        let mut last = 0.0;
+        for _ in 0..config.episode_length {
+            let report = trainer.train_epoch()?;
+            if let Some(validation) = report.validation {
+                last = validation.accuracy;
+            }
+        }
+        accuracies.push(last);
+    }
+    Ok(accuracies)
+}
+
+/// `simic-learning`.
+pub fn run_learning(
+    options: &SimicBenchOptions,
+    rounds: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SimicBenchRun> {
+    let device = torch_ext::device::select(options.device)?;
+    let (train, test) = load(ThroughputTask::FashionMnist, options)?;
+    let host = CnnHostConfig {
+        base_channels: 4,
+        ..CnnHostConfig::fashion_mnist()
+    };
+    let spec = EnvSpec::sharded(
+        host,
+        SLOTS.iter().map(|s| (*s).to_owned()).collect(),
+        &train,
+        test,
+        4,
+    )?;
+    let episode_length = if options.quick { 5 } else { 25 };
+    let (precision, mode) = if device.is_cuda() {
+        (Precision::Bf16, ExecutionMode::GraphStep)
+    } else {
+        (Precision::Fp32, ExecutionMode::Eager)
+    };
+    let config = simic_config(precision, mode, episode_length, options.quick);
+    let mut simic = Simic::new(config.clone(), SLOTS.len(), device, Telemetry::disabled())?;
+    let mut results = Vec::new();
+    let mut last_ppo = Vec::new();
+    for round in 0..rounds {
+        let report = simic.run_round(&spec, true)?;
+        progress(&format!(
+            "  ppo round {round}: reward {:.2}, acc {:?}, seeds {:.2}, germ {} foss {} prune {}",
+            report.mean_episode_reward,
+            report.final_accuracies,
+            report.mean_active_seeds,
+            report.germinations,
+            report.fossilizations,
+            report.prunes
+        ));
+        let mut metrics = std::collections::BTreeMap::new();
+        metrics.insert("round".to_owned(), round as f64);
+        metrics.insert("mean_episode_reward".to_owned(), report.mean_episode_reward);
+        let accuracy = mean(report.final_accuracies.iter().copied());
+        metrics.insert("final_accuracy_pct".to_owned(), accuracy);
+        metrics.insert("active_seeds_per_env".to_owned(), report.mean_active_seeds);
+        metrics.insert("fossilizations".to_owned(), report.fossilizations as f64);
+        if round.saturating_add(3) >= rounds {
+            last_ppo.push(accuracy);
+        }
+        results.push(ResultEntry {
+            implementation: "rust".to_owned(),
+            mode: format!("ppo-round-{round}"),
+            metrics,
+            error: None,
+            amp: Some(amp_name(precision).to_owned()),
+        });
+    }
+    // The baselines on the last rounds' seeds.
+    let baseline_round = u64::try_from(rounds.saturating_sub(1)).unwrap_or(0);
+    for (name, heuristic) in [("heuristic", true), ("no-growth", false)] {
+        let accuracies = baseline_accuracies(&spec, &config, device, baseline_round, heuristic)?;
+        progress(&format!("  {name}: acc {accuracies:?}"));
+        let mut metrics = std::collections::BTreeMap::new();
+        metrics.insert(
+            "final_accuracy_pct".to_owned(),
+            mean(accuracies.iter().copied()),
+        );
+        results.push(ResultEntry {
+            implementation: "rust".to_owned(),
+            mode: name.to_owned(),
+            metrics,
+            error: None,
+            amp: Some(amp_name(precision).to_owned()),
+        });
+    }
+    let mut metrics = std::collections::BTreeMap::new();
+    metrics.insert(
+        "final_accuracy_pct".to_owned(),
+        mean(last_ppo.iter().copied()),
+    );
+    results.push(ResultEntry {
+        implementation: "rust".to_owned(),
+        mode: "ppo-last-rounds".to_owned(),
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    });
+    Ok(SimicBenchRun {
+        device,
+        measurements: Measurements {
+            params: json!({
+                "task": "fashion-mnist (impaired host, channels 4/8/16)",
+                "n_envs": 4,
+                "slots": SLOTS,
+                "episode_length": episode_length,
+                "rounds": rounds,
+                "quick": options.quick,
+            }),
+            results,
+            telemetry_names: Vec::new(),
+        },
+    })
+}
+
+/// `ppo-cartpole`: CleanRL's settings, 500k steps (50k quick).
+pub fn run_cartpole(
+    options: &SimicBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SimicBenchRun> {
+    let device = torch_ext::device::select(options.device)?;
+    let config = CartpoleConfig {
+        total_steps: if options.quick { 50_000 } else { 500_000 },
+        device: options.device,
+        ..CartpoleConfig::default()
+    };
+    progress(&format!("ppo-cartpole: {} steps", config.total_steps));
+    let report = train_cartpole(config)?;
+    let at = |steps: u64| {
+        report
+            .history
+            .iter()
+            .filter(|record| record.steps <= steps)
+            .filter_map(|record| record.mean_return)
+            .next_back()
+    };
+    let mut metrics = std::collections::BTreeMap::new();
+    metrics.insert("mean_return_final".to_owned(), report.mean_return);
+    metrics.insert("best_mean_return".to_owned(), report.best_mean_return);
+    for (name, steps) in [
+        ("mean_return_100k", 100_000),
+        ("mean_return_250k", 250_000),
+        ("mean_return_500k", 500_000),
+    ] {
+        if let Some(value) = at(steps) {
+            metrics.insert(name.to_owned(), value);
+        }
+    }
+    metrics.insert(
+        "steps_per_s".to_owned(),
+        report.steps as f64 / report.wall_time_s.max(1e-9),
+    );
+    metrics.insert("wall_s".to_owned(), report.wall_time_s);
+    Ok(SimicBenchRun {
+        device,
+        measurements: Measurements {
+            params: json!({
+                "steps": report.steps,
+                "n_envs": report.config.n_envs,
+                "steps_per_rollout": report.config.steps_per_rollout,
+                "minibatches": report.config.minibatches,
+                "epochs": report.config.epochs,
+            }),
+            results: vec![ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: "ppo".to_owned(),
+                metrics,
+                error: None,
+                amp: None,
+            }],
+            telemetry_names: Vec::new(),
+        },
+    })
+}

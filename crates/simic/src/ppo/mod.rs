@@ -1,0 +1,555 @@
+//! The PPO update (reference §4.2): [`PpoTrainer`] trains any policy whose
+//! evaluation of stored actions it can ask for, on rows of a [`PpoBatch`].
+//!
+//! The batch is laid out by rows on dim 0, `[R, T, ...]`: Tamiyo's recurrent
+//! factored policy has one row per environment, unrolled over `T` steps, with
+//! `H = 8` heads; a feed-forward policy such as CartPole's MLP has one row per
+//! sample, `T = 1`, `H = 1`. The trainer never sees observations or actions:
+//! it hands the caller's closure a tensor of row indices and gets back an
+//! [`Evaluation`] (new log-probabilities, entropies, values) of exactly those
+//! rows, so the same update serves both.
+//!
+//! One [`PpoTrainer::update`]:
+//!
+//! 1. sets this update's learning rate (CleanRL's linear anneal, optional),
+//!    entropy coefficient (optional anneal), value coefficient (warm-up) and
+//!    floor-penalty scale (see [`PpoConfig`]);
+//! 2. normalises the advantages over the batch's samples with a non-zero
+//!    actor weight (mean 0, standard deviation floored at 0.1);
+//! 3. for each epoch, shuffles the rows with a seeded generator (when there
+//!    is more than one minibatch), and per minibatch evaluates the policy,
+//!    computes the loss ([`loss`]), backpropagates, clips the gradients to
+//!    `max_grad_norm` on the device (torch-ext's read-back-free
+//!    `clip_grad_norm_`) and takes one optimizer step;
+//! 4. when `target_kl` is set, reads back the approximate KL of each epoch's
+//!    first minibatch *before* its step, and stops (skipping that step and
+//!    the rest) when it exceeds `kl_stop_factor · target_kl`: the one readback
+//!    inside the update, one scalar per epoch;
+//! 5. reads every statistic back once, at the end ([`PpoStats`]).
+//!
+//! The optimizer is Tolaria's: one [`GroupOptimizer`] with AdamW (β 0.9,
+//! 0.999, no weight decay, `adam_eps`) over every parameter of the policy,
+//! keyed [`GroupKey::Host`] because the policy is one parameter group (it
+//! has no seeds).
+
+use tch::{Device, Kind, Tensor};
+
+use kasmina::groups::GroupKey;
+use tamiyo::policy::PolicyRng;
+use tolaria::optim::{AdamWConfig, GroupOptimizer, GroupOptimizerConfig, OptimizerConfig};
+
+use crate::error::TorchResultExt;
+use crate::{Error, Result};
+
+pub mod config;
+pub mod loss;
+pub mod value_norm;
+
+pub use config::{EntropyAnneal, PpoConfig};
+pub use loss::{HeadCoefficients, LossScalars, LossTerms, ppo_loss};
+pub use value_norm::{ValueNormaliser, ValueNormaliserConfig, ValueNormaliserState};
+
+/// A shape error naming the argument.
+pub(crate) fn shape_error(
+    what: &'static str,
+    expected: String,
+    got: impl std::fmt::Debug,
+) -> Error {
+    Error::ShapeMismatch {
+        what,
+        expected,
+        got: format!("{got:?}"),
+    }
+}
+
+/// What one update trains on. All tensors `f32` on the policy's device, rows
+/// on dim 0.
+#[derive(Debug)]
+pub struct PpoBatch {
+    /// Per-head log-probabilities of the stored actions under the rollout
+    /// policy, `[R, T, H]`.
+    pub log_probs: Tensor,
+    /// Advantages, `[R, T]` (normalised by the trainer when configured).
+    pub advantages: Tensor,
+    /// Critic targets, `[R, T]`, already in the critic's space (normalised
+    /// when a [`ValueNormaliser`] is used).
+    pub returns: Tensor,
+    /// The critic's values at rollout time, `[R, T]` (value clipping).
+    pub old_values: Tensor,
+    /// Causal relevance of each head at each step (0/1), `[R, T, H]`.
+    pub head_weights: Tensor,
+    /// Actor weight, `[R, T]`: 1 for a normal step, 0 for a forced step or
+    /// padding.
+    pub actor_weight: Tensor,
+    /// Value weight, `[R, T]`: 1 for a normal step, 0.2 for a forced step, 0
+    /// for padding.
+    pub value_weight: Tensor,
+}
+
+impl PpoBatch {
+    /// Checks every shape, kind and device; returns `(R, T, H)`.
+    pub fn check(&self) -> Result<(i64, i64, i64)> {
+        let size = self.log_probs.size();
+        let (rows, steps, heads) = match size.as_slice() {
+            [rows, steps, heads] if *rows >= 1 && *steps >= 1 && *heads >= 1 => {
+                (*rows, *steps, *heads)
+            }
+            _ => {
+                return Err(shape_error(
+                    "PpoBatch.log_probs",
+                    "[R >= 1, T >= 1, H >= 1]".to_owned(),
+                    size,
+                ));
+            }
+        };
+        let device = self.log_probs.device();
+        let heads_shape = vec![rows, steps, heads];
+        let steps_shape = vec![rows, steps];
+        for (what, tensor, expected) in [
+            ("PpoBatch.log_probs", &self.log_probs, &heads_shape),
+            ("PpoBatch.advantages", &self.advantages, &steps_shape),
+            ("PpoBatch.returns", &self.returns, &steps_shape),
+            ("PpoBatch.old_values", &self.old_values, &steps_shape),
+            ("PpoBatch.head_weights", &self.head_weights, &heads_shape),
+            ("PpoBatch.actor_weight", &self.actor_weight, &steps_shape),
+            ("PpoBatch.value_weight", &self.value_weight, &steps_shape),
+        ] {
+            if tensor.size() != *expected {
+                return Err(shape_error(what, format!("{expected:?}"), tensor.size()));
+            }
+            if tensor.kind() != Kind::Float {
+                return Err(shape_error(what, "an f32 tensor".to_owned(), tensor.kind()));
+            }
+            if tensor.device() != device {
+                return Err(shape_error(
+                    what,
+                    format!("a tensor on {device:?}"),
+                    tensor.device(),
+                ));
+            }
+        }
+        Ok((rows, steps, heads))
+    }
+
+    /// The rows `indices` (an `i64` tensor on the batch's device) of every
+    /// tensor.
+    pub fn select_rows(&self, indices: &Tensor) -> Result<PpoBatch> {
+        let select = |tensor: &Tensor| tensor.f_index_select(0, indices).op("select rows");
+        Ok(PpoBatch {
+            log_probs: select(&self.log_probs)?,
+            advantages: select(&self.advantages)?,
+            returns: select(&self.returns)?,
+            old_values: select(&self.old_values)?,
+            head_weights: select(&self.head_weights)?,
+            actor_weight: select(&self.actor_weight)?,
+            value_weight: select(&self.value_weight)?,
+        })
+    }
+}
+
+/// The current policy's evaluation of a set of rows, with gradient.
+#[derive(Debug)]
+pub struct Evaluation {
+    /// Per-head log-probabilities of the stored actions, `[r, T, H]`.
+    pub log_probs: Tensor,
+    /// Per-head entropies, `[r, T, H]` (Tamiyo's are normalised by the log of
+    /// the number of valid options; the entropy floors compare against
+    /// whatever the policy returns here).
+    pub entropies: Tensor,
+    /// The critic's values, `[r, T]`.
+    pub values: Tensor,
+}
+
+/// What one update did, read back once at its end. Losses and telemetry are
+/// means over the minibatches evaluated (including one stopped by the KL
+/// check); `grad_norm` is the mean over the steps taken (0 without a step).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PpoStats {
+    /// The clipped surrogate summed over heads.
+    pub policy_loss: f64,
+    /// `0.5·` weighted MSE of the critic.
+    pub value_loss: f64,
+    /// `Σ_h m_h·H_h`, the entropy bonus before its coefficient.
+    pub entropy_bonus: f64,
+    /// The entropy-floor penalty.
+    pub floor_penalty: f64,
+    /// The total loss.
+    pub total_loss: f64,
+    /// Mean entropy per head (`H` values).
+    pub head_entropies: Vec<f64>,
+    /// Approximate KL on the joint ratio.
+    pub approx_kl: f64,
+    /// Fraction of samples whose joint ratio was clipped.
+    pub clip_fraction: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Epochs completed (an epoch stopped by the KL check does not count).
+    pub epochs_run: usize,
+    /// Optimizer steps taken.
+    pub steps: usize,
+    /// The KL check stopped the update.
+    pub early_stopped: bool,
+    /// Learning rate of this update.
+    pub learning_rate: f64,
+    /// Entropy coefficient of this update.
+    pub entropy_coef: f64,
+    /// Value coefficient of this update.
+    pub value_coef: f64,
+}
+
+/// Index of each scalar in the stats accumulator.
+const STAT_POLICY: i64 = 0;
+const STAT_VALUE: i64 = 1;
+const STAT_BONUS: i64 = 2;
+const STAT_PENALTY: i64 = 3;
+const STAT_TOTAL: i64 = 4;
+const STAT_KL: i64 = 5;
+const STAT_CLIP: i64 = 6;
+const STAT_COUNT: i64 = 7;
+
+/// Trains a policy's parameters with PPO (see the module docs).
+#[derive(Debug)]
+pub struct PpoTrainer {
+    config: PpoConfig,
+    device: Device,
+    parameters: Vec<Tensor>,
+    optimizer: GroupOptimizer,
+    coefficients: HeadCoefficients,
+    rng: PolicyRng,
+    updates: u64,
+}
+
+impl PpoTrainer {
+    /// A trainer for `parameters` (every trainable tensor of the policy, on
+    /// `device`, requiring gradients) with `config` (validated here).
+    pub fn new(parameters: Vec<Tensor>, config: PpoConfig, device: Device) -> Result<PpoTrainer> {
+        config.validate()?;
+        if parameters.is_empty() {
+            return Err(Error::InvalidInput {
+                field: "PpoTrainer.parameters",
+                reason: "no parameters".to_owned(),
+            });
+        }
+        for parameter in &parameters {
+            if parameter.device() != device {
+                return Err(shape_error(
+                    "PpoTrainer.parameters",
+                    format!("tensors on {device:?}"),
+                    parameter.device(),
+                ));
+            }
+            if !parameter.requires_grad() {
+                return Err(Error::InvalidInput {
+                    field: "PpoTrainer.parameters",
+                    reason: format!(
+                        "a parameter of shape {:?} does not require gradients",
+                        parameter.size()
+                    ),
+                });
+            }
+        }
+        let adamw = GroupOptimizerConfig::AdamW(AdamWConfig {
+            learning_rate: config.learning_rate,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: config.adam_eps,
+            weight_decay: 0.0,
+        });
+        OptimizerConfig {
+            host: adamw,
+            seed: adamw,
+        }
+        .validate()?;
+        let handles = parameters.iter().map(Tensor::shallow_clone).collect();
+        let optimizer = GroupOptimizer::new(GroupKey::Host, adamw, handles, device)?;
+        let coefficients = HeadCoefficients::new(&config, device)?;
+        let rng = PolicyRng::new(config.shuffle_seed);
+        Ok(PpoTrainer {
+            config,
+            device,
+            parameters,
+            optimizer,
+            coefficients,
+            rng,
+            updates: 0,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &PpoConfig {
+        &self.config
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Updates run so far (the schedules' clock).
+    pub fn updates(&self) -> u64 {
+        self.updates
+    }
+
+    /// The optimizer state (Tolaria's AdamW over the policy's one group).
+    pub fn optimizer(&self) -> &GroupOptimizer {
+        &self.optimizer
+    }
+
+    /// Advantages normalised over the samples with a non-zero actor weight:
+    /// `(A − mean) / max(std, floor)` (sample standard deviation).
+    fn normalised_advantages(&self, batch: &PpoBatch) -> Result<Tensor> {
+        if !self.config.normalize_advantages {
+            return Ok(batch.advantages.shallow_clone());
+        }
+        let mask = batch
+            .actor_weight
+            .f_gt(0.0)
+            .op("advantage mask")?
+            .f_to_kind(Kind::Float)
+            .op("advantage mask")?;
+        let count = mask.f_sum(Kind::Float).op("advantage count")?;
+        let mean = batch
+            .advantages
+            .f_mul(&mask)
+            .op("advantage mean")?
+            .f_sum(Kind::Float)
+            .op("advantage mean")?
+            .f_div(&count.f_clamp_min(1.0).op("advantage mean")?)
+            .op("advantage mean")?;
+        let centred = batch.advantages.f_sub(&mean).op("advantage centre")?;
+        let std = centred
+            .f_square()
+            .op("advantage std")?
+            .f_mul(&mask)
+            .op("advantage std")?
+            .f_sum(Kind::Float)
+            .op("advantage std")?
+            .f_div(
+                &count
+                    .f_sub_scalar(1.0)
+                    .op("advantage std")?
+                    .f_clamp_min(1.0)
+                    .op("advantage std")?,
+            )
+            .op("advantage std")?
+            .f_sqrt()
+            .op("advantage std")?
+            .f_clamp_min(self.config.advantage_std_floor)
+            .op("advantage std")?;
+        centred.f_div(&std).op("advantage normalise")
+    }
+
+    /// The row order of one epoch: `0..R` with one minibatch, a seeded
+    /// shuffle otherwise (uniform keys from the trainer's generator, sorted
+    /// on the device).
+    fn row_order(&mut self, rows: i64) -> Result<Tensor> {
+        if self.config.minibatches <= 1 {
+            return Tensor::f_arange(rows, (Kind::Int64, self.device)).op("row order");
+        }
+        let keys = self.rng.uniform(&[rows], self.device)?;
+        keys.f_argsort_stable(true, 0, false).op("row shuffle")
+    }
+
+    /// Gradients of the parameters that have one.
+    fn grads(&self) -> Result<Vec<Tensor>> {
+        let mut grads = Vec::with_capacity(self.parameters.len());
+        for parameter in &self.parameters {
+            let grad = parameter.f_grad().op("grad")?;
+            if grad.defined() {
+                grads.push(grad);
+            }
+        }
+        Ok(grads)
+    }
+
+    /// One PPO update on `batch` (see the module docs). `evaluate` gets an
+    /// `i64` tensor of row indices on the device and returns the current
+    /// policy's [`Evaluation`] of those rows, with gradient.
+    pub fn update(
+        &mut self,
+        batch: &PpoBatch,
+        mut evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
+    ) -> Result<PpoStats> {
+        let (rows, _, heads) = batch.check()?;
+        if batch.log_probs.device() != self.device {
+            return Err(shape_error(
+                "PpoBatch",
+                format!("tensors on {:?}", self.device),
+                batch.log_probs.device(),
+            ));
+        }
+        if usize::try_from(heads).ok() != Some(self.config.heads()) {
+            return Err(shape_error(
+                "PpoBatch.log_probs",
+                format!("{} heads (PpoConfig)", self.config.heads()),
+                heads,
+            ));
+        }
+        let minibatches = i64::try_from(self.config.minibatches).unwrap_or(i64::MAX);
+        if minibatches > rows {
+            return Err(Error::InvalidInput {
+                field: "PpoConfig.minibatches",
+                reason: format!("{minibatches} minibatches for {rows} rows"),
+            });
+        }
+        let update = self.updates;
+        let learning_rate = self.config.learning_rate_at(update);
+        self.optimizer.set_learning_rate(learning_rate)?;
+        let scalars = LossScalars {
+            clip: self.config.clip,
+            value_coef: self.config.value_coef_at(update),
+            value_clip: self.config.value_clip,
+            entropy_coef: self.config.entropy_coef_at(update),
+            floor_scale: self.config.floor_penalty_scale_at(update),
+        };
+        let batch = PpoBatch {
+            advantages: self.normalised_advantages(batch)?,
+            log_probs: batch.log_probs.shallow_clone(),
+            returns: batch.returns.shallow_clone(),
+            old_values: batch.old_values.shallow_clone(),
+            head_weights: batch.head_weights.shallow_clone(),
+            actor_weight: batch.actor_weight.shallow_clone(),
+            value_weight: batch.value_weight.shallow_clone(),
+        };
+        // Minibatch sizes: the first `rows % minibatches` get one row more.
+        let base = rows.checked_div(minibatches).unwrap_or(rows);
+        let extra = rows.checked_rem(minibatches).unwrap_or(0);
+        let sizes: Vec<i64> = (0..minibatches)
+            .map(|index| base.saturating_add(i64::from(index < extra)))
+            .collect();
+
+        let zeros = |len: i64| Tensor::f_zeros([len], (Kind::Float, self.device)).op("stats");
+        let mut sums = zeros(STAT_COUNT)?;
+        let mut head_sums = zeros(heads)?;
+        let mut grad_norm_sum = zeros(1)?;
+        let mut evaluated: usize = 0;
+        let mut steps: usize = 0;
+        let mut epochs_run: usize = 0;
+        let mut early_stopped = false;
+
+        'epochs: for _ in 0..self.config.epochs {
+            let order = self.row_order(rows)?;
+            let mut start: i64 = 0;
+            for (index, size) in sizes.iter().enumerate() {
+                let indices = order.f_narrow(0, start, *size).op("minibatch rows")?;
+                start = start.saturating_add(*size);
+                let minibatch = batch.select_rows(&indices)?;
+                let evaluation = evaluate(&indices)?;
+                let terms = ppo_loss(&minibatch, &evaluation, &self.coefficients, &scalars)?;
+                let stacked = Tensor::f_stack(
+                    &[
+                        &terms.policy,
+                        &terms.value,
+                        &terms.entropy_bonus,
+                        &terms.floor_penalty,
+                        &terms.total.f_detach().op("stats")?,
+                        &terms.approx_kl,
+                        &terms.clip_fraction,
+                    ],
+                    0,
+                )
+                .op("stats")?;
+                sums = sums.f_add(&stacked).op("stats")?;
+                head_sums = head_sums.f_add(&terms.head_entropies).op("stats")?;
+                evaluated = evaluated.saturating_add(1);
+                if index == 0
+                    && let Some(target) = self.config.target_kl
+                {
+                    let kl =
+                        terms
+                            .approx_kl
+                            .f_double_value(&[])
+                            .map_err(|source| Error::Readback {
+                                what: "ppo.approx_kl",
+                                reason: source.to_string(),
+                            })?;
+                    if !kl.is_finite() {
+                        return Err(Error::NonFinite {
+                            what: "ppo.approx_kl",
+                            value: kl,
+                        });
+                    }
+                    if kl > self.config.kl_stop_factor * target {
+                        early_stopped = true;
+                        break 'epochs;
+                    }
+                }
+                self.optimizer.zero_grad()?;
+                terms.total.f_backward().op("backward")?;
+                let grads = self.grads()?;
+                if !grads.is_empty() {
+                    let norm =
+                        torch_ext::fused::clip_grad_norm_(&grads, self.config.max_grad_norm, 2.0)?;
+                    grad_norm_sum = grad_norm_sum
+                        .f_add(&norm.f_to_kind(Kind::Float).op("grad norm")?)
+                        .op("grad norm")?;
+                }
+                self.optimizer.step()?;
+                steps = steps.saturating_add(1);
+            }
+            epochs_run = epochs_run.saturating_add(1);
+        }
+        self.optimizer.zero_grad()?;
+        self.updates = self.updates.saturating_add(1);
+
+        // The one readback of the statistics.
+        let all = Tensor::f_cat(&[&sums, &grad_norm_sum, &head_sums], 0)
+            .op("stats")?
+            .f_to_kind(Kind::Double)
+            .op("stats")?
+            .f_to_device(Device::Cpu)
+            .op("stats")?;
+        let values = Vec::<f64>::try_from(&all).map_err(|source| Error::Readback {
+            what: "ppo.stats",
+            reason: source.to_string(),
+        })?;
+        let per_minibatch = 1.0 / (evaluated.max(1) as f64);
+        let per_step = 1.0 / (steps.max(1) as f64);
+        let stat = |index: i64| -> f64 {
+            usize::try_from(index)
+                .ok()
+                .and_then(|index| values.get(index))
+                .copied()
+                .unwrap_or(f64::NAN)
+                * per_minibatch
+        };
+        let grad_norm = values
+            .get(usize::try_from(STAT_COUNT).unwrap_or(usize::MAX))
+            .copied()
+            .unwrap_or(f64::NAN)
+            * per_step;
+        let head_entropies: Vec<f64> = values
+            .iter()
+            .skip(
+                usize::try_from(STAT_COUNT)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1),
+            )
+            .map(|sum| sum * per_minibatch)
+            .collect();
+        let stats = PpoStats {
+            policy_loss: stat(STAT_POLICY),
+            value_loss: stat(STAT_VALUE),
+            entropy_bonus: stat(STAT_BONUS),
+            floor_penalty: stat(STAT_PENALTY),
+            total_loss: stat(STAT_TOTAL),
+            head_entropies,
+            approx_kl: stat(STAT_KL),
+            clip_fraction: stat(STAT_CLIP),
+            grad_norm,
+            epochs_run,
+            steps,
+            early_stopped,
+            learning_rate,
+            entropy_coef: scalars.entropy_coef,
+            value_coef: scalars.value_coef,
+        };
+        if !stats.total_loss.is_finite() {
+            return Err(Error::NonFinite {
+                what: "ppo.loss",
+                value: stats.total_loss,
+            });
+        }
+        Ok(stats)
+    }
+}

@@ -1,0 +1,266 @@
+//! One environment of a vectorized round: a Kasmina model trained by its own
+//! Tolaria [`ModelTrainer`] (its own compute stream on CUDA), the
+//! observation history Tamiyo's features need, and what the reward needs to
+//! remember between steps (accuracy at each seed's germination, each slot's
+//! alpha and size at the previous step).
+
+use std::collections::HashMap;
+
+use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
+use kasmina::lifecycle::SlotConfig;
+use kasmina::model::MorphogeneticModel;
+use leyline::{SeedStage, Telemetry};
+use tamiyo::features::ObservationTracker;
+use tch::Device;
+use tolaria::data::Dataset;
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+
+use crate::counterfactual::CounterfactualReport;
+use crate::rewards::{SeedFacts, SlotFacts, StagePoint};
+use crate::{Error, Result};
+
+/// The data and host of every environment of a round.
+#[derive(Debug)]
+pub struct EnvSpec {
+    /// The host every environment starts from (fresh weights per round).
+    pub host: CnnHostConfig,
+    /// Enabled seed slots, by name (`r0c0`, …), execution order.
+    pub slots: Vec<String>,
+    /// One disjoint training shard per environment.
+    pub train: Vec<Dataset>,
+    /// The validation set every environment scores on (with the
+    /// counterfactual configurations).
+    pub validation: Dataset,
+}
+
+impl EnvSpec {
+    /// Splits `train` into `n_envs` disjoint, equal shards (the remainder
+    /// is dropped), so that each environment-epoch trains on its share of
+    /// the set as the reference does.
+    pub fn sharded(
+        host: CnnHostConfig,
+        slots: Vec<String>,
+        train: &Dataset,
+        validation: Dataset,
+        n_envs: usize,
+    ) -> Result<EnvSpec> {
+        let shard = train.len().checked_div(n_envs).unwrap_or(0);
+        if shard == 0 {
+            return Err(Error::InvalidConfig {
+                field: "EnvSpec.n_envs",
+                reason: format!(
+                    "{n_envs} environments for {} training samples; each needs at least one",
+                    train.len()
+                ),
+            });
+        }
+        let shards = (0..n_envs)
+            .map(|env| {
+                train
+                    .slice(env.saturating_mul(shard), shard)
+                    .map_err(|error| Error::InvalidConfig {
+                        field: "EnvSpec.train",
+                        reason: format!("cannot take shard {env}: {error}"),
+                    })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(EnvSpec {
+            host,
+            slots,
+            train: shards,
+            validation,
+        })
+    }
+
+    /// Environments this spec has data for.
+    pub fn n_envs(&self) -> usize {
+        self.train.len()
+    }
+}
+
+/// What one slot looked like at the previous step (the alpha shock).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct SlotMemory {
+    alpha: f64,
+    params: u64,
+}
+
+/// One environment (see the module docs).
+pub(crate) struct Env {
+    pub(crate) trainer: ModelTrainer,
+    pub(crate) tracker: ObservationTracker,
+    pub(crate) slots: Vec<SlotId>,
+    /// The episode ended early (the governor rolled the model back).
+    pub(crate) done: bool,
+    /// Last step with a transition in the buffer.
+    pub(crate) last_step: Option<usize>,
+    /// Validation accuracy when each live seed germinated.
+    germination_accuracy: HashMap<SlotId, f64>,
+    memory: Vec<SlotMemory>,
+    /// The raw rewards of this episode (before normalisation), summed.
+    pub(crate) episode_reward: f64,
+    /// Latest validation accuracy, percent.
+    pub(crate) val_accuracy: f64,
+    /// Active seeds summed over steps (for the mean).
+    pub(crate) active_seed_steps: u64,
+}
+
+impl Env {
+    /// A fresh environment: the host built from `seed` on `device`, the
+    /// spec's slots, a trainer over shard `index`.
+    pub(crate) fn new(
+        spec: &EnvSpec,
+        index: usize,
+        seed: u64,
+        device: Device,
+        trainer: &ModelTrainerConfig,
+        max_epochs: u32,
+        telemetry: &Telemetry,
+    ) -> Result<Env> {
+        let train = spec.train.get(index).ok_or_else(|| Error::InvalidConfig {
+            field: "EnvSpec.train",
+            reason: format!("no training shard for environment {index}"),
+        })?;
+        tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+        let host = CnnHost::new(spec.host.clone(), device)?;
+        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
+        let model = MorphogeneticModel::with_slot_names(
+            host,
+            &names,
+            SlotConfig::default(),
+            telemetry.clone(),
+        )?;
+        let slots = model.slot_ids();
+        let config = ModelTrainerConfig {
+            seed,
+            // Contributions come from Simic's fused pass.
+            counterfactual_samples: 0,
+            ..trainer.clone()
+        };
+        let trainer = ModelTrainer::new(
+            model,
+            train,
+            Some(&spec.validation),
+            config,
+            telemetry.clone(),
+        )?;
+        Ok(Env {
+            tracker: ObservationTracker::new(&slots, max_epochs)?,
+            memory: vec![SlotMemory::default(); slots.len()],
+            slots,
+            trainer,
+            done: false,
+            last_step: None,
+            germination_accuracy: HashMap::new(),
+            episode_reward: 0.0,
+            val_accuracy: 0.0,
+            active_seed_steps: 0,
+        })
+    }
+
+    /// The targeted slot's seed as the policy saw it, with this epoch's
+    /// counterfactual `report`.
+    pub(crate) fn seed_facts(
+        &self,
+        slot: SlotId,
+        report: Option<&CounterfactualReport>,
+    ) -> Option<SeedFacts> {
+        let model = self.trainer.model();
+        let state = model.slot(slot).ok()?.state()?;
+        let metrics = state.metrics();
+        let interaction_sum = report.map_or(0.0, |report| {
+            let Some(player) = report.slots.iter().position(|s| *s == slot) else {
+                return 0.0;
+            };
+            report
+                .interactions
+                .iter()
+                .filter(|i| i.first == player || i.second == player)
+                .map(|i| i.value)
+                .sum()
+        });
+        let at_germination = self
+            .germination_accuracy
+            .get(&slot)
+            .copied()
+            .unwrap_or(self.val_accuracy);
+        Some(SeedFacts {
+            stage: state.stage(),
+            epochs_in_stage: metrics.epochs_in_stage,
+            age_epochs: metrics.epochs_total,
+            contribution: report.and_then(|report| report.contribution(slot)),
+            progress: (self.val_accuracy - at_germination).clamp(-100.0, 100.0),
+            stage_improvement: metrics.improvement_since_stage_start().clamp(-100.0, 100.0),
+            interaction_sum: interaction_sum.clamp(-100.0, 100.0),
+        })
+    }
+
+    /// The slot's lifecycle position now (after the op and the tick).
+    pub(crate) fn stage_point(&self, slot: SlotId) -> Option<StagePoint> {
+        let state = self.trainer.model().slot(slot).ok()?.state()?;
+        Some(StagePoint {
+            stage: state.stage(),
+            epochs_in_stage: state.metrics().epochs_in_stage,
+        })
+    }
+
+    /// Every slot's rent and shock inputs now, against the previous step;
+    /// remembers the present for the next step.
+    pub(crate) fn slot_facts(&mut self) -> Vec<SlotFacts> {
+        let model = self.trainer.model();
+        let mut facts = Vec::with_capacity(self.slots.len());
+        for (index, slot) in self.slots.iter().enumerate() {
+            let state = model.slot(*slot).ok().and_then(|slot| slot.state());
+            let stage = state.map(|state| state.stage());
+            let live = stage.is_some_and(|stage| !stage.is_failure());
+            let alpha = if live {
+                state.map_or(0.0, |state| state.alpha().clamp(0.0, 1.0))
+            } else {
+                0.0
+            };
+            let params = if live {
+                state.map_or(0, |state| u64::try_from(state.param_count()).unwrap_or(0))
+            } else {
+                0
+            };
+            let previous = self.memory.get(index).copied().unwrap_or_default();
+            facts.push(SlotFacts {
+                stage: stage.filter(|_| live),
+                alpha,
+                params,
+                previous_alpha: previous.alpha,
+                previous_params: previous.params,
+            });
+            if let Some(memory) = self.memory.get_mut(index) {
+                *memory = SlotMemory { alpha, params };
+            }
+        }
+        facts
+    }
+
+    /// Notes the validation accuracy at a germination in `slot`.
+    pub(crate) fn note_germination(&mut self, slot: SlotId) {
+        self.germination_accuracy.insert(slot, self.val_accuracy);
+    }
+
+    /// Slots holding a live or fossilised seed, fossils, and the fossils'
+    /// parameters.
+    pub(crate) fn occupancy(&self) -> (u32, u32, u64) {
+        let mut occupied = 0_u32;
+        let mut fossils = 0_u32;
+        let mut fossil_params = 0_u64;
+        for slot in self.trainer.model().slots() {
+            let Some(state) = slot.state() else { continue };
+            if state.stage().is_failure() {
+                continue;
+            }
+            occupied = occupied.saturating_add(1);
+            if state.stage() == SeedStage::Fossilized {
+                fossils = fossils.saturating_add(1);
+                fossil_params =
+                    fossil_params.saturating_add(u64::try_from(state.param_count()).unwrap_or(0));
+            }
+        }
+        (occupied, fossils, fossil_params)
+    }
+}

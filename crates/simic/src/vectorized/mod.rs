@@ -1,0 +1,307 @@
+//! Vectorized PPO (reference §4.1): rounds of `n_envs` fresh environments,
+//! each a Kasmina model trained by Tolaria one epoch per step, Tamiyo's
+//! policy choosing one lifecycle operation per environment per step, and
+//! one PPO update per round.
+//!
+//! One step of a round, for every environment still in its episode:
+//!
+//! 1. every environment's epoch is queued on its own compute stream
+//!    ([`ModelTrainer::launch_epoch`]) before any is read back, so the
+//!    epochs overlap on the GPU; then each is read back
+//!    ([`ModelTrainer::finish_training`]);
+//! 2. the fused validation + counterfactual pass
+//!    ([`crate::counterfactual::fused_validation_staged`]) on the validation
+//!    set, on the environment's stream: validation accuracy and loss, each
+//!    seed's contribution, the clean total, pairwise interactions;
+//! 3. the governor judges; a rollback ends that environment's episode (the
+//!    death penalty on its last transition, earlier rewards forfeited,
+//!    reference §4.4); otherwise the accuracies and contributions are
+//!    recorded on the seeds;
+//! 4. observations (Obs V3) and masks for all environments, one batched
+//!    policy forward, and **one** readback of the actions for all of them;
+//! 5. each environment carries its action out through Kasmina, the reward
+//!    is computed and normalised, and the epoch concludes (lifecycle tick);
+//!    the policy's outputs go to the device rollout buffer without a
+//!    readback.
+//!
+//! After the last step, the bootstrap values of the truncated episodes come
+//! from one more policy forward on the final observations; GAE runs on the
+//! device with the critic's values denormalised; the critic learns the
+//! normalised returns; one PPO update trains the policy
+//! ([`crate::ppo::PpoTrainer`], each environment's row unrolled as one
+//! sequence from a zero LSTM state, [`crate::agent::evaluate_rows`]).
+//!
+//! Throughput is counted as the reference counts "eps": environment-epochs
+//! over the whole run's wall time, PPO updates included (reference §4.8).
+
+mod env;
+mod round;
+
+use std::time::Instant;
+
+use leyline::Telemetry;
+use tamiyo::masks::MaskConfig;
+use tamiyo::normaliser::{NormaliserConfig, RunningMeanStd};
+use tamiyo::policy::{Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig};
+use tch::Device;
+use tolaria::engine::trainer::ModelTrainerConfig;
+
+use crate::counterfactual::FusedConfig;
+use crate::ppo::{PpoConfig, PpoStats, PpoTrainer, ValueNormaliser, ValueNormaliserConfig};
+use crate::rewards::{RewardConfig, RewardNormaliser, RewardNormaliserConfig};
+use crate::{Error, Result};
+
+pub use env::EnvSpec;
+
+/// Settings of a vectorized PPO run.
+#[derive(Debug, Clone)]
+pub struct SimicConfig {
+    /// Environments per round (4).
+    pub n_envs: usize,
+    /// Epochs per episode (25 in the benchmarks; HEAD's default is 150).
+    pub episode_length: u32,
+    /// Live seeds allowed per environment (3).
+    pub max_seeds: usize,
+    /// Root seed: policy initialisation, sampling, and every environment's
+    /// seed (`seed + (round·n_envs + env)·env_seed_stride`).
+    pub seed: u64,
+    /// Distance between environment seeds.
+    pub env_seed_stride: u64,
+    /// How each environment's trainer runs (batch size, execution mode,
+    /// precision, optimizers, governor). Its `seed` and
+    /// `counterfactual_samples` are set per environment.
+    pub trainer: ModelTrainerConfig,
+    /// The fused counterfactual pass.
+    pub fused: FusedConfig,
+    /// Rewards.
+    pub reward: RewardConfig,
+    /// Reward normalisation.
+    pub reward_normaliser: RewardNormaliserConfig,
+    /// The PPO update.
+    pub ppo: PpoConfig,
+    /// Critic target normalisation.
+    pub value_normaliser: ValueNormaliserConfig,
+    /// Policy network sizes (`num_slots` is taken from the environments).
+    pub policy: PolicyConfig,
+    /// Sampling during rollouts (stochastic, with the reference's
+    /// probability floors).
+    pub sampling: SamplingConfig,
+    /// Mask rules (`max_seeds` is taken from above).
+    pub masks: MaskConfig,
+    /// Normalise observations with a running mean and variance.
+    pub normalise_observations: bool,
+}
+
+impl SimicConfig {
+    /// The reference's settings for `episode_length` epochs: 4
+    /// environments, 3 seeds, batch 512 per environment, the reference PPO
+    /// and reward defaults (γ 0.995 shared by both), stochastic sampling
+    /// with the reference floors, SET_ALPHA_TARGET masked (Tolaria's apply
+    /// does not carry it out yet).
+    pub fn reference(episode_length: u32) -> SimicConfig {
+        let ppo = PpoConfig::tamiyo_reference();
+        SimicConfig {
+            n_envs: 4,
+            episode_length,
+            max_seeds: 3,
+            seed: 0,
+            env_seed_stride: 1_000,
+            trainer: ModelTrainerConfig {
+                batch_size: 512,
+                ..ModelTrainerConfig::default()
+            },
+            fused: FusedConfig::default(),
+            reward: RewardConfig::default(),
+            reward_normaliser: RewardNormaliserConfig::default(),
+            ppo,
+            value_normaliser: ValueNormaliserConfig::default(),
+            policy: PolicyConfig::default(),
+            sampling: SamplingConfig {
+                mode: SampleMode::Stochastic,
+                floors: Some(tamiyo::policy::sampling::reference_probability_floors()),
+            },
+            masks: MaskConfig {
+                disable_set_alpha_target: true,
+                ..MaskConfig::default()
+            },
+            normalise_observations: true,
+        }
+    }
+
+    /// Checks what can be checked before a round starts.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_envs == 0 {
+            return Err(Error::InvalidConfig {
+                field: "SimicConfig.n_envs",
+                reason: "0; a round needs at least one environment".to_owned(),
+            });
+        }
+        if self.episode_length == 0 {
+            return Err(Error::InvalidConfig {
+                field: "SimicConfig.episode_length",
+                reason: "0; an episode needs at least one epoch".to_owned(),
+            });
+        }
+        if (self.ppo.gamma - self.reward.gamma).abs() > 1e-12 {
+            return Err(Error::InvalidConfig {
+                field: "SimicConfig.ppo.gamma",
+                reason: format!(
+                    "{} differs from the reward's PBRS gamma {}; they must be equal (reference §4.2)",
+                    self.ppo.gamma, self.reward.gamma
+                ),
+            });
+        }
+        self.fused.validate()?;
+        self.reward.validate()?;
+        self.reward_normaliser.validate()?;
+        self.ppo.validate()?;
+        self.value_normaliser.validate()?;
+        self.sampling.validate()?;
+        Ok(())
+    }
+}
+
+/// Timings of a round, milliseconds of wall time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoundTimings {
+    /// Building the environments (hosts, trainers, staging).
+    pub setup_ms: f64,
+    /// Training epochs (launch to readback, all environments).
+    pub train_ms: f64,
+    /// The fused validation + counterfactual passes.
+    pub counterfactual_ms: f64,
+    /// Observations, masks, the batched forward and the action readback.
+    pub policy_ms: f64,
+    /// Carrying actions out, rewards, lifecycle ticks.
+    pub boundary_ms: f64,
+    /// GAE and the PPO update.
+    pub update_ms: f64,
+    /// The whole round.
+    pub total_ms: f64,
+}
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundReport {
+    /// Zero-based round.
+    pub round: u64,
+    /// Environment-epochs trained.
+    pub env_epochs: u64,
+    /// Mean over environments of the episode's summed raw reward.
+    pub mean_episode_reward: f64,
+    /// Each environment's final validation accuracy, percent.
+    pub final_accuracies: Vec<f64>,
+    /// Mean live seeds per environment per step.
+    pub mean_active_seeds: f64,
+    /// Environments whose episode the governor ended.
+    pub rollbacks: usize,
+    /// Germinations, fossilizations and prunes carried out.
+    pub germinations: u64,
+    /// Seeds fossilized.
+    pub fossilizations: u64,
+    /// Seeds pruned.
+    pub prunes: u64,
+    /// Mean policy-inference time per step (forward and sampling for all
+    /// environments, one readback), ms.
+    pub inference_ms: f64,
+    /// The PPO update's figures (`None` when the round was not trained on).
+    pub ppo: Option<PpoStats>,
+    /// Timings.
+    pub timings: RoundTimings,
+}
+
+/// The vectorized PPO trainer (see the module docs).
+pub struct Simic {
+    config: SimicConfig,
+    device: Device,
+    policy: Policy,
+    sampler: Sampler,
+    ppo: PpoTrainer,
+    obs_normaliser: Option<RunningMeanStd>,
+    value_normaliser: ValueNormaliser,
+    reward_normaliser: RewardNormaliser,
+    telemetry: Telemetry,
+    rounds: u64,
+    env_epochs: u64,
+    started: Option<Instant>,
+}
+
+impl std::fmt::Debug for Simic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simic")
+            .field("config", &self.config)
+            .field("device", &self.device)
+            .field("rounds", &self.rounds)
+            .finish()
+    }
+}
+
+impl Simic {
+    /// A trainer for environments with `num_slots` slots on `device`: a
+    /// fresh policy (seeded from `config.seed`), its PPO optimizer and the
+    /// normalisers.
+    pub fn new(
+        config: SimicConfig,
+        num_slots: usize,
+        device: Device,
+        telemetry: Telemetry,
+    ) -> Result<Simic> {
+        config.validate()?;
+        tch::manual_seed(i64::from_ne_bytes(config.seed.to_ne_bytes()));
+        let policy_config = PolicyConfig {
+            num_slots,
+            ..config.policy
+        };
+        let policy = Policy::new(policy_config, device)?;
+        let parameters = policy.var_store().trainable_variables();
+        let ppo = PpoTrainer::new(parameters, config.ppo.clone(), device)?;
+        let sampler = Sampler::new(config.sampling, config.seed, device)?;
+        let obs_dim = policy_config.obs_dim();
+        let obs_normaliser = if config.normalise_observations {
+            Some(RunningMeanStd::new(
+                obs_dim,
+                NormaliserConfig::default(),
+                device,
+            )?)
+        } else {
+            None
+        };
+        Ok(Simic {
+            value_normaliser: ValueNormaliser::new(config.value_normaliser, device)?,
+            reward_normaliser: RewardNormaliser::new(config.reward_normaliser)?,
+            config,
+            device,
+            policy,
+            sampler,
+            ppo,
+            obs_normaliser,
+            telemetry,
+            rounds: 0,
+            env_epochs: 0,
+            started: None,
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &SimicConfig {
+        &self.config
+    }
+
+    /// The policy being trained.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Rounds run.
+    pub fn rounds(&self) -> u64 {
+        self.rounds
+    }
+
+    /// Environment-epochs per second over every round so far (the
+    /// reference's "eps"), `None` before the first round.
+    pub fn eps(&self) -> Option<f64> {
+        let started = self.started?;
+        let seconds = started.elapsed().as_secs_f64();
+        (seconds > 0.0).then(|| self.env_epochs as f64 / seconds)
+    }
+}

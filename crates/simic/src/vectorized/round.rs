@@ -1,0 +1,551 @@
+//! One round of vectorized PPO (the steps are listed in the parent module's
+//! docs): [`Simic::run_round`].
+
+use std::time::Instant;
+
+use leyline::LifecycleOp;
+use tamiyo::features::{FeatureBatch, slot_extras};
+use tamiyo::heads::OP;
+use tamiyo::masks::{ActionMasks, MaskTensors, action_masks};
+use tamiyo::policy::LstmState;
+use tch::{Device, Kind, Tensor};
+use tolaria::controller::{Applied, EpochMetrics, EpochObservation};
+use tolaria::engine::trainer::{TrainedEpoch, Validation};
+
+use super::env::{Env, EnvSpec};
+use super::{RoundReport, RoundTimings, Simic};
+use crate::agent;
+use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
+use crate::counterfactual::{
+    ConfigLabel, ConfigSet, CounterfactualReport, PlayerOptions, Players, fused_validation_staged,
+};
+use crate::error::TorchResultExt;
+use crate::gae::compute_gae;
+use crate::rewards::{RewardInputs, apply_governor_rollback, compute_reward};
+use crate::{Error, Result};
+
+/// Milliseconds since `start`.
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1000.0
+}
+
+/// What the fused pass gave one environment this step.
+struct Measured {
+    validation: Validation,
+    report: CounterfactualReport,
+    committed: Option<f64>,
+}
+
+/// Runs the fused validation + counterfactual pass of `env` on its compute
+/// stream, in the trainer's precision.
+fn measure(env: &Env, fused: &crate::counterfactual::FusedConfig) -> Result<Measured> {
+    let started = Instant::now();
+    let trainer = &env.trainer;
+    let model = trainer.model();
+    let players = Players::from_model(model, PlayerOptions::default())?;
+    let set = ConfigSet::counterfactual(players)?;
+    let alphas = set.alphas();
+    let data = trainer
+        .validation_data()
+        .ok_or_else(|| Error::InvalidConfig {
+            field: "EnvSpec.validation",
+            reason: "the environment's trainer has no validation set".to_owned(),
+        })?;
+    let autocast = match (trainer.precision().autocast_kind(), model.device()) {
+        (Some(kind), Device::Cuda(_)) => Some(kind),
+        _ => None,
+    };
+    let mut outcome = None;
+    trainer.engine().on_compute_stream(|| {
+        let _autocast = match autocast {
+            Some(kind) => Some(torch_ext::AutocastGuard::new(
+                torch_ext::AutocastDevice::Cuda,
+                kind,
+            )?),
+            None => None,
+        };
+        outcome = Some(fused_validation_staged(model, data, &alphas, fused));
+        Ok(())
+    })?;
+    let fused = outcome.ok_or_else(|| Error::Readback {
+        what: "fused validation",
+        reason: "the pass did not run".to_owned(),
+    })??;
+    let accuracies = fused.accuracies();
+    let main = set
+        .index_of(ConfigLabel::Main)
+        .and_then(|index| fused.outcomes.get(index).copied())
+        .ok_or_else(|| Error::Readback {
+            what: "fused validation",
+            reason: "no main configuration".to_owned(),
+        })?;
+    let committed = set
+        .index_of(ConfigLabel::Committed)
+        .and_then(|index| accuracies.get(index).copied());
+    let report = CounterfactualReport::new(&set, &accuracies, None)?;
+    Ok(Measured {
+        validation: Validation {
+            loss: main.loss,
+            accuracy: main.accuracy,
+            elapsed_ms: ms(started),
+        },
+        report,
+        committed,
+    })
+}
+
+/// Finite epoch figures for an observation (a diverged epoch's NaN loss
+/// becomes the last finite one).
+fn metrics_of(train: Option<&TrainedEpoch>, last: EpochMetrics) -> EpochMetrics {
+    let Some(trained) = train else { return last };
+    let pick = |value: f64, fallback: f64| if value.is_finite() { value } else { fallback };
+    let validation = trained.validation;
+    EpochMetrics {
+        train_loss: pick(trained.train.loss, last.train_loss),
+        train_accuracy: pick(trained.train.accuracy, last.train_accuracy).clamp(0.0, 100.0),
+        val_loss: pick(validation.map_or(f64::NAN, |v| v.loss), last.val_loss),
+        val_accuracy: pick(
+            validation.map_or(f64::NAN, |v| v.accuracy),
+            last.val_accuracy,
+        )
+        .clamp(0.0, 100.0),
+    }
+}
+
+/// The observation row and masks of `env` now.
+fn observe(
+    env: &mut Env,
+    epoch: u32,
+    metrics: EpochMetrics,
+    simic: &Simic,
+) -> Result<(tamiyo::features::RawObservation, ActionMasks)> {
+    let model = env.trainer.model();
+    let observation = EpochObservation::from_model(model, epoch, metrics)?;
+    let extras = slot_extras(model);
+    let availability = model.op_availability(simic.config.max_seeds);
+    let masks = action_masks(&observation, &availability, &simic.mask_config())?;
+    let raw = env.tracker.observe(&observation, &extras)?;
+    Ok((raw, masks))
+}
+
+impl Simic {
+    fn mask_config(&self) -> tamiyo::masks::MaskConfig {
+        tamiyo::masks::MaskConfig {
+            max_seeds: self.config.max_seeds,
+            ..self.config.masks
+        }
+    }
+
+    /// The policy's input for every environment: normalised observations
+    /// (the normaliser learns from every batch when `learn`), blueprint
+    /// indices and the base masks on the device.
+    fn policy_input(
+        &mut self,
+        batch: &mut FeatureBatch,
+        masks: &[ActionMasks],
+        learn: bool,
+    ) -> Result<(Tensor, MaskTensors)> {
+        batch.upload()?;
+        let obs = match self.obs_normaliser.as_mut() {
+            Some(normaliser) => {
+                if learn {
+                    normaliser.update(batch.obs())?;
+                }
+                normaliser.normalize(batch.obs())?
+            }
+            None => batch.obs().shallow_clone(),
+        };
+        Ok((obs, MaskTensors::from_masks(masks, self.device)?))
+    }
+
+    /// Runs one round on `spec`'s environments: `episode_length` steps of
+    /// every environment, then (when `learn`) one PPO update. Without
+    /// `learn` the policy only acts (its observation normaliser is frozen).
+    pub fn run_round(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
+        let round_started = Instant::now();
+        if self.started.is_none() {
+            self.started = Some(round_started);
+        }
+        let n = self.config.n_envs;
+        if spec.n_envs() < n {
+            return Err(Error::InvalidConfig {
+                field: "EnvSpec.train",
+                reason: format!("{} shards for {n} environments", spec.n_envs()),
+            });
+        }
+        let steps = usize::try_from(self.config.episode_length).unwrap_or(usize::MAX);
+        let mut timings = RoundTimings::default();
+        let setup = Instant::now();
+        let mut envs = Vec::with_capacity(n);
+        for index in 0..n {
+            let offset = self
+                .rounds
+                .checked_mul(n as u64)
+                .and_then(|base| base.checked_add(index as u64))
+                .and_then(|k| k.checked_mul(self.config.env_seed_stride))
+                .ok_or_else(|| Error::InvalidConfig {
+                    field: "SimicConfig.env_seed_stride",
+                    reason: "environment seeds overflow u64".to_owned(),
+                })?;
+            envs.push(Env::new(
+                spec,
+                index,
+                self.config.seed.wrapping_add(offset),
+                self.device,
+                &self.config.trainer,
+                self.config.episode_length,
+                &self.telemetry,
+            )?);
+        }
+        let num_slots = envs.first().map_or(0, |env| env.slots.len());
+        let network_slots = self.policy.network().config().num_slots;
+        if num_slots != network_slots {
+            return Err(Error::InvalidConfig {
+                field: "EnvSpec.slots",
+                reason: format!(
+                    "{num_slots} slots for a policy built for {network_slots} (Simic::new's num_slots)"
+                ),
+            });
+        }
+        let obs_dim = self.policy.network().config().obs_dim();
+        let mut buffer = RolloutBuffer::new(
+            BufferShape {
+                n_envs: n,
+                max_steps: steps,
+                obs_dim,
+                num_slots,
+            },
+            self.device,
+        )?;
+        let mut batch = FeatureBatch::new(n, num_slots, self.device)?;
+        let mut hidden: LstmState = self.policy.network().initial_state(n)?;
+        let mut last_metrics = vec![
+            EpochMetrics {
+                train_loss: 0.0,
+                train_accuracy: 0.0,
+                val_loss: 0.0,
+                val_accuracy: 0.0,
+            };
+            n
+        ];
+        timings.setup_ms = ms(setup);
+
+        let mut report = RoundReport {
+            round: self.rounds,
+            env_epochs: 0,
+            mean_episode_reward: 0.0,
+            final_accuracies: Vec::new(),
+            mean_active_seeds: 0.0,
+            rollbacks: 0,
+            germinations: 0,
+            fossilizations: 0,
+            prunes: 0,
+            inference_ms: 0.0,
+            ppo: None,
+            timings,
+        };
+        let mut inference_total = 0.0;
+        for step in 0..steps {
+            // 1. Every live environment's epoch, queued before any readback.
+            let started = Instant::now();
+            let live: Vec<usize> = (0..n)
+                .filter(|&i| envs.get(i).is_some_and(|env| !env.done))
+                .collect();
+            for &i in &live {
+                if let Some(env) = envs.get_mut(i) {
+                    env.trainer.launch_epoch()?;
+                }
+            }
+            let mut trained: Vec<Option<TrainedEpoch>> = (0..n).map(|_| None).collect();
+            for &i in &live {
+                if let (Some(env), Some(slot)) = (envs.get_mut(i), trained.get_mut(i)) {
+                    *slot = Some(env.trainer.finish_training()?);
+                }
+            }
+            report.env_epochs = report.env_epochs.saturating_add(live.len() as u64);
+            report.timings.train_ms += ms(started);
+
+            // 2. Fused validation and counterfactuals; 3. the governor.
+            let started = Instant::now();
+            let mut measured: Vec<Option<Measured>> = (0..n).map(|_| None).collect();
+            for &i in &live {
+                let (Some(env), Some(slot)) = (envs.get_mut(i), trained.get_mut(i)) else {
+                    continue;
+                };
+                let Some(epoch) = slot.as_mut() else { continue };
+                let result = measure(env, &self.config.fused)?;
+                env.trainer.judge(epoch)?;
+                if epoch.rolled_back() {
+                    epoch.validation = Some(result.validation);
+                    self.end_by_rollback(env, i, &mut buffer)?;
+                    report.rollbacks = report.rollbacks.saturating_add(1);
+                    if let Some(epoch) = slot.take() {
+                        env.trainer.conclude_epoch(epoch, None)?;
+                    }
+                    continue;
+                }
+                env.trainer
+                    .record_validation(epoch, Some(result.validation))?;
+                let contributions: Vec<_> = result
+                    .report
+                    .slots
+                    .iter()
+                    .filter_map(|&slot| result.report.contribution(slot).map(|c| (slot, c)))
+                    .collect();
+                env.trainer.set_contributions(&contributions)?;
+                env.val_accuracy = result.validation.accuracy;
+                if let Some(entry) = measured.get_mut(i) {
+                    *entry = Some(result);
+                }
+            }
+            report.timings.counterfactual_ms += ms(started);
+
+            // 4. Observations, masks, one batched forward, one readback.
+            let started = Instant::now();
+            let mut masks = Vec::with_capacity(n);
+            let mut forced = vec![false; n];
+            for (i, env) in envs.iter_mut().enumerate() {
+                let last = last_metrics
+                    .get(i)
+                    .copied()
+                    .ok_or_else(|| Error::Buffer(format!("no metrics slot for environment {i}")))?;
+                let metrics = metrics_of(trained.get(i).and_then(Option::as_ref), last);
+                if let Some(entry) = last_metrics.get_mut(i) {
+                    *entry = metrics;
+                }
+                let epoch = u32::try_from(env.trainer.epoch()).unwrap_or(u32::MAX);
+                let (raw, mask) = observe(env, epoch, metrics, self)?;
+                batch.set(i, &raw)?;
+                if let Some(flag) = forced.get_mut(i) {
+                    *flag = mask.head(OP).iter().filter(|&&allowed| allowed).count() <= 1;
+                }
+                masks.push(mask);
+            }
+            let (obs, mask_tensors) = self.policy_input(&mut batch, &masks, learn)?;
+            let act = agent::act(
+                &self.policy,
+                &mut self.sampler,
+                &obs,
+                batch.blueprint_indices(),
+                &hidden,
+                &mask_tensors,
+            )?;
+            buffer.record_policy(
+                step,
+                &obs,
+                batch.blueprint_indices(),
+                &act.value,
+                &act.sample,
+                &mask_tensors,
+            )?;
+            hidden = act.hidden;
+            let actions = act.sample.to_host(num_slots)?;
+            let inference = ms(started);
+            inference_total += inference;
+            report.timings.policy_ms += inference;
+
+            // 5. Actions carried out, rewards, the lifecycle tick.
+            let started = Instant::now();
+            let mut host = HostStep {
+                rewards: vec![0.0; n],
+                terminated: vec![false; n],
+                truncated: vec![false; n],
+                forced,
+                valid: vec![false; n],
+            };
+            let terminal = step.saturating_add(1) == steps;
+            for (i, env) in envs.iter_mut().enumerate() {
+                let Some(epoch) = trained.get_mut(i).and_then(Option::take) else {
+                    continue;
+                };
+                let (Some(action), Some(measured)) = (actions.get(i), measured.get(i)) else {
+                    continue;
+                };
+                let measured = measured.as_ref().ok_or_else(|| {
+                    Error::Buffer(format!("environment {i} was not measured this step"))
+                })?;
+                let decision = tamiyo::controller::to_decision(action, &env.slots, 1.0)?;
+                let target = env.slots.get(action.slot).copied().ok_or_else(|| {
+                    Error::Buffer(format!("slot index {} out of range", action.slot))
+                })?;
+                let seed_before = env.seed_facts(target, Some(&measured.report));
+                let (op, succeeded) = match env.trainer.apply_decision(&decision) {
+                    Ok(Applied::Waited) => (LifecycleOp::Wait, true),
+                    Ok(Applied::Germinated { slot, .. }) => {
+                        env.note_germination(slot);
+                        report.germinations = report.germinations.saturating_add(1);
+                        (LifecycleOp::Germinate, true)
+                    }
+                    Ok(Applied::GateEvaluated { op, passed, .. }) => {
+                        if op == LifecycleOp::Fossilize && passed {
+                            report.fossilizations = report.fossilizations.saturating_add(1);
+                        }
+                        (op, passed)
+                    }
+                    Ok(Applied::Pruned { pruned, .. }) => {
+                        if pruned {
+                            report.prunes = report.prunes.saturating_add(1);
+                        }
+                        (LifecycleOp::Prune, pruned)
+                    }
+                    // Refused by Kasmina: executed (and rewarded) as WAIT.
+                    Err(_) => (LifecycleOp::Wait, false),
+                };
+                env.tracker.record_action(op, succeeded);
+                let val_acc = measured.validation.accuracy;
+                let _ = env.trainer.conclude_epoch(epoch, None)?;
+                let (occupied, fossils, fossil_params) = env.occupancy();
+                let host_params = env
+                    .trainer
+                    .model()
+                    .host_parameters()
+                    .iter()
+                    .map(|(_, tensor)| u64::try_from(tensor.numel()).unwrap_or(0))
+                    .sum();
+                let inputs = RewardInputs {
+                    op,
+                    op_succeeded: succeeded,
+                    seed: seed_before,
+                    seed_after: env.stage_point(target),
+                    val_acc: val_acc.clamp(0.0, 100.0),
+                    clean_total: measured.report.reward.total,
+                    solo_off_accuracies: Vec::new(),
+                    host_params,
+                    slots: env.slot_facts(),
+                    occupied_slots: occupied,
+                    fossil_count: fossils,
+                    committed_val_acc: measured.committed,
+                    fossil_params,
+                    auto_prunes: 0,
+                    epoch: u32::try_from(step.saturating_add(1)).unwrap_or(u32::MAX),
+                    max_epochs: self.config.episode_length,
+                    terminal,
+                };
+                let reward = compute_reward(&self.config.reward, &inputs)?.total;
+                let normalised = if learn {
+                    self.reward_normaliser.update_and_normalise(reward)?
+                } else {
+                    self.reward_normaliser.normalise(reward)?
+                };
+                env.episode_reward += reward;
+                env.last_step = Some(step);
+                env.active_seed_steps = env
+                    .active_seed_steps
+                    .saturating_add(env.trainer.model().active_seed_count() as u64);
+                if let Some(value) = host.rewards.get_mut(i) {
+                    *value = normalised as f32;
+                }
+                if let Some(value) = host.valid.get_mut(i) {
+                    *value = true;
+                }
+                if let Some(value) = host.truncated.get_mut(i) {
+                    *value = terminal;
+                }
+            }
+            buffer.record_host(step, &host)?;
+            report.timings.boundary_ms += ms(started);
+        }
+
+        // Bootstrap values for the truncated episodes: the critic on the
+        // final observations.
+        let started = Instant::now();
+        let mut masks = Vec::with_capacity(n);
+        for (i, env) in envs.iter_mut().enumerate() {
+            let metrics = last_metrics
+                .get(i)
+                .copied()
+                .ok_or_else(|| Error::Buffer(format!("no metrics slot for environment {i}")))?;
+            let epoch = u32::try_from(env.trainer.epoch()).unwrap_or(u32::MAX);
+            let (raw, mask) = observe(env, epoch, metrics, self)?;
+            batch.set(i, &raw)?;
+            masks.push(mask);
+        }
+        let (obs, mask_tensors) = self.policy_input(&mut batch, &masks, false)?;
+        let bootstrap = {
+            let _guard = tch::no_grad_guard();
+            self.policy
+                .network()
+                .forward(&obs, batch.blueprint_indices(), &hidden, &mask_tensors)?
+                .value
+        };
+        if let Some(last) = steps.checked_sub(1) {
+            buffer.set_bootstrap(last, &bootstrap)?;
+        }
+
+        if learn {
+            report.ppo = Some(self.update(&buffer)?);
+        }
+        report.timings.update_ms = ms(started);
+
+        let envs_f = n as f64;
+        report.mean_episode_reward =
+            envs.iter().map(|env| env.episode_reward).sum::<f64>() / envs_f;
+        report.final_accuracies = envs.iter().map(|env| env.val_accuracy).collect();
+        let seed_steps: u64 = envs.iter().map(|env| env.active_seed_steps).sum();
+        report.mean_active_seeds = seed_steps as f64 / (envs_f * steps.max(1) as f64);
+        report.inference_ms = inference_total / steps.max(1) as f64;
+        report.timings.total_ms = ms(round_started);
+        self.rounds = self.rounds.saturating_add(1);
+        self.env_epochs = self.env_epochs.saturating_add(report.env_epochs);
+        Ok(report)
+    }
+
+    /// Ends `env`'s episode after a governor rollback: the death penalty on
+    /// its last transition (a true terminal), earlier rewards forfeited.
+    fn end_by_rollback(
+        &mut self,
+        env: &mut Env,
+        index: usize,
+        buffer: &mut RolloutBuffer,
+    ) -> Result<()> {
+        env.done = true;
+        let Some(last) = env.last_step else {
+            return Ok(());
+        };
+        let mut rewards: Vec<f64> = buffer
+            .row_rewards(index)
+            .map(|row| {
+                row.iter()
+                    .take(last.saturating_add(1))
+                    .map(|&r| f64::from(r))
+                    .collect()
+            })
+            .unwrap_or_default();
+        apply_governor_rollback(
+            &self.config.reward,
+            &self.config.reward_normaliser,
+            &mut rewards,
+        )?;
+        for (step, value) in rewards.iter().enumerate() {
+            if let Some(slot) = buffer.reward_mut(index, step) {
+                *slot = *value as f32;
+            }
+        }
+        buffer.set_terminal(index, last)
+    }
+
+    /// GAE on the device and one PPO update of the policy on `buffer`.
+    fn update(&mut self, buffer: &RolloutBuffer) -> Result<crate::ppo::PpoStats> {
+        let rollout = buffer.finish()?;
+        let values = self.value_normaliser.denormalise(&rollout.values)?;
+        let bootstrap = self.value_normaliser.denormalise(&rollout.bootstrap)?;
+        let (advantages, returns) = compute_gae(
+            &rollout.rewards,
+            &values,
+            &rollout.terminated,
+            &rollout.truncated,
+            &bootstrap,
+            self.config.ppo.gamma,
+            self.config.ppo.gae_lambda,
+        )?;
+        let valid = rollout.valid.f_to_kind(Kind::Float).op("valid")?;
+        self.value_normaliser.update(&returns, Some(&valid))?;
+        let targets = self.value_normaliser.normalise(&returns)?;
+        let batch = rollout.ppo_batch(&advantages, &targets)?;
+        let policy = &self.policy;
+        let sampler = &self.sampler;
+        self.ppo.update(&batch, |rows| {
+            agent::evaluate_rows(policy, sampler, &rollout, rows)
+        })
+    }
+}
