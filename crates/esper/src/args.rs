@@ -328,7 +328,11 @@ mod tests {
                 "kasmina-prefetch",
                 "tolaria-fmnist",
                 "tolaria-timeout",
-                "tolaria-rollback"
+                "tolaria-rollback",
+                "simic-throughput",
+                "simic-cifar",
+                "simic-learning",
+                "ppo-cartpole",
             ]
         );
     }

@@ -80,6 +80,14 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       tolaria-rollback      drill: NaN weights -> governor rollback -> training goes on
         --device DEVICE     auto (default), cpu, cuda or cuda:N
+      simic-throughput      vectorized PPO, 4 envs x 3 slots, Fashion-MNIST (ESPER_FASHION_MNIST_DIR)
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+      simic-cifar           vectorized PPO, 4 envs x 3 slots, CIFAR-10 binary files (ESPER_CIFAR10_DIR)
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+      simic-learning        PPO rounds on an impaired host beside the heuristic and no growth
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+      ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
   help                      this text
 
 environment (recorded, set by `cargo xtask bench` and the bench bundle):

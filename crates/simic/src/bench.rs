@@ -47,6 +47,9 @@ pub const LEARNING_WORKLOAD: &str = "simic-learning";
 /// Workload names.
 pub const CARTPOLE_WORKLOAD: &str = "ppo-cartpole";
 
+/// Rounds at the end of `simic-learning` whose accuracies are compared.
+const LAST_ROUNDS: usize = 3;
+
 /// The slots of every simic workload.
 const SLOTS: [&str; 3] = ["r0c0", "r0c1", "r0c2"];
 
@@ -178,11 +181,14 @@ fn throughput_variant(
     rounds: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(Vec<RoundReport>, f64, f64)> {
-    if let Device::Cuda(index) = device {
-        torch_ext::cuda::reset_peak_memory_stats(index)?;
-    }
     let started = Instant::now();
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
+    // After the policy's first allocation: the caching allocator refuses a
+    // reset on a device it has not initialised.
+    if let Device::Cuda(index) = device {
+        torch_ext::cuda::synchronize(index)?;
+        torch_ext::cuda::reset_peak_memory_stats(index)?;
+    }
     let mut reports = Vec::with_capacity(rounds);
     for round in 0..rounds {
         let report = simic.run_round(spec, true)?;
@@ -257,10 +263,50 @@ pub fn run_throughput(
                 if steady_s > 0.0 {
                     metrics.insert("eps_steady".to_owned(), steady_epochs as f64 / steady_s);
                 }
+                // Steady figures leave out the first round (captures,
+                // autotuning, lazy kernel loading).
+                let steady_or_all: Vec<&RoundReport> = if steady.is_empty() {
+                    reports.iter().collect()
+                } else {
+                    steady.clone()
+                };
+                let mut inference: Vec<f64> = steady_or_all
+                    .iter()
+                    .flat_map(|r| r.inference_samples.iter().copied())
+                    .collect();
+                inference.sort_by(f64::total_cmp);
+                if let Some(p50) = inference.get(inference.len() / 2) {
+                    metrics.insert("policy_inference_ms".to_owned(), *p50);
+                }
                 metrics.insert(
-                    "policy_inference_ms".to_owned(),
+                    "policy_inference_ms_mean_all".to_owned(),
                     mean(reports.iter().map(|r| r.inference_ms)),
                 );
+                let steady_epochs_f = steady_or_all
+                    .iter()
+                    .map(|r| r.env_epochs as f64)
+                    .sum::<f64>()
+                    .max(1.0);
+                for (name, pick) in [
+                    (
+                        "steady_launch_ms_per_env_epoch",
+                        (|r: &RoundReport| r.timings.launch_ms) as fn(&RoundReport) -> f64,
+                    ),
+                    ("steady_train_ms_per_env_epoch", |r| r.timings.train_ms),
+                    ("steady_counterfactual_ms_per_env_epoch", |r| {
+                        r.timings.counterfactual_ms
+                    }),
+                    ("steady_policy_ms_per_env_epoch", |r| r.timings.policy_ms),
+                    ("steady_observe_ms_per_env_epoch", |r| r.timings.observe_ms),
+                    ("steady_boundary_ms_per_env_epoch", |r| {
+                        r.timings.boundary_ms
+                    }),
+                    ("steady_setup_ms_per_env_epoch", |r| r.timings.setup_ms),
+                    ("steady_update_ms_per_env_epoch", |r| r.timings.update_ms),
+                ] {
+                    let total: f64 = steady_or_all.iter().map(|r| pick(r)).sum();
+                    metrics.insert(name.to_owned(), total / steady_epochs_f);
+                }
                 metrics.insert(
                     "update_ms".to_owned(),
                     mean(reports.iter().map(|r| r.timings.update_ms)),
@@ -272,6 +318,10 @@ pub fn run_throughput(
                 metrics.insert(
                     "train_ms_per_env_epoch".to_owned(),
                     per_env_epoch(|r| r.timings.train_ms),
+                );
+                metrics.insert(
+                    "observe_ms_per_step".to_owned(),
+                    per_env_epoch(|r| r.timings.observe_ms) * n_envs as f64,
                 );
                 metrics.insert(
                     "boundary_ms_per_env_epoch".to_owned(),
@@ -438,7 +488,7 @@ pub fn run_learning(
         metrics.insert("final_accuracy_pct".to_owned(), accuracy);
         metrics.insert("active_seeds_per_env".to_owned(), report.mean_active_seeds);
         metrics.insert("fossilizations".to_owned(), report.fossilizations as f64);
-        if round.saturating_add(3) >= rounds {
+        if round.saturating_add(LAST_ROUNDS) >= rounds {
             last_ppo.push(accuracy);
         }
         results.push(ResultEntry {
@@ -449,11 +499,19 @@ pub fn run_learning(
             amp: Some(amp_name(precision).to_owned()),
         });
     }
-    // The baselines on the last rounds' seeds.
-    let baseline_round = u64::try_from(rounds.saturating_sub(1)).unwrap_or(0);
+    // The baselines on the same environment seeds as the last rounds.
+    let last_rounds: Vec<u64> = (rounds.saturating_sub(LAST_ROUNDS)..rounds)
+        .map(|round| u64::try_from(round).unwrap_or(0))
+        .collect();
     for (name, heuristic) in [("heuristic", true), ("no-growth", false)] {
-        let accuracies = baseline_accuracies(&spec, &config, device, baseline_round, heuristic)?;
-        progress(&format!("  {name}: acc {accuracies:?}"));
+        let mut accuracies = Vec::new();
+        for &round in &last_rounds {
+            let round_accuracies = baseline_accuracies(&spec, &config, device, round, heuristic)?;
+            progress(&format!(
+                "  {name} (round {round} seeds): acc {round_accuracies:?}"
+            ));
+            accuracies.extend(round_accuracies);
+        }
         let mut metrics = std::collections::BTreeMap::new();
         metrics.insert(
             "final_accuracy_pct".to_owned(),
@@ -461,7 +519,7 @@ pub fn run_learning(
         );
         results.push(ResultEntry {
             implementation: "rust".to_owned(),
-            mode: name.to_owned(),
+            mode: format!("{name}-last-rounds"),
             metrics,
             error: None,
             amp: Some(amp_name(precision).to_owned()),

@@ -209,6 +209,9 @@ fn config_validation_names_the_field() {
 fn ppo_clearly_improves_the_mean_return() {
     // 50 updates of CleanRL's recipe (25 600 steps). Measured over seeds
     // 1..=10: the first 100 episodes average 22–26, the last 100 86–120.
+    // The network is tiny: libtorch's intra-op threads only spin against
+    // each other (and against the other tests) on a busy machine.
+    tch::set_num_threads(1);
     for seed in [1, 2] {
         let config = CartpoleConfig {
             total_steps: 25_600,

@@ -577,26 +577,57 @@ fn cnn_model() -> MorphogeneticModel {
     model
 }
 
-/// Labels that make accuracies differ between configurations: the main
-/// model's prediction for the first half, seeded noise for the rest.
-fn labels_for(model: &MorphogeneticModel, x: &Tensor, classes: i64) -> Tensor {
-    let predicted = tch::no_grad(|| model.forward(x, false))
-        .expect("forward")
-        .argmax(-1, false);
-    let size = predicted.size();
-    let noise = Tensor::randint(classes, size.as_slice(), (Kind::Int64, Device::Cpu));
-    let half = size[0] / 2;
-    Tensor::cat(
-        &[
-            predicted.narrow(0, 0, half),
-            noise.narrow(0, half, size[0] - half),
-        ],
-        0,
-    )
+/// libtorch's generator is global and the tests of this file run in
+/// parallel: tests that draw from it hold this lock so their models and
+/// data do not depend on the scheduling.
+static GLOBAL_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn global_rng() -> std::sync::MutexGuard<'static, ()> {
+    GLOBAL_RNG
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// One plain forward per configuration, each overridden slot with a single
-/// `[1, 1, …]` alpha for the whole batch: (accuracy %, mean loss).
+/// The model's logits under `config`, each overridden slot with a single
+/// `[1, 1, …]` alpha (of `rank` dimensions) for the whole batch.
+fn config_logits(
+    model: &MorphogeneticModel,
+    x: &Tensor,
+    config: &SlotAlphas,
+    rank: usize,
+) -> Tensor {
+    let shape: Vec<i64> = vec![1; rank];
+    let tensors: Vec<Option<Tensor>> = config
+        .as_slice()
+        .iter()
+        .map(|alpha| alpha.map(|a| Tensor::full(shape.as_slice(), a, (Kind::Float, Device::Cpu))))
+        .collect();
+    let references: Vec<Option<&Tensor>> = tensors.iter().map(Option::as_ref).collect();
+    tch::no_grad(|| model.forward_with_alpha(x, &references, false)).expect("forward")
+}
+
+/// Labels that make accuracies differ between configurations wherever
+/// their predictions differ: sample `i` is labelled with the prediction of
+/// configuration `i mod K`.
+fn labels_for(
+    model: &MorphogeneticModel,
+    x: &Tensor,
+    configs: &[SlotAlphas],
+    rank: usize,
+) -> Tensor {
+    let predictions: Vec<Tensor> = configs
+        .iter()
+        .map(|config| config_logits(model, x, config, rank).argmax(-1, false))
+        .collect();
+    let samples = x.size()[0];
+    let rows: Vec<Tensor> = (0..samples)
+        .map(|i| predictions[i as usize % predictions.len()].get(i))
+        .collect();
+    Tensor::stack(&rows, 0)
+}
+
+/// One plain forward per configuration ([`config_logits`]): (accuracy %,
+/// mean loss).
 fn one_by_one(
     model: &MorphogeneticModel,
     x: &Tensor,
@@ -604,20 +635,10 @@ fn one_by_one(
     configs: &[SlotAlphas],
     rank: usize,
 ) -> Vec<(f64, f64)> {
-    let shape: Vec<i64> = vec![1; rank];
     configs
         .iter()
         .map(|config| {
-            let tensors: Vec<Option<Tensor>> = config
-                .as_slice()
-                .iter()
-                .map(|alpha| {
-                    alpha.map(|a| Tensor::full(shape.as_slice(), a, (Kind::Float, Device::Cpu)))
-                })
-                .collect();
-            let references: Vec<Option<&Tensor>> = tensors.iter().map(Option::as_ref).collect();
-            let logits =
-                tch::no_grad(|| model.forward_with_alpha(x, &references, false)).expect("forward");
+            let logits = config_logits(model, x, config, rank);
             let classes = *logits.size().last().expect("classes");
             let flat = logits.reshape([-1, classes]);
             let targets = labels.reshape([-1]);
@@ -653,10 +674,10 @@ fn assert_same(fused: &simic::counterfactual::FusedValidation, reference: &[(f64
 
 #[test]
 fn the_fused_pass_matches_one_forward_per_configuration_on_a_cnn() {
+    let _rng = global_rng();
     let model = cnn_model();
     tch::manual_seed(22);
     let x = Tensor::randn([12, 1, 28, 28], (Kind::Float, Device::Cpu));
-    let labels = labels_for(&model, &x, 10);
 
     // Players "on" at alpha 1: main, the two solo-offs (the other seed as it
     // is) and the four coalitions at alpha 1 are distinct.
@@ -670,6 +691,7 @@ fn the_fused_pass_matches_one_forward_per_configuration_on_a_cnn() {
     let plan = set.add_shapley(&ShapleyConfig::default()).expect("plan");
     assert_eq!(set.len(), 7);
     let configs = set.alphas();
+    let labels = labels_for(&model, &x, &configs, 4);
     let reference = one_by_one(&model, &x, &labels, &configs, 4);
     let distinct: std::collections::BTreeSet<u64> =
         reference.iter().map(|(a, _)| a.to_bits()).collect();
@@ -724,6 +746,7 @@ fn the_fused_pass_matches_one_forward_per_configuration_on_a_cnn() {
 
 #[test]
 fn the_fused_pass_checks_shapes_before_libtorch() {
+    let _rng = global_rng();
     let model = cnn_model();
     let x = Tensor::randn([4, 1, 28, 28], (Kind::Float, Device::Cpu));
     let labels = Tensor::zeros([4], (Kind::Int64, Device::Cpu));
@@ -787,6 +810,7 @@ fn the_fused_pass_checks_shapes_before_libtorch() {
 
 #[test]
 fn the_fused_pass_matches_one_forward_per_configuration_on_a_transformer() {
+    let _rng = global_rng();
     tch::manual_seed(23);
     let host_config = TransformerHostConfig::tiny();
     let vocab = host_config.vocab_size;
@@ -803,12 +827,12 @@ fn the_fused_pass_matches_one_forward_per_configuration_on_a_transformer() {
     grow(&mut model, second, "mlp_small", 0.75);
     perturb_seeds(&model, 0.3);
     let x = Tensor::randint(vocab, [4, 12], (Kind::Int64, Device::Cpu));
-    let labels = labels_for(&model, &x, vocab);
     let players = Players::from_model(&model, PlayerOptions::default()).expect("players");
     assert_eq!(players.len(), 2);
     let set = ConfigSet::counterfactual(players).expect("set");
     assert_eq!(set.len(), 4);
     let configs = set.alphas();
+    let labels = labels_for(&model, &x, &configs, 3);
     let reference = one_by_one(&model, &x, &labels, &configs, 3);
     let losses: std::collections::BTreeSet<u64> =
         reference.iter().map(|(_, l)| l.to_bits()).collect();

@@ -114,3 +114,34 @@ fn two_runs_with_one_seed_are_identical() {
         "a different seed should give a different run"
     );
 }
+
+/// On CUDA: a round of two environments replaying step graphs on their own
+/// streams (each in its own graph-pool lane) trains, measures, acts and
+/// updates, with finite figures; and a second round runs on the same
+/// trainer. Skips without CUDA.
+#[test]
+fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
+    if !tch::Cuda::is_available() {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let spec = spec(2);
+    let mut config = config(9);
+    config.trainer.mode = tolaria::config::ExecutionMode::GraphStep;
+    config.trainer.precision = Some(tolaria::amp::Precision::Fp32);
+    let mut simic = Simic::new(config, 3, Device::Cuda(0), Telemetry::disabled()).expect("simic");
+    for round in 0..2 {
+        let report = simic.run_round(&spec, true).expect("round");
+        assert!(report.env_epochs >= 2, "round {round}: {report:?}");
+        for accuracy in &report.final_accuracies {
+            assert!((0.0..=100.0).contains(accuracy), "accuracy {accuracy}");
+        }
+        let ppo = report.ppo.as_ref().expect("learned");
+        assert!(ppo.total_loss.is_finite(), "{ppo:?}");
+        assert_eq!(report.inference_samples.len(), 4);
+    }
+    assert!(simic.eps().is_some_and(|eps| eps > 0.0));
+}

@@ -213,6 +213,7 @@ fn an_uncapturable_step_falls_back_to_eager_and_keeps_training() {
             batch_size: 128,
             drop_last: true,
             forbid_syncs: false,
+            pool_lane: 0,
         },
     )
     .expect("engine");

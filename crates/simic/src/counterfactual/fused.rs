@@ -138,6 +138,75 @@ pub fn fused_validation(
     configs: &[SlotAlphas],
     config: &FusedConfig,
 ) -> Result<FusedValidation> {
+    launch_fused_validation(model, inputs, labels, configs, config)?.read()
+}
+
+/// A fused pass queued on the device and not read back yet
+/// ([`launch_fused_validation`]).
+#[derive(Debug)]
+pub struct PendingFused {
+    sums: Tensor,
+    configs: usize,
+    targets: usize,
+    forwards: usize,
+}
+
+impl PendingFused {
+    /// Reads the pass back (one synchronisation with the stream that is
+    /// current, which must be the stream the pass was launched on) and
+    /// returns its results.
+    pub fn read(self) -> Result<FusedValidation> {
+        let values = Vec::<f64>::try_from(
+            &self
+                .sums
+                .f_to_device(Device::Cpu)
+                .op("fused readback")?
+                .f_reshape([-1])
+                .op("flatten sums")?,
+        )
+        .op("fused sums to vec")?;
+        let denominator = self.targets as f64;
+        let outcomes: Vec<ConfigOutcome> = values
+            .chunks_exact(2)
+            .map(|pair| match pair {
+                [correct, loss] => ConfigOutcome {
+                    accuracy: 100.0 * correct / denominator,
+                    loss: loss / denominator,
+                },
+                _ => ConfigOutcome {
+                    accuracy: f64::NAN,
+                    loss: f64::NAN,
+                },
+            })
+            .collect();
+        if outcomes.len() != self.configs {
+            return Err(Error::Readback {
+                what: "fused sums",
+                reason: format!(
+                    "{} values for {} configurations",
+                    values.len(),
+                    self.configs
+                ),
+            });
+        }
+        Ok(FusedValidation {
+            outcomes,
+            targets: self.targets,
+            forwards: self.forwards,
+        })
+    }
+}
+
+/// [`fused_validation`] without its readback: the forwards are queued on the
+/// current stream and [`PendingFused::read`] reads them back, so several
+/// models' passes (one per stream) can run before any is read.
+pub fn launch_fused_validation(
+    model: &MorphogeneticModel,
+    inputs: &Tensor,
+    labels: &Tensor,
+    configs: &[SlotAlphas],
+    config: &FusedConfig,
+) -> Result<PendingFused> {
     config.validate()?;
     let shape = check_inputs(model, inputs, labels, configs)?;
     let group_size = configs.len().min(config.max_fused_samples);
@@ -220,45 +289,14 @@ pub fn fused_validation(
         }
         start = start.saturating_add(len);
     }
-    let values = Vec::<f64>::try_from(
-        &sums
-            .f_to_device(Device::Cpu)
-            .op("fused readback")?
-            .f_reshape([-1])
-            .op("flatten sums")?,
-    )
-    .op("fused sums to vec")?;
     let targets = shape
         .samples
         .checked_mul(shape.targets_per_sample)
         .ok_or_else(|| too_large("targets", shape.samples))?;
-    let denominator = targets as f64;
-    let outcomes: Vec<ConfigOutcome> = values
-        .chunks_exact(2)
-        .map(|pair| match pair {
-            [correct, loss] => ConfigOutcome {
-                accuracy: 100.0 * correct / denominator,
-                loss: loss / denominator,
-            },
-            _ => ConfigOutcome {
-                accuracy: f64::NAN,
-                loss: f64::NAN,
-            },
-        })
-        .collect();
-    if outcomes.len() != configs.len() {
-        return Err(Error::Readback {
-            what: "fused sums",
-            reason: format!(
-                "{} values for {} configurations",
-                values.len(),
-                configs.len()
-            ),
-        });
-    }
-    Ok(FusedValidation {
-        outcomes,
-        targets: usize::try_from(targets).unwrap_or(usize::MAX),
+    Ok(PendingFused {
+        sums,
+        configs: configs.len(),
+        targets: usize::try_from(targets).map_err(|_| too_large("targets", shape.samples))?,
         forwards,
     })
 }

@@ -27,6 +27,7 @@ pub use configs::{
 };
 pub use estimate::{CounterfactualReport, Interaction, RewardInputs, interactions, marginals};
 pub use fused::{
-    ConfigOutcome, FusedConfig, FusedValidation, fused_validation, fused_validation_staged,
+    ConfigOutcome, FusedConfig, FusedValidation, PendingFused, fused_validation,
+    fused_validation_staged, launch_fused_validation,
 };
 pub use shapley::{ShapleyConfig, ShapleyMethod, ShapleyPlan, ShapleyStrategy, ShapleyValue};

@@ -135,6 +135,9 @@ impl Env {
             seed,
             // Contributions come from Simic's fused pass.
             counterfactual_samples: 0,
+            // The environments' epochs overlap on the GPU: one graph pool
+            // lane each (a lane's graphs never replay at the same time).
+            graph_pool_lane: index,
             ..trainer.clone()
         };
         let trainer = ModelTrainer::new(

@@ -6,9 +6,9 @@
 //! One step of a round, for every environment still in its episode:
 //!
 //! 1. every environment's epoch is queued on its own compute stream
-//!    ([`ModelTrainer::launch_epoch`]) before any is read back, so the
+//!    ([`tolaria::engine::trainer::ModelTrainer::launch_epoch`]) before any is read back, so the
 //!    epochs overlap on the GPU; then each is read back
-//!    ([`ModelTrainer::finish_training`]);
+//!    ([`tolaria::engine::trainer::ModelTrainer::finish_training`]);
 //! 2. the fused validation + counterfactual pass
 //!    ([`crate::counterfactual::fused_validation_staged`]) on the validation
 //!    set, on the environment's stream: validation accuracy and loss, each
@@ -110,7 +110,12 @@ impl SimicConfig {
                 batch_size: 512,
                 ..ModelTrainerConfig::default()
             },
-            fused: FusedConfig::default(),
+            // The environments' models are small: the whole validation
+            // set under several configurations fits one forward.
+            fused: FusedConfig {
+                max_fused_samples: 1 << 15,
+                ..FusedConfig::default()
+            },
             reward: RewardConfig::default(),
             reward_normaliser: RewardNormaliserConfig::default(),
             ppo,
@@ -166,11 +171,18 @@ impl SimicConfig {
 pub struct RoundTimings {
     /// Building the environments (hosts, trainers, staging).
     pub setup_ms: f64,
-    /// Training epochs (launch to readback, all environments).
+    /// Queuing every environment's epoch (host time of the launches).
+    pub launch_ms: f64,
+    /// Training epochs, launch to readback, all environments (each
+    /// environment's counterfactual pass is queued as its epoch is read).
     pub train_ms: f64,
-    /// The fused validation + counterfactual passes.
+    /// The rest of the fused validation + counterfactual passes (their
+    /// readbacks) and the governor.
     pub counterfactual_ms: f64,
-    /// Observations, masks, the batched forward and the action readback.
+    /// Observations and masks built on the host (every environment).
+    pub observe_ms: f64,
+    /// The batched policy step: upload, normalisation, forward, sampling
+    /// and the one action readback.
     pub policy_ms: f64,
     /// Carrying actions out, rewards, lifecycle ticks.
     pub boundary_ms: f64,
@@ -201,9 +213,11 @@ pub struct RoundReport {
     pub fossilizations: u64,
     /// Seeds pruned.
     pub prunes: u64,
-    /// Mean policy-inference time per step (forward and sampling for all
-    /// environments, one readback), ms.
+    /// Mean policy-inference time per step (upload, forward and sampling
+    /// for all environments, the one action readback), ms.
     pub inference_ms: f64,
+    /// Policy-inference time of each step, ms.
+    pub inference_samples: Vec<f64>,
     /// The PPO update's figures (`None` when the round was not trained on).
     pub ppo: Option<PpoStats>,
     /// Timings.

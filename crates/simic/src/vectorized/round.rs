@@ -17,7 +17,8 @@ use super::{RoundReport, RoundTimings, Simic};
 use crate::agent;
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
 use crate::counterfactual::{
-    ConfigLabel, ConfigSet, CounterfactualReport, PlayerOptions, Players, fused_validation_staged,
+    ConfigLabel, ConfigSet, CounterfactualReport, PendingFused, PlayerOptions, Players,
+    launch_fused_validation,
 };
 use crate::error::TorchResultExt;
 use crate::gae::compute_gae;
@@ -36,9 +37,16 @@ struct Measured {
     committed: Option<f64>,
 }
 
-/// Runs the fused validation + counterfactual pass of `env` on its compute
-/// stream, in the trainer's precision.
-fn measure(env: &Env, fused: &crate::counterfactual::FusedConfig) -> Result<Measured> {
+/// A fused pass queued on an environment's stream.
+struct Launched {
+    started: Instant,
+    set: ConfigSet,
+    pending: PendingFused,
+}
+
+/// Queues the fused validation + counterfactual pass of `env` on its
+/// compute stream, in the trainer's precision; nothing is read back.
+fn launch_measure(env: &Env, fused: &crate::counterfactual::FusedConfig) -> Result<Launched> {
     let started = Instant::now();
     let trainer = &env.trainer;
     let model = trainer.model();
@@ -64,12 +72,42 @@ fn measure(env: &Env, fused: &crate::counterfactual::FusedConfig) -> Result<Meas
             )?),
             None => None,
         };
-        outcome = Some(fused_validation_staged(model, data, &alphas, fused));
+        outcome = Some(launch_fused_validation(
+            model,
+            data.inputs(),
+            data.labels(),
+            &alphas,
+            fused,
+        ));
+        Ok(())
+    })?;
+    let pending = outcome.ok_or_else(|| Error::Readback {
+        what: "fused validation",
+        reason: "the pass did not run".to_owned(),
+    })??;
+    Ok(Launched {
+        started,
+        set,
+        pending,
+    })
+}
+
+/// Reads `launched` back on `env`'s stream and turns it into validation
+/// figures and the counterfactual report.
+fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
+    let Launched {
+        started,
+        set,
+        pending,
+    } = launched;
+    let mut outcome = None;
+    env.trainer.engine().on_compute_stream(|| {
+        outcome = Some(pending.read());
         Ok(())
     })?;
     let fused = outcome.ok_or_else(|| Error::Readback {
         what: "fused validation",
-        reason: "the pass did not run".to_owned(),
+        reason: "the readback did not run".to_owned(),
     })??;
     let accuracies = fused.accuracies();
     let main = set
@@ -241,6 +279,7 @@ impl Simic {
             fossilizations: 0,
             prunes: 0,
             inference_ms: 0.0,
+            inference_samples: Vec::with_capacity(steps),
             ppo: None,
             timings,
         };
@@ -256,16 +295,24 @@ impl Simic {
                     env.trainer.launch_epoch()?;
                 }
             }
+            report.timings.launch_ms += ms(started);
+            // 2. Each environment's fused validation + counterfactual pass is
+            // queued on its stream as soon as its epoch is read back, while
+            // the others still train.
             let mut trained: Vec<Option<TrainedEpoch>> = (0..n).map(|_| None).collect();
+            let mut launched: Vec<Option<Launched>> = (0..n).map(|_| None).collect();
             for &i in &live {
-                if let (Some(env), Some(slot)) = (envs.get_mut(i), trained.get_mut(i)) {
+                if let (Some(env), Some(slot), Some(pass)) =
+                    (envs.get_mut(i), trained.get_mut(i), launched.get_mut(i))
+                {
                     *slot = Some(env.trainer.finish_training()?);
+                    *pass = Some(launch_measure(env, &self.config.fused)?);
                 }
             }
             report.env_epochs = report.env_epochs.saturating_add(live.len() as u64);
             report.timings.train_ms += ms(started);
 
-            // 2. Fused validation and counterfactuals; 3. the governor.
+            // 3. The passes read back; the governor.
             let started = Instant::now();
             let mut measured: Vec<Option<Measured>> = (0..n).map(|_| None).collect();
             for &i in &live {
@@ -273,7 +320,10 @@ impl Simic {
                     continue;
                 };
                 let Some(epoch) = slot.as_mut() else { continue };
-                let result = measure(env, &self.config.fused)?;
+                let Some(pass) = launched.get_mut(i).and_then(Option::take) else {
+                    continue;
+                };
+                let result = read_measure(env, pass)?;
                 env.trainer.judge(epoch)?;
                 if epoch.rolled_back() {
                     epoch.validation = Some(result.validation);
@@ -321,6 +371,8 @@ impl Simic {
                 }
                 masks.push(mask);
             }
+            report.timings.observe_ms += ms(started);
+            let started = Instant::now();
             let (obs, mask_tensors) = self.policy_input(&mut batch, &masks, learn)?;
             let act = agent::act(
                 &self.policy,
@@ -342,6 +394,7 @@ impl Simic {
             let actions = act.sample.to_host(num_slots)?;
             let inference = ms(started);
             inference_total += inference;
+            report.inference_samples.push(inference);
             report.timings.policy_ms += inference;
 
             // 5. Actions carried out, rewards, the lifecycle tick.

@@ -147,6 +147,9 @@ impl Mlp {
     }
 }
 
+/// cuDNN's mode number of an LSTM.
+const CUDNN_LSTM_MODE: i64 = 2;
+
 /// One single-layer LSTM (batch first) with its weights.
 #[derive(Debug)]
 pub(crate) struct LstmLayer {
@@ -171,6 +174,23 @@ impl LstmLayer {
             let _guard = tch::no_grad_guard();
             let mut forget = bias.f_narrow(0, hidden, hidden).op("forget bias")?;
             let _ = forget.f_fill_(forget_bias).op("forget bias")?;
+        }
+        // cuDNN wants the four tensors as views of one buffer; otherwise it
+        // copies them into one at every call (and warns each time).
+        if path.device().is_cuda() && tch::Cuda::cudnn_is_available() {
+            let _guard = tch::no_grad_guard();
+            let _ = Tensor::f_internal_cudnn_rnn_flatten_weight(
+                &[&w_ih, &w_hh, &b_ih, &b_hh],
+                4,
+                hidden,
+                CUDNN_LSTM_MODE,
+                hidden,
+                0,
+                1,
+                true,
+                false,
+            )
+            .op("lstm flatten")?;
         }
         Ok(LstmLayer {
             params: [w_ih, w_hh, b_ih, b_hh],

@@ -202,6 +202,11 @@ pub struct EngineConfig {
     /// Turn CUDA sync debugging to "error" around each epoch's steps: any
     /// device-to-host synchronisation inside an epoch then fails it (tests).
     pub forbid_syncs: bool,
+    /// The graph memory pool lane ([`shared_pool`]): engines whose epochs
+    /// run at the same time on different streams (a vectorized driver's
+    /// environments) must use different lanes; engines that run one after
+    /// another share one (lane 0 by default).
+    pub pool_lane: usize,
 }
 
 /// What one epoch of the engine did.
@@ -242,25 +247,28 @@ impl EngineEpoch {
     }
 }
 
-/// One graph memory pool per CUDA device for the whole process: every
-/// engine captures into it. A one-kernel *keeper* graph captured into the
+/// One graph memory pool per CUDA device and *lane* for the whole process:
+/// every engine of that lane captures into it. Graphs of one pool may reuse
+/// each other's intermediate memory, which is safe only while they never
+/// replay at the same time: engines that run concurrently on different
+/// streams take different lanes ([`EngineConfig::pool_lane`]). A one-kernel *keeper* graph captured into the
 /// pool when it is made lives as long as the process: the caching allocator
 /// frees a pool once no graph uses it, and capturing into a freed pool's id
 /// is an internal error, so without the keeper the second trainer after the
 /// first one's graphs were dropped could not capture at all.
-pub fn shared_pool(device_index: usize) -> Result<GraphPool> {
+pub fn shared_pool(device_index: usize, lane: usize) -> Result<GraphPool> {
     struct Shared {
         pool: GraphPool,
         _keeper: CudaGraph,
         _cell: Tensor,
     }
-    static POOLS: OnceLock<Mutex<HashMap<usize, Shared>>> = OnceLock::new();
+    static POOLS: OnceLock<Mutex<HashMap<(usize, usize), Shared>>> = OnceLock::new();
     let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
     let mut pools = pools.lock().map_err(|_| Error::InvalidConfig {
         field: "graph pool",
         reason: "the process-wide graph pool table is poisoned".to_owned(),
     })?;
-    if let Some(shared) = pools.get(&device_index) {
+    if let Some(shared) = pools.get(&(device_index, lane)) {
         return Ok(shared.pool);
     }
     let pool = GraphPool::new()?;
@@ -273,7 +281,7 @@ pub fn shared_pool(device_index: usize) -> Result<GraphPool> {
             .map_err(|error| error.to_string())
     })?;
     let _ = pools.insert(
-        device_index,
+        (device_index, lane),
         Shared {
             pool,
             _keeper: keeper,
@@ -359,7 +367,7 @@ impl Engine {
                 Some(CudaParts {
                     device_index: index,
                     compute,
-                    pool: shared_pool(index)?,
+                    pool: shared_pool(index, config.pool_lane)?,
                     start: CudaEvent::new(true)?,
                     end: CudaEvent::new(true)?,
                 })

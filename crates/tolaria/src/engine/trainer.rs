@@ -106,6 +106,11 @@ pub struct ModelTrainerConfig {
     /// or holding seed is measured on at every boundary (0: not measured;
     /// G5 then refuses to fossilize).
     pub counterfactual_samples: usize,
+    /// The graph memory pool lane of this trainer's engine
+    /// ([`super::EngineConfig::pool_lane`]): trainers whose epochs run at the
+    /// same time (a vectorized driver's environments) need different lanes.
+    #[serde(default)]
+    pub graph_pool_lane: usize,
 }
 
 impl Default for ModelTrainerConfig {
@@ -131,6 +136,7 @@ impl Default for ModelTrainerConfig {
             counterfactual_samples: 1000,
             channels_last: true,
             data_placement: crate::config::DataPlacement::Device,
+            graph_pool_lane: 0,
         }
     }
 }
@@ -303,6 +309,7 @@ impl ModelTrainer {
                 batch_size: config.batch_size,
                 drop_last: config.drop_last,
                 forbid_syncs: config.forbid_syncs,
+                pool_lane: config.graph_pool_lane,
             },
         )?;
         Ok(ModelTrainer {

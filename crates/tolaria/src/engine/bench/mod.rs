@@ -541,6 +541,7 @@ pub fn run_reference_general(
             batch_size: reference.batch_size,
             drop_last: false,
             forbid_syncs: false,
+            pool_lane: 0,
         },
     )?;
     let mut metrics = BTreeMap::new();
