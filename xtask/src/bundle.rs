@@ -25,6 +25,7 @@ const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("tolaria", "data_dataset"),
     ("simic", "vectorized"),
     ("simic", "gae"),
+    ("tamiyo", "graphed"),
 ];
 
 /// `cargo xtask bundle`: release binaries, GPU test binaries, Python peers and

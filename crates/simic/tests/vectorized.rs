@@ -144,4 +144,9 @@ fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
         assert_eq!(report.inference_samples.len(), 4);
     }
     assert!(simic.eps().is_some_and(|eps| eps > 0.0));
+    assert_eq!(
+        simic.policy_fallback(),
+        None,
+        "the policy step should replay a graph"
+    );
 }

@@ -90,6 +90,10 @@ pub struct SimicConfig {
     pub masks: MaskConfig,
     /// Normalise observations with a running mean and variance.
     pub normalise_observations: bool,
+    /// Replay the batched policy step from a CUDA graph
+    /// ([`tamiyo::policy::GraphedAct`]; eager on the CPU or when capture
+    /// fails).
+    pub graph_policy: bool,
 }
 
 impl SimicConfig {
@@ -130,6 +134,7 @@ impl SimicConfig {
                 ..MaskConfig::default()
             },
             normalise_observations: true,
+            graph_policy: true,
         }
     }
 
@@ -235,6 +240,7 @@ pub struct Simic {
     value_normaliser: ValueNormaliser,
     reward_normaliser: RewardNormaliser,
     telemetry: Telemetry,
+    graphed: Option<tamiyo::policy::GraphedAct>,
     rounds: u64,
     env_epochs: u64,
     started: Option<Instant>,
@@ -290,6 +296,7 @@ impl Simic {
             ppo,
             obs_normaliser,
             telemetry,
+            graphed: None,
             rounds: 0,
             env_epochs: 0,
             started: None,
@@ -304,6 +311,15 @@ impl Simic {
     /// The policy being trained.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Why the policy step runs eagerly, when it does (`None` while it
+    /// replays a graph or before the first step).
+    pub fn policy_fallback(&self) -> Option<&str> {
+        if !self.config.graph_policy {
+            return Some("graph_policy is off");
+        }
+        self.graphed.as_ref().and_then(|graphed| graphed.fallback())
     }
 
     /// Rounds run.

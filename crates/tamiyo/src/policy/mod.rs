@@ -5,8 +5,10 @@
 //! [`Policy`] owns the `VarStore` and the [`PolicyNetwork`] built in it (the
 //! store saves and loads checkpoints and moves the variables between
 //! devices); [`Policy::act`] runs one batched forward and samples an action
-//! for every environment.
+//! for every environment; [`graphed::GraphedAct`] captures that step in a
+//! CUDA graph for a fixed batch.
 
+pub mod graphed;
 pub mod layers;
 pub mod network;
 pub mod rng;
@@ -18,6 +20,7 @@ use crate::Result;
 use crate::masks::MaskTensors;
 
 pub use crate::heads::relevant_head_count;
+pub use graphed::GraphedAct;
 pub use network::{LstmState, PolicyConfig, PolicyNetwork, PolicyOutput};
 pub use rng::PolicyRng;
 pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};

@@ -52,55 +52,109 @@ impl PolicyRng {
         self.draws
     }
 
+    /// The base of draw `draw`: the hash offset every element of that draw
+    /// adds to its index.
+    pub fn base_of(&self, draw: u64) -> i64 {
+        mix(self.seed ^ mix(draw.wrapping_add(0x5EED_0F7A_u64))) as i64
+    }
+
+    /// The bases of the next `count` draws, advancing the generator past
+    /// them: a captured CUDA graph reads them from a device tensor instead
+    /// of drawing (the same numbers as [`PolicyRng::uniform`] would give).
+    pub fn next_bases(&mut self, count: usize) -> Vec<i64> {
+        (0..count)
+            .map(|_| {
+                let base = self.base_of(self.draws);
+                self.draws = self.draws.wrapping_add(1);
+                base
+            })
+            .collect()
+    }
+
     /// Uniform numbers in the open interval `(0, 1)`, `f32`, of `shape` on
     /// `device` (24 random bits each).
     pub fn uniform(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
         let draw = self.draws;
         self.draws = self.draws.wrapping_add(1);
-        let count = shape
-            .iter()
-            .try_fold(1_i64, |total, dim| {
-                (*dim >= 0).then(|| total.checked_mul(*dim)).flatten()
-            })
-            .ok_or_else(|| shape_mismatch("PolicyRng.uniform", "a valid shape", shape))?;
-        let base = mix(self.seed ^ mix(draw.wrapping_add(0x5EED_0F7A_u64))) as i64;
-        let mut x = Tensor::f_arange(count, (Kind::Int64, device))
-            .op("rng arange")?
-            .f_add_scalar(1)
-            .op("rng hash")?
-            .f_mul_scalar(GOLDEN)
-            .op("rng hash")?
-            .f_add_scalar(base)
-            .op("rng hash")?;
-        for (shift, multiplier) in [(30, Some(MIX1)), (27, Some(MIX2)), (31, None)] {
-            let shifted = logical_shift_right(&x, shift)?;
-            x = x.f_bitwise_xor_tensor(&shifted).op("rng xor")?;
-            if let Some(multiplier) = multiplier {
-                x = x.f_mul_scalar(multiplier).op("rng mul")?;
-            }
+        let base = self.base_of(draw);
+        hashed_uniform(shape, device, |x| x.f_add_scalar(base).op("rng hash"))
+    }
+
+    /// [`PolicyRng::uniform`] of the draw whose base is the one-element i64
+    /// tensor `base` (on `device`): no host value enters the computation, so
+    /// it can be captured in a CUDA graph and fed a new base per replay.
+    pub fn uniform_from_base(base: &Tensor, shape: &[i64], device: Device) -> Result<Tensor> {
+        if base.numel() != 1 || base.kind() != Kind::Int64 || base.device() != device {
+            return Err(shape_mismatch(
+                "PolicyRng.uniform_from_base",
+                format!("one Int64 value on {device:?}"),
+                (base.kind(), base.size(), base.device()),
+            ));
         }
-        // The top 24 bits, centred in their bucket: (k + 0.5) / 2^24.
-        logical_shift_right(&x, 40)?
-            .f_to_kind(Kind::Float)
-            .op("rng float")?
-            .f_add_scalar(0.5)
-            .op("rng float")?
-            .f_mul_scalar(1.0 / f64::from(1_u32 << 24))
-            .op("rng float")?
-            .f_view(shape)
-            .op("rng view")
+        let base = base.f_reshape([1]).op("rng base")?;
+        hashed_uniform(shape, device, |x| x.f_add(&base).op("rng hash"))
+    }
+
+    /// Gumbel noise from a device-held `base` (see
+    /// [`PolicyRng::uniform_from_base`]).
+    pub fn gumbel_from_base(base: &Tensor, shape: &[i64], device: Device) -> Result<Tensor> {
+        to_gumbel(PolicyRng::uniform_from_base(base, shape, device)?)
     }
 
     /// Standard Gumbel noise `−ln(−ln u)` of `shape` on `device`.
     pub fn gumbel(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
-        self.uniform(shape, device)?
-            .f_log()
-            .op("gumbel")?
-            .f_neg()
-            .op("gumbel")?
-            .f_log()
-            .op("gumbel")?
-            .f_neg()
-            .op("gumbel")
+        to_gumbel(self.uniform(shape, device)?)
     }
+}
+
+/// `−ln(−ln u)`.
+fn to_gumbel(uniform: Tensor) -> Result<Tensor> {
+    uniform
+        .f_log()
+        .op("gumbel")?
+        .f_neg()
+        .op("gumbel")?
+        .f_log()
+        .op("gumbel")?
+        .f_neg()
+        .op("gumbel")
+}
+
+/// The hash of every element index of `shape`, offset by `add_base`, as
+/// uniform `f32` numbers in `(0, 1)`.
+fn hashed_uniform(
+    shape: &[i64],
+    device: Device,
+    add_base: impl FnOnce(Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let count = shape
+        .iter()
+        .try_fold(1_i64, |total, dim| {
+            (*dim >= 0).then(|| total.checked_mul(*dim)).flatten()
+        })
+        .ok_or_else(|| shape_mismatch("PolicyRng.uniform", "a valid shape", shape))?;
+    let x = Tensor::f_arange(count, (Kind::Int64, device))
+        .op("rng arange")?
+        .f_add_scalar(1)
+        .op("rng hash")?
+        .f_mul_scalar(GOLDEN)
+        .op("rng hash")?;
+    let mut x = add_base(x)?;
+    for (shift, multiplier) in [(30, Some(MIX1)), (27, Some(MIX2)), (31, None)] {
+        let shifted = logical_shift_right(&x, shift)?;
+        x = x.f_bitwise_xor_tensor(&shifted).op("rng xor")?;
+        if let Some(multiplier) = multiplier {
+            x = x.f_mul_scalar(multiplier).op("rng mul")?;
+        }
+    }
+    // The top 24 bits, centred in their bucket: (k + 0.5) / 2^24.
+    logical_shift_right(&x, 40)?
+        .f_to_kind(Kind::Float)
+        .op("rng float")?
+        .f_add_scalar(0.5)
+        .op("rng float")?
+        .f_mul_scalar(1.0 / f64::from(1_u32 << 24))
+        .op("rng float")?
+        .f_view(shape)
+        .op("rng view")
 }

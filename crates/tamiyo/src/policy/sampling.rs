@@ -255,16 +255,23 @@ pub fn normalized_entropy(masked_logits: &Tensor, mask: &Tensor) -> Result<Tenso
 /// The choice of each row: argmax of `masked_logits` (greedy) or of
 /// `masked_logits + Gumbel noise` (sampled), over the options `mask`
 /// allows only.
+/// Where a sample's Gumbel noise comes from: draw `k` of a sample (op
+/// first, then the other heads in order) is `noise(k, shape, device)`.
+type Noise<'a> = dyn FnMut(usize, &[i64], Device) -> Result<Tensor> + 'a;
+
 fn choose(
     masked_logits: &Tensor,
     mask: &Tensor,
     mode: SampleMode,
-    rng: &mut PolicyRng,
+    noise: &mut Noise<'_>,
+    draw: &mut usize,
 ) -> Result<Tensor> {
     let scores = match mode {
         SampleMode::Greedy => masked_logits.shallow_clone(),
         SampleMode::Stochastic => {
-            let noise = rng.gumbel(&masked_logits.size(), masked_logits.device())?;
+            let k = *draw;
+            *draw = draw.saturating_add(1);
+            let noise = noise(k, &masked_logits.size(), masked_logits.device())?;
             masked_logits.f_add(&noise).op("gumbel scores")?
         }
     };
@@ -467,6 +474,66 @@ impl Sampler {
         logits: &[Tensor; NUM_ACTION_HEADS],
         masks: &MaskTensors,
     ) -> Result<SampledActions> {
+        let mut rng = self.rng.clone();
+        let sampled = self.sample_with(logits, masks, &mut |_, shape, device| {
+            rng.gumbel(shape, device)
+        });
+        if sampled.is_ok() {
+            self.rng = rng;
+        }
+        sampled
+    }
+
+    /// Draws a sample takes from the generator: one per head when
+    /// stochastic, none when greedy.
+    pub fn draws_per_sample(&self) -> usize {
+        match self.config.mode {
+            SampleMode::Greedy => 0,
+            SampleMode::Stochastic => NUM_ACTION_HEADS,
+        }
+    }
+
+    /// The bases of the next sample's draws, advancing the generator past
+    /// them ([`PolicyRng::next_bases`]); [`Sampler::sample_with_bases`] fed
+    /// these gives exactly what [`Sampler::sample`] would have.
+    pub fn next_bases(&mut self) -> Vec<i64> {
+        let count = self.draws_per_sample();
+        self.rng.next_bases(count)
+    }
+
+    /// [`Sampler::sample`] with draw `k`'s noise from `bases[k]` (an i64
+    /// device tensor with one base per draw, see [`Sampler::next_bases`]):
+    /// nothing on the host enters the computation, so it can be captured in
+    /// a CUDA graph.
+    pub fn sample_with_bases(
+        &self,
+        logits: &[Tensor; NUM_ACTION_HEADS],
+        masks: &MaskTensors,
+        bases: &Tensor,
+    ) -> Result<SampledActions> {
+        let expected = i64::try_from(self.draws_per_sample()).unwrap_or(0);
+        if bases.size() != [expected] && self.draws_per_sample() > 0 {
+            return Err(shape_mismatch(
+                "sample_with_bases.bases",
+                format!("[{expected}] Int64"),
+                bases.size(),
+            ));
+        }
+        self.sample_with(logits, masks, &mut |k, shape, device| {
+            let base = bases
+                .f_narrow(0, i64::try_from(k).unwrap_or(0), 1)
+                .op("noise base")?;
+            PolicyRng::gumbel_from_base(&base, shape, device)
+        })
+    }
+
+    fn sample_with(
+        &self,
+        logits: &[Tensor; NUM_ACTION_HEADS],
+        masks: &MaskTensors,
+        noise: &mut Noise<'_>,
+    ) -> Result<SampledActions> {
+        let mut draw = 0_usize;
         let batch = logits
             .get(OP)
             .and_then(|logits| logits.size().first().copied())
@@ -486,7 +553,7 @@ impl Sampler {
             .get(OP)
             .ok_or_else(|| shape_mismatch("sample.logits", NUM_ACTION_HEADS, "fewer"))?;
         let op_masked = self.head_logits(OP, op_logits, op_mask)?;
-        let ops = choose(&op_masked, op_mask, self.config.mode, &mut self.rng)?;
+        let ops = choose(&op_masked, op_mask, self.config.mode, noise, &mut draw)?;
         let conditioned = self.conditioned_masks(masks, &ops)?;
         let mut actions = Vec::with_capacity(NUM_ACTION_HEADS);
         let mut log_probs = Vec::with_capacity(NUM_ACTION_HEADS);
@@ -496,7 +563,7 @@ impl Sampler {
                 (op_masked.shallow_clone(), ops.shallow_clone())
             } else {
                 let masked = self.head_logits(head, logits, mask)?;
-                let action = choose(&masked, mask, self.config.mode, &mut self.rng)?;
+                let action = choose(&masked, mask, self.config.mode, noise, &mut draw)?;
                 (masked, action)
             };
             log_probs.push(log_prob(&masked, &action)?);

@@ -1,0 +1,278 @@
+//! [`GraphedAct`]: the batched policy step (forward and masked sampling for
+//! every environment) captured once in a CUDA graph and replayed, for a
+//! fixed batch.
+//!
+//! The step's inputs are copied into static device buffers (observations,
+//! blueprint indices, the LSTM state, the base masks) and the sample's noise
+//! comes from a static tensor of per-draw bases that the host fills before
+//! each replay ([`Sampler::next_bases`]), so a replay gives exactly what the
+//! eager [`Policy::act`] would have for the same generator state. The first
+//! call warms up, captures (on a side stream, into a private memory pool)
+//! and replays; later calls only copy and replay. A capture that fails, a
+//! CPU device, or a batch, slot count or sampling mode other than the
+//! captured one runs the eager step instead ([`GraphedAct::fallback`] says
+//! why).
+//!
+//! The returned [`Act`] holds views of the static outputs: consume it (copy
+//! what you keep) before the next call overwrites them.
+
+use std::cell::RefCell;
+
+use tch::{Device, Kind, Tensor};
+use torch_ext::{CudaGraph, CudaStream};
+
+use super::network::LstmState;
+use super::sampling::{SampleMode, SampledActions, Sampler};
+use super::{Act, Policy};
+use crate::error::{TorchResultExt, shape_mismatch};
+use crate::masks::MaskTensors;
+use crate::{Error, Result};
+
+/// Eager warm-up calls before the capture.
+const WARMUP_ITERS: usize = 2;
+
+/// The static inputs of the captured step.
+#[derive(Debug)]
+struct Inputs {
+    obs: Tensor,
+    blueprints: Tensor,
+    h: Tensor,
+    c: Tensor,
+    masks: MaskTensors,
+    bases: Tensor,
+}
+
+/// The captured step's static outputs.
+#[derive(Debug)]
+struct Outputs {
+    sample: SampledActions,
+    value: Tensor,
+    hidden: LstmState,
+}
+
+/// A graph of the policy step for a fixed batch (see the module docs).
+#[derive(Debug)]
+pub struct GraphedAct {
+    inputs: Inputs,
+    outputs: Option<Outputs>,
+    graph: Option<CudaGraph>,
+    mode: SampleMode,
+    fallback: Option<String>,
+}
+
+fn copy_into(what: &'static str, target: &Tensor, source: &Tensor) -> Result<()> {
+    if target.size() != source.size() || target.kind() != source.kind() {
+        return Err(shape_mismatch(
+            what,
+            format!("{:?} {:?}", target.kind(), target.size()),
+            (source.kind(), source.size()),
+        ));
+    }
+    target
+        .shallow_clone()
+        .f_copy_(source)
+        .op("graph input copy")
+}
+
+impl GraphedAct {
+    /// Static buffers for `n_envs` environments of `policy` on its device,
+    /// sampling in `sampler`'s mode. Nothing is captured until the first
+    /// [`GraphedAct::act`].
+    pub fn new(policy: &Policy, sampler: &Sampler, n_envs: usize) -> Result<GraphedAct> {
+        let network = policy.network();
+        let config = network.config();
+        let device = network.device();
+        let rows = i64::try_from(n_envs).map_err(|_| Error::InvalidConfig {
+            field: "GraphedAct.n_envs",
+            reason: format!("{n_envs} does not fit i64"),
+        })?;
+        let obs_dim = i64::try_from(config.obs_dim()).unwrap_or(i64::MAX);
+        let slots = i64::try_from(config.num_slots).unwrap_or(i64::MAX);
+        let hidden = network.initial_state(n_envs)?;
+        let draws = i64::try_from(sampler.draws_per_sample()).unwrap_or(0);
+        Ok(GraphedAct {
+            inputs: Inputs {
+                obs: Tensor::f_zeros([rows, obs_dim], (Kind::Float, device)).op("graph obs")?,
+                blueprints: Tensor::f_zeros([rows, slots], (Kind::Int64, device))
+                    .op("graph blueprints")?,
+                h: hidden.h,
+                c: hidden.c,
+                masks: MaskTensors::allow_all(n_envs, config.num_slots, device)?,
+                bases: Tensor::f_zeros([draws.max(1)], (Kind::Int64, device)).op("graph bases")?,
+            },
+            outputs: None,
+            graph: None,
+            mode: sampler.config().mode,
+            fallback: match device {
+                Device::Cuda(_) => None,
+                other => Some(format!("the policy is on {other:?}; graphs need CUDA")),
+            },
+        })
+    }
+
+    /// Whether the step is captured and replaying.
+    pub fn is_captured(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// Why the step runs eagerly, if it does.
+    pub fn fallback(&self) -> Option<&str> {
+        self.fallback.as_deref()
+    }
+
+    fn set_inputs(
+        &self,
+        obs: &Tensor,
+        blueprints: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+        bases: &[i64],
+    ) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let inputs = &self.inputs;
+        copy_into("GraphedAct.obs", &inputs.obs, obs)?;
+        copy_into("GraphedAct.blueprints", &inputs.blueprints, blueprints)?;
+        copy_into("GraphedAct.hidden.h", &inputs.h, &hidden.h)?;
+        copy_into("GraphedAct.hidden.c", &inputs.c, &hidden.c)?;
+        for (target, source) in inputs.masks.heads.iter().zip(masks.heads.iter()) {
+            copy_into("GraphedAct.masks", target, source)?;
+        }
+        copy_into(
+            "GraphedAct.slot_by_op",
+            &inputs.masks.slot_by_op,
+            &masks.slot_by_op,
+        )?;
+        if !bases.is_empty() {
+            let host = Tensor::f_from_slice(bases).op("noise bases")?;
+            copy_into("GraphedAct.bases", &inputs.bases, &host)?;
+        }
+        Ok(())
+    }
+
+    /// One batched step: the captured graph replayed (captured on the first
+    /// call), or the eager [`Policy::act`] where the graph cannot serve
+    /// (see the module docs). Advances `sampler`'s generator exactly as the
+    /// eager step does.
+    pub fn act(
+        &mut self,
+        policy: &Policy,
+        sampler: &mut Sampler,
+        obs: &Tensor,
+        blueprints: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+    ) -> Result<Act> {
+        let fits = obs.size() == self.inputs.obs.size()
+            && sampler.config().mode == self.mode
+            && masks.slot_by_op.size() == self.inputs.masks.slot_by_op.size();
+        if self.fallback.is_some() || !fits {
+            return policy.act(obs, blueprints, hidden, masks, sampler);
+        }
+        let bases = sampler.next_bases();
+        self.set_inputs(obs, blueprints, hidden, masks, &bases)?;
+        if self.graph.is_none() {
+            self.capture(policy, sampler)?;
+        }
+        let (Some(graph), Some(outputs)) = (&self.graph, &self.outputs) else {
+            // The capture failed: the eager step with the same draws.
+            let _guard = tch::no_grad_guard();
+            let output = policy.network().forward(
+                &self.inputs.obs,
+                &self.inputs.blueprints,
+                &LstmState {
+                    h: self.inputs.h.shallow_clone(),
+                    c: self.inputs.c.shallow_clone(),
+                },
+                &self.inputs.masks,
+            )?;
+            let sample = sampler.sample_with_bases(
+                &output.logits,
+                &self.inputs.masks,
+                &self.inputs.bases,
+            )?;
+            return Ok(Act {
+                sample,
+                value: output.value,
+                hidden: output.hidden,
+            });
+        };
+        let device = policy.network().device();
+        let Device::Cuda(index) = device else {
+            return Err(Error::InvalidConfig {
+                field: "GraphedAct",
+                reason: "a captured step on a non-CUDA device".to_owned(),
+            });
+        };
+        let current = CudaStream::current(index).map_err(|error| Error::InvalidInput {
+            field: "GraphedAct.stream",
+            reason: error.to_string(),
+        })?;
+        graph
+            .replay_on(&current)
+            .map_err(|error| Error::InvalidInput {
+                field: "GraphedAct.replay",
+                reason: error.to_string(),
+            })?;
+        Ok(Act {
+            sample: SampledActions {
+                actions: outputs.sample.actions.shallow_clone(),
+                log_probs: outputs.sample.log_probs.shallow_clone(),
+                entropies: outputs.sample.entropies.shallow_clone(),
+                relevance: outputs.sample.relevance.shallow_clone(),
+                masks: outputs.sample.masks.each_ref().map(Tensor::shallow_clone),
+            },
+            value: outputs.value.shallow_clone(),
+            hidden: outputs.hidden.shallow_clone(),
+        })
+    }
+
+    /// Warms up and captures the step from the static inputs; a failure
+    /// is kept as the fallback reason (the step then runs eagerly).
+    fn capture(&mut self, policy: &Policy, sampler: &Sampler) -> Result<()> {
+        let device = policy.network().device();
+        let Device::Cuda(index) = device else {
+            self.fallback = Some("graphs need CUDA".to_owned());
+            return Ok(());
+        };
+        let stream = match CudaStream::from_pool(index, false) {
+            Ok(stream) => stream,
+            Err(error) => {
+                self.fallback = Some(format!("no side stream: {error}"));
+                return Ok(());
+            }
+        };
+        let network = policy.network();
+        let inputs = &self.inputs;
+        let produced: RefCell<Option<Outputs>> = RefCell::new(None);
+        let captured = CudaGraph::capture(&stream, None, WARMUP_ITERS, || {
+            let _guard = tch::no_grad_guard();
+            let hidden = LstmState {
+                h: inputs.h.shallow_clone(),
+                c: inputs.c.shallow_clone(),
+            };
+            let output = network
+                .forward(&inputs.obs, &inputs.blueprints, &hidden, &inputs.masks)
+                .map_err(|error| error.to_string())?;
+            let sample = sampler
+                .sample_with_bases(&output.logits, &inputs.masks, &inputs.bases)
+                .map_err(|error| error.to_string())?;
+            *produced.borrow_mut() = Some(Outputs {
+                sample,
+                value: output.value,
+                hidden: output.hidden,
+            });
+            Ok(())
+        });
+        match captured {
+            Ok(graph) => {
+                self.graph = Some(graph);
+                self.outputs = produced.into_inner();
+            }
+            Err(error) => {
+                self.fallback = Some(format!("capture failed: {error}"));
+                self.outputs = None;
+            }
+        }
+        Ok(())
+    }
+}
