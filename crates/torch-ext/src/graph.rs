@@ -10,7 +10,8 @@
 //!    workspaces, optimizer buffers, the allocator's blocks) belongs to the
 //!    stream that will be captured. Three or more warm-up iterations are
 //!    recommended.
-//! 3. The device is synchronised, then `at::cuda::CUDAGraph::capture_begin`
+//! 3. The capture stream is synchronised (not the whole device: other streams' work
+//!    runs on), then `at::cuda::CUDAGraph::capture_begin`
 //!    runs with the given memory pool (or a private one) and the body runs
 //!    once more, recorded instead of executed; `capture_end` instantiates it.
 //! 4. The caller's stream is made to wait for the capture stream, so work it
@@ -162,9 +163,12 @@ impl CudaGraph {
             for _ in 0..warmup_iters {
                 run_body(&mut body, "warm-up")?;
             }
-            // Let warm-up work and any lazy initialisation finish before the
-            // capture starts, as torch.cuda.graph does.
-            cuda::synchronize(device)?;
+            // Let the warm-up work finish before the capture starts. Only the
+            // capture stream: torch.cuda.graph synchronises the whole device,
+            // which would also wait for every other stream's work (another
+            // trainer's epoch running beside this capture); the warm-up ran on
+            // this stream and its lazy initialisation on the host.
+            stream.synchronize()?;
             Self::capture_once(stream, pool, mode, &mut body)?
         };
 
