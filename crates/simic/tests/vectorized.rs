@@ -83,6 +83,44 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
 }
 
 #[test]
+fn a_round_reports_through_telemetry_with_leyline_names() {
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let collector = leyline::Collector::new();
+    let spec = spec(2);
+    let mut simic =
+        Simic::new(config(4), 3, Device::Cpu, Telemetry::new(collector.clone())).expect("simic");
+    simic.run_round(&spec, true).expect("round");
+    for name in [
+        leyline::telemetry::SIMIC_EPISODE_REWARD,
+        leyline::telemetry::SIMIC_ENV_EPOCHS_PER_S,
+        leyline::telemetry::SIMIC_POLICY_INFERENCE_MS,
+        leyline::telemetry::SIMIC_PPO_UPDATE_MS,
+        leyline::telemetry::SIMIC_PPO_APPROX_KL,
+        leyline::telemetry::SIMIC_PPO_CLIP_FRACTION,
+    ] {
+        assert!(
+            !collector.metric_values(name).is_empty(),
+            "no `{name}` metric"
+        );
+    }
+    assert_eq!(
+        collector
+            .metric_values(leyline::telemetry::SIMIC_POLICY_INFERENCE_MS)
+            .len(),
+        4,
+        "one inference time per step"
+    );
+    assert_eq!(
+        collector
+            .events_named(leyline::telemetry::SIMIC_PPO_UPDATE_COMPLETED)
+            .len(),
+        1
+    );
+}
+
+#[test]
 fn two_runs_with_one_seed_are_identical() {
     let (first, first_params) = run(5, 2);
     let (second, second_params) = run(5, 2);

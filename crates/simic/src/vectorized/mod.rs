@@ -52,6 +52,7 @@ use crate::rewards::{RewardConfig, RewardNormaliser, RewardNormaliserConfig};
 use crate::{Error, Result};
 
 pub use env::EnvSpec;
+pub use round::SOURCE;
 
 /// Settings of a vectorized PPO run.
 #[derive(Debug, Clone)]
