@@ -1,0 +1,201 @@
+//! The rollout buffer (reference §9 item 17): what a round writes is what a
+//! round reads, log-probabilities are stored per head (each ≤ 0), host
+//! decisions arrive once per round, the rollback rule can rewrite rewards
+//! and mark a terminal, and `reset` clears everything.
+
+use leyline::NUM_ACTION_HEADS;
+use simic::buffer::{BufferShape, HostStep, RolloutBuffer};
+use tamiyo::masks::MaskTensors;
+use tamiyo::policy::{Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig};
+use tch::{Device, Kind, Tensor};
+
+const ENVS: usize = 3;
+const STEPS: usize = 4;
+const SLOTS: usize = 3;
+
+fn shape(obs_dim: usize) -> BufferShape {
+    BufferShape {
+        n_envs: ENVS,
+        max_steps: STEPS,
+        obs_dim,
+        num_slots: SLOTS,
+    }
+}
+
+fn host(step: usize, valid: bool) -> HostStep {
+    HostStep {
+        rewards: (0..ENVS).map(|env| (10 * env + step) as f32).collect(),
+        terminated: vec![false; ENVS],
+        truncated: vec![step + 1 == STEPS; ENVS],
+        forced: (0..ENVS).map(|env| env == 1).collect(),
+        valid: vec![valid; ENVS],
+    }
+}
+
+/// Fills a buffer with `STEPS` sampled steps of a small policy; returns it
+/// with the per-step log-probabilities the sampler produced.
+fn filled() -> (RolloutBuffer, Vec<Tensor>) {
+    tch::manual_seed(3);
+    let policy = Policy::new(
+        PolicyConfig {
+            feature_dim: 16,
+            hidden_dim: 16,
+            ..PolicyConfig::default()
+        },
+        Device::Cpu,
+    )
+    .expect("policy");
+    let config = policy.network().config();
+    let mut sampler = Sampler::new(
+        SamplingConfig {
+            mode: SampleMode::Stochastic,
+            floors: None,
+        },
+        5,
+        Device::Cpu,
+    )
+    .expect("sampler");
+    let mut buffer = RolloutBuffer::new(shape(config.obs_dim()), Device::Cpu).expect("buffer");
+    let masks = MaskTensors::allow_all(ENVS, SLOTS, Device::Cpu).expect("masks");
+    let mut hidden = policy.network().initial_state(ENVS).expect("hidden");
+    let mut log_probs = Vec::new();
+    for step in 0..STEPS {
+        let obs = Tensor::randn(
+            [ENVS as i64, config.obs_dim() as i64],
+            (Kind::Float, Device::Cpu),
+        );
+        let blueprints = Tensor::zeros([ENVS as i64, SLOTS as i64], (Kind::Int64, Device::Cpu));
+        let act = policy
+            .act(&obs, &blueprints, &hidden, &masks, &mut sampler)
+            .expect("act");
+        buffer
+            .record_policy(step, &obs, &blueprints, &act.value, &act.sample, &masks)
+            .expect("record policy");
+        buffer
+            .record_host(step, &host(step, true))
+            .expect("record host");
+        log_probs.push(act.sample.log_probs.copy());
+        hidden = act.hidden;
+    }
+    (buffer, log_probs)
+}
+
+#[test]
+fn stored_log_probs_are_per_head_and_never_positive() {
+    let (buffer, log_probs) = filled();
+    let rollout = buffer.finish().expect("finish");
+    assert_eq!(
+        rollout.log_probs.size(),
+        [ENVS as i64, STEPS as i64, NUM_ACTION_HEADS as i64]
+    );
+    for (step, expected) in log_probs.iter().enumerate() {
+        let stored = rollout.log_probs.select(1, step as i64);
+        assert!(
+            stored.equal(expected),
+            "step {step}: stored log-probs differ"
+        );
+    }
+    let max = rollout.log_probs.max().double_value(&[]);
+    assert!(max <= 0.0, "a stored log-probability is positive: {max}");
+    // Per head: the heads of one step are not all the same number.
+    let first = rollout.log_probs.select(0, 0).select(0, 0);
+    let distinct = Vec::<f32>::try_from(&first).expect("to vec");
+    assert!(
+        distinct.windows(2).any(|pair| pair[0] != pair[1]),
+        "{distinct:?}"
+    );
+}
+
+#[test]
+fn host_decisions_arrive_once_per_round_with_their_weights() {
+    let (mut buffer, _) = filled();
+    let rollout = buffer.finish().expect("finish");
+    let rewards = Vec::<f32>::try_from(&rollout.rewards.reshape([-1])).expect("rewards");
+    let expected: Vec<f32> = (0..ENVS)
+        .flat_map(|env| (0..STEPS).map(move |step| (10 * env + step) as f32))
+        .collect();
+    assert_eq!(rewards, expected);
+    let truncated = Vec::<bool>::try_from(&rollout.truncated.reshape([-1])).expect("truncated");
+    assert_eq!(truncated.iter().filter(|&&t| t).count(), ENVS);
+    // Forced steps: actor weight 0, critic weight 0.2; others 1 and 1.
+    let zeros = Tensor::zeros([ENVS as i64, STEPS as i64], (Kind::Float, Device::Cpu));
+    let batch = rollout.ppo_batch(&zeros, &zeros).expect("batch");
+    let actor = Vec::<f32>::try_from(&batch.actor_weight.select(1, 0)).expect("actor");
+    let value = Vec::<f32>::try_from(&batch.value_weight.select(1, 0)).expect("value");
+    assert_eq!(actor, [1.0, 0.0, 1.0]);
+    assert_eq!(value, [1.0, 0.2, 1.0]);
+
+    // The governor's rule rewrites an episode's rewards and ends it.
+    *buffer.reward_mut(2, 1).expect("cell") = -10.0;
+    buffer.set_terminal(2, 1).expect("terminal");
+    let rollout = buffer.finish().expect("finish");
+    assert_eq!(rollout.rewards.double_value(&[2, 1]), -10.0);
+    assert!(rollout.terminated.int64_value(&[2, 1]) != 0);
+    assert!(rollout.truncated.int64_value(&[2, 1]) == 0);
+}
+
+#[test]
+fn reset_clears_everything() {
+    let (mut buffer, _) = filled();
+    buffer.reset().expect("reset");
+    let rollout = buffer.finish().expect("finish");
+    for (name, tensor) in [
+        ("obs", &rollout.obs),
+        ("log_probs", &rollout.log_probs),
+        ("values", &rollout.values),
+        ("rewards", &rollout.rewards),
+        ("bootstrap", &rollout.bootstrap),
+    ] {
+        assert_eq!(
+            tensor.abs().sum(Kind::Double).double_value(&[]),
+            0.0,
+            "{name}"
+        );
+    }
+    for (name, tensor) in [
+        ("actions", &rollout.actions),
+        ("valid", &rollout.valid),
+        ("terminated", &rollout.terminated),
+        ("truncated", &rollout.truncated),
+        ("forced", &rollout.forced),
+        ("relevance", &rollout.relevance),
+    ] {
+        assert_eq!(
+            tensor
+                .to_kind(Kind::Int64)
+                .sum(Kind::Int64)
+                .int64_value(&[]),
+            0,
+            "{name}"
+        );
+    }
+    // Padded rows keep masks that allow every option.
+    for mask in rollout
+        .heads
+        .iter()
+        .chain(std::iter::once(&rollout.slot_by_op))
+    {
+        assert!(mask.all().int64_value(&[]) != 0);
+    }
+}
+
+#[test]
+fn out_of_range_steps_and_wrong_shapes_are_refused() {
+    let (mut buffer, _) = filled();
+    assert!(buffer.record_host(STEPS, &host(0, true)).is_err());
+    let mut short = host(0, true);
+    short.rewards.pop();
+    assert!(buffer.record_host(0, &short).is_err());
+    let mut bad = host(0, true);
+    bad.rewards[0] = f32::NAN;
+    assert!(buffer.record_host(0, &bad).is_err());
+    assert!(buffer.set_terminal(ENVS, 0).is_err());
+    assert!(
+        buffer
+            .set_bootstrap(
+                0,
+                &Tensor::zeros([ENVS as i64 + 1], (Kind::Float, Device::Cpu))
+            )
+            .is_err()
+    );
+}
