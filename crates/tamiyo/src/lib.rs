@@ -27,13 +27,14 @@
 //! - [`controller`]: [`controller::PolicyController`], the policy network
 //!   behind Tolaria's [`tolaria::controller::Controller`] trait for one
 //!   environment.
+//! - [`heuristic`]: [`heuristic::HeuristicController`], the reference's
+//!   `HeuristicTamiyo` (reference §3.5) with its signal tracker, behind the
+//!   same trait.
+//! - [`policy::graphed`]: the batched policy step replayed from a CUDA graph.
 //!
-//! Not built yet (later slices of issue 12): the PPO trainer and its
-//! auxiliary heads (the reference's `q_head` and contribution predictor live
-//! with the losses that train them, in simic), CUDA-graph policy inference
-//! for a fixed batch (the forward here is eager), and Tamiyo telemetry
-//! (leyline names none yet). The heuristic controller of reference §3.5 is
-//! Tolaria's [`tolaria::controller::HeuristicController`].
+//! The PPO trainer that trains the policy is Simic. Not built yet: the
+//! auxiliary heads (the reference's `q_head` and contribution predictor) and
+//! Tamiyo telemetry.
 //!
 //! `examples/policy_controller.rs` runs the whole loop on a small Kasmina
 //! model: observe, mask, act, and Tolaria's `apply`. (Like the other
@@ -61,6 +62,7 @@ pub mod controller;
 pub mod error;
 pub mod features;
 pub mod heads;
+pub mod heuristic;
 pub mod masks;
 pub mod normaliser;
 pub mod policy;

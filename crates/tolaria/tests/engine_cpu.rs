@@ -14,7 +14,7 @@ use leyline::{Collector, SeedStage, Telemetry};
 use tch::Device;
 use tolaria::ExecutionMode;
 use tolaria::amp::Precision;
-use tolaria::controller::HeuristicController;
+use tolaria::controller::{Controller, Decision, EpochObservation};
 use tolaria::data::Dataset;
 use tolaria::data::fashion_mnist::{self, FashionMnistOptions};
 use tolaria::engine::staging::StagedData;
@@ -137,8 +137,25 @@ fn a_fashion_mnist_seed_walks_germinate_to_fossilized_while_accuracy_rises() {
     );
 }
 
+/// Waits two epochs, then germinates `conv_light` in r0c1 (the heuristic
+/// controller lives in tamiyo, above tolaria).
+struct GerminateAtTwo;
+
+impl Controller for GerminateAtTwo {
+    fn decide(&mut self, observation: &EpochObservation) -> tolaria::Result<Decision> {
+        let slot = SlotId::new(0, 1);
+        Ok(
+            if observation.epoch >= 2 && observation.available_slots().contains(&slot) {
+                Decision::germinate(slot, leyline::BlueprintAction::ConvLight)
+            } else {
+                Decision::wait()
+            },
+        )
+    }
+}
+
 #[test]
-fn the_heuristic_controller_drives_the_trainer_through_the_deadline() {
+fn a_controller_drives_the_trainer_through_the_deadline() {
     let collector = Collector::new();
     let telemetry = Telemetry::new(collector.clone());
     let (train, test) = fmnist(512, 300);
@@ -149,7 +166,7 @@ fn the_heuristic_controller_drives_the_trainer_through_the_deadline() {
     };
     let mut trainer = ModelTrainer::new(model, &train, Some(&test), config, telemetry)
         .expect("trainer")
-        .with_controller(HeuristicController::new(), Duration::from_secs(5))
+        .with_controller(GerminateAtTwo, Duration::from_secs(5))
         .expect("controller");
     let slot = SlotId::new(0, 1);
     let mut epochs = 0;
@@ -167,7 +184,7 @@ fn the_heuristic_controller_drives_the_trainer_through_the_deadline() {
     assert_eq!(decided, epochs, "a decision every epoch");
     assert!(
         trainer.model().slot(slot).expect("slot").state().is_some(),
-        "the heuristic germinated in the enabled slot within {epochs} epochs"
+        "the controller germinated in the enabled slot within {epochs} epochs"
     );
 }
 

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum ControllerKind {
-    /// The reference's heuristic (`tolaria::controller::HeuristicController`).
+    /// The reference's heuristic (`tamiyo::heuristic::HeuristicController`).
     Heuristic,
     /// The learned PPO policy (issue 12; not implemented yet).
     Ppo,

@@ -34,9 +34,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use nissa::{Hub, JsonlConfig};
+use tamiyo::heuristic::HeuristicController;
 use tolaria::amp::Precision;
 use tolaria::config::ExecutionMode;
-use tolaria::controller::HeuristicController;
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
 

@@ -10,8 +10,8 @@
 //!   enabled slots) and answers a [`Decision`] in leyline's vocabulary
 //!   ([`LifecycleOp`], [`BlueprintAction`]). [`Decision::wait`] is the safe
 //!   default.
-//! - [`heuristic::HeuristicController`]: the reference's `HeuristicTamiyo`
-//!   (reference §3.5).
+//!   Tamiyo implements it: its heuristic controller (the reference's
+//!   `HeuristicTamiyo`) and its policy controller.
 //! - [`deadline::DecisionDeadline`]: runs a controller on one long-lived
 //!   worker thread and waits for it with a deadline; a missed deadline, an
 //!   error or a panic yields WAIT plus telemetry, never a crash.
@@ -22,7 +22,6 @@
 //! CUDA graph; nothing reads device tensors.
 
 pub mod deadline;
-pub mod heuristic;
 
 use kasmina::export::export_seed_states;
 use kasmina::host::SlotId;
@@ -34,7 +33,6 @@ use leyline::{BlueprintAction, LifecycleOp, SeedStage};
 use crate::{Error, Result};
 
 pub use deadline::{DeadlineOutcome, DeadlineStats, DecisionDeadline};
-pub use heuristic::HeuristicController;
 
 /// The epoch's training and validation figures the controller sees.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -209,9 +207,9 @@ impl Decision {
     }
 }
 
-/// The epoch-boundary decision maker (Tamiyo will implement it; see
-/// [`heuristic::HeuristicController`]). `Send`: it runs on the deadline's
-/// worker thread.
+/// The epoch-boundary decision maker (Tamiyo implements it: its heuristic
+/// and policy controllers). `Send`: it runs on the deadline's worker
+/// thread.
 pub trait Controller: Send {
     /// The decision for the epoch described by `observation`. An error is
     /// turned into WAIT by [`DecisionDeadline`].

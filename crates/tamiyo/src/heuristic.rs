@@ -1,7 +1,7 @@
 //! [`HeuristicController`]: the reference's `HeuristicTamiyo` (reference
 //! §3.5), with its `SignalTracker` (plateau and stabilisation).
 //!
-//! Asked by the general trainer through [`super::DecisionDeadline`]. Every constant below
+//! Asked by the general trainer through [`tolaria::controller::DecisionDeadline`]. Every constant below
 //! is the reference's value, cited in its doc.
 //!
 //! Two reading choices, stated because the reference leaves them open:
@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use leyline::proto::SeedState;
 use leyline::{AlphaMode, BlueprintAction, SeedStage};
 
-use super::{Controller, Decision, EpochObservation, seed_stage};
-use crate::Result;
+use tolaria::Result;
+use tolaria::controller::{Controller, Decision, EpochObservation, seed_stage};
 
 /// Epochs after a prune during which no germination happens
 /// (`DEFAULT_EMBARGO_EPOCHS_AFTER_PRUNE` = 5, reference §1.4 / §3.5).
