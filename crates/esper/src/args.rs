@@ -121,6 +121,10 @@ pub(crate) struct BenchArgs {
     /// `--synthetic` (`tolaria-fmnist` only): seeded images of the real
     /// size instead of the Fashion-MNIST files.
     pub(crate) synthetic: bool,
+    /// `--variants a,b` (`simic-throughput`, `simic-cifar`): the variants
+    /// by name (`simic::bench::SimicBenchOptions::variants`); empty: the
+    /// defaults.
+    pub(crate) simic_variants: Vec<String>,
 }
 
 /// What a bench command line asks for.
@@ -197,13 +201,17 @@ impl BenchArgs {
         let mut epochs: Option<usize> = None;
         let mut warmup_epochs: Option<usize> = None;
         let mut synthetic = false;
+        let mut simic_variants: Option<Vec<String>> = None;
         while let Some(arg) = args.next() {
             let flag = arg.as_str();
             let torch_only = matches!(flag, "--device");
             let tolaria_only = matches!(flag, "--modes");
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
             let fmnist_only = matches!(flag, "--synthetic");
+            let simic_only = matches!(flag, "--variants");
             if (torch_only && !workload.uses_torch())
+                || (simic_only
+                    && !matches!(workload, Workload::SimicThroughput | Workload::SimicCifar))
                 || (tolaria_only && workload != Workload::TolariaReference)
                 || (epoch_flags
                     && !matches!(
@@ -249,6 +257,14 @@ impl BenchArgs {
                     }
                     once(&mut variants, flag, parsed)?;
                 }
+                "--variants" => {
+                    let names: Vec<String> = value()?
+                        .split(',')
+                        .filter(|name| !name.is_empty())
+                        .map(str::to_owned)
+                        .collect();
+                    once(&mut simic_variants, flag, names)?;
+                }
                 "--epochs" => once(&mut epochs, flag, count(flag, &value()?)?)?,
                 "--warmup-epochs" => once(&mut warmup_epochs, flag, count(flag, &value()?)?)?,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
@@ -267,6 +283,7 @@ impl BenchArgs {
             epochs,
             warmup_epochs,
             synthetic,
+            simic_variants: simic_variants.unwrap_or_default(),
         }))
     }
 }

@@ -36,7 +36,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             } else {
                 simic::bench::ThroughputTask::FashionMnist
             };
-            let options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
+            let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
+            options.variants.clone_from(&args.simic_variants);
             let run = simic::bench::run_throughput(task, &options, &mut progress)?;
             simic_record(args, run)?
         }

@@ -74,9 +74,10 @@ pub struct SimicBenchOptions {
     /// Rounds per variant.
     pub rounds: usize,
     /// Variants to run by name (`{fp32,bf16,fp16}-graph-step`,
-    /// `{fp32,bf16}-graph-epoch`, `{fp32,bf16}-eager`); empty: the defaults
-    /// for the device (fp32 graph-step and graph-epoch, bf16 graph-step on
-    /// CUDA; fp32 eager on the CPU).
+    /// `{fp32,bf16}-graph-epoch`, `{fp32,bf16}-eager`, each optionally with
+    /// `-w1`: one warm-up step before a capture instead of three); empty:
+    /// the defaults for the device (fp32 graph-step and graph-epoch, bf16
+    /// graph-step on CUDA; fp32 eager on the CPU).
     pub variants: Vec<String>,
 }
 
@@ -253,9 +254,18 @@ pub fn run_throughput(
     };
     let mut results = Vec::new();
     for name in &names {
-        let (precision, mode) = variant(name)?;
+        // A `-w1` suffix: one eager warm-up step per new step shape before
+        // its capture instead of Tolaria's default three.
+        let (base, warmup) = match name.strip_suffix("-w1") {
+            Some(base) => (base, Some(1)),
+            None => (name.as_str(), None),
+        };
+        let (precision, mode) = variant(base)?;
         progress(&format!("{name}: {} rounds", options.rounds));
-        let config = simic_config(precision, mode, episode_length, options.quick);
+        let mut config = simic_config(precision, mode, episode_length, options.quick);
+        if let Some(warmup) = warmup {
+            config.trainer.graph_warmup_steps = warmup;
+        }
         let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
             Ok((reports, wall, peak_mb)) => {
                 let env_epochs: u64 = reports.iter().map(|r| r.env_epochs).sum();
