@@ -75,7 +75,8 @@ pub struct SimicBenchOptions {
     pub rounds: usize,
     /// Variants to run by name (`{fp32,bf16,fp16}-graph-step`,
     /// `{fp32,bf16}-graph-epoch`, `{fp32,bf16}-eager`, each optionally with
-    /// `-w1`: one warm-up step before a capture instead of three); empty:
+    /// `-w3`: three warm-up steps before a capture instead of one, then
+    /// optionally `-bench`: cuDNN times its algorithms per new shape); empty:
     /// the defaults for the device (fp32 graph-step and graph-epoch, bf16
     /// graph-step on CUDA; fp32 eager on the CPU).
     pub variants: Vec<String>,
@@ -254,17 +255,26 @@ pub fn run_throughput(
     };
     let mut results = Vec::new();
     for name in &names {
-        // A `-w1` suffix: one eager warm-up step per new step shape before
-        // its capture instead of Tolaria's default three.
-        let (base, warmup) = match name.strip_suffix("-w1") {
-            Some(base) => (base, Some(1)),
-            None => (name.as_str(), None),
+        // Suffixes turn Simic's environment defaults (one warm-up step
+        // before a capture, no cuDNN algorithm timing) back to Tolaria's:
+        // `-bench` times cuDNN algorithms at every new shape, `-w3` warms
+        // up three steps.
+        let (base, benchmark) = match name.strip_suffix("-bench") {
+            Some(base) => (base, true),
+            None => (name.as_str(), false),
+        };
+        let (base, warmup) = match base.strip_suffix("-w3") {
+            Some(base) => (base, Some(3)),
+            None => (base, None),
         };
         let (precision, mode) = variant(base)?;
         progress(&format!("{name}: {} rounds", options.rounds));
         let mut config = simic_config(precision, mode, episode_length, options.quick);
         if let Some(warmup) = warmup {
             config.trainer.graph_warmup_steps = warmup;
+        }
+        if benchmark {
+            config.trainer.cudnn_benchmark = true;
         }
         let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
             Ok((reports, wall, peak_mb)) => {

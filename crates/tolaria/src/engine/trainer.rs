@@ -111,6 +111,15 @@ pub struct ModelTrainerConfig {
     /// same time (a vectorized driver's environments) need different lanes.
     #[serde(default)]
     pub graph_pool_lane: usize,
+    /// Let cuDNN time its algorithms for every new convolution shape
+    /// (process-wide; the last trainer built on CUDA sets it). Faster
+    /// kernels for a long-lived shape; a cost at every new shape.
+    #[serde(default = "default_true")]
+    pub cudnn_benchmark: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl Default for ModelTrainerConfig {
@@ -137,6 +146,7 @@ impl Default for ModelTrainerConfig {
             channels_last: true,
             data_placement: crate::config::DataPlacement::Device,
             graph_pool_lane: 0,
+            cudnn_benchmark: true,
         }
     }
 }
@@ -216,7 +226,7 @@ impl ModelTrainer {
         let device = model.device();
         crate::graph::apply_precision(&config.matmul)?;
         if matches!(device, Device::Cuda(_)) {
-            torch_ext::precision::set_cudnn_benchmark(true);
+            torch_ext::precision::set_cudnn_benchmark(config.cudnn_benchmark);
         }
         let precision = match config.precision {
             Some(precision) => precision,
