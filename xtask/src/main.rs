@@ -10,6 +10,10 @@
 //!   `baselines/perf/<workload>/<label>.json` ([`bench`](mod@bench): running,
 //!   `bench::peers`: the Python peers, `bench::compare`: tables and
 //!   before/after).
+//! - `cargo xtask parity`: a fresh CPU capture (`esper parity-capture`)
+//!   compared with the committed baseline `baselines/parity/cpu.json`
+//!   ([`parity`]); `--update` rewrites the baseline. `cargo xtask test`
+//!   runs it too.
 //! - `cargo xtask bundle`: the bench bundle for the GPU machine (`bundle/`,
 //!   [`bundle`]).
 //! - [`probe`]: the revision, date and GPU presence, from commands.
@@ -17,6 +21,7 @@
 
 mod bench;
 mod bundle;
+mod parity;
 mod probe;
 mod provision;
 
@@ -30,11 +35,16 @@ usage: cargo xtask <command> [options]
 
 commands:
   test                     provision, then fmt + clippy (-D warnings) + every test + docs + rule checks
+                           + parity
   bench [options]          provision, build release, run the benchmark workloads
       --label LABEL        record label (default: <device>-<date>)
       --workload NAME      run one workload only (repeatable)
       --compare LABEL      print before/after against baselines/perf/<workload>/LABEL.json
       --quick              fewer epochs (a smoke run; not for committed records)
+  parity [--update]        compare a fresh CPU capture (debug `esper parity-capture`) with
+                           baselines/parity/cpu.json: telemetry names a superset, figures within
+                           the baseline's tolerance, timings reported as ratios; --update
+                           rewrites the baseline
   bundle                   build the GPU-machine bench bundle into bundle/ (release esper, GPU
                            test binaries, Python peers, run.sh; stripped, under 40 MB)
   provision                make sure libtorch and system packages are installed
@@ -71,6 +81,12 @@ fn run() -> Result<()> {
             let options = bench::Options::parse(&rest)?;
             provision::ensure(&root)?;
             bench::run(&root, &options)
+        }
+        "parity" => {
+            let root = project_root()?;
+            let options = parity::Options::parse(&rest)?;
+            provision::ensure(&root)?;
+            parity::run(&root, options)
         }
         "bundle" => {
             let root = project_root()?;
@@ -184,6 +200,9 @@ fn run_tests(root: &Path) -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     check_alert_rules(root)?;
+    // Telemetry names, deterministic figures and timings of a short seeded
+    // CPU run against the committed baseline.
+    parity::run(root, parity::Options::default())?;
     eprintln!(
         "==> all checks passed in {:.0} s",
         started.elapsed().as_secs_f64()

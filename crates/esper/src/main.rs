@@ -21,10 +21,15 @@
 //! esper train [--controller heuristic] [--task fmnist] [options]   (esper train --help)
 //! esper plot RUN_DIR
 //! esper bench <workload> --out PATH.json [--label LABEL] [--quick] [workload options]
+//! esper parity-capture --out FILE.json
 //! ```
+//!
+//! `esper parity-capture` records a short seeded CPU run for `cargo xtask
+//! parity` ([`parity`]): telemetry names, deterministic figures, timings.
 
 mod args;
 mod bench;
+mod parity;
 mod plot;
 mod probe;
 mod record;
@@ -35,6 +40,7 @@ use anyhow::{Result, bail};
 use clap::Parser;
 
 use crate::args::{BenchArgs, BenchCommand};
+use crate::parity::ParityArgs;
 use crate::plot::PlotArgs;
 use crate::train::Finished;
 use crate::train::args::TrainArgs;
@@ -88,6 +94,10 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
+  parity-capture --out FILE.json
+                            record the parity capture (telemetry names, deterministic figures,
+                            timings) of a short seeded CPU run; `cargo xtask parity` compares
+                            it with baselines/parity/cpu.json
   help                      this text
 
 environment (recorded, set by `cargo xtask bench` and the bench bundle):
@@ -121,6 +131,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Some("plot") => plot::run(&parse_or_exit::<PlotArgs>("plot", args)),
+        Some("parity-capture") => parity::run(&parse_or_exit::<ParityArgs>("parity-capture", args)),
         Some("bench") => match BenchArgs::parse(args)? {
             BenchCommand::Run(bench_args) => bench::run(&bench_args),
             BenchCommand::Help => {
