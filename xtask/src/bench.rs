@@ -12,6 +12,7 @@
 
 mod compare;
 mod peers;
+mod report;
 
 use std::path::Path;
 use std::process::Command;
@@ -77,6 +78,9 @@ pub(crate) struct Options {
     pub(crate) label: Option<String>,
     pub(crate) workloads: Vec<String>,
     pub(crate) compare: Option<String>,
+    /// `--compare A B`: the second label; a report of two committed
+    /// labels instead of a run ([`report`]).
+    pub(crate) compare_to: Option<String>,
     pub(crate) quick: bool,
 }
 
@@ -94,7 +98,14 @@ impl Options {
             match arg.as_str() {
                 "--label" => options.label = Some(value("--label")?),
                 "--workload" => options.workloads.push(value("--workload")?),
-                "--compare" => options.compare = Some(value("--compare")?),
+                "--compare" => {
+                    options.compare = Some(value("--compare")?);
+                    if let Some(second) = args.clone().next().filter(|next| !next.starts_with("--"))
+                    {
+                        options.compare_to = Some(second.clone());
+                        let _ = args.next();
+                    }
+                }
                 "--quick" => options.quick = true,
                 other => bail!("unknown bench option `{other}` (see `cargo xtask help`)"),
             }
@@ -110,6 +121,18 @@ impl Options {
 }
 
 pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
+    if let (Some(before), Some(after)) = (&options.compare, &options.compare_to) {
+        let workloads: Vec<&str> = WORKLOADS
+            .iter()
+            .map(|workload| workload.name)
+            .filter(|name| {
+                options.workloads.is_empty() || options.workloads.iter().any(|w| w == name)
+            })
+            .collect();
+        let path = report::write(root, before, after, &workloads)?;
+        eprintln!("==> wrote {}", path.display());
+        return Ok(());
+    }
     let started = std::time::Instant::now();
     let label = options
         .label
@@ -181,6 +204,20 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compare_takes_one_label_or_two() {
+        let args = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let one = Options::parse(&args(&["--compare", "x", "--quick"])).expect("one");
+        assert_eq!(one.compare.as_deref(), Some("x"));
+        assert_eq!(one.compare_to, None);
+        assert!(one.quick);
+        let two = Options::parse(&args(&["--compare", "x", "y", "--workload", "simic-cifar"]))
+            .expect("two");
+        assert_eq!(two.compare.as_deref(), Some("x"));
+        assert_eq!(two.compare_to.as_deref(), Some("y"));
+        assert_eq!(two.workloads, ["simic-cifar"]);
+    }
 
     fn parse(args: &[&str]) -> Result<Options> {
         let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();

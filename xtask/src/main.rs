@@ -40,6 +40,9 @@ commands:
       --label LABEL        record label (default: <device>-<date>)
       --workload NAME      run one workload only (repeatable)
       --compare LABEL      print before/after against baselines/perf/<workload>/LABEL.json
+      --compare A B        run nothing: write target/bench-compare/A-vs-B/report.md (markdown
+                           tables, after/before ratios) and one latency SVG per workload, for
+                           every workload with both committed labels
       --quick              fewer epochs (a smoke run; not for committed records)
   parity [--update]        compare a fresh CPU capture (debug `esper parity-capture`) with
                            baselines/parity/cpu.json: telemetry names a superset, figures within
