@@ -67,6 +67,7 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("eps", "eps", 2),
             ("eps_steady", "eps steady", 2),
             ("policy_inference_ms", "infer ms", 3),
+            ("policy_replay_device_ms", "replay ms", 3),
             ("update_ms", "update ms", 1),
             ("train_ms_per_env_epoch", "train ms/ee", 1),
             ("counterfactual_ms_per_env_epoch", "cf ms/ee", 1),

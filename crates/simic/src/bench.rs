@@ -306,6 +306,14 @@ pub fn run_throughput(
                 if let Some(p50) = inference.get(inference.len() / 2) {
                     metrics.insert("policy_inference_ms".to_owned(), *p50);
                 }
+                let mut replays: Vec<f64> = steady_or_all
+                    .iter()
+                    .flat_map(|r| r.replay_samples.iter().copied())
+                    .collect();
+                replays.sort_by(f64::total_cmp);
+                if let Some(p50) = replays.get(replays.len() / 2) {
+                    metrics.insert("policy_replay_device_ms".to_owned(), *p50);
+                }
                 metrics.insert(
                     "policy_inference_ms_mean_all".to_owned(),
                     mean(reports.iter().map(|r| r.inference_ms)),

@@ -180,6 +180,9 @@ fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
         let ppo = report.ppo.as_ref().expect("learned");
         assert!(ppo.total_loss.is_finite(), "{ppo:?}");
         assert_eq!(report.inference_samples.len(), 4);
+        // Every step replays the captured policy step and times it.
+        assert_eq!(report.replay_samples.len(), 4, "{report:?}");
+        assert!(report.replay_samples.iter().all(|ms| *ms > 0.0));
     }
     assert!(simic.eps().is_some_and(|eps| eps > 0.0));
     assert_eq!(

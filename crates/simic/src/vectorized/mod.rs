@@ -231,6 +231,9 @@ pub struct RoundReport {
     pub inference_ms: f64,
     /// Policy-inference time of each step, ms.
     pub inference_samples: Vec<f64>,
+    /// Device time of each replay of the captured policy step, ms (empty
+    /// when the step runs eagerly).
+    pub replay_samples: Vec<f64>,
     /// The PPO update's figures (`None` when the round was not trained on).
     pub ppo: Option<PpoStats>,
     /// Timings.

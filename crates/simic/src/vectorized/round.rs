@@ -285,6 +285,7 @@ impl Simic {
             prunes: 0,
             inference_ms: 0.0,
             inference_samples: Vec::with_capacity(steps),
+            replay_samples: Vec::with_capacity(steps),
             ppo: None,
             timings,
         };
@@ -425,6 +426,9 @@ impl Simic {
             )?;
             hidden = act.hidden;
             let actions = act.sample.to_host(num_slots)?;
+            if let Some(replay) = self.graphed.as_mut().and_then(|g| g.take_replay_ms()) {
+                report.replay_samples.push(replay);
+            }
             let inference = ms(started);
             inference_total += inference;
             report.inference_samples.push(inference);

@@ -19,7 +19,7 @@
 use std::cell::RefCell;
 
 use tch::{Device, Kind, Tensor};
-use torch_ext::{CudaGraph, CudaStream};
+use torch_ext::{CudaEvent, CudaGraph, CudaStream};
 
 use super::network::LstmState;
 use super::sampling::{SampleMode, SampledActions, Sampler};
@@ -58,6 +58,9 @@ pub struct GraphedAct {
     graph: Option<CudaGraph>,
     mode: SampleMode,
     fallback: Option<String>,
+    /// Events around the last replay (the device time of the step itself).
+    timing: Option<(CudaEvent, CudaEvent)>,
+    replay_pending: bool,
 }
 
 fn copy_into(what: &'static str, target: &Tensor, source: &Tensor) -> Result<()> {
@@ -102,6 +105,8 @@ impl GraphedAct {
             },
             outputs: None,
             graph: None,
+            timing: None,
+            replay_pending: false,
             mode: sampler.config().mode,
             fallback: match device {
                 Device::Cuda(_) => None,
@@ -207,13 +212,23 @@ impl GraphedAct {
             field: "GraphedAct.stream",
             reason: error.to_string(),
         })?;
+        let timing_error = |error: torch_ext::Error| Error::InvalidInput {
+            field: "GraphedAct.timing",
+            reason: error.to_string(),
+        };
+        if let Some((start, _)) = &self.timing {
+            start.record(&current).map_err(timing_error)?;
+        }
         graph
             .replay_on(&current)
             .map_err(|error| Error::InvalidInput {
                 field: "GraphedAct.replay",
                 reason: error.to_string(),
             })?;
-        Ok(Act {
+        if let Some((_, end)) = &self.timing {
+            end.record(&current).map_err(timing_error)?;
+        }
+        let act = Act {
             sample: SampledActions {
                 actions: outputs.sample.actions.shallow_clone(),
                 log_probs: outputs.sample.log_probs.shallow_clone(),
@@ -223,7 +238,20 @@ impl GraphedAct {
             },
             value: outputs.value.shallow_clone(),
             hidden: outputs.hidden.shallow_clone(),
-        })
+        };
+        self.replay_pending = self.timing.is_some();
+        Ok(act)
+    }
+
+    /// Device time of the last replay in ms, from CUDA events around it;
+    /// once per replay, and only after it finished (e.g. its actions were
+    /// read back). `None` before the graph replays.
+    pub fn take_replay_ms(&mut self) -> Option<f64> {
+        if !std::mem::take(&mut self.replay_pending) {
+            return None;
+        }
+        let (start, end) = self.timing.as_ref()?;
+        start.elapsed_ms(end).ok().map(f64::from)
     }
 
     /// Warms up and captures the step from the static inputs; a failure
@@ -267,6 +295,7 @@ impl GraphedAct {
             Ok(graph) => {
                 self.graph = Some(graph);
                 self.outputs = produced.into_inner();
+                self.timing = CudaEvent::new(true).ok().zip(CudaEvent::new(true).ok());
             }
             Err(error) => {
                 self.fallback = Some(format!("capture failed: {error}"));
