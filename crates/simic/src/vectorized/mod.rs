@@ -35,7 +35,9 @@
 //! over the whole run's wall time, PPO updates included (reference §4.8).
 
 mod env;
+mod measure;
 mod round;
+mod telemetry;
 
 use std::time::Instant;
 
@@ -52,7 +54,7 @@ use crate::rewards::{RewardConfig, RewardNormaliser, RewardNormaliserConfig};
 use crate::{Error, Result};
 
 pub use env::EnvSpec;
-pub use round::SOURCE;
+pub use telemetry::SOURCE;
 
 /// Settings of a vectorized PPO run.
 #[derive(Debug, Clone)]

@@ -3,139 +3,24 @@
 
 use std::time::Instant;
 
-use leyline::proto::TelemetryPacket;
-use leyline::telemetry as names;
-use leyline::{LifecycleOp, TelemetryLevel, event, metric};
+use leyline::LifecycleOp;
 use tamiyo::features::{FeatureBatch, slot_extras};
 use tamiyo::heads::OP;
 use tamiyo::masks::{ActionMasks, MaskTensors, action_masks};
 use tamiyo::policy::LstmState;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 use tolaria::controller::{Applied, EpochMetrics, EpochObservation};
-use tolaria::engine::trainer::{TrainedEpoch, Validation};
+use tolaria::engine::trainer::TrainedEpoch;
 
 use super::env::{Env, EnvSpec};
+use super::measure::{Launched, Measured, launch_measure, ms, read_measure};
 use super::{RoundReport, RoundTimings, Simic};
 use crate::agent;
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
-use crate::counterfactual::{
-    ConfigLabel, ConfigSet, CounterfactualReport, PendingFused, PlayerOptions, Players,
-    launch_fused_validation,
-};
 use crate::error::TorchResultExt;
 use crate::gae::compute_gae;
 use crate::rewards::{RewardInputs, apply_governor_rollback, compute_reward};
 use crate::{Error, Result};
-
-/// Telemetry source of Simic's packets.
-pub const SOURCE: &str = "simic";
-
-/// Milliseconds since `start`.
-fn ms(start: Instant) -> f64 {
-    start.elapsed().as_secs_f64() * 1000.0
-}
-
-/// What the fused pass gave one environment this step.
-struct Measured {
-    validation: Validation,
-    report: CounterfactualReport,
-    committed: Option<f64>,
-}
-
-/// A fused pass queued on an environment's stream.
-struct Launched {
-    started: Instant,
-    set: ConfigSet,
-    pending: PendingFused,
-}
-
-/// Queues the fused validation + counterfactual pass of `env` on its
-/// compute stream, in the trainer's precision; nothing is read back.
-fn launch_measure(env: &Env, fused: &crate::counterfactual::FusedConfig) -> Result<Launched> {
-    let started = Instant::now();
-    let trainer = &env.trainer;
-    let model = trainer.model();
-    let players = Players::from_model(model, PlayerOptions::default())?;
-    let set = ConfigSet::counterfactual(players)?;
-    let alphas = set.alphas();
-    let data = trainer
-        .validation_data()
-        .ok_or_else(|| Error::InvalidConfig {
-            field: "EnvSpec.validation",
-            reason: "the environment's trainer has no validation set".to_owned(),
-        })?;
-    let autocast = match (trainer.precision().autocast_kind(), model.device()) {
-        (Some(kind), Device::Cuda(_)) => Some(kind),
-        _ => None,
-    };
-    let mut outcome = None;
-    trainer.engine().on_compute_stream(|| {
-        let _autocast = match autocast {
-            Some(kind) => Some(torch_ext::AutocastGuard::new(
-                torch_ext::AutocastDevice::Cuda,
-                kind,
-            )?),
-            None => None,
-        };
-        outcome = Some(launch_fused_validation(
-            model,
-            data.inputs(),
-            data.labels(),
-            &alphas,
-            fused,
-        ));
-        Ok(())
-    })?;
-    let pending = outcome.ok_or_else(|| Error::Readback {
-        what: "fused validation",
-        reason: "the pass did not run".to_owned(),
-    })??;
-    Ok(Launched {
-        started,
-        set,
-        pending,
-    })
-}
-
-/// Reads `launched` back on `env`'s stream and turns it into validation
-/// figures and the counterfactual report.
-fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
-    let Launched {
-        started,
-        set,
-        pending,
-    } = launched;
-    let mut outcome = None;
-    env.trainer.engine().on_compute_stream(|| {
-        outcome = Some(pending.read());
-        Ok(())
-    })?;
-    let fused = outcome.ok_or_else(|| Error::Readback {
-        what: "fused validation",
-        reason: "the readback did not run".to_owned(),
-    })??;
-    let accuracies = fused.accuracies();
-    let main = set
-        .index_of(ConfigLabel::Main)
-        .and_then(|index| fused.outcomes.get(index).copied())
-        .ok_or_else(|| Error::Readback {
-            what: "fused validation",
-            reason: "no main configuration".to_owned(),
-        })?;
-    let committed = set
-        .index_of(ConfigLabel::Committed)
-        .and_then(|index| accuracies.get(index).copied());
-    let report = CounterfactualReport::new(&set, &accuracies, None)?;
-    Ok(Measured {
-        validation: Validation {
-            loss: main.loss,
-            accuracy: main.accuracy,
-            elapsed_ms: ms(started),
-        },
-        report,
-        committed,
-    })
-}
 
 /// Finite epoch figures for an observation (a diverged epoch's NaN loss
 /// becomes the last finite one).
@@ -579,45 +464,6 @@ impl Simic {
         self.env_epochs = self.env_epochs.saturating_add(report.env_epochs);
         self.emit(&report);
         Ok(report)
-    }
-
-    /// The round's telemetry: throughput, each step's policy-inference time,
-    /// the mean episode reward and, after an update, its time, KL and clip
-    /// fraction with a `simic.ppo.update_completed` event (leyline's names).
-    fn emit(&self, report: &RoundReport) {
-        if !self.telemetry.is_enabled() {
-            return;
-        }
-        let mut packet = TelemetryPacket::new(SOURCE, TelemetryLevel::Info).with_metric(metric(
-            names::SIMIC_EPISODE_REWARD,
-            report.mean_episode_reward,
-        ));
-        if let Some(eps) = self.eps() {
-            packet = packet.with_metric(metric(names::SIMIC_ENV_EPOCHS_PER_S, eps));
-        }
-        for &inference in &report.inference_samples {
-            packet = packet.with_metric(metric(names::SIMIC_POLICY_INFERENCE_MS, inference));
-        }
-        if let Some(ppo) = &report.ppo {
-            packet = packet
-                .with_metric(metric(names::SIMIC_PPO_UPDATE_MS, report.timings.update_ms))
-                .with_metric(metric(names::SIMIC_PPO_APPROX_KL, ppo.approx_kl))
-                .with_metric(metric(names::SIMIC_PPO_CLIP_FRACTION, ppo.clip_fraction))
-                .with_event(event(
-                    names::SIMIC_PPO_UPDATE_COMPLETED,
-                    "PPO update completed",
-                    [
-                        ("round", report.round.to_string()),
-                        ("policy_loss", ppo.policy_loss.to_string()),
-                        ("value_loss", ppo.value_loss.to_string()),
-                        ("approx_kl", ppo.approx_kl.to_string()),
-                        ("clip_fraction", ppo.clip_fraction.to_string()),
-                        ("epochs_run", ppo.epochs_run.to_string()),
-                        ("early_stopped", ppo.early_stopped.to_string()),
-                    ],
-                ));
-        }
-        self.telemetry.emit_packet(packet);
     }
 
     /// Ends `env`'s episode after a governor rollback: the death penalty on

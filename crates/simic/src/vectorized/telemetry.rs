@@ -1,0 +1,54 @@
+//! What a round reports through Nissa (leyline's names): throughput, each
+//! step's policy-inference time, the mean episode reward and, after an
+//! update, its time, KL and clip fraction with a
+//! `simic.ppo.update_completed` event.
+
+use leyline::proto::TelemetryPacket;
+use leyline::telemetry as names;
+use leyline::{TelemetryLevel, event, metric};
+
+use super::{RoundReport, Simic};
+
+/// Telemetry source of Simic's packets.
+pub const SOURCE: &str = "simic";
+
+impl Simic {
+    /// The round's telemetry: throughput, each step's policy-inference time,
+    /// the mean episode reward and, after an update, its time, KL and clip
+    /// fraction with a `simic.ppo.update_completed` event (leyline's names).
+    pub(super) fn emit(&self, report: &RoundReport) {
+        if !self.telemetry.is_enabled() {
+            return;
+        }
+        let mut packet = TelemetryPacket::new(SOURCE, TelemetryLevel::Info).with_metric(metric(
+            names::SIMIC_EPISODE_REWARD,
+            report.mean_episode_reward,
+        ));
+        if let Some(eps) = self.eps() {
+            packet = packet.with_metric(metric(names::SIMIC_ENV_EPOCHS_PER_S, eps));
+        }
+        for &inference in &report.inference_samples {
+            packet = packet.with_metric(metric(names::SIMIC_POLICY_INFERENCE_MS, inference));
+        }
+        if let Some(ppo) = &report.ppo {
+            packet = packet
+                .with_metric(metric(names::SIMIC_PPO_UPDATE_MS, report.timings.update_ms))
+                .with_metric(metric(names::SIMIC_PPO_APPROX_KL, ppo.approx_kl))
+                .with_metric(metric(names::SIMIC_PPO_CLIP_FRACTION, ppo.clip_fraction))
+                .with_event(event(
+                    names::SIMIC_PPO_UPDATE_COMPLETED,
+                    "PPO update completed",
+                    [
+                        ("round", report.round.to_string()),
+                        ("policy_loss", ppo.policy_loss.to_string()),
+                        ("value_loss", ppo.value_loss.to_string()),
+                        ("approx_kl", ppo.approx_kl.to_string()),
+                        ("clip_fraction", ppo.clip_fraction.to_string()),
+                        ("epochs_run", ppo.epochs_run.to_string()),
+                        ("early_stopped", ppo.early_stopped.to_string()),
+                    ],
+                ));
+        }
+        self.telemetry.emit_packet(packet);
+    }
+}
