@@ -215,9 +215,14 @@ fn the_ppo_controller_and_resume_fail_with_a_clear_message() {
         text(&output.stderr)
     );
     assert!(!run_dir.exists(), "nothing was created");
+    // Resuming a directory without checkpoints says so.
     let resume = esper(&["train", "--resume", path_arg(&run_dir)]);
     assert!(!resume.status.success());
-    assert!(text(&resume.stderr).contains("not implemented yet: --resume"));
+    assert!(
+        text(&resume.stderr).contains("no checkpoints in"),
+        "{}",
+        text(&resume.stderr)
+    );
 }
 
 #[test]
@@ -302,4 +307,13 @@ fn ctrl_c_finishes_the_epoch_writes_everything_and_exits_130() {
     assert!((1..500).contains(&epochs), "{epochs} epochs written");
     assert!(run_dir.join("config.toml").is_file());
     assert_picture(&run_dir);
+    // The boundary after Ctrl-C wrote a checkpoint of every epoch written.
+    assert!(
+        run_dir
+            .join("checkpoints")
+            .join(epochs.to_string())
+            .join("manifest.json")
+            .is_file(),
+        "a checkpoint after epoch {epochs}"
+    );
 }

@@ -27,7 +27,7 @@ use crate::blueprint::SeedModule;
 use crate::gate::GateOutcome;
 use crate::groups::{GroupEvent, GroupKey, ParamGroup};
 use crate::host::{Host, SlotId};
-use crate::lifecycle::{GerminationOptions, PruneInitiator, PruneSchedule, SlotConfig};
+use crate::lifecycle::{GerminationOptions, PruneInitiator, PruneSchedule, SeedState, SlotConfig};
 use crate::masks::{SeedMasks, trainable_parameters};
 use crate::slot::{SeedSlot, gradient_norm};
 use crate::{Error, Result};
@@ -374,6 +374,13 @@ impl MorphogeneticModel {
             });
         }
         self.slot_mut(slot)?.germinate_module(module, options)
+    }
+
+    /// Puts a seed back into `slot` from a checkpoint, on the model's device
+    /// (see [`SeedSlot::restore`]).
+    pub fn restore_seed(&mut self, slot: SlotId, state: SeedState) -> Result<()> {
+        let device = self.device();
+        self.slot_mut(slot)?.restore(state, device)
     }
 
     /// See [`SeedSlot::advance_stage`].

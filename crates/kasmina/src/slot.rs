@@ -266,6 +266,51 @@ impl SeedSlot {
         Ok(())
     }
 
+    /// Puts a seed back into this empty slot from a checkpoint: `state` as
+    /// exported (serde) by the run that wrote it. When the state holds a
+    /// module (GERMINATED through FOSSILIZED) the state's blueprint is built
+    /// at the slot's channels on `device`, with the gate network for GATE;
+    /// its weights are fresh, and the caller copies the checkpoint's
+    /// variables into [`SeedSlot::seed_module`]'s variable store. A state in
+    /// cooldown (PRUNED, EMBARGOED, RESETTING) gets no module. No lifecycle
+    /// event or telemetry is emitted; the blend-out freeze is applied and
+    /// `Added(Seed(slot))` is recorded for a module. [`Error::SlotOccupied`]
+    /// when the slot holds a state; a refused restore (occupied slot, a
+    /// module that cannot be built here) leaves the slot unchanged.
+    pub fn restore(&mut self, state: SeedState, device: Device) -> Result<()> {
+        self.lifecycle.check_available()?;
+        let seed = if state.holds_module() {
+            let topology = self.topology();
+            let module = state
+                .blueprint()
+                .build(topology, self.spec.channels, device)?;
+            let gate = if state.algorithm() == AlphaAlgorithm::Gate {
+                let root = module.var_store().root();
+                Some(GatedBlend::new(
+                    &root.sub("gate"),
+                    self.spec.channels,
+                    topology,
+                )?)
+            } else {
+                None
+            };
+            Some(LiveSeed {
+                module,
+                gate,
+                frozen: false,
+            })
+        } else {
+            None
+        };
+        self.lifecycle.restore(state)?;
+        if seed.is_some() {
+            self.seed = seed;
+            self.group_events
+                .push(GroupEvent::Added(GroupKey::Seed(self.id())));
+        }
+        self.follow_state()
+    }
+
     /// See [`Lifecycle::advance_stage`].
     pub fn advance_stage(&mut self, target: Option<SeedStage>) -> Result<GateOutcome> {
         self.lifecycle_call(|lifecycle| lifecycle.advance_stage(target))

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use leyline::proto::SeedState;
 use leyline::{AlphaMode, BlueprintAction, SeedStage};
+use serde::{Deserialize, Serialize};
 
 use tolaria::Result;
 use tolaria::controller::{Controller, Decision, EpochObservation, seed_stage};
@@ -265,6 +266,116 @@ impl HeuristicController {
         let confidence = (f64::from(plateau) / PLATEAU_CONFIDENCE_EPOCHS).min(1.0);
         let blueprint = self.next_blueprint();
         Decision::germinate(slot, blueprint).because("plateau", confidence)
+    }
+}
+
+/// Everything a [`HeuristicController`] remembers between epochs, in plain
+/// values for a checkpoint (serde): the signal tracker, the blueprint
+/// penalties (by leyline's blueprint name), the rotation position, the last
+/// prune (the germination embargo), the last epoch seen and the seeds'
+/// baseline accuracies. [`HeuristicController::from_state`] of
+/// [`HeuristicController::export_state`] decides exactly as the original.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeuristicState {
+    /// The tracker's previous (validation loss, validation accuracy).
+    pub previous: Option<(f64, f64)>,
+    /// Consecutive plateau epochs.
+    pub plateau_epochs: u32,
+    /// Consecutive stable epochs.
+    pub stable_epochs: u32,
+    /// The stabilisation latch.
+    pub stabilized: bool,
+    /// Blueprint penalties, keyed by leyline's blueprint name.
+    pub penalties: BTreeMap<String, f64>,
+    /// Position in [`BLUEPRINT_ROTATION`].
+    pub rotation: usize,
+    /// Epoch of the last prune (the embargo).
+    pub last_prune_epoch: Option<u32>,
+    /// The last epoch whose observation updated the tracker.
+    pub last_epoch: Option<u32>,
+    /// Validation accuracy of each seed id when first seen.
+    pub baselines: BTreeMap<String, f64>,
+}
+
+impl HeuristicController {
+    /// The controller's state (see [`HeuristicState`]).
+    pub fn export_state(&self) -> HeuristicState {
+        HeuristicState {
+            previous: self.tracker.previous,
+            plateau_epochs: self.tracker.plateau_epochs,
+            stable_epochs: self.tracker.stable_epochs,
+            stabilized: self.tracker.stabilized,
+            penalties: self
+                .penalties
+                .iter()
+                .map(|(blueprint, penalty)| (blueprint.name().to_owned(), *penalty))
+                .collect(),
+            rotation: self.rotation,
+            last_prune_epoch: self.last_prune_epoch,
+            last_epoch: self.last_epoch,
+            baselines: self.baselines.clone(),
+        }
+    }
+
+    /// A controller in `state`. An unknown blueprint name, a non-finite or
+    /// negative penalty, a non-finite tracked figure or baseline, or a
+    /// rotation position outside [`BLUEPRINT_ROTATION`] is
+    /// [`crate::Error::InvalidInput`] naming the field.
+    pub fn from_state(state: &HeuristicState) -> crate::Result<HeuristicController> {
+        let invalid =
+            |field: &'static str, reason: String| crate::Error::InvalidInput { field, reason };
+        if let Some((loss, accuracy)) = state.previous
+            && !(loss.is_finite() && accuracy.is_finite())
+        {
+            return Err(invalid(
+                "heuristic_state.previous",
+                format!("({loss}, {accuracy}) is not finite"),
+            ));
+        }
+        if state.rotation >= BLUEPRINT_ROTATION.len() {
+            return Err(invalid(
+                "heuristic_state.rotation",
+                format!(
+                    "{} is outside 0..{}",
+                    state.rotation,
+                    BLUEPRINT_ROTATION.len()
+                ),
+            ));
+        }
+        let mut penalties = BTreeMap::new();
+        for (name, penalty) in &state.penalties {
+            let blueprint = BlueprintAction::from_name(name).map_err(|error| {
+                invalid("heuristic_state.penalties", format!("{name:?}: {error}"))
+            })?;
+            if !(penalty.is_finite() && *penalty >= 0.0) {
+                return Err(invalid(
+                    "heuristic_state.penalties",
+                    format!("{name}: {penalty} is not a finite penalty >= 0"),
+                ));
+            }
+            penalties.insert(blueprint, *penalty);
+        }
+        if let Some((seed, baseline)) = state.baselines.iter().find(|(_, value)| !value.is_finite())
+        {
+            return Err(invalid(
+                "heuristic_state.baselines",
+                format!("{seed}: {baseline} is not finite"),
+            ));
+        }
+        Ok(HeuristicController {
+            tracker: SignalTracker {
+                previous: state.previous,
+                plateau_epochs: state.plateau_epochs,
+                stable_epochs: state.stable_epochs,
+                stabilized: state.stabilized,
+            },
+            penalties,
+            rotation: state.rotation,
+            last_prune_epoch: state.last_prune_epoch,
+            last_epoch: state.last_epoch,
+            baselines: state.baselines.clone(),
+        })
     }
 }
 

@@ -5,7 +5,7 @@
 use kasmina::host::SlotId;
 use leyline::proto::{SeedMetricSet, SeedState};
 use leyline::{AlphaMode, BlueprintAction, LifecycleOp, SeedStage};
-use tamiyo::heuristic::{BLUEPRINT_ROTATION, HeuristicController, SignalTracker};
+use tamiyo::heuristic::{BLUEPRINT_ROTATION, HeuristicController, HeuristicState, SignalTracker};
 use tolaria::controller::{Controller, Decision, EpochMetrics, EpochObservation};
 
 const R0C0: SlotId = SlotId { row: 0, col: 0 };
@@ -339,4 +339,50 @@ fn heuristic_with_several_live_seeds_takes_the_first_action() {
         (decision.op, decision.reason),
         (LifecycleOp::Wait, "blending")
     );
+}
+
+#[test]
+fn exported_state_resumes_the_same_decisions_and_bad_state_is_refused() {
+    // A controller with a prune behind it (penalty, embargo), a baseline and
+    // a rotation position, exported through JSON as a checkpoint would.
+    let mut original = warmed_up();
+    let failing = with_metrics(seed("s", R0C0, "conv_light", SeedStage::Training), |m| {
+        m.epochs_in_stage = 9;
+        m.improvement_since_stage_start = -3.0;
+    });
+    let pruned = decide(&mut original, &obs(5, 1.0, 60.0, vec![failing]));
+    assert_eq!(pruned.op, LifecycleOp::Prune);
+    assert!(original.penalty(BlueprintAction::ConvLight) > 0.0);
+    let json = serde_json::to_string(&original.export_state()).expect("json");
+    let state: HeuristicState = serde_json::from_str(&json).expect("parse");
+    assert_eq!(state, original.export_state());
+    let mut restored = HeuristicController::from_state(&state).expect("restored");
+    assert_eq!(restored.tracker(), original.tracker());
+    for epoch in 6..16 {
+        let observation = obs(epoch, 1.0, 60.0, vec![]);
+        assert_eq!(
+            decide(&mut restored, &observation),
+            decide(&mut original, &observation),
+            "epoch {epoch}"
+        );
+    }
+    assert_eq!(restored.export_state(), original.export_state());
+
+    let mut unknown = state.clone();
+    unknown.penalties.insert("NOT_A_BLUEPRINT".to_owned(), 1.0);
+    let mut negative = state.clone();
+    negative.penalties.insert("CONV_HEAVY".to_owned(), -1.0);
+    let mut rotation = state.clone();
+    rotation.rotation = BLUEPRINT_ROTATION.len();
+    let mut nan = state;
+    nan.previous = Some((f64::NAN, 1.0));
+    for (bad, field) in [
+        (unknown, "penalties"),
+        (negative, "penalties"),
+        (rotation, "rotation"),
+        (nan, "previous"),
+    ] {
+        let error = HeuristicController::from_state(&bad).expect_err("refused");
+        assert!(error.to_string().contains(field), "{error}");
+    }
 }

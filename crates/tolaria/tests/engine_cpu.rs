@@ -1,7 +1,8 @@
 //! The general trainer on the CPU: a Fashion-MNIST CNN host grows a seed
 //! through its whole lifecycle while accuracy rises; deferred gradient
 //! metrics and the device shuffle behave; transformer seeds that feed the
-//! host gradient go through the aggregator; bad input is refused.
+//! host gradient go through the aggregator; bad input is refused; a trainer
+//! resumed at an epoch (checkpoints) continues its counters.
 
 use std::time::Duration;
 
@@ -439,4 +440,42 @@ fn pinned_host_staging_trains_exactly_like_resident_data() {
         ..cpu_config()
     };
     assert!(ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled()).is_err());
+}
+
+#[test]
+fn a_trainer_resumed_at_an_epoch_shuffles_and_names_seeds_as_that_epoch() {
+    let (train, test) = fmnist(256, 100);
+    let mut trainer = ModelTrainer::new(
+        cnn_model(Telemetry::disabled()),
+        &train,
+        Some(&test),
+        cpu_config(),
+        Telemetry::disabled(),
+    )
+    .expect("trainer");
+    trainer.resume_at(3, 2);
+    assert_eq!(trainer.epoch(), 3);
+    assert_eq!(trainer.germinations(), 2);
+    assert_eq!(trainer.train_data().epoch(), 3, "the shuffle of epoch 3");
+    assert!(trainer.governor_mut().is_some());
+    let _ = trainer
+        .apply_decision(&Decision::germinate(
+            SlotId::new(0, 1),
+            leyline::BlueprintAction::ConvLight,
+        ))
+        .expect("germinate");
+    let seed_id = trainer
+        .model()
+        .slot(SlotId::new(0, 1))
+        .expect("slot")
+        .state()
+        .expect("state")
+        .seed_id()
+        .to_owned();
+    assert_eq!(seed_id, "seed-2", "named after the germinations so far");
+    assert_eq!(trainer.germinations(), 3);
+    let report = trainer.train_epoch().expect("epoch");
+    assert_eq!(report.epoch, 3);
+    assert_eq!(trainer.epoch(), 4);
+    assert_eq!(trainer.train_data().epoch(), 4);
 }

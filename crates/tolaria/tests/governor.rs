@@ -5,7 +5,8 @@
 //! bitwise restore, live seeds pruned with the reason, optimizer state
 //! cleared, telemetry emitted and a panicking or dropping sink not stopping
 //! it, a typed error without a snapshot, a fossil appearing since the
-//! snapshot.
+//! snapshot; an exported state imported into a fresh governor judges and
+//! rolls back exactly as the original, and a bad one is refused.
 
 use kasmina::groups::GroupKey;
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
@@ -540,4 +541,66 @@ fn snapshots_reuse_their_buffers_until_the_layout_changes() {
         grown.len() > first.len(),
         "the fossil is in the snapshot now"
     );
+}
+
+#[test]
+fn an_imported_state_judges_and_rolls_back_like_the_original() {
+    let mut model = model();
+    fossilize(&mut model, A, "fossil");
+    let mut optimizers =
+        GroupOptimizers::for_model(OptimizerConfig::default(), &mut model).expect("optimizers");
+    let mut original = with_history(&[2.0, 2.1, 1.9, 2.0, 2.2, 1.8, 2.0, 2.1, 1.9, 2.0, 2.05]);
+    original.snapshot(&model, 5).expect("snapshot");
+    let saved: Vec<(String, Tensor)> = variables(&model)
+        .into_iter()
+        .map(|(name, tensor)| (name, tensor.copy()))
+        .collect();
+    let state = original.export_state().expect("export");
+    assert_eq!(state.history, original.history());
+    let exported = state.snapshot.as_ref().expect("snapshot exported");
+    assert_eq!(exported.epoch, 5);
+    assert_eq!(exported.fossils.len(), 1);
+    let mut restored = governor();
+    restored.import_state(state, Device::Cpu).expect("import");
+    assert_eq!(restored.history(), original.history());
+    assert_eq!(restored.snapshot_epoch(), Some(5));
+    for loss in [2.0, 50.0, 50.0] {
+        assert_eq!(restored.check(loss), original.check(loss), "loss {loss}");
+    }
+    // The imported snapshot restores the model bitwise.
+    perturb(&model);
+    restored
+        .rollback(
+            &mut model,
+            &mut optimizers,
+            &Telemetry::disabled(),
+            PanicReason::Divergence,
+        )
+        .expect("rollback");
+    for ((name, now), (_, then)) in variables(&model).iter().zip(&saved) {
+        assert!(now.equal(then), "{name} restored bitwise");
+    }
+    assert_eq!(restored.rollbacks(), 1);
+
+    // A history longer than the window, a non-finite loss and unsorted
+    // variables are refused, and the governor keeps its state.
+    let mut long = governor().export_state().expect("export");
+    long.history = vec![1.0; 21];
+    let mut nan = governor().export_state().expect("export");
+    nan.history = vec![f64::NAN];
+    let mut unsorted = original.export_state().expect("export");
+    if let Some(snapshot) = unsorted.snapshot.as_mut() {
+        snapshot.host.reverse();
+    }
+    for (bad, field) in [
+        (long, "history"),
+        (nan, "history"),
+        (unsorted, "snapshot.host"),
+    ] {
+        let error = restored
+            .import_state(bad, Device::Cpu)
+            .expect_err("refused");
+        assert!(error.to_string().contains(field), "{error}");
+        assert_eq!(restored.snapshot_epoch(), Some(5));
+    }
 }

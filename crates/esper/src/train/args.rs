@@ -94,9 +94,11 @@ pub(crate) enum ModeChoice {
     after_help = "Every option can also be given in a TOML file (--config), with the same \
                   names (dashes or underscores); options on the command line override it. \
                   The run directory receives config.toml (the resolved configuration), \
-                  epochs.jsonl (one line per epoch), telemetry/ (JSON lines) and \
-                  run.png / run.svg (the run picture). Ctrl-C finishes the current epoch, \
-                  writes everything and exits with status 130."
+                  epochs.jsonl (one line per epoch), telemetry/ (JSON lines), \
+                  run.png / run.svg (the run picture) and checkpoints/<epoch>/ (safetensors \
+                  and a JSON manifest; --resume RUN_DIR continues from the newest one). \
+                  Ctrl-C finishes the current epoch, writes a checkpoint and everything \
+                  else, and exits with status 130."
 )]
 pub(crate) struct TrainArgs {
     /// A TOML file with any of the options below (flags override it).
@@ -149,7 +151,15 @@ pub(crate) struct TrainArgs {
     /// /usr/share/datasets/fashion-mnist; ESPER_CIFAR10_DIR].
     #[arg(long, value_name = "DIR")]
     pub(crate) data_dir: Option<PathBuf>,
-    /// Continue a run from its last checkpoint (not implemented yet).
+    /// Write a checkpoint (RUN_DIR/checkpoints/EPOCH/) every N epochs; 0
+    /// writes one only at the end and at a Ctrl-C [default: 5].
+    #[arg(long, value_name = "N")]
+    pub(crate) checkpoint_every: Option<usize>,
+    /// Continue the run in RUN_DIR from its newest checkpoint that verifies
+    /// (a damaged newer one is skipped with a warning), with the run's own
+    /// configuration (no other option may be given); on the CPU the result
+    /// is bitwise the run that was never stopped. Epochs and telemetry
+    /// written after that checkpoint are discarded and trained again.
     #[arg(long, value_name = "RUN_DIR")]
     pub(crate) resume: Option<PathBuf>,
 }

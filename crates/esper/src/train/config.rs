@@ -21,7 +21,7 @@ use super::args::{ControllerKind, ModeChoice, PrecisionChoice, TaskKind, TrainAr
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 14] = [
+pub(crate) const KEYS: [&str; 15] = [
     "controller",
     "task",
     "slots",
@@ -36,6 +36,7 @@ pub(crate) const KEYS: [&str; 14] = [
     "train_samples",
     "mode",
     "data_dir",
+    "checkpoint_every",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -58,6 +59,9 @@ pub(crate) const DEFAULT_LEARNING_RATE: f64 = 0.003;
 /// Default training subset of the Fashion-MNIST tasks (a few seconds per
 /// epoch on a 2-core CPU; 0 would train on all 60,000).
 pub(crate) const DEFAULT_FMNIST_TRAIN_SAMPLES: usize = 12_000;
+/// Default checkpoint interval, epochs (a checkpoint is also written at the
+/// end and at a Ctrl-C).
+pub(crate) const DEFAULT_CHECKPOINT_EVERY: usize = 5;
 /// Samples the synthetic task generates for training by default.
 pub(crate) const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize = 4096;
 
@@ -79,6 +83,7 @@ struct FileConfig {
     train_samples: Option<usize>,
     mode: Option<ModeChoice>,
     data_dir: Option<PathBuf>,
+    checkpoint_every: Option<usize>,
 }
 
 /// The resolved configuration of one run (written as `config.toml`).
@@ -114,6 +119,14 @@ pub(crate) struct RunConfig {
     /// Folder of the data set files, when not the data set's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) data_dir: Option<PathBuf>,
+    /// Write a checkpoint every this many epochs (0: only at the end and at
+    /// a Ctrl-C).
+    #[serde(default = "default_checkpoint_every")]
+    pub(crate) checkpoint_every: usize,
+}
+
+fn default_checkpoint_every() -> usize {
+    DEFAULT_CHECKPOINT_EVERY
 }
 
 impl RunConfig {
@@ -175,6 +188,10 @@ impl RunConfig {
             train_samples,
             mode: args.mode.or(file.mode).unwrap_or(ModeChoice::Eager),
             data_dir: args.data_dir.clone().or(file.data_dir),
+            checkpoint_every: args
+                .checkpoint_every
+                .or(file.checkpoint_every)
+                .unwrap_or(DEFAULT_CHECKPOINT_EVERY),
         };
         config.validate()?;
         Ok(config)
@@ -353,8 +370,13 @@ mod tests {
 
     #[test]
     fn file_keys_take_dashes_and_types_are_checked() {
-        let file = parse_file("batch-size = 64\ntask = \"synthetic\"\n", "a.toml").expect("ok");
+        let file = parse_file(
+            "batch-size = 64\ntask = \"synthetic\"\ncheckpoint-every = 2\n",
+            "a.toml",
+        )
+        .expect("ok");
         assert_eq!(file.batch_size, Some(64));
+        assert_eq!(file.checkpoint_every, Some(2));
         assert_eq!(file.task, Some(TaskKind::Synthetic));
         let error = parse_file("epochs = \"many\"\n", "a.toml").expect_err("refused");
         assert!(format!("{error:#}").contains("epochs"), "{error:#}");
@@ -379,9 +401,19 @@ mod tests {
         assert_eq!(config.max_seeds, 1, "max_seeds defaults to the slot count");
         assert_eq!(config.learning_rate, DEFAULT_LEARNING_RATE);
         assert_eq!(config.train_samples, DEFAULT_FMNIST_TRAIN_SAMPLES);
-        // The written file reads back as the same configuration.
-        let again: RunConfig = toml::from_str(&config.to_toml().expect("toml")).expect("parse");
+        assert_eq!(config.checkpoint_every, DEFAULT_CHECKPOINT_EVERY);
+        // The written file reads back as the same configuration; one written
+        // before checkpoints existed reads with the default interval.
+        let text = config.to_toml().expect("toml");
+        let again: RunConfig = toml::from_str(&text).expect("parse");
         assert_eq!(again, config);
+        let older: String = text
+            .lines()
+            .filter(|line| !line.starts_with("checkpoint_every"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let older: RunConfig = toml::from_str(&older).expect("parse");
+        assert_eq!(older.checkpoint_every, DEFAULT_CHECKPOINT_EVERY);
     }
 
     #[test]

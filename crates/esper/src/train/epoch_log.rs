@@ -208,6 +208,17 @@ impl EpochLog {
         Ok(EpochLog { path, file })
     }
 
+    /// Opens `dir/epochs.jsonl` to append (a resumed run, after
+    /// [`rewind`]).
+    pub(crate) fn append_to(dir: &Path) -> Result<EpochLog> {
+        let path = dir.join(FILE_NAME);
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(EpochLog { path, file })
+    }
+
     /// Writes `record` as one line and flushes it to the file.
     pub(crate) fn append(&mut self, record: &EpochRecord) -> Result<()> {
         let mut line = serde_json::to_vec(record).context("encoding an epoch record")?;
@@ -241,4 +252,97 @@ pub(crate) fn read(dir: &Path) -> Result<Vec<EpochRecord>> {
         records.push(record);
     }
     Ok(records)
+}
+
+/// Keeps the first `records` records of `dir/epochs.jsonl` (those of a
+/// checkpoint) and drops the rest, a line cut short by a crash included:
+/// the file is rewritten through a temporary file, `fsync`ed and renamed.
+/// Returns the records kept; fewer than `records` whole records is an error.
+pub(crate) fn rewind(dir: &Path, records: usize) -> Result<Vec<EpochRecord>> {
+    let path = dir.join(FILE_NAME);
+    let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut kept = Vec::with_capacity(records);
+    let mut bytes = Vec::new();
+    for (index, line) in text.split(|byte| *byte == b'\n').enumerate() {
+        if kept.len() == records {
+            break;
+        }
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let record: EpochRecord = serde_json::from_slice(line)
+            .with_context(|| format!("{} line {}", path.display(), index + 1))?;
+        bytes.extend_from_slice(line);
+        bytes.push(b'\n');
+        kept.push(record);
+    }
+    if kept.len() < records {
+        anyhow::bail!(
+            "{} holds {} epochs, the checkpoint expects at least {records}",
+            path.display(),
+            kept.len()
+        );
+    }
+    let temporary = dir.join(format!(".{FILE_NAME}.rewind"));
+    let mut file =
+        File::create(&temporary).with_context(|| format!("creating {}", temporary.display()))?;
+    file.write_all(&bytes)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", temporary.display()))?;
+    std::fs::rename(&temporary, &path).with_context(|| format!("replacing {}", path.display()))?;
+    File::open(dir)
+        .and_then(|folder| folder.sync_all())
+        .with_context(|| format!("fsync {}", dir.display()))?;
+    Ok(kept)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(epoch: usize) -> EpochRecord {
+        EpochRecord {
+            epoch,
+            train_loss: Some(1.0),
+            train_accuracy: 50.0,
+            val_loss: None,
+            val_accuracy: 40.0,
+            epoch_ms: 10.0,
+            samples_per_s: 100.0,
+            active_seeds: 0,
+            slots: Vec::new(),
+            decision: None,
+            rollback: None,
+        }
+    }
+
+    #[test]
+    fn rewind_keeps_the_checkpoints_records_and_drops_a_line_cut_short() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut log = EpochLog::create(dir.path()).expect("log");
+        for epoch in 0..3 {
+            log.append(&record(epoch)).expect("append");
+        }
+        drop(log);
+        let path = dir.path().join(FILE_NAME);
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("open");
+        file.write_all(b"{\"epoch\":3,\"train_lo")
+            .expect("a crash mid-line");
+        drop(file);
+        let kept = rewind(dir.path(), 2).expect("rewind");
+        assert_eq!(kept, [record(0), record(1)]);
+        assert_eq!(
+            read(dir.path()).expect("read"),
+            kept,
+            "the file holds them only"
+        );
+        let mut log = EpochLog::append_to(dir.path()).expect("append");
+        log.append(&record(2)).expect("append");
+        assert_eq!(read(dir.path()).expect("read").len(), 3);
+        let error = rewind(dir.path(), 5).expect_err("too few");
+        assert!(error.to_string().contains("holds 3 epochs"), "{error}");
+    }
 }

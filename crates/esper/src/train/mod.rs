@@ -2,8 +2,9 @@
 //! directory.
 //!
 //! 1. resolve the configuration ([`config`]: defaults, `--config` file,
-//!    flags) and refuse what is not built yet (`--controller ppo`,
-//!    `--resume`) before anything is created;
+//!    flags; or, for `--resume RUN_DIR`, the configuration of the newest
+//!    checkpoint that verifies, [`checkpoint`]) and refuse what is not built
+//!    yet (`--controller ppo`) before anything is created;
 //! 2. load the task's data ([`task`]; a missing data set stops the run
 //!    before its directory exists);
 //! 3. create the run directory, write `config.toml`, start the telemetry hub
@@ -13,15 +14,23 @@
 //!    with the heuristic controller behind a decision deadline and the
 //!    `--max-seeds` limit ([`seed_budget`]), printing progress
 //!    ([`progress`]) and appending each epoch to `epochs.jsonl`
-//!    ([`epoch_log`]);
+//!    ([`epoch_log`]), with libtorch's generator seeded per epoch
+//!    ([`checkpoint::epoch_seed`]) and a checkpoint every
+//!    `checkpoint_every` epochs ([`checkpoint`]);
 //! 5. at the end, or at the first epoch boundary after Ctrl-C
-//!    ([`interrupt`]), flush the telemetry and draw the run picture
-//!    ([`crate::plot`]).
+//!    ([`interrupt`]), write a checkpoint, flush the telemetry and draw the
+//!    run picture ([`crate::plot`]).
+//!
+//! A resumed run restores the host, the seeds, the optimizers, the
+//! governor, the controller and the counters from the checkpoint, cuts `epochs.jsonl` and
+//! the telemetry files back to where they were at the checkpoint, and goes
+//! on writing telemetry into files named `events-resumed-<epoch>-*.jsonl`.
 //!
 //! The training itself lives in tolaria; this module only wires the pieces
 //! together and writes files.
 
 pub(crate) mod args;
+pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod epoch_log;
 pub(crate) mod interrupt;
@@ -30,6 +39,7 @@ pub(crate) mod seed_budget;
 pub(crate) mod task;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -37,10 +47,12 @@ use nissa::{Hub, JsonlConfig};
 use tamiyo::heuristic::HeuristicController;
 use tolaria::amp::Precision;
 use tolaria::config::ExecutionMode;
+use tolaria::controller::{Controller, Decision, EpochObservation};
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
 
 use self::args::{ControllerKind, ModeChoice, PrecisionChoice, TrainArgs};
+use self::checkpoint::Loaded;
 use self::config::RunConfig;
 use self::epoch_log::{EpochLog, EpochRecord};
 use self::interrupt::Interrupt;
@@ -71,14 +83,13 @@ pub(crate) enum Finished {
 
 /// Runs `esper train` (see the module docs).
 pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
-    if let Some(dir) = &args.resume {
-        bail!(
-            "not implemented yet: --resume {} (checkpoints and resuming arrive with a later \
-             part of issue 13; start a new run instead)",
-            dir.display()
-        );
-    }
-    let config = RunConfig::resolve(args)?;
+    let (config, resume) = match &args.resume {
+        Some(dir) => {
+            let (config, loaded) = resume_config(args, dir)?;
+            (config, Some(loaded))
+        }
+        None => (RunConfig::resolve(args)?, None),
+    };
     if config.controller == ControllerKind::Ppo {
         bail!(
             "not implemented yet: the PPO controller arrives with issue 12 (use --controller \
@@ -96,14 +107,52 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
     );
     // The data first: a missing data set leaves no half-made run directory.
     let data = task::load_data(&config)?;
-    create_run_dir(&config.run_dir)?;
-    config.write(&config.run_dir.join(CONFIG_NAME))?;
+    let mut jsonl = JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR));
+    let previous = match &resume {
+        None => {
+            create_run_dir(&config.run_dir)?;
+            config.write(&config.run_dir.join(CONFIG_NAME))?;
+            Vec::new()
+        }
+        Some(loaded) => {
+            let epoch = loaded.manifest.epoch;
+            println!(
+                "resuming from {} (epoch {epoch} of {})",
+                loaded.dir.display(),
+                config.epochs
+            );
+            let records = epoch_log::rewind(&config.run_dir, loaded.manifest.epoch_log_records)?;
+            println!(
+                "{} cut back to the {} epochs of that checkpoint",
+                epoch_log::FILE_NAME,
+                records.len()
+            );
+            let _ = checkpoint::remove_partial(&config.run_dir)?;
+            let removed = checkpoint::rewind_telemetry(&config.run_dir, loaded)?;
+            if !removed.is_empty() {
+                println!(
+                    "removed telemetry written after that checkpoint: {}",
+                    removed.join(", ")
+                );
+            }
+            jsonl.file_stem = format!("events-resumed-{epoch}");
+            records
+        }
+    };
     let interrupt = Interrupt::install()?;
     let hub = Hub::builder()
-        .jsonl(JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR)))
+        .jsonl(jsonl)
         .build()
         .context("starting the telemetry hub")?;
-    let result = train(&config, device, &data, &hub, &interrupt);
+    let result = train(
+        &config,
+        device,
+        &data,
+        &hub,
+        &interrupt,
+        resume.as_ref(),
+        previous,
+    );
     let flushed = hub.flush(Duration::from_secs(10));
     hub.close();
     if !flushed.is_complete() {
@@ -117,6 +166,62 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
     print_summary(&config, &records, finished);
     println!("picture: {} and {}", png.display(), svg.display());
     Ok(finished)
+}
+
+/// The configuration of the run in `dir` and its newest checkpoint that
+/// verifies (warning about every newer one passed over); refuses other
+/// options.
+fn resume_config(args: &TrainArgs, dir: &Path) -> Result<(RunConfig, Loaded)> {
+    let only_resume = TrainArgs {
+        resume: args.resume.clone(),
+        ..TrainArgs::default()
+    };
+    if *args != only_resume {
+        bail!(
+            "--resume continues a run with its own configuration ({}); give no other option",
+            dir.join(CONFIG_NAME).display()
+        );
+    }
+    let (loaded, warnings) = checkpoint::latest(dir)?;
+    for warning in &warnings {
+        eprintln!("esper: warning: {warning}");
+    }
+    let mut config = loaded.manifest.config.clone();
+    config.run_dir = dir.to_owned();
+    config.validate()?;
+    if loaded.manifest.epoch >= config.epochs {
+        println!(
+            "the run in {} is complete ({} of {} epochs); nothing to resume",
+            dir.display(),
+            loaded.manifest.epoch,
+            config.epochs
+        );
+    }
+    Ok((config, loaded))
+}
+
+/// The heuristic controller, shared with the epoch loop so that its state
+/// can be checkpointed between epochs (the trainer asks it on the deadline's
+/// worker thread; the loop only reads it at the boundary, when it is idle).
+#[derive(Debug, Clone)]
+struct SharedController(Arc<Mutex<HeuristicController>>);
+
+impl SharedController {
+    fn state(&self) -> tamiyo::heuristic::HeuristicState {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .export_state()
+    }
+}
+
+impl Controller for SharedController {
+    fn decide(&mut self, observation: &EpochObservation) -> tolaria::Result<Decision> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .decide(observation)
+    }
 }
 
 /// Creates `dir`, refusing one that already holds files (a run directory is
@@ -162,18 +267,29 @@ fn trainer_config(config: &RunConfig) -> ModelTrainerConfig {
     }
 }
 
-/// Loads, builds and trains; returns the epochs written and how the run
-/// ended.
+/// Builds (restoring `resume` when given) and trains; returns the epochs
+/// written (`previous` ones first) and how the run ended.
 fn train(
     config: &RunConfig,
     device: tch::Device,
     data: &task::TaskData,
     hub: &Hub,
     interrupt: &Interrupt,
+    resume: Option<&Loaded>,
+    previous: Vec<EpochRecord>,
 ) -> Result<(Vec<EpochRecord>, Finished)> {
     let telemetry = hub.telemetry();
-    let model = task::build_model(config, device, telemetry.clone())?;
-    let controller = SeedBudget::new(HeuristicController::new(), config.max_seeds);
+    let mut model = task::build_model(config, device, telemetry.clone())?;
+    let heuristic = match resume {
+        Some(loaded) => {
+            checkpoint::restore_model(loaded, &mut model)?;
+            HeuristicController::from_state(&loaded.manifest.controller)
+                .context("resume: the controller's state")?
+        }
+        None => HeuristicController::new(),
+    };
+    let shared = SharedController(Arc::new(Mutex::new(heuristic)));
+    let controller = SeedBudget::new(shared.clone(), config.max_seeds);
     let mut trainer = ModelTrainer::new(
         model,
         &data.train,
@@ -184,6 +300,9 @@ fn train(
     .context("setting up the trainer")?
     .with_controller(controller, DECISION_DEADLINE)
     .context("starting the controller")?;
+    if let Some(loaded) = resume {
+        checkpoint::restore_trainer(loaded, &mut trainer)?;
+    }
     println!(
         "{} training / {} validation samples, {}, slots {}, at most {} seeds, {} epochs of \
          batch {}, lr {}, {} {}",
@@ -198,15 +317,24 @@ fn train(
         trainer.precision(),
         trainer.config().mode.name(),
     );
-    let mut log = EpochLog::create(&config.run_dir)?;
+    let mut log = match resume {
+        Some(_) => EpochLog::append_to(&config.run_dir)?,
+        None => EpochLog::create(&config.run_dir)?,
+    };
     let progress = Progress::new(config.epochs);
-    let mut records = Vec::with_capacity(config.epochs);
+    if let Progress::Bar(bar) = &progress {
+        bar.set_position(u64::try_from(trainer.epoch()).unwrap_or(u64::MAX));
+    }
+    let mut records = previous;
+    records.reserve(config.epochs.saturating_sub(records.len()));
     let mut finished = Finished::Completed;
-    for _ in 0..config.epochs {
+    let mut newest_checkpoint = None;
+    while trainer.epoch() < config.epochs {
         if interrupt.requested() {
             finished = Finished::Interrupted;
             break;
         }
+        tch::manual_seed(checkpoint::epoch_seed(config.seed, trainer.epoch()));
         let started = Instant::now();
         let report = match trainer.train_epoch() {
             Ok(report) => report,
@@ -227,6 +355,31 @@ fn train(
         log.append(&record)?;
         progress.epoch(&record);
         records.push(record);
+        let done = trainer.epoch();
+        let due = done.checked_rem(config.checkpoint_every) == Some(0);
+        if due || done >= config.epochs || interrupt.requested() {
+            // Every packet of the finished epochs reaches its file first, so
+            // that the lengths the manifest records cover them.
+            let flushed = hub.flush(Duration::from_secs(10));
+            if !flushed.is_complete() {
+                progress.note(&format!(
+                    "esper: warning: {} telemetry packets were still pending at the checkpoint \
+                     after epoch {done}; a resume from it may lose them",
+                    flushed.pending
+                ));
+            }
+            let dir = checkpoint::save(
+                &config.run_dir,
+                &trainer,
+                checkpoint::Extras {
+                    config,
+                    controller: shared.state(),
+                    epoch_log_records: records.len(),
+                },
+            )
+            .with_context(|| format!("writing the checkpoint after epoch {done}"))?;
+            newest_checkpoint = Some(dir);
+        }
     }
     if interrupt.requested() {
         finished = Finished::Interrupted;
@@ -237,6 +390,13 @@ fn train(
             "stopped by Ctrl-C after {} of {} epochs",
             records.len(),
             config.epochs
+        ));
+    }
+    if let Some(dir) = newest_checkpoint {
+        progress.note(&format!(
+            "newest checkpoint: {} (esper train --resume {} continues the run)",
+            dir.display(),
+            config.run_dir.display()
         ));
     }
     Ok((records, finished))
@@ -295,10 +455,11 @@ fn print_summary(config: &RunConfig, records: &[EpochRecord], finished: Finished
         .collect();
     println!("slots at the end: {}", stages.join(", "));
     println!(
-        "files: {} ({}, {}, {}/)",
+        "files: {} ({}, {}, {}/, {}/)",
         config.run_dir.display(),
         CONFIG_NAME,
         epoch_log::FILE_NAME,
-        TELEMETRY_DIR
+        TELEMETRY_DIR,
+        checkpoint::DIR
     );
 }

@@ -151,6 +151,16 @@ impl Lifecycle {
         result.map_err(|source| self.illegal(source))
     }
 
+    /// Puts `state` (e.g. deserialised from a checkpoint) into this empty
+    /// lifecycle as it is, without a transition and without telemetry (the
+    /// events happened in the run that wrote the checkpoint).
+    /// [`Error::SlotOccupied`] while the slot holds a state.
+    pub(crate) fn restore(&mut self, state: SeedState) -> Result<()> {
+        self.check_available()?;
+        self.state = Some(state);
+        Ok(())
+    }
+
     /// [`Error::SlotOccupied`] while the slot holds any state.
     pub fn check_available(&self) -> Result<()> {
         match &self.state {

@@ -4,6 +4,11 @@
 //! [`SeedState::transition`] is the one place a stage changes; it asks
 //! leyline's transition table first (`leyline::stage::validate_transition`),
 //! so a state can only ever walk a path of that table.
+//!
+//! A state serialises (serde) whole, for checkpoints; deserialising checks
+//! every field as the recording calls would ([`SeedState`]'s `TryFrom`
+//! record), so a damaged or edited checkpoint cannot put an impossible
+//! state into a slot.
 
 use std::collections::VecDeque;
 
@@ -18,7 +23,8 @@ use crate::blueprint::Blueprint;
 use crate::gate::GateInputs;
 
 /// One completed transition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StageRecord {
     /// Stage left.
     pub from: SeedStage,
@@ -29,7 +35,8 @@ pub struct StageRecord {
 }
 
 /// Measured quantities of a seed.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SeedMetrics {
     /// Epochs since germination.
     pub epochs_total: u32,
@@ -65,7 +72,8 @@ impl SeedMetrics {
 }
 
 /// Lifecycle state of one seed (kept while the slot is in cooldown).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "SeedStateRecord")]
 pub struct SeedState {
     pub(super) seed_id: String,
     pub(super) blueprint: Blueprint,
@@ -251,5 +259,113 @@ impl SeedState {
             counterfactual: self.metrics.counterfactual_contribution,
             is_healthy: self.is_healthy,
         }
+    }
+}
+
+/// The serialised fields of a [`SeedState`], checked by `TryFrom` before
+/// they become a state.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SeedStateRecord {
+    seed_id: String,
+    blueprint: Blueprint,
+    stage: SeedStage,
+    previous_stage: SeedStage,
+    epochs_in_previous_stage: u32,
+    history: VecDeque<StageRecord>,
+    alpha: AlphaController,
+    algorithm: AlphaAlgorithm,
+    blend_curve: AlphaCurve,
+    blend_steepness: f64,
+    tempo_epochs: u32,
+    blend_alpha_target: f64,
+    isolate_gradients: bool,
+    blend_out_freeze: bool,
+    is_healthy: bool,
+    metrics: SeedMetrics,
+    cooldown_epochs: u32,
+    prune_reason: Option<String>,
+    param_count: i64,
+}
+
+/// Checks `metrics` as the recording calls do.
+fn check_metrics(metrics: &SeedMetrics) -> Result<()> {
+    use crate::validate::{in_range, non_negative, unit_interval};
+    use leyline::codec::{MAX_ABS_PERCENTAGE_POINTS, MAX_ACCURACY_PERCENT};
+    measure::accuracies(metrics.train_accuracy, metrics.val_accuracy)?;
+    in_range(
+        "SeedMetrics.accuracy_at_stage_start",
+        metrics.accuracy_at_stage_start,
+        0.0,
+        MAX_ACCURACY_PERCENT,
+    )?;
+    if let Some(value) = metrics.accuracy_at_blending_start {
+        in_range(
+            "SeedMetrics.accuracy_at_blending_start",
+            value,
+            0.0,
+            MAX_ACCURACY_PERCENT,
+        )?;
+    }
+    non_negative("SeedMetrics.gradient_norm", metrics.gradient_norm)?;
+    if let Some(value) = metrics.gradient_ratio {
+        non_negative("SeedMetrics.gradient_ratio", value)?;
+    }
+    if let Some(value) = metrics.gradient_health {
+        unit_interval("SeedMetrics.gradient_health", value)?;
+    }
+    if let Some(value) = metrics.counterfactual_contribution {
+        in_range(
+            "SeedMetrics.counterfactual_contribution",
+            value,
+            -MAX_ABS_PERCENTAGE_POINTS,
+            MAX_ABS_PERCENTAGE_POINTS,
+        )?;
+    }
+    Ok(())
+}
+
+impl TryFrom<SeedStateRecord> for SeedState {
+    type Error = crate::Error;
+
+    fn try_from(record: SeedStateRecord) -> Result<SeedState> {
+        crate::validate::size_in(
+            "SeedState.history",
+            record.history.len(),
+            0,
+            thresholds::STAGE_HISTORY_LEN,
+        )?;
+        if record.seed_id.is_empty() {
+            return Err(crate::Error::OutOfRange {
+                field: "SeedState.seed_id",
+                value: "\"\"".to_owned(),
+                allowed: "a non-empty id".to_owned(),
+            });
+        }
+        crate::alpha::check_steepness("SeedState.blend_steepness", record.blend_steepness)?;
+        crate::validate::unit_interval("SeedState.blend_alpha_target", record.blend_alpha_target)?;
+        check_metrics(&record.metrics)?;
+        let param_count = measure::param_count(record.param_count)?;
+        Ok(SeedState {
+            seed_id: record.seed_id,
+            blueprint: record.blueprint,
+            stage: record.stage,
+            previous_stage: record.previous_stage,
+            epochs_in_previous_stage: record.epochs_in_previous_stage,
+            history: record.history,
+            alpha: record.alpha,
+            algorithm: record.algorithm,
+            blend_curve: record.blend_curve,
+            blend_steepness: record.blend_steepness,
+            tempo_epochs: record.tempo_epochs,
+            blend_alpha_target: record.blend_alpha_target,
+            isolate_gradients: record.isolate_gradients,
+            blend_out_freeze: record.blend_out_freeze,
+            is_healthy: record.is_healthy,
+            metrics: record.metrics,
+            cooldown_epochs: record.cooldown_epochs,
+            prune_reason: record.prune_reason,
+            param_count,
+        })
     }
 }

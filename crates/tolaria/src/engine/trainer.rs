@@ -398,6 +398,30 @@ impl ModelTrainer {
         self.governor.as_ref()
     }
 
+    /// The governor, if on, for exporting or importing its state
+    /// ([`Governor::export_state`], [`Governor::import_state`]).
+    pub fn governor_mut(&mut self) -> Option<&mut Governor> {
+        self.governor.as_mut()
+    }
+
+    /// Seeds germinated so far (the next one is `seed-<n>`).
+    pub fn germinations(&self) -> u64 {
+        self.germinations
+    }
+
+    /// Continues a run from a checkpoint taken after `epoch` epochs with
+    /// `germinations` seeds germinated: the next epoch is `epoch`, it
+    /// shuffles as that epoch of the original run did
+    /// ([`StagedData::set_epoch`]), and the next seed is
+    /// `seed-<germinations>`. The model, optimizer, governor and controller
+    /// state are restored by their owners' import calls.
+    pub fn resume_at(&mut self, epoch: usize, germinations: u64) {
+        self.epoch = epoch;
+        self.germinations = germinations;
+        self.train
+            .set_epoch(u64::try_from(epoch).unwrap_or(u64::MAX));
+    }
+
     /// The training data as staged.
     pub fn train_data(&self) -> &StagedData {
         &self.train

@@ -40,7 +40,7 @@
 
 mod snapshot;
 
-pub use snapshot::RollbackReport;
+pub use snapshot::{FossilSnapshot, GovernorState, RollbackReport, SnapshotState};
 
 use crate::{Error, Result};
 use std::collections::VecDeque;
