@@ -195,7 +195,7 @@ fn a_short_synthetic_heuristic_run_writes_its_directory_and_plot_redraws_the_pic
 }
 
 #[test]
-fn the_ppo_controller_and_resume_fail_with_a_clear_message() {
+fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
     let output = esper(&[
@@ -204,18 +204,54 @@ fn the_ppo_controller_and_resume_fail_with_a_clear_message() {
         "ppo",
         "--task",
         "synthetic",
+        "--train-samples",
+        "256",
+        "--epochs",
+        "2",
+        "--envs",
+        "2",
+        "--rounds",
+        "2",
+        "--batch-size",
+        "64",
+        "--slots",
+        "r0c0,r0c1,r0c2",
+        "--device",
+        "cpu",
         "--run-dir",
         path_arg(&run_dir),
     ]);
-    assert!(!output.status.success());
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    assert!(stdout.contains("round 2/2: reward"), "{stdout}");
+    let rounds: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("rounds.jsonl"))
+        .expect("rounds.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a round line is JSON"))
+        .collect();
+    assert_eq!(rounds.len(), 2);
+    for (index, round) in rounds.iter().enumerate() {
+        assert_eq!(round["round"], index);
+        assert_eq!(round["env_epochs"], 4, "2 environments x 2 epochs");
+        assert!(round["mean_episode_reward"].is_f64(), "{round}");
+        assert!(round["ppo"]["policy_loss"].is_f64(), "{round}");
+    }
+    let policy = std::fs::metadata(run_dir.join("policy.safetensors")).expect("policy saved");
+    assert!(policy.len() > 1000);
+    let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config");
     assert!(
-        text(&output.stderr)
-            .contains("not implemented yet: the PPO controller arrives with issue 12"),
-        "{}",
-        text(&output.stderr)
+        config.contains("envs = 2") && config.contains("rounds = 2"),
+        "{config}"
     );
-    assert!(!run_dir.exists(), "nothing was created");
-    // Resuming a directory without checkpoints says so.
+    let telemetry: String = std::fs::read_dir(run_dir.join("telemetry"))
+        .expect("telemetry dir")
+        .map(|entry| std::fs::read_to_string(entry.expect("entry").path()).expect("telemetry"))
+        .collect();
+    assert!(
+        telemetry.contains("simic.ppo.update_completed"),
+        "no PPO event"
+    );
+    // PPO runs write no checkpoints yet: resuming one says there is none.
     let resume = esper(&["train", "--resume", path_arg(&run_dir)]);
     assert!(!resume.status.success());
     assert!(

@@ -155,6 +155,13 @@ pub(crate) struct TrainArgs {
     /// writes one only at the end and at a Ctrl-C [default: 5].
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every: Option<usize>,
+    /// PPO (--controller ppo): environments per round, each a whole
+    /// host-training run of --epochs epochs [default: 4].
+    #[arg(long, value_name = "N")]
+    pub(crate) envs: Option<usize>,
+    /// PPO (--controller ppo): rounds, one PPO update each [default: 10].
+    #[arg(long, value_name = "N")]
+    pub(crate) rounds: Option<usize>,
     /// Continue the run in RUN_DIR from its newest checkpoint that verifies
     /// (a damaged newer one is skipped with a warning), with the run's own
     /// configuration (no other option may be given); on the CPU the result

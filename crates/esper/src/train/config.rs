@@ -21,7 +21,7 @@ use super::args::{ControllerKind, ModeChoice, PrecisionChoice, TaskKind, TrainAr
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 15] = [
+pub(crate) const KEYS: [&str; 17] = [
     "controller",
     "task",
     "slots",
@@ -37,6 +37,8 @@ pub(crate) const KEYS: [&str; 15] = [
     "mode",
     "data_dir",
     "checkpoint_every",
+    "envs",
+    "rounds",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -62,6 +64,10 @@ pub(crate) const DEFAULT_FMNIST_TRAIN_SAMPLES: usize = 12_000;
 /// Default checkpoint interval, epochs (a checkpoint is also written at the
 /// end and at a Ctrl-C).
 pub(crate) const DEFAULT_CHECKPOINT_EVERY: usize = 5;
+/// Default PPO environments per round (the reference's 4).
+pub(crate) const DEFAULT_ENVS: usize = 4;
+/// Default PPO rounds.
+pub(crate) const DEFAULT_ROUNDS: usize = 10;
 /// Samples the synthetic task generates for training by default.
 pub(crate) const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize = 4096;
 
@@ -84,6 +90,8 @@ struct FileConfig {
     mode: Option<ModeChoice>,
     data_dir: Option<PathBuf>,
     checkpoint_every: Option<usize>,
+    envs: Option<usize>,
+    rounds: Option<usize>,
 }
 
 /// The resolved configuration of one run (written as `config.toml`).
@@ -123,10 +131,25 @@ pub(crate) struct RunConfig {
     /// a Ctrl-C).
     #[serde(default = "default_checkpoint_every")]
     pub(crate) checkpoint_every: usize,
+    /// PPO: environments per round (each one a whole host-training run of
+    /// `epochs` epochs).
+    #[serde(default = "default_envs")]
+    pub(crate) envs: usize,
+    /// PPO: rounds (one PPO update each).
+    #[serde(default = "default_rounds")]
+    pub(crate) rounds: usize,
 }
 
 fn default_checkpoint_every() -> usize {
     DEFAULT_CHECKPOINT_EVERY
+}
+
+fn default_envs() -> usize {
+    DEFAULT_ENVS
+}
+
+fn default_rounds() -> usize {
+    DEFAULT_ROUNDS
 }
 
 impl RunConfig {
@@ -192,6 +215,8 @@ impl RunConfig {
                 .checkpoint_every
                 .or(file.checkpoint_every)
                 .unwrap_or(DEFAULT_CHECKPOINT_EVERY),
+            envs: args.envs.or(file.envs).unwrap_or(DEFAULT_ENVS),
+            rounds: args.rounds.or(file.rounds).unwrap_or(DEFAULT_ROUNDS),
         };
         config.validate()?;
         Ok(config)
@@ -206,6 +231,12 @@ impl RunConfig {
         }
         if self.batch_size == 0 {
             bail!("batch_size is 0; a batch needs at least one sample");
+        }
+        if self.envs == 0 {
+            bail!("envs is 0; a PPO round needs at least one environment");
+        }
+        if self.rounds == 0 {
+            bail!("rounds is 0; a PPO run needs at least one round");
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             bail!(

@@ -3,8 +3,8 @@
 //!
 //! 1. resolve the configuration ([`config`]: defaults, `--config` file,
 //!    flags; or, for `--resume RUN_DIR`, the configuration of the newest
-//!    checkpoint that verifies, [`checkpoint`]) and refuse what is not built
-//!    yet (`--controller ppo`) before anything is created;
+//!    checkpoint that verifies, [`checkpoint`]); `--controller ppo` runs
+//!    Simic's vectorized PPO instead of the steps below ([`ppo`]);
 //! 2. load the task's data ([`task`]; a missing data set stops the run
 //!    before its directory exists);
 //! 3. create the run directory, write `config.toml`, start the telemetry hub
@@ -34,6 +34,7 @@ pub(crate) mod checkpoint;
 pub(crate) mod config;
 pub(crate) mod epoch_log;
 pub(crate) mod interrupt;
+pub(crate) mod ppo;
 pub(crate) mod progress;
 pub(crate) mod seed_budget;
 pub(crate) mod task;
@@ -91,10 +92,13 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
         None => (RunConfig::resolve(args)?, None),
     };
     if config.controller == ControllerKind::Ppo {
-        bail!(
-            "not implemented yet: the PPO controller arrives with issue 12 (use --controller \
-             heuristic)"
-        );
+        if resume.is_some() {
+            bail!(
+                "not implemented yet: resuming a PPO run (PPO runs write no checkpoints yet; \
+                 start a new run)"
+            );
+        }
+        return ppo::run(&config);
     }
     let device = torch_ext::device::select(config.device_choice()?)
         .with_context(|| format!("selecting device {}", config.device))?;

@@ -1,0 +1,187 @@
+//! `esper train --controller ppo`: Tamiyo's policy trained by Simic's
+//! vectorized PPO on the run's task.
+//!
+//! Each round builds `envs` fresh environments (the task's host with the
+//! run's slots, each on its share of the training set, all validating on the
+//! task's validation set), runs one episode of `epochs` epochs in every one
+//! of them with the policy choosing the lifecycle operations, and makes one
+//! PPO update (`simic::vectorized::Simic`). Into the run directory go
+//! `config.toml`, `rounds.jsonl` (one line per round: mean episode reward,
+//! final accuracies, live seeds, lifecycle counts, eps, the update's
+//! figures), the telemetry (JSON lines), and after the last round (or a
+//! Ctrl-C between rounds) the policy's weights as `policy.safetensors`.
+//! Checkpoints and `--resume` of PPO runs are not built yet.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use nissa::Hub;
+use nissa::jsonl::JsonlConfig;
+use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+
+use super::config::RunConfig;
+use super::interrupt::Interrupt;
+use super::{CONFIG_NAME, Finished, TELEMETRY_DIR, create_run_dir, task, trainer_config};
+
+/// The rounds log inside the run directory.
+pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
+
+/// The policy's weights inside the run directory.
+pub(crate) const POLICY_FILE: &str = "policy.safetensors";
+
+/// Runs a PPO run of `config` (see the module docs).
+pub(crate) fn run(config: &RunConfig) -> Result<Finished> {
+    let device = torch_ext::device::select(config.device_choice()?)
+        .with_context(|| format!("selecting device {}", config.device))?;
+    println!(
+        "esper train: task {}, controller ppo ({} environments x {} epochs, {} rounds), device \
+         {}, run directory {}",
+        config.task.name(),
+        config.envs,
+        config.epochs,
+        config.rounds,
+        torch_ext::DeviceChoice::of(device),
+        config.run_dir.display()
+    );
+    let data = task::load_data(config)?;
+    let spec = EnvSpec::sharded(
+        task::host_config(config.task),
+        config.slots.clone(),
+        &data.train,
+        data.validation,
+        config.envs,
+    )
+    .context("splitting the training set between the environments")?;
+    create_run_dir(&config.run_dir)?;
+    config.write(&config.run_dir.join(CONFIG_NAME))?;
+    let interrupt = Interrupt::install()?;
+    let hub = Hub::builder()
+        .jsonl(JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR)))
+        .build()
+        .context("starting the telemetry hub")?;
+    let result = rounds(config, device, &spec, &hub, &interrupt);
+    let flushed = hub.flush(Duration::from_secs(10));
+    hub.close();
+    if !flushed.is_complete() {
+        eprintln!(
+            "esper: {} telemetry packets were still pending when the run ended",
+            flushed.pending
+        );
+    }
+    result
+}
+
+fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
+    let episode = u32::try_from(config.epochs).context("epochs does not fit u32")?;
+    let mut simic = SimicConfig::reference(episode);
+    simic.n_envs = config.envs;
+    simic.max_seeds = config.max_seeds;
+    simic.seed = config.seed;
+    simic.trainer = tolaria::engine::trainer::ModelTrainerConfig {
+        // Simic's environment settings: one warm-up step before a capture,
+        // no cuDNN timing at every new step shape.
+        graph_warmup_steps: simic.trainer.graph_warmup_steps,
+        cudnn_benchmark: simic.trainer.cudnn_benchmark,
+        ..trainer_config(config)
+    };
+    Ok(simic)
+}
+
+fn rounds(
+    config: &RunConfig,
+    device: tch::Device,
+    spec: &EnvSpec,
+    hub: &Hub,
+    interrupt: &Interrupt,
+) -> Result<Finished> {
+    let mut simic = Simic::new(
+        simic_config(config)?,
+        config.slots.len(),
+        device,
+        hub.telemetry(),
+    )?;
+    let log_path = config.run_dir.join(ROUNDS_FILE);
+    let mut log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let mut finished = Finished::Completed;
+    for round in 0..config.rounds {
+        if interrupt.requested() {
+            finished = Finished::Interrupted;
+            break;
+        }
+        let report = simic
+            .run_round(spec, true)
+            .with_context(|| format!("round {round}"))?;
+        let line = round_line(&report, simic.eps());
+        writeln!(log, "{line}")
+            .and_then(|()| log.flush())
+            .with_context(|| format!("writing {}", log_path.display()))?;
+        println!("{}", progress_line(&report, config.rounds, simic.eps()));
+    }
+    save_policy(&simic, &config.run_dir)?;
+    if finished == Finished::Interrupted {
+        println!("interrupted: stopped between rounds; the policy so far is saved");
+    }
+    println!(
+        "rounds: {}, policy: {}",
+        log_path.display(),
+        config.run_dir.join(POLICY_FILE).display()
+    );
+    Ok(finished)
+}
+
+fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::Value {
+    let finite = |value: f64| value.is_finite().then_some(value);
+    serde_json::json!({
+        "round": report.round,
+        "env_epochs": report.env_epochs,
+        "mean_episode_reward": finite(report.mean_episode_reward),
+        "final_accuracies": report.final_accuracies,
+        "mean_active_seeds": finite(report.mean_active_seeds),
+        "germinations": report.germinations,
+        "fossilizations": report.fossilizations,
+        "prunes": report.prunes,
+        "rollbacks": report.rollbacks,
+        "eps": eps.and_then(finite),
+        "policy_inference_ms": finite(report.inference_ms),
+        "round_ms": finite(report.timings.total_ms),
+        "ppo": report.ppo.as_ref().map(|ppo| serde_json::json!({
+            "policy_loss": finite(ppo.policy_loss),
+            "value_loss": finite(ppo.value_loss),
+            "approx_kl": finite(ppo.approx_kl),
+            "clip_fraction": finite(ppo.clip_fraction),
+            "epochs_run": ppo.epochs_run,
+            "early_stopped": ppo.early_stopped,
+        })),
+    })
+}
+
+fn progress_line(report: &RoundReport, rounds: usize, eps: Option<f64>) -> String {
+    let accuracy = if report.final_accuracies.is_empty() {
+        f64::NAN
+    } else {
+        report.final_accuracies.iter().sum::<f64>() / report.final_accuracies.len() as f64
+    };
+    format!(
+        "round {}/{rounds}: reward {:.3}, final accuracy {accuracy:.2}%, live seeds {:.2}, \
+         germinated {} fossilized {} pruned {}, {:.1} eps",
+        report.round.saturating_add(1),
+        report.mean_episode_reward,
+        report.mean_active_seeds,
+        report.germinations,
+        report.fossilizations,
+        report.prunes,
+        eps.unwrap_or(0.0)
+    )
+}
+
+fn save_policy(simic: &Simic, run_dir: &Path) -> Result<()> {
+    let path = run_dir.join(POLICY_FILE);
+    simic
+        .policy()
+        .var_store()
+        .save(&path)
+        .with_context(|| format!("saving the policy to {}", path.display()))
+}
