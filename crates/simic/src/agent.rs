@@ -1,6 +1,5 @@
-//! Tamiyo's policy as the PPO update sees it: the batched action for every
-//! environment during a rollout, and the re-evaluation of stored rows for
-//! the update.
+//! Tamiyo's policy as the PPO update sees it: the re-evaluation of stored
+//! rows (the rollout acts through `Policy::act` or `GraphedAct::act`).
 //!
 //! The update unrolls each environment's row as one sequence of `T` steps
 //! from a zero LSTM state (reference §4.2: the whole rollout is one batch,
@@ -10,8 +9,7 @@
 //! masking the sampler used ([`tamiyo::policy::Sampler::evaluate_actions`]),
 //! so the log-probability ratio is exactly new over old.
 
-use tamiyo::masks::MaskTensors;
-use tamiyo::policy::{Act, LstmState, Policy, Sampler};
+use tamiyo::policy::{Policy, Sampler};
 use tch::{Kind, Tensor};
 
 use crate::buffer::Rollout;
@@ -19,20 +17,6 @@ use crate::error::TorchResultExt;
 use crate::ppo::Evaluation;
 use crate::{Error, Result};
 use leyline::NUM_ACTION_HEADS;
-
-/// One batched, gradient-free forward and sample for every environment
-/// (`obs [E, obs_dim]`, `blueprints [E, S]`, the LSTM state `[layers, E,
-/// hidden]`, base masks for `E` rows).
-pub fn act(
-    policy: &Policy,
-    sampler: &mut Sampler,
-    obs: &Tensor,
-    blueprints: &Tensor,
-    hidden: &LstmState,
-    masks: &MaskTensors,
-) -> Result<Act> {
-    Ok(policy.act(obs, blueprints, hidden, masks, sampler)?)
-}
 
 /// Re-evaluates the rollout's `rows` (`[r]` i64) under the current policy,
 /// with gradients: per-head log-probabilities and normalised entropies

@@ -13,7 +13,7 @@
 //!   counterfactual pass, one batched policy forward and one readback per
 //!   step, rewards, the rollout buffer, GAE and the update.
 //! - [`buffer`]: the rollout buffer on the device, `[n_envs, steps]`.
-//! - [`agent`]: Tamiyo's policy as PPO sees it (batched acting,
+//! - [`agent`]: Tamiyo's policy as PPO sees it (the
 //!   re-evaluation of stored rows as sequences).
 //! - [`gae`]: generalised advantage estimation over `[E, T]` rollouts on the
 //!   device (terminal, truncation with bootstrap, row ends).

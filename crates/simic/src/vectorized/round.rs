@@ -265,41 +265,31 @@ impl Simic {
             report.timings.observe_ms += ms(started);
             let started = Instant::now();
             let (obs, mask_tensors) = self.policy_input(&mut batch, &masks, learn)?;
-            let act = if self.config.graph_policy {
-                if self.graphed.is_none() {
-                    self.graphed = Some(tamiyo::policy::GraphedAct::new(
-                        &self.policy,
-                        &self.sampler,
-                        n,
-                    )?);
-                }
-                match self.graphed.as_mut() {
-                    Some(graphed) => graphed.act(
-                        &self.policy,
-                        &mut self.sampler,
-                        &obs,
-                        batch.blueprint_indices(),
-                        &hidden,
-                        &mask_tensors,
-                    )?,
-                    None => agent::act(
-                        &self.policy,
-                        &mut self.sampler,
-                        &obs,
-                        batch.blueprint_indices(),
-                        &hidden,
-                        &mask_tensors,
-                    )?,
-                }
-            } else {
-                agent::act(
+            if self.config.graph_policy && self.graphed.is_none() {
+                self.graphed = Some(tamiyo::policy::GraphedAct::new(
+                    &self.policy,
+                    &self.sampler,
+                    n,
+                )?);
+            }
+            // The graphed step falls back to the eager one by itself (CPU,
+            // failed capture); without it, the eager step.
+            let act = match self.graphed.as_mut() {
+                Some(graphed) => graphed.act(
                     &self.policy,
                     &mut self.sampler,
                     &obs,
                     batch.blueprint_indices(),
                     &hidden,
                     &mask_tensors,
-                )?
+                )?,
+                None => self.policy.act(
+                    &obs,
+                    batch.blueprint_indices(),
+                    &hidden,
+                    &mask_tensors,
+                    &mut self.sampler,
+                )?,
             };
             buffer.record_policy(
                 step,
