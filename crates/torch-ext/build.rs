@@ -18,8 +18,20 @@ const SOURCES: &[&str] = &[
     "cpp/modes.cpp",
     "cpp/fused.cpp",
     "cpp/memory.cpp",
+    "cpp/dist.cpp",
+    "cpp/dist_nccl.cpp",
 ];
-const HEADERS: &[&str] = &["cpp/esper_torch_ext.h", "cpp/error.h", "cpp/stream_pack.h"];
+const HEADERS: &[&str] = &[
+    "cpp/esper_torch_ext.h",
+    "cpp/error.h",
+    "cpp/stream_pack.h",
+    "cpp/dist_internal.h",
+    "cpp/gloo_decl/gloo/algorithm.h",
+    "cpp/gloo_decl/gloo/context.h",
+    "cpp/gloo_decl/gloo/common/error.h",
+    "cpp/gloo_decl/gloo/rendezvous/store.h",
+    "cpp/gloo_decl/gloo/transport/device.h",
+];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
@@ -44,11 +56,13 @@ fn main() {
         libtorch.join("include"),
         libtorch.join("include/torch/csrc/api/include"),
         cuda.join("include"),
+        // nccl.h, for c10d's ProcessGroupNCCL header (nvidia-nccl-cu13).
+        site.join("nvidia").join("nccl").join("include"),
         // `nv/target` (nvidia-cuda-cccl) lands either directly in cu13/include
         // (next to `crt/host_config.h` from nvidia-cuda-crt) or under `cccl/`.
         cuda.join("include/cccl"),
     ];
-    for dir in &include_dirs[..3] {
+    for dir in &include_dirs[..4] {
         require_dir(dir);
     }
 
@@ -57,6 +71,10 @@ fn main() {
         .cpp(true)
         .std("c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        // The wheel's libtorch is built with both c10d backends; these switch
+        // their headers on (see cpp/dist.cpp and cpp/gloo_decl/README.md).
+        .define("USE_C10D_GLOO", None)
+        .define("USE_C10D_NCCL", None)
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-deprecated-declarations")
         .flag_if_supported("-Wno-missing-field-initializers")
@@ -65,6 +83,7 @@ fn main() {
         build.include(dir);
     }
     build.include("cpp");
+    build.include("cpp/gloo_decl");
     for source in SOURCES {
         build.file(source);
     }

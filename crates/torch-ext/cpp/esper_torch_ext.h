@@ -124,6 +124,17 @@ char* esper_set_channels_last_(void* tensor, int32_t* changed);
 char* esper_is_channels_last(const void* tensor, int32_t* result);
 char* esper_set_grads_to_none(void* const* tensors, int64_t n);
 
+// ---- dist.cpp: c10d process groups (TCPStore rendezvous; Gloo or NCCL) ----
+// backend: 0 = Gloo (CPU tensors), 1 = NCCL (CUDA tensors on device_index).
+// op: 0 = sum, 1 = max, 2 = min. Collectives are in place and blocking for
+// Gloo; for NCCL they order the caller's current stream after the collective.
+char* esper_dist_new(const char* host, int32_t port, int32_t rank, int32_t world_size,
+                     int32_t backend, int32_t device_index, int64_t timeout_ms, void** out);
+void esper_dist_free(void* group);
+char* esper_dist_all_reduce(void* group, void* tensor, int32_t op);
+char* esper_dist_broadcast(void* group, void* tensor, int32_t root);
+char* esper_dist_barrier(void* group);
+
 #ifdef __cplusplus
 }
 #endif

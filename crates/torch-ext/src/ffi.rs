@@ -212,6 +212,30 @@ unsafe extern "C" {
         grad_scale: *const c_void,
         found_inf: *const c_void,
     ) -> RawError;
+
+    // dist.cpp
+    pub(crate) fn esper_dist_new(
+        host: *const c_char,
+        port: i32,
+        rank: i32,
+        world_size: i32,
+        backend: i32,
+        device_index: i32,
+        timeout_ms: i64,
+        out: *mut *mut c_void,
+    ) -> RawError;
+    pub(crate) fn esper_dist_free(group: *mut c_void);
+    pub(crate) fn esper_dist_all_reduce(
+        group: *mut c_void,
+        tensor: *mut c_void,
+        op: i32,
+    ) -> RawError;
+    pub(crate) fn esper_dist_broadcast(
+        group: *mut c_void,
+        tensor: *mut c_void,
+        root: i32,
+    ) -> RawError;
+    pub(crate) fn esper_dist_barrier(group: *mut c_void) -> RawError;
 }
 
 /// Takes ownership of a string the shim allocated and returns it as a `String`.

@@ -18,6 +18,9 @@
 //!   with a chosen dtype (bf16 or fp16, CPU or CUDA).
 //! - [`fused`]: `_foreach_*` multi-tensor ops, fused SGD / AdamW steps, AMP
 //!   unscale and a read-back-free `clip_grad_norm_`.
+//! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
+//!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
+//!   training across processes.
 //!
 //! torch-ext owns the libtorch concerns of the workspace (device selection,
 //! streams, graphs, precision, fused kernels) and nothing above them: it knows
@@ -85,6 +88,7 @@ mod autocast;
 mod copy;
 pub mod cuda;
 pub mod device;
+pub mod dist;
 mod error;
 mod event;
 mod ffi;

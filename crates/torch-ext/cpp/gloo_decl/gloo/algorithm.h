@@ -1,0 +1,3 @@
+// Declarations only; see gloo_decl/README.md.
+#pragma once
+#include "gloo/context.h"

@@ -1,0 +1,2 @@
+// Declarations only; see gloo_decl/README.md.
+#pragma once
