@@ -125,6 +125,10 @@ pub(crate) struct BenchArgs {
     /// by name (`simic::bench::SimicBenchOptions::variants`); empty: the
     /// defaults.
     pub(crate) simic_variants: Vec<String>,
+    /// `--gpus 1,2` (`simic-throughput`, `simic-cifar`): measure at each
+    /// GPU count, one process per GPU (data-parallel PPO); empty: the
+    /// single-process run.
+    pub(crate) gpus: Vec<usize>,
 }
 
 /// What a bench command line asks for.
@@ -202,13 +206,14 @@ impl BenchArgs {
         let mut warmup_epochs: Option<usize> = None;
         let mut synthetic = false;
         let mut simic_variants: Option<Vec<String>> = None;
+        let mut gpus: Option<Vec<usize>> = None;
         while let Some(arg) = args.next() {
             let flag = arg.as_str();
             let torch_only = matches!(flag, "--device");
             let tolaria_only = matches!(flag, "--modes");
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
             let fmnist_only = matches!(flag, "--synthetic");
-            let simic_only = matches!(flag, "--variants");
+            let simic_only = matches!(flag, "--variants" | "--gpus");
             if (torch_only && !workload.uses_torch())
                 || (simic_only
                     && !matches!(workload, Workload::SimicThroughput | Workload::SimicCifar))
@@ -265,6 +270,20 @@ impl BenchArgs {
                         .collect();
                     once(&mut simic_variants, flag, names)?;
                 }
+                "--gpus" => {
+                    let mut counts = Vec::new();
+                    for text in value()?.split(',').filter(|text| !text.is_empty()) {
+                        let n = count(flag, text)?;
+                        if n == 0 {
+                            return Err(usage("--gpus: a GPU count must be at least 1"));
+                        }
+                        counts.push(n);
+                    }
+                    if counts.is_empty() {
+                        return Err(usage("--gpus needs counts, e.g. 1,2"));
+                    }
+                    once(&mut gpus, flag, counts)?;
+                }
                 "--epochs" => once(&mut epochs, flag, count(flag, &value()?)?)?,
                 "--warmup-epochs" => once(&mut warmup_epochs, flag, count(flag, &value()?)?)?,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
@@ -284,6 +303,7 @@ impl BenchArgs {
             warmup_epochs,
             synthetic,
             simic_variants: simic_variants.unwrap_or_default(),
+            gpus: gpus.unwrap_or_default(),
         }))
     }
 }

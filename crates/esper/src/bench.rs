@@ -36,10 +36,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             } else {
                 simic::bench::ThroughputTask::FashionMnist
             };
-            let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
-            options.variants.clone_from(&args.simic_variants);
-            let run = simic::bench::run_throughput(task, &options, &mut progress)?;
-            simic_record(args, run)?
+            if args.gpus.is_empty() {
+                let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
+                options.variants.clone_from(&args.simic_variants);
+                let run = simic::bench::run_throughput(task, &options, &mut progress)?;
+                simic_record(args, run)?
+            } else {
+                let device = torch_ext::device::select(args.device)?;
+                let measurements = crate::scaling::measure(args, task, &mut progress)?;
+                simic_record(args, simic::bench::SimicBenchRun { device, measurements })?
+            }
         }
         Workload::SimicLearning => {
             let options = simic::bench::SimicBenchOptions::new(args.device, args.quick);

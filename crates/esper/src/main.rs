@@ -29,10 +29,12 @@
 
 mod args;
 mod bench;
+mod launch;
 mod parity;
 mod plot;
 mod probe;
 mod record;
+mod scaling;
 mod table;
 mod train;
 
@@ -90,6 +92,11 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       simic-cifar           vectorized PPO, 4 envs x 3 slots, CIFAR-10 binary files (ESPER_CIFAR10_DIR)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
+        --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-graph-epoch
+        --gpus LIST         (both simic workloads) GPU counts, e.g. 1,2: each count runs one
+                            process per GPU (data-parallel PPO over NCCL, Gloo on the CPU),
+                            4 envs per GPU; every count is an entry of one record with eps
+                            and scaling efficiency
       simic-learning        PPO rounds on an impaired host beside the heuristic and no growth
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
@@ -129,6 +136,10 @@ fn run() -> Result<()> {
                 std::process::exit(EXIT_INTERRUPTED);
             }
             Ok(())
+        }
+        // One rank of `esper bench ... --gpus`, started by the launcher.
+        Some("bench-rank") => {
+            scaling::run_rank_command(&parse_or_exit::<scaling::RankArgs>("bench-rank", args))
         }
         Some("plot") => plot::run(&parse_or_exit::<PlotArgs>("plot", args)),
         Some("parity-capture") => parity::run(&parse_or_exit::<ParityArgs>("parity-capture", args)),

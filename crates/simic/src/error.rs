@@ -59,6 +59,19 @@ pub enum Error {
         /// The value as read.
         value: f64,
     },
+    /// Data-parallel ranks no longer hold identical policy parameters
+    /// (checked after every update, [`crate::distributed`]).
+    #[error(
+        "data-parallel rank {rank}: {differing} of {total} policy parameters differ between ranks"
+    )]
+    Diverged {
+        /// The rank that found it (every rank finds it).
+        rank: usize,
+        /// Elements whose maximum and minimum over the ranks differ.
+        differing: u64,
+        /// Elements compared.
+        total: u64,
+    },
     /// A leyline contract value was refused.
     #[error("contract value refused: {0}")]
     Contract(Box<leyline::Error>),

@@ -20,6 +20,8 @@
 //! - [`ppo`]: the PPO update on rows of `[R, T, ...]` batches (config and
 //!   schedules, the per-head clipped loss, the value normaliser, the KL early
 //!   stop) with Tolaria's AdamW.
+//! - [`distributed`]: data-parallel PPO across processes over a c10d group
+//!   (gradients averaged, statistics pooled, parameters checked identical).
 //! - [`cartpole`]: CartPole-v1 (gymnasium's rules, vectorised, auto-reset),
 //!   CleanRL's MLP actor-critic and `train_cartpole`, the PPO core's proof.
 //!
@@ -56,6 +58,7 @@ pub mod bench;
 pub mod buffer;
 pub mod cartpole;
 pub mod counterfactual;
+pub mod distributed;
 pub mod error;
 pub mod gae;
 pub mod ppo;

@@ -38,6 +38,7 @@ use crate::{Error, Result};
 
 mod cartpole;
 mod learning;
+pub mod scaling;
 
 pub use cartpole::run_cartpole;
 pub use learning::run_learning;

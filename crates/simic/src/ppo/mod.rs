@@ -38,6 +38,7 @@ use kasmina::groups::GroupKey;
 use tamiyo::policy::PolicyRng;
 use tolaria::optim::{AdamWConfig, GroupOptimizer, GroupOptimizerConfig, OptimizerConfig};
 
+use crate::distributed::DataParallel;
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
@@ -290,6 +291,11 @@ impl PpoTrainer {
         self.updates
     }
 
+    /// The parameters this trainer updates.
+    pub fn parameters(&self) -> &[Tensor] {
+        &self.parameters
+    }
+
     /// The optimizer state (Tolaria's AdamW over the policy's one group).
     pub fn optimizer(&self) -> &GroupOptimizer {
         &self.optimizer
@@ -368,7 +374,22 @@ impl PpoTrainer {
     pub fn update(
         &mut self,
         batch: &PpoBatch,
+        evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
+    ) -> Result<PpoStats> {
+        self.update_synced(batch, evaluate, None)
+    }
+
+    /// [`PpoTrainer::update`] as one rank of a data-parallel group (`sync`):
+    /// every minibatch's gradients are averaged over the ranks before
+    /// clipping, the KL early stop decides on the ranks' mean, and the
+    /// parameters are checked identical on every rank at the end
+    /// ([`crate::distributed`]). Every rank must call it with batches of the
+    /// same row count. `None` is the single-process update.
+    pub fn update_synced(
+        &mut self,
+        batch: &PpoBatch,
         mut evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
+        mut sync: Option<&mut DataParallel>,
     ) -> Result<PpoStats> {
         let (rows, _, heads) = batch.check()?;
         if batch.log_probs.device() != self.device {
@@ -469,6 +490,11 @@ impl PpoTrainer {
                             value: kl,
                         });
                     }
+                    // Every rank must take the same decision.
+                    let kl = match sync.as_deref() {
+                        Some(group) => group.mean_scalar(kl)?,
+                        None => kl,
+                    };
                     if kl > self.config.kl_stop_factor * target {
                         early_stopped = true;
                         break 'epochs;
@@ -477,6 +503,20 @@ impl PpoTrainer {
                 self.optimizer.zero_grad()?;
                 terms.total.f_backward().op("backward")?;
                 let grads = self.grads()?;
+                if let Some(group) = sync.as_deref_mut() {
+                    if grads.len() != self.parameters.len() {
+                        return Err(Error::InvalidInput {
+                            field: "PpoTrainer.parameters",
+                            reason: format!(
+                                "{} of {} parameters got no gradient; data-parallel ranks \
+                                 must all-reduce the same set",
+                                self.parameters.len().saturating_sub(grads.len()),
+                                self.parameters.len()
+                            ),
+                        });
+                    }
+                    group.average_gradients(&grads)?;
+                }
                 if !grads.is_empty() {
                     let norm =
                         torch_ext::fused::clip_grad_norm_(&grads, self.config.max_grad_norm, 2.0)?;
@@ -491,6 +531,9 @@ impl PpoTrainer {
         }
         self.optimizer.zero_grad()?;
         self.updates = self.updates.saturating_add(1);
+        if let Some(group) = sync.as_deref() {
+            group.check_identical(&self.parameters)?;
+        }
 
         // The one readback of the statistics.
         let all = Tensor::f_cat(&[&sums, &grad_norm_sum, &head_sums], 0)

@@ -34,6 +34,7 @@
 //! Throughput is counted as the reference counts "eps": environment-epochs
 //! over the whole run's wall time, PPO updates included (reference §4.8).
 
+mod data_parallel;
 mod env;
 mod measure;
 mod round;
@@ -254,6 +255,7 @@ pub struct Simic {
     reward_normaliser: RewardNormaliser,
     telemetry: Telemetry,
     graphed: Option<tamiyo::policy::GraphedAct>,
+    data_parallel: Option<crate::distributed::DataParallel>,
     rounds: u64,
     env_epochs: u64,
     started: Option<Instant>,
@@ -310,6 +312,7 @@ impl Simic {
             obs_normaliser,
             telemetry,
             graphed: None,
+            data_parallel: None,
             rounds: 0,
             env_epochs: 0,
             started: None,

@@ -105,10 +105,9 @@ impl Simic {
         let mut timings = RoundTimings::default();
         let setup = Instant::now();
         let mut envs = Vec::with_capacity(n);
+        let env_base = self.env_index_base();
         for index in 0..n {
-            let offset = self
-                .rounds
-                .checked_mul(n as u64)
+            let offset = env_base
                 .and_then(|base| base.checked_add(index as u64))
                 .and_then(|k| k.checked_mul(self.config.env_seed_stride))
                 .ok_or_else(|| Error::InvalidConfig {
@@ -492,6 +491,7 @@ impl Simic {
 
     /// GAE on the device and one PPO update of the policy on `buffer`.
     fn update(&mut self, buffer: &RolloutBuffer) -> Result<crate::ppo::PpoStats> {
+        self.pool_rollout_statistics()?;
         let rollout = buffer.finish()?;
         let values = self.value_normaliser.denormalise(&rollout.values)?;
         let bootstrap = self.value_normaliser.denormalise(&rollout.bootstrap)?;
@@ -506,12 +506,15 @@ impl Simic {
         )?;
         let valid = rollout.valid.f_to_kind(Kind::Float).op("valid")?;
         self.value_normaliser.update(&returns, Some(&valid))?;
+        self.pool_value_statistics()?;
         let targets = self.value_normaliser.normalise(&returns)?;
         let batch = rollout.ppo_batch(&advantages, &targets)?;
         let policy = &self.policy;
         let sampler = &self.sampler;
-        self.ppo.update(&batch, |rows| {
-            agent::evaluate_rows(policy, sampler, &rollout, rows)
-        })
+        self.ppo.update_synced(
+            &batch,
+            |rows| agent::evaluate_rows(policy, sampler, &rollout, rows),
+            self.data_parallel.as_mut(),
+        )
     }
 }

@@ -1,0 +1,114 @@
+//! One process per rank: `esper` starts copies of itself for a
+//! data-parallel group and watches them.
+//!
+//! Each child gets torchrun's variables (`RANK`, `WORLD_SIZE`,
+//! `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) for
+//! `torch_ext::dist::Rendezvous::from_env`, and NVLink multicast turned off
+//! (`torch_ext::dist::MULTICAST_OFF`) whatever the parent's environment
+//! says. Rank 0 serves the c10d TCP store on a free loopback port.
+//!
+//! When a rank fails, the others' next collective fails too (Gloo at once,
+//! NCCL at the group's timeout); the launcher waits `grace` for them to
+//! stop on their own, then kills what is left, and reports the first
+//! failure by rank.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use torch_ext::dist::{ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, MULTICAST_OFF};
+
+/// The variable naming a rank's device index on its host.
+pub(crate) const ENV_LOCAL_RANK: &str = "LOCAL_RANK";
+
+/// Runs `esper <args>` as `nproc` ranks and waits for all of them. After the
+/// first failure the others get `grace` to stop before they are killed.
+pub(crate) fn run_ranks(nproc: usize, args: &[String], grace: Duration) -> Result<()> {
+    if nproc == 0 {
+        bail!("--nproc must be at least 1");
+    }
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .context("finding a free port for the rendezvous")?
+        .port();
+    let exe = std::env::current_exe().context("locating the esper binary")?;
+    let mut children: Vec<Option<Child>> = Vec::with_capacity(nproc);
+    for rank in 0..nproc {
+        let mut command = Command::new(&exe);
+        command
+            .args(args)
+            .env(ENV_RANK, rank.to_string())
+            .env(ENV_LOCAL_RANK, rank.to_string())
+            .env(ENV_WORLD_SIZE, nproc.to_string())
+            .env(ENV_MASTER_ADDR, "127.0.0.1")
+            .env(ENV_MASTER_PORT, port.to_string())
+            .envs(MULTICAST_OFF);
+        match command.spawn() {
+            Ok(child) => {
+                eprintln!("rank {rank}/{nproc}: pid {}", child.id());
+                children.push(Some(child));
+            }
+            Err(error) => {
+                kill_all(&mut children);
+                return Err(error).context(format!("starting rank {rank}"));
+            }
+        }
+    }
+    let mut first_failure: Option<(usize, ExitStatus)> = None;
+    let mut failed_at: Option<Instant> = None;
+    loop {
+        let mut running = 0;
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            match child.try_wait().context("watching a rank")? {
+                Some(status) => {
+                    *slot = None;
+                    if !status.success() && first_failure.is_none() {
+                        eprintln!("rank {rank} failed ({status}); waiting for the others to stop");
+                        first_failure = Some((rank, status));
+                        failed_at = Some(Instant::now());
+                    }
+                }
+                None => running += 1,
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        if failed_at.is_some_and(|at| at.elapsed() > grace) {
+            eprintln!(
+                "killing the ranks still running {} s after the failure",
+                grace.as_secs()
+            );
+            kill_all(&mut children);
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    match first_failure {
+        None => Ok(()),
+        Some((rank, status)) => bail!("rank {rank} of {nproc} failed ({status})"),
+    }
+}
+
+fn kill_all(children: &mut [Option<Child>]) {
+    for child in children.iter_mut().flatten() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// This process's place in a group started by [`run_ranks`]: its local rank
+/// (the device index on this host), or `None` outside a group.
+pub(crate) fn local_rank() -> Result<Option<usize>> {
+    match std::env::var(ENV_LOCAL_RANK) {
+        Ok(text) => {
+            Ok(Some(text.trim().parse().with_context(|| {
+                format!("{ENV_LOCAL_RANK}={text:?} is not a rank")
+            })?))
+        }
+        Err(_) => Ok(None),
+    }
+}

@@ -1,0 +1,194 @@
+//! `simic-throughput` across GPUs: one rank's share of a data-parallel run
+//! ([`run_rank`]) and the record entry that sums the ranks
+//! ([`scaling_entry`]). `esper bench simic-throughput --gpus 1,2` launches
+//! the ranks (one process per GPU) and writes one record with every count.
+//!
+//! Each rank runs the workload's 4 environments on its own GPU; the group
+//! trains one policy (gradients averaged every minibatch). The group's eps
+//! is the ranks' environment-epochs over the slowest rank's wall time, from
+//! a barrier after joining to the end of the last round.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use leyline::Telemetry;
+use leyline::baseline::ResultEntry;
+use serde::{Deserialize, Serialize};
+use torch_ext::dist::ProcessGroup;
+
+use super::{
+    SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, simic_config, variant,
+};
+use crate::vectorized::{EnvSpec, Simic};
+use crate::{Error, Result};
+
+/// What one rank measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankFigures {
+    /// The rank.
+    pub rank: usize,
+    /// The group's size.
+    pub world_size: usize,
+    /// Where it ran.
+    pub device: String,
+    /// Environment-epochs it trained.
+    pub env_epochs: u64,
+    /// Seconds from the barrier after joining to the end of its last round.
+    pub wall_s: f64,
+    /// Environment-epochs per second of the rounds after the first.
+    pub eps_steady: Option<f64>,
+    /// Live seeds per environment, averaged over steps and rounds.
+    pub active_seeds_per_env: f64,
+    /// Mean final validation accuracy (%).
+    pub final_accuracy_pct: f64,
+    /// Mean PPO update time (ms), all-reduces included.
+    pub update_ms: f64,
+    /// Peak device memory (MiB; 0 on the CPU).
+    pub peak_memory_mb: f64,
+}
+
+/// Runs `variant_name` (see [`SimicBenchOptions::variants`]) for
+/// `options.rounds` rounds as the rank `group` says (single-process when
+/// `None`), on the group's device.
+pub fn run_rank(
+    task: ThroughputTask,
+    options: &SimicBenchOptions,
+    variant_name: &str,
+    group: Option<ProcessGroup>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RankFigures> {
+    let device = match &group {
+        Some(group) => group.device(),
+        None => torch_ext::device::select(options.device)?,
+    };
+    let (train, test) = load(task, options)?;
+    let host = match task {
+        ThroughputTask::FashionMnist => kasmina::host::CnnHostConfig::fashion_mnist(),
+        ThroughputTask::Cifar10 => kasmina::host::CnnHostConfig::cifar_baseline(),
+    };
+    let spec = EnvSpec::sharded(
+        host,
+        SLOTS.iter().map(|s| (*s).to_owned()).collect(),
+        &train,
+        test,
+        4,
+    )?;
+    let (precision, mode) = variant(variant_name)?;
+    let episode_length = if options.quick { 5 } else { 25 };
+    let config = simic_config(precision, mode, episode_length, options.quick);
+    let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
+    if let Some(group) = group {
+        simic.join(group)?;
+    }
+    let (rank, world_size) = simic.rank_and_world();
+    if let tch::Device::Cuda(index) = device {
+        torch_ext::cuda::synchronize(index)?;
+        torch_ext::cuda::reset_peak_memory_stats(index)?;
+    }
+    simic.barrier()?;
+    let started = Instant::now();
+    let mut reports = Vec::with_capacity(options.rounds);
+    for round in 0..options.rounds {
+        let report = simic.run_round(&spec, true)?;
+        progress(&format!(
+            "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s, seeds {:.2}",
+            report.env_epochs,
+            report.timings.total_ms / 1000.0,
+            report.mean_active_seeds
+        ));
+        reports.push(report);
+    }
+    let wall_s = started.elapsed().as_secs_f64();
+    let steady_epochs: u64 = reports.iter().skip(1).map(|r| r.env_epochs).sum();
+    let steady_s: f64 = reports
+        .iter()
+        .skip(1)
+        .map(|r| r.timings.total_ms / 1000.0)
+        .sum();
+    let peak_memory_mb = match device {
+        tch::Device::Cuda(index) => {
+            torch_ext::cuda::max_memory_allocated(index)? as f64 / 1_048_576.0
+        }
+        _ => 0.0,
+    };
+    Ok(RankFigures {
+        rank,
+        world_size,
+        device: format!("{device:?}"),
+        env_epochs: reports.iter().map(|r| r.env_epochs).sum(),
+        wall_s,
+        eps_steady: (steady_s > 0.0).then(|| steady_epochs as f64 / steady_s),
+        active_seeds_per_env: mean(reports.iter().map(|r| r.mean_active_seeds)),
+        final_accuracy_pct: mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
+        update_ms: mean(reports.iter().map(|r| r.timings.update_ms)),
+        peak_memory_mb,
+    })
+}
+
+/// The group's eps: every rank's environment-epochs over the slowest rank's
+/// wall time.
+pub fn group_eps(ranks: &[RankFigures]) -> Result<f64> {
+    let wall = ranks.iter().map(|r| r.wall_s).fold(0.0, f64::max);
+    if ranks.is_empty() || wall <= 0.0 {
+        return Err(Error::InvalidInput {
+            field: "RankFigures",
+            reason: "no rank measured anything".to_owned(),
+        });
+    }
+    Ok(ranks.iter().map(|r| r.env_epochs as f64).sum::<f64>() / wall)
+}
+
+/// The record entry `dp{gpus}-{variant}` for one GPU count: the group's
+/// eps, eps per GPU, and — given the one-GPU eps of the same run — the
+/// scaling efficiency `eps / (gpus · eps_one)`.
+pub fn scaling_entry(
+    variant_name: &str,
+    gpus: usize,
+    ranks: &[RankFigures],
+    eps_one: Option<f64>,
+) -> Result<ResultEntry> {
+    let (precision, _) = variant(variant_name)?;
+    let eps = group_eps(ranks)?;
+    let mut metrics = BTreeMap::new();
+    metrics.insert("gpus".to_owned(), gpus as f64);
+    metrics.insert("eps".to_owned(), eps);
+    metrics.insert("eps_per_gpu".to_owned(), eps / gpus.max(1) as f64);
+    if let Some(one) = eps_one.filter(|one| *one > 0.0) {
+        metrics.insert("scaling_efficiency".to_owned(), eps / (gpus as f64 * one));
+    }
+    let steady: Vec<f64> = ranks.iter().filter_map(|r| r.eps_steady).collect();
+    if steady.len() == ranks.len() {
+        metrics.insert("eps_steady".to_owned(), steady.iter().sum());
+    }
+    metrics.insert(
+        "wall_s".to_owned(),
+        ranks.iter().map(|r| r.wall_s).fold(0.0, f64::max),
+    );
+    metrics.insert(
+        "env_epochs".to_owned(),
+        ranks.iter().map(|r| r.env_epochs as f64).sum(),
+    );
+    metrics.insert(
+        "active_seeds_per_env".to_owned(),
+        mean(ranks.iter().map(|r| r.active_seeds_per_env)),
+    );
+    metrics.insert(
+        "final_accuracy_pct".to_owned(),
+        mean(ranks.iter().map(|r| r.final_accuracy_pct)),
+    );
+    metrics.insert(
+        "update_ms".to_owned(),
+        mean(ranks.iter().map(|r| r.update_ms)),
+    );
+    metrics.insert(
+        "peak_memory_mb".to_owned(),
+        ranks.iter().map(|r| r.peak_memory_mb).fold(0.0, f64::max),
+    );
+    Ok(ResultEntry {
+        implementation: "rust".to_owned(),
+        mode: format!("dp{gpus}-{variant_name}"),
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    })
+}

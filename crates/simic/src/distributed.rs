@@ -1,0 +1,216 @@
+//! Data-parallel PPO across processes: one [`DataParallel`] per rank, over a
+//! c10d group from [`torch_ext::dist`] (Gloo on the CPU, NCCL on CUDA).
+//!
+//! Every rank runs its own environments (their seeds are distinct per rank)
+//! and its own rollouts; the ranks agree on one policy:
+//!
+//! - at the start the policy's parameters are broadcast from rank 0;
+//! - in every PPO minibatch the gradients are flattened into one pooled
+//!   buffer (allocated once), all-reduced and averaged before clipping, so
+//!   each rank's AdamW takes the same step;
+//! - the KL early-stop reading is averaged, so every rank stops at the same
+//!   minibatch (a rank that stopped alone would leave the others waiting);
+//! - the running statistics that shape what the policy sees and learns (the
+//!   observation normaliser, the value normaliser, the reward normaliser)
+//!   are pooled after each round: means averaged and variances combined as
+//!   `mean(var_i + mean_i²) − mean²`, which is the pooled variance when every
+//!   rank saw as many samples (each rank runs the same number of
+//!   environments and steps);
+//! - after every update the parameters are checked, not assumed, to be
+//!   identical: an element-wise all-reduce of the maximum and of the minimum
+//!   must agree bit for bit, otherwise [`Error::Diverged`].
+//!
+//! A rank that dies makes the others' next collective fail with the group's
+//! timeout (Gloo reports the closed connection at once; NCCL's watchdog ends
+//! the process), never hang.
+
+use tch::{Device, Kind, Tensor};
+use torch_ext::dist::{ProcessGroup, ReduceOp};
+
+use crate::error::TorchResultExt;
+use crate::{Error, Result};
+
+/// One rank's membership of a data-parallel PPO group.
+#[derive(Debug)]
+pub struct DataParallel {
+    group: ProcessGroup,
+    /// The pooled gradient buffer, sized at the first use.
+    flat: Option<Tensor>,
+}
+
+impl DataParallel {
+    /// Wraps a joined group. The group's device must be the policy's.
+    pub fn new(group: ProcessGroup) -> DataParallel {
+        DataParallel { group, flat: None }
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.group.rank()
+    }
+
+    /// How many ranks train together.
+    pub fn world_size(&self) -> usize {
+        self.group.world_size()
+    }
+
+    /// Where the group's tensors live.
+    pub fn device(&self) -> Device {
+        self.group.device()
+    }
+
+    /// Returns once every rank has arrived (or fails at the timeout).
+    pub fn barrier(&self) -> Result<()> {
+        Ok(self.group.barrier()?)
+    }
+
+    fn check_device(&self, what: &'static str, tensor: &Tensor) -> Result<()> {
+        if tensor.device() == self.group.device() {
+            Ok(())
+        } else {
+            Err(Error::ShapeMismatch {
+                what,
+                expected: format!("tensors on the group's device {:?}", self.group.device()),
+                got: format!("{:?}", tensor.device()),
+            })
+        }
+    }
+
+    /// Overwrites `parameters` with rank 0's (without recording gradients).
+    pub fn broadcast_parameters(&self, parameters: &[Tensor]) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        for parameter in parameters {
+            self.check_device("DataParallel.parameters", parameter)?;
+            let contiguous = parameter.f_contiguous().op("broadcast contiguous")?;
+            self.group.broadcast_(&contiguous, 0)?;
+            if contiguous.data_ptr() != parameter.data_ptr() {
+                let mut target = parameter.shallow_clone();
+                target.f_copy_(&contiguous).op("broadcast copy")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces every gradient with its mean over the ranks: one all-reduce
+    /// of a flat buffer that is allocated on the first call and reused.
+    pub fn average_gradients(&mut self, grads: &[Tensor]) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let total: i64 = grads.iter().map(Tensor::numel).map(|n| n as i64).sum();
+        let device = self.group.device();
+        let mut flat = match self.flat.take() {
+            Some(flat) if flat.numel() as i64 == total => flat,
+            _ => Tensor::f_empty([total], (Kind::Float, device)).op("gradient buffer")?,
+        };
+        let mut offset = 0i64;
+        for grad in grads {
+            self.check_device("DataParallel.gradients", grad)?;
+            let len = grad.numel() as i64;
+            let mut view = flat.f_narrow(0, offset, len).op("gradient view")?;
+            view.f_copy_(&grad.f_reshape([len]).op("gradient flatten")?)
+                .op("gradient pack")?;
+            offset = offset.saturating_add(len);
+        }
+        self.group.all_reduce_(&flat, ReduceOp::Sum)?;
+        let scale = 1.0 / self.world_size() as f64;
+        let _ = flat.f_mul_scalar_(scale).op("gradient mean")?;
+        let mut offset = 0i64;
+        for grad in grads {
+            let len = grad.numel() as i64;
+            let view = flat
+                .f_narrow(0, offset, len)
+                .op("gradient view")?
+                .f_view(grad.size().as_slice())
+                .op("gradient view")?;
+            let mut target = grad.shallow_clone();
+            target.f_copy_(&view).op("gradient unpack")?;
+            offset = offset.saturating_add(len);
+        }
+        self.flat = Some(flat);
+        Ok(())
+    }
+
+    /// The mean of `value` over the ranks (a host scalar, for decisions every
+    /// rank must take alike).
+    pub fn mean_scalar(&self, value: f64) -> Result<f64> {
+        let sums = self.all_reduce_host(&[value])?;
+        Ok(sums.first().copied().unwrap_or(f64::NAN) / self.world_size() as f64)
+    }
+
+    /// Sums host values element-wise over the ranks.
+    fn all_reduce_host(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let tensor = Tensor::f_from_slice(values)
+            .op("host values")?
+            .f_to_device(self.group.device())
+            .op("host values")?;
+        self.group.all_reduce_(&tensor, ReduceOp::Sum)?;
+        Vec::<f64>::try_from(&tensor.f_to_device(Device::Cpu).op("host values")?).map_err(
+            |source| Error::Readback {
+                what: "data-parallel sum",
+                reason: source.to_string(),
+            },
+        )
+    }
+
+    /// Pools per-rank means and variances (equal sample counts): returns the
+    /// averaged means and `mean(var_i + mean_i²) − mean²` (clamped at 0).
+    pub fn pool_moments(&self, mean: &[f64], var: &[f64]) -> Result<(Vec<f64>, Vec<f64>)> {
+        if mean.len() != var.len() {
+            return Err(Error::ShapeMismatch {
+                what: "DataParallel.pool_moments",
+                expected: format!("{} variances", mean.len()),
+                got: var.len().to_string(),
+            });
+        }
+        let mut packed: Vec<f64> = mean.to_vec();
+        packed.extend(mean.iter().zip(var).map(|(m, v)| v + m * m));
+        let sums = self.all_reduce_host(&packed)?;
+        let world = self.world_size() as f64;
+        let (mean_sums, square_sums) = sums.split_at(mean.len());
+        let pooled_mean: Vec<f64> = mean_sums.iter().map(|s| s / world).collect();
+        let pooled_var = square_sums
+            .iter()
+            .zip(&pooled_mean)
+            .map(|(s, m)| (s / world - m * m).max(0.0))
+            .collect();
+        Ok((pooled_mean, pooled_var))
+    }
+
+    /// Checks that every rank holds bit-identical `parameters`: element-wise
+    /// maxima and minima over the ranks must be equal. One readback.
+    pub fn check_identical(&self, parameters: &[Tensor]) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let pieces: Vec<Tensor> = parameters
+            .iter()
+            .map(|p| {
+                p.f_detach()
+                    .and_then(|p| p.f_reshape([-1]))
+                    .and_then(|p| p.f_to_kind(Kind::Float))
+            })
+            .collect::<std::result::Result<_, _>>()
+            .op("parameter flatten")?;
+        let high = Tensor::f_cat(&pieces, 0).op("parameter flatten")?;
+        let mut low = Tensor::f_empty_like(&high).op("parameter flatten")?;
+        low.f_copy_(&high).op("parameter flatten")?;
+        self.group.all_reduce_(&high, ReduceOp::Max)?;
+        self.group.all_reduce_(&low, ReduceOp::Min)?;
+        let differing = high
+            .f_ne_tensor(&low)
+            .op("parameter compare")?
+            .f_sum(Kind::Int64)
+            .op("parameter compare")?
+            .f_int64_value(&[])
+            .map_err(|source| Error::Readback {
+                what: "data-parallel parameter check",
+                reason: source.to_string(),
+            })?;
+        if differing == 0 {
+            Ok(())
+        } else {
+            Err(Error::Diverged {
+                rank: self.rank(),
+                differing: u64::try_from(differing).unwrap_or(u64::MAX),
+                total: high.numel() as u64,
+            })
+        }
+    }
+}
