@@ -2,7 +2,7 @@
 # run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
 #
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
-#                      [--kernels]
+#                      [--kernels] [--gpus 1,2] [--variants LIST]
 #
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
@@ -16,6 +16,9 @@
 #   bench_rust.log, bench_python.log, bench_<workload>.log
 #   kernels.log             (--kernels) kernels and GPU time per eager epoch, via ncu
 set -uo pipefail
+# NVLink multicast stays off on the GPU hosts (NCCL, PyTorch, NVSHMEM), here
+# and in every process the launcher starts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-$here/out}
 mkdir -p "$out"
@@ -26,6 +29,7 @@ run_tests=1
 run_python=1
 count_kernels=0
 workloads=()
+simic_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
@@ -34,6 +38,8 @@ while [ $# -gt 0 ]; do
     --no-tests) run_tests=0 ;;
     --no-python) run_python=0 ;;
     --kernels) count_kernels=1 ;;
+    --gpus) simic_args+=(--gpus "$2"); shift ;;
+    --variants) simic_args+=(--variants "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -109,9 +115,11 @@ for workload in "${workloads[@]}"; do
       [ -d "$cifar_root" ] || python3 "$here/make_fake_cifar.py" "$cifar_root" >"$out/make_fake_cifar.log" 2>&1
       export ESPER_CIFAR10_DIR="$cifar_root"
     fi
-    echo "== rust bench $workload"
-    "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick 2>&1 \
-      | tee "$out/bench_$workload.log"
+    extra=()
+    case "$workload" in simic-throughput|simic-cifar) extra=("${simic_args[@]}") ;; esac
+    echo "== rust bench $workload ${extra[*]}"
+    "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
+      "${extra[@]}" 2>&1 | tee "$out/bench_$workload.log"
   fi
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 done
