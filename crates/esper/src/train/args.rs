@@ -162,6 +162,11 @@ pub(crate) struct TrainArgs {
     /// PPO (--controller ppo): rounds, one PPO update each [default: 10].
     #[arg(long, value_name = "N")]
     pub(crate) rounds: Option<usize>,
+    /// PPO (--controller ppo): train as N data-parallel processes, one GPU
+    /// each (cuda:0..N-1, NCCL) or N CPU processes (Gloo); rank 0 writes
+    /// the run directory [default: 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) nproc: Option<usize>,
     /// Continue the run in RUN_DIR from its newest checkpoint that verifies
     /// (a damaged newer one is skipped with a warning), with the run's own
     /// configuration (no other option may be given); on the CPU the result

@@ -35,6 +35,7 @@ pub(crate) mod config;
 pub(crate) mod epoch_log;
 pub(crate) mod interrupt;
 pub(crate) mod ppo;
+pub(crate) mod ranks;
 pub(crate) mod progress;
 pub(crate) mod seed_budget;
 pub(crate) mod task;
@@ -91,6 +92,14 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
         }
         None => (RunConfig::resolve(args)?, None),
     };
+    if args.nproc == Some(0) {
+        bail!("--nproc must be at least 1");
+    }
+    if let Some(nproc) = args.nproc.filter(|n| *n > 1)
+        && !ranks::is_rank()
+    {
+        return ranks::launch_ranks(args, &config, nproc);
+    }
     if config.controller == ControllerKind::Ppo {
         if resume.is_some() {
             bail!(

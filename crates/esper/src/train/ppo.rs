@@ -17,9 +17,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use leyline::Telemetry;
 use nissa::Hub;
 use nissa::jsonl::JsonlConfig;
 use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+use torch_ext::dist::ProcessGroup;
 
 use super::config::RunConfig;
 use super::interrupt::Interrupt;
@@ -35,16 +37,22 @@ pub(crate) const POLICY_FILE: &str = "policy.safetensors";
 pub(crate) fn run(config: &RunConfig) -> Result<Finished> {
     let device = torch_ext::device::select(config.device_choice()?)
         .with_context(|| format!("selecting device {}", config.device))?;
-    println!(
-        "esper train: task {}, controller ppo ({} environments x {} epochs, {} rounds), device \
+    // A rank of `--nproc N` joins its group; rank 0 alone writes the run.
+    let group = super::ranks::join_group(device)?;
+    let device = group.as_ref().map_or(device, ProcessGroup::device);
+    let lead = group.as_ref().is_none_or(|group| group.rank() == 0);
+    if lead {
+        println!(
+            "esper train: task {}, controller ppo ({} environments x {} epochs, {} rounds), device \
          {}, run directory {}",
-        config.task.name(),
-        config.envs,
-        config.epochs,
-        config.rounds,
-        torch_ext::DeviceChoice::of(device),
-        config.run_dir.display()
-    );
+            config.task.name(),
+            config.envs,
+            config.epochs,
+            config.rounds,
+            torch_ext::DeviceChoice::of(device),
+            config.run_dir.display()
+        );
+    }
     let data = task::load_data(config)?;
     let spec = EnvSpec::sharded(
         task::host_config(config.task),
@@ -54,14 +62,24 @@ pub(crate) fn run(config: &RunConfig) -> Result<Finished> {
         config.envs,
     )
     .context("splitting the training set between the environments")?;
+    let interrupt = Interrupt::install()?;
+    if !lead {
+        return rounds(
+            config,
+            device,
+            &spec,
+            Telemetry::disabled(),
+            group,
+            &interrupt,
+        );
+    }
     create_run_dir(&config.run_dir)?;
     config.write(&config.run_dir.join(CONFIG_NAME))?;
-    let interrupt = Interrupt::install()?;
     let hub = Hub::builder()
         .jsonl(JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR)))
         .build()
         .context("starting the telemetry hub")?;
-    let result = rounds(config, device, &spec, &hub, &interrupt);
+    let result = rounds(config, device, &spec, hub.telemetry(), group, &interrupt);
     let flushed = hub.flush(Duration::from_secs(10));
     hub.close();
     if !flushed.is_complete() {
@@ -93,21 +111,28 @@ fn rounds(
     config: &RunConfig,
     device: tch::Device,
     spec: &EnvSpec,
-    hub: &Hub,
+    telemetry: Telemetry,
+    group: Option<ProcessGroup>,
     interrupt: &Interrupt,
 ) -> Result<Finished> {
-    let mut simic = Simic::new(
-        simic_config(config)?,
-        config.slots.len(),
-        device,
-        hub.telemetry(),
-    )?;
+    let mut simic = Simic::new(simic_config(config)?, config.slots.len(), device, telemetry)?;
+    let ranked = group.is_some();
+    if let Some(group) = group {
+        simic
+            .join(group)
+            .context("joining the data-parallel group")?;
+    }
+    let (rank, world) = simic.rank_and_world();
+    if rank != 0 {
+        return follower_rounds(config, spec, &mut simic, interrupt);
+    }
     let log_path = config.run_dir.join(ROUNDS_FILE);
     let mut log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
     let mut finished = Finished::Completed;
     for round in 0..config.rounds {
-        if interrupt.requested() {
+        // Every rank stops at the same boundary.
+        if simic.any_rank(interrupt.requested())? {
             finished = Finished::Interrupted;
             break;
         }
@@ -120,6 +145,13 @@ fn rounds(
             .with_context(|| format!("writing {}", log_path.display()))?;
         println!("{}", progress_line(&report, config.rounds, simic.eps()));
     }
+    if ranked {
+        let parameters = simic.policy().var_store().trainable_variables();
+        println!(
+            "rank {rank} of {world}: policy fingerprint {}",
+            super::ranks::fingerprint(&parameters)?
+        );
+    }
     save_policy(&simic, &config.run_dir)?;
     if finished == Finished::Interrupted {
         println!("interrupted: stopped between rounds; the policy so far is saved");
@@ -128,6 +160,32 @@ fn rounds(
         "rounds: {}, policy: {}",
         log_path.display(),
         config.run_dir.join(POLICY_FILE).display()
+    );
+    Ok(finished)
+}
+
+/// A rank other than 0: the same rounds, nothing written.
+fn follower_rounds(
+    config: &RunConfig,
+    spec: &EnvSpec,
+    simic: &mut Simic,
+    interrupt: &Interrupt,
+) -> Result<Finished> {
+    let (rank, world) = simic.rank_and_world();
+    let mut finished = Finished::Completed;
+    for round in 0..config.rounds {
+        if simic.any_rank(interrupt.requested())? {
+            finished = Finished::Interrupted;
+            break;
+        }
+        simic
+            .run_round(spec, true)
+            .with_context(|| format!("rank {rank}: round {round}"))?;
+    }
+    let parameters = simic.policy().var_store().trainable_variables();
+    println!(
+        "rank {rank} of {world}: policy fingerprint {}",
+        super::ranks::fingerprint(&parameters)?
     );
     Ok(finished)
 }

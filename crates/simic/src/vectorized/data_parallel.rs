@@ -58,6 +58,16 @@ impl Simic {
         }
     }
 
+    /// Whether `flag` is set on any rank (a decision every rank must take
+    /// alike, e.g. stopping between rounds); `flag` itself when not
+    /// data-parallel.
+    pub fn any_rank(&self, flag: bool) -> Result<bool> {
+        match self.data_parallel.as_ref() {
+            Some(group) => Ok(group.mean_scalar(f64::from(u8::from(flag)))? > 0.0),
+            None => Ok(flag),
+        }
+    }
+
     /// The rank and group size (`(0, 1)` when not data-parallel).
     pub fn rank_and_world(&self) -> (usize, usize) {
         self.data_parallel

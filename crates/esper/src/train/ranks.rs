@@ -1,0 +1,123 @@
+//! `esper train --controller ppo --nproc N`: the run as `N` data-parallel
+//! ranks, one process per GPU (or `N` CPU processes with Gloo).
+//!
+//! The command a user types is the launcher ([`launch_ranks`]): it resolves
+//! the configuration once, names the run directory for every rank, and
+//! starts `esper train` again `N` times through [`crate::launch`]. Each of
+//! those is a rank ([`join_group`]): it joins the c10d group from the
+//! environment, takes `cuda:LOCAL_RANK` (or the CPU), and trains its own
+//! environments while the ranks share one policy
+//! (`simic::vectorized::Simic::join`). Rank 0 alone writes the run
+//! directory (configuration, rounds, telemetry, policy); every rank prints
+//! the fingerprint of its final policy, so identical parameters can be seen.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use torch_ext::dist::{DistBackend, ENV_WORLD_SIZE, ProcessGroup, Rendezvous};
+
+use super::Finished;
+use super::args::{ControllerKind, TrainArgs};
+use super::config::RunConfig;
+
+/// The limit on the rendezvous and on every collective of a training run.
+pub(crate) const DIST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Whether this process is a rank started by the launcher.
+pub(crate) fn is_rank() -> bool {
+    std::env::var_os(ENV_WORLD_SIZE).is_some()
+}
+
+/// The launcher: checks the configuration, then runs `nproc` ranks of this
+/// same command line (without `--nproc`, with the resolved run directory).
+pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -> Result<Finished> {
+    if config.controller != ControllerKind::Ppo {
+        bail!("--nproc trains data-parallel PPO: it needs --controller ppo");
+    }
+    if args.resume.is_some() {
+        bail!("not implemented yet: resuming a multi-process (--nproc) run");
+    }
+    let device = torch_ext::device::select(config.device_choice()?)
+        .with_context(|| format!("selecting device {}", config.device))?;
+    if device.is_cuda() {
+        let count = torch_ext::cuda::device_count();
+        if nproc > count {
+            bail!("--nproc {nproc} needs {nproc} GPUs; this machine has {count}");
+        }
+    }
+    let mut child: Vec<String> = Vec::new();
+    let mut skip = false;
+    for arg in std::env::args().skip(1) {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if arg == "--nproc" {
+            skip = true;
+            continue;
+        }
+        if arg.starts_with("--nproc=") {
+            continue;
+        }
+        child.push(arg);
+    }
+    if args.run_dir.is_none() {
+        child.push("--run-dir".to_owned());
+        child.push(config.run_dir.display().to_string());
+    }
+    println!(
+        "esper train: {nproc} ranks ({}), run directory {} (written by rank 0)",
+        if device.is_cuda() {
+            "one GPU each, NCCL"
+        } else {
+            "CPU, Gloo"
+        },
+        config.run_dir.display()
+    );
+    crate::launch::run_ranks(nproc, &child, DIST_TIMEOUT + Duration::from_secs(30))?;
+    Ok(Finished::Completed)
+}
+
+/// A rank's group, joined from the launcher's environment on `device`'s
+/// kind (`cuda:LOCAL_RANK` for CUDA); `None` outside a group.
+pub(crate) fn join_group(device: tch::Device) -> Result<Option<ProcessGroup>> {
+    let Some(rendezvous) = Rendezvous::from_env(DIST_TIMEOUT)? else {
+        return Ok(None);
+    };
+    let device = if device.is_cuda() {
+        tch::Device::Cuda(crate::launch::local_rank()?.unwrap_or(rendezvous.rank))
+    } else {
+        tch::Device::Cpu
+    };
+    let group = ProcessGroup::new(&rendezvous, DistBackend::for_device(device), device)
+        .with_context(|| {
+            format!(
+                "rank {} of {} joining its group",
+                rendezvous.rank, rendezvous.world_size
+            )
+        })?;
+    Ok(Some(group))
+}
+
+/// A 64-bit FNV-1a hash of the parameters' bytes (as f32, in order): equal
+/// on every rank when the policies are bit-identical.
+pub(crate) fn fingerprint(parameters: &[tch::Tensor]) -> Result<String> {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for parameter in parameters {
+        let values = Vec::<f32>::try_from(
+            &parameter
+                .detach()
+                .to_kind(tch::Kind::Float)
+                .to_device(tch::Device::Cpu)
+                .reshape([-1]),
+        )
+        .context("reading the policy's parameters")?;
+        for value in values {
+            for byte in value.to_bits().to_le_bytes() {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    Ok(format!("{hash:016x}"))
+}

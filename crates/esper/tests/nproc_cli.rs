@@ -1,0 +1,124 @@
+//! `esper train --controller ppo --nproc 2` on the CPU: two processes with
+//! Gloo train PPO updates and end with bit-identical policies (each rank
+//! prints its policy's fingerprint); killing one rank makes the run stop
+//! with an error well within the stated collective timeout.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ESPER: &str = env!("CARGO_BIN_EXE_esper");
+
+/// The collective timeout `esper train` states (`train::ranks::DIST_TIMEOUT`).
+const STATED_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn ppo_args(run_dir: &Path, rounds: &str) -> Vec<String> {
+    [
+        "train",
+        "--controller",
+        "ppo",
+        "--task",
+        "synthetic",
+        "--train-samples",
+        "256",
+        "--epochs",
+        "2",
+        "--envs",
+        "2",
+        "--rounds",
+        rounds,
+        "--batch-size",
+        "64",
+        "--slots",
+        "r0c0,r0c1,r0c2",
+        "--device",
+        "cpu",
+        "--nproc",
+        "2",
+        "--run-dir",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([run_dir.to_str().expect("utf-8 path").to_owned()])
+    .collect()
+}
+
+#[test]
+fn two_cpu_ranks_end_with_one_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let output = Command::new(ESPER)
+        .args(ppo_args(&run_dir, "2"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let fingerprint = |rank: usize| -> String {
+        let prefix = format!("rank {rank} of 2: policy fingerprint ");
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no fingerprint of rank {rank}: {stdout}"))
+            .to_owned()
+    };
+    assert_eq!(fingerprint(0), fingerprint(1), "the ranks' policies differ");
+    // Rank 0 alone wrote the run: one line per round, the policy.
+    let rounds = std::fs::read_to_string(run_dir.join("rounds.jsonl")).expect("rounds.jsonl");
+    assert_eq!(rounds.lines().count(), 2, "{rounds}");
+    assert!(run_dir.join("policy.safetensors").is_file());
+    assert!(stdout.contains("round 2/2: reward"), "{stdout}");
+}
+
+#[test]
+fn a_killed_rank_stops_the_run_with_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let mut child = Command::new(ESPER)
+        .args(ppo_args(&run_dir, "200"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("esper starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let mut rank1 = None;
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        if let Some(pid) = line.strip_prefix("rank 1/2: pid ") {
+            rank1 = Some(pid.trim().parse::<i32>().expect("pid"));
+            break;
+        }
+    }
+    let rank1 = rank1.expect("the launcher names rank 1's pid");
+    // Past the rendezvous: rank 0 has written its first round.
+    let rounds = run_dir.join("rounds.jsonl");
+    let start = Instant::now();
+    while std::fs::read_to_string(&rounds).map_or(0, |t| t.lines().count()) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no round was written"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = Command::new("kill")
+        .args(["-9", &rank1.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let killed = Instant::now();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let exit = child.wait().expect("esper exits");
+    let took = killed.elapsed();
+    assert!(!exit.success(), "the run went on without rank 1");
+    assert!(took < STATED_TIMEOUT, "stopped after {took:?}");
+    let rest = rest.join("\n");
+    assert!(
+        rest.contains("rank 1 of 2 failed") || rest.contains("failed"),
+        "{rest}"
+    );
+    println!("stopped {took:?} after the kill:\n{rest}");
+}
