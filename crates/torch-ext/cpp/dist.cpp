@@ -86,7 +86,21 @@ char* esper_dist_new(const char* host, int32_t port, int32_t rank, int32_t world
   ESPER_CATCH
 }
 
-void esper_dist_free(void* group) { delete static_cast<Group*>(group); }
+void esper_dist_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  if (g == nullptr) {
+    return;
+  }
+  // Leave the group cleanly (NCCL: finish the watchdog and destroy the
+  // communicators) before the store goes; a failure here has nowhere to go.
+  try {
+    if (g->backend) {
+      g->backend->shutdown();
+    }
+  } catch (...) {
+  }
+  delete g;
+}
 
 char* esper_dist_all_reduce(void* group, void* tensor, int32_t op) {
   ESPER_TRY
