@@ -19,8 +19,6 @@ const BUNDLE_LIMIT_BYTES: u64 = 60 * 1024 * 1024;
 const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("torch-ext", "gpu"),
     ("torch-ext", "gpu_dist"),
-    ("torch-ext", "dist"),
-    ("simic", "data_parallel"),
     ("tolaria", "gpu"),
     ("tolaria", "gpu_optim"),
     ("tolaria", "gpu_engine"),
