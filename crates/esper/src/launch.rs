@@ -7,10 +7,12 @@
 //! (`torch_ext::dist::MULTICAST_OFF`) whatever the parent's environment
 //! says. Rank 0 serves the c10d TCP store on a free loopback port.
 //!
-//! When a rank fails, the others' next collective fails too (Gloo at once,
-//! NCCL at the group's timeout); the launcher waits `grace` for them to
-//! stop on their own, then kills what is left, and reports the first
-//! failure by rank.
+//! A data-parallel run cannot go on without one of its ranks. When a rank
+//! fails, the others' next collective fails too (Gloo at once, NCCL at the
+//! group's timeout); the launcher does not wait for that: it gives them
+//! [`GRACE`] to stop on their own, then kills what is left, and reports the
+//! first failure by rank. The collective timeouts still stop the ranks when
+//! the launcher itself is gone.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus};
@@ -19,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use torch_ext::dist::{ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, MULTICAST_OFF};
+
+/// How long the other ranks get to stop by themselves after one failed.
+pub(crate) const GRACE: Duration = Duration::from_secs(10);
 
 /// The variable naming a rank's device index on its host.
 pub(crate) const ENV_LOCAL_RANK: &str = "LOCAL_RANK";

@@ -20,7 +20,7 @@ use crate::args::BenchArgs;
 use crate::launch;
 
 /// The collective timeout of benchmark ranks.
-const RANK_TIMEOUT: Duration = Duration::from_secs(300);
+const RANK_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `esper bench-rank`: one rank of a scaling run (started by the launcher,
 /// not by hand).
@@ -60,7 +60,11 @@ pub(crate) fn run_rank_command(args: &RankArgs) -> Result<()> {
         .context("bench-rank runs inside a group started by `esper bench ... --gpus`")?;
     let device = match args.device.as_str() {
         "cpu" => tch::Device::Cpu,
-        "cuda" => tch::Device::Cuda(launch::local_rank()?.unwrap_or(rendezvous.rank)),
+        "cuda" => {
+            let index = launch::local_rank()?.unwrap_or(rendezvous.rank);
+            torch_ext::cuda::set_device(index)?;
+            tch::Device::Cuda(index)
+        }
         other => bail!("--device {other:?}: cpu or cuda"),
     };
     let group = ProcessGroup::new(&rendezvous, DistBackend::for_device(device), device)
@@ -192,7 +196,7 @@ fn run_count(
     if quick {
         child_args.push("--quick".to_owned());
     }
-    launch::run_ranks(gpus, &child_args, RANK_TIMEOUT + Duration::from_secs(30))?;
+    launch::run_ranks(gpus, &child_args, launch::GRACE)?;
     (0..gpus)
         .map(|rank| {
             let path = dir.join(format!("rank{rank}.json"));

@@ -55,6 +55,18 @@ int32_t esper_cuda_device_count(void) {
   return static_cast<int32_t>(c10::cuda::device_count());
 }
 
+char* esper_cuda_current_device(int32_t* out) {
+  ESPER_TRY
+  *out = static_cast<int32_t>(c10::cuda::current_device());
+  ESPER_CATCH
+}
+
+char* esper_cuda_set_device(int32_t device) {
+  ESPER_TRY
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  ESPER_CATCH
+}
+
 char* esper_cuda_synchronize(int32_t device) {
   ESPER_TRY
   check_device(device);

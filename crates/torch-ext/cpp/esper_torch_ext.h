@@ -35,6 +35,8 @@ void esper_free_string(char* message);
 
 // ---- device.cpp: devices, memory, streams, events, copies ----
 int32_t esper_cuda_device_count(void);
+char* esper_cuda_current_device(int32_t* out);
+char* esper_cuda_set_device(int32_t device);
 char* esper_cuda_synchronize(int32_t device);
 char* esper_cuda_set_sync_debug_mode(int32_t mode);
 char* esper_cuda_get_sync_debug_mode(int32_t* mode);

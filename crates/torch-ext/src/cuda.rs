@@ -53,6 +53,37 @@ pub fn device_count() -> usize {
     usize::try_from(count).unwrap_or(0)
 }
 
+/// The calling thread's current CUDA device (what device-less CUDA calls,
+/// graph captures and memory pools use).
+pub fn current_device() -> Result<usize> {
+    ensure_available()?;
+    let mut index: i32 = 0;
+    // SAFETY: `index` is a live out-parameter.
+    unsafe {
+        ffi::check(
+            "cuda::current_device",
+            ffi::esper_cuda_current_device(&mut index),
+        )?
+    };
+    usize::try_from(index).map_err(|_| Error::Cpp {
+        op: "cuda::current_device",
+        message: format!("negative device index {index}"),
+    })
+}
+
+/// Makes `device` the calling thread's current CUDA device. A process that
+/// works on one GPU (a data-parallel rank) sets it once at the start.
+pub fn set_device(device: usize) -> Result<()> {
+    ensure_available()?;
+    let count = device_count();
+    if device >= count {
+        return Err(Error::InvalidDevice { device, count });
+    }
+    let index = i32::try_from(device).map_err(|_| Error::InvalidDevice { device, count })?;
+    // SAFETY: value argument; the shim catches all exceptions.
+    unsafe { ffi::check("cuda::set_device", ffi::esper_cuda_set_device(index)) }
+}
+
 /// Checks that CUDA is usable at all.
 pub(crate) fn ensure_available() -> Result<()> {
     if is_available() {

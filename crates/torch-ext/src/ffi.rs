@@ -34,6 +34,8 @@ unsafe extern "C" {
 
     // device.cpp
     pub(crate) fn esper_cuda_device_count() -> i32;
+    pub(crate) fn esper_cuda_current_device(out: *mut i32) -> RawError;
+    pub(crate) fn esper_cuda_set_device(device: i32) -> RawError;
     pub(crate) fn esper_cuda_synchronize(device: i32) -> RawError;
     pub(crate) fn esper_cuda_set_sync_debug_mode(mode: i32) -> RawError;
     pub(crate) fn esper_cuda_get_sync_debug_mode(mode: *mut i32) -> RawError;

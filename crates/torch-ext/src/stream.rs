@@ -145,13 +145,24 @@ impl CudaStream {
         Ok(capturing != 0)
     }
 
-    /// Makes this stream the current stream of its device on this thread until
-    /// the returned guard is dropped, which restores the previous one.
+    /// Makes this stream the current stream of its device, and its device
+    /// the current device, on this thread until the returned guard is
+    /// dropped, which restores both (c10's `CUDAStreamGuard`). Graph capture
+    /// and the caching allocator's capture pools work on the current device,
+    /// so a stream of any GPU can be captured on.
     pub fn make_current(&self) -> Result<StreamGuard<'_>> {
+        let previous_device = crate::cuda::current_device()?;
         let previous = CudaStream::current(self.device())?;
-        set_current(self.raw, "CudaStream::make_current")?;
+        if previous_device != self.device() {
+            crate::cuda::set_device(self.device())?;
+        }
+        if let Err(error) = set_current(self.raw, "CudaStream::make_current") {
+            let _ = crate::cuda::set_device(previous_device);
+            return Err(error);
+        }
         Ok(StreamGuard {
             previous,
+            previous_device,
             _stream: PhantomData,
             _not_send: PhantomData,
         })
@@ -163,7 +174,8 @@ fn set_current(raw: RawStream, op: &'static str) -> Result<()> {
     unsafe { ffi::check(op, ffi::esper_stream_set_current(raw)) }
 }
 
-/// Restores the previously current stream of the device when dropped.
+/// Restores the previously current stream of the device, and the previously
+/// current device, when dropped.
 ///
 /// The current stream is thread-local state, so the guard is neither `Send`
 /// nor `Sync`; guards should be dropped in reverse order of creation.
@@ -171,6 +183,7 @@ fn set_current(raw: RawStream, op: &'static str) -> Result<()> {
 #[derive(Debug)]
 pub struct StreamGuard<'a> {
     previous: CudaStream,
+    previous_device: usize,
     _stream: PhantomData<&'a CudaStream>,
     _not_send: PhantomData<*const ()>,
 }
@@ -187,5 +200,8 @@ impl Drop for StreamGuard<'_> {
         // Restoring a stream that was current a moment ago cannot fail short
         // of a corrupted CUDA context; there is no way to report from drop.
         let _ = set_current(self.previous.raw, "StreamGuard::drop");
+        if self.previous_device != self.previous.device() {
+            let _ = crate::cuda::set_device(self.previous_device);
+        }
     }
 }

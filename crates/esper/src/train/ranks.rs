@@ -74,7 +74,7 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
         },
         config.run_dir.display()
     );
-    crate::launch::run_ranks(nproc, &child, DIST_TIMEOUT + Duration::from_secs(30))?;
+    crate::launch::run_ranks(nproc, &child, crate::launch::GRACE)?;
     Ok(Finished::Completed)
 }
 
@@ -85,7 +85,10 @@ pub(crate) fn join_group(device: tch::Device) -> Result<Option<ProcessGroup>> {
         return Ok(None);
     };
     let device = if device.is_cuda() {
-        tch::Device::Cuda(crate::launch::local_rank()?.unwrap_or(rendezvous.rank))
+        let index = crate::launch::local_rank()?.unwrap_or(rendezvous.rank);
+        // The rank's GPU is the process's current device from here on.
+        torch_ext::cuda::set_device(index)?;
+        tch::Device::Cuda(index)
     } else {
         tch::Device::Cpu
     };
