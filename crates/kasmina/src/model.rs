@@ -13,11 +13,19 @@
 //! went since the last call (see [`crate::groups`]); the trainer builds and
 //! drops optimizer state from those.
 //!
+//! The forward pass itself ([`MorphogeneticModel::forward`],
+//! [`MorphogeneticModel::forward_with_alpha`],
+//! [`MorphogeneticModel::forward_tapped`] and
+//! [`MorphogeneticModel::forward_from`], which starts the walk at a host
+//! boundary) lives in the private `model::forward` module.
+//!
 //! Bad input: the slot configuration is checked once when the model is built
 //! ([`SlotConfig::validate`]); the input's shape is checked by the host
 //! before libtorch sees it; more alpha overrides than slots are an error;
 //! [`MorphogeneticModel::record_accuracy`] checks its values before any slot
 //! records them.
+
+mod forward;
 
 use leyline::gate::thresholds::MIN_PRUNE_AGE;
 use leyline::{AlphaCurve, LifecycleOp, SeedStage};
@@ -269,80 +277,6 @@ impl MorphogeneticModel {
             fossilize_slots,
             prune_slots,
         }
-    }
-
-    /// The forward pass. `train` selects batch statistics in the host.
-    ///
-    /// # Shapes
-    /// `[B, ...host input] -> [B, classes]`.
-    pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        self.forward_with_alpha(x, &[], train)
-    }
-
-    /// The forward pass with per-sample alpha overrides: `overrides[i]`
-    /// (`[B, 1, 1, 1]` on CNN hosts, `[B, 1, 1]` on transformers) replaces
-    /// slot `i`'s alpha (execution order); a missing or `None` entry keeps
-    /// the slot's own alpha. Overrides bypass the incubator (see
-    /// [`SeedSlot::forward`]). More overrides than slots are an error.
-    pub fn forward_with_alpha(
-        &self,
-        x: &Tensor,
-        overrides: &[Option<&Tensor>],
-        train: bool,
-    ) -> Result<Tensor> {
-        self.forward_walk(x, overrides, train, None)
-    }
-
-    /// [`MorphogeneticModel::forward_with_alpha`] that also returns the
-    /// gradient taps of the seeds whose branch feeds the host gradient (see
-    /// [`SeedSlot::forward_tapped`]): one `(slot, tap)` per live,
-    /// non-isolated seed on the forward path, in execution order. With
-    /// gradient isolation (CNN hosts) the list is empty.
-    pub fn forward_tapped(
-        &self,
-        x: &Tensor,
-        overrides: &[Option<&Tensor>],
-        train: bool,
-    ) -> Result<(Tensor, Vec<(SlotId, Tensor)>)> {
-        let mut taps = Vec::new();
-        let logits = self.forward_walk(x, overrides, train, Some(&mut taps))?;
-        Ok((logits, taps))
-    }
-
-    fn forward_walk(
-        &self,
-        x: &Tensor,
-        overrides: &[Option<&Tensor>],
-        train: bool,
-        mut taps: Option<&mut Vec<(SlotId, Tensor)>>,
-    ) -> Result<Tensor> {
-        if overrides.len() > self.slots.len() {
-            return Err(Error::OutOfRange {
-                field: "forward_with_alpha.overrides",
-                value: format!("{} overrides", overrides.len()),
-                allowed: format!("at most one per enabled slot ({})", self.slots.len()),
-            });
-        }
-        let mut boundary = 0;
-        let mut features = x.shallow_clone();
-        for (index, slot) in self.slots.iter().enumerate() {
-            if !slot.is_active() {
-                continue;
-            }
-            let target = slot.spec().boundary;
-            features = self
-                .host
-                .forward_segment(&features, boundary, target, train)?;
-            let alpha_override = overrides.get(index).copied().flatten();
-            let (output, tap) = slot.forward_tapped(&features, alpha_override, taps.is_some())?;
-            if let (Some(taps), Some(tap)) = (taps.as_deref_mut(), tap) {
-                taps.push((slot.id(), tap));
-            }
-            features = output;
-            boundary = target;
-        }
-        self.host
-            .forward_segment(&features, boundary, self.host.num_segments(), train)
     }
 
     /// Germinates `blueprint` in `slot` on the host's device.

@@ -16,12 +16,11 @@
 //! **Shared host prefix** ([`FusedConfig::share_host_prefix`], on by
 //! default): every configuration computes the same host activations up to
 //! the first seed on the forward path, so that prefix runs once per chunk
-//! on `B` samples and only the rest of the network on `K·B`. Kasmina has no
-//! "forward from boundary" call on the model, so this walk uses the host's
-//! public [`kasmina::host::Host::forward_segment`] and each slot's
-//! [`kasmina::slot::SeedSlot::forward`] in the same order as
-//! [`MorphogeneticModel::forward_with_alpha`] (inactive slots skipped); a
-//! test checks it against the model's own forward.
+//! on `B` samples (the host's [`kasmina::host::Host::forward_segment`] up
+//! to [`MorphogeneticModel::first_active_boundary`]) and only the rest of
+//! the network on `K·B`, through Kasmina's
+//! [`MorphogeneticModel::forward_from`] (the model's own forward walk,
+//! started at that boundary).
 //!
 //! **Memory budget**: one fused forward holds at most
 //! [`FusedConfig::max_fused_samples`] samples: configurations are taken in
@@ -232,7 +231,7 @@ pub fn launch_fused_validation(
     let count = i64::try_from(configs.len()).map_err(|_| too_large("configs", configs.len()))?;
     let sums = Tensor::f_zeros([count, 2], (Kind::Double, device)).op("fused sums")?;
     let prefix_boundary = if config.share_host_prefix {
-        Some(first_active_boundary(model))
+        Some(model.first_active_boundary())
     } else {
         None
     };
@@ -264,15 +263,14 @@ pub fn launch_fused_validation(
         for group in &groups {
             let fused = group.fused_samples(len)?;
             let overrides = group.overrides(len, shape.topology)?;
+            let references: Vec<Option<&Tensor>> = overrides.iter().map(Option::as_ref).collect();
             let logits = match &prefix {
                 Some((boundary, features)) => {
                     let replicated = replicate(features, group.len)?;
-                    forward_from(model, replicated, *boundary, &overrides)?
+                    model.forward_from(&replicated, *boundary, &references, false)?
                 }
                 None => {
                     let replicated = replicate(&x, group.len)?;
-                    let references: Vec<Option<&Tensor>> =
-                        overrides.iter().map(Option::as_ref).collect();
                     model.forward_with_alpha(&replicated, &references, false)?
                 }
             };
@@ -459,45 +457,11 @@ impl Group {
     }
 }
 
-/// The boundary of the first seed on the forward path, or the logits'
-/// boundary when there is none.
-fn first_active_boundary(model: &MorphogeneticModel) -> usize {
-    model
-        .slots()
-        .iter()
-        .find(|slot| slot.is_active())
-        .map_or(model.host().num_segments(), |slot| slot.spec().boundary)
-}
-
 /// `x` (`[B, …]`) repeated `copies` times along the batch, block-major.
 fn replicate(x: &Tensor, copies: i64) -> Result<Tensor> {
     let mut repeats = vec![copies];
     repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
     x.f_repeat(repeats.as_slice()).op("replicate chunk")
-}
-
-/// The model's forward from host activations at `boundary` (at or before
-/// the first active slot): the same walk as
-/// [`MorphogeneticModel::forward_with_alpha`], in evaluation mode.
-fn forward_from(
-    model: &MorphogeneticModel,
-    features: Tensor,
-    boundary: usize,
-    overrides: &[Option<Tensor>],
-) -> Result<Tensor> {
-    let host = model.host();
-    let mut features = features;
-    let mut at = boundary;
-    for (slot, alpha) in model.slots().iter().zip(overrides) {
-        if !slot.is_active() {
-            continue;
-        }
-        let target = slot.spec().boundary;
-        features = host.forward_segment(&features, at, target, false)?;
-        features = slot.forward(&features, alpha.as_ref())?;
-        at = target;
-    }
-    Ok(host.forward_segment(&features, at, host.num_segments(), false)?)
 }
 
 /// `[G, 2]` (correct targets, summed cross-entropy) per configuration of a

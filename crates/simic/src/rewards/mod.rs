@@ -27,6 +27,7 @@
 
 pub mod breakdown;
 pub mod config;
+mod config_checks;
 pub mod episode;
 pub mod inputs;
 pub mod normaliser;

@@ -37,23 +37,27 @@
 //! Bad input: a batch size of 0 or larger than the data set, and a data set
 //! whose device differs from the step's, are errors before anything runs.
 
+mod accumulator;
 pub mod bench;
+mod execution;
 pub mod model_step;
+mod pool;
 pub mod staging;
 pub mod trainer;
 
+pub use accumulator::EpochAccumulator;
+pub use pool::shared_pool;
+
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use leyline::event;
 use leyline::proto::TelemetryEvent;
-use leyline::telemetry as names;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 use torch_ext::{CudaEvent, CudaGraph, CudaStream, GraphPool};
 
 use crate::config::ExecutionMode;
-use crate::error::{Error, Result, TorchResultExt};
+use crate::error::{Error, Result};
+use execution::{EpochCounts, SyncGuard};
 use staging::StagedData;
 
 /// One batch as the step sees it: inputs `[B, ...]` and `i64` labels `[B]`
@@ -66,91 +70,6 @@ pub struct Batch<'a> {
     pub labels: &'a Tensor,
     /// Zero-based index of the batch in its epoch.
     pub index: usize,
-}
-
-/// The engine's device accumulator of an epoch: `f32 [2]` holding the sum
-/// of per-sample losses and the number of correct predictions (the sample
-/// count is the host's: the batch plan). A step adds into it with
-/// [`EpochAccumulator::add`]: five kernels, no readback.
-#[derive(Debug)]
-pub struct EpochAccumulator {
-    values: Tensor,
-    loss: Tensor,
-    hits: Tensor,
-}
-
-impl EpochAccumulator {
-    /// A zeroed accumulator on `device` (the engine holds one; a test
-    /// driving a [`Step`] by hand makes its own).
-    pub fn new(device: Device) -> Result<EpochAccumulator> {
-        let values = Tensor::f_zeros([2], (Kind::Float, device)).op("accumulator zeros")?;
-        Ok(EpochAccumulator {
-            loss: values.f_select(0, 0).op("select")?,
-            hits: values.f_select(0, 1).op("select")?,
-            values,
-        })
-    }
-
-    /// Adds one batch of `samples` samples: `mean_loss` (0-dim `f32`) times
-    /// `samples`, and the hits of `logits` `[N, classes]` against `labels`
-    /// `[N]`, scaled by `samples / N` (token models predict `N = B x T`
-    /// labels; a sample then counts its fraction of correct tokens). Device
-    /// work only.
-    pub fn add(
-        &self,
-        mean_loss: &Tensor,
-        logits: &Tensor,
-        labels: &Tensor,
-        samples: i64,
-    ) -> Result<()> {
-        let predictions = logits.size().first().copied().unwrap_or(0).max(1);
-        let hits = logits
-            .f_argmax(-1, false)
-            .op("argmax")?
-            .f_eq_tensor(labels)
-            .op("eq")?
-            .f_sum(Kind::Float)
-            .op("sum")?;
-        let loss = mean_loss
-            .f_detach()
-            .op("detach")?
-            .f_to_kind(Kind::Float)
-            .op("to_kind")?;
-        torch_ext::fused::foreach_add_(
-            std::slice::from_ref(&self.loss),
-            std::slice::from_ref(&loss),
-            samples as f64,
-        )?;
-        torch_ext::fused::foreach_add_(
-            std::slice::from_ref(&self.hits),
-            std::slice::from_ref(&hits),
-            samples as f64 / predictions as f64,
-        )?;
-        Ok(())
-    }
-
-    fn zero(&self) -> Result<()> {
-        let _ = self.values.shallow_clone().f_zero_().op("zero")?;
-        Ok(())
-    }
-
-    /// Reads the sums back (one transfer): `(loss_sum, correct)`.
-    fn read(&self) -> Result<(f64, f64)> {
-        let values = Vec::<f32>::try_from(
-            self.values
-                .f_to_device(Device::Cpu)
-                .op("accumulator readback")?,
-        )
-        .op("accumulator to vec")?;
-        match values.as_slice() {
-            [loss, correct] => Ok((f64::from(*loss), f64::from(*correct))),
-            other => Err(Error::Readback {
-                what: "epoch accumulator",
-                expected: 2,
-                got: other.len(),
-            }),
-        }
-    }
 }
 
 /// One captured graph's shape `(batch size, variant)` (the epoch graph is
@@ -245,50 +164,6 @@ impl EngineEpoch {
     pub fn graph_enabled(&self) -> bool {
         self.replayed_steps > 0
     }
-}
-
-/// One graph memory pool per CUDA device and *lane* for the whole process:
-/// every engine of that lane captures into it. Graphs of one pool may reuse
-/// each other's intermediate memory, which is safe only while they never
-/// replay at the same time: engines that run concurrently on different
-/// streams take different lanes ([`EngineConfig::pool_lane`]). A one-kernel *keeper* graph captured into the
-/// pool when it is made lives as long as the process: the caching allocator
-/// frees a pool once no graph uses it, and capturing into a freed pool's id
-/// is an internal error, so without the keeper the second trainer after the
-/// first one's graphs were dropped could not capture at all.
-pub fn shared_pool(device_index: usize, lane: usize) -> Result<GraphPool> {
-    struct Shared {
-        pool: GraphPool,
-        _keeper: CudaGraph,
-        _cell: Tensor,
-    }
-    static POOLS: OnceLock<Mutex<HashMap<(usize, usize), Shared>>> = OnceLock::new();
-    let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut pools = pools.lock().map_err(|_| Error::InvalidConfig {
-        field: "graph pool",
-        reason: "the process-wide graph pool table is poisoned".to_owned(),
-    })?;
-    if let Some(shared) = pools.get(&(device_index, lane)) {
-        return Ok(shared.pool);
-    }
-    let pool = GraphPool::new()?;
-    let stream = CudaStream::from_pool(device_index, false)?;
-    let cell = Tensor::f_zeros([1], (Kind::Float, Device::Cuda(device_index))).op("keeper cell")?;
-    let keeper = CudaGraph::capture(&stream, Some(&pool), 1, || {
-        cell.shallow_clone()
-            .f_add_scalar_(1.0)
-            .map(|_| ())
-            .map_err(|error| error.to_string())
-    })?;
-    let _ = pools.insert(
-        (device_index, lane),
-        Shared {
-            pool,
-            _keeper: keeper,
-            _cell: cell,
-        },
-    );
-    Ok(pool)
 }
 
 struct CudaParts {
@@ -579,220 +454,6 @@ impl Engine {
         })
     }
 
-    /// Eager epochs from pinned host memory: the copy of batch `b + 1` is
-    /// queued before the step of batch `b`, into the other buffer.
-    fn pinned_epoch(
-        &mut self,
-        step: &mut dyn Step,
-        data: &StagedData,
-        plan: &[(i64, i64)],
-        permutation: &Tensor,
-        outcome: &mut EpochCounts,
-    ) -> Result<()> {
-        if let Some(&(start, len)) = plan.first() {
-            data.stage(0, &permutation.f_narrow(0, start, len).op("narrow")?)?;
-        }
-        for (index, _) in plan.iter().enumerate() {
-            let slot = index % 2;
-            let (inputs, labels) = data.staged(slot)?;
-            if let Some(&(start, len)) = plan.get(index.saturating_add(1)) {
-                data.stage(slot ^ 1, &permutation.f_narrow(0, start, len).op("narrow")?)?;
-            }
-            step.run(
-                &Batch {
-                    inputs: &inputs,
-                    labels: &labels,
-                    index,
-                },
-                &self.accumulator,
-            )?;
-            data.consumed(slot)?;
-            outcome.eager = outcome.eager.saturating_add(1);
-        }
-        Ok(())
-    }
-
-    /// Eager and graph-step epochs: batch by batch.
-    fn step_epoch(
-        &mut self,
-        step: &mut dyn Step,
-        data: &StagedData,
-        plan: &[(i64, i64)],
-        permutation: &Tensor,
-        outcome: &mut EpochCounts,
-    ) -> Result<()> {
-        for (index, &(start, len)) in plan.iter().enumerate() {
-            let indices = permutation.f_narrow(0, start, len).op("narrow")?;
-            let shape = (len, step.variant(index));
-            if self.config.mode == ExecutionMode::GraphStep && !self.failed.contains(&shape) {
-                if let Some(graph) = self.step_graphs.get(&shape) {
-                    graph
-                        .indices
-                        .shallow_clone()
-                        .f_copy_(&indices)
-                        .op("index copy")?;
-                    graph.graph.replay()?;
-                    outcome.replayed = outcome.replayed.saturating_add(1);
-                    continue;
-                }
-                let warm = self.warm.get(&shape).copied().unwrap_or(0);
-                if warm >= self.config.warmup_steps {
-                    if self.capture_step(step, data, &indices, index, shape, outcome)? {
-                        outcome.replayed = outcome.replayed.saturating_add(1);
-                        continue;
-                    }
-                } else {
-                    let _ = self.warm.insert(shape, warm.saturating_add(1));
-                }
-            }
-            run_one(step, data, &indices, index, &self.accumulator)?;
-            outcome.eager = outcome.eager.saturating_add(1);
-        }
-        Ok(())
-    }
-
-    /// Captures the step graph for `shape` and replays it for this batch;
-    /// `false` (after queuing the fallback event) when the capture failed.
-    fn capture_step(
-        &mut self,
-        step: &mut dyn Step,
-        data: &StagedData,
-        indices: &Tensor,
-        index: usize,
-        shape: (i64, u8),
-        outcome: &mut EpochCounts,
-    ) -> Result<bool> {
-        let Some(cuda) = &self.cuda else {
-            return Ok(false);
-        };
-        let static_indices = deep_copy(indices)?;
-        let started = Instant::now();
-        let accumulator = &self.accumulator;
-        let captured = {
-            // The sync-debug guard must not see the capture's own device
-            // synchronisation.
-            let _relaxed = SyncGuard::relax()?;
-            CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
-                run_one(step, data, &static_indices, index, accumulator)
-                    .map_err(|error| error.to_string())
-            })
-        };
-        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-        match captured {
-            Ok(graph) => {
-                graph.replay()?;
-                self.note_capture(elapsed, outcome, shape);
-                let _ = self.step_graphs.insert(
-                    shape,
-                    StepGraph {
-                        graph,
-                        indices: static_indices,
-                    },
-                );
-                Ok(true)
-            }
-            Err(error) => {
-                step.abandon();
-                let _ = self.failed.insert(shape);
-                outcome.events.push(fallback_event(&error.to_string()));
-                Ok(false)
-            }
-        }
-    }
-
-    fn note_capture(&mut self, elapsed: f64, outcome: &mut EpochCounts, shape: (i64, u8)) {
-        self.total_captures = self.total_captures.saturating_add(1);
-        if self.first_capture_ms.is_none() {
-            self.first_capture_ms = Some(elapsed);
-        }
-        outcome.captures = outcome.captures.saturating_add(1);
-        outcome.capture_ms += elapsed;
-        outcome.events.push(event(
-            names::TOLARIA_GRAPH_ENABLED,
-            "training step captured",
-            vec![
-                ("batch", shape.0.to_string()),
-                ("variant", shape.1.to_string()),
-                ("capture_ms", format!("{elapsed:.3}")),
-                ("mode", self.config.mode.name().to_owned()),
-            ],
-        ));
-    }
-
-    /// Graph-epoch: eager warm-up epochs, then the whole epoch as one graph.
-    fn epoch_graph_epoch(
-        &mut self,
-        step: &mut dyn Step,
-        data: &StagedData,
-        plan: &[(i64, i64)],
-        permutation: &Tensor,
-        outcome: &mut EpochCounts,
-    ) -> Result<()> {
-        let steps = plan.len();
-        if let Some((graph, static_permutation)) = &self.epoch_graph {
-            static_permutation
-                .shallow_clone()
-                .f_copy_(permutation)
-                .op("permutation copy")?;
-            graph.replay()?;
-            outcome.replayed = outcome.replayed.saturating_add(steps);
-            return Ok(());
-        }
-        let warm_steps = self.warm_epochs.saturating_mul(steps);
-        if self.epoch_failed || warm_steps < self.config.warmup_steps.max(1) {
-            self.warm_epochs = self.warm_epochs.saturating_add(1);
-            for (index, &(start, len)) in plan.iter().enumerate() {
-                let indices = permutation.f_narrow(0, start, len).op("narrow")?;
-                run_one(step, data, &indices, index, &self.accumulator)?;
-            }
-            outcome.eager = outcome.eager.saturating_add(steps);
-            return Ok(());
-        }
-        let Some(cuda) = &self.cuda else {
-            return Err(Error::CudaRequired {
-                what: "graph-epoch mode",
-                reason: "no CUDA device".to_owned(),
-            });
-        };
-        let static_permutation = deep_copy(permutation)?;
-        let started = Instant::now();
-        let accumulator = &self.accumulator;
-        let captured = {
-            let _relaxed = SyncGuard::relax()?;
-            CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
-                (|| -> Result<()> {
-                    accumulator.zero()?;
-                    for (index, &(start, len)) in plan.iter().enumerate() {
-                        let indices = static_permutation.f_narrow(0, start, len).op("narrow")?;
-                        run_one(step, data, &indices, index, accumulator)?;
-                    }
-                    Ok(())
-                })()
-                .map_err(|error| error.to_string())
-            })
-        };
-        let elapsed = started.elapsed().as_secs_f64() * 1000.0;
-        match captured {
-            Ok(graph) => {
-                graph.replay()?;
-                self.note_capture(elapsed, outcome, (plan.len() as i64, u8::MAX));
-                self.epoch_graph = Some((graph, static_permutation));
-                outcome.replayed = outcome.replayed.saturating_add(steps);
-            }
-            Err(error) => {
-                step.abandon();
-                self.epoch_failed = true;
-                outcome.events.push(fallback_event(&error.to_string()));
-                for (index, &(start, len)) in plan.iter().enumerate() {
-                    let indices = permutation.f_narrow(0, start, len).op("narrow")?;
-                    run_one(step, data, &indices, index, &self.accumulator)?;
-                }
-                outcome.eager = outcome.eager.saturating_add(steps);
-            }
-        }
-        Ok(())
-    }
-
     /// Node summaries of the graphs held now: one entry per step graph
     /// (batch size, variant) and the epoch graph (`(steps, u8::MAX)`), each
     /// with [`CudaGraph::node_summary`]'s `(count, node)` pairs.
@@ -833,90 +494,5 @@ impl Engine {
     /// The CUDA device index, if on CUDA.
     pub fn cuda_index(&self) -> Option<usize> {
         self.cuda.as_ref().map(|cuda| cuda.device_index)
-    }
-}
-
-#[derive(Default)]
-struct EpochCounts {
-    replayed: usize,
-    eager: usize,
-    captures: usize,
-    capture_ms: f64,
-    events: Vec<TelemetryEvent>,
-}
-
-fn run_one(
-    step: &mut dyn Step,
-    data: &StagedData,
-    indices: &Tensor,
-    index: usize,
-    accumulator: &EpochAccumulator,
-) -> Result<()> {
-    let (inputs, labels) = data.gather(indices)?;
-    step.run(
-        &Batch {
-            inputs: &inputs,
-            labels: &labels,
-            index,
-        },
-        accumulator,
-    )
-}
-
-/// A fresh tensor holding a copy of `tensor` (a capture's static buffer).
-fn deep_copy(tensor: &Tensor) -> Result<Tensor> {
-    let copy = tensor.f_empty_like().op("empty_like")?;
-    copy.shallow_clone().f_copy_(tensor).op("copy_")?;
-    Ok(copy)
-}
-
-fn fallback_event(reason: &str) -> TelemetryEvent {
-    event(
-        names::TOLARIA_GRAPH_FALLBACK,
-        "graph capture failed; the step runs eagerly",
-        vec![("reason", reason.to_owned())],
-    )
-}
-
-/// Sets CUDA sync debugging to "error" while alive (when `on`), restoring
-/// the previous mode on drop.
-struct SyncGuard {
-    previous: Option<torch_ext::cuda::SyncDebugMode>,
-}
-
-impl SyncGuard {
-    fn new(on: bool) -> Result<SyncGuard> {
-        if !on {
-            return Ok(SyncGuard { previous: None });
-        }
-        let previous = torch_ext::cuda::sync_debug_mode()?;
-        torch_ext::cuda::set_sync_debug_mode(torch_ext::cuda::SyncDebugMode::Error)?;
-        Ok(SyncGuard {
-            previous: Some(previous),
-        })
-    }
-
-    /// Turns sync debugging off for a capture (which synchronises the device
-    /// on purpose), restoring it on drop.
-    fn relax() -> Result<SyncGuard> {
-        if !torch_ext::cuda::is_available() {
-            return Ok(SyncGuard { previous: None });
-        }
-        let previous = torch_ext::cuda::sync_debug_mode()?;
-        if previous == torch_ext::cuda::SyncDebugMode::Off {
-            return Ok(SyncGuard { previous: None });
-        }
-        torch_ext::cuda::set_sync_debug_mode(torch_ext::cuda::SyncDebugMode::Off)?;
-        Ok(SyncGuard {
-            previous: Some(previous),
-        })
-    }
-}
-
-impl Drop for SyncGuard {
-    fn drop(&mut self) {
-        if let Some(previous) = self.previous.take() {
-            let _ = torch_ext::cuda::set_sync_debug_mode(previous);
-        }
     }
 }
