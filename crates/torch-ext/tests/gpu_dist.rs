@@ -58,3 +58,33 @@ fn two_nccl_ranks_reduce_and_broadcast_on_two_gpus() {
     }
     println!("two NCCL ranks agreed on two GPUs");
 }
+
+#[test]
+fn a_graph_captures_on_the_second_gpu_while_the_first_is_current() {
+    let count = torch_ext::cuda::device_count();
+    if count < 2 {
+        println!("skipped: needs 2 CUDA devices, found {count}");
+        return;
+    }
+    torch_ext::cuda::set_device(0).expect("device 0 current");
+    let device = Device::Cuda(1);
+    let stream = torch_ext::CudaStream::from_pool(1, false).expect("a stream of GPU 1");
+    let x = Tensor::randn([8, 8], (Kind::Float, device));
+    let mut out = Tensor::zeros([8, 8], (Kind::Float, device));
+    let graph = torch_ext::CudaGraph::capture(&stream, None, 1, || {
+        let y = x.f_matmul(&x).map_err(|e| e.to_string())?;
+        out.f_copy_(&y).map_err(|e| e.to_string())?;
+        Ok(())
+    })
+    .expect("capture on GPU 1's stream");
+    assert_eq!(
+        torch_ext::cuda::current_device().expect("current"),
+        0,
+        "the guard restored it"
+    );
+    let _ = out.zero_();
+    graph.replay().expect("replay");
+    let expected = x.matmul(&x);
+    let diff = (&out - &expected).abs().max().double_value(&[]);
+    assert!(diff < 1e-3, "replay differs by {diff}");
+}
