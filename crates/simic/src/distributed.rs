@@ -91,6 +91,22 @@ impl DataParallel {
         Ok(())
     }
 
+    /// Prepares the group for training on `parameters` and checks it: the
+    /// pooled gradient buffer is allocated and all-reduced once (NCCL sets
+    /// up its transports at a communicator's first collective of each kind,
+    /// which would otherwise land in the first update), and the parameters
+    /// are checked identical on every rank (after
+    /// [`DataParallel::broadcast_parameters`], they must be).
+    pub fn warm_up(&mut self, parameters: &[Tensor]) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let total: i64 = parameters.iter().map(Tensor::numel).map(|n| n as i64).sum();
+        let flat = Tensor::f_zeros([total], (Kind::Float, self.group.device()))
+            .op("gradient buffer")?;
+        self.group.all_reduce_(&flat, ReduceOp::Sum)?;
+        self.flat = Some(flat);
+        self.check_identical(parameters)
+    }
+
     /// Replaces every gradient with its mean over the ranks: one all-reduce
     /// of a flat buffer that is allocated on the first call and reused.
     pub fn average_gradients(&mut self, grads: &[Tensor]) -> Result<()> {

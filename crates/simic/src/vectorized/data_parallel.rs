@@ -17,7 +17,8 @@ const RANK_SEED_STRIDE: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Simic {
     /// Makes this trainer one rank of `group` before its first round: the
-    /// policy's parameters become rank 0's, the sampler is reseeded for
+    /// policy's parameters become rank 0's (checked identical, with the
+    /// group's collectives warmed up), the sampler is reseeded for
     /// this rank, and environment seeds are drawn as if the group's
     /// environments were one vector of `world_size · n_envs`
     /// (`seed + ((round·world + rank)·n_envs + env)·env_seed_stride`).
@@ -37,8 +38,9 @@ impl Simic {
                 got: format!("{:?}", group.device()),
             });
         }
-        let group = DataParallel::new(group);
+        let mut group = DataParallel::new(group);
         group.broadcast_parameters(self.ppo.parameters())?;
+        group.warm_up(self.ppo.parameters())?;
         let rank = group.rank() as u64;
         let seed = self
             .config
