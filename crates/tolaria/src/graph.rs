@@ -75,10 +75,9 @@ impl CudaContext {
             })?;
         let compute = CudaStream::from_pool(device_index, false)?;
         let staging = CudaStream::from_pool(device_index, false)?;
-        let readback = Tensor::f_zeros([metrics_len], (Kind::Float, Device::Cpu))
-            .op("zeros")?
-            .f_pin_memory(Device::Cuda(device_index))
-            .op("pin_memory")?;
+        let readback = torch_ext::memory::pin(
+            &Tensor::f_zeros([metrics_len], (Kind::Float, Device::Cpu)).op("zeros")?,
+        )?;
         Ok(CudaContext {
             compute,
             staging,

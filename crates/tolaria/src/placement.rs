@@ -31,7 +31,7 @@ pub(crate) fn place_training_set(
     let host = Tensor::f_from_slice(&values).op("from_slice")?;
     let (host, device_buffer) = match device {
         Device::Cuda(_) => {
-            let pinned = host.f_pin_memory(device).op("pin_memory")?;
+            let pinned = torch_ext::memory::pin(&host)?;
             let on_device = pinned.f_to_device(device).op("to_device")?;
             (pinned, on_device)
         }

@@ -125,6 +125,8 @@ char* esper_contiguous_channels_last(const void* tensor, void** out);
 char* esper_set_channels_last_(void* tensor, int32_t* changed);
 char* esper_is_channels_last(const void* tensor, int32_t* result);
 char* esper_set_grads_to_none(void* const* tensors, int64_t n);
+char* esper_pin_memory(const void* tensor, void** out);
+char* esper_is_pinned(const void* tensor, int32_t* pinned);
 
 // ---- dist.cpp: c10d process groups (TCPStore rendezvous; Gloo or NCCL) ----
 // backend: 0 = Gloo (CPU tensors), 1 = NCCL (CUDA tensors on device_index).

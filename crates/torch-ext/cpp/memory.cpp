@@ -76,4 +76,22 @@ char* esper_set_grads_to_none(void* const* tensors, int64_t n) {
   ESPER_CATCH
 }
 
+char* esper_pin_memory(const void* tensor, void** out) {
+  ESPER_TRY
+  TORCH_CHECK(tensor != nullptr, "pin_memory: null tensor");
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  // No device argument (deprecated in libtorch 2.11): the page-locked memory
+  // belongs to the current accelerator, i.e. the calling thread's current
+  // CUDA device, so a process working on cuda:N never touches GPU 0.
+  *out = new at::Tensor(t.is_pinned() ? t : t.pin_memory());
+  ESPER_CATCH
+}
+
+char* esper_is_pinned(const void* tensor, int32_t* pinned) {
+  ESPER_TRY
+  TORCH_CHECK(tensor != nullptr, "is_pinned: null tensor");
+  *pinned = static_cast<const at::Tensor*>(tensor)->is_pinned() ? 1 : 0;
+  ESPER_CATCH
+}
+
 }  // extern "C"

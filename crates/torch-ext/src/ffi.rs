@@ -167,6 +167,8 @@ unsafe extern "C" {
     pub(crate) fn esper_set_channels_last_(tensor: *mut c_void, changed: *mut i32) -> RawError;
     pub(crate) fn esper_is_channels_last(tensor: *const c_void, result: *mut i32) -> RawError;
     pub(crate) fn esper_set_grads_to_none(tensors: *const *mut c_void, n: i64) -> RawError;
+    pub(crate) fn esper_pin_memory(tensor: *const c_void, out: *mut *mut c_void) -> RawError;
+    pub(crate) fn esper_is_pinned(tensor: *const c_void, pinned: *mut i32) -> RawError;
     pub(crate) fn esper_clip_grad_norm_(
         grads: *const *mut c_void,
         n: i64,

@@ -5,7 +5,8 @@
 //! without layout conversions; a CNN whose weights are channels-last gets
 //! NHWC activations throughout (`torch.channels_last` in PyTorch).
 //!
-//! Also [`set_grads_to_none`]: `zero_grad(set_to_none=True)`, which tch
+//! Also [`pin`] and [`is_pinned`]: page-locked host memory on the current
+//! device, without tch's deprecated device argument. And [`set_grads_to_none`]: `zero_grad(set_to_none=True)`, which tch
 //! lacks (its `zero_grad` zeroes in place).
 
 use crate::error::Result;
@@ -78,4 +79,39 @@ pub fn set_grads_to_none(tensors: &[tch::Tensor]) -> Result<()> {
             ffi::esper_set_grads_to_none(ptrs.as_ptr(), len),
         )
     }
+}
+
+/// `tensor.pin_memory()` without a device: a page-locked copy of a host
+/// tensor (the tensor itself, shared, when it already is), owned by the
+/// calling thread's current CUDA device. tch passes `cuda:0` as the
+/// (deprecated) device argument, which makes a process that works on another
+/// GPU create a context on GPU 0 and prints a warning per call. Needs CUDA.
+pub fn pin(tensor: &tch::Tensor) -> Result<tch::Tensor> {
+    crate::cuda::ensure_available()?;
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: `tensor` is borrowed for the call; on success `out` is a fresh
+    // heap `at::Tensor*`, owned now by the returned tch tensor.
+    unsafe {
+        ffi::check(
+            "memory::pin",
+            ffi::esper_pin_memory(ffi::tensor_ptr(tensor), &mut out),
+        )?;
+        Ok(tch::Tensor::from_ptr(out.cast()))
+    }
+}
+
+/// Whether `tensor` is in page-locked host memory (`false` without CUDA).
+pub fn is_pinned(tensor: &tch::Tensor) -> bool {
+    if !crate::cuda::is_available() {
+        return false;
+    }
+    let mut pinned: i32 = 0;
+    // SAFETY: `tensor` is borrowed for the call; `pinned` is a live out-parameter.
+    let checked = unsafe {
+        ffi::check(
+            "memory::is_pinned",
+            ffi::esper_is_pinned(ffi::tensor_ptr(tensor), &mut pinned),
+        )
+    };
+    checked.is_ok() && pinned != 0
 }

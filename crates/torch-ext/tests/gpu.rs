@@ -523,3 +523,19 @@ fn captured_fused_sgd_step_matches_eager_steps() {
     // lr 0: parameters unchanged.
     assert_close(&values(&params[0]), &frozen, 0.0);
 }
+
+#[test]
+fn pinning_keeps_values_and_is_idempotent() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let host = Tensor::arange(12, (Kind::Float, Device::Cpu));
+    assert!(!torch_ext::memory::is_pinned(&host));
+    let pinned = torch_ext::memory::pin(&host).unwrap();
+    assert!(torch_ext::memory::is_pinned(&pinned));
+    assert_eq!(values(&pinned), values(&host));
+    let again = torch_ext::memory::pin(&pinned).unwrap();
+    assert_eq!(
+        again.data_ptr(),
+        pinned.data_ptr(),
+        "a pinned tensor is returned as is"
+    );
+}

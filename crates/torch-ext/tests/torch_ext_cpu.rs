@@ -581,3 +581,17 @@ fn fused_steps_skip_the_update_when_found_inf_is_set() {
     assert_eq!(values(&steps[0]), vec![1.0]);
     assert_ne!(values(&params[0]), vec![1.0, 2.0]);
 }
+
+#[test]
+fn pinning_needs_cuda_and_nothing_is_pinned_without_it() {
+    if torch_ext::cuda::is_available() {
+        println!("skipping: this check is for machines without CUDA");
+        return;
+    }
+    let host = tch::Tensor::zeros([4], (tch::Kind::Float, tch::Device::Cpu));
+    assert!(!torch_ext::memory::is_pinned(&host));
+    assert!(matches!(
+        torch_ext::memory::pin(&host),
+        Err(torch_ext::Error::CudaUnavailable)
+    ));
+}

@@ -425,32 +425,29 @@ impl Dataset {
     /// [`torch_ext::cuda::is_available`], which also loads libtorch's CUDA
     /// backend.
     ///
-    /// tch 0.24 always passes a device to `pin_memory`, so libtorch 2.11
-    /// prints a deprecation warning for that argument; it is harmless
-    /// (checked on an H100).
+    /// The memory belongs to the current CUDA device
+    /// ([`torch_ext::memory::pin`]), so a process working on another GPU
+    /// than GPU 0 never touches GPU 0.
     pub fn pin_memory(&self) -> Result<Self> {
         const OP: &str = "Dataset::pin_memory";
         if !torch_ext::cuda::is_available() || self.device() != Device::Cpu {
             return Ok(self.shallow_clone());
         }
-        let images = self
-            .images
-            .f_pin_memory(Device::Cuda(0))
-            .map_err(torch_error(OP))?;
-        let labels = self
-            .labels
-            .f_pin_memory(Device::Cuda(0))
-            .map_err(torch_error(OP))?;
+        let pin_error = |error: torch_ext::Error| DataError::Torch {
+            op: OP,
+            source: tch::TchError::Torch(error.to_string()),
+        };
+        let images = torch_ext::memory::pin(&self.images).map_err(pin_error)?;
+        let labels = torch_ext::memory::pin(&self.labels).map_err(pin_error)?;
         Ok(self.derived(self.name.clone(), images, labels))
     }
 
     /// Whether the tensors are in page-locked host memory (always `false`
-    /// without CUDA). Like [`Dataset::pin_memory`], it makes libtorch print a
-    /// deprecation warning about the device argument.
+    /// without CUDA).
     pub fn is_pinned(&self) -> bool {
         torch_ext::cuda::is_available()
             && self.device() == Device::Cpu
-            && self.images.f_is_pinned(Device::Cuda(0)).unwrap_or(false)
+            && torch_ext::memory::is_pinned(&self.images)
     }
 
     /// Number of samples of each class, indexed by class.

@@ -187,14 +187,14 @@ impl StagedData {
             .images()
             .f_to_kind(input_kind(dataset.images()))
             .op("inputs kind")?;
-        let inputs = if device.is_cuda() && !inputs.is_pinned(Device::Cuda(0)) {
-            inputs.f_pin_memory(Device::Cuda(0)).op("pin inputs")?
+        let inputs = if device.is_cuda() && !torch_ext::memory::is_pinned(&inputs) {
+            torch_ext::memory::pin(&inputs)?
         } else {
             inputs
         };
         let labels = host.labels().f_to_kind(Kind::Int64).op("labels kind")?;
-        let labels = if device.is_cuda() && !labels.is_pinned(Device::Cuda(0)) {
-            labels.f_pin_memory(Device::Cuda(0)).op("pin labels")?
+        let labels = if device.is_cuda() && !torch_ext::memory::is_pinned(&labels) {
+            torch_ext::memory::pin(&labels)?
         } else {
             labels
         };
@@ -206,7 +206,7 @@ impl StagedData {
         let slot = || -> Result<Slot> {
             let pin = |tensor: Tensor| -> Result<Tensor> {
                 if device.is_cuda() {
-                    tensor.f_pin_memory(Device::Cuda(0)).op("pin buffer")
+                    Ok(torch_ext::memory::pin(&tensor)?)
                 } else {
                     Ok(tensor)
                 }

@@ -147,7 +147,7 @@ fn allocate(variables: &[(String, Tensor)], device: Device) -> Result<Vec<Entry>
             let buffer = Tensor::f_empty(size.as_slice(), (kind, Device::Cpu))
                 .op("governor snapshot buffer")?;
             let buffer = match device {
-                Device::Cuda(_) => buffer.f_pin_memory(device).op("governor pin_memory")?,
+                Device::Cuda(_) => torch_ext::memory::pin(&buffer)?,
                 _ => buffer,
             };
             Ok(Entry {
