@@ -122,3 +122,27 @@ fn a_killed_rank_stops_the_run_with_an_error() {
     );
     println!("stopped {took:?} after the kill:\n{rest}");
 }
+
+#[test]
+fn devices_name_devices_and_do_not_combine_with_nproc() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |extra: &[&str]| {
+        let mut args: Vec<String> = ppo_args(&dir.path().join("run"), "1");
+        let at = args.iter().position(|a| a == "--nproc").expect("--nproc");
+        args.drain(at..at + 2);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Command::new(ESPER)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("esper runs")
+    };
+    let bad = run(&["--devices", "gpu0"]);
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("\"gpu0\" is not cpu or cuda:N"), "{stderr}");
+    let both = run(&["--devices", "cpu,cpu", "--nproc", "2"]);
+    assert!(!both.status.success());
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(stderr.contains("use one or the other"), "{stderr}");
+}

@@ -191,3 +191,41 @@ fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
         "the policy step should replay a graph"
     );
 }
+
+/// On two GPUs in one process: environments spread round-robin over cuda:0
+/// and cuda:1 (models, data, streams and graphs on their device), the policy
+/// on cuda:0; two rounds train, act and update. Skips without two GPUs.
+#[test]
+fn a_round_spreads_its_environments_over_two_gpus() {
+    let count = if tch::Cuda::is_available() {
+        tch::Cuda::device_count()
+    } else {
+        0
+    };
+    if count < 2 {
+        eprintln!("skipped: needs 2 CUDA devices, found {count}");
+        return;
+    }
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let spec = spec(4);
+    let mut config = config(13);
+    config.n_envs = 4;
+    config.trainer.mode = tolaria::config::ExecutionMode::GraphStep;
+    config.trainer.precision = Some(tolaria::amp::Precision::Fp32);
+    config.env_devices = vec![Device::Cuda(0), Device::Cuda(1)];
+    let mut simic = Simic::new(config, 3, Device::Cuda(0), Telemetry::disabled()).expect("simic");
+    for round in 0..2 {
+        let report = simic.run_round(&spec, true).expect("round");
+        assert!(report.env_epochs >= 4, "round {round}: {report:?}");
+        assert_eq!(report.final_accuracies.len(), 4);
+        let ppo = report.ppo.as_ref().expect("learned");
+        assert!(ppo.total_loss.is_finite(), "{ppo:?}");
+    }
+    // Both GPUs did work.
+    for device in 0..2 {
+        let peak = torch_ext::cuda::max_memory_allocated(device).expect("memory stats");
+        assert!(peak > 0, "nothing allocated on cuda:{device}");
+    }
+}

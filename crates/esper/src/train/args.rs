@@ -162,6 +162,11 @@ pub(crate) struct TrainArgs {
     /// PPO (--controller ppo): rounds, one PPO update each [default: 10].
     #[arg(long, value_name = "N")]
     pub(crate) rounds: Option<usize>,
+    /// PPO (--controller ppo): spread the environments over these devices
+    /// of this host in one process, round-robin (e.g. cuda:0,cuda:1); the
+    /// policy stays on --device [default: all on --device].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub(crate) devices: Vec<String>,
     /// PPO (--controller ppo): train as N data-parallel processes, one GPU
     /// each (cuda:0..N-1, NCCL) or N CPU processes (Gloo); rank 0 writes
     /// the run directory [default: 1].

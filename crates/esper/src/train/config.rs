@@ -21,7 +21,7 @@ use super::args::{ControllerKind, ModeChoice, PrecisionChoice, TaskKind, TrainAr
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 17] = [
+pub(crate) const KEYS: [&str; 18] = [
     "controller",
     "task",
     "slots",
@@ -39,6 +39,7 @@ pub(crate) const KEYS: [&str; 17] = [
     "checkpoint_every",
     "envs",
     "rounds",
+    "devices",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -92,6 +93,7 @@ struct FileConfig {
     checkpoint_every: Option<usize>,
     envs: Option<usize>,
     rounds: Option<usize>,
+    devices: Option<Vec<String>>,
 }
 
 /// The resolved configuration of one run (written as `config.toml`).
@@ -138,6 +140,10 @@ pub(crate) struct RunConfig {
     /// PPO: rounds (one PPO update each).
     #[serde(default = "default_rounds")]
     pub(crate) rounds: usize,
+    /// PPO: the environments' devices, round-robin (`cuda:0`, `cuda:1`,
+    /// ...); the policy stays on `device`. Empty: everything on `device`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) devices: Vec<String>,
 }
 
 fn default_checkpoint_every() -> usize {
@@ -217,6 +223,11 @@ impl RunConfig {
                 .unwrap_or(DEFAULT_CHECKPOINT_EVERY),
             envs: args.envs.or(file.envs).unwrap_or(DEFAULT_ENVS),
             rounds: args.rounds.or(file.rounds).unwrap_or(DEFAULT_ROUNDS),
+            devices: if args.devices.is_empty() {
+                file.devices.unwrap_or_default()
+            } else {
+                args.devices.clone()
+            },
         };
         config.validate()?;
         Ok(config)
@@ -245,6 +256,7 @@ impl RunConfig {
             );
         }
         self.device_choice()?;
+        self.env_devices()?;
         if self.slots.is_empty() {
             bail!("slots is empty; name at least one seed slot, e.g. r0c1");
         }
@@ -262,6 +274,19 @@ impl RunConfig {
         self.device
             .parse::<DeviceChoice>()
             .with_context(|| format!("device {:?}", self.device))
+    }
+
+    /// The environments' devices `devices` names (each `cpu` or `cuda:N`;
+    /// `auto` and bare `cuda` are refused: the list names devices).
+    pub(crate) fn env_devices(&self) -> Result<Vec<tch::Device>> {
+        self.devices
+            .iter()
+            .map(|text| match text.parse::<DeviceChoice>() {
+                Ok(DeviceChoice::Cpu) => Ok(tch::Device::Cpu),
+                Ok(DeviceChoice::Cuda(index)) if text.contains(':') => Ok(tch::Device::Cuda(index)),
+                _ => bail!("devices: {text:?} is not cpu or cuda:N"),
+            })
+            .collect()
     }
 
     /// The slot ids `slots` names, in order.

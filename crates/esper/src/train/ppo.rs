@@ -97,6 +97,7 @@ fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
     simic.n_envs = config.envs;
     simic.max_seeds = config.max_seeds;
     simic.seed = config.seed;
+    simic.env_devices = config.env_devices()?;
     simic.trainer = tolaria::engine::trainer::ModelTrainerConfig {
         // Simic's environment settings: one warm-up step before a capture,
         // no cuDNN timing at every new step shape.

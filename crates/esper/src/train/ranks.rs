@@ -37,6 +37,12 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
     if args.resume.is_some() {
         bail!("not implemented yet: resuming a multi-process (--nproc) run");
     }
+    if !config.devices.is_empty() {
+        bail!(
+            "--nproc gives each rank its own GPU (cuda:0..N-1); --devices spreads one process's \
+             environments over GPUs: use one or the other"
+        );
+    }
     let device = torch_ext::device::select(config.device_choice()?)
         .with_context(|| format!("selecting device {}", config.device))?;
     if device.is_cuda() {

@@ -267,3 +267,16 @@ impl Env {
         (occupied, fossils, fossil_params)
     }
 }
+
+impl super::Simic {
+    /// The device of environment `index` ([`super::SimicConfig::env_devices`],
+    /// round-robin; the policy's device when the list is empty).
+    pub(crate) fn env_device(&self, index: usize) -> Device {
+        let devices = &self.config.env_devices;
+        index
+            .checked_rem(devices.len())
+            .and_then(|slot| devices.get(slot))
+            .copied()
+            .unwrap_or(self.device)
+    }
+}

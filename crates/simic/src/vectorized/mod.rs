@@ -98,6 +98,12 @@ pub struct SimicConfig {
     /// ([`tamiyo::policy::GraphedAct`]; eager on the CPU or when capture
     /// fails).
     pub graph_policy: bool,
+    /// Devices of the environments, assigned round-robin (environment `i`
+    /// on `env_devices[i % len]`): environments spread over the GPUs of a
+    /// host in one process, each with its model, data and stream on its
+    /// device, while the policy, the rollout buffer and the update stay on
+    /// the policy's device. Empty: every environment on the policy's device.
+    pub env_devices: Vec<Device>,
 }
 
 impl SimicConfig {
@@ -146,6 +152,7 @@ impl SimicConfig {
             },
             normalise_observations: true,
             graph_policy: true,
+            env_devices: Vec::new(),
         }
     }
 
@@ -178,6 +185,17 @@ impl SimicConfig {
         self.ppo.validate()?;
         self.value_normaliser.validate()?;
         self.sampling.validate()?;
+        for device in &self.env_devices {
+            if let Device::Cuda(index) = device {
+                let count = torch_ext::cuda::device_count();
+                if *index >= count {
+                    return Err(Error::InvalidConfig {
+                        field: "SimicConfig.env_devices",
+                        reason: format!("cuda:{index}, but this machine has {count} CUDA devices"),
+                    });
+                }
+            }
+        }
         Ok(())
     }
 }

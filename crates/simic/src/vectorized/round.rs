@@ -118,7 +118,7 @@ impl Simic {
                 spec,
                 index,
                 self.config.seed.wrapping_add(offset),
-                self.device,
+                self.env_device(index),
                 &self.config.trainer,
                 self.config.episode_length,
                 &self.telemetry,
