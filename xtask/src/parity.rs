@@ -1,7 +1,7 @@
 //! `cargo xtask parity`: a fresh CPU capture (`esper parity-capture`, debug
 //! build) compared with the committed baseline [`BASELINE`].
 //!
-//! The rules ([`compare`], a pure function over the two JSON documents):
+//! The rules ([`compare()`], a pure function over the two JSON documents):
 //! - `telemetry.metrics` and `telemetry.events` of the capture must hold
 //!   every name of the baseline's; a name that disappeared fails, naming
 //!   it; a new name is reported;
