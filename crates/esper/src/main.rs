@@ -32,6 +32,7 @@ mod bench;
 mod launch;
 mod parity;
 mod plot;
+mod plot_rounds;
 mod probe;
 mod record;
 mod scaling;
@@ -59,6 +60,7 @@ commands:
       --config FILE.toml, --train-samples N, --mode eager|graph-step|graph-epoch,
       --data-dir DIR
   plot RUN_DIR              draw a run's picture (run.png, run.svg) from its epochs.jsonl
+                            (a PPO run's: from its rounds.jsonl)
   bench WORKLOAD            run one benchmark workload and write its baseline record
       --out PATH            where to write the JSON record (required)
       --label LABEL         record label (default: the file stem of --out)

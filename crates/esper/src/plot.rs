@@ -32,7 +32,7 @@ pub(crate) const PNG_NAME: &str = "run.png";
 pub(crate) const SVG_NAME: &str = "run.svg";
 
 /// Font family name the embedded font is registered under.
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 const WIDTH: u32 = 1400;
 const TITLE_HEIGHT: u32 = 40;
 const CHARTS_HEIGHT: u32 = 380;
@@ -55,8 +55,16 @@ pub(crate) struct PlotArgs {
     pub(crate) run_dir: PathBuf,
 }
 
-/// `esper plot`: reads the run's epochs and writes both pictures.
+/// `esper plot`: reads the run's epochs (or, for a PPO run, its rounds)
+/// and writes both pictures.
 pub(crate) fn run(args: &PlotArgs) -> Result<()> {
+    let rounds = args.run_dir.join(crate::train::ppo::ROUNDS_FILE);
+    if rounds.is_file() && !args.run_dir.join(epoch_log::FILE_NAME).is_file() {
+        let points = crate::plot_rounds::read(&args.run_dir)?;
+        let (png, svg) = crate::plot_rounds::draw_rounds(&args.run_dir, &points)?;
+        println!("wrote {} and {}", png.display(), svg.display());
+        return Ok(());
+    }
     let records = epoch_log::read(&args.run_dir)?;
     let (png, svg) = draw_run(&args.run_dir, &records)?;
     println!("wrote {} and {}", png.display(), svg.display());
@@ -96,7 +104,7 @@ pub(crate) fn draw_run(run_dir: &Path, records: &[EpochRecord]) -> Result<(PathB
 }
 
 /// Registers the embedded DejaVu Sans as [`FONT`] (once).
-fn register_font() -> Result<()> {
+pub(crate) fn register_font() -> Result<()> {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     let ok = *REGISTERED.get_or_init(|| {
         plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok()

@@ -238,6 +238,15 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     }
     let policy = std::fs::metadata(run_dir.join("policy.safetensors")).expect("policy saved");
     assert!(policy.len() > 1000);
+    // The run picture (reward, eps, accuracy and live seeds per round), and
+    // `esper plot` redraws it from rounds.jsonl.
+    let png = std::fs::metadata(run_dir.join("run.png")).expect("run.png");
+    assert!(png.len() > 1000);
+    std::fs::remove_file(run_dir.join("run.svg")).expect("run.svg");
+    let plot = esper(&["plot", path_arg(&run_dir)]);
+    assert!(plot.status.success(), "{}", text(&plot.stderr));
+    let svg = std::fs::read_to_string(run_dir.join("run.svg")).expect("redrawn run.svg");
+    assert!(svg.contains("mean episode reward"));
     let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config");
     assert!(
         config.contains("envs = 2") && config.contains("rounds = 2"),

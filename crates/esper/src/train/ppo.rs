@@ -9,7 +9,9 @@
 //! `config.toml`, `rounds.jsonl` (one line per round: mean episode reward,
 //! final accuracies, live seeds, lifecycle counts, eps, the update's
 //! figures), the telemetry (JSON lines), and after the last round (or a
-//! Ctrl-C between rounds) the policy's weights as `policy.safetensors`.
+//! Ctrl-C between rounds) the policy's weights as `policy.safetensors` and
+//! the run picture ([`crate::plot_rounds`]). With `--nproc N` this is one
+//! rank of N ([`super::ranks`]); rank 0 alone writes the run directory.
 //! Checkpoints and `--resume` of PPO runs are not built yet.
 
 use std::io::Write as _;
@@ -154,6 +156,13 @@ fn rounds(
         );
     }
     save_policy(&simic, &config.run_dir)?;
+    match crate::plot_rounds::read(&config.run_dir)
+        .and_then(|points| crate::plot_rounds::draw_rounds(&config.run_dir, &points))
+    {
+        Ok((png, _)) => println!("picture: {}", png.display()),
+        // The run itself succeeded; a picture that cannot be drawn is said, not fatal.
+        Err(error) => eprintln!("esper: the run picture was not drawn: {error:#}"),
+    }
     if finished == Finished::Interrupted {
         println!("interrupted: stopped between rounds; the policy so far is saved");
     }
