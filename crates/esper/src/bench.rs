@@ -44,7 +44,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             } else {
                 let device = torch_ext::device::select(args.device)?;
                 let measurements = crate::scaling::measure(args, task, &mut progress)?;
-                simic_record(args, simic::bench::SimicBenchRun { device, measurements })?
+                simic_record(
+                    args,
+                    simic::bench::SimicBenchRun {
+                        device,
+                        measurements,
+                    },
+                )?
             }
         }
         Workload::SimicLearning => {

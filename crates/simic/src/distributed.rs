@@ -100,8 +100,8 @@ impl DataParallel {
     pub fn warm_up(&mut self, parameters: &[Tensor]) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let total: i64 = parameters.iter().map(Tensor::numel).map(|n| n as i64).sum();
-        let flat = Tensor::f_zeros([total], (Kind::Float, self.group.device()))
-            .op("gradient buffer")?;
+        let flat =
+            Tensor::f_zeros([total], (Kind::Float, self.group.device())).op("gradient buffer")?;
         self.group.all_reduce_(&flat, ReduceOp::Sum)?;
         self.flat = Some(flat);
         self.check_identical(parameters)

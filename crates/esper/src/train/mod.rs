@@ -35,8 +35,8 @@ pub(crate) mod config;
 pub(crate) mod epoch_log;
 pub(crate) mod interrupt;
 pub(crate) mod ppo;
-pub(crate) mod ranks;
 pub(crate) mod progress;
+pub(crate) mod ranks;
 pub(crate) mod seed_budget;
 pub(crate) mod task;
 
