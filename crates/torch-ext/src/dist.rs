@@ -23,7 +23,10 @@
 //! process whose environment does not say so, and launchers should pass
 //! [`MULTICAST_OFF`] to every process they start.
 //!
-//! ```no_run
+//! (Not a doctest: like the other libtorch crates, torch-ext has none, since a
+//! doctest binary is linked outside `target/` and would not find libtorch.)
+//!
+//! ```ignore
 //! use std::time::Duration;
 //! use torch_ext::dist::{DistBackend, ProcessGroup, ReduceOp, Rendezvous};
 //!
