@@ -260,13 +260,13 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
         telemetry.contains("simic.ppo.update_completed"),
         "no PPO event"
     );
-    // PPO runs write no checkpoints yet: resuming one says there is none.
+    // The last round wrote a checkpoint: resuming the complete run says so.
     let resume = esper(&["train", "--resume", path_arg(&run_dir)]);
-    assert!(!resume.status.success());
+    assert!(resume.status.success(), "{}", text(&resume.stderr));
     assert!(
-        text(&resume.stderr).contains("no checkpoints in"),
+        text(&resume.stdout).contains("is complete (2 of 2 rounds)"),
         "{}",
-        text(&resume.stderr)
+        text(&resume.stdout)
     );
 }
 

@@ -229,3 +229,48 @@ fn a_round_spreads_its_environments_over_two_gpus() {
         assert!(peak > 0, "nothing allocated on cuda:{device}");
     }
 }
+
+/// A run stopped after round 2, whose state is exported and put into a new
+/// trainer, ends round 3 with the same policy, bit for bit, as the run that
+/// never stopped (what `esper train --resume` relies on).
+#[test]
+fn a_run_resumed_from_its_state_matches_the_uninterrupted_run() {
+    let (_, uninterrupted) = run(21, 3);
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let spec = spec(2);
+    let mut first = Simic::new(config(21), 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    for _ in 0..2 {
+        first.run_round(&spec, true).expect("round");
+    }
+    let (state, tensors) = first.export_state().expect("export");
+    let saved: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(name, tensor)| (name.clone(), tensor.copy()))
+        .collect();
+    drop(first);
+    let json = serde_json::to_string(&state).expect("state to JSON");
+    let state: simic::vectorized::SimicState = serde_json::from_str(&json).expect("state back");
+    let mut second = Simic::new(config(21), 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    second.import_state(&state, &saved).expect("import");
+    assert_eq!(second.rounds(), 2);
+    second.run_round(&spec, true).expect("round 3");
+    let resumed: Vec<Tensor> = second
+        .policy()
+        .var_store()
+        .trainable_variables()
+        .iter()
+        .map(Tensor::copy)
+        .collect();
+    assert_eq!(resumed.len(), uninterrupted.len());
+    for (a, b) in resumed.iter().zip(&uninterrupted) {
+        assert!(a.equal(b), "a parameter differs after the resume");
+    }
+    // A missing tensor is refused, naming it.
+    let mut third = Simic::new(config(21), 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    let error = third
+        .import_state(&state, &saved[1..])
+        .expect_err("one tensor missing");
+    assert!(error.to_string().contains(&saved[0].0), "{error}");
+}

@@ -472,7 +472,7 @@ fn governor_manifest(state: GovernorState, tensors: &mut Tensors) -> Result<Gove
 }
 
 /// Every file of `dir` (none when it does not exist) with its length.
-fn telemetry_lengths(dir: &Path) -> Result<Vec<FileLength>> {
+pub(crate) fn telemetry_lengths(dir: &Path) -> Result<Vec<FileLength>> {
     let mut files = Vec::new();
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -494,14 +494,14 @@ fn telemetry_lengths(dir: &Path) -> Result<Vec<FileLength>> {
 }
 
 /// Opens `path` and `fsync`s it (a file or a folder).
-fn sync_path(path: &Path) -> Result<()> {
+pub(crate) fn sync_path(path: &Path) -> Result<()> {
     File::open(path)
         .and_then(|file| file.sync_all())
         .with_context(|| format!("fsync {}", path.display()))
 }
 
 /// Writes `bytes` to `path` and `fsync`s it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
     file.write_all(bytes)
         .and_then(|()| file.sync_all())
@@ -953,16 +953,16 @@ fn named(loaded: &Loaded, names: &[String], prefix: &str) -> Result<Vec<(String,
 /// removes the files begun after it, so that no packet is duplicated when
 /// the resumed run emits those epochs again. Returns the files removed.
 pub(crate) fn rewind_telemetry(run_dir: &Path, loaded: &Loaded) -> Result<Vec<String>> {
+    rewind_telemetry_to(run_dir, &loaded.manifest.telemetry)
+}
+
+/// [`rewind_telemetry`] to the lengths `saved` recorded.
+pub(crate) fn rewind_telemetry_to(run_dir: &Path, saved: &[FileLength]) -> Result<Vec<String>> {
     let dir = run_dir.join(super::TELEMETRY_DIR);
     let mut removed = Vec::new();
     for current in telemetry_lengths(&dir)? {
         let path = dir.join(&current.file);
-        match loaded
-            .manifest
-            .telemetry
-            .iter()
-            .find(|saved| saved.file == current.file)
-        {
+        match saved.iter().find(|saved| saved.file == current.file) {
             Some(saved) if saved.bytes <= current.bytes => {
                 let file = std::fs::OpenOptions::new()
                     .write(true)

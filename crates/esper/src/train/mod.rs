@@ -35,6 +35,7 @@ pub(crate) mod config;
 pub(crate) mod epoch_log;
 pub(crate) mod interrupt;
 pub(crate) mod ppo;
+pub(crate) mod ppo_checkpoint;
 pub(crate) mod progress;
 pub(crate) mod ranks;
 pub(crate) mod seed_budget;
@@ -85,6 +86,37 @@ pub(crate) enum Finished {
 
 /// Runs `esper train` (see the module docs).
 pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
+    // A PPO run resumes from its own kind of checkpoint.
+    if let Some(dir) = &args.resume
+        && let Some((loaded, warnings)) = ppo_checkpoint::latest(dir)?
+    {
+        let only_resume = TrainArgs {
+            resume: args.resume.clone(),
+            ..TrainArgs::default()
+        };
+        if *args != only_resume {
+            bail!(
+                "--resume continues a run with its own configuration ({}); give no other option",
+                dir.join(CONFIG_NAME).display()
+            );
+        }
+        for warning in &warnings {
+            eprintln!("esper: warning: {warning}");
+        }
+        let mut config = loaded.manifest.config.clone();
+        config.run_dir = dir.to_owned();
+        config.validate()?;
+        if usize::try_from(loaded.manifest.round).unwrap_or(usize::MAX) >= config.rounds {
+            println!(
+                "the run in {} is complete ({} of {} rounds); nothing to resume",
+                dir.display(),
+                loaded.manifest.round,
+                config.rounds
+            );
+            return Ok(Finished::Completed);
+        }
+        return ppo::run(&config, Some(loaded));
+    }
     let (config, resume) = match &args.resume {
         Some(dir) => {
             let (config, loaded) = resume_config(args, dir)?;
@@ -103,11 +135,11 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
     if config.controller == ControllerKind::Ppo {
         if resume.is_some() {
             bail!(
-                "not implemented yet: resuming a PPO run (PPO runs write no checkpoints yet; \
-                 start a new run)"
+                "{}: not a PPO checkpoint",
+                args.resume.as_deref().unwrap_or(Path::new("")).display()
             );
         }
-        return ppo::run(&config);
+        return ppo::run(&config, None);
     }
     let device = torch_ext::device::select(config.device_choice()?)
         .with_context(|| format!("selecting device {}", config.device))?;

@@ -10,7 +10,9 @@
 //! final accuracies, live seeds, lifecycle counts, eps, the update's
 //! figures), the telemetry (JSON lines), and after the last round (or a
 //! Ctrl-C between rounds) the policy's weights as `policy.safetensors` and
-//! the run picture ([`crate::plot_rounds`]). With `--nproc N` this is one
+//! the run picture ([`crate::plot_rounds`]), and checkpoints every
+//! `checkpoint_every` rounds, after the last one and at a Ctrl-C
+//! ([`super::ppo_checkpoint`]; `--resume RUN_DIR` continues from the newest). With `--nproc N` this is one
 //! rank of N ([`super::ranks`]); rank 0 alone writes the run directory.
 //! Checkpoints and `--resume` of PPO runs are not built yet.
 
@@ -27,6 +29,7 @@ use torch_ext::dist::ProcessGroup;
 
 use super::config::RunConfig;
 use super::interrupt::Interrupt;
+use super::ppo_checkpoint::{self, PpoLoaded};
 use super::{CONFIG_NAME, Finished, TELEMETRY_DIR, create_run_dir, task, trainer_config};
 
 /// The rounds log inside the run directory.
@@ -36,7 +39,7 @@ pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
 pub(crate) const POLICY_FILE: &str = "policy.safetensors";
 
 /// Runs a PPO run of `config` (see the module docs).
-pub(crate) fn run(config: &RunConfig) -> Result<Finished> {
+pub(crate) fn run(config: &RunConfig, resume: Option<PpoLoaded>) -> Result<Finished> {
     let device = torch_ext::device::select(config.device_choice()?)
         .with_context(|| format!("selecting device {}", config.device))?;
     // A rank of `--nproc N` joins its group; rank 0 alone writes the run.
@@ -66,22 +69,35 @@ pub(crate) fn run(config: &RunConfig) -> Result<Finished> {
     .context("splitting the training set between the environments")?;
     let interrupt = Interrupt::install()?;
     if !lead {
-        return rounds(
-            config,
-            device,
-            &spec,
-            Telemetry::disabled(),
-            group,
-            &interrupt,
-        );
+        return rounds(config, device, &spec, None, group, &interrupt, None);
     }
-    create_run_dir(&config.run_dir)?;
-    config.write(&config.run_dir.join(CONFIG_NAME))?;
+    let mut jsonl = JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR));
+    match &resume {
+        None => {
+            create_run_dir(&config.run_dir)?;
+            config.write(&config.run_dir.join(CONFIG_NAME))?;
+        }
+        Some(loaded) => {
+            // Everything written after the checkpoint is written again.
+            let round = loaded.manifest.round;
+            ppo_checkpoint::rewind_rounds(
+                &config.run_dir.join(ROUNDS_FILE),
+                loaded.manifest.rounds_lines,
+            )?;
+            super::checkpoint::rewind_telemetry_to(&config.run_dir, &loaded.manifest.telemetry)?;
+            jsonl.file_stem = format!("events-resumed-round-{round}");
+            println!(
+                "resuming {} after round {round} from {}",
+                config.run_dir.display(),
+                loaded.dir.display()
+            );
+        }
+    }
     let hub = Hub::builder()
-        .jsonl(JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR)))
+        .jsonl(jsonl)
         .build()
         .context("starting the telemetry hub")?;
-    let result = rounds(config, device, &spec, hub.telemetry(), group, &interrupt);
+    let result = rounds(config, device, &spec, Some(&hub), group, &interrupt, resume);
     let flushed = hub.flush(Duration::from_secs(10));
     hub.close();
     if !flushed.is_complete() {
@@ -114,11 +130,19 @@ fn rounds(
     config: &RunConfig,
     device: tch::Device,
     spec: &EnvSpec,
-    telemetry: Telemetry,
+    hub: Option<&Hub>,
     group: Option<ProcessGroup>,
     interrupt: &Interrupt,
+    resume: Option<PpoLoaded>,
 ) -> Result<Finished> {
+    let telemetry = hub.map_or_else(Telemetry::disabled, Hub::telemetry);
     let mut simic = Simic::new(simic_config(config)?, config.slots.len(), device, telemetry)?;
+    let resumed = resume.is_some();
+    if let Some(loaded) = resume {
+        simic
+            .import_state(&loaded.manifest.state, &loaded.tensors)
+            .context("restoring the PPO checkpoint")?;
+    }
     let ranked = group.is_some();
     if let Some(group) = group {
         simic
@@ -130,10 +154,18 @@ fn rounds(
         return follower_rounds(config, spec, &mut simic, interrupt);
     }
     let log_path = config.run_dir.join(ROUNDS_FILE);
-    let mut log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(resumed)
+        .write(!resumed)
+        .truncate(!resumed)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let first = usize::try_from(simic.rounds()).unwrap_or(usize::MAX);
+    let mut lines = first;
+    let mut saved_at = simic.rounds();
     let mut finished = Finished::Completed;
-    for round in 0..config.rounds {
+    for round in first..config.rounds {
         // Every rank stops at the same boundary.
         if simic.any_rank(interrupt.requested())? {
             finished = Finished::Interrupted;
@@ -146,7 +178,30 @@ fn rounds(
         writeln!(log, "{line}")
             .and_then(|()| log.flush())
             .with_context(|| format!("writing {}", log_path.display()))?;
+        lines = lines.saturating_add(1);
         println!("{}", progress_line(&report, config.rounds, simic.eps()));
+        let done = round.saturating_add(1);
+        if config.checkpoint_every > 0 && done % config.checkpoint_every == 0 {
+            log.sync_all()
+                .with_context(|| format!("syncing {}", log_path.display()))?;
+            if let Some(hub) = hub {
+                // Every packet of the rounds so far is in the files the
+                // checkpoint measures.
+                hub.flush(Duration::from_secs(10));
+            }
+            ppo_checkpoint::save(&config.run_dir, config, &simic, lines)?;
+            saved_at = simic.rounds();
+        }
+    }
+    if saved_at != simic.rounds() {
+        log.sync_all()
+            .with_context(|| format!("syncing {}", log_path.display()))?;
+        if let Some(hub) = hub {
+            // Every packet of the rounds so far is in the files the
+            // checkpoint measures.
+            hub.flush(Duration::from_secs(10));
+        }
+        ppo_checkpoint::save(&config.run_dir, config, &simic, lines)?;
     }
     if ranked {
         let parameters = simic.policy().var_store().trainable_variables();

@@ -291,6 +291,18 @@ impl PpoTrainer {
         self.updates
     }
 
+    /// The generator of the minibatches' row order.
+    pub fn rng(&self) -> &PolicyRng {
+        &self.rng
+    }
+
+    /// Puts the update counter (the schedules' clock) and the row-order
+    /// generator back where a checkpoint left them.
+    pub fn resume_at(&mut self, updates: u64, rng: PolicyRng) {
+        self.updates = updates;
+        self.rng = rng;
+    }
+
     /// The parameters this trainer updates.
     pub fn parameters(&self) -> &[Tensor] {
         &self.parameters

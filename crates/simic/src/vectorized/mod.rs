@@ -38,6 +38,7 @@ mod data_parallel;
 mod env;
 mod measure;
 mod round;
+mod state;
 mod telemetry;
 
 use std::time::Instant;
@@ -55,6 +56,7 @@ use crate::rewards::{RewardConfig, RewardNormaliser, RewardNormaliserConfig};
 use crate::{Error, Result};
 
 pub use env::EnvSpec;
+pub use state::SimicState;
 pub use telemetry::SOURCE;
 
 /// Settings of a vectorized PPO run.

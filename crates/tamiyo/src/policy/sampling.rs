@@ -383,6 +383,11 @@ impl Sampler {
         &self.rng
     }
 
+    /// Puts the generator back where a checkpoint left it.
+    pub fn set_rng(&mut self, rng: PolicyRng) {
+        self.rng = rng;
+    }
+
     /// `[B, 8]` relevance of each head for `ops` (`[B]` i64).
     pub fn relevance(&self, ops: &Tensor) -> Result<Tensor> {
         self.relevance.f_index_select(0, ops).op("relevance select")
