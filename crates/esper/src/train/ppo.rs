@@ -12,9 +12,9 @@
 //! Ctrl-C between rounds) the policy's weights as `policy.safetensors` and
 //! the run picture ([`crate::plot_rounds`]), and checkpoints every
 //! `checkpoint_every` rounds, after the last one and at a Ctrl-C
-//! ([`super::ppo_checkpoint`]; `--resume RUN_DIR` continues from the newest). With `--nproc N` this is one
-//! rank of N ([`super::ranks`]); rank 0 alone writes the run directory.
-//! Checkpoints and `--resume` of PPO runs are not built yet.
+//! ([`super::ppo_checkpoint`]; `--resume RUN_DIR` continues from the
+//! newest). With `--nproc N` this is one rank of N ([`super::ranks`]); rank
+//! 0 alone writes the run directory.
 
 use std::io::Write as _;
 use std::path::Path;
