@@ -362,3 +362,49 @@ fn ctrl_c_finishes_the_epoch_writes_everything_and_exits_130() {
         "a checkpoint after epoch {epochs}"
     );
 }
+
+/// `--metrics-port` serves the run's telemetry as Prometheus metrics while
+/// it trains (read here over plain HTTP), and the port goes into the
+/// resolved configuration.
+#[test]
+fn a_run_serves_prometheus_metrics_on_the_port_asked_for() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut args = synthetic_run(&run_dir, "40");
+    args.extend(["--metrics-port".to_owned(), port.to_string()]);
+    let mut child = Command::new(ESPER)
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("esper starts");
+    let start = Instant::now();
+    let mut body = String::new();
+    while start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+        let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            continue;
+        };
+        body.clear();
+        let _ = stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        let _ = stream.read_to_string(&mut body);
+        if body.contains("tolaria_training_latency_ms") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(body.contains("200 OK"), "{body}");
+    assert!(body.contains("tolaria_training_latency_ms"), "{body}");
+    let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config");
+    assert!(
+        config.contains(&format!("metrics_port = {port}")),
+        "{config}"
+    );
+}

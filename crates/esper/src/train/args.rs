@@ -162,6 +162,11 @@ pub(crate) struct TrainArgs {
     /// PPO (--controller ppo): rounds, one PPO update each [default: 10].
     #[arg(long, value_name = "N")]
     pub(crate) rounds: Option<usize>,
+    /// Serve the run's telemetry as Prometheus metrics on this port
+    /// (`http://HOST:PORT/metrics`; the alert rules and dashboard in
+    /// docs/observability/ read it) [default: none].
+    #[arg(long, value_name = "PORT")]
+    pub(crate) metrics_port: Option<u16>,
     /// PPO (--controller ppo): spread the environments over these devices
     /// of this host in one process, round-robin (e.g. cuda:0,cuda:1); the
     /// policy stays on --device [default: all on --device].

@@ -21,7 +21,7 @@ use super::args::{ControllerKind, ModeChoice, PrecisionChoice, TaskKind, TrainAr
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 18] = [
+pub(crate) const KEYS: [&str; 19] = [
     "controller",
     "task",
     "slots",
@@ -40,6 +40,7 @@ pub(crate) const KEYS: [&str; 18] = [
     "envs",
     "rounds",
     "devices",
+    "metrics_port",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -94,6 +95,7 @@ struct FileConfig {
     envs: Option<usize>,
     rounds: Option<usize>,
     devices: Option<Vec<String>>,
+    metrics_port: Option<u16>,
 }
 
 /// The resolved configuration of one run (written as `config.toml`).
@@ -144,6 +146,10 @@ pub(crate) struct RunConfig {
     /// ...); the policy stays on `device`. Empty: everything on `device`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) devices: Vec<String>,
+    /// Serve the telemetry as Prometheus metrics on this port (`/metrics`
+    /// on all interfaces); none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) metrics_port: Option<u16>,
 }
 
 fn default_checkpoint_every() -> usize {
@@ -228,6 +234,7 @@ impl RunConfig {
             } else {
                 args.devices.clone()
             },
+            metrics_port: args.metrics_port.or(file.metrics_port),
         };
         config.validate()?;
         Ok(config)

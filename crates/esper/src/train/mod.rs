@@ -185,10 +185,14 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
         }
     };
     let interrupt = Interrupt::install()?;
-    let hub = Hub::builder()
-        .jsonl(jsonl)
-        .build()
-        .context("starting the telemetry hub")?;
+    let mut hub = Hub::builder().jsonl(jsonl);
+    if let Some(port) = config.metrics_port {
+        hub = hub.prometheus_on_port(port);
+    }
+    let hub = hub.build().context("starting the telemetry hub")?;
+    if let Some(addr) = hub.metrics_addr() {
+        println!("telemetry: Prometheus metrics on http://{addr}/metrics");
+    }
     let result = train(
         &config,
         device,

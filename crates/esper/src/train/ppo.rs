@@ -30,6 +30,7 @@ use torch_ext::dist::ProcessGroup;
 use super::config::RunConfig;
 use super::interrupt::Interrupt;
 use super::ppo_checkpoint::{self, PpoLoaded};
+use super::progress::RoundProgress;
 use super::{CONFIG_NAME, Finished, TELEMETRY_DIR, create_run_dir, task, trainer_config};
 
 /// The rounds log inside the run directory.
@@ -93,10 +94,14 @@ pub(crate) fn run(config: &RunConfig, resume: Option<PpoLoaded>) -> Result<Finis
             );
         }
     }
-    let hub = Hub::builder()
-        .jsonl(jsonl)
-        .build()
-        .context("starting the telemetry hub")?;
+    let mut hub = Hub::builder().jsonl(jsonl);
+    if let Some(port) = config.metrics_port {
+        hub = hub.prometheus_on_port(port);
+    }
+    let hub = hub.build().context("starting the telemetry hub")?;
+    if let Some(addr) = hub.metrics_addr() {
+        println!("telemetry: Prometheus metrics on http://{addr}/metrics");
+    }
     let result = rounds(config, device, &spec, Some(&hub), group, &interrupt, resume);
     let flushed = hub.flush(Duration::from_secs(10));
     hub.close();
@@ -165,6 +170,7 @@ fn rounds(
     let mut lines = first;
     let mut saved_at = simic.rounds();
     let mut finished = Finished::Completed;
+    let progress = RoundProgress::new(config.rounds, first);
     for round in first..config.rounds {
         // Every rank stops at the same boundary.
         if simic.any_rank(interrupt.requested())? {
@@ -179,7 +185,20 @@ fn rounds(
             .and_then(|()| log.flush())
             .with_context(|| format!("writing {}", log_path.display()))?;
         lines = lines.saturating_add(1);
-        println!("{}", progress_line(&report, config.rounds, simic.eps()));
+        let accuracy = if report.final_accuracies.is_empty() {
+            f64::NAN
+        } else {
+            report.final_accuracies.iter().sum::<f64>() / report.final_accuracies.len() as f64
+        };
+        progress.round(
+            &progress_line(&report, config.rounds, simic.eps()),
+            &format!(
+                "reward {:.3}, acc {accuracy:.1}%, seeds {:.2}, {:.1} eps",
+                report.mean_episode_reward,
+                report.mean_active_seeds,
+                simic.eps().unwrap_or(0.0)
+            ),
+        );
         let done = round.saturating_add(1);
         if config.checkpoint_every > 0 && done % config.checkpoint_every == 0 {
             log.sync_all()
@@ -193,6 +212,7 @@ fn rounds(
             saved_at = simic.rounds();
         }
     }
+    progress.finish();
     if saved_at != simic.rounds() {
         log.sync_all()
             .with_context(|| format!("syncing {}", log_path.display()))?;

@@ -2,6 +2,7 @@
 //! (epoch i/N, train loss, validation accuracy, active seeds, samples/s)
 //! with a line above it for every lifecycle operation, when standard output
 //! is a terminal; one plain line per epoch otherwise (logs, pipes, CI).
+//! PPO runs get the same per round ([`RoundProgress`]).
 
 use std::io::IsTerminal;
 
@@ -138,5 +139,59 @@ fn rate_text(samples_per_s: f64) -> String {
         format!("{:.1}k samples/s", samples_per_s / 1000.0)
     } else {
         format!("{samples_per_s:.0} samples/s")
+    }
+}
+
+/// What a PPO run prints: on a terminal, a bar over the rounds (round i/N,
+/// reward, accuracy, live seeds, eps) with a line above it per round; one
+/// plain line per round otherwise.
+#[derive(Debug)]
+pub(crate) enum RoundProgress {
+    /// A terminal: the bar.
+    Bar(ProgressBar),
+    /// Anything else: lines.
+    Plain,
+}
+
+impl RoundProgress {
+    /// A bar over `rounds` rounds, `done` of them already run (a resumed
+    /// run), when stdout is a terminal; plain lines otherwise.
+    pub(crate) fn new(rounds: usize, done: usize) -> RoundProgress {
+        if !std::io::stdout().is_terminal() {
+            return RoundProgress::Plain;
+        }
+        let bar = ProgressBar::with_draw_target(
+            Some(u64::try_from(rounds).unwrap_or(u64::MAX)),
+            ProgressDrawTarget::stdout(),
+        );
+        let style = ProgressStyle::with_template(
+            "round {pos:>3}/{len} [{bar:28.cyan/blue}] {msg} [{elapsed_precise}, eta {eta}]",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        bar.set_style(style);
+        bar.set_position(u64::try_from(done).unwrap_or(u64::MAX));
+        bar.set_message("first round...");
+        RoundProgress::Bar(bar)
+    }
+
+    /// Reports a finished round: `line` is its full summary, `short` the
+    /// bar's message.
+    pub(crate) fn round(&self, line: &str, short: &str) {
+        match self {
+            RoundProgress::Bar(bar) => {
+                bar.println(line);
+                bar.inc(1);
+                bar.set_message(short.to_owned());
+            }
+            RoundProgress::Plain => println!("{line}"),
+        }
+    }
+
+    /// Leaves the bar where it stopped.
+    pub(crate) fn finish(&self) {
+        if let RoundProgress::Bar(bar) = self {
+            bar.abandon();
+        }
     }
 }
