@@ -20,6 +20,7 @@ const SOURCES: &[&str] = &[
     "cpp/memory.cpp",
     "cpp/dist.cpp",
     "cpp/dist_nccl.cpp",
+    "cpp/jit.cpp",
 ];
 const HEADERS: &[&str] = &[
     "cpp/esper_torch_ext.h",

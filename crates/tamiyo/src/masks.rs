@@ -434,7 +434,8 @@ fn bool_tensor(values: &[bool], shape: &[i64], device: Device) -> Result<Tensor>
 
 impl MaskTensors {
     /// Stacks `masks` (one per environment, all with the same slot count)
-    /// on `device`.
+    /// on `device`, in one host-to-device copy: every head's mask and
+    /// `slot_by_op` are views of one packed `[n_envs, total]` tensor.
     pub fn from_masks(masks: &[ActionMasks], device: Device) -> Result<MaskTensors> {
         let first = masks
             .first()
@@ -449,19 +450,37 @@ impl MaskTensors {
         }
         let rows = i64::try_from(masks.len()).unwrap_or(i64::MAX);
         let width = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        let mut heads = Vec::with_capacity(NUM_ACTION_HEADS);
-        for (head, size) in head_sizes(num_slots).iter().enumerate() {
-            let values: Vec<bool> = masks
-                .iter()
-                .flat_map(|mask| mask.head(head).iter().copied())
-                .collect();
-            heads.push(bool_tensor(&values, &[rows, width(*size)], device)?);
+        let sizes = head_sizes(num_slots);
+        let heads_width: usize = sizes.iter().sum();
+        let slot_width = NUM_OPS.saturating_mul(num_slots);
+        let row_width = heads_width.saturating_add(slot_width);
+        let expected = masks.len().saturating_mul(row_width);
+        let mut values = Vec::with_capacity(expected);
+        for mask in masks {
+            for head in 0..NUM_ACTION_HEADS {
+                values.extend(mask.head(head).iter().copied());
+            }
+            values.extend(mask.slot_by_op.iter().flatten().copied());
         }
-        let values: Vec<bool> = masks
-            .iter()
-            .flat_map(|mask| mask.slot_by_op.iter().flatten().copied())
-            .collect();
-        let slot_by_op = bool_tensor(&values, &[rows, width(NUM_OPS), width(num_slots)], device)?;
+        if values.len() != expected {
+            return Err(shape_mismatch(
+                "MaskTensors.from_masks",
+                expected,
+                values.len(),
+            ));
+        }
+        let packed = bool_tensor(&values, &[rows, width(row_width)], device)?;
+        let mut heads = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut offset = 0_i64;
+        for size in sizes {
+            heads.push(packed.f_narrow(1, offset, width(size)).op("mask view")?);
+            offset = offset.saturating_add(width(size));
+        }
+        let slot_by_op = packed
+            .f_narrow(1, offset, width(slot_width))
+            .op("mask view")?
+            .f_view([rows, width(NUM_OPS), width(num_slots)])
+            .op("mask view")?;
         let heads: [Tensor; NUM_ACTION_HEADS] = heads
             .try_into()
             .map_err(|_| shape_mismatch("MaskTensors.heads", NUM_ACTION_HEADS, "fewer"))?;

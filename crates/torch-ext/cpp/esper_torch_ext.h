@@ -139,6 +139,19 @@ char* esper_dist_all_reduce(void* group, void* tensor, int32_t op);
 char* esper_dist_broadcast(void* group, void* tensor, int32_t root);
 char* esper_dist_barrier(void* group);
 
+// ---- jit.cpp: CUDA C compiled at run time (NVRTC) and launched ----
+// compile: source -> cubin for sm_<major><minor> (no GPU needed); the cubin is
+// malloc'ed (free with esper_jit_free_cubin); *log gets NVRTC's log or NULL.
+// load: a cubin's kernel `name` as an opaque handle (esper_jit_unload frees).
+// launch: on the current stream of `device`; args as cudaLaunchKernel takes.
+char* esper_jit_compile(const char* source, const char* name, int32_t major, int32_t minor,
+                        uint8_t** cubin, uint64_t* cubin_len, char** log);
+void esper_jit_free_cubin(uint8_t* cubin);
+char* esper_jit_load(const uint8_t* cubin, const char* name, void** out);
+void esper_jit_unload(void* kernel);
+char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const uint32_t* block,
+                       uint32_t shared, void** args);
+
 #ifdef __cplusplus
 }
 #endif

@@ -240,6 +240,32 @@ unsafe extern "C" {
         root: i32,
     ) -> RawError;
     pub(crate) fn esper_dist_barrier(group: *mut c_void) -> RawError;
+
+    // jit.cpp
+    pub(crate) fn esper_jit_compile(
+        source: *const c_char,
+        name: *const c_char,
+        major: i32,
+        minor: i32,
+        cubin: *mut *mut u8,
+        cubin_len: *mut u64,
+        log: *mut *mut c_char,
+    ) -> RawError;
+    pub(crate) fn esper_jit_free_cubin(cubin: *mut u8);
+    pub(crate) fn esper_jit_load(
+        cubin: *const u8,
+        name: *const c_char,
+        out: *mut *mut c_void,
+    ) -> RawError;
+    pub(crate) fn esper_jit_unload(kernel: *mut c_void);
+    pub(crate) fn esper_jit_launch(
+        kernel: *mut c_void,
+        device: i32,
+        grid: *const u32,
+        block: *const u32,
+        shared: u32,
+        args: *mut *mut c_void,
+    ) -> RawError;
 }
 
 /// Takes ownership of a string the shim allocated and returns it as a `String`.

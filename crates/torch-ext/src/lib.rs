@@ -18,6 +18,8 @@
 //!   with a chosen dtype (bf16 or fp16, CPU or CUDA).
 //! - [`fused`]: `_foreach_*` multi-tensor ops, fused SGD / AdamW steps, AMP
 //!   unscale and a read-back-free `clip_grad_norm_`.
+//! - [`jit`]: CUDA C kernels compiled at run time with NVRTC and launched on
+//!   the current stream (capturable), for fused kernels libtorch lacks.
 //! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
 //!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
 //!   training across processes.
@@ -95,6 +97,7 @@ mod ffi;
 pub mod fused;
 pub mod graph;
 mod inference;
+pub mod jit;
 pub mod memory;
 pub mod precision;
 mod stream;

@@ -539,3 +539,61 @@ fn pinning_keeps_values_and_is_idempotent() {
         "a pinned tensor is returned as is"
     );
 }
+
+const SCALE_SOURCE: &str = r#"
+extern "C" __global__ void scale_add(float* x, const float* y, float by, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * by + y[i];
+}
+"#;
+
+#[test]
+fn a_jit_kernel_runs_eagerly_and_inside_a_captured_graph() {
+    use torch_ext::jit::{Arg, JitKernel};
+    let Some(_device) = gpu_or_skip() else { return };
+    let kernel = JitKernel::build(SCALE_SOURCE, "scale_add", 0).unwrap();
+    assert_eq!(kernel.name(), "scale_add");
+    let n = 1000_i64;
+    let x = Tensor::ones([n], (Kind::Float, CUDA));
+    let y = Tensor::arange(n, (Kind::Float, CUDA));
+    let launch = |x: &Tensor| {
+        kernel.launch(
+            [4, 1, 1],
+            [256, 1, 1],
+            0,
+            &[Arg::Tensor(x), Arg::Tensor(&y), Arg::F32(2.0), Arg::I64(n)],
+        )
+    };
+    launch(&x).unwrap();
+    let expected: Vec<f32> = (0..n).map(|i| 2.0 + i as f32).collect();
+    assert_close(&values(&x), &expected, 0.0);
+
+    // Captured: every replay applies the kernel once more.
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let target = Tensor::zeros([n], (Kind::Float, CUDA));
+    let graph = CudaGraph::capture(&stream, None, 0, || {
+        launch(&target).map_err(|e| e.to_string())
+    })
+    .unwrap();
+    let _ = target.shallow_clone().fill_(1.0);
+    graph.replay().unwrap();
+    graph.replay().unwrap();
+    let twice: Vec<f32> = (0..n).map(|i| (2.0 + i as f32) * 2.0 + i as f32).collect();
+    assert_close(&values(&target), &twice, 1e-3);
+
+    // Wrong devices and layouts are refused before anything is launched.
+    let on_cpu = Tensor::ones([n], (Kind::Float, Device::Cpu));
+    assert!(matches!(
+        launch(&on_cpu),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let strided = Tensor::ones([n, 2], (Kind::Float, CUDA)).select(1, 0);
+    assert!(matches!(
+        launch(&strided),
+        Err(Error::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        kernel.launch([0, 1, 1], [256, 1, 1], 0, &[]),
+        Err(Error::InvalidArgument { .. })
+    ));
+}

@@ -181,7 +181,7 @@ impl GraphedAct {
         let (Some(graph), Some(outputs)) = (&self.graph, &self.outputs) else {
             // The capture failed: the eager step with the same draws.
             let _guard = tch::no_grad_guard();
-            let output = policy.network().forward(
+            let output = policy.network().step(
                 &self.inputs.obs,
                 &self.inputs.blueprints,
                 &LstmState {
@@ -279,7 +279,7 @@ impl GraphedAct {
                 c: inputs.c.shallow_clone(),
             };
             let output = network
-                .forward(&inputs.obs, &inputs.blueprints, &hidden, &inputs.masks)
+                .step(&inputs.obs, &inputs.blueprints, &hidden, &inputs.masks)
                 .map_err(|error| error.to_string())?;
             let sample = sampler
                 .sample_with_bases(&output.logits, &inputs.masks, &inputs.bases)

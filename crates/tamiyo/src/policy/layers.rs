@@ -40,6 +40,10 @@ impl Linear {
     pub(crate) fn weight(&self) -> &Tensor {
         &self.weight
     }
+
+    pub(crate) fn bias(&self) -> &Tensor {
+        &self.bias
+    }
 }
 
 /// LayerNorm over the last dimension.
@@ -144,6 +148,11 @@ impl Mlp {
     /// The output layer (for tests of the initialisation).
     pub(crate) fn output_layer(&self) -> Option<&Linear> {
         self.blocks.last().map(|block| &block.linear)
+    }
+
+    /// The linear layers, input to output.
+    pub(crate) fn linears(&self) -> Vec<&Linear> {
+        self.blocks.iter().map(|block| &block.linear).collect()
     }
 }
 

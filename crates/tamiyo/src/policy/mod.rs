@@ -1,6 +1,6 @@
 //! The policy: the recurrent actor-critic network ([`network`]), its layers
-//! ([`layers`]), masked sampling ([`sampling`]) and its seeded generator
-//! ([`rng`]).
+//! ([`layers`]), masked sampling ([`sampling`], and the same as one CUDA
+//! kernel in [`fused_sampling`]) and its seeded generator ([`rng`]).
 //!
 //! [`Policy`] owns the `VarStore` and the [`PolicyNetwork`] built in it (the
 //! store saves and loads checkpoints and moves the variables between
@@ -8,6 +8,7 @@
 //! for every environment; [`graphed::GraphedAct`] captures that step in a
 //! CUDA graph for a fixed batch.
 
+pub mod fused_sampling;
 pub mod graphed;
 pub mod layers;
 pub mod network;
@@ -87,9 +88,7 @@ impl Policy {
         sampler: &mut Sampler,
     ) -> Result<Act> {
         let _guard = tch::no_grad_guard();
-        let output = self
-            .network
-            .forward(obs, blueprint_indices, hidden, masks)?;
+        let output = self.network.step(obs, blueprint_indices, hidden, masks)?;
         let sample = sampler.sample(&output.logits, masks)?;
         Ok(Act {
             sample,

@@ -197,6 +197,8 @@ pub struct PolicyNetwork {
     lstm: Vec<(LstmLayer, LayerNorm)>,
     heads: Vec<Mlp>,
     critic: Mlp,
+    /// `[total]` i64: the head each packed logit belongs to.
+    head_of: Tensor,
 }
 
 fn as_i64(value: usize) -> i64 {
@@ -293,7 +295,17 @@ impl PolicyNetwork {
             ],
             VALUE_OUTPUT_GAIN,
         )?;
+        let owners: Vec<i64> = head_sizes(config.num_slots)
+            .iter()
+            .enumerate()
+            .flat_map(|(head, size)| std::iter::repeat_n(as_i64(head), *size))
+            .collect();
+        let head_of = Tensor::f_from_slice(&owners)
+            .op("head index")?
+            .f_to_device(path.device())
+            .op("head index")?;
         Ok(PolicyNetwork {
+            head_of,
             config,
             device: path.device(),
             obs_dim,
@@ -362,6 +374,21 @@ impl PolicyNetwork {
         hidden: &LstmState,
         masks: &MaskTensors,
     ) -> Result<PolicyOutput> {
+        let mut output = self.step(obs, blueprint_indices, hidden, masks)?;
+        output.masked_logits = Some(super::sampling::mask_all(&output.logits, &masks.heads)?);
+        Ok(output)
+    }
+
+    /// [`PolicyNetwork::forward`] without the masked copy of the logits
+    /// (`masked_logits` is `None`): what acting needs, since the sampler
+    /// masks the logits itself.
+    pub fn step(
+        &self,
+        obs: &Tensor,
+        blueprint_indices: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+    ) -> Result<PolicyOutput> {
         let batch = obs.size().first().copied().unwrap_or(0);
         if batch < 1 {
             return Err(shape_mismatch(
@@ -385,10 +412,9 @@ impl PolicyNetwork {
         let (lstm_out, hidden) = self.core(&obs, &blueprints, hidden)?;
         let lstm_out = lstm_out.f_squeeze_dim(1).op("forward squeeze")?;
         let (logits, value) = self.outputs(&lstm_out)?;
-        let masked = super::sampling::mask_all(&logits, &masks.heads)?;
         Ok(PolicyOutput {
             logits,
-            masked_logits: Some(masked),
+            masked_logits: None,
             value,
             hidden,
         })
@@ -488,12 +514,23 @@ impl PolicyNetwork {
     }
 
     /// Logits per head and the value from the LSTM output `[..., hidden]`.
+    ///
+    /// The heads run together, not one by one: their first layers as one
+    /// matrix product over the concatenated weights, the blueprint head's
+    /// middle layer, then every head's output layer as one product of each
+    /// head's hidden slice with all output weights, of which a gather keeps
+    /// each head's own block. The result is one packed `[..., sum of head
+    /// sizes]` tensor whose per-head views are the logits. The arithmetic is
+    /// each head's MLP; it takes a dozen kernels instead of thirty.
     fn outputs(&self, lstm_out: &Tensor) -> Result<([Tensor; NUM_ACTION_HEADS], Tensor)> {
-        let logits = self
-            .heads
-            .iter()
-            .map(|head| to_f32(&head.forward(lstm_out)?))
-            .collect::<Result<Vec<_>>>()?;
+        let packed = to_f32(&self.packed_logits(lstm_out)?)?;
+        let mut logits = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut offset = 0_i64;
+        for size in head_sizes(self.config.num_slots) {
+            let size = as_i64(size);
+            logits.push(packed.f_narrow(-1, offset, size).op("head logits")?);
+            offset = offset.saturating_add(size);
+        }
         let logits: [Tensor; NUM_ACTION_HEADS] = logits
             .try_into()
             .map_err(|_| shape_mismatch("policy heads", NUM_ACTION_HEADS, "another count"))?;
@@ -505,6 +542,89 @@ impl PolicyNetwork {
                 .op("value squeeze")?,
         )?;
         Ok((logits, value))
+    }
+
+    /// Every head's logits, packed `[..., total]` in [`leyline::HEAD_NAMES`]
+    /// order (see [`PolicyNetwork::outputs`]).
+    fn packed_logits(&self, x: &Tensor) -> Result<Tensor> {
+        let hidden = self.config.hidden_dim;
+        let half = hidden / 2;
+        let mut first_w = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut first_b = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut out_w = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut out_b = Vec::with_capacity(NUM_ACTION_HEADS);
+        let mut middle = None;
+        for (head, mlp) in self.heads.iter().enumerate() {
+            let layers = mlp.linears();
+            let (Some(first), Some(last)) = (layers.first(), layers.last()) else {
+                return Err(shape_mismatch("policy head layers", "at least 2", 0));
+            };
+            first_w.push(first.weight());
+            first_b.push(first.bias());
+            out_w.push(last.weight());
+            out_b.push(last.bias());
+            if head == BLUEPRINT {
+                middle = layers.get(1).copied();
+            }
+        }
+        let middle = middle.ok_or_else(|| shape_mismatch("blueprint head", "3 layers", 2))?;
+        let first = x
+            .f_linear(
+                &Tensor::f_cat(&first_w, 0).op("head weights")?,
+                Some(&Tensor::f_cat(&first_b, 0).op("head biases")?),
+            )
+            .op("heads first layer")?
+            .f_relu()
+            .op("heads relu")?;
+        // The blueprint head's first layer is `hidden` wide, the others
+        // `half`; its middle layer brings it to `half` like the rest.
+        let before = as_i64(BLUEPRINT).saturating_mul(half);
+        let after = as_i64(NUM_ACTION_HEADS - 1 - BLUEPRINT).saturating_mul(half);
+        let blueprint = middle
+            .forward(&first.f_narrow(-1, before, hidden).op("blueprint slice")?)?
+            .f_relu()
+            .op("blueprint relu")?;
+        let mut parts = Vec::with_capacity(3);
+        if before > 0 {
+            parts.push(first.f_narrow(-1, 0, before).op("heads before")?);
+        }
+        parts.push(blueprint);
+        if after > 0 {
+            parts.push(
+                first
+                    .f_narrow(-1, before.saturating_add(hidden), after)
+                    .op("heads after")?,
+            );
+        }
+        let mut shape = x.size();
+        shape.pop();
+        let lead = shape.clone();
+        shape.extend([as_i64(NUM_ACTION_HEADS), half]);
+        let per_head = Tensor::f_cat(&parts, -1)
+            .op("heads hidden")?
+            .f_reshape(&shape)
+            .op("heads hidden")?;
+        let all = per_head
+            .f_linear(
+                &Tensor::f_cat(&out_w, 0).op("output weights")?,
+                Some(&Tensor::f_cat(&out_b, 0).op("output biases")?),
+            )
+            .op("heads output layer")?;
+        let total = self.head_of.size().first().copied().unwrap_or(0);
+        let mut index_shape = vec![1_i64; lead.len()];
+        index_shape.extend([1, total]);
+        let mut expanded = lead;
+        expanded.extend([1, total]);
+        let index = self
+            .head_of
+            .f_view(index_shape.as_slice())
+            .op("head index")?
+            .f_expand(expanded.as_slice(), false)
+            .op("head index")?;
+        all.f_gather(-2, &index, false)
+            .op("heads gather")?
+            .f_squeeze_dim(-2)
+            .op("heads gather")
     }
 
     /// Output-layer weight of head `head` (for tests of the

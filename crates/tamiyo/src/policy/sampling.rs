@@ -28,6 +28,7 @@
 use leyline::{HEAD_NAMES, LifecycleOp, NUM_ACTION_HEADS};
 use tch::{Device, Kind, Tensor};
 
+use super::fused_sampling::FusedSampler;
 use super::rng::PolicyRng;
 use crate::error::{TorchResultExt, shape_mismatch};
 use crate::heads::{FactoredAction, OP, SLOT, canonical_action, head_sizes, relevance};
@@ -290,6 +291,8 @@ pub struct Sampler {
     /// `[NUM_OPS, 8]` bool: leyline's relevance table.
     relevance: Tensor,
     device: Device,
+    /// Sample with the fused CUDA kernel where it can be built.
+    fused: bool,
 }
 
 /// One batch of sampled actions (all on the device).
@@ -365,7 +368,79 @@ impl Sampler {
             rng: PolicyRng::new(seed),
             relevance,
             device,
+            fused: true,
         })
+    }
+
+    /// Uses the fused CUDA kernel ([`super::fused_sampling`]) for
+    /// [`Sampler::sample`] and [`Sampler::sample_with_bases`] on CUDA
+    /// (`true`, the default) or the libtorch implementation everywhere.
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// Why sampling for `num_slots` slots does not use the fused kernel
+    /// (`None` when it does): turned off, a non-CUDA device, or the
+    /// kernel's build error.
+    pub fn fused_fallback(&self, num_slots: usize) -> Option<String> {
+        match self.fused_sampler(num_slots) {
+            Ok(_) => None,
+            Err(error) => Some(error.to_string()),
+        }
+    }
+
+    fn fused_sampler(&self, num_slots: usize) -> Result<FusedSampler> {
+        if !self.fused {
+            return Err(Error::InvalidConfig {
+                field: "Sampler.fused",
+                reason: "turned off".to_owned(),
+            });
+        }
+        FusedSampler::new(num_slots, self.device)
+    }
+
+    fn floors_f32(&self) -> [f32; NUM_ACTION_HEADS] {
+        let mut floors = [0.0_f32; NUM_ACTION_HEADS];
+        for (head, floor) in floors.iter_mut().enumerate() {
+            *floor = self.config.floor(head).unwrap_or(0.0) as f32;
+        }
+        floors
+    }
+
+    /// The fused kernel's sample, when it serves this batch.
+    fn sample_fused(
+        &self,
+        logits: &[Tensor; NUM_ACTION_HEADS],
+        masks: &MaskTensors,
+        bases: Option<&Tensor>,
+    ) -> Option<Result<SampledActions>> {
+        if !self.fused || !self.device.is_cuda() {
+            return None;
+        }
+        let batch = logits
+            .get(OP)
+            .and_then(|logits| logits.size().first().copied())
+            .unwrap_or(0);
+        let num_slots = logits
+            .get(SLOT)
+            .and_then(|logits| logits.size().get(1).copied())
+            .and_then(|slots| usize::try_from(slots).ok())
+            .unwrap_or(0);
+        if let Err(error) = self
+            .check_logits(logits, batch, num_slots)
+            .and_then(|()| masks.check(batch, num_slots, self.device))
+        {
+            return Some(Err(error));
+        }
+        let fused = self.fused_sampler(num_slots).ok()?;
+        Some(fused.sample(
+            logits,
+            masks,
+            &self.relevance,
+            bases,
+            self.config.mode,
+            self.floors_f32(),
+        ))
     }
 
     /// The configuration.
@@ -480,6 +555,26 @@ impl Sampler {
         masks: &MaskTensors,
     ) -> Result<SampledActions> {
         let mut rng = self.rng.clone();
+        if self.fused && self.device.is_cuda() {
+            let count = self.draws_per_sample();
+            let bases = if count > 0 {
+                Some(
+                    Tensor::f_from_slice(&rng.next_bases(count))
+                        .op("noise bases")?
+                        .f_to_device(self.device)
+                        .op("noise bases")?,
+                )
+            } else {
+                None
+            };
+            if let Some(sampled) = self.sample_fused(logits, masks, bases.as_ref()) {
+                if sampled.is_ok() {
+                    self.rng = rng;
+                }
+                return sampled;
+            }
+            rng = self.rng.clone();
+        }
         let sampled = self.sample_with(logits, masks, &mut |_, shape, device| {
             rng.gumbel(shape, device)
         });
@@ -523,6 +618,9 @@ impl Sampler {
                 format!("[{expected}] Int64"),
                 bases.size(),
             ));
+        }
+        if let Some(sampled) = self.sample_fused(logits, masks, Some(bases)) {
+            return sampled;
         }
         self.sample_with(logits, masks, &mut |k, shape, device| {
             let base = bases
