@@ -27,6 +27,7 @@ const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("simic", "vectorized"),
     ("simic", "gae"),
     ("tamiyo", "graphed"),
+    ("tamiyo", "fused_sampling"),
 ];
 
 /// `cargo xtask bundle`: release binaries, GPU test binaries, Python peers and
