@@ -214,6 +214,17 @@ fn throughput_variant(
         reports.push(report);
     }
     let wall = started.elapsed().as_secs_f64();
+    progress(&format!(
+        "  policy step: {}; sampling: {}",
+        simic.policy_fallback().map_or_else(
+            || "captured graph".to_owned(),
+            |why| format!("eager ({why})")
+        ),
+        simic.sampler().fused_fallback(SLOTS.len()).map_or_else(
+            || "fused CUDA kernel".to_owned(),
+            |why| format!("libtorch ({why})")
+        ),
+    ));
     let peak_mb = match device {
         Device::Cuda(index) => torch_ext::cuda::max_memory_allocated(index)? as f64 / 1_048_576.0,
         _ => 0.0,

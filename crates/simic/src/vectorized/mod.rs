@@ -349,6 +349,11 @@ impl Simic {
         &self.policy
     }
 
+    /// The action sampler (its generator and whether it runs fused).
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
     /// Why the policy step runs eagerly, when it does (`None` while it
     /// replays a graph or before the first step).
     pub fn policy_fallback(&self) -> Option<&str> {
