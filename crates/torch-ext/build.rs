@@ -21,6 +21,7 @@ const SOURCES: &[&str] = &[
     "cpp/dist.cpp",
     "cpp/dist_nccl.cpp",
     "cpp/jit.cpp",
+    "cpp/autograd.cpp",
 ];
 const HEADERS: &[&str] = &[
     "cpp/esper_torch_ext.h",

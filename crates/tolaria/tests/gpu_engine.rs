@@ -309,3 +309,73 @@ fn pinned_host_staging_on_a_side_stream_trains_exactly_like_resident_data() {
         "pinned staging changed the training"
     );
 }
+
+#[test]
+fn the_fused_loss_trains_like_libtorchs_cross_entropy() {
+    if !cuda_or_skip("the_fused_loss_trains_like_libtorchs_cross_entropy") {
+        return;
+    }
+    torch_ext::precision::set_cudnn_deterministic(true);
+    let train = data(1024, 7);
+    let mut runs = Vec::new();
+    for fused in [true, false] {
+        let model = blending_model(&train);
+        let mut step = ModelStep::new(
+            model,
+            ModelStepConfig {
+                precision: Precision::Fp32,
+                ..ModelStepConfig::default()
+            },
+        )
+        .expect("step");
+        if fused {
+            assert_eq!(
+                step.fused_loss_fallback(),
+                None,
+                "the fused loss did not build"
+            );
+        } else {
+            step.set_fused_loss(false).expect("libtorch loss");
+            assert!(step.fused_loss_fallback().is_some());
+        }
+        let staged = StagedData::resident(&train, Device::Cuda(0), true, 3).expect("staged");
+        let mut engine = Engine::new(
+            Device::Cuda(0),
+            EngineConfig {
+                mode: ExecutionMode::GraphStep,
+                warmup_steps: 2,
+                batch_size: 100,
+                drop_last: false,
+                forbid_syncs: false,
+                pool_lane: 0,
+            },
+        )
+        .expect("engine");
+        let mut figures = Vec::new();
+        for _ in 0..3 {
+            let epoch = engine.run_epoch(&mut step, &staged).expect("epoch");
+            figures.push((epoch.loss, epoch.accuracy));
+        }
+        runs.push((figures, parameters(step.model())));
+    }
+    torch_ext::precision::set_cudnn_deterministic(false);
+    let ((fused, fused_params), (plain, plain_params)) = (&runs[0], &runs[1]);
+    for (epoch, (a, b)) in fused.iter().zip(plain).enumerate() {
+        println!(
+            "epoch {epoch}: fused loss {} acc {}; libtorch loss {} acc {}",
+            a.0, a.1, b.0, b.1
+        );
+        assert!(
+            (a.0 - b.0).abs() < 1e-3 * b.0.abs().max(1.0),
+            "epoch {epoch} loss"
+        );
+        assert!((a.1 - b.1).abs() < 0.5, "epoch {epoch} accuracy (percent)");
+    }
+    let worst = fused_params
+        .iter()
+        .zip(plain_params)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0_f32, f32::max);
+    println!("fused vs libtorch loss, 3 epochs: max |parameter difference| {worst:e}");
+    assert!(worst < 1e-3, "parameters differ by {worst}");
+}

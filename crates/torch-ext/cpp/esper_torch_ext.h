@@ -139,6 +139,9 @@ char* esper_dist_all_reduce(void* group, void* tensor, int32_t op);
 char* esper_dist_broadcast(void* group, void* tensor, int32_t root);
 char* esper_dist_barrier(void* group);
 
+// ---- autograd.cpp: backward with an explicit gradient ----
+char* esper_backward_with(void* tensor, void* grad);
+
 // ---- jit.cpp: CUDA C compiled at run time (NVRTC) and launched ----
 // compile: source -> cubin for sm_<major><minor> (no GPU needed); the cubin is
 // malloc'ed (free with esper_jit_free_cubin); *log gets NVRTC's log or NULL.

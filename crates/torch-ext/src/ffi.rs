@@ -241,6 +241,9 @@ unsafe extern "C" {
     ) -> RawError;
     pub(crate) fn esper_dist_barrier(group: *mut c_void) -> RawError;
 
+    // autograd.cpp
+    pub(crate) fn esper_backward_with(tensor: *mut c_void, grad: *mut c_void) -> RawError;
+
     // jit.cpp
     pub(crate) fn esper_jit_compile(
         source: *const c_char,

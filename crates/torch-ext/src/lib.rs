@@ -20,6 +20,9 @@
 //!   unscale and a read-back-free `clip_grad_norm_`.
 //! - [`jit`]: CUDA C kernels compiled at run time with NVRTC and launched on
 //!   the current stream (capturable), for fused kernels libtorch lacks.
+//! - [`loss`]: mean cross-entropy, its logits gradient and the epoch's
+//!   loss/hit counters in two kernels ([`loss::FusedCrossEntropy`]), and
+//!   [`loss::backward_with`] (backward from a tensor with a given gradient).
 //! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
 //!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
 //!   training across processes.
@@ -98,6 +101,7 @@ pub mod fused;
 pub mod graph;
 mod inference;
 pub mod jit;
+pub mod loss;
 pub mod memory;
 pub mod precision;
 mod stream;

@@ -597,3 +597,98 @@ fn a_jit_kernel_runs_eagerly_and_inside_a_captured_graph() {
         Err(Error::InvalidArgument { .. })
     ));
 }
+
+#[test]
+fn the_fused_cross_entropy_matches_libtorch() {
+    use torch_ext::loss::{CrossEntropyWeights, FusedCrossEntropy, backward_with};
+    let Some(_device) = gpu_or_skip() else { return };
+    let fused = FusedCrossEntropy::new(0).unwrap();
+    for (rows, classes) in [(4_i64, 4_i64), (256, 10), (1000, 37), (3, 1000)] {
+        tch::manual_seed(rows + classes);
+        let logits =
+            (Tensor::randn([rows, classes], (Kind::Float, CUDA)) * 3.0).set_requires_grad(true);
+        let labels = Tensor::randint(classes, [rows], (Kind::Int64, CUDA));
+        // One ignored row (libtorch's ignore_index) where there are several.
+        if rows > 1 {
+            let _ = labels.narrow(0, 1, 1).fill_(-100);
+        }
+        let weight = 0.75;
+        let scale = Tensor::from_slice(&[8.0_f32]).to_device(CUDA);
+        let accumulator = Tensor::zeros([2], (Kind::Float, CUDA));
+        let grad = fused
+            .run(
+                &logits.detach(),
+                &labels,
+                Some(&scale),
+                &accumulator,
+                CrossEntropyWeights {
+                    weight,
+                    loss_weight: 2.0,
+                    hits_weight: 0.5,
+                },
+            )
+            .unwrap();
+        // libtorch: loss, gradient of weight * scale * loss, hits.
+        let loss =
+            logits.cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
+        let scaled = &loss * (weight * 8.0);
+        let expected = Tensor::run_backward(&[&scaled], &[&logits], false, false)
+            .pop()
+            .unwrap();
+        assert_close(&values(&grad), &values(&expected), 1e-5);
+        let valid = labels.ge(0);
+        let hits = logits
+            .argmax(-1, false)
+            .eq_tensor(&labels)
+            .logical_and(&valid)
+            .sum(Kind::Float);
+        let got = values(&accumulator);
+        let want_loss = values(&loss)[0] * 2.0;
+        assert!(
+            (got[0] - want_loss).abs() <= 1e-4 * want_loss.abs().max(1.0),
+            "{rows}x{classes} loss {got:?} vs {want_loss}"
+        );
+        assert_eq!(got[1], values(&hits)[0] * 0.5, "{rows}x{classes} hits");
+        // Deterministic: the same inputs give the same bits.
+        let again = Tensor::zeros([2], (Kind::Float, CUDA));
+        let grad2 = fused
+            .run(
+                &logits.detach(),
+                &labels,
+                Some(&scale),
+                &again,
+                CrossEntropyWeights {
+                    weight,
+                    loss_weight: 2.0,
+                    hits_weight: 0.5,
+                },
+            )
+            .unwrap();
+        assert!(grad.equal(&grad2) && accumulator.equal(&again));
+        // The gradient goes on through autograd.
+        let w = Tensor::ones([classes], (Kind::Float, CUDA)).set_requires_grad(true);
+        let out = logits.detach() * &w;
+        backward_with(&out, &grad).unwrap();
+        let expected_w = (&grad * logits.detach()).sum_dim_intlist(0, false, Kind::Float);
+        assert_close(&values(&w.grad()), &values(&expected_w), 1e-4);
+    }
+    // Shapes are checked before anything is launched.
+    let bad = Tensor::zeros([4, 3], (Kind::Float, CUDA));
+    let labels = Tensor::zeros([5], (Kind::Int64, CUDA));
+    let acc = Tensor::zeros([2], (Kind::Float, CUDA));
+    let weights = CrossEntropyWeights {
+        weight: 1.0,
+        loss_weight: 1.0,
+        hits_weight: 1.0,
+    };
+    assert!(matches!(
+        fused.run(&bad, &labels, None, &acc, weights),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let wrong_kind = Tensor::zeros([4, 3], (Kind::Double, CUDA));
+    let labels = Tensor::zeros([4], (Kind::Int64, CUDA));
+    assert!(matches!(
+        fused.run(&wrong_kind, &labels, None, &acc, weights),
+        Err(Error::InvalidArgument { .. })
+    ));
+}

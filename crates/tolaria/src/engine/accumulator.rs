@@ -66,6 +66,12 @@ impl EpochAccumulator {
         Ok(())
     }
 
+    /// The `[2]` f32 device buffer of both sums (loss, hits), for kernels
+    /// that add into it themselves (the fused loss).
+    pub(crate) fn values(&self) -> &Tensor {
+        &self.values
+    }
+
     /// Zeroes both sums (device work only).
     pub(super) fn zero(&self) -> Result<()> {
         let _ = self.values.shallow_clone().f_zero_().op("zero")?;

@@ -38,6 +38,7 @@ use kasmina::host::SlotId;
 use kasmina::model::MorphogeneticModel;
 use tch::{Device, Kind, Reduction, Tensor};
 use torch_ext::fused;
+use torch_ext::loss::{CrossEntropyWeights, FusedCrossEntropy};
 
 use super::{Batch, EpochAccumulator, Step, StepKey};
 use crate::amp::{GradScaler, GradScalerConfig, Precision};
@@ -138,6 +139,8 @@ pub struct ModelStep {
     full_key: Option<StepKey>,
     /// 4-D parameters and inputs kept channels-last (CUDA only).
     channels_last: bool,
+    /// The fused cross-entropy (CUDA), or why the libtorch loss runs.
+    fused_loss: std::result::Result<FusedCrossEntropy, String>,
 }
 
 impl std::fmt::Debug for ModelStep {
@@ -182,7 +185,12 @@ impl ModelStep {
         )?;
         let aggregator = GradAggregator::new(config.max_seeds.max(1), device)?;
         let scaler = GradScaler::for_precision(config.precision, config.scaler, device)?;
+        let fused_loss = match device {
+            Device::Cuda(index) => FusedCrossEntropy::new(index).map_err(|error| error.to_string()),
+            other => Err(format!("the fused loss runs on CUDA, not {other:?}")),
+        };
         Ok(ModelStep {
+            fused_loss,
             model,
             optimizers,
             scaler,
@@ -225,6 +233,29 @@ impl ModelStep {
     /// The optimizers.
     pub fn optimizers(&self) -> &GroupOptimizers {
         &self.optimizers
+    }
+
+    /// Why the step's loss is libtorch's `cross_entropy` rather than the
+    /// fused loss kernels ([`torch_ext::loss`]); `None` when fused. The
+    /// fused loss serves the plain backward; the gradient-tap path (seeds
+    /// feeding the host gradient) always uses libtorch's.
+    pub fn fused_loss_fallback(&self) -> Option<&str> {
+        self.fused_loss.as_ref().err().map(String::as_str)
+    }
+
+    /// Turns the fused loss off (libtorch's `cross_entropy` and metric
+    /// kernels) or back on where it was built; takes effect at the next
+    /// step (a captured graph keeps what it captured: change it between
+    /// trainers, not mid-run).
+    pub fn set_fused_loss(&mut self, on: bool) -> Result<()> {
+        self.fused_loss = match (on, self.device) {
+            (true, Device::Cuda(index)) => {
+                FusedCrossEntropy::new(index).map_err(|error| error.to_string())
+            }
+            (true, other) => Err(format!("the fused loss runs on CUDA, not {other:?}")),
+            (false, _) => Err("turned off".to_owned()),
+        };
+        Ok(())
     }
 
     /// The grad scaler.
@@ -274,6 +305,21 @@ impl ModelStep {
     }
 
     fn forward_loss(&self, inputs: &Tensor, labels: &Tensor, taps: bool) -> Result<ForwardLoss> {
+        let (logits, labels, taps) = self.forward_logits(inputs, labels, taps)?;
+        let loss = logits
+            .f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
+            .op("cross_entropy")?;
+        Ok((logits, loss, labels, taps))
+    }
+
+    /// One microbatch's forward: `[N, classes]` f32 logits (token models
+    /// flattened), the `[N]` labels they are scored against, and the taps.
+    fn forward_logits(
+        &self,
+        inputs: &Tensor,
+        labels: &Tensor,
+        taps: bool,
+    ) -> Result<ForwardLogits> {
         let overrides: Vec<Option<&Tensor>> =
             self.layout.overrides.iter().map(Option::as_ref).collect();
         let autocast = match (self.config.precision.autocast_kind(), self.device) {
@@ -314,10 +360,7 @@ impl ModelStep {
             logits = logits.f_reshape([-1, classes]).op("flatten tokens")?;
             labels = labels.f_reshape([-1]).op("flatten labels")?;
         }
-        let loss = logits
-            .f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
-            .op("cross_entropy")?;
-        Ok((logits, loss, labels, taps))
+        Ok((logits, labels, taps))
     }
 
     /// The tap path of one microbatch: the host gradient split into the
@@ -380,6 +423,10 @@ impl ModelStep {
         Ok(())
     }
 }
+
+/// One microbatch's forward without the loss: `[N, classes]` f32 logits,
+/// the `[N]` labels and the gradient taps.
+type ForwardLogits = (Tensor, Tensor, Vec<(SlotId, Tensor)>);
 
 /// One microbatch's forward: `[N, classes]` logits (f32), the mean loss,
 /// the `[N]` labels they were scored against, and the gradient taps.
@@ -482,6 +529,26 @@ impl Step for ModelStep {
         }
         for (x, y) in inputs.iter().zip(&labels) {
             let part = x.size().first().copied().unwrap_or(0);
+            if !taps && let Ok(fused) = &self.fused_loss {
+                // Loss, its logits gradient and the metrics in two kernels,
+                // then backward from the logits.
+                let (logits, flat_labels, _) = self.forward_logits(x, y, false)?;
+                let predictions = logits.size().first().copied().unwrap_or(1).max(1);
+                let scale = self.scaler.is_enabled().then(|| self.scaler.scale());
+                let grad = fused.run(
+                    &logits.f_detach().op("detach")?,
+                    &flat_labels,
+                    scale,
+                    accumulator.values(),
+                    CrossEntropyWeights {
+                        weight: part as f64 / size as f64,
+                        loss_weight: part as f64,
+                        hits_weight: part as f64 / predictions as f64,
+                    },
+                )?;
+                torch_ext::loss::backward_with(&logits, &grad)?;
+                continue;
+            }
             let (logits, loss, flat_labels, tapped) = self.forward_loss(x, y, taps)?;
             accumulator.add(&loss, &logits, &flat_labels, part)?;
             let weighted = if part == size {
