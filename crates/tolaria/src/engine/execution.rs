@@ -84,7 +84,14 @@ impl Engine {
                     let _ = self.warm.insert(shape, warm.saturating_add(1));
                 }
             }
-            run_one(step, data, &indices, index, &self.accumulator)?;
+            run_range(
+                step,
+                data,
+                permutation,
+                (start, len),
+                index,
+                &self.accumulator,
+            )?;
             outcome.eager = outcome.eager.saturating_add(1);
         }
         Ok(())
@@ -169,10 +176,13 @@ impl Engine {
     ) -> Result<()> {
         let steps = plan.len();
         if let Some((graph, static_permutation)) = &self.epoch_graph {
-            static_permutation
-                .shallow_clone()
-                .f_copy_(permutation)
-                .op("permutation copy")?;
+            // Ordered data: the graph reads views, not the permutation.
+            if !data.is_ordered() {
+                static_permutation
+                    .shallow_clone()
+                    .f_copy_(permutation)
+                    .op("permutation copy")?;
+            }
             graph.replay()?;
             outcome.replayed = outcome.replayed.saturating_add(steps);
             return Ok(());
@@ -180,9 +190,8 @@ impl Engine {
         let warm_steps = self.warm_epochs.saturating_mul(steps);
         if self.epoch_failed || warm_steps < self.config.warmup_steps.max(1) {
             self.warm_epochs = self.warm_epochs.saturating_add(1);
-            for (index, &(start, len)) in plan.iter().enumerate() {
-                let indices = permutation.f_narrow(0, start, len).op("narrow")?;
-                run_one(step, data, &indices, index, &self.accumulator)?;
+            for (index, &range) in plan.iter().enumerate() {
+                run_range(step, data, permutation, range, index, &self.accumulator)?;
             }
             outcome.eager = outcome.eager.saturating_add(steps);
             return Ok(());
@@ -201,9 +210,8 @@ impl Engine {
             CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
                 (|| -> Result<()> {
                     accumulator.zero()?;
-                    for (index, &(start, len)) in plan.iter().enumerate() {
-                        let indices = static_permutation.f_narrow(0, start, len).op("narrow")?;
-                        run_one(step, data, &indices, index, accumulator)?;
+                    for (index, &range) in plan.iter().enumerate() {
+                        run_range(step, data, &static_permutation, range, index, accumulator)?;
                     }
                     Ok(())
                 })()
@@ -222,9 +230,8 @@ impl Engine {
                 step.abandon();
                 self.epoch_failed = true;
                 outcome.events.push(fallback_event(&error.to_string()));
-                for (index, &(start, len)) in plan.iter().enumerate() {
-                    let indices = permutation.f_narrow(0, start, len).op("narrow")?;
-                    run_one(step, data, &indices, index, &self.accumulator)?;
+                for (index, &range) in plan.iter().enumerate() {
+                    run_range(step, data, permutation, range, index, &self.accumulator)?;
                 }
                 outcome.eager = outcome.eager.saturating_add(steps);
             }
@@ -252,6 +259,27 @@ fn run_one(
     accumulator: &EpochAccumulator,
 ) -> Result<()> {
     let (inputs, labels) = data.gather(indices)?;
+    step.run(
+        &Batch {
+            inputs: &inputs,
+            labels: &labels,
+            index,
+        },
+        accumulator,
+    )
+}
+
+/// [`run_one`] for batch `range` of the epoch ordered by `permutation`: a
+/// view of ordered data (no gather kernel), else the gathered samples.
+fn run_range(
+    step: &mut dyn Step,
+    data: &StagedData,
+    permutation: &Tensor,
+    range: (i64, i64),
+    index: usize,
+    accumulator: &EpochAccumulator,
+) -> Result<()> {
+    let (inputs, labels) = data.batch(permutation, range)?;
     step.run(
         &Batch {
             inputs: &inputs,

@@ -62,7 +62,8 @@ pub struct ModelStepConfig {
     pub microbatches: usize,
     /// Clip the joint L2 norm of all gradients to this (on the device).
     pub clip_grad_norm: Option<f64>,
-    /// Gather gradient norms every this many batches of an epoch.
+    /// Gather gradient norms every this many batches of an epoch
+    /// ([`crate::seed_metrics::NEVER`] turns it off).
     pub gradient_telemetry_stride: u64,
     /// Most seeds the aggregator holds rows for.
     pub max_seeds: usize,

@@ -500,6 +500,28 @@ impl StagedData {
         x.f_argsort_stable(true, 0, false).op("argsort")
     }
 
+    /// Whether batches are plain ranges of the resident data (resident and
+    /// not shuffled): then a batch is a view, with no gather kernel.
+    pub(crate) fn is_ordered(&self) -> bool {
+        self.pinned.is_none() && !self.shuffle
+    }
+
+    /// Batch `(start, len)` of the epoch whose order is `permutation`: a view
+    /// of the resident data when [`StagedData::is_ordered`], else gathered.
+    pub(crate) fn batch(
+        &self,
+        permutation: &Tensor,
+        (start, len): (i64, i64),
+    ) -> Result<(Tensor, Tensor)> {
+        if self.is_ordered() {
+            return Ok((
+                self.inputs.f_narrow(0, start, len).op("batch view")?,
+                self.labels.f_narrow(0, start, len).op("batch view")?,
+            ));
+        }
+        self.gather(&permutation.f_narrow(0, start, len).op("narrow")?)
+    }
+
     /// The samples at `indices` (an `i64` device tensor): `(inputs, labels)`.
     pub(crate) fn gather(&self, indices: &Tensor) -> Result<(Tensor, Tensor)> {
         Ok((

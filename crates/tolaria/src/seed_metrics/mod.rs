@@ -82,6 +82,10 @@ use report::{reduce, seed_metrics};
 /// The reference's default `gradient_telemetry_stride`.
 pub const DEFAULT_GRADIENT_TELEMETRY_STRIDE: u64 = 10;
 
+/// A stride that observes no step: gradient telemetry off (the
+/// `tolaria-reference` benchmark, whose Python peers measure none).
+pub const NEVER: u64 = u64::MAX;
+
 /// Accumulator slots after the per-layer ones: group-norm sum, squared
 /// group-norm sum, sample count.
 const TAIL: usize = 3;
@@ -314,9 +318,10 @@ impl SeedMetricsAccumulator {
             .map(|group| &group.acc)
     }
 
-    /// Whether step `step_index` is observed (`step_index % stride == 0`).
+    /// Whether step `step_index` is observed (`step_index % stride == 0`;
+    /// never with stride [`NEVER`]).
     pub fn observes(&self, step_index: u64) -> bool {
-        step_index.checked_rem(self.stride) == Some(0)
+        self.stride != NEVER && step_index.checked_rem(self.stride) == Some(0)
     }
 
     fn position(&self, key: GroupKey) -> Option<usize> {

@@ -523,7 +523,7 @@ pub fn run_reference_general(
         model,
         ModelStepConfig {
             precision: Precision::Fp32,
-            gradient_telemetry_stride: u64::MAX,
+            gradient_telemetry_stride: crate::seed_metrics::NEVER,
             max_seeds: 1,
             optimizer: OptimizerConfig {
                 host: GroupOptimizerConfig::sgd(reference.learning_rate, reference.momentum),
