@@ -13,7 +13,8 @@
 //!    loss and the hits into the caller's accumulator;
 //! 2. one element-wise kernel turns the softmax into the gradient of
 //!    `weight · scale · mean loss`: `(softmax − onehot) · weight · scale /
-//!    valid rows`.
+//!    valid rows`. Up to 32768 logits (a classifier's batch) one block does
+//!    both in a single launch.
 //!
 //! Rows whose label is outside `[0, classes)` are ignored, as libtorch's
 //! `ignore_index` ignores −100: no loss, no hit, no gradient, not counted in
@@ -43,6 +44,9 @@ const WARPS: u32 = ROW_THREADS / 32;
 const MAX_BLOCKS: u32 = 256;
 /// Threads per block of the gradient kernel.
 const GRAD_THREADS: u32 = 256;
+/// Up to this many logits one block does everything, gradient included, in
+/// one launch.
+const ONE_BLOCK_ELEMENTS: i64 = 1 << 15;
 
 const SOURCE: &str = r#"
 #define WARPS 8
@@ -53,9 +57,11 @@ extern "C" __global__ void esper_ce_rows(
     const float* __restrict__ logits, const long long* __restrict__ labels,
     float* __restrict__ probs, float* __restrict__ partials, unsigned int* __restrict__ ticket,
     float* __restrict__ stats, float* __restrict__ acc,
-    long long rows, long long classes, float loss_weight, float hits_weight) {
+    long long rows, long long classes, float loss_weight, float hits_weight,
+    int fuse_grad, const float* __restrict__ scale, int has_scale, float weight) {
     __shared__ float warp_sums[WARPS][3];
     __shared__ bool last;
+    __shared__ float valid_rows;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const long long stride = (long long)gridDim.x * WARPS;
@@ -125,6 +131,20 @@ extern "C" __global__ void esper_ce_rows(
         acc[0] += (a / c) * loss_weight;
         acc[1] += b * hits_weight;
         *ticket = 0u;
+        valid_rows = c;
+    }
+    // One block: the gradient too, in the same launch.
+    if (fuse_grad) {
+        __syncthreads();
+        const float coefficient = weight * (has_scale ? scale[0] : 1.0f) / valid_rows;
+        const long long n = rows * classes;
+        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+            const long long r = i / classes;
+            const long long j = i - r * classes;
+            const long long label = labels[r];
+            const bool valid = label >= 0 && label < classes;
+            probs[i] = valid ? (probs[i] - (j == label ? 1.0f : 0.0f)) * coefficient : 0.0f;
+        }
     }
 }
 
@@ -293,9 +313,18 @@ impl FusedCrossEntropy {
         let logits = logits.f_contiguous().map_err(torch)?;
         let labels = labels.f_contiguous().map_err(torch)?;
         let grad = Tensor::f_empty([rows, classes], (Kind::Float, on)).map_err(torch)?;
-        let blocks = u32::try_from(rows.unsigned_abs().div_ceil(u64::from(WARPS)))
-            .unwrap_or(MAX_BLOCKS)
-            .clamp(1, MAX_BLOCKS);
+        let elements = rows.saturating_mul(classes);
+        let one_block = elements <= ONE_BLOCK_ELEMENTS;
+        let blocks = if one_block {
+            1
+        } else {
+            u32::try_from(rows.unsigned_abs().div_ceil(u64::from(WARPS)))
+                .unwrap_or(MAX_BLOCKS)
+                .clamp(1, MAX_BLOCKS)
+        };
+        // Without a scale the kernels never read the scale pointer.
+        let scale_arg = scale.as_ref().unwrap_or(&self.stats);
+        let has_scale = i32::from(scale.is_some());
         self.kernels.rows.launch(
             [blocks, 1, 1],
             [ROW_THREADS, 1, 1],
@@ -312,9 +341,15 @@ impl FusedCrossEntropy {
                 Arg::I64(classes),
                 Arg::F32(weights.loss_weight as f32),
                 Arg::F32(weights.hits_weight as f32),
+                Arg::I32(i32::from(one_block)),
+                Arg::Tensor(scale_arg),
+                Arg::I32(has_scale),
+                Arg::F32(weights.weight as f32),
             ],
         )?;
-        let elements = rows.saturating_mul(classes);
+        if one_block {
+            return Ok(grad);
+        }
         let grad_blocks = u32::try_from(elements.unsigned_abs().div_ceil(u64::from(GRAD_THREADS)))
             .unwrap_or(u32::MAX)
             .clamp(1, 4096);
@@ -326,9 +361,8 @@ impl FusedCrossEntropy {
                 Arg::Tensor(&grad),
                 Arg::Tensor(&labels),
                 Arg::Tensor(&self.stats),
-                // Without a scale the kernel never reads this pointer.
-                Arg::Tensor(scale.as_ref().unwrap_or(&self.stats)),
-                Arg::I32(i32::from(scale.is_some())),
+                Arg::Tensor(scale_arg),
+                Arg::I32(has_scale),
                 Arg::I64(rows),
                 Arg::I64(classes),
                 Arg::F32(weights.weight as f32),

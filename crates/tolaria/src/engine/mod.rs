@@ -368,7 +368,10 @@ impl Engine {
             self.invalidate();
             self.key = Some(key);
         }
-        self.accumulator.zero()?;
+        // A captured epoch zeroes the sums itself.
+        if !(self.config.mode == ExecutionMode::GraphEpoch && self.epoch_graph.is_some()) {
+            self.accumulator.zero()?;
+        }
         let permutation = data.permutation()?;
         let mut outcome = EpochCounts::default();
         if let Some(cuda) = &self.cuda {

@@ -24,7 +24,7 @@
 //! summed event time of the epoch's copies. Pinned staging runs eager
 //! steps; the graph modes need device-resident data (the engine says so).
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
@@ -42,6 +42,8 @@ pub struct StagedData {
     shuffle: bool,
     seed: u64,
     epoch: Cell<u64>,
+    /// The unshuffled order, made once.
+    ordered: OnceCell<Tensor>,
     device: Device,
     h2d_ms: Option<f64>,
     /// The double buffers of pinned staging; `None` when resident.
@@ -152,6 +154,7 @@ impl StagedData {
             shuffle,
             seed,
             epoch: Cell::new(0),
+            ordered: OnceCell::new(),
             device,
             h2d_ms,
             pinned: None,
@@ -252,6 +255,7 @@ impl StagedData {
             shuffle,
             seed,
             epoch: Cell::new(0),
+            ordered: OnceCell::new(),
             device,
             h2d_ms: None,
             pinned: Some(Pinned {
@@ -477,10 +481,14 @@ impl StagedData {
         } else {
             self.device
         };
-        let order = Tensor::f_arange(self.len, (Kind::Int64, order_device)).op("arange")?;
         if !self.shuffle {
-            return Ok(order);
+            if let Some(order) = self.ordered.get() {
+                return Ok(order.shallow_clone());
+            }
+            let order = Tensor::f_arange(self.len, (Kind::Int64, order_device)).op("arange")?;
+            return Ok(self.ordered.get_or_init(|| order).shallow_clone());
         }
+        let order = Tensor::f_arange(self.len, (Kind::Int64, order_device)).op("arange")?;
         let base = mix(self.seed ^ mix(epoch.wrapping_add(0x5EED))) as i64;
         // x = base + (i + 1) * GOLDEN, then the SplitMix64 finaliser.
         let mut x = order
