@@ -13,8 +13,8 @@
 //!    loss and the hits into the caller's accumulator;
 //! 2. one element-wise kernel turns the softmax into the gradient of
 //!    `weight · scale · mean loss`: `(softmax − onehot) · weight · scale /
-//!    valid rows`. Up to 32768 logits (a classifier's batch) one block does
-//!    both in a single launch.
+//!    valid rows`. For a small batch (up to 32 rows) one block does both in
+//!    a single launch.
 //!
 //! Rows whose label is outside `[0, classes)` are ignored, as libtorch's
 //! `ignore_index` ignores −100: no loss, no hit, no gradient, not counted in
@@ -44,8 +44,10 @@ const WARPS: u32 = ROW_THREADS / 32;
 const MAX_BLOCKS: u32 = 256;
 /// Threads per block of the gradient kernel.
 const GRAD_THREADS: u32 = 256;
-/// Up to this many logits one block does everything, gradient included, in
-/// one launch.
+/// Up to this many rows (four per warp) and logits one block does
+/// everything, gradient included, in one launch; above, the rows spread over
+/// blocks (one block walking 256 rows took longer than two launches).
+const ONE_BLOCK_ROWS: i64 = 4 * WARPS as i64;
 const ONE_BLOCK_ELEMENTS: i64 = 1 << 15;
 
 const SOURCE: &str = r#"
@@ -314,7 +316,7 @@ impl FusedCrossEntropy {
         let labels = labels.f_contiguous().map_err(torch)?;
         let grad = Tensor::f_empty([rows, classes], (Kind::Float, on)).map_err(torch)?;
         let elements = rows.saturating_mul(classes);
-        let one_block = elements <= ONE_BLOCK_ELEMENTS;
+        let one_block = rows <= ONE_BLOCK_ROWS && elements <= ONE_BLOCK_ELEMENTS;
         let blocks = if one_block {
             1
         } else {
