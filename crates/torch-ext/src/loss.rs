@@ -395,3 +395,43 @@ pub fn backward_with(tensor: &Tensor, grad: &Tensor) -> Result<()> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backward_with_carries_a_given_gradient_into_the_leaves() {
+        let w = Tensor::from_slice(&[1.0_f32, 2.0, 3.0]).set_requires_grad(true);
+        let y = &w * 2.0;
+        let grad = Tensor::from_slice(&[1.0_f32, 10.0, 100.0]);
+        backward_with(&y, &grad).expect("backward");
+        let got = Vec::<f32>::try_from(w.grad()).expect("grad");
+        assert_eq!(got, vec![2.0, 20.0, 200.0]);
+    }
+
+    #[test]
+    fn backward_with_refuses_a_gradient_of_another_shape_or_a_constant() {
+        let w = Tensor::ones([3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let y = &w * 2.0;
+        let wrong = Tensor::ones([4], (Kind::Float, Device::Cpu));
+        assert!(matches!(
+            backward_with(&y, &wrong),
+            Err(Error::InvalidArgument { .. })
+        ));
+        let constant = Tensor::ones([3], (Kind::Float, Device::Cpu));
+        let error = backward_with(&constant, &constant).expect_err("no grad to carry");
+        assert!(
+            error.to_string().contains("does not require grad"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_fused_loss_needs_a_cuda_device() {
+        if crate::cuda::is_available() {
+            return;
+        }
+        assert!(FusedCrossEntropy::new(0).is_err());
+    }
+}
