@@ -14,6 +14,9 @@ pub struct EpochAccumulator {
     values: Tensor,
     loss: Tensor,
     hits: Tensor,
+    /// Pinned host memory the CUDA readback lands in (a copy into pinned
+    /// memory is one DMA; into pageable memory it is staged).
+    host: Option<Tensor>,
 }
 
 impl EpochAccumulator {
@@ -21,10 +24,17 @@ impl EpochAccumulator {
     /// driving a [`Step`](super::Step) by hand makes its own).
     pub fn new(device: Device) -> Result<EpochAccumulator> {
         let values = Tensor::f_zeros([2], (Kind::Float, device)).op("accumulator zeros")?;
+        let host = match device {
+            Device::Cuda(_) => Some(torch_ext::memory::pin(
+                &Tensor::f_zeros([2], (Kind::Float, Device::Cpu)).op("accumulator host")?,
+            )?),
+            _ => None,
+        };
         Ok(EpochAccumulator {
             loss: values.f_select(0, 0).op("select")?,
             hits: values.f_select(0, 1).op("select")?,
             values,
+            host,
         })
     }
 
@@ -80,12 +90,20 @@ impl EpochAccumulator {
 
     /// Reads the sums back (one transfer): `(loss_sum, correct)`.
     pub(super) fn read(&self) -> Result<(f64, f64)> {
-        let values = Vec::<f32>::try_from(
-            self.values
+        let host = match &self.host {
+            Some(host) => {
+                // Blocking copy: it waits for the compute stream.
+                host.shallow_clone()
+                    .f_copy_(&self.values)
+                    .op("accumulator readback")?;
+                host.shallow_clone()
+            }
+            None => self
+                .values
                 .f_to_device(Device::Cpu)
                 .op("accumulator readback")?,
-        )
-        .op("accumulator to vec")?;
+        };
+        let values = Vec::<f32>::try_from(&host).op("accumulator to vec")?;
         match values.as_slice() {
             [loss, correct] => Ok((f64::from(*loss), f64::from(*correct))),
             other => Err(Error::Readback {

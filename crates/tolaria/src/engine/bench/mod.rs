@@ -580,6 +580,14 @@ pub fn run_reference_general(
     put(&mut metrics, "epoch_ms_p95", percentile(&epoch_ms, 95.0));
     put(&mut metrics, "epoch_ms_max", percentile(&epoch_ms, 100.0));
     put(&mut metrics, "measured_epochs", Some(epoch_ms.len() as f64));
+    if let Some(epoch) = &last {
+        // Kernels per step of the captured graph (graph modes).
+        put(
+            &mut metrics,
+            "kernels_per_step",
+            engine.kernels_per_step(epoch.steps)?,
+        );
+    }
     if let Some(epoch) = last {
         put(&mut metrics, "final_train_loss", Some(epoch.loss));
         put(
