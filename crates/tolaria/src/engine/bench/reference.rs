@@ -1,0 +1,146 @@
+//! `tolaria-reference` through the general trainer: the reference
+//! `Linear(16->4)` workload as a Kasmina host trained by the engine and
+//! [`ModelStep`], for the record beside the fused special path.
+
+use std::collections::BTreeMap;
+
+use kasmina::host::LinearHost;
+use kasmina::lifecycle::SlotConfig;
+use kasmina::model::MorphogeneticModel;
+use leyline::Telemetry;
+use leyline::baseline::percentile;
+use tch::Device;
+
+use super::put;
+use crate::amp::Precision;
+use crate::config::{ExecutionMode, TrainerConfig};
+use crate::engine::model_step::{ModelStep, ModelStepConfig};
+use crate::engine::staging::StagedData;
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{Error, Result, TorchResultExt};
+use crate::optim::{GroupOptimizerConfig, OptimizerConfig};
+
+/// `tolaria-reference` through the general path: a `Linear(16->4)` host
+/// with no slot, the reference data and initial parameters, SGD 0.01 /
+/// 0.9, batch 4, no shuffle, trained by the engine and [`ModelStep`] in
+/// `mode`. Returns the figures of the record's entry.
+pub fn run_reference_general(
+    mode: ExecutionMode,
+    device: Device,
+    warmup_epochs: usize,
+    measured_epochs: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<BTreeMap<String, f64>> {
+    let reference = TrainerConfig::reference();
+    let data = crate::data::ReferenceData::generate(&reference)?;
+    let host =
+        LinearHost::reference(device).map_err(|source| Error::Lifecycle { op: "host", source })?;
+    let initial = tch::Tensor::f_from_slice(&data.initial_parameters)
+        .op("initial parameters")?
+        .f_view([4, 17])
+        .op("view")?
+        .f_to_device(device)
+        .op("to device")?;
+    tch::no_grad(|| -> Result<()> {
+        let linear = host.linear();
+        linear
+            .weight
+            .shallow_clone()
+            .f_copy_(&initial.f_narrow(1, 0, 16).op("narrow")?)
+            .op("weight init")?;
+        if let Some(bias) = &linear.bias {
+            bias.shallow_clone()
+                .f_copy_(&initial.f_select(1, 16).op("select")?)
+                .op("bias init")?;
+        }
+        Ok(())
+    })?;
+    let model = MorphogeneticModel::new(host, &[], SlotConfig::default(), Telemetry::disabled())
+        .map_err(|source| Error::Lifecycle {
+            op: "model",
+            source,
+        })?;
+    let mut step = ModelStep::new(
+        model,
+        ModelStepConfig {
+            precision: Precision::Fp32,
+            gradient_telemetry_stride: crate::seed_metrics::NEVER,
+            max_seeds: 1,
+            optimizer: OptimizerConfig {
+                host: GroupOptimizerConfig::sgd(reference.learning_rate, reference.momentum),
+                seed: GroupOptimizerConfig::sgd(reference.learning_rate, reference.momentum),
+            },
+            ..ModelStepConfig::default()
+        },
+    )?;
+    let staged = StagedData::resident(&data.train, device, false, reference.seed)?;
+    let mut engine = Engine::new(
+        device,
+        EngineConfig {
+            mode,
+            warmup_steps: reference.graph_warmup_steps,
+            batch_size: reference.batch_size,
+            drop_last: false,
+            forbid_syncs: false,
+            pool_lane: 0,
+        },
+    )?;
+    let mut metrics = BTreeMap::new();
+    for _ in 0..warmup_epochs {
+        let epoch = engine.run_epoch(&mut step, &staged)?;
+        if epoch.capture_ms.is_some() {
+            put(&mut metrics, "capture_ms", epoch.capture_ms);
+        }
+        for event in &epoch.events {
+            if event.name == leyline::telemetry::TOLARIA_GRAPH_FALLBACK {
+                progress(&format!(
+                    "[rust {}] graph fallback: {:?}",
+                    mode.name(),
+                    event.attributes
+                ));
+            }
+        }
+    }
+    let mut epoch_ms = Vec::with_capacity(measured_epochs);
+    let mut device_ms = Vec::with_capacity(measured_epochs);
+    let mut last = None;
+    for _ in 0..measured_epochs {
+        let epoch = engine.run_epoch(&mut step, &staged)?;
+        epoch_ms.push(epoch.epoch_ms);
+        if let Some(ms) = epoch.device_ms {
+            device_ms.push(ms);
+        }
+        last = Some(epoch);
+    }
+    put(
+        &mut metrics,
+        "device_epoch_ms_p50",
+        percentile(&device_ms, 50.0),
+    );
+    put(&mut metrics, "epoch_ms_p50", percentile(&epoch_ms, 50.0));
+    put(&mut metrics, "epoch_ms_p95", percentile(&epoch_ms, 95.0));
+    put(&mut metrics, "epoch_ms_max", percentile(&epoch_ms, 100.0));
+    put(&mut metrics, "measured_epochs", Some(epoch_ms.len() as f64));
+    if let Some(epoch) = &last {
+        // Kernels per step of the captured graph (graph modes).
+        put(
+            &mut metrics,
+            "kernels_per_step",
+            engine.kernels_per_step(epoch.steps)?,
+        );
+    }
+    if let Some(epoch) = last {
+        put(&mut metrics, "final_train_loss", Some(epoch.loss));
+        put(
+            &mut metrics,
+            "final_train_accuracy",
+            Some(epoch.accuracy / 100.0),
+        );
+        put(
+            &mut metrics,
+            "graph_replayed_epochs_fraction",
+            Some(if epoch.replayed_steps > 0 { 1.0 } else { 0.0 }),
+        );
+    }
+    Ok(metrics)
+}
