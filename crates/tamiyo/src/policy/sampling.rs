@@ -115,6 +115,21 @@ impl SamplingConfig {
     }
 }
 
+/// The batch size (rows of the op head) and slot count (width of the slot
+/// head) of per-head `logits`; 0 where a head is missing.
+fn batch_and_slots(logits: &[Tensor; NUM_ACTION_HEADS]) -> (i64, usize) {
+    let batch = logits
+        .get(OP)
+        .and_then(|logits| logits.size().first().copied())
+        .unwrap_or(0);
+    let num_slots = logits
+        .get(SLOT)
+        .and_then(|logits| logits.size().get(1).copied())
+        .and_then(|slots| usize::try_from(slots).ok())
+        .unwrap_or(0);
+    (batch, num_slots)
+}
+
 /// Per-op relevance and canonical actions on a device, built once.
 #[derive(Debug)]
 pub struct Sampler {
@@ -249,15 +264,7 @@ impl Sampler {
         if !self.fused || !self.device.is_cuda() {
             return None;
         }
-        let batch = logits
-            .get(OP)
-            .and_then(|logits| logits.size().first().copied())
-            .unwrap_or(0);
-        let num_slots = logits
-            .get(SLOT)
-            .and_then(|logits| logits.size().get(1).copied())
-            .and_then(|slots| usize::try_from(slots).ok())
-            .unwrap_or(0);
+        let (batch, num_slots) = batch_and_slots(logits);
         if let Err(error) = self
             .check_logits(logits, batch, num_slots)
             .and_then(|()| masks.check(batch, num_slots, self.device))
@@ -469,15 +476,7 @@ impl Sampler {
         noise: &mut Noise<'_>,
     ) -> Result<SampledActions> {
         let mut draw = 0_usize;
-        let batch = logits
-            .get(OP)
-            .and_then(|logits| logits.size().first().copied())
-            .unwrap_or(0);
-        let num_slots = logits
-            .get(SLOT)
-            .and_then(|logits| logits.size().get(1).copied())
-            .and_then(|slots| usize::try_from(slots).ok())
-            .unwrap_or(0);
+        let (batch, num_slots) = batch_and_slots(logits);
         self.check_logits(logits, batch, num_slots)?;
         masks.check(batch, num_slots, self.device)?;
         let op_mask = masks

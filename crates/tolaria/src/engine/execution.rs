@@ -259,14 +259,7 @@ fn run_one(
     accumulator: &EpochAccumulator,
 ) -> Result<()> {
     let (inputs, labels) = data.gather(indices)?;
-    step.run(
-        &Batch {
-            inputs: &inputs,
-            labels: &labels,
-            index,
-        },
-        accumulator,
-    )
+    run_batch(step, &inputs, &labels, index, accumulator)
 }
 
 /// [`run_one`] for batch `range` of the epoch ordered by `permutation`: a
@@ -280,10 +273,20 @@ fn run_range(
     accumulator: &EpochAccumulator,
 ) -> Result<()> {
     let (inputs, labels) = data.batch(permutation, range)?;
+    run_batch(step, &inputs, &labels, index, accumulator)
+}
+
+fn run_batch(
+    step: &mut dyn Step,
+    inputs: &Tensor,
+    labels: &Tensor,
+    index: usize,
+    accumulator: &EpochAccumulator,
+) -> Result<()> {
     step.run(
         &Batch {
-            inputs: &inputs,
-            labels: &labels,
+            inputs,
+            labels,
             index,
         },
         accumulator,

@@ -1,6 +1,6 @@
 //! `tolaria-reference` through the general trainer: the reference
 //! `Linear(16->4)` workload as a Kasmina host trained by the engine and
-//! [`ModelStep`], for the record beside the fused special path.
+//! [`ModelStep`](crate::engine::model_step::ModelStep), for the record beside the fused special path.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +22,7 @@ use crate::optim::{GroupOptimizerConfig, OptimizerConfig};
 
 /// `tolaria-reference` through the general path: a `Linear(16->4)` host
 /// with no slot, the reference data and initial parameters, SGD 0.01 /
-/// 0.9, batch 4, no shuffle, trained by the engine and [`ModelStep`] in
+/// 0.9, batch 4, no shuffle, trained by the engine and [`ModelStep`](crate::engine::model_step::ModelStep) in
 /// `mode`. Returns the figures of the record's entry.
 pub fn run_reference_general(
     mode: ExecutionMode,
