@@ -32,8 +32,11 @@
 //! kernel.launch([4, 1, 1], [256, 1, 1], 0, &[Arg::Tensor(&x), Arg::F32(2.0), Arg::I64(1000)])?;
 //! ```
 
+use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_void};
+use std::hash::Hash;
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tch::{Device, Tensor};
 
@@ -146,6 +149,47 @@ pub fn compile(source: &str, name: &str, arch: (i32, i32)) -> Result<Cubin> {
         arch,
         log: log.filter(|text| !text.trim().is_empty()),
     })
+}
+
+/// A process-wide cache of built kernels (or anything built from them),
+/// one per key: each key is built once, and a failed build is kept as its
+/// message so it is not retried at every call. Entries are never dropped,
+/// so graphs that captured their launches stay valid.
+pub struct KernelCache<K, T> {
+    map: OnceLock<Mutex<HashMap<K, Built<T>>>>,
+}
+
+/// A cache entry: what was built, or why it could not be.
+type Built<T> = std::result::Result<Arc<T>, String>;
+
+impl<K: Eq + Hash, T> KernelCache<K, T> {
+    /// An empty cache (for a `static`).
+    pub const fn new() -> Self {
+        KernelCache {
+            map: OnceLock::new(),
+        }
+    }
+
+    /// The entry for `key`, built by `build` the first time.
+    pub fn get_or_build(
+        &self,
+        key: K,
+        build: impl FnOnce() -> std::result::Result<T, String>,
+    ) -> std::result::Result<Arc<T>, String> {
+        let map = self.map.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map
+            .lock()
+            .map_err(|_| "the kernel cache was poisoned by a panic".to_owned())?;
+        map.entry(key)
+            .or_insert_with(|| build().map(Arc::new))
+            .clone()
+    }
+}
+
+impl<K: Eq + Hash, T> Default for KernelCache<K, T> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A loaded kernel, launched on one CUDA device (see the module docs).

@@ -27,14 +27,13 @@
 //! trainer its own, since two streams running one instance at the same time
 //! would share it.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::jit::{Arg, JitKernel};
+use crate::jit::{Arg, JitKernel, KernelCache};
 
 /// Threads per block of the row kernel (8 warps).
 const ROW_THREADS: u32 = 256;
@@ -173,33 +172,25 @@ struct Kernels {
     grad: JitKernel,
 }
 
-type Built = std::result::Result<Arc<Kernels>, String>;
-
 fn kernels(device: usize) -> Result<Arc<Kernels>> {
-    static CACHE: OnceLock<Mutex<HashMap<usize, Built>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut cache = cache.lock().map_err(|_| Error::InvalidArgument {
-        op: "loss::FusedCrossEntropy",
-        message: "the kernel cache was poisoned by a panic".to_owned(),
-    })?;
-    let built = cache
-        .entry(device)
-        .or_insert_with(|| {
-            let arch = crate::cuda::device_capability(device).map_err(|error| error.to_string())?;
-            let cubin_rows =
-                crate::jit::compile(SOURCE, "esper_ce_rows", arch).map_err(|e| e.to_string())?;
-            let cubin_grad =
-                crate::jit::compile(SOURCE, "esper_ce_grad", arch).map_err(|e| e.to_string())?;
-            Ok(Arc::new(Kernels {
-                rows: JitKernel::load(&cubin_rows, device).map_err(|e| e.to_string())?,
-                grad: JitKernel::load(&cubin_grad, device).map_err(|e| e.to_string())?,
-            }))
+    static CACHE: KernelCache<usize, Kernels> = KernelCache::new();
+    CACHE
+        .get_or_build(device, || {
+            let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
+            let load = |name: &str| {
+                crate::jit::compile(SOURCE, name, arch)
+                    .and_then(|cubin| JitKernel::load(&cubin, device))
+                    .map_err(|e| e.to_string())
+            };
+            Ok(Kernels {
+                rows: load("esper_ce_rows")?,
+                grad: load("esper_ce_grad")?,
+            })
         })
-        .clone();
-    built.map_err(|message| Error::Cpp {
-        op: "loss::FusedCrossEntropy",
-        message,
-    })
+        .map_err(|message| Error::Cpp {
+            op: "loss::FusedCrossEntropy",
+            message,
+        })
 }
 
 /// Mean cross-entropy with its logits gradient and metric accumulation in

@@ -15,13 +15,12 @@
 //! keeps the libtorch implementation and says why
 //! ([`super::Sampler::fused_fallback`]).
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use leyline::{LifecycleOp, NUM_ACTION_HEADS};
 use tch::{Device, Kind, Tensor};
-use torch_ext::jit::{Arg, JitKernel};
+use torch_ext::jit::{Arg, JitKernel, KernelCache};
 
 use super::sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions};
 use crate::error::{TorchResultExt, shape_mismatch};
@@ -56,7 +55,6 @@ fn source(num_slots: usize) -> String {
     let canonical: Vec<i64> = (0..NUM_ACTION_HEADS)
         .map(|head| canonical_action(head).unwrap_or(-1))
         .collect();
-    let list = |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(", ");
     let mut out = String::new();
     let _ = writeln!(out, "#define H {NUM_ACTION_HEADS}");
     let _ = writeln!(out, "#define S {num_slots}");
@@ -66,26 +64,22 @@ fn source(num_slots: usize) -> String {
     let _ = writeln!(out, "#define OP_HEAD {OP}");
     let _ = writeln!(out, "#define SLOT_HEAD {SLOT}");
     let _ = writeln!(out, "#define MASKED {MASKED_LOGIT_VALUE:?}f");
-    let _ = writeln!(
-        out,
-        "__constant__ int SIZE[H] = {{{}}};",
-        list(&mut sizes.iter().map(ToString::to_string))
-    );
-    let _ = writeln!(
-        out,
-        "__constant__ int OFFSET[H] = {{{}}};",
-        list(&mut offsets.iter().map(ToString::to_string))
-    );
-    let _ = writeln!(
-        out,
-        "__constant__ int DRAW[H] = {{{}}};",
-        list(&mut draws.iter().map(ToString::to_string))
-    );
-    let _ = writeln!(
-        out,
-        "__constant__ int CANONICAL[H] = {{{}}};",
-        list(&mut canonical.iter().map(ToString::to_string))
-    );
+    let tables: [(&str, Vec<String>); 4] = [
+        ("SIZE", sizes.iter().map(ToString::to_string).collect()),
+        ("OFFSET", offsets.iter().map(ToString::to_string).collect()),
+        ("DRAW", draws.iter().map(ToString::to_string).collect()),
+        (
+            "CANONICAL",
+            canonical.iter().map(ToString::to_string).collect(),
+        ),
+    ];
+    for (name, values) in tables {
+        let _ = writeln!(
+            out,
+            "__constant__ int {name}[H] = {{{}}};",
+            values.join(", ")
+        );
+    }
     out.push_str(BODY);
     out
 }
@@ -220,14 +214,7 @@ extern "C" __global__ void tamiyo_sample(
 
 /// Kernels built so far, per slot count and device: compiled once per
 /// process and never dropped (captured graphs keep launching them).
-/// A failed build is kept too (as its message), so it is not retried at
-/// every step.
-type Built = std::result::Result<Arc<JitKernel>, String>;
-
-fn cache() -> &'static Mutex<HashMap<(usize, usize), Built>> {
-    static CACHE: OnceLock<Mutex<HashMap<(usize, usize), Built>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
+static CACHE: KernelCache<(usize, usize), JitKernel> = KernelCache::new();
 
 /// The fused sampler for one device and slot count.
 #[derive(Debug, Clone)]
@@ -253,22 +240,15 @@ impl FusedSampler {
                 reason: format!("{num_slots} is outside 1..={}", crate::features::MAX_SLOTS),
             });
         }
-        let mut cache = cache().lock().map_err(|_| Error::InvalidConfig {
-            field: "FusedSampler",
-            reason: "the kernel cache was poisoned by a panic".to_owned(),
-        })?;
-        let built = cache
-            .entry((num_slots, index))
-            .or_insert_with(|| {
+        let kernel = CACHE
+            .get_or_build((num_slots, index), || {
                 JitKernel::build(&source(num_slots), KERNEL, index)
-                    .map(Arc::new)
                     .map_err(|error| format!("the sampling kernel could not be built: {error}"))
             })
-            .clone();
-        let kernel = built.map_err(|reason| Error::InvalidConfig {
-            field: "FusedSampler",
-            reason,
-        })?;
+            .map_err(|reason| Error::InvalidConfig {
+                field: "FusedSampler",
+                reason,
+            })?;
         Ok(FusedSampler {
             kernel,
             num_slots,
