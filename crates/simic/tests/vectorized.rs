@@ -5,7 +5,7 @@
 use kasmina::host::CnnHostConfig;
 use leyline::Telemetry;
 use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
-use tamiyo::policy::PolicyConfig;
+use tamiyo::policy::{PolicyConfig, PolicyPrecision};
 use tch::{Device, Tensor};
 use tolaria::data::synthetic::{ImageTaskOptions, image_task};
 use tolaria::engine::trainer::ModelTrainerConfig;
@@ -80,6 +80,29 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     assert!(ppo.steps >= 1, "{ppo:?}");
     assert!(report.mean_episode_reward.is_finite());
     assert!(report.inference_ms > 0.0);
+}
+
+/// The policy runs under bf16 autocast exactly when the environments train
+/// in bf16 (reference §4.6); fp16 and fp32 training keep it in fp32.
+#[test]
+fn the_policy_precision_follows_the_training_precision() {
+    use tolaria::amp::Precision;
+    // Simic::new seeds libtorch's process-wide generator.
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (training, expected) in [
+        (Some(Precision::Bf16), PolicyPrecision::Bf16),
+        (Some(Precision::Fp16), PolicyPrecision::Fp32),
+        (Some(Precision::Fp32), PolicyPrecision::Fp32),
+        // Auto on the CPU is fp32.
+        (None, PolicyPrecision::Fp32),
+    ] {
+        let mut config = config(3);
+        config.trainer.precision = training;
+        let simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+        assert_eq!(simic.policy_precision(), expected, "{training:?}");
+    }
 }
 
 #[test]
@@ -167,12 +190,22 @@ fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let spec = spec(2);
+    for precision in [tolaria::amp::Precision::Fp32, tolaria::amp::Precision::Bf16] {
+        cuda_rounds(&spec, precision);
+    }
+}
+
+fn cuda_rounds(spec: &EnvSpec, precision: tolaria::amp::Precision) {
     let mut config = config(9);
     config.trainer.mode = tolaria::config::ExecutionMode::GraphStep;
-    config.trainer.precision = Some(tolaria::amp::Precision::Fp32);
+    config.trainer.precision = Some(precision);
     let mut simic = Simic::new(config, 3, Device::Cuda(0), Telemetry::disabled()).expect("simic");
+    assert_eq!(
+        simic.policy_precision(),
+        PolicyPrecision::for_training(precision)
+    );
     for round in 0..2 {
-        let report = simic.run_round(&spec, true).expect("round");
+        let report = simic.run_round(spec, true).expect("round");
         assert!(report.env_epochs >= 2, "round {round}: {report:?}");
         for accuracy in &report.final_accuracies {
             assert!((0.0..=100.0).contains(accuracy), "accuracy {accuracy}");

@@ -11,6 +11,14 @@ pub enum Error {
         /// libtorch's message.
         source: tch::TchError,
     },
+    /// A torch-ext device facility (autocast, streams, kernels) failed.
+    #[error("device operation `{op}` failed: {source}")]
+    Device {
+        /// The operation that failed.
+        op: &'static str,
+        /// torch-ext's error.
+        source: torch_ext::Error,
+    },
     /// A configuration value is out of range or inconsistent.
     #[error("invalid configuration `{field}`: {reason}")]
     InvalidConfig {

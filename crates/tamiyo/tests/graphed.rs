@@ -6,10 +6,14 @@
 //! masks, and log-probabilities and entropies equal to float rounding,
 //! greedy and stochastic, with and without probability floors, under random
 //! masks (CUDA only; on the CPU the sampler says why it is not fused).
+//! The graphed step under bf16 autocast replays what the eager bf16 step
+//! computes, too.
 
 use tamiyo::masks::MaskTensors;
 use tamiyo::policy::sampling::reference_probability_floors;
-use tamiyo::policy::{GraphedAct, Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig};
+use tamiyo::policy::{
+    GraphedAct, Policy, PolicyConfig, PolicyPrecision, SampleMode, Sampler, SamplingConfig,
+};
 use tch::{Device, Kind, Tensor};
 
 fn policy(device: Device) -> Policy {
@@ -37,9 +41,16 @@ fn sampler(device: Device) -> Sampler {
     .expect("sampler")
 }
 
-fn compare(device: Device) {
+fn compare(device: Device, precision: PolicyPrecision) {
     let n_envs = 4;
-    let policy = policy(device);
+    let mut policy = policy(device);
+    policy.set_precision(precision);
+    // Equal kernels either way; bf16 leaves a little room for a different
+    // GEMM algorithm inside the capture.
+    let (rtol, atol) = match precision {
+        PolicyPrecision::Fp32 => (1e-5, 1e-6),
+        PolicyPrecision::Bf16 => (1e-3, 1e-4),
+    };
     let config = policy.network().config();
     let mut eager = sampler(device);
     let mut graphed_sampler = sampler(device);
@@ -77,14 +88,15 @@ fn compare(device: Device) {
         assert!(
             a.sample
                 .log_probs
-                .allclose(&b.sample.log_probs, 1e-5, 1e-6, false),
+                .allclose(&b.sample.log_probs, rtol, atol, false),
             "step {step}: log-probs differ"
         );
         assert!(
-            a.value.allclose(&b.value, 1e-5, 1e-6, false),
+            a.value.allclose(&b.value, rtol, atol, false),
             "step {step}: values differ"
         );
-        assert!(a.hidden.h.allclose(&b.hidden.h, 1e-5, 1e-6, false));
+        assert_eq!(b.value.kind(), Kind::Float);
+        assert!(a.hidden.h.allclose(&b.hidden.h, rtol, atol, false));
         eager_hidden = a.hidden;
         graph_hidden = b.hidden.shallow_clone();
         // The graph's outputs are views of static buffers: keep a copy.
@@ -105,7 +117,8 @@ fn compare(device: Device) {
 
 #[test]
 fn the_graphed_step_falls_back_to_the_eager_step_on_the_cpu() {
-    compare(Device::Cpu);
+    compare(Device::Cpu, PolicyPrecision::Fp32);
+    compare(Device::Cpu, PolicyPrecision::Bf16);
 }
 
 #[test]
@@ -114,7 +127,8 @@ fn the_graphed_step_replays_what_the_eager_step_computes_on_cuda() {
         eprintln!("skipped: no CUDA device");
         return;
     }
-    compare(Device::Cuda(0));
+    compare(Device::Cuda(0), PolicyPrecision::Fp32);
+    compare(Device::Cuda(0), PolicyPrecision::Bf16);
 }
 
 /// Random logits per head (a wide spread, so floors bind) and random masks

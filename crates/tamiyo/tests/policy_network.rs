@@ -1,16 +1,16 @@
 //! The policy network (reference §3.4): sizes and parameter count at HEAD's
 //! defaults, one batched forward equal to per-environment forwards, the
 //! LSTM state carried across calls (steps equal a sequence), the
-//! initialisation, the null blueprint entry, and shape checks before
-//! libtorch.
+//! initialisation, the null blueprint entry, shape checks before libtorch,
+//! and bf16 autocast with fp32 outputs.
 
 use leyline::NUM_ACTION_HEADS;
 use tamiyo::Error;
 use tamiyo::heads::{BLUEPRINT, OP, head_sizes};
 use tamiyo::masks::MaskTensors;
 use tamiyo::policy::{
-    LstmState, MASKED_LOGIT_VALUE, Policy, PolicyConfig, PolicyNetwork, SampleMode, Sampler,
-    SamplingConfig,
+    LstmState, MASKED_LOGIT_VALUE, Policy, PolicyConfig, PolicyNetwork, PolicyPrecision,
+    SampleMode, Sampler, SamplingConfig,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -383,4 +383,79 @@ fn shapes_dtypes_and_sizes_are_checked_before_libtorch() {
         serde_json::from_str::<PolicyConfig>(&json).expect("parse"),
         small()
     );
+}
+
+#[test]
+fn bf16_precision_runs_in_bf16_and_returns_fp32_close_to_fp32() {
+    let config = small();
+    let mut policy = policy(config, 11);
+    assert_eq!(policy.network().precision(), PolicyPrecision::Fp32);
+    let batch = 3;
+    let (obs, blueprints) = inputs(batch, config.obs_dim() as i64, 0.2);
+    let masks = MaskTensors::allow_all(batch as usize, 3, Device::Cpu).expect("masks");
+    let hidden = policy
+        .network()
+        .initial_state(batch as usize)
+        .expect("state");
+    let fp32 = policy
+        .network()
+        .step(&obs, &blueprints, &hidden, &masks)
+        .expect("fp32 step");
+    policy.set_precision(PolicyPrecision::Bf16);
+    assert_eq!(policy.network().precision(), PolicyPrecision::Bf16);
+    let bf16 = policy
+        .network()
+        .step(&obs, &blueprints, &hidden, &masks)
+        .expect("bf16 step");
+    // Outputs and state leave in fp32, so sampling and the next step accept them.
+    for (low, full) in bf16.logits.iter().zip(fp32.logits.iter()) {
+        assert_eq!(low.kind(), Kind::Float);
+        assert_eq!(low.size(), full.size());
+        let diff = max_diff(low, full);
+        // bf16 keeps 8 bits of mantissa: close, but not bitwise equal.
+        assert!(diff < 0.05, "logits differ by {diff}");
+    }
+    assert_eq!(bf16.value.kind(), Kind::Float);
+    assert_eq!(bf16.hidden.h.kind(), Kind::Float);
+    assert_eq!(bf16.hidden.c.kind(), Kind::Float);
+    assert!(max_diff(&bf16.value, &fp32.value) < 0.05);
+    let differs = bf16
+        .logits
+        .iter()
+        .zip(fp32.logits.iter())
+        .any(|(low, full)| max_diff(low, full) > 0.0);
+    assert!(differs, "bf16 autocast changed no logit: it did not run");
+    // The state feeds the next step unchanged.
+    policy
+        .network()
+        .step(&obs, &blueprints, &bf16.hidden, &masks)
+        .expect("second bf16 step");
+
+    // The PPO update's unroll: gradients reach every parameter, finite.
+    let steps = 4;
+    let seq_obs = obs.unsqueeze(1).repeat([1, steps, 1]);
+    let seq_blueprints = blueprints.unsqueeze(1).repeat([1, steps, 1]);
+    let unrolled = policy
+        .network()
+        .forward_sequence(&seq_obs, &seq_blueprints, &hidden)
+        .expect("bf16 unroll");
+    assert_eq!(unrolled.value.kind(), Kind::Float);
+    let loss = unrolled.value.square().mean(Kind::Float)
+        + unrolled
+            .logits
+            .iter()
+            .map(|l| l.square().mean(Kind::Float))
+            .fold(Tensor::from(0.0f32), |a, b| a + b);
+    loss.backward();
+    let mut with_grad = 0;
+    for variable in policy.var_store().trainable_variables() {
+        let grad = variable.grad();
+        if grad.defined() {
+            assert_eq!(grad.kind(), Kind::Float);
+            let finite = grad.isfinite().all().int64_value(&[]);
+            assert_eq!(finite, 1, "a non-finite gradient");
+            with_grad += 1;
+        }
+    }
+    assert!(with_grad > 10, "only {with_grad} parameters got gradients");
 }

@@ -215,11 +215,12 @@ fn throughput_variant(
     }
     let wall = started.elapsed().as_secs_f64();
     progress(&format!(
-        "  policy step: {}; sampling: {}",
+        "  policy step: {} in {}; sampling: {}",
         simic.policy_fallback().map_or_else(
             || "captured graph".to_owned(),
             |why| format!("eager ({why})")
         ),
+        simic.policy_precision().name(),
         simic.sampler().fused_fallback(SLOTS.len()).map_or_else(
             || "fused CUDA kernel".to_owned(),
             |why| format!("libtorch ({why})")

@@ -31,6 +31,11 @@
 //! ([`crate::ppo::PpoTrainer`], each environment's row unrolled as one
 //! sequence from a zero LSTM state, [`crate::agent::evaluate_rows`]).
 //!
+//! Precision: the environments train in `trainer.precision` (`None` = auto:
+//! bf16 where the GPU supports it); the policy's rollout, bootstrap and
+//! update run under bf16 autocast exactly when that precision is bf16, in
+//! fp32 otherwise (reference §4.6; [`Simic::policy_precision`]).
+//!
 //! Throughput is counted as the reference counts "eps": environment-epochs
 //! over the whole run's wall time, PPO updates included (reference §4.8).
 
@@ -46,7 +51,7 @@ use std::time::Instant;
 use leyline::Telemetry;
 use tamiyo::masks::MaskConfig;
 use tamiyo::normaliser::{NormaliserConfig, RunningMeanStd};
-use tamiyo::policy::{Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig};
+use tamiyo::policy::{Policy, PolicyConfig, PolicyPrecision, SampleMode, Sampler, SamplingConfig};
 use tch::Device;
 use tolaria::engine::trainer::ModelTrainerConfig;
 
@@ -307,7 +312,15 @@ impl Simic {
             num_slots,
             ..config.policy
         };
-        let policy = Policy::new(policy_config, device)?;
+        let mut policy = Policy::new(policy_config, device)?;
+        // The reference's rule (§4.6): the policy's rollout, bootstrap and
+        // update run under bf16 autocast only when the environments train
+        // in bf16.
+        let training = match config.trainer.precision {
+            Some(precision) => precision,
+            None => tolaria::amp::Precision::auto(device)?,
+        };
+        policy.set_precision(PolicyPrecision::for_training(training));
         let parameters = policy.var_store().trainable_variables();
         let ppo = PpoTrainer::new(parameters, config.ppo.clone(), device)?;
         let sampler = Sampler::new(config.sampling, config.seed, device)?;
@@ -347,6 +360,12 @@ impl Simic {
     /// The policy being trained.
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// The precision of the policy's forward passes (bf16 autocast when the
+    /// environments train in bf16, fp32 otherwise).
+    pub fn policy_precision(&self) -> PolicyPrecision {
+        self.policy.network().precision()
     }
 
     /// The action sampler (its generator and whether it runs fused).

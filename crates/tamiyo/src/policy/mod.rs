@@ -22,7 +22,7 @@ use crate::masks::MaskTensors;
 
 pub use crate::heads::relevant_head_count;
 pub use graphed::GraphedAct;
-pub use network::{LstmState, PolicyConfig, PolicyNetwork, PolicyOutput};
+pub use network::{LstmState, PolicyConfig, PolicyNetwork, PolicyOutput, PolicyPrecision};
 pub use rng::PolicyRng;
 pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};
 
@@ -56,6 +56,11 @@ impl Policy {
     /// The network.
     pub fn network(&self) -> &PolicyNetwork {
         &self.network
+    }
+
+    /// Sets the forward passes' precision ([`PolicyNetwork::set_precision`]).
+    pub fn set_precision(&mut self, precision: PolicyPrecision) {
+        self.network.set_precision(precision);
     }
 
     /// The variables (save, load, optimizers).

@@ -23,6 +23,15 @@
 //! checked before libtorch sees them. Blueprint indices are built and
 //! checked on the host ([`crate::features`]); on the device an index outside
 //! `[0, 13)` selects the null row, so a bad index can never fault a kernel.
+//!
+//! Precision ([`PolicyNetwork::set_precision`], reference §4.6): fp32 by
+//! default; with [`PolicyPrecision::Bf16`] every forward (acting, the
+//! bootstrap value and the PPO update's unroll) runs under bf16 autocast,
+//! while logits, values and the LSTM state still leave the network in fp32,
+//! so log-probabilities and the probability floors are computed in fp32.
+//! The autocast cast cache is off, so a captured step casts the live weights
+//! at every replay. fp16 is not offered: the policy's optimizer has no
+//! gradient scaler.
 
 use tch::{Device, Kind, Tensor, nn};
 
@@ -46,6 +55,38 @@ pub const EMBEDDING_INIT_STD: f64 = 0.02;
 pub const POLICY_OUTPUT_GAIN: f64 = 0.01;
 /// Gain of the critic's output layer.
 pub const VALUE_OUTPUT_GAIN: f64 = 0.1;
+
+/// The arithmetic precision of the policy's forward passes (not part of the
+/// checkpoint: the variables are fp32 either way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub enum PolicyPrecision {
+    /// fp32 throughout (the default).
+    #[default]
+    Fp32,
+    /// bf16 autocast; outputs and the LSTM state in fp32.
+    Bf16,
+}
+
+impl PolicyPrecision {
+    /// The policy precision the reference pairs with the environments'
+    /// training precision (§4.6): bf16 autocast only when the environments
+    /// train in bf16; fp32 otherwise, fp16 included, because the policy's
+    /// optimizer has no gradient scaler.
+    pub fn for_training(precision: tolaria::amp::Precision) -> PolicyPrecision {
+        match precision {
+            tolaria::amp::Precision::Bf16 => PolicyPrecision::Bf16,
+            tolaria::amp::Precision::Fp16 | tolaria::amp::Precision::Fp32 => PolicyPrecision::Fp32,
+        }
+    }
+
+    /// Short name (`fp32`, `bf16`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyPrecision::Fp32 => "fp32",
+            PolicyPrecision::Bf16 => "bf16",
+        }
+    }
+}
 
 /// The network's sizes (serialised next to checkpoints).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -201,6 +242,7 @@ pub struct PolicyNetwork {
     critic: Mlp,
     /// `[total]` i64: the head each packed logit belongs to.
     head_of: Tensor,
+    precision: PolicyPrecision,
 }
 
 fn as_i64(value: usize) -> i64 {
@@ -318,7 +360,39 @@ impl PolicyNetwork {
             lstm,
             heads,
             critic,
+            precision: PolicyPrecision::Fp32,
         })
+    }
+
+    /// The forward passes' precision.
+    pub fn precision(&self) -> PolicyPrecision {
+        self.precision
+    }
+
+    /// Sets the forward passes' precision (see the module docs). A policy
+    /// step captured in a CUDA graph keeps the precision it was captured
+    /// with: capture after setting it.
+    pub fn set_precision(&mut self, precision: PolicyPrecision) {
+        self.precision = precision;
+    }
+
+    /// The autocast region of one forward pass, if the precision asks for
+    /// one; the cast cache is off so a captured pass reads the live weights.
+    fn autocast(&self) -> Result<Option<torch_ext::AutocastGuard>> {
+        if self.precision == PolicyPrecision::Fp32 {
+            return Ok(None);
+        }
+        let device = if self.device.is_cuda() {
+            torch_ext::AutocastDevice::Cuda
+        } else {
+            torch_ext::AutocastDevice::Cpu
+        };
+        torch_ext::AutocastGuard::with_cache(device, Kind::BFloat16, false)
+            .map(Some)
+            .map_err(|source| Error::Device {
+                op: "policy autocast",
+                source,
+            })
     }
 
     /// The sizes.
@@ -409,6 +483,7 @@ impl PolicyNetwork {
         )?;
         self.check_hidden(hidden, batch)?;
         masks.check(batch, self.config.num_slots, self.device)?;
+        let _autocast = self.autocast()?;
         let obs = obs.f_unsqueeze(1).op("forward unsqueeze")?;
         let blueprints = blueprint_indices.f_unsqueeze(1).op("forward unsqueeze")?;
         let (lstm_out, hidden) = self.core(&obs, &blueprints, hidden)?;
@@ -459,6 +534,7 @@ impl PolicyNetwork {
             Kind::Int64,
         )?;
         self.check_hidden(hidden, batch)?;
+        let _autocast = self.autocast()?;
         let (lstm_out, hidden) = self.core(obs, blueprint_indices, hidden)?;
         let (logits, value) = self.outputs(&lstm_out)?;
         Ok(PolicyOutput {
@@ -509,8 +585,8 @@ impl PolicyNetwork {
             cs.push(c);
         }
         let hidden = LstmState {
-            h: Tensor::f_cat(&hs, 0).op("lstm state")?,
-            c: Tensor::f_cat(&cs, 0).op("lstm state")?,
+            h: to_f32(&Tensor::f_cat(&hs, 0).op("lstm state")?)?,
+            c: to_f32(&Tensor::f_cat(&cs, 0).op("lstm state")?)?,
         };
         Ok((x, hidden))
     }
