@@ -30,6 +30,10 @@
 //! - [`heuristic`]: [`heuristic::HeuristicController`], the reference's
 //!   `HeuristicTamiyo` (reference §3.5) with its signal tracker, behind the
 //!   same trait.
+//! - [`growth`]: [`growth::MaxGrowthController`], a scripted controller that
+//!   grows as fast as the masks allow and never prunes: the ceiling on
+//!   active seeds per epoch that the Simic benches report beside the
+//!   policy's.
 //! - [`policy::graphed`]: the batched policy step replayed from a CUDA graph.
 //!
 //! The PPO trainer that trains the policy is Simic. Not built yet: the
@@ -61,6 +65,7 @@
 pub mod controller;
 pub mod error;
 pub mod features;
+pub mod growth;
 pub mod heads;
 pub mod heuristic;
 pub mod masks;

@@ -1,85 +1,24 @@
 //! `simic-learning`: PPO rounds on Fashion-MNIST with an impaired host,
-//! beside the heuristic controller and the host grown by nobody on the same
-//! environment seeds.
+//! beside the heuristic controller, the host grown by nobody and the
+//! max-growth ceiling on the same environment seeds
+//! ([`super::baseline`]).
 
 use kasmina::host::CnnHostConfig;
 use leyline::Telemetry;
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
-use tamiyo::heuristic::HeuristicController;
-use tch::Device;
 use tolaria::amp::Precision;
 use tolaria::config::ExecutionMode;
-use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 
+use super::baseline::{Baseline, run_baseline};
 use super::{
     SLOTS, SimicBenchOptions, SimicBenchRun, ThroughputTask, amp_name, load, mean, simic_config,
 };
-use crate::vectorized::{EnvSpec, Simic, SimicConfig};
-use crate::{Error, Result};
+use crate::Result;
+use crate::vectorized::{EnvSpec, Simic};
 
 /// Rounds at the end of `simic-learning` whose accuracies are compared.
 const LAST_ROUNDS: usize = 3;
-
-/// Final validation accuracies of `n_envs` environments trained for
-/// `epochs` epochs with the heuristic controller (`heuristic`) or none.
-fn baseline_accuracies(
-    spec: &EnvSpec,
-    config: &SimicConfig,
-    device: Device,
-    round: u64,
-    heuristic: bool,
-) -> Result<Vec<f64>> {
-    let n = config.n_envs;
-    let mut accuracies = Vec::with_capacity(n);
-    for env in 0..n {
-        let seed = config.seed.wrapping_add(
-            round
-                .saturating_mul(n as u64)
-                .saturating_add(env as u64)
-                .saturating_mul(config.env_seed_stride),
-        );
-        tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-        let host = kasmina::host::CnnHost::new(spec.host.clone(), device)?;
-        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
-        let model = kasmina::model::MorphogeneticModel::with_slot_names(
-            host,
-            &names,
-            kasmina::lifecycle::SlotConfig::default(),
-            Telemetry::disabled(),
-        )?;
-        let train = spec.train.get(env).ok_or_else(|| Error::InvalidConfig {
-            field: "EnvSpec.train",
-            reason: format!("no shard {env}"),
-        })?;
-        let trainer_config = ModelTrainerConfig {
-            seed,
-            ..config.trainer.clone()
-        };
-        let mut trainer = ModelTrainer::new(
-            model,
-            train,
-            Some(&spec.validation),
-            trainer_config,
-            Telemetry::disabled(),
-        )?;
-        if heuristic {
-            trainer = trainer.with_controller(
-                HeuristicController::new(),
-                std::time::Duration::from_secs(5),
-            )?;
-        }
-        let mut last = 0.0;
-        for _ in 0..config.episode_length {
-            let report = trainer.train_epoch()?;
-            if let Some(validation) = report.validation {
-                last = validation.accuracy;
-            }
-        }
-        accuracies.push(last);
-    }
-    Ok(accuracies)
-}
 
 /// `simic-learning`.
 pub fn run_learning(
@@ -143,19 +82,27 @@ pub fn run_learning(
     let last_rounds: Vec<u64> = (rounds.saturating_sub(LAST_ROUNDS)..rounds)
         .map(|round| u64::try_from(round).unwrap_or(0))
         .collect();
-    for (name, heuristic) in [("heuristic", true), ("no-growth", false)] {
+    for baseline in [Baseline::Heuristic, Baseline::NoGrowth, Baseline::MaxGrowth] {
+        let name = baseline.name();
         let mut accuracies = Vec::new();
+        let mut active = Vec::new();
         for &round in &last_rounds {
-            let round_accuracies = baseline_accuracies(&spec, &config, device, round, heuristic)?;
+            let run = run_baseline(&spec, &config, device, round, baseline)?;
             progress(&format!(
-                "  {name} (round {round} seeds): acc {round_accuracies:?}"
+                "  {name} (round {round} seeds): acc {:?}, seeds {:.2}",
+                run.accuracies, run.mean_active_seeds
             ));
-            accuracies.extend(round_accuracies);
+            accuracies.extend(run.accuracies);
+            active.push(run.mean_active_seeds);
         }
         let mut metrics = std::collections::BTreeMap::new();
         metrics.insert(
             "final_accuracy_pct".to_owned(),
             mean(accuracies.iter().copied()),
+        );
+        metrics.insert(
+            "active_seeds_per_env".to_owned(),
+            mean(active.iter().copied()),
         );
         results.push(ResultEntry {
             implementation: "rust".to_owned(),

@@ -15,6 +15,11 @@
 //!   nobody on the same data and seeds.
 //! - `ppo-cartpole`: the same PPO update on CartPole-v1, 500k steps.
 //!
+//! `simic-throughput` and `simic-cifar` end with a `max-growth-ceiling`
+//! entry, and `simic-learning` compares against it too: the active seeds a
+//! controller that grows as fast as the masks allow keeps
+//! ([`tamiyo::growth::MaxGrowthController`]), the most any policy can.
+//!
 //! Every variant is one result entry; eps counts environment-epochs over
 //! the whole run's wall time, PPO updates and the first round's captures
 //! included (reference §4.8), and `eps_steady` the rounds after the first.
@@ -36,6 +41,7 @@ use torch_ext::DeviceChoice;
 use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
 use crate::{Error, Result};
 
+mod baseline;
 mod cartpole;
 mod learning;
 pub mod scaling;
@@ -231,6 +237,54 @@ fn throughput_variant(
         _ => 0.0,
     };
     Ok((reports, wall, peak_mb))
+}
+
+/// The `max-growth-ceiling` entry: the active seeds per environment and
+/// epoch that a controller growing as fast as the masks allow keeps, on the
+/// environments of the learned policy's first round, in the first variant's
+/// precision and mode. No controller can keep more under these masks,
+/// gates and episode length; the learned policy's count is read against it.
+fn growth_ceiling(
+    spec: &EnvSpec,
+    names: &[String],
+    device: Device,
+    episode_length: u32,
+    options: &SimicBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> ResultEntry {
+    let first = names.first().map_or("fp32-eager", String::as_str);
+    let base = first.trim_end_matches("-bench").trim_end_matches("-w3");
+    let (precision, mode) = variant(base).unwrap_or((Precision::Fp32, ExecutionMode::Eager));
+    let config = simic_config(precision, mode, episode_length, options.quick);
+    let mode_name = "max-growth-ceiling".to_owned();
+    match baseline::run_baseline(spec, &config, device, 0, baseline::Baseline::MaxGrowth) {
+        Ok(run) => {
+            progress(&format!(
+                "{mode_name}: {:.2} active seeds per env, acc {:?}",
+                run.mean_active_seeds, run.accuracies
+            ));
+            let mut metrics = std::collections::BTreeMap::new();
+            metrics.insert("active_seeds_per_env".to_owned(), run.mean_active_seeds);
+            metrics.insert(
+                "final_accuracy_pct".to_owned(),
+                mean(run.accuracies.iter().copied()),
+            );
+            ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: mode_name,
+                metrics,
+                error: None,
+                amp: Some(amp_name(precision).to_owned()),
+            }
+        }
+        Err(error) => ResultEntry {
+            implementation: "rust".to_owned(),
+            mode: mode_name,
+            metrics: std::collections::BTreeMap::new(),
+            error: Some(error.to_string()),
+            amp: Some(amp_name(precision).to_owned()),
+        },
+    }
 }
 
 pub(crate) fn mean(values: impl Iterator<Item = f64>) -> f64 {
@@ -433,6 +487,14 @@ pub fn run_throughput(
         };
         results.push(entry);
     }
+    results.push(growth_ceiling(
+        &spec,
+        &names,
+        device,
+        episode_length,
+        options,
+        progress,
+    ));
     Ok(SimicBenchRun {
         device,
         measurements: Measurements {

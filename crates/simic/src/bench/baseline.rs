@@ -1,0 +1,124 @@
+//! The controllers the Simic benches measure beside the learned policy, on
+//! the same environments (model seeds, data shards, trainer settings):
+//! nobody (the host grown by no one), the reference's heuristic, and the
+//! max-growth ceiling ([`tamiyo::growth::MaxGrowthController`]: as many
+//! seeds as the masks allow, never a prune).
+//!
+//! Each environment is one Tolaria trainer driven through its controller
+//! deadline, one episode long, one environment after another.
+
+use leyline::Telemetry;
+use tamiyo::growth::MaxGrowthController;
+use tamiyo::heuristic::HeuristicController;
+use tamiyo::masks::MaskConfig;
+use tch::Device;
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+
+use crate::vectorized::{EnvSpec, SimicConfig};
+use crate::{Error, Result};
+
+/// Which controller drives the baseline environments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Baseline {
+    /// No controller: the host alone.
+    NoGrowth,
+    /// The reference's heuristic (reference §3.5).
+    Heuristic,
+    /// Grows as fast as the masks allow and never prunes.
+    MaxGrowth,
+}
+
+impl Baseline {
+    /// The name used in result modes.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Baseline::NoGrowth => "no-growth",
+            Baseline::Heuristic => "heuristic",
+            Baseline::MaxGrowth => "max-growth",
+        }
+    }
+}
+
+/// What one baseline episode per environment gave.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BaselineRun {
+    /// Final validation accuracy per environment, percent.
+    pub(crate) accuracies: Vec<f64>,
+    /// Active seeds (TRAINING to FOSSILIZED) per environment and epoch,
+    /// after each epoch's decision: what a round's `mean_active_seeds`
+    /// counts.
+    pub(crate) mean_active_seeds: f64,
+}
+
+/// One episode per environment of `spec` under `baseline`, on the seeds the
+/// learned policy's round `round` used.
+pub(crate) fn run_baseline(
+    spec: &EnvSpec,
+    config: &SimicConfig,
+    device: Device,
+    round: u64,
+    baseline: Baseline,
+) -> Result<BaselineRun> {
+    let n = config.n_envs;
+    let mut accuracies = Vec::with_capacity(n);
+    let mut active = 0_u64;
+    let mut epochs = 0_u64;
+    for env in 0..n {
+        let seed = config.seed.wrapping_add(
+            round
+                .saturating_mul(n as u64)
+                .saturating_add(env as u64)
+                .saturating_mul(config.env_seed_stride),
+        );
+        tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+        let host = kasmina::host::CnnHost::new(spec.host.clone(), device)?;
+        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
+        let model = kasmina::model::MorphogeneticModel::with_slot_names(
+            host,
+            &names,
+            kasmina::lifecycle::SlotConfig::default(),
+            Telemetry::disabled(),
+        )?;
+        let train = spec.train.get(env).ok_or_else(|| Error::InvalidConfig {
+            field: "EnvSpec.train",
+            reason: format!("no shard {env}"),
+        })?;
+        let trainer_config = ModelTrainerConfig {
+            seed,
+            ..config.trainer.clone()
+        };
+        let mut trainer = ModelTrainer::new(
+            model,
+            train,
+            Some(&spec.validation),
+            trainer_config,
+            Telemetry::disabled(),
+        )?;
+        let deadline = std::time::Duration::from_secs(5);
+        trainer = match baseline {
+            Baseline::NoGrowth => trainer,
+            Baseline::Heuristic => trainer.with_controller(HeuristicController::new(), deadline)?,
+            Baseline::MaxGrowth => trainer.with_controller(
+                MaxGrowthController::new(MaskConfig {
+                    max_seeds: config.max_seeds,
+                    ..MaskConfig::default()
+                }),
+                deadline,
+            )?,
+        };
+        let mut last = 0.0;
+        for _ in 0..config.episode_length {
+            let report = trainer.train_epoch()?;
+            if let Some(validation) = report.validation {
+                last = validation.accuracy;
+            }
+            active = active.saturating_add(trainer.model().active_seed_count() as u64);
+            epochs = epochs.saturating_add(1);
+        }
+        accuracies.push(last);
+    }
+    Ok(BaselineRun {
+        accuracies,
+        mean_active_seeds: active as f64 / epochs.max(1) as f64,
+    })
+}
