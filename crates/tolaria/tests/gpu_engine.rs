@@ -4,7 +4,8 @@
 //! steady-state graph epochs never synchronise (sync debug "error" inside
 //! the epoch); a second trainer's first capture reuses the shared pool; a
 //! step that reads back cannot be captured, falls back to eager with
-//! `tolaria.graph_fallback` and training goes on; bf16 and fp16 train.
+//! `tolaria.graph_fallback` and training goes on; bf16 and fp16 train;
+//! device timing turns off and on.
 
 use kasmina::model::MorphogeneticModel;
 use leyline::telemetry as names;
@@ -378,4 +379,47 @@ fn the_fused_loss_trains_like_libtorchs_cross_entropy() {
         .fold(0.0_f32, f32::max);
     println!("fused vs libtorch loss, 3 epochs: max |parameter difference| {worst:e}");
     assert!(worst < 1e-3, "parameters differ by {worst}");
+}
+
+/// Device timing is on by default (`device_ms` from CUDA events) and can be
+/// turned off; either way the epoch's host launch time is part of its wall
+/// time.
+#[test]
+fn device_timing_can_be_turned_off_and_launch_time_is_reported() {
+    if !cuda_or_skip("device_timing_can_be_turned_off_and_launch_time_is_reported") {
+        return;
+    }
+    let train = data(512, 4);
+    let model = blending_model(&train);
+    let mut step = ModelStep::new(model, ModelStepConfig::default()).expect("step");
+    let staged = StagedData::resident(&train, Device::Cuda(0), true, 1).expect("staged");
+    let mut engine = Engine::new(
+        Device::Cuda(0),
+        EngineConfig {
+            mode: ExecutionMode::GraphEpoch,
+            warmup_steps: 2,
+            batch_size: 128,
+            drop_last: true,
+            forbid_syncs: false,
+            pool_lane: 0,
+        },
+    )
+    .expect("engine");
+    for epoch in 0..3 {
+        let report = engine.run_epoch(&mut step, &staged).expect("epoch");
+        let device = report.device_ms.expect("timed by default");
+        assert!(device > 0.0, "epoch {epoch}: device {device}");
+        assert!(report.launch_ms > 0.0 && report.launch_ms <= report.epoch_ms);
+    }
+    engine.set_device_timing(false);
+    let report = engine.run_epoch(&mut step, &staged).expect("untimed epoch");
+    assert_eq!(report.device_ms, None);
+    assert_eq!(
+        report.replayed_steps, report.steps,
+        "replayed the epoch graph"
+    );
+    assert!(report.launch_ms > 0.0 && report.launch_ms <= report.epoch_ms);
+    engine.set_device_timing(true);
+    let report = engine.run_epoch(&mut step, &staged).expect("timed epoch");
+    assert!(report.device_ms.is_some());
 }

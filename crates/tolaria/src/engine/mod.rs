@@ -145,8 +145,13 @@ pub struct EngineEpoch {
     pub eager_steps: usize,
     /// Wall time from the first enqueue to the readback, ms.
     pub epoch_ms: f64,
-    /// Device time of the epoch's steps (CUDA events), ms.
+    /// Device time of the epoch's steps (CUDA events), ms; `None` on the
+    /// CPU or with device timing off ([`Engine::set_device_timing`]).
     pub device_ms: Option<f64>,
+    /// Host time of [`Engine::launch_epoch`] (preparing the step and
+    /// queueing every batch), ms; the rest of `epoch_ms` is the device
+    /// finishing and the readback.
+    pub launch_ms: f64,
     /// Graph captures made this epoch, and their total time, ms.
     pub captures: usize,
     /// Total capture time this epoch, ms.
@@ -204,11 +209,15 @@ pub struct Engine {
     first_capture_ms: Option<f64>,
     /// The epoch launched and not yet read back.
     launched: Option<Launched>,
+    /// Record CUDA events around each epoch (`device_ms`).
+    time_device: bool,
 }
 
 /// What [`Engine::finish_epoch`] needs of a launched epoch.
 struct Launched {
     wall: Instant,
+    launch_ms: f64,
+    timed: bool,
     samples: f64,
     steps: usize,
     outcome: EpochCounts,
@@ -270,7 +279,16 @@ impl Engine {
             total_captures: 0,
             first_capture_ms: None,
             launched: None,
+            time_device: true,
         })
+    }
+
+    /// Whether each epoch records two CUDA events around its steps and
+    /// reads their elapsed time back with the epoch (`device_ms`); on by
+    /// default. Off, an epoch costs the host two event records and a query
+    /// less, which matters only for epochs of tens of microseconds.
+    pub fn set_device_timing(&mut self, on: bool) {
+        self.time_device = on;
     }
 
     /// The configuration.
@@ -374,7 +392,8 @@ impl Engine {
         }
         let permutation = data.permutation()?;
         let mut outcome = EpochCounts::default();
-        if let Some(cuda) = &self.cuda {
+        let timed = self.time_device && self.cuda.is_some();
+        if let Some(cuda) = self.cuda.as_ref().filter(|_| timed) {
             cuda.start.record(&cuda.compute)?;
         }
         let sync_guard = SyncGuard::new(self.config.forbid_syncs && self.cuda.is_some())?;
@@ -391,11 +410,13 @@ impl Engine {
         };
         drop(sync_guard);
         ran?;
-        if let Some(cuda) = &self.cuda {
+        if let Some(cuda) = self.cuda.as_ref().filter(|_| timed) {
             cuda.end.record(&cuda.compute)?;
         }
         self.launched = Some(Launched {
             wall,
+            launch_ms: wall.elapsed().as_secs_f64() * 1000.0,
+            timed,
             samples: plan.iter().map(|&(_, len)| len as f64).sum::<f64>(),
             steps: plan.len(),
             outcome,
@@ -416,6 +437,8 @@ impl Engine {
         };
         let Launched {
             wall,
+            launch_ms,
+            timed,
             samples,
             steps,
             outcome,
@@ -428,7 +451,7 @@ impl Engine {
         // The readback waits for the compute stream, so the end event has
         // completed when it returns: one synchronisation per epoch.
         let (loss_sum, correct) = self.accumulator.read()?;
-        let device_ms = match &self.cuda {
+        let device_ms = match self.cuda.as_ref().filter(|_| timed) {
             Some(cuda) => Some(f64::from(cuda.start.elapsed_ms(&cuda.end)?)),
             None => None,
         };
@@ -450,6 +473,7 @@ impl Engine {
             eager_steps: outcome.eager,
             epoch_ms,
             device_ms,
+            launch_ms,
             captures: outcome.captures,
             capture_ms: (outcome.captures > 0).then_some(outcome.capture_ms),
             h2d_ms,
