@@ -2,6 +2,12 @@
 //! beside the heuristic controller, the host grown by nobody and the
 //! max-growth ceiling on the same environment seeds
 //! ([`super::baseline`]).
+//!
+//! Two comparisons: the last training rounds (stochastic actions with the
+//! probability floors, as PPO samples them: `ppo-last-rounds`), and, after
+//! training, greedy evaluation rounds of the learned policy without
+//! learning (`ppo-greedy-eval-rounds`), each beside the baselines on the
+//! same environments (`*-last-rounds`, `*-eval-rounds`).
 
 use kasmina::host::CnnHostConfig;
 use leyline::Telemetry;
@@ -16,9 +22,58 @@ use super::{
 };
 use crate::Result;
 use crate::vectorized::{EnvSpec, Simic};
+use tamiyo::policy::SampleMode;
 
 /// Rounds at the end of `simic-learning` whose accuracies are compared.
 const LAST_ROUNDS: usize = 3;
+
+/// Greedy evaluation rounds of the learned policy after the training rounds.
+const EVAL_ROUNDS: usize = 3;
+
+/// The baselines' rows `{name}-{suffix}` on the environments of `rounds`.
+#[allow(clippy::too_many_arguments)]
+fn baselines(
+    spec: &EnvSpec,
+    config: &crate::vectorized::SimicConfig,
+    device: tch::Device,
+    rounds: &[u64],
+    suffix: &str,
+    precision: Precision,
+    results: &mut Vec<ResultEntry>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    for baseline in [Baseline::Heuristic, Baseline::NoGrowth, Baseline::MaxGrowth] {
+        let name = baseline.name();
+        let mut accuracies = Vec::new();
+        let mut active = Vec::new();
+        for &round in rounds {
+            let run = run_baseline(spec, config, device, round, baseline)?;
+            progress(&format!(
+                "  {name} (round {round} seeds): acc {:?}, seeds {:.2}",
+                run.accuracies, run.mean_active_seeds
+            ));
+            accuracies.extend(run.accuracies);
+            active.push(run.mean_active_seeds);
+        }
+        let mut metrics = std::collections::BTreeMap::new();
+        metrics.insert(
+            "final_accuracy_pct".to_owned(),
+            mean(accuracies.iter().copied()),
+        );
+        metrics.insert(
+            "active_seeds_per_env".to_owned(),
+            mean(active.iter().copied()),
+        );
+        results.push(ResultEntry {
+            implementation: "rust".to_owned(),
+            mode: format!("{name}-{suffix}"),
+            metrics,
+            error: None,
+            amp: Some(amp_name(precision).to_owned()),
+        });
+    }
+    Ok(())
+}
 
 /// `simic-learning`.
 pub fn run_learning(
@@ -82,36 +137,66 @@ pub fn run_learning(
     let last_rounds: Vec<u64> = (rounds.saturating_sub(LAST_ROUNDS)..rounds)
         .map(|round| u64::try_from(round).unwrap_or(0))
         .collect();
-    for baseline in [Baseline::Heuristic, Baseline::NoGrowth, Baseline::MaxGrowth] {
-        let name = baseline.name();
-        let mut accuracies = Vec::new();
-        let mut active = Vec::new();
-        for &round in &last_rounds {
-            let run = run_baseline(&spec, &config, device, round, baseline)?;
-            progress(&format!(
-                "  {name} (round {round} seeds): acc {:?}, seeds {:.2}",
-                run.accuracies, run.mean_active_seeds
-            ));
-            accuracies.extend(run.accuracies);
-            active.push(run.mean_active_seeds);
-        }
-        let mut metrics = std::collections::BTreeMap::new();
-        metrics.insert(
-            "final_accuracy_pct".to_owned(),
-            mean(accuracies.iter().copied()),
-        );
-        metrics.insert(
-            "active_seeds_per_env".to_owned(),
-            mean(active.iter().copied()),
-        );
-        results.push(ResultEntry {
-            implementation: "rust".to_owned(),
-            mode: format!("{name}-last-rounds"),
-            metrics,
-            error: None,
-            amp: Some(amp_name(precision).to_owned()),
-        });
+    baselines(
+        &spec,
+        &config,
+        device,
+        &last_rounds,
+        "last-rounds",
+        precision,
+        &mut results,
+        progress,
+    )?;
+
+    // The learned policy evaluated: greedy actions, no learning, on the
+    // environments of the next rounds, and the baselines on the same ones.
+    simic.set_sample_mode(SampleMode::Greedy);
+    let mut greedy = Vec::new();
+    let mut greedy_seeds = Vec::new();
+    let eval_rounds: Vec<u64> = (rounds..rounds.saturating_add(EVAL_ROUNDS))
+        .map(|round| u64::try_from(round).unwrap_or(0))
+        .collect();
+    for &round in &eval_rounds {
+        let report = simic.run_round(&spec, false)?;
+        progress(&format!(
+            "  greedy evaluation (round {round} seeds): reward {:.2}, acc {:?}, seeds {:.2}, germ {} foss {} prune {}",
+            report.mean_episode_reward,
+            report.final_accuracies,
+            report.mean_active_seeds,
+            report.germinations,
+            report.fossilizations,
+            report.prunes
+        ));
+        greedy.extend(report.final_accuracies.iter().copied());
+        greedy_seeds.push(report.mean_active_seeds);
     }
+    simic.set_sample_mode(SampleMode::Stochastic);
+    let mut metrics = std::collections::BTreeMap::new();
+    metrics.insert(
+        "final_accuracy_pct".to_owned(),
+        mean(greedy.iter().copied()),
+    );
+    metrics.insert(
+        "active_seeds_per_env".to_owned(),
+        mean(greedy_seeds.iter().copied()),
+    );
+    results.push(ResultEntry {
+        implementation: "rust".to_owned(),
+        mode: "ppo-greedy-eval-rounds".to_owned(),
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    });
+    baselines(
+        &spec,
+        &config,
+        device,
+        &eval_rounds,
+        "eval-rounds",
+        precision,
+        &mut results,
+        progress,
+    )?;
     let mut metrics = std::collections::BTreeMap::new();
     metrics.insert(
         "final_accuracy_pct".to_owned(),

@@ -368,6 +368,15 @@ impl Simic {
         self.policy.network().precision()
     }
 
+    /// Samples the policy's actions in `mode` from the next step on:
+    /// [`SampleMode::Stochastic`] (training) or [`SampleMode::Greedy`] (the
+    /// most likely valid option of each head: evaluation rounds, run with
+    /// `learn = false`). A policy step captured for the other mode runs
+    /// eagerly until the mode is switched back.
+    pub fn set_sample_mode(&mut self, mode: SampleMode) {
+        self.sampler.set_mode(mode);
+    }
+
     /// The action sampler (its generator and whether it runs fused).
     pub fn sampler(&self) -> &Sampler {
         &self.sampler
