@@ -83,7 +83,8 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
 }
 
 /// The policy runs under bf16 autocast exactly when the environments train
-/// in bf16 (reference §4.6); fp16 and fp32 training keep it in fp32.
+/// in bf16 (reference §4.6); fp16 and fp32 training keep it in fp32; a
+/// chosen `policy_precision` overrides the rule.
 #[test]
 fn the_policy_precision_follows_the_training_precision() {
     use tolaria::amp::Precision;
@@ -103,6 +104,12 @@ fn the_policy_precision_follows_the_training_precision() {
         let simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
         assert_eq!(simic.policy_precision(), expected, "{training:?}");
     }
+    // A chosen policy precision wins over the rule.
+    let mut config = config(3);
+    config.trainer.precision = Some(Precision::Bf16);
+    config.policy_precision = Some(PolicyPrecision::Fp32);
+    let simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    assert_eq!(simic.policy_precision(), PolicyPrecision::Fp32);
 }
 
 #[test]

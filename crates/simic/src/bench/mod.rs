@@ -253,7 +253,10 @@ fn growth_ceiling(
     progress: &mut dyn FnMut(&str),
 ) -> ResultEntry {
     let first = names.first().map_or("fp32-eager", String::as_str);
-    let base = first.trim_end_matches("-bench").trim_end_matches("-w3");
+    let base = first
+        .trim_end_matches("-bench")
+        .trim_end_matches("-w3")
+        .trim_end_matches("-fp32-policy");
     let (precision, mode) = variant(base).unwrap_or((Precision::Fp32, ExecutionMode::Eager));
     let config = simic_config(precision, mode, episode_length, options.quick);
     let mode_name = "max-growth-ceiling".to_owned();
@@ -340,6 +343,7 @@ pub fn run_throughput(
             "fp32-graph-step".to_owned(),
             "fp32-graph-epoch".to_owned(),
             "bf16-graph-step".to_owned(),
+            "bf16-graph-step-fp32-policy".to_owned(),
         ]
     } else {
         vec!["fp32-eager".to_owned()]
@@ -349,7 +353,7 @@ pub fn run_throughput(
         // Suffixes turn Simic's environment defaults (one warm-up step
         // before a capture, no cuDNN algorithm timing) back to Tolaria's:
         // `-bench` times cuDNN algorithms at every new shape, `-w3` warms
-        // up three steps.
+        // up three steps; `-fp32-policy` keeps the policy in fp32.
         let (base, benchmark) = match name.strip_suffix("-bench") {
             Some(base) => (base, true),
             None => (name.as_str(), false),
@@ -357,6 +361,12 @@ pub fn run_throughput(
         let (base, warmup) = match base.strip_suffix("-w3") {
             Some(base) => (base, Some(3)),
             None => (base, None),
+        };
+        // `-fp32-policy`: the policy in fp32 whatever the environments'
+        // precision.
+        let (base, fp32_policy) = match base.strip_suffix("-fp32-policy") {
+            Some(base) => (base, true),
+            None => (base, false),
         };
         let (precision, mode) = variant(base)?;
         progress(&format!("{name}: {} rounds", options.rounds));
@@ -366,6 +376,9 @@ pub fn run_throughput(
         }
         if benchmark {
             config.trainer.cudnn_benchmark = true;
+        }
+        if fp32_policy {
+            config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
         }
         let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
             Ok((reports, wall, peak_mb)) => {

@@ -34,7 +34,8 @@
 //! Precision: the environments train in `trainer.precision` (`None` = auto:
 //! bf16 where the GPU supports it); the policy's rollout, bootstrap and
 //! update run under bf16 autocast exactly when that precision is bf16, in
-//! fp32 otherwise (reference §4.6; [`Simic::policy_precision`]).
+//! fp32 otherwise (reference §4.6; [`Simic::policy_precision`]), unless
+//! [`SimicConfig::policy_precision`] chooses.
 //!
 //! Throughput is counted as the reference counts "eps": environment-epochs
 //! over the whole run's wall time, PPO updates included (reference §4.8).
@@ -105,6 +106,12 @@ pub struct SimicConfig {
     /// ([`tamiyo::policy::GraphedAct`]; eager on the CPU or when capture
     /// fails).
     pub graph_policy: bool,
+    /// The policy's forward precision; `None` (the default) follows the
+    /// reference rule: bf16 autocast exactly when the environments train in
+    /// bf16. A bf16 policy step of four environments costs more device time
+    /// than an fp32 one (its captured graph casts every weight at each
+    /// replay), so `Some(PolicyPrecision::Fp32)` is the faster choice there.
+    pub policy_precision: Option<PolicyPrecision>,
     /// Devices of the environments, assigned round-robin (environment `i`
     /// on `env_devices[i % len]`): environments spread over the GPUs of a
     /// host in one process, each with its model, data and stream on its
@@ -159,6 +166,7 @@ impl SimicConfig {
             },
             normalise_observations: true,
             graph_policy: true,
+            policy_precision: None,
             env_devices: Vec::new(),
         }
     }
@@ -313,14 +321,15 @@ impl Simic {
             ..config.policy
         };
         let mut policy = Policy::new(policy_config, device)?;
-        // The reference's rule (§4.6): the policy's rollout, bootstrap and
-        // update run under bf16 autocast only when the environments train
-        // in bf16.
-        let training = match config.trainer.precision {
-            Some(precision) => precision,
-            None => tolaria::amp::Precision::auto(device)?,
+        // Unless chosen, the reference's rule (§4.6): the policy's rollout,
+        // bootstrap and update run under bf16 autocast only when the
+        // environments train in bf16.
+        let policy_precision = match (config.policy_precision, config.trainer.precision) {
+            (Some(chosen), _) => chosen,
+            (None, Some(training)) => PolicyPrecision::for_training(training),
+            (None, None) => PolicyPrecision::for_training(tolaria::amp::Precision::auto(device)?),
         };
-        policy.set_precision(PolicyPrecision::for_training(training));
+        policy.set_precision(policy_precision);
         let parameters = policy.var_store().trainable_variables();
         let ppo = PpoTrainer::new(parameters, config.ppo.clone(), device)?;
         let sampler = Sampler::new(config.sampling, config.seed, device)?;
