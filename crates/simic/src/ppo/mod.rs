@@ -42,10 +42,12 @@ use crate::distributed::DataParallel;
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
+mod batch;
 pub mod config;
 pub mod loss;
 pub mod value_norm;
 
+pub use batch::{Evaluation, PpoBatch};
 pub use config::{EntropyAnneal, PpoConfig};
 pub use loss::{HeadCoefficients, LossScalars, LossTerms, ppo_loss};
 pub use value_norm::{ValueNormaliser, ValueNormaliserConfig, ValueNormaliserState};
@@ -61,104 +63,6 @@ pub(crate) fn shape_error(
         expected,
         got: format!("{got:?}"),
     }
-}
-
-/// What one update trains on. All tensors `f32` on the policy's device, rows
-/// on dim 0.
-#[derive(Debug)]
-pub struct PpoBatch {
-    /// Per-head log-probabilities of the stored actions under the rollout
-    /// policy, `[R, T, H]`.
-    pub log_probs: Tensor,
-    /// Advantages, `[R, T]` (normalised by the trainer when configured).
-    pub advantages: Tensor,
-    /// Critic targets, `[R, T]`, already in the critic's space (normalised
-    /// when a [`ValueNormaliser`] is used).
-    pub returns: Tensor,
-    /// The critic's values at rollout time, `[R, T]` (value clipping).
-    pub old_values: Tensor,
-    /// Causal relevance of each head at each step (0/1), `[R, T, H]`.
-    pub head_weights: Tensor,
-    /// Actor weight, `[R, T]`: 1 for a normal step, 0 for a forced step or
-    /// padding.
-    pub actor_weight: Tensor,
-    /// Value weight, `[R, T]`: 1 for a normal step, 0.2 for a forced step, 0
-    /// for padding.
-    pub value_weight: Tensor,
-}
-
-impl PpoBatch {
-    /// Checks every shape, kind and device; returns `(R, T, H)`.
-    pub fn check(&self) -> Result<(i64, i64, i64)> {
-        let size = self.log_probs.size();
-        let (rows, steps, heads) = match size.as_slice() {
-            [rows, steps, heads] if *rows >= 1 && *steps >= 1 && *heads >= 1 => {
-                (*rows, *steps, *heads)
-            }
-            _ => {
-                return Err(shape_error(
-                    "PpoBatch.log_probs",
-                    "[R >= 1, T >= 1, H >= 1]".to_owned(),
-                    size,
-                ));
-            }
-        };
-        let device = self.log_probs.device();
-        let heads_shape = vec![rows, steps, heads];
-        let steps_shape = vec![rows, steps];
-        for (what, tensor, expected) in [
-            ("PpoBatch.log_probs", &self.log_probs, &heads_shape),
-            ("PpoBatch.advantages", &self.advantages, &steps_shape),
-            ("PpoBatch.returns", &self.returns, &steps_shape),
-            ("PpoBatch.old_values", &self.old_values, &steps_shape),
-            ("PpoBatch.head_weights", &self.head_weights, &heads_shape),
-            ("PpoBatch.actor_weight", &self.actor_weight, &steps_shape),
-            ("PpoBatch.value_weight", &self.value_weight, &steps_shape),
-        ] {
-            if tensor.size() != *expected {
-                return Err(shape_error(what, format!("{expected:?}"), tensor.size()));
-            }
-            if tensor.kind() != Kind::Float {
-                return Err(shape_error(what, "an f32 tensor".to_owned(), tensor.kind()));
-            }
-            if tensor.device() != device {
-                return Err(shape_error(
-                    what,
-                    format!("a tensor on {device:?}"),
-                    tensor.device(),
-                ));
-            }
-        }
-        Ok((rows, steps, heads))
-    }
-
-    /// The rows `indices` (an `i64` tensor on the batch's device) of every
-    /// tensor.
-    pub fn select_rows(&self, indices: &Tensor) -> Result<PpoBatch> {
-        let select = |tensor: &Tensor| tensor.f_index_select(0, indices).op("select rows");
-        Ok(PpoBatch {
-            log_probs: select(&self.log_probs)?,
-            advantages: select(&self.advantages)?,
-            returns: select(&self.returns)?,
-            old_values: select(&self.old_values)?,
-            head_weights: select(&self.head_weights)?,
-            actor_weight: select(&self.actor_weight)?,
-            value_weight: select(&self.value_weight)?,
-        })
-    }
-}
-
-/// The current policy's evaluation of a set of rows, with gradient.
-#[derive(Debug)]
-pub struct Evaluation {
-    /// Per-head log-probabilities of the stored actions, `[r, T, H]`.
-    pub log_probs: Tensor,
-    /// Per-head entropies, `[r, T, H]` (Tamiyo's are normalised by the log of
-    /// the number of valid options; the entropy floors compare against
-    /// whatever the policy returns here).
-    pub entropies: Tensor,
-    /// The critic's values, `[r, T]`.
-    pub values: Tensor,
 }
 
 /// What one update did, read back once at its end. Losses and telemetry are

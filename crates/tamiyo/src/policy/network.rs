@@ -36,6 +36,11 @@
 use tch::{Device, Kind, Tensor, nn};
 
 mod packed;
+mod precision;
+mod state;
+
+pub use precision::PolicyPrecision;
+pub use state::LstmState;
 
 use super::layers::{BlockSpec, LayerNorm, Linear, LstmLayer, Mlp, to_f32};
 use crate::error::{TorchResultExt, shape_mismatch};
@@ -55,38 +60,6 @@ pub const EMBEDDING_INIT_STD: f64 = 0.02;
 pub const POLICY_OUTPUT_GAIN: f64 = 0.01;
 /// Gain of the critic's output layer.
 pub const VALUE_OUTPUT_GAIN: f64 = 0.1;
-
-/// The arithmetic precision of the policy's forward passes (not part of the
-/// checkpoint: the variables are fp32 either way).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-pub enum PolicyPrecision {
-    /// fp32 throughout (the default).
-    #[default]
-    Fp32,
-    /// bf16 autocast; outputs and the LSTM state in fp32.
-    Bf16,
-}
-
-impl PolicyPrecision {
-    /// The policy precision the reference pairs with the environments'
-    /// training precision (§4.6): bf16 autocast only when the environments
-    /// train in bf16; fp32 otherwise, fp16 included, because the policy's
-    /// optimizer has no gradient scaler.
-    pub fn for_training(precision: tolaria::amp::Precision) -> PolicyPrecision {
-        match precision {
-            tolaria::amp::Precision::Bf16 => PolicyPrecision::Bf16,
-            tolaria::amp::Precision::Fp16 | tolaria::amp::Precision::Fp32 => PolicyPrecision::Fp32,
-        }
-    }
-
-    /// Short name (`fp32`, `bf16`).
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyPrecision::Fp32 => "fp32",
-            PolicyPrecision::Bf16 => "bf16",
-        }
-    }
-}
 
 /// The network's sizes (serialised next to checkpoints).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -152,62 +125,6 @@ impl PolicyConfig {
     /// Observation width (`23 + 31 · num_slots`).
     pub fn obs_dim(&self) -> usize {
         layout(self.num_slots).map_or(0, |layout| layout.obs_dim())
-    }
-}
-
-/// The LSTM state of a batch: `h` and `c`, each `[layers, B, hidden]`.
-#[derive(Debug)]
-pub struct LstmState {
-    /// Hidden state.
-    pub h: Tensor,
-    /// Cell state.
-    pub c: Tensor,
-}
-
-impl LstmState {
-    /// Zeros for `batch` environments.
-    pub fn zeros(layers: usize, batch: usize, hidden: i64, device: Device) -> Result<LstmState> {
-        let shape = [
-            i64::try_from(layers).unwrap_or(i64::MAX),
-            i64::try_from(batch).unwrap_or(i64::MAX),
-            hidden,
-        ];
-        Ok(LstmState {
-            h: Tensor::f_zeros(shape, (Kind::Float, device)).op("lstm state")?,
-            c: Tensor::f_zeros(shape, (Kind::Float, device)).op("lstm state")?,
-        })
-    }
-
-    /// Environments in the batch.
-    pub fn batch_size(&self) -> i64 {
-        self.h.size().get(1).copied().unwrap_or(0)
-    }
-
-    /// The same state cut from the autograd graph (between episodes).
-    pub fn detach(&self) -> LstmState {
-        LstmState {
-            h: self.h.detach(),
-            c: self.c.detach(),
-        }
-    }
-
-    /// A second handle on the same tensors.
-    pub fn shallow_clone(&self) -> LstmState {
-        LstmState {
-            h: self.h.shallow_clone(),
-            c: self.c.shallow_clone(),
-        }
-    }
-
-    /// Environment `env`'s state, `[layers, 1, hidden]` each.
-    pub fn select(&self, env: i64) -> Result<LstmState> {
-        if !(0..self.batch_size()).contains(&env) {
-            return Err(shape_mismatch("LstmState.select", self.batch_size(), env));
-        }
-        Ok(LstmState {
-            h: self.h.f_narrow(1, env, 1).op("lstm state select")?,
-            c: self.c.f_narrow(1, env, 1).op("lstm state select")?,
-        })
     }
 }
 
