@@ -2,7 +2,7 @@
 # run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
 #
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
-#                      [--kernels] [--gpus 1,2] [--variants LIST]
+#                      [--kernels] [--gpus 1,2] [--variants LIST] [--rounds N]
 #
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
@@ -30,6 +30,7 @@ run_python=1
 count_kernels=0
 workloads=()
 simic_args=()
+rounds_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
@@ -40,6 +41,7 @@ while [ $# -gt 0 ]; do
     --kernels) count_kernels=1 ;;
     --gpus) simic_args+=(--gpus "$2"); shift ;;
     --variants) simic_args+=(--variants "$2"); shift ;;
+    --rounds) rounds_args=(--rounds "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -116,7 +118,10 @@ for workload in "${workloads[@]}"; do
       export ESPER_CIFAR10_DIR="$cifar_root"
     fi
     extra=()
-    case "$workload" in simic-throughput|simic-cifar) extra=("${simic_args[@]}") ;; esac
+    case "$workload" in
+      simic-throughput|simic-cifar) extra=("${simic_args[@]}" "${rounds_args[@]}") ;;
+      simic-learning) extra=("${rounds_args[@]}") ;;
+    esac
     echo "== rust bench $workload ${extra[*]}"
     "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
       "${extra[@]}" 2>&1 | tee "$out/bench_$workload.log"

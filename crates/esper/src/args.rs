@@ -129,6 +129,9 @@ pub(crate) struct BenchArgs {
     /// GPU count, one process per GPU (data-parallel PPO); empty: the
     /// single-process run.
     pub(crate) gpus: Vec<usize>,
+    /// `--rounds N` (the simic workloads): PPO rounds per variant (learning:
+    /// training rounds); `None`: the workload's default.
+    pub(crate) rounds: Option<usize>,
 }
 
 /// What a bench command line asks for.
@@ -207,6 +210,7 @@ impl BenchArgs {
         let mut synthetic = false;
         let mut simic_variants: Option<Vec<String>> = None;
         let mut gpus: Option<Vec<usize>> = None;
+        let mut rounds: Option<usize> = None;
         while let Some(arg) = args.next() {
             let flag = arg.as_str();
             let torch_only = matches!(flag, "--device");
@@ -214,7 +218,13 @@ impl BenchArgs {
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
             let fmnist_only = matches!(flag, "--synthetic");
             let simic_only = matches!(flag, "--variants" | "--gpus");
+            let rounds_flag = flag == "--rounds";
             if (torch_only && !workload.uses_torch())
+                || (rounds_flag
+                    && !matches!(
+                        workload,
+                        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLearning
+                    ))
                 || (simic_only
                     && !matches!(workload, Workload::SimicThroughput | Workload::SimicCifar))
                 || (tolaria_only && workload != Workload::TolariaReference)
@@ -285,6 +295,13 @@ impl BenchArgs {
                     once(&mut gpus, flag, counts)?;
                 }
                 "--epochs" => once(&mut epochs, flag, count(flag, &value()?)?)?,
+                "--rounds" => {
+                    let n = count(flag, &value()?)?;
+                    if n == 0 {
+                        return Err(usage("--rounds must be at least 1"));
+                    }
+                    once(&mut rounds, flag, n)?;
+                }
                 "--warmup-epochs" => once(&mut warmup_epochs, flag, count(flag, &value()?)?)?,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
@@ -304,6 +321,7 @@ impl BenchArgs {
             synthetic,
             simic_variants: simic_variants.unwrap_or_default(),
             gpus: gpus.unwrap_or_default(),
+            rounds,
         }))
     }
 }
@@ -346,6 +364,31 @@ mod tests {
             &["nissa-emit", "--label", "x"],
             &["nissa-emit", "--out", "a.json", "--label", "x", "--fast"],
             &["simic-everything", "--out", "a.json"],
+        ] {
+            assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn rounds_apply_to_the_simic_workloads_only() {
+        let args = run_args(&["simic-learning", "--out", "a.json", "--rounds", "24"]);
+        assert_eq!(args.rounds, Some(24));
+        let args = run_args(&["simic-cifar", "--out", "a.json", "--rounds", "5"]);
+        assert_eq!(args.rounds, Some(5));
+        assert_eq!(run_args(&["simic-cifar", "--out", "a.json"]).rounds, None);
+        for bad in [
+            &["simic-cifar", "--out", "a.json", "--rounds", "0"][..],
+            &["simic-cifar", "--out", "a.json", "--rounds", "x"],
+            &[
+                "simic-cifar",
+                "--out",
+                "a.json",
+                "--rounds",
+                "2",
+                "--rounds",
+                "3",
+            ],
+            &["tolaria-fmnist", "--out", "a.json", "--rounds", "2"],
         ] {
             assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
         }

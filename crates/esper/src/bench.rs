@@ -39,6 +39,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             if args.gpus.is_empty() {
                 let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
                 options.variants.clone_from(&args.simic_variants);
+                if let Some(rounds) = args.rounds {
+                    options.rounds = rounds;
+                }
                 let run = simic::bench::run_throughput(task, &options, &mut progress)?;
                 simic_record(args, run)?
             } else {
@@ -55,7 +58,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
         Workload::SimicLearning => {
             let options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
-            let rounds = if args.quick { 2 } else { 8 };
+            let rounds = args.rounds.unwrap_or(if args.quick { 2 } else { 8 });
             let run = simic::bench::run_learning(&options, rounds, &mut progress)?;
             simic_record(args, run)?
         }

@@ -95,12 +95,15 @@ commands:
       simic-cifar           vectorized PPO, 4 envs x 3 slots, CIFAR-10 binary files (ESPER_CIFAR10_DIR)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
         --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-graph-epoch
+        --rounds N          (every simic workload) PPO rounds per variant (default 3, 1 with
+                            --quick)
         --gpus LIST         (both simic workloads) GPU counts, e.g. 1,2: each count runs one
                             process per GPU (data-parallel PPO over NCCL, Gloo on the CPU),
                             4 envs per GPU; every count is an entry of one record with eps
                             and scaling efficiency
       simic-learning        PPO rounds on an impaired host beside the heuristic and no growth
         --device DEVICE     auto (default), cpu, cuda or cuda:N
+        --rounds N          training rounds (default 8, 2 with --quick)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
   parity-capture --out FILE.json
