@@ -7,20 +7,24 @@
 //! [`tamiyo::policy::PolicyNetwork::forward_sequence`], and scores the
 //! stored actions under the stored base masks with the same op-conditioned
 //! masking the sampler used ([`tamiyo::policy::Sampler::evaluate_actions`]),
-//! so the log-probability ratio is exactly new over old.
+//! so the log-probability ratio is exactly new over old. The same unroll
+//! feeds the auxiliary heads ([`tamiyo::policy::PolicyNetwork::auxiliary`]):
+//! Q of the stored op, and the contribution predictor against the
+//! contributions measured at each step.
 
 use tamiyo::policy::{Policy, Sampler};
 use tch::{Kind, Tensor};
 
 use crate::buffer::Rollout;
 use crate::error::TorchResultExt;
-use crate::ppo::Evaluation;
+use crate::ppo::{AuxiliaryEvaluation, Evaluation};
 use crate::{Error, Result};
 use leyline::NUM_ACTION_HEADS;
 
 /// Re-evaluates the rollout's `rows` (`[r]` i64) under the current policy,
 /// with gradients: per-head log-probabilities and normalised entropies
-/// `[r, T, 8]` and values `[r, T]`.
+/// `[r, T, 8]`, values `[r, T]`, and the auxiliary heads' outputs with
+/// their targets.
 pub fn evaluate_rows(
     policy: &Policy,
     sampler: &Sampler,
@@ -81,6 +85,30 @@ pub fn evaluate_rows(
     let heads = i64::try_from(NUM_ACTION_HEADS).unwrap_or(8);
     let actions = actions.f_reshape([flat, heads]).op("flatten actions")?;
     let (log_probs, entropies) = sampler.evaluate_actions(&logits, &masks, &actions)?;
+    let auxiliary = match output.features.as_ref() {
+        Some(features) => {
+            let op = i64::try_from(tamiyo::heads::OP).unwrap_or(0);
+            let ops = actions
+                .f_select(1, op)
+                .op("stored ops")?
+                .f_reshape([r, t])
+                .op("stored ops")?;
+            let heads = network.auxiliary(features, &ops, true)?;
+            Some(AuxiliaryEvaluation {
+                q: heads.q,
+                contribution: heads.contribution,
+                contribution_target: rollout
+                    .contributions
+                    .f_index_select(0, &rows)
+                    .op("rows contributions")?,
+                contribution_mask: rollout
+                    .contribution_mask
+                    .f_index_select(0, &rows)
+                    .op("rows contribution mask")?,
+            })
+        }
+        None => None,
+    };
     Ok(Evaluation {
         log_probs: log_probs.f_reshape([r, t, heads]).op("log probs rows")?,
         entropies: entropies.f_reshape([r, t, heads]).op("entropies rows")?,
@@ -90,5 +118,6 @@ pub fn evaluate_rows(
             .op("values to f32")?
             .f_reshape([r, t])
             .op("values rows")?,
+        auxiliary,
     })
 }

@@ -1,7 +1,8 @@
 //! The rollout buffer (reference §9 item 17): what a round writes is what a
 //! round reads, log-probabilities are stored per head (each ≤ 0), host
 //! decisions arrive once per round, the rollback rule can rewrite rewards
-//! and mark a terminal, and `reset` clears everything.
+//! and mark a terminal, the contribution targets arrive with their mask,
+//! and `reset` clears everything.
 
 use leyline::NUM_ACTION_HEADS;
 use simic::buffer::{BufferShape, HostStep, RolloutBuffer};
@@ -132,6 +133,68 @@ fn host_decisions_arrive_once_per_round_with_their_weights() {
     assert_eq!(rollout.rewards.double_value(&[2, 1]), -10.0);
     assert!(rollout.terminated.int64_value(&[2, 1]) != 0);
     assert!(rollout.truncated.int64_value(&[2, 1]) == 0);
+}
+
+#[test]
+fn contribution_targets_arrive_with_their_mask() {
+    let mut buffer = RolloutBuffer::new(shape(8), Device::Cpu).expect("buffer");
+    buffer
+        .record_contributions(2, 1, &[Some(1.5), None, Some(-3.0)])
+        .expect("record");
+    buffer
+        .record_contributions(0, 2, &[None, Some(0.25), None])
+        .expect("record");
+    let rollout = buffer.finish().expect("finish");
+    assert_eq!(rollout.contributions.size(), [3, 4, 3]);
+    assert_eq!(rollout.contribution_mask.size(), [3, 4, 3]);
+    let at = |t: &Tensor, e: i64, s: i64, k: i64| t.double_value(&[e, s, k]);
+    assert_eq!(at(&rollout.contributions, 1, 2, 0), 1.5);
+    assert_eq!(at(&rollout.contributions, 1, 2, 2), -3.0);
+    assert_eq!(at(&rollout.contributions, 2, 0, 1), 0.25);
+    assert_eq!(at(&rollout.contribution_mask, 1, 2, 0), 1.0);
+    assert_eq!(at(&rollout.contribution_mask, 1, 2, 1), 0.0);
+    assert_eq!(at(&rollout.contribution_mask, 2, 0, 1), 1.0);
+    assert_eq!(
+        rollout
+            .contribution_mask
+            .sum(Kind::Double)
+            .double_value(&[]),
+        3.0
+    );
+    // Bad input is refused: a slot count, a cell, a value.
+    assert!(buffer.record_contributions(0, 0, &[Some(1.0)]).is_err());
+    assert!(
+        buffer
+            .record_contributions(STEPS, 0, &[None, None, None])
+            .is_err()
+    );
+    assert!(
+        buffer
+            .record_contributions(0, ENVS, &[None, None, None])
+            .is_err()
+    );
+    assert!(
+        buffer
+            .record_contributions(0, 0, &[Some(f64::NAN), None, None])
+            .is_err()
+    );
+    buffer.reset().expect("reset");
+    let rollout = buffer.finish().expect("finish");
+    assert_eq!(
+        rollout
+            .contribution_mask
+            .sum(Kind::Double)
+            .double_value(&[]),
+        0.0
+    );
+    assert_eq!(
+        rollout
+            .contributions
+            .abs()
+            .sum(Kind::Double)
+            .double_value(&[]),
+        0.0
+    );
 }
 
 #[test]

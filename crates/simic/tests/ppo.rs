@@ -1,12 +1,13 @@
 //! The PPO update: the loss against values computed by hand in f64 (two
 //! heads, head relevance, a forced step, value clipping, the entropy floor),
+//! the auxiliary heads' terms and the contribution coefficient's warm-up,
 //! the value normaliser, the KL early stop, minibatch shuffling, and that
 //! updates reduce the loss on a fixed batch.
 
 use simic::Error;
 use simic::ppo::{
-    Evaluation, HeadCoefficients, LossScalars, PpoBatch, PpoConfig, PpoTrainer, ValueNormaliser,
-    ValueNormaliserConfig, ppo_loss,
+    AuxiliaryEvaluation, Evaluation, HeadCoefficients, LossScalars, PpoBatch, PpoConfig,
+    PpoTrainer, ValueNormaliser, ValueNormaliserConfig, ppo_loss,
 };
 use tch::{Device, Kind, Tensor, nn};
 
@@ -175,12 +176,14 @@ fn check_loss(value_clip: Option<f64>) {
         value_clip,
         entropy_coef: 0.05,
         floor_scale: 1.5,
+        contribution_coef: 0.0,
     };
     let new_lp = t3(&c.new_lp).set_requires_grad(true);
     let evaluation = Evaluation {
         log_probs: new_lp.shallow_clone(),
         entropies: t3(&c.entropies),
         values: t2(&c.values),
+        auxiliary: None,
     };
     let terms = ppo_loss(&batch_of(&c), &evaluation, &coefficients, &scalars).unwrap();
     let e = expected(&c, multipliers, floors, floor_coefs, &scalars);
@@ -240,11 +243,13 @@ fn loss_refuses_mismatched_evaluation() {
         value_clip: None,
         entropy_coef: 0.0,
         floor_scale: 1.0,
+        contribution_coef: 0.0,
     };
     let evaluation = Evaluation {
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
         values: t2(&c.values).view([-1]),
+        auxiliary: None,
     };
     assert!(matches!(
         ppo_loss(&batch_of(&c), &evaluation, &coefficients, &scalars),
@@ -253,6 +258,146 @@ fn loss_refuses_mismatched_evaluation() {
             ..
         })
     ));
+}
+
+/// The auxiliary heads' terms against hand-computed values: the Q loss is
+/// the value loss's form (`0.5·⟨(Q − R)²⟩_c`, scaled by `c_v` in the
+/// total), the contribution loss the masked MSE against targets clipped to
+/// ±10 (scaled by its coefficient); both move the total by exactly that.
+#[test]
+#[allow(clippy::needless_range_loop)] // Indices read as the formula's.
+fn auxiliary_terms_match_hand_computation() {
+    let c = case();
+    let config = PpoConfig {
+        head_entropy_multipliers: vec![1.0; H],
+        entropy_floors: vec![0.0; H],
+        entropy_floor_coefs: vec![0.0; H],
+        ..PpoConfig::default()
+    };
+    let coefficients = HeadCoefficients::new(&config, Device::Cpu).unwrap();
+    let scalars = LossScalars {
+        clip: 0.2,
+        value_coef: 0.5,
+        value_clip: None,
+        entropy_coef: 0.0,
+        floor_scale: 1.0,
+        contribution_coef: 0.05,
+    };
+    let plain = Evaluation {
+        log_probs: t3(&c.new_lp),
+        entropies: t3(&c.entropies),
+        values: t2(&c.values),
+        auxiliary: None,
+    };
+    let q = [[0.5, 2.0], [1.0, -1.5]];
+    // Two slots; the second step of row 1 measured nothing; one target is
+    // beyond the clip.
+    let prediction = [[[1.0, 0.0], [2.0, -1.0]], [[0.5, 0.5], [9.0, 9.0]]];
+    let target = [[[3.0, 0.0], [2.0, 25.0]], [[0.0, -0.5], [0.0, 0.0]]];
+    let mask = [[[1.0, 0.0], [1.0, 1.0]], [[1.0, 1.0], [0.0, 0.0]]];
+    let t3s = |x: &[[[f64; 2]; T]; R]| t3(x);
+    let q_pred = t2(&q).set_requires_grad(true);
+    let contribution = t3s(&prediction).set_requires_grad(true);
+    let with_aux = Evaluation {
+        log_probs: t3(&c.new_lp),
+        entropies: t3(&c.entropies),
+        values: t2(&c.values),
+        auxiliary: Some(AuxiliaryEvaluation {
+            q: q_pred.shallow_clone(),
+            contribution: contribution.shallow_clone(),
+            contribution_target: t3s(&target),
+            contribution_mask: t3s(&mask),
+        }),
+    };
+    let batch = batch_of(&c);
+    let base = ppo_loss(&batch, &plain, &coefficients, &scalars).unwrap();
+    let terms = ppo_loss(&batch, &with_aux, &coefficients, &scalars).unwrap();
+    assert_eq!(scalar(&base.q), 0.0);
+    assert_eq!(scalar(&base.contribution), 0.0);
+    // Q: weights 1, 1, 1, 0.2.
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for r in 0..R {
+        for t in 0..T {
+            num += c.value_weight[r][t] * (q[r][t] - c.returns[r][t]).powi(2);
+            den += c.value_weight[r][t];
+        }
+    }
+    let want_q = 0.5 * num / den;
+    // Contributions: the measured cells only, the 25 clipped to 10.
+    let mut num = 0.0;
+    let mut den = 0.0;
+    for r in 0..R {
+        for t in 0..T {
+            for s in 0..2 {
+                let y: f64 = target[r][t][s];
+                let y = y.clamp(-10.0, 10.0);
+                num += mask[r][t][s] * (prediction[r][t][s] - y).powi(2);
+                den += mask[r][t][s];
+            }
+        }
+    }
+    let want_contribution = num / den;
+    let close = |got: f64, want: f64, what: &str| {
+        assert!((got - want).abs() < 1e-5, "{what}: {got} vs {want}");
+    };
+    close(scalar(&terms.q), want_q, "q");
+    close(
+        scalar(&terms.contribution),
+        want_contribution,
+        "contribution",
+    );
+    close(
+        scalar(&terms.total) - scalar(&base.total),
+        0.5 * want_q + 0.05 * want_contribution,
+        "total",
+    );
+    terms.total.backward();
+    assert!(scalar(&q_pred.grad().abs().sum(Kind::Float)) > 0.0);
+    let grad = contribution.grad();
+    // Unmeasured cells get no gradient.
+    assert_eq!(scalar(&grad.get(1).get(1).abs().sum(Kind::Float)), 0.0);
+    assert_eq!(scalar(&grad.get(0).get(0).get(1)), 0.0);
+    assert!(scalar(&grad.abs().sum(Kind::Float)) > 0.0);
+
+    // A shape that does not fit is refused.
+    let bad = Evaluation {
+        log_probs: t3(&c.new_lp),
+        entropies: t3(&c.entropies),
+        values: t2(&c.values),
+        auxiliary: Some(AuxiliaryEvaluation {
+            q: t2(&q).view([-1]),
+            contribution: t3s(&prediction),
+            contribution_target: t3s(&target),
+            contribution_mask: t3s(&mask),
+        }),
+    };
+    assert!(matches!(
+        ppo_loss(&batch, &bad, &coefficients, &scalars),
+        Err(Error::ShapeMismatch {
+            what: "AuxiliaryEvaluation.q",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn the_contribution_coefficient_warms_up_over_transitions() {
+    let config = PpoConfig::default();
+    assert_eq!(config.contribution_coef_at(0, 100), 0.0);
+    assert!((config.contribution_coef_at(5, 100) - 0.025).abs() < 1e-12);
+    assert!((config.contribution_coef_at(10, 100) - 0.05).abs() < 1e-12);
+    assert!((config.contribution_coef_at(50, 100) - 0.05).abs() < 1e-12);
+    let no_warmup = PpoConfig {
+        contribution_aux_warmup: 0,
+        ..PpoConfig::default()
+    };
+    assert_eq!(no_warmup.contribution_coef_at(0, 100), 0.05);
+    let negative = PpoConfig {
+        contribution_aux_coef: -1.0,
+        ..PpoConfig::default()
+    };
+    assert!(negative.validate().is_err());
 }
 
 #[test]
@@ -370,6 +515,7 @@ impl TinyPolicy {
             log_probs: Tensor::stack(&log_probs, -1),
             entropies: Tensor::stack(&entropies, -1),
             values: x.matmul(&self.value),
+            auxiliary: None,
         })
     }
 
@@ -642,6 +788,7 @@ fn update_runs_on_cuda_when_present() {
             log_probs: log_softmax.gather(-1, &actions.index_select(0, rows), false),
             entropies: -(log_softmax.exp() * &log_softmax).sum_dim_intlist(-1, true, Kind::Float),
             values: logits.select(2, 0),
+            auxiliary: None,
         })
     };
     let all = Tensor::arange(6, (Kind::Int64, device));

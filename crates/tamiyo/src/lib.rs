@@ -36,8 +36,9 @@
 //!   policy's.
 //! - [`policy::graphed`]: the batched policy step replayed from a CUDA graph.
 //!
-//! The PPO trainer that trains the policy is Simic. Not built yet: the
-//! auxiliary heads (the reference's `q_head` and contribution predictor) and
+//! The network's auxiliary heads (the reference's `q_head` and contribution
+//! predictor, [`policy::PolicyNetwork::auxiliary`]) run in the PPO update
+//! only. The PPO trainer that trains the policy is Simic. Not built yet:
 //! Tamiyo telemetry.
 //!
 //! `examples/policy_controller.rs` runs the whole loop on a small Kasmina

@@ -2,7 +2,8 @@
 //! defaults, one batched forward equal to per-environment forwards, the
 //! LSTM state carried across calls (steps equal a sequence), the
 //! initialisation, the null blueprint entry, shape checks before libtorch,
-//! and bf16 autocast with fp32 outputs.
+//! bf16 autocast with fp32 outputs, and the auxiliary heads (shapes, the
+//! Q head's detached input, the predictor's gradient reaching the trunk).
 
 use leyline::NUM_ACTION_HEADS;
 use tamiyo::Error;
@@ -82,7 +83,13 @@ fn heads_default_sizes_and_parameter_count_follow_the_reference() {
         + 2 * 128
         + linear(128, 64)
         + linear(64, 1);
-    assert_eq!(policy.parameter_count(), expected);
+    // The auxiliary heads: Q(s, op) over the trunk and the op one-hot
+    // (512 + 6), the critic's shape; the contribution predictor
+    // 512 -> 256 (LN) -> 128 -> 3 slots.
+    let q_head =
+        linear(518, 256) + 2 * 256 + linear(256, 128) + 2 * 128 + linear(128, 64) + linear(64, 1);
+    let contribution = linear(512, 256) + 2 * 256 + linear(256, 128) + linear(128, 3);
+    assert_eq!(policy.parameter_count(), expected + q_head + contribution);
 
     let network = policy.network();
     let (obs, blueprints) = inputs(2, 116, 0.0);
@@ -458,4 +465,84 @@ fn bf16_precision_runs_in_bf16_and_returns_fp32_close_to_fp32() {
         }
     }
     assert!(with_grad > 10, "only {with_grad} parameters got gradients");
+}
+
+#[test]
+fn auxiliary_heads_have_their_shapes_and_gradient_paths() {
+    let config = small();
+    let policy = policy(config, 13);
+    let network = policy.network();
+    let (batch, steps) = (2_i64, 5_i64);
+    let (obs, blueprints) = inputs(batch * steps, config.obs_dim() as i64, 0.4);
+    let obs = obs.view([batch, steps, -1]);
+    let blueprints = blueprints.view([batch, steps, 3]);
+    let hidden = network.initial_state(batch as usize).expect("state");
+    let output = network
+        .forward_sequence(&obs, &blueprints, &hidden)
+        .expect("unroll");
+    let features = output
+        .features
+        .as_ref()
+        .expect("forward_sequence returns the trunk");
+    assert_eq!(features.size(), [batch, steps, config.hidden_dim]);
+    let step = network
+        .step(
+            &obs.select(1, 0),
+            &blueprints.select(1, 0),
+            &hidden,
+            &MaskTensors::allow_all(batch as usize, 3, Device::Cpu).expect("masks"),
+        )
+        .expect("step");
+    assert!(
+        step.features.is_none(),
+        "acting never computes the auxiliary heads"
+    );
+
+    let ops = Tensor::from_slice(&[0_i64, 1, 2, 3, 4, 5, 0, 1, 2, 3]).view([batch, steps]);
+    let aux = network.auxiliary(features, &ops, false).expect("auxiliary");
+    assert_eq!(aux.q.size(), [batch, steps]);
+    assert_eq!(aux.contribution.size(), [batch, steps, 3]);
+    assert_eq!(aux.q.kind(), Kind::Float);
+    // Without dropout the predictor is deterministic; with it, it is not.
+    let again = network.auxiliary(features, &ops, false).expect("auxiliary");
+    assert!(aux.contribution.equal(&again.contribution));
+    // Q depends on the op taken.
+    let other = network
+        .auxiliary(features, &ops.ones_like(), false)
+        .expect("auxiliary");
+    assert!(max_diff(&aux.q, &other.q) > 0.0, "Q ignores the op");
+
+    // Q's loss does not reach the trunk; the predictor's does.
+    let trunk = network.lstm_parameters(0).expect("lstm layer")[0].shallow_clone();
+    aux.q.sum(Kind::Float).backward();
+    let q_grad = trunk.grad();
+    assert!(
+        !q_grad.defined() || q_grad.abs().sum(Kind::Float).double_value(&[]) == 0.0,
+        "the Q head's loss reached the LSTM"
+    );
+    let output = network
+        .forward_sequence(&obs, &blueprints, &hidden)
+        .expect("unroll");
+    let aux = network
+        .auxiliary(output.features.as_ref().expect("trunk"), &ops, true)
+        .expect("auxiliary");
+    aux.contribution.sum(Kind::Float).backward();
+    let grad = trunk.grad();
+    assert!(
+        grad.defined(),
+        "the predictor's loss did not reach the LSTM"
+    );
+    assert!(grad.abs().sum(Kind::Float).double_value(&[]) > 0.0);
+
+    // Bad inputs are refused before libtorch.
+    assert!(
+        network
+            .auxiliary(&features.narrow(2, 0, 3), &ops, false)
+            .is_err()
+    );
+    assert!(
+        network
+            .auxiliary(features, &ops.to_kind(Kind::Float), false)
+            .is_err()
+    );
 }

@@ -293,6 +293,8 @@ fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::Value {
         "ppo": report.ppo.as_ref().map(|ppo| serde_json::json!({
             "policy_loss": finite(ppo.policy_loss),
             "value_loss": finite(ppo.value_loss),
+            "q_loss": finite(ppo.q_loss),
+            "contribution_loss": finite(ppo.contribution_loss),
             "approx_kl": finite(ppo.approx_kl),
             "clip_fraction": finite(ppo.clip_fraction),
             "epochs_run": ppo.epochs_run,

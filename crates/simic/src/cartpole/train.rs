@@ -531,6 +531,7 @@ fn update_policy(
             log_probs,
             entropies,
             values,
+            auxiliary: None,
         })
     })
 }

@@ -103,4 +103,7 @@ pub struct Evaluation {
     pub entropies: Tensor,
     /// The critic's values, `[r, T]`.
     pub values: Tensor,
+    /// The auxiliary heads' outputs and targets, for policies that have
+    /// them (Tamiyo's); `None` adds no auxiliary loss.
+    pub auxiliary: Option<super::AuxiliaryEvaluation>,
 }

@@ -90,6 +90,12 @@ pub struct PpoConfig {
     pub anneal_learning_rate: bool,
     /// Planned number of updates, for the schedules that need it.
     pub total_updates: Option<u64>,
+    /// Coefficient of the contribution predictor's loss (0.05; used only
+    /// by policies with auxiliary heads).
+    pub contribution_aux_coef: f64,
+    /// Transitions over which that coefficient ramps up linearly from 0
+    /// (1000; 0: no warm-up).
+    pub contribution_aux_warmup: u64,
 }
 
 impl Default for PpoConfig {
@@ -122,6 +128,8 @@ impl Default for PpoConfig {
             advantage_std_floor: 0.1,
             anneal_learning_rate: false,
             total_updates: None,
+            contribution_aux_coef: 0.05,
+            contribution_aux_warmup: 1000,
         }
     }
 }
@@ -200,6 +208,17 @@ impl PpoConfig {
         }
     }
 
+    /// The contribution predictor's coefficient at update `update` (0-based)
+    /// of batches of `transitions` transitions each: `contribution_aux_coef`
+    /// times the fraction of the warm-up the earlier updates covered.
+    pub fn contribution_coef_at(&self, update: u64, transitions: u64) -> f64 {
+        if self.contribution_aux_warmup == 0 {
+            return self.contribution_aux_coef;
+        }
+        let seen = update.saturating_mul(transitions) as f64;
+        self.contribution_aux_coef * (seen / self.contribution_aux_warmup as f64).min(1.0)
+    }
+
     /// Number of action heads `H` the configuration is for.
     pub fn heads(&self) -> usize {
         self.head_entropy_multipliers.len()
@@ -230,6 +249,10 @@ impl PpoConfig {
         }
         positive("PpoConfig.kl_stop_factor", self.kl_stop_factor)?;
         non_negative("PpoConfig.entropy_coef", self.entropy_coef)?;
+        non_negative(
+            "PpoConfig.contribution_aux_coef",
+            self.contribution_aux_coef,
+        )?;
         if let Some(anneal) = self.entropy_anneal {
             non_negative("PpoConfig.entropy_anneal.final_coef", anneal.final_coef)?;
             if anneal.updates == 0 {

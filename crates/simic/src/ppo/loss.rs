@@ -16,7 +16,9 @@
 //!   `Σ_h m_h·H_h` (per-head multipliers `m_h`);
 //! - the floor penalty is `s·Σ_h k_h·max(0, f_h − H_h)²` over the heads that
 //!   had any weight (floors `f_h`, coefficients `k_h`, schedule scale `s`);
-//! - the total is `policy + c_v·value − c_e·bonus + penalty`.
+//! - the total is `policy + c_v·value − c_e·bonus + penalty`, plus the
+//!   auxiliary heads' terms when the evaluation carries them
+//!   (`c_v·q + c_aux·contribution`, [`super::auxiliary`]).
 //!
 //! Telemetry runs on the joint log-ratio of the relevant heads,
 //! `λ = Σ_h h·(ℓ − ℓ_old)` (each term clamped as above): the approximate KL
@@ -80,6 +82,9 @@ pub struct LossScalars {
     pub entropy_coef: f64,
     /// Floor-penalty schedule scale `s`.
     pub floor_scale: f64,
+    /// Coefficient of the contribution predictor's loss (after its
+    /// warm-up).
+    pub contribution_coef: f64,
 }
 
 /// The loss of one minibatch and its parts, all 0-dim `f32` device tensors
@@ -102,10 +107,14 @@ pub struct LossTerms {
     pub approx_kl: Tensor,
     /// Fraction of samples whose joint ratio left `[1−ε, 1+ε]`.
     pub clip_fraction: Tensor,
+    /// The Q head's loss `0.5·⟨(Q − R)²⟩_c` (0 without auxiliary heads).
+    pub q: Tensor,
+    /// The contribution predictor's masked MSE (0 without auxiliary heads).
+    pub contribution: Tensor,
 }
 
 /// `Σ_dims w·x / max(Σ_dims w, floor)` over `dims`.
-fn weighted_mean(x: &Tensor, weights: &Tensor, dims: &[i64]) -> Result<Tensor> {
+pub(super) fn weighted_mean(x: &Tensor, weights: &Tensor, dims: &[i64]) -> Result<Tensor> {
     let numerator = x
         .f_mul(weights)
         .op("weighted mean")?
@@ -261,8 +270,26 @@ pub fn ppo_loss(
         .f_mul_scalar(scalars.floor_scale)
         .op("floor penalty")?;
 
+    let (q, contribution) = match &evaluation.auxiliary {
+        Some(aux) => {
+            let terms = super::auxiliary::terms(batch, aux)?;
+            (terms.q, terms.contribution)
+        }
+        None => {
+            let zero = || Tensor::f_zeros([], (Kind::Float, values.device())).op("no auxiliary");
+            (zero()?, zero()?)
+        }
+    };
     let total = policy
         .f_add(&value.f_mul_scalar(scalars.value_coef).op("total loss")?)
+        .op("total loss")?
+        .f_add(&q.f_mul_scalar(scalars.value_coef).op("total loss")?)
+        .op("total loss")?
+        .f_add(
+            &contribution
+                .f_mul_scalar(scalars.contribution_coef)
+                .op("total loss")?,
+        )
         .op("total loss")?
         .f_sub(
             &entropy_bonus
@@ -306,6 +333,8 @@ pub fn ppo_loss(
         head_entropies: detach(&head_entropies)?,
         approx_kl,
         clip_fraction,
+        q: detach(&q)?,
+        contribution: detach(&contribution)?,
         total,
     })
 }

@@ -42,11 +42,13 @@ use crate::distributed::DataParallel;
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
+pub mod auxiliary;
 mod batch;
 pub mod config;
 pub mod loss;
 pub mod value_norm;
 
+pub use auxiliary::AuxiliaryEvaluation;
 pub use batch::{Evaluation, PpoBatch};
 pub use config::{EntropyAnneal, PpoConfig};
 pub use loss::{HeadCoefficients, LossScalars, LossTerms, ppo_loss};
@@ -100,6 +102,12 @@ pub struct PpoStats {
     pub entropy_coef: f64,
     /// Value coefficient of this update.
     pub value_coef: f64,
+    /// The Q head's loss (0 without auxiliary heads).
+    pub q_loss: f64,
+    /// The contribution predictor's loss (0 without auxiliary heads).
+    pub contribution_loss: f64,
+    /// Coefficient of the contribution predictor's loss in this update.
+    pub contribution_coef: f64,
 }
 
 /// Index of each scalar in the stats accumulator.
@@ -110,7 +118,9 @@ const STAT_PENALTY: i64 = 3;
 const STAT_TOTAL: i64 = 4;
 const STAT_KL: i64 = 5;
 const STAT_CLIP: i64 = 6;
-const STAT_COUNT: i64 = 7;
+const STAT_Q: i64 = 7;
+const STAT_CONTRIBUTION: i64 = 8;
+const STAT_COUNT: i64 = 9;
 
 /// Trains a policy's parameters with PPO (see the module docs).
 #[derive(Debug)]
@@ -338,6 +348,13 @@ impl PpoTrainer {
             value_clip: self.config.value_clip,
             entropy_coef: self.config.entropy_coef_at(update),
             floor_scale: self.config.floor_penalty_scale_at(update),
+            contribution_coef: self.config.contribution_coef_at(
+                update,
+                u64::try_from(
+                    rows.saturating_mul(batch.advantages.size().get(1).copied().unwrap_or(1)),
+                )
+                .unwrap_or(u64::MAX),
+            ),
         };
         let batch = PpoBatch {
             advantages: self.normalised_advantages(batch)?,
@@ -382,6 +399,8 @@ impl PpoTrainer {
                         &terms.total.f_detach().op("stats")?,
                         &terms.approx_kl,
                         &terms.clip_fraction,
+                        &terms.q,
+                        &terms.contribution,
                     ],
                     0,
                 )
@@ -502,6 +521,9 @@ impl PpoTrainer {
             learning_rate,
             entropy_coef: scalars.entropy_coef,
             value_coef: scalars.value_coef,
+            q_loss: stat(STAT_Q),
+            contribution_loss: stat(STAT_CONTRIBUTION),
+            contribution_coef: scalars.contribution_coef,
         };
         if !stats.total_loss.is_finite() {
             return Err(Error::NonFinite {

@@ -233,6 +233,14 @@ impl Simic {
                     .filter_map(|&slot| result.report.contribution(slot).map(|c| (slot, c)))
                     .collect();
                 env.trainer.set_contributions(&contributions)?;
+                // The contribution predictor's targets, in the policy's slot
+                // order.
+                let targets: Vec<Option<f64>> = env
+                    .slots
+                    .iter()
+                    .map(|&slot| result.report.contribution(slot))
+                    .collect();
+                buffer.record_contributions(step, i, &targets)?;
                 env.val_accuracy = result.validation.accuracy;
                 if let Some(entry) = measured.get_mut(i) {
                     *entry = Some(result);

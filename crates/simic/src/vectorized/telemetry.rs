@@ -42,6 +42,8 @@ impl Simic {
                         ("round", report.round.to_string()),
                         ("policy_loss", ppo.policy_loss.to_string()),
                         ("value_loss", ppo.value_loss.to_string()),
+                        ("q_loss", ppo.q_loss.to_string()),
+                        ("contribution_loss", ppo.contribution_loss.to_string()),
                         ("approx_kl", ppo.approx_kl.to_string()),
                         ("clip_fraction", ppo.clip_fraction.to_string()),
                         ("epochs_run", ppo.epochs_run.to_string()),

@@ -145,6 +145,25 @@ impl Mlp {
         Ok(x)
     }
 
+    /// [`Mlp::forward`] with dropout of probability `p` after the first
+    /// block's activation, applied when `train`.
+    pub(crate) fn forward_dropout_first(&self, x: &Tensor, p: f64, train: bool) -> Result<Tensor> {
+        let mut x = x.shallow_clone();
+        for (index, block) in self.blocks.iter().enumerate() {
+            x = block.linear.forward(&x)?;
+            if let Some(norm) = &block.norm {
+                x = norm.forward(&x)?;
+            }
+            if block.relu {
+                x = x.f_relu().op("relu")?;
+            }
+            if index == 0 && train && p > 0.0 {
+                x = x.f_dropout(p, true).op("dropout")?;
+            }
+        }
+        Ok(x)
+    }
+
     /// The output layer (for tests of the initialisation).
     pub(crate) fn output_layer(&self) -> Option<&Linear> {
         self.blocks.last().map(|block| &block.linear)

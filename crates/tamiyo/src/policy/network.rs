@@ -9,6 +9,9 @@
 //!   -> one head per HEAD_NAMES entry: Linear(hidden -> hidden/2) -> ReLU -> Linear(-> n)
 //!      (blueprint: hidden -> hidden -> hidden/2 -> 13)
 //!   -> critic V(s): hidden -> hidden/2 (LN, ReLU) -> hidden/4 (LN, ReLU) -> hidden/8 (ReLU) -> 1
+//! auxiliary heads (the PPO update only, [`PolicyNetwork::auxiliary`]):
+//!   q_head Q(s, op): detached trunk ++ op one-hot -> as the critic -> 1
+//!   contribution_predictor: trunk -> hidden/2 (LN, ReLU, dropout 0.1) -> hidden/4 (ReLU) -> num_slots
 //! ```
 //!
 //! Initialisation: every linear weight orthogonal with gain √2 and a zero
@@ -35,9 +38,12 @@
 
 use tch::{Device, Kind, Tensor, nn};
 
+mod auxiliary;
 mod packed;
 mod precision;
 mod state;
+
+pub use auxiliary::{AUXILIARY_OUTPUT_GAIN, AuxiliaryOutput, CONTRIBUTION_DROPOUT};
 
 pub use precision::PolicyPrecision;
 pub use state::LstmState;
@@ -142,6 +148,10 @@ pub struct PolicyOutput {
     pub value: Tensor,
     /// The LSTM state after the last step.
     pub hidden: LstmState,
+    /// The trunk's output `[B, T, hidden]` (the residual LSTM's), for
+    /// [`PolicyNetwork::auxiliary`]; `Some` from
+    /// [`PolicyNetwork::forward_sequence`] only.
+    pub features: Option<Tensor>,
 }
 
 /// The policy network (see the module docs).
@@ -157,6 +167,8 @@ pub struct PolicyNetwork {
     lstm: Vec<(LstmLayer, LayerNorm)>,
     heads: Vec<Mlp>,
     critic: Mlp,
+    q_head: Mlp,
+    contribution: Mlp,
     /// `[total]` i64: the head each packed logit belongs to.
     head_of: Tensor,
     precision: PolicyPrecision,
@@ -256,6 +268,9 @@ impl PolicyNetwork {
             ],
             VALUE_OUTPUT_GAIN,
         )?;
+        // Built after every other variable, so the others draw the same
+        // initial values as before the auxiliary heads existed.
+        let (q_head, contribution) = auxiliary::build(path, &config, hidden)?;
         let owners: Vec<i64> = head_sizes(config.num_slots)
             .iter()
             .enumerate()
@@ -277,6 +292,8 @@ impl PolicyNetwork {
             lstm,
             heads,
             critic,
+            q_head,
+            contribution,
             precision: PolicyPrecision::Fp32,
         })
     }
@@ -411,6 +428,7 @@ impl PolicyNetwork {
             masked_logits: None,
             value,
             hidden,
+            features: None,
         })
     }
 
@@ -459,6 +477,7 @@ impl PolicyNetwork {
             masked_logits: None,
             value,
             hidden,
+            features: Some(lstm_out),
         })
     }
 

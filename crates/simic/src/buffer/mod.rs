@@ -11,13 +11,18 @@
 //! episode, forced steps, which rows hold a real transition) is small and
 //! kept on the host until [`RolloutBuffer::finish`] uploads it once per
 //! round — the governor's rollback rule rewrites earlier rewards of an
-//! episode, so they cannot be final before the round ends.
+//! episode, so they cannot be final before the round ends. The contribution
+//! predictor's targets (the contributions measured at each step) travel the
+//! same way ([`RolloutBuffer::record_contributions`]).
 //!
 //! Rows an environment did not fill (it ended its episode early) keep the
 //! "allow everything" masks [`RolloutBuffer::reset`] writes, so evaluating
 //! them never meets a head without a valid option; their `valid` flag is
 //! false, which zeroes their actor and critic weights in the PPO batch.
 
+mod contributions;
+
+use contributions::ContributionTargets;
 use tamiyo::masks::MaskTensors;
 use tamiyo::policy::SampledActions;
 use tch::{Device, Kind, Tensor};
@@ -97,6 +102,7 @@ pub struct RolloutBuffer {
     forced: Vec<bool>,
     valid: Vec<bool>,
     written: Vec<bool>,
+    contributions: ContributionTargets,
 }
 
 fn dim(value: usize) -> i64 {
@@ -152,6 +158,7 @@ impl RolloutBuffer {
             forced: vec![false; cells],
             valid: vec![false; cells],
             written: vec![false; shape.max_steps],
+            contributions: ContributionTargets::new(shape.n_envs, shape.max_steps, shape.num_slots),
             shape,
             device,
         };
@@ -187,7 +194,20 @@ impl RolloutBuffer {
         self.forced.fill(false);
         self.valid.fill(false);
         self.written.fill(false);
+        self.contributions.clear();
         Ok(())
+    }
+
+    /// Records the contributions measured for `env` at `step`, one entry
+    /// per slot in the environment's slot order (`None`: not measured),
+    /// the contribution predictor's targets.
+    pub fn record_contributions(
+        &mut self,
+        step: usize,
+        env: usize,
+        values: &[Option<f64>],
+    ) -> Result<()> {
+        self.contributions.record(step, env, values)
     }
 
     fn column(tensor: &Tensor, step: i64) -> Result<Tensor> {
@@ -409,6 +429,7 @@ impl RolloutBuffer {
             .op("buffer upload")?
             .f_to_device(self.device)
             .op("buffer upload")?;
+        let (contributions, contribution_mask) = self.contributions.upload(self.device)?;
         Ok(Rollout {
             obs: self.obs.shallow_clone(),
             blueprints: self.blueprints.shallow_clone(),
@@ -424,6 +445,8 @@ impl RolloutBuffer {
             truncated: self.upload_bool(&self.truncated)?,
             forced: self.upload_bool(&self.forced)?,
             valid: self.upload_bool(&self.valid)?,
+            contributions,
+            contribution_mask,
         })
     }
 }
@@ -459,6 +482,11 @@ pub struct Rollout {
     pub forced: Tensor,
     /// `[E, T]` bool.
     pub valid: Tensor,
+    /// `[E, T, S]` f32 contributions measured at each step (percentage
+    /// points; 0 where none was).
+    pub contributions: Tensor,
+    /// `[E, T, S]` f32: 1 where a contribution was measured.
+    pub contribution_mask: Tensor,
 }
 
 impl Rollout {
