@@ -202,6 +202,9 @@ event_names! {
     KASMINA_SEED_PRUNED = "kasmina.seed.pruned", Info, "Seed pruned";
     /// A PPO update finished.
     SIMIC_PPO_UPDATE_COMPLETED = "simic.ppo.update_completed", Info, "PPO update completed";
+    /// The Shapley values of an environment's seeds at its episode's last
+    /// epoch (reference §4.5).
+    SIMIC_SHAPLEY_COMPUTED = "simic.shapley.computed", Info, "Shapley values computed";
     /// The hub started dropping events.
     NISSA_DROPPING = "nissa.dropping", Warning, "Telemetry is dropping events";
     /// A sink failed (reported once per sink).

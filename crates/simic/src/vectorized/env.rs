@@ -103,6 +103,8 @@ pub(crate) struct Env {
     pub(crate) val_accuracy: f64,
     /// Active seeds summed over steps (for the mean).
     pub(crate) active_seed_steps: u64,
+    /// The environment's seed (its model, and its Shapley permutations).
+    pub(crate) seed: u64,
 }
 
 impl Env {
@@ -158,6 +160,7 @@ impl Env {
             episode_reward: 0.0,
             val_accuracy: 0.0,
             active_seed_steps: 0,
+            seed,
         })
     }
 

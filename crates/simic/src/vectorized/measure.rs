@@ -11,7 +11,7 @@ use tolaria::engine::trainer::Validation;
 use super::env::Env;
 use crate::counterfactual::{
     ConfigLabel, ConfigSet, CounterfactualReport, FusedConfig, PendingFused, PlayerOptions,
-    Players, launch_fused_validation,
+    Players, ShapleyConfig, ShapleyPlan, launch_fused_validation,
 };
 use crate::{Error, Result};
 
@@ -32,16 +32,27 @@ pub(super) struct Launched {
     started: Instant,
     set: ConfigSet,
     pending: PendingFused,
+    shapley: Option<ShapleyPlan>,
 }
 
 /// Queues the fused validation + counterfactual pass of `env` on its
-/// compute stream, in the trainer's precision; nothing is read back.
-pub(super) fn launch_measure(env: &Env, fused: &FusedConfig) -> Result<Launched> {
+/// compute stream, in the trainer's precision; nothing is read back. With
+/// `shapley`, the pass also measures that plan's configurations (reference
+/// §4.5: at an episode's last epoch).
+pub(super) fn launch_measure(
+    env: &Env,
+    fused: &FusedConfig,
+    shapley: Option<&ShapleyConfig>,
+) -> Result<Launched> {
     let started = Instant::now();
     let trainer = &env.trainer;
     let model = trainer.model();
     let players = Players::from_model(model, PlayerOptions::default())?;
-    let set = ConfigSet::counterfactual(players)?;
+    let mut set = ConfigSet::counterfactual(players)?;
+    let shapley = match shapley {
+        Some(config) if !set.players().is_empty() => Some(set.add_shapley(config)?),
+        _ => None,
+    };
     let alphas = set.alphas();
     let data = trainer
         .validation_data()
@@ -79,6 +90,7 @@ pub(super) fn launch_measure(env: &Env, fused: &FusedConfig) -> Result<Launched>
         started,
         set,
         pending,
+        shapley,
     })
 }
 
@@ -89,6 +101,7 @@ pub(super) fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
         started,
         set,
         pending,
+        shapley,
     } = launched;
     let mut outcome = None;
     env.trainer.engine().on_compute_stream(|| {
@@ -110,7 +123,7 @@ pub(super) fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
     let committed = set
         .index_of(ConfigLabel::Committed)
         .and_then(|index| accuracies.get(index).copied());
-    let report = CounterfactualReport::new(&set, &accuracies, None)?;
+    let report = CounterfactualReport::new(&set, &accuracies, shapley.as_ref())?;
     Ok(Measured {
         validation: Validation {
             loss: main.loss,
@@ -120,4 +133,86 @@ pub(super) fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
         report,
         committed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pass with a Shapley plan, on a model whose two seeds blend: the
+    //! values are exact (two players: the factorial plan) and efficient,
+    //! summing to the main accuracy less the all-off accuracy.
+
+    use kasmina::host::CnnHostConfig;
+    use leyline::Telemetry;
+    use tch::Device;
+    use tolaria::data::synthetic::{ImageTaskOptions, image_task};
+    use tolaria::engine::bench::{bring_to_blending, fmnist_model};
+    use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+
+    use super::{launch_measure, read_measure};
+    use crate::counterfactual::{FusedConfig, ShapleyConfig};
+    use crate::vectorized::EnvSpec;
+    use crate::vectorized::env::Env;
+
+    #[test]
+    fn a_shapley_plan_in_the_fused_pass_gives_exact_efficient_values() {
+        let train = image_task(&ImageTaskOptions::fashion_like(256, 3)).expect("train");
+        let validation = image_task(&ImageTaskOptions::fashion_like(200, 4)).expect("validation");
+        let slots = vec!["r0c1".to_owned(), "r0c2".to_owned()];
+        let spec = EnvSpec::sharded(
+            CnnHostConfig::fashion_mnist(),
+            slots,
+            &train,
+            image_task(&ImageTaskOptions::fashion_like(200, 4)).expect("validation"),
+            1,
+        )
+        .expect("spec");
+        let config = ModelTrainerConfig {
+            batch_size: 128,
+            validation_batch_size: 200,
+            ..ModelTrainerConfig::default()
+        };
+        let mut env =
+            Env::new(&spec, 0, 7, Device::Cpu, &config, 5, &Telemetry::disabled()).expect("env");
+        tch::manual_seed(7);
+        let model = fmnist_model(Device::Cpu, Telemetry::disabled()).expect("model");
+        let model = bring_to_blending(model, &train, 40).expect("blending");
+        env.trainer = ModelTrainer::new(
+            model,
+            &train,
+            Some(&validation),
+            config,
+            Telemetry::disabled(),
+        )
+        .expect("trainer");
+
+        let plain = launch_measure(&env, &FusedConfig::default(), None).expect("launch");
+        let plain = read_measure(&env, plain).expect("read");
+        assert!(plain.report.shapley.is_none());
+
+        let launched = launch_measure(
+            &env,
+            &FusedConfig::default(),
+            Some(&ShapleyConfig::default()),
+        )
+        .expect("launch with shapley");
+        let measured = read_measure(&env, launched).expect("read");
+        let values = measured.report.shapley.as_ref().expect("shapley values");
+        assert_eq!(values.len(), 2, "one value per blending seed");
+        assert!(
+            values
+                .iter()
+                .all(|value| value.exact && value.mean.is_finite())
+        );
+        // Main is the all-on coalition; the plan measures all-off, so the
+        // total is main − all-off.
+        let total = measured.report.reward.total.expect("all-off measured");
+        let sum: f64 = values.iter().map(|value| value.mean).sum();
+        assert!(
+            (sum - total).abs() < 1e-6,
+            "Shapley values sum to {sum}, main - all-off is {total}"
+        );
+        // The plan's configurations do not change the main figures.
+        let main = measured.validation.accuracy;
+        assert!((main - plain.validation.accuracy).abs() < 1e-9);
+    }
 }

@@ -112,6 +112,11 @@ pub struct SimicConfig {
     /// than an fp32 one (its captured graph casts every weight at each
     /// replay), so `Some(PolicyPrecision::Fp32)` is the faster choice there.
     pub policy_precision: Option<PolicyPrecision>,
+    /// Shapley values of the seeds at the last epoch of each episode
+    /// (reference §4.5: the factorial plan up to four seeds, antithetic
+    /// permutations above), measured in the same fused pass; the plan's
+    /// seed is mixed with each environment's. `None`: never.
+    pub shapley: Option<crate::counterfactual::ShapleyConfig>,
     /// Devices of the environments, assigned round-robin (environment `i`
     /// on `env_devices[i % len]`): environments spread over the GPUs of a
     /// host in one process, each with its model, data and stream on its
@@ -167,6 +172,7 @@ impl SimicConfig {
             normalise_observations: true,
             graph_policy: true,
             policy_precision: None,
+            shapley: Some(crate::counterfactual::ShapleyConfig::default()),
             env_devices: Vec::new(),
         }
     }
@@ -272,6 +278,10 @@ pub struct RoundReport {
     pub replay_samples: Vec<f64>,
     /// The PPO update's figures (`None` when the round was not trained on).
     pub ppo: Option<PpoStats>,
+    /// Per environment, the seeds' Shapley values at the episode's last
+    /// epoch, by slot (empty where none was measured: no seed, an episode
+    /// ended early, or `SimicConfig::shapley` off).
+    pub shapley: Vec<Vec<(kasmina::host::SlotId, crate::counterfactual::ShapleyValue)>>,
     /// Timings.
     pub timings: RoundTimings,
 }

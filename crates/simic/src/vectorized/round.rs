@@ -171,6 +171,7 @@ impl Simic {
             inference_samples: Vec::with_capacity(steps),
             replay_samples: Vec::with_capacity(steps),
             ppo: None,
+            shapley: vec![Vec::new(); n],
             timings,
         };
         let mut inference_total = 0.0;
@@ -196,7 +197,16 @@ impl Simic {
                     (envs.get_mut(i), trained.get_mut(i), launched.get_mut(i))
                 {
                     *slot = Some(env.trainer.finish_training()?);
-                    *pass = Some(launch_measure(env, &self.config.fused)?);
+                    // Shapley values at the episode's last epoch.
+                    let shapley = self
+                        .config
+                        .shapley
+                        .filter(|_| step.saturating_add(1) == steps)
+                        .map(|config| crate::counterfactual::ShapleyConfig {
+                            seed: config.seed ^ env.seed,
+                            ..config
+                        });
+                    *pass = Some(launch_measure(env, &self.config.fused, shapley.as_ref())?);
                 }
             }
             report.env_epochs = report.env_epochs.saturating_add(live.len() as u64);
@@ -233,6 +243,17 @@ impl Simic {
                     .filter_map(|&slot| result.report.contribution(slot).map(|c| (slot, c)))
                     .collect();
                 env.trainer.set_contributions(&contributions)?;
+                if let (Some(values), Some(entry)) =
+                    (result.report.shapley.as_ref(), report.shapley.get_mut(i))
+                {
+                    *entry = result
+                        .report
+                        .slots
+                        .iter()
+                        .copied()
+                        .zip(values.iter().copied())
+                        .collect();
+                }
                 // The contribution predictor's targets, in the policy's slot
                 // order.
                 let targets: Vec<Option<f64>> = env

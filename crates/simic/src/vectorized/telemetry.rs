@@ -1,7 +1,8 @@
 //! What a round reports through Nissa (leyline's names): throughput, each
 //! step's policy-inference time, the mean episode reward and, after an
 //! update, its time, KL and clip fraction with a
-//! `simic.ppo.update_completed` event.
+//! `simic.ppo.update_completed` event; one `simic.shapley.computed` event
+//! per environment whose seeds' Shapley values were measured.
 
 use leyline::proto::TelemetryPacket;
 use leyline::telemetry as names;
@@ -50,6 +51,25 @@ impl Simic {
                         ("early_stopped", ppo.early_stopped.to_string()),
                     ],
                 ));
+        }
+        for (env, values) in report.shapley.iter().enumerate() {
+            if values.is_empty() {
+                continue;
+            }
+            let mut attributes = vec![
+                ("round".to_owned(), report.round.to_string()),
+                ("env".to_owned(), env.to_string()),
+            ];
+            for (slot, value) in values {
+                attributes.push((format!("shapley.{slot}"), value.mean.to_string()));
+                attributes.push((format!("shapley_std.{slot}"), value.std.to_string()));
+                attributes.push((format!("exact.{slot}"), value.exact.to_string()));
+            }
+            packet = packet.with_event(event(
+                names::SIMIC_SHAPLEY_COMPUTED,
+                "Shapley values computed",
+                attributes,
+            ));
         }
         self.telemetry.emit_packet(packet);
     }
