@@ -8,13 +8,9 @@
 mod common;
 
 use common::{R0C0, R0C1, R0C2, observation, seed};
-use kasmina::host::{CnnHost, CnnHostConfig};
-use kasmina::lifecycle::SlotConfig;
-use kasmina::model::MorphogeneticModel;
 use leyline::{BlueprintAction, LifecycleOp, SeedStage, Telemetry};
 use tamiyo::growth::MaxGrowthController;
 use tamiyo::masks::MaskConfig;
-use tch::Device;
 use tolaria::amp::Precision;
 use tolaria::controller::{Applied, Controller, Decision};
 use tolaria::data::synthetic::{ImageTaskOptions, image_task};
@@ -89,17 +85,7 @@ fn it_fossilizes_holding_seeds_and_never_prunes() {
 /// Mean active seeds (TRAINING to FOSSILIZED) over a `epochs`-epoch episode
 /// of a small CNN with three slots, and the epochs of its germinations.
 fn episode(epochs: usize) -> (f64, Vec<usize>) {
-    tch::manual_seed(5);
-    let host = CnnHost::new(
-        CnnHostConfig {
-            base_channels: 2,
-            ..CnnHostConfig::fashion_mnist()
-        },
-        Device::Cpu,
-    )
-    .expect("host");
-    let model = MorphogeneticModel::new(host, &SLOTS, SlotConfig::default(), Telemetry::disabled())
-        .expect("model");
+    let model = common::tiny_model(&SLOTS);
     let train = image_task(&ImageTaskOptions::fashion_like(256, 1)).expect("train");
     let test = image_task(&ImageTaskOptions::fashion_like(128, 2)).expect("test");
     let config = ModelTrainerConfig {

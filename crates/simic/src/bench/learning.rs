@@ -55,24 +55,39 @@ fn baselines(
             accuracies.extend(run.accuracies);
             active.push(run.mean_active_seeds);
         }
-        let mut metrics = std::collections::BTreeMap::new();
-        metrics.insert(
-            "final_accuracy_pct".to_owned(),
-            mean(accuracies.iter().copied()),
-        );
-        metrics.insert(
-            "active_seeds_per_env".to_owned(),
-            mean(active.iter().copied()),
-        );
-        results.push(ResultEntry {
-            implementation: "rust".to_owned(),
-            mode: format!("{name}-{suffix}"),
-            metrics,
-            error: None,
-            amp: Some(amp_name(precision).to_owned()),
-        });
+        results.push(accuracy_entry(
+            format!("{name}-{suffix}"),
+            &accuracies,
+            &active,
+            precision,
+        ));
     }
     Ok(())
+}
+
+/// A result entry of the mean final accuracy and mean active seeds.
+fn accuracy_entry(
+    mode: String,
+    accuracies: &[f64],
+    active_seeds: &[f64],
+    precision: Precision,
+) -> ResultEntry {
+    let mut metrics = std::collections::BTreeMap::new();
+    metrics.insert(
+        "final_accuracy_pct".to_owned(),
+        mean(accuracies.iter().copied()),
+    );
+    metrics.insert(
+        "active_seeds_per_env".to_owned(),
+        mean(active_seeds.iter().copied()),
+    );
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode,
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    }
 }
 
 /// `simic-learning`.
@@ -171,22 +186,12 @@ pub fn run_learning(
         greedy_seeds.push(report.mean_active_seeds);
     }
     simic.set_sample_mode(SampleMode::Stochastic);
-    let mut metrics = std::collections::BTreeMap::new();
-    metrics.insert(
-        "final_accuracy_pct".to_owned(),
-        mean(greedy.iter().copied()),
-    );
-    metrics.insert(
-        "active_seeds_per_env".to_owned(),
-        mean(greedy_seeds.iter().copied()),
-    );
-    results.push(ResultEntry {
-        implementation: "rust".to_owned(),
-        mode: "ppo-greedy-eval-rounds".to_owned(),
-        metrics,
-        error: None,
-        amp: Some(amp_name(precision).to_owned()),
-    });
+    results.push(accuracy_entry(
+        "ppo-greedy-eval-rounds".to_owned(),
+        &greedy,
+        &greedy_seeds,
+        precision,
+    ));
     baselines(
         &spec,
         &config,
