@@ -73,6 +73,19 @@ pub(crate) enum PrecisionChoice {
     Fp16,
 }
 
+/// The PPO policy's forward precision (`--controller ppo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum PolicyPrecisionChoice {
+    /// The reference's rule: bf16 autocast exactly when the environments
+    /// train in bf16.
+    Auto,
+    /// fp32 (for a few environments the faster policy step).
+    Fp32,
+    /// bf16 autocast, fp32 outputs.
+    Bf16,
+}
+
 /// How each training step runs (tolaria's `ExecutionMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -162,6 +175,11 @@ pub(crate) struct TrainArgs {
     /// PPO (--controller ppo): rounds, one PPO update each [default: 10].
     #[arg(long, value_name = "N")]
     pub(crate) rounds: Option<usize>,
+    /// PPO (--controller ppo): the policy's precision; auto follows the
+    /// reference (bf16 exactly when the environments train in bf16); fp32
+    /// is the faster policy step for a few environments [default: auto].
+    #[arg(long, value_enum)]
+    pub(crate) policy_precision: Option<PolicyPrecisionChoice>,
     /// Serve the run's telemetry as Prometheus metrics on this port
     /// (`http://HOST:PORT/metrics`; the alert rules and dashboard in
     /// docs/observability/ read it) [default: none].

@@ -17,11 +17,13 @@ use kasmina::host::SlotId;
 use serde::{Deserialize, Serialize};
 use torch_ext::DeviceChoice;
 
-use super::args::{ControllerKind, ModeChoice, PrecisionChoice, TaskKind, TrainArgs};
+use super::args::{
+    ControllerKind, ModeChoice, PolicyPrecisionChoice, PrecisionChoice, TaskKind, TrainArgs,
+};
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 19] = [
+pub(crate) const KEYS: [&str; 20] = [
     "controller",
     "task",
     "slots",
@@ -39,6 +41,7 @@ pub(crate) const KEYS: [&str; 19] = [
     "checkpoint_every",
     "envs",
     "rounds",
+    "policy_precision",
     "devices",
     "metrics_port",
 ];
@@ -94,6 +97,7 @@ struct FileConfig {
     checkpoint_every: Option<usize>,
     envs: Option<usize>,
     rounds: Option<usize>,
+    policy_precision: Option<PolicyPrecisionChoice>,
     devices: Option<Vec<String>>,
     metrics_port: Option<u16>,
 }
@@ -142,6 +146,9 @@ pub(crate) struct RunConfig {
     /// PPO: rounds (one PPO update each).
     #[serde(default = "default_rounds")]
     pub(crate) rounds: usize,
+    /// PPO: the policy's forward precision.
+    #[serde(default = "default_policy_precision")]
+    pub(crate) policy_precision: PolicyPrecisionChoice,
     /// PPO: the environments' devices, round-robin (`cuda:0`, `cuda:1`,
     /// ...); the policy stays on `device`. Empty: everything on `device`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -162,6 +169,10 @@ fn default_envs() -> usize {
 
 fn default_rounds() -> usize {
     DEFAULT_ROUNDS
+}
+
+fn default_policy_precision() -> PolicyPrecisionChoice {
+    PolicyPrecisionChoice::Auto
 }
 
 impl RunConfig {
@@ -229,6 +240,10 @@ impl RunConfig {
                 .unwrap_or(DEFAULT_CHECKPOINT_EVERY),
             envs: args.envs.or(file.envs).unwrap_or(DEFAULT_ENVS),
             rounds: args.rounds.or(file.rounds).unwrap_or(DEFAULT_ROUNDS),
+            policy_precision: args
+                .policy_precision
+                .or(file.policy_precision)
+                .unwrap_or(PolicyPrecisionChoice::Auto),
             devices: if args.devices.is_empty() {
                 file.devices.unwrap_or_default()
             } else {
@@ -445,6 +460,9 @@ mod tests {
         assert!(format!("{error:#}").contains("epochs"), "{error:#}");
         assert!(parse_file("task = \"mnist\"\n", "a.toml").is_err());
         assert!(parse_file("batch_size = 1\nbatch-size = 2\n", "a.toml").is_err());
+        let file = parse_file("policy-precision = \"fp32\"\n", "a.toml").expect("ok");
+        assert_eq!(file.policy_precision, Some(PolicyPrecisionChoice::Fp32));
+        assert!(parse_file("policy_precision = \"fp16\"\n", "a.toml").is_err());
     }
 
     #[test]
@@ -477,6 +495,16 @@ mod tests {
             .collect();
         let older: RunConfig = toml::from_str(&older).expect("parse");
         assert_eq!(older.checkpoint_every, DEFAULT_CHECKPOINT_EVERY);
+        // One written before the policy's precision was a setting reads
+        // with the reference's rule.
+        assert_eq!(config.policy_precision, PolicyPrecisionChoice::Auto);
+        let older: String = text
+            .lines()
+            .filter(|line| !line.starts_with("policy_precision"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let older: RunConfig = toml::from_str(&older).expect("parse");
+        assert_eq!(older.policy_precision, PolicyPrecisionChoice::Auto);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use nissa::jsonl::JsonlConfig;
 use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
 use torch_ext::dist::ProcessGroup;
 
+use super::args::PolicyPrecisionChoice;
 use super::config::RunConfig;
 use super::interrupt::Interrupt;
 use super::ppo_checkpoint::{self, PpoLoaded};
@@ -121,6 +122,11 @@ fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
     simic.max_seeds = config.max_seeds;
     simic.seed = config.seed;
     simic.env_devices = config.env_devices()?;
+    simic.policy_precision = match config.policy_precision {
+        PolicyPrecisionChoice::Auto => None,
+        PolicyPrecisionChoice::Fp32 => Some(tamiyo::policy::PolicyPrecision::Fp32),
+        PolicyPrecisionChoice::Bf16 => Some(tamiyo::policy::PolicyPrecision::Bf16),
+    };
     simic.trainer = tolaria::engine::trainer::ModelTrainerConfig {
         // Simic's environment settings: one warm-up step before a capture,
         // no cuDNN timing at every new step shape.
