@@ -142,12 +142,26 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
         4,
         "one inference time per step"
     );
-    assert_eq!(
-        collector
-            .events_named(leyline::telemetry::SIMIC_PPO_UPDATE_COMPLETED)
-            .len(),
-        1
-    );
+    let updates = collector.events_named(leyline::telemetry::SIMIC_PPO_UPDATE_COMPLETED);
+    assert_eq!(updates.len(), 1);
+    let attributes = &updates[0].attributes;
+    for key in [
+        "policy_loss",
+        "value_loss",
+        "q_loss",
+        "contribution_loss",
+        "grad_norm",
+    ] {
+        let value: f64 = attributes
+            .get(key)
+            .unwrap_or_else(|| panic!("no `{key}` attribute"))
+            .parse()
+            .expect("a number");
+        assert!(value.is_finite(), "{key} = {value}");
+    }
+    let entropies = attributes.get("head_entropies").expect("head entropies");
+    assert_eq!(entropies.split(',').count(), leyline::NUM_ACTION_HEADS);
+    assert!(entropies.contains("op="), "{entropies}");
 }
 
 #[test]

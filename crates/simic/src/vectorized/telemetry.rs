@@ -49,6 +49,17 @@ impl Simic {
                         ("clip_fraction", ppo.clip_fraction.to_string()),
                         ("epochs_run", ppo.epochs_run.to_string()),
                         ("early_stopped", ppo.early_stopped.to_string()),
+                        ("grad_norm", ppo.grad_norm.to_string()),
+                        ("learning_rate", ppo.learning_rate.to_string()),
+                        (
+                            "head_entropies",
+                            leyline::HEAD_NAMES
+                                .iter()
+                                .zip(&ppo.head_entropies)
+                                .map(|(head, entropy)| format!("{head}={entropy}"))
+                                .collect::<Vec<_>>()
+                                .join(","),
+                        ),
                     ],
                 ));
         }
