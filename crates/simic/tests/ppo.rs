@@ -382,6 +382,28 @@ fn auxiliary_terms_match_hand_computation() {
 }
 
 #[test]
+fn explained_variance_matches_hand_computation() {
+    let c = case();
+    let cells: Vec<(f64, f64)> = (0..R)
+        .flat_map(|r| (0..T).map(move |t| (r, t)))
+        .map(|(r, t)| (c.returns[r][t], c.old_values[r][t]))
+        .collect();
+    let variance = |xs: &[f64]| {
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64
+    };
+    let returns: Vec<f64> = cells.iter().map(|(ret, _)| *ret).collect();
+    let residual: Vec<f64> = cells.iter().map(|(ret, value)| ret - value).collect();
+    let want = 1.0 - variance(&residual) / variance(&returns);
+    let got = scalar(&batch_of(&c).explained_variance().unwrap());
+    assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    assert!(
+        got > 0.5 && got < 1.0,
+        "the case's values explain most of it: {got}"
+    );
+}
+
+#[test]
 fn the_contribution_coefficient_warms_up_over_transitions() {
     let config = PpoConfig::default();
     assert_eq!(config.contribution_coef_at(0, 100), 0.0);

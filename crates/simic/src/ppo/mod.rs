@@ -108,6 +108,9 @@ pub struct PpoStats {
     pub contribution_loss: f64,
     /// Coefficient of the contribution predictor's loss in this update.
     pub contribution_coef: f64,
+    /// `1 − Var(R − V_old) / Var(R)` over the rollout's valid steps (NaN
+    /// when the returns do not vary).
+    pub explained_variance: f64,
 }
 
 /// Index of each scalar in the stats accumulator.
@@ -471,7 +474,8 @@ impl PpoTrainer {
         }
 
         // The one readback of the statistics.
-        let all = Tensor::f_cat(&[&sums, &grad_norm_sum, &head_sums], 0)
+        let explained = batch.explained_variance()?.f_reshape([1]).op("stats")?;
+        let all = Tensor::f_cat(&[&sums, &grad_norm_sum, &explained, &head_sums], 0)
             .op("stats")?
             .f_to_kind(Kind::Double)
             .op("stats")?
@@ -496,12 +500,20 @@ impl PpoTrainer {
             .copied()
             .unwrap_or(f64::NAN)
             * per_step;
+        let explained_variance = values
+            .get(
+                usize::try_from(STAT_COUNT)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1),
+            )
+            .copied()
+            .unwrap_or(f64::NAN);
         let head_entropies: Vec<f64> = values
             .iter()
             .skip(
                 usize::try_from(STAT_COUNT)
                     .unwrap_or(usize::MAX)
-                    .saturating_add(1),
+                    .saturating_add(2),
             )
             .map(|sum| sum * per_minibatch)
             .collect();
@@ -524,6 +536,7 @@ impl PpoTrainer {
             q_loss: stat(STAT_Q),
             contribution_loss: stat(STAT_CONTRIBUTION),
             contribution_coef: scalars.contribution_coef,
+            explained_variance,
         };
         if !stats.total_loss.is_finite() {
             return Err(Error::NonFinite {

@@ -50,6 +50,7 @@ impl Simic {
                         ("epochs_run", ppo.epochs_run.to_string()),
                         ("early_stopped", ppo.early_stopped.to_string()),
                         ("grad_norm", ppo.grad_norm.to_string()),
+                        ("explained_variance", ppo.explained_variance.to_string()),
                         ("learning_rate", ppo.learning_rate.to_string()),
                         (
                             "head_entropies",
