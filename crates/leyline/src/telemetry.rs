@@ -200,6 +200,9 @@ event_names! {
     KASMINA_SEED_FOSSILIZED = "kasmina.seed.fossilized", Info, "Seed fossilized";
     /// A seed was pruned (attributes `reason`, `initiator`).
     KASMINA_SEED_PRUNED = "kasmina.seed.pruned", Info, "Seed pruned";
+    /// The heuristic controller saw the host stabilise (reference §3.5's
+    /// one-way latch; the reference's `TAMIYO_INITIATED`).
+    TAMIYO_INITIATED = "tamiyo.initiated", Info, "The host stabilised: Tamiyo initiated";
     /// A PPO update finished.
     SIMIC_PPO_UPDATE_COMPLETED = "simic.ppo.update_completed", Info, "PPO update completed";
     /// The Shapley values of an environment's seeds at its episode's last

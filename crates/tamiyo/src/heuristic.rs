@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 
-use leyline::proto::SeedState;
-use leyline::{AlphaMode, BlueprintAction, SeedStage};
+use leyline::proto::{SeedState, TelemetryPacket};
+use leyline::{AlphaMode, BlueprintAction, SeedStage, Telemetry, TelemetryLevel, event};
 use serde::{Deserialize, Serialize};
 
 use tolaria::Result;
@@ -131,12 +131,22 @@ pub struct HeuristicController {
     last_prune_epoch: Option<u32>,
     last_epoch: Option<u32>,
     baselines: BTreeMap<String, f64>,
+    telemetry: Telemetry,
 }
 
 impl HeuristicController {
     /// A fresh controller (no history, no penalties).
     pub fn new() -> HeuristicController {
         HeuristicController::default()
+    }
+
+    /// The same controller reporting through `telemetry`: a
+    /// `tamiyo.initiated` event when its tracker sees the host stabilise
+    /// (once; a controller restored already stabilised does not repeat
+    /// it).
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> HeuristicController {
+        self.telemetry = telemetry;
+        self
     }
 
     /// The signal tracker.
@@ -375,6 +385,8 @@ impl HeuristicController {
             last_prune_epoch: state.last_prune_epoch,
             last_epoch: state.last_epoch,
             baselines: state.baselines.clone(),
+            // Not part of the state: attach it with `with_telemetry`.
+            telemetry: Telemetry::disabled(),
         })
     }
 }
@@ -386,11 +398,25 @@ impl Controller for HeuristicController {
         let epoch = observation.epoch;
         if self.last_epoch.is_none_or(|last| epoch > last) {
             self.decay_penalties();
+            let was_stabilized = self.tracker.is_stabilized();
             self.tracker.update(
                 observation.metrics.val_loss,
                 observation.metrics.val_accuracy,
             );
             self.last_epoch = Some(epoch);
+            if !was_stabilized && self.tracker.is_stabilized() {
+                self.telemetry.emit_packet(
+                    TelemetryPacket::new("tamiyo", TelemetryLevel::Info).with_event(event(
+                        leyline::telemetry::TAMIYO_INITIATED,
+                        "The host stabilised: Tamiyo initiated",
+                        [
+                            ("epoch", epoch.to_string()),
+                            ("val_loss", observation.metrics.val_loss.to_string()),
+                            ("val_accuracy", observation.metrics.val_accuracy.to_string()),
+                        ],
+                    )),
+                );
+            }
         }
         let mut live = Vec::new();
         for seed in &observation.seeds {

@@ -38,8 +38,10 @@
 //!
 //! The network's auxiliary heads (the reference's `q_head` and contribution
 //! predictor, [`policy::PolicyNetwork::auxiliary`]) run in the PPO update
-//! only. The PPO trainer that trains the policy is Simic. Not built yet:
-//! Tamiyo telemetry.
+//! only. The PPO trainer that trains the policy is Simic. The heuristic
+//! reports the host's stabilisation (`tamiyo.initiated`,
+//! [`heuristic::HeuristicController::with_telemetry`]); the rest of the
+//! reference's Tamiyo telemetry (decision analytics) is not built.
 //!
 //! `examples/policy_controller.rs` runs the whole loop on a small Kasmina
 //! model: observe, mask, act, and Tolaria's `apply`. (Like the other

@@ -1,6 +1,7 @@
 //! The heuristic controller (reference §3.5) on hand-built observations:
 //! stabilisation, plateau germination, advancing, pruning, blending and
-//! holding rules, the ransomware check, embargo and blueprint penalties.
+//! holding rules, the ransomware check, embargo and blueprint penalties,
+//! and the one `tamiyo.initiated` event of stabilisation.
 
 use kasmina::host::SlotId;
 use leyline::proto::{SeedMetricSet, SeedState};
@@ -114,6 +115,35 @@ fn heuristic_germinates_at_exactly_three_plateau_epochs() {
     let decision = decide(&mut controller, &obs(7, 1.0, 52.0, vec![]));
     assert_eq!(decision.op, LifecycleOp::Germinate);
     assert!((decision.confidence - 0.6).abs() < 1e-12, "{decision:?}");
+}
+
+#[test]
+fn stabilisation_emits_tamiyo_initiated_once() {
+    let collector = leyline::Collector::new();
+    let mut controller =
+        HeuristicController::new().with_telemetry(leyline::Telemetry::new(collector.clone()));
+    for epoch in 0..8 {
+        decide(&mut controller, &obs(epoch, 1.0, 60.0, vec![]));
+    }
+    let events = collector.events_named(leyline::telemetry::TAMIYO_INITIATED);
+    assert_eq!(events.len(), 1, "one event for the one-way latch");
+    // Stable epochs 1, 2, 3 latch stabilisation at epoch 3.
+    assert_eq!(
+        events[0].attributes.get("epoch").map(String::as_str),
+        Some("3")
+    );
+    // Restored already stabilised, it does not announce it again.
+    let restored = collector.clone();
+    let mut again = HeuristicController::from_state(&controller.export_state())
+        .expect("state")
+        .with_telemetry(leyline::Telemetry::new(restored));
+    decide(&mut again, &obs(8, 1.0, 60.0, vec![]));
+    assert_eq!(
+        collector
+            .events_named(leyline::telemetry::TAMIYO_INITIATED)
+            .len(),
+        1
+    );
 }
 
 #[test]

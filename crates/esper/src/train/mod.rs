@@ -336,7 +336,8 @@ fn train(
                 .context("resume: the controller's state")?
         }
         None => HeuristicController::new(),
-    };
+    }
+    .with_telemetry(telemetry.clone());
     let shared = SharedController(Arc::new(Mutex::new(heuristic)));
     let controller = SeedBudget::new(shared.clone(), config.max_seeds);
     let mut trainer = ModelTrainer::new(
