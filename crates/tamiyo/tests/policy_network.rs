@@ -469,7 +469,13 @@ fn bf16_precision_runs_in_bf16_and_returns_fp32_close_to_fp32() {
 
 #[test]
 fn auxiliary_heads_have_their_shapes_and_gradient_paths() {
-    let config = small();
+    // Wide enough that no random initialisation leaves a head's narrow
+    // ReLU layers dead for every input (the tests share libtorch's
+    // generator across threads, so the draw is not fixed).
+    let config = PolicyConfig {
+        hidden_dim: 64,
+        ..small()
+    };
     let policy = policy(config, 13);
     let network = policy.network();
     let (batch, steps) = (2_i64, 5_i64);
