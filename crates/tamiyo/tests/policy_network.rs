@@ -24,7 +24,18 @@ fn small() -> PolicyConfig {
     }
 }
 
+/// libtorch's generator is process-wide and the harness runs tests on
+/// several threads: whatever draws from it takes this turn, so each test's
+/// seeding gives it the same initialisation every time.
+static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn policy(config: PolicyConfig, seed: i64) -> Policy {
+    let _turn = turn();
     tch::manual_seed(seed);
     Policy::new(config, Device::Cpu).expect("policy")
 }
@@ -112,9 +123,12 @@ fn one_batched_forward_equals_per_environment_forwards() {
     let network = policy.network();
     let batch = 4;
     let (obs, blueprints) = inputs(batch, 116, 0.3);
-    let hidden = LstmState {
-        h: Tensor::randn([2, batch, 16], (Kind::Float, Device::Cpu)) * 0.5,
-        c: Tensor::randn([2, batch, 16], (Kind::Float, Device::Cpu)) * 0.5,
+    let hidden = {
+        let _turn = turn();
+        LstmState {
+            h: Tensor::randn([2, batch, 16], (Kind::Float, Device::Cpu)) * 0.5,
+            c: Tensor::randn([2, batch, 16], (Kind::Float, Device::Cpu)) * 0.5,
+        }
     };
     let masks = MaskTensors::allow_all(batch as usize, 3, Device::Cpu).expect("masks");
     let together = network
@@ -470,10 +484,12 @@ fn bf16_precision_runs_in_bf16_and_returns_fp32_close_to_fp32() {
 #[test]
 fn auxiliary_heads_have_their_shapes_and_gradient_paths() {
     // Wide enough that no random initialisation leaves a head's narrow
-    // ReLU layers dead for every input (the tests share libtorch's
-    // generator across threads, so the draw is not fixed).
+    // ReLU layers dead for every input: the Q head's last hidden layer is
+    // hidden/8 = 32 units wide (the tests share libtorch's generator across
+    // threads, so the draw is not fixed; with 2 units, about a quarter of
+    // the draws left Q constant).
     let config = PolicyConfig {
-        hidden_dim: 64,
+        hidden_dim: 256,
         ..small()
     };
     let policy = policy(config, 13);
@@ -529,9 +545,13 @@ fn auxiliary_heads_have_their_shapes_and_gradient_paths() {
     let output = network
         .forward_sequence(&obs, &blueprints, &hidden)
         .expect("unroll");
-    let aux = network
-        .auxiliary(output.features.as_ref().expect("trunk"), &ops, true)
-        .expect("auxiliary");
+    let aux = {
+        // Dropout draws from the shared generator.
+        let _turn = turn();
+        network
+            .auxiliary(output.features.as_ref().expect("trunk"), &ops, true)
+            .expect("auxiliary")
+    };
     aux.contribution.sum(Kind::Float).backward();
     let grad = trunk.grad();
     assert!(
