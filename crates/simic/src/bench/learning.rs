@@ -65,6 +65,19 @@ fn baselines(
     Ok(())
 }
 
+/// A round's reward, accuracies, seeds and lifecycle counts, for progress.
+fn round_summary(report: &crate::vectorized::RoundReport) -> String {
+    format!(
+        "reward {:.2}, acc {:?}, seeds {:.2}, germ {} foss {} prune {}",
+        report.mean_episode_reward,
+        report.final_accuracies,
+        report.mean_active_seeds,
+        report.germinations,
+        report.fossilizations,
+        report.prunes
+    )
+}
+
 /// A result entry of the mean final accuracy and mean active seeds.
 fn accuracy_entry(
     mode: String,
@@ -121,15 +134,7 @@ pub fn run_learning(
     let mut last_ppo = Vec::new();
     for round in 0..rounds {
         let report = simic.run_round(&spec, true)?;
-        progress(&format!(
-            "  ppo round {round}: reward {:.2}, acc {:?}, seeds {:.2}, germ {} foss {} prune {}",
-            report.mean_episode_reward,
-            report.final_accuracies,
-            report.mean_active_seeds,
-            report.germinations,
-            report.fossilizations,
-            report.prunes
-        ));
+        progress(&format!("  ppo round {round}: {}", round_summary(&report)));
         let mut metrics = std::collections::BTreeMap::new();
         metrics.insert("round".to_owned(), round as f64);
         metrics.insert("mean_episode_reward".to_owned(), report.mean_episode_reward);
@@ -174,13 +179,8 @@ pub fn run_learning(
     for &round in &eval_rounds {
         let report = simic.run_round(&spec, false)?;
         progress(&format!(
-            "  greedy evaluation (round {round} seeds): reward {:.2}, acc {:?}, seeds {:.2}, germ {} foss {} prune {}",
-            report.mean_episode_reward,
-            report.final_accuracies,
-            report.mean_active_seeds,
-            report.germinations,
-            report.fossilizations,
-            report.prunes
+            "  greedy evaluation (round {round} seeds): {}",
+            round_summary(&report)
         ));
         greedy.extend(report.final_accuracies.iter().copied());
         greedy_seeds.push(report.mean_active_seeds);

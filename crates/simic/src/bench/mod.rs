@@ -169,6 +169,43 @@ fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
     })
 }
 
+/// The settings of the variant `name`: a base name ([`variant`]) with
+/// optional suffixes that turn Simic's environment defaults (one warm-up
+/// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
+/// `-bench` times cuDNN algorithms at every new shape, `-w3` warms up three
+/// steps; and `-fp32-policy` keeps the policy in fp32 whatever the
+/// environments' precision.
+fn variant_config(
+    name: &str,
+    episode_length: u32,
+    quick: bool,
+) -> Result<(Precision, SimicConfig)> {
+    let (base, benchmark) = match name.strip_suffix("-bench") {
+        Some(base) => (base, true),
+        None => (name, false),
+    };
+    let (base, warmup) = match base.strip_suffix("-w3") {
+        Some(base) => (base, Some(3)),
+        None => (base, None),
+    };
+    let (base, fp32_policy) = match base.strip_suffix("-fp32-policy") {
+        Some(base) => (base, true),
+        None => (base, false),
+    };
+    let (precision, mode) = variant(base)?;
+    let mut config = simic_config(precision, mode, episode_length, quick);
+    if let Some(warmup) = warmup {
+        config.trainer.graph_warmup_steps = warmup;
+    }
+    if benchmark {
+        config.trainer.cudnn_benchmark = true;
+    }
+    if fp32_policy {
+        config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
+    }
+    Ok((precision, config))
+}
+
 pub(crate) fn simic_config(
     precision: Precision,
     mode: ExecutionMode,
@@ -268,12 +305,7 @@ fn process_warmup(
     }
     let started = Instant::now();
     let first = names.first().map_or("bf16-graph-step", String::as_str);
-    let base = first
-        .trim_end_matches("-bench")
-        .trim_end_matches("-w3")
-        .trim_end_matches("-fp32-policy");
-    let (precision, mode) = variant(base)?;
-    let config = simic_config(precision, mode, 2, options.quick);
+    let (_, config) = variant_config(first, 2, options.quick)?;
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     simic.run_round(spec, true)?;
     Ok(started.elapsed().as_secs_f64())
@@ -293,12 +325,16 @@ fn growth_ceiling(
     progress: &mut dyn FnMut(&str),
 ) -> ResultEntry {
     let first = names.first().map_or("fp32-eager", String::as_str);
-    let base = first
-        .trim_end_matches("-bench")
-        .trim_end_matches("-w3")
-        .trim_end_matches("-fp32-policy");
-    let (precision, mode) = variant(base).unwrap_or((Precision::Fp32, ExecutionMode::Eager));
-    let config = simic_config(precision, mode, episode_length, options.quick);
+    let (precision, config) =
+        variant_config(first, episode_length, options.quick).unwrap_or_else(|_| {
+            let fallback = simic_config(
+                Precision::Fp32,
+                ExecutionMode::Eager,
+                episode_length,
+                options.quick,
+            );
+            (Precision::Fp32, fallback)
+        });
     let mode_name = "max-growth-ceiling".to_owned();
     match baseline::run_baseline(spec, &config, device, 0, baseline::Baseline::MaxGrowth) {
         Ok(run) => {
@@ -392,36 +428,8 @@ pub fn run_throughput(
     progress(&format!("process warm-up (not measured): {warmup_s:.1} s"));
     let mut results = Vec::new();
     for name in &names {
-        // Suffixes turn Simic's environment defaults (one warm-up step
-        // before a capture, no cuDNN algorithm timing) back to Tolaria's:
-        // `-bench` times cuDNN algorithms at every new shape, `-w3` warms
-        // up three steps; `-fp32-policy` keeps the policy in fp32.
-        let (base, benchmark) = match name.strip_suffix("-bench") {
-            Some(base) => (base, true),
-            None => (name.as_str(), false),
-        };
-        let (base, warmup) = match base.strip_suffix("-w3") {
-            Some(base) => (base, Some(3)),
-            None => (base, None),
-        };
-        // `-fp32-policy`: the policy in fp32 whatever the environments'
-        // precision.
-        let (base, fp32_policy) = match base.strip_suffix("-fp32-policy") {
-            Some(base) => (base, true),
-            None => (base, false),
-        };
-        let (precision, mode) = variant(base)?;
+        let (precision, config) = variant_config(name, episode_length, options.quick)?;
         progress(&format!("{name}: {} rounds", options.rounds));
-        let mut config = simic_config(precision, mode, episode_length, options.quick);
-        if let Some(warmup) = warmup {
-            config.trainer.graph_warmup_steps = warmup;
-        }
-        if benchmark {
-            config.trainer.cudnn_benchmark = true;
-        }
-        if fp32_policy {
-            config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
-        }
         let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
             Ok((reports, wall, peak_mb)) => {
                 let env_epochs: u64 = reports.iter().map(|r| r.env_epochs).sum();
