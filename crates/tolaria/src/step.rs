@@ -54,6 +54,22 @@ impl StepViews {
                 "{span:?} with {n_features} features and {n_classes} classes does not fit i64 offsets"
             ),
         };
+        // The whole span must be counted in usize and lie inside the buffer,
+        // whatever the batch (an empty batch with absurd sizes included).
+        let end = span
+            .len(n_features, n_classes)?
+            .checked_add(span.offset)
+            .ok_or_else(too_large)?;
+        if end > packed.numel() {
+            return Err(Error::InvalidData {
+                field: "span",
+                reason: format!(
+                    "{span:?} with {n_features} features and {n_classes} classes ends at {end}, \
+                     past the packed buffer's {} values",
+                    packed.numel()
+                ),
+            });
+        }
         let to_i64 = |value: usize| i64::try_from(value).map_err(|_| too_large());
         let batch = to_i64(span.batch)?;
         let classes = to_i64(n_classes)?;
