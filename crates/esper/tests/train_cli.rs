@@ -235,7 +235,14 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
         assert_eq!(round["env_epochs"], 4, "2 environments x 2 epochs");
         assert!(round["mean_episode_reward"].is_f64(), "{round}");
         assert!(round["ppo"]["policy_loss"].is_f64(), "{round}");
+        // The decision analytics: 4 decisions, each op named.
+        let chosen = round["actions"]["chosen"].as_object().expect("chosen ops");
+        assert_eq!(chosen.len(), 6, "{round}");
+        let total: u64 = chosen.values().map(|v| v.as_u64().expect("count")).sum();
+        assert_eq!(total, round["actions"]["steps"].as_u64().expect("steps"));
+        assert!(total <= 4, "{round}");
     }
+    assert!(stdout.contains("chose "), "{stdout}");
     let policy = std::fs::metadata(run_dir.join("policy.safetensors")).expect("policy saved");
     assert!(policy.len() > 1000);
     // The run picture (reward, eps, accuracy and live seeds per round), and
@@ -259,6 +266,11 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     assert!(
         telemetry.contains("simic.ppo.update_completed"),
         "no PPO event"
+    );
+    assert!(
+        telemetry.contains("simic.episode.outcome")
+            && telemetry.contains("simic.analytics.action_distribution"),
+        "no decision analytics"
     );
     // The last round wrote a checkpoint: resuming the complete run says so.
     let resume = esper(&["train", "--resume", path_arg(&run_dir)]);

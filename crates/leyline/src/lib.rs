@@ -98,3 +98,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// Version of the contract set as a whole (matches the Python `LEYLINE_VERSION` lineage).
 pub const LEYLINE_VERSION: &str = "0.2.0";
+
+/// Final validation accuracy, percent, at or above which an episode's
+/// outcome is "success" (reference §5: below it the outcome is "timeout").
+pub const EPISODE_SUCCESS_ACCURACY: f64 = 80.0;

@@ -208,6 +208,14 @@ event_names! {
     /// The Shapley values of an environment's seeds at its episode's last
     /// epoch (reference §4.5).
     SIMIC_SHAPLEY_COMPUTED = "simic.shapley.computed", Info, "Shapley values computed";
+    /// An environment's episode ended: final accuracy, reward, outcome,
+    /// seeds and the controller's op counts (reference §6.3's
+    /// `EPISODE_OUTCOME`).
+    SIMIC_EPISODE_OUTCOME = "simic.episode.outcome", Info, "Episode outcome";
+    /// The round's decisions over every environment: ops chosen and carried
+    /// out, blueprints germinated, forced steps (reference §6.3's
+    /// `ANALYTICS_SNAPSHOT` of kind `action_distribution`).
+    SIMIC_ACTION_DISTRIBUTION = "simic.analytics.action_distribution", Info, "Action distribution of a round";
     /// The hub started dropping events.
     NISSA_DROPPING = "nissa.dropping", Warning, "Telemetry is dropping events";
     /// A sink failed (reported once per sink).

@@ -80,6 +80,37 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     assert!(ppo.steps >= 1, "{ppo:?}");
     assert!(report.mean_episode_reward.is_finite());
     assert!(report.inference_ms > 0.0);
+
+    // The decision analytics agree with the round's own counts.
+    assert_eq!(report.outcomes.len(), 2);
+    let steps: u64 = report.outcomes.iter().map(|o| o.steps).sum();
+    // One decision per environment-epoch, except the epoch a rollback ends.
+    assert_eq!(steps + report.rollbacks as u64, report.env_epochs);
+    let rolled_back = report
+        .outcomes
+        .iter()
+        .filter(|o| o.kind == simic::vectorized::OutcomeKind::Rollback);
+    assert_eq!(rolled_back.count(), report.rollbacks);
+    assert_eq!(report.actions.steps, steps);
+    assert_eq!(report.actions.chosen.total(), steps);
+    assert_eq!(report.actions.executed.total(), steps);
+    assert_eq!(
+        report.actions.executed.get(leyline::LifecycleOp::Germinate),
+        report.germinations
+    );
+    let germinated: u64 = report.actions.germinated.values().sum();
+    assert_eq!(germinated, report.germinations);
+    assert_eq!(
+        report.outcomes.iter().map(|o| o.prunes).sum::<u64>(),
+        report.prunes
+    );
+    for (outcome, accuracy) in report.outcomes.iter().zip(&report.final_accuracies) {
+        assert_eq!(outcome.final_accuracy, *accuracy);
+        assert!(outcome.param_ratio >= 1.0, "{outcome:?}");
+        assert!(outcome.forced_steps <= outcome.steps, "{outcome:?}");
+    }
+    let labelled: u64 = report.actions.outcomes.values().sum();
+    assert_eq!(labelled, 2);
 }
 
 /// The policy runs under bf16 autocast exactly when the environments train
@@ -162,6 +193,45 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
     let entropies = attributes.get("head_entropies").expect("head entropies");
     assert_eq!(entropies.split(',').count(), leyline::NUM_ACTION_HEADS);
     assert!(entropies.contains("op="), "{entropies}");
+
+    // Decision analytics: one outcome per environment, one distribution.
+    let outcomes = collector.events_named(leyline::telemetry::SIMIC_EPISODE_OUTCOME);
+    assert_eq!(outcomes.len(), 2);
+    let mut envs: Vec<&str> = outcomes
+        .iter()
+        .map(|event| event.attributes.get("env").expect("env").as_str())
+        .collect();
+    envs.sort_unstable();
+    assert_eq!(envs, ["0", "1"]);
+    for event in &outcomes {
+        let outcome = event.attributes.get("outcome").expect("outcome");
+        assert!(
+            ["success", "timeout", "rollback"].contains(&outcome.as_str()),
+            "{outcome}"
+        );
+        let chosen = event.attributes.get("chosen_ops").expect("chosen ops");
+        assert_eq!(chosen.split(',').count(), leyline::LifecycleOp::ALL.len());
+    }
+    let distribution = collector.events_named(leyline::telemetry::SIMIC_ACTION_DISTRIBUTION);
+    assert_eq!(distribution.len(), 1);
+    let attributes = &distribution[0].attributes;
+    let counted: u64 = attributes
+        .get("chosen_ops")
+        .expect("chosen ops")
+        .split(',')
+        .map(|pair| {
+            pair.split_once('=')
+                .expect("op=count")
+                .1
+                .parse::<u64>()
+                .expect("count")
+        })
+        .sum();
+    assert_eq!(
+        counted.to_string(),
+        *attributes.get("steps").expect("steps"),
+        "every decided step is counted once"
+    );
 }
 
 #[test]

@@ -293,6 +293,7 @@ fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::Value {
         "fossilizations": report.fossilizations,
         "prunes": report.prunes,
         "rollbacks": report.rollbacks,
+        "actions": actions_json(&report.actions),
         "eps": eps.and_then(finite),
         "policy_inference_ms": finite(report.inference_ms),
         "round_ms": finite(report.timings.total_ms),
@@ -309,15 +310,47 @@ fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::Value {
     })
 }
 
+/// The round's decision analytics: ops chosen and carried out by name,
+/// blueprints germinated, forced steps and the episodes' outcomes.
+fn actions_json(actions: &simic::vectorized::ActionDistribution) -> serde_json::Value {
+    let ops = |counts: &simic::vectorized::OpCounts| {
+        leyline::LifecycleOp::ALL
+            .iter()
+            .map(|&op| (op.name().to_owned(), serde_json::json!(counts.get(op))))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    serde_json::json!({
+        "steps": actions.steps,
+        "forced_steps": actions.forced_steps,
+        "chosen": ops(&actions.chosen),
+        "executed": ops(&actions.executed),
+        "germinated": actions.germinated,
+        "outcomes": actions.outcomes,
+    })
+}
+
 fn progress_line(report: &RoundReport, rounds: usize, eps: Option<f64>) -> String {
     let accuracy = if report.final_accuracies.is_empty() {
         f64::NAN
     } else {
         report.final_accuracies.iter().sum::<f64>() / report.final_accuracies.len() as f64
     };
+    // The share of decisions per chosen op, ops never chosen left out.
+    let chosen = leyline::LifecycleOp::ALL
+        .iter()
+        .filter(|&&op| report.actions.chosen.get(op) > 0)
+        .map(|&op| {
+            format!(
+                "{} {:.0}%",
+                op.name(),
+                100.0 * report.actions.chosen_fraction(op)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
     format!(
         "round {}/{rounds}: reward {:.3}, final accuracy {accuracy:.2}%, live seeds {:.2}, \
-         germinated {} fossilized {} pruned {}, {:.1} eps",
+         germinated {} fossilized {} pruned {}, chose {chosen}, {:.1} eps",
         report.round.saturating_add(1),
         report.mean_episode_reward,
         report.mean_active_seeds,

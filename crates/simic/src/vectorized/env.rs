@@ -251,6 +251,16 @@ impl Env {
 
     /// Slots holding a live or fossilised seed, fossils, and the fossils'
     /// parameters.
+    /// The host's parameter count (seeds excluded).
+    pub(crate) fn host_params(&self) -> u64 {
+        self.trainer
+            .model()
+            .host_parameters()
+            .iter()
+            .map(|(_, tensor)| u64::try_from(tensor.numel()).unwrap_or(0))
+            .sum()
+    }
+
     pub(crate) fn occupancy(&self) -> (u32, u32, u64) {
         let mut occupied = 0_u32;
         let mut fossils = 0_u32;

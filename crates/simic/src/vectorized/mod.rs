@@ -43,6 +43,7 @@
 mod data_parallel;
 mod env;
 mod measure;
+mod outcome;
 mod round;
 mod state;
 mod telemetry;
@@ -62,6 +63,7 @@ use crate::rewards::{RewardConfig, RewardNormaliser, RewardNormaliserConfig};
 use crate::{Error, Result};
 
 pub use env::EnvSpec;
+pub use outcome::{ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind};
 pub use state::SimicState;
 pub use telemetry::SOURCE;
 
@@ -282,6 +284,10 @@ pub struct RoundReport {
     /// epoch, by slot (empty where none was measured: no seed, an episode
     /// ended early, or `SimicConfig::shapley` off).
     pub shapley: Vec<Vec<(kasmina::host::SlotId, crate::counterfactual::ShapleyValue)>>,
+    /// How each environment's episode ended, with its op counts.
+    pub outcomes: Vec<EpisodeOutcome>,
+    /// The round's decisions summed over the environments.
+    pub actions: ActionDistribution,
     /// Timings.
     pub timings: RoundTimings,
 }

@@ -14,6 +14,7 @@ use tolaria::engine::trainer::TrainedEpoch;
 
 use super::env::{Env, EnvSpec};
 use super::measure::{Launched, Measured, launch_measure, ms, read_measure};
+use super::outcome::{ActionDistribution, EpisodeOutcome};
 use super::{RoundReport, RoundTimings, Simic};
 use crate::agent;
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
@@ -172,6 +173,8 @@ impl Simic {
             replay_samples: Vec::with_capacity(steps),
             ppo: None,
             shapley: vec![Vec::new(); n],
+            outcomes: (0..n).map(EpisodeOutcome::new).collect(),
+            actions: ActionDistribution::default(),
             timings,
         };
         let mut inference_total = 0.0;
@@ -362,39 +365,46 @@ impl Simic {
                     Error::Buffer(format!("slot index {} out of range", action.slot))
                 })?;
                 let seed_before = env.seed_facts(target, Some(&measured.report));
+                let outcome = report.outcomes.get_mut(i).ok_or_else(|| {
+                    Error::Buffer(format!("no outcome record for environment {i}"))
+                })?;
+                let mut germinated = None;
                 let (op, succeeded) = match env.trainer.apply_decision(&decision) {
                     Ok(Applied::Waited) => (LifecycleOp::Wait, true),
-                    Ok(Applied::Germinated { slot, .. }) => {
+                    Ok(Applied::Germinated { slot, blueprint }) => {
                         env.note_germination(slot);
                         report.germinations = report.germinations.saturating_add(1);
+                        germinated = Some(blueprint);
                         (LifecycleOp::Germinate, true)
                     }
                     Ok(Applied::GateEvaluated { op, passed, .. }) => {
                         if op == LifecycleOp::Fossilize && passed {
                             report.fossilizations = report.fossilizations.saturating_add(1);
+                            outcome.fossilizations = outcome.fossilizations.saturating_add(1);
                         }
                         (op, passed)
                     }
                     Ok(Applied::Pruned { pruned, .. }) => {
                         if pruned {
                             report.prunes = report.prunes.saturating_add(1);
+                            outcome.prunes = outcome.prunes.saturating_add(1);
                         }
                         (LifecycleOp::Prune, pruned)
                     }
                     // Refused by Kasmina: executed (and rewarded) as WAIT.
                     Err(_) => (LifecycleOp::Wait, false),
                 };
+                outcome.record_step(
+                    action.op,
+                    op,
+                    germinated,
+                    host.forced.get(i).copied().unwrap_or(false),
+                );
                 env.tracker.record_action(op, succeeded);
                 let val_acc = measured.validation.accuracy;
                 let _ = env.trainer.conclude_epoch(epoch, None)?;
                 let (occupied, fossils, fossil_params) = env.occupancy();
-                let host_params = env
-                    .trainer
-                    .model()
-                    .host_parameters()
-                    .iter()
-                    .map(|(_, tensor)| u64::try_from(tensor.numel()).unwrap_or(0))
-                    .sum();
+                let host_params = env.host_params();
                 let inputs = RewardInputs {
                     op,
                     op_succeeded: succeeded,
@@ -474,6 +484,18 @@ impl Simic {
         report.mean_episode_reward =
             envs.iter().map(|env| env.episode_reward).sum::<f64>() / envs_f;
         report.final_accuracies = envs.iter().map(|env| env.val_accuracy).collect();
+        for (env, outcome) in envs.iter().zip(report.outcomes.iter_mut()) {
+            let (_, fossils, fossil_params) = env.occupancy();
+            outcome.finish(
+                env.val_accuracy,
+                env.episode_reward,
+                env.done,
+                fossils,
+                env.host_params(),
+                fossil_params,
+            );
+        }
+        report.actions = ActionDistribution::of(&report.outcomes);
         let seed_steps: u64 = envs.iter().map(|env| env.active_seed_steps).sum();
         report.mean_active_seeds = seed_steps as f64 / (envs_f * steps.max(1) as f64);
         report.inference_ms = inference_total / steps.max(1) as f64;

@@ -2,7 +2,10 @@
 //! step's policy-inference time, the mean episode reward and, after an
 //! update, its time, KL and clip fraction with a
 //! `simic.ppo.update_completed` event; one `simic.shapley.computed` event
-//! per environment whose seeds' Shapley values were measured.
+//! per environment whose seeds' Shapley values were measured; one
+//! `simic.episode.outcome` event per environment and one
+//! `simic.analytics.action_distribution` event per round (the decision
+//! analytics, [`super::outcome`]).
 
 use leyline::proto::TelemetryPacket;
 use leyline::telemetry as names;
@@ -81,6 +84,20 @@ impl Simic {
                 names::SIMIC_SHAPLEY_COMPUTED,
                 "Shapley values computed",
                 attributes,
+            ));
+        }
+        for outcome in &report.outcomes {
+            packet = packet.with_event(event(
+                names::SIMIC_EPISODE_OUTCOME,
+                "Episode outcome",
+                outcome.attributes(report.round),
+            ));
+        }
+        if !report.outcomes.is_empty() {
+            packet = packet.with_event(event(
+                names::SIMIC_ACTION_DISTRIBUTION,
+                "Action distribution of a round",
+                report.actions.attributes(report.round),
             ));
         }
         self.telemetry.emit_packet(packet);
