@@ -111,6 +111,12 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     }
     let labelled: u64 = report.actions.outcomes.values().sum();
     assert_eq!(labelled, 2);
+    // The recurrent state after the episodes: finite, and not all zero.
+    let lstm = report.lstm.expect("LSTM health");
+    assert!(lstm.finite, "{lstm:?}");
+    assert!(lstm.h_norm > 0.0 && lstm.c_norm > 0.0, "{lstm:?}");
+    // |h| <= 1 (a tanh) and |c| grows by at most 1 a step: 4 steps.
+    assert!(lstm.max_abs <= 4.0 + 1e-6, "{lstm:?}");
 }
 
 /// The policy runs under bf16 autocast exactly when the environments train
@@ -182,6 +188,11 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
         "q_loss",
         "contribution_loss",
         "grad_norm",
+        "rollbacks",
+        "lstm_h_norm",
+        "lstm_c_norm",
+        "lstm_max_abs",
+        "memory_peak_mb",
     ] {
         let value: f64 = attributes
             .get(key)

@@ -103,6 +103,21 @@ fn accuracy_entry(
     }
 }
 
+/// The share of the round's decisions on which the policy chose each op
+/// (`chosen_wait_fraction`, `chosen_germinate_fraction`, …): what it has
+/// learned to do, beside what that did to the accuracy.
+fn insert_chosen_fractions(
+    report: &crate::vectorized::RoundReport,
+    metrics: &mut std::collections::BTreeMap<String, f64>,
+) {
+    for &op in leyline::LifecycleOp::ALL {
+        metrics.insert(
+            format!("chosen_{}_fraction", op.name().to_ascii_lowercase()),
+            report.actions.chosen_fraction(op),
+        );
+    }
+}
+
 /// `simic-learning`.
 pub fn run_learning(
     options: &SimicBenchOptions,
@@ -142,6 +157,7 @@ pub fn run_learning(
         metrics.insert("final_accuracy_pct".to_owned(), accuracy);
         metrics.insert("active_seeds_per_env".to_owned(), report.mean_active_seeds);
         metrics.insert("fossilizations".to_owned(), report.fossilizations as f64);
+        insert_chosen_fractions(&report, &mut metrics);
         if round.saturating_add(LAST_ROUNDS) >= rounds {
             last_ppo.push(accuracy);
         }

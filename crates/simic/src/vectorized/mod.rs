@@ -288,6 +288,8 @@ pub struct RoundReport {
     pub outcomes: Vec<EpisodeOutcome>,
     /// The round's decisions summed over the environments.
     pub actions: ActionDistribution,
+    /// The policy's LSTM state at the end of the round's episodes.
+    pub lstm: Option<tamiyo::policy::LstmHealth>,
     /// Timings.
     pub timings: RoundTimings,
 }

@@ -175,6 +175,7 @@ impl Simic {
             shapley: vec![Vec::new(); n],
             outcomes: (0..n).map(EpisodeOutcome::new).collect(),
             actions: ActionDistribution::default(),
+            lstm: None,
             timings,
         };
         let mut inference_total = 0.0;
@@ -475,6 +476,9 @@ impl Simic {
             buffer.set_bootstrap(last, &bootstrap)?;
         }
 
+        // The recurrent state at the episode's end, before the update reads
+        // back anyway (reference §6.3's LSTM health).
+        report.lstm = Some(hidden.health()?);
         if learn {
             report.ppo = Some(self.update(&buffer)?);
         }

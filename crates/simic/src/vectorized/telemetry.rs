@@ -17,6 +17,17 @@ use super::{RoundReport, Simic};
 pub const SOURCE: &str = "simic";
 
 impl Simic {
+    /// Peak memory the caching allocator has held on the policy's device
+    /// since the process started or its last reset, MiB (0 on the CPU or
+    /// when it cannot be read).
+    fn peak_memory_mb(&self) -> f64 {
+        match self.device {
+            tch::Device::Cuda(index) => torch_ext::cuda::max_memory_allocated(index)
+                .map_or(0.0, |bytes| bytes as f64 / 1_048_576.0),
+            _ => 0.0,
+        }
+    }
+
     /// The round's telemetry: throughput, each step's policy-inference time,
     /// the mean episode reward and, after an update, its time, KL and clip
     /// fraction with a `simic.ppo.update_completed` event (leyline's names).
@@ -55,6 +66,24 @@ impl Simic {
                         ("grad_norm", ppo.grad_norm.to_string()),
                         ("explained_variance", ppo.explained_variance.to_string()),
                         ("learning_rate", ppo.learning_rate.to_string()),
+                        ("rollbacks", report.rollbacks.to_string()),
+                        (
+                            "lstm_h_norm",
+                            report.lstm.map_or(f64::NAN, |l| l.h_norm).to_string(),
+                        ),
+                        (
+                            "lstm_c_norm",
+                            report.lstm.map_or(f64::NAN, |l| l.c_norm).to_string(),
+                        ),
+                        (
+                            "lstm_max_abs",
+                            report.lstm.map_or(f64::NAN, |l| l.max_abs).to_string(),
+                        ),
+                        (
+                            "lstm_finite",
+                            report.lstm.is_some_and(|l| l.finite).to_string(),
+                        ),
+                        ("memory_peak_mb", self.peak_memory_mb().to_string()),
                         (
                             "head_entropies",
                             leyline::HEAD_NAMES

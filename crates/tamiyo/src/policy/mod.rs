@@ -23,7 +23,8 @@ use crate::masks::MaskTensors;
 pub use crate::heads::relevant_head_count;
 pub use graphed::GraphedAct;
 pub use network::{
-    AuxiliaryOutput, LstmState, PolicyConfig, PolicyNetwork, PolicyOutput, PolicyPrecision,
+    AuxiliaryOutput, LstmHealth, LstmState, PolicyConfig, PolicyNetwork, PolicyOutput,
+    PolicyPrecision,
 };
 pub use rng::PolicyRng;
 pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};

@@ -46,7 +46,7 @@ mod state;
 pub use auxiliary::{AUXILIARY_OUTPUT_GAIN, AuxiliaryOutput, CONTRIBUTION_DROPOUT};
 
 pub use precision::PolicyPrecision;
-pub use state::LstmState;
+pub use state::{LstmHealth, LstmState};
 
 use super::layers::{BlockSpec, LayerNorm, Linear, LstmLayer, Mlp, to_f32};
 use crate::error::{TorchResultExt, shape_mismatch};
