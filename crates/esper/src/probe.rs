@@ -60,7 +60,35 @@ pub(crate) fn with_torch(device: Device) -> Result<Environment> {
         environment.driver =
             variable("ESPER_DRIVER_VERSION").unwrap_or_else(|| format!("CUDA driver API {driver}"));
     }
+    let settings = library_settings(variable);
+    if !settings.is_empty() {
+        environment.extra.insert(
+            "library_settings".to_owned(),
+            serde_json::Value::Object(settings),
+        );
+    }
     Ok(environment)
+}
+
+/// Environment variables that change how libtorch, cuDNN or CUDA run (and
+/// so the figures), as the process saw them: a record says which were set.
+const LIBRARY_SETTINGS: [&str; 6] = [
+    "TORCH_CUDNN_V8_API_DISABLED",
+    "TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT",
+    "CUDA_MODULE_LOADING",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUDA_LAUNCH_BLOCKING",
+];
+
+/// The [`LIBRARY_SETTINGS`] that `lookup` finds set, by name.
+fn library_settings(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> serde_json::Map<String, serde_json::Value> {
+    LIBRARY_SETTINGS
+        .iter()
+        .filter_map(|&name| lookup(name).map(|value| (name.to_owned(), value.into())))
+        .collect()
 }
 
 /// A non-empty environment variable.
@@ -111,6 +139,16 @@ fn loaded_torch_version(maps: &str, read: impl Fn(&Path) -> Option<String>) -> O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn set_library_settings_are_named_in_the_record() {
+        let settings = library_settings(|name| {
+            (name == "TORCH_CUDNN_V8_API_DISABLED").then(|| "1".to_owned())
+        });
+        assert_eq!(settings.len(), 1);
+        assert_eq!(settings["TORCH_CUDNN_V8_API_DISABLED"], "1");
+        assert!(library_settings(|_| None).is_empty());
+    }
 
     #[test]
     fn cpu_model_is_read_from_cpuinfo_text() {
