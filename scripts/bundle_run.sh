@@ -2,7 +2,7 @@
 # run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
 #
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
-#                      [--kernels] [--gpus 1,2] [--variants LIST] [--rounds N]
+#                      [--kernels] [--gpus 1,2] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
@@ -31,6 +31,7 @@ count_kernels=0
 workloads=()
 simic_args=()
 rounds_args=()
+learning_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --gpus) simic_args+=(--gpus "$2"); shift ;;
     --variants) simic_args+=(--variants "$2"); shift ;;
     --rounds) rounds_args=(--rounds "$2"); shift ;;
+    --ppo-epochs) learning_args=(--ppo-epochs "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -120,7 +122,7 @@ for workload in "${workloads[@]}"; do
     extra=()
     case "$workload" in
       simic-throughput|simic-cifar) extra=("${simic_args[@]}" "${rounds_args[@]}") ;;
-      simic-learning) extra=("${rounds_args[@]}") ;;
+      simic-learning) extra=("${rounds_args[@]}" "${learning_args[@]}") ;;
     esac
     echo "== rust bench $workload ${extra[*]}"
     "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \

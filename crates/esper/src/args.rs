@@ -132,6 +132,9 @@ pub(crate) struct BenchArgs {
     /// `--rounds N` (the simic workloads): PPO rounds per variant (learning:
     /// training rounds); `None`: the workload's default.
     pub(crate) rounds: Option<usize>,
+    /// `--ppo-epochs N` (`simic-learning`): passes over each round's rollout
+    /// per PPO update; `None`: the reference's 1.
+    pub(crate) ppo_epochs: Option<usize>,
 }
 
 /// What a bench command line asks for.
@@ -211,6 +214,7 @@ impl BenchArgs {
         let mut simic_variants: Option<Vec<String>> = None;
         let mut gpus: Option<Vec<usize>> = None;
         let mut rounds: Option<usize> = None;
+        let mut ppo_epochs: Option<usize> = None;
         while let Some(arg) = args.next() {
             let flag = arg.as_str();
             let torch_only = matches!(flag, "--device");
@@ -219,7 +223,9 @@ impl BenchArgs {
             let fmnist_only = matches!(flag, "--synthetic");
             let simic_only = matches!(flag, "--variants" | "--gpus");
             let rounds_flag = flag == "--rounds";
+            let learning_only = flag == "--ppo-epochs";
             if (torch_only && !workload.uses_torch())
+                || (learning_only && workload != Workload::SimicLearning)
                 || (rounds_flag
                     && !matches!(
                         workload,
@@ -303,6 +309,13 @@ impl BenchArgs {
                     once(&mut rounds, flag, n)?;
                 }
                 "--warmup-epochs" => once(&mut warmup_epochs, flag, count(flag, &value()?)?)?,
+                "--ppo-epochs" => {
+                    let n = count(flag, &value()?)?;
+                    if n == 0 {
+                        return Err(usage("--ppo-epochs must be at least 1"));
+                    }
+                    once(&mut ppo_epochs, flag, n)?;
+                }
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
             }
@@ -322,6 +335,7 @@ impl BenchArgs {
             simic_variants: simic_variants.unwrap_or_default(),
             gpus: gpus.unwrap_or_default(),
             rounds,
+            ppo_epochs,
         }))
     }
 }
@@ -364,6 +378,22 @@ mod tests {
             &["nissa-emit", "--label", "x"],
             &["nissa-emit", "--out", "a.json", "--label", "x", "--fast"],
             &["simic-everything", "--out", "a.json"],
+        ] {
+            assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ppo_epochs_apply_to_simic_learning_only() {
+        let args = run_args(&["simic-learning", "--out", "a.json", "--ppo-epochs", "4"]);
+        assert_eq!(args.ppo_epochs, Some(4));
+        assert_eq!(
+            run_args(&["simic-learning", "--out", "a.json"]).ppo_epochs,
+            None
+        );
+        for bad in [
+            &["simic-learning", "--out", "a.json", "--ppo-epochs", "0"][..],
+            &["simic-throughput", "--out", "a.json", "--ppo-epochs", "2"],
         ] {
             assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
         }

@@ -218,6 +218,8 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
         "r0c0,r0c1,r0c2",
         "--device",
         "cpu",
+        "--ppo-epochs",
+        "2",
         "--run-dir",
         path_arg(&run_dir),
     ]);
@@ -235,6 +237,9 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
         assert_eq!(round["env_epochs"], 4, "2 environments x 2 epochs");
         assert!(round["mean_episode_reward"].is_f64(), "{round}");
         assert!(round["ppo"]["policy_loss"].is_f64(), "{round}");
+        // Two passes asked for; the KL early stop may end the second.
+        let passes = round["ppo"]["epochs_run"].as_u64().expect("epochs run");
+        assert!((1..=2).contains(&passes), "{round}");
         // The decision analytics: 4 decisions, each op named.
         let chosen = round["actions"]["chosen"].as_object().expect("chosen ops");
         assert_eq!(chosen.len(), 6, "{round}");
@@ -256,7 +261,9 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     assert!(svg.contains("mean episode reward"));
     let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config");
     assert!(
-        config.contains("envs = 2") && config.contains("rounds = 2"),
+        config.contains("envs = 2")
+            && config.contains("rounds = 2")
+            && config.contains("ppo_epochs = 2"),
         "{config}"
     );
     let telemetry: String = std::fs::read_dir(run_dir.join("telemetry"))

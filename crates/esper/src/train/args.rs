@@ -180,6 +180,19 @@ pub(crate) struct TrainArgs {
     /// is the faster policy step for a few environments [default: auto].
     #[arg(long, value_enum)]
     pub(crate) policy_precision: Option<PolicyPrecisionChoice>,
+    /// PPO (--controller ppo): passes over each round's rollout per update
+    /// (the reference's recurrent_n_epochs); the KL early stop still ends
+    /// an update early [default: 1].
+    #[arg(long, value_name = "N")]
+    pub(crate) ppo_epochs: Option<usize>,
+    /// PPO (--controller ppo): the policy's Adam learning rate [default:
+    /// 0.0003].
+    #[arg(long, value_name = "LR")]
+    pub(crate) ppo_learning_rate: Option<f64>,
+    /// PPO (--controller ppo): the entropy bonus coefficient [default:
+    /// 0.05].
+    #[arg(long, value_name = "C")]
+    pub(crate) entropy_coef: Option<f64>,
     /// Serve the run's telemetry as Prometheus metrics on this port
     /// (`http://HOST:PORT/metrics`; the alert rules and dashboard in
     /// docs/observability/ read it) [default: none].

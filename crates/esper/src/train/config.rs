@@ -23,7 +23,7 @@ use super::args::{
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 20] = [
+pub(crate) const KEYS: [&str; 23] = [
     "controller",
     "task",
     "slots",
@@ -44,6 +44,9 @@ pub(crate) const KEYS: [&str; 20] = [
     "policy_precision",
     "devices",
     "metrics_port",
+    "ppo_epochs",
+    "ppo_learning_rate",
+    "entropy_coef",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -100,6 +103,9 @@ struct FileConfig {
     policy_precision: Option<PolicyPrecisionChoice>,
     devices: Option<Vec<String>>,
     metrics_port: Option<u16>,
+    ppo_epochs: Option<usize>,
+    ppo_learning_rate: Option<f64>,
+    entropy_coef: Option<f64>,
 }
 
 /// The resolved configuration of one run (written as `config.toml`).
@@ -157,6 +163,17 @@ pub(crate) struct RunConfig {
     /// on all interfaces); none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) metrics_port: Option<u16>,
+    /// PPO: passes over each round's rollout per update (the reference's
+    /// `recurrent_n_epochs`, 1); the KL early stop still ends an update.
+    #[serde(default = "default_ppo_epochs")]
+    pub(crate) ppo_epochs: usize,
+    /// PPO: the policy's Adam learning rate (the reference's 3e-4).
+    #[serde(default = "default_ppo_learning_rate")]
+    pub(crate) ppo_learning_rate: f64,
+    /// PPO: the entropy bonus coefficient (the reference's 0.05; its CLI's
+    /// `cifar_baseline` preset uses 0.1).
+    #[serde(default = "default_entropy_coef")]
+    pub(crate) entropy_coef: f64,
 }
 
 fn default_checkpoint_every() -> usize {
@@ -169,6 +186,18 @@ fn default_envs() -> usize {
 
 fn default_rounds() -> usize {
     DEFAULT_ROUNDS
+}
+
+fn default_ppo_epochs() -> usize {
+    simic::ppo::PpoConfig::default().epochs
+}
+
+fn default_ppo_learning_rate() -> f64 {
+    simic::ppo::PpoConfig::default().learning_rate
+}
+
+fn default_entropy_coef() -> f64 {
+    simic::ppo::PpoConfig::default().entropy_coef
 }
 
 fn default_policy_precision() -> PolicyPrecisionChoice {
@@ -250,6 +279,18 @@ impl RunConfig {
                 args.devices.clone()
             },
             metrics_port: args.metrics_port.or(file.metrics_port),
+            ppo_epochs: args
+                .ppo_epochs
+                .or(file.ppo_epochs)
+                .unwrap_or_else(default_ppo_epochs),
+            ppo_learning_rate: args
+                .ppo_learning_rate
+                .or(file.ppo_learning_rate)
+                .unwrap_or_else(default_ppo_learning_rate),
+            entropy_coef: args
+                .entropy_coef
+                .or(file.entropy_coef)
+                .unwrap_or_else(default_entropy_coef),
         };
         config.validate()?;
         Ok(config)
@@ -275,6 +316,21 @@ impl RunConfig {
             bail!(
                 "learning_rate {} must be a finite number above 0",
                 self.learning_rate
+            );
+        }
+        if self.ppo_epochs == 0 {
+            bail!("ppo_epochs is 0; a PPO update needs at least one pass over the rollout");
+        }
+        if !(self.ppo_learning_rate.is_finite() && self.ppo_learning_rate > 0.0) {
+            bail!(
+                "ppo_learning_rate {} must be a finite number above 0",
+                self.ppo_learning_rate
+            );
+        }
+        if !(self.entropy_coef.is_finite() && self.entropy_coef >= 0.0) {
+            bail!(
+                "entropy_coef {} must be a finite number, 0 or above",
+                self.entropy_coef
             );
         }
         self.device_choice()?;
@@ -471,7 +527,7 @@ mod tests {
         let path = dir.path().join("run.toml");
         std::fs::write(&path, "epochs = 7\nbatch_size = 32\nslots = [\"r0c0\"]\n").expect("write");
         let args = TrainArgs {
-            config: Some(path),
+            config: Some(path.clone()),
             epochs: Some(3),
             ..TrainArgs::default()
         };
@@ -505,6 +561,46 @@ mod tests {
             .collect();
         let older: RunConfig = toml::from_str(&older).expect("parse");
         assert_eq!(older.policy_precision, PolicyPrecisionChoice::Auto);
+        // The PPO settings default to the reference's; one written before
+        // they were settings reads with those.
+        assert_eq!(
+            (
+                config.ppo_epochs,
+                config.ppo_learning_rate,
+                config.entropy_coef
+            ),
+            (1, 3e-4, 0.05)
+        );
+        let older: String = text
+            .lines()
+            .filter(|line| !line.starts_with("ppo_") && !line.starts_with("entropy_coef"))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let older: RunConfig = toml::from_str(&older).expect("parse");
+        assert_eq!(
+            (
+                older.ppo_epochs,
+                older.ppo_learning_rate,
+                older.entropy_coef
+            ),
+            (1, 3e-4, 0.05)
+        );
+        // A file and a flag set them.
+        std::fs::write(&path, "ppo_epochs = 4\nentropy-coef = 0.1\n").expect("write");
+        let args = TrainArgs {
+            config: Some(path.clone()),
+            ppo_learning_rate: Some(1e-4),
+            ..TrainArgs::default()
+        };
+        let config = RunConfig::resolve(&args).expect("resolved");
+        assert_eq!(
+            (
+                config.ppo_epochs,
+                config.ppo_learning_rate,
+                config.entropy_coef
+            ),
+            (4, 1e-4, 0.1)
+        );
     }
 
     #[test]
@@ -544,6 +640,27 @@ mod tests {
                     ..TrainArgs::default()
                 },
                 "learning_rate",
+            ),
+            (
+                TrainArgs {
+                    ppo_epochs: Some(0),
+                    ..TrainArgs::default()
+                },
+                "ppo_epochs",
+            ),
+            (
+                TrainArgs {
+                    ppo_learning_rate: Some(-1.0),
+                    ..TrainArgs::default()
+                },
+                "ppo_learning_rate",
+            ),
+            (
+                TrainArgs {
+                    entropy_coef: Some(f64::INFINITY),
+                    ..TrainArgs::default()
+                },
+                "entropy_coef",
             ),
         ] {
             let error = RunConfig::resolve(&args).expect_err("refused");

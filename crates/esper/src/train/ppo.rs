@@ -122,6 +122,9 @@ fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
     simic.max_seeds = config.max_seeds;
     simic.seed = config.seed;
     simic.env_devices = config.env_devices()?;
+    simic.ppo.epochs = config.ppo_epochs;
+    simic.ppo.learning_rate = config.ppo_learning_rate;
+    simic.ppo.entropy_coef = config.entropy_coef;
     simic.policy_precision = match config.policy_precision {
         PolicyPrecisionChoice::Auto => None,
         PolicyPrecisionChoice::Fp32 => Some(tamiyo::policy::PolicyPrecision::Fp32),

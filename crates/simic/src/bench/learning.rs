@@ -143,7 +143,16 @@ pub fn run_learning(
     } else {
         (Precision::Fp32, ExecutionMode::Eager)
     };
-    let config = simic_config(precision, mode, episode_length, options.quick);
+    let mut config = simic_config(precision, mode, episode_length, options.quick);
+    if let Some(epochs) = options.ppo_epochs {
+        if epochs == 0 {
+            return Err(crate::Error::InvalidConfig {
+                field: "ppo_epochs",
+                reason: "0 passes over the rollout; an update needs at least 1".to_owned(),
+            });
+        }
+        config.ppo.epochs = epochs;
+    }
     let mut simic = Simic::new(config.clone(), SLOTS.len(), device, Telemetry::disabled())?;
     let mut results = Vec::new();
     let mut last_ppo = Vec::new();
@@ -239,6 +248,7 @@ pub fn run_learning(
                 "slots": SLOTS,
                 "episode_length": episode_length,
                 "rounds": rounds,
+                "ppo_epochs": config.ppo.epochs,
                 "quick": options.quick,
             }),
             results,

@@ -93,6 +93,10 @@ pub struct SimicBenchOptions {
     /// the defaults for the device (fp32 graph-step and graph-epoch, bf16
     /// graph-step on CUDA; fp32 eager on the CPU).
     pub variants: Vec<String>,
+    /// `simic-learning` only: passes over each round's rollout per PPO
+    /// update (the reference's `recurrent_n_epochs`; `None`: its default,
+    /// 1). The KL early stop still ends an update early.
+    pub ppo_epochs: Option<usize>,
 }
 
 impl SimicBenchOptions {
@@ -104,6 +108,7 @@ impl SimicBenchOptions {
             data_dir: None,
             rounds: if quick { 1 } else { 3 },
             variants: Vec::new(),
+            ppo_epochs: None,
         }
     }
 }
