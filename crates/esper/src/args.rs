@@ -141,7 +141,7 @@ pub(crate) struct BenchArgs {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum BenchCommand {
     /// Run the benchmark.
-    Run(BenchArgs),
+    Run(Box<BenchArgs>),
     /// `-h` / `--help`: print usage and stop.
     Help,
 }
@@ -322,7 +322,7 @@ impl BenchArgs {
         }
         let out = out.ok_or_else(|| usage("--out PATH.json is required"))?;
         let label = label_of(label, &out)?;
-        Ok(BenchCommand::Run(BenchArgs {
+        Ok(BenchCommand::Run(Box::new(BenchArgs {
             workload,
             out,
             label,
@@ -336,7 +336,7 @@ impl BenchArgs {
             gpus: gpus.unwrap_or_default(),
             rounds,
             ppo_epochs,
-        }))
+        })))
     }
 }
 
@@ -354,7 +354,7 @@ mod tests {
 
     fn run_args(args: &[&str]) -> BenchArgs {
         match parse(args) {
-            Ok(BenchCommand::Run(args)) => args,
+            Ok(BenchCommand::Run(args)) => *args,
             other => panic!("{args:?} gave {other:?}"),
         }
     }
