@@ -205,6 +205,22 @@ event_names! {
     TAMIYO_INITIATED = "tamiyo.initiated", Info, "The host stabilised: Tamiyo initiated";
     /// A PPO update finished.
     SIMIC_PPO_UPDATE_COMPLETED = "simic.ppo.update_completed", Info, "PPO update completed";
+    /// A PPO update's joint ratio rose far above the clip range (the
+    /// reference's `RATIO_EXPLOSION_DETECTED`).
+    SIMIC_PPO_RATIO_EXPLOSION = "simic.ppo.ratio_explosion", Warning, "PPO ratio explosion detected";
+    /// A PPO update's joint ratio fell far below the clip range (the
+    /// reference's `RATIO_COLLAPSE_DETECTED`).
+    SIMIC_PPO_RATIO_COLLAPSE = "simic.ppo.ratio_collapse", Warning, "PPO ratio collapse detected";
+    /// The critic predicts one value for every state (the reference's
+    /// `VALUE_COLLAPSE_DETECTED`).
+    SIMIC_PPO_VALUE_COLLAPSE = "simic.ppo.value_collapse", Warning, "PPO value collapse detected";
+    /// A PPO statistic is not finite (the reference's
+    /// `NUMERICAL_INSTABILITY_DETECTED`).
+    SIMIC_PPO_NUMERICAL_INSTABILITY = "simic.ppo.numerical_instability", Error, "PPO numerical instability detected";
+    /// A step's reward matched an anti-gaming pattern
+    /// (`attribution_ratio` or `ransomware_signature`; the reference's
+    /// `REWARD_HACKING_SUSPECTED`).
+    SIMIC_REWARD_HACKING_SUSPECTED = "simic.reward.hacking_suspected", Warning, "Reward hacking suspected";
     /// The Shapley values of an environment's seeds at its episode's last
     /// epoch (reference §4.5).
     SIMIC_SHAPLEY_COMPUTED = "simic.shapley.computed", Info, "Shapley values computed";

@@ -196,6 +196,10 @@ fn check_loss(value_clip: Option<f64>) {
     close(scalar(&terms.floor_penalty), e.penalty, "penalty");
     close(scalar(&terms.total), e.total, "total");
     close(scalar(&terms.approx_kl), e.kl, "kl");
+    // Joint log-ratios of the acting samples: −0.2, 0.5, −0.05; the forced
+    // step's 0.4 has no actor weight and is left out.
+    close(scalar(&terms.log_ratio_max), 0.5, "log ratio max");
+    close(scalar(&terms.log_ratio_min), -0.2, "log ratio min");
     close(
         scalar(&terms.clip_fraction),
         e.clip_fraction,
@@ -655,6 +659,44 @@ fn kl_check_stops_after_the_epoch_that_moved_too_far() {
         .unwrap();
     assert!(!stats.early_stopped);
     assert_eq!((stats.epochs_run, stats.steps), (6, 12));
+}
+
+#[test]
+fn value_std_matches_hand_computation() {
+    let c = case();
+    // Every step has a critic weight (the forced one 0.2).
+    let values: Vec<f64> = c.old_values.iter().flatten().copied().collect();
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let want =
+        (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / values.len() as f64).sqrt();
+    let got = scalar(&batch_of(&c).value_std().unwrap());
+    assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+}
+
+#[test]
+fn an_update_reports_its_ratio_extremes_around_one() {
+    let policy = TinyPolicy::new(32, 4, 3);
+    let batch = policy.batch();
+    let config = PpoConfig {
+        learning_rate: 0.05,
+        target_kl: None,
+        epochs: 3,
+        minibatches: 2,
+        ..two_head_config()
+    };
+    let mut trainer =
+        PpoTrainer::new(policy.vs.trainable_variables(), config, Device::Cpu).unwrap();
+    let stats = trainer
+        .update(&batch, |rows| policy.evaluate(rows))
+        .unwrap();
+    // The first minibatch is measured before any step: its ratios are 1, so
+    // the extremes bracket 1; later minibatches move them apart.
+    assert!(
+        stats.ratio_min <= 1.0 + 1e-6 && stats.ratio_max >= 1.0 - 1e-6,
+        "{stats:?}"
+    );
+    assert!(stats.ratio_max > stats.ratio_min, "{stats:?}");
+    assert!(stats.value_std > 0.0, "{stats:?}");
 }
 
 #[test]

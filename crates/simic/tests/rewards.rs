@@ -374,6 +374,7 @@ fn ransomware_is_not_rewarded_and_gets_no_synergy() {
     assert_eq!(fossilize.attribution, 0.0);
     assert_eq!(fossilize.synergy, 0.0);
     assert_close(fossilize.fossilize_shaping, -0.5 - 0.4 - 0.3);
+    assert!(fossilize.ransomware_signature, "{fossilize:?}");
     assert_eq!(fossilize.fossilize_bonus, 0.0);
     assert!(fossilize.total < 0.0);
 }
@@ -391,6 +392,7 @@ fn quick_fossilization_is_discounted_by_legitimacy() {
     let bonus = 3.0 * (1.0f64 / 3.0).tanh();
     // One epoch in HOLDING: legitimacy 1/5.
     let rushed = fossilize_after(1);
+    assert!(!rushed.ransomware_signature, "an honest fossil: {rushed:?}");
     assert_close(rushed.fossilize_shaping, (0.5 + 0.1 * 3.0) * 0.2);
     assert_close(rushed.fossilize_bonus, bonus * 0.2);
     // Five or more: full legitimacy.

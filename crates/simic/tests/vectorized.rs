@@ -111,6 +111,16 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     }
     let labelled: u64 = report.actions.outcomes.values().sum();
     assert_eq!(labelled, 2);
+    // At the default thresholds nothing in a healthy first update is
+    // non-finite.
+    assert!(
+        !report
+            .anomalies
+            .iter()
+            .any(|a| matches!(a, simic::ppo::PpoAnomaly::NumericalInstability { .. })),
+        "{:?}",
+        report.anomalies
+    );
     // The recurrent state after the episodes: finite, and not all zero.
     let lstm = report.lstm.expect("LSTM health");
     assert!(lstm.finite, "{lstm:?}");
@@ -158,7 +168,24 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
     let spec = spec(2);
     let mut simic =
         Simic::new(config(4), 3, Device::Cpu, Telemetry::new(collector.clone())).expect("simic");
-    simic.run_round(&spec, true).expect("round");
+    // A ratio "explosion" threshold below 1: the update's largest ratio (at
+    // least 1) crosses it, so the anomaly's event must come out.
+    simic.set_anomaly_thresholds(simic::ppo::AnomalyThresholds {
+        ratio_explosion: 0.5,
+        ..simic::ppo::AnomalyThresholds::default()
+    });
+    let report = simic.run_round(&spec, true).expect("round");
+    assert!(
+        report
+            .anomalies
+            .iter()
+            .any(|a| matches!(a, simic::ppo::PpoAnomaly::RatioExplosion { .. })),
+        "{:?}",
+        report.anomalies
+    );
+    let explosions = collector.events_named(leyline::telemetry::SIMIC_PPO_RATIO_EXPLOSION);
+    assert_eq!(explosions.len(), 1);
+    assert!(explosions[0].attributes.contains_key("ratio_max"));
     for name in [
         leyline::telemetry::SIMIC_EPISODE_REWARD,
         leyline::telemetry::SIMIC_ENV_EPOCHS_PER_S,

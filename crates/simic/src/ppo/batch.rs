@@ -76,52 +76,64 @@ impl PpoBatch {
         Ok((rows, steps, heads))
     }
 
+    /// The variance of `x` over the steps with a critic weight (0-dim
+    /// `f32`; 0 without such steps).
+    fn critic_variance(&self, x: &Tensor) -> Result<Tensor> {
+        let what = "critic-weighted variance";
+        let mask = self
+            .value_weight
+            .f_gt(0.0)
+            .op(what)?
+            .f_to_kind(Kind::Float)
+            .op(what)?;
+        let count = mask
+            .f_sum(Kind::Float)
+            .op(what)?
+            .f_clamp_min(1.0)
+            .op(what)?;
+        let mean = x
+            .f_mul(&mask)
+            .op(what)?
+            .f_sum(Kind::Float)
+            .op(what)?
+            .f_div(&count)
+            .op(what)?;
+        x.f_sub(&mean)
+            .op(what)?
+            .f_square()
+            .op(what)?
+            .f_mul(&mask)
+            .op(what)?
+            .f_sum(Kind::Float)
+            .op(what)?
+            .f_div(&count)
+            .op(what)
+    }
+
     /// `1 − Var(R − V_old) / Var(R)` over the steps with a critic weight
     /// (0-dim `f32`; NaN when the returns do not vary): how much of the
     /// returns the rollout's values explained.
     pub fn explained_variance(&self) -> Result<Tensor> {
-        let mask = self
-            .value_weight
-            .f_gt(0.0)
-            .op("explained variance")?
-            .f_to_kind(Kind::Float)
-            .op("explained variance")?;
-        let count = mask
-            .f_sum(Kind::Float)
-            .op("explained variance")?
-            .f_clamp_min(1.0)
-            .op("explained variance")?;
-        let variance = |x: &Tensor| -> Result<Tensor> {
-            let mean = x
-                .f_mul(&mask)
-                .op("explained variance")?
-                .f_sum(Kind::Float)
-                .op("explained variance")?
-                .f_div(&count)
-                .op("explained variance")?;
-            x.f_sub(&mean)
-                .op("explained variance")?
-                .f_square()
-                .op("explained variance")?
-                .f_mul(&mask)
-                .op("explained variance")?
-                .f_sum(Kind::Float)
-                .op("explained variance")?
-                .f_div(&count)
-                .op("explained variance")
-        };
         let residual = self
             .returns
             .f_sub(&self.old_values)
             .op("explained variance")?;
-        let ratio = variance(&residual)?
-            .f_div(&variance(&self.returns)?)
-            .op("explained variance")?;
-        ratio
+        self.critic_variance(&residual)?
+            .f_div(&self.critic_variance(&self.returns)?)
+            .op("explained variance")?
             .f_neg()
             .op("explained variance")?
             .f_add_scalar(1.0)
             .op("explained variance")
+    }
+
+    /// The standard deviation of the rollout's values over the steps with a
+    /// critic weight (0-dim `f32`): near 0, the critic predicts one value
+    /// for every state.
+    pub fn value_std(&self) -> Result<Tensor> {
+        self.critic_variance(&self.old_values)?
+            .f_sqrt()
+            .op("value std")
     }
 
     /// The rows `indices` (an `i64` tensor on the batch's device) of every

@@ -111,6 +111,11 @@ pub struct LossTerms {
     pub q: Tensor,
     /// The contribution predictor's masked MSE (0 without auxiliary heads).
     pub contribution: Tensor,
+    /// The largest joint log-ratio over the samples with an actor weight
+    /// (−inf without any).
+    pub log_ratio_max: Tensor,
+    /// The smallest joint log-ratio over those samples (+inf without any).
+    pub log_ratio_min: Tensor,
 }
 
 /// `Σ_dims w·x / max(Σ_dims w, floor)` over `dims`.
@@ -323,6 +328,22 @@ pub fn ppo_loss(
         .f_to_kind(Kind::Float)
         .op("clip fraction")?;
     let clip_fraction = weighted_mean(&outside, &batch.actor_weight, &[0, 1])?;
+    // The extremes of the joint ratio, in log space, over the samples that
+    // train the actor.
+    let acting = batch.actor_weight.f_gt(0.0).op("ratio extremes")?;
+    let log_ratio_max = joint
+        .f_masked_fill(
+            &acting.f_logical_not().op("ratio extremes")?,
+            f64::NEG_INFINITY,
+        )
+        .op("ratio extremes")?
+        .f_max()
+        .op("ratio extremes")?;
+    let log_ratio_min = joint
+        .f_masked_fill(&acting.f_logical_not().op("ratio extremes")?, f64::INFINITY)
+        .op("ratio extremes")?
+        .f_min()
+        .op("ratio extremes")?;
 
     let detach = |tensor: &Tensor| tensor.f_detach().op("loss detach");
     Ok(LossTerms {
@@ -335,6 +356,8 @@ pub fn ppo_loss(
         clip_fraction,
         q: detach(&q)?,
         contribution: detach(&contribution)?,
+        log_ratio_max,
+        log_ratio_min,
         total,
     })
 }

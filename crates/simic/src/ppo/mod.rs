@@ -42,12 +42,14 @@ use crate::distributed::DataParallel;
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
+pub mod anomaly;
 pub mod auxiliary;
 mod batch;
 pub mod config;
 pub mod loss;
 pub mod value_norm;
 
+pub use anomaly::{AnomalyThresholds, PpoAnomaly};
 pub use auxiliary::AuxiliaryEvaluation;
 pub use batch::{Evaluation, PpoBatch};
 pub use config::{EntropyAnneal, PpoConfig};
@@ -111,6 +113,15 @@ pub struct PpoStats {
     /// `1 − Var(R − V_old) / Var(R)` over the rollout's valid steps (NaN
     /// when the returns do not vary).
     pub explained_variance: f64,
+    /// Standard deviation of the rollout's values over the steps the critic
+    /// learns from (near 0: the critic has collapsed to one value).
+    pub value_std: f64,
+    /// The largest joint ratio of the update's passes, measured before each
+    /// minibatch's step, over the samples that train the actor (NaN
+    /// without any).
+    pub ratio_max: f64,
+    /// The smallest such ratio (NaN without any).
+    pub ratio_min: f64,
 }
 
 /// Index of each scalar in the stats accumulator.
@@ -379,6 +390,8 @@ impl PpoTrainer {
         let mut sums = zeros(STAT_COUNT)?;
         let mut head_sums = zeros(heads)?;
         let mut grad_norm_sum = zeros(1)?;
+        let mut log_ratio_max = zeros(1)?.f_fill_(f64::NEG_INFINITY).op("stats")?;
+        let mut log_ratio_min = zeros(1)?.f_fill_(f64::INFINITY).op("stats")?;
         let mut evaluated: usize = 0;
         let mut steps: usize = 0;
         let mut epochs_run: usize = 0;
@@ -410,6 +423,12 @@ impl PpoTrainer {
                 .op("stats")?;
                 sums = sums.f_add(&stacked).op("stats")?;
                 head_sums = head_sums.f_add(&terms.head_entropies).op("stats")?;
+                log_ratio_max = log_ratio_max
+                    .f_maximum(&terms.log_ratio_max.f_reshape([1]).op("stats")?)
+                    .op("stats")?;
+                log_ratio_min = log_ratio_min
+                    .f_minimum(&terms.log_ratio_min.f_reshape([1]).op("stats")?)
+                    .op("stats")?;
                 evaluated = evaluated.saturating_add(1);
                 if index == 0
                     && let Some(target) = self.config.target_kl
@@ -475,12 +494,24 @@ impl PpoTrainer {
 
         // The one readback of the statistics.
         let explained = batch.explained_variance()?.f_reshape([1]).op("stats")?;
-        let all = Tensor::f_cat(&[&sums, &grad_norm_sum, &explained, &head_sums], 0)
-            .op("stats")?
-            .f_to_kind(Kind::Double)
-            .op("stats")?
-            .f_to_device(Device::Cpu)
-            .op("stats")?;
+        let value_std = batch.value_std()?.f_reshape([1]).op("stats")?;
+        let all = Tensor::f_cat(
+            &[
+                &sums,
+                &grad_norm_sum,
+                &explained,
+                &value_std,
+                &log_ratio_max,
+                &log_ratio_min,
+                &head_sums,
+            ],
+            0,
+        )
+        .op("stats")?
+        .f_to_kind(Kind::Double)
+        .op("stats")?
+        .f_to_device(Device::Cpu)
+        .op("stats")?;
         let values = Vec::<f64>::try_from(&all).map_err(|source| Error::Readback {
             what: "ppo.stats",
             reason: source.to_string(),
@@ -500,20 +531,36 @@ impl PpoTrainer {
             .copied()
             .unwrap_or(f64::NAN)
             * per_step;
-        let explained_variance = values
-            .get(
-                usize::try_from(STAT_COUNT)
-                    .unwrap_or(usize::MAX)
-                    .saturating_add(1),
-            )
-            .copied()
-            .unwrap_or(f64::NAN);
+        // After the sums: grad norm, explained variance, value std, the
+        // log-ratio extremes, then the heads' entropies.
+        let after = |offset: usize| {
+            values
+                .get(
+                    usize::try_from(STAT_COUNT)
+                        .unwrap_or(usize::MAX)
+                        .saturating_add(offset),
+                )
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let explained_variance = after(1);
+        let value_std = after(2);
+        // An infinite extreme: no sample trained the actor.
+        let ratio = |log_ratio: f64| {
+            if log_ratio.is_infinite() {
+                f64::NAN
+            } else {
+                log_ratio.exp()
+            }
+        };
+        let ratio_max = ratio(after(3));
+        let ratio_min = ratio(after(4));
         let head_entropies: Vec<f64> = values
             .iter()
             .skip(
                 usize::try_from(STAT_COUNT)
                     .unwrap_or(usize::MAX)
-                    .saturating_add(2),
+                    .saturating_add(5),
             )
             .map(|sum| sum * per_minibatch)
             .collect();
@@ -537,6 +584,9 @@ impl PpoTrainer {
             contribution_loss: stat(STAT_CONTRIBUTION),
             contribution_coef: scalars.contribution_coef,
             explained_variance,
+            value_std,
+            ratio_max,
+            ratio_min,
         };
         if !stats.total_loss.is_finite() {
             return Err(Error::NonFinite {

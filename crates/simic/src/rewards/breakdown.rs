@@ -50,6 +50,10 @@ pub struct RewardBreakdown {
     pub fossilize_shaping: f64,
     /// The immediate bonus of a contributing fossil.
     pub fossilize_bonus: f64,
+    /// FOSSILIZE matched the ransomware signature (a contribution above
+    /// the threshold while the clean total is below it): its extra penalty
+    /// is in `fossilize_shaping`. Not a component.
+    pub ransomware_signature: bool,
     /// PRUNE shaping (MINIMAL: its early-prune penalty).
     pub prune_shaping: f64,
     /// Seeds the environment pruned on its own (≤ 0).
@@ -70,6 +74,7 @@ impl RewardBreakdown {
             attribution_discount: 1.0,
             timing_discount: 1.0,
             attribution: 0.0,
+            ransomware_signature: false,
             ratio_penalty: 0.0,
             blending_warning: 0.0,
             holding_warning: 0.0,

@@ -239,6 +239,7 @@ fn fossilize_shaping(
             .contribution
             .is_some_and(|c| c > config.ransomware_min_contribution)
             && total < config.ransomware_max_total;
+        breakdown.ransomware_signature = ransomware;
         let signature = if ransomware {
             config.ransomware_penalty
         } else {

@@ -63,7 +63,9 @@ use crate::rewards::{RewardConfig, RewardNormaliser, RewardNormaliserConfig};
 use crate::{Error, Result};
 
 pub use env::EnvSpec;
-pub use outcome::{ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind};
+pub use outcome::{
+    ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind, RewardHackingSuspicion,
+};
 pub use state::SimicState;
 pub use telemetry::SOURCE;
 
@@ -290,6 +292,11 @@ pub struct RoundReport {
     pub actions: ActionDistribution,
     /// The policy's LSTM state at the end of the round's episodes.
     pub lstm: Option<tamiyo::policy::LstmHealth>,
+    /// What looked wrong in the round's PPO update
+    /// ([`Simic::set_anomaly_thresholds`]); empty without an update.
+    pub anomalies: Vec<crate::ppo::PpoAnomaly>,
+    /// Steps whose reward matched an anti-gaming pattern.
+    pub reward_hacking: Vec<RewardHackingSuspicion>,
     /// Timings.
     pub timings: RoundTimings,
 }
@@ -307,6 +314,7 @@ pub struct Simic {
     telemetry: Telemetry,
     graphed: Option<tamiyo::policy::GraphedAct>,
     data_parallel: Option<crate::distributed::DataParallel>,
+    anomaly_thresholds: crate::ppo::AnomalyThresholds,
     rounds: u64,
     env_epochs: u64,
     started: Option<Instant>,
@@ -372,6 +380,7 @@ impl Simic {
             obs_normaliser,
             telemetry,
             graphed: None,
+            anomaly_thresholds: crate::ppo::AnomalyThresholds::default(),
             data_parallel: None,
             rounds: 0,
             env_epochs: 0,
@@ -402,6 +411,14 @@ impl Simic {
     /// eagerly until the mode is switched back.
     pub fn set_sample_mode(&mut self, mode: SampleMode) {
         self.sampler.set_mode(mode);
+    }
+
+    /// Where a PPO update's statistics count as anomalies
+    /// ([`crate::ppo::PpoAnomaly`]: reported in `RoundReport::anomalies` and
+    /// as `simic.ppo.*` warning events; the defaults are
+    /// [`crate::ppo::AnomalyThresholds::default`]).
+    pub fn set_anomaly_thresholds(&mut self, thresholds: crate::ppo::AnomalyThresholds) {
+        self.anomaly_thresholds = thresholds;
     }
 
     /// The action sampler (its generator and whether it runs fused).

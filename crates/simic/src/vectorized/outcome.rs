@@ -1,7 +1,9 @@
 //! Decision analytics of a round: how each environment's episode ended
-//! ([`EpisodeOutcome`], reference §6.3's `EPISODE_OUTCOME`) and what the
+//! ([`EpisodeOutcome`], reference §6.3's `EPISODE_OUTCOME`), what the
 //! controller chose over all of them ([`ActionDistribution`], the
-//! `ANALYTICS_SNAPSHOT` of kind `action_distribution`).
+//! `ANALYTICS_SNAPSHOT` of kind `action_distribution`), and the steps whose
+//! reward matched an anti-gaming pattern ([`RewardHackingSuspicion`],
+//! `REWARD_HACKING_SUSPECTED`).
 //!
 //! Everything here is counted on the host from what the round already
 //! holds at its boundaries (the one action readback per step, the lifecycle
@@ -300,10 +302,105 @@ impl ActionDistribution {
     }
 }
 
+/// A step whose reward matched one of the reward's anti-gaming patterns
+/// (reference §4.4 and §6.3's `REWARD_HACKING_SUSPECTED`): the reward
+/// already penalised it; this says that it happened, and where.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RewardHackingSuspicion {
+    /// The environment.
+    pub env: usize,
+    /// The step (epoch of the episode, from 0).
+    pub step: usize,
+    /// The targeted slot.
+    pub slot: kasmina::host::SlotId,
+    /// `attribution_ratio` (a contribution out of proportion to the clean
+    /// total) or `ransomware_signature` (fossilizing a seed that
+    /// contributes while the model without seeds would do better).
+    pub pattern: &'static str,
+    /// The targeted seed's counterfactual contribution, points.
+    pub contribution: Option<f64>,
+    /// The clean total `T` the reward used, points.
+    pub clean_total: Option<f64>,
+    /// The penalty the pattern cost (≤ 0).
+    pub penalty: f64,
+}
+
+impl RewardHackingSuspicion {
+    /// The patterns `breakdown` shows for this step (none, one or both).
+    pub fn of(
+        env: usize,
+        step: usize,
+        slot: kasmina::host::SlotId,
+        contribution: Option<f64>,
+        breakdown: &crate::rewards::RewardBreakdown,
+    ) -> Vec<RewardHackingSuspicion> {
+        let suspicion = |pattern, penalty| RewardHackingSuspicion {
+            env,
+            step,
+            slot,
+            pattern,
+            contribution,
+            clean_total: breakdown.clean_total,
+            penalty,
+        };
+        let mut found = Vec::new();
+        if breakdown.ratio_penalty < 0.0 {
+            found.push(suspicion("attribution_ratio", breakdown.ratio_penalty));
+        }
+        if breakdown.ransomware_signature {
+            found.push(suspicion(
+                "ransomware_signature",
+                breakdown.fossilize_shaping,
+            ));
+        }
+        found
+    }
+
+    /// The `simic.reward.hacking_suspected` event's attributes.
+    pub fn attributes(&self, round: u64) -> Vec<(String, String)> {
+        let optional =
+            |value: Option<f64>| value.map_or_else(|| "none".to_owned(), |v| v.to_string());
+        vec![
+            ("round".to_owned(), round.to_string()),
+            ("env".to_owned(), self.env.to_string()),
+            ("step".to_owned(), self.step.to_string()),
+            ("slot".to_owned(), self.slot.to_string()),
+            ("pattern".to_owned(), self.pattern.to_owned()),
+            ("contribution".to_owned(), optional(self.contribution)),
+            ("clean_total".to_owned(), optional(self.clean_total)),
+            ("penalty".to_owned(), self.penalty.to_string()),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use leyline::BlueprintAction;
+
+    #[test]
+    fn reward_hacking_patterns_come_from_the_breakdown() {
+        use crate::rewards::{RewardBreakdown, RewardMode};
+        let slot = kasmina::host::SlotId::parse("r0c1").expect("slot");
+        let clean = RewardBreakdown::zero(RewardMode::Shaped);
+        assert!(RewardHackingSuspicion::of(0, 3, slot, Some(1.0), &clean).is_empty());
+        let gamed = RewardBreakdown {
+            ratio_penalty: -0.2,
+            ransomware_signature: true,
+            fossilize_shaping: -1.2,
+            clean_total: Some(-2.0),
+            ..clean
+        };
+        let found = RewardHackingSuspicion::of(1, 7, slot, Some(5.0), &gamed);
+        let patterns: Vec<&str> = found.iter().map(|s| s.pattern).collect();
+        assert_eq!(patterns, ["attribution_ratio", "ransomware_signature"]);
+        assert_eq!(found[0].penalty, -0.2);
+        assert_eq!(found[1].penalty, -1.2);
+        let attributes: BTreeMap<String, String> = found[1].attributes(2).into_iter().collect();
+        assert_eq!(attributes["slot"], "r0c1");
+        assert_eq!(attributes["clean_total"], "-2");
+        assert_eq!(attributes["step"], "7");
+    }
 
     #[test]
     fn outcome_labels_follow_the_success_threshold_and_rollbacks() {

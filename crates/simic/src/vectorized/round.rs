@@ -14,7 +14,7 @@ use tolaria::engine::trainer::TrainedEpoch;
 
 use super::env::{Env, EnvSpec};
 use super::measure::{Launched, Measured, launch_measure, ms, read_measure};
-use super::outcome::{ActionDistribution, EpisodeOutcome};
+use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
 use super::{RoundReport, RoundTimings, Simic};
 use crate::agent;
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
@@ -176,6 +176,8 @@ impl Simic {
             outcomes: (0..n).map(EpisodeOutcome::new).collect(),
             actions: ActionDistribution::default(),
             lstm: None,
+            anomalies: Vec::new(),
+            reward_hacking: Vec::new(),
             timings,
         };
         let mut inference_total = 0.0;
@@ -425,7 +427,15 @@ impl Simic {
                     max_epochs: self.config.episode_length,
                     terminal,
                 };
-                let reward = compute_reward(&self.config.reward, &inputs)?.total;
+                let breakdown = compute_reward(&self.config.reward, &inputs)?;
+                report.reward_hacking.extend(RewardHackingSuspicion::of(
+                    i,
+                    step,
+                    target,
+                    inputs.seed.as_ref().and_then(|seed| seed.contribution),
+                    &breakdown,
+                ));
+                let reward = breakdown.total;
                 let normalised = if learn {
                     self.reward_normaliser.update_and_normalise(reward)?
                 } else {
@@ -480,7 +490,20 @@ impl Simic {
         // back anyway (reference §6.3's LSTM health).
         report.lstm = Some(hidden.health()?);
         if learn {
-            report.ppo = Some(self.update(&buffer)?);
+            match self.update(&buffer) {
+                Ok(stats) => {
+                    report.anomalies =
+                        crate::ppo::PpoAnomaly::detect(&stats, &self.anomaly_thresholds);
+                    report.ppo = Some(stats);
+                }
+                Err(error) => {
+                    // A non-finite update is reported before it ends the round.
+                    if let Error::NonFinite { what, value } = &error {
+                        self.emit_numerical_instability(report.round, what, *value);
+                    }
+                    return Err(error);
+                }
+            }
         }
         report.timings.update_ms = ms(started);
 

@@ -17,6 +17,24 @@ use super::{RoundReport, Simic};
 pub const SOURCE: &str = "simic";
 
 impl Simic {
+    /// `simic.ppo.numerical_instability` for an update that failed on a
+    /// non-finite statistic (the round ends with that error).
+    pub(super) fn emit_numerical_instability(&self, round: u64, what: &str, value: f64) {
+        if !self.telemetry.is_enabled() {
+            return;
+        }
+        let packet = TelemetryPacket::new(SOURCE, TelemetryLevel::Error).with_event(event(
+            names::SIMIC_PPO_NUMERICAL_INSTABILITY,
+            "PPO numerical instability",
+            [
+                ("round".to_owned(), round.to_string()),
+                ("what".to_owned(), what.to_owned()),
+                ("value".to_owned(), value.to_string()),
+            ],
+        ));
+        self.telemetry.emit_packet(packet);
+    }
+
     /// Peak memory the caching allocator has held on the policy's device
     /// since the process started or its last reset, MiB (0 on the CPU or
     /// when it cannot be read).
@@ -65,6 +83,9 @@ impl Simic {
                         ("early_stopped", ppo.early_stopped.to_string()),
                         ("grad_norm", ppo.grad_norm.to_string()),
                         ("explained_variance", ppo.explained_variance.to_string()),
+                        ("value_std", ppo.value_std.to_string()),
+                        ("ratio_max", ppo.ratio_max.to_string()),
+                        ("ratio_min", ppo.ratio_min.to_string()),
                         ("learning_rate", ppo.learning_rate.to_string()),
                         ("rollbacks", report.rollbacks.to_string()),
                         (
@@ -113,6 +134,18 @@ impl Simic {
                 names::SIMIC_SHAPLEY_COMPUTED,
                 "Shapley values computed",
                 attributes,
+            ));
+        }
+        for anomaly in &report.anomalies {
+            let mut attributes = vec![("round".to_owned(), report.round.to_string())];
+            attributes.extend(anomaly.attributes(&self.anomaly_thresholds));
+            packet = packet.with_event(event(anomaly.event_name(), "PPO anomaly", attributes));
+        }
+        for suspicion in &report.reward_hacking {
+            packet = packet.with_event(event(
+                names::SIMIC_REWARD_HACKING_SUSPECTED,
+                "Reward hacking suspected",
+                suspicion.attributes(report.round),
             ));
         }
         for outcome in &report.outcomes {
