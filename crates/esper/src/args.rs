@@ -133,7 +133,7 @@ pub(crate) struct BenchArgs {
     /// training rounds); `None`: the workload's default.
     pub(crate) rounds: Option<usize>,
     /// `--ppo-epochs N` (`simic-learning`): passes over each round's rollout
-    /// per PPO update; `None`: the reference's 1.
+    /// per PPO update; `None`: the bench's 4 (the reference's default is 1).
     pub(crate) ppo_epochs: Option<usize>,
 }
 

@@ -59,7 +59,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         Workload::SimicLearning => {
             let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
             options.ppo_epochs = args.ppo_epochs;
-            let rounds = args.rounds.unwrap_or(if args.quick { 2 } else { 8 });
+            let rounds = args.rounds.unwrap_or(if args.quick {
+                2
+            } else {
+                simic::bench::LEARNING_ROUNDS
+            });
             let run = simic::bench::run_learning(&options, rounds, &mut progress)?;
             simic_record(args, run)?
         }

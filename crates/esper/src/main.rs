@@ -103,9 +103,10 @@ commands:
                             and scaling efficiency
       simic-learning        PPO rounds on an impaired host beside the heuristic and no growth
         --device DEVICE     auto (default), cpu, cuda or cuda:N
-        --rounds N          training rounds (default 8, 2 with --quick)
-        --ppo-epochs N      passes over each round's rollout per PPO update (default 1, the
-                            reference's recurrent_n_epochs; the KL early stop still applies)
+        --rounds N          training rounds (default 12, 2 with --quick)
+        --ppo-epochs N      passes over each round's rollout per PPO update (default 4; the
+                            reference's recurrent_n_epochs is 1; the KL early stop still
+                            applies)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
   parity-capture --out FILE.json

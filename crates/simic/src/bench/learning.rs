@@ -30,6 +30,18 @@ const LAST_ROUNDS: usize = 3;
 /// Greedy evaluation rounds of the learned policy after the training rounds.
 const EVAL_ROUNDS: usize = 3;
 
+/// Passes over each round's rollout per PPO update unless
+/// [`super::SimicBenchOptions::ppo_epochs`] says otherwise. The reference's
+/// default (`recurrent_n_epochs`) is 1; with it, 60 rounds left the greedy
+/// policy waiting every epoch (record `h200-2026-11-26l`), with 4, twelve
+/// rounds taught it to grow (`h100-2026-11-26n-ppo-epochs-4`). The KL early
+/// stop still ends an update early.
+pub const LEARNING_PPO_EPOCHS: usize = 4;
+
+/// Training rounds `esper bench simic-learning` runs unless told otherwise
+/// (2 with `--quick`).
+pub const LEARNING_ROUNDS: usize = 12;
+
 /// The baselines' rows `{name}-{suffix}` on the environments of `rounds`.
 #[allow(clippy::too_many_arguments)]
 fn baselines(
@@ -144,15 +156,14 @@ pub fn run_learning(
         (Precision::Fp32, ExecutionMode::Eager)
     };
     let mut config = simic_config(precision, mode, episode_length, options.quick);
-    if let Some(epochs) = options.ppo_epochs {
-        if epochs == 0 {
-            return Err(crate::Error::InvalidConfig {
-                field: "ppo_epochs",
-                reason: "0 passes over the rollout; an update needs at least 1".to_owned(),
-            });
-        }
-        config.ppo.epochs = epochs;
+    let epochs = options.ppo_epochs.unwrap_or(LEARNING_PPO_EPOCHS);
+    if epochs == 0 {
+        return Err(crate::Error::InvalidConfig {
+            field: "ppo_epochs",
+            reason: "0 passes over the rollout; an update needs at least 1".to_owned(),
+        });
     }
+    config.ppo.epochs = epochs;
     let mut simic = Simic::new(config.clone(), SLOTS.len(), device, Telemetry::disabled())?;
     let mut results = Vec::new();
     let mut last_ppo = Vec::new();

@@ -52,7 +52,7 @@ mod learning;
 pub mod scaling;
 
 pub use cartpole::run_cartpole;
-pub use learning::run_learning;
+pub use learning::{LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, run_learning};
 
 /// Workload names.
 pub const THROUGHPUT_WORKLOAD: &str = "simic-throughput";
@@ -94,8 +94,9 @@ pub struct SimicBenchOptions {
     /// graph-step on CUDA; fp32 eager on the CPU).
     pub variants: Vec<String>,
     /// `simic-learning` only: passes over each round's rollout per PPO
-    /// update (the reference's `recurrent_n_epochs`; `None`: its default,
-    /// 1). The KL early stop still ends an update early.
+    /// update (the reference's `recurrent_n_epochs`, whose default is 1;
+    /// `None`: [`learning::LEARNING_PPO_EPOCHS`], 4). The KL early stop
+    /// still ends an update early.
     pub ppo_epochs: Option<usize>,
 }
 
