@@ -673,19 +673,28 @@ fn value_std_matches_hand_computation() {
     assert!((got - want).abs() < 1e-5, "{got} vs {want}");
 }
 
-#[test]
-fn an_update_reports_its_ratio_extremes_around_one() {
+/// A 32-row tiny policy, its batch, and a trainer without the KL check.
+fn tiny_trainer(
+    learning_rate: f64,
+    epochs: usize,
+    minibatches: usize,
+) -> (TinyPolicy, PpoBatch, PpoTrainer) {
     let policy = TinyPolicy::new(32, 4, 3);
     let batch = policy.batch();
     let config = PpoConfig {
-        learning_rate: 0.05,
+        learning_rate,
         target_kl: None,
-        epochs: 3,
-        minibatches: 2,
+        epochs,
+        minibatches,
         ..two_head_config()
     };
-    let mut trainer =
-        PpoTrainer::new(policy.vs.trainable_variables(), config, Device::Cpu).unwrap();
+    let trainer = PpoTrainer::new(policy.vs.trainable_variables(), config, Device::Cpu).unwrap();
+    (policy, batch, trainer)
+}
+
+#[test]
+fn an_update_reports_its_ratio_extremes_around_one() {
+    let (policy, batch, mut trainer) = tiny_trainer(0.05, 3, 2);
     let stats = trainer
         .update(&batch, |rows| policy.evaluate(rows))
         .unwrap();
@@ -701,17 +710,7 @@ fn an_update_reports_its_ratio_extremes_around_one() {
 
 #[test]
 fn updates_reduce_the_loss_on_a_fixed_batch() {
-    let policy = TinyPolicy::new(32, 4, 3);
-    let batch = policy.batch();
-    let config = PpoConfig {
-        learning_rate: 0.01,
-        target_kl: None,
-        epochs: 4,
-        minibatches: 4,
-        ..two_head_config()
-    };
-    let mut trainer =
-        PpoTrainer::new(policy.vs.trainable_variables(), config, Device::Cpu).unwrap();
+    let (policy, batch, mut trainer) = tiny_trainer(0.01, 4, 4);
     let first = trainer
         .update(&batch, |rows| policy.evaluate(rows))
         .unwrap();
