@@ -220,6 +220,8 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
         "cpu",
         "--ppo-epochs",
         "2",
+        "--reward-mode",
+        "sparse",
         "--run-dir",
         path_arg(&run_dir),
     ]);
@@ -263,7 +265,8 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     assert!(
         config.contains("envs = 2")
             && config.contains("rounds = 2")
-            && config.contains("ppo_epochs = 2"),
+            && config.contains("ppo_epochs = 2")
+            && config.contains("reward_mode = \"sparse\""),
         "{config}"
     );
     let telemetry: String = std::fs::read_dir(run_dir.join("telemetry"))

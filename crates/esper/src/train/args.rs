@@ -86,6 +86,19 @@ pub(crate) enum PolicyPrecisionChoice {
     Bf16,
 }
 
+/// The PPO reward (`--controller ppo`; simic's `RewardMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum RewardChoice {
+    /// Dense shaping: attribution, PBRS, rent, warnings, per-op shaping and
+    /// the terminal bonus (the reference's default).
+    Shaped,
+    /// Terminal only: the committed accuracy less a parameter cost.
+    Sparse,
+    /// Sparse plus a penalty for pruning a young seed.
+    Minimal,
+}
+
 /// How each training step runs (tolaria's `ExecutionMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -193,6 +206,10 @@ pub(crate) struct TrainArgs {
     /// 0.05].
     #[arg(long, value_name = "C")]
     pub(crate) entropy_coef: Option<f64>,
+    /// PPO (--controller ppo): the reward the policy learns from
+    /// [default: shaped].
+    #[arg(long, value_enum)]
+    pub(crate) reward_mode: Option<RewardChoice>,
     /// Serve the run's telemetry as Prometheus metrics on this port
     /// (`http://HOST:PORT/metrics`; the alert rules and dashboard in
     /// docs/observability/ read it) [default: none].

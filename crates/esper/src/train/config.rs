@@ -18,12 +18,13 @@ use serde::{Deserialize, Serialize};
 use torch_ext::DeviceChoice;
 
 use super::args::{
-    ControllerKind, ModeChoice, PolicyPrecisionChoice, PrecisionChoice, TaskKind, TrainArgs,
+    ControllerKind, ModeChoice, PolicyPrecisionChoice, PrecisionChoice, RewardChoice, TaskKind,
+    TrainArgs,
 };
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 23] = [
+pub(crate) const KEYS: [&str; 24] = [
     "controller",
     "task",
     "slots",
@@ -47,6 +48,7 @@ pub(crate) const KEYS: [&str; 23] = [
     "ppo_epochs",
     "ppo_learning_rate",
     "entropy_coef",
+    "reward_mode",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -106,6 +108,7 @@ struct FileConfig {
     ppo_epochs: Option<usize>,
     ppo_learning_rate: Option<f64>,
     entropy_coef: Option<f64>,
+    reward_mode: Option<RewardChoice>,
 }
 
 /// The resolved configuration of one run (written as `config.toml`).
@@ -174,6 +177,9 @@ pub(crate) struct RunConfig {
     /// `cifar_baseline` preset uses 0.1).
     #[serde(default = "default_entropy_coef")]
     pub(crate) entropy_coef: f64,
+    /// PPO: the reward the policy learns from (the reference's SHAPED).
+    #[serde(default = "default_reward_mode")]
+    pub(crate) reward_mode: RewardChoice,
 }
 
 fn default_checkpoint_every() -> usize {
@@ -198,6 +204,10 @@ fn default_ppo_learning_rate() -> f64 {
 
 fn default_entropy_coef() -> f64 {
     simic::ppo::PpoConfig::default().entropy_coef
+}
+
+fn default_reward_mode() -> RewardChoice {
+    RewardChoice::Shaped
 }
 
 fn default_policy_precision() -> PolicyPrecisionChoice {
@@ -291,6 +301,10 @@ impl RunConfig {
                 .entropy_coef
                 .or(file.entropy_coef)
                 .unwrap_or_else(default_entropy_coef),
+            reward_mode: args
+                .reward_mode
+                .or(file.reward_mode)
+                .unwrap_or_else(default_reward_mode),
         };
         config.validate()?;
         Ok(config)
@@ -573,7 +587,11 @@ mod tests {
         );
         let older: String = text
             .lines()
-            .filter(|line| !line.starts_with("ppo_") && !line.starts_with("entropy_coef"))
+            .filter(|line| {
+                !line.starts_with("ppo_")
+                    && !line.starts_with("entropy_coef")
+                    && !line.starts_with("reward_mode")
+            })
             .map(|line| format!("{line}\n"))
             .collect();
         let older: RunConfig = toml::from_str(&older).expect("parse");
@@ -585,8 +603,13 @@ mod tests {
             ),
             (1, 3e-4, 0.05)
         );
+        assert_eq!(older.reward_mode, RewardChoice::Shaped);
         // A file and a flag set them.
-        std::fs::write(&path, "ppo_epochs = 4\nentropy-coef = 0.1\n").expect("write");
+        std::fs::write(
+            &path,
+            "ppo_epochs = 4\nentropy-coef = 0.1\nreward_mode = \"sparse\"\n",
+        )
+        .expect("write");
         let args = TrainArgs {
             config: Some(path.clone()),
             ppo_learning_rate: Some(1e-4),
@@ -601,6 +624,7 @@ mod tests {
             ),
             (4, 1e-4, 0.1)
         );
+        assert_eq!(config.reward_mode, RewardChoice::Sparse);
     }
 
     #[test]

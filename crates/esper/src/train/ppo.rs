@@ -27,7 +27,7 @@ use nissa::jsonl::JsonlConfig;
 use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
 use torch_ext::dist::ProcessGroup;
 
-use super::args::PolicyPrecisionChoice;
+use super::args::{PolicyPrecisionChoice, RewardChoice};
 use super::config::RunConfig;
 use super::interrupt::Interrupt;
 use super::ppo_checkpoint::{self, PpoLoaded};
@@ -125,6 +125,11 @@ fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
     simic.ppo.epochs = config.ppo_epochs;
     simic.ppo.learning_rate = config.ppo_learning_rate;
     simic.ppo.entropy_coef = config.entropy_coef;
+    simic.reward.mode = match config.reward_mode {
+        RewardChoice::Shaped => simic::rewards::RewardMode::Shaped,
+        RewardChoice::Sparse => simic::rewards::RewardMode::Sparse,
+        RewardChoice::Minimal => simic::rewards::RewardMode::Minimal,
+    };
     simic.policy_precision = match config.policy_precision {
         PolicyPrecisionChoice::Auto => None,
         PolicyPrecisionChoice::Fp32 => Some(tamiyo::policy::PolicyPrecision::Fp32),
