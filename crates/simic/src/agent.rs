@@ -121,3 +121,70 @@ pub fn evaluate_rows(
         auxiliary,
     })
 }
+
+/// The Q head's mean estimate for each lifecycle op, over the rollout's
+/// valid steps, in [`leyline::LifecycleOp::ALL`] order (reference §6.3's
+/// "Q per op"): one more unroll of the rollout without gradient, the Q head
+/// evaluated once per op, one readback. `None` for a policy without
+/// auxiliary heads. For the round's boundary, after the update.
+pub fn q_per_op(policy: &Policy, rollout: &Rollout) -> Result<Option<Vec<f64>>> {
+    let _no_grad = tch::no_grad_guard();
+    let size = rollout.obs.size();
+    let (r, t) = match size.as_slice() {
+        [r, t, _] => (*r, *t),
+        _ => {
+            return Err(Error::ShapeMismatch {
+                what: "q_per_op.obs",
+                expected: "[r, T, obs_dim]".to_owned(),
+                got: format!("{size:?}"),
+            });
+        }
+    };
+    let batch = usize::try_from(r).map_err(|_| Error::ShapeMismatch {
+        what: "q_per_op.rows",
+        expected: "a non-negative row count".to_owned(),
+        got: r.to_string(),
+    })?;
+    let network = policy.network();
+    let hidden = network.initial_state(batch)?;
+    let output = network.forward_sequence(&rollout.obs, &rollout.blueprints, &hidden)?;
+    let Some(features) = output.features.as_ref() else {
+        return Ok(None);
+    };
+    let device = rollout.obs.device();
+    let valid = rollout.valid.f_to_kind(Kind::Float).op("q per op")?;
+    let count = valid
+        .f_sum(Kind::Float)
+        .op("q per op")?
+        .f_clamp_min(1.0)
+        .op("q per op")?;
+    let means = leyline::LifecycleOp::ALL
+        .iter()
+        .map(|op| {
+            let ops = Tensor::f_full([r, t], i64::from(op.value()), (Kind::Int64, device))
+                .op("q per op")?;
+            network
+                .auxiliary(features, &ops, false)?
+                .q
+                .f_to_kind(Kind::Float)
+                .op("q per op")?
+                .f_mul(&valid)
+                .op("q per op")?
+                .f_sum(Kind::Float)
+                .op("q per op")?
+                .f_div(&count)
+                .op("q per op")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let values = Tensor::f_stack(&means, 0)
+        .op("q per op")?
+        .f_to_kind(Kind::Double)
+        .op("q per op")?
+        .f_to_device(tch::Device::Cpu)
+        .op("q per op")?;
+    let values = Vec::<f64>::try_from(&values).map_err(|source| Error::Readback {
+        what: "q per op",
+        reason: source.to_string(),
+    })?;
+    Ok(Some(values))
+}

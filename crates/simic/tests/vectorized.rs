@@ -121,6 +121,12 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
         "{:?}",
         report.anomalies
     );
+    // The Q head's estimate per op after the update: one per op, finite,
+    // and not one value for all (the head reads the op).
+    let q = report.q_per_op.as_ref().expect("Q per op");
+    assert_eq!(q.len(), leyline::LifecycleOp::ALL.len());
+    assert!(q.iter().all(|v| v.is_finite()), "{q:?}");
+    assert!(q.iter().any(|v| (v - q[0]).abs() > 1e-9), "{q:?}");
     // The recurrent state after the episodes: finite, and not all zero.
     let lstm = report.lstm.expect("LSTM health");
     assert!(lstm.finite, "{lstm:?}");
@@ -228,6 +234,9 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
             .expect("a number");
         assert!(value.is_finite(), "{key} = {value}");
     }
+    let q_per_op = attributes.get("q_per_op").expect("Q per op");
+    assert_eq!(q_per_op.split(',').count(), leyline::LifecycleOp::ALL.len());
+    assert!(q_per_op.starts_with("WAIT="), "{q_per_op}");
     let entropies = attributes.get("head_entropies").expect("head entropies");
     assert_eq!(entropies.split(',').count(), leyline::NUM_ACTION_HEADS);
     assert!(entropies.contains("op="), "{entropies}");

@@ -297,6 +297,10 @@ pub struct RoundReport {
     pub anomalies: Vec<crate::ppo::PpoAnomaly>,
     /// Steps whose reward matched an anti-gaming pattern.
     pub reward_hacking: Vec<RewardHackingSuspicion>,
+    /// After the update, the Q head's mean estimate per lifecycle op over
+    /// the rollout's valid steps, in `LifecycleOp::ALL` order (`None`
+    /// without an update or without auxiliary heads).
+    pub q_per_op: Option<Vec<f64>>,
     /// Timings.
     pub timings: RoundTimings,
 }

@@ -178,6 +178,7 @@ impl Simic {
             lstm: None,
             anomalies: Vec::new(),
             reward_hacking: Vec::new(),
+            q_per_op: None,
             timings,
         };
         let mut inference_total = 0.0;
@@ -491,7 +492,8 @@ impl Simic {
         report.lstm = Some(hidden.health()?);
         if learn {
             match self.update(&buffer) {
-                Ok(stats) => {
+                Ok((stats, q_per_op)) => {
+                    report.q_per_op = q_per_op;
                     report.anomalies =
                         crate::ppo::PpoAnomaly::detect(&stats, &self.anomaly_thresholds);
                     report.ppo = Some(stats);
@@ -568,7 +570,12 @@ impl Simic {
     }
 
     /// GAE on the device and one PPO update of the policy on `buffer`.
-    fn update(&mut self, buffer: &RolloutBuffer) -> Result<crate::ppo::PpoStats> {
+    /// Returns the update's statistics and the Q head's estimate per op
+    /// after it (`None` without auxiliary heads).
+    fn update(
+        &mut self,
+        buffer: &RolloutBuffer,
+    ) -> Result<(crate::ppo::PpoStats, Option<Vec<f64>>)> {
         self.pool_rollout_statistics()?;
         let rollout = buffer.finish()?;
         let values = self.value_normaliser.denormalise(&rollout.values)?;
@@ -589,10 +596,12 @@ impl Simic {
         let batch = rollout.ppo_batch(&advantages, &targets)?;
         let policy = &self.policy;
         let sampler = &self.sampler;
-        self.ppo.update_synced(
+        let stats = self.ppo.update_synced(
             &batch,
             |rows| agent::evaluate_rows(policy, sampler, &rollout, rows),
             self.data_parallel.as_mut(),
-        )
+        )?;
+        let q_per_op = agent::q_per_op(&self.policy, &rollout)?;
+        Ok((stats, q_per_op))
     }
 }

@@ -106,6 +106,17 @@ impl Simic {
                         ),
                         ("memory_peak_mb", self.peak_memory_mb().to_string()),
                         (
+                            "q_per_op",
+                            report.q_per_op.as_ref().map_or_else(String::new, |values| {
+                                leyline::LifecycleOp::ALL
+                                    .iter()
+                                    .zip(values)
+                                    .map(|(op, q)| format!("{}={q}", op.name()))
+                                    .collect::<Vec<_>>()
+                                    .join(",")
+                            }),
+                        ),
+                        (
                             "head_entropies",
                             leyline::HEAD_NAMES
                                 .iter()
