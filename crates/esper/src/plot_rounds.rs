@@ -2,11 +2,12 @@
 //! drawn from `RUN_DIR/rounds.jsonl` at the end of `esper train
 //! --controller ppo` and by `esper plot RUN_DIR`.
 //!
-//! Four charts, one point per round: the mean episode reward, the
+//! Six charts, one point per round: the mean episode reward, the
 //! throughput (environment-epochs per second, the run's running figure), the
-//! environments' mean final validation accuracy, and the mean number of live
+//! environments' mean final validation accuracy, the mean number of live
 //! seeds per environment, each point labelled with the round's germinations
-//! and fossilizations (`g2 f1`).
+//! and fossilizations (`g2 f1`), the share of the policy's decisions per op
+//! (one line per op it ever chose), and the critic's loss in the update.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,7 @@ use crate::plot::{FONT, PNG_NAME, SVG_NAME, register_font};
 use crate::train::ppo::ROUNDS_FILE;
 
 const WIDTH: u32 = 1400;
-const HEIGHT: u32 = 820;
+const HEIGHT: u32 = 1200;
 const TITLE_HEIGHT: u32 = 40;
 
 type DrawResult = std::result::Result<(), Box<dyn Error>>;
@@ -38,6 +39,12 @@ pub(crate) struct RoundPoint {
     pub(crate) live_seeds: Option<f64>,
     pub(crate) germinations: f64,
     pub(crate) fossilizations: f64,
+    /// Per op, the share of the round's decisions that chose it, percent
+    /// (`actions.chosen` over `actions.steps`; empty in runs written
+    /// before the decision analytics).
+    pub(crate) op_shares: Vec<(String, f64)>,
+    /// The critic's loss in the update (`ppo.value_loss`).
+    pub(crate) value_loss: Option<f64>,
 }
 
 /// Reads `run_dir/rounds.jsonl`; a line that is not a round is an error
@@ -64,8 +71,32 @@ pub(crate) fn read(run_dir: &Path) -> Result<Vec<RoundPoint>> {
             .unwrap_or_default();
         let accuracy = (!accuracies.is_empty())
             .then(|| accuracies.iter().sum::<f64>() / accuracies.len() as f64);
+        let steps = value
+            .pointer("/actions/steps")
+            .and_then(serde_json::Value::as_f64)
+            .filter(|steps| *steps > 0.0);
+        let op_shares = match (
+            steps,
+            value
+                .pointer("/actions/chosen")
+                .and_then(serde_json::Value::as_object),
+        ) {
+            (Some(steps), Some(chosen)) => chosen
+                .iter()
+                .filter_map(|(op, count)| {
+                    count
+                        .as_f64()
+                        .map(|count| (op.clone(), 100.0 * count / steps))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         points.push(RoundPoint {
             round: round + 1.0,
+            op_shares,
+            value_loss: value
+                .pointer("/ppo/value_loss")
+                .and_then(serde_json::Value::as_f64),
             reward: number("mean_episode_reward"),
             eps: number("eps"),
             accuracy,
@@ -122,8 +153,8 @@ where
         (12, 12),
         (FONT, 18).into_font().color(&BLACK),
     ))?;
-    let areas = rest.split_evenly((2, 2));
-    let series: [Chart; 4] = [
+    let areas = rest.split_evenly((3, 2));
+    let series: [Chart; 5] = [
         ("mean episode reward", RGBColor(30, 136, 229), |p| p.reward),
         ("env-epochs per second (eps)", RGBColor(67, 160, 71), |p| {
             p.eps
@@ -136,9 +167,20 @@ where
         ("live seeds per environment", RGBColor(142, 36, 170), |p| {
             p.live_seeds
         }),
+        ("value loss of the update", RGBColor(0, 137, 123), |p| {
+            p.value_loss
+        }),
     ];
     let last = points.iter().map(|p| p.round).fold(1.0, f64::max);
-    for (area, (caption, colour, pick)) in areas.iter().zip(series) {
+    // The op shares take the fifth cell, the value loss the sixth.
+    let cells = [0, 1, 2, 3, 5];
+    if let Some(area) = areas.get(4) {
+        draw_op_shares(area, points, last)?;
+    }
+    for (cell, (caption, colour, pick)) in cells.into_iter().zip(series) {
+        let Some(area) = areas.get(cell) else {
+            continue;
+        };
         let values: Vec<(f64, f64)> = points
             .iter()
             .filter_map(|p| pick(p).map(|v| (p.round, v)))
@@ -195,6 +237,73 @@ where
     Ok(())
 }
 
+/// Colours of the op lines, in the order the ops are met.
+const OP_COLOURS: [RGBColor; 6] = [
+    RGBColor(96, 125, 139),
+    RGBColor(67, 160, 71),
+    RGBColor(251, 140, 0),
+    RGBColor(229, 57, 53),
+    RGBColor(142, 36, 170),
+    RGBColor(30, 136, 229),
+];
+
+/// The share of each round's decisions per op, one line per op the policy
+/// ever chose, with a legend.
+fn draw_op_shares<DB>(area: &DrawingArea<DB, Shift>, points: &[RoundPoint], last: f64) -> DrawResult
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+{
+    let mut ops: Vec<&str> = Vec::new();
+    for point in points {
+        for (op, share) in &point.op_shares {
+            if *share > 0.0 && !ops.contains(&op.as_str()) {
+                ops.push(op);
+            }
+        }
+    }
+    let mut chart = ChartBuilder::on(area)
+        .caption("share of decisions per op (%)", (FONT, 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.5..last + 0.5, 0.0..100.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("round")
+        .x_labels(points.len().clamp(2, 12))
+        .x_label_formatter(&|x: &f64| format!("{x:.0}"))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    for (index, op) in ops.iter().enumerate() {
+        let colour = OP_COLOURS[index % OP_COLOURS.len()];
+        let values: Vec<(f64, f64)> = points
+            .iter()
+            .filter_map(|p| {
+                p.op_shares
+                    .iter()
+                    .find(|(name, _)| name == op)
+                    .map(|(_, share)| (p.round, *share))
+            })
+            .collect();
+        chart
+            .draw_series(LineSeries::new(values, colour.stroke_width(2)))?
+            .label(*op)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
+    }
+    if !ops.is_empty() {
+        chart
+            .configure_series_labels()
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,7 +314,9 @@ mod tests {
         std::fs::write(
             dir.path().join(ROUNDS_FILE),
             "{\"round\":0,\"mean_episode_reward\":1.5,\"eps\":2.0,\"final_accuracies\":[80.0,90.0],\
-             \"mean_active_seeds\":0.5,\"germinations\":2,\"fossilizations\":1}\n\
+             \"mean_active_seeds\":0.5,\"germinations\":2,\"fossilizations\":1,\
+             \"actions\":{\"steps\":4,\"chosen\":{\"WAIT\":3,\"GERMINATE\":1,\"PRUNE\":0}},\
+             \"ppo\":{\"value_loss\":0.25}}\n\
              {\"round\":1,\"mean_episode_reward\":null,\"eps\":3.0,\"final_accuracies\":[]}\n",
         )
         .expect("write");
@@ -216,6 +327,16 @@ mod tests {
         assert_eq!(points[0].germinations, 2.0);
         assert_eq!(points[1].reward, None);
         assert_eq!(points[1].accuracy, None);
+        assert_eq!(
+            points[0].op_shares,
+            [
+                ("GERMINATE".to_owned(), 25.0),
+                ("PRUNE".to_owned(), 0.0),
+                ("WAIT".to_owned(), 75.0)
+            ]
+        );
+        assert_eq!(points[0].value_loss, Some(0.25));
+        assert!(points[1].op_shares.is_empty(), "a line without actions");
         let (png, svg) = draw_rounds(dir.path(), &points).expect("draw");
         assert!(std::fs::metadata(png).expect("png").len() > 1000);
         assert!(
@@ -223,6 +344,9 @@ mod tests {
                 .expect("svg")
                 .contains("mean episode reward")
         );
+        let svg = std::fs::read_to_string(dir.path().join(SVG_NAME)).expect("svg");
+        assert!(svg.contains("share of decisions per op"), "the op chart");
+        assert!(svg.contains("GERMINATE"), "the op chart's legend");
         std::fs::write(dir.path().join(ROUNDS_FILE), "{\"round\":0}\nnot json\n").expect("write");
         let error = read(dir.path())
             .expect_err("line 2 is not JSON")
