@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::plot::{FONT, PNG_NAME, SVG_NAME, register_font};
@@ -196,21 +197,7 @@ where
             let margin = ((high - low) * 0.1).max(1e-3);
             (low - margin, high + margin)
         };
-        let mut chart = ChartBuilder::on(area)
-            .caption(caption, (FONT, 18))
-            .margin(12)
-            .x_label_area_size(35)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0.5..last + 0.5, low..high)?;
-        chart
-            .configure_mesh()
-            .x_desc("round")
-            .x_labels(points.len().clamp(2, 12))
-            .x_label_formatter(&|x: &f64| format!("{x:.0}"))
-            .label_style((FONT, 13))
-            .axis_desc_style((FONT, 14))
-            .light_line_style(WHITE.mix(0.0))
-            .draw()?;
+        let mut chart = round_chart(area, caption, points.len(), last, low..high)?;
         chart.draw_series(LineSeries::new(
             values.iter().copied(),
             colour.stroke_width(2),
@@ -235,6 +222,40 @@ where
         }
     }
     Ok(())
+}
+
+/// A chart over rounds 1..=`last` with `y` on its vertical axis, its
+/// caption and mesh drawn.
+fn round_chart<'a, DB>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+    rounds: usize,
+    last: f64,
+    y: std::ops::Range<f64>,
+) -> std::result::Result<
+    ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    Box<dyn Error>,
+>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, (FONT, 18))
+        .margin(12)
+        .x_label_area_size(35)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.5..last + 0.5, y)?;
+    chart
+        .configure_mesh()
+        .x_desc("round")
+        .x_labels(rounds.clamp(2, 12))
+        .x_label_formatter(&|x: &f64| format!("{x:.0}"))
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    Ok(chart)
 }
 
 /// Colours of the op lines, in the order the ops are met.
@@ -262,21 +283,13 @@ where
             }
         }
     }
-    let mut chart = ChartBuilder::on(area)
-        .caption("share of decisions per op (%)", (FONT, 18))
-        .margin(12)
-        .x_label_area_size(35)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0.5..last + 0.5, 0.0..100.0)?;
-    chart
-        .configure_mesh()
-        .x_desc("round")
-        .x_labels(points.len().clamp(2, 12))
-        .x_label_formatter(&|x: &f64| format!("{x:.0}"))
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 14))
-        .light_line_style(WHITE.mix(0.0))
-        .draw()?;
+    let mut chart = round_chart(
+        area,
+        "share of decisions per op (%)",
+        points.len(),
+        last,
+        0.0..100.0,
+    )?;
     for (index, op) in ops.iter().enumerate() {
         let colour = OP_COLOURS[index % OP_COLOURS.len()];
         let values: Vec<(f64, f64)> = points

@@ -21,6 +21,28 @@ use crate::ppo::{AuxiliaryEvaluation, Evaluation};
 use crate::{Error, Result};
 use leyline::NUM_ACTION_HEADS;
 
+/// Rows `r` and steps `T` of observations `[r, T, obs_dim]`, and `r` as
+/// the batch size the LSTM's initial state takes.
+fn rows_and_steps(obs: &Tensor, what: &'static str) -> Result<(i64, i64, usize)> {
+    let size = obs.size();
+    let (r, t) = match size.as_slice() {
+        [r, t, _] => (*r, *t),
+        _ => {
+            return Err(Error::ShapeMismatch {
+                what,
+                expected: "[r, T, obs_dim]".to_owned(),
+                got: format!("{size:?}"),
+            });
+        }
+    };
+    let batch = usize::try_from(r).map_err(|_| Error::ShapeMismatch {
+        what,
+        expected: "a non-negative row count".to_owned(),
+        got: r.to_string(),
+    })?;
+    Ok((r, t, batch))
+}
+
 /// Re-evaluates the rollout's `rows` (`[r]` i64) under the current policy,
 /// with gradients: per-head log-probabilities and normalised entropies
 /// `[r, T, 8]`, values `[r, T]`, and the auxiliary heads' outputs with
@@ -43,22 +65,7 @@ pub fn evaluate_rows(
         .actions
         .f_index_select(0, &rows)
         .op("rows actions")?;
-    let size = obs.size();
-    let (r, t) = match size.as_slice() {
-        [r, t, _] => (*r, *t),
-        _ => {
-            return Err(Error::ShapeMismatch {
-                what: "evaluate_rows.obs",
-                expected: "[r, T, obs_dim]".to_owned(),
-                got: format!("{size:?}"),
-            });
-        }
-    };
-    let batch = usize::try_from(r).map_err(|_| Error::ShapeMismatch {
-        what: "evaluate_rows.rows",
-        expected: "a non-negative row count".to_owned(),
-        got: r.to_string(),
-    })?;
+    let (r, t, batch) = rows_and_steps(&obs, "evaluate_rows.obs")?;
     let network = policy.network();
     let hidden = network.initial_state(batch)?;
     let output = network.forward_sequence(&obs, &blueprints, &hidden)?;
@@ -129,22 +136,7 @@ pub fn evaluate_rows(
 /// auxiliary heads. For the round's boundary, after the update.
 pub fn q_per_op(policy: &Policy, rollout: &Rollout) -> Result<Option<Vec<f64>>> {
     let _no_grad = tch::no_grad_guard();
-    let size = rollout.obs.size();
-    let (r, t) = match size.as_slice() {
-        [r, t, _] => (*r, *t),
-        _ => {
-            return Err(Error::ShapeMismatch {
-                what: "q_per_op.obs",
-                expected: "[r, T, obs_dim]".to_owned(),
-                got: format!("{size:?}"),
-            });
-        }
-    };
-    let batch = usize::try_from(r).map_err(|_| Error::ShapeMismatch {
-        what: "q_per_op.rows",
-        expected: "a non-negative row count".to_owned(),
-        got: r.to_string(),
-    })?;
+    let (r, t, batch) = rows_and_steps(&rollout.obs, "q_per_op.obs")?;
     let network = policy.network();
     let hidden = network.initial_state(batch)?;
     let output = network.forward_sequence(&rollout.obs, &rollout.blueprints, &hidden)?;

@@ -231,9 +231,9 @@ fn loss_matches_hand_computation_with_value_clipping() {
     check_loss(Some(0.2));
 }
 
-#[test]
-fn loss_refuses_mismatched_evaluation() {
-    let c = case();
+/// Multipliers 1 and no floors on every head, no entropy bonus, clip 0.2,
+/// `c_v` 0.5, the contribution term at `contribution_coef`.
+fn plain_loss_setup(contribution_coef: f64) -> (HeadCoefficients, LossScalars) {
     let config = PpoConfig {
         head_entropy_multipliers: vec![1.0; H],
         entropy_floors: vec![0.0; H],
@@ -247,8 +247,15 @@ fn loss_refuses_mismatched_evaluation() {
         value_clip: None,
         entropy_coef: 0.0,
         floor_scale: 1.0,
-        contribution_coef: 0.0,
+        contribution_coef,
     };
+    (coefficients, scalars)
+}
+
+#[test]
+fn loss_refuses_mismatched_evaluation() {
+    let c = case();
+    let (coefficients, scalars) = plain_loss_setup(0.0);
     let evaluation = Evaluation {
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
@@ -272,21 +279,7 @@ fn loss_refuses_mismatched_evaluation() {
 #[allow(clippy::needless_range_loop)] // Indices read as the formula's.
 fn auxiliary_terms_match_hand_computation() {
     let c = case();
-    let config = PpoConfig {
-        head_entropy_multipliers: vec![1.0; H],
-        entropy_floors: vec![0.0; H],
-        entropy_floor_coefs: vec![0.0; H],
-        ..PpoConfig::default()
-    };
-    let coefficients = HeadCoefficients::new(&config, Device::Cpu).unwrap();
-    let scalars = LossScalars {
-        clip: 0.2,
-        value_coef: 0.5,
-        value_clip: None,
-        entropy_coef: 0.0,
-        floor_scale: 1.0,
-        contribution_coef: 0.05,
-    };
+    let (coefficients, scalars) = plain_loss_setup(0.05);
     let plain = Evaluation {
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),

@@ -47,6 +47,7 @@ mod outcome;
 mod round;
 mod state;
 mod telemetry;
+mod update;
 
 use std::time::Instant;
 

@@ -8,7 +8,7 @@ use tamiyo::features::{FeatureBatch, slot_extras};
 use tamiyo::heads::OP;
 use tamiyo::masks::{ActionMasks, MaskTensors, action_masks};
 use tamiyo::policy::LstmState;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 use tolaria::controller::{Applied, EpochMetrics, EpochObservation};
 use tolaria::engine::trainer::TrainedEpoch;
 
@@ -16,11 +16,8 @@ use super::env::{Env, EnvSpec};
 use super::measure::{Launched, Measured, launch_measure, ms, read_measure};
 use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
 use super::{RoundReport, RoundTimings, Simic};
-use crate::agent;
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
-use crate::error::TorchResultExt;
-use crate::gae::compute_gae;
-use crate::rewards::{RewardInputs, apply_governor_rollback, compute_reward};
+use crate::rewards::{RewardInputs, compute_reward};
 use crate::{Error, Result};
 
 /// Finite epoch figures for an observation (a diverged epoch's NaN loss
@@ -533,75 +530,5 @@ impl Simic {
         self.env_epochs = self.env_epochs.saturating_add(report.env_epochs);
         self.emit(&report);
         Ok(report)
-    }
-
-    /// Ends `env`'s episode after a governor rollback: the death penalty on
-    /// its last transition (a true terminal), earlier rewards forfeited.
-    fn end_by_rollback(
-        &mut self,
-        env: &mut Env,
-        index: usize,
-        buffer: &mut RolloutBuffer,
-    ) -> Result<()> {
-        env.done = true;
-        let Some(last) = env.last_step else {
-            return Ok(());
-        };
-        let mut rewards: Vec<f64> = buffer
-            .row_rewards(index)
-            .map(|row| {
-                row.iter()
-                    .take(last.saturating_add(1))
-                    .map(|&r| f64::from(r))
-                    .collect()
-            })
-            .unwrap_or_default();
-        apply_governor_rollback(
-            &self.config.reward,
-            &self.config.reward_normaliser,
-            &mut rewards,
-        )?;
-        for (step, value) in rewards.iter().enumerate() {
-            if let Some(slot) = buffer.reward_mut(index, step) {
-                *slot = *value as f32;
-            }
-        }
-        buffer.set_terminal(index, last)
-    }
-
-    /// GAE on the device and one PPO update of the policy on `buffer`.
-    /// Returns the update's statistics and the Q head's estimate per op
-    /// after it (`None` without auxiliary heads).
-    fn update(
-        &mut self,
-        buffer: &RolloutBuffer,
-    ) -> Result<(crate::ppo::PpoStats, Option<Vec<f64>>)> {
-        self.pool_rollout_statistics()?;
-        let rollout = buffer.finish()?;
-        let values = self.value_normaliser.denormalise(&rollout.values)?;
-        let bootstrap = self.value_normaliser.denormalise(&rollout.bootstrap)?;
-        let (advantages, returns) = compute_gae(
-            &rollout.rewards,
-            &values,
-            &rollout.terminated,
-            &rollout.truncated,
-            &bootstrap,
-            self.config.ppo.gamma,
-            self.config.ppo.gae_lambda,
-        )?;
-        let valid = rollout.valid.f_to_kind(Kind::Float).op("valid")?;
-        self.value_normaliser.update(&returns, Some(&valid))?;
-        self.pool_value_statistics()?;
-        let targets = self.value_normaliser.normalise(&returns)?;
-        let batch = rollout.ppo_batch(&advantages, &targets)?;
-        let policy = &self.policy;
-        let sampler = &self.sampler;
-        let stats = self.ppo.update_synced(
-            &batch,
-            |rows| agent::evaluate_rows(policy, sampler, &rollout, rows),
-            self.data_parallel.as_mut(),
-        )?;
-        let q_per_op = agent::q_per_op(&self.policy, &rollout)?;
-        Ok((stats, q_per_op))
     }
 }

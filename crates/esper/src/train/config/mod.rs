@@ -8,14 +8,24 @@
 //! distance): `unknown key "epoch" in run.toml; did you mean "epochs"?`. A
 //! misspelt key is never ignored, because a run that silently trains with a
 //! default the user meant to change wastes hours.
+//!
+//! Reading the file is [`file`](mod@file)'s part; the default run directory's
+//! timestamp is [`stamp`]'s.
+
+mod file;
+mod stamp;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use kasmina::host::SlotId;
 use serde::{Deserialize, Serialize};
 use torch_ext::DeviceChoice;
+
+use file::{FileConfig, read_file};
+use stamp::default_run_dir;
 
 use super::args::{
     ControllerKind, ModeChoice, PolicyPrecisionChoice, PrecisionChoice, RewardChoice, TaskKind,
@@ -80,36 +90,6 @@ pub(crate) const DEFAULT_ENVS: usize = 4;
 pub(crate) const DEFAULT_ROUNDS: usize = 10;
 /// Samples the synthetic task generates for training by default.
 pub(crate) const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize = 4096;
-
-/// What a configuration file may say: every key optional.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    controller: Option<ControllerKind>,
-    task: Option<TaskKind>,
-    slots: Option<Vec<String>>,
-    max_seeds: Option<usize>,
-    epochs: Option<usize>,
-    batch_size: Option<usize>,
-    learning_rate: Option<f64>,
-    device: Option<String>,
-    precision: Option<PrecisionChoice>,
-    seed: Option<u64>,
-    run_dir: Option<PathBuf>,
-    train_samples: Option<usize>,
-    mode: Option<ModeChoice>,
-    data_dir: Option<PathBuf>,
-    checkpoint_every: Option<usize>,
-    envs: Option<usize>,
-    rounds: Option<usize>,
-    policy_precision: Option<PolicyPrecisionChoice>,
-    devices: Option<Vec<String>>,
-    metrics_port: Option<u16>,
-    ppo_epochs: Option<usize>,
-    ppo_learning_rate: Option<f64>,
-    entropy_coef: Option<f64>,
-    reward_mode: Option<RewardChoice>,
-}
 
 /// The resolved configuration of one run (written as `config.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -403,299 +383,5 @@ impl RunConfig {
             self.to_toml()?
         );
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-    }
-}
-
-/// Reads a configuration file: TOML, every key known (see the module docs).
-fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading the configuration file {}", path.display()))?;
-    parse_file(&text, &path.display().to_string())
-}
-
-/// Parses the text of a configuration file called `name` (for messages).
-fn parse_file(text: &str, name: &str) -> Result<FileConfig> {
-    let table: toml::Table =
-        toml::from_str(text).with_context(|| format!("{name} is not valid TOML"))?;
-    let mut normalised = toml::Table::new();
-    for (key, value) in table {
-        let canonical = key.replace('-', "_");
-        if !KEYS.contains(&canonical.as_str()) {
-            bail!("{}", unknown_key_message(&key, name));
-        }
-        if normalised.insert(canonical.clone(), value).is_some() {
-            bail!("{canonical:?} is given twice in {name} (once with dashes)");
-        }
-    }
-    toml::Value::Table(normalised)
-        .try_into::<FileConfig>()
-        .with_context(|| format!("in {name}"))
-}
-
-/// `unknown key "KEY" in NAME; did you mean "NEAREST"?`, or the list of
-/// valid keys when none is close.
-pub(crate) fn unknown_key_message(key: &str, name: &str) -> String {
-    match nearest_key(key) {
-        Some(nearest) => format!("unknown key {key:?} in {name}; did you mean {nearest:?}?"),
-        None => format!(
-            "unknown key {key:?} in {name}; the valid keys are {}",
-            KEYS.join(", ")
-        ),
-    }
-}
-
-/// The valid key nearest to `key` in edit distance (ignoring case and
-/// dashes), if within a third of its length (at least 2 edits allowed).
-pub(crate) fn nearest_key(key: &str) -> Option<&'static str> {
-    let wanted = key.to_lowercase().replace('-', "_");
-    let allowed = (wanted.chars().count() / 3).max(2);
-    KEYS.iter()
-        .map(|candidate| (strsim::levenshtein(&wanted, candidate), *candidate))
-        .filter(|(distance, _)| *distance <= allowed)
-        .min_by_key(|(distance, _)| *distance)
-        .map(|(_, candidate)| candidate)
-}
-
-/// `runs/<UTC timestamp>`, e.g. `runs/2026-11-23_145800`.
-fn default_run_dir() -> PathBuf {
-    let seconds = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs());
-    PathBuf::from("runs").join(utc_stamp(seconds))
-}
-
-/// `YYYY-MM-DD_HHMMSS` (UTC) of `seconds` since the Unix epoch.
-pub(crate) fn utc_stamp(seconds: u64) -> String {
-    let days = seconds / 86_400;
-    let of_day = seconds % 86_400;
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}_{:02}{:02}{:02}",
-        of_day / 3600,
-        of_day % 3600 / 60,
-        of_day % 60
-    )
-}
-
-/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard
-/// Hinnant's `civil_from_days`, for non-negative days).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let shifted_month = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
-    let month = if shifted_month < 10 {
-        shifted_month + 3
-    } else {
-        shifted_month - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_unknown_key_names_its_nearest_spelling() {
-        let error = parse_file("epoch = 3\n", "run.toml").expect_err("refused");
-        assert_eq!(
-            error.to_string(),
-            "unknown key \"epoch\" in run.toml; did you mean \"epochs\"?"
-        );
-        assert_eq!(nearest_key("batchsize"), Some("batch_size"));
-        assert_eq!(nearest_key("max-seed"), Some("max_seeds"));
-        assert_eq!(nearest_key("Learning_Rate"), Some("learning_rate"));
-        assert_eq!(nearest_key("colour"), None);
-        let far = parse_file("colour = 1\n", "run.toml").expect_err("refused");
-        assert!(far.to_string().contains("the valid keys are controller"));
-    }
-
-    #[test]
-    fn file_keys_take_dashes_and_types_are_checked() {
-        let file = parse_file(
-            "batch-size = 64\ntask = \"synthetic\"\ncheckpoint-every = 2\n",
-            "a.toml",
-        )
-        .expect("ok");
-        assert_eq!(file.batch_size, Some(64));
-        assert_eq!(file.checkpoint_every, Some(2));
-        assert_eq!(file.task, Some(TaskKind::Synthetic));
-        let error = parse_file("epochs = \"many\"\n", "a.toml").expect_err("refused");
-        assert!(format!("{error:#}").contains("epochs"), "{error:#}");
-        assert!(parse_file("task = \"mnist\"\n", "a.toml").is_err());
-        assert!(parse_file("batch_size = 1\nbatch-size = 2\n", "a.toml").is_err());
-        let file = parse_file("policy-precision = \"fp32\"\n", "a.toml").expect("ok");
-        assert_eq!(file.policy_precision, Some(PolicyPrecisionChoice::Fp32));
-        assert!(parse_file("policy_precision = \"fp16\"\n", "a.toml").is_err());
-    }
-
-    #[test]
-    fn flags_override_the_file_and_the_file_overrides_defaults() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("run.toml");
-        std::fs::write(&path, "epochs = 7\nbatch_size = 32\nslots = [\"r0c0\"]\n").expect("write");
-        let args = TrainArgs {
-            config: Some(path.clone()),
-            epochs: Some(3),
-            ..TrainArgs::default()
-        };
-        let config = RunConfig::resolve(&args).expect("resolved");
-        assert_eq!(config.epochs, 3, "the flag wins");
-        assert_eq!(config.batch_size, 32, "the file wins over the default");
-        assert_eq!(config.slots, ["r0c0"]);
-        assert_eq!(config.max_seeds, 1, "max_seeds defaults to the slot count");
-        assert_eq!(config.learning_rate, DEFAULT_LEARNING_RATE);
-        assert_eq!(config.train_samples, DEFAULT_FMNIST_TRAIN_SAMPLES);
-        assert_eq!(config.checkpoint_every, DEFAULT_CHECKPOINT_EVERY);
-        // The written file reads back as the same configuration; one written
-        // before checkpoints existed reads with the default interval.
-        let text = config.to_toml().expect("toml");
-        let again: RunConfig = toml::from_str(&text).expect("parse");
-        assert_eq!(again, config);
-        let older: String = text
-            .lines()
-            .filter(|line| !line.starts_with("checkpoint_every"))
-            .map(|line| format!("{line}\n"))
-            .collect();
-        let older: RunConfig = toml::from_str(&older).expect("parse");
-        assert_eq!(older.checkpoint_every, DEFAULT_CHECKPOINT_EVERY);
-        // One written before the policy's precision was a setting reads
-        // with the reference's rule.
-        assert_eq!(config.policy_precision, PolicyPrecisionChoice::Auto);
-        let older: String = text
-            .lines()
-            .filter(|line| !line.starts_with("policy_precision"))
-            .map(|line| format!("{line}\n"))
-            .collect();
-        let older: RunConfig = toml::from_str(&older).expect("parse");
-        assert_eq!(older.policy_precision, PolicyPrecisionChoice::Auto);
-        // The PPO settings default to the reference's; one written before
-        // they were settings reads with those.
-        assert_eq!(
-            (
-                config.ppo_epochs,
-                config.ppo_learning_rate,
-                config.entropy_coef
-            ),
-            (1, 3e-4, 0.05)
-        );
-        let older: String = text
-            .lines()
-            .filter(|line| {
-                !line.starts_with("ppo_")
-                    && !line.starts_with("entropy_coef")
-                    && !line.starts_with("reward_mode")
-            })
-            .map(|line| format!("{line}\n"))
-            .collect();
-        let older: RunConfig = toml::from_str(&older).expect("parse");
-        assert_eq!(
-            (
-                older.ppo_epochs,
-                older.ppo_learning_rate,
-                older.entropy_coef
-            ),
-            (1, 3e-4, 0.05)
-        );
-        assert_eq!(older.reward_mode, RewardChoice::Shaped);
-        // A file and a flag set them.
-        std::fs::write(
-            &path,
-            "ppo_epochs = 4\nentropy-coef = 0.1\nreward_mode = \"sparse\"\n",
-        )
-        .expect("write");
-        let args = TrainArgs {
-            config: Some(path.clone()),
-            ppo_learning_rate: Some(1e-4),
-            ..TrainArgs::default()
-        };
-        let config = RunConfig::resolve(&args).expect("resolved");
-        assert_eq!(
-            (
-                config.ppo_epochs,
-                config.ppo_learning_rate,
-                config.entropy_coef
-            ),
-            (4, 1e-4, 0.1)
-        );
-        assert_eq!(config.reward_mode, RewardChoice::Sparse);
-    }
-
-    #[test]
-    fn bad_values_are_refused_with_their_name() {
-        for (args, needle) in [
-            (
-                TrainArgs {
-                    epochs: Some(0),
-                    ..TrainArgs::default()
-                },
-                "epochs",
-            ),
-            (
-                TrainArgs {
-                    slots: Some(vec!["x1".to_owned()]),
-                    ..TrainArgs::default()
-                },
-                "slots",
-            ),
-            (
-                TrainArgs {
-                    slots: Some(vec!["r0c1".to_owned(), "r0c1".to_owned()]),
-                    ..TrainArgs::default()
-                },
-                "twice",
-            ),
-            (
-                TrainArgs {
-                    device: Some("gpu".to_owned()),
-                    ..TrainArgs::default()
-                },
-                "device",
-            ),
-            (
-                TrainArgs {
-                    learning_rate: Some(f64::NAN),
-                    ..TrainArgs::default()
-                },
-                "learning_rate",
-            ),
-            (
-                TrainArgs {
-                    ppo_epochs: Some(0),
-                    ..TrainArgs::default()
-                },
-                "ppo_epochs",
-            ),
-            (
-                TrainArgs {
-                    ppo_learning_rate: Some(-1.0),
-                    ..TrainArgs::default()
-                },
-                "ppo_learning_rate",
-            ),
-            (
-                TrainArgs {
-                    entropy_coef: Some(f64::INFINITY),
-                    ..TrainArgs::default()
-                },
-                "entropy_coef",
-            ),
-        ] {
-            let error = RunConfig::resolve(&args).expect_err("refused");
-            assert!(format!("{error:#}").contains(needle), "{error:#}");
-        }
-    }
-
-    #[test]
-    fn timestamps_are_utc_calendar_dates() {
-        assert_eq!(utc_stamp(0), "1970-01-01_000000");
-        assert_eq!(utc_stamp(951_782_400), "2000-02-29_000000");
-        assert_eq!(utc_stamp(1_795_437_296), "2026-11-23_123456");
     }
 }
