@@ -479,3 +479,19 @@ fn a_trainer_resumed_at_an_epoch_shuffles_and_names_seeds_as_that_epoch() {
     assert_eq!(trainer.epoch(), 4);
     assert_eq!(trainer.train_data().epoch(), 4);
 }
+
+#[test]
+fn the_blueprint_prewarm_does_nothing_on_the_cpu_and_refuses_bad_batch_sizes() {
+    use tolaria::engine::prewarm::{MAX_PREWARM_BATCH, prewarm_blueprints};
+    let model = cnn_model(Telemetry::disabled());
+    let done = prewarm_blueprints(&model, Precision::Fp32, true, &[64, 17]).expect("prewarm");
+    assert_eq!(done.runs, 0, "nothing runs on the CPU");
+    for bad in [0, -1, MAX_PREWARM_BATCH + 1] {
+        let error = prewarm_blueprints(&model, Precision::Fp32, true, &[64, bad])
+            .expect_err("a bad batch size is refused");
+        assert!(
+            matches!(error, tolaria::Error::InvalidConfig { .. }),
+            "{bad}: {error}"
+        );
+    }
+}

@@ -5,7 +5,8 @@
 //! the epoch); a second trainer's first capture reuses the shared pool; a
 //! step that reads back cannot be captured, falls back to eager with
 //! `tolaria.graph_fallback` and training goes on; bf16 and fp16 train;
-//! device timing turns off and on.
+//! device timing turns off and on; the blueprint prewarm runs every
+//! blueprint at every slot and leaves the model alone.
 
 use kasmina::model::MorphogeneticModel;
 use leyline::telemetry as names;
@@ -422,4 +423,37 @@ fn device_timing_can_be_turned_off_and_launch_time_is_reported() {
     engine.set_device_timing(true);
     let report = engine.run_epoch(&mut step, &staged).expect("timed epoch");
     assert!(report.device_ms.is_some());
+}
+
+#[test]
+fn the_blueprint_prewarm_runs_every_blueprint_at_every_slot_and_leaves_the_model_alone() {
+    if !cuda_or_skip(
+        "the_blueprint_prewarm_runs_every_blueprint_at_every_slot_and_leaves_the_model_alone",
+    ) {
+        return;
+    }
+    use kasmina::blueprint::Blueprint;
+    use kasmina::host::Topology;
+    use tolaria::engine::prewarm::prewarm_blueprints;
+    let train = data(1024, 3);
+    let model = blending_model(&train);
+    let before = parameters(&model);
+    let blueprints = Blueprint::for_topology(Topology::Cnn)
+        .iter()
+        .filter(|&&b| b != Blueprint::Noop)
+        .count();
+    for precision in [Precision::Fp32, Precision::Bf16] {
+        let done = prewarm_blueprints(&model, precision, true, &[256, 100]).expect("prewarm");
+        assert_eq!(
+            done.runs,
+            model.slots().len() * blueprints * 2,
+            "{precision:?}"
+        );
+        assert!(done.ms > 0.0);
+    }
+    assert_eq!(
+        parameters(&model),
+        before,
+        "the model's parameters are untouched"
+    );
 }

@@ -181,13 +181,18 @@ fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
 /// optional suffixes that turn Simic's environment defaults (one warm-up
 /// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
 /// `-bench` times cuDNN algorithms at every new shape, `-w3` warms up three
-/// steps; and `-fp32-policy` keeps the policy in fp32 whatever the
-/// environments' precision.
+/// steps; `-fp32-policy` keeps the policy in fp32 whatever the
+/// environments' precision; and `-prewarm` (last) runs every blueprint
+/// once before the first round ([`SimicConfig::prewarm_blueprints`]).
 fn variant_config(
     name: &str,
     episode_length: u32,
     quick: bool,
 ) -> Result<(Precision, SimicConfig)> {
+    let (name, prewarm) = match name.strip_suffix("-prewarm") {
+        Some(base) => (base, true),
+        None => (name, false),
+    };
     let (base, benchmark) = match name.strip_suffix("-bench") {
         Some(base) => (base, true),
         None => (name, false),
@@ -211,6 +216,7 @@ fn variant_config(
     if fp32_policy {
         config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
     }
+    config.prewarm_blueprints = prewarm;
     Ok((precision, config))
 }
 
@@ -245,7 +251,7 @@ fn throughput_variant(
     device: Device,
     rounds: usize,
     progress: &mut dyn FnMut(&str),
-) -> Result<(Vec<RoundReport>, f64, f64)> {
+) -> Result<Variant> {
     let started = Instant::now();
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     // After the policy's first allocation: the caching allocator refuses a
@@ -259,13 +265,16 @@ fn throughput_variant(
         let report = simic.run_round(spec, true)?;
         let t = &report.timings;
         progress(&format!(
-            "  round {round}: {} env-epochs in {:.1} s (setup {:.0} ms, launch {:.0}, train {:.0}, \
-             counterfactual {:.0}, policy {:.0}, boundary {:.0}, update {:.0}), reward {:.2}, \
-             seeds {:.2}, acc {:?}",
+            "  round {round}: {} env-epochs in {:.1} s (setup {:.0} ms, launch {:.0} with {} \
+             captures in {:.0} and {} eager steps, train {:.0}, counterfactual {:.0}, policy {:.0}, \
+             boundary {:.0}, update {:.0}), reward {:.2}, seeds {:.2}, acc {:?}",
             report.env_epochs,
             t.total_ms / 1000.0,
             t.setup_ms,
             t.launch_ms,
+            report.captures,
+            t.capture_ms,
+            report.eager_steps,
             t.train_ms,
             t.counterfactual_ms,
             t.policy_ms,
@@ -278,6 +287,12 @@ fn throughput_variant(
         reports.push(report);
     }
     let wall = started.elapsed().as_secs_f64();
+    if let Some(prewarm) = simic.prewarm() {
+        progress(&format!(
+            "  blueprint warm-up (in round 0): {} passes in {:.0} ms",
+            prewarm.runs, prewarm.ms
+        ));
+    }
     progress(&format!(
         "  policy step: {} in {}; sampling: {}",
         simic.policy_fallback().map_or_else(
@@ -294,7 +309,21 @@ fn throughput_variant(
         Device::Cuda(index) => torch_ext::cuda::max_memory_allocated(index)? as f64 / 1_048_576.0,
         _ => 0.0,
     };
-    Ok((reports, wall, peak_mb))
+    Ok(Variant {
+        reports,
+        wall,
+        peak_mb,
+        prewarm: simic.prewarm(),
+    })
+}
+
+/// What [`throughput_variant`] measured.
+struct Variant {
+    reports: Vec<RoundReport>,
+    /// Seconds, the whole run.
+    wall: f64,
+    peak_mb: f64,
+    prewarm: Option<tolaria::engine::prewarm::Prewarm>,
 }
 
 /// One short round (two steps, PPO update included) with the first
@@ -439,7 +468,12 @@ pub fn run_throughput(
         let (precision, config) = variant_config(name, episode_length, options.quick)?;
         progress(&format!("{name}: {} rounds", options.rounds));
         let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
-            Ok((reports, wall, peak_mb)) => {
+            Ok(Variant {
+                reports,
+                wall,
+                peak_mb,
+                prewarm,
+            }) => {
                 let env_epochs: u64 = reports.iter().map(|r| r.env_epochs).sum();
                 let steady: Vec<&RoundReport> = reports.iter().skip(1).collect();
                 let steady_epochs: u64 = steady.iter().map(|r| r.env_epochs).sum();
@@ -512,6 +546,17 @@ pub fn run_throughput(
                 ] {
                     let total: f64 = steady_or_all.iter().map(|r| pick(r)).sum();
                     metrics.insert(name.to_owned(), total / steady_epochs_f);
+                }
+                metrics.insert(
+                    "captures".to_owned(),
+                    reports.iter().map(|r| r.captures as f64).sum(),
+                );
+                metrics.insert(
+                    "capture_ms".to_owned(),
+                    reports.iter().map(|r| r.timings.capture_ms).sum(),
+                );
+                if let Some(prewarm) = prewarm {
+                    metrics.insert("blueprint_prewarm_ms".to_owned(), prewarm.ms);
                 }
                 metrics.insert(
                     "update_ms".to_owned(),

@@ -292,4 +292,57 @@ impl super::Simic {
             .copied()
             .unwrap_or(self.device)
     }
+
+    /// Runs every blueprint at every slot of `spec`'s host once at the
+    /// environments' training batch shapes (the full batch and the shard's
+    /// last, shorter one), on a scratch model per environment device
+    /// ([`tolaria::engine::prewarm::prewarm_blueprints`]).
+    pub(crate) fn prewarm_blueprints(
+        &self,
+        spec: &EnvSpec,
+    ) -> Result<tolaria::engine::prewarm::Prewarm> {
+        let trainer = &self.config.trainer;
+        let batch = i64::try_from(trainer.batch_size).unwrap_or(i64::MAX);
+        let shard = spec
+            .train
+            .first()
+            .map_or(0, |data| i64::try_from(data.len()).unwrap_or(i64::MAX));
+        let mut sizes = vec![batch.min(shard.max(1))];
+        if let Some(rest) = shard
+            .checked_rem(batch)
+            .filter(|&rest| rest > 0 && shard > batch)
+        {
+            sizes.push(rest);
+        }
+        let mut devices: Vec<Device> = Vec::new();
+        for index in 0..self.config.n_envs {
+            let device = self.env_device(index);
+            if !devices.contains(&device) {
+                devices.push(device);
+            }
+        }
+        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
+        let mut total = tolaria::engine::prewarm::Prewarm::default();
+        for device in devices {
+            let precision = match trainer.precision {
+                Some(precision) => precision,
+                None => tolaria::amp::Precision::auto(device)?,
+            };
+            let model = MorphogeneticModel::with_slot_names(
+                CnnHost::new(spec.host.clone(), device)?,
+                &names,
+                SlotConfig::default(),
+                Telemetry::disabled(),
+            )?;
+            let done = tolaria::engine::prewarm::prewarm_blueprints(
+                &model,
+                precision,
+                trainer.channels_last,
+                &sizes,
+            )?;
+            total.runs = total.runs.saturating_add(done.runs);
+            total.ms += done.ms;
+        }
+        Ok(total)
+    }
 }

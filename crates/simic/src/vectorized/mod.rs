@@ -128,6 +128,12 @@ pub struct SimicConfig {
     /// device, while the policy, the rollout buffer and the update stay on
     /// the policy's device. Empty: every environment on the policy's device.
     pub env_devices: Vec<Device>,
+    /// Before the first round's environments are built, run every
+    /// blueprint at every slot once at the training batch shapes
+    /// ([`tolaria::engine::prewarm::prewarm_blueprints`]), so that the
+    /// first germination of a blueprint does not also pay its kernels'
+    /// first use. The time is part of the first round (its setup).
+    pub prewarm_blueprints: bool,
 }
 
 impl SimicConfig {
@@ -179,6 +185,7 @@ impl SimicConfig {
             policy_precision: None,
             shapley: Some(crate::counterfactual::ShapleyConfig::default()),
             env_devices: Vec::new(),
+            prewarm_blueprints: false,
         }
     }
 
@@ -248,6 +255,9 @@ pub struct RoundTimings {
     pub boundary_ms: f64,
     /// GAE and the PPO update.
     pub update_ms: f64,
+    /// The training steps' graph captures (part of `launch_ms`): their
+    /// summed time, all environments.
+    pub capture_ms: f64,
     /// The whole round.
     pub total_ms: f64,
 }
@@ -302,6 +312,12 @@ pub struct RoundReport {
     /// the rollout's valid steps, in `LifecycleOp::ALL` order (`None`
     /// without an update or without auxiliary heads).
     pub q_per_op: Option<Vec<f64>>,
+    /// Training-step graphs captured this round, all environments (a new
+    /// batch shape or active-seed set meets its first capture).
+    pub captures: usize,
+    /// Training steps run eagerly this round (warm-up steps before a
+    /// capture, fallbacks), all environments.
+    pub eager_steps: usize,
     /// Timings.
     pub timings: RoundTimings,
 }
@@ -323,6 +339,7 @@ pub struct Simic {
     rounds: u64,
     env_epochs: u64,
     started: Option<Instant>,
+    prewarm: Option<tolaria::engine::prewarm::Prewarm>,
 }
 
 impl std::fmt::Debug for Simic {
@@ -389,6 +406,7 @@ impl Simic {
             data_parallel: None,
             rounds: 0,
             env_epochs: 0,
+            prewarm: None,
             started: None,
         })
     }
@@ -396,6 +414,12 @@ impl Simic {
     /// The settings.
     pub fn config(&self) -> &SimicConfig {
         &self.config
+    }
+
+    /// What the blueprint warm-up ran ([`SimicConfig::prewarm_blueprints`];
+    /// `None` before the first round or with it off).
+    pub fn prewarm(&self) -> Option<tolaria::engine::prewarm::Prewarm> {
+        self.prewarm
     }
 
     /// The policy being trained.

@@ -102,6 +102,11 @@ impl Simic {
         let steps = usize::try_from(self.config.episode_length).unwrap_or(usize::MAX);
         let mut timings = RoundTimings::default();
         let setup = Instant::now();
+        if self.config.prewarm_blueprints && self.prewarm.is_none() {
+            // Before the environments seed tch's generator: the scratch
+            // modules' draws change nothing they draw.
+            self.prewarm = Some(self.prewarm_blueprints(spec)?);
+        }
         let mut envs = Vec::with_capacity(n);
         let env_base = self.env_index_base();
         for index in 0..n {
@@ -176,6 +181,8 @@ impl Simic {
             anomalies: Vec::new(),
             reward_hacking: Vec::new(),
             q_per_op: None,
+            captures: 0,
+            eager_steps: 0,
             timings,
         };
         let mut inference_total = 0.0;
@@ -200,7 +207,11 @@ impl Simic {
                 if let (Some(env), Some(slot), Some(pass)) =
                     (envs.get_mut(i), trained.get_mut(i), launched.get_mut(i))
                 {
-                    *slot = Some(env.trainer.finish_training()?);
+                    let epoch = env.trainer.finish_training()?;
+                    report.captures = report.captures.saturating_add(epoch.train.captures);
+                    report.eager_steps = report.eager_steps.saturating_add(epoch.train.eager_steps);
+                    report.timings.capture_ms += epoch.train.capture_ms.unwrap_or(0.0);
+                    *slot = Some(epoch);
                     // Shapley values at the episode's last epoch.
                     let shapley = self
                         .config

@@ -42,6 +42,7 @@ pub mod bench;
 mod execution;
 pub mod model_step;
 mod pool;
+pub mod prewarm;
 pub mod staging;
 pub mod trainer;
 
