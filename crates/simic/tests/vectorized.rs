@@ -67,6 +67,11 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     let (reports, _) = run(3, 1);
     let report = &reports[0];
     assert!(report.env_epochs >= 2, "{report:?}");
+    // On the CPU every step is eager (two batches of 64 per 128-sample
+    // shard) and nothing is captured.
+    assert_eq!(report.captures, 0);
+    assert_eq!(report.timings.capture_ms, 0.0);
+    assert_eq!(report.eager_steps as u64, report.env_epochs * 2, "{report:?}");
     assert!(
         report.env_epochs + 4 * report.rollbacks as u64 >= 8,
         "{report:?}"
@@ -354,7 +359,23 @@ fn cuda_rounds(spec: &EnvSpec, precision: tolaria::amp::Precision) {
         // Every step replays the captured policy step and times it.
         assert_eq!(report.replay_samples.len(), 4, "{report:?}");
         assert!(report.replay_samples.iter().all(|ms| *ms > 0.0));
+        // Each environment's trainer is new each round: its first training
+        // shape is captured after one eager warm-up step.
+        assert!(report.captures >= 2, "round {round}: {} captures", report.captures);
+        assert!(report.eager_steps >= report.captures);
+        assert!(report.timings.capture_ms > 0.0);
     }
+    // The blueprint warm-up ran once, before the first round: every
+    // blueprint but noop at each of the three slots, one batch shape
+    // (the shards divide into whole batches).
+    let prewarm = simic.prewarm().expect("prewarm on by default");
+    let blueprints = kasmina::blueprint::Blueprint::for_topology(kasmina::host::Topology::Cnn)
+        .iter()
+        .filter(|&&b| b != kasmina::blueprint::Blueprint::Noop)
+        .count();
+    assert_eq!(prewarm.per_blueprint.len(), blueprints);
+    assert_eq!(prewarm.runs % (3 * blueprints), 0, "{prewarm:?}");
+    assert!(prewarm.runs > 0);
     assert!(simic.eps().is_some_and(|eps| eps > 0.0));
     assert_eq!(
         simic.policy_fallback(),

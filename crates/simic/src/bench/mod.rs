@@ -182,16 +182,17 @@ fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
 /// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
 /// `-bench` times cuDNN algorithms at every new shape, `-w3` warms up three
 /// steps; `-fp32-policy` keeps the policy in fp32 whatever the
-/// environments' precision; and `-prewarm` (last) runs every blueprint
-/// once before the first round ([`SimicConfig::prewarm_blueprints`]).
+/// environments' precision; and `-no-prewarm` (last) skips running every
+/// blueprint once before the first round
+/// ([`SimicConfig::prewarm_blueprints`], on by default).
 fn variant_config(
     name: &str,
     episode_length: u32,
     quick: bool,
 ) -> Result<(Precision, SimicConfig)> {
-    let (name, prewarm) = match name.strip_suffix("-prewarm") {
-        Some(base) => (base, true),
-        None => (name, false),
+    let (name, prewarm) = match name.strip_suffix("-no-prewarm") {
+        Some(base) => (base, false),
+        None => (name, true),
     };
     let (base, benchmark) = match name.strip_suffix("-bench") {
         Some(base) => (base, true),
@@ -288,10 +289,7 @@ fn throughput_variant(
     }
     let wall = started.elapsed().as_secs_f64();
     if let Some(prewarm) = simic.prewarm() {
-        progress(&format!(
-            "  blueprint warm-up (in round 0): {} passes in {:.0} ms",
-            prewarm.runs, prewarm.ms
-        ));
+        progress(&prewarm_line("in round 0", prewarm));
     }
     progress(&format!(
         "  policy step: {} in {}; sampling: {}",
@@ -313,7 +311,7 @@ fn throughput_variant(
         reports,
         wall,
         peak_mb,
-        prewarm: simic.prewarm(),
+        prewarm: simic.prewarm().cloned(),
     })
 }
 
@@ -336,16 +334,32 @@ fn process_warmup(
     names: &[String],
     device: Device,
     options: &SimicBenchOptions,
-) -> Result<f64> {
+) -> Result<(f64, Option<tolaria::engine::prewarm::Prewarm>)> {
     if !device.is_cuda() {
-        return Ok(0.0);
+        return Ok((0.0, None));
     }
     let started = Instant::now();
     let first = names.first().map_or("bf16-graph-step", String::as_str);
     let (_, config) = variant_config(first, 2, options.quick)?;
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     simic.run_round(spec, true)?;
-    Ok(started.elapsed().as_secs_f64())
+    Ok((started.elapsed().as_secs_f64(), simic.prewarm().cloned()))
+}
+
+/// The progress line of a blueprint warm-up: passes, time, time per
+/// blueprint.
+fn prewarm_line(when: &str, prewarm: &tolaria::engine::prewarm::Prewarm) -> String {
+    let each: Vec<String> = prewarm
+        .per_blueprint
+        .iter()
+        .map(|(blueprint, ms)| format!("{blueprint} {ms:.0}"))
+        .collect();
+    format!(
+        "  blueprint warm-up ({when}): {} passes in {:.0} ms ({})",
+        prewarm.runs,
+        prewarm.ms,
+        each.join(", ")
+    )
 }
 
 /// The `max-growth-ceiling` entry: the active seeds per environment and
@@ -461,8 +475,11 @@ pub fn run_throughput(
     } else {
         vec!["fp32-eager".to_owned()]
     };
-    let warmup_s = process_warmup(&spec, &names, device, options)?;
+    let (warmup_s, warmup_prewarm) = process_warmup(&spec, &names, device, options)?;
     progress(&format!("process warm-up (not measured): {warmup_s:.1} s"));
+    if let Some(prewarm) = &warmup_prewarm {
+        progress(&prewarm_line("in the process warm-up", prewarm));
+    }
     let mut results = Vec::new();
     for (index, name) in names.iter().enumerate() {
         let (precision, config) = variant_config(name, episode_length, options.quick)?;
@@ -555,7 +572,7 @@ pub fn run_throughput(
                     "capture_ms".to_owned(),
                     reports.iter().map(|r| r.timings.capture_ms).sum(),
                 );
-                if let Some(prewarm) = prewarm {
+                if let Some(prewarm) = &prewarm {
                     metrics.insert("blueprint_prewarm_ms".to_owned(), prewarm.ms);
                 }
                 metrics.insert(
@@ -633,6 +650,9 @@ pub fn run_throughput(
                 "train_samples_per_env": spec.train.first().map_or(0, Dataset::len),
                 "validation_samples": spec.validation.len(),
                 "process_warmup_s": warmup_s,
+                // The blueprint warm-up inside the process warm-up: the
+                // blueprints' first use, paid once per process.
+                "process_warmup_blueprints_ms": warmup_prewarm.as_ref().map(|p| p.ms),
                 "quick": options.quick,
             }),
             results,

@@ -295,8 +295,9 @@ impl super::Simic {
 
     /// Runs every blueprint at every slot of `spec`'s host once at the
     /// environments' training batch shapes (the full batch and the shard's
-    /// last, shorter one), on a scratch model per environment device
-    /// ([`tolaria::engine::prewarm::prewarm_blueprints`]).
+    /// last, shorter one), on a scratch model per environment CUDA device
+    /// ([`tolaria::engine::prewarm::prewarm_blueprints`]); nothing on the
+    /// CPU.
     pub(crate) fn prewarm_blueprints(
         &self,
         spec: &EnvSpec,
@@ -324,6 +325,9 @@ impl super::Simic {
         let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
         let mut total = tolaria::engine::prewarm::Prewarm::default();
         for device in devices {
+            if !device.is_cuda() {
+                continue;
+            }
             let precision = match trainer.precision {
                 Some(precision) => precision,
                 None => tolaria::amp::Precision::auto(device)?,
@@ -340,8 +344,7 @@ impl super::Simic {
                 trainer.channels_last,
                 &sizes,
             )?;
-            total.runs = total.runs.saturating_add(done.runs);
-            total.ms += done.ms;
+            total.absorb(&done);
         }
         Ok(total)
     }

@@ -30,13 +30,29 @@ use crate::error::{Error, Result, TorchResultExt};
 pub const MAX_PREWARM_BATCH: i64 = 1 << 20;
 
 /// What [`prewarm_blueprints`] ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Prewarm {
     /// Forward + backward passes run (slots x blueprints x batch sizes).
     pub runs: usize,
-    /// Wall time, ms (host time: the passes are queued, then the device is
-    /// synchronised once).
+    /// Wall time, ms, the device synchronised at the end.
     pub ms: f64,
+    /// Wall time per blueprint over every slot and batch size, ms (the
+    /// device synchronised after each blueprint), in the topology's order.
+    pub per_blueprint: Vec<(Blueprint, f64)>,
+}
+
+impl Prewarm {
+    /// Adds `other`'s passes and times into this one (several devices).
+    pub fn absorb(&mut self, other: &Prewarm) {
+        self.runs = self.runs.saturating_add(other.runs);
+        self.ms += other.ms;
+        for &(blueprint, ms) in &other.per_blueprint {
+            match self.per_blueprint.iter_mut().find(|(b, _)| *b == blueprint) {
+                Some((_, total)) => *total += ms,
+                None => self.per_blueprint.push((blueprint, ms)),
+            }
+        }
+    }
 }
 
 /// Runs every blueprint of `model`'s topology at every enabled slot once
@@ -73,13 +89,17 @@ pub fn prewarm_blueprints(
     }
     let started = Instant::now();
     let mut runs = 0usize;
+    let blueprints: Vec<Blueprint> = Blueprint::for_topology(topology)
+        .iter()
+        .copied()
+        .filter(|&b| b != Blueprint::Noop)
+        .collect();
+    let mut per_blueprint: Vec<(Blueprint, f64)> = blueprints.iter().map(|&b| (b, 0.0)).collect();
     for slot in model.slots() {
         let spec = slot.spec();
         let (height, width) = spec.spatial;
-        for &blueprint in Blueprint::for_topology(topology) {
-            if blueprint == Blueprint::Noop {
-                continue;
-            }
+        for (&blueprint, (_, spent)) in blueprints.iter().zip(per_blueprint.iter_mut()) {
+            let blueprint_started = Instant::now();
             let module = blueprint
                 .build(topology, spec.channels, device)
                 .map_err(|source| Error::Lifecycle {
@@ -121,11 +141,13 @@ pub fn prewarm_blueprints(
                     .op("prewarm backward")?;
                 runs = runs.saturating_add(1);
             }
+            torch_ext::cuda::synchronize(index)?;
+            *spent += blueprint_started.elapsed().as_secs_f64() * 1000.0;
         }
     }
-    torch_ext::cuda::synchronize(index)?;
     Ok(Prewarm {
         runs,
         ms: started.elapsed().as_secs_f64() * 1000.0,
+        per_blueprint,
     })
 }
