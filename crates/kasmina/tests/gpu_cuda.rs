@@ -1,6 +1,7 @@
 //! CUDA checks, run on the GPU machine (each test prints why it skips on a
-//! machine without CUDA): prefetched modules land on the GPU, and a model
-//! with two seeds trains, attributes and exports there.
+//! machine without CUDA): prefetched modules land on the GPU, a model with
+//! two seeds trains, attributes and exports there, and a depthwise
+//! convolution run in NCHW matches the channels-last one.
 
 mod common;
 
@@ -141,4 +142,57 @@ fn a_transformer_with_seeds_runs_on_the_gpu() {
             .double_value(&[])
             > 0.0
     );
+}
+
+/// A depthwise convolution of a channels-last CUDA input runs in NCHW
+/// (libtorch's own depthwise kernel, not cuDNN's): the values and the
+/// weight's gradient match the channels-last convolution's, in fp32 and
+/// under bf16 autocast.
+#[test]
+fn a_depthwise_convolution_in_nchw_matches_the_channels_last_one() {
+    let Some(device) =
+        cuda_or_skip("a_depthwise_convolution_in_nchw_matches_the_channels_last_one")
+    else {
+        return;
+    };
+    tch::manual_seed(3);
+    let vs = tch::nn::VarStore::new(device);
+    let conv = kasmina::layers::Conv2d::new(&vs.root(), 16, 16, 3, 16, false).expect("conv");
+    assert!(torch_ext::memory::set_channels_last_(&conv.weight).expect("channels last"));
+    let x = torch_ext::memory::contiguous_channels_last(&Tensor::randn(
+        [8, 16, 14, 14],
+        (Kind::Float, device),
+    ))
+    .expect("input");
+    for bf16 in [false, true] {
+        let run = |nchw: bool| -> (Tensor, Tensor) {
+            let _autocast = bf16.then(|| {
+                torch_ext::AutocastGuard::new(torch_ext::AutocastDevice::Cuda, Kind::BFloat16)
+                    .expect("autocast")
+            });
+            let y = if nchw {
+                conv.forward(&x).expect("forward")
+            } else {
+                x.conv2d(&conv.weight, None::<Tensor>, [1, 1], [1, 1], [1, 1], 16)
+            };
+            let grad = Tensor::run_backward(
+                &[y.to_kind(Kind::Float).sum(Kind::Float)],
+                &[&conv.weight],
+                false,
+                false,
+            );
+            (y.to_kind(Kind::Float), grad[0].shallow_clone())
+        };
+        let (y, grad) = run(true);
+        let (expected_y, expected_grad) = run(false);
+        let tolerance = if bf16 { 2e-2 } else { 1e-5 };
+        assert!(
+            y.allclose(&expected_y, tolerance, tolerance, false),
+            "bf16 {bf16}: outputs differ"
+        );
+        assert!(
+            grad.allclose(&expected_grad, tolerance, tolerance * 10.0, false),
+            "bf16 {bf16}: weight gradients differ"
+        );
+    }
 }

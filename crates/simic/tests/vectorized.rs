@@ -71,7 +71,11 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     // shard) and nothing is captured.
     assert_eq!(report.captures, 0);
     assert_eq!(report.timings.capture_ms, 0.0);
-    assert_eq!(report.eager_steps as u64, report.env_epochs * 2, "{report:?}");
+    assert_eq!(
+        report.eager_steps as u64,
+        report.env_epochs * 2,
+        "{report:?}"
+    );
     assert!(
         report.env_epochs + 4 * report.rollbacks as u64 >= 8,
         "{report:?}"
@@ -342,6 +346,9 @@ fn cuda_rounds(spec: &EnvSpec, precision: tolaria::amp::Precision) {
     let mut config = config(9);
     config.trainer.mode = tolaria::config::ExecutionMode::GraphStep;
     config.trainer.precision = Some(precision);
+    // As the reference settings: capture after one eager step, so that the
+    // first epoch (two batches, no seed yet) of every environment captures.
+    config.trainer.graph_warmup_steps = 1;
     let mut simic = Simic::new(config, 3, Device::Cuda(0), Telemetry::disabled()).expect("simic");
     assert_eq!(
         simic.policy_precision(),
@@ -361,7 +368,11 @@ fn cuda_rounds(spec: &EnvSpec, precision: tolaria::amp::Precision) {
         assert!(report.replay_samples.iter().all(|ms| *ms > 0.0));
         // Each environment's trainer is new each round: its first training
         // shape is captured after one eager warm-up step.
-        assert!(report.captures >= 2, "round {round}: {} captures", report.captures);
+        assert!(
+            report.captures >= 2,
+            "round {round}: {} captures",
+            report.captures
+        );
         assert!(report.eager_steps >= report.captures);
         assert!(report.timings.capture_ms > 0.0);
     }
