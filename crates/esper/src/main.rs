@@ -94,7 +94,8 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       simic-cifar           vectorized PPO, 4 envs x 3 slots, CIFAR-10 binary files (ESPER_CIFAR10_DIR)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
-        --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-graph-epoch
+        --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-graph-epoch;
+                            suffixes -fp32-policy, -w3, -bench, -no-prewarm (in this order)
         --rounds N          (every simic workload) PPO rounds per variant (default 3, 1 with
                             --quick)
         --gpus LIST         (both simic workloads) GPU counts, e.g. 1,2: each count runs one

@@ -1,0 +1,477 @@
+//! The `simic-throughput` and `simic-cifar` workloads: the variants by
+//! name, one unmeasured process warm-up, each variant's rounds and figures,
+//! and the `max-growth-ceiling` entry (see the module above for what they
+//! measure).
+
+use std::time::Instant;
+
+use kasmina::host::CnnHostConfig;
+use leyline::Telemetry;
+use leyline::baseline::{Measurements, ResultEntry};
+use serde_json::json;
+use tch::Device;
+use tolaria::amp::Precision;
+use tolaria::config::ExecutionMode;
+use tolaria::data::Dataset;
+
+use super::{
+    SLOTS, SimicBenchOptions, SimicBenchRun, ThroughputTask, amp_name, baseline, load, mean,
+    simic_config, variant,
+};
+use crate::Result;
+use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+
+/// The settings of the variant `name`: a base name ([`variant`]) with
+/// optional suffixes that turn Simic's environment defaults (one warm-up
+/// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
+/// `-bench` times cuDNN algorithms at every new shape, `-w3` warms up three
+/// steps; `-fp32-policy` keeps the policy in fp32 whatever the
+/// environments' precision; and `-no-prewarm` (last) skips running every
+/// blueprint once before the first round
+/// ([`SimicConfig::prewarm_blueprints`], on by default).
+fn variant_config(
+    name: &str,
+    episode_length: u32,
+    quick: bool,
+) -> Result<(Precision, SimicConfig)> {
+    let (name, prewarm) = match name.strip_suffix("-no-prewarm") {
+        Some(base) => (base, false),
+        None => (name, true),
+    };
+    let (base, benchmark) = match name.strip_suffix("-bench") {
+        Some(base) => (base, true),
+        None => (name, false),
+    };
+    let (base, warmup) = match base.strip_suffix("-w3") {
+        Some(base) => (base, Some(3)),
+        None => (base, None),
+    };
+    let (base, fp32_policy) = match base.strip_suffix("-fp32-policy") {
+        Some(base) => (base, true),
+        None => (base, false),
+    };
+    let (precision, mode) = variant(base)?;
+    let mut config = simic_config(precision, mode, episode_length, quick);
+    if let Some(warmup) = warmup {
+        config.trainer.graph_warmup_steps = warmup;
+    }
+    if benchmark {
+        config.trainer.cudnn_benchmark = true;
+    }
+    if fp32_policy {
+        config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
+    }
+    config.prewarm_blueprints = prewarm;
+    Ok((precision, config))
+}
+
+/// Runs `rounds` rounds and the figures of one variant.
+fn throughput_variant(
+    spec: &EnvSpec,
+    config: SimicConfig,
+    device: Device,
+    rounds: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Variant> {
+    let started = Instant::now();
+    let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
+    // After the policy's first allocation: the caching allocator refuses a
+    // reset on a device it has not initialised.
+    if let Device::Cuda(index) = device {
+        torch_ext::cuda::synchronize(index)?;
+        torch_ext::cuda::reset_peak_memory_stats(index)?;
+    }
+    let mut reports = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let report = simic.run_round(spec, true)?;
+        let t = &report.timings;
+        progress(&format!(
+            "  round {round}: {} env-epochs in {:.1} s (setup {:.0} ms, launch {:.0} with {} \
+             captures in {:.0} and {} eager steps, train {:.0}, counterfactual {:.0}, policy {:.0}, \
+             boundary {:.0}, update {:.0}), reward {:.2}, seeds {:.2}, acc {:?}",
+            report.env_epochs,
+            t.total_ms / 1000.0,
+            t.setup_ms,
+            t.launch_ms,
+            report.captures,
+            t.capture_ms,
+            report.eager_steps,
+            t.train_ms,
+            t.counterfactual_ms,
+            t.policy_ms,
+            t.boundary_ms,
+            t.update_ms,
+            report.mean_episode_reward,
+            report.mean_active_seeds,
+            report.final_accuracies
+        ));
+        reports.push(report);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    if let Some(prewarm) = simic.prewarm() {
+        progress(&prewarm_line("in round 0", prewarm));
+    }
+    progress(&format!(
+        "  policy step: {} in {}; sampling: {}",
+        simic.policy_fallback().map_or_else(
+            || "captured graph".to_owned(),
+            |why| format!("eager ({why})")
+        ),
+        simic.policy_precision().name(),
+        simic.sampler().fused_fallback(SLOTS.len()).map_or_else(
+            || "fused CUDA kernel".to_owned(),
+            |why| format!("libtorch ({why})")
+        ),
+    ));
+    let peak_mb = match device {
+        Device::Cuda(index) => torch_ext::cuda::max_memory_allocated(index)? as f64 / 1_048_576.0,
+        _ => 0.0,
+    };
+    Ok(Variant {
+        reports,
+        wall,
+        peak_mb,
+        prewarm: simic.prewarm().cloned(),
+    })
+}
+
+/// What [`throughput_variant`] measured.
+struct Variant {
+    reports: Vec<RoundReport>,
+    /// Seconds, the whole run.
+    wall: f64,
+    peak_mb: f64,
+    prewarm: Option<tolaria::engine::prewarm::Prewarm>,
+}
+
+/// One short round (two steps, PPO update included) with the first
+/// variant's settings before any variant is measured, on CUDA: what a
+/// process pays once (compiling the run-time CUDA kernels, loading CUDA
+/// modules, creating the cuBLAS and cuDNN handles) then falls on no
+/// variant in particular. Returns its wall time, s (0 on the CPU).
+fn process_warmup(
+    spec: &EnvSpec,
+    names: &[String],
+    device: Device,
+    options: &SimicBenchOptions,
+) -> Result<(f64, Option<tolaria::engine::prewarm::Prewarm>)> {
+    if !device.is_cuda() {
+        return Ok((0.0, None));
+    }
+    let started = Instant::now();
+    let first = names.first().map_or("bf16-graph-step", String::as_str);
+    let (_, config) = variant_config(first, 2, options.quick)?;
+    let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
+    simic.run_round(spec, true)?;
+    Ok((started.elapsed().as_secs_f64(), simic.prewarm().cloned()))
+}
+
+/// The progress line of a blueprint warm-up: passes, time, time per
+/// blueprint.
+fn prewarm_line(when: &str, prewarm: &tolaria::engine::prewarm::Prewarm) -> String {
+    let each: Vec<String> = prewarm
+        .per_blueprint
+        .iter()
+        .map(|(blueprint, ms)| format!("{blueprint} {ms:.0}"))
+        .collect();
+    format!(
+        "  blueprint warm-up ({when}): {} passes in {:.0} ms ({})",
+        prewarm.runs,
+        prewarm.ms,
+        each.join(", ")
+    )
+}
+
+/// The `max-growth-ceiling` entry: the active seeds per environment and
+/// epoch that a controller growing as fast as the masks allow keeps, on the
+/// environments of the learned policy's first round, in the first variant's
+/// precision and mode. No controller can keep more under these masks,
+/// gates and episode length; the learned policy's count is read against it.
+fn growth_ceiling(
+    spec: &EnvSpec,
+    names: &[String],
+    device: Device,
+    episode_length: u32,
+    options: &SimicBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> ResultEntry {
+    let first = names.first().map_or("fp32-eager", String::as_str);
+    let (precision, config) =
+        variant_config(first, episode_length, options.quick).unwrap_or_else(|_| {
+            let fallback = simic_config(
+                Precision::Fp32,
+                ExecutionMode::Eager,
+                episode_length,
+                options.quick,
+            );
+            (Precision::Fp32, fallback)
+        });
+    let mode_name = "max-growth-ceiling".to_owned();
+    match baseline::run_baseline(spec, &config, device, 0, baseline::Baseline::MaxGrowth) {
+        Ok(run) => {
+            progress(&format!(
+                "{mode_name}: {:.2} active seeds per env, acc {:?}",
+                run.mean_active_seeds, run.accuracies
+            ));
+            let mut metrics = std::collections::BTreeMap::new();
+            metrics.insert("active_seeds_per_env".to_owned(), run.mean_active_seeds);
+            metrics.insert(
+                "final_accuracy_pct".to_owned(),
+                mean(run.accuracies.iter().copied()),
+            );
+            ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: mode_name,
+                metrics,
+                error: None,
+                amp: Some(amp_name(precision).to_owned()),
+            }
+        }
+        Err(error) => ResultEntry {
+            implementation: "rust".to_owned(),
+            mode: mode_name,
+            metrics: std::collections::BTreeMap::new(),
+            error: Some(error.to_string()),
+            amp: Some(amp_name(precision).to_owned()),
+        },
+    }
+}
+
+/// `simic-throughput` or `simic-cifar`.
+pub fn run_throughput(
+    task: ThroughputTask,
+    options: &SimicBenchOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SimicBenchRun> {
+    let device = torch_ext::device::select(options.device)?;
+    let (train, test) = match load(task, options) {
+        Ok(data) => data,
+        // A missing data set (CIFAR-10 is not on every machine) is a record
+        // that says so, not a stopped `cargo xtask bench`.
+        Err(error) => {
+            return Ok(SimicBenchRun {
+                device,
+                measurements: Measurements {
+                    params: json!({ "quick": options.quick }),
+                    results: vec![ResultEntry {
+                        implementation: "rust".to_owned(),
+                        mode: "data".to_owned(),
+                        metrics: std::collections::BTreeMap::new(),
+                        error: Some(format!("no data set: {error}")),
+                        amp: None,
+                    }],
+                    telemetry_names: Vec::new(),
+                },
+            });
+        }
+    };
+    let host = match task {
+        ThroughputTask::FashionMnist => CnnHostConfig::fashion_mnist(),
+        ThroughputTask::Cifar10 => CnnHostConfig::cifar_baseline(),
+    };
+    let n_envs = 4;
+    let spec = EnvSpec::sharded(
+        host,
+        SLOTS.iter().map(|s| (*s).to_owned()).collect(),
+        &train,
+        test,
+        n_envs,
+    )?;
+    let episode_length = if options.quick { 5 } else { 25 };
+    let names: Vec<String> = if !options.variants.is_empty() {
+        options.variants.clone()
+    } else if device.is_cuda() {
+        vec![
+            "fp32-graph-step".to_owned(),
+            "fp32-graph-epoch".to_owned(),
+            "bf16-graph-step".to_owned(),
+            "bf16-graph-step-fp32-policy".to_owned(),
+        ]
+    } else {
+        vec!["fp32-eager".to_owned()]
+    };
+    let (warmup_s, warmup_prewarm) = process_warmup(&spec, &names, device, options)?;
+    progress(&format!("process warm-up (not measured): {warmup_s:.1} s"));
+    if let Some(prewarm) = &warmup_prewarm {
+        progress(&prewarm_line("in the process warm-up", prewarm));
+    }
+    let mut results = Vec::new();
+    for (index, name) in names.iter().enumerate() {
+        let (precision, config) = variant_config(name, episode_length, options.quick)?;
+        progress(&format!("{name}: {} rounds", options.rounds));
+        let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
+            Ok(Variant {
+                reports,
+                wall,
+                peak_mb,
+                prewarm,
+            }) => {
+                let env_epochs: u64 = reports.iter().map(|r| r.env_epochs).sum();
+                let steady: Vec<&RoundReport> = reports.iter().skip(1).collect();
+                let steady_epochs: u64 = steady.iter().map(|r| r.env_epochs).sum();
+                let steady_s: f64 = steady.iter().map(|r| r.timings.total_ms / 1000.0).sum();
+                let per_env_epoch = |pick: fn(&RoundReport) -> f64| {
+                    let total: f64 = reports.iter().map(pick).sum();
+                    total / env_epochs.max(1) as f64
+                };
+                let mut metrics = std::collections::BTreeMap::new();
+                metrics.insert("eps".to_owned(), env_epochs as f64 / wall);
+                // The first variant's figure with the process warm-up's
+                // seconds counted too: the whole process, cold.
+                if index == 0 {
+                    metrics.insert(
+                        "eps_with_process_warmup".to_owned(),
+                        env_epochs as f64 / (wall + warmup_s),
+                    );
+                }
+                if steady_s > 0.0 {
+                    metrics.insert("eps_steady".to_owned(), steady_epochs as f64 / steady_s);
+                }
+                // Steady figures leave out the first round (captures,
+                // autotuning, lazy kernel loading).
+                let steady_or_all: Vec<&RoundReport> = if steady.is_empty() {
+                    reports.iter().collect()
+                } else {
+                    steady.clone()
+                };
+                let mut inference: Vec<f64> = steady_or_all
+                    .iter()
+                    .flat_map(|r| r.inference_samples.iter().copied())
+                    .collect();
+                inference.sort_by(f64::total_cmp);
+                if let Some(p50) = inference.get(inference.len() / 2) {
+                    metrics.insert("policy_inference_ms".to_owned(), *p50);
+                }
+                let mut replays: Vec<f64> = steady_or_all
+                    .iter()
+                    .flat_map(|r| r.replay_samples.iter().copied())
+                    .collect();
+                replays.sort_by(f64::total_cmp);
+                if let Some(p50) = replays.get(replays.len() / 2) {
+                    metrics.insert("policy_replay_device_ms".to_owned(), *p50);
+                }
+                metrics.insert(
+                    "policy_inference_ms_mean_all".to_owned(),
+                    mean(reports.iter().map(|r| r.inference_ms)),
+                );
+                let steady_epochs_f = steady_or_all
+                    .iter()
+                    .map(|r| r.env_epochs as f64)
+                    .sum::<f64>()
+                    .max(1.0);
+                for (name, pick) in [
+                    (
+                        "steady_launch_ms_per_env_epoch",
+                        (|r: &RoundReport| r.timings.launch_ms) as fn(&RoundReport) -> f64,
+                    ),
+                    ("steady_train_ms_per_env_epoch", |r| r.timings.train_ms),
+                    ("steady_counterfactual_ms_per_env_epoch", |r| {
+                        r.timings.counterfactual_ms
+                    }),
+                    ("steady_policy_ms_per_env_epoch", |r| r.timings.policy_ms),
+                    ("steady_observe_ms_per_env_epoch", |r| r.timings.observe_ms),
+                    ("steady_boundary_ms_per_env_epoch", |r| {
+                        r.timings.boundary_ms
+                    }),
+                    ("steady_setup_ms_per_env_epoch", |r| r.timings.setup_ms),
+                    ("steady_update_ms_per_env_epoch", |r| r.timings.update_ms),
+                ] {
+                    let total: f64 = steady_or_all.iter().map(|r| pick(r)).sum();
+                    metrics.insert(name.to_owned(), total / steady_epochs_f);
+                }
+                metrics.insert(
+                    "captures".to_owned(),
+                    reports.iter().map(|r| r.captures as f64).sum(),
+                );
+                metrics.insert(
+                    "capture_ms".to_owned(),
+                    reports.iter().map(|r| r.timings.capture_ms).sum(),
+                );
+                if let Some(prewarm) = &prewarm {
+                    metrics.insert("blueprint_prewarm_ms".to_owned(), prewarm.ms);
+                }
+                metrics.insert(
+                    "update_ms".to_owned(),
+                    mean(reports.iter().map(|r| r.timings.update_ms)),
+                );
+                metrics.insert(
+                    "counterfactual_ms_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.timings.counterfactual_ms),
+                );
+                metrics.insert(
+                    "train_ms_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.timings.train_ms),
+                );
+                metrics.insert(
+                    "observe_ms_per_step".to_owned(),
+                    per_env_epoch(|r| r.timings.observe_ms) * n_envs as f64,
+                );
+                metrics.insert(
+                    "boundary_ms_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.timings.boundary_ms),
+                );
+                metrics.insert(
+                    "setup_ms_per_round".to_owned(),
+                    mean(reports.iter().map(|r| r.timings.setup_ms)),
+                );
+                metrics.insert(
+                    "active_seeds_per_env".to_owned(),
+                    mean(reports.iter().map(|r| r.mean_active_seeds)),
+                );
+                metrics.insert(
+                    "final_accuracy_pct".to_owned(),
+                    mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
+                );
+                metrics.insert("peak_memory_mb".to_owned(), peak_mb);
+                metrics.insert("env_epochs".to_owned(), env_epochs as f64);
+                metrics.insert("wall_s".to_owned(), wall);
+                ResultEntry {
+                    implementation: "rust".to_owned(),
+                    mode: name.clone(),
+                    metrics,
+                    error: None,
+                    amp: Some(amp_name(precision).to_owned()),
+                }
+            }
+            Err(error) => ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: name.clone(),
+                metrics: std::collections::BTreeMap::new(),
+                error: Some(error.to_string()),
+                amp: Some(amp_name(precision).to_owned()),
+            },
+        };
+        results.push(entry);
+    }
+    results.push(growth_ceiling(
+        &spec,
+        &names,
+        device,
+        episode_length,
+        options,
+        progress,
+    ));
+    Ok(SimicBenchRun {
+        device,
+        measurements: Measurements {
+            params: json!({
+                "task": match task { ThroughputTask::FashionMnist => "fashion-mnist", ThroughputTask::Cifar10 => "cifar10" },
+                "n_envs": n_envs,
+                "slots": SLOTS,
+                "max_seeds": 3,
+                "episode_length": episode_length,
+                "rounds": options.rounds,
+                "batch_size_per_env": if options.quick { 128 } else { 512 },
+                "train_samples_per_env": spec.train.first().map_or(0, Dataset::len),
+                "validation_samples": spec.validation.len(),
+                "process_warmup_s": warmup_s,
+                // The blueprint warm-up inside the process warm-up: the
+                // blueprints' first use, paid once per process.
+                "process_warmup_blueprints_ms": warmup_prewarm.as_ref().map(|p| p.ms),
+                "quick": options.quick,
+            }),
+            results,
+            telemetry_names: Vec::new(),
+        },
+    })
+}
