@@ -194,6 +194,15 @@ fn rounds(
         let report = simic
             .run_round(spec, true)
             .with_context(|| format!("round {round}"))?;
+        if round == first
+            && let Some(prewarm) = simic.prewarm().filter(|prewarm| prewarm.runs > 0)
+        {
+            progress.note(&format!(
+                "blueprint warm-up before round {round}: {} passes in {:.0} ms (each blueprint's \
+                 first use, paid once per process)",
+                prewarm.runs, prewarm.ms
+            ));
+        }
         let line = round_line(&report, simic.eps());
         writeln!(log, "{line}")
             .and_then(|()| log.flush())

@@ -175,6 +175,14 @@ impl RoundProgress {
         RoundProgress::Bar(bar)
     }
 
+    /// Prints `line` (above the bar, if there is one).
+    pub(crate) fn note(&self, line: &str) {
+        match self {
+            RoundProgress::Bar(bar) => bar.println(line),
+            RoundProgress::Plain => println!("{line}"),
+        }
+    }
+
     /// Reports a finished round: `line` is its full summary, `short` the
     /// bar's message.
     pub(crate) fn round(&self, line: &str, short: &str) {
