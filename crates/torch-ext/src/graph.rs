@@ -10,8 +10,13 @@
 //!    workspaces, optimizer buffers, the allocator's blocks) belongs to the
 //!    stream that will be captured. Three or more warm-up iterations are
 //!    recommended.
-//! 3. The capture stream is synchronised (not the whole device: other streams' work
-//!    runs on), then `at::cuda::CUDAGraph::capture_begin`
+//! 3. After warm-up iterations the capture stream is synchronised (not the
+//!    whole device: other streams' work runs on), so the warm-up's work is
+//!    done before the capture starts. With no warm-up iterations (the caller
+//!    warmed up on the stream itself) nothing is waited for: work already
+//!    queued on the stream stays ahead of every replay in stream order, and
+//!    the capture allocates from its own pool, not from blocks that work may
+//!    still use. Then `at::cuda::CUDAGraph::capture_begin`
 //!    runs with the given memory pool (or a private one) and the body runs
 //!    once more, recorded instead of executed; `capture_end` instantiates it.
 //! 4. The caller's stream is made to wait for the capture stream, so work it
@@ -167,8 +172,12 @@ impl CudaGraph {
             // capture stream: torch.cuda.graph synchronises the whole device,
             // which would also wait for every other stream's work (another
             // trainer's epoch running beside this capture); the warm-up ran on
-            // this stream and its lazy initialisation on the host.
-            stream.synchronize()?;
+            // this stream and its lazy initialisation on the host. Without
+            // warm-up iterations there is nothing of ours to wait for, and
+            // waiting for the caller's queued work would only stall the host.
+            if warmup_iters > 0 {
+                stream.synchronize()?;
+            }
             Self::capture_once(stream, pool, mode, &mut body)?
         };
 
