@@ -334,21 +334,21 @@ pub fn run_throughput(
                 } else {
                     steady.clone()
                 };
-                let mut inference: Vec<f64> = steady_or_all
-                    .iter()
-                    .flat_map(|r| r.inference_samples.iter().copied())
-                    .collect();
-                inference.sort_by(f64::total_cmp);
-                if let Some(p50) = inference.get(inference.len() / 2) {
-                    metrics.insert("policy_inference_ms".to_owned(), *p50);
-                }
-                let mut replays: Vec<f64> = steady_or_all
-                    .iter()
-                    .flat_map(|r| r.replay_samples.iter().copied())
-                    .collect();
-                replays.sort_by(f64::total_cmp);
-                if let Some(p50) = replays.get(replays.len() / 2) {
-                    metrics.insert("policy_replay_device_ms".to_owned(), *p50);
+                for (name, samples) in [
+                    (
+                        "policy_inference_ms",
+                        (|r: &RoundReport| &r.inference_samples) as fn(&RoundReport) -> &Vec<f64>,
+                    ),
+                    ("policy_replay_device_ms", |r| &r.replay_samples),
+                ] {
+                    let mut all: Vec<f64> = steady_or_all
+                        .iter()
+                        .flat_map(|r| samples(r).iter().copied())
+                        .collect();
+                    all.sort_by(f64::total_cmp);
+                    if let Some(p50) = all.get(all.len() / 2) {
+                        metrics.insert(name.to_owned(), *p50);
+                    }
                 }
                 metrics.insert(
                     "policy_inference_ms_mean_all".to_owned(),
