@@ -120,13 +120,13 @@ impl Conv2d {
     }
 
     /// For a depthwise convolution of a CUDA input: the input in NCHW and
-    /// the weight viewed with NCHW strides. With one input channel per
-    /// group, a channels-last `[out, 1, k, k]` weight lies in memory exactly
-    /// as a contiguous one, so the view copies nothing (and autograd
-    /// follows it back to the parameter). `None` otherwise.
+    /// the weight with NCHW strides. With one input channel per group, a
+    /// channels-last `[out, 1, k, k]` weight lies in memory exactly as a
+    /// contiguous one; dropping the size-1 dimension and putting it back
+    /// gives it contiguous strides as a view (no copy, and a backward of
+    /// views only). `None` otherwise.
     fn depthwise_nchw(&self, x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-        let size = self.weight.size();
-        let per_group = size.get(1).copied().unwrap_or(0);
+        let per_group = self.weight.size().get(1).copied().unwrap_or(0);
         if self.groups <= 1
             || per_group != 1
             || x.dim() != 4
@@ -135,14 +135,7 @@ impl Conv2d {
         {
             return Ok(None);
         }
-        let (out, kernel) = (
-            size.first().copied().unwrap_or(0),
-            size.get(2).copied().unwrap_or(0),
-        );
-        let area = kernel.saturating_mul(kernel);
-        let weight =
-            self.weight
-                .f_as_strided([out, 1, kernel, kernel], [area, area, kernel, 1], None)?;
+        let weight = self.weight.f_squeeze_dim(1)?.f_unsqueeze(1)?;
         Ok(Some((x.f_contiguous()?, weight)))
     }
 
