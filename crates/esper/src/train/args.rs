@@ -210,6 +210,11 @@ pub(crate) struct TrainArgs {
     /// [default: shaped].
     #[arg(long, value_enum)]
     pub(crate) reward_mode: Option<RewardChoice>,
+    /// PPO (--controller ppo): run every blueprint at every slot once
+    /// before the first round, so that a blueprint's first germination does
+    /// not also pay its kernels' first use (CUDA only) [default: true].
+    #[arg(long, value_name = "BOOL")]
+    pub(crate) prewarm_blueprints: Option<bool>,
     /// Serve the run's telemetry as Prometheus metrics on this port
     /// (`http://HOST:PORT/metrics`; the alert rules and dashboard in
     /// docs/observability/ read it) [default: none].

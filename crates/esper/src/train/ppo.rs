@@ -125,6 +125,7 @@ fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
     simic.ppo.epochs = config.ppo_epochs;
     simic.ppo.learning_rate = config.ppo_learning_rate;
     simic.ppo.entropy_coef = config.entropy_coef;
+    simic.prewarm_blueprints = config.prewarm_blueprints;
     simic.reward.mode = match config.reward_mode {
         RewardChoice::Shaped => simic::rewards::RewardMode::Shaped,
         RewardChoice::Sparse => simic::rewards::RewardMode::Sparse,

@@ -40,6 +40,7 @@ pub(super) struct FileConfig {
     pub(super) ppo_learning_rate: Option<f64>,
     pub(super) entropy_coef: Option<f64>,
     pub(super) reward_mode: Option<RewardChoice>,
+    pub(super) prewarm_blueprints: Option<bool>,
 }
 
 /// Reads a configuration file: TOML, every key known (see the module docs).

@@ -34,7 +34,7 @@ use super::args::{
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 24] = [
+pub(crate) const KEYS: [&str; 25] = [
     "controller",
     "task",
     "slots",
@@ -59,6 +59,7 @@ pub(crate) const KEYS: [&str; 24] = [
     "ppo_learning_rate",
     "entropy_coef",
     "reward_mode",
+    "prewarm_blueprints",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -160,6 +161,10 @@ pub(crate) struct RunConfig {
     /// PPO: the reward the policy learns from (the reference's SHAPED).
     #[serde(default = "default_reward_mode")]
     pub(crate) reward_mode: RewardChoice,
+    /// PPO: run every blueprint at every slot once before the first round
+    /// (`SimicConfig::prewarm_blueprints`; CUDA only).
+    #[serde(default = "default_prewarm_blueprints")]
+    pub(crate) prewarm_blueprints: bool,
 }
 
 fn default_checkpoint_every() -> usize {
@@ -184,6 +189,10 @@ fn default_ppo_learning_rate() -> f64 {
 
 fn default_entropy_coef() -> f64 {
     simic::ppo::PpoConfig::default().entropy_coef
+}
+
+fn default_prewarm_blueprints() -> bool {
+    simic::vectorized::SimicConfig::reference(1).prewarm_blueprints
 }
 
 fn default_reward_mode() -> RewardChoice {
@@ -285,6 +294,10 @@ impl RunConfig {
                 .reward_mode
                 .or(file.reward_mode)
                 .unwrap_or_else(default_reward_mode),
+            prewarm_blueprints: args
+                .prewarm_blueprints
+                .or(file.prewarm_blueprints)
+                .unwrap_or_else(default_prewarm_blueprints),
         };
         config.validate()?;
         Ok(config)

@@ -107,10 +107,20 @@ fn flags_override_the_file_and_the_file_overrides_defaults() {
         (1, 3e-4, 0.05)
     );
     assert_eq!(older.reward_mode, RewardChoice::Shaped);
+    // The blueprint warm-up is on unless a setting turns it off; a config
+    // written before it was a setting reads with it on.
+    assert!(config.prewarm_blueprints);
+    let older: String = text
+        .lines()
+        .filter(|line| !line.starts_with("prewarm_blueprints"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    let older: RunConfig = toml::from_str(&older).expect("parse");
+    assert!(older.prewarm_blueprints);
     // A file and a flag set them.
     std::fs::write(
         &path,
-        "ppo_epochs = 4\nentropy-coef = 0.1\nreward_mode = \"sparse\"\n",
+        "ppo_epochs = 4\nentropy-coef = 0.1\nreward_mode = \"sparse\"\nprewarm_blueprints = false\n",
     )
     .expect("write");
     let args = TrainArgs {
@@ -128,6 +138,18 @@ fn flags_override_the_file_and_the_file_overrides_defaults() {
         (4, 1e-4, 0.1)
     );
     assert_eq!(config.reward_mode, RewardChoice::Sparse);
+    assert!(!config.prewarm_blueprints);
+    // The flag wins over the file.
+    let args = TrainArgs {
+        config: Some(path.clone()),
+        prewarm_blueprints: Some(true),
+        ..TrainArgs::default()
+    };
+    assert!(
+        RunConfig::resolve(&args)
+            .expect("resolved")
+            .prewarm_blueprints
+    );
 }
 
 #[test]
