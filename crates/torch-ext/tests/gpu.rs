@@ -1,5 +1,6 @@
 //! GPU behaviour of torch-ext: streams and guards, event timing, graph capture
-//! and replay with fresh inputs, shared pools, clean recovery from a failed
+//! and replay with fresh inputs, a capture without warm-up ordered after the
+//! work queued before it, shared pools, clean recovery from a failed
 //! capture, sync-debug mode, memory statistics, autocast and fused ops on
 //! CUDA. Every test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
@@ -691,4 +692,39 @@ fn the_fused_cross_entropy_matches_libtorch() {
         fused.run(&wrong_kind, &labels, None, &acc, weights),
         Err(Error::InvalidArgument { .. })
     ));
+}
+
+/// A capture with no warm-up iterations does not wait for the work already
+/// queued on its stream, and its replays stay ordered after that work: a
+/// replay reads what the queued work wrote, also when more is queued
+/// before the next replay.
+#[test]
+fn a_capture_without_warm_up_stays_ordered_after_queued_work() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let n = 1_i64 << 22;
+    let x = Tensor::zeros([n], (Kind::Float, CUDA));
+    let out = Tensor::zeros([n], (Kind::Float, CUDA));
+    let queue_adds = |count: usize| {
+        let _on_stream = stream.make_current().unwrap();
+        for _ in 0..count {
+            let _ = x.shallow_clone().f_add_scalar_(1.0).unwrap();
+        }
+    };
+    // Work still running on the stream when the capture starts.
+    queue_adds(200);
+    let graph = CudaGraph::capture(&stream, None, 0, || {
+        out.shallow_clone()
+            .f_copy_(&x.f_mul_scalar(2.0).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())
+    })
+    .unwrap();
+    graph.replay_on(&stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_close(&values(&out.narrow(0, 0, 8)), &[400.0; 8], 0.0);
+    assert_close(&values(&out.narrow(0, n - 8, 8)), &[400.0; 8], 0.0);
+    queue_adds(50);
+    graph.replay_on(&stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_close(&values(&out.narrow(0, n - 8, 8)), &[500.0; 8], 0.0);
 }
