@@ -109,6 +109,22 @@ impl Precision {
         }
     }
 
+    /// The autocast region of this precision on `device`: a guard for bf16
+    /// or fp16 on CUDA, `None` for fp32 or off CUDA. `cache` keeps casts of
+    /// weights for the guard's lifetime; a step that is captured into a
+    /// CUDA graph needs it off (a cast cached in one replay is stale in the
+    /// next).
+    pub fn autocast(self, device: Device, cache: bool) -> Result<Option<torch_ext::AutocastGuard>> {
+        match (self.autocast_kind(), device) {
+            (Some(kind), Device::Cuda(_)) => Ok(Some(torch_ext::AutocastGuard::with_cache(
+                torch_ext::AutocastDevice::Cuda,
+                kind,
+                cache,
+            )?)),
+            _ => Ok(None),
+        }
+    }
+
     /// Whether gradients need a [`GradScaler`] (fp16 only).
     pub fn needs_grad_scaling(self) -> bool {
         matches!(self, Precision::Fp16)

@@ -495,3 +495,24 @@ fn the_blueprint_prewarm_does_nothing_on_the_cpu_and_refuses_bad_batch_sizes() {
         );
     }
 }
+
+#[test]
+fn the_batch_sizes_of_an_epoch_follow_its_plan() {
+    use tolaria::engine::staging::batch_sizes;
+    assert_eq!(batch_sizes(15_000, 512, true).expect("sizes"), vec![512]);
+    assert_eq!(
+        batch_sizes(15_000, 512, false).expect("sizes"),
+        vec![512, 152]
+    );
+    assert_eq!(batch_sizes(1_024, 512, false).expect("sizes"), vec![512]);
+    assert_eq!(batch_sizes(100, 512, false).expect("sizes"), vec![100]);
+    for (len, batch, drop_last) in [(100, 512, true), (100, 0, false), (100, -3, true)] {
+        assert!(
+            matches!(
+                batch_sizes(len, batch, drop_last),
+                Err(tolaria::Error::InvalidConfig { .. })
+            ),
+            "{len} {batch} {drop_last}"
+        );
+    }
+}

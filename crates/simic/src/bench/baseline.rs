@@ -71,14 +71,7 @@ pub(crate) fn run_baseline(
                 .saturating_mul(config.env_seed_stride),
         );
         tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-        let host = kasmina::host::CnnHost::new(spec.host.clone(), device)?;
-        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
-        let model = kasmina::model::MorphogeneticModel::with_slot_names(
-            host,
-            &names,
-            kasmina::lifecycle::SlotConfig::default(),
-            Telemetry::disabled(),
-        )?;
+        let model = spec.model(device, Telemetry::disabled())?;
         let train = spec.train.get(env).ok_or_else(|| Error::InvalidConfig {
             field: "EnvSpec.train",
             reason: format!("no shard {env}"),

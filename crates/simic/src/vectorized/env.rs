@@ -76,6 +76,18 @@ impl EnvSpec {
     pub fn n_envs(&self) -> usize {
         self.train.len()
     }
+
+    /// A fresh model of the spec: its host on `device` (weights from tch's
+    /// global generator) with its slots enabled.
+    pub(crate) fn model(&self, device: Device, telemetry: Telemetry) -> Result<MorphogeneticModel> {
+        let names: Vec<&str> = self.slots.iter().map(String::as_str).collect();
+        Ok(MorphogeneticModel::with_slot_names(
+            CnnHost::new(self.host.clone(), device)?,
+            &names,
+            SlotConfig::default(),
+            telemetry,
+        )?)
+    }
 }
 
 /// What one slot looked like at the previous step (the alpha shock).
@@ -124,14 +136,7 @@ impl Env {
             reason: format!("no training shard for environment {index}"),
         })?;
         tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-        let host = CnnHost::new(spec.host.clone(), device)?;
-        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
-        let model = MorphogeneticModel::with_slot_names(
-            host,
-            &names,
-            SlotConfig::default(),
-            telemetry.clone(),
-        )?;
+        let model = spec.model(device, telemetry.clone())?;
         let slots = model.slot_ids();
         let config = ModelTrainerConfig {
             seed,
@@ -294,8 +299,9 @@ impl super::Simic {
     }
 
     /// Runs every blueprint at every slot of `spec`'s host once at the
-    /// environments' training batch shapes (the full batch and the shard's
-    /// last, shorter one), on a scratch model per environment CUDA device
+    /// environments' training batch shapes (those of the trainer's epoch
+    /// plan over a shard: [`tolaria::engine::staging::batch_sizes`]), on a
+    /// scratch model per environment CUDA device
     /// ([`tolaria::engine::prewarm::prewarm_blueprints`]); nothing on the
     /// CPU.
     pub(crate) fn prewarm_blueprints(
@@ -308,13 +314,7 @@ impl super::Simic {
             .train
             .first()
             .map_or(0, |data| i64::try_from(data.len()).unwrap_or(i64::MAX));
-        let mut sizes = vec![batch.min(shard.max(1))];
-        if let Some(rest) = shard
-            .checked_rem(batch)
-            .filter(|&rest| rest > 0 && shard > batch)
-        {
-            sizes.push(rest);
-        }
+        let sizes = tolaria::engine::staging::batch_sizes(shard, batch, trainer.drop_last)?;
         let mut devices: Vec<Device> = Vec::new();
         for index in 0..self.config.n_envs {
             let device = self.env_device(index);
@@ -322,7 +322,6 @@ impl super::Simic {
                 devices.push(device);
             }
         }
-        let names: Vec<&str> = spec.slots.iter().map(String::as_str).collect();
         let mut total = tolaria::engine::prewarm::Prewarm::default();
         for device in devices {
             if !device.is_cuda() {
@@ -332,12 +331,7 @@ impl super::Simic {
                 Some(precision) => precision,
                 None => tolaria::amp::Precision::auto(device)?,
             };
-            let model = MorphogeneticModel::with_slot_names(
-                CnnHost::new(spec.host.clone(), device)?,
-                &names,
-                SlotConfig::default(),
-                Telemetry::disabled(),
-            )?;
+            let model = spec.model(device, Telemetry::disabled())?;
             let done = tolaria::engine::prewarm::prewarm_blueprints(
                 &model,
                 precision,

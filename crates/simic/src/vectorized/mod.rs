@@ -187,9 +187,9 @@ impl SimicConfig {
             policy_precision: None,
             shapley: Some(crate::counterfactual::ShapleyConfig::default()),
             env_devices: Vec::new(),
-            // Measured on the H100 (simic-throughput, 10 rounds): about
-            // 2.4 s once per process, against 0.7 - 2.3 s spikes in the
-            // rounds that first germinated a blueprint.
+            // Measured on the H100 (simic-throughput): 0.5 - 1.3 s once per
+            // process, and no round slower than the others after it (before,
+            // 0.7 - 2.6 s more in the rounds that first met a blueprint).
             prewarm_blueprints: true,
         }
     }

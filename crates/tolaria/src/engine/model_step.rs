@@ -323,16 +323,9 @@ impl ModelStep {
     ) -> Result<ForwardLogits> {
         let overrides: Vec<Option<&Tensor>> =
             self.layout.overrides.iter().map(Option::as_ref).collect();
-        let autocast = match (self.config.precision.autocast_kind(), self.device) {
-            // No weight-cast cache: cached casts made in one replay would be
-            // stale in the next, and PyTorch requires it off under capture.
-            (Some(kind), Device::Cuda(_)) => Some(torch_ext::AutocastGuard::with_cache(
-                torch_ext::AutocastDevice::Cuda,
-                kind,
-                false,
-            )?),
-            _ => None,
-        };
+        // No weight-cast cache: cached casts made in one replay would be
+        // stale in the next, and PyTorch requires it off under capture.
+        let autocast = self.config.precision.autocast(self.device, false)?;
         let (logits, taps) = if taps {
             self.model
                 .forward_tapped(inputs, &overrides, true)

@@ -122,14 +122,8 @@ pub fn prewarm_blueprints(
                 } else {
                     x
                 };
-                let autocast = match precision.autocast_kind() {
-                    Some(kind) => Some(torch_ext::AutocastGuard::with_cache(
-                        torch_ext::AutocastDevice::Cuda,
-                        kind,
-                        false,
-                    )?),
-                    None => None,
-                };
+                // As the training step: no weight-cast cache.
+                let autocast = precision.autocast(device, false)?;
                 let y = module.forward(&x).map_err(|source| Error::Lifecycle {
                     op: "prewarm forward",
                     source,

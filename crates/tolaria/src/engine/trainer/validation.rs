@@ -83,13 +83,7 @@ impl ModelTrainer {
         let device = model.device();
         let (loss, correct, samples) = self.engine.on_compute_stream(|| {
             let _inference = torch_ext::InferenceModeGuard::new()?;
-            let _autocast = match (precision.autocast_kind(), device) {
-                (Some(kind), Device::Cuda(_)) => Some(torch_ext::AutocastGuard::new(
-                    torch_ext::AutocastDevice::Cuda,
-                    kind,
-                )?),
-                _ => None,
-            };
+            let _autocast = precision.autocast(device, true)?;
             let sums = Tensor::f_zeros([2], (Kind::Float, device)).op("validation sums")?;
             for (start, len) in data.plan(batch, false)? {
                 let inputs = data.inputs().f_narrow(0, start, len).op("narrow")?;
