@@ -22,12 +22,14 @@ const SOURCES: &[&str] = &[
     "cpp/dist_nccl.cpp",
     "cpp/jit.cpp",
     "cpp/autograd.cpp",
+    "cpp/nn.cpp",
 ];
 const HEADERS: &[&str] = &[
     "cpp/esper_torch_ext.h",
     "cpp/error.h",
     "cpp/stream_pack.h",
     "cpp/dist_internal.h",
+    "cpp/jit_internal.h",
     "cpp/gloo_decl/gloo/algorithm.h",
     "cpp/gloo_decl/gloo/context.h",
     "cpp/gloo_decl/gloo/common/error.h",

@@ -18,6 +18,7 @@ const BUNDLE_LIMIT_BYTES: u64 = 60 * 1024 * 1024;
 /// GPU test targets carried in the bundle: (package, test target).
 const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("torch-ext", "gpu"),
+    ("torch-ext", "gpu_nn"),
     ("torch-ext", "gpu_dist"),
     ("tolaria", "gpu"),
     ("tolaria", "gpu_optim"),

@@ -9,6 +9,10 @@ pub enum Error {
     /// A contract value was refused (enum value, message validation).
     #[error(transparent)]
     Contract(#[from] leyline::Error),
+
+    /// A torch-ext op (a fused layer's kernels) failed.
+    #[error(transparent)]
+    Kernel(#[from] torch_ext::Error),
     /// A blueprint name that the registry does not know.
     #[error("unknown blueprint {name:?} (known CNN blueprints: {known})")]
     UnknownBlueprint {

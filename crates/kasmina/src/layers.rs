@@ -335,6 +335,24 @@ impl BatchNorm2d {
             true,
         )?)
     }
+    /// `relu(self.forward(x, train))`, as fused kernels on CUDA in training
+    /// (`torch_ext::nn::batch_norm_relu`, which falls back to libtorch's
+    /// ops where they do not apply).
+    ///
+    /// # Shapes
+    /// `[B, C, H, W] -> [B, C, H, W]`.
+    pub fn forward_relu(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        Ok(torch_ext::nn::batch_norm_relu(
+            x,
+            &self.weight,
+            &self.bias,
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            train,
+            BATCH_NORM_MOMENTUM,
+            NORM_EPS,
+        )?)
+    }
 }
 
 /// Zeroes a parameter in place without recording the write in autograd.

@@ -155,6 +155,18 @@ void esper_jit_unload(void* kernel);
 char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const uint32_t* block,
                        uint32_t shared, void** args);
 
+// ---- nn.cpp: fused layers as autograd functions over jit kernels ----
+// batch_norm_relu: relu(batch_norm(x)) with batch statistics, x a
+// channels-last 4-D CUDA tensor; kernels = {stats, forward, backward reduce,
+// backward apply} (loaded jit kernels for x's dtype); running stats may be
+// NULL. max_pool2: 2x2 stride-2 max-pool of a contiguous 4-D CUDA tensor
+// (channels_last selects NHWC); kernels = {forward, backward}. *out gets a
+// new tensor.
+char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
+                            void* running_var, double momentum, double eps, void* const* kernels,
+                            void** out);
+char* esper_max_pool2(void* x, int32_t channels_last, void* const* kernels, void** out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -12,6 +12,7 @@
 #include "esper_torch_ext.h"
 
 #include "error.h"
+#include "jit_internal.h"
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -119,12 +120,9 @@ struct Program {
   }
 };
 
-struct JitKernel {
-  cudaLibrary_t library = nullptr;
-  cudaKernel_t kernel = nullptr;
-};
-
 }  // namespace
+
+using esper::JitKernel;
 
 extern "C" {
 
@@ -177,8 +175,14 @@ char* esper_jit_load(const uint8_t* cubin, const char* name, void** out) {
   *out = nullptr;
   TORCH_CHECK(cubin != nullptr && name != nullptr, "jit load: null cubin or name");
   auto kernel = std::make_unique<JitKernel>();
+  // A first use may come inside a graph capture (a step captured before any
+  // eager run): loading a library is no stream work, so let this thread make
+  // the call whatever the capture mode, then restore the mode.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   cudaError_t status =
       cudaLibraryLoadData(&kernel->library, cubin, nullptr, nullptr, 0, nullptr, nullptr, 0);
+  cudaThreadExchangeStreamCaptureMode(&mode);
   TORCH_CHECK(status == cudaSuccess, "cudaLibraryLoadData: ", cudaGetErrorString(status));
   status = cudaLibraryGetKernel(&kernel->kernel, kernel->library, name);
   if (status != cudaSuccess) {
@@ -201,13 +205,10 @@ char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const
                        uint32_t shared, void** args) {
   ESPER_TRY
   TORCH_CHECK(kernel != nullptr, "jit launch: null kernel");
-  auto* k = static_cast<JitKernel*>(kernel);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  cudaError_t status = cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel),
-                                        dim3(grid[0], grid[1], grid[2]),
-                                        dim3(block[0], block[1], block[2]), args, shared, stream);
-  TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernel: ", cudaGetErrorString(status));
+  esper::jit_launch(kernel, dim3(grid[0], grid[1], grid[2]), dim3(block[0], block[1], block[2]),
+                    shared, args, stream);
   ESPER_CATCH
 }
 

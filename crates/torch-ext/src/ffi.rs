@@ -269,6 +269,25 @@ unsafe extern "C" {
         shared: u32,
         args: *mut *mut c_void,
     ) -> RawError;
+
+    // nn.cpp
+    pub(crate) fn esper_batch_norm_relu(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        running_mean: *mut c_void,
+        running_var: *mut c_void,
+        momentum: f64,
+        eps: f64,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
+    pub(crate) fn esper_max_pool2(
+        x: *mut c_void,
+        channels_last: i32,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
 }
 
 /// Takes ownership of a string the shim allocated and returns it as a `String`.

@@ -33,7 +33,7 @@
 //! ```
 
 use std::collections::HashMap;
-use std::ffi::{CString, c_char, c_void};
+use std::ffi::{CStr, CString, c_char, c_void};
 use std::hash::Hash;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -223,6 +223,12 @@ pub enum Arg<'a> {
 impl JitKernel {
     /// Loads `cubin`'s kernel for launches on CUDA device `device`.
     pub fn load(cubin: &Cubin, device: usize) -> Result<JitKernel> {
+        JitKernel::load_named(cubin, &cubin.name, device)
+    }
+
+    /// Loads kernel `name` of `cubin` (one compiled source may hold several
+    /// kernels) for launches on CUDA device `device`.
+    pub fn load_named(cubin: &Cubin, name: &CStr, device: usize) -> Result<JitKernel> {
         let (major, minor) = crate::cuda::device_capability(device)?;
         if (major, minor) != cubin.arch {
             return Err(Error::InvalidArgument {
@@ -239,7 +245,7 @@ impl JitKernel {
         unsafe {
             ffi::check(
                 "jit::load",
-                ffi::esper_jit_load(cubin.bytes.as_ptr(), cubin.name.as_ptr(), &mut raw),
+                ffi::esper_jit_load(cubin.bytes.as_ptr(), name.as_ptr(), &mut raw),
             )?;
         }
         let raw = NonNull::new(raw).ok_or_else(|| Error::Cpp {
@@ -249,7 +255,7 @@ impl JitKernel {
         Ok(JitKernel {
             raw,
             device,
-            name: cubin.name.to_string_lossy().into_owned(),
+            name: name.to_string_lossy().into_owned(),
         })
     }
 
@@ -258,6 +264,11 @@ impl JitKernel {
     pub fn build(source: &str, name: &str, device: usize) -> Result<JitKernel> {
         let arch = crate::cuda::device_capability(device)?;
         JitKernel::load(&compile(source, name, arch)?, device)
+    }
+
+    /// The loaded kernel's handle, for the shim's own launches (`nn.cpp`).
+    pub(crate) fn raw(&self) -> *mut c_void {
+        self.raw.as_ptr()
     }
 
     /// The kernel's name.

@@ -23,6 +23,9 @@
 //! - [`loss`]: mean cross-entropy, its logits gradient and the epoch's
 //!   loss/hit counters in two kernels ([`loss::FusedCrossEntropy`]), and
 //!   [`loss::backward_with`] (backward from a tensor with a given gradient).
+//! - [`nn`]: batch normalisation with ReLU, and the 2x2 max-pool, as fused
+//!   kernels with their backward in autograd (libtorch's ops where they do
+//!   not apply).
 //! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
 //!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
 //!   training across processes.
@@ -103,6 +106,7 @@ mod inference;
 pub mod jit;
 pub mod loss;
 pub mod memory;
+pub mod nn;
 pub mod precision;
 mod stream;
 

@@ -595,3 +595,47 @@ fn pinning_needs_cuda_and_nothing_is_pinned_without_it() {
         Err(torch_ext::Error::CudaUnavailable)
     ));
 }
+
+/// On the CPU the fused layers are libtorch's ops: same values, and a
+/// gradient through both.
+#[test]
+fn nn_layers_on_the_cpu_are_libtorchs_ops() {
+    use torch_ext::nn;
+    tch::manual_seed(3);
+    let x = Tensor::randn([4, 3, 5, 5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let weight = Tensor::rand([3], (Kind::Float, Device::Cpu));
+    let bias = Tensor::randn([3], (Kind::Float, Device::Cpu));
+    let (rm, rv) = (
+        Tensor::zeros([3], (Kind::Float, Device::Cpu)),
+        Tensor::ones([3], (Kind::Float, Device::Cpu)),
+    );
+    let (rm2, rv2) = (rm.copy(), rv.copy());
+    let y = nn::batch_norm_relu(&x, &weight, &bias, Some(&rm), Some(&rv), true, 0.1, 1e-5).unwrap();
+    let expected = x
+        .batch_norm(
+            Some(&weight),
+            Some(&bias),
+            Some(&rm2),
+            Some(&rv2),
+            true,
+            0.1,
+            1e-5,
+            true,
+        )
+        .relu();
+    assert!(y.equal(&expected));
+    assert!(rm.equal(&rm2) && rv.equal(&rv2));
+    assert!(
+        !rm.equal(&Tensor::zeros([3], (Kind::Float, Device::Cpu))),
+        "running mean updated"
+    );
+    let pooled = nn::max_pool2x2(&y).unwrap();
+    assert_eq!(pooled.size(), [4, 3, 2, 2]);
+    assert!(pooled.equal(&y.max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)));
+    pooled.sum(Kind::Float).backward();
+    assert_eq!(x.grad().size(), [4, 3, 5, 5]);
+    // Wrong shapes are libtorch's clear error, not a crash.
+    let bad = Tensor::ones([5], (Kind::Float, Device::Cpu));
+    assert!(nn::batch_norm_relu(&x, &bad, &bias, None, None, true, 0.1, 1e-5).is_err());
+    assert!(nn::max_pool2x2(&Tensor::ones([3], (Kind::Float, Device::Cpu))).is_err());
+}

@@ -285,9 +285,9 @@ impl CnnHost {
                 let block = self.blocks.get(*index).ok_or(Error::InvalidConfig {
                     reason: format!("cnn host has no block {index}"),
                 })?;
-                block.bn.forward(&block.conv.forward(x)?, train)?.f_relu()? // [B, C_i, H, W]
+                block.bn.forward_relu(&block.conv.forward(x)?, train)? // [B, C_i, H, W]
             }
-            Segment::Pool => x.f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)?, // [B, C, H/2, W/2]
+            Segment::Pool => torch_ext::nn::max_pool2x2(x)?, // [B, C, H/2, W/2]
             Segment::Head => {
                 let pooled = x.f_mean_dim([2i64, 3].as_slice(), false, None)?; // [B, C_last]
                 self.classifier.forward(&pooled)? // [B, classes]

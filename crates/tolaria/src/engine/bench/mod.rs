@@ -43,6 +43,10 @@ pub use reference::run_reference_general;
 /// Workload name of the CNN benchmark.
 pub const FMNIST_WORKLOAD: &str = "tolaria-fmnist";
 
+/// Suffix of the `tolaria-fmnist` modes run with libtorch's layers instead
+/// of torch-ext's fused ones (`torch_ext::nn::set_fused_kernels(false)`).
+pub const LIBTORCH_LAYERS_SUFFIX: &str = "-libtorch-layers";
+
 /// What `tolaria-fmnist` runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FmnistOptions {
@@ -54,7 +58,9 @@ pub struct FmnistOptions {
     /// Use seeded synthetic images of the real size instead of the files.
     pub synthetic: bool,
     /// Variants: (precision, mode). Empty: fp32 and bf16 x eager, graph-step,
-    /// graph-epoch on CUDA; fp32 eager on the CPU.
+    /// graph-epoch on CUDA, then fp32 and bf16 graph-epoch again with
+    /// libtorch's layers (modes ending in [`LIBTORCH_LAYERS_SUFFIX`]); fp32
+    /// eager on the CPU.
     pub variants: Vec<(Precision, ExecutionMode)>,
     /// Unmeasured epochs per variant.
     pub warmup_epochs: usize,
@@ -212,6 +218,17 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     } else {
         options.variants.clone()
     };
+    // Each variant with torch-ext's fused layers; on CUDA by default the
+    // graph-epoch variants again with libtorch's layers, so one run shows
+    // what the fused kernels change.
+    let mut runs: Vec<(Precision, ExecutionMode, bool)> = variants
+        .iter()
+        .map(|&(precision, mode)| (precision, mode, true))
+        .collect();
+    if cuda && options.variants.is_empty() {
+        runs.push((Precision::Fp32, ExecutionMode::GraphEpoch, false));
+        runs.push((Precision::Bf16, ExecutionMode::GraphEpoch, false));
+    }
     let (train, test, source) = fmnist_data(options)?;
     let train = match options.train_samples {
         Some(len) => train.slice(0, len.min(train.len()))?,
@@ -228,8 +245,12 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     let mut results = Vec::new();
     let mut names = BTreeSet::new();
     let mut second_capture_done = false;
-    for (precision, mode) in variants {
-        let name = variant_name(precision, mode);
+    for (precision, mode, fused) in runs {
+        torch_ext::nn::set_fused_kernels(fused);
+        let mut name = variant_name(precision, mode);
+        if !fused {
+            name.push_str(LIBTORCH_LAYERS_SUFFIX);
+        }
         progress(&format!(
             "[rust {name}] {} warm-up + {} measured epochs",
             options.warmup_epochs, options.measured_epochs
@@ -283,7 +304,9 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
         });
         model = trainer.into_model();
     }
+    torch_ext::nn::set_fused_kernels(true);
     let params = serde_json::json!({
+        "layers": format!("torch-ext fused batch norm + ReLU and max-pool kernels (torch_ext::nn); modes ending in {LIBTORCH_LAYERS_SUFFIX} use libtorch's batch_norm, relu and max_pool2d"),
         "model": "CnnHost fashion_mnist (8/16/32) + conv_light@r0c1 + attention@r0c2, ADD blend at alpha 0.5, isolated",
         "data": source,
         "train_samples": train.len(),

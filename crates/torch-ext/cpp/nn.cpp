@@ -1,0 +1,255 @@
+// nn.cpp: fused network layers as autograd functions whose forward and
+// backward launch run-time compiled kernels (src/nn.rs holds their source,
+// compiles and loads them, checks every argument, and passes the loaded
+// kernels here as handles).
+//
+// - batch norm (training statistics) + ReLU over a channels-last 4-D tensor:
+//   two kernels forward (per-block Welford partials; every block of the
+//   second merges them in one fixed order, normalises and applies ReLU, block
+//   0 also writes the saved statistics and the running ones), two backward
+//   (per-block sums of the gradient and of gradient x normalised input, then
+//   the input gradient, with block 0 writing the weight and bias gradients);
+// - 2x2 max-pool with stride 2 (floor) over a contiguous NCHW or NHWC
+//   tensor: one kernel forward, one backward that recomputes each window's
+//   argmax from the saved input instead of keeping indices.
+//
+// Nothing is read back and no scratch outlives a call, so both can be
+// captured in a CUDA graph and may run on several streams at once.
+#include "esper_torch_ext.h"
+#include "error.h"
+#include "jit_internal.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int kThreads = 256;
+
+void* handle(AutogradContext* ctx, const char* key) {
+  return reinterpret_cast<void*>(static_cast<intptr_t>(ctx->saved_data[key].toInt()));
+}
+
+cudaStream_t stream_of(const at::Tensor& t) {
+  return at::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+int sm_count(const at::Tensor& t) {
+  return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
+}
+
+// Blocks for a per-channel pass over `rows` rows, `per` rows a block pass:
+// about four rows a thread, at most two blocks an SM.
+int channel_blocks(int64_t rows, int per, int sms) {
+  const int64_t wanted = (rows + 4 * per - 1) / (4 * per);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, 2 * sms)));
+}
+
+int elementwise_blocks(int64_t n, int sms) {
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, 8 * sms)));
+}
+
+class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, at::Tensor running_mean,
+                            at::Tensor running_var, double momentum, double eps,
+                            int64_t stats_kernel, int64_t forward_kernel, int64_t reduce_kernel,
+                            int64_t apply_kernel) {
+    c10::cuda::CUDAGuard guard(x.device());
+    long long rows = x.size(0) * x.size(2) * x.size(3);
+    int channels = static_cast<int>(x.size(1));
+    int per = kThreads / channels;
+    int blocks = channel_blocks(rows, per, sm_count(x));
+    auto f32 = x.options().dtype(at::kFloat);
+    at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * channels * 3}, f32);
+    at::Tensor save_mean = at::empty({channels}, f32);
+    at::Tensor save_invstd = at::empty({channels}, f32);
+    at::Tensor y = at::empty_like(x);
+    const void* x_ptr = x.data_ptr();
+    void* y_ptr = y.data_ptr();
+    void* partials_ptr = partials.data_ptr();
+    cudaStream_t stream = stream_of(x);
+    {
+      void* args[] = {&x_ptr, &partials_ptr, &rows, &channels};
+      esper::jit_launch(reinterpret_cast<void*>(stats_kernel), dim3(blocks), dim3(kThreads), 0,
+                        args, stream);
+    }
+    {
+      const void* w = weight.data_ptr();
+      const void* b = bias.data_ptr();
+      void* sm = save_mean.data_ptr();
+      void* si = save_invstd.data_ptr();
+      void* rm = running_mean.defined() ? running_mean.data_ptr() : nullptr;
+      void* rv = running_var.defined() ? running_var.data_ptr() : nullptr;
+      float m = static_cast<float>(momentum);
+      float e = static_cast<float>(eps);
+      void* args[] = {&x_ptr, &y_ptr, &partials_ptr, &blocks, &w,   &b,    &sm,
+                      &si,    &rm,    &rv,           &m,      &e,   &rows, &channels};
+      esper::jit_launch(reinterpret_cast<void*>(forward_kernel), dim3(blocks), dim3(kThreads), 0,
+                        args, stream);
+    }
+    ctx->save_for_backward({x, weight, bias, save_mean, save_invstd});
+    ctx->saved_data["reduce"] = reduce_kernel;
+    ctx->saved_data["apply"] = apply_kernel;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& bias = saved[2];
+    const at::Tensor& save_mean = saved[3];
+    const at::Tensor& save_invstd = saved[4];
+    variable_list out(11);
+    if (!grads[0].defined()) {
+      return out;
+    }
+    c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor dy = grads[0].to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast);
+    long long rows = x.size(0) * x.size(2) * x.size(3);
+    int channels = static_cast<int>(x.size(1));
+    int per = kThreads / channels;
+    int blocks = channel_blocks(rows, per, sm_count(x));
+    auto f32 = x.options().dtype(at::kFloat);
+    at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * channels * 2}, f32);
+    at::Tensor dx = at::empty_like(x);
+    at::Tensor dweight = at::empty({channels}, f32);
+    at::Tensor dbias = at::empty({channels}, f32);
+    const void* x_ptr = x.data_ptr();
+    const void* dy_ptr = dy.data_ptr();
+    const void* w = weight.data_ptr();
+    const void* b = bias.data_ptr();
+    const void* sm = save_mean.data_ptr();
+    const void* si = save_invstd.data_ptr();
+    void* partials_ptr = partials.data_ptr();
+    cudaStream_t stream = stream_of(x);
+    {
+      void* args[] = {&x_ptr, &dy_ptr, &sm, &si, &w, &b, &partials_ptr, &rows, &channels};
+      esper::jit_launch(handle(ctx, "reduce"), dim3(blocks), dim3(kThreads), 0, args, stream);
+    }
+    {
+      void* dx_ptr = dx.data_ptr();
+      void* dw = dweight.data_ptr();
+      void* db = dbias.data_ptr();
+      void* args[] = {&x_ptr, &dy_ptr, &dx_ptr, &partials_ptr, &blocks, &sm,       &si,
+                      &w,     &b,      &dw,     &db,           &rows,   &channels};
+      esper::jit_launch(handle(ctx, "apply"), dim3(blocks), dim3(kThreads), 0, args, stream);
+    }
+    out[0] = dx;
+    out[1] = dweight.to(weight.scalar_type());
+    out[2] = dbias.to(bias.scalar_type());
+    return out;
+  }
+};
+
+class MaxPool2 : public torch::autograd::Function<MaxPool2> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, bool channels_last,
+                            int64_t forward_kernel, int64_t backward_kernel) {
+    c10::cuda::CUDAGuard guard(x.device());
+    auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+    long long n = x.size(0);
+    int channels = static_cast<int>(x.size(1));
+    int height = static_cast<int>(x.size(2));
+    int width = static_cast<int>(x.size(3));
+    at::Tensor y = at::empty({n, channels, height / 2, width / 2}, x.options().memory_format(format));
+    if (y.numel() > 0) {
+      const void* x_ptr = x.data_ptr();
+      void* y_ptr = y.data_ptr();
+      int cl = channels_last ? 1 : 0;
+      void* args[] = {&x_ptr, &y_ptr, &n, &channels, &height, &width, &cl};
+      esper::jit_launch(reinterpret_cast<void*>(forward_kernel),
+                        dim3(elementwise_blocks(y.numel(), sm_count(x))), dim3(kThreads), 0, args,
+                        stream_of(x));
+    }
+    ctx->save_for_backward({x});
+    ctx->saved_data["backward"] = backward_kernel;
+    ctx->saved_data["channels_last"] = channels_last;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    variable_list out(4);
+    if (!grads[0].defined()) {
+      return out;
+    }
+    c10::cuda::CUDAGuard guard(x.device());
+    bool channels_last = ctx->saved_data["channels_last"].toBool();
+    auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+    at::Tensor gy = grads[0].to(x.scalar_type()).contiguous(format);
+    at::Tensor gx = at::empty_like(x);
+    if (gx.numel() > 0) {
+      const void* x_ptr = x.data_ptr();
+      const void* gy_ptr = gy.data_ptr();
+      void* gx_ptr = gx.data_ptr();
+      long long n = x.size(0);
+      int channels = static_cast<int>(x.size(1));
+      int height = static_cast<int>(x.size(2));
+      int width = static_cast<int>(x.size(3));
+      int cl = channels_last ? 1 : 0;
+      void* args[] = {&x_ptr, &gy_ptr, &gx_ptr, &n, &channels, &height, &width, &cl};
+      esper::jit_launch(handle(ctx, "backward"), dim3(elementwise_blocks(gx.numel(), sm_count(x))),
+                        dim3(kThreads), 0, args, stream_of(x));
+    }
+    out[0] = gx;
+    return out;
+  }
+};
+
+int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
+
+}  // namespace
+
+extern "C" {
+
+char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
+                            void* running_var, double momentum, double eps, void* const* kernels,
+                            void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr,
+              "batch_norm_relu: null argument");
+  for (int i = 0; i < 4; ++i) {
+    TORCH_CHECK(kernels[i] != nullptr, "batch_norm_relu: null kernel ", i);
+  }
+  const auto& input = *static_cast<const at::Tensor*>(x);
+  at::Tensor rm = running_mean ? *static_cast<const at::Tensor*>(running_mean) : at::Tensor();
+  at::Tensor rv = running_var ? *static_cast<const at::Tensor*>(running_var) : at::Tensor();
+  TORCH_CHECK(input.is_cuda() && input.dim() == 4 &&
+                  input.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "batch_norm_relu: expected a channels-last 4-D CUDA tensor");
+  at::Tensor y = BatchNormRelu::apply(input, *static_cast<const at::Tensor*>(weight),
+                                      *static_cast<const at::Tensor*>(bias), rm, rv, momentum, eps,
+                                      as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
+                                      as_int(kernels[3]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+char* esper_max_pool2(void* x, int32_t channels_last, void* const* kernels, void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(x != nullptr && kernels != nullptr && kernels[0] != nullptr && kernels[1] != nullptr,
+              "max_pool2: null argument");
+  const auto& input = *static_cast<const at::Tensor*>(x);
+  auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  TORCH_CHECK(input.is_cuda() && input.dim() == 4 && input.is_contiguous(format),
+              "max_pool2: expected a contiguous 4-D CUDA tensor in the given layout");
+  at::Tensor y = MaxPool2::apply(input, channels_last != 0, as_int(kernels[0]), as_int(kernels[1]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+}  // extern "C"

@@ -1,0 +1,255 @@
+//! GPU behaviour of `torch_ext::nn`'s fused layers against libtorch's ops:
+//! batch norm + ReLU (output, saved and running statistics, every gradient)
+//! and the 2x2 max-pool (values, ties, NaN, odd sizes, both layouts), in
+//! f32 and bf16, eagerly and replayed from a captured graph. Every test
+//! prints "skipping: no CUDA device" and returns on machines without CUDA;
+//! build it with `cargo test -p torch-ext --test gpu_nn --release --no-run`
+//! and run the binary on the GPU machine.
+
+use std::sync::{Mutex, MutexGuard};
+
+use tch::{Device, Kind, Tensor};
+use torch_ext::{CudaGraph, CudaStream, cuda, memory, nn};
+
+/// The tests flip the process-wide fused switch, so they run one at a time.
+static DEVICE: Mutex<()> = Mutex::new(());
+
+fn gpu_or_skip() -> Option<MutexGuard<'static, ()>> {
+    if !cuda::is_available() {
+        println!("skipping: no CUDA device");
+        return None;
+    }
+    Some(
+        DEVICE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    )
+}
+
+const CUDA: Device = Device::Cuda(0);
+
+fn values(tensor: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(
+        tensor
+            .to_device(Device::Cpu)
+            .to_kind(Kind::Float)
+            .flatten(0, -1),
+    )
+    .expect("float tensor")
+}
+
+/// Largest |got - expected| relative to max(1, |expected|).
+fn worst(got: &Tensor, expected: &Tensor) -> f32 {
+    let (g, e) = (values(got), values(expected));
+    assert_eq!(g.len(), e.len());
+    g.iter()
+        .zip(&e)
+        .map(|(g, e)| {
+            assert_eq!(g.is_nan(), e.is_nan(), "NaN in one result only");
+            if e.is_nan() {
+                0.0
+            } else {
+                (g - e).abs() / e.abs().max(1.0)
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+/// As [`worst`], leaving out the elements where `skip` is true.
+fn worst_where(got: &Tensor, expected: &Tensor, skip: &[bool]) -> f32 {
+    let (g, e) = (values(got), values(expected));
+    assert_eq!(g.len(), skip.len());
+    g.iter()
+        .zip(&e)
+        .zip(skip)
+        .filter(|(_, skip)| !**skip)
+        .map(|((g, e), _)| (g - e).abs() / e.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
+/// One batch-norm + ReLU forward and backward; returns (y, running mean,
+/// running var, dx, dweight, dbias).
+fn bn_relu_run(x: &Tensor, seed: i64, fused: bool) -> [Tensor; 6] {
+    nn::set_fused_kernels(fused);
+    let channels = x.size()[1];
+    let f32 = (Kind::Float, CUDA);
+    let x = x.detach().set_requires_grad(true);
+    tch::manual_seed(seed);
+    let weight = (Tensor::rand([channels], f32) + 0.5).set_requires_grad(true);
+    let bias = (Tensor::randn([channels], f32) * 0.3).set_requires_grad(true);
+    let running_mean = Tensor::zeros([channels], f32);
+    let running_var = Tensor::ones([channels], f32);
+    let y = nn::batch_norm_relu(
+        &x,
+        &weight,
+        &bias,
+        Some(&running_mean),
+        Some(&running_var),
+        true,
+        0.1,
+        1e-5,
+    )
+    .unwrap();
+    assert_eq!(y.size(), x.size());
+    assert_eq!(y.kind(), x.kind());
+    let upstream = Tensor::randn(x.size(), f32).to_kind(x.kind());
+    (&y * &upstream)
+        .to_kind(Kind::Float)
+        .sum(Kind::Float)
+        .backward();
+    nn::set_fused_kernels(true);
+    [
+        y,
+        running_mean,
+        running_var,
+        x.grad(),
+        weight.grad(),
+        bias.grad(),
+    ]
+}
+
+#[test]
+fn batch_norm_relu_matches_libtorch_in_f32_and_bf16() {
+    let Some(_device) = gpu_or_skip() else { return };
+    for (kind, tolerance) in [(Kind::Float, 2e-4_f32), (Kind::BFloat16, 2e-2)] {
+        for (n, c, h, w) in [
+            (256_i64, 8_i64, 28_i64, 28_i64),
+            (7, 16, 14, 14),
+            (3, 32, 7, 7),
+            (2, 24, 5, 3),
+            (64, 256, 2, 2),
+        ] {
+            tch::manual_seed(n + c);
+            // A mean far from zero checks the statistics' numerics.
+            let x = (Tensor::randn([n, c, h, w], (Kind::Float, CUDA)) * 2.0 + 3.0).to_kind(kind);
+            let x = memory::contiguous_channels_last(&x).unwrap();
+            let fused = bn_relu_run(&x, n, true);
+            let reference = bn_relu_run(&x, n, false);
+            // Where a pre-activation is within rounding of zero the two may
+            // disagree on the ReLU mask; such elements are left out of the
+            // input-gradient comparison (and must be rare).
+            let mask = |y: &Tensor| values(y).iter().map(|v| *v > 0.0).collect::<Vec<_>>();
+            let (mask_fused, mask_ref) = (mask(&fused[0]), mask(&reference[0]));
+            let flips: Vec<bool> = mask_fused
+                .iter()
+                .zip(&mask_ref)
+                .map(|(a, b)| a != b)
+                .collect();
+            let flipped = flips.iter().filter(|f| **f).count();
+            assert!(
+                flipped <= 1 + flips.len() / 100_000,
+                "{kind:?} [{n},{c},{h},{w}]: {flipped} ReLU masks differ"
+            );
+            for (name, (got, expected)) in
+                ["y", "running_mean", "running_var", "dx", "dweight", "dbias"]
+                    .iter()
+                    .zip(fused.iter().zip(&reference))
+            {
+                // Parameter gradients sum over N*H*W products: scale the bound.
+                let bound = if name.starts_with("dw") || name.starts_with("db") {
+                    tolerance * 10.0
+                } else {
+                    tolerance
+                };
+                let err = if *name == "dx" {
+                    worst_where(got, expected, &flips)
+                } else {
+                    worst(got, expected)
+                };
+                assert!(
+                    err <= bound,
+                    "{kind:?} [{n},{c},{h},{w}] {name}: relative error {err} > {bound}"
+                );
+            }
+            assert!(memory::is_channels_last(&fused[0]).unwrap());
+        }
+    }
+}
+
+#[test]
+fn batch_norm_relu_is_deterministic_and_capturable() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let x = memory::contiguous_channels_last(&Tensor::randn([64, 16, 14, 14], (Kind::Float, CUDA)))
+        .unwrap();
+    let first = bn_relu_run(&x, 5, true);
+    let second = bn_relu_run(&x, 5, true);
+    for (a, b) in first.iter().zip(&second) {
+        assert_eq!(values(a), values(b), "two runs differ");
+    }
+
+    // Captured forward + backward replays to the same values as eager.
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let weight = Tensor::ones([16], (Kind::Float, CUDA)).set_requires_grad(true);
+    let bias = Tensor::zeros([16], (Kind::Float, CUDA)).set_requires_grad(true);
+    let input = x.detach().set_requires_grad(true);
+    let eager = {
+        let y = nn::batch_norm_relu(&input, &weight, &bias, None, None, true, 0.1, 1e-5).unwrap();
+        y.sum(Kind::Float).backward();
+        (values(&y), values(&input.grad()))
+    };
+    let out = Tensor::zeros([64, 16, 14, 14], (Kind::Float, CUDA));
+    let grad = Tensor::zeros([64, 16, 14, 14], (Kind::Float, CUDA));
+    let graph = CudaGraph::capture(&stream, None, 0, || {
+        let input = x.detach().set_requires_grad(true);
+        let y = nn::batch_norm_relu(&input, &weight, &bias, None, None, true, 0.1, 1e-5)
+            .map_err(|e| e.to_string())?;
+        y.sum(Kind::Float).backward();
+        let _ = out.shallow_clone().copy_(&y);
+        let _ = grad.shallow_clone().copy_(&input.grad());
+        Ok(())
+    })
+    .unwrap();
+    graph.replay().unwrap();
+    stream.synchronize().unwrap();
+    cuda::synchronize(0).unwrap();
+    assert_eq!(values(&out), eager.0);
+    assert_eq!(values(&grad), eager.1);
+}
+
+fn pool_run(x: &Tensor, fused: bool) -> (Tensor, Tensor) {
+    nn::set_fused_kernels(fused);
+    let x = x.detach().set_requires_grad(true);
+    let y = nn::max_pool2x2(&x).unwrap();
+    let upstream = Tensor::randn(y.size(), (Kind::Float, CUDA)).to_kind(x.kind());
+    (&y * &upstream)
+        .to_kind(Kind::Float)
+        .sum(Kind::Float)
+        .backward();
+    nn::set_fused_kernels(true);
+    (y, x.grad())
+}
+
+#[test]
+fn max_pool2x2_matches_libtorch_with_ties_nan_and_odd_sizes() {
+    let Some(_device) = gpu_or_skip() else { return };
+    for kind in [Kind::Float, Kind::BFloat16] {
+        for (n, c, h, w) in [
+            (256_i64, 8_i64, 28_i64, 28_i64),
+            (5, 16, 7, 7),
+            (2, 3, 5, 6),
+            (4, 1, 9, 9),
+        ] {
+            for channels_last in [true, false] {
+                tch::manual_seed(h * w + c);
+                // Rounded values make ties common; one NaN per tensor.
+                let x = (Tensor::randn([n, c, h, w], (Kind::Float, CUDA)) * 2.0)
+                    .round()
+                    .to_kind(kind);
+                let _ = x.flatten(0, -1).narrow(0, 5, 1).fill_(f64::NAN);
+                let x = if channels_last {
+                    memory::contiguous_channels_last(&x).unwrap()
+                } else {
+                    x.contiguous()
+                };
+                tch::manual_seed(1);
+                let (y, dx) = pool_run(&x, true);
+                tch::manual_seed(1);
+                let (y_ref, dx_ref) = pool_run(&x, false);
+                assert_eq!(y.size(), [n, c, h / 2, w / 2]);
+                let case = format!("{kind:?} [{n},{c},{h},{w}] channels_last {channels_last}");
+                assert_eq!(worst(&y, &y_ref), 0.0, "{case}: forward");
+                assert_eq!(worst(&dx, &dx_ref), 0.0, "{case}: backward");
+            }
+        }
+    }
+}
