@@ -1,42 +1,14 @@
-//! GPU behaviour of `torch_ext::nn`'s fused layers against libtorch's ops:
-//! batch norm + ReLU (output, saved and running statistics, every gradient)
-//! and the 2x2 max-pool (values, ties, NaN, odd sizes, both layouts), in
-//! f32 and bf16, eagerly and replayed from a captured graph. Every test
-//! prints "skipping: no CUDA device" and returns on machines without CUDA;
-//! build it with `cargo test -p torch-ext --test gpu_nn --release --no-run`
-//! and run the binary on the GPU machine.
+//! `torch_ext::nn`'s fused layers against libtorch's ops on the GPU (part
+//! of the `gpu` test binary): batch norm + ReLU (output, running statistics,
+//! every gradient) and the 2x2 max-pool (values, ties, NaN, odd sizes, both
+//! layouts), in f32 and bf16, eagerly and replayed from a captured graph.
+//! The tests hold the binary's device lock, since they flip the
+//! process-wide fused switch.
 
-use std::sync::{Mutex, MutexGuard};
-
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, cuda, memory, nn};
 
-/// The tests flip the process-wide fused switch, so they run one at a time.
-static DEVICE: Mutex<()> = Mutex::new(());
-
-fn gpu_or_skip() -> Option<MutexGuard<'static, ()>> {
-    if !cuda::is_available() {
-        println!("skipping: no CUDA device");
-        return None;
-    }
-    Some(
-        DEVICE
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()),
-    )
-}
-
-const CUDA: Device = Device::Cuda(0);
-
-fn values(tensor: &Tensor) -> Vec<f32> {
-    Vec::<f32>::try_from(
-        tensor
-            .to_device(Device::Cpu)
-            .to_kind(Kind::Float)
-            .flatten(0, -1),
-    )
-    .expect("float tensor")
-}
+use super::{CUDA, gpu_or_skip, values};
 
 /// Largest |got - expected| relative to max(1, |expected|).
 fn worst(got: &Tensor, expected: &Tensor) -> f32 {
