@@ -88,8 +88,8 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       const void* b = bias.data_ptr();
       void* sm = save_mean.data_ptr();
       void* si = save_invstd.data_ptr();
-      void* rm = running_mean.defined() ? running_mean.data_ptr() : nullptr;
-      void* rv = running_var.defined() ? running_var.data_ptr() : nullptr;
+      void* rm = running_mean.numel() > 0 ? running_mean.data_ptr() : nullptr;
+      void* rv = running_var.numel() > 0 ? running_var.data_ptr() : nullptr;
       float m = static_cast<float>(momentum);
       float e = static_cast<float>(eps);
       void* args[] = {&x_ptr, &y_ptr, &partials_ptr, &blocks, &w,   &b,    &sm,
@@ -225,8 +225,11 @@ char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mea
     TORCH_CHECK(kernels[i] != nullptr, "batch_norm_relu: null kernel ", i);
   }
   const auto& input = *static_cast<const at::Tensor*>(x);
-  at::Tensor rm = running_mean ? *static_cast<const at::Tensor*>(running_mean) : at::Tensor();
-  at::Tensor rv = running_var ? *static_cast<const at::Tensor*>(running_var) : at::Tensor();
+  // Autograd functions take no undefined tensors: an absent running
+  // statistic is an empty one (the forward passes NULL to the kernel).
+  auto none = [&input]() { return at::empty({0}, input.options().dtype(at::kFloat)); };
+  at::Tensor rm = running_mean ? *static_cast<const at::Tensor*>(running_mean) : none();
+  at::Tensor rv = running_var ? *static_cast<const at::Tensor*>(running_var) : none();
   TORCH_CHECK(input.is_cuda() && input.dim() == 4 &&
                   input.is_contiguous(at::MemoryFormat::ChannelsLast),
               "batch_norm_relu: expected a channels-last 4-D CUDA tensor");
