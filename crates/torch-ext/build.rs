@@ -23,6 +23,7 @@ const SOURCES: &[&str] = &[
     "cpp/jit.cpp",
     "cpp/autograd.cpp",
     "cpp/nn.cpp",
+    "cpp/profile.cpp",
 ];
 const HEADERS: &[&str] = &[
     "cpp/esper_torch_ext.h",

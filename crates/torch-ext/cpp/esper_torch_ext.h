@@ -167,6 +167,12 @@ char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mea
                             void** out);
 char* esper_max_pool2(void* x, int32_t channels_last, void* const* kernels, void** out);
 
+// ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
+// stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy
+// name (free with esper_free_string).
+char* esper_kernel_profile_start(void);
+char* esper_kernel_profile_stop(char** out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -282,6 +282,9 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    // profile.cpp
+    pub(crate) fn esper_kernel_profile_start() -> RawError;
+    pub(crate) fn esper_kernel_profile_stop(out: *mut *mut c_char) -> RawError;
     pub(crate) fn esper_max_pool2(
         x: *mut c_void,
         channels_last: i32,

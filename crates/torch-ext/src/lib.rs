@@ -26,6 +26,8 @@
 //! - [`nn`]: batch normalisation with ReLU, and the 2x2 max-pool, as fused
 //!   kernels with their backward in autograd (libtorch's ops where they do
 //!   not apply).
+//! - [`profile`]: the CUDA kernels a stretch of work ran and their device
+//!   time (libtorch's Kineto), for kernels per step and GPU-busy time.
 //! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
 //!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
 //!   training across processes.
@@ -108,6 +110,7 @@ pub mod loss;
 pub mod memory;
 pub mod nn;
 pub mod precision;
+pub mod profile;
 mod stream;
 
 pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};

@@ -639,3 +639,25 @@ fn nn_layers_on_the_cpu_are_libtorchs_ops() {
     assert!(nn::batch_norm_relu(&x, &bad, &bias, None, None, true, 0.1, 1e-5).is_err());
     assert!(nn::max_pool2x2(&Tensor::ones([3], (Kind::Float, Device::Cpu))).is_err());
 }
+
+/// One kernel profiler at a time; with no CUDA work it sees no kernels.
+#[test]
+fn one_kernel_profiler_runs_at_a_time() {
+    use torch_ext::profile::KernelProfiler;
+    let profiler = match KernelProfiler::start() {
+        Ok(profiler) => profiler,
+        Err(error) => {
+            println!("skipping: the profiler cannot start here ({error})");
+            return;
+        }
+    };
+    assert!(matches!(
+        KernelProfiler::start(),
+        Err(Error::InvalidArgument { .. })
+    ));
+    let _ = Tensor::ones([4], (Kind::Float, Device::Cpu)).sum(Kind::Float);
+    let profile = profiler.stop().unwrap();
+    assert_eq!(profile.kernel_launches(), 0);
+    // Stopped, it can start again.
+    drop(KernelProfiler::start().unwrap());
+}

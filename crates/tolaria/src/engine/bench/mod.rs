@@ -320,6 +320,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
         "epoch_ms": "host wall time of the epoch's steps and its one readback (validation excluded)",
         "samples_per_s": "training samples per second of epoch_ms p50",
         "device_epoch_ms": "CUDA-event time from before the first step to after the last",
+        "gpu_busy_ms_per_epoch": "one more epoch under libtorch's Kineto profiler: the summed device time of every kernel and copy, the epoch's validation included (profiled_kernels_per_step counts its kernels the same way)",
     });
     Ok(BenchRun {
         measurements: Measurements {
@@ -471,6 +472,9 @@ fn measure(
             trainer.engine().kernels_per_step(report.train.steps)?,
         );
     }
+    if cuda_index.is_some() {
+        profile_epoch(trainer, name, &mut metrics, progress)?;
+    }
     if let Some(index) = cuda_index {
         put(
             &mut metrics,
@@ -480,6 +484,48 @@ fn measure(
     }
     Ok(metrics)
 }
+
+/// One more epoch under the kernel profiler: GPU-busy time per epoch and
+/// kernels per step (the epoch's validation included), and the largest
+/// kernels by device time, printed.
+fn profile_epoch(
+    trainer: &mut ModelTrainer,
+    name: &str,
+    metrics: &mut BTreeMap<String, f64>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let profiler = torch_ext::profile::KernelProfiler::start()?;
+    let report = trainer.train_epoch();
+    let profile = profiler.stop()?;
+    let steps = report?.train.steps.max(1) as f64;
+    put(
+        metrics,
+        "gpu_busy_ms_per_epoch",
+        Some(profile.busy_us() / 1000.0),
+    );
+    put(
+        metrics,
+        "profiled_kernels_per_step",
+        Some(profile.kernel_launches() as f64 / steps),
+    );
+    progress(&format!(
+        "[rust {name}] profiled epoch: {:.1} ms GPU-busy, {:.1} kernels a step; largest (us a step, launches a step, name):",
+        profile.busy_us() / 1000.0,
+        profile.kernel_launches() as f64 / steps
+    ));
+    for kernel in profile.largest(PROFILE_TOP) {
+        let short: String = kernel.name.chars().take(120).collect();
+        progress(&format!(
+            "[rust {name}]   {:7.2} {:5.2}  {short}",
+            kernel.total_us / steps,
+            kernel.count as f64 / steps
+        ));
+    }
+    Ok(())
+}
+
+/// Kernels the profiled epoch prints.
+const PROFILE_TOP: usize = 30;
 
 /// A second trainer of the same shape on the same device: the time of its
 /// first capture (the shared pool's promise). Returns the model back.
