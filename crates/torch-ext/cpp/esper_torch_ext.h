@@ -159,13 +159,15 @@ char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const
 // batch_norm_relu: relu(batch_norm(x)) with batch statistics, x a
 // channels-last 4-D CUDA tensor; kernels = {stats, forward, backward reduce,
 // backward apply} (loaded jit kernels for x's dtype); running stats may be
-// NULL. max_pool2: 2x2 stride-2 max-pool of a contiguous 4-D CUDA tensor
+// NULL. vec: channels each thread moves (4 or 1), as the kernels were
+// compiled. max_pool2: 2x2 stride-2 max-pool of a contiguous 4-D CUDA tensor
 // (channels_last selects NHWC); kernels = {forward, backward}. *out gets a
 // new tensor.
 char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
-                            void* running_var, double momentum, double eps, void* const* kernels,
-                            void** out);
-char* esper_max_pool2(void* x, int32_t channels_last, void* const* kernels, void** out);
+                            void* running_var, double momentum, double eps, int32_t vec,
+                            void* const* kernels, void** out);
+char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* kernels,
+                      void** out);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

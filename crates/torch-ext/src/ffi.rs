@@ -279,6 +279,7 @@ unsafe extern "C" {
         running_var: *mut c_void,
         momentum: f64,
         eps: f64,
+        vec: i32,
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
@@ -288,6 +289,7 @@ unsafe extern "C" {
     pub(crate) fn esper_max_pool2(
         x: *mut c_void,
         channels_last: i32,
+        vec: i32,
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;

@@ -11,20 +11,24 @@
 //! a fifth of a training step (the `tolaria-fmnist` profile in
 //! `baselines/perf/tolaria-fmnist/NOTES.md`). Here:
 //!
-//! - [`batch_norm_relu`]: a statistics pass (per-block Welford partials, one
-//!   channel per thread, so no thread divides by the channel count), then a
-//!   pass in which every block merges the partials in the same fixed order,
-//!   normalises and applies ReLU, block 0 also writing the saved statistics
-//!   and updating the running ones (momentum, unbiased variance). Backward
-//!   recomputes the ReLU mask from the saved input: one pass sums the
-//!   gradient and gradient x normalised input per block, the next merges
-//!   them and writes the input gradient, block 0 the weight and bias
-//!   gradients. Every sum is taken in a fixed order, so results are
-//!   deterministic.
+//! - [`batch_norm_relu`]: a statistics pass (per-block sums of each value
+//!   less its channel's first value, and of their squares, so a mean far
+//!   from zero costs no precision), then a pass in which every block adds
+//!   the partials up in the same fixed order, normalises and applies ReLU,
+//!   block 0 also writing the saved statistics and updating the running
+//!   ones (momentum, unbiased variance). Backward recomputes the ReLU mask
+//!   from the saved input: one pass sums the gradient and gradient x
+//!   normalised input per block, the next adds them up and writes the
+//!   input gradient, block 0 the weight and bias gradients. Every sum is
+//!   taken in a fixed order, so results are deterministic.
 //! - [`max_pool2x2`]: `max_pool2d(x, 2, 2)` (floor), NCHW or NHWC; the
 //!   backward recomputes each window's argmax from the saved input (the
 //!   first maximum wins, a NaN wins over numbers, as libtorch picks them)
 //!   and writes every input gradient once, zeros included.
+//!
+//! Every kernel keeps several loads in flight per thread, and where the
+//! channel count is a multiple of four each thread moves four channels with
+//! one 16-byte access (8 bytes in bf16).
 //!
 //! The fused kernels run where they apply: a CUDA tensor of `f32` or `bf16`
 //! (the dtype under bf16 autocast) with batch statistics, channels-last for
@@ -77,92 +81,159 @@ pub fn fused_kernels_enabled() -> bool {
 }
 
 const SOURCE: &str = r#"
+// VEC channels per thread: 4 (C % 4 == 0, 16-byte aligned NHWC rows) or 1.
 #define THREADS 256
+#define UNROLL 4
 #if ESPER_BF16
 typedef unsigned short T;
-__device__ __forceinline__ float ld(const T* p, long long i) {
-    return __uint_as_float(((unsigned int)p[i]) << 16);
-}
-__device__ __forceinline__ void st(T* p, long long i, float v) {
+__device__ __forceinline__ float bf(unsigned int bits) { return __uint_as_float(bits << 16); }
+__device__ __forceinline__ unsigned int to_bf(float v) {
     unsigned int u = __float_as_uint(v);
-    p[i] = (u & 0x7fffffffu) > 0x7f800000u
-        ? (unsigned short)0x7fc0
-        : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ void load(const T* __restrict__ p, long long i, float* v) {
+#if VEC == 4
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    v[0] = bf(u.x & 0xffffu); v[1] = bf(u.x >> 16); v[2] = bf(u.y & 0xffffu); v[3] = bf(u.y >> 16);
+#else
+    v[0] = bf(p[i]);
+#endif
+}
+__device__ __forceinline__ void store(T* __restrict__ p, long long i, const float* v) {
+#if VEC == 4
+    uint2 u;
+    u.x = to_bf(v[0]) | (to_bf(v[1]) << 16);
+    u.y = to_bf(v[2]) | (to_bf(v[3]) << 16);
+    *reinterpret_cast<uint2*>(p + i) = u;
+#else
+    p[i] = (unsigned short)to_bf(v[0]);
+#endif
 }
 #else
 typedef float T;
-__device__ __forceinline__ float ld(const T* p, long long i) { return p[i]; }
-__device__ __forceinline__ void st(T* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void load(const T* __restrict__ p, long long i, float* v) {
+#if VEC == 4
+    const float4 f = *reinterpret_cast<const float4*>(p + i);
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+#else
+    v[0] = p[i];
+#endif
+}
+__device__ __forceinline__ void store(T* __restrict__ p, long long i, const float* v) {
+#if VEC == 4
+    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+#else
+    p[i] = v[0];
+#endif
+}
 #endif
 
-// Chan's merge of (n, mean, m2) summaries.
-__device__ __forceinline__ void merge(float& n, float& mean, float& m2,
-                                      float nb, float mb, float m2b) {
-    if (nb == 0.0f) return;
-    if (n == 0.0f) { n = nb; mean = mb; m2 = m2b; return; }
-    const float total = n + nb;
-    const float delta = mb - mean;
-    const float f = nb / total;
-    mean += delta * f;
-    m2 += m2b + delta * delta * n * f;
-    n = total;
+// The thread layout of every per-channel pass over a channels-last [R, C]
+// tensor: G = C / VEC channel groups; `per` rows a block pass (a power of
+// two, per * G <= THREADS); thread t < per * G reads group t % G of rows
+// t / G + k * per * gridDim.x.
+struct Layout {
+    int groups, per, group, row;
+    bool active;
+};
+__device__ __forceinline__ Layout layout(int C) {
+    Layout l;
+    l.groups = C / VEC;
+    int per = 1;
+    while (per * 2 * l.groups <= THREADS) per *= 2;
+    l.per = per;
+    l.group = threadIdx.x % l.groups;
+    l.row = threadIdx.x / l.groups;
+    l.active = threadIdx.x < per * l.groups;
+    return l;
 }
 
-// Per-block Welford summaries of every channel of a channels-last [R, C]
-// tensor: thread t < per*C reads channel t % C of rows t / C + k * per.
+// Sums sh[k][t] over the rows of each group: a tree over t / G, in one
+// fixed order; leaves the totals at t < G. Every thread of the block calls.
+template <int K>
+__device__ __forceinline__ void tree(float (*sh)[THREADS], const Layout& l) {
+    for (int s = l.per / 2; s >= 1; s /= 2) {
+        __syncthreads();
+        if (l.active && l.row < s) {
+            #pragma unroll
+            for (int k = 0; k < K; ++k) sh[k][threadIdx.x] += sh[k][threadIdx.x + s * l.groups];
+        }
+    }
+    __syncthreads();
+}
+
+// Per-block sums of (x - shift) and (x - shift)^2 per channel, the shift
+// being row 0's value (so a mean far from zero loses no precision).
 extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __restrict__ partials,
                                           long long rows, int C) {
-    __shared__ float sh[3][THREADS];
-    const int per = THREADS / C;
-    const int t = threadIdx.x;
-    float n = 0.0f, mean = 0.0f, m2 = 0.0f;
-    if (t < per * C) {
-        const int c = t % C;
-        const long long step = (long long)gridDim.x * per;
-        for (long long r = (long long)blockIdx.x * per + t / C; r < rows; r += step) {
-            const float v = ld(x, r * C + c);
-            n += 1.0f;
-            const float d = v - mean;
-            mean += d / n;
-            m2 += d * (v - mean);
+    __shared__ float sh[2 * VEC][THREADS];
+    const Layout l = layout(C);
+    float s1[VEC], s2[VEC], k[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { s1[v] = 0.0f; s2[v] = 0.0f; }
+    if (l.active) {
+        load(x, (long long)l.group * VEC, k);
+        const long long step = (long long)gridDim.x * l.per;
+        for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
+            float val[UNROLL][VEC];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const long long r = r0 + u * step;
+                if (r < rows) load(x, r * C + l.group * VEC, val[u]);
+            }
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (r0 + u * step < rows) {
+                    #pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const float d = val[u][v] - k[v];
+                        s1[v] += d; s2[v] += d * d;
+                    }
+                }
+            }
         }
     }
-    sh[0][t] = n; sh[1][t] = mean; sh[2][t] = m2;
-    __syncthreads();
-    if (t < C) {
-        for (int j = 1; j < per; ++j) {
-            const int o = t + j * C;
-            merge(n, mean, m2, sh[0][o], sh[1][o], sh[2][o]);
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = s1[v]; sh[VEC + v][threadIdx.x] = s2[v]; }
+    tree<2 * VEC>(sh, l);
+    if (l.active && l.row == 0) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            float* out = partials + ((long long)blockIdx.x * C + l.group * VEC + v) * 2;
+            out[0] = sh[v][threadIdx.x]; out[1] = sh[VEC + v][threadIdx.x];
         }
-        float* out = partials + ((long long)blockIdx.x * C + t) * 3;
-        out[0] = n; out[1] = mean; out[2] = m2;
     }
 }
 
-// Every block merges the `blocks` partial summaries in one fixed order:
-// thread t merges blocks t / C, t / C + per, ... of channel t % C, then
-// threads t < C merge those `per` results in order. Leaves the channel's
-// (n, mean, m2) in the returned registers of threads t < C.
-__device__ void merge_partials(const float* __restrict__ partials, int blocks, int C,
-                               float (*sh)[THREADS], float& n, float& mean, float& m2) {
-    const int per = THREADS / C;
-    const int t = threadIdx.x;
-    n = 0.0f; mean = 0.0f; m2 = 0.0f;
-    if (t < per * C) {
-        const int c = t % C;
-        for (int b = t / C; b < blocks; b += per) {
-            const float* p = partials + ((long long)b * C + c) * 3;
-            merge(n, mean, m2, p[0], p[1], p[2]);
+// Every block sums the `blocks` partial pairs of every channel in one fixed
+// order (thread t adds blocks t / G, t / G + per, ..., then the tree) and
+// leaves the totals in tot[0][c], tot[1][c].
+__device__ __forceinline__ void merge_pairs(const float* __restrict__ partials, int blocks, int C,
+                                            const Layout& l, float (*sh)[THREADS],
+                                            float (*tot)[THREADS]) {
+    float a[VEC], b[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { a[v] = 0.0f; b[v] = 0.0f; }
+    if (l.active) {
+        for (int blk = l.row; blk < blocks; blk += l.per) {
+            #pragma unroll
+            for (int v = 0; v < VEC; ++v) {
+                const float* p = partials + ((long long)blk * C + l.group * VEC + v) * 2;
+                a[v] += p[0]; b[v] += p[1];
+            }
         }
     }
-    sh[0][t] = n; sh[1][t] = mean; sh[2][t] = m2;
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = a[v]; sh[VEC + v][threadIdx.x] = b[v]; }
+    tree<2 * VEC>(sh, l);
+    if (l.active && l.row == 0) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            tot[0][l.group * VEC + v] = sh[v][threadIdx.x];
+            tot[1][l.group * VEC + v] = sh[VEC + v][threadIdx.x];
+        }
+    }
     __syncthreads();
-    if (t < C) {
-        for (int j = 1; j < per; ++j) {
-            const int o = t + j * C;
-            merge(n, mean, m2, sh[0][o], sh[1][o], sh[2][o]);
-        }
-    }
 }
 
 extern "C" __global__ void esper_bn_relu_forward(
@@ -171,179 +242,258 @@ extern "C" __global__ void esper_bn_relu_forward(
     float* __restrict__ save_mean, float* __restrict__ save_invstd,
     float* __restrict__ running_mean, float* __restrict__ running_var,
     float momentum, float eps, long long rows, int C) {
-    __shared__ float sh[3][THREADS];
+    __shared__ float sh[2 * VEC][THREADS];
+    __shared__ float tot[2][THREADS];
     __shared__ float scale[THREADS], shift[THREADS];
-    const int t = threadIdx.x;
-    float n, mean, m2;
-    merge_partials(partials, blocks, C, sh, n, mean, m2);
-    if (t < C) {
-        const float var = n > 0.0f ? m2 / n : 0.0f;
+    const Layout l = layout(C);
+    merge_pairs(partials, blocks, C, l, sh, tot);
+    for (int c = threadIdx.x; c < C; c += THREADS) {
+        float k[VEC];
+        load(x, (long long)(c / VEC) * VEC, k);
+        const float n = (float)rows;
+        const float m1 = tot[0][c] / n;
+        const float mean = k[c % VEC] + m1;
+        const float var = fmaxf(tot[1][c] / n - m1 * m1, 0.0f);
         const float invstd = rsqrtf(var + eps);
-        const float s = invstd * weight[t];
-        scale[t] = s;
-        shift[t] = bias[t] - mean * s;
+        const float s = invstd * weight[c];
+        scale[c] = s;
+        shift[c] = bias[c] - mean * s;
         if (blockIdx.x == 0) {
-            save_mean[t] = mean;
-            save_invstd[t] = invstd;
+            save_mean[c] = mean;
+            save_invstd[c] = invstd;
             if (running_mean != nullptr) {
-                running_mean[t] = (1.0f - momentum) * running_mean[t] + momentum * mean;
+                running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
             }
             if (running_var != nullptr) {
-                const float unbiased = n > 1.0f ? m2 / (n - 1.0f) : var;
-                running_var[t] = (1.0f - momentum) * running_var[t] + momentum * unbiased;
+                const float unbiased = rows > 1 ? var * n / (n - 1.0f) : var;
+                running_var[c] = (1.0f - momentum) * running_var[c] + momentum * unbiased;
             }
         }
     }
     __syncthreads();
-    const int per = THREADS / C;
-    if (t >= per * C) return;
-    const int c = t % C;
-    const float s = scale[c], h = shift[c];
-    const long long step = (long long)gridDim.x * per;
-    for (long long r = (long long)blockIdx.x * per + t / C; r < rows; r += step) {
-        const long long i = r * C + c;
-        const float v = ld(x, i) * s + h;
-        st(y, i, v != v ? v : (v > 0.0f ? v : 0.0f));
+    if (!l.active) return;
+    float s[VEC], h[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { s[v] = scale[l.group * VEC + v]; h[v] = shift[l.group * VEC + v]; }
+    const long long step = (long long)gridDim.x * l.per;
+    for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
+        float val[UNROLL][VEC];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const long long r = r0 + u * step;
+            if (r < rows) load(x, r * C + l.group * VEC, val[u]);
+        }
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const long long r = r0 + u * step;
+            if (r < rows) {
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const float z = val[u][v] * s[v] + h[v];
+                    val[u][v] = z != z ? z : (z > 0.0f ? z : 0.0f);
+                }
+                store(y, r * C + l.group * VEC, val[u]);
+            }
+        }
     }
 }
 
 // Backward, pass 1: per-block sums of g and g * xhat, g = dy where the
-// forward's pre-activation was positive.
+// forward's pre-activation was positive (recomputed with the forward's
+// arithmetic).
 extern "C" __global__ void esper_bn_relu_backward_reduce(
     const T* __restrict__ x, const T* __restrict__ dy,
     const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
     const float* __restrict__ weight, const float* __restrict__ bias,
     float* __restrict__ partials, long long rows, int C) {
-    __shared__ float sh[2][THREADS];
-    const int per = THREADS / C;
-    const int t = threadIdx.x;
-    float sg = 0.0f, sgx = 0.0f;
-    if (t < per * C) {
-        const int c = t % C;
-        const float mean = save_mean[c], invstd = save_invstd[c];
-        const float s = invstd * weight[c];
-        const float h = bias[c] - mean * s;
-        const long long step = (long long)gridDim.x * per;
-        for (long long r = (long long)blockIdx.x * per + t / C; r < rows; r += step) {
-            const long long i = r * C + c;
-            const float xv = ld(x, i);
-            const float g = xv * s + h > 0.0f ? ld(dy, i) : 0.0f;
-            sg += g;
-            sgx += g * ((xv - mean) * invstd);
+    __shared__ float sh[2 * VEC][THREADS];
+    const Layout l = layout(C);
+    float sg[VEC], sgx[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { sg[v] = 0.0f; sgx[v] = 0.0f; }
+    if (l.active) {
+        float mean[VEC], invstd[VEC], s[VEC], h[VEC];
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int c = l.group * VEC + v;
+            mean[v] = save_mean[c]; invstd[v] = save_invstd[c];
+            s[v] = invstd[v] * weight[c];
+            h[v] = bias[c] - mean[v] * s[v];
+        }
+        const long long step = (long long)gridDim.x * l.per;
+        for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
+            float xv[UNROLL][VEC], gv[UNROLL][VEC];
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const long long r = r0 + u * step;
+                if (r < rows) {
+                    load(x, r * C + l.group * VEC, xv[u]);
+                    load(dy, r * C + l.group * VEC, gv[u]);
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (r0 + u * step < rows) {
+                    #pragma unroll
+                    for (int v = 0; v < VEC; ++v) {
+                        const float g = xv[u][v] * s[v] + h[v] > 0.0f ? gv[u][v] : 0.0f;
+                        sg[v] += g;
+                        sgx[v] += g * ((xv[u][v] - mean[v]) * invstd[v]);
+                    }
+                }
+            }
         }
     }
-    sh[0][t] = sg; sh[1][t] = sgx;
-    __syncthreads();
-    if (t < C) {
-        for (int j = 1; j < per; ++j) { sg += sh[0][t + j * C]; sgx += sh[1][t + j * C]; }
-        float* out = partials + ((long long)blockIdx.x * C + t) * 2;
-        out[0] = sg; out[1] = sgx;
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = sg[v]; sh[VEC + v][threadIdx.x] = sgx[v]; }
+    tree<2 * VEC>(sh, l);
+    if (l.active && l.row == 0) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            float* out = partials + ((long long)blockIdx.x * C + l.group * VEC + v) * 2;
+            out[0] = sh[v][threadIdx.x]; out[1] = sh[VEC + v][threadIdx.x];
+        }
     }
 }
 
-// Backward, pass 2: every block sums the partials in one fixed order, then
-// dx = weight * invstd * (g - mean(g) - xhat * mean(g * xhat)).
+// Backward, pass 2: dx = s * (g - mean(g) - xhat * mean(g * xhat)); block 0
+// writes the weight and bias gradients.
 extern "C" __global__ void esper_bn_relu_backward_apply(
     const T* __restrict__ x, const T* __restrict__ dy, T* __restrict__ dx,
     const float* __restrict__ partials, int blocks,
     const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
     const float* __restrict__ weight, const float* __restrict__ bias,
     float* __restrict__ dweight, float* __restrict__ dbias, long long rows, int C) {
-    __shared__ float sh[2][THREADS];
-    __shared__ float mg[THREADS], mgx[THREADS];
-    const int per = THREADS / C;
-    const int t = threadIdx.x;
-    float sg = 0.0f, sgx = 0.0f;
-    if (t < per * C) {
-        for (int b = t / C; b < blocks; b += per) {
-            const float* p = partials + ((long long)b * C + t % C) * 2;
-            sg += p[0]; sgx += p[1];
+    __shared__ float sh[2 * VEC][THREADS];
+    __shared__ float tot[2][THREADS];
+    const Layout l = layout(C);
+    merge_pairs(partials, blocks, C, l, sh, tot);
+    if (blockIdx.x == 0) {
+        for (int c = threadIdx.x; c < C; c += THREADS) { dweight[c] = tot[1][c]; dbias[c] = tot[0][c]; }
+    }
+    if (!l.active) return;
+    const float n = (float)rows;
+    float mean[VEC], invstd[VEC], s[VEC], h[VEC], a[VEC], b[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) {
+        const int c = l.group * VEC + v;
+        mean[v] = save_mean[c]; invstd[v] = save_invstd[c];
+        s[v] = invstd[v] * weight[c];
+        h[v] = bias[c] - mean[v] * s[v];
+        a[v] = tot[0][c] / n;
+        b[v] = tot[1][c] / n;
+    }
+    const long long step = (long long)gridDim.x * l.per;
+    for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
+        float xv[UNROLL][VEC], gv[UNROLL][VEC];
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const long long r = r0 + u * step;
+            if (r < rows) {
+                load(x, r * C + l.group * VEC, xv[u]);
+                load(dy, r * C + l.group * VEC, gv[u]);
+            }
         }
-    }
-    sh[0][t] = sg; sh[1][t] = sgx;
-    __syncthreads();
-    if (t < C) {
-        for (int j = 1; j < per; ++j) { sg += sh[0][t + j * C]; sgx += sh[1][t + j * C]; }
-        mg[t] = sg / (float)rows;
-        mgx[t] = sgx / (float)rows;
-        if (blockIdx.x == 0) { dweight[t] = sgx; dbias[t] = sg; }
-    }
-    __syncthreads();
-    if (t >= per * C) return;
-    const int c = t % C;
-    const float mean = save_mean[c], invstd = save_invstd[c];
-    const float s = invstd * weight[c];
-    const float h = bias[c] - mean * s;
-    const float a = mg[c], b = mgx[c];
-    const long long step = (long long)gridDim.x * per;
-    for (long long r = (long long)blockIdx.x * per + t / C; r < rows; r += step) {
-        const long long i = r * C + c;
-        const float xv = ld(x, i);
-        const float g = xv * s + h > 0.0f ? ld(dy, i) : 0.0f;
-        st(dx, i, s * (g - a - (xv - mean) * invstd * b));
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            const long long r = r0 + u * step;
+            if (r < rows) {
+                #pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+                    const float g = xv[u][v] * s[v] + h[v] > 0.0f ? gv[u][v] : 0.0f;
+                    xv[u][v] = s[v] * (g - a[v] - (xv[u][v] - mean[v]) * invstd[v] * b[v]);
+                }
+                store(dx, r * C + l.group * VEC, xv[u]);
+            }
+        }
     }
 }
 
-// 2x2 max-pool, stride 2, floor; NCHW or (cl) NHWC, both contiguous.
-__device__ __forceinline__ long long offset(long long n, int c, int h, int w,
-                                            int C, int H, int W, int cl) {
+// 2x2 max-pool, stride 2, floor. One thread per output window and channel
+// group, 32-bit index arithmetic (the host checks the sizes). With VEC 4
+// the tensor is NHWC; with VEC 1 `cl` picks NHWC or NCHW.
+__device__ __forceinline__ int offset(int n, int c, int h, int w, int C, int H, int W, int cl) {
     return cl ? ((n * H + h) * W + w) * C + c : ((n * C + c) * H + h) * W + w;
 }
 
-// libtorch's choice: the first maximum in row-major window order, and a NaN
-// (the last one seen) over any number.
-__device__ __forceinline__ int window_argmax(const T* __restrict__ x, long long base,
-                                             long long sh, long long sw, float& best) {
-    const float v[4] = {ld(x, base), ld(x, base + sw), ld(x, base + sh), ld(x, base + sh + sw)};
-    best = __int_as_float(0xff800000);
-    int k = 0;
+// libtorch's choice per channel: the first maximum in row-major window
+// order, and a NaN (the last one seen) over any number.
+__device__ __forceinline__ void window(const float (*v)[VEC], float* best, int* k) {
     #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        if (v[j] > best || v[j] != v[j]) { best = v[j]; k = j; }
+    for (int c = 0; c < VEC; ++c) {
+        best[c] = __int_as_float(0xff800000);
+        k[c] = 0;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (v[j][c] > best[c] || v[j][c] != v[j][c]) { best[c] = v[j][c]; k[c] = j; }
+        }
     }
-    return k;
+}
+
+__device__ __forceinline__ void decompose(int i, int C, int Ho, int Wo, int cl,
+                                          int& n, int& c, int& ho, int& wo) {
+    const int G = C / VEC;
+    int r;
+    if (cl) { c = (i % G) * VEC; r = i / G; wo = r % Wo; r /= Wo; ho = r % Ho; n = r / Ho; }
+    else { wo = i % Wo; r = i / Wo; ho = r % Ho; r /= Ho; c = r % C; n = r / C; }
 }
 
 extern "C" __global__ void esper_pool2_forward(const T* __restrict__ x, T* __restrict__ y,
-                                               long long N, int C, int H, int W, int cl) {
+                                               int N, int C, int H, int W, int cl) {
     const int Ho = H >> 1, Wo = W >> 1;
-    const long long total = N * C * (long long)Ho * Wo;
-    const long long sh = cl ? (long long)W * C : W, sw = cl ? C : 1;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long n, r; int c, ho, wo;
-        if (cl) { c = (int)(i % C); r = i / C; wo = (int)(r % Wo); r /= Wo; ho = (int)(r % Ho); n = r / Ho; }
-        else { wo = (int)(i % Wo); r = i / Wo; ho = (int)(r % Ho); r /= Ho; c = (int)(r % C); n = r / C; }
-        float best;
-        window_argmax(x, offset(n, c, 2 * ho, 2 * wo, C, H, W, cl), sh, sw, best);
-        st(y, i, best);
+    const int total = N * (C / VEC) * Ho * Wo;
+    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, ho, wo;
+        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
+        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
+        float v[4][VEC], best[VEC];
+        int k[VEC];
+        load(x, base, v[0]); load(x, base + sw, v[1]); load(x, base + sh, v[2]); load(x, base + sh + sw, v[3]);
+        window(v, best, k);
+        store(y, offset(n, c, ho, wo, C, Ho, Wo, cl), best);
     }
 }
 
+// Writes every input gradient of its window (the gradient at the argmax,
+// zero elsewhere), and the windows at the bottom and right edge also zero
+// the row and column a floor pool leaves out.
 extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T* __restrict__ gy,
-                                                T* __restrict__ gx, long long N, int C, int H,
-                                                int W, int cl) {
+                                                T* __restrict__ gx, int N, int C, int H, int W,
+                                                int cl) {
     const int Ho = H >> 1, Wo = W >> 1;
-    const long long total = N * C * (long long)H * W;
-    const long long sh = cl ? (long long)W * C : W, sw = cl ? C : 1;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long n, r; int c, h, w;
-        if (cl) { c = (int)(i % C); r = i / C; w = (int)(r % W); r /= W; h = (int)(r % H); n = r / H; }
-        else { w = (int)(i % W); r = i / W; h = (int)(r % H); r /= H; c = (int)(r % C); n = r / C; }
-        const int ho = h >> 1, wo = w >> 1;
-        float g = 0.0f;
-        if (ho < Ho && wo < Wo) {
-            float best;
-            const int k = window_argmax(x, offset(n, c, 2 * ho, 2 * wo, C, H, W, cl), sh, sw, best);
-            if (k == (((h & 1) << 1) | (w & 1))) g = ld(gy, offset(n, c, ho, wo, C, Ho, Wo, cl));
+    const int total = N * (C / VEC) * Ho * Wo;
+    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    float zero[VEC];
+    #pragma unroll
+    for (int c = 0; c < VEC; ++c) zero[c] = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, ho, wo;
+        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
+        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
+        const int at[4] = {base, base + sw, base + sh, base + sh + sw};
+        float v[4][VEC], best[VEC], g[VEC];
+        int k[VEC];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) load(x, at[j], v[j]);
+        window(v, best, k);
+        load(gy, offset(n, c, ho, wo, C, Ho, Wo, cl), g);
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float out[VEC];
+            #pragma unroll
+            for (int q = 0; q < VEC; ++q) out[q] = k[q] == j ? g[q] : 0.0f;
+            store(gx, at[j], out);
         }
-        st(gx, i, g);
+        const bool right = (W & 1) && wo == Wo - 1, bottom = (H & 1) && ho == Ho - 1;
+        if (right) { store(gx, base + 2 * sw, zero); store(gx, base + sh + 2 * sw, zero); }
+        if (bottom) { store(gx, base + 2 * sh, zero); store(gx, base + 2 * sh + sw, zero); }
+        if (right && bottom) store(gx, base + 2 * sh + 2 * sw, zero);
     }
 }
 "#;
 
-/// The six kernels for one dtype on one device.
+/// The six kernels for one dtype and channel width on one device.
 struct Kernels {
     bn_stats: JitKernel,
     bn_forward: JitKernel,
@@ -353,12 +503,16 @@ struct Kernels {
     pool_backward: JitKernel,
 }
 
-fn kernels(op: &'static str, device: usize, bf16: bool) -> Result<Arc<Kernels>> {
-    static CACHE: KernelCache<(usize, bool), Kernels> = KernelCache::new();
+fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
+    static CACHE: KernelCache<(usize, bool, bool), Kernels> = KernelCache::new();
     CACHE
-        .get_or_build((device, bf16), || {
+        .get_or_build((device, bf16, vec4), || {
             let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
-            let source = format!("#define ESPER_BF16 {}\n{SOURCE}", u8::from(bf16));
+            let source = format!(
+                "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}",
+                u8::from(bf16),
+                if vec4 { 4 } else { 1 }
+            );
             let cubin =
                 crate::jit::compile(&source, "esper_nn", arch).map_err(|e| e.to_string())?;
             let load = |name: &str| {
@@ -394,11 +548,22 @@ fn fused_target(x: &Tensor) -> Option<(usize, bool)> {
     let Device::Cuda(device) = x.device() else {
         return None;
     };
+    // The pool's kernels index with 32-bit integers.
+    if i64::try_from(x.numel()).map_or(true, |n| n > i64::from(i32::MAX)) {
+        return None;
+    }
     match x.kind() {
         Kind::Float => Some((device, false)),
         Kind::BFloat16 => Some((device, true)),
         _ => None,
     }
+}
+
+/// Whether the kernels may move four channels at a time: a channel count
+/// divisible by four and a 16-byte aligned start (the output and gradient
+/// tensors the shim allocates always are).
+fn four_channels(x: &Tensor, channels: i64) -> bool {
+    channels % 4 == 0 && (x.data_ptr() as usize) % 16 == 0
 }
 
 /// Whether a 4-D tensor's strides are dense channels-last (NHWC).
@@ -471,7 +636,8 @@ pub fn batch_norm_relu(
             .and_then(|y| y.f_relu());
         return unfused.map_err(|error| torch(OP, error));
     };
-    let k = kernels(OP, device, bf16)?;
+    let vec4 = four_channels(x, channels);
+    let k = kernels(OP, device, bf16, vec4)?;
     let handles = [
         k.bn_stats.raw(),
         k.bn_forward.raw(),
@@ -494,6 +660,7 @@ pub fn batch_norm_relu(
                 optional(running_var),
                 momentum,
                 eps,
+                if vec4 { 4 } else { 1 },
                 handles.as_ptr(),
                 &mut out,
             ),
@@ -523,7 +690,8 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
             .f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)
             .map_err(|error| torch(OP, error));
     };
-    let k = kernels(OP, device, bf16)?;
+    let vec4 = channels_last && four_channels(x, x.size()[1]);
+    let k = kernels(OP, device, bf16, vec4)?;
     let handles = [k.pool_forward.raw(), k.pool_backward.raw()];
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: as in `batch_norm_relu`.
@@ -533,10 +701,37 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
             ffi::esper_max_pool2(
                 ffi::tensor_ptr(x),
                 i32::from(channels_last),
+                if vec4 { 4 } else { 1 },
                 handles.as_ptr(),
                 &mut out,
             ),
         )?;
         Ok(Tensor::from_ptr(out.cast()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype and channel-width variant compiles (NVRTC needs no GPU).
+    #[test]
+    fn every_kernel_variant_compiles() {
+        for bf16 in [false, true] {
+            for vec in [1, 4] {
+                let source = format!(
+                    "#define ESPER_BF16 {}\n#define VEC {vec}\n{SOURCE}",
+                    u8::from(bf16)
+                );
+                match crate::jit::compile(&source, "esper_nn", (9, 0)) {
+                    Ok(cubin) => assert!(!cubin.is_empty()),
+                    Err(error) if error.to_string().contains("libnvrtc") => {
+                        println!("skipping: NVRTC is not installed here ({error})");
+                        return;
+                    }
+                    Err(error) => panic!("bf16 {bf16} vec {vec}: {error}"),
+                }
+            }
+        }
     }
 }
