@@ -99,6 +99,15 @@ impl Conv2d {
     /// 3 - 6 s in a process on the H100, and a contiguous one to its own
     /// depthwise kernel. The values are the same.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.groups == 1
+            && self.padding == 1
+            && self.bias.is_none()
+            && self.weight.size().get(2..) == Some(&[3, 3][..])
+        {
+            // torch-ext's weight gradient on CUDA where it applies,
+            // libtorch's conv2d otherwise.
+            return Ok(torch_ext::nn::conv3x3(x, &self.weight)?);
+        }
         if let Some((x, weight)) = self.depthwise_nchw(x)? {
             return Ok(x.f_conv2d(
                 &weight,

@@ -168,6 +168,14 @@ char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mea
                             void* const* kernels, void** out);
 char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* kernels,
                       void** out);
+// conv3x3: 3x3 convolution, stride 1, padding 1, no bias, of a channels-last
+// CUDA tensor computed in bf16 (bf16 != 0; autocast's casts applied here)
+// or f32; the weight gradient from kernels = {partial, reduce}.
+// conv3x3_fits: whether its weight-gradient band fits in shared memory.
+char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
+                    void** out);
+int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
+                           int64_t out_channels);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

@@ -23,6 +23,10 @@
 #include "jit_internal.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/conv2d.h>
+#include <ATen/ops/convolution_backward.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -242,6 +246,121 @@ class MaxPool2 : public torch::autograd::Function<MaxPool2> {
   }
 };
 
+// Floats of shared memory a weight-gradient block may stage (48 KiB, the
+// default dynamic limit).
+constexpr int kConvSharedFloats = 12 * 1024;
+
+// The rows of one weight-gradient band: as many as fit in shared memory
+// (the dy rows and the x rows around them); 0 when not even one does.
+int conv_band_rows(int height, int width, int in_channels, int out_channels) {
+  for (int rows = height; rows >= 1; --rows) {
+    const int64_t floats = static_cast<int64_t>(rows) * width * out_channels +
+                           static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
+    if (floats <= kConvSharedFloats) {
+      return rows;
+    }
+  }
+  return 0;
+}
+
+// 3x3 convolution, stride 1, padding 1, no bias, NHWC: libtorch's
+// convolution forward and input gradient (cuDNN), the weight gradient from
+// the two jit kernels. `dtype` is the compute dtype (autocast's, applied
+// here, so the saved tensors are the ones the convolution saw).
+class Conv3x3 : public torch::autograd::Function<Conv3x3> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            int64_t dtype, int64_t vec, int64_t partial_kernel,
+                            int64_t reduce_kernel) {
+    c10::cuda::CUDAGuard guard(x.device());
+    auto type = static_cast<at::ScalarType>(dtype);
+    at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
+    at::Tensor wc = weight.scalar_type() == type ? weight : weight.to(type);
+    at::Tensor y;
+    {
+      // The casts above are autocast's; the convolution runs as given.
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      y = at::conv2d(xc, wc, {}, 1, 1);
+    }
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["w_channels_last"] = weight.is_contiguous(at::MemoryFormat::ChannelsLast);
+    ctx->saved_data["vec"] = vec;
+    ctx->saved_data["partial"] = partial_kernel;
+    ctx->saved_data["reduce"] = reduce_kernel;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& xc = saved[0];
+    const at::Tensor& wc = saved[1];
+    variable_list out(6);
+    if (!grads[0].defined()) {
+      return out;
+    }
+    c10::cuda::CUDAGuard guard(xc.device());
+    at::Tensor dy = aligned(grads[0].to(xc.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast),
+                            at::MemoryFormat::ChannelsLast);
+    if (ctx->needs_input_grad(0)) {
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
+                                               false, {0, 0}, 1, {true, false, false});
+      out[0] = std::get<0>(grads_in).to(
+          static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+    }
+    if (ctx->needs_input_grad(1)) {
+      int n = static_cast<int>(xc.size(0));
+      int in_channels = static_cast<int>(xc.size(1));
+      int height = static_cast<int>(xc.size(2));
+      int width = static_cast<int>(xc.size(3));
+      int out_channels = static_cast<int>(wc.size(0));
+      int vec = static_cast<int>(ctx->saved_data["vec"].toInt());
+      int rows = conv_band_rows(height, width, in_channels, out_channels);
+      TORCH_CHECK(rows > 0, "conv3x3: no band fits in shared memory");
+      int bands = (height + rows - 1) / rows;
+      int blocks = n * bands;
+      int out_size = out_channels * 9 * in_channels;
+      int tasks = (out_channels / 4) * 9 * (in_channels / vec);
+      int groups = tasks >= kThreads ? 1 : kThreads / tasks;
+      int64_t tile = static_cast<int64_t>(rows) * width * out_channels +
+                     static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
+      int64_t reduction = tasks >= kThreads ? 0 : static_cast<int64_t>(groups) * tasks * 4 * vec;
+      unsigned shared = static_cast<unsigned>(std::max(tile, reduction) * sizeof(float));
+      TORCH_CHECK(shared <= kConvSharedFloats * sizeof(float), "conv3x3: ", shared,
+                  " bytes of shared memory");
+      auto f32 = xc.options().dtype(at::kFloat);
+      at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * out_size}, f32);
+      at::Tensor dw = at::empty({out_channels, 3, 3, in_channels}, f32);
+      const void* x_ptr = xc.data_ptr();
+      const void* dy_ptr = dy.data_ptr();
+      void* partials_ptr = partials.data_ptr();
+      void* dw_ptr = dw.data_ptr();
+      cudaStream_t stream = stream_of(xc);
+      {
+        void* args[] = {&x_ptr, &dy_ptr, &partials_ptr, &height, &width,
+                        &in_channels, &out_channels, &rows, &bands};
+        esper::jit_launch(handle(ctx, "partial"), dim3(blocks), dim3(kThreads), shared, args,
+                          stream);
+      }
+      {
+        void* args[] = {&partials_ptr, &dw_ptr, &blocks, &out_size};
+        esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0,
+                          args, stream);
+      }
+      // [Co, 3, 3, Ci] is the channels-last layout of [Co, Ci, 3, 3].
+      at::Tensor grad = dw.permute({0, 3, 1, 2})
+                            .to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+      if (!ctx->saved_data["w_channels_last"].toBool()) {
+        grad = grad.contiguous();
+      }
+      out[1] = grad;
+    }
+    return out;
+  }
+};
+
 int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
 
 }  // namespace
@@ -275,6 +394,41 @@ char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mea
                                       as_int(kernels[3]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
+}
+
+char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
+                    void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
+                  kernels[1] != nullptr,
+              "conv3x3: null argument");
+  const auto& input = *static_cast<const at::Tensor*>(x);
+  const auto& w = *static_cast<const at::Tensor*>(weight);
+  TORCH_CHECK(input.is_cuda() && input.dim() == 4 &&
+                  input.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "conv3x3: expected a channels-last 4-D CUDA tensor");
+  TORCH_CHECK(w.dim() == 4 && w.size(1) == input.size(1) && w.size(2) == 3 && w.size(3) == 3 &&
+                  w.size(0) % 4 == 0,
+              "conv3x3: weight of shape ", w.sizes(), " for input ", input.sizes());
+  TORCH_CHECK(vec == 1 || (vec == 4 && input.size(1) % 4 == 0), "conv3x3: vec ", vec);
+  TORCH_CHECK(conv_band_rows(static_cast<int>(input.size(2)), static_cast<int>(input.size(3)),
+                             static_cast<int>(input.size(1)), static_cast<int>(w.size(0))) > 0,
+              "conv3x3: the weight gradient's band does not fit in shared memory");
+  const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
+  at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
+                                as_int(kernels[0]), as_int(kernels[1]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
+                           int64_t out_channels) {
+  if (height > 65536 || width > 65536 || in_channels > 65536 || out_channels > 65536) {
+    return 0;
+  }
+  return conv_band_rows(static_cast<int>(height), static_cast<int>(width),
+                        static_cast<int>(in_channels), static_cast<int>(out_channels)) > 0;
 }
 
 char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* kernels,

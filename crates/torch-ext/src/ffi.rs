@@ -286,6 +286,20 @@ unsafe extern "C" {
     // profile.cpp
     pub(crate) fn esper_kernel_profile_start() -> RawError;
     pub(crate) fn esper_kernel_profile_stop(out: *mut *mut c_char) -> RawError;
+    pub(crate) fn esper_conv3x3(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bf16: i32,
+        vec: i32,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
+    pub(crate) fn esper_conv3x3_fits(
+        height: i64,
+        width: i64,
+        in_channels: i64,
+        out_channels: i64,
+    ) -> i32;
     pub(crate) fn esper_max_pool2(
         x: *mut c_void,
         channels_last: i32,

@@ -491,9 +491,142 @@ extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T
         if (right && bottom) store(gx, base + 2 * sh + 2 * sw, zero);
     }
 }
+// ---- 3x3 convolution (stride 1, padding 1, no bias) weight gradient ----
+// dW[co][kh][kw][ci] = sum over positions of dy[n,h,w,co] * x[n,h+kh-1,w+kw-1,ci],
+// NHWC. Pass 1: one block per (image, band of TH rows) stages its dy band
+// and the x rows around it (zero padded) in shared memory as floats; a
+// thread owns 4 output channels x VEC input channels of one tap; with
+// fewer tasks than threads, `pg` position groups split the band's positions
+// and are summed in a fixed order. Each block writes its partial dW.
+__device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) {
+#if ESPER_BF16
+    return bf(p[i]);
+#else
+    return p[i];
+#endif
+}
+
+extern "C" __global__ void esper_conv3_wgrad_partial(
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
+    int H, int W, int Ci, int Co, int TH, int bands) {
+    extern __shared__ __align__(16) float smem[];
+    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int h0 = band * TH;
+    const int th = min(TH, H - h0);
+    const int XW = W + 2;
+    float* dyS = smem;                       // [th][W][Co]
+    float* xS = smem + TH * W * Co;          // [th + 2][W + 2][Ci]
+    const long long dbase = ((long long)n * H + h0) * W * Co;
+    for (int i = threadIdx.x; i < th * W * Co; i += blockDim.x) dyS[i] = ld1(dy, dbase + i);
+    for (int i = threadIdx.x; i < (th + 2) * XW * Ci; i += blockDim.x) {
+        const int ci = i % Ci;
+        int r = i / Ci;
+        const int c = r % XW;
+        r /= XW;
+        const int hh = h0 + r - 1, ww = c - 1;
+        xS[i] = (hh >= 0 && hh < H && ww >= 0 && ww < W)
+            ? ld1(x, (((long long)n * H + hh) * W + ww) * Ci + ci) : 0.0f;
+    }
+    __syncthreads();
+    const int cig = Ci / VEC;
+    const int tasks = (Co / 4) * 9 * cig;
+    const int pgs = tasks >= (int)blockDim.x ? 1 : (int)blockDim.x / tasks;
+    const int positions = th * W;
+    const int out_size = Co * 9 * Ci;
+    float* out = partials + (long long)blockIdx.x * out_size;
+    float* red = smem;  // reused after the tiles, [pgs][tasks][4 * VEC]
+    for (int base = 0; base < tasks; base += (int)blockDim.x) {
+        const int local = (int)threadIdx.x;
+        const int task = pgs > 1 ? local % tasks : base + local;
+        const int pg = pgs > 1 ? local / tasks : 0;
+        const bool active = pgs > 1 ? local < tasks * pgs : task < tasks;
+        float acc[4][VEC];
+        #pragma unroll
+        for (int a = 0; a < 4; ++a)
+            #pragma unroll
+            for (int b = 0; b < VEC; ++b) acc[a][b] = 0.0f;
+        int co4 = 0, tap = 0, c4 = 0;
+        if (active) {
+            c4 = task % cig;
+            tap = (task / cig) % 9;
+            co4 = task / (cig * 9);
+            const int kh = tap / 3, kw = tap % 3;
+            for (int q = pg; q < positions; q += pgs) {
+                const int h = q / W, w = q - h * W;
+                const float4 d = *reinterpret_cast<const float4*>(dyS + q * Co + co4 * 4);
+                const float* xp = xS + ((h + kh) * XW + (w + kw)) * Ci + c4 * VEC;
+                float xv[VEC];
+#if VEC == 4
+                const float4 xq = *reinterpret_cast<const float4*>(xp);
+                xv[0] = xq.x; xv[1] = xq.y; xv[2] = xq.z; xv[3] = xq.w;
+#else
+                xv[0] = xp[0];
+#endif
+                #pragma unroll
+                for (int b = 0; b < VEC; ++b) {
+                    acc[0][b] += d.x * xv[b];
+                    acc[1][b] += d.y * xv[b];
+                    acc[2][b] += d.z * xv[b];
+                    acc[3][b] += d.w * xv[b];
+                }
+            }
+        }
+        if (pgs > 1) {
+            __syncthreads();  // the tiles are no longer read
+            if (active) {
+                #pragma unroll
+                for (int a = 0; a < 4; ++a)
+                    #pragma unroll
+                    for (int b = 0; b < VEC; ++b)
+                        red[(pg * tasks + task) * 4 * VEC + a * VEC + b] = acc[a][b];
+            }
+            __syncthreads();
+            if (active && pg == 0) {
+                for (int g = 1; g < pgs; ++g) {
+                    #pragma unroll
+                    for (int a = 0; a < 4; ++a)
+                        #pragma unroll
+                        for (int b = 0; b < VEC; ++b)
+                            acc[a][b] += red[(g * tasks + task) * 4 * VEC + a * VEC + b];
+                }
+            }
+        }
+        if (active && pg == 0) {
+            #pragma unroll
+            for (int a = 0; a < 4; ++a)
+                #pragma unroll
+                for (int b = 0; b < VEC; ++b)
+                    out[((co4 * 4 + a) * 9 + tap) * Ci + c4 * VEC + b] = acc[a][b];
+        }
+    }
+}
+
+// Pass 2: dW = the blocks' partials summed in block order; a block of 256
+// threads covers 32 outputs with 8 slices of the blocks, then adds the
+// slices in order.
+extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ partials,
+                                                    float* __restrict__ dw, int blocks,
+                                                    int out_size) {
+    __shared__ float sh[8][32];
+    const int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int o = blockIdx.x * 32 + lane;
+    float s = 0.0f;
+    if (o < out_size) {
+        for (int b = slice; b < blocks; b += 8) s += partials[(long long)b * out_size + o];
+    }
+    sh[slice][lane] = s;
+    __syncthreads();
+    if (slice == 0 && o < out_size) {
+        float total = sh[0][lane];
+        #pragma unroll
+        for (int k = 1; k < 8; ++k) total += sh[k][lane];
+        dw[o] = total;
+    }
+}
+
 "#;
 
-/// The six kernels for one dtype and channel width on one device.
+/// The kernels for one dtype and channel width on one device.
 struct Kernels {
     bn_stats: JitKernel,
     bn_forward: JitKernel,
@@ -501,6 +634,8 @@ struct Kernels {
     bn_apply: JitKernel,
     pool_forward: JitKernel,
     pool_backward: JitKernel,
+    conv_partial: JitKernel,
+    conv_reduce: JitKernel,
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -526,6 +661,8 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 bn_apply: load("esper_bn_relu_backward_apply")?,
                 pool_forward: load("esper_pool2_forward")?,
                 pool_backward: load("esper_pool2_backward")?,
+                conv_partial: load("esper_conv3_wgrad_partial")?,
+                conv_reduce: load("esper_conv3_wgrad_reduce")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -660,6 +797,76 @@ pub fn batch_norm_relu(
                 optional(running_var),
                 momentum,
                 eps,
+                if vec4 { 4 } else { 1 },
+                handles.as_ptr(),
+                &mut out,
+            ),
+        )?;
+        Ok(Tensor::from_ptr(out.cast()))
+    }
+}
+
+/// `conv2d(x, weight, stride 1, padding 1)` for a `3 x 3` weight without
+/// bias: libtorch's convolution forward and input gradient, and the weight
+/// gradient from two run-time compiled kernels (see the module docs) where
+/// they apply: a channels-last CUDA input that requires a gradient or whose
+/// weight does, in f32 or under bf16 autocast, a multiple of four output
+/// channels, and an image band that fits in shared memory. libtorch's
+/// `conv2d` otherwise, with its errors.
+///
+/// # Shapes
+/// `x: [B, C_in, H, W]`, `weight: [C_out, C_in, 3, 3]`; returns
+/// `[B, C_out, H, W]`.
+pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    const OP: &str = "nn::conv3x3";
+    let unfused = || {
+        x.f_conv2d(weight, None::<&Tensor>, [1, 1], [1, 1], [1, 1], 1)
+            .map_err(|error| torch(OP, error))
+    };
+    let Some((device, _)) = fused_target(x) else {
+        return unfused();
+    };
+    let (x_size, w_size) = (x.size(), weight.size());
+    let [_, c_in, h, w] = x_size[..] else {
+        return unfused();
+    };
+    let [c_out, w_in, 3, 3] = w_size[..] else {
+        return unfused();
+    };
+    let autocast = crate::autocast_state(crate::AutocastDevice::Cuda)?;
+    let compute = if autocast.enabled {
+        autocast.dtype
+    } else {
+        x.kind()
+    };
+    let kinds_fit = matches!(compute, Kind::Float | Kind::BFloat16)
+        && matches!(weight.kind(), Kind::Float | Kind::BFloat16)
+        && (autocast.enabled || weight.kind() == x.kind());
+    let wanted = x.requires_grad() || weight.requires_grad();
+    // SAFETY: plain integer arguments.
+    let fits = unsafe { ffi::esper_conv3x3_fits(h, w, c_in, c_out) } != 0;
+    if !(wanted
+        && kinds_fit
+        && is_nhwc(x)
+        && w_in == c_in
+        && c_out % 4 == 0
+        && weight.device() == x.device()
+        && fits)
+    {
+        return unfused();
+    }
+    let vec4 = c_in % 4 == 0;
+    let k = kernels(OP, device, compute == Kind::BFloat16, vec4)?;
+    let handles = [k.conv_partial.raw(), k.conv_reduce.raw()];
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: as in `batch_norm_relu`.
+    unsafe {
+        ffi::check(
+            OP,
+            ffi::esper_conv3x3(
+                ffi::tensor_ptr(x),
+                ffi::tensor_ptr(weight),
+                i32::from(compute == Kind::BFloat16),
                 if vec4 { 4 } else { 1 },
                 handles.as_ptr(),
                 &mut out,

@@ -634,6 +634,10 @@ fn nn_layers_on_the_cpu_are_libtorchs_ops() {
     assert!(pooled.equal(&y.max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)));
     pooled.sum(Kind::Float).backward();
     assert_eq!(x.grad().size(), [4, 3, 5, 5]);
+    let weight3 = Tensor::randn([4, 3, 3, 3], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let conv = nn::conv3x3(&x, &weight3).unwrap();
+    assert!(conv.equal(&x.conv2d(&weight3, None::<&Tensor>, [1, 1], [1, 1], [1, 1], 1)));
+    assert!(nn::conv3x3(&x, &Tensor::ones([4, 2, 3, 3], (Kind::Float, Device::Cpu))).is_err());
     // Wrong shapes are libtorch's clear error, not a crash.
     let bad = Tensor::ones([5], (Kind::Float, Device::Cpu));
     assert!(nn::batch_norm_relu(&x, &bad, &bias, None, None, true, 0.1, 1e-5).is_err());

@@ -225,3 +225,81 @@ fn max_pool2x2_matches_libtorch_with_ties_nan_and_odd_sizes() {
         }
     }
 }
+
+/// One 3x3 convolution forward and backward; returns (y, dx, dw).
+fn conv_run(x: &Tensor, weight: &Tensor, bf16: bool, fused: bool) -> [Tensor; 3] {
+    nn::set_fused_kernels(fused);
+    let x = x.detach().set_requires_grad(true);
+    let weight = weight.detach().set_requires_grad(true);
+    let y = {
+        let _autocast = bf16.then(|| {
+            torch_ext::AutocastGuard::with_cache(
+                torch_ext::AutocastDevice::Cuda,
+                Kind::BFloat16,
+                false,
+            )
+            .unwrap()
+        });
+        nn::conv3x3(&x, &weight).unwrap()
+    };
+    tch::manual_seed(11);
+    let upstream = Tensor::randn(y.size(), (Kind::Float, CUDA)).to_kind(y.kind());
+    (&y * &upstream)
+        .to_kind(Kind::Float)
+        .sum(Kind::Float)
+        .backward();
+    nn::set_fused_kernels(true);
+    [y, x.grad(), weight.grad()]
+}
+
+/// Largest |got - expected| relative to the largest |expected|.
+fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
+    let (g, e) = (values(got), values(expected));
+    let scale = e.iter().fold(1e-6_f32, |m, v| m.max(v.abs()));
+    g.iter()
+        .zip(&e)
+        .map(|(g, e)| (g - e).abs() / scale)
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn conv3x3_weight_gradient_matches_libtorch() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // (batch, in, out, height, width): the CNN host's and seed's shapes, odd
+    // sizes, and one too large for a whole image a block (bands of rows).
+    let cases = [
+        (256_i64, 1_i64, 8_i64, 28_i64, 28_i64),
+        (32, 8, 16, 14, 14),
+        (16, 16, 32, 7, 7),
+        (8, 16, 16, 14, 14),
+        (4, 12, 8, 5, 9),
+        (2, 32, 64, 32, 32),
+    ];
+    for bf16 in [false, true] {
+        for (n, c_in, c_out, h, w) in cases {
+            tch::manual_seed(n + c_in);
+            let x = memory::contiguous_channels_last(&Tensor::randn(
+                [n, c_in, h, w],
+                (Kind::Float, CUDA),
+            ))
+            .unwrap();
+            let weight = Tensor::randn([c_out, c_in, 3, 3], (Kind::Float, CUDA)) * 0.3;
+            memory::set_channels_last_(&weight).unwrap();
+            let fused = conv_run(&x, &weight, bf16, true);
+            let reference = conv_run(&x, &weight, bf16, false);
+            let bound = if bf16 { 2e-2 } else { 5e-3 };
+            for (name, (got, expected)) in
+                ["y", "dx", "dw"].iter().zip(fused.iter().zip(&reference))
+            {
+                assert_eq!(got.size(), expected.size(), "{name}");
+                assert_eq!(got.kind(), expected.kind(), "{name}");
+                let err = worst_of_max(got, expected);
+                assert!(
+                    err <= bound,
+                    "bf16 {bf16} [{n},{c_in}->{c_out},{h},{w}] {name}: error {err} > {bound}"
+                );
+            }
+            assert_eq!(fused[2].stride(), reference[2].stride(), "dw layout");
+        }
+    }
+}
