@@ -498,6 +498,7 @@ extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T
 // thread owns 4 output channels x VEC input channels of one tap; with
 // fewer tasks than threads, `pg` position groups split the band's positions
 // and are summed in a fixed order. Each block writes its partial dW.
+#define STAGE 8
 __device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) {
 #if ESPER_BF16
     return bf(p[i]);
@@ -516,16 +517,41 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
     const int XW = W + 2;
     float* dyS = smem;                       // [th][W][Co]
     float* xS = smem + TH * W * Co;          // [th + 2][W + 2][Ci]
+    // Staging: STAGE loads in flight a thread, then their stores.
     const long long dbase = ((long long)n * H + h0) * W * Co;
-    for (int i = threadIdx.x; i < th * W * Co; i += blockDim.x) dyS[i] = ld1(dy, dbase + i);
-    for (int i = threadIdx.x; i < (th + 2) * XW * Ci; i += blockDim.x) {
-        const int ci = i % Ci;
-        int r = i / Ci;
-        const int c = r % XW;
-        r /= XW;
-        const int hh = h0 + r - 1, ww = c - 1;
-        xS[i] = (hh >= 0 && hh < H && ww >= 0 && ww < W)
-            ? ld1(x, (((long long)n * H + hh) * W + ww) * Ci + ci) : 0.0f;
+    const int dcount = th * W * Co;
+    for (int i0 = threadIdx.x; i0 < dcount; i0 += blockDim.x * STAGE) {
+        float v[STAGE];
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            v[u] = i < dcount ? ld1(dy, dbase + i) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < dcount) dyS[i] = v[u];
+        }
+    }
+    const int xcount = (th + 2) * XW * Ci;
+    for (int i0 = threadIdx.x; i0 < xcount; i0 += blockDim.x * STAGE) {
+        float v[STAGE];
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            const int ci = i % Ci;
+            int r = i / Ci;
+            const int c = r % XW;
+            r /= XW;
+            const int hh = h0 + r - 1, ww = c - 1;
+            v[u] = (i < xcount && hh >= 0 && hh < H && ww >= 0 && ww < W)
+                ? ld1(x, (((long long)n * H + hh) * W + ww) * Ci + ci) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < xcount) xS[i] = v[u];
+        }
     }
     __syncthreads();
     const int cig = Ci / VEC;
@@ -612,6 +638,7 @@ extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ pa
     const int o = blockIdx.x * 32 + lane;
     float s = 0.0f;
     if (o < out_size) {
+        #pragma unroll 8
         for (int b = slice; b < blocks; b += 8) s += partials[(long long)b * out_size + o];
     }
     sh[slice][lane] = s;
