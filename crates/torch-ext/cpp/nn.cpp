@@ -322,11 +322,14 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       int bands = (height + rows - 1) / rows;
       int blocks = n * bands;
       int out_size = out_channels * 9 * in_channels;
-      int tasks = (out_channels / 4) * 9 * (in_channels / vec);
+      // The kernel's thread tasks (4 output channels x vec input channels x
+      // one kernel row) and position groups, for its reduction's scratch.
+      int tasks = (out_channels / 4) * 3 * (in_channels / vec);
       int groups = tasks >= kThreads ? 1 : kThreads / tasks;
       int64_t tile = static_cast<int64_t>(rows) * width * out_channels +
                      static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
-      int64_t reduction = tasks >= kThreads ? 0 : static_cast<int64_t>(groups) * tasks * 4 * vec;
+      int64_t reduction =
+          tasks >= kThreads ? 0 : static_cast<int64_t>(groups) * tasks * 3 * 4 * vec;
       unsigned shared = static_cast<unsigned>(std::max(tile, reduction) * sizeof(float));
       TORCH_CHECK(shared <= kConvSharedFloats * sizeof(float), "conv3x3: ", shared,
                   " bytes of shared memory");

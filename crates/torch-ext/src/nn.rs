@@ -495,7 +495,8 @@ extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T
 // dW[co][kh][kw][ci] = sum over positions of dy[n,h,w,co] * x[n,h+kh-1,w+kw-1,ci],
 // NHWC. Pass 1: one block per (image, band of TH rows) stages its dy band
 // and the x rows around it (zero padded) in shared memory as floats; a
-// thread owns 4 output channels x VEC input channels of one tap; with
+// thread owns 4 output channels x VEC input channels x the 3 taps of one
+// kernel row (48 multiply-adds for five shared loads a position); with
 // fewer tasks than threads, `pg` position groups split the band's positions
 // and are summed in a fixed order. Each block writes its partial dW.
 #define STAGE 8
@@ -555,74 +556,90 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
     }
     __syncthreads();
     const int cig = Ci / VEC;
-    const int tasks = (Co / 4) * 9 * cig;
+    const int tasks = (Co / 4) * 3 * cig;
     const int pgs = tasks >= (int)blockDim.x ? 1 : (int)blockDim.x / tasks;
     const int positions = th * W;
     const int out_size = Co * 9 * Ci;
     float* out = partials + (long long)blockIdx.x * out_size;
-    float* red = smem;  // reused after the tiles, [pgs][tasks][4 * VEC]
+    float* red = smem;  // reused after the tiles, [pgs][tasks][3 * 4 * VEC]
     for (int base = 0; base < tasks; base += (int)blockDim.x) {
         const int local = (int)threadIdx.x;
         const int task = pgs > 1 ? local % tasks : base + local;
         const int pg = pgs > 1 ? local / tasks : 0;
         const bool active = pgs > 1 ? local < tasks * pgs : task < tasks;
-        float acc[4][VEC];
+        // acc[kw][co][ci] for output channels co4 * 4 + co, input channels
+        // c4 * VEC + ci, kernel row kh.
+        float acc[3][4][VEC];
         #pragma unroll
-        for (int a = 0; a < 4; ++a)
+        for (int k = 0; k < 3; ++k)
             #pragma unroll
-            for (int b = 0; b < VEC; ++b) acc[a][b] = 0.0f;
-        int co4 = 0, tap = 0, c4 = 0;
+            for (int a = 0; a < 4; ++a)
+                #pragma unroll
+                for (int b = 0; b < VEC; ++b) acc[k][a][b] = 0.0f;
+        int co4 = 0, kh = 0, c4 = 0;
         if (active) {
             c4 = task % cig;
-            tap = (task / cig) % 9;
-            co4 = task / (cig * 9);
-            const int kh = tap / 3, kw = tap % 3;
+            kh = (task / cig) % 3;
+            co4 = task / (cig * 3);
+            int h = pg / W, w = pg - (pg / W) * W;
+            const int wstep = pgs % W, hstep = pgs / W;
             for (int q = pg; q < positions; q += pgs) {
-                const int h = q / W, w = q - h * W;
                 const float4 d = *reinterpret_cast<const float4*>(dyS + q * Co + co4 * 4);
-                const float* xp = xS + ((h + kh) * XW + (w + kw)) * Ci + c4 * VEC;
-                float xv[VEC];
-#if VEC == 4
-                const float4 xq = *reinterpret_cast<const float4*>(xp);
-                xv[0] = xq.x; xv[1] = xq.y; xv[2] = xq.z; xv[3] = xq.w;
-#else
-                xv[0] = xp[0];
-#endif
+                const float* xp = xS + ((h + kh) * XW + w) * Ci + c4 * VEC;
                 #pragma unroll
-                for (int b = 0; b < VEC; ++b) {
-                    acc[0][b] += d.x * xv[b];
-                    acc[1][b] += d.y * xv[b];
-                    acc[2][b] += d.z * xv[b];
-                    acc[3][b] += d.w * xv[b];
+                for (int k = 0; k < 3; ++k) {
+                    float xv[VEC];
+#if VEC == 4
+                    const float4 xq = *reinterpret_cast<const float4*>(xp + k * Ci);
+                    xv[0] = xq.x; xv[1] = xq.y; xv[2] = xq.z; xv[3] = xq.w;
+#else
+                    xv[0] = xp[k * Ci];
+#endif
+                    #pragma unroll
+                    for (int b = 0; b < VEC; ++b) {
+                        acc[k][0][b] += d.x * xv[b];
+                        acc[k][1][b] += d.y * xv[b];
+                        acc[k][2][b] += d.z * xv[b];
+                        acc[k][3][b] += d.w * xv[b];
+                    }
                 }
+                w += wstep; h += hstep;
+                if (w >= W) { w -= W; h += 1; }
             }
         }
+        constexpr int PER = 3 * 4 * VEC;
         if (pgs > 1) {
             __syncthreads();  // the tiles are no longer read
             if (active) {
                 #pragma unroll
-                for (int a = 0; a < 4; ++a)
+                for (int k = 0; k < 3; ++k)
                     #pragma unroll
-                    for (int b = 0; b < VEC; ++b)
-                        red[(pg * tasks + task) * 4 * VEC + a * VEC + b] = acc[a][b];
+                    for (int a = 0; a < 4; ++a)
+                        #pragma unroll
+                        for (int b = 0; b < VEC; ++b)
+                            red[(pg * tasks + task) * PER + (k * 4 + a) * VEC + b] = acc[k][a][b];
             }
             __syncthreads();
             if (active && pg == 0) {
                 for (int g = 1; g < pgs; ++g) {
                     #pragma unroll
-                    for (int a = 0; a < 4; ++a)
+                    for (int k = 0; k < 3; ++k)
                         #pragma unroll
-                        for (int b = 0; b < VEC; ++b)
-                            acc[a][b] += red[(g * tasks + task) * 4 * VEC + a * VEC + b];
+                        for (int a = 0; a < 4; ++a)
+                            #pragma unroll
+                            for (int b = 0; b < VEC; ++b)
+                                acc[k][a][b] += red[(g * tasks + task) * PER + (k * 4 + a) * VEC + b];
                 }
             }
         }
         if (active && pg == 0) {
             #pragma unroll
-            for (int a = 0; a < 4; ++a)
+            for (int k = 0; k < 3; ++k)
                 #pragma unroll
-                for (int b = 0; b < VEC; ++b)
-                    out[((co4 * 4 + a) * 9 + tap) * Ci + c4 * VEC + b] = acc[a][b];
+                for (int a = 0; a < 4; ++a)
+                    #pragma unroll
+                    for (int b = 0; b < VEC; ++b)
+                        out[((co4 * 4 + a) * 9 + kh * 3 + k) * Ci + c4 * VEC + b] = acc[k][a][b];
         }
     }
 }
