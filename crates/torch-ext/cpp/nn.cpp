@@ -319,13 +319,6 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       int vec = static_cast<int>(ctx->saved_data["vec"].toInt());
       int rows = conv_band_rows(height, width, in_channels, out_channels);
       TORCH_CHECK(rows > 0, "conv3x3: no band fits in shared memory");
-      // Thinner bands until there are about four blocks an SM: a block's
-      // staging and its reduction are latency chains that only other
-      // blocks hide.
-      const int64_t wanted_blocks = 4 * static_cast<int64_t>(sm_count(xc));
-      while (rows > 1 && static_cast<int64_t>(n) * ((height + rows - 1) / rows) < wanted_blocks) {
-        rows = (rows + 1) / 2;
-      }
       int bands = (height + rows - 1) / rows;
       int blocks = n * bands;
       int out_size = out_channels * 9 * in_channels;

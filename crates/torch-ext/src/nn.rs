@@ -500,6 +500,16 @@ extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T
 // fewer tasks than threads, `pg` position groups split the band's positions
 // and are summed in a fixed order. Each block writes its partial dW.
 #define STAGE 8
+// Four consecutive values from a 16-byte (8-byte in bf16) aligned index.
+__device__ __forceinline__ void load4(const T* __restrict__ p, long long i, float* v) {
+#if ESPER_BF16
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    v[0] = bf(u.x & 0xffffu); v[1] = bf(u.x >> 16); v[2] = bf(u.y & 0xffffu); v[3] = bf(u.y >> 16);
+#else
+    const float4 f = *reinterpret_cast<const float4*>(p + i);
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+#endif
+}
 __device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) {
 #if ESPER_BF16
     return bf(p[i]);
@@ -520,18 +530,21 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
     float* xS = smem + TH * W * Co;          // [th + 2][W + 2][Ci]
     // Staging: STAGE loads in flight a thread, then their stores.
     const long long dbase = ((long long)n * H + h0) * W * Co;
-    const int dcount = th * W * Co;
-    for (int i0 = threadIdx.x; i0 < dcount; i0 += blockDim.x * STAGE) {
-        float v[STAGE];
+    // dy's band is contiguous and Co % 4 == 0: four values a load.
+    const int dquads = th * W * Co / 4;
+    for (int i0 = threadIdx.x; i0 < dquads; i0 += blockDim.x * STAGE) {
+        float v[STAGE][4];
         #pragma unroll
         for (int u = 0; u < STAGE; ++u) {
             const int i = i0 + u * blockDim.x;
-            v[u] = i < dcount ? ld1(dy, dbase + i) : 0.0f;
+            if (i < dquads) load4(dy, dbase + 4 * (long long)i, v[u]);
         }
         #pragma unroll
         for (int u = 0; u < STAGE; ++u) {
             const int i = i0 + u * blockDim.x;
-            if (i < dcount) dyS[i] = v[u];
+            if (i < dquads) {
+                *reinterpret_cast<float4*>(dyS + 4 * i) = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+            }
         }
     }
     const int xcount = (th + 2) * XW * Ci;
@@ -608,7 +621,26 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
             }
         }
         constexpr int PER = 3 * 4 * VEC;
-        if (pgs > 1) {
+        // Output index of accumulator e = (k * 4 + a) * VEC + b of a task.
+        auto out_index = [&](int t, int e) {
+            const int c4t = t % cig, kht = (t / cig) % 3, co4t = t / (cig * 3);
+            const int b = e % VEC, a = (e / VEC) % 4, k = e / (4 * VEC);
+            return ((co4t * 4 + a) * 9 + kht * 3 + k) * Ci + c4t * VEC + b;
+        };
+        if (pgs == 1) {
+            if (active) {
+                #pragma unroll
+                for (int k = 0; k < 3; ++k)
+                    #pragma unroll
+                    for (int a = 0; a < 4; ++a)
+                        #pragma unroll
+                        for (int b = 0; b < VEC; ++b)
+                            out[out_index(task, (k * 4 + a) * VEC + b)] = acc[k][a][b];
+            }
+        } else {
+            // The position groups' sums: red[(g * PER + e) * tasks + task]
+            // (consecutive lanes, consecutive words), then every thread adds
+            // up some (task, e) over the groups in order.
             __syncthreads();  // the tiles are no longer read
             if (active) {
                 #pragma unroll
@@ -617,29 +649,14 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
                     for (int a = 0; a < 4; ++a)
                         #pragma unroll
                         for (int b = 0; b < VEC; ++b)
-                            red[(pg * tasks + task) * PER + (k * 4 + a) * VEC + b] = acc[k][a][b];
+                            red[(pg * PER + (k * 4 + a) * VEC + b) * tasks + task] = acc[k][a][b];
             }
             __syncthreads();
-            if (active && pg == 0) {
-                for (int g = 1; g < pgs; ++g) {
-                    #pragma unroll
-                    for (int k = 0; k < 3; ++k)
-                        #pragma unroll
-                        for (int a = 0; a < 4; ++a)
-                            #pragma unroll
-                            for (int b = 0; b < VEC; ++b)
-                                acc[k][a][b] += red[(g * tasks + task) * PER + (k * 4 + a) * VEC + b];
-                }
+            for (int j = threadIdx.x; j < tasks * PER; j += blockDim.x) {
+                float total = 0.0f;
+                for (int g = 0; g < pgs; ++g) total += red[g * PER * tasks + j];
+                out[out_index(j % tasks, j / tasks)] = total;
             }
-        }
-        if (active && pg == 0) {
-            #pragma unroll
-            for (int k = 0; k < 3; ++k)
-                #pragma unroll
-                for (int a = 0; a < 4; ++a)
-                    #pragma unroll
-                    for (int b = 0; b < VEC; ++b)
-                        out[((co4 * 4 + a) * 9 + kh * 3 + k) * Ci + c4 * VEC + b] = acc[k][a][b];
         }
     }
 }
