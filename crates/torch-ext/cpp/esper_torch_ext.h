@@ -181,7 +181,9 @@ int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy
 // name (free with esper_free_string).
 char* esper_kernel_profile_start(void);
-char* esper_kernel_profile_stop(char** out);
+// *sample gets `sample_len` consecutive launches from the middle of the
+// run, in start order, as "name\t1\tns\n" lines.
+char* esper_kernel_profile_stop(char** out, int64_t sample_len, char** sample);
 
 #ifdef __cplusplus
 }

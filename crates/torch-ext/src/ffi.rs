@@ -285,7 +285,11 @@ unsafe extern "C" {
     ) -> RawError;
     // profile.cpp
     pub(crate) fn esper_kernel_profile_start() -> RawError;
-    pub(crate) fn esper_kernel_profile_stop(out: *mut *mut c_char) -> RawError;
+    pub(crate) fn esper_kernel_profile_stop(
+        out: *mut *mut c_char,
+        sample_len: i64,
+        sample: *mut *mut c_char,
+    ) -> RawError;
     pub(crate) fn esper_conv3x3(
         x: *mut c_void,
         weight: *mut c_void,

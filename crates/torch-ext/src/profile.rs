@@ -54,11 +54,18 @@ impl KernelStat {
     }
 }
 
+/// Consecutive launches [`KernelProfile::sample`] keeps.
+pub const SAMPLE_LAUNCHES: usize = 200;
+
 /// What ran between start and stop.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct KernelProfile {
     /// Every name, in no particular order.
     pub kernels: Vec<KernelStat>,
+    /// Up to [`SAMPLE_LAUNCHES`] consecutive launches from the middle of
+    /// the profile, in start order (each with count 1): one step's kernels
+    /// in the order it ran them.
+    pub sample: Vec<KernelStat>,
 }
 
 impl KernelProfile {
@@ -110,7 +117,10 @@ impl KernelProfile {
                 total_us: ns as f64 / 1000.0,
             });
         }
-        Ok(KernelProfile { kernels })
+        Ok(KernelProfile {
+            kernels,
+            sample: Vec::new(),
+        })
     }
 }
 
@@ -148,21 +158,30 @@ impl KernelProfiler {
     /// [`KernelProfiler::start`].
     pub fn stop(mut self) -> Result<KernelProfile> {
         self.stopped = true;
-        let text = stop_raw()?;
-        KernelProfile::parse(&text)
+        let (text, sample) = stop_raw()?;
+        let mut profile = KernelProfile::parse(&text)?;
+        profile.sample = KernelProfile::parse(&sample)?.kernels;
+        Ok(profile)
     }
 }
 
-fn stop_raw() -> Result<String> {
+fn stop_raw() -> Result<(String, String)> {
     let mut raw = std::ptr::null_mut();
-    // SAFETY: `raw` is a live out-parameter; on success it holds a string
+    let mut sample = std::ptr::null_mut();
+    let len = i64::try_from(SAMPLE_LAUNCHES).unwrap_or(i64::MAX);
+    // SAFETY: both out-parameters are live; on success each holds a string
     // the shim allocated, taken over (and freed) by `take_string`.
     let result = unsafe {
         ffi::check(
             "profile::KernelProfiler::stop",
-            ffi::esper_kernel_profile_stop(&mut raw),
+            ffi::esper_kernel_profile_stop(&mut raw, len, &mut sample),
         )
-        .map(|()| ffi::take_string(raw).unwrap_or_default())
+        .map(|()| {
+            (
+                ffi::take_string(raw).unwrap_or_default(),
+                ffi::take_string(sample).unwrap_or_default(),
+            )
+        })
     };
     RUNNING.store(false, Ordering::Release);
     result

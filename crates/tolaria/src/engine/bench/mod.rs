@@ -513,6 +513,19 @@ fn profile_epoch(
         profile.busy_us() / 1000.0,
         profile.kernel_launches() as f64 / steps
     ));
+    if name == "graph-epoch" || name == "graph-epoch-bf16" {
+        progress(&format!(
+            "[rust {name}] {} consecutive launches from the profiled epoch's middle (us, name):",
+            profile.sample.len()
+        ));
+        for kernel in &profile.sample {
+            let short: String = kernel.name.chars().take(100).collect();
+            progress(&format!(
+                "[rust {name}]   seq {:7.2}  {short}",
+                kernel.total_us
+            ));
+        }
+    }
     for kernel in profile.largest(PROFILE_TOP) {
         let short: String = kernel.name.chars().take(120).collect();
         progress(&format!(
