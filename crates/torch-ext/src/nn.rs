@@ -547,19 +547,20 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
             }
         }
     }
-    const int xcount = (th + 2) * XW * Ci;
+    // x rows h0 - 1 .. h0 + th, zero padded: inside a padded row of
+    // XW * Ci values the interior is contiguous in memory.
+    const int rowlen = XW * Ci;
+    const int xcount = (th + 2) * rowlen;
     for (int i0 = threadIdx.x; i0 < xcount; i0 += blockDim.x * STAGE) {
         float v[STAGE];
         #pragma unroll
         for (int u = 0; u < STAGE; ++u) {
             const int i = i0 + u * blockDim.x;
-            const int ci = i % Ci;
-            int r = i / Ci;
-            const int c = r % XW;
-            r /= XW;
-            const int hh = h0 + r - 1, ww = c - 1;
-            v[u] = (i < xcount && hh >= 0 && hh < H && ww >= 0 && ww < W)
-                ? ld1(x, (((long long)n * H + hh) * W + ww) * Ci + ci) : 0.0f;
+            const int r = i / rowlen;
+            const int j = i - r * rowlen;
+            const int hh = h0 + r - 1;
+            v[u] = (i < xcount && hh >= 0 && hh < H && j >= Ci && j < rowlen - Ci)
+                ? ld1(x, ((long long)n * H + hh) * W * Ci + (j - Ci)) : 0.0f;
         }
         #pragma unroll
         for (int u = 0; u < STAGE; ++u) {
@@ -621,11 +622,10 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
             }
         }
         constexpr int PER = 3 * 4 * VEC;
-        // Output index of accumulator e = (k * 4 + a) * VEC + b of a task.
-        auto out_index = [&](int t, int e) {
-            const int c4t = t % cig, kht = (t / cig) % 3, co4t = t / (cig * 3);
+        // Output index of this task's accumulator e = (k * 4 + a) * VEC + b.
+        auto out_index = [&](int e) {
             const int b = e % VEC, a = (e / VEC) % 4, k = e / (4 * VEC);
-            return ((co4t * 4 + a) * 9 + kht * 3 + k) * Ci + c4t * VEC + b;
+            return ((co4 * 4 + a) * 9 + kh * 3 + k) * Ci + c4 * VEC + b;
         };
         if (pgs == 1) {
             if (active) {
@@ -635,12 +635,13 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
                     for (int a = 0; a < 4; ++a)
                         #pragma unroll
                         for (int b = 0; b < VEC; ++b)
-                            out[out_index(task, (k * 4 + a) * VEC + b)] = acc[k][a][b];
+                            out[out_index((k * 4 + a) * VEC + b)] = acc[k][a][b];
             }
         } else {
             // The position groups' sums: red[(g * PER + e) * tasks + task]
-            // (consecutive lanes, consecutive words), then every thread adds
-            // up some (task, e) over the groups in order.
+            // (consecutive lanes, consecutive words); then thread (task, pg)
+            // adds up its task's accumulators e = pg, pg + pgs, ... over
+            // the groups in order.
             __syncthreads();  // the tiles are no longer read
             if (active) {
                 #pragma unroll
@@ -652,10 +653,12 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
                             red[(pg * PER + (k * 4 + a) * VEC + b) * tasks + task] = acc[k][a][b];
             }
             __syncthreads();
-            for (int j = threadIdx.x; j < tasks * PER; j += blockDim.x) {
-                float total = 0.0f;
-                for (int g = 0; g < pgs; ++g) total += red[g * PER * tasks + j];
-                out[out_index(j % tasks, j / tasks)] = total;
+            if (active) {
+                for (int e = pg; e < PER; e += pgs) {
+                    float total = 0.0f;
+                    for (int g = 0; g < pgs; ++g) total += red[(g * PER + e) * tasks + task];
+                    out[out_index(e)] = total;
+                }
             }
         }
     }
