@@ -319,12 +319,6 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       int vec = static_cast<int>(ctx->saved_data["vec"].toInt());
       int rows = conv_band_rows(height, width, in_channels, out_channels);
       TORCH_CHECK(rows > 0, "conv3x3: no band fits in shared memory");
-      // Half-height bands when the images alone give under four blocks an
-      // SM: a block is a serial chain (staging, 3x3 row sums, reduction)
-      // that only other blocks hide.
-      if (rows == height && rows >= 4 && static_cast<int64_t>(n) < 4 * sm_count(xc)) {
-        rows = (rows + 1) / 2;
-      }
       int bands = (height + rows - 1) / rows;
       int blocks = n * bands;
       int out_size = out_channels * 9 * in_channels;
