@@ -764,7 +764,7 @@ fn fused_target(x: &Tensor) -> Option<(usize, bool)> {
 /// divisible by four and a 16-byte aligned start (the output and gradient
 /// tensors the shim allocates always are).
 fn four_channels(x: &Tensor, channels: i64) -> bool {
-    channels % 4 == 0 && (x.data_ptr() as usize) % 16 == 0
+    channels % 4 == 0 && (x.data_ptr() as usize).is_multiple_of(16)
 }
 
 /// Whether a 4-D tensor's strides are dense channels-last (NHWC).
@@ -948,7 +948,7 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
 pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
     const OP: &str = "nn::max_pool2x2";
     let layout = fused_target(x).and_then(|target| {
-        if is_nhwc(x) && x.size()[1] > 1 {
+        if is_nhwc(x) && x.size().get(1).is_some_and(|&c| c > 1) {
             Some((target, true))
         } else if x.is_contiguous() {
             Some((target, false))
@@ -961,7 +961,8 @@ pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
             .f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)
             .map_err(|error| torch(OP, error));
     };
-    let vec4 = channels_last && four_channels(x, x.size()[1]);
+    let channels = x.size().get(1).copied().unwrap_or(0);
+    let vec4 = channels_last && four_channels(x, channels);
     let k = kernels(OP, device, bf16, vec4)?;
     let handles = [k.pool_forward.raw(), k.pool_backward.raw()];
     let mut out: *mut c_void = std::ptr::null_mut();

@@ -166,8 +166,8 @@ fn batch_norm_relu_is_deterministic_and_capturable() {
         let y = nn::batch_norm_relu(&input, &weight, &bias, None, None, true, 0.1, 1e-5)
             .map_err(|e| e.to_string())?;
         y.sum(Kind::Float).backward();
-        let _ = out.shallow_clone().copy_(&y);
-        let _ = grad.shallow_clone().copy_(&input.grad());
+        out.shallow_clone().copy_(&y);
+        grad.shallow_clone().copy_(&input.grad());
         Ok(())
     })
     .unwrap();
