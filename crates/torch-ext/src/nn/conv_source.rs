@@ -1,0 +1,202 @@
+//! The CUDA C source of the 3x3 convolution's weight gradient (appended to
+//! [`super::source::SOURCE`], whose `T`, `VEC` and loads it uses).
+
+pub(in crate::nn) const CONV_SOURCE: &str = r#"
+// ---- 3x3 convolution (stride 1, padding 1, no bias) weight gradient ----
+// dW[co][kh][kw][ci] = sum over positions of dy[n,h,w,co] * x[n,h+kh-1,w+kw-1,ci],
+// NHWC. Pass 1: one block per (image, band of TH rows) stages its dy band
+// and the x rows around it (zero padded) in shared memory as floats; a
+// thread owns 4 output channels x VEC input channels x the 3 taps of one
+// kernel row (48 multiply-adds for five shared loads a position); with
+// fewer tasks than threads, `pg` position groups split the band's positions
+// and are summed in a fixed order. Each block writes its partial dW.
+#define STAGE 8
+// Four consecutive values from a 16-byte (8-byte in bf16) aligned index.
+__device__ __forceinline__ void load4(const T* __restrict__ p, long long i, float* v) {
+#if ESPER_BF16
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    v[0] = bf(u.x & 0xffffu); v[1] = bf(u.x >> 16); v[2] = bf(u.y & 0xffffu); v[3] = bf(u.y >> 16);
+#else
+    const float4 f = *reinterpret_cast<const float4*>(p + i);
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+#endif
+}
+__device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) {
+#if ESPER_BF16
+    return bf(p[i]);
+#else
+    return p[i];
+#endif
+}
+
+extern "C" __global__ void esper_conv3_wgrad_partial(
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
+    int H, int W, int Ci, int Co, int TH, int bands) {
+    extern __shared__ __align__(16) float smem[];
+    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int h0 = band * TH;
+    const int th = min(TH, H - h0);
+    const int XW = W + 2;
+    float* dyS = smem;                       // [th][W][Co]
+    float* xS = smem + TH * W * Co;          // [th + 2][W + 2][Ci]
+    // Staging: STAGE loads in flight a thread, then their stores.
+    const long long dbase = ((long long)n * H + h0) * W * Co;
+    // dy's band is contiguous and Co % 4 == 0: four values a load.
+    const int dquads = th * W * Co / 4;
+    for (int i0 = threadIdx.x; i0 < dquads; i0 += blockDim.x * STAGE) {
+        float v[STAGE][4];
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < dquads) load4(dy, dbase + 4 * (long long)i, v[u]);
+        }
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < dquads) {
+                *reinterpret_cast<float4*>(dyS + 4 * i) = make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+            }
+        }
+    }
+    // x rows h0 - 1 .. h0 + th, zero padded: inside a padded row of
+    // XW * Ci values the interior is contiguous in memory.
+    const int rowlen = XW * Ci;
+    const int xcount = (th + 2) * rowlen;
+    for (int i0 = threadIdx.x; i0 < xcount; i0 += blockDim.x * STAGE) {
+        float v[STAGE];
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            const int r = i / rowlen;
+            const int j = i - r * rowlen;
+            const int hh = h0 + r - 1;
+            v[u] = (i < xcount && hh >= 0 && hh < H && j >= Ci && j < rowlen - Ci)
+                ? ld1(x, ((long long)n * H + hh) * W * Ci + (j - Ci)) : 0.0f;
+        }
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < xcount) xS[i] = v[u];
+        }
+    }
+    __syncthreads();
+    const int cig = Ci / VEC;
+    const int tasks = (Co / 4) * 3 * cig;
+    const int pgs = tasks >= (int)blockDim.x ? 1 : (int)blockDim.x / tasks;
+    const int positions = th * W;
+    const int out_size = Co * 9 * Ci;
+    float* out = partials + (long long)blockIdx.x * out_size;
+    float* red = smem;  // reused after the tiles, [pgs][tasks][3 * 4 * VEC]
+    for (int base = 0; base < tasks; base += (int)blockDim.x) {
+        const int local = (int)threadIdx.x;
+        const int task = pgs > 1 ? local % tasks : base + local;
+        const int pg = pgs > 1 ? local / tasks : 0;
+        const bool active = pgs > 1 ? local < tasks * pgs : task < tasks;
+        // acc[kw][co][ci] for output channels co4 * 4 + co, input channels
+        // c4 * VEC + ci, kernel row kh.
+        float acc[3][4][VEC];
+        #pragma unroll
+        for (int k = 0; k < 3; ++k)
+            #pragma unroll
+            for (int a = 0; a < 4; ++a)
+                #pragma unroll
+                for (int b = 0; b < VEC; ++b) acc[k][a][b] = 0.0f;
+        int co4 = 0, kh = 0, c4 = 0;
+        if (active) {
+            c4 = task % cig;
+            kh = (task / cig) % 3;
+            co4 = task / (cig * 3);
+            int h = pg / W, w = pg - (pg / W) * W;
+            const int wstep = pgs % W, hstep = pgs / W;
+            for (int q = pg; q < positions; q += pgs) {
+                const float4 d = *reinterpret_cast<const float4*>(dyS + q * Co + co4 * 4);
+                const float* xp = xS + ((h + kh) * XW + w) * Ci + c4 * VEC;
+                #pragma unroll
+                for (int k = 0; k < 3; ++k) {
+                    float xv[VEC];
+#if VEC == 4
+                    const float4 xq = *reinterpret_cast<const float4*>(xp + k * Ci);
+                    xv[0] = xq.x; xv[1] = xq.y; xv[2] = xq.z; xv[3] = xq.w;
+#else
+                    xv[0] = xp[k * Ci];
+#endif
+                    #pragma unroll
+                    for (int b = 0; b < VEC; ++b) {
+                        acc[k][0][b] += d.x * xv[b];
+                        acc[k][1][b] += d.y * xv[b];
+                        acc[k][2][b] += d.z * xv[b];
+                        acc[k][3][b] += d.w * xv[b];
+                    }
+                }
+                w += wstep; h += hstep;
+                if (w >= W) { w -= W; h += 1; }
+            }
+        }
+        constexpr int PER = 3 * 4 * VEC;
+        // Output index of this task's accumulator e = (k * 4 + a) * VEC + b.
+        auto out_index = [&](int e) {
+            const int b = e % VEC, a = (e / VEC) % 4, k = e / (4 * VEC);
+            return ((co4 * 4 + a) * 9 + kh * 3 + k) * Ci + c4 * VEC + b;
+        };
+        if (pgs == 1) {
+            if (active) {
+                #pragma unroll
+                for (int k = 0; k < 3; ++k)
+                    #pragma unroll
+                    for (int a = 0; a < 4; ++a)
+                        #pragma unroll
+                        for (int b = 0; b < VEC; ++b)
+                            out[out_index((k * 4 + a) * VEC + b)] = acc[k][a][b];
+            }
+        } else {
+            // The position groups' sums: red[(g * PER + e) * tasks + task]
+            // (consecutive lanes, consecutive words); then thread (task, pg)
+            // adds up its task's accumulators e = pg, pg + pgs, ... over
+            // the groups in order.
+            __syncthreads();  // the tiles are no longer read
+            if (active) {
+                #pragma unroll
+                for (int k = 0; k < 3; ++k)
+                    #pragma unroll
+                    for (int a = 0; a < 4; ++a)
+                        #pragma unroll
+                        for (int b = 0; b < VEC; ++b)
+                            red[(pg * PER + (k * 4 + a) * VEC + b) * tasks + task] = acc[k][a][b];
+            }
+            __syncthreads();
+            if (active) {
+                for (int e = pg; e < PER; e += pgs) {
+                    float total = 0.0f;
+                    for (int g = 0; g < pgs; ++g) total += red[(g * PER + e) * tasks + task];
+                    out[out_index(e)] = total;
+                }
+            }
+        }
+    }
+}
+
+// Pass 2: dW = the blocks' partials summed in block order; a block of 256
+// threads covers 32 outputs with 8 slices of the blocks, then adds the
+// slices in order.
+extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ partials,
+                                                    float* __restrict__ dw, int blocks,
+                                                    int out_size) {
+    __shared__ float sh[8][32];
+    const int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int o = blockIdx.x * 32 + lane;
+    float s = 0.0f;
+    if (o < out_size) {
+        #pragma unroll 8
+        for (int b = slice; b < blocks; b += 8) s += partials[(long long)b * out_size + o];
+    }
+    sh[slice][lane] = s;
+    __syncthreads();
+    if (slice == 0 && o < out_size) {
+        float total = sh[0][lane];
+        #pragma unroll
+        for (int k = 1; k < 8; ++k) total += sh[k][lane];
+        dw[o] = total;
+    }
+}
+
+"#;

@@ -1,0 +1,413 @@
+//! Fused network layers: batch normalisation with ReLU, and the 2x2 max-pool,
+//! each as two run-time compiled kernels forward and two (one for the pool)
+//! backward, wired into autograd by the shim (`cpp/nn.cpp`).
+//!
+//! libtorch runs `relu(batch_norm(x))` in training as five kernels forward
+//! (statistics, running-statistics update, normalisation, ReLU, and a copy
+//! or two around them) and three backward, and its channels-last kernels
+//! spread a tensor of few channels poorly over the GPU; its max-pool keeps
+//! an index tensor and zero-fills the input gradient before scattering into
+//! it. For the small convolutional hosts Kasmina trains, those kernels were
+//! a fifth of a training step (the `tolaria-fmnist` profile in
+//! `baselines/perf/tolaria-fmnist/NOTES.md`). Here:
+//!
+//! - [`batch_norm_relu`]: a statistics pass (per-block sums of each value
+//!   less its channel's first value, and of their squares, so a mean far
+//!   from zero costs no precision), then a pass in which every block adds
+//!   the partials up in the same fixed order, normalises and applies ReLU,
+//!   block 0 also writing the saved statistics and updating the running
+//!   ones (momentum, unbiased variance). Backward recomputes the ReLU mask
+//!   from the saved input: one pass sums the gradient and gradient x
+//!   normalised input per block, the next adds them up and writes the
+//!   input gradient, block 0 the weight and bias gradients. Every sum is
+//!   taken in a fixed order, so results are deterministic.
+//! - [`max_pool2x2`]: `max_pool2d(x, 2, 2)` (floor), NCHW or NHWC; the
+//!   backward recomputes each window's argmax from the saved input (the
+//!   first maximum wins, a NaN wins over numbers, as libtorch picks them)
+//!   and writes every input gradient once, zeros included.
+//!
+//! Every kernel keeps several loads in flight per thread, and where the
+//! channel count is a multiple of four each thread moves four channels with
+//! one 16-byte access (8 bytes in bf16).
+//!
+//! The fused kernels run where they apply: a CUDA tensor of `f32` or `bf16`
+//! (the dtype under bf16 autocast) with batch statistics, channels-last for
+//! the normalisation (at most [`MAX_FUSED_CHANNELS`] channels), contiguous
+//! in either layout for the pool. Anything else takes libtorch's ops, with
+//! the same results up to float rounding; [`set_fused_kernels`] turns the
+//! fused path off for a whole process (the benchmarks measure both).
+//! Nothing is read back and no scratch outlives a call, so a step using
+//! them can be captured, and several streams may run them at once.
+//!
+//! ```no_run
+//! use tch::{Device, Kind, Tensor};
+//! let x = Tensor::randn([8, 16, 14, 14], (Kind::Float, Device::Cuda(0)))
+//!     .contiguous() // channels-last via torch_ext::memory in real use
+//!     .set_requires_grad(true);
+//! let (w, b) = (Tensor::ones([16], (Kind::Float, Device::Cuda(0))), Tensor::zeros([16], (Kind::Float, Device::Cuda(0))));
+//! let y = torch_ext::nn::batch_norm_relu(&x, &w, &b, None, None, true, 0.1, 1e-5)?;
+//! let pooled = torch_ext::nn::max_pool2x2(&y)?;
+//! pooled.sum(Kind::Float).backward();
+//! # Ok::<(), torch_ext::Error>(())
+//! ```
+
+use std::ffi::{CString, c_void};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::jit::{JitKernel, KernelCache};
+
+mod conv_source;
+mod source;
+use conv_source::CONV_SOURCE;
+use source::SOURCE;
+
+/// Most channels the fused normalisation takes (one block pass holds at
+/// least one row of every channel); wider tensors use libtorch's op.
+pub const MAX_FUSED_CHANNELS: i64 = 256;
+
+static FUSED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the fused kernels on or off for the whole process (on by default);
+/// off, every call takes libtorch's ops. Meant for measuring one against
+/// the other; a step captured in a graph keeps the path it was captured
+/// with.
+pub fn set_fused_kernels(enabled: bool) {
+    FUSED.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether the fused kernels are on (see [`set_fused_kernels`]).
+pub fn fused_kernels_enabled() -> bool {
+    FUSED.load(Ordering::Relaxed)
+}
+
+/// The kernels for one dtype and channel width on one device.
+struct Kernels {
+    bn_stats: JitKernel,
+    bn_forward: JitKernel,
+    bn_reduce: JitKernel,
+    bn_apply: JitKernel,
+    pool_forward: JitKernel,
+    pool_backward: JitKernel,
+    conv_partial: JitKernel,
+    conv_reduce: JitKernel,
+}
+
+fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
+    static CACHE: KernelCache<(usize, bool, bool), Kernels> = KernelCache::new();
+    CACHE
+        .get_or_build((device, bf16, vec4), || {
+            let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
+            let source = format!(
+                "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}",
+                u8::from(bf16),
+                if vec4 { 4 } else { 1 }
+            );
+            let cubin =
+                crate::jit::compile(&source, "esper_nn", arch).map_err(|e| e.to_string())?;
+            let load = |name: &str| {
+                let name = CString::new(name).map_err(|e| e.to_string())?;
+                JitKernel::load_named(&cubin, &name, device).map_err(|e| e.to_string())
+            };
+            Ok(Kernels {
+                bn_stats: load("esper_bn_stats")?,
+                bn_forward: load("esper_bn_relu_forward")?,
+                bn_reduce: load("esper_bn_relu_backward_reduce")?,
+                bn_apply: load("esper_bn_relu_backward_apply")?,
+                pool_forward: load("esper_pool2_forward")?,
+                pool_backward: load("esper_pool2_backward")?,
+                conv_partial: load("esper_conv3_wgrad_partial")?,
+                conv_reduce: load("esper_conv3_wgrad_reduce")?,
+            })
+        })
+        .map_err(|message| Error::Cpp { op, message })
+}
+
+/// Runs a shim entry point that hands back a `new at::Tensor` in `out`.
+///
+/// # Safety
+/// `call` must pass its argument as the entry point's `out` parameter and
+/// only live tensor and kernel pointers otherwise.
+unsafe fn shim_tensor(
+    op: &'static str,
+    call: impl FnOnce(*mut *mut c_void) -> ffi::RawError,
+) -> Result<Tensor> {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the caller's contract; on success `out` holds a fresh heap
+    // `at::Tensor*` (tch's `C_tensor`) that `from_ptr` takes over.
+    unsafe {
+        ffi::check(op, call(&mut out))?;
+        Ok(Tensor::from_ptr(out.cast()))
+    }
+}
+
+/// libtorch's error from the unfused path, as the shim reports its own.
+fn torch(op: &'static str, error: tch::TchError) -> Error {
+    Error::Cpp {
+        op,
+        message: error.to_string(),
+    }
+}
+
+/// The CUDA device and whether the dtype is `bf16`, where the fused kernels
+/// take `x`'s dtype.
+fn fused_target(x: &Tensor) -> Option<(usize, bool)> {
+    if !fused_kernels_enabled() || x.dim() != 4 {
+        return None;
+    }
+    let Device::Cuda(device) = x.device() else {
+        return None;
+    };
+    // The pool's kernels index with 32-bit integers.
+    if i64::try_from(x.numel()).map_or(true, |n| n > i64::from(i32::MAX)) {
+        return None;
+    }
+    match x.kind() {
+        Kind::Float => Some((device, false)),
+        Kind::BFloat16 => Some((device, true)),
+        _ => None,
+    }
+}
+
+/// Whether the kernels may move four channels at a time: a channel count
+/// divisible by four and a 16-byte aligned start (the output and gradient
+/// tensors the shim allocates always are).
+fn four_channels(x: &Tensor, channels: i64) -> bool {
+    channels % 4 == 0 && (x.data_ptr() as usize).is_multiple_of(16)
+}
+
+/// Whether a 4-D tensor's strides are dense channels-last (NHWC).
+fn is_nhwc(x: &Tensor) -> bool {
+    let size = x.size();
+    let [_, c, h, w] = size[..] else {
+        return false;
+    };
+    let stride = x.stride();
+    // A dimension of extent 1 may have any stride.
+    let want = [h * w * c, 1, w * c, c];
+    size.iter()
+        .zip(stride.iter().zip(want))
+        .all(|(&extent, (&got, want))| extent == 1 || got == want)
+}
+
+/// `relu(batch_norm(x, ...))`, the fused kernels where they apply (see the
+/// module docs), libtorch's `batch_norm` and `relu` otherwise (and always
+/// for `train == false`, which uses the running statistics). In training
+/// the running statistics, when given, are updated in place.
+///
+/// # Shapes
+/// `x: [B, C, H, W]`, `weight`, `bias` and the running statistics `[C]`;
+/// returns `[B, C, H, W]` in `x`'s layout and dtype.
+///
+/// The fused path also needs `weight`, `bias` and the running statistics
+/// as contiguous `f32` `[C]` tensors on `x`'s device; otherwise (bf16
+/// parameters, say) libtorch's ops run.
+///
+/// # Errors
+/// libtorch's error for tensors that do not fit together; [`Error::Cpp`]
+/// when the kernels cannot be compiled or launched.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_relu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    train: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    const OP: &str = "nn::batch_norm_relu";
+    let fused = fused_target(x).filter(|_| train && is_nhwc(x));
+    let channels = x.size().get(1).copied().unwrap_or(0);
+    let rows = x.numel() / usize::try_from(channels.max(1)).unwrap_or(1);
+    let per_channel_ok = [Some(weight), Some(bias), running_mean, running_var]
+        .into_iter()
+        .flatten()
+        .all(|t| {
+            t.size() == [channels]
+                && t.kind() == Kind::Float
+                && t.device() == x.device()
+                && t.is_contiguous()
+        });
+    let eligible = per_channel_ok && (1..=MAX_FUSED_CHANNELS).contains(&channels) && rows > 1;
+    let Some((device, bf16)) = fused.filter(|_| eligible) else {
+        let unfused = x
+            .f_batch_norm(
+                Some(weight),
+                Some(bias),
+                running_mean,
+                running_var,
+                train,
+                momentum,
+                eps,
+                true,
+            )
+            .and_then(|y| y.f_relu());
+        return unfused.map_err(|error| torch(OP, error));
+    };
+    let vec4 = four_channels(x, channels);
+    let k = kernels(OP, device, bf16, vec4)?;
+    let handles = [
+        k.bn_stats.raw(),
+        k.bn_forward.raw(),
+        k.bn_reduce.raw(),
+        k.bn_apply.raw(),
+    ];
+    let optional = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
+    // SAFETY: every tensor pointer is live for the call; `handles` are live
+    // kernels (the cache never drops them, so the autograd node's backward
+    // may use them later).
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_batch_norm_relu(
+                ffi::tensor_ptr(x),
+                ffi::tensor_ptr(weight),
+                ffi::tensor_ptr(bias),
+                optional(running_mean),
+                optional(running_var),
+                momentum,
+                eps,
+                if vec4 { 4 } else { 1 },
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
+}
+
+/// `conv2d(x, weight, stride 1, padding 1)` for a `3 x 3` weight without
+/// bias: libtorch's convolution forward and input gradient, and the weight
+/// gradient from two run-time compiled kernels (see the module docs) where
+/// they apply: a channels-last CUDA input that requires a gradient or whose
+/// weight does, in f32 or under bf16 autocast, a multiple of four output
+/// channels, and an image band that fits in shared memory. libtorch's
+/// `conv2d` otherwise, with its errors.
+///
+/// # Shapes
+/// `x: [B, C_in, H, W]`, `weight: [C_out, C_in, 3, 3]`; returns
+/// `[B, C_out, H, W]`.
+pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    const OP: &str = "nn::conv3x3";
+    let unfused = || {
+        x.f_conv2d(weight, None::<&Tensor>, [1, 1], [1, 1], [1, 1], 1)
+            .map_err(|error| torch(OP, error))
+    };
+    let Some((device, _)) = fused_target(x) else {
+        return unfused();
+    };
+    let (x_size, w_size) = (x.size(), weight.size());
+    let [_, c_in, h, w] = x_size[..] else {
+        return unfused();
+    };
+    let [c_out, w_in, 3, 3] = w_size[..] else {
+        return unfused();
+    };
+    let autocast = crate::autocast_state(crate::AutocastDevice::Cuda)?;
+    let compute = if autocast.enabled {
+        autocast.dtype
+    } else {
+        x.kind()
+    };
+    let kinds_fit = matches!(compute, Kind::Float | Kind::BFloat16)
+        && matches!(weight.kind(), Kind::Float | Kind::BFloat16)
+        && (autocast.enabled || weight.kind() == x.kind());
+    let wanted = x.requires_grad() || weight.requires_grad();
+    // SAFETY: plain integer arguments.
+    let fits = unsafe { ffi::esper_conv3x3_fits(h, w, c_in, c_out) } != 0;
+    if !(wanted
+        && kinds_fit
+        && is_nhwc(x)
+        && w_in == c_in
+        && c_out % 4 == 0
+        && weight.device() == x.device()
+        && fits)
+    {
+        return unfused();
+    }
+    let vec4 = c_in % 4 == 0;
+    let k = kernels(OP, device, compute == Kind::BFloat16, vec4)?;
+    let handles = [k.conv_partial.raw(), k.conv_reduce.raw()];
+    // SAFETY: as in `batch_norm_relu`.
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_conv3x3(
+                ffi::tensor_ptr(x),
+                ffi::tensor_ptr(weight),
+                i32::from(compute == Kind::BFloat16),
+                if vec4 { 4 } else { 1 },
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
+}
+
+/// `max_pool2d(x, kernel 2, stride 2)` (floor), the fused kernels where
+/// they apply (see the module docs), libtorch's `max_pool2d` otherwise.
+///
+/// # Shapes
+/// `[B, C, H, W] -> [B, C, H / 2, W / 2]`, in `x`'s layout and dtype.
+pub fn max_pool2x2(x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "nn::max_pool2x2";
+    let layout = fused_target(x).and_then(|target| {
+        if is_nhwc(x) && x.size().get(1).is_some_and(|&c| c > 1) {
+            Some((target, true))
+        } else if x.is_contiguous() {
+            Some((target, false))
+        } else {
+            None
+        }
+    });
+    let Some(((device, bf16), channels_last)) = layout else {
+        return x
+            .f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)
+            .map_err(|error| torch(OP, error));
+    };
+    let channels = x.size().get(1).copied().unwrap_or(0);
+    let vec4 = channels_last && four_channels(x, channels);
+    let k = kernels(OP, device, bf16, vec4)?;
+    let handles = [k.pool_forward.raw(), k.pool_backward.raw()];
+    // SAFETY: as in `batch_norm_relu`.
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_max_pool2(
+                ffi::tensor_ptr(x),
+                i32::from(channels_last),
+                if vec4 { 4 } else { 1 },
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every dtype and channel-width variant compiles (NVRTC needs no GPU).
+    #[test]
+    fn every_kernel_variant_compiles() {
+        for bf16 in [false, true] {
+            for vec in [1, 4] {
+                let source = format!(
+                    "#define ESPER_BF16 {}\n#define VEC {vec}\n{SOURCE}{CONV_SOURCE}",
+                    u8::from(bf16)
+                );
+                match crate::jit::compile(&source, "esper_nn", (9, 0)) {
+                    Ok(cubin) => assert!(!cubin.is_empty()),
+                    Err(error) if error.to_string().contains("libnvrtc") => {
+                        println!("skipping: NVRTC is not installed here ({error})");
+                        return;
+                    }
+                    Err(error) => panic!("bf16 {bf16} vec {vec}: {error}"),
+                }
+            }
+        }
+    }
+}
