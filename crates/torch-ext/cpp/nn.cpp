@@ -246,6 +246,10 @@ class MaxPool2 : public torch::autograd::Function<MaxPool2> {
   }
 };
 
+// Most input channels the direct forward kernel takes (its weights, at most
+// 256 x 9 x 4 floats, sit in shared memory).
+constexpr int kSmallConvInputChannels = 4;
+
 // Floats of shared memory a weight-gradient block may stage (48 KiB, the
 // default dynamic limit).
 constexpr int kConvSharedFloats = 12 * 1024;
@@ -271,13 +275,32 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             int64_t dtype, int64_t vec, int64_t partial_kernel,
-                            int64_t reduce_kernel) {
+                            int64_t reduce_kernel, int64_t small_forward_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
     auto type = static_cast<at::ScalarType>(dtype);
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
     at::Tensor wc = weight.scalar_type() == type ? weight : weight.to(type);
     at::Tensor y;
-    {
+    int n = static_cast<int>(xc.size(0));
+    int in_channels = static_cast<int>(xc.size(1));
+    int height = static_cast<int>(xc.size(2));
+    int width = static_cast<int>(xc.size(3));
+    int out_channels = static_cast<int>(wc.size(0));
+    if (in_channels <= kSmallConvInputChannels && out_channels <= 256 &&
+        xc.size(0) * xc.size(2) * xc.size(3) * wc.size(0) <= INT32_MAX) {
+      // Few input channels: the direct kernel, weights as [Co][3][3][Ci].
+      y = at::empty({n, out_channels, height, width},
+                    xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+      at::Tensor wk = wc.permute({0, 2, 3, 1}).contiguous();
+      const void* x_ptr = xc.data_ptr();
+      const void* w_ptr = wk.data_ptr();
+      void* y_ptr = y.data_ptr();
+      void* args[] = {&x_ptr, &w_ptr, &y_ptr, &n, &height, &width, &in_channels, &out_channels};
+      const unsigned shared = static_cast<unsigned>(out_channels * 9 * in_channels * sizeof(float));
+      esper::jit_launch(reinterpret_cast<void*>(small_forward_kernel),
+                        dim3(elementwise_blocks(y.numel() / 4, sm_count(xc))), dim3(kThreads),
+                        shared, args, stream_of(xc));
+    } else {
       // The casts above are autocast's; the convolution runs as given.
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
       y = at::conv2d(xc, wc, {}, 1, 1);
@@ -296,7 +319,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(6);
+    variable_list out(7);
     if (!grads[0].defined()) {
       return out;
     }
@@ -404,7 +427,7 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
-                  kernels[1] != nullptr,
+                  kernels[1] != nullptr && kernels[2] != nullptr,
               "conv3x3: null argument");
   const auto& input = *static_cast<const at::Tensor*>(x);
   const auto& w = *static_cast<const at::Tensor*>(weight);
@@ -420,7 +443,7 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
               "conv3x3: the weight gradient's band does not fit in shared memory");
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
   at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
-                                as_int(kernels[0]), as_int(kernels[1]));
+                                as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

@@ -66,6 +66,9 @@ mod source;
 use conv_source::CONV_SOURCE;
 use source::SOURCE;
 
+/// Most input channels [`conv3x3`] runs its own forward kernel for.
+pub const SMALL_CONV_INPUT_CHANNELS: i64 = 4;
+
 /// Most channels the fused normalisation takes (one block pass holds at
 /// least one row of every channel); wider tensors use libtorch's op.
 pub const MAX_FUSED_CHANNELS: i64 = 256;
@@ -95,6 +98,7 @@ struct Kernels {
     pool_backward: JitKernel,
     conv_partial: JitKernel,
     conv_reduce: JitKernel,
+    conv_forward_small: JitKernel,
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -122,6 +126,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 pool_backward: load("esper_pool2_backward")?,
                 conv_partial: load("esper_conv3_wgrad_partial")?,
                 conv_reduce: load("esper_conv3_wgrad_reduce")?,
+                conv_forward_small: load("esper_conv3_forward_small")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -281,8 +286,11 @@ pub fn batch_norm_relu(
 }
 
 /// `conv2d(x, weight, stride 1, padding 1)` for a `3 x 3` weight without
-/// bias: libtorch's convolution forward and input gradient, and the weight
-/// gradient from two run-time compiled kernels (see the module docs) where
+/// bias: libtorch's convolution forward (a direct kernel instead for at
+/// most [`SMALL_CONV_INPUT_CHANNELS`] input channels, where cuDNN's choice
+/// took 17 - 19 us for the Fashion-MNIST host's first layer) and input
+/// gradient, and the weight gradient from two run-time compiled kernels
+/// (see the module docs) where
 /// they apply: a channels-last CUDA input that requires a gradient or whose
 /// weight does, in f32 or under bf16 autocast, a multiple of four output
 /// channels, and an image band that fits in shared memory. libtorch's
@@ -331,7 +339,11 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     }
     let vec4 = c_in % 4 == 0;
     let k = kernels(OP, device, compute == Kind::BFloat16, vec4)?;
-    let handles = [k.conv_partial.raw(), k.conv_reduce.raw()];
+    let handles = [
+        k.conv_partial.raw(),
+        k.conv_reduce.raw(),
+        k.conv_forward_small.raw(),
+    ];
     // SAFETY: as in `batch_norm_relu`.
     unsafe {
         shim_tensor(OP, |out| {
