@@ -298,7 +298,8 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       void* args[] = {&x_ptr, &w_ptr, &y_ptr, &n, &height, &width, &in_channels, &out_channels};
       const unsigned shared = static_cast<unsigned>(out_channels * 9 * in_channels * sizeof(float));
       esper::jit_launch(reinterpret_cast<void*>(small_forward_kernel),
-                        dim3(elementwise_blocks(y.numel() / 4, sm_count(xc))), dim3(kThreads),
+                        dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
+                        dim3(kThreads),
                         shared, args, stream_of(xc));
     } else {
       // The casts above are autocast's; the convolution runs as given.

@@ -199,10 +199,10 @@ extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ pa
     }
 }
 
-// Forward for few input channels (the host's first layer): one thread per
-// output pixel and group of four output channels, the weights ([Co][3][3]
-// [Ci], as floats) in shared memory, fp32 accumulation. 32-bit indices
-// (the host checks the sizes).
+// Forward for at most four input channels (the host's first layer): one
+// thread per output pixel, its 3x3 neighbourhood read once, every output
+// channel from the weights ([Co][3][3][Ci], as floats) in shared memory,
+// fp32 accumulation. 32-bit indices (the host checks the sizes).
 __device__ __forceinline__ void store4(T* __restrict__ p, long long i, const float* v) {
 #if ESPER_BF16
     uint2 u;
@@ -220,33 +220,41 @@ extern "C" __global__ void esper_conv3_forward_small(
     extern __shared__ __align__(16) float ws[];
     for (int i = threadIdx.x; i < Co * 9 * Ci; i += blockDim.x) ws[i] = ld1(w, i);
     __syncthreads();
-    const int groups = Co / 4;
-    const int total = N * H * W * groups;
-    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const int g = t % groups;
-        const int p = t / groups;
+    const int total = N * H * W;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < total; p += gridDim.x * blockDim.x) {
         const int wo = p % W;
         const int r = p / W;
         const int h = r % H;
         const int n = r / H;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        // The 3x3 x Ci neighbourhood once (zero outside the image).
+        float xv[9][4];
         #pragma unroll
         for (int kh = 0; kh < 3; ++kh) {
-            const int hh = h + kh - 1;
-            if (hh < 0 || hh >= H) continue;
             #pragma unroll
             for (int kw = 0; kw < 3; ++kw) {
-                const int ww = wo + kw - 1;
-                if (ww < 0 || ww >= W) continue;
+                const int hh = h + kh - 1, ww = wo + kw - 1;
+                const bool inside = hh >= 0 && hh < H && ww >= 0 && ww < W;
                 const int base = ((n * H + hh) * W + ww) * Ci;
-                for (int ci = 0; ci < Ci; ++ci) {
-                    const float xv = ld1(x, base + ci);
-                    #pragma unroll
-                    for (int a = 0; a < 4; ++a) acc[a] += xv * ws[(((g * 4 + a) * 3 + kh) * 3 + kw) * Ci + ci];
+                #pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    xv[kh * 3 + kw][ci] = inside && ci < Ci ? ld1(x, base + ci) : 0.0f;
                 }
             }
         }
-        store4(y, (long long)p * Co + g * 4, acc);
+        for (int g = 0; g < Co / 4; ++g) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            #pragma unroll
+            for (int k = 0; k < 9; ++k) {
+                #pragma unroll
+                for (int ci = 0; ci < 4; ++ci) {
+                    if (ci < Ci) {
+                        #pragma unroll
+                        for (int a = 0; a < 4; ++a) acc[a] += xv[k][ci] * ws[((g * 4 + a) * 9 + k) * Ci + ci];
+                    }
+                }
+            }
+            store4(y, (long long)p * Co + g * 4, acc);
+        }
     }
 }
 "#;
