@@ -10,7 +10,7 @@
 //! launches. One profiler runs at a time. Profiling adds host overhead, so
 //! time the work separately and profile it once more.
 //!
-//! ```no_run
+//! ```ignore
 //! use torch_ext::profile::KernelProfiler;
 //! let profiler = KernelProfiler::start()?;
 //! // ... run one epoch ...

@@ -39,7 +39,9 @@
 //! Nothing is read back and no scratch outlives a call, so a step using
 //! them can be captured, and several streams may run them at once.
 //!
-//! ```no_run
+//! (Not run as a doctest: doctest binaries do not find libtorch.)
+//!
+//! ```ignore
 //! use tch::{Device, Kind, Tensor};
 //! let x = Tensor::randn([8, 16, 14, 14], (Kind::Float, Device::Cuda(0)))
 //!     .contiguous() // channels-last via torch_ext::memory in real use
