@@ -11,23 +11,6 @@ pub(in crate::nn) const CONV_SOURCE: &str = r#"
 // fewer tasks than threads, `pg` position groups split the band's positions
 // and are summed in a fixed order. Each block writes its partial dW.
 #define STAGE 8
-// Four consecutive values from a 16-byte (8-byte in bf16) aligned index.
-__device__ __forceinline__ void load4(const T* __restrict__ p, long long i, float* v) {
-#if ESPER_BF16
-    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
-    v[0] = bf(u.x & 0xffffu); v[1] = bf(u.x >> 16); v[2] = bf(u.y & 0xffffu); v[3] = bf(u.y >> 16);
-#else
-    const float4 f = *reinterpret_cast<const float4*>(p + i);
-    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
-#endif
-}
-__device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) {
-#if ESPER_BF16
-    return bf(p[i]);
-#else
-    return p[i];
-#endif
-}
 
 extern "C" __global__ void esper_conv3_wgrad_partial(
     const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
@@ -203,17 +186,6 @@ extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ pa
 // thread per output pixel, its 3x3 neighbourhood read once, every output
 // channel from the weights ([Co][3][3][Ci], as floats) in shared memory,
 // fp32 accumulation. 32-bit indices (the host checks the sizes).
-__device__ __forceinline__ void store4(T* __restrict__ p, long long i, const float* v) {
-#if ESPER_BF16
-    uint2 u;
-    u.x = to_bf(v[0]) | (to_bf(v[1]) << 16);
-    u.y = to_bf(v[2]) | (to_bf(v[3]) << 16);
-    *reinterpret_cast<uint2*>(p + i) = u;
-#else
-    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
-#endif
-}
-
 extern "C" __global__ void esper_conv3_forward_small(
     const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
     int N, int H, int W, int Ci, int Co) {

@@ -187,18 +187,9 @@ fn four_channels(x: &Tensor, channels: i64) -> bool {
     channels % 4 == 0 && (x.data_ptr() as usize).is_multiple_of(16)
 }
 
-/// Whether a 4-D tensor's strides are dense channels-last (NHWC).
+/// Whether a 4-D tensor is dense channels-last (NHWC), by libtorch's rule.
 fn is_nhwc(x: &Tensor) -> bool {
-    let size = x.size();
-    let [_, c, h, w] = size[..] else {
-        return false;
-    };
-    let stride = x.stride();
-    // A dimension of extent 1 may have any stride.
-    let want = [h * w * c, 1, w * c, c];
-    size.iter()
-        .zip(stride.iter().zip(want))
-        .all(|(&extent, (&got, want))| extent == 1 || got == want)
+    crate::memory::is_channels_last(x).unwrap_or(false)
 }
 
 /// `relu(batch_norm(x, ...))`, the fused kernels where they apply (see the

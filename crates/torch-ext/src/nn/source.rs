@@ -16,42 +16,50 @@ __device__ __forceinline__ unsigned int to_bf(float v) {
     unsigned int u = __float_as_uint(v);
     return (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-__device__ __forceinline__ void load(const T* __restrict__ p, long long i, float* v) {
-#if VEC == 4
+// Four consecutive values at an 8-byte aligned index, as floats.
+__device__ __forceinline__ void load4(const T* __restrict__ p, long long i, float* v) {
     const uint2 u = *reinterpret_cast<const uint2*>(p + i);
     v[0] = bf(u.x & 0xffffu); v[1] = bf(u.x >> 16); v[2] = bf(u.y & 0xffffu); v[3] = bf(u.y >> 16);
-#else
-    v[0] = bf(p[i]);
-#endif
 }
-__device__ __forceinline__ void store(T* __restrict__ p, long long i, const float* v) {
-#if VEC == 4
+__device__ __forceinline__ void store4(T* __restrict__ p, long long i, const float* v) {
     uint2 u;
     u.x = to_bf(v[0]) | (to_bf(v[1]) << 16);
     u.y = to_bf(v[2]) | (to_bf(v[3]) << 16);
     *reinterpret_cast<uint2*>(p + i) = u;
-#else
-    p[i] = (unsigned short)to_bf(v[0]);
-#endif
+}
+__device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) { return bf(p[i]); }
+__device__ __forceinline__ void st1(T* __restrict__ p, long long i, float v) {
+    p[i] = (unsigned short)to_bf(v);
 }
 #else
 typedef float T;
-__device__ __forceinline__ void load(const T* __restrict__ p, long long i, float* v) {
-#if VEC == 4
+// Four consecutive values at a 16-byte aligned index.
+__device__ __forceinline__ void load4(const T* __restrict__ p, long long i, float* v) {
     const float4 f = *reinterpret_cast<const float4*>(p + i);
     v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+}
+__device__ __forceinline__ void store4(T* __restrict__ p, long long i, const float* v) {
+    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) { return p[i]; }
+__device__ __forceinline__ void st1(T* __restrict__ p, long long i, float v) { p[i] = v; }
+#endif
+
+// A thread's VEC channels at index i.
+__device__ __forceinline__ void load(const T* __restrict__ p, long long i, float* v) {
+#if VEC == 4
+    load4(p, i, v);
 #else
-    v[0] = p[i];
+    v[0] = ld1(p, i);
 #endif
 }
 __device__ __forceinline__ void store(T* __restrict__ p, long long i, const float* v) {
 #if VEC == 4
-    *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    store4(p, i, v);
 #else
-    p[i] = v[0];
+    st1(p, i, v[0]);
 #endif
 }
-#endif
 
 // The thread layout of every per-channel pass over a channels-last [R, C]
 // tensor: G = C / VEC channel groups; `per` rows a block pass (a power of
@@ -85,6 +93,27 @@ __device__ __forceinline__ void tree(float (*sh)[THREADS], const Layout& l) {
         }
     }
     __syncthreads();
+}
+
+// A thread's per-channel pair (a, b) summed over the block's rows (the
+// tree): the totals land at the threads of row 0.
+__device__ __forceinline__ void block_sum_pairs(const float* a, const float* b, const Layout& l,
+                                                float (*sh)[THREADS]) {
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = a[v]; sh[VEC + v][threadIdx.x] = b[v]; }
+    tree<2 * VEC>(sh, l);
+}
+
+// The block's pair totals into partials[block][channel][2].
+__device__ __forceinline__ void write_block_pairs(float* __restrict__ partials, const Layout& l,
+                                                  int C, float (*sh)[THREADS]) {
+    if (l.active && l.row == 0) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            float* out = partials + ((long long)blockIdx.x * C + l.group * VEC + v) * 2;
+            out[0] = sh[v][threadIdx.x]; out[1] = sh[VEC + v][threadIdx.x];
+        }
+    }
 }
 
 // UNROLL rows of x (this thread's channel group) from row r0 on, `step`
@@ -126,16 +155,8 @@ extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __rest
             }
         }
     }
-    #pragma unroll
-    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = s1[v]; sh[VEC + v][threadIdx.x] = s2[v]; }
-    tree<2 * VEC>(sh, l);
-    if (l.active && l.row == 0) {
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            float* out = partials + ((long long)blockIdx.x * C + l.group * VEC + v) * 2;
-            out[0] = sh[v][threadIdx.x]; out[1] = sh[VEC + v][threadIdx.x];
-        }
-    }
+    block_sum_pairs(s1, s2, l, sh);
+    write_block_pairs(partials, l, C, sh);
 }
 
 // Every block sums the `blocks` partial pairs of every channel in one fixed
@@ -156,9 +177,7 @@ __device__ __forceinline__ void merge_pairs(const float* __restrict__ partials, 
             }
         }
     }
-    #pragma unroll
-    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = a[v]; sh[VEC + v][threadIdx.x] = b[v]; }
-    tree<2 * VEC>(sh, l);
+    block_sum_pairs(a, b, l, sh);
     if (l.active && l.row == 0) {
         #pragma unroll
         for (int v = 0; v < VEC; ++v) {
@@ -284,16 +303,8 @@ extern "C" __global__ void esper_bn_relu_backward_reduce(
             }
         }
     }
-    #pragma unroll
-    for (int v = 0; v < VEC; ++v) { sh[v][threadIdx.x] = sg[v]; sh[VEC + v][threadIdx.x] = sgx[v]; }
-    tree<2 * VEC>(sh, l);
-    if (l.active && l.row == 0) {
-        #pragma unroll
-        for (int v = 0; v < VEC; ++v) {
-            float* out = partials + ((long long)blockIdx.x * C + l.group * VEC + v) * 2;
-            out[0] = sh[v][threadIdx.x]; out[1] = sh[VEC + v][threadIdx.x];
-        }
-    }
+    block_sum_pairs(sg, sgx, l, sh);
+    write_block_pairs(partials, l, C, sh);
 }
 
 // Backward, pass 2: dx = s * (g - mean(g) - xhat * mean(g * xhat)); block 0
