@@ -498,7 +498,7 @@ fn the_blueprint_prewarm_does_nothing_on_the_cpu_and_refuses_bad_batch_sizes() {
 
 #[test]
 fn the_batch_sizes_of_an_epoch_follow_its_plan() {
-    use tolaria::engine::staging::batch_sizes;
+    use tolaria::engine::batches::batch_sizes;
     assert_eq!(batch_sizes(15_000, 512, true).expect("sizes"), vec![512]);
     assert_eq!(
         batch_sizes(15_000, 512, false).expect("sizes"),

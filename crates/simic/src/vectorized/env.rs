@@ -300,7 +300,7 @@ impl super::Simic {
 
     /// Runs every blueprint at every slot of `spec`'s host once at the
     /// environments' training batch shapes (those of the trainer's epoch
-    /// plan over a shard: [`tolaria::engine::staging::batch_sizes`]), on a
+    /// plan over a shard: [`tolaria::engine::batches::batch_sizes`]), on a
     /// scratch model per environment CUDA device
     /// ([`tolaria::engine::prewarm::prewarm_blueprints`]); nothing on the
     /// CPU.
@@ -314,7 +314,7 @@ impl super::Simic {
             .train
             .first()
             .map_or(0, |data| i64::try_from(data.len()).unwrap_or(i64::MAX));
-        let sizes = tolaria::engine::staging::batch_sizes(shard, batch, trainer.drop_last)?;
+        let sizes = tolaria::engine::batches::batch_sizes(shard, batch, trainer.drop_last)?;
         let mut devices: Vec<Device> = Vec::new();
         for index in 0..self.config.n_envs {
             let device = self.env_device(index);

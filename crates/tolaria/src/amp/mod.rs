@@ -36,13 +36,13 @@
 //! [`GradScaler::state`] and [`GradScaler::load_state`] read and write the
 //! scale and tracker at epoch boundaries (telemetry, checkpoints).
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, TorchResultExt};
+
+mod precision;
+pub use precision::Precision;
 
 /// The initial scale of `torch.amp.GradScaler`: 2^16.
 pub const DEFAULT_INIT_SCALE: f64 = 65_536.0;
@@ -52,106 +52,6 @@ pub const DEFAULT_GROWTH_FACTOR: f64 = 2.0;
 pub const DEFAULT_BACKOFF_FACTOR: f64 = 0.5;
 /// Clean steps in a row before the scale grows.
 pub const DEFAULT_GROWTH_INTERVAL: u32 = 2000;
-
-/// The dtype autocast runs the forward pass in; the configuration's
-/// `precision = "fp32" | "bf16" | "fp16"`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// No autocast: everything in fp32 (AMP off).
-    Fp32,
-    /// Autocast to bfloat16; fp32's exponent range, so no grad scaling.
-    Bf16,
-    /// Autocast to float16, with a [`GradScaler`].
-    Fp16,
-}
-
-impl Precision {
-    /// Every precision, in the order of the configuration's documentation.
-    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Bf16, Precision::Fp16];
-
-    /// The default for `device`: bf16 on a CUDA device of compute capability
-    /// 8.0 or newer (what `torch.cuda.is_bf16_supported` reports), fp16 on an
-    /// older CUDA device, fp32 on the CPU and any other device.
-    ///
-    /// # Errors
-    /// [`Error::TorchExt`] when the capability of a CUDA device cannot be
-    /// queried (no CUDA, no such device).
-    pub fn auto(device: Device) -> Result<Precision> {
-        match device {
-            Device::Cuda(index) => {
-                let (major, _minor) = torch_ext::cuda::device_capability(index)?;
-                Ok(if major >= 8 {
-                    Precision::Bf16
-                } else {
-                    Precision::Fp16
-                })
-            }
-            _ => Ok(Precision::Fp32),
-        }
-    }
-
-    /// The configuration spelling: `fp32`, `bf16` or `fp16`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Bf16 => "bf16",
-            Precision::Fp16 => "fp16",
-        }
-    }
-
-    /// The autocast dtype, or `None` for fp32 (no autocast).
-    pub fn autocast_kind(self) -> Option<Kind> {
-        match self {
-            Precision::Fp32 => None,
-            Precision::Bf16 => Some(Kind::BFloat16),
-            Precision::Fp16 => Some(Kind::Half),
-        }
-    }
-
-    /// The autocast region of this precision on `device`: a guard for bf16
-    /// or fp16 on CUDA, `None` for fp32 or off CUDA. `cache` keeps casts of
-    /// weights for the guard's lifetime; a step that is captured into a
-    /// CUDA graph needs it off (a cast cached in one replay is stale in the
-    /// next).
-    pub fn autocast(self, device: Device, cache: bool) -> Result<Option<torch_ext::AutocastGuard>> {
-        match (self.autocast_kind(), device) {
-            (Some(kind), Device::Cuda(_)) => Ok(Some(torch_ext::AutocastGuard::with_cache(
-                torch_ext::AutocastDevice::Cuda,
-                kind,
-                cache,
-            )?)),
-            _ => Ok(None),
-        }
-    }
-
-    /// Whether gradients need a [`GradScaler`] (fp16 only).
-    pub fn needs_grad_scaling(self) -> bool {
-        matches!(self, Precision::Fp16)
-    }
-}
-
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Precision {
-    type Err = Error;
-
-    /// Parses the configuration spelling (`fp32`, `bf16`, `fp16`; exact,
-    /// lower case).
-    fn from_str(text: &str) -> Result<Precision> {
-        Precision::ALL
-            .into_iter()
-            .find(|precision| precision.name() == text)
-            .ok_or_else(|| Error::InvalidConfig {
-                field: "precision",
-                reason: format!("{text:?} is not one of \"fp32\", \"bf16\", \"fp16\""),
-            })
-    }
-}
 
 /// The [`GradScaler`]'s constants (`torch.amp.GradScaler`'s defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -38,6 +38,7 @@
 //! whose device differs from the step's, are errors before anything runs.
 
 mod accumulator;
+pub mod batches;
 pub mod bench;
 mod execution;
 pub mod model_step;

@@ -443,7 +443,7 @@ impl StagedData {
 
     /// `(start, len)` of each batch of `batch` samples in the permutation.
     pub(crate) fn plan(&self, batch: i64, drop_last: bool) -> Result<Vec<(i64, i64)>> {
-        plan(self.len, batch, drop_last)
+        super::batches::plan(self.len, batch, drop_last)
     }
 
     /// The sample order of the current epoch (an `i64 [N]` tensor on the
@@ -552,51 +552,4 @@ fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// `(start, len)` of each batch of `batch` samples over `len` samples, as an
-/// epoch takes them: the last batch shorter, or dropped with `drop_last`.
-fn plan(len: i64, batch: i64, drop_last: bool) -> Result<Vec<(i64, i64)>> {
-    if batch <= 0 {
-        return Err(Error::InvalidConfig {
-            field: "batch_size",
-            reason: format!("{batch}; must be at least 1"),
-        });
-    }
-    if drop_last && batch > len {
-        return Err(Error::InvalidConfig {
-            field: "batch_size",
-            reason: format!(
-                "{batch} with drop_last leaves no batch of a data set of {len} samples"
-            ),
-        });
-    }
-    let mut plan = Vec::new();
-    let mut start = 0_i64;
-    while start < len {
-        let size = batch.min(len.saturating_sub(start));
-        if size < batch && drop_last {
-            break;
-        }
-        plan.push((start, size));
-        start = start.saturating_add(size);
-    }
-    Ok(plan)
-}
-
-/// The distinct batch sizes an epoch over `len` samples runs with batches of
-/// `batch` (the full one, and a shorter last one unless `drop_last`): the
-/// step shapes a trainer captures.
-///
-/// # Errors
-/// [`Error::InvalidConfig`] for a batch size below 1, or one that
-/// `drop_last` leaves no batch of.
-pub fn batch_sizes(len: i64, batch: i64, drop_last: bool) -> Result<Vec<i64>> {
-    let mut sizes: Vec<i64> = Vec::new();
-    for (_, size) in plan(len, batch, drop_last)? {
-        if !sizes.contains(&size) {
-            sizes.push(size);
-        }
-    }
-    Ok(sizes)
 }
