@@ -267,15 +267,70 @@ int conv_band_rows(int height, int width, int in_channels, int out_channels) {
   return 0;
 }
 
-// 3x3 convolution, stride 1, padding 1, no bias, NHWC: libtorch's
-// convolution forward and input gradient (cuDNN), the weight gradient from
-// the two jit kernels. `dtype` is the compute dtype (autocast's, applied
+// Most channels (in or out) the direct convolution kernel takes; wider
+// layers are cuDNN's (tensor cores pay off there).
+constexpr int kDirectMaxChannels = 64;
+
+// Rows of one direct-convolution band (the weights and the padded input
+// rows in shared memory, at most about 1024 thread tasks a block); 0 where
+// the kernel does not apply: it needs in % 4 == 0, out % 8 == 0, both at
+// most kDirectMaxChannels, and 32-bit indices.
+int direct_rows(int64_t n, int height, int width, int in_channels, int out_channels) {
+  if (in_channels < 4 || in_channels % 4 != 0 || out_channels % 8 != 0 ||
+      in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels ||
+      n * height * width * std::max(in_channels, out_channels) > INT32_MAX) {
+    return 0;
+  }
+  const int64_t stride = in_channels % 8 == 0 ? in_channels + 4 : in_channels;
+  const int64_t weights = 9LL * in_channels * out_channels;
+  const int cap = std::max(1, 1024 / (width * (out_channels / 8)));
+  for (int rows = std::min(height, cap); rows >= 1; --rows) {
+    if (weights + (rows + 2LL) * (width + 2) * stride <= kConvSharedFloats) {
+      return rows;
+    }
+  }
+  return 0;
+}
+
+// The direct kernel: `out` = conv3x3(`in`, weight) for flip 0, the input
+// gradient (`in` = dy) for flip 1; `wk` is the layer's weight as
+// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows.
+void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at::Tensor& out,
+                   int rows, int flip) {
+  int height = static_cast<int>(in.size(2));
+  int width = static_cast<int>(in.size(3));
+  int in_channels = static_cast<int>(in.size(1));
+  int out_channels = static_cast<int>(out.size(1));
+  int bands = (height + rows - 1) / rows;
+  const int64_t blocks = in.size(0) * bands;
+  const int64_t tasks = static_cast<int64_t>(rows) * width * (out_channels / 8);
+  const int threads = static_cast<int>(std::min<int64_t>(1024, (tasks + 31) / 32 * 32));
+  const int64_t stride = in_channels % 8 == 0 ? in_channels + 4 : in_channels;
+  const auto shared = static_cast<unsigned>(
+      (9LL * in_channels * out_channels + (rows + 2LL) * (width + 2) * stride) * sizeof(float));
+  const void* in_ptr = in.data_ptr();
+  const void* w_ptr = wk.data_ptr();
+  void* out_ptr = out.data_ptr();
+  void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
+                  &out_channels, &rows, &bands, &flip};
+  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), shared, args,
+                    stream_of(in));
+}
+
+bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// 3x3 convolution, stride 1, padding 1, no bias, NHWC: the forward and input
+// gradient from the direct kernels where they apply (few channels), cuDNN's
+// otherwise; the weight gradient from the two jit kernels. `dtype` is the compute dtype (autocast's, applied
 // here, so the saved tensors are the ones the convolution saw).
 class Conv3x3 : public torch::autograd::Function<Conv3x3> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             int64_t dtype, int64_t vec, int64_t partial_kernel,
-                            int64_t reduce_kernel, int64_t small_forward_kernel) {
+                            int64_t reduce_kernel, int64_t small_forward_kernel,
+                            int64_t direct_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
     auto type = static_cast<at::ScalarType>(dtype);
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
@@ -301,6 +356,12 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                         dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
                         dim3(kThreads),
                         shared, args, stream_of(xc));
+    } else if (int rows = direct_rows(n, height, width, in_channels, out_channels);
+               rows > 0 && aligned16(xc)) {
+      y = at::empty({n, out_channels, height, width},
+                    xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+      launch_direct(reinterpret_cast<void*>(direct_kernel), xc,
+                    wc.permute({0, 2, 3, 1}).contiguous(), y, rows, 0);
     } else {
       // The casts above are autocast's; the convolution runs as given.
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -313,6 +374,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     ctx->saved_data["vec"] = vec;
     ctx->saved_data["partial"] = partial_kernel;
     ctx->saved_data["reduce"] = reduce_kernel;
+    ctx->saved_data["direct"] = direct_kernel;
     return y;
   }
 
@@ -320,7 +382,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(7);
+    variable_list out(8);
     if (!grads[0].defined()) {
       return out;
     }
@@ -328,11 +390,23 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     at::Tensor dy = aligned(grads[0].to(xc.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast),
                             at::MemoryFormat::ChannelsLast);
     if (ctx->needs_input_grad(0)) {
-      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-      auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
-                                               false, {0, 0}, 1, {true, false, false});
-      out[0] = std::get<0>(grads_in).to(
-          static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+      at::Tensor dx;
+      // The input gradient is the convolution of dy with the flipped,
+      // transposed weight: the direct kernel with the channels swapped.
+      if (int rows = direct_rows(xc.size(0), static_cast<int>(xc.size(2)),
+                                 static_cast<int>(xc.size(3)), static_cast<int>(wc.size(0)),
+                                 static_cast<int>(xc.size(1)));
+          rows > 0) {
+        dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+        launch_direct(handle(ctx, "direct"), dy, wc.permute({0, 2, 3, 1}).contiguous(), dx, rows,
+                      1);
+      } else {
+        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+        auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
+                                                 false, {0, 0}, 1, {true, false, false});
+        dx = std::get<0>(grads_in);
+      }
+      out[0] = dx.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
     }
     if (ctx->needs_input_grad(1)) {
       int n = static_cast<int>(xc.size(0));
@@ -428,7 +502,7 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
-                  kernels[1] != nullptr && kernels[2] != nullptr,
+                  kernels[1] != nullptr && kernels[2] != nullptr && kernels[3] != nullptr,
               "conv3x3: null argument");
   const auto& input = *static_cast<const at::Tensor*>(x);
   const auto& w = *static_cast<const at::Tensor*>(weight);
@@ -444,7 +518,8 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
               "conv3x3: the weight gradient's band does not fit in shared memory");
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
   at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
-                                as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]));
+                                as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
+                                as_int(kernels[3]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

@@ -1,5 +1,7 @@
-//! The CUDA C source of the 3x3 convolution's weight gradient (appended to
-//! [`super::source::SOURCE`], whose `T`, `VEC` and loads it uses).
+//! The CUDA C source of the 3x3 convolution's kernels (appended to
+//! [`super::source::SOURCE`], whose `T`, `VEC` and loads it uses): the
+//! weight gradient's two passes, the forward for at most four input
+//! channels, and the direct forward / input gradient for few channels.
 
 pub(in crate::nn) const CONV_SOURCE: &str = r#"
 // ---- 3x3 convolution (stride 1, padding 1, no bias) weight gradient ----
@@ -227,6 +229,93 @@ extern "C" __global__ void esper_conv3_forward_small(
             }
             store4(y, (long long)p * Co + g * 4, acc);
         }
+    }
+}
+
+// Direct 3x3 convolution for few channels (Ci % 4 == 0, Co % 8 == 0, both
+// at most 64), NHWC, fp32 accumulation; with `flip` it is the input
+// gradient: dx = conv(dy, w') with w'[ci][co][k] = w[co][ci][8 - k], so the
+// same kernel runs with (Ci, Co) = (the layer's Co, Ci). `w` is always the
+// layer's weight as [Co_layer][3][3][Ci_layer]. One block per (image, band
+// of TH rows) stages the band's padded input rows (pixel stride Ci + 4
+// floats where Ci % 8 == 0, so a warp's 16-byte reads do not share banks)
+// and the weights as [9][Ci][Co] floats in shared memory; a thread owns one
+// output pixel x 8 output channels (consecutive lanes, consecutive pixels;
+// the weights a warp reads are one broadcast address). 32-bit indices (the
+// host checks the sizes).
+extern "C" __global__ void esper_conv3_direct(
+    const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+    int H, int W, int Ci, int Co, int TH, int bands, int flip) {
+    extern __shared__ __align__(16) float smem[];
+    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int h0 = band * TH;
+    const int th = min(TH, H - h0);
+    const int XW = W + 2;
+    const int PS = (Ci % 8 == 0) ? Ci + 4 : Ci;
+    float* wS = smem;                        // [9][Ci][Co]
+    float* xS = smem + 9 * Ci * Co;          // [th + 2][W + 2][PS]
+    const int wcount = 9 * Ci * Co;
+    for (int i = threadIdx.x; i < wcount; i += blockDim.x) {
+        const int co = i % Co, ci = (i / Co) % Ci, k = i / (Co * Ci);
+        wS[i] = flip ? ld1(w, (ci * 9 + (8 - k)) * Co + co) : ld1(w, (co * 9 + k) * Ci + ci);
+    }
+    const int cq = Ci / 4;
+    const int quads = (th + 2) * XW * cq;
+    for (int i0 = threadIdx.x; i0 < quads; i0 += blockDim.x * STAGE) {
+        float v[STAGE][4];
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            const int q = i % cq, pix = i / cq;
+            const int c = pix % XW, r = pix / XW;
+            const int hh = h0 + r - 1, ww = c - 1;
+            if (i < quads && hh >= 0 && hh < H && ww >= 0 && ww < W) {
+                load4(x, ((n * H + hh) * W + ww) * Ci + q * 4, v[u]);
+            } else {
+                v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.0f;
+            }
+        }
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < quads) {
+                const int q = i % cq, pix = i / cq;
+                *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
+                    make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+            }
+        }
+    }
+    __syncthreads();
+    const int pixels = th * W;
+    const int tasks = pixels * (Co / 8);
+    for (int t = threadIdx.x; t < tasks; t += blockDim.x) {
+        const int p = t % pixels, g = t / pixels;
+        const int r = p / W, c = p - (p / W) * W;
+        float acc[8];
+        #pragma unroll
+        for (int a = 0; a < 8; ++a) acc[a] = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < 9; ++k) {
+            const float* xp = xS + ((r + k / 3) * XW + c + k % 3) * PS;
+            const float* wp = wS + k * Ci * Co + g * 8;
+            for (int q = 0; q < cq; ++q) {
+                const float4 xv = *reinterpret_cast<const float4*>(xp + q * 4);
+                const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float* wq = wp + (q * 4 + j) * Co;
+                    const float4 w0 = *reinterpret_cast<const float4*>(wq);
+                    const float4 w1 = *reinterpret_cast<const float4*>(wq + 4);
+                    acc[0] += xs[j] * w0.x; acc[1] += xs[j] * w0.y;
+                    acc[2] += xs[j] * w0.z; acc[3] += xs[j] * w0.w;
+                    acc[4] += xs[j] * w1.x; acc[5] += xs[j] * w1.y;
+                    acc[6] += xs[j] * w1.z; acc[7] += xs[j] * w1.w;
+                }
+            }
+        }
+        const int out = ((n * H + h0 + r) * W + c) * Co + g * 8;
+        store4(y, out, acc);
+        store4(y, out + 4, acc + 4);
     }
 }
 "#;

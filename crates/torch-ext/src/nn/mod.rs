@@ -1,6 +1,6 @@
-//! Fused network layers: batch normalisation with ReLU, and the 2x2 max-pool,
-//! each as two run-time compiled kernels forward and two (one for the pool)
-//! backward, wired into autograd by the shim (`cpp/nn.cpp`).
+//! Fused network layers: batch normalisation with ReLU, the 2x2 max-pool and
+//! the 3x3 convolution for few channels, as run-time compiled kernels with
+//! their backward wired into autograd by the shim (`cpp/nn.cpp`).
 //!
 //! libtorch runs `relu(batch_norm(x))` in training as five kernels forward
 //! (statistics, running-statistics update, normalisation, ReLU, and a copy
@@ -25,6 +25,14 @@
 //!   backward recomputes each window's argmax from the saved input (the
 //!   first maximum wins, a NaN wins over numbers, as libtorch picks them)
 //!   and writes every input gradient once, zeros included.
+//! - [`conv3x3`]: stride 1, padding 1, no bias, NHWC. The weight gradient
+//!   is two kernels: a block stages one image band's output gradient and
+//!   padded input in shared memory and a thread owns 4 x 4 channels x one
+//!   kernel row, then a fixed-order reduction. The forward and the input
+//!   gradient are one direct kernel for few channels (the input gradient is
+//!   the convolution of the output gradient with the flipped, transposed
+//!   weight): a block stages a band of padded input rows and the weights,
+//!   and a thread owns one output pixel x 8 output channels.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -71,6 +79,10 @@ use source::SOURCE;
 /// Most input channels [`conv3x3`] runs its own forward kernel for.
 pub const SMALL_CONV_INPUT_CHANNELS: i64 = 4;
 
+/// Most input or output channels [`conv3x3`]'s direct kernel takes (the
+/// shim's `kDirectMaxChannels`); wider layers use cuDNN's.
+pub const MAX_DIRECT_CONV_CHANNELS: i64 = 64;
+
 /// Most channels the fused normalisation takes (one block pass holds at
 /// least one row of every channel); wider tensors use libtorch's op.
 pub const MAX_FUSED_CHANNELS: i64 = 256;
@@ -101,6 +113,7 @@ struct Kernels {
     conv_partial: JitKernel,
     conv_reduce: JitKernel,
     conv_forward_small: JitKernel,
+    conv_direct: JitKernel,
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -129,6 +142,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 conv_partial: load("esper_conv3_wgrad_partial")?,
                 conv_reduce: load("esper_conv3_wgrad_reduce")?,
                 conv_forward_small: load("esper_conv3_forward_small")?,
+                conv_direct: load("esper_conv3_direct")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -279,15 +293,25 @@ pub fn batch_norm_relu(
 }
 
 /// `conv2d(x, weight, stride 1, padding 1)` for a `3 x 3` weight without
-/// bias: libtorch's convolution forward (a direct kernel instead for at
-/// most [`SMALL_CONV_INPUT_CHANNELS`] input channels, where cuDNN's choice
-/// took 17 - 19 us for the Fashion-MNIST host's first layer) and input
-/// gradient, and the weight gradient from two run-time compiled kernels
-/// (see the module docs) where
-/// they apply: a channels-last CUDA input that requires a gradient or whose
-/// weight does, in f32 or under bf16 autocast, a multiple of four output
-/// channels, and an image band that fits in shared memory. libtorch's
-/// `conv2d` otherwise, with its errors.
+/// bias, from run-time compiled kernels where they apply: a channels-last
+/// CUDA input that requires a gradient or whose weight does, in f32 or
+/// under bf16 autocast, a multiple of four output channels, and an image
+/// band that fits in shared memory. libtorch's `conv2d` otherwise, with its
+/// errors.
+///
+/// - The weight gradient: two kernels (see the module docs).
+/// - The forward: a kernel for at most [`SMALL_CONV_INPUT_CHANNELS`] input
+///   channels (cuDNN's choice took 17 - 19 us for the Fashion-MNIST host's
+///   first layer); the direct kernel for a multiple of four input and of
+///   eight output channels, both at most [`MAX_DIRECT_CONV_CHANNELS`]
+///   (cuDNN's picks for the host's and seed's other layers took about
+///   13 us each with their TF32 layout conversions); cuDNN otherwise.
+/// - The input gradient: the same direct kernel run on the output gradient
+///   with the weight flipped and transposed, where the channel counts fit
+///   it the other way round; cuDNN otherwise.
+///
+/// Every kernel accumulates in f32 (not TF32), so results match libtorch's
+/// up to rounding.
 ///
 /// # Shapes
 /// `x: [B, C_in, H, W]`, `weight: [C_out, C_in, 3, 3]`; returns
@@ -336,6 +360,7 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
         k.conv_partial.raw(),
         k.conv_reduce.raw(),
         k.conv_forward_small.raw(),
+        k.conv_direct.raw(),
     ];
     // SAFETY: as in `batch_norm_relu`.
     unsafe {

@@ -263,19 +263,28 @@ fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
 }
 
 #[test]
-fn conv3x3_weight_gradient_matches_libtorch() {
+fn conv3x3_matches_libtorch() {
     let Some(_device) = gpu_or_skip() else { return };
     // (batch, in, out, height, width): the CNN host's and seed's shapes, odd
-    // sizes, and one too large for a whole image a block (bands of rows);
-    // the one- and three-channel inputs take the direct forward kernel.
+    // sizes, and ones too large for a whole image a block (bands of rows).
+    // The one- and three-channel inputs take the small forward kernel; the
+    // host's and seed's other layers the direct kernel forward and for the
+    // input gradient; [4, 12 -> 8] the direct forward (an unpadded pixel
+    // stride in shared memory) and cuDNN's input gradient (12 is not a
+    // multiple of 8); [5, 24 -> 8] the direct kernel both ways;
+    // [2, 8 -> 16, 40 x 40] direct kernels in bands of rows; the last two
+    // are too wide for the direct kernel (cuDNN both ways).
     let cases = [
         (256_i64, 1_i64, 8_i64, 28_i64, 28_i64),
         (32, 8, 16, 14, 14),
         (16, 16, 32, 7, 7),
         (8, 16, 16, 14, 14),
         (4, 12, 8, 5, 9),
+        (5, 24, 8, 11, 6),
         (4, 3, 8, 9, 7),
+        (2, 8, 16, 40, 40),
         (2, 32, 64, 32, 32),
+        (2, 32, 96, 8, 8),
     ];
     for bf16 in [false, true] {
         for (n, c_in, c_out, h, w) in cases {
