@@ -267,25 +267,25 @@ int conv_band_rows(int height, int width, int in_channels, int out_channels) {
   return 0;
 }
 
-// Most channels (in or out) the direct convolution kernel takes; wider
-// layers are cuDNN's (tensor cores pay off there).
+// Most channels (in or out) the direct convolution kernel takes (its
+// accumulators and shared memory); wider layers are cuDNN's.
 constexpr int kDirectMaxChannels = 64;
 
 // Rows of one direct-convolution band (the weights and the padded input
-// rows in shared memory, at most about 1024 thread tasks a block); 0 where
-// the kernel does not apply: it needs in % 4 == 0, out % 8 == 0, both at
-// most kDirectMaxChannels, and 32-bit indices.
-int direct_rows(int64_t n, int height, int width, int in_channels, int out_channels) {
-  if (in_channels < 4 || in_channels % 4 != 0 || out_channels % 8 != 0 ||
+// rows in shared memory); 0 where the kernel does not apply: it needs an
+// sm_80+ device (TF32 mma), in % 8 == 0 and out % 8 == 0, both at most
+// kDirectMaxChannels, and 32-bit indices.
+int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
+                int out_channels) {
+  if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
       in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels ||
-      n * height * width * std::max(in_channels, out_channels) > INT32_MAX) {
+      n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
+      at::cuda::getDeviceProperties(like.device().index())->major < 8) {
     return 0;
   }
-  const int64_t stride = in_channels % 8 == 0 ? in_channels + 4 : in_channels;
   const int64_t weights = 9LL * in_channels * out_channels;
-  const int cap = std::max(1, 1024 / (width * (out_channels / 8)));
-  for (int rows = std::min(height, cap); rows >= 1; --rows) {
-    if (weights + (rows + 2LL) * (width + 2) * stride <= kConvSharedFloats) {
+  for (int rows = height; rows >= 1; --rows) {
+    if (weights + (rows + 2LL) * (width + 2) * (in_channels + 4) <= kConvSharedFloats) {
       return rows;
     }
   }
@@ -294,7 +294,8 @@ int direct_rows(int64_t n, int height, int width, int in_channels, int out_chann
 
 // The direct kernel: `out` = conv3x3(`in`, weight) for flip 0, the input
 // gradient (`in` = dy) for flip 1; `wk` is the layer's weight as
-// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows.
+// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows. A warp a
+// 16-pixel tile, at most eight warps a block.
 void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at::Tensor& out,
                    int rows, int flip) {
   int height = static_cast<int>(in.size(2));
@@ -303,11 +304,11 @@ void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at:
   int out_channels = static_cast<int>(out.size(1));
   int bands = (height + rows - 1) / rows;
   const int64_t blocks = in.size(0) * bands;
-  const int64_t tasks = static_cast<int64_t>(rows) * width * (out_channels / 8);
-  const int threads = static_cast<int>(std::min<int64_t>(1024, (tasks + 31) / 32 * 32));
-  const int64_t stride = in_channels % 8 == 0 ? in_channels + 4 : in_channels;
+  const int64_t tiles = (static_cast<int64_t>(rows) * width + 15) / 16;
+  const int threads = 32 * static_cast<int>(std::min<int64_t>(8, tiles));
   const auto shared = static_cast<unsigned>(
-      (9LL * in_channels * out_channels + (rows + 2LL) * (width + 2) * stride) * sizeof(float));
+      (9LL * in_channels * out_channels + (rows + 2LL) * (width + 2) * (in_channels + 4)) *
+      sizeof(float));
   const void* in_ptr = in.data_ptr();
   const void* w_ptr = wk.data_ptr();
   void* out_ptr = out.data_ptr();
@@ -356,7 +357,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                         dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
                         dim3(kThreads),
                         shared, args, stream_of(xc));
-    } else if (int rows = direct_rows(n, height, width, in_channels, out_channels);
+    } else if (int rows = direct_rows(xc, n, height, width, in_channels, out_channels);
                rows > 0 && aligned16(xc)) {
       y = at::empty({n, out_channels, height, width},
                     xc.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -393,7 +394,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       at::Tensor dx;
       // The input gradient is the convolution of dy with the flipped,
       // transposed weight: the direct kernel with the channels swapped.
-      if (int rows = direct_rows(xc.size(0), static_cast<int>(xc.size(2)),
+      if (int rows = direct_rows(xc, xc.size(0), static_cast<int>(xc.size(2)),
                                  static_cast<int>(xc.size(3)), static_cast<int>(wc.size(0)),
                                  static_cast<int>(xc.size(1)));
           rows > 0) {

@@ -232,32 +232,55 @@ extern "C" __global__ void esper_conv3_forward_small(
     }
 }
 
-// Direct 3x3 convolution for few channels (Ci % 4 == 0, Co % 8 == 0, both
-// at most 64), NHWC, fp32 accumulation; with `flip` it is the input
-// gradient: dx = conv(dy, w') with w'[ci][co][k] = w[co][ci][8 - k], so the
-// same kernel runs with (Ci, Co) = (the layer's Co, Ci). `w` is always the
-// layer's weight as [Co_layer][3][3][Ci_layer]. One block per (image, band
-// of TH rows) stages the band's padded input rows (pixel stride Ci + 4
-// floats where Ci % 8 == 0, so a warp's 16-byte reads do not share banks)
-// and the weights as [9][Ci][Co] floats in shared memory; a thread owns one
-// output pixel x 8 output channels (consecutive lanes, consecutive pixels;
-// the weights a warp reads are one broadcast address). 32-bit indices (the
-// host checks the sizes).
+// Direct 3x3 convolution for few channels on TF32 tensor cores (sm_80+):
+// Ci % 8 == 0, Co % 8 == 0, both at most 64; NHWC; products of TF32-rounded
+// values (what cuDNN's TF32 convolutions compute; bf16 values are exact in
+// TF32) summed in fp32. With `flip` it is the input gradient:
+// dx = conv(dy, w') with w'[ci][co][k] = w[co][ci][8 - k], so the same
+// kernel runs with (Ci, Co) = (the layer's Co, Ci). `w` is always the
+// layer's weight as [Co_layer][3][3][Ci_layer].
+//
+// An implicit GEMM: out[pixel][co] = sum over k = tap * Ci + ci of
+// A[pixel][k] * B[k][co], with A read straight from the staged input. One
+// block per (image, band of TH rows) stages the band's zero-padded input
+// rows (pixel stride Ci + 4 floats, so the eight pixels x four channels a
+// warp reads for one fragment fall in 32 different banks) and B in the
+// order of the mma's B fragments (one 8-byte read a lane); a warp owns 16
+// pixels x every output channel and runs mma.m16n8k8 over k. 32-bit
+// indices (the host checks the sizes).
+#define DIRECT_MAX_TILES 8
+__device__ __forceinline__ float tf32_round(float v) {
+#if __CUDA_ARCH__ >= 800
+    unsigned int r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return __uint_as_float(r);
+#else
+    return v;
+#endif
+}
+
 extern "C" __global__ void esper_conv3_direct(
     const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
     int H, int W, int Ci, int Co, int TH, int bands, int flip) {
+#if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
     const int n = blockIdx.x / bands, band = blockIdx.x % bands;
     const int h0 = band * TH;
     const int th = min(TH, H - h0);
     const int XW = W + 2;
-    const int PS = (Ci % 8 == 0) ? Ci + 4 : Ci;
-    float* wS = smem;                        // [9][Ci][Co]
+    const int PS = Ci + 4;
+    const int NT = Co / 8, KS = 9 * Ci / 8;
+    float* bS = smem;                        // [KS][NT][32 lanes][2]
     float* xS = smem + 9 * Ci * Co;          // [th + 2][W + 2][PS]
     const int wcount = 9 * Ci * Co;
     for (int i = threadIdx.x; i < wcount; i += blockDim.x) {
-        const int co = i % Co, ci = (i / Co) % Ci, k = i / (Co * Ci);
-        wS[i] = flip ? ld1(w, (ci * 9 + (8 - k)) * Co + co) : ld1(w, (co * 9 + k) * Ci + ci);
+        // i = ((ks * NT + nt) * 32 + lane) * 2 + j: B[k][co] with
+        // k = ks * 8 + lane % 4 + 4 * j, co = nt * 8 + lane / 4.
+        const int j = i & 1, lane = (i >> 1) & 31, nt = (i >> 6) % NT, ks = (i >> 6) / NT;
+        const int k = ks * 8 + (lane & 3) + 4 * j, co = nt * 8 + (lane >> 2);
+        const int tap = k / Ci, ci = k - tap * Ci;
+        bS[i] = tf32_round(flip ? ld1(w, (ci * 9 + (8 - tap)) * Co + co)
+                                : ld1(w, (co * 9 + tap) * Ci + ci));
     }
     const int cq = Ci / 4;
     const int quads = (th + 2) * XW * cq;
@@ -281,41 +304,59 @@ extern "C" __global__ void esper_conv3_direct(
             if (i < quads) {
                 const int q = i % cq, pix = i / cq;
                 *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
-                    make_float4(v[u][0], v[u][1], v[u][2], v[u][3]);
+                    make_float4(tf32_round(v[u][0]), tf32_round(v[u][1]),
+                                tf32_round(v[u][2]), tf32_round(v[u][3]));
             }
         }
     }
     __syncthreads();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int pixels = th * W;
-    const int tasks = pixels * (Co / 8);
-    for (int t = threadIdx.x; t < tasks; t += blockDim.x) {
-        const int p = t % pixels, g = t / pixels;
-        const int r = p / W, c = p - (p / W) * W;
-        float acc[8];
+    const int tiles = (pixels + 15) / 16;
+    for (int tile = threadIdx.x >> 5; tile < tiles; tile += blockDim.x >> 5) {
+        // This lane's two pixels (rows g and g + 8 of the tile), clamped
+        // into the band for the loads.
+        const int p_lo = tile * 16 + g, p_hi = p_lo + 8;
+        const int q_lo = min(p_lo, pixels - 1), q_hi = min(p_hi, pixels - 1);
+        const int off_lo = ((q_lo / W) * XW + q_lo % W) * PS + t;
+        const int off_hi = ((q_hi / W) * XW + q_hi % W) * PS + t;
+        float acc[DIRECT_MAX_TILES][4];
         #pragma unroll
-        for (int a = 0; a < 8; ++a) acc[a] = 0.0f;
-        #pragma unroll
-        for (int k = 0; k < 9; ++k) {
-            const float* xp = xS + ((r + k / 3) * XW + c + k % 3) * PS;
-            const float* wp = wS + k * Ci * Co + g * 8;
-            for (int q = 0; q < cq; ++q) {
-                const float4 xv = *reinterpret_cast<const float4*>(xp + q * 4);
-                const float xs[4] = {xv.x, xv.y, xv.z, xv.w};
-                #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float* wq = wp + (q * 4 + j) * Co;
-                    const float4 w0 = *reinterpret_cast<const float4*>(wq);
-                    const float4 w1 = *reinterpret_cast<const float4*>(wq + 4);
-                    acc[0] += xs[j] * w0.x; acc[1] += xs[j] * w0.y;
-                    acc[2] += xs[j] * w0.z; acc[3] += xs[j] * w0.w;
-                    acc[4] += xs[j] * w1.x; acc[5] += xs[j] * w1.y;
-                    acc[6] += xs[j] * w1.z; acc[7] += xs[j] * w1.w;
+        for (int a = 0; a < DIRECT_MAX_TILES; ++a)
+            acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
+        for (int ks = 0; ks < KS; ++ks) {
+            const int k0 = ks * 8;
+            const int tap = k0 / Ci, ci0 = k0 - tap * Ci;
+            const int shift = ((tap / 3) * XW + tap % 3) * PS + ci0;
+            const unsigned a0 = __float_as_uint(xS[off_lo + shift]);
+            const unsigned a1 = __float_as_uint(xS[off_hi + shift]);
+            const unsigned a2 = __float_as_uint(xS[off_lo + shift + 4]);
+            const unsigned a3 = __float_as_uint(xS[off_hi + shift + 4]);
+            const float2* bk = reinterpret_cast<const float2*>(bS) + ks * NT * 32 + lane;
+            #pragma unroll
+            for (int nt = 0; nt < DIRECT_MAX_TILES; ++nt) {
+                if (nt < NT) {
+                    const float2 b = bk[nt * 32];
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]), "+f"(acc[nt][3])
+                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3),
+                          "r"(__float_as_uint(b.x)), "r"(__float_as_uint(b.y)));
                 }
             }
         }
-        const int out = ((n * H + h0 + r) * W + c) * Co + g * 8;
-        store4(y, out, acc);
-        store4(y, out + 4, acc + 4);
+        // acc[nt]: (pixel row g, channels 2t, 2t + 1) and (row g + 8, same).
+        const int base = (n * H + h0) * W;
+        #pragma unroll
+        for (int nt = 0; nt < DIRECT_MAX_TILES; ++nt) {
+            if (nt < NT) {
+                const int co = nt * 8 + 2 * t;
+                if (p_lo < pixels) st2(y, (base + p_lo) * Co + co, acc[nt][0], acc[nt][1]);
+                if (p_hi < pixels) st2(y, (base + p_hi) * Co + co, acc[nt][2], acc[nt][3]);
+            }
+        }
     }
+#endif
 }
 "#;

@@ -31,8 +31,9 @@
 //!   kernel row, then a fixed-order reduction. The forward and the input
 //!   gradient are one direct kernel for few channels (the input gradient is
 //!   the convolution of the output gradient with the flipped, transposed
-//!   weight): a block stages a band of padded input rows and the weights,
-//!   and a thread owns one output pixel x 8 output channels.
+//!   weight): an implicit GEMM on TF32 tensor cores in which a block stages
+//!   a band of padded input rows and the weights, and a warp owns 16 output
+//!   pixels x every output channel.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -302,16 +303,19 @@ pub fn batch_norm_relu(
 /// - The weight gradient: two kernels (see the module docs).
 /// - The forward: a kernel for at most [`SMALL_CONV_INPUT_CHANNELS`] input
 ///   channels (cuDNN's choice took 17 - 19 us for the Fashion-MNIST host's
-///   first layer); the direct kernel for a multiple of four input and of
-///   eight output channels, both at most [`MAX_DIRECT_CONV_CHANNELS`]
-///   (cuDNN's picks for the host's and seed's other layers took about
-///   13 us each with their TF32 layout conversions); cuDNN otherwise.
+///   first layer); the direct kernel on an sm_80+ GPU for multiples of
+///   eight input and output channels, both at most
+///   [`MAX_DIRECT_CONV_CHANNELS`] (cuDNN's picks for the host's and seed's
+///   other layers took about 13 us each with their TF32 layout
+///   conversions); cuDNN otherwise.
 /// - The input gradient: the same direct kernel run on the output gradient
 ///   with the weight flipped and transposed, where the channel counts fit
-///   it the other way round; cuDNN otherwise.
+///   it; cuDNN otherwise.
 ///
-/// Every kernel accumulates in f32 (not TF32), so results match libtorch's
-/// up to rounding.
+/// The direct kernel multiplies TF32-rounded values on the tensor cores
+/// and sums in f32, as cuDNN's TF32 convolutions do (bf16 values are exact
+/// in TF32); the other kernels compute in f32. Results match libtorch's up
+/// to rounding.
 ///
 /// # Shapes
 /// `x: [B, C_in, H, W]`, `weight: [C_out, C_in, 3, 3]`; returns

@@ -28,6 +28,10 @@ __device__ __forceinline__ void store4(T* __restrict__ p, long long i, const flo
     *reinterpret_cast<uint2*>(p + i) = u;
 }
 __device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) { return bf(p[i]); }
+// Two consecutive values at a 4-byte aligned (even) index.
+__device__ __forceinline__ void st2(T* __restrict__ p, long long i, float a, float b) {
+    *reinterpret_cast<unsigned int*>(p + i) = to_bf(a) | (to_bf(b) << 16);
+}
 __device__ __forceinline__ void st1(T* __restrict__ p, long long i, float v) {
     p[i] = (unsigned short)to_bf(v);
 }
@@ -42,6 +46,10 @@ __device__ __forceinline__ void store4(T* __restrict__ p, long long i, const flo
     *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
 }
 __device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) { return p[i]; }
+// Two consecutive values at an 8-byte aligned (even) index.
+__device__ __forceinline__ void st2(T* __restrict__ p, long long i, float a, float b) {
+    *reinterpret_cast<float2*>(p + i) = make_float2(a, b);
+}
 __device__ __forceinline__ void st1(T* __restrict__ p, long long i, float v) { p[i] = v; }
 #endif
 

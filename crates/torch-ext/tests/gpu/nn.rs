@@ -269,8 +269,7 @@ fn conv3x3_matches_libtorch() {
     // sizes, and ones too large for a whole image a block (bands of rows).
     // The one- and three-channel inputs take the small forward kernel; the
     // host's and seed's other layers the direct kernel forward and for the
-    // input gradient; [4, 12 -> 8] the direct forward (an unpadded pixel
-    // stride in shared memory) and cuDNN's input gradient (12 is not a
+    // input gradient; [4, 12 -> 8] is cuDNN's both ways (12 is not a
     // multiple of 8); [5, 24 -> 8] the direct kernel both ways;
     // [2, 8 -> 16, 40 x 40] direct kernels in bands of rows; the last two
     // are too wide for the direct kernel (cuDNN both ways).
