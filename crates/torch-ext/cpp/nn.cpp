@@ -271,6 +271,10 @@ int conv_band_rows(int height, int width, int in_channels, int out_channels) {
 // accumulators and shared memory); wider layers are cuDNN's.
 constexpr int kDirectMaxChannels = 64;
 
+bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
 // Rows of one direct-convolution band (the weights and the padded input
 // rows in shared memory); 0 where the kernel does not apply: it needs an
 // sm_80+ device (TF32 mma), in % 8 == 0 and out % 8 == 0, both at most
@@ -292,10 +296,39 @@ int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in
   return 0;
 }
 
+// Shared memory of one tensor-core weight-gradient band, in 4-byte words
+// (the kernel's layout: dy, x rows, pixel offsets).
+int64_t wgrad_mma_floats(int rows, int width, int in_channels, int out_channels) {
+  const int64_t padded = (static_cast<int64_t>(rows) * width + 7) / 8 * 8;
+  const int64_t co_stride = out_channels % 16 == 0 ? out_channels + 8 : out_channels;
+  const int64_t ci_stride = in_channels % 16 == 0 ? in_channels + 8 : in_channels;
+  return padded * co_stride + (rows + 2LL) * (width + 2) * ci_stride + padded;
+}
+
+// Rows of one band of the tensor-core weight gradient (dy, the padded x
+// rows and the pixels' offsets in shared memory); 0 where it does not
+// apply: it needs an sm_80+ device, in % 8 == 0, out % 8 == 0 and 32-bit
+// indices.
+int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
+                   int out_channels) {
+  if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
+      n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
+      at::cuda::getDeviceProperties(like.device().index())->major < 8) {
+    return 0;
+  }
+  for (int rows = height; rows >= 1; --rows) {
+    const int64_t floats = wgrad_mma_floats(rows, width, in_channels, out_channels);
+    if (floats <= kConvSharedFloats) {
+      return rows;
+    }
+  }
+  return 0;
+}
+
 // The direct kernel: `out` = conv3x3(`in`, weight) for flip 0, the input
 // gradient (`in` = dy) for flip 1; `wk` is the layer's weight as
 // [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows. A warp a
-// 16-pixel tile, at most eight warps a block.
+// 16-pixel tile at a time, eight warps a block.
 void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at::Tensor& out,
                    int rows, int flip) {
   int height = static_cast<int>(in.size(2));
@@ -304,23 +337,20 @@ void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at:
   int out_channels = static_cast<int>(out.size(1));
   int bands = (height + rows - 1) / rows;
   const int64_t blocks = in.size(0) * bands;
-  const int64_t tiles = (static_cast<int64_t>(rows) * width + 15) / 16;
-  const int threads = 32 * static_cast<int>(std::min<int64_t>(8, tiles));
+  // The kernel reads the weight four values at a time.
+  const at::Tensor w = aligned16(wk) ? wk : wk.clone();
   const auto shared = static_cast<unsigned>(
       (9LL * in_channels * out_channels + (rows + 2LL) * (width + 2) * (in_channels + 4)) *
       sizeof(float));
   const void* in_ptr = in.data_ptr();
-  const void* w_ptr = wk.data_ptr();
+  const void* w_ptr = w.data_ptr();
   void* out_ptr = out.data_ptr();
   void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
                   &out_channels, &rows, &bands, &flip};
-  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), shared, args,
+  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, args,
                     stream_of(in));
 }
 
-bool aligned16(const at::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
 
 // 3x3 convolution, stride 1, padding 1, no bias, NHWC: the forward and input
 // gradient from the direct kernels where they apply (few channels), cuDNN's
@@ -331,7 +361,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             int64_t dtype, int64_t vec, int64_t partial_kernel,
                             int64_t reduce_kernel, int64_t small_forward_kernel,
-                            int64_t direct_kernel) {
+                            int64_t direct_kernel, int64_t wgrad_mma_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
     auto type = static_cast<at::ScalarType>(dtype);
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
@@ -376,6 +406,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     ctx->saved_data["partial"] = partial_kernel;
     ctx->saved_data["reduce"] = reduce_kernel;
     ctx->saved_data["direct"] = direct_kernel;
+    ctx->saved_data["wgrad_mma"] = wgrad_mma_kernel;
     return y;
   }
 
@@ -383,7 +414,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(8);
+    variable_list out(9);
     if (!grads[0].defined()) {
       return out;
     }
@@ -416,20 +447,28 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       int width = static_cast<int>(xc.size(3));
       int out_channels = static_cast<int>(wc.size(0));
       int vec = static_cast<int>(ctx->saved_data["vec"].toInt());
-      int rows = conv_band_rows(height, width, in_channels, out_channels);
+      const int mma_rows = wgrad_mma_rows(xc, n, height, width, in_channels, out_channels);
+      int rows = mma_rows > 0 ? mma_rows : conv_band_rows(height, width, in_channels, out_channels);
       TORCH_CHECK(rows > 0, "conv3x3: no band fits in shared memory");
       int bands = (height + rows - 1) / rows;
       int blocks = n * bands;
       int out_size = out_channels * 9 * in_channels;
-      // The kernel's thread tasks (4 output channels x vec input channels x
-      // one kernel row) and position groups, for its reduction's scratch.
-      int tasks = (out_channels / 4) * 3 * (in_channels / vec);
-      int groups = tasks >= kThreads ? 1 : kThreads / tasks;
-      int64_t tile = static_cast<int64_t>(rows) * width * out_channels +
-                     static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
-      int64_t reduction =
-          tasks >= kThreads ? 0 : static_cast<int64_t>(groups) * tasks * 3 * 4 * vec;
-      unsigned shared = static_cast<unsigned>(std::max(tile, reduction) * sizeof(float));
+      unsigned shared = 0;
+      if (mma_rows > 0) {
+        shared = static_cast<unsigned>(
+            wgrad_mma_floats(rows, width, in_channels, out_channels) * sizeof(float));
+      } else {
+        // The f32 kernel's thread tasks (4 output channels x vec input
+        // channels x one kernel row) and position groups, for its
+        // reduction's scratch.
+        int tasks = (out_channels / 4) * 3 * (in_channels / vec);
+        int groups = tasks >= kThreads ? 1 : kThreads / tasks;
+        int64_t tile = static_cast<int64_t>(rows) * width * out_channels +
+                       static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
+        int64_t reduction =
+            tasks >= kThreads ? 0 : static_cast<int64_t>(groups) * tasks * 3 * 4 * vec;
+        shared = static_cast<unsigned>(std::max(tile, reduction) * sizeof(float));
+      }
       TORCH_CHECK(shared <= kConvSharedFloats * sizeof(float), "conv3x3: ", shared,
                   " bytes of shared memory");
       auto f32 = xc.options().dtype(at::kFloat);
@@ -443,8 +482,8 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       {
         void* args[] = {&x_ptr, &dy_ptr, &partials_ptr, &height, &width,
                         &in_channels, &out_channels, &rows, &bands};
-        esper::jit_launch(handle(ctx, "partial"), dim3(blocks), dim3(kThreads), shared, args,
-                          stream);
+        esper::jit_launch(handle(ctx, mma_rows > 0 ? "wgrad_mma" : "partial"), dim3(blocks),
+                          dim3(kThreads), shared, args, stream);
       }
       {
         void* args[] = {&partials_ptr, &dw_ptr, &blocks, &out_size};
@@ -503,7 +542,8 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
-                  kernels[1] != nullptr && kernels[2] != nullptr && kernels[3] != nullptr,
+                  kernels[1] != nullptr && kernels[2] != nullptr && kernels[3] != nullptr &&
+                  kernels[4] != nullptr,
               "conv3x3: null argument");
   const auto& input = *static_cast<const at::Tensor*>(x);
   const auto& w = *static_cast<const at::Tensor*>(weight);
@@ -520,7 +560,7 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
   at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
                                 as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
-                                as_int(kernels[3]));
+                                as_int(kernels[3]), as_int(kernels[4]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

@@ -1,7 +1,8 @@
 //! The CUDA C source of the 3x3 convolution's kernels (appended to
 //! [`super::source::SOURCE`], whose `T`, `VEC` and loads it uses): the
-//! weight gradient's two passes, the forward for at most four input
-//! channels, and the direct forward / input gradient for few channels.
+//! weight gradient's passes (on tensor cores or in f32, then the
+//! reduction), the forward for at most four input channels, and the direct
+//! forward / input gradient for few channels.
 
 pub(in crate::nn) const CONV_SOURCE: &str = r#"
 // ---- 3x3 convolution (stride 1, padding 1, no bias) weight gradient ----
@@ -269,44 +270,59 @@ extern "C" __global__ void esper_conv3_direct(
     const int th = min(TH, H - h0);
     const int XW = W + 2;
     const int PS = Ci + 4;
-    const int NT = Co / 8, KS = 9 * Ci / 8;
+    const int NT = Co / 8;
     float* bS = smem;                        // [KS][NT][32 lanes][2]
     float* xS = smem + 9 * Ci * Co;          // [th + 2][W + 2][PS]
-    const int wcount = 9 * Ci * Co;
-    for (int i = threadIdx.x; i < wcount; i += blockDim.x) {
-        // i = ((ks * NT + nt) * 32 + lane) * 2 + j: B[k][co] with
-        // k = ks * 8 + lane % 4 + 4 * j, co = nt * 8 + lane / 4.
-        const int j = i & 1, lane = (i >> 1) & 31, nt = (i >> 6) % NT, ks = (i >> 6) / NT;
-        const int k = ks * 8 + (lane & 3) + 4 * j, co = nt * 8 + (lane >> 2);
-        const int tap = k / Ci, ci = k - tap * Ci;
-        bS[i] = tf32_round(flip ? ld1(w, (ci * 9 + (8 - tap)) * Co + co)
-                                : ld1(w, (co * 9 + tap) * Ci + ci));
-    }
-    const int cq = Ci / 4;
-    const int quads = (th + 2) * XW * cq;
-    for (int i0 = threadIdx.x; i0 < quads; i0 += blockDim.x * STAGE) {
+    // B in fragment order: value (k = ks * 8 + t + 4 * j, co = nt * 8 + g)
+    // at ((ks * NT + nt) * 32 + g * 4 + t) * 2 + j. The weight is read in
+    // its own order, four consecutive values a load ([Co][9][Ci]: four ci;
+    // flipped, [Ci][9][Co]: four co), STAGE loads in flight a thread.
+    const int wquads = 9 * Ci * Co / 4;
+    const int inner = flip ? Co : Ci;        // the contiguous dimension
+    for (int i0 = threadIdx.x; i0 < wquads; i0 += blockDim.x * STAGE) {
         float v[STAGE][4];
         #pragma unroll
         for (int u = 0; u < STAGE; ++u) {
             const int i = i0 + u * blockDim.x;
-            const int q = i % cq, pix = i / cq;
-            const int c = pix % XW, r = pix / XW;
-            const int hh = h0 + r - 1, ww = c - 1;
-            if (i < quads && hh >= 0 && hh < H && ww >= 0 && ww < W) {
-                load4(x, ((n * H + hh) * W + ww) * Ci + q * 4, v[u]);
-            } else {
-                v[u][0] = v[u][1] = v[u][2] = v[u][3] = 0.0f;
-            }
+            if (i < wquads) load4(w, 4 * i, v[u]);
         }
         #pragma unroll
         for (int u = 0; u < STAGE; ++u) {
             const int i = i0 + u * blockDim.x;
-            if (i < quads) {
-                const int q = i % cq, pix = i / cq;
-                *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
-                    make_float4(tf32_round(v[u][0]), tf32_round(v[u][1]),
-                                tf32_round(v[u][2]), tf32_round(v[u][3]));
+            if (i < wquads) {
+                const int e = 4 * i;
+                const int c_in = e % inner, rest = e / inner;
+                const int tap9 = rest % 9, outer = rest / 9;
+                #pragma unroll
+                for (int m = 0; m < 4; ++m) {
+                    // (ci, co, tap) of this conv for the weight's value e + m.
+                    const int ci = flip ? outer : c_in + m;
+                    const int co = flip ? c_in + m : outer;
+                    const int tap = flip ? 8 - tap9 : tap9;
+                    const int k = tap * Ci + ci, kr = k & 7;
+                    const int lane_k = ((co & 7) << 2) | (kr & 3);
+                    bS[(((k >> 3) * NT + (co >> 3)) * 32 + lane_k) * 2 + (kr >> 2)] =
+                        tf32_round(v[u][m]);
+                }
             }
+        }
+    }
+    // The band's rows h0 - 1 .. h0 + th, zero padded: a thread a pixel,
+    // all its channels (Ci / 4 loads in flight).
+    const int cq = Ci / 4;
+    const int pix_count = (th + 2) * XW;
+    for (int pix = threadIdx.x; pix < pix_count; pix += blockDim.x) {
+        const int r = pix / XW, c = pix - r * XW;
+        const int hh = h0 + r - 1, ww = c - 1;
+        const bool inside = hh >= 0 && hh < H && ww >= 0 && ww < W;
+        const int src = ((n * H + hh) * W + ww) * Ci;
+        #pragma unroll 4
+        for (int q = 0; q < cq; ++q) {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (inside) load4(x, src + q * 4, v);
+            *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
+                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
+                            tf32_round(v[3]));
         }
     }
     __syncthreads();
@@ -324,25 +340,30 @@ extern "C" __global__ void esper_conv3_direct(
         #pragma unroll
         for (int a = 0; a < DIRECT_MAX_TILES; ++a)
             acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
-        for (int ks = 0; ks < KS; ++ks) {
-            const int k0 = ks * 8;
-            const int tap = k0 / Ci, ci0 = k0 - tap * Ci;
-            const int shift = ((tap / 3) * XW + tap % 3) * PS + ci0;
-            const unsigned a0 = __float_as_uint(xS[off_lo + shift]);
-            const unsigned a1 = __float_as_uint(xS[off_hi + shift]);
-            const unsigned a2 = __float_as_uint(xS[off_lo + shift + 4]);
-            const unsigned a3 = __float_as_uint(xS[off_hi + shift + 4]);
-            const float2* bk = reinterpret_cast<const float2*>(bS) + ks * NT * 32 + lane;
-            #pragma unroll
-            for (int nt = 0; nt < DIRECT_MAX_TILES; ++nt) {
-                if (nt < NT) {
-                    const float2 b = bk[nt * 32];
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                        : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]), "+f"(acc[nt][3])
-                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3),
-                          "r"(__float_as_uint(b.x)), "r"(__float_as_uint(b.y)));
+        const int C8 = Ci / 8;
+        #pragma unroll
+        for (int tap = 0; tap < 9; ++tap) {
+            const int shift = ((tap / 3) * XW + tap % 3) * PS;
+            for (int c8 = 0; c8 < C8; ++c8) {
+                const int at = shift + c8 * 8;
+                const unsigned a0 = __float_as_uint(xS[off_lo + at]);
+                const unsigned a1 = __float_as_uint(xS[off_hi + at]);
+                const unsigned a2 = __float_as_uint(xS[off_lo + at + 4]);
+                const unsigned a3 = __float_as_uint(xS[off_hi + at + 4]);
+                const float2* bk =
+                    reinterpret_cast<const float2*>(bS) + (tap * C8 + c8) * NT * 32 + lane;
+                #pragma unroll
+                for (int nt = 0; nt < DIRECT_MAX_TILES; ++nt) {
+                    if (nt < NT) {
+                        const float2 b = bk[nt * 32];
+                        asm volatile(
+                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                            : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]),
+                              "+f"(acc[nt][3])
+                            : "r"(a0), "r"(a1), "r"(a2), "r"(a3),
+                              "r"(__float_as_uint(b.x)), "r"(__float_as_uint(b.y)));
+                    }
                 }
             }
         }
@@ -354,6 +375,124 @@ extern "C" __global__ void esper_conv3_direct(
                 const int co = nt * 8 + 2 * t;
                 if (p_lo < pixels) st2(y, (base + p_lo) * Co + co, acc[nt][0], acc[nt][1]);
                 if (p_hi < pixels) st2(y, (base + p_hi) * Co + co, acc[nt][2], acc[nt][3]);
+            }
+        }
+    }
+#endif
+}
+
+// The weight gradient on TF32 tensor cores (sm_80+; Ci % 8 == 0, Co % 8 ==
+// 0): an implicit GEMM dW[co][(tap, ci)] = sum over pixels p of
+// dy[p][co] * x[p + tap][ci], M = Co, N = 9 * Ci, K = the band's pixels.
+// One block per (image, band of TH rows) stages dy (pixel stride Co or
+// Co + 8) and x (pixel stride Ci or Ci + 8), each chosen so a fragment's
+// 32 reads fall in 32 banks), zero-padded to a multiple of 8 pixels, and
+// each pixel's tile offset; a warp owns up to WG_TASKS (16-row, 8-column)
+// output tiles at a time, each an independent mma.m16n8k8 chain over the
+// band's pixels. Each block writes its partial dW ([Co][9][Ci]) like
+// esper_conv3_wgrad_partial, for esper_conv3_wgrad_reduce.
+#define WG_TASKS 4
+extern "C" __global__ void esper_conv3_wgrad_mma(
+    const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
+    int H, int W, int Ci, int Co, int TH, int bands) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) float smem[];
+    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int h0 = band * TH;
+    const int th = min(TH, H - h0);
+    const int XW = W + 2;
+    const int pixels = th * W;
+    const int ppad = (pixels + 7) / 8 * 8;
+    const int CoS = Co % 16 == 0 ? Co + 8 : Co;
+    const int PS = Ci % 16 == 0 ? Ci + 8 : Ci;
+    float* dyS = smem;                                   // [ppad][CoS]
+    float* xS = dyS + ppad * CoS;                        // [th + 2][XW][PS]
+    int* slot = reinterpret_cast<int*>(xS + (th + 2) * XW * PS);  // [ppad]
+    const long long dbase = ((long long)n * H + h0) * W * Co;
+    const int oq = Co / 4;
+    for (int p = threadIdx.x; p < ppad; p += blockDim.x) {
+        slot[p] = p < pixels ? (p / W) * XW + p % W : 0;
+        #pragma unroll 4
+        for (int q = 0; q < oq; ++q) {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (p < pixels) load4(dy, dbase + (long long)p * Co + q * 4, v);
+            *reinterpret_cast<float4*>(dyS + p * CoS + q * 4) =
+                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
+                            tf32_round(v[3]));
+        }
+    }
+    const int cq = Ci / 4;
+    const int pix_count = (th + 2) * XW;
+    for (int pix = threadIdx.x; pix < pix_count; pix += blockDim.x) {
+        const int r = pix / XW, c = pix - r * XW;
+        const int hh = h0 + r - 1, ww = c - 1;
+        const bool inside = hh >= 0 && hh < H && ww >= 0 && ww < W;
+        const int src = ((n * H + hh) * W + ww) * Ci;
+        #pragma unroll 4
+        for (int q = 0; q < cq; ++q) {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (inside) load4(x, src + q * 4, v);
+            *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
+                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
+                            tf32_round(v[3]));
+        }
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int C8 = Ci / 8, MT = (Co + 15) / 16;
+    const int tasks = MT * 9 * C8;
+    float* out = partials + (long long)blockIdx.x * Co * 9 * Ci;
+    for (int first = warp; first < tasks; first += warps * WG_TASKS) {
+        // Task j: output tile (mt, nt) = (task % MT, task / MT), nt = tap * C8 + c8.
+        int m_lo[WG_TASKS], shift[WG_TASKS];
+        bool live[WG_TASKS], hi[WG_TASKS];
+        float acc[WG_TASKS][4];
+        #pragma unroll
+        for (int j = 0; j < WG_TASKS; ++j) {
+            const int task = first + j * warps;
+            live[j] = task < tasks;
+            const int mt = task % MT, nt = task / MT;
+            const int tap = nt / C8, c8 = nt - tap * C8;
+            m_lo[j] = mt * 16 + g;
+            hi[j] = m_lo[j] + 8 < Co;
+            shift[j] = ((tap / 3) * XW + tap % 3) * PS + c8 * 8 + g;
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        }
+        for (int k0 = 0; k0 < ppad; k0 += 8) {
+            const int p0 = k0 + t, p1 = p0 + 4;
+            const int s0 = slot[p0] * PS, s1 = slot[p1] * PS;
+            #pragma unroll
+            for (int j = 0; j < WG_TASKS; ++j) {
+                if (live[j]) {
+                    const unsigned a0 = __float_as_uint(dyS[p0 * CoS + m_lo[j]]);
+                    const unsigned a1 = hi[j] ? __float_as_uint(dyS[p0 * CoS + m_lo[j] + 8]) : 0u;
+                    const unsigned a2 = __float_as_uint(dyS[p1 * CoS + m_lo[j]]);
+                    const unsigned a3 = hi[j] ? __float_as_uint(dyS[p1 * CoS + m_lo[j] + 8]) : 0u;
+                    const unsigned b0 = __float_as_uint(xS[s0 + shift[j]]);
+                    const unsigned b1 = __float_as_uint(xS[s1 + shift[j]]);
+                    asm volatile(
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                        : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                }
+            }
+        }
+        // acc: (co m_lo, columns 2t, 2t + 1) and (co m_lo + 8, same); a
+        // column is (tap, ci) = (nt / C8, (nt % C8) * 8 + 2t + {0, 1}).
+        #pragma unroll
+        for (int j = 0; j < WG_TASKS; ++j) {
+            if (live[j]) {
+                const int task = first + j * warps;
+                const int nt = task / MT;
+                const int tap = nt / C8, ci = (nt - tap * C8) * 8 + 2 * t;
+                const int o = (m_lo[j] * 9 + tap) * Ci + ci;
+                *reinterpret_cast<float2*>(out + o) = make_float2(acc[j][0], acc[j][1]);
+                if (hi[j]) {
+                    *reinterpret_cast<float2*>(out + o + 8 * 9 * Ci) =
+                        make_float2(acc[j][2], acc[j][3]);
+                }
             }
         }
     }

@@ -115,6 +115,7 @@ struct Kernels {
     conv_reduce: JitKernel,
     conv_forward_small: JitKernel,
     conv_direct: JitKernel,
+    conv_wgrad_mma: JitKernel,
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -144,6 +145,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 conv_reduce: load("esper_conv3_wgrad_reduce")?,
                 conv_forward_small: load("esper_conv3_forward_small")?,
                 conv_direct: load("esper_conv3_direct")?,
+                conv_wgrad_mma: load("esper_conv3_wgrad_mma")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -365,6 +367,7 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
         k.conv_reduce.raw(),
         k.conv_forward_small.raw(),
         k.conv_direct.raw(),
+        k.conv_wgrad_mma.raw(),
     ];
     // SAFETY: as in `batch_norm_relu`.
     unsafe {

@@ -310,6 +310,14 @@ fn conv3x3_matches_libtorch() {
                 );
             }
             assert_eq!(fused[2].stride(), reference[2].stride(), "dw layout");
+            // Every sum is taken in a fixed order: a second run is bit-equal.
+            let again = conv_run(&x, &weight, bf16, true);
+            for (name, (a, b)) in ["y", "dx", "dw"].iter().zip(again.iter().zip(&fused)) {
+                assert!(
+                    a.equal(b),
+                    "bf16 {bf16} [{n},{c_in}->{c_out},{h},{w}] {name}: not deterministic"
+                );
+            }
         }
     }
 }
