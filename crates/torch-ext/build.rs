@@ -23,6 +23,7 @@ const SOURCES: &[&str] = &[
     "cpp/jit.cpp",
     "cpp/autograd.cpp",
     "cpp/nn.cpp",
+    "cpp/nn_conv.cpp",
     "cpp/profile.cpp",
 ];
 const HEADERS: &[&str] = &[
@@ -31,6 +32,7 @@ const HEADERS: &[&str] = &[
     "cpp/stream_pack.h",
     "cpp/dist_internal.h",
     "cpp/jit_internal.h",
+    "cpp/nn_internal.h",
     "cpp/gloo_decl/gloo/algorithm.h",
     "cpp/gloo_decl/gloo/context.h",
     "cpp/gloo_decl/gloo/common/error.h",

@@ -1,5 +1,5 @@
 // jit_internal.h: a loaded run-time compiled kernel (jit.cpp) and its launch,
-// shared by the shim's sources that launch such kernels themselves (nn.cpp).
+// shared by the shim's sources that launch such kernels themselves (nn*.cpp).
 #pragma once
 
 #include <c10/util/Exception.h>

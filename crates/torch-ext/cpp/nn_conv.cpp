@@ -1,0 +1,317 @@
+// nn_conv.cpp: the 3x3 convolution (stride 1, padding 1, no bias, NHWC) as
+// an autograd function whose forward and backward launch run-time compiled
+// kernels (src/nn/conv_source.rs): a direct forward for at most four input
+// channels; a direct forward and input gradient on TF32 tensor cores for
+// few channels; the weight gradient on tensor cores or in f32, then a
+// fixed-order reduction; cuDNN for whatever the kernels do not cover.
+#include "esper_torch_ext.h"
+#include "error.h"
+#include "nn_internal.h"
+
+#include <ATen/ops/conv2d.h>
+#include <ATen/ops/convolution_backward.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/cuda/CUDAGuard.h>
+
+namespace {
+
+using namespace esper::nn;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Most input channels the direct forward kernel takes (its weights, at most
+// 256 x 9 x 4 floats, sit in shared memory).
+constexpr int kSmallConvInputChannels = 4;
+
+// Floats of shared memory a weight-gradient block may stage (48 KiB, the
+// default dynamic limit).
+constexpr int kConvSharedFloats = 12 * 1024;
+
+// The rows of one weight-gradient band: as many as fit in shared memory
+// (the dy rows and the x rows around them); 0 when not even one does.
+int conv_band_rows(int height, int width, int in_channels, int out_channels) {
+  for (int rows = height; rows >= 1; --rows) {
+    const int64_t floats = static_cast<int64_t>(rows) * width * out_channels +
+                           static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
+    if (floats <= kConvSharedFloats) {
+      return rows;
+    }
+  }
+  return 0;
+}
+
+// Most channels (in or out) the direct convolution kernel takes (its
+// accumulators and shared memory); wider layers are cuDNN's.
+constexpr int kDirectMaxChannels = 64;
+
+
+// Rows of one direct-convolution band (the weights and the padded input
+// rows in shared memory); 0 where the kernel does not apply: it needs an
+// sm_80+ device (TF32 mma), in % 8 == 0 and out % 8 == 0, both at most
+// kDirectMaxChannels, and 32-bit indices.
+int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
+                int out_channels) {
+  if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
+      in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels ||
+      n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
+      at::cuda::getDeviceProperties(like.device().index())->major < 8) {
+    return 0;
+  }
+  const int64_t weights = 9LL * in_channels * out_channels;
+  for (int rows = height; rows >= 1; --rows) {
+    if (weights + (rows + 2LL) * (width + 2) * (in_channels + 4) <= kConvSharedFloats) {
+      return rows;
+    }
+  }
+  return 0;
+}
+
+// Shared memory of one tensor-core weight-gradient band, in 4-byte words
+// (the kernel's layout: dy, x rows, pixel offsets).
+int64_t wgrad_mma_floats(int rows, int width, int in_channels, int out_channels) {
+  const int64_t padded = (static_cast<int64_t>(rows) * width + 7) / 8 * 8;
+  const int64_t co_stride = out_channels % 16 == 0 ? out_channels + 8 : out_channels;
+  const int64_t ci_stride = in_channels % 16 == 0 ? in_channels + 8 : in_channels;
+  return padded * co_stride + (rows + 2LL) * (width + 2) * ci_stride + padded;
+}
+
+// Rows of one band of the tensor-core weight gradient (dy, the padded x
+// rows and the pixels' offsets in shared memory); 0 where it does not
+// apply: it needs an sm_80+ device, in % 8 == 0, out % 8 == 0 and 32-bit
+// indices.
+int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
+                   int out_channels) {
+  if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
+      n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
+      at::cuda::getDeviceProperties(like.device().index())->major < 8) {
+    return 0;
+  }
+  for (int rows = height; rows >= 1; --rows) {
+    const int64_t floats = wgrad_mma_floats(rows, width, in_channels, out_channels);
+    if (floats <= kConvSharedFloats) {
+      return rows;
+    }
+  }
+  return 0;
+}
+
+// The direct kernel: `out` = conv3x3(`in`, weight) for flip 0, the input
+// gradient (`in` = dy) for flip 1; `wk` is the layer's weight as
+// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows. A warp a
+// 16-pixel tile at a time, eight warps a block.
+void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at::Tensor& out,
+                   int rows, int flip) {
+  int height = static_cast<int>(in.size(2));
+  int width = static_cast<int>(in.size(3));
+  int in_channels = static_cast<int>(in.size(1));
+  int out_channels = static_cast<int>(out.size(1));
+  int bands = (height + rows - 1) / rows;
+  const int64_t blocks = in.size(0) * bands;
+  // The kernel reads the weight four values at a time.
+  const at::Tensor w = aligned16(wk) ? wk : wk.clone();
+  const auto shared = static_cast<unsigned>(
+      (9LL * in_channels * out_channels + (rows + 2LL) * (width + 2) * (in_channels + 4)) *
+      sizeof(float));
+  const void* in_ptr = in.data_ptr();
+  const void* w_ptr = w.data_ptr();
+  void* out_ptr = out.data_ptr();
+  void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
+                  &out_channels, &rows, &bands, &flip};
+  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, args,
+                    stream_of(in));
+}
+
+
+// 3x3 convolution, stride 1, padding 1, no bias, NHWC: the forward and input
+// gradient from the direct kernels where they apply (few channels), cuDNN's
+// otherwise; the weight gradient from the two jit kernels. `dtype` is the compute dtype (autocast's, applied
+// here, so the saved tensors are the ones the convolution saw).
+class Conv3x3 : public torch::autograd::Function<Conv3x3> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            int64_t dtype, int64_t vec, int64_t partial_kernel,
+                            int64_t reduce_kernel, int64_t small_forward_kernel,
+                            int64_t direct_kernel, int64_t wgrad_mma_kernel) {
+    c10::cuda::CUDAGuard guard(x.device());
+    auto type = static_cast<at::ScalarType>(dtype);
+    at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
+    at::Tensor wc = weight.scalar_type() == type ? weight : weight.to(type);
+    at::Tensor y;
+    int n = static_cast<int>(xc.size(0));
+    int in_channels = static_cast<int>(xc.size(1));
+    int height = static_cast<int>(xc.size(2));
+    int width = static_cast<int>(xc.size(3));
+    int out_channels = static_cast<int>(wc.size(0));
+    if (in_channels <= kSmallConvInputChannels && out_channels <= 256 &&
+        xc.size(0) * xc.size(2) * xc.size(3) * wc.size(0) <= INT32_MAX) {
+      // Few input channels: the direct kernel, weights as [Co][3][3][Ci].
+      y = at::empty({n, out_channels, height, width},
+                    xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+      at::Tensor wk = wc.permute({0, 2, 3, 1}).contiguous();
+      const void* x_ptr = xc.data_ptr();
+      const void* w_ptr = wk.data_ptr();
+      void* y_ptr = y.data_ptr();
+      void* args[] = {&x_ptr, &w_ptr, &y_ptr, &n, &height, &width, &in_channels, &out_channels};
+      const unsigned shared = static_cast<unsigned>(out_channels * 9 * in_channels * sizeof(float));
+      esper::jit_launch(reinterpret_cast<void*>(small_forward_kernel),
+                        dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
+                        dim3(kThreads),
+                        shared, args, stream_of(xc));
+    } else if (int rows = direct_rows(xc, n, height, width, in_channels, out_channels);
+               rows > 0 && aligned16(xc)) {
+      y = at::empty({n, out_channels, height, width},
+                    xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+      launch_direct(reinterpret_cast<void*>(direct_kernel), xc,
+                    wc.permute({0, 2, 3, 1}).contiguous(), y, rows, 0);
+    } else {
+      // The casts above are autocast's; the convolution runs as given.
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      y = at::conv2d(xc, wc, {}, 1, 1);
+    }
+    ctx->save_for_backward({xc, wc});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    ctx->saved_data["w_channels_last"] = weight.is_contiguous(at::MemoryFormat::ChannelsLast);
+    ctx->saved_data["vec"] = vec;
+    ctx->saved_data["partial"] = partial_kernel;
+    ctx->saved_data["reduce"] = reduce_kernel;
+    ctx->saved_data["direct"] = direct_kernel;
+    ctx->saved_data["wgrad_mma"] = wgrad_mma_kernel;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& xc = saved[0];
+    const at::Tensor& wc = saved[1];
+    variable_list out(9);
+    if (!grads[0].defined()) {
+      return out;
+    }
+    c10::cuda::CUDAGuard guard(xc.device());
+    at::Tensor dy = aligned(grads[0].to(xc.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast),
+                            at::MemoryFormat::ChannelsLast);
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor dx;
+      // The input gradient is the convolution of dy with the flipped,
+      // transposed weight: the direct kernel with the channels swapped.
+      if (int rows = direct_rows(xc, xc.size(0), static_cast<int>(xc.size(2)),
+                                 static_cast<int>(xc.size(3)), static_cast<int>(wc.size(0)),
+                                 static_cast<int>(xc.size(1)));
+          rows > 0) {
+        dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+        launch_direct(handle(ctx, "direct"), dy, wc.permute({0, 2, 3, 1}).contiguous(), dx, rows,
+                      1);
+      } else {
+        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+        auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
+                                                 false, {0, 0}, 1, {true, false, false});
+        dx = std::get<0>(grads_in);
+      }
+      out[0] = dx.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
+    }
+    if (ctx->needs_input_grad(1)) {
+      int n = static_cast<int>(xc.size(0));
+      int in_channels = static_cast<int>(xc.size(1));
+      int height = static_cast<int>(xc.size(2));
+      int width = static_cast<int>(xc.size(3));
+      int out_channels = static_cast<int>(wc.size(0));
+      int vec = static_cast<int>(ctx->saved_data["vec"].toInt());
+      const int mma_rows = wgrad_mma_rows(xc, n, height, width, in_channels, out_channels);
+      int rows = mma_rows > 0 ? mma_rows : conv_band_rows(height, width, in_channels, out_channels);
+      TORCH_CHECK(rows > 0, "conv3x3: no band fits in shared memory");
+      int bands = (height + rows - 1) / rows;
+      int blocks = n * bands;
+      int out_size = out_channels * 9 * in_channels;
+      unsigned shared = 0;
+      if (mma_rows > 0) {
+        shared = static_cast<unsigned>(
+            wgrad_mma_floats(rows, width, in_channels, out_channels) * sizeof(float));
+      } else {
+        // The f32 kernel's thread tasks (4 output channels x vec input
+        // channels x one kernel row) and position groups, for its
+        // reduction's scratch.
+        int tasks = (out_channels / 4) * 3 * (in_channels / vec);
+        int groups = tasks >= kThreads ? 1 : kThreads / tasks;
+        int64_t tile = static_cast<int64_t>(rows) * width * out_channels +
+                       static_cast<int64_t>(rows + 2) * (width + 2) * in_channels;
+        int64_t reduction =
+            tasks >= kThreads ? 0 : static_cast<int64_t>(groups) * tasks * 3 * 4 * vec;
+        shared = static_cast<unsigned>(std::max(tile, reduction) * sizeof(float));
+      }
+      TORCH_CHECK(shared <= kConvSharedFloats * sizeof(float), "conv3x3: ", shared,
+                  " bytes of shared memory");
+      auto f32 = xc.options().dtype(at::kFloat);
+      at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * out_size}, f32);
+      at::Tensor dw = at::empty({out_channels, 3, 3, in_channels}, f32);
+      const void* x_ptr = xc.data_ptr();
+      const void* dy_ptr = dy.data_ptr();
+      void* partials_ptr = partials.data_ptr();
+      void* dw_ptr = dw.data_ptr();
+      cudaStream_t stream = stream_of(xc);
+      {
+        void* args[] = {&x_ptr, &dy_ptr, &partials_ptr, &height, &width,
+                        &in_channels, &out_channels, &rows, &bands};
+        esper::jit_launch(handle(ctx, mma_rows > 0 ? "wgrad_mma" : "partial"), dim3(blocks),
+                          dim3(kThreads), shared, args, stream);
+      }
+      {
+        void* args[] = {&partials_ptr, &dw_ptr, &blocks, &out_size};
+        esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0,
+                          args, stream);
+      }
+      // [Co, 3, 3, Ci] is the channels-last layout of [Co, Ci, 3, 3].
+      at::Tensor grad = dw.permute({0, 3, 1, 2})
+                            .to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
+      if (!ctx->saved_data["w_channels_last"].toBool()) {
+        grad = grad.contiguous();
+      }
+      out[1] = grad;
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
+                    void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
+                  kernels[1] != nullptr && kernels[2] != nullptr && kernels[3] != nullptr &&
+                  kernels[4] != nullptr,
+              "conv3x3: null argument");
+  const auto& input = *static_cast<const at::Tensor*>(x);
+  const auto& w = *static_cast<const at::Tensor*>(weight);
+  TORCH_CHECK(input.is_cuda() && input.dim() == 4 &&
+                  input.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "conv3x3: expected a channels-last 4-D CUDA tensor");
+  TORCH_CHECK(w.dim() == 4 && w.size(1) == input.size(1) && w.size(2) == 3 && w.size(3) == 3 &&
+                  w.size(0) % 4 == 0,
+              "conv3x3: weight of shape ", w.sizes(), " for input ", input.sizes());
+  TORCH_CHECK(vec == 1 || (vec == 4 && input.size(1) % 4 == 0), "conv3x3: vec ", vec);
+  TORCH_CHECK(conv_band_rows(static_cast<int>(input.size(2)), static_cast<int>(input.size(3)),
+                             static_cast<int>(input.size(1)), static_cast<int>(w.size(0))) > 0,
+              "conv3x3: the weight gradient's band does not fit in shared memory");
+  const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
+  at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
+                                as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
+                                as_int(kernels[3]), as_int(kernels[4]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
+                           int64_t out_channels) {
+  if (height > 65536 || width > 65536 || in_channels > 65536 || out_channels > 65536) {
+    return 0;
+  }
+  return conv_band_rows(static_cast<int>(height), static_cast<int>(width),
+                        static_cast<int>(in_channels), static_cast<int>(out_channels)) > 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,74 @@
+// nn_internal.h: what the shim's layer sources (nn.cpp, nn_conv.cpp,
+// nn_group_norm.cpp) share: the block size, kernel handles kept in an
+// autograd node, the current stream, and launch-shape helpers.
+#pragma once
+
+#include "jit_internal.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace esper::nn {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int kThreads = 256;
+
+inline void* handle(AutogradContext* ctx, const char* key) {
+  return reinterpret_cast<void*>(static_cast<intptr_t>(ctx->saved_data[key].toInt()));
+}
+
+inline cudaStream_t stream_of(const at::Tensor& t) {
+  return at::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+inline int sm_count(const at::Tensor& t) {
+  return at::cuda::getDeviceProperties(t.device().index())->multiProcessorCount;
+}
+
+// Rows one block pass of a per-channel kernel covers: the kernels' `per`,
+// the largest power of two with per * (C / vec) <= kThreads.
+inline int rows_per_pass(int channels, int vec) {
+  const int groups = channels / vec;
+  int per = 1;
+  while (per * 2 * groups <= kThreads) {
+    per *= 2;
+  }
+  return per;
+}
+
+// Blocks of a per-channel pass: about eight rows a thread (two unrolled
+// iterations of four), at most two blocks an SM.
+inline int channel_blocks(int64_t rows, int per, int sms) {
+  const int64_t wanted = (rows + 8 * per - 1) / (8 * per);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, 2 * sms)));
+}
+
+// The kernels load four channels at once with 16-byte accesses where vec is
+// 4: a gradient that arrives as an unaligned view is copied first.
+inline at::Tensor aligned(at::Tensor t, at::MemoryFormat format) {
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) {
+    return t.clone(format);
+  }
+  return t;
+}
+
+inline int elementwise_blocks(int64_t n, int sms) {
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, 8 * sms)));
+}
+
+inline bool aligned16(const at::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// A kernel handle as an autograd argument (custom functions take no raw
+// pointers).
+inline int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
+
+}  // namespace esper::nn
