@@ -24,6 +24,7 @@ const SOURCES: &[&str] = &[
     "cpp/autograd.cpp",
     "cpp/nn.cpp",
     "cpp/nn_conv.cpp",
+    "cpp/nn_group_norm.cpp",
     "cpp/profile.cpp",
 ];
 const HEADERS: &[&str] = &[

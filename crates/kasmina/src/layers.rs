@@ -266,6 +266,23 @@ impl GroupNorm {
             true,
         )?)
     }
+
+    /// `relu(self.forward(x))`, as fused kernels on CUDA for a channels-last
+    /// input (`torch_ext::nn::group_norm_relu`, which falls back to
+    /// libtorch's ops where they do not apply; its fused output keeps `x`'s
+    /// dtype).
+    ///
+    /// # Shapes
+    /// `[B, C, H, W] -> [B, C, H, W]`.
+    pub fn forward_relu(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(torch_ext::nn::group_norm_relu(
+            x,
+            self.groups,
+            &self.weight,
+            &self.bias,
+            NORM_EPS,
+        )?)
+    }
 }
 
 /// Layer normalisation over the last dimension, with affine.

@@ -177,6 +177,10 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
                     void** out);
 int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
                            int64_t out_channels);
+// relu(group_norm(x, groups, weight, bias, eps)) over a channels-last
+// CUDA tensor; kernels: forward, backward, reduction (nn_group_norm.cpp).
+char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, double eps,
+                            void* const* kernels, void** out);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

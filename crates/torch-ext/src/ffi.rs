@@ -298,6 +298,15 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_group_norm_relu(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        groups: i64,
+        eps: f64,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_conv3x3_fits(
         height: i64,
         width: i64,

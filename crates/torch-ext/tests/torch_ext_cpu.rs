@@ -638,6 +638,15 @@ fn nn_layers_on_the_cpu_are_libtorchs_ops() {
     let conv = nn::conv3x3(&x, &weight3).unwrap();
     assert!(conv.equal(&x.conv2d(&weight3, None::<&Tensor>, [1, 1], [1, 1], [1, 1], 1)));
     assert!(nn::conv3x3(&x, &Tensor::ones([4, 2, 3, 3], (Kind::Float, Device::Cpu))).is_err());
+    let gx = Tensor::randn([2, 8, 4, 4], (Kind::Float, Device::Cpu));
+    let (gw, gb) = (
+        Tensor::rand([8], (Kind::Float, Device::Cpu)),
+        Tensor::randn([8], (Kind::Float, Device::Cpu)),
+    );
+    let gn = nn::group_norm_relu(&gx, 2, &gw, &gb, 1e-5).unwrap();
+    assert!(gn.equal(&gx.group_norm(2, Some(&gw), Some(&gb), 1e-5, true).relu()));
+    // 8 channels do not form 3 groups: libtorch's error.
+    assert!(nn::group_norm_relu(&gx, 3, &gw, &gb, 1e-5).is_err());
     // Wrong shapes are libtorch's clear error, not a crash.
     let bad = Tensor::ones([5], (Kind::Float, Device::Cpu));
     assert!(nn::batch_norm_relu(&x, &bad, &bias, None, None, true, 0.1, 1e-5).is_err());

@@ -31,7 +31,7 @@ impl SeedConvBlock {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(self.norm.forward(&self.conv.forward(x)?)?.f_relu()?)
+        self.norm.forward_relu(&self.conv.forward(x)?)
     }
 }
 
@@ -239,7 +239,7 @@ impl SeedNetwork {
                 x.f_add(&norm.forward(&up.forward(&hidden)?)?)?
             }
             SeedNetwork::ConvSmall { conv, norm } => {
-                x.f_add(&norm.forward(&conv.forward(x)?)?.f_relu()?)?
+                x.f_add(&norm.forward_relu(&conv.forward(x)?)?)?
             }
             SeedNetwork::ConvLight { block } => x.f_add(&block.forward(x)?)?,
             SeedNetwork::ConvHeavy { first, second } => {

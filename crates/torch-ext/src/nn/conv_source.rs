@@ -245,10 +245,10 @@ extern "C" __global__ void esper_conv3_forward_small(
 // A[pixel][k] * B[k][co], with A read straight from the staged input. One
 // block per (image, band of TH rows) stages the band's zero-padded input
 // rows (pixel stride Ci + 4 floats, so the eight pixels x four channels a
-// warp reads for one fragment fall in 32 different banks) and B in the
-// order of the mma's B fragments (one 8-byte read a lane); a warp owns 16
-// pixels x every output channel and runs mma.m16n8k8 over k. 32-bit
-// indices (the host checks the sizes).
+// warp reads for one fragment fall in 32 different banks) and the weight
+// in its own layout with padded rows; a warp owns 16 pixels x every output
+// channel and runs mma.m16n8k8 over k. 32-bit indices (the host checks the
+// sizes).
 #define DIRECT_MAX_TILES 8
 __device__ __forceinline__ float tf32_round(float v) {
 #if __CUDA_ARCH__ >= 800
@@ -271,14 +271,17 @@ extern "C" __global__ void esper_conv3_direct(
     const int XW = W + 2;
     const int PS = Ci + 4;
     const int NT = Co / 8;
-    float* bS = smem;                        // [KS][NT][32 lanes][2]
-    float* xS = smem + 9 * Ci * Co;          // [th + 2][W + 2][PS]
-    // B in fragment order: value (k = ks * 8 + t + 4 * j, co = nt * 8 + g)
-    // at ((ks * NT + nt) * 32 + g * 4 + t) * 2 + j. The weight is read in
-    // its own order, four consecutive values a load ([Co][9][Ci]: four ci;
-    // flipped, [Ci][9][Co]: four co), STAGE loads in flight a thread.
-    const int wquads = 9 * Ci * Co / 4;
-    const int inner = flip ? Co : Ci;        // the contiguous dimension
+    // The weight as it is in memory, rows padded to RS words so a B
+    // fragment's 32 reads fall in 32 banks: forward, row co holds [9][Ci]
+    // (RS = 9 Ci + 4); flipped, row ci holds [9][Co] (RS = 9 Co or
+    // 9 Co + 8). Four values a load, STAGE loads in flight a thread.
+    const int rows_w = flip ? Ci : Co;
+    const int len = flip ? 9 * Co : 9 * Ci;
+    const int RS = flip ? ((9 * Co) % 16 == 0 ? 9 * Co + 8 : 9 * Co) : 9 * Ci + 4;
+    float* wS = smem;                        // [rows_w][RS]
+    float* xS = smem + rows_w * RS;          // [th + 2][W + 2][PS]
+    const int lq = len / 4;
+    const int wquads = rows_w * lq;
     for (int i0 = threadIdx.x; i0 < wquads; i0 += blockDim.x * STAGE) {
         float v[STAGE][4];
         #pragma unroll
@@ -290,20 +293,10 @@ extern "C" __global__ void esper_conv3_direct(
         for (int u = 0; u < STAGE; ++u) {
             const int i = i0 + u * blockDim.x;
             if (i < wquads) {
-                const int e = 4 * i;
-                const int c_in = e % inner, rest = e / inner;
-                const int tap9 = rest % 9, outer = rest / 9;
-                #pragma unroll
-                for (int m = 0; m < 4; ++m) {
-                    // (ci, co, tap) of this conv for the weight's value e + m.
-                    const int ci = flip ? outer : c_in + m;
-                    const int co = flip ? c_in + m : outer;
-                    const int tap = flip ? 8 - tap9 : tap9;
-                    const int k = tap * Ci + ci, kr = k & 7;
-                    const int lane_k = ((co & 7) << 2) | (kr & 3);
-                    bS[(((k >> 3) * NT + (co >> 3)) * 32 + lane_k) * 2 + (kr >> 2)] =
-                        tf32_round(v[u][m]);
-                }
+                const int r = i / lq, j = i - r * lq;
+                *reinterpret_cast<float4*>(wS + r * RS + 4 * j) =
+                    make_float4(tf32_round(v[u][0]), tf32_round(v[u][1]),
+                                tf32_round(v[u][2]), tf32_round(v[u][3]));
             }
         }
     }
@@ -340,29 +333,35 @@ extern "C" __global__ void esper_conv3_direct(
         #pragma unroll
         for (int a = 0; a < DIRECT_MAX_TILES; ++a)
             acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
+        // B[k = tap * Ci + c8 * 8 + t (+ 4)][co = nt * 8 + g] in wS:
+        // forward at co * RS + tap * Ci + ci, flipped at
+        // ci * RS + (8 - tap) * Co + co.
         const int C8 = Ci / 8;
+        const int lane_w = flip ? t * RS + g : g * RS + t;
+        const int nt_step = flip ? 8 : 8 * RS, c8_step = flip ? 8 * RS : 8;
+        const int hi_step = flip ? 4 * RS : 4;
         #pragma unroll
         for (int tap = 0; tap < 9; ++tap) {
             const int shift = ((tap / 3) * XW + tap % 3) * PS;
+            const int tap_w = lane_w + (flip ? (8 - tap) * Co : tap * Ci);
             for (int c8 = 0; c8 < C8; ++c8) {
                 const int at = shift + c8 * 8;
                 const unsigned a0 = __float_as_uint(xS[off_lo + at]);
                 const unsigned a1 = __float_as_uint(xS[off_hi + at]);
                 const unsigned a2 = __float_as_uint(xS[off_lo + at + 4]);
                 const unsigned a3 = __float_as_uint(xS[off_hi + at + 4]);
-                const float2* bk =
-                    reinterpret_cast<const float2*>(bS) + (tap * C8 + c8) * NT * 32 + lane;
+                const float* bk = wS + tap_w + c8 * c8_step;
                 #pragma unroll
                 for (int nt = 0; nt < DIRECT_MAX_TILES; ++nt) {
                     if (nt < NT) {
-                        const float2 b = bk[nt * 32];
+                        const unsigned b0 = __float_as_uint(bk[nt * nt_step]);
+                        const unsigned b1 = __float_as_uint(bk[nt * nt_step + hi_step]);
                         asm volatile(
                             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
                             : "+f"(acc[nt][0]), "+f"(acc[nt][1]), "+f"(acc[nt][2]),
                               "+f"(acc[nt][3])
-                            : "r"(a0), "r"(a1), "r"(a2), "r"(a3),
-                              "r"(__float_as_uint(b.x)), "r"(__float_as_uint(b.y)));
+                            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
                     }
                 }
             }

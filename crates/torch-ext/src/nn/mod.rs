@@ -1,5 +1,5 @@
-//! Fused network layers: batch normalisation with ReLU, the 2x2 max-pool and
-//! the 3x3 convolution for few channels, as run-time compiled kernels with
+//! Fused network layers: batch and group normalisation with ReLU, the 2x2
+//! max-pool and the 3x3 convolution for few channels, as run-time compiled kernels with
 //! their backward wired into autograd by the shim (`cpp/nn.cpp`).
 //!
 //! libtorch runs `relu(batch_norm(x))` in training as five kernels forward
@@ -34,6 +34,11 @@
 //!   weight): an implicit GEMM on TF32 tensor cores in which a block stages
 //!   a band of padded input rows and the weights, and a warp owns 16 output
 //!   pixels x every output channel.
+//! - [`group_norm_relu`]: `relu(group_norm(x))`, NHWC, one block an image:
+//!   one kernel forward (the group statistics from shifted sums, then the
+//!   output), one backward (the input gradient with the ReLU mask
+//!   recomputed, and the image's per-channel sums), then the fixed-order
+//!   reduction into the weight and bias gradients.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -73,8 +78,10 @@ use crate::ffi;
 use crate::jit::{JitKernel, KernelCache};
 
 mod conv_source;
+mod norm_source;
 mod source;
 use conv_source::CONV_SOURCE;
+use norm_source::GROUP_NORM_SOURCE;
 use source::SOURCE;
 
 /// Most input channels [`conv3x3`] runs its own forward kernel for.
@@ -116,6 +123,8 @@ struct Kernels {
     conv_forward_small: JitKernel,
     conv_direct: JitKernel,
     conv_wgrad_mma: JitKernel,
+    gn_forward: JitKernel,
+    gn_backward: JitKernel,
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -124,7 +133,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
         .get_or_build((device, bf16, vec4), || {
             let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
             let source = format!(
-                "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}",
+                "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}",
                 u8::from(bf16),
                 if vec4 { 4 } else { 1 }
             );
@@ -146,6 +155,8 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 conv_forward_small: load("esper_conv3_forward_small")?,
                 conv_direct: load("esper_conv3_direct")?,
                 conv_wgrad_mma: load("esper_conv3_wgrad_mma")?,
+                gn_forward: load("esper_gn_relu_forward")?,
+                gn_backward: load("esper_gn_relu_backward")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -384,6 +395,68 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// Most groups [`group_norm_relu`]'s kernels take.
+pub const MAX_FUSED_GROUPS: i64 = 64;
+
+/// `relu(group_norm(x, groups, weight, bias, eps))`, the fused kernels where
+/// they apply (see the module docs): a channels-last CUDA tensor of `f32`
+/// or `bf16`, at most [`MAX_FUSED_GROUPS`] groups of a multiple of four
+/// channels each, at most `4 * 256` channels, `weight` and `bias`
+/// contiguous `f32` `[C]` on `x`'s device. libtorch's `group_norm` and
+/// `relu` otherwise. The fused output has `x`'s dtype (libtorch's
+/// `group_norm` under autocast returns `f32`).
+///
+/// # Shapes
+/// `x: [B, C, H, W]`, `weight`, `bias` `[C]`; returns `[B, C, H, W]`.
+///
+/// # Errors
+/// libtorch's error for tensors that do not fit together; [`Error::Cpp`]
+/// when the kernels cannot be compiled or launched.
+pub fn group_norm_relu(
+    x: &Tensor,
+    groups: i64,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    const OP: &str = "nn::group_norm_relu";
+    let channels = x.size().get(1).copied().unwrap_or(0);
+    let per_channel_ok = [weight, bias].into_iter().all(|t| {
+        t.size() == [channels]
+            && t.kind() == Kind::Float
+            && t.device() == x.device()
+            && t.is_contiguous()
+    });
+    let shape_ok = (1..=MAX_FUSED_GROUPS).contains(&groups)
+        && channels % groups == 0
+        && (channels / groups) % 4 == 0
+        && channels <= 1024;
+    let fused = fused_target(x)
+        .filter(|_| per_channel_ok && shape_ok && is_nhwc(x) && four_channels(x, channels));
+    let Some((device, bf16)) = fused else {
+        return x
+            .f_group_norm(groups, Some(weight), Some(bias), eps, true)
+            .and_then(|y| y.f_relu())
+            .map_err(|error| torch(OP, error));
+    };
+    let k = kernels(OP, device, bf16, true)?;
+    let handles = [k.gn_forward.raw(), k.gn_backward.raw(), k.conv_reduce.raw()];
+    // SAFETY: as in `batch_norm_relu`.
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_group_norm_relu(
+                ffi::tensor_ptr(x),
+                ffi::tensor_ptr(weight),
+                ffi::tensor_ptr(bias),
+                groups,
+                eps,
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
+}
+
 /// `max_pool2d(x, kernel 2, stride 2)` (floor), the fused kernels where
 /// they apply (see the module docs), libtorch's `max_pool2d` otherwise.
 ///
@@ -433,7 +506,7 @@ mod tests {
         for bf16 in [false, true] {
             for vec in [1, 4] {
                 let source = format!(
-                    "#define ESPER_BF16 {}\n#define VEC {vec}\n{SOURCE}{CONV_SOURCE}",
+                    "#define ESPER_BF16 {}\n#define VEC {vec}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}",
                     u8::from(bf16)
                 );
                 match crate::jit::compile(&source, "esper_nn", (9, 0)) {

@@ -1,7 +1,8 @@
 //! `torch_ext::nn`'s fused layers against libtorch's ops on the GPU (part
 //! of the `gpu` test binary): batch norm + ReLU (output, running statistics,
-//! every gradient) and the 2x2 max-pool (values, ties, NaN, odd sizes, both
-//! layouts), in f32 and bf16, eagerly and replayed from a captured graph.
+//! every gradient), the 2x2 max-pool (values, ties, NaN, odd sizes, both
+//! layouts), the 3x3 convolution and group norm + ReLU, in f32 and bf16,
+//! eagerly and replayed from a captured graph.
 //! The tests hold the binary's device lock, since they flip the
 //! process-wide fused switch.
 
@@ -317,6 +318,76 @@ fn conv3x3_matches_libtorch() {
                     a.equal(b),
                     "bf16 {bf16} [{n},{c_in}->{c_out},{h},{w}] {name}: not deterministic"
                 );
+            }
+        }
+    }
+}
+
+/// One group norm + ReLU forward and backward; returns (y, dx, dweight,
+/// dbias), y and dx as f32.
+fn gn_run(x: &Tensor, groups: i64, seed: i64, fused: bool) -> [Tensor; 4] {
+    nn::set_fused_kernels(fused);
+    let channels = x.size()[1];
+    let f32 = (Kind::Float, CUDA);
+    let x = x.detach().set_requires_grad(true);
+    tch::manual_seed(seed);
+    let weight = (Tensor::rand([channels], f32) + 0.5).set_requires_grad(true);
+    let bias = (Tensor::randn([channels], f32) * 0.3).set_requires_grad(true);
+    let y = nn::group_norm_relu(&x, groups, &weight, &bias, 1e-5).unwrap();
+    assert_eq!(y.kind(), x.kind(), "the output keeps the input's dtype");
+    let upstream = Tensor::randn(y.size(), f32);
+    (y.to_kind(Kind::Float) * &upstream)
+        .sum(Kind::Float)
+        .backward();
+    nn::set_fused_kernels(true);
+    [
+        y.to_kind(Kind::Float),
+        x.grad().to_kind(Kind::Float),
+        weight.grad(),
+        bias.grad(),
+    ]
+}
+
+#[test]
+fn group_norm_relu_matches_libtorch() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // (batch, channels, height, width, groups): the conv_light seed's shape
+    // (16 channels, one group), several groups, four-channel groups, odd
+    // sizes, wide layers, and a mean far from zero.
+    let cases = [
+        (256_i64, 16_i64, 14_i64, 14_i64, 1_i64, 0.0),
+        (8, 32, 7, 7, 2, 0.0),
+        (4, 12, 9, 5, 3, 0.0),
+        (3, 64, 5, 3, 16, 0.0),
+        (2, 256, 4, 4, 8, 0.0),
+        (2, 1024, 2, 3, 32, 0.0),
+        (4, 16, 6, 6, 4, 50.0),
+    ];
+    for bf16 in [false, true] {
+        for (n, c, h, w, groups, offset) in cases {
+            tch::manual_seed(n + c);
+            let x = Tensor::randn([n, c, h, w], (Kind::Float, CUDA)) * 2.0 + offset;
+            let x = memory::contiguous_channels_last(&x).unwrap();
+            let x = if bf16 { x.to_kind(Kind::BFloat16) } else { x };
+            let fused = gn_run(&x, groups, 5, true);
+            let reference = gn_run(&x, groups, 5, false);
+            let bound = if bf16 { 3e-2 } else { 2e-3 };
+            for (name, (got, expected)) in ["y", "dx", "dweight", "dbias"]
+                .iter()
+                .zip(fused.iter().zip(&reference))
+            {
+                let err = worst_of_max(got, expected);
+                assert!(
+                    err <= bound,
+                    "bf16 {bf16} [{n},{c},{h},{w}] groups {groups} {name}: error {err} > {bound}"
+                );
+            }
+            let again = gn_run(&x, groups, 5, true);
+            for (name, (a, b)) in ["y", "dx", "dweight", "dbias"]
+                .iter()
+                .zip(again.iter().zip(&fused))
+            {
+                assert!(a.equal(b), "[{n},{c},{h},{w}] {name}: not deterministic");
             }
         }
     }
