@@ -73,6 +73,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv 2>
 
 status=0
 if [ "$run_tests" = 1 ]; then
+  # The test binaries travel gzipped (the carry limit); unpacked once.
+  if [ -f "$here/tests.tar.gz" ] && [ ! -d "$here/tests" ]; then
+    tar xzf "$here/tests.tar.gz" -C "$here" || { echo "== could not unpack tests.tar.gz"; exit 1; }
+  fi
   : >"$out/tests.log"
   for test_binary in "$here"/tests/*; do
     [ -x "$test_binary" ] || continue

@@ -14,6 +14,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
+
 namespace {
 
 using namespace esper::nn;
@@ -46,6 +48,19 @@ int conv_band_rows(int height, int width, int in_channels, int out_channels) {
 constexpr int kDirectMaxChannels = 64;
 
 
+// Rows a band gets so that about `target` blocks run (0: as many rows as
+// fit), at most `fit`. (Experiment knob, read from the environment.)
+int spread_rows(const char* var, int64_t n, int height, int fit) {
+  const char* value = std::getenv(var);
+  const int64_t target = value ? std::atoll(value) : 0;
+  if (target <= 0 || n <= 0) {
+    return fit;
+  }
+  const int64_t bands = std::max<int64_t>(1, (target + n - 1) / n);
+  const int rows = static_cast<int>((height + bands - 1) / bands);
+  return std::max(1, std::min(fit, rows));
+}
+
 // Shared memory of the direct kernel's weight, in 4-byte words: its rows
 // padded as the kernel lays them out (forward: `out` rows of 9 x `in`
 // values + 4; flipped: `in` rows of 9 x `out`, + 8 where that is a
@@ -74,7 +89,7 @@ int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in
   const int64_t weights = direct_weight_floats(in_channels, out_channels, flip);
   for (int rows = height; rows >= 1; --rows) {
     if (weights + (rows + 2LL) * (width + 2) * (in_channels + 4) <= kConvSharedFloats) {
-      return rows;
+      return spread_rows("ESPER_CONV_BLOCKS", n, height, rows);
     }
   }
   return 0;
@@ -103,7 +118,7 @@ int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int
   for (int rows = height; rows >= 1; --rows) {
     const int64_t floats = wgrad_mma_floats(rows, width, in_channels, out_channels);
     if (floats <= kConvSharedFloats) {
-      return rows;
+      return spread_rows("ESPER_WGRAD_BLOCKS", n, height, rows);
     }
   }
   return 0;
@@ -132,7 +147,11 @@ void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at:
   void* out_ptr = out.data_ptr();
   void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
                   &out_channels, &rows, &bands, &flip};
-  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, args,
+  const int64_t tiles = (static_cast<int64_t>(rows) * width + 15) / 16;
+  const int threads = std::getenv("ESPER_CONV_FIT_THREADS")
+                          ? 32 * static_cast<int>(std::max<int64_t>(2, std::min<int64_t>(8, tiles)))
+                          : kThreads;
+  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(threads), shared, args,
                     stream_of(in));
 }
 
