@@ -46,20 +46,34 @@ int conv_band_rows(int height, int width, int in_channels, int out_channels) {
 constexpr int kDirectMaxChannels = 64;
 
 
-// Rows of one direct-convolution band (the padded input rows in shared
-// memory); 0 where the kernel does not apply: it needs an sm_80+ device
-// (TF32 mma), in % 8 == 0 and out % 8 == 0, both at most
+// Shared memory of the direct kernel's weight, in 4-byte words: its rows
+// padded as the kernel lays them out (forward: `out` rows of 9 x `in`
+// values + 4; flipped: `in` rows of 9 x `out`, + 8 where that is a
+// multiple of 16).
+int64_t direct_weight_floats(int in_channels, int out_channels, int flip) {
+  if (flip) {
+    const int64_t row = 9LL * out_channels;
+    return in_channels * (row % 16 == 0 ? row + 8 : row);
+  }
+  return out_channels * (9LL * in_channels + 4);
+}
+
+// Rows of one direct-convolution band, `flip` 1 for the input gradient
+// (the weights and the padded input rows in shared memory); 0 where the
+// kernel does not apply: it needs an
+// sm_80+ device (TF32 mma), in % 8 == 0 and out % 8 == 0, both at most
 // kDirectMaxChannels, and 32-bit indices.
 int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
-                int out_channels) {
+                int out_channels, int flip) {
   if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
       in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels ||
       n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
       at::cuda::getDeviceProperties(like.device().index())->major < 8) {
     return 0;
   }
+  const int64_t weights = direct_weight_floats(in_channels, out_channels, flip);
   for (int rows = height; rows >= 1; --rows) {
-    if ((rows + 2LL) * (width + 2) * (in_channels + 4) <= kConvSharedFloats) {
+    if (weights + (rows + 2LL) * (width + 2) * (in_channels + 4) <= kConvSharedFloats) {
       return rows;
     }
   }
@@ -107,10 +121,14 @@ void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at:
   int out_channels = static_cast<int>(out.size(1));
   int bands = (height + rows - 1) / rows;
   const int64_t blocks = in.size(0) * bands;
-  const auto shared =
-      static_cast<unsigned>((rows + 2LL) * (width + 2) * (in_channels + 4) * sizeof(float));
+  // The kernel reads the weight four values at a time.
+  const at::Tensor w = aligned16(wk) ? wk : wk.clone();
+  const auto shared = static_cast<unsigned>(
+      (direct_weight_floats(in_channels, out_channels, flip) +
+       (rows + 2LL) * (width + 2) * (in_channels + 4)) *
+      sizeof(float));
   const void* in_ptr = in.data_ptr();
-  const void* w_ptr = wk.data_ptr();
+  const void* w_ptr = w.data_ptr();
   void* out_ptr = out.data_ptr();
   void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
                   &out_channels, &rows, &bands, &flip};
@@ -154,7 +172,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                         dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
                         dim3(kThreads),
                         shared, args, stream_of(xc));
-    } else if (int rows = direct_rows(xc, n, height, width, in_channels, out_channels);
+    } else if (int rows = direct_rows(xc, n, height, width, in_channels, out_channels, 0);
                rows > 0 && aligned16(xc)) {
       y = at::empty({n, out_channels, height, width},
                     xc.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -194,7 +212,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       // transposed weight: the direct kernel with the channels swapped.
       if (int rows = direct_rows(xc, xc.size(0), static_cast<int>(xc.size(2)),
                                  static_cast<int>(xc.size(3)), static_cast<int>(wc.size(0)),
-                                 static_cast<int>(xc.size(1)));
+                                 static_cast<int>(xc.size(1)), 1);
           rows > 0) {
         dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
         launch_direct(handle(ctx, "direct"), dy, wc.permute({0, 2, 3, 1}).contiguous(), dx, rows,

@@ -245,8 +245,8 @@ extern "C" __global__ void esper_conv3_forward_small(
 // A[pixel][k] * B[k][co], with A read straight from the staged input. One
 // block per (image, band of TH rows) stages the band's zero-padded input
 // rows (pixel stride Ci + 4 floats, so the eight pixels x four channels a
-// warp reads for one fragment fall in 32 different banks) and reads the
-// weight from global memory (cached); a warp owns 16 pixels x every output
+// warp reads for one fragment fall in 32 different banks) and the weight
+// in its own layout with padded rows; a warp owns 16 pixels x every output
 // channel and runs mma.m16n8k8 over k. 32-bit indices (the host checks the
 // sizes).
 #define DIRECT_MAX_TILES 8
@@ -271,11 +271,35 @@ extern "C" __global__ void esper_conv3_direct(
     const int XW = W + 2;
     const int PS = Ci + 4;
     const int NT = Co / 8;
-    // The weight is read where it is (L1-cached; every block of an SM reads
-    // the same few kilobytes): forward, row co holds [9][Ci]; flipped, row
-    // ci holds [9][Co]. Only the input rows are staged.
-    const int RS = flip ? 9 * Co : 9 * Ci;
-    float* xS = smem;                        // [th + 2][W + 2][PS]
+    // The weight as it is in memory, rows padded to RS words so a B
+    // fragment's 32 reads fall in 32 banks: forward, row co holds [9][Ci]
+    // (RS = 9 Ci + 4); flipped, row ci holds [9][Co] (RS = 9 Co or
+    // 9 Co + 8). Four values a load, STAGE loads in flight a thread.
+    const int rows_w = flip ? Ci : Co;
+    const int len = flip ? 9 * Co : 9 * Ci;
+    const int RS = flip ? ((9 * Co) % 16 == 0 ? 9 * Co + 8 : 9 * Co) : 9 * Ci + 4;
+    float* wS = smem;                        // [rows_w][RS]
+    float* xS = smem + rows_w * RS;          // [th + 2][W + 2][PS]
+    const int lq = len / 4;
+    const int wquads = rows_w * lq;
+    for (int i0 = threadIdx.x; i0 < wquads; i0 += blockDim.x * STAGE) {
+        float v[STAGE][4];
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < wquads) load4(w, 4 * i, v[u]);
+        }
+        #pragma unroll
+        for (int u = 0; u < STAGE; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i < wquads) {
+                const int r = i / lq, j = i - r * lq;
+                *reinterpret_cast<float4*>(wS + r * RS + 4 * j) =
+                    make_float4(tf32_round(v[u][0]), tf32_round(v[u][1]),
+                                tf32_round(v[u][2]), tf32_round(v[u][3]));
+            }
+        }
+    }
     // The band's rows h0 - 1 .. h0 + th, zero padded: a thread a pixel,
     // all its channels (Ci / 4 loads in flight).
     const int cq = Ci / 4;
@@ -309,7 +333,7 @@ extern "C" __global__ void esper_conv3_direct(
         #pragma unroll
         for (int a = 0; a < DIRECT_MAX_TILES; ++a)
             acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
-        // B[k = tap * Ci + c8 * 8 + t (+ 4)][co = nt * 8 + g] in w:
+        // B[k = tap * Ci + c8 * 8 + t (+ 4)][co = nt * 8 + g] in wS:
         // forward at co * RS + tap * Ci + ci, flipped at
         // ci * RS + (8 - tap) * Co + co.
         const int C8 = Ci / 8;
@@ -326,14 +350,12 @@ extern "C" __global__ void esper_conv3_direct(
                 const unsigned a1 = __float_as_uint(xS[off_hi + at]);
                 const unsigned a2 = __float_as_uint(xS[off_lo + at + 4]);
                 const unsigned a3 = __float_as_uint(xS[off_hi + at + 4]);
-                const int bk = tap_w + c8 * c8_step;
+                const float* bk = wS + tap_w + c8 * c8_step;
                 #pragma unroll
                 for (int nt = 0; nt < DIRECT_MAX_TILES; ++nt) {
                     if (nt < NT) {
-                        const unsigned b0 =
-                            __float_as_uint(tf32_round(ld1(w, bk + nt * nt_step)));
-                        const unsigned b1 =
-                            __float_as_uint(tf32_round(ld1(w, bk + nt * nt_step + hi_step)));
+                        const unsigned b0 = __float_as_uint(bk[nt * nt_step]);
+                        const unsigned b1 = __float_as_uint(bk[nt * nt_step + hi_step]);
                         asm volatile(
                             "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                             "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
