@@ -306,7 +306,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     }
     torch_ext::nn::set_fused_kernels(true);
     let params = serde_json::json!({
-        "layers": format!("torch-ext fused batch norm + ReLU and max-pool kernels (torch_ext::nn); modes ending in {LIBTORCH_LAYERS_SUFFIX} use libtorch's batch_norm, relu and max_pool2d"),
+        "layers": format!("torch-ext kernels (torch_ext::nn): 3x3 convolutions (forward, input and weight gradients), batch norm + ReLU, group norm + ReLU, max-pool; modes ending in {LIBTORCH_LAYERS_SUFFIX} use libtorch's conv2d (cuDNN), batch_norm, group_norm, relu and max_pool2d"),
         "model": "CnnHost fashion_mnist (8/16/32) + conv_light@r0c1 + attention@r0c2, ADD blend at alpha 0.5, isolated",
         "data": source,
         "train_samples": train.len(),
