@@ -260,6 +260,30 @@ __device__ __forceinline__ float tf32_round(float v) {
 #endif
 }
 
+// Stages image n's rows h0 - 1 .. h0 + th (zero padded, W + 2 columns) in
+// xS with a pixel stride of PS words, TF32-rounded: a thread a pixel, all
+// its channels (Ci / 4 loads in flight).
+__device__ __forceinline__ void stage_padded_rows(const T* __restrict__ x, float* xS, int n,
+                                                  int h0, int th, int H, int W, int Ci,
+                                                  int PS) {
+    const int XW = W + 2, cq = Ci / 4;
+    const int pix_count = (th + 2) * XW;
+    for (int pix = threadIdx.x; pix < pix_count; pix += blockDim.x) {
+        const int r = pix / XW, c = pix - r * XW;
+        const int hh = h0 + r - 1, ww = c - 1;
+        const bool inside = hh >= 0 && hh < H && ww >= 0 && ww < W;
+        const int src = ((n * H + hh) * W + ww) * Ci;
+        #pragma unroll 4
+        for (int q = 0; q < cq; ++q) {
+            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (inside) load4(x, src + q * 4, v);
+            *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
+                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
+                            tf32_round(v[3]));
+        }
+    }
+}
+
 extern "C" __global__ void esper_conv3_direct(
     const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
     int H, int W, int Ci, int Co, int TH, int bands, int flip) {
@@ -300,24 +324,7 @@ extern "C" __global__ void esper_conv3_direct(
             }
         }
     }
-    // The band's rows h0 - 1 .. h0 + th, zero padded: a thread a pixel,
-    // all its channels (Ci / 4 loads in flight).
-    const int cq = Ci / 4;
-    const int pix_count = (th + 2) * XW;
-    for (int pix = threadIdx.x; pix < pix_count; pix += blockDim.x) {
-        const int r = pix / XW, c = pix - r * XW;
-        const int hh = h0 + r - 1, ww = c - 1;
-        const bool inside = hh >= 0 && hh < H && ww >= 0 && ww < W;
-        const int src = ((n * H + hh) * W + ww) * Ci;
-        #pragma unroll 4
-        for (int q = 0; q < cq; ++q) {
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (inside) load4(x, src + q * 4, v);
-            *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
-                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
-                            tf32_round(v[3]));
-        }
-    }
+    stage_padded_rows(x, xS, n, h0, th, H, W, Ci, PS);
     __syncthreads();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int pixels = th * W;
@@ -420,22 +427,7 @@ extern "C" __global__ void esper_conv3_wgrad_mma(
                             tf32_round(v[3]));
         }
     }
-    const int cq = Ci / 4;
-    const int pix_count = (th + 2) * XW;
-    for (int pix = threadIdx.x; pix < pix_count; pix += blockDim.x) {
-        const int r = pix / XW, c = pix - r * XW;
-        const int hh = h0 + r - 1, ww = c - 1;
-        const bool inside = hh >= 0 && hh < H && ww >= 0 && ww < W;
-        const int src = ((n * H + hh) * W + ww) * Ci;
-        #pragma unroll 4
-        for (int q = 0; q < cq; ++q) {
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (inside) load4(x, src + q * 4, v);
-            *reinterpret_cast<float4*>(xS + pix * PS + q * 4) =
-                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
-                            tf32_round(v[3]));
-        }
-    }
+    stage_padded_rows(x, xS, n, h0, th, H, W, Ci, PS);
     __syncthreads();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;

@@ -12,6 +12,37 @@ pub(in crate::nn) const GROUP_NORM_SOURCE: &str = r#"
 // per thread, then over the rows in a fixed tree, then over a group's
 // quads in order, so results are deterministic.
 
+// One block's thread layout over image blockIdx.x.
+struct GnLayout {
+    int n, Q, P, q, row, Cg, g;
+    bool active;
+    long long base;
+};
+__device__ __forceinline__ GnLayout gn_layout(int HW, int C, int G) {
+    GnLayout l;
+    l.n = blockIdx.x;
+    l.Q = C / 4;
+    l.P = THREADS / l.Q;
+    l.q = threadIdx.x % l.Q;
+    l.row = threadIdx.x / l.Q;
+    l.active = l.row < l.P;
+    l.Cg = C / G;
+    l.g = l.q * 4 / l.Cg;
+    l.base = (long long)l.n * HW * C;
+    return l;
+}
+
+// This thread's four channels' gamma and beta.
+__device__ __forceinline__ void gn_affine_params(const float* __restrict__ gamma,
+                                                 const float* __restrict__ beta, int q,
+                                                 float* gm, float* bt) {
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        gm[j] = gamma[q * 4 + j];
+        bt[j] = beta[q * 4 + j];
+    }
+}
+
 // Adds red[k * stride_k + row * width + i] over the P rows into row 0 for
 // K arrays (a fixed tree; every active thread passes its own column i).
 template <int K>
@@ -47,12 +78,10 @@ extern "C" __global__ void esper_gn_relu_forward(
     int HW, int C, int G, float eps) {
     __shared__ float red[2 * THREADS];
     __shared__ float stats[2 * 64];
-    const int n = blockIdx.x;
-    const int Q = C / 4, P = THREADS / Q;
-    const int q = threadIdx.x % Q, row = threadIdx.x / Q;
-    const bool active = row < P;
-    const int Cg = C / G, g = q * 4 / Cg;
-    const long long base = (long long)n * HW * C;
+    const GnLayout l = gn_layout(HW, C, G);
+    const int n = l.n, Q = l.Q, P = l.P, q = l.q, row = l.row, Cg = l.Cg, g = l.g;
+    const bool active = l.active;
+    const long long base = l.base;
     // Each group's values less its first one at pixel 0 (a shift, so a
     // mean far from zero costs no precision).
     const float shift = ld1(x, base + g * Cg);
@@ -93,11 +122,7 @@ extern "C" __global__ void esper_gn_relu_forward(
     if (!active) return;
     const float mean = stats[g], rstd = stats[64 + g];
     float gm[4], bt[4];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        gm[j] = gamma[q * 4 + j];
-        bt[j] = beta[q * 4 + j];
-    }
+    gn_affine_params(gamma, beta, q, gm, bt);
     for (int p = row; p < HW; p += P) {
         float v[4], o[4];
         const long long i = base + (long long)p * C + q * 4;
@@ -124,19 +149,13 @@ extern "C" __global__ void esper_gn_relu_backward(
     // dz * x_hat and of dz; per quad (P x Q), the sums of dh and dh * x_hat.
     __shared__ float red[4 * 4 * THREADS];
     __shared__ float stats[2 * 64];
-    const int n = blockIdx.x;
-    const int Q = C / 4, P = THREADS / Q;
-    const int q = threadIdx.x % Q, row = threadIdx.x / Q;
-    const bool active = row < P;
-    const int Cg = C / G, g = q * 4 / Cg;
-    const long long base = (long long)n * HW * C;
+    const GnLayout l = gn_layout(HW, C, G);
+    const int n = l.n, Q = l.Q, P = l.P, q = l.q, row = l.row, Cg = l.Cg, g = l.g;
+    const bool active = l.active;
+    const long long base = l.base;
     const float mean = mean_in[n * G + g], rstd = rstd_in[n * G + g];
     float gm[4], bt[4];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        gm[j] = gamma[q * 4 + j];
-        bt[j] = beta[q * 4 + j];
-    }
+    gn_affine_params(gamma, beta, q, gm, bt);
     float dg[4] = {0.0f, 0.0f, 0.0f, 0.0f}, db[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float sa = 0.0f, sb = 0.0f;
     if (active) {
