@@ -46,6 +46,16 @@ int conv_band_rows(int height, int width, int in_channels, int out_channels) {
 constexpr int kDirectMaxChannels = 64;
 
 
+// Whether the TF32 tensor-core kernels may run for `like` (the compute
+// dtype): an sm_80+ device, and bf16 (exact in TF32) or f32 with libtorch's
+// cuDNN TF32 switch on (torch_ext::precision::set_allow_tf32); with TF32
+// off an f32 convolution stays exact (cuDNN and the f32 weight-gradient
+// kernel).
+bool tensor_cores_allowed(const at::Tensor& like) {
+  return at::cuda::getDeviceProperties(like.device().index())->major >= 8 &&
+         (like.scalar_type() == at::kBFloat16 || at::globalContext().allowTF32CuDNN());
+}
+
 // Shared memory of the direct kernel's weight, in 4-byte words: its rows
 // padded as the kernel lays them out (forward: `out` rows of 9 x `in`
 // values + 4; flipped: `in` rows of 9 x `out`, + 8 where that is a
@@ -60,15 +70,14 @@ int64_t direct_weight_floats(int in_channels, int out_channels, int flip) {
 
 // Rows of one direct-convolution band, `flip` 1 for the input gradient
 // (the weights and the padded input rows in shared memory); 0 where the
-// kernel does not apply: it needs an
-// sm_80+ device (TF32 mma), in % 8 == 0 and out % 8 == 0, both at most
-// kDirectMaxChannels, and 32-bit indices.
+// kernel does not apply: it needs tensor_cores_allowed, in % 8 == 0 and
+// out % 8 == 0, both at most kDirectMaxChannels, and 32-bit indices.
 int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
                 int out_channels, int flip) {
   if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
       in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels ||
       n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
-      at::cuda::getDeviceProperties(like.device().index())->major < 8) {
+      !tensor_cores_allowed(like)) {
     return 0;
   }
   const int64_t weights = direct_weight_floats(in_channels, out_channels, flip);
@@ -91,13 +100,13 @@ int64_t wgrad_mma_floats(int rows, int width, int in_channels, int out_channels)
 
 // Rows of one band of the tensor-core weight gradient (dy, the padded x
 // rows and the pixels' offsets in shared memory); 0 where it does not
-// apply: it needs an sm_80+ device, in % 8 == 0, out % 8 == 0 and 32-bit
+// apply: it needs tensor_cores_allowed, in % 8 == 0, out % 8 == 0 and 32-bit
 // indices.
 int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
                    int out_channels) {
   if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
       n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
-      at::cuda::getDeviceProperties(like.device().index())->major < 8) {
+      !tensor_cores_allowed(like)) {
     return 0;
   }
   for (int rows = height; rows >= 1; --rows) {

@@ -325,10 +325,13 @@ pub fn batch_norm_relu(
 ///   with the weight flipped and transposed, where the channel counts fit
 ///   it; cuDNN otherwise.
 ///
-/// The direct kernel multiplies TF32-rounded values on the tensor cores
-/// and sums in f32, as cuDNN's TF32 convolutions do (bf16 values are exact
-/// in TF32); the other kernels compute in f32. Results match libtorch's up
-/// to rounding.
+/// The direct kernel and the tensor-core weight gradient multiply
+/// TF32-rounded values and sum in f32, as cuDNN's TF32 convolutions do
+/// (bf16 values are exact in TF32). For f32 they run only while libtorch's
+/// cuDNN TF32 switch is on ([`crate::precision::set_allow_tf32`], on by
+/// default); with it off an f32 convolution stays exact: cuDNN's forward
+/// and input gradient, and the f32 weight-gradient kernel. Results match
+/// libtorch's up to rounding.
 ///
 /// # Shapes
 /// `x: [B, C_in, H, W]`, `weight: [C_out, C_in, 3, 3]`; returns

@@ -323,6 +323,41 @@ fn conv3x3_matches_libtorch() {
     }
 }
 
+#[test]
+fn conv3x3_in_f32_stays_exact_with_tf32_off() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let (matmul, cudnn) = torch_ext::precision::allow_tf32();
+    tch::manual_seed(17);
+    let x = memory::contiguous_channels_last(&Tensor::randn([8, 16, 14, 14], (Kind::Float, CUDA)))
+        .unwrap();
+    let weight = Tensor::randn([16, 16, 3, 3], (Kind::Float, CUDA)) * 0.3;
+    memory::set_channels_last_(&weight).unwrap();
+    // TF32 off: every kernel the layer uses must be exact f32, so it agrees
+    // with libtorch's exact convolution far inside TF32's rounding (about
+    // 1e-3 relative here).
+    torch_ext::precision::set_allow_tf32(matmul, false);
+    let exact = conv_run(&x, &weight, false, true);
+    let reference = conv_run(&x, &weight, false, false);
+    // TF32 on: the tensor-core kernels run, and they round.
+    torch_ext::precision::set_allow_tf32(matmul, true);
+    let rounded = conv_run(&x, &weight, false, true);
+    torch_ext::precision::set_allow_tf32(matmul, cudnn);
+    for (name, ((e, r), t)) in ["y", "dx", "dw"]
+        .iter()
+        .zip(exact.iter().zip(&reference).zip(&rounded))
+    {
+        let err = worst_of_max(e, r);
+        assert!(err <= 2e-5, "{name} with TF32 off: error {err}");
+        let tf32 = worst_of_max(t, r);
+        assert!(tf32 <= 5e-3, "{name} with TF32 on: error {tf32}");
+    }
+    // The forward is where TF32 shows: not bit-equal to the exact run.
+    assert!(
+        !exact[0].equal(&rounded[0]),
+        "TF32 on took the same path as TF32 off"
+    );
+}
+
 /// One group norm + ReLU forward and backward; returns (y, dx, dweight,
 /// dbias), y and dx as f32.
 fn gn_run(x: &Tensor, groups: i64, seed: i64, fused: bool) -> [Tensor; 4] {
