@@ -56,6 +56,22 @@ bool tensor_cores_allowed(const at::Tensor& like) {
          (like.scalar_type() == at::kBFloat16 || at::globalContext().allowTF32CuDNN());
 }
 
+// What both tensor-core kernels need: tensor_cores_allowed, multiples of 8
+// channels each way, and 32-bit indices.
+bool mma_fits(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
+              int out_channels) {
+  return in_channels % 8 == 0 && out_channels % 8 == 0 && in_channels >= 8 &&
+         out_channels >= 8 &&
+         n * height * width * std::max(in_channels, out_channels) <= INT32_MAX &&
+         tensor_cores_allowed(like);
+}
+
+// The layer's weight [Co, Ci, 3, 3] as the kernels read it, [Co][3][3][Ci]
+// contiguous (a view of a channels-last weight).
+at::Tensor weight_rows(const at::Tensor& weight) {
+  return weight.permute({0, 2, 3, 1}).contiguous();
+}
+
 // Shared memory of the direct kernel's weight, in 4-byte words: its rows
 // padded as the kernel lays them out (forward: `out` rows of 9 x `in`
 // values + 4; flipped: `in` rows of 9 x `out`, + 8 where that is a
@@ -70,14 +86,12 @@ int64_t direct_weight_floats(int in_channels, int out_channels, int flip) {
 
 // Rows of one direct-convolution band, `flip` 1 for the input gradient
 // (the weights and the padded input rows in shared memory); 0 where the
-// kernel does not apply: it needs tensor_cores_allowed, in % 8 == 0 and
-// out % 8 == 0, both at most kDirectMaxChannels, and 32-bit indices.
+// kernel does not apply: it needs mma_fits, and both channel counts at
+// most kDirectMaxChannels.
 int direct_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
                 int out_channels, int flip) {
-  if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
-      in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels ||
-      n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
-      !tensor_cores_allowed(like)) {
+  if (!mma_fits(like, n, height, width, in_channels, out_channels) ||
+      in_channels > kDirectMaxChannels || out_channels > kDirectMaxChannels) {
     return 0;
   }
   const int64_t weights = direct_weight_floats(in_channels, out_channels, flip);
@@ -100,13 +114,10 @@ int64_t wgrad_mma_floats(int rows, int width, int in_channels, int out_channels)
 
 // Rows of one band of the tensor-core weight gradient (dy, the padded x
 // rows and the pixels' offsets in shared memory); 0 where it does not
-// apply: it needs tensor_cores_allowed, in % 8 == 0, out % 8 == 0 and 32-bit
-// indices.
+// apply: it needs mma_fits.
 int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int in_channels,
                    int out_channels) {
-  if (in_channels % 8 != 0 || out_channels % 8 != 0 || in_channels < 8 || out_channels < 8 ||
-      n * height * width * std::max(in_channels, out_channels) > INT32_MAX ||
-      !tensor_cores_allowed(like)) {
+  if (!mma_fits(like, n, height, width, in_channels, out_channels)) {
     return 0;
   }
   for (int rows = height; rows >= 1; --rows) {
@@ -171,7 +182,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       // Few input channels: the direct kernel, weights as [Co][3][3][Ci].
       y = at::empty({n, out_channels, height, width},
                     xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-      at::Tensor wk = wc.permute({0, 2, 3, 1}).contiguous();
+      at::Tensor wk = weight_rows(wc);
       const void* x_ptr = xc.data_ptr();
       const void* w_ptr = wk.data_ptr();
       void* y_ptr = y.data_ptr();
@@ -185,8 +196,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                rows > 0 && aligned16(xc)) {
       y = at::empty({n, out_channels, height, width},
                     xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-      launch_direct(reinterpret_cast<void*>(direct_kernel), xc,
-                    wc.permute({0, 2, 3, 1}).contiguous(), y, rows, 0);
+      launch_direct(reinterpret_cast<void*>(direct_kernel), xc, weight_rows(wc), y, rows, 0);
     } else {
       // The casts above are autocast's; the convolution runs as given.
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -224,8 +234,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                                  static_cast<int>(xc.size(1)), 1);
           rows > 0) {
         dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-        launch_direct(handle(ctx, "direct"), dy, wc.permute({0, 2, 3, 1}).contiguous(), dx, rows,
-                      1);
+        launch_direct(handle(ctx, "direct"), dy, weight_rows(wc), dx, rows, 1);
       } else {
         c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
         auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},

@@ -215,6 +215,16 @@ fn four_channels(x: &Tensor, channels: i64) -> bool {
     channels % 4 == 0 && (x.data_ptr() as usize).is_multiple_of(16)
 }
 
+/// Whether `t` is what the normalisation kernels read for a per-channel
+/// parameter or statistic of `x`: contiguous `f32` `[channels]` on `x`'s
+/// device.
+fn per_channel_f32(t: &Tensor, channels: i64, x: &Tensor) -> bool {
+    t.size() == [channels]
+        && t.kind() == Kind::Float
+        && t.device() == x.device()
+        && t.is_contiguous()
+}
+
 /// Whether a 4-D tensor is dense channels-last (NHWC), by libtorch's rule.
 fn is_nhwc(x: &Tensor) -> bool {
     crate::memory::is_channels_last(x).unwrap_or(false)
@@ -254,12 +264,7 @@ pub fn batch_norm_relu(
     let per_channel_ok = [Some(weight), Some(bias), running_mean, running_var]
         .into_iter()
         .flatten()
-        .all(|t| {
-            t.size() == [channels]
-                && t.kind() == Kind::Float
-                && t.device() == x.device()
-                && t.is_contiguous()
-        });
+        .all(|t| per_channel_f32(t, channels, x));
     let eligible = per_channel_ok && (1..=MAX_FUSED_CHANNELS).contains(&channels) && rows > 1;
     let Some((device, bf16)) = fused.filter(|_| eligible) else {
         let unfused = x
@@ -424,12 +429,9 @@ pub fn group_norm_relu(
 ) -> Result<Tensor> {
     const OP: &str = "nn::group_norm_relu";
     let channels = x.size().get(1).copied().unwrap_or(0);
-    let per_channel_ok = [weight, bias].into_iter().all(|t| {
-        t.size() == [channels]
-            && t.kind() == Kind::Float
-            && t.device() == x.device()
-            && t.is_contiguous()
-    });
+    let per_channel_ok = [weight, bias]
+        .into_iter()
+        .all(|t| per_channel_f32(t, channels, x));
     let shape_ok = (1..=MAX_FUSED_GROUPS).contains(&groups)
         && channels % groups == 0
         && (channels / groups) % 4 == 0

@@ -71,6 +71,16 @@ __device__ __forceinline__ float gn_affine(float v, float mean, float rstd, floa
     return __fmaf_rn(h, gamma, beta);
 }
 
+// The ReLU-masked gradient dz of four channels and their x_hat.
+__device__ __forceinline__ void gn_masked_grad(const float* v, const float* d, float mean,
+                                               float rstd, const float* gm, const float* bt,
+                                               float* dz, float* h) {
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        dz[j] = gn_affine(v[j], mean, rstd, gm[j], bt[j], &h[j]) > 0.0f ? d[j] : 0.0f;
+    }
+}
+
 // Forward: y = relu(group_norm(x)); mean and rstd [N][G] saved. G <= 64.
 extern "C" __global__ void esper_gn_relu_forward(
     const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
@@ -160,19 +170,18 @@ extern "C" __global__ void esper_gn_relu_backward(
     float sa = 0.0f, sb = 0.0f;
     if (active) {
         for (int p = row; p < HW; p += P) {
-            float v[4], d[4];
+            float v[4], d[4], dz[4], h[4];
             const long long i = base + (long long)p * C + q * 4;
             load4(x, i, v);
             load4(dy, i, d);
+            gn_masked_grad(v, d, mean, rstd, gm, bt, dz, h);
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                float h;
-                const float dz = gn_affine(v[j], mean, rstd, gm[j], bt[j], &h) > 0.0f ? d[j] : 0.0f;
-                dg[j] += dz * h;
-                db[j] += dz;
-                const float dh = dz * gm[j];
+                dg[j] += dz[j] * h[j];
+                db[j] += dz[j];
+                const float dh = dz[j] * gm[j];
                 sa += dh;
-                sb += dh * h;
+                sb += dh * h[j];
             }
         }
         // The quad sums sit as a fifth and sixth "channel" pair: red is
@@ -223,16 +232,13 @@ extern "C" __global__ void esper_gn_relu_backward(
     if (!active) return;
     const float ma = stats[g], mb = stats[64 + g];
     for (int p = row; p < HW; p += P) {
-        float v[4], d[4], o[4];
+        float v[4], d[4], dz[4], h[4], o[4];
         const long long i = base + (long long)p * C + q * 4;
         load4(x, i, v);
         load4(dy, i, d);
+        gn_masked_grad(v, d, mean, rstd, gm, bt, dz, h);
         #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float h;
-            const float dz = gn_affine(v[j], mean, rstd, gm[j], bt[j], &h) > 0.0f ? d[j] : 0.0f;
-            o[j] = rstd * (dz * gm[j] - ma - h * mb);
-        }
+        for (int j = 0; j < 4; ++j) o[j] = rstd * (dz[j] * gm[j] - ma - h[j] * mb);
         store4(dx, i, o);
     }
 }
