@@ -19,12 +19,17 @@ use std::process::Command;
 
 use anyhow::{Result, bail};
 
-/// One benchmark workload: its record name and its Python peers.
+/// One benchmark workload: its record name, its Python peers and whether
+/// the default set runs it on a machine without a GPU.
 struct Workload {
     /// Record name (DESIGN.md §6), also `esper bench`'s workload argument.
     name: &'static str,
     /// Python peer script (relative to the root) merged into the record.
     python_peers: Option<&'static str>,
+    /// `Some(why)` for a GPU-sized workload: the default set skips it on a
+    /// machine without a GPU, saying why (`--workload NAME` or `--all` runs
+    /// it anyway).
+    gpu_sized: Option<&'static str>,
 }
 
 /// The workloads, in run order. Adding one is one line here and one
@@ -33,42 +38,54 @@ const WORKLOADS: &[Workload] = &[
     Workload {
         name: "tolaria-reference",
         python_peers: Some("bench/python/tolaria_reference.py"),
+        gpu_sized: None,
     },
     Workload {
         name: "nissa-emit",
         python_peers: None,
+        gpu_sized: None,
     },
     Workload {
         name: "kasmina-prefetch",
         python_peers: None,
+        gpu_sized: None,
     },
     Workload {
         name: "tolaria-fmnist",
         python_peers: Some("bench/python/tolaria_fmnist.py"),
+        gpu_sized: Some(
+            "trains the Fashion-MNIST CNN over all 60,000 images an epoch in six modes and runs the PyTorch peers: tens of minutes on a 2-core CPU",
+        ),
     },
     Workload {
         name: "tolaria-timeout",
         python_peers: None,
+        gpu_sized: None,
     },
     Workload {
         name: "tolaria-rollback",
         python_peers: None,
+        gpu_sized: None,
     },
     Workload {
         name: "simic-throughput",
         python_peers: None,
+        gpu_sized: Some("rounds of 12 CNN environments training on CIFAR-sized images: GPU-sized"),
     },
     Workload {
         name: "simic-cifar",
         python_peers: None,
+        gpu_sized: Some("rounds of CNN environments on CIFAR-10 with the PPO update: GPU-sized"),
     },
     Workload {
         name: "simic-learning",
         python_peers: None,
+        gpu_sized: Some("12+ rounds of PPO on CNN environments to measure learning: GPU-sized"),
     },
     Workload {
         name: "ppo-cartpole",
         python_peers: None,
+        gpu_sized: None,
     },
 ];
 
@@ -82,6 +99,8 @@ pub(crate) struct Options {
     /// labels instead of a run ([`report`]).
     pub(crate) compare_to: Option<String>,
     pub(crate) quick: bool,
+    /// `--all`: run the GPU-sized workloads on a machine without a GPU too.
+    pub(crate) all: bool,
 }
 
 impl Options {
@@ -107,6 +126,7 @@ impl Options {
                     }
                 }
                 "--quick" => options.quick = true,
+                "--all" => options.all = true,
                 other => bail!("unknown bench option `{other}` (see `cargo xtask help`)"),
             }
         }
@@ -118,6 +138,32 @@ impl Options {
         }
         Ok(options)
     }
+}
+
+/// The workloads a run measures: those `--workload` names, else every one,
+/// less the GPU-sized ones on a machine without a GPU (unless `--all`),
+/// each skip printed with its reason.
+fn select(options: &Options, gpu: bool) -> Vec<&'static Workload> {
+    if !options.workloads.is_empty() {
+        return WORKLOADS
+            .iter()
+            .filter(|workload| options.workloads.iter().any(|name| name == workload.name))
+            .collect();
+    }
+    WORKLOADS
+        .iter()
+        .filter(|workload| match workload.gpu_sized {
+            Some(why) if !gpu && !options.all => {
+                eprintln!(
+                    "==> [{}] skipped: no GPU here, and it {why} \
+                     (`--workload {}` or `--all` runs it anyway)",
+                    workload.name, workload.name
+                );
+                false
+            }
+            _ => true,
+        })
+        .collect()
 }
 
 pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
@@ -139,13 +185,7 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
         .clone()
         .unwrap_or_else(crate::probe::default_label);
     let git_rev = crate::probe::git_rev(root);
-    let selected: Vec<&Workload> = WORKLOADS
-        .iter()
-        .filter(|workload| {
-            options.workloads.is_empty()
-                || options.workloads.iter().any(|name| name == workload.name)
-        })
-        .collect();
+    let selected = select(options, crate::probe::has_gpu());
     crate::run_step(
         "cargo build --release -p esper",
         crate::cargo(root).args(["build", "--release", "-p", "esper", "--bin", "esper"]),
@@ -255,6 +295,31 @@ mod tests {
                 "{args:?}: {error:?}"
             );
         }
+    }
+
+    #[test]
+    fn without_a_gpu_the_default_set_skips_the_gpu_sized_workloads() {
+        let names = |list: Vec<&Workload>| list.iter().map(|w| w.name).collect::<Vec<_>>();
+        let default = Options::default();
+        let cpu = names(select(&default, false));
+        let gpu = names(select(&default, true));
+        assert_eq!(gpu.len(), WORKLOADS.len(), "a GPU runs every workload");
+        for workload in WORKLOADS {
+            assert_eq!(
+                cpu.contains(&workload.name),
+                workload.gpu_sized.is_none(),
+                "{}",
+                workload.name
+            );
+        }
+        assert!(cpu.contains(&"tolaria-reference") && !cpu.contains(&"tolaria-fmnist"));
+        let all = names(select(&parse(&["--all"]).expect("--all"), false));
+        assert_eq!(all.len(), WORKLOADS.len(), "--all runs every workload");
+        let named = names(select(
+            &parse(&["--workload", "simic-cifar"]).expect("named"),
+            false,
+        ));
+        assert_eq!(named, ["simic-cifar"], "a named workload runs on the CPU");
     }
 
     #[test]

@@ -29,11 +29,16 @@ pub(crate) fn default_label() -> String {
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
         .filter(|date| !date.is_empty())
         .unwrap_or_else(|| "undated".to_owned());
-    let gpu = Command::new("nvidia-smi")
+    format!("{}-{date}", if has_gpu() { "gpu" } else { "cpu" })
+}
+
+/// Whether an NVIDIA GPU is there (`nvidia-smi -L` succeeds): `esper bench`
+/// then picks CUDA, else the CPU.
+pub(crate) fn has_gpu() -> bool {
+    Command::new("nvidia-smi")
         .arg("-L")
         .output()
-        .is_ok_and(|output| output.status.success());
-    format!("{}-{date}", if gpu { "gpu" } else { "cpu" })
+        .is_ok_and(|output| output.status.success())
 }
 
 #[cfg(test)]

@@ -20,9 +20,15 @@
 //! finite values outside `[0, 1]` are clamped as in the reference. Operand
 //! shapes are checked before libtorch sees them ([`Error::ShapeMismatch`]):
 //! seed output and seed input equal the host features, gate values and
-//! per-sample alphas are `[B or 1, 1, ..., 1]` of the host's rank. The
-//! values of a per-sample alpha tensor live on the device and are not read
-//! back: a non-finite one makes the output non-finite, which the governor's
+//! per-sample alphas are `[B or 1, 1, ..., 1]` of the host's rank. A
+//! per-sample alpha tensor on the CPU is checked value by value (a NaN or an
+//! infinity is [`Error::NonFinite`], field `per-sample alpha`). On a device its
+//! values are not read back (that would synchronise the stream at every
+//! forward and cannot run under CUDA-graph capture): they are checked where
+//! they enter, as host numbers, by whoever builds the tensor (the trainer's
+//! step from the slots' checked alphas, simic's counterfactual configurations,
+//! [`crate::attribution`] from the slots' alphas). A non-finite value that
+//! still reaches the device makes the output non-finite, which the governor's
 //! NaN check on the loss catches (reference: NaN/Inf loss -> `governor_nan`
 //! panic and rollback).
 
@@ -53,7 +59,10 @@ impl BlendAlpha<'_> {
     pub fn check(&self, host: &Tensor) -> Result<()> {
         match self {
             BlendAlpha::Scalar(a) => finite("alpha", *a).map(|_| ()),
-            BlendAlpha::PerSample(tensor) => check_per_sample("per-sample alpha", tensor, host),
+            BlendAlpha::PerSample(tensor) => {
+                check_per_sample("per-sample alpha", tensor, host)?;
+                check_host_values_finite("per-sample alpha", tensor)
+            }
         }
     }
 
@@ -90,6 +99,23 @@ fn check_per_sample(op: &'static str, values: &Tensor, host: &Tensor) -> Result<
         *first = batch;
     }
     shape(op, &got, &expected)
+}
+
+/// Every value of a floating-point tensor on the CPU finite (the first
+/// non-finite one is [`Error::NonFinite`]); tensors on a device are not read
+/// back (see the module docs).
+fn check_host_values_finite(field: &'static str, values: &Tensor) -> Result<()> {
+    if values.device() != tch::Device::Cpu || !values.is_floating_point() || values.numel() == 0 {
+        return Ok(());
+    }
+    let flat = values.f_flatten(0, -1)?;
+    let bad = flat.f_isfinite()?.f_logical_not()?;
+    if bad.f_any()?.f_int64_value(&[])? == 0 {
+        return Ok(());
+    }
+    let first = bad.f_to_kind(tch::Kind::Uint8)?.f_argmax(0, false)?;
+    let value = flat.f_double_value(&[first.f_int64_value(&[])?])?;
+    Err(Error::NonFinite { field, value })
 }
 
 fn check_same_shape(op: &'static str, host: &Tensor, seed: &Tensor) -> Result<()> {

@@ -126,6 +126,41 @@ fn slot_forward_checks_features_and_alpha_override() {
 }
 
 #[test]
+fn a_non_finite_per_sample_alpha_on_the_cpu_is_refused() {
+    let mut slot = lone_slot(Topology::Cnn);
+    walk_to(
+        &mut slot,
+        "conv_light",
+        GerminationOptions::new("s"),
+        SeedStage::Blending,
+    );
+    let host = features(1); // [2, 4, 6, 6]
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let alpha = Tensor::from_slice(&[0.5f32, bad]).reshape([2, 1, 1, 1]);
+        let err = slot.forward(&host, Some(&alpha)).unwrap_err();
+        assert!(
+            matches!(err, Error::NonFinite { field: "per-sample alpha", value }
+                if value.is_nan() == bad.is_nan()),
+            "{bad}: {err:?}"
+        );
+        let blended = blend_gate(
+            &host,
+            &host,
+            &zeros(&[2, 1, 1, 1]),
+            &BlendAlpha::PerSample(&alpha),
+        );
+        assert!(
+            matches!(blended, Err(Error::NonFinite { .. })),
+            "blend_gate {bad}: {blended:?}"
+        );
+    }
+    // Finite values outside [0, 1] are clamped, as in the reference.
+    let alpha = Tensor::from_slice(&[-3.0f32, 7.0]).reshape([2, 1, 1, 1]);
+    let output = slot.forward(&host, Some(&alpha)).expect("finite alphas");
+    assert_eq!(output.size(), host.size());
+}
+
+#[test]
 fn blends_check_every_operand() {
     let host = features(1);
     let seed = features(2);

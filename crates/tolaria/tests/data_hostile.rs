@@ -338,6 +338,26 @@ fn a_dataset_with_non_finite_values_is_refused_naming_the_sample() {
 }
 
 #[test]
+fn f64_images_beyond_f32_range_are_refused_before_staging_makes_them_infinite() {
+    // 1e300 is a finite f64 but an infinity once staged as f32.
+    let images = Tensor::from_slice(&[0.25f64, -0.5, 1.0, -1e300, 2.0, 3.0]).reshape([3, 2]);
+    let labels = Tensor::from_slice(&[0i64, 1, 0]);
+    let err = Dataset::new("wide", images, labels, 2).unwrap_err();
+    assert!(
+        matches!(err, DataError::ValueOutOfRange { sample: 1, element: 1, value, limit, .. }
+            if value == -1e300 && limit == f64::from(f32::MAX)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("beyond f32's range"), "{err}");
+    // The largest f32 itself is accepted, as is an f32 tensor holding it.
+    let edge = f64::from(f32::MAX);
+    let images = Tensor::from_slice(&[edge, -edge]).reshape([2, 1]);
+    assert!(Dataset::new("edge", images, Tensor::from_slice(&[0i64, 1]), 2).is_ok());
+    let images = Tensor::from_slice(&[f32::MAX, f32::MIN]).reshape([2, 1]);
+    assert!(Dataset::new("edge32", images, Tensor::from_slice(&[0i64, 1]), 2).is_ok());
+}
+
+#[test]
 fn a_dataset_with_too_many_classes_is_refused() {
     let images = || Tensor::from_slice(&[0.0f32, 1.0]).reshape([2, 1]);
     let labels = || Tensor::from_slice(&[0i64, 1]);

@@ -592,15 +592,57 @@ fn an_imported_state_judges_and_rolls_back_like_the_original() {
     if let Some(snapshot) = unsorted.snapshot.as_mut() {
         snapshot.host.reverse();
     }
+    // Non-finite snapshot variables would be written into the host by the
+    // rollback meant to rescue it: refused, host and fossil alike, as is a
+    // non-finite last panic loss.
+    let mut poisoned_host = original.export_state().expect("export");
+    if let Some((_, tensor)) = poisoned_host
+        .snapshot
+        .as_mut()
+        .and_then(|snapshot| snapshot.host.first_mut())
+    {
+        *tensor = tensor.full_like(f64::NAN);
+    }
+    let mut poisoned_fossil = original.export_state().expect("export");
+    if let Some((_, tensor)) = poisoned_fossil
+        .snapshot
+        .as_mut()
+        .and_then(|snapshot| snapshot.fossils.first_mut())
+        .and_then(|fossil| fossil.variables.last_mut())
+    {
+        *tensor = tensor.full_like(f64::INFINITY);
+    }
+    let mut panic_loss = original.export_state().expect("export");
+    panic_loss.last_panic_loss = Some(f64::NEG_INFINITY);
+    let history_before = restored.history();
     for (bad, field) in [
         (long, "history"),
         (nan, "history"),
         (unsorted, "snapshot.host"),
+        (poisoned_host, "snapshot.host"),
+        (poisoned_fossil, "snapshot.fossils"),
+        (panic_loss, "last_panic_loss"),
     ] {
         let error = restored
             .import_state(bad, Device::Cpu)
             .expect_err("refused");
         assert!(error.to_string().contains(field), "{error}");
         assert_eq!(restored.snapshot_epoch(), Some(5));
+        assert_eq!(restored.history(), history_before);
+        assert_eq!(restored.rollbacks(), 1);
+    }
+    // The refused imports changed nothing: the kept snapshot still restores
+    // the model bitwise.
+    perturb(&model);
+    restored
+        .rollback(
+            &mut model,
+            &mut optimizers,
+            &Telemetry::disabled(),
+            PanicReason::Divergence,
+        )
+        .expect("rollback after refused imports");
+    for ((name, now), (_, then)) in variables(&model).iter().zip(&saved) {
+        assert!(now.equal(then), "{name} still restored bitwise");
     }
 }

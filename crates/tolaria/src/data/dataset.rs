@@ -52,7 +52,9 @@ impl Dataset {
     /// [`DataError::LengthMismatch`] when samples and labels differ in
     /// number; [`DataError::LabelOutOfRange`] naming the first bad sample and
     /// its label; [`DataError::NonFiniteValue`] naming the first sample that
-    /// holds NaN or an infinity.
+    /// holds NaN or an infinity; [`DataError::ValueOutOfRange`] naming the
+    /// first value of wider-than-f32 images (f64) beyond f32's range, which
+    /// staging as f32 would turn into an infinity.
     pub fn new(
         name: impl Into<String>,
         images: Tensor,
@@ -502,17 +504,27 @@ fn check_labels(name: &str, labels: &Tensor, n_classes: usize) -> Result<()> {
     })
 }
 
-/// Every value of a floating-point `images` tensor finite, or the first that
-/// is not (other kinds hold only finite values).
+/// Every value of a floating-point `images` tensor finite and, for images
+/// wider than f32 (f64), within f32's range, or the first that is not (other
+/// kinds hold only finite values within range).
 fn check_finite(name: &str, images: &Tensor) -> Result<()> {
     const OP: &str = "Dataset::new";
     let is_float = images.f_is_floating_point().map_err(torch_error(OP))?;
     if !is_float || images.numel() == 0 {
         return Ok(());
     }
+    let wide = images.kind() == Kind::Double;
+    let limit = f64::from(f32::MAX);
     let bad = images
         .f_isfinite()
         .and_then(|finite| finite.f_logical_not())
+        .and_then(|bad| {
+            if wide {
+                bad.f_logical_or(&images.f_abs()?.f_gt(limit)?)
+            } else {
+                Ok(bad)
+            }
+        })
         .and_then(|bad| bad.f_flatten(0, -1))
         .map_err(torch_error(OP))?;
     let any_bad = bad
@@ -538,10 +550,22 @@ fn check_finite(name: &str, images: &Tensor) -> Result<()> {
         .max(1);
     let flat = usize::try_from(flat).unwrap_or(0);
     let per_sample = usize::try_from(per_sample).unwrap_or(1);
+    let dataset = name.to_string();
+    let sample = flat.checked_div(per_sample).unwrap_or(flat);
+    let element = flat.checked_rem(per_sample).unwrap_or(0);
+    if value.is_finite() {
+        return Err(DataError::ValueOutOfRange {
+            dataset,
+            sample,
+            element,
+            value,
+            limit,
+        });
+    }
     Err(DataError::NonFiniteValue {
-        dataset: name.to_string(),
-        sample: flat.checked_div(per_sample).unwrap_or(flat),
-        element: flat.checked_rem(per_sample).unwrap_or(0),
+        dataset,
+        sample,
+        element,
         value,
     })
 }

@@ -223,6 +223,25 @@ pub enum DataError {
         /// The value.
         value: f64,
     },
+    /// A data set's sample values are finite but beyond the range of `f32`,
+    /// the precision every data set is staged in: they would become
+    /// infinities when staged.
+    #[error(
+        "data set {dataset}: value {value:e} at sample {sample} (element {element}) is beyond \
+         f32's range (|x| <= {limit:e}) and would become infinite when staged as f32"
+    )]
+    ValueOutOfRange {
+        /// The data set's name.
+        dataset: String,
+        /// Index of the first sample holding such a value.
+        sample: usize,
+        /// Flat index of that value within the sample.
+        element: usize,
+        /// The value.
+        value: f64,
+        /// The largest magnitude accepted (`f32::MAX`).
+        limit: f64,
+    },
     /// A libtorch operation failed.
     #[error("{op}: torch: {source}")]
     Torch {

@@ -78,6 +78,30 @@ fn check_variables(field: &'static str, variables: &[(String, Tensor)]) -> Resul
     Ok(())
 }
 
+/// Every floating-point variable of an imported snapshot finite: the
+/// rollback copies them into the model, so a NaN here would put NaN weights
+/// back into the host it is meant to rescue. The variables are on the CPU
+/// (an exported state's copies), so this reads nothing back from a device.
+fn check_finite_variables(field: &'static str, variables: &[(String, Tensor)]) -> Result<()> {
+    for (name, tensor) in variables {
+        if !tensor.is_floating_point() || tensor.numel() == 0 {
+            continue;
+        }
+        let finite = tensor
+            .f_isfinite()
+            .and_then(|finite| finite.f_all())
+            .and_then(|all| all.f_int64_value(&[]))
+            .op("governor import isfinite")?;
+        if finite == 0 {
+            return Err(Error::Governor {
+                field,
+                reason: format!("variable `{name}` holds NaN or an infinity"),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Governor {
     /// The governor's state (see [`GovernorState`]); waits for the
     /// snapshot's queued copies on CUDA.
@@ -114,8 +138,9 @@ impl Governor {
 
     /// Replaces the governor's state with `state`, its snapshot held in
     /// fresh buffers for a model on `device`. A history longer than the
-    /// window or with a non-finite loss, or snapshot variables not sorted
-    /// by unique name, is [`Error::Governor`] and nothing is changed. The
+    /// window or with a non-finite loss, a non-finite last panic loss,
+    /// snapshot variables not sorted by unique name or holding NaN or an
+    /// infinity, is [`Error::Governor`] and nothing is changed. The
     /// snapshot's layout is checked against the model at a rollback, as
     /// always.
     pub fn import_state(&mut self, state: GovernorState, device: Device) -> Result<()> {
@@ -135,11 +160,19 @@ impl Governor {
                 reason: format!("loss {loss} is not finite"),
             });
         }
+        if let Some(loss) = state.last_panic_loss.filter(|loss| !loss.is_finite()) {
+            return Err(Error::Governor {
+                field: "last_panic_loss",
+                reason: format!("loss {loss} is not finite"),
+            });
+        }
         let snapshot = match state.snapshot {
             Some(exported) => {
                 check_variables("snapshot.host", &exported.host)?;
+                check_finite_variables("snapshot.host", &exported.host)?;
                 for fossil in &exported.fossils {
                     check_variables("snapshot.fossils", &fossil.variables)?;
+                    check_finite_variables("snapshot.fossils", &fossil.variables)?;
                 }
                 let sources = Sources {
                     host: exported.host,
@@ -158,7 +191,9 @@ impl Governor {
             }
             None => None,
         };
-        if let Some(old) = self.snapshot.take() {
+        // Settle the old snapshot's queued copies before anything is
+        // replaced, so a failure here leaves the governor as it was.
+        if let Some(old) = self.snapshot.as_ref() {
             old.settle()?;
         }
         self.history = state.history.into_iter().collect();
