@@ -481,6 +481,54 @@ fn a_trainer_resumed_at_an_epoch_shuffles_and_names_seeds_as_that_epoch() {
 }
 
 #[test]
+fn refused_contributions_record_none_of_the_batch() {
+    let (train, test) = fmnist(256, 100);
+    let mut trainer = ModelTrainer::new(
+        cnn_model(Telemetry::disabled()),
+        &train,
+        Some(&test),
+        cpu_config(),
+        Telemetry::disabled(),
+    )
+    .expect("trainer");
+    let slot = SlotId::new(0, 1);
+    let _ = trainer
+        .apply_decision(&Decision::germinate(
+            slot,
+            leyline::BlueprintAction::ConvLight,
+        ))
+        .expect("germinate");
+    let recorded = |trainer: &ModelTrainer| {
+        trainer
+            .model()
+            .slot(slot)
+            .expect("slot")
+            .state()
+            .expect("state")
+            .metrics()
+            .counterfactual_contribution
+    };
+    // The first pair is fine; a later one is not: nothing is recorded.
+    for bad in [
+        vec![(slot, 1.5), (slot, f64::NAN)],
+        vec![(slot, 1.5), (slot, f64::INFINITY)],
+        vec![(slot, 1.5), (slot, 1e9)],
+        vec![(slot, 1.5), (SlotId::new(9, 9), 1.0)],
+    ] {
+        let error = trainer.set_contributions(&bad).expect_err("refused");
+        assert!(
+            matches!(error, tolaria::Error::Lifecycle { .. }),
+            "{bad:?}: {error:?}"
+        );
+        assert_eq!(recorded(&trainer), None, "{bad:?} recorded nothing");
+    }
+    trainer
+        .set_contributions(&[(slot, 1.5)])
+        .expect("a valid contribution");
+    assert_eq!(recorded(&trainer), Some(1.5));
+}
+
+#[test]
 fn the_blueprint_prewarm_does_nothing_on_the_cpu_and_refuses_bad_batch_sizes() {
     use tolaria::engine::prewarm::{MAX_PREWARM_BATCH, prewarm_blueprints};
     let model = cnn_model(Telemetry::disabled());

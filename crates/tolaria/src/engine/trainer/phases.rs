@@ -167,9 +167,32 @@ impl ModelTrainer {
     /// Sets counterfactual contributions (accuracy with the seed minus
     /// without it, percentage points) measured by the driver, e.g. from a
     /// fused counterfactual pass, instead of the trainer's own
-    /// measurement. Kasmina refuses a slot without a seed or a non-finite
-    /// value.
+    /// measurement. Kasmina refuses a slot without a seed or a value that
+    /// is not finite or outside ±100 percentage points; every pair is
+    /// checked before any is recorded, so a refused call records nothing.
     pub fn set_contributions(&mut self, contributions: &[(SlotId, f64)]) -> Result<()> {
+        for &(slot, contribution) in contributions {
+            let model = self.step.model();
+            model
+                .slot(slot)
+                .and_then(|found| {
+                    if found.state().is_none() {
+                        return Err(kasmina::Error::NoSeed {
+                            slot: slot.to_string(),
+                        });
+                    }
+                    kasmina::validate::in_range(
+                        "counterfactual_contribution",
+                        contribution,
+                        -leyline::codec::MAX_ABS_PERCENTAGE_POINTS,
+                        leyline::codec::MAX_ABS_PERCENTAGE_POINTS,
+                    )
+                })
+                .map_err(|source| Error::Lifecycle {
+                    op: "set_counterfactual_contribution",
+                    source,
+                })?;
+        }
         for &(slot, contribution) in contributions {
             self.step
                 .model_mut()
