@@ -31,8 +31,9 @@ use leyline::proto::SeedState;
 use leyline::{AlphaMode, LifecycleOp, SeedStage};
 use tolaria::controller::{Controller, Decision, EpochObservation};
 
-use crate::error::shape_mismatch;
+use crate::error::{finite, shape_mismatch};
 use crate::features::{FeatureBatch, ObservationTracker, RawObservation, SlotExtras};
+use crate::finite::{all_finite, check_finite};
 use crate::heads::{FactoredAction, OP};
 use crate::masks::{MaskConfig, MaskTensors, observation_masks};
 use crate::normaliser::RunningMeanStd;
@@ -203,9 +204,31 @@ impl PolicyController {
 
     /// The decision for `observation`, with Kasmina's `availability` of the
     /// same model (narrows the masks) and per-slot `extras` (empty for none;
-    /// see [`crate::features::tracker`]). On an error the LSTM state and the
-    /// history are unchanged.
+    /// see [`crate::features::tracker`]). Every number of the observation
+    /// and the extras is checked first ([`crate::features::check_observation`],
+    /// [`SlotExtras::validate`]), and the network's value and new LSTM state
+    /// must come out finite ([`Error::NonFinite`] naming `policy.value`,
+    /// `policy.hidden.h` or `policy.hidden.c` otherwise: a policy with
+    /// broken weights never poisons the carried state). On any error the controller is exactly as
+    /// before: LSTM state, history, pending outcome and the sampler's
+    /// generator.
     pub fn decide_with(
+        &mut self,
+        observation: &EpochObservation,
+        availability: Option<&OpAvailability>,
+        extras: &[Option<SlotExtras>],
+    ) -> Result<Decision> {
+        let rng = self.sampler.rng().clone();
+        let decided = self.try_decide(observation, availability, extras);
+        if decided.is_err() {
+            self.sampler.set_rng(rng);
+        }
+        decided
+    }
+
+    /// [`PolicyController::decide_with`], committing only on success (the
+    /// sampler's generator excepted: the caller restores it).
+    fn try_decide(
         &mut self,
         observation: &EpochObservation,
         availability: Option<&OpAvailability>,
@@ -263,6 +286,11 @@ impl PolicyController {
                 op: "value readback",
                 source,
             })?;
+        finite("policy.value", value)?;
+        if !all_finite(&[&act.hidden.h, &act.hidden.c])? {
+            check_finite("policy.hidden.h", &act.hidden.h)?;
+            check_finite("policy.hidden.c", &act.hidden.c)?;
+        }
 
         let decision = to_decision(&action, self.tracker.slots(), op_log_prob.exp())?;
         let slot_name = decision
@@ -361,7 +389,7 @@ impl Controller for PolicyController {
     fn decide(&mut self, observation: &EpochObservation) -> tolaria::Result<Decision> {
         self.decide_with(observation, None, &[])
             .map_err(|error| tolaria::Error::Controller {
-                field: "tamiyo.policy",
+                field: error.field().unwrap_or("tamiyo.policy"),
                 reason: error.to_string(),
             })
     }

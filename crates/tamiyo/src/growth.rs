@@ -15,7 +15,10 @@
 //! 4. WAIT.
 //!
 //! A failed gate costs nothing but the epoch's decision: the seed stays
-//! where it was and the next epoch asks again.
+//! where it was and the next epoch asks again. An observation with a NaN or
+//! an infinity anywhere is refused with a typed error
+//! ([`MaxGrowthController::decide_checked`]); the controller holds no state
+//! that a refused call could change.
 
 use leyline::{BlueprintAction, LifecycleOp, SeedStage};
 use tolaria::controller::{Controller, Decision, EpochObservation, seed_stage};
@@ -46,7 +49,14 @@ impl MaxGrowthController {
         self
     }
 
-    fn decide_checked(&self, observation: &EpochObservation) -> crate::Result<Decision> {
+    /// The decision for `observation` (see the module docs), with Tamiyo's
+    /// error. The observation's numbers are checked first
+    /// ([`crate::features::check_observation`]): the rules read only stages
+    /// and ages, but a NaN or infinite loss, accuracy or seed figure means
+    /// the observation is broken, and it is refused
+    /// ([`crate::Error::NonFinite`] naming the field) rather than acted on.
+    pub fn decide_checked(&self, observation: &EpochObservation) -> crate::Result<Decision> {
+        crate::features::check_observation(observation)?;
         let masks = observation_masks(observation, &self.masks)?;
         let blueprint_allowed = usize::try_from(self.blueprint.value())
             .ok()
@@ -117,7 +127,7 @@ impl Controller for MaxGrowthController {
     fn decide(&mut self, observation: &EpochObservation) -> tolaria::Result<Decision> {
         self.decide_checked(observation)
             .map_err(|error| tolaria::Error::Controller {
-                field: "tamiyo.max_growth",
+                field: error.field().unwrap_or("tamiyo.max_growth"),
                 reason: error.to_string(),
             })
     }

@@ -4,6 +4,13 @@
 //! Asked by the general trainer through [`tolaria::controller::DecisionDeadline`]. Every constant below
 //! is the reference's value, cited in its doc.
 //!
+//! Every number of an observation is checked before anything changes
+//! ([`HeuristicController::decide_checked`]): a NaN or infinite loss,
+//! accuracy or seed contribution is refused with a typed error naming the
+//! field and leaves the controller exactly as it was, so a HOLDING seed is
+//! never pruned or fossilized on a non-finite contribution (the reference's
+//! comparisons would read NaN as "not above the threshold" and prune).
+//!
 //! Two reading choices, stated because the reference leaves them open:
 //! - With several live seeds, they are considered in slot execution order
 //!   and the first non-WAIT decision wins (WAIT if none).
@@ -18,8 +25,11 @@ use leyline::proto::{SeedState, TelemetryPacket};
 use leyline::{AlphaMode, BlueprintAction, SeedStage, Telemetry, TelemetryLevel, event};
 use serde::{Deserialize, Serialize};
 
+use leyline::codec::MAX_ACCURACY_PERCENT;
 use tolaria::Result;
 use tolaria::controller::{Controller, Decision, EpochObservation, seed_stage};
+
+use crate::error::{finite, in_range};
 
 /// Epochs after a prune during which no germination happens
 /// (`DEFAULT_EMBARGO_EPOCHS_AFTER_PRUNE` = 5, reference §1.4 / §3.5).
@@ -85,8 +95,24 @@ pub struct SignalTracker {
 }
 
 impl SignalTracker {
-    /// Feeds one epoch's validation loss and accuracy (percent).
-    pub fn update(&mut self, val_loss: f64, val_accuracy: f64) {
+    /// Feeds one epoch's validation loss and accuracy (percent). A NaN or
+    /// infinite loss or accuracy is [`crate::Error::NonFinite`], an accuracy
+    /// outside `[0, 100]` [`crate::Error::InvalidInput`]; either leaves the
+    /// tracker unchanged.
+    pub fn update(&mut self, val_loss: f64, val_accuracy: f64) -> crate::Result<()> {
+        finite("tracker.val_loss", val_loss)?;
+        in_range(
+            "tracker.val_accuracy",
+            val_accuracy,
+            0.0,
+            MAX_ACCURACY_PERCENT,
+        )?;
+        self.record(val_loss, val_accuracy);
+        Ok(())
+    }
+
+    /// [`SignalTracker::update`] with values already checked.
+    fn record(&mut self, val_loss: f64, val_accuracy: f64) {
         if let Some((previous_loss, previous_accuracy)) = self.previous {
             if val_accuracy - previous_accuracy < PLATEAU_THRESHOLD_PCT {
                 self.plateau_epochs = self.plateau_epochs.saturating_add(1);
@@ -328,20 +354,22 @@ impl HeuristicController {
         }
     }
 
-    /// A controller in `state`. An unknown blueprint name, a non-finite or
-    /// negative penalty, a non-finite tracked figure or baseline, or a
+    /// A controller in `state`. An unknown blueprint name, a negative
+    /// penalty, a tracked accuracy or baseline outside `[0, 100]`, or a
     /// rotation position outside [`BLUEPRINT_ROTATION`] is
-    /// [`crate::Error::InvalidInput`] naming the field.
+    /// [`crate::Error::InvalidInput`] naming the field; a NaN or infinite
+    /// penalty, tracked figure or baseline is [`crate::Error::NonFinite`].
     pub fn from_state(state: &HeuristicState) -> crate::Result<HeuristicController> {
         let invalid =
             |field: &'static str, reason: String| crate::Error::InvalidInput { field, reason };
-        if let Some((loss, accuracy)) = state.previous
-            && !(loss.is_finite() && accuracy.is_finite())
-        {
-            return Err(invalid(
+        if let Some((loss, accuracy)) = state.previous {
+            finite("heuristic_state.previous", loss)?;
+            in_range(
                 "heuristic_state.previous",
-                format!("({loss}, {accuracy}) is not finite"),
-            ));
+                accuracy,
+                0.0,
+                MAX_ACCURACY_PERCENT,
+            )?;
         }
         if state.rotation >= BLUEPRINT_ROTATION.len() {
             return Err(invalid(
@@ -358,20 +386,16 @@ impl HeuristicController {
             let blueprint = BlueprintAction::from_name(name).map_err(|error| {
                 invalid("heuristic_state.penalties", format!("{name:?}: {error}"))
             })?;
-            if !(penalty.is_finite() && *penalty >= 0.0) {
-                return Err(invalid(
-                    "heuristic_state.penalties",
-                    format!("{name}: {penalty} is not a finite penalty >= 0"),
-                ));
-            }
+            in_range("heuristic_state.penalties", *penalty, 0.0, f64::MAX)?;
             penalties.insert(blueprint, *penalty);
         }
-        if let Some((seed, baseline)) = state.baselines.iter().find(|(_, value)| !value.is_finite())
-        {
-            return Err(invalid(
+        for baseline in state.baselines.values() {
+            in_range(
                 "heuristic_state.baselines",
-                format!("{seed}: {baseline} is not finite"),
-            ));
+                *baseline,
+                0.0,
+                MAX_ACCURACY_PERCENT,
+            )?;
         }
         Ok(HeuristicController {
             tracker: SignalTracker {
@@ -391,15 +415,28 @@ impl HeuristicController {
     }
 }
 
-impl Controller for HeuristicController {
+impl HeuristicController {
+    /// [`Controller::decide`] with Tamiyo's error: the observation is
+    /// checked first ([`crate::features::check_observation`]: losses,
+    /// accuracies, every seed's alpha, improvement, gradient figures and
+    /// contribution), and a NaN, an infinity or a value out of range is
+    /// [`crate::Error::NonFinite`] or [`crate::Error::InvalidInput`]
+    /// naming the field, with the controller unchanged (tracker, penalties,
+    /// rotation, baselines). No decision is ever taken on a non-finite
+    /// number.
+    pub fn decide_checked(&mut self, observation: &EpochObservation) -> crate::Result<Decision> {
+        crate::features::check_observation(observation)?;
+        Ok(self.decide_valid(observation))
+    }
+
     /// Updates the tracker and the penalties (once per new epoch), then
-    /// applies reference §3.5's rules.
-    fn decide(&mut self, observation: &EpochObservation) -> Result<Decision> {
+    /// applies reference §3.5's rules to a checked observation.
+    fn decide_valid(&mut self, observation: &EpochObservation) -> Decision {
         let epoch = observation.epoch;
         if self.last_epoch.is_none_or(|last| epoch > last) {
             self.decay_penalties();
             let was_stabilized = self.tracker.is_stabilized();
-            self.tracker.update(
+            self.tracker.record(
                 observation.metrics.val_loss,
                 observation.metrics.val_accuracy,
             );
@@ -446,7 +483,7 @@ impl Controller for HeuristicController {
             live.push((seed, stage, slot));
         }
         if live.is_empty() {
-            return Ok(self.decide_germination(observation));
+            return self.decide_germination(observation);
         }
         // The first seed's WAIT (with its reason) unless a later seed acts.
         let mut first_wait = None;
@@ -456,10 +493,23 @@ impl Controller for HeuristicController {
                 if decision.op == leyline::LifecycleOp::Prune {
                     self.record_prune(seed, epoch);
                 }
-                return Ok(decision);
+                return decision;
             }
             first_wait.get_or_insert(decision);
         }
-        Ok(first_wait.unwrap_or_else(Decision::wait))
+        first_wait.unwrap_or_else(Decision::wait)
+    }
+}
+
+impl Controller for HeuristicController {
+    /// [`HeuristicController::decide_checked`], its error as Tolaria's
+    /// [`tolaria::Error::Controller`] naming the field at fault (the
+    /// deadline turns it into WAIT).
+    fn decide(&mut self, observation: &EpochObservation) -> Result<Decision> {
+        self.decide_checked(observation)
+            .map_err(|error| tolaria::Error::Controller {
+                field: error.field().unwrap_or("tamiyo.heuristic"),
+                reason: error.to_string(),
+            })
     }
 }

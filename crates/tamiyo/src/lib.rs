@@ -43,6 +43,28 @@
 //! [`heuristic::HeuristicController::with_telemetry`]); the rest of the
 //! reference's Tamiyo telemetry (decision analytics) is not built.
 //!
+//! **Bad input.** Every public entry point that takes numbers from outside
+//! checks them before anything changes, and a refused call leaves the state
+//! exactly as it was:
+//! - a NaN or an infinity is [`Error::NonFinite`] naming the field (and,
+//!   for a tensor, the position of the first bad value); a finite value out
+//!   of its range is [`Error::InvalidInput`]: observations and their seed
+//!   states ([`features::check_observation`], the tracker, the encoders),
+//!   the normaliser's update and saved state, the heuristic's tracker and
+//!   saved state, every controller's observation;
+//! - a mask row that allows nothing is [`Error::EmptyMask`], refused where
+//!   masks are built on the host ([`masks::MaskTensors::from_masks`]) or
+//!   checked once ([`masks::MaskTensors::from_tensors`]), so a forbidden
+//!   action is never sampled;
+//! - device tensors are read back only outside the per-step path (the
+//!   normaliser's update reads one flag); on the per-step policy path, inputs
+//!   on the CPU are checked (host memory) and inputs on CUDA are built from
+//!   values already checked on the host.
+//!
+//! On a CPU whose oneDNN has no bf16 LSTM (no AVX-512), bf16 policy forwards
+//! run their LSTM layers in full precision
+//! ([`policy::cpu_bf16_lstm_supported`]).
+//!
 //! `examples/policy_controller.rs` runs the whole loop on a small Kasmina
 //! model: observe, mask, act, and Tolaria's `apply`. (Like the other
 //! libtorch crates, Tamiyo has no doctests: a doctest binary is linked
@@ -68,6 +90,7 @@
 pub mod controller;
 pub mod error;
 pub mod features;
+mod finite;
 pub mod growth;
 pub mod heads;
 pub mod heuristic;

@@ -39,6 +39,27 @@
 //!
 //! [`MaskTensors`] stacks the masks of many environments into boolean
 //! tensors `[n_envs, head size]` plus `[n_envs, NUM_OPS, num_slots]`.
+//!
+//! **An all-false row is refused where masks enter, never sampled.** Under
+//! a row that allows nothing, the sampler's masked argmax would have to
+//! return some option the mask forbids. The check runs where the values are
+//! on the host, so it never reads back from a GPU on the per-step path or
+//! inside a captured graph:
+//! - [`MaskTensors::from_masks`] checks every environment's
+//!   [`ActionMasks`] on the host before the one upload
+//!   ([`ActionMasks::check`]: a head without a valid option, or an allowed
+//!   op without a slot, is [`Error::EmptyMask`] naming the head, the op and
+//!   the environment's row); [`MaskTensors::allow_all`] allows everything
+//!   (and refuses zero slots or environments);
+//! - [`MaskTensors::from_tensors`] (masks gathered on a device, e.g. from a
+//!   rollout buffer) checks the values once with
+//!   [`MaskTensors::check_rows`], one read-back of one flag, outside any
+//!   capture;
+//! - masks on the CPU are checked again at every use
+//!   ([`MaskTensors::check`], called by the network and the sampler): host
+//!   memory, no synchronisation. Masks on CUDA assembled from the public
+//!   fields by hand are the builder's to check with
+//!   [`MaskTensors::check_rows`].
 
 use kasmina::host::{SlotId, Topology};
 use kasmina::model::OpAvailability;
@@ -52,6 +73,7 @@ use tch::{Device, Kind, Tensor};
 use tolaria::controller::EpochObservation;
 
 use crate::error::{TorchResultExt, shape_mismatch};
+use crate::features::batch::MAX_ENVS;
 use crate::features::{MAX_SLOTS, NUM_OPS};
 use crate::heads::{ALPHA_TARGET, BLUEPRINT, OP, SLOT, STYLE, head_sizes};
 use crate::{Error, Result};
@@ -239,32 +261,66 @@ impl ActionMasks {
         }
     }
 
-    /// Checks the invariants: every head has at least one valid action,
-    /// WAIT is valid, and `slot_by_op[op]` has a slot exactly when `op` is
-    /// valid.
+    /// Checks the invariants: every head has at least one valid action
+    /// ([`Error::EmptyMask`] otherwise), WAIT is valid, and `slot_by_op[op]`
+    /// has a slot exactly when `op` is valid (an allowed op without a slot
+    /// is [`Error::EmptyMask`] of the slot head for that op).
     pub fn check(&self) -> Result<()> {
+        self.check_row(0)
+    }
+
+    /// [`ActionMasks::check`] for the masks of environment `row` of a batch
+    /// (the row the errors name).
+    fn check_row(&self, row: usize) -> Result<()> {
+        let sizes = head_sizes(self.num_slots());
         for (head, mask) in self.heads.iter().enumerate() {
+            let name = HEAD_NAMES.get(head).copied().unwrap_or("?");
+            if mask.len() != sizes.get(head).copied().unwrap_or(0) {
+                return Err(shape_mismatch(
+                    "ActionMasks.heads",
+                    sizes.get(head).copied().unwrap_or(0),
+                    (name, mask.len()),
+                ));
+            }
             if !mask.iter().any(|&valid| valid) {
-                return Err(Error::InvalidInput {
-                    field: "ActionMasks",
-                    reason: format!(
-                        "head {} has no valid action",
-                        HEAD_NAMES.get(head).unwrap_or(&"?")
-                    ),
+                return Err(Error::EmptyMask {
+                    head: name,
+                    op: None,
+                    row,
                 });
             }
         }
         if !self.allows(LifecycleOp::Wait) {
             return Err(Error::InvalidInput {
                 field: "ActionMasks",
-                reason: "WAIT is masked".to_owned(),
+                reason: format!("WAIT is masked in row {row}"),
             });
         }
+        if self.slot_by_op.len() != NUM_OPS
+            || self
+                .slot_by_op
+                .iter()
+                .any(|slots| slots.len() != self.num_slots())
+        {
+            return Err(shape_mismatch(
+                "ActionMasks.slot_by_op",
+                format!("[{NUM_OPS}, {}]", self.num_slots()),
+                self.slot_by_op.iter().map(Vec::len).collect::<Vec<_>>(),
+            ));
+        }
         for op in LifecycleOp::ALL {
-            if self.allows(*op) != self.slots_for(*op).iter().any(|&slot| slot) {
+            let has_slot = self.slots_for(*op).iter().any(|&slot| slot);
+            if self.allows(*op) && !has_slot {
+                return Err(Error::EmptyMask {
+                    head: HEAD_NAMES.get(SLOT).copied().unwrap_or("slot"),
+                    op: Some(*op),
+                    row,
+                });
+            }
+            if has_slot && !self.allows(*op) {
                 return Err(Error::InvalidInput {
                     field: "ActionMasks",
-                    reason: format!("op {op} and its slots disagree"),
+                    reason: format!("op {op} and its slots disagree in row {row}"),
                 });
             }
         }
@@ -436,6 +492,11 @@ impl MaskTensors {
     /// Stacks `masks` (one per environment, all with the same slot count)
     /// on `device`, in one host-to-device copy: every head's mask and
     /// `slot_by_op` are views of one packed `[n_envs, total]` tensor.
+    ///
+    /// Every environment's masks are checked on the host first
+    /// ([`ActionMasks::check`]): an all-false row of any head, or an allowed
+    /// op without a slot, is [`Error::EmptyMask`] naming the head and the
+    /// environment's row, and nothing is built.
     pub fn from_masks(masks: &[ActionMasks], device: Device) -> Result<MaskTensors> {
         let first = masks
             .first()
@@ -447,6 +508,16 @@ impl MaskTensors {
                 num_slots,
                 other.num_slots(),
             ));
+        }
+        if masks.len() > MAX_ENVS {
+            return Err(shape_mismatch(
+                "MaskTensors.from_masks",
+                format!("at most {MAX_ENVS} environments"),
+                masks.len(),
+            ));
+        }
+        for (row, mask) in masks.iter().enumerate() {
+            mask.check_row(row)?;
         }
         let rows = i64::try_from(masks.len()).unwrap_or(i64::MAX);
         let width = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -488,8 +559,21 @@ impl MaskTensors {
     }
 
     /// Masks that allow everything (every op on every slot), for
-    /// `n_envs` environments with `num_slots` slots.
+    /// `n_envs` (`1..=MAX_ENVS`) environments with `num_slots`
+    /// (`1..=MAX_SLOTS`) slots: never an empty row.
     pub fn allow_all(n_envs: usize, num_slots: usize, device: Device) -> Result<MaskTensors> {
+        if !(1..=MAX_ENVS).contains(&n_envs) {
+            return Err(Error::InvalidConfig {
+                field: "MaskTensors.allow_all.n_envs",
+                reason: format!("{n_envs} is outside [1, {MAX_ENVS}]"),
+            });
+        }
+        if !(1..=MAX_SLOTS).contains(&num_slots) {
+            return Err(Error::InvalidConfig {
+                field: "MaskTensors.allow_all.num_slots",
+                reason: format!("{num_slots} is outside [1, {MAX_SLOTS}]"),
+            });
+        }
         let rows = i64::try_from(n_envs).unwrap_or(i64::MAX);
         let width = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         let mut heads = Vec::with_capacity(NUM_ACTION_HEADS);
@@ -509,9 +593,131 @@ impl MaskTensors {
         })
     }
 
+    /// Masks from boolean tensors built elsewhere (e.g. rows gathered from
+    /// a rollout buffer): `heads` `[n_envs, head size]` per head and
+    /// `slot_by_op` `[n_envs, NUM_OPS, num_slots]`, all on one device. The
+    /// shapes are checked, then the values ([`MaskTensors::check_rows`]:
+    /// one read-back, so not inside a CUDA graph capture).
+    pub fn from_tensors(
+        heads: [Tensor; NUM_ACTION_HEADS],
+        slot_by_op: Tensor,
+    ) -> Result<MaskTensors> {
+        let size = slot_by_op.size();
+        let (n_envs, num_slots) = match size.as_slice() {
+            [rows, ops, slots]
+                if *rows >= 1
+                    && usize::try_from(*ops).ok() == Some(NUM_OPS)
+                    && usize::try_from(*slots).is_ok_and(|s| (1..=MAX_SLOTS).contains(&s)) =>
+            {
+                (*rows, usize::try_from(*slots).unwrap_or(0))
+            }
+            _ => {
+                return Err(shape_mismatch(
+                    "MaskTensors.slot_by_op",
+                    format!("[n >= 1, {NUM_OPS}, 1..={MAX_SLOTS}]"),
+                    size,
+                ));
+            }
+        };
+        let masks = MaskTensors { heads, slot_by_op };
+        masks.check_shapes(n_envs, num_slots, masks.slot_by_op.device())?;
+        masks.check_rows()?;
+        Ok(masks)
+    }
+
+    /// Checks the values: in every row, every head allows at least one
+    /// option and every op the op head allows has a slot in `slot_by_op`
+    /// ([`Error::EmptyMask`] naming the first head and row that does not).
+    /// Reads one flag back from the masks' device (more only to name a
+    /// failure): not for a CUDA graph capture. Masks from
+    /// [`MaskTensors::from_masks`], [`MaskTensors::allow_all`] and
+    /// [`MaskTensors::from_tensors`] pass by construction; masks assembled
+    /// from the public fields are checked here, and on the CPU at every use
+    /// ([`MaskTensors::check`]).
+    pub fn check_rows(&self) -> Result<()> {
+        let what = "mask row check";
+        let mut empty = Vec::with_capacity(NUM_ACTION_HEADS.saturating_add(1));
+        for mask in &self.heads {
+            empty.push(
+                mask.f_any_dim(1, false)
+                    .op(what)?
+                    .f_logical_not()
+                    .op(what)?
+                    .f_unsqueeze(1)
+                    .op(what)?,
+            );
+        }
+        let op_mask = self
+            .heads
+            .get(OP)
+            .ok_or_else(|| shape_mismatch("MaskTensors.heads", NUM_ACTION_HEADS, "fewer"))?;
+        // An allowed op whose `slot_by_op` row is all false.
+        let slotless = self
+            .slot_by_op
+            .f_any_dim(2, false)
+            .op(what)?
+            .f_logical_not()
+            .op(what)?
+            .f_logical_and(op_mask)
+            .op(what)?;
+        empty.push(slotless);
+        let bad = Tensor::f_cat(&empty, 1).op(what)?;
+        let any_bad = bad
+            .f_any()
+            .op(what)?
+            .f_to_device(Device::Cpu)
+            .op(what)?
+            .f_int64_value(&[])
+            .op(what)?;
+        if any_bad == 0 {
+            return Ok(());
+        }
+        let first = bad
+            .f_nonzero()
+            .op(what)?
+            .f_to_device(Device::Cpu)
+            .op(what)?
+            .f_select(0, 0)
+            .op(what)?;
+        let first = Vec::<i64>::try_from(&first).op(what)?;
+        let (row, column) = match first.as_slice() {
+            [row, column] => (
+                usize::try_from(*row).unwrap_or(0),
+                usize::try_from(*column).unwrap_or(0),
+            ),
+            _ => (0, 0),
+        };
+        let slot_head = HEAD_NAMES.get(SLOT).copied().unwrap_or("slot");
+        Err(match column.checked_sub(NUM_ACTION_HEADS) {
+            None => Error::EmptyMask {
+                head: HEAD_NAMES.get(column).copied().unwrap_or("?"),
+                op: None,
+                row,
+            },
+            Some(op) => Error::EmptyMask {
+                head: slot_head,
+                op: LifecycleOp::ALL.get(op).copied(),
+                row,
+            },
+        })
+    }
+
     /// Checks the shapes for `n_envs` environments with `num_slots` slots
-    /// (boolean masks on `device`).
+    /// (boolean masks on `device`), and, for masks on the CPU (host memory:
+    /// no device synchronisation), the values too
+    /// ([`MaskTensors::check_rows`]). Masks on CUDA are not read back here:
+    /// this runs on the per-step path and inside graph captures, and the
+    /// constructors have checked them.
     pub fn check(&self, n_envs: i64, num_slots: usize, device: Device) -> Result<()> {
+        self.check_shapes(n_envs, num_slots, device)?;
+        if device == Device::Cpu {
+            self.check_rows()?;
+        }
+        Ok(())
+    }
+
+    /// The shape, dtype and device part of [`MaskTensors::check`].
+    fn check_shapes(&self, n_envs: i64, num_slots: usize, device: Device) -> Result<()> {
         for (head, size) in head_sizes(num_slots).iter().enumerate() {
             let Some(mask) = self.heads.get(head) else {
                 continue;

@@ -13,19 +13,28 @@
 //!
 //! [`RunningMeanStd::normalize`] returns `clamp((x − mean) / sqrt(var + ε), ±clip)`
 //! (epsilon 1e-4, clip 10). The state (mean, var, count) lives on the device
-//! and an update never reads it back; the PPO trainer freezes the normaliser
-//! during a rollout and updates it just before the update (reference §3.3).
+//! and an update reads back only the one finiteness flag below; the PPO
+//! trainer freezes the normaliser during a rollout and updates it just
+//! before the update (reference §3.3).
 //! [`NormaliserState`] is the serde form for checkpoints (the one place the
 //! state is read back).
 //!
-//! Batches are shape-checked (`[n ≥ 1, dim]`, floating point, same device);
-//! their values are not (that would need a readback): observations are
-//! checked where they are encoded ([`crate::features`]).
+//! Batches are shape-checked (`[n ≥ 1, dim]`, floating point, same device).
+//! An update is all or nothing: a batch holding a NaN or an infinity (or a
+//! value beyond `f32`), or one whose moments would overflow `f32`, is
+//! refused with [`Error::NonFinite`] naming it, and the state stays exactly
+//! as it was, so a normaliser is never poisoned and its [`NormaliserState`]
+//! always loads again. That check is the update's one read-back (one flag;
+//! an update runs at the round's boundaries or once per rollout step, never
+//! inside a captured graph). [`RunningMeanStd::normalize`] checks its input
+//! only on the CPU (no device synchronisation on the per-step path);
+//! observations are checked where they are encoded ([`crate::features`]).
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use crate::error::{TorchResultExt, shape_mismatch};
+use crate::error::{TorchResultExt, finite, shape_mismatch};
+use crate::finite::{all_finite, check_finite, check_finite_on_host};
 use crate::{Error, Result};
 
 /// Widest observation the normaliser takes.
@@ -190,10 +199,39 @@ impl RunningMeanStd {
     }
 
     /// Updates the moments with `batch` (`[n, dim]`, see the module docs).
-    /// No readback.
+    ///
+    /// All or nothing: the new moments are computed aside, and only when
+    /// the batch (as `f32`) and the new mean and variance are all finite do
+    /// they replace the state; otherwise the call is
+    /// [`Error::NonFinite`] naming `RunningMeanStd.update.batch` (a NaN or
+    /// infinite observation, or one beyond `f32`), or
+    /// `RunningMeanStd.update.mean` / `.var` (finite observations whose
+    /// moments overflow `f32`), and the state is exactly as before. The check
+    /// reads one flag back from the device.
     pub fn update(&mut self, batch: &Tensor) -> Result<()> {
         self.check_batch("RunningMeanStd.update", batch)?;
+        let _guard = tch::no_grad_guard();
         let batch = batch.f_to_kind(Kind::Float).op("normaliser batch")?;
+        let (mean, var, count) = self.moments_with(&batch)?;
+        if !all_finite(&[&batch, &mean, &var])? {
+            check_finite("RunningMeanStd.update.batch", &batch)?;
+            check_finite("RunningMeanStd.update.mean", &mean)?;
+            check_finite("RunningMeanStd.update.var", &var)?;
+            return Err(Error::NonFinite {
+                field: "RunningMeanStd.update",
+                value: f64::NAN,
+                index: Vec::new(),
+            });
+        }
+        self.mean = mean;
+        self.var = var;
+        self.count = count;
+        Ok(())
+    }
+
+    /// The moments after `batch` (`[n, dim]` f32), without touching the
+    /// state: (mean, var, count).
+    fn moments_with(&self, batch: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let rows = batch.size().first().copied().unwrap_or(1);
         let batch_mean = batch
             .f_mean_dim(0, false, Kind::Float)
@@ -217,9 +255,8 @@ impl RunningMeanStd {
                     .op("ema var")?
                     .f_add(&delta_sq.f_mul_scalar(momentum * rest).op("ema var")?)
                     .op("ema var")?;
-                self.mean = mean;
-                self.var = var;
-                self.count = self.count.f_add_scalar(rows).op("ema count")?;
+                let count = self.count.f_add_scalar(rows).op("ema count")?;
+                Ok((mean, var, count))
             }
             None => {
                 // Welford's parallel combination, counts in f64 on the device.
@@ -249,18 +286,22 @@ impl RunningMeanStd {
                             .op("welford m2")?,
                     )
                     .op("welford m2")?;
-                self.var = m2.f_div(&total_f).op("welford var")?;
-                self.mean = mean;
-                self.count = total;
+                let var = m2.f_div(&total_f).op("welford var")?;
+                Ok((mean, var, total))
             }
         }
-        Ok(())
     }
 
     /// `clamp((x − mean) / sqrt(var + ε), ±clip)` for `x` `[n, dim]` (a new
     /// tensor in `f32`).
+    ///
+    /// On the CPU a NaN or infinite `x` is [`Error::NonFinite`]
+    /// (`RunningMeanStd.normalize.x`); on CUDA `x` is not read back (the
+    /// per-step path: see [`crate::features`] for where observations are
+    /// checked).
     pub fn normalize(&self, x: &Tensor) -> Result<Tensor> {
         self.check_batch("RunningMeanStd.normalize", x)?;
+        check_finite_on_host("RunningMeanStd.normalize.x", x)?;
         let scale = self
             .var
             .f_add_scalar(self.config.epsilon)
@@ -277,14 +318,11 @@ impl RunningMeanStd {
             .op("normalise clip")
     }
 
-    /// Back to mean 0, variance 1, count epsilon.
+    /// Back to mean 0, variance 1, count epsilon (all or nothing: the new
+    /// state is allocated before it replaces the old).
     pub fn reset(&mut self) -> Result<()> {
-        let _ = self.mean.f_zero_().op("normaliser reset")?;
-        let _ = self.var.f_fill_(1.0).op("normaliser reset")?;
-        let _ = self
-            .count
-            .f_fill_(self.config.epsilon)
-            .op("normaliser reset")?;
+        let fresh = RunningMeanStd::new(self.dim, self.config, self.device())?;
+        *self = fresh;
         Ok(())
     }
 
@@ -334,24 +372,41 @@ impl RunningMeanStd {
         }
         // The state lives on the device in f32: a value finite in f64 but
         // beyond f32 would become infinite there (and normalise to NaN).
-        let fits_f32 = |value: f64| value.is_finite() && value.abs() <= f64::from(f32::MAX);
-        if let Some(bad) = state.mean.iter().find(|value| !fits_f32(**value)) {
-            return Err(Error::InvalidInput {
-                field: "NormaliserState.mean",
-                reason: format!("{bad} is not finite as an f32"),
-            });
+        let fits_f32 = |value: f64| value.abs() <= f64::from(f32::MAX);
+        for (index, value) in state.mean.iter().enumerate() {
+            let value = *value;
+            if !value.is_finite() {
+                return Err(Error::NonFinite {
+                    field: "NormaliserState.mean",
+                    value,
+                    index: vec![index],
+                });
+            }
+            if !fits_f32(value) {
+                return Err(Error::InvalidInput {
+                    field: "NormaliserState.mean",
+                    reason: format!("{value} (feature {index}) is not finite as an f32"),
+                });
+            }
         }
-        if let Some(bad) = state
-            .var
-            .iter()
-            .find(|value| !(fits_f32(**value) && **value >= 0.0))
-        {
-            return Err(Error::InvalidInput {
-                field: "NormaliserState.var",
-                reason: format!("{bad} is not a variance finite as an f32"),
-            });
+        for (index, value) in state.var.iter().enumerate() {
+            let value = *value;
+            if !value.is_finite() {
+                return Err(Error::NonFinite {
+                    field: "NormaliserState.var",
+                    value,
+                    index: vec![index],
+                });
+            }
+            if !(fits_f32(value) && value >= 0.0) {
+                return Err(Error::InvalidInput {
+                    field: "NormaliserState.var",
+                    reason: format!("{value} (feature {index}) is not a variance finite as an f32"),
+                });
+            }
         }
-        if !(state.count.is_finite() && state.count >= state.config.epsilon) {
+        finite("NormaliserState.count", state.count)?;
+        if state.count < state.config.epsilon {
             return Err(Error::InvalidInput {
                 field: "NormaliserState.count",
                 reason: format!(

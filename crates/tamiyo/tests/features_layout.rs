@@ -236,7 +236,11 @@ fn impossible_inputs_are_refused_and_nothing_is_written() {
         let mut blueprints = vec![7_i64; 3];
         let error = raw.encode_into(&mut row, &mut blueprints).expect_err(field);
         assert!(
-            matches!(error, Error::InvalidInput { field: f, .. } if f == field),
+            matches!(
+                error,
+                Error::InvalidInput { field: f, .. } | Error::NonFinite { field: f, .. }
+                    if f == field
+            ),
             "{field}: {error}"
         );
         assert!(row.iter().all(|&v| v == 7.0) && blueprints == [7, 7, 7]);

@@ -152,23 +152,23 @@ fn tracker_stabilisation_needs_three_consecutive_stable_epochs() {
     // Loss falling 10% per epoch is not stable.
     let mut loss = 2.0;
     for _ in 0..6 {
-        tracker.update(loss, 50.0);
+        tracker.update(loss, 50.0).expect("finite");
         loss *= 0.9;
     }
     assert!(!tracker.is_stabilized());
     // Two stable epochs (a 4% rise is inside (-5%, 3%)), then a 10% drop
     // resets the count; three more latch it.
-    tracker.update(loss * 1.04, 50.0);
-    tracker.update(loss * 1.04, 50.0);
-    tracker.update(loss * 0.5, 50.0);
+    tracker.update(loss * 1.04, 50.0).expect("finite");
+    tracker.update(loss * 1.04, 50.0).expect("finite");
+    tracker.update(loss * 0.5, 50.0).expect("finite");
     assert!(!tracker.is_stabilized());
-    tracker.update(loss * 0.5, 50.0);
-    tracker.update(loss * 0.5, 50.0);
+    tracker.update(loss * 0.5, 50.0).expect("finite");
+    tracker.update(loss * 0.5, 50.0).expect("finite");
     assert!(!tracker.is_stabilized());
-    tracker.update(loss * 0.5, 50.0);
+    tracker.update(loss * 0.5, 50.0).expect("finite");
     assert!(tracker.is_stabilized());
     // A one-way latch.
-    tracker.update(loss * 100.0, 50.0);
+    tracker.update(loss * 100.0, 50.0).expect("finite");
     assert!(tracker.is_stabilized());
 }
 

@@ -2,8 +2,11 @@
 //! defaults, one batched forward equal to per-environment forwards, the
 //! LSTM state carried across calls (steps equal a sequence), the
 //! initialisation, the null blueprint entry, shape checks before libtorch,
-//! bf16 autocast with fp32 outputs, and the auxiliary heads (shapes, the
-//! Q head's detached input, the predictor's gradient reaching the trunk).
+//! bf16 autocast with fp32 outputs (on any CPU: where oneDNN has no bf16
+//! LSTM, the LSTM runs in full precision; run with `ONEDNN_MAX_CPU_ISA=AVX2`
+//! to see that path on an AVX-512 machine), and the auxiliary heads (shapes,
+//! the Q head's detached input, the predictor's gradient reaching the
+//! trunk).
 
 use leyline::NUM_ACTION_HEADS;
 use tamiyo::Error;
@@ -11,7 +14,7 @@ use tamiyo::heads::{BLUEPRINT, OP, head_sizes};
 use tamiyo::masks::MaskTensors;
 use tamiyo::policy::{
     LstmState, MASKED_LOGIT_VALUE, Policy, PolicyConfig, PolicyNetwork, PolicyPrecision,
-    SampleMode, Sampler, SamplingConfig,
+    SampleMode, Sampler, SamplingConfig, cpu_bf16_lstm_fallback_reason, cpu_bf16_lstm_supported,
 };
 use tch::{Device, Kind, Tensor};
 
@@ -479,6 +482,49 @@ fn bf16_precision_runs_in_bf16_and_returns_fp32_close_to_fp32() {
         }
     }
     assert!(with_grad > 10, "only {with_grad} parameters got gradients");
+}
+
+#[test]
+fn the_cpu_bf16_lstm_probe_is_cached_and_explains_a_fallback() {
+    let supported = cpu_bf16_lstm_supported();
+    assert_eq!(cpu_bf16_lstm_supported(), supported, "probed once, cached");
+    let reason = cpu_bf16_lstm_fallback_reason();
+    assert_eq!(reason.is_none(), supported);
+    if let Some(reason) = reason {
+        eprintln!("this CPU runs the policy's LSTM in full precision under bf16: {reason}");
+        assert!(!reason.is_empty());
+    }
+}
+
+#[test]
+fn where_onednn_has_a_bf16_lstm_the_lstm_itself_runs_in_bf16() {
+    if !cpu_bf16_lstm_supported() {
+        eprintln!(
+            "skipped: oneDNN has no bf16 LSTM on this CPU (needs AVX-512): {}",
+            cpu_bf16_lstm_fallback_reason().unwrap_or_default()
+        );
+        return;
+    }
+    // A raw LSTM under CPU bf16 autocast comes out in bf16: the policy's
+    // bf16 forward really runs its LSTM in bf16 on such a CPU.
+    let x = Tensor::ones([1, 2, 8], (Kind::Float, Device::Cpu));
+    let state = Tensor::zeros([1, 1, 8], (Kind::Float, Device::Cpu));
+    let weight = Tensor::full([32, 8], 0.1, (Kind::Float, Device::Cpu));
+    let bias = Tensor::zeros([32], (Kind::Float, Device::Cpu));
+    let _autocast =
+        torch_ext::AutocastGuard::with_cache(torch_ext::AutocastDevice::Cpu, Kind::BFloat16, false)
+            .expect("autocast");
+    let (output, _, _) = x.lstm(
+        &[&state, &state],
+        &[&weight, &weight, &bias, &bias],
+        true,
+        1,
+        0.0,
+        false,
+        false,
+        true,
+    );
+    assert_eq!(output.kind(), Kind::BFloat16);
 }
 
 #[test]

@@ -2,6 +2,11 @@
 //! host into one buffer and copied into preallocated device tensors
 //! (`[n_envs, obs_dim]` `f32` and `[n_envs, num_slots]` `i64`) with one copy
 //! each per step.
+//!
+//! Every value is checked on the host while it is encoded
+//! ([`RawObservation::encode_into`]), so the device tensors only ever hold
+//! finite, in-range features and the policy's per-step path need not read
+//! them back. A refused observation changes no row.
 
 use tch::{Device, Kind, Tensor};
 
@@ -94,7 +99,9 @@ impl FeatureBatch {
     }
 
     /// Encodes one observation per environment (exactly `n_envs`) and
-    /// uploads them.
+    /// uploads them. All or nothing: when any observation is refused (a
+    /// NaN or an infinity is [`Error::NonFinite`] naming the field), no row
+    /// changes, on the host or the device.
     pub fn write_all(&mut self, observations: &[RawObservation]) -> Result<()> {
         if observations.len() != self.n_envs {
             return Err(shape_mismatch(
@@ -103,10 +110,18 @@ impl FeatureBatch {
                 observations.len(),
             ));
         }
-        for (env, observation) in observations.iter().enumerate() {
-            self.set(env, observation)?;
+        let saved_obs = self.host_obs.clone();
+        let saved_blueprints = self.host_blueprints.clone();
+        let written = observations
+            .iter()
+            .enumerate()
+            .try_for_each(|(env, observation)| self.set(env, observation))
+            .and_then(|()| self.upload());
+        if written.is_err() {
+            self.host_obs = saved_obs;
+            self.host_blueprints = saved_blueprints;
         }
-        self.upload()
+        written
     }
 
     /// Copies the host buffers into the device tensors (one copy each).

@@ -3,6 +3,7 @@
 //! their encoding into the normalised Obs V3 row (see [`super`] for the
 //! layout and the normalisations).
 
+use leyline::codec::MAX_ABS_PERCENTAGE_POINTS;
 use leyline::stage::NUM_STAGES;
 use leyline::{AlphaAlgorithm, AlphaMode, BlueprintAction, LifecycleOp, SeedStage};
 
@@ -11,6 +12,7 @@ use super::{
     HISTORY_LEN, INTERACTION_SCALE, MAX_EPOCHS, MAX_SLOTS, NUM_OPS, SLOT_FEATURES, SYMLOG_SCALE,
     UNKNOWN, base, layout, slot, symlog,
 };
+use crate::error::{finite, in_range};
 use crate::{Error, Result};
 
 /// The base inputs of one observation (un-normalised).
@@ -93,28 +95,6 @@ pub struct RawObservation {
     pub slots: Vec<Option<SlotInputs>>,
 }
 
-fn finite(field: &'static str, value: f64) -> Result<f64> {
-    if value.is_finite() {
-        Ok(value)
-    } else {
-        Err(Error::InvalidInput {
-            field,
-            reason: format!("{value} is not finite"),
-        })
-    }
-}
-
-fn in_range(field: &'static str, value: f64, low: f64, high: f64) -> Result<f64> {
-    if (low..=high).contains(&value) {
-        Ok(value)
-    } else {
-        Err(Error::InvalidInput {
-            field,
-            reason: format!("{value} is outside [{low}, {high}]"),
-        })
-    }
-}
-
 /// `count / max_epochs`, capped at 1.
 fn epoch_fraction(count: u32, max_epochs: u32) -> f32 {
     let max = f64::from(max_epochs.max(1));
@@ -170,7 +150,8 @@ fn alpha_algorithm_fraction(algorithm: AlphaAlgorithm) -> f32 {
 
 impl BaseInputs {
     /// Checks every value (finite losses, accuracies in `[0, 100]`,
-    /// `max_epochs` in `1..=MAX_EPOCHS`).
+    /// `max_epochs` in `1..=MAX_EPOCHS`): [`Error::NonFinite`] for a NaN or
+    /// an infinity, [`Error::InvalidInput`] for a value out of range.
     pub fn validate(&self) -> Result<()> {
         if !(1..=MAX_EPOCHS).contains(&self.max_epochs) {
             return Err(Error::InvalidInput {
@@ -191,13 +172,20 @@ impl BaseInputs {
 }
 
 impl SlotInputs {
-    /// Checks every value: finite, alpha and alpha target in `[0, 1]`,
-    /// gradient norm ≥ 0, gradient healths in `[0, 1]`.
+    /// Checks every value: finite ([`Error::NonFinite`] naming the field
+    /// otherwise), alpha and alpha target in `[0, 1]`, the contribution
+    /// within leyline's ±100 percentage points, gradient norm ≥ 0, gradient
+    /// healths in `[0, 1]`.
     pub fn validate(&self) -> Result<()> {
         in_range("slot.alpha", self.alpha, 0.0, 1.0)?;
         in_range("slot.alpha_target", self.alpha_target, 0.0, 1.0)?;
         if let Some(contribution) = self.contribution {
-            finite("slot.contribution", contribution)?;
+            in_range(
+                "slot.contribution",
+                contribution,
+                -MAX_ABS_PERCENTAGE_POINTS,
+                MAX_ABS_PERCENTAGE_POINTS,
+            )?;
         }
         finite("slot.contribution_velocity", self.contribution_velocity)?;
         finite("slot.alpha_velocity", self.alpha_velocity)?;

@@ -28,8 +28,14 @@
 //!   velocity, counterfactual freshness, previous gradient health).
 //! - [`batch::FeatureBatch`] encodes many environments into preallocated
 //!   `[n_envs, obs_dim]` / `[n_envs, num_slots]` tensors.
+//! - [`check::check_observation`] checks every number of an
+//!   `EpochObservation` (losses, accuracies, each seed's alpha, accuracies,
+//!   improvement, gradient figures, contribution) before the tracker or any
+//!   controller reads it: a NaN or an infinity is [`crate::Error::NonFinite`]
+//!   naming the field, and nothing changes.
 
 pub mod batch;
+pub mod check;
 pub mod encode;
 pub mod tracker;
 
@@ -39,6 +45,7 @@ use leyline::{BlueprintAction, LifecycleOp};
 use crate::{Error, Result};
 
 pub use batch::FeatureBatch;
+pub use check::{check_observation, check_seed};
 pub use encode::{BaseInputs, RawObservation, SlotInputs};
 pub use tracker::{ObservationTracker, SlotExtras, slot_extras};
 

@@ -36,6 +36,7 @@ use super::{
     BaseInputs, CONTRIBUTION_VELOCITY_DECAY, HISTORY_LEN, MAX_EPOCHS, MAX_SLOTS, RawObservation,
     SlotInputs,
 };
+use crate::error::{finite, in_range};
 use crate::{Error, Result};
 
 /// Per-slot inputs the `SeedState` message lacks (see the module docs).
@@ -59,6 +60,18 @@ pub struct SlotExtras {
 }
 
 impl SlotExtras {
+    /// Checks the numbers: alpha start in `[0, 1]`, gradient health in
+    /// `[0, 1]`, the interaction sum finite ([`Error::NonFinite`] or
+    /// [`Error::InvalidInput`] naming the field).
+    pub fn validate(&self) -> Result<()> {
+        in_range("extras.alpha_start", self.alpha_start, 0.0, 1.0)?;
+        if let Some(health) = self.gradient_health {
+            in_range("extras.gradient_health", health, 0.0, 1.0)?;
+        }
+        finite("extras.interaction_sum", self.interaction_sum)?;
+        Ok(())
+    }
+
     /// The extras of a Kasmina seed state (interaction sum 0, measurement
     /// inferred).
     pub fn from_state(state: &kasmina::lifecycle::SeedState) -> SlotExtras {
@@ -216,13 +229,16 @@ impl ObservationTracker {
     /// The raw observation of `observation`, with `extras` per slot (empty
     /// for none, otherwise one entry per slot in observation order). Checks
     /// the observation's slots against the tracker's, every seed's slot,
-    /// stage and blueprint, and every value; on an error the history is
+    /// stage and blueprint, and every value (the observation's through
+    /// [`super::check_observation`], the extras' and the derived inputs'
+    /// through [`SlotInputs::validate`]); on an error the history is
     /// unchanged.
     pub fn observe(
         &mut self,
         observation: &EpochObservation,
         extras: &[Option<SlotExtras>],
     ) -> Result<RawObservation> {
+        super::check_observation(observation)?;
         if observation.slots != self.slots {
             return Err(Error::SlotMismatch {
                 expected: slot_list(&self.slot_names),
@@ -241,6 +257,7 @@ impl ObservationTracker {
                 extras.len(),
             ));
         }
+        extras.iter().flatten().try_for_each(SlotExtras::validate)?;
         let mut seeds: Vec<Option<&SeedState>> = vec![None; self.slots.len()];
         for seed in &observation.seeds {
             let index = self

@@ -135,6 +135,37 @@ impl GraphedAct {
     ) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let inputs = &self.inputs;
+        // Every shape first, so a refused call copies nothing.
+        let mut pairs: Vec<(&'static str, &Tensor, &Tensor)> = vec![
+            ("GraphedAct.obs", &inputs.obs, obs),
+            ("GraphedAct.blueprints", &inputs.blueprints, blueprints),
+            ("GraphedAct.hidden.h", &inputs.h, &hidden.h),
+            ("GraphedAct.hidden.c", &inputs.c, &hidden.c),
+            (
+                "GraphedAct.slot_by_op",
+                &inputs.masks.slot_by_op,
+                &masks.slot_by_op,
+            ),
+        ];
+        for (target, source) in inputs.masks.heads.iter().zip(masks.heads.iter()) {
+            pairs.push(("GraphedAct.masks", target, source));
+        }
+        for (what, target, source) in &pairs {
+            if target.size() != source.size() || target.kind() != source.kind() {
+                return Err(shape_mismatch(
+                    what,
+                    format!("{:?} {:?}", target.kind(), target.size()),
+                    (source.kind(), source.size()),
+                ));
+            }
+        }
+        if !bases.is_empty() && inputs.bases.size() != [i64::try_from(bases.len()).unwrap_or(-1)] {
+            return Err(shape_mismatch(
+                "GraphedAct.bases",
+                format!("{:?}", inputs.bases.size()),
+                bases.len(),
+            ));
+        }
         copy_into("GraphedAct.obs", &inputs.obs, obs)?;
         copy_into("GraphedAct.blueprints", &inputs.blueprints, blueprints)?;
         copy_into("GraphedAct.hidden.h", &inputs.h, &hidden.h)?;
@@ -173,8 +204,30 @@ impl GraphedAct {
         if self.fallback.is_some() || !fits {
             return policy.act(obs, blueprints, hidden, masks, sampler);
         }
+        // The generator moves only when the step runs: a refused call
+        // leaves it where it was.
+        let rng = sampler.rng().clone();
         let bases = sampler.next_bases();
-        self.set_inputs(obs, blueprints, hidden, masks, &bases)?;
+        let act = self.replay(policy, sampler, obs, blueprints, hidden, masks, &bases);
+        if act.is_err() {
+            sampler.set_rng(rng);
+        }
+        act
+    }
+
+    /// [`GraphedAct::act`] once the generator has given this step's `bases`.
+    #[allow(clippy::too_many_arguments)]
+    fn replay(
+        &mut self,
+        policy: &Policy,
+        sampler: &Sampler,
+        obs: &Tensor,
+        blueprints: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+        bases: &[i64],
+    ) -> Result<Act> {
+        self.set_inputs(obs, blueprints, hidden, masks, bases)?;
         if self.graph.is_none() {
             self.capture(policy, sampler)?;
         }

@@ -235,6 +235,37 @@ impl LstmLayer {
         Ok([output, h, c])
     }
 
+    /// [`LstmLayer::forward`] in full precision whatever autocast is on:
+    /// inputs, state and weights cast to `f64` (autocast never casts `f64`
+    /// down, and libtorch's native LSTM, not oneDNN's, runs it), outputs
+    /// cast back to `f32`. Gradients flow through the casts to the `f32`
+    /// weights. The CPU fallback where oneDNN has no bf16 LSTM (see
+    /// [`super::network::cpu_bf16_lstm_supported`]).
+    pub(crate) fn forward_full_precision(
+        &self,
+        x: &Tensor,
+        h: &Tensor,
+        c: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        let wide = |t: &Tensor| t.f_to_kind(Kind::Double).op("lstm to f64");
+        let params = self.params.iter().map(wide).collect::<Result<Vec<_>>>()?;
+        let params: Vec<&Tensor> = params.iter().collect();
+        let (output, h, c) = wide(x)?
+            .f_lstm(
+                &[&wide(h)?, &wide(c)?],
+                &params,
+                true,
+                1,
+                0.0,
+                true,
+                false,
+                true,
+            )
+            .op("lstm (full precision)")?;
+        let narrow = |t: &Tensor| t.f_to_kind(Kind::Float).op("lstm to f32");
+        Ok([narrow(&output)?, narrow(&h)?, narrow(&c)?])
+    }
+
     /// `[w_ih, w_hh, b_ih, b_hh]` (for tests of the initialisation).
     pub(crate) fn params(&self) -> &[Tensor; 4] {
         &self.params

@@ -24,7 +24,7 @@ pub use crate::heads::relevant_head_count;
 pub use graphed::GraphedAct;
 pub use network::{
     AuxiliaryOutput, LstmHealth, LstmState, PolicyConfig, PolicyNetwork, PolicyOutput,
-    PolicyPrecision,
+    PolicyPrecision, cpu_bf16_lstm_fallback_reason, cpu_bf16_lstm_supported,
 };
 pub use rng::PolicyRng;
 pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};

@@ -34,7 +34,20 @@
 //! so log-probabilities and the probability floors are computed in fp32.
 //! The autocast cast cache is off, so a captured step casts the live weights
 //! at every replay. fp16 is not offered: the policy's optimizer has no
-//! gradient scaler.
+//! gradient scaler. On a CPU whose oneDNN has no bf16 LSTM (no AVX-512:
+//! [`cpu_bf16_lstm_supported`], probed once per process), the LSTM layers
+//! of a bf16 forward run in full precision (inputs, state and weights cast
+//! to `f64`, which autocast leaves alone; outputs back to `f32`) and the
+//! rest in bf16, reported once as a `tracing` warning. The same fallback
+//! applies when a caller opens its own CPU bf16 autocast region around an
+//! fp32 forward, and always under a caller's CPU fp16 autocast region.
+//!
+//! Values: on the CPU, a NaN or infinite observation or LSTM state is
+//! [`Error::NonFinite`] before anything runs, and masks with an all-false
+//! row are [`Error::EmptyMask`] ([`MaskTensors::check`]). On CUDA the
+//! per-step inputs are not read back (the step must neither synchronise nor
+//! read back inside a graph capture); they are built from values checked on
+//! the host ([`crate::features`], [`crate::masks`], [`crate::normaliser`]).
 
 use tch::{Device, Kind, Tensor, nn};
 
@@ -45,12 +58,13 @@ mod state;
 
 pub use auxiliary::{AUXILIARY_OUTPUT_GAIN, AuxiliaryOutput, CONTRIBUTION_DROPOUT};
 
-pub use precision::PolicyPrecision;
+pub use precision::{PolicyPrecision, cpu_bf16_lstm_fallback_reason, cpu_bf16_lstm_supported};
 pub use state::{LstmHealth, LstmState};
 
 use super::layers::{BlockSpec, LayerNorm, Linear, LstmLayer, Mlp, to_f32};
 use crate::error::{TorchResultExt, shape_mismatch};
 use crate::features::{BLUEPRINT_EMBED_DIM, NUM_BLUEPRINTS, layout};
+use crate::finite::check_finite_on_host;
 use crate::heads::{BLUEPRINT, head_sizes};
 use crate::masks::MaskTensors;
 use crate::{Error, Result};
@@ -367,7 +381,31 @@ impl PolicyNetwork {
             self.config.hidden_dim,
         ];
         self.check("forward.hidden.h", &hidden.h, &shape, Kind::Float)?;
-        self.check("forward.hidden.c", &hidden.c, &shape, Kind::Float)
+        self.check("forward.hidden.c", &hidden.c, &shape, Kind::Float)?;
+        check_finite_on_host("forward.hidden.h", &hidden.h)?;
+        check_finite_on_host("forward.hidden.c", &hidden.c)
+    }
+
+    /// Whether this forward's LSTM layers must run in full precision: on the
+    /// CPU, under bf16 (the policy's precision or a caller's CPU autocast
+    /// region) where oneDNN has no bf16 LSTM, or under a caller's fp16 CPU
+    /// autocast region (see the module docs).
+    fn lstm_full_precision(&self) -> Result<bool> {
+        if self.device != Device::Cpu {
+            return Ok(false);
+        }
+        let outer =
+            torch_ext::autocast_state(torch_ext::AutocastDevice::Cpu).map_err(|source| {
+                Error::Device {
+                    op: "autocast state",
+                    source,
+                }
+            })?;
+        if outer.enabled && outer.dtype == Kind::Half {
+            return Ok(true);
+        }
+        let bf16 = self.precision == PolicyPrecision::Bf16 || outer.enabled;
+        Ok(bf16 && !cpu_bf16_lstm_supported())
     }
 
     /// One step for a batch (see the module docs), with the base `masks`
@@ -417,10 +455,12 @@ impl PolicyNetwork {
         )?;
         self.check_hidden(hidden, batch)?;
         masks.check(batch, self.config.num_slots, self.device)?;
+        check_finite_on_host("forward.obs", obs)?;
+        let full_precision_lstm = self.lstm_full_precision()?;
         let _autocast = self.autocast()?;
         let obs = obs.f_unsqueeze(1).op("forward unsqueeze")?;
         let blueprints = blueprint_indices.f_unsqueeze(1).op("forward unsqueeze")?;
-        let (lstm_out, hidden) = self.core(&obs, &blueprints, hidden)?;
+        let (lstm_out, hidden) = self.core(&obs, &blueprints, hidden, full_precision_lstm)?;
         let lstm_out = lstm_out.f_squeeze_dim(1).op("forward squeeze")?;
         let (logits, value) = self.outputs(&lstm_out)?;
         Ok(PolicyOutput {
@@ -469,8 +509,10 @@ impl PolicyNetwork {
             Kind::Int64,
         )?;
         self.check_hidden(hidden, batch)?;
+        check_finite_on_host("forward_sequence.obs", obs)?;
+        let full_precision_lstm = self.lstm_full_precision()?;
         let _autocast = self.autocast()?;
-        let (lstm_out, hidden) = self.core(obs, blueprint_indices, hidden)?;
+        let (lstm_out, hidden) = self.core(obs, blueprint_indices, hidden, full_precision_lstm)?;
         let (logits, value) = self.outputs(&lstm_out)?;
         Ok(PolicyOutput {
             logits,
@@ -481,12 +523,14 @@ impl PolicyNetwork {
         })
     }
 
-    /// Embedding, feature net and residual LSTM on `[B, T, ...]` inputs.
+    /// Embedding, feature net and residual LSTM on `[B, T, ...]` inputs
+    /// (the LSTM layers in full precision when `full_precision_lstm`).
     fn core(
         &self,
         obs: &Tensor,
         blueprint_indices: &Tensor,
         hidden: &LstmState,
+        full_precision_lstm: bool,
     ) -> Result<(Tensor, LstmState)> {
         let null = as_i64(NUM_BLUEPRINTS);
         let valid = blueprint_indices
@@ -515,7 +559,11 @@ impl PolicyNetwork {
             let layer = as_i64(layer);
             let h = hidden.h.f_narrow(0, layer, 1).op("lstm state h")?;
             let c = hidden.c.f_narrow(0, layer, 1).op("lstm state c")?;
-            let [output, h, c] = lstm.forward(&x, &h, &c)?;
+            let [output, h, c] = if full_precision_lstm {
+                lstm.forward_full_precision(&x, &h, &c)?
+            } else {
+                lstm.forward(&x, &h, &c)?
+            };
             x = norm.forward(&output)?.f_add(&x).op("lstm residual")?;
             hs.push(h);
             cs.push(c);

@@ -73,11 +73,12 @@ impl PolicyRng {
 
     /// Uniform numbers in the open interval `(0, 1)`, `f32`, of `shape` on
     /// `device` (24 random bits each).
+    /// A refused shape leaves the generator where it was.
     pub fn uniform(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
-        let draw = self.draws;
+        let base = self.base_of(self.draws);
+        let noise = hashed_uniform(shape, device, |x| x.f_add_scalar(base).op("rng hash"))?;
         self.draws = self.draws.wrapping_add(1);
-        let base = self.base_of(draw);
-        hashed_uniform(shape, device, |x| x.f_add_scalar(base).op("rng hash"))
+        Ok(noise)
     }
 
     /// [`PolicyRng::uniform`] of the draw whose base is the one-element i64

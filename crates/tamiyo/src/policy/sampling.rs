@@ -24,6 +24,14 @@
 //! [`SampledActions::relevance`] is the causal mask `[B, 8]` PPO applies to
 //! per-head log-probabilities; [`Sampler::evaluate_actions`] recomputes
 //! log-probabilities and entropies of stored actions the same way.
+//!
+//! Refused inputs: masks with an all-false row are [`Error::EmptyMask`]
+//! (checked where masks are built, and at every use on the CPU: see
+//! [`crate::masks`]), so a masked option is never returned; on the CPU, NaN
+//! or infinite logits are [`Error::NonFinite`] when sampling (the PPO
+//! update's [`Sampler::evaluate_actions`] leaves non-finite logits to the
+//! update's own loss check). A refused call leaves the generator where it
+//! was.
 
 use leyline::{HEAD_NAMES, LifecycleOp, NUM_ACTION_HEADS};
 use tch::{Device, Kind, Tensor};
@@ -38,6 +46,7 @@ pub use distribution::{
 use super::fused_sampling::FusedSampler;
 use super::rng::PolicyRng;
 use crate::error::{TorchResultExt, shape_mismatch};
+use crate::finite::check_finite_on_host;
 use crate::heads::{FactoredAction, OP, SLOT, canonical_action, head_sizes, relevance};
 use crate::masks::MaskTensors;
 use crate::{Error, Result};
@@ -479,6 +488,9 @@ impl Sampler {
         let (batch, num_slots) = batch_and_slots(logits);
         self.check_logits(logits, batch, num_slots)?;
         masks.check(batch, num_slots, self.device)?;
+        for head in logits {
+            check_finite_on_host("sample.logits", head)?;
+        }
         let op_mask = masks
             .heads
             .get(OP)
@@ -516,6 +528,8 @@ impl Sampler {
     /// Log-probabilities and entropies (`[B, 8]` each, fp32) of stored
     /// `actions` (`[B, 8]` i64) under raw `logits` and the base `masks`,
     /// conditioned on the stored ops exactly as [`Sampler::sample`] did.
+    /// Masks are checked as everywhere ([`MaskTensors::check`]); the logits'
+    /// values are not (the PPO update checks its loss).
     pub fn evaluate_actions(
         &self,
         logits: &[Tensor; NUM_ACTION_HEADS],

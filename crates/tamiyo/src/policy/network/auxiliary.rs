@@ -69,7 +69,10 @@ impl PolicyNetwork {
     /// `features` `[B, T, hidden]` ([`super::PolicyOutput::features`] of
     /// [`PolicyNetwork::forward_sequence`]) for the ops taken, `ops`
     /// `[B, T]` i64 (values outside `[0, NUM_OPS)` are clamped into it);
-    /// `train` turns the predictor's dropout on.
+    /// `train` turns the predictor's dropout on. `features` is the trunk's
+    /// own output, whose inputs [`PolicyNetwork::forward_sequence`] checked;
+    /// its values are not checked again here (the PPO update checks its
+    /// loss).
     pub fn auxiliary(
         &self,
         features: &Tensor,
