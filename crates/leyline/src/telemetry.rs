@@ -203,6 +203,10 @@ event_names! {
     /// The heuristic controller saw the host stabilise (reference §3.5's
     /// one-way latch; the reference's `TAMIYO_INITIATED`).
     TAMIYO_INITIATED = "tamiyo.initiated", Info, "The host stabilised: Tamiyo initiated";
+    /// The policy runs in bf16 on a CPU whose oneDNN has no bf16 LSTM (no
+    /// AVX-512): its LSTM runs outside bf16, the other layers in bf16; sent
+    /// once by the PPO trainer that set the precision (attribute `reason`).
+    TAMIYO_PRECISION_FALLBACK = "tamiyo.precision_fallback", Warning, "Policy LSTM runs outside bf16 on this CPU";
     /// A PPO update finished.
     SIMIC_PPO_UPDATE_COMPLETED = "simic.ppo.update_completed", Info, "PPO update completed";
     /// A PPO update's joint ratio rose far above the clip range (the
