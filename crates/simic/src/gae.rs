@@ -18,12 +18,22 @@
 //! `A_T = 0`; the returns (critic targets) are `A_t + V(s_t)`.
 //!
 //! Everything runs on the tensors' device as one backward loop of tensor
-//! operations over `T`; nothing is read back. The flags may be `bool` or any
-//! numeric kind (non-zero is set); the result has the kind of `values`.
+//! operations over `T`. The flags may be `bool` or any numeric kind
+//! (non-zero is set); the result has the kind of `values`.
+//!
+//! Non-finite values never pass through: after the loop is queued, one
+//! readback counts the NaN and infinite elements of every input and of both
+//! results, a few integers once per rollout. A
+//! non-finite reward, value, bootstrap value or floating-point flag is
+//! refused as [`Error::InvalidInput`] naming the argument; finite inputs so
+//! large that the results overflow their kind are refused as
+//! [`Error::NonFinite`] naming the result. Nothing is kept between calls, so
+//! a refused call changes nothing.
 
 use tch::Tensor;
 
 use crate::error::TorchResultExt;
+use crate::finite::Rule;
 use crate::{Error, Result};
 
 fn shape_error(what: &'static str, expected: String, got: impl std::fmt::Debug) -> Error {
@@ -54,7 +64,10 @@ fn discount(field: &'static str, value: f64) -> Result<()> {
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for `gamma` or `lambda` outside `[0, 1]`,
-/// [`Error::ShapeMismatch`] for a shape, device or kind that does not fit.
+/// [`Error::ShapeMismatch`] for a shape, device or kind that does not fit,
+/// [`Error::InvalidInput`] naming the argument (`compute_gae.rewards`, …)
+/// that holds NaN or infinite values, [`Error::NonFinite`] naming the result
+/// (`compute_gae.advantages` or `compute_gae.returns`) that overflowed.
 pub fn compute_gae(
     rewards: &Tensor,
     values: &Tensor,
@@ -110,6 +123,7 @@ pub fn compute_gae(
     let values = values.f_detach().op("gae values")?;
     let rewards = as_kind(rewards, "gae rewards")?;
     let bootstrap = as_kind(bootstrap_values, "gae bootstrap")?;
+    let (terminated_in, truncated_in) = (terminated, truncated);
     let terminal = flag(terminated, "gae terminated")?;
     let truncated = flag(truncated, "gae truncated")?;
     // 1 where the next value exists at all (not terminal).
@@ -171,7 +185,46 @@ pub fn compute_gae(
     columns.reverse();
     let advantages = Tensor::f_stack(&columns, 1).op("gae stack")?;
     let returns = advantages.f_add(&values).op("gae returns")?;
+    check_finite(
+        &[
+            ("compute_gae.rewards", &rewards),
+            ("compute_gae.values", &values),
+            ("compute_gae.terminated", terminated_in),
+            ("compute_gae.truncated", truncated_in),
+            ("compute_gae.bootstrap_values", &bootstrap),
+        ],
+        &[
+            ("compute_gae.advantages", &advantages),
+            ("compute_gae.returns", &returns),
+        ],
+    )?;
     Ok((advantages, returns))
+}
+
+/// One readback over the inputs and the results (see the module docs).
+fn check_finite(
+    inputs: &[(&'static str, &Tensor)],
+    results: &[(&'static str, &Tensor)],
+) -> Result<()> {
+    let checks: Vec<(&'static str, &Tensor, Rule)> = inputs
+        .iter()
+        .chain(results)
+        .map(|(name, tensor)| (*name, *tensor, Rule::Finite))
+        .collect();
+    let counts = crate::finite::bad_counts(&checks)?;
+    for (index, ((name, tensor, rule), count)) in checks.iter().zip(counts).enumerate() {
+        if count == 0 {
+            continue;
+        }
+        if index < inputs.len() {
+            return Err(crate::finite::invalid(name, tensor, *rule, count));
+        }
+        return Err(Error::NonFinite {
+            what: name,
+            value: crate::finite::first_non_finite(tensor),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

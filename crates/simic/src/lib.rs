@@ -60,6 +60,7 @@ pub mod cartpole;
 pub mod counterfactual;
 pub mod distributed;
 pub mod error;
+mod finite;
 pub mod gae;
 pub mod ppo;
 pub mod rewards;

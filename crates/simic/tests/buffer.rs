@@ -127,7 +127,7 @@ fn host_decisions_arrive_once_per_round_with_their_weights() {
     assert_eq!(value, [1.0, 0.2, 1.0]);
 
     // The governor's rule rewrites an episode's rewards and ends it.
-    *buffer.reward_mut(2, 1).expect("cell") = -10.0;
+    buffer.set_reward(2, 1, -10.0).expect("cell");
     buffer.set_terminal(2, 1).expect("terminal");
     let rollout = buffer.finish().expect("finish");
     assert_eq!(rollout.rewards.double_value(&[2, 1]), -10.0);

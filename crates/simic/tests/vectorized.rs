@@ -185,10 +185,12 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
         Simic::new(config(4), 3, Device::Cpu, Telemetry::new(collector.clone())).expect("simic");
     // A ratio "explosion" threshold below 1: the update's largest ratio (at
     // least 1) crosses it, so the anomaly's event must come out.
-    simic.set_anomaly_thresholds(simic::ppo::AnomalyThresholds {
-        ratio_explosion: 0.5,
-        ..simic::ppo::AnomalyThresholds::default()
-    });
+    simic
+        .set_anomaly_thresholds(simic::ppo::AnomalyThresholds {
+            ratio_explosion: 0.5,
+            ..simic::ppo::AnomalyThresholds::default()
+        })
+        .expect("thresholds");
     let report = simic.run_round(&spec, true).expect("round");
     assert!(
         report

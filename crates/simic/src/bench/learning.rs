@@ -136,6 +136,7 @@ pub fn run_learning(
     rounds: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SimicBenchRun> {
+    options.validate()?;
     let device = torch_ext::device::select(options.device)?;
     let (train, test) = load(ThroughputTask::FashionMnist, options)?;
     let host = CnnHostConfig {

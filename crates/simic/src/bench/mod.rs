@@ -114,6 +114,33 @@ impl SimicBenchOptions {
     }
 }
 
+/// Most rounds one variant of a workload runs.
+pub const MAX_ROUNDS: usize = 100_000;
+
+impl SimicBenchOptions {
+    /// Checks the counts before anything is loaded: `rounds` in
+    /// `[1, MAX_ROUNDS]`, `ppo_epochs` (when set) in
+    /// `[1, ppo::config::MAX_EPOCHS]`; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=MAX_ROUNDS).contains(&self.rounds) {
+            return Err(Error::InvalidConfig {
+                field: "SimicBenchOptions.rounds",
+                reason: format!("{} is outside [1, {MAX_ROUNDS}]", self.rounds),
+            });
+        }
+        if let Some(epochs) = self.ppo_epochs {
+            let max = crate::ppo::config::MAX_EPOCHS;
+            if !(1..=max).contains(&epochs) {
+                return Err(Error::InvalidConfig {
+                    field: "SimicBenchOptions.ppo_epochs",
+                    reason: format!("{epochs} is outside [1, {max}]"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What a workload run measured.
 #[derive(Debug)]
 pub struct SimicBenchRun {

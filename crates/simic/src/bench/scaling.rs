@@ -57,6 +57,7 @@ pub fn run_rank(
     group: Option<ProcessGroup>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<RankFigures> {
+    options.validate()?;
     let device = match &group {
         Some(group) => group.device(),
         None => torch_ext::device::select(options.device)?,

@@ -243,6 +243,7 @@ pub fn run_throughput(
     options: &SimicBenchOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SimicBenchRun> {
+    options.validate()?;
     let device = torch_ext::device::select(options.device)?;
     let (train, test) = match load(task, options) {
         Ok(data) => data,

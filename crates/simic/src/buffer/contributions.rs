@@ -36,7 +36,8 @@ impl ContributionTargets {
     }
 
     /// Records `env`'s contributions at `step`, one entry per slot (`None`:
-    /// not measured).
+    /// not measured). Every value must be finite and inside the `f32`
+    /// range; all are checked before any is written.
     pub(super) fn record(&mut self, step: usize, env: usize, values: &[Option<f64>]) -> Result<()> {
         if step >= self.max_steps || env >= self.n_envs {
             return Err(Error::Buffer(format!(
@@ -52,10 +53,17 @@ impl ContributionTargets {
                 self.num_slots
             )));
         }
-        if let Some(bad) = values.iter().flatten().find(|value| !value.is_finite()) {
-            return Err(Error::NonFinite {
-                what: "contribution target",
-                value: *bad,
+        // Kept as f32: a value outside its range would become infinite.
+        if let Some(bad) = values
+            .iter()
+            .flatten()
+            .find(|value| !(value.is_finite() && value.abs() <= f64::from(f32::MAX)))
+        {
+            return Err(Error::InvalidInput {
+                field: "RolloutBuffer.record_contributions",
+                reason: format!(
+                    "contribution {bad} for environment {env} at step {step} is not a finite f32"
+                ),
             });
         }
         let start = env

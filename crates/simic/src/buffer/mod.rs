@@ -15,6 +15,14 @@
 //! predictor's targets (the contributions measured at each step) travel the
 //! same way ([`RolloutBuffer::record_contributions`]).
 //!
+//! Every call that writes checks all of its arguments before it writes
+//! anything: a refused call leaves the buffer as it was. Host values are
+//! checked where they enter (rewards finite as `f32`, contribution targets
+//! finite and inside the `f32` range) and once more by
+//! [`RolloutBuffer::finish`]; the device tensors are not read back here
+//! (that would cost a readback per step): GAE and the PPO update check them
+//! once per round ([`crate::gae::compute_gae`], [`crate::ppo::PpoTrainer`]).
+//!
 //! Rows an environment did not fill (it ended its episode early) keep the
 //! "allow everything" masks [`RolloutBuffer::reset`] writes, so evaluating
 //! them never meets a head without a valid option; their `valid` flag is
@@ -45,8 +53,20 @@ pub struct BufferShape {
     pub num_slots: usize,
 }
 
+/// Most transitions (`n_envs · max_steps`) a buffer holds.
+pub const MAX_TRANSITIONS: usize = 1 << 24;
+
+/// Most elements of any one of a buffer's tensors or host lists
+/// (`n_envs · max_steps · width`, the widest being the observations or the
+/// `ops × slots` mask).
+pub const MAX_ELEMENTS: usize = 1 << 28;
+
 impl BufferShape {
-    fn check(&self) -> Result<()> {
+    /// Checks the sizes: each at least 1, at most [`MAX_TRANSITIONS`]
+    /// transitions, at most [`MAX_ELEMENTS`] elements in any one tensor
+    /// (checked before anything is allocated: an absurd shape is a typed
+    /// error, not an allocation failure).
+    pub fn check(&self) -> Result<()> {
         for (field, value) in [
             ("BufferShape.n_envs", self.n_envs),
             ("BufferShape.max_steps", self.max_steps),
@@ -59,6 +79,40 @@ impl BufferShape {
                     reason: format!("{value}; must be at least 1 and fit i64"),
                 });
             }
+        }
+        let transitions = self
+            .n_envs
+            .checked_mul(self.max_steps)
+            .filter(|&cells| cells <= MAX_TRANSITIONS)
+            .ok_or_else(|| Error::InvalidConfig {
+                field: "BufferShape.max_steps",
+                reason: format!(
+                    "{} environments × {} steps is more than {MAX_TRANSITIONS} transitions",
+                    self.n_envs, self.max_steps
+                ),
+            })?;
+        let widest = self
+            .obs_dim
+            .max(tamiyo::features::NUM_OPS.saturating_mul(self.num_slots))
+            .max(NUM_ACTION_HEADS);
+        let fits = transitions
+            .checked_mul(widest)
+            .is_some_and(|elements| elements <= MAX_ELEMENTS)
+            && tamiyo::heads::head_sizes(self.num_slots)
+                .iter()
+                .all(|&size| {
+                    transitions
+                        .checked_mul(size)
+                        .is_some_and(|elements| elements <= MAX_ELEMENTS)
+                });
+        if !fits {
+            return Err(Error::InvalidConfig {
+                field: "BufferShape.obs_dim",
+                reason: format!(
+                    "{transitions} transitions of width up to {widest} is more than \
+                     {MAX_ELEMENTS} elements in one tensor"
+                ),
+            });
         }
         Ok(())
     }
@@ -200,7 +254,9 @@ impl RolloutBuffer {
 
     /// Records the contributions measured for `env` at `step`, one entry
     /// per slot in the environment's slot order (`None`: not measured),
-    /// the contribution predictor's targets.
+    /// the contribution predictor's targets. A value that is not finite or
+    /// outside the `f32` range is refused ([`Error::InvalidInput`]) and
+    /// nothing is written.
     pub fn record_contributions(
         &mut self,
         step: usize,
@@ -218,13 +274,15 @@ impl RolloutBuffer {
             .op("buffer column")
     }
 
-    fn put(
+    /// Checks that `value` fits column `step` of `tensor` (shape, kind,
+    /// device) and returns that column; writes nothing.
+    fn fit(
         what: &'static str,
         tensor: &Tensor,
         step: i64,
         value: &Tensor,
         kind: Kind,
-    ) -> Result<()> {
+    ) -> Result<Tensor> {
         let column = Self::column(tensor, step)?;
         if value.size() != column.size()
             || value.kind() != kind
@@ -236,7 +294,14 @@ impl RolloutBuffer {
                 value,
             ));
         }
-        column.shallow_clone().f_copy_(value).op("buffer write")?;
+        Ok(column)
+    }
+
+    /// Copies every `(column, value)` pair (all checked by [`Self::fit`]).
+    fn write_all(writes: &[(Tensor, &Tensor)]) -> Result<()> {
+        for (column, value) in writes {
+            column.shallow_clone().f_copy_(value).op("buffer write")?;
+        }
         Ok(())
     }
 
@@ -244,7 +309,8 @@ impl RolloutBuffer {
     /// observations `[E, obs_dim]` f32, blueprint indices `[E, S]` i64, the
     /// critic's values `[E]` f32, the sampled actions (their actions,
     /// log-probs and relevance) and the base `masks` they were sampled
-    /// under. Device-to-device copies; nothing is read back.
+    /// under. Device-to-device copies; nothing is read back. Every argument
+    /// is checked before the first copy: a refused call writes nothing.
     pub fn record_policy(
         &mut self,
         step: usize,
@@ -261,47 +327,81 @@ impl RolloutBuffer {
             )));
         }
         let t = dim(step);
-        let values = values.f_to_kind(Kind::Float).op("values to f32")?;
-        Self::put("record.obs", &self.obs, t, obs, Kind::Float)?;
-        Self::put(
-            "record.blueprints",
-            &self.blueprints,
-            t,
-            blueprints,
-            Kind::Int64,
-        )?;
-        Self::put("record.values", &self.values, t, &values, Kind::Float)?;
-        Self::put(
-            "record.actions",
-            &self.actions,
-            t,
-            &sample.actions,
-            Kind::Int64,
-        )?;
-        Self::put(
-            "record.log_probs",
-            &self.log_probs,
-            t,
-            &sample.log_probs,
-            Kind::Float,
-        )?;
-        Self::put(
-            "record.relevance",
-            &self.relevance,
-            t,
-            &sample.relevance,
-            Kind::Bool,
-        )?;
-        for (buffer, mask) in self.heads.iter().zip(masks.heads.iter()) {
-            Self::put("record.masks", buffer, t, mask, Kind::Bool)?;
+        if !values.is_floating_point() {
+            return Err(shape_error(
+                "record.values",
+                "a floating-point tensor".to_owned(),
+                values,
+            ));
         }
-        Self::put(
-            "record.slot_by_op",
-            &self.slot_by_op,
-            t,
+        let values = values.f_to_kind(Kind::Float).op("values to f32")?;
+        let mut writes: Vec<(Tensor, &Tensor)> =
+            Vec::with_capacity(NUM_ACTION_HEADS.saturating_add(7));
+        writes.push((
+            Self::fit("record.obs", &self.obs, t, obs, Kind::Float)?,
+            obs,
+        ));
+        writes.push((
+            Self::fit(
+                "record.blueprints",
+                &self.blueprints,
+                t,
+                blueprints,
+                Kind::Int64,
+            )?,
+            blueprints,
+        ));
+        writes.push((
+            Self::fit("record.values", &self.values, t, &values, Kind::Float)?,
+            &values,
+        ));
+        writes.push((
+            Self::fit(
+                "record.actions",
+                &self.actions,
+                t,
+                &sample.actions,
+                Kind::Int64,
+            )?,
+            &sample.actions,
+        ));
+        writes.push((
+            Self::fit(
+                "record.log_probs",
+                &self.log_probs,
+                t,
+                &sample.log_probs,
+                Kind::Float,
+            )?,
+            &sample.log_probs,
+        ));
+        writes.push((
+            Self::fit(
+                "record.relevance",
+                &self.relevance,
+                t,
+                &sample.relevance,
+                Kind::Bool,
+            )?,
+            &sample.relevance,
+        ));
+        for (buffer, mask) in self.heads.iter().zip(masks.heads.iter()) {
+            writes.push((
+                Self::fit("record.masks", buffer, t, mask, Kind::Bool)?,
+                mask,
+            ));
+        }
+        writes.push((
+            Self::fit(
+                "record.slot_by_op",
+                &self.slot_by_op,
+                t,
+                &masks.slot_by_op,
+                Kind::Bool,
+            )?,
             &masks.slot_by_op,
-            Kind::Bool,
-        )?;
+        ));
+        Self::write_all(&writes)?;
         if let Some(flag) = self.written.get_mut(step) {
             *flag = true;
         }
@@ -309,6 +409,8 @@ impl RolloutBuffer {
     }
 
     /// Records the host side of step `step` (one entry per environment).
+    /// Checks the step, the lengths and that every reward is finite before
+    /// it writes anything.
     pub fn record_host(&mut self, step: usize, host: &HostStep) -> Result<()> {
         let n = self.shape.n_envs;
         if step >= self.shape.max_steps {
@@ -330,10 +432,15 @@ impl RolloutBuffer {
                 )));
             }
         }
-        if let Some(bad) = host.rewards.iter().find(|reward| !reward.is_finite()) {
-            return Err(Error::NonFinite {
-                what: "rollout reward",
-                value: f64::from(*bad),
+        if let Some((env, bad)) = host
+            .rewards
+            .iter()
+            .enumerate()
+            .find(|(_, reward)| !reward.is_finite())
+        {
+            return Err(Error::InvalidInput {
+                field: "HostStep.rewards",
+                reason: format!("{bad} for environment {env} at step {step} is not finite"),
             });
         }
         for env in 0..n {
@@ -357,25 +464,37 @@ impl RolloutBuffer {
         Ok(())
     }
 
-    /// The reward of `env` at `step`, for the episode-level rules (the
-    /// governor's forfeit) to rewrite.
-    pub fn reward_mut(&mut self, env: usize, step: usize) -> Option<&mut f32> {
-        if step >= self.shape.max_steps {
+    /// The host cell of `env` at `step`, if both are in range.
+    fn cell(&self, env: usize, step: usize) -> Option<usize> {
+        if step >= self.shape.max_steps || env >= self.shape.n_envs {
             return None;
         }
-        let cell = env
-            .checked_mul(self.shape.max_steps)
-            .and_then(|row| row.checked_add(step))?;
-        self.rewards.get_mut(cell)
+        env.checked_mul(self.shape.max_steps)?.checked_add(step)
+    }
+
+    /// Rewrites the reward of `env` at `step` (the episode-level rules: the
+    /// governor's forfeit). A reward that is not finite (as `f32`) or a
+    /// cell out of range is refused and nothing changes.
+    pub fn set_reward(&mut self, env: usize, step: usize, reward: f32) -> Result<()> {
+        if !reward.is_finite() {
+            return Err(Error::InvalidInput {
+                field: "RolloutBuffer.set_reward",
+                reason: format!("{reward} for environment {env} at step {step} is not finite"),
+            });
+        }
+        let slot = self
+            .cell(env, step)
+            .and_then(|cell| self.rewards.get_mut(cell))
+            .ok_or_else(|| Error::Buffer(format!("no cell for environment {env} step {step}")))?;
+        *slot = reward;
+        Ok(())
     }
 
     /// Marks `env`'s transition at `step` as a true terminal (the episode
     /// ended there: no bootstrap, the recursion resets).
     pub fn set_terminal(&mut self, env: usize, step: usize) -> Result<()> {
-        let cell = env
-            .checked_mul(self.shape.max_steps)
-            .and_then(|row| row.checked_add(step))
-            .filter(|_| step < self.shape.max_steps && env < self.shape.n_envs)
+        let cell = self
+            .cell(env, step)
             .ok_or_else(|| Error::Buffer(format!("no cell for environment {env} step {step}")))?;
         if let Some(flag) = self.terminated.get_mut(cell) {
             *flag = true;
@@ -399,14 +518,22 @@ impl RolloutBuffer {
         if step >= self.shape.max_steps {
             return Err(Error::Buffer(format!("bootstrap step {step} out of range")));
         }
+        if !values.is_floating_point() {
+            return Err(shape_error(
+                "bootstrap",
+                "a floating-point tensor".to_owned(),
+                values,
+            ));
+        }
         let values = values.f_to_kind(Kind::Float).op("bootstrap to f32")?;
-        Self::put(
+        let column = Self::fit(
             "bootstrap",
             &self.bootstrap,
             dim(step),
             &values,
             Kind::Float,
-        )
+        )?;
+        Self::write_all(&[(column, &values)])
     }
 
     fn upload_bool(&self, values: &[bool]) -> Result<Tensor> {
@@ -421,8 +548,26 @@ impl RolloutBuffer {
             .op("buffer upload")
     }
 
-    /// The round as device tensors: the host side uploaded once.
+    /// The round as device tensors: the host side uploaded once. The host
+    /// rewards are checked again here (whatever wrote them): a non-finite
+    /// one is refused naming its environment and step.
     pub fn finish(&self) -> Result<Rollout> {
+        if let Some((cell, bad)) = self
+            .rewards
+            .iter()
+            .enumerate()
+            .find(|(_, reward)| !reward.is_finite())
+        {
+            let steps = self.shape.max_steps.max(1);
+            return Err(Error::InvalidInput {
+                field: "RolloutBuffer.rewards",
+                reason: format!(
+                    "{bad} for environment {} at step {} is not finite",
+                    cell.checked_div(steps).unwrap_or(0),
+                    cell.checked_rem(steps).unwrap_or(0)
+                ),
+            });
+        }
         let rewards = Tensor::f_from_slice(&self.rewards)
             .op("buffer upload")?
             .f_view([dim(self.shape.n_envs), dim(self.shape.max_steps)])

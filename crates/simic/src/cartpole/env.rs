@@ -187,8 +187,11 @@ impl CartPoleVec {
         &self.states
     }
 
-    /// Overwrites the state of environment `env` (tests, replays).
+    /// Overwrites the state of environment `env` (tests, replays). Every
+    /// value must be finite and inside the `f32` range (the observations
+    /// are `f32`); a refused state changes nothing.
     pub fn set_state(&mut self, env: usize, state: State) -> Result<()> {
+        check_state("CartPoleVec.set_state.state", &state)?;
         match self.states.get_mut(env) {
             Some(slot) => {
                 *slot = state;
@@ -207,7 +210,8 @@ impl CartPoleVec {
     }
 
     /// Steps every environment with its action (0 or 1), resetting those
-    /// whose episode ended.
+    /// whose episode ended. Every action is checked before any environment
+    /// moves: a refused call changes nothing.
     pub fn step(&mut self, actions: &[i64]) -> Result<VecStep> {
         let n_envs = self.states.len();
         if actions.len() != n_envs {
@@ -216,6 +220,18 @@ impl CartPoleVec {
                 reason: format!("{} actions for {n_envs} environments", actions.len()),
             });
         }
+        let pushes = actions
+            .iter()
+            .enumerate()
+            .map(|(env, action)| match action {
+                0 => Ok(0_u8),
+                1 => Ok(1_u8),
+                other => Err(Error::InvalidInput {
+                    field: "CartPoleVec.step.actions",
+                    reason: format!("action {other} for environment {env} is not 0 or 1"),
+                }),
+            })
+            .collect::<Result<Vec<u8>>>()?;
         let mut out = VecStep {
             rewards: vec![1.0; n_envs],
             terminated: vec![false; n_envs],
@@ -228,7 +244,7 @@ impl CartPoleVec {
             .iter_mut()
             .zip(self.lengths.iter_mut())
             .zip(self.returns.iter_mut())
-            .zip(actions)
+            .zip(&pushes)
             .zip(
                 out.terminated
                     .iter_mut()
@@ -240,17 +256,7 @@ impl CartPoleVec {
             ((((state, length), episodic_return), action), ((terminated, truncated), last)),
         ) in rows.enumerate()
         {
-            let action = match action {
-                0 => 0,
-                1 => 1,
-                other => {
-                    return Err(Error::InvalidInput {
-                        field: "CartPoleVec.step.actions",
-                        reason: format!("action {other} for environment {env} is not 0 or 1"),
-                    });
-                }
-            };
-            *state = step_state(*state, action);
+            *state = step_state(*state, *action);
             *length = length.saturating_add(1);
             *episodic_return += 1.0;
             *terminated = is_terminal(state);
@@ -275,8 +281,27 @@ fn reset_state(rng: &mut SplitMix64) -> State {
     [(); 4].map(|()| rng.uniform(-RESET_BOUND, RESET_BOUND))
 }
 
-/// `states` as an `[n, 4]` `f32` tensor on `device`.
+/// Refuses a state with a value that is not finite or outside the `f32`
+/// range.
+fn check_state(field: &'static str, state: &State) -> Result<()> {
+    match state
+        .iter()
+        .find(|value| !(value.is_finite() && value.abs() <= f64::from(f32::MAX)))
+    {
+        Some(bad) => Err(Error::InvalidInput {
+            field,
+            reason: format!("{bad} in {state:?} is not a finite f32"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// `states` as an `[n, 4]` `f32` tensor on `device`. Every value must be
+/// finite and inside the `f32` range ([`Error::InvalidInput`] otherwise).
 pub fn states_tensor(states: &[State], device: Device) -> Result<Tensor> {
+    for state in states {
+        check_state("states_tensor.states", state)?;
+    }
     let flat: Vec<f32> = states.iter().flatten().map(|value| *value as f32).collect();
     Tensor::f_from_slice(&flat)
         .op("cartpole observations")?

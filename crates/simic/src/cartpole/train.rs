@@ -129,8 +129,9 @@ impl CartpoleConfig {
         }
     }
 
-    /// Checks the sizes (and the PPO configuration); the error names the
-    /// field.
+    /// Checks the sizes and every PPO setting (through
+    /// [`PpoConfig::validate`]); the error names the `CartpoleConfig` field,
+    /// e.g. `CartpoleConfig.learning_rate` for a NaN learning rate.
     pub fn validate(&self) -> Result<()> {
         let invalid = |field: &'static str, reason: String| Error::InvalidConfig { field, reason };
         if !(1..=super::env::MAX_ENVS).contains(&self.n_envs) {
@@ -171,7 +172,33 @@ impl CartpoleConfig {
                 "0 must be >= 1".into(),
             ));
         }
-        self.ppo_config().validate()
+        self.ppo_config().validate().map_err(|error| match error {
+            Error::InvalidConfig { field, reason } => Error::InvalidConfig {
+                field: cartpole_field(field),
+                reason,
+            },
+            other => other,
+        })
+    }
+}
+
+/// The [`CartpoleConfig`] field a [`PpoConfig`] field comes from (see
+/// [`CartpoleConfig::ppo_config`]), so that an error names the field the
+/// caller set.
+fn cartpole_field(ppo_field: &'static str) -> &'static str {
+    match ppo_field {
+        "PpoConfig.learning_rate" => "CartpoleConfig.learning_rate",
+        "PpoConfig.clip" | "PpoConfig.value_clip" => "CartpoleConfig.clip",
+        "PpoConfig.gamma" => "CartpoleConfig.gamma",
+        "PpoConfig.gae_lambda" => "CartpoleConfig.gae_lambda",
+        "PpoConfig.target_kl" => "CartpoleConfig.target_kl",
+        "PpoConfig.entropy_coef" => "CartpoleConfig.entropy_coef",
+        "PpoConfig.value_coef" => "CartpoleConfig.value_coef",
+        "PpoConfig.max_grad_norm" => "CartpoleConfig.max_grad_norm",
+        "PpoConfig.epochs" => "CartpoleConfig.epochs",
+        "PpoConfig.minibatches" => "CartpoleConfig.minibatches",
+        "PpoConfig.total_updates" => "CartpoleConfig.total_steps",
+        other => other,
     }
 }
 
@@ -339,6 +366,16 @@ fn collect(
             .op("policy")?;
         // The one readback of a step: the environments need the actions.
         let probabilities = readback("cartpole.action_probabilities", &right)?;
+        // A NaN probability would silently pick action 0.
+        if let Some(bad) = probabilities
+            .iter()
+            .find(|p| !(p.is_finite() && (0.0..=1.0).contains(*p)))
+        {
+            return Err(Error::NonFinite {
+                what: "cartpole.action_probabilities",
+                value: *bad,
+            });
+        }
         let actions: Vec<i64> = probabilities
             .iter()
             .map(|p| i64::from(rng.next_f64() < *p))

@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use leyline::codec::MAX_ACCURACY_PERCENT;
+
 use crate::{Error, Result};
 
 /// Most players a game can have (one bit each in a [`Coalition`]).
@@ -105,6 +107,11 @@ impl std::fmt::Display for Coalition {
     }
 }
 
+/// Whether `value` is an accuracy in percent: finite, in `[0, 100]`.
+pub(crate) fn accuracy_in_range(value: f64) -> bool {
+    value.is_finite() && (0.0..=MAX_ACCURACY_PERCENT).contains(&value)
+}
+
 /// The measured values of some coalitions of an `n`-player game.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CoalitionValues {
@@ -141,8 +148,11 @@ impl CoalitionValues {
         Ok(values)
     }
 
-    /// Records `value` (finite) for `coalition` (whose members must be
-    /// players of this game), replacing an earlier one.
+    /// Records `value` for `coalition` (whose members must be players of
+    /// this game), replacing an earlier one. A value is an accuracy in
+    /// percent: finite and in `[0, 100]` (leyline's
+    /// `MAX_ACCURACY_PERCENT`), which also keeps every difference the
+    /// estimators take finite. A refused value changes nothing.
     pub fn insert(&mut self, coalition: Coalition, value: f64) -> Result<()> {
         if !coalition.fits(self.players) {
             return Err(Error::InvalidInput {
@@ -150,10 +160,12 @@ impl CoalitionValues {
                 reason: format!("{coalition} has members outside 0..{}", self.players),
             });
         }
-        if !value.is_finite() {
+        if !accuracy_in_range(value) {
             return Err(Error::InvalidInput {
                 field: "CoalitionValues.value",
-                reason: format!("{value} for {coalition} is not finite"),
+                reason: format!(
+                    "{value} for {coalition} is not a finite accuracy in [0, {MAX_ACCURACY_PERCENT}]"
+                ),
             });
         }
         self.values.insert(coalition, value);

@@ -374,19 +374,23 @@ impl ConfigSet {
     }
 
     /// Adds the configurations of a Shapley plan for these players (see
-    /// [`super::shapley`]) and returns the plan.
+    /// [`super::shapley`]) and returns the plan. All or nothing: the
+    /// configurations are added to a copy that replaces the set only when
+    /// every one was accepted.
     pub fn add_shapley(&mut self, config: &ShapleyConfig) -> Result<ShapleyPlan> {
         let plan = ShapleyPlan::new(self.players.len(), config)?;
-        let full = self.players.full();
-        self.insert_coalition(ConfigLabel::AllOn, full)?;
-        for player in 0..self.players.len() {
+        let mut next = self.clone();
+        let full = next.players.full();
+        next.insert_coalition(ConfigLabel::AllOn, full)?;
+        for player in 0..next.players.len() {
             let each_off = full.without(player);
-            self.insert_coalition(ConfigLabel::Coalition(each_off), each_off)?;
+            next.insert_coalition(ConfigLabel::Coalition(each_off), each_off)?;
         }
-        self.insert_coalition(ConfigLabel::AllOff, Coalition::EMPTY)?;
+        next.insert_coalition(ConfigLabel::AllOff, Coalition::EMPTY)?;
         for coalition in plan.coalitions() {
-            self.insert_coalition(ConfigLabel::Coalition(coalition), coalition)?;
+            next.insert_coalition(ConfigLabel::Coalition(coalition), coalition)?;
         }
+        *self = next;
         Ok(plan)
     }
 
@@ -482,7 +486,8 @@ impl ConfigSet {
         Ok(values)
     }
 
-    /// `accuracies` has one finite value per configuration.
+    /// `accuracies` has one finite accuracy in `[0, 100]` per
+    /// configuration.
     pub(crate) fn check_accuracies(&self, accuracies: &[f64]) -> Result<()> {
         if accuracies.len() != self.entries.len() {
             return Err(Error::InvalidInput {
@@ -494,10 +499,13 @@ impl ConfigSet {
                 ),
             });
         }
-        if let Some(bad) = accuracies.iter().find(|value| !value.is_finite()) {
+        if let Some(bad) = accuracies
+            .iter()
+            .find(|value| !super::coalition::accuracy_in_range(**value))
+        {
             return Err(Error::InvalidInput {
                 field: "ConfigSet.accuracies",
-                reason: format!("{bad} is not finite"),
+                reason: format!("{bad} is not a finite accuracy in [0, 100]"),
             });
         }
         Ok(())

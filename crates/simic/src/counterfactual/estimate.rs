@@ -112,7 +112,8 @@ impl RewardInputs {
     }
 
     /// The inputs from the validation accuracy, each player's solo-off
-    /// accuracy (`None` where not measured) and the all-off accuracy.
+    /// accuracy (`None` where not measured) and the all-off accuracy; every
+    /// accuracy must be finite and in `[0, 100]` percent.
     pub fn from_accuracies(
         val_accuracy: f64,
         solo_off: Vec<Option<f64>>,
@@ -121,10 +122,13 @@ impl RewardInputs {
         let measured = std::iter::once(Some(val_accuracy))
             .chain(solo_off.iter().copied())
             .chain(std::iter::once(all_off));
-        if let Some(bad) = measured.flatten().find(|value| !value.is_finite()) {
+        if let Some(bad) = measured
+            .flatten()
+            .find(|value| !super::coalition::accuracy_in_range(*value))
+        {
             return Err(Error::InvalidInput {
                 field: "RewardInputs",
-                reason: format!("accuracy {bad} is not finite"),
+                reason: format!("accuracy {bad} is not a finite accuracy in [0, 100]"),
             });
         }
         let contributions = solo_off

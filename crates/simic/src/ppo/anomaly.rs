@@ -33,6 +33,45 @@ impl Default for AnomalyThresholds {
     }
 }
 
+impl AnomalyThresholds {
+    /// Checks the thresholds: both ratios finite and > 0, the value
+    /// standard deviation finite and >= 0; the error names the field, e.g.
+    /// `AnomalyThresholds.ratio_explosion`. (A NaN threshold would compare
+    /// false against everything and silence its anomaly.)
+    pub fn validate(&self) -> crate::Result<()> {
+        let checks = [
+            (
+                "AnomalyThresholds.ratio_explosion",
+                self.ratio_explosion,
+                false,
+            ),
+            (
+                "AnomalyThresholds.ratio_collapse",
+                self.ratio_collapse,
+                false,
+            ),
+            (
+                "AnomalyThresholds.value_collapse_std",
+                self.value_collapse_std,
+                true,
+            ),
+        ];
+        for (field, value, zero_allowed) in checks {
+            let ok = value.is_finite() && (value > 0.0 || (zero_allowed && value == 0.0));
+            if !ok {
+                return Err(crate::Error::InvalidConfig {
+                    field,
+                    reason: format!(
+                        "{value} is not a finite number {}",
+                        if zero_allowed { ">= 0" } else { "> 0" }
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One anomaly of an update.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PpoAnomaly {

@@ -13,6 +13,12 @@ use tolaria::optim::MAX_LEARNING_RATE;
 
 use crate::{Error, Result};
 
+/// Most passes over the batch one update may make ([`PpoConfig::epochs`]).
+pub const MAX_EPOCHS: usize = 1_000;
+
+/// Most minibatches per epoch ([`PpoConfig::minibatches`]).
+pub const MAX_MINIBATCHES: usize = 1 << 20;
+
 /// Linear entropy-coefficient anneal: from [`PpoConfig::entropy_coef`] at
 /// update 0 to `final_coef` at update `updates`, constant afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -225,7 +231,11 @@ impl PpoConfig {
     }
 
     /// Checks every value; the error names the field, e.g.
-    /// `PpoConfig.clip`.
+    /// `PpoConfig.clip`: every float finite and on its side of zero (the
+    /// learning rate also a positive `f32`, the discounts and fractions in
+    /// `[0, 1]`), one per-head value per head, `epochs` in
+    /// `[1, MAX_EPOCHS]`, `minibatches` in `[1, MAX_MINIBATCHES]`, and
+    /// `total_updates` set (and >= 1) when a schedule needs it.
     pub fn validate(&self) -> Result<()> {
         let as_f32 = self.learning_rate as f32;
         if !(self.learning_rate.is_finite()
@@ -292,11 +302,19 @@ impl PpoConfig {
             positive("PpoConfig.value_clip", clip)?;
         }
         positive("PpoConfig.max_grad_norm", self.max_grad_norm)?;
-        if self.epochs == 0 {
-            return Err(invalid("PpoConfig.epochs", 0, ">= 1"));
+        if !(1..=MAX_EPOCHS).contains(&self.epochs) {
+            return Err(invalid(
+                "PpoConfig.epochs",
+                self.epochs,
+                &format!("in [1, {MAX_EPOCHS}]"),
+            ));
         }
-        if self.minibatches == 0 {
-            return Err(invalid("PpoConfig.minibatches", 0, ">= 1"));
+        if !(1..=MAX_MINIBATCHES).contains(&self.minibatches) {
+            return Err(invalid(
+                "PpoConfig.minibatches",
+                self.minibatches,
+                &format!("in [1, {MAX_MINIBATCHES}]"),
+            ));
         }
         positive("PpoConfig.advantage_std_floor", self.advantage_std_floor)?;
         if self.total_updates == Some(0) {

@@ -28,8 +28,8 @@
 use tch::{Device, Kind, Tensor};
 
 use super::{Evaluation, PpoBatch, PpoConfig, shape_error};
-use crate::Result;
 use crate::error::TorchResultExt;
+use crate::{Error, Result};
 
 /// Per-head log-ratios are clamped to this magnitude before `exp`.
 pub const LOG_RATIO_CLAMP: f64 = 20.0;
@@ -85,6 +85,40 @@ pub struct LossScalars {
     /// Coefficient of the contribution predictor's loss (after its
     /// warm-up).
     pub contribution_coef: f64,
+}
+
+impl LossScalars {
+    /// Checks every coefficient: `clip` finite and > 0, `value_clip` (when
+    /// set) finite and > 0, the other coefficients finite and >= 0; the
+    /// error names the field, e.g. `LossScalars.clip`.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |field: &'static str, value: f64, wanted: &str| Error::InvalidInput {
+            field,
+            reason: format!("{value} is not {wanted}"),
+        };
+        let positive = [
+            ("LossScalars.clip", Some(self.clip)),
+            ("LossScalars.value_clip", self.value_clip),
+        ];
+        for (field, value) in positive {
+            if let Some(value) = value
+                && !(value.is_finite() && value > 0.0)
+            {
+                return Err(invalid(field, value, "a finite number > 0"));
+            }
+        }
+        for (field, value) in [
+            ("LossScalars.value_coef", self.value_coef),
+            ("LossScalars.entropy_coef", self.entropy_coef),
+            ("LossScalars.floor_scale", self.floor_scale),
+            ("LossScalars.contribution_coef", self.contribution_coef),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(invalid(field, value, "a finite number >= 0"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The loss of one minibatch and its parts, all 0-dim `f32` device tensors
@@ -172,12 +206,20 @@ pub(super) fn check_evaluation(batch: &PpoBatch, evaluation: &Evaluation) -> Res
 /// # Shapes
 /// `batch` as [`PpoBatch`] with `r` rows; `evaluation.log_probs` and
 /// `entropies` `[r, T, H]`, `values` `[r, T]`; `coefficients` `[H]`.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a coefficient of `scalars` out of range
+/// ([`LossScalars::validate`]), [`Error::ShapeMismatch`] for a shape,
+/// kind or device that does not fit. The values are not read back: a
+/// non-finite input gives a non-finite loss, which
+/// [`super::PpoTrainer`] refuses before its step.
 pub fn ppo_loss(
     batch: &PpoBatch,
     evaluation: &Evaluation,
     coefficients: &HeadCoefficients,
     scalars: &LossScalars,
 ) -> Result<LossTerms> {
+    scalars.validate()?;
     batch.check()?;
     check_evaluation(batch, evaluation)?;
     let heads = batch.log_probs.size().get(2).copied().unwrap_or(0);

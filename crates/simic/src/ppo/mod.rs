@@ -27,6 +27,28 @@
 //!    inside the update, one scalar per epoch;
 //! 5. reads every statistic back once, at the end ([`PpoStats`]).
 //!
+//! **A refused update changes nothing.** Before anything runs, the batch is
+//! checked: shapes, kinds and devices on the host, then one readback that
+//! counts the NaN and infinite values of every tensor (and the negative
+//! weights), refused as [`Error::InvalidInput`] naming the field. The
+//! update then keeps a device copy of the parameters and the optimizer
+//! state (moments, step counts, learning rate) with the update counter and
+//! the row-order generator; any error from there on (a non-finite loss or
+//! gradient, a failed evaluation, the KL readback, a data-parallel
+//! collective) puts all of it back before the error is returned.
+//!
+//! **Non-finite losses and gradients never reach the optimizer.** Each
+//! minibatch's total loss and (pre-clip) gradient norm are checked on the
+//! device before its step: a non-finite one sets a device flag that the
+//! fused AdamW kernel reads as its `found_inf` (AMP's skipped step), so that
+//! step and every later one of the update are skipped without a readback of
+//! their own. The flag is read with the statistics at the end (the one
+//! readback the update makes anyway) and the update is refused as
+//! [`Error::NonFinite`] (`ppo.loss` or `ppo.grad_norm`), the state put back
+//! as above. The price of the guarantee is the device copy of the
+//! parameters and the optimizer state per update, and the batch check's one
+//! readback of a few integers.
+//!
 //! The optimizer is Tolaria's: one [`GroupOptimizer`] with AdamW (β 0.9,
 //! 0.999, no weight decay, `adam_eps`) over every parameter of the policy,
 //! keyed [`GroupKey::Host`] because the policy is one parameter group (it
@@ -135,6 +157,42 @@ const STAT_CLIP: i64 = 6;
 const STAT_Q: i64 = 7;
 const STAT_CONTRIBUTION: i64 = 8;
 const STAT_COUNT: i64 = 9;
+
+/// The trainer's state before an update, on the device (see the module
+/// docs): what a refused update puts back.
+#[derive(Debug)]
+pub(crate) struct TrainerSnapshot {
+    parameters: Vec<Tensor>,
+    optimizer_state: Vec<Tensor>,
+    step_count: Tensor,
+    learning_rate: f64,
+    updates: u64,
+    rng: PolicyRng,
+}
+
+/// A device copy of `tensor`, without gradient.
+fn device_copy(tensor: &Tensor) -> Result<Tensor> {
+    let mut copy = tensor.f_empty_like().op("ppo snapshot")?;
+    copy.f_copy_(&tensor.f_detach().op("ppo snapshot")?)
+        .op("ppo snapshot")?;
+    Ok(copy)
+}
+
+/// Copies `sources` into `targets` in place (same order and shapes).
+fn copy_back(targets: &[Tensor], sources: &[Tensor]) -> Result<()> {
+    if targets.len() != sources.len() {
+        return Err(Error::Buffer(format!(
+            "PPO snapshot of {} tensors for {} targets",
+            sources.len(),
+            targets.len()
+        )));
+    }
+    for (target, source) in targets.iter().zip(sources) {
+        let mut target = target.shallow_clone();
+        target.f_copy_(source).op("ppo restore")?;
+    }
+    Ok(())
+}
 
 /// Trains a policy's parameters with PPO (see the module docs).
 #[derive(Debug)]
@@ -308,9 +366,76 @@ impl PpoTrainer {
         Ok(grads)
     }
 
+    /// A device copy of everything an update changes (see the module docs).
+    pub(crate) fn snapshot(&self) -> Result<TrainerSnapshot> {
+        let _guard = tch::no_grad_guard();
+        Ok(TrainerSnapshot {
+            parameters: self
+                .parameters
+                .iter()
+                .map(device_copy)
+                .collect::<Result<_>>()?,
+            optimizer_state: self
+                .optimizer
+                .state_tensors()
+                .iter()
+                .map(device_copy)
+                .collect::<Result<_>>()?,
+            step_count: device_copy(self.optimizer.step_count_tensor())?,
+            learning_rate: self.optimizer.config().learning_rate(),
+            updates: self.updates,
+            rng: self.rng.clone(),
+        })
+    }
+
+    /// Puts back what [`PpoTrainer::snapshot`] copied, in place (the
+    /// tensors the policy and the optimizer hold stay the same), and clears
+    /// the gradients.
+    pub(crate) fn restore(&mut self, snapshot: &TrainerSnapshot) -> Result<()> {
+        {
+            let _guard = tch::no_grad_guard();
+            copy_back(&self.parameters, &snapshot.parameters)?;
+            copy_back(&self.optimizer.state_tensors(), &snapshot.optimizer_state)?;
+            copy_back(
+                &[self.optimizer.step_count_tensor().shallow_clone()],
+                std::slice::from_ref(&snapshot.step_count),
+            )?;
+        }
+        self.optimizer.set_learning_rate(snapshot.learning_rate)?;
+        self.optimizer.zero_grad()?;
+        self.updates = snapshot.updates;
+        self.rng = snapshot.rng.clone();
+        Ok(())
+    }
+
+    /// Checks every value of `batch` in one readback: finite
+    /// log-probabilities, advantages, returns and old values, finite and
+    /// non-negative weights.
+    fn check_batch_values(batch: &PpoBatch) -> Result<()> {
+        use crate::finite::Rule::{Finite, NonNegative};
+        crate::finite::require(&[
+            ("PpoBatch.log_probs", &batch.log_probs, Finite),
+            ("PpoBatch.advantages", &batch.advantages, Finite),
+            ("PpoBatch.returns", &batch.returns, Finite),
+            ("PpoBatch.old_values", &batch.old_values, Finite),
+            ("PpoBatch.head_weights", &batch.head_weights, NonNegative),
+            ("PpoBatch.actor_weight", &batch.actor_weight, NonNegative),
+            ("PpoBatch.value_weight", &batch.value_weight, NonNegative),
+        ])
+    }
+
     /// One PPO update on `batch` (see the module docs). `evaluate` gets an
     /// `i64` tensor of row indices on the device and returns the current
     /// policy's [`Evaluation`] of those rows, with gradient.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] for a batch whose shapes, kinds or device do
+    /// not fit, [`Error::InvalidInput`] naming the batch field that holds a
+    /// NaN or infinite value (or a negative weight), [`Error::NonFinite`]
+    /// when a minibatch's loss (`ppo.loss`), gradient norm (`ppo.grad_norm`)
+    /// or KL reading (`ppo.approx_kl`) is not finite; whatever the error,
+    /// the parameters, the optimizer state, the update counter and the
+    /// row-order generator are as they were before the call.
     pub fn update(
         &mut self,
         batch: &PpoBatch,
@@ -325,7 +450,29 @@ impl PpoTrainer {
     /// parameters are checked identical on every rank at the end
     /// ([`crate::distributed`]). Every rank must call it with batches of the
     /// same row count. `None` is the single-process update.
+    ///
+    /// Refused calls change nothing, as [`PpoTrainer::update`]'s do. A
+    /// non-finite gradient is seen alike by every rank (the check reads the
+    /// averaged gradients), so the ranks refuse together.
     pub fn update_synced(
+        &mut self,
+        batch: &PpoBatch,
+        evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
+        sync: Option<&mut DataParallel>,
+    ) -> Result<PpoStats> {
+        let snapshot = self.snapshot()?;
+        let result = self.update_unguarded(batch, evaluate, sync);
+        if result.is_err() {
+            // The original error says what went wrong; a failed restore is
+            // the worse news (the state is then not the one before).
+            self.restore(&snapshot)?;
+        }
+        result
+    }
+
+    /// [`PpoTrainer::update_synced`] without the snapshot: on an error the
+    /// state may be part-way (the caller puts back its own snapshot).
+    pub(crate) fn update_unguarded(
         &mut self,
         batch: &PpoBatch,
         mut evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
@@ -353,6 +500,7 @@ impl PpoTrainer {
                 reason: format!("{minibatches} minibatches for {rows} rows"),
             });
         }
+        Self::check_batch_values(batch)?;
         let update = self.updates;
         let learning_rate = self.config.learning_rate_at(update);
         self.optimizer.set_learning_rate(learning_rate)?;
@@ -392,6 +540,11 @@ impl PpoTrainer {
         let mut grad_norm_sum = zeros(1)?;
         let mut log_ratio_max = zeros(1)?.f_fill_(f64::NEG_INFINITY).op("stats")?;
         let mut log_ratio_min = zeros(1)?.f_fill_(f64::INFINITY).op("stats")?;
+        // Minibatches whose loss, and whose gradient norm, was not finite;
+        // and the 0-dim flag (0 or 1) the optimizer skips its steps on.
+        let mut bad_losses = zeros(1)?;
+        let mut bad_grads = zeros(1)?;
+        let mut skip = Tensor::f_zeros([], (Kind::Float, self.device)).op("stats")?;
         let mut evaluated: usize = 0;
         let mut steps: usize = 0;
         let mut epochs_run: usize = 0;
@@ -474,14 +627,43 @@ impl PpoTrainer {
                     }
                     group.average_gradients(&grads)?;
                 }
+                // The finiteness flags, on the device, before the step.
+                let what = "non-finite guard";
+                let loss_bad = terms
+                    .total
+                    .f_detach()
+                    .op(what)?
+                    .f_isfinite()
+                    .op(what)?
+                    .f_logical_not()
+                    .op(what)?;
+                let mut bad = loss_bad.shallow_clone();
+                bad_losses = bad_losses
+                    .f_add(&loss_bad.f_to_kind(Kind::Float).op(what)?)
+                    .op(what)?;
                 if !grads.is_empty() {
                     let norm =
-                        torch_ext::fused::clip_grad_norm_(&grads, self.config.max_grad_norm, 2.0)?;
-                    grad_norm_sum = grad_norm_sum
-                        .f_add(&norm.f_to_kind(Kind::Float).op("grad norm")?)
-                        .op("grad norm")?;
+                        torch_ext::fused::clip_grad_norm_(&grads, self.config.max_grad_norm, 2.0)?
+                            .f_to_kind(Kind::Float)
+                            .op("grad norm")?;
+                    let norm_bad = norm
+                        .f_isfinite()
+                        .op(what)?
+                        .f_logical_not()
+                        .op(what)?
+                        .f_reshape([] as [i64; 0])
+                        .op(what)?;
+                    bad_grads = bad_grads
+                        .f_add(&norm_bad.f_to_kind(Kind::Float).op(what)?)
+                        .op(what)?;
+                    bad = bad.f_logical_or(&norm_bad).op(what)?;
+                    grad_norm_sum = grad_norm_sum.f_add(&norm).op("grad norm")?;
                 }
-                self.optimizer.step()?;
+                skip = skip
+                    .f_maximum(&bad.f_to_kind(Kind::Float).op(what)?)
+                    .op(what)?;
+                // Skipped on the device once any minibatch was not finite.
+                self.optimizer.step_with(Some(&skip))?;
                 steps = steps.saturating_add(1);
             }
             epochs_run = epochs_run.saturating_add(1);
@@ -503,6 +685,8 @@ impl PpoTrainer {
                 &value_std,
                 &log_ratio_max,
                 &log_ratio_min,
+                &bad_losses,
+                &bad_grads,
                 &head_sums,
             ],
             0,
@@ -532,7 +716,8 @@ impl PpoTrainer {
             .unwrap_or(f64::NAN)
             * per_step;
         // After the sums: grad norm, explained variance, value std, the
-        // log-ratio extremes, then the heads' entropies.
+        // log-ratio extremes, the non-finite counts, then the heads'
+        // entropies.
         let after = |offset: usize| {
             values
                 .get(
@@ -555,12 +740,14 @@ impl PpoTrainer {
         };
         let ratio_max = ratio(after(3));
         let ratio_min = ratio(after(4));
+        let bad_losses = after(5);
+        let bad_grads = after(6);
         let head_entropies: Vec<f64> = values
             .iter()
             .skip(
                 usize::try_from(STAT_COUNT)
                     .unwrap_or(usize::MAX)
-                    .saturating_add(5),
+                    .saturating_add(7),
             )
             .map(|sum| sum * per_minibatch)
             .collect();
@@ -588,10 +775,19 @@ impl PpoTrainer {
             ratio_max,
             ratio_min,
         };
-        if !stats.total_loss.is_finite() {
+        // Any non-finite minibatch refuses the whole update (its steps and
+        // every later one were skipped on the device; the caller puts back
+        // the earlier ones).
+        if bad_losses != 0.0 || !stats.total_loss.is_finite() {
             return Err(Error::NonFinite {
                 what: "ppo.loss",
                 value: stats.total_loss,
+            });
+        }
+        if bad_grads != 0.0 || !stats.grad_norm.is_finite() {
+            return Err(Error::NonFinite {
+                what: "ppo.grad_norm",
+                value: stats.grad_norm,
             });
         }
         Ok(stats)

@@ -12,9 +12,13 @@
 //! standard deviations wide for its first hundred updates.
 //!
 //! `normalise(x) = (x − mean) / sqrt(var + ε)` and `denormalise` its
-//! inverse. Nothing is read back except by [`ValueNormaliser::state`], the
-//! serde form for checkpoints. A batch whose weights are all zero leaves the
-//! state unchanged (decided on the device).
+//! inverse. A batch whose weights are all zero leaves the state unchanged
+//! (decided on the device). [`ValueNormaliser::update`] reads back once, a
+//! few integers, before it changes anything: returns that are NaN or
+//! infinite, weights that are not finite and >= 0, and a batch whose moments
+//! overflow `f32` are refused and leave the state as it was. Nothing else is
+//! read back except by [`ValueNormaliser::state`], the serde form for
+//! checkpoints.
 
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
@@ -126,6 +130,18 @@ impl ValueNormaliser {
         })
     }
 
+    /// Another handle on the same state: [`ValueNormaliser::update`]
+    /// replaces the mean and variance tensors rather than writing into
+    /// them, so the copy keeps the state of now (a checkpoint to put back).
+    pub(crate) fn shallow_copy(&self) -> ValueNormaliser {
+        ValueNormaliser {
+            config: self.config,
+            mean: self.mean.shallow_clone(),
+            var: self.var.shallow_clone(),
+            updates: self.updates,
+        }
+    }
+
     /// The constants.
     pub fn config(&self) -> ValueNormaliserConfig {
         self.config
@@ -196,7 +212,15 @@ impl ValueNormaliser {
 
     /// Updates the statistics with `returns` (any shape, at least one
     /// element), each weighted by `weights` (same shape, e.g. 0 for padding)
-    /// or all by 1. No readback.
+    /// or all by 1. One readback of a few integers (the finiteness check).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] for a kind, device or shape that does not
+    /// fit; [`Error::InvalidInput`] for a NaN or infinite return
+    /// (`ValueNormaliser.update returns`) or a weight that is not a finite
+    /// number `>= 0` (`ValueNormaliser.update weights`);
+    /// [`Error::NonFinite`] when the new mean or variance would overflow. A
+    /// refused update changes nothing.
     pub fn update(&mut self, returns: &Tensor, weights: Option<&Tensor>) -> Result<()> {
         self.check("ValueNormaliser.update", returns)?;
         if returns.numel() == 0 {
@@ -275,12 +299,36 @@ impl ValueNormaliser {
                 .op("value normaliser ema")?;
             (mean, var)
         };
-        self.mean = mean
+        let mean = mean
             .f_where_self(&any, &self.mean)
             .op("value normaliser keep")?;
-        self.var = var
+        let var = var
             .f_where_self(&any, &self.var)
             .op("value normaliser keep")?;
+        {
+            use crate::finite::Rule::{Finite, NonNegative};
+            let checks = [
+                ("ValueNormaliser.update returns", &x, Finite),
+                ("ValueNormaliser.update weights", &w, NonNegative),
+                ("ValueNormaliser.mean", &mean, Finite),
+                ("ValueNormaliser.var", &var, NonNegative),
+            ];
+            let counts = crate::finite::bad_counts(&checks)?;
+            for (index, ((field, tensor, rule), count)) in checks.iter().zip(counts).enumerate() {
+                if count == 0 {
+                    continue;
+                }
+                if index < 2 {
+                    return Err(crate::finite::invalid(field, tensor, *rule, count));
+                }
+                return Err(Error::NonFinite {
+                    what: field,
+                    value: crate::finite::first_non_finite(tensor),
+                });
+            }
+        }
+        self.mean = mean;
+        self.var = var;
         self.updates = self.updates.saturating_add(1);
         Ok(())
     }

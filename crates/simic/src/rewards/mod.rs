@@ -49,14 +49,24 @@ use crate::Result;
 /// The reward of one step under `config`'s mode, by component. Validates
 /// the config ([`Error::InvalidConfig`](crate::Error::InvalidConfig)) and
 /// the inputs ([`Error::InvalidInput`](crate::Error::InvalidInput) for a
-/// non-finite or out-of-range value, naming the field).
+/// non-finite or out-of-range value, naming the field). Constants that are
+/// finite but so large that the total overflows are refused as
+/// [`Error::NonFinite`](crate::Error::NonFinite) (`reward.total`): no
+/// non-finite reward leaves this function.
 pub fn compute_reward(config: &RewardConfig, inputs: &RewardInputs) -> Result<RewardBreakdown> {
     config.validate()?;
     inputs.validate()?;
-    match config.mode {
-        RewardMode::Shaped => Ok(shaped::shaped_reward(config, inputs)),
+    let breakdown = match config.mode {
+        RewardMode::Shaped => shaped::shaped_reward(config, inputs),
         RewardMode::Sparse | RewardMode::Minimal => {
-            sparse::sparse_breakdown(config, inputs, config.mode)
+            sparse::sparse_breakdown(config, inputs, config.mode)?
         }
+    };
+    if !breakdown.total.is_finite() {
+        return Err(crate::Error::NonFinite {
+            what: "reward.total",
+            value: breakdown.total,
+        });
     }
+    Ok(breakdown)
 }

@@ -23,7 +23,9 @@ impl Simic {
     /// environments were one vector of `world_size · n_envs`
     /// (`seed + ((round·world + rank)·n_envs + env)·env_seed_stride`).
     /// From then on every update averages gradients over the ranks and
-    /// checks the parameters identical, and the normalisers are pooled.
+    /// checks the parameters identical, and the normalisers are pooled. A
+    /// join that fails leaves the trainer as it was (its own parameters,
+    /// sampler and no group).
     pub fn join(&mut self, group: ProcessGroup) -> Result<()> {
         if self.rounds > 0 {
             return Err(Error::InvalidInput {
@@ -39,14 +41,23 @@ impl Simic {
             });
         }
         let mut group = DataParallel::new(group);
-        group.broadcast_parameters(self.ppo.parameters())?;
-        group.warm_up(self.ppo.parameters())?;
         let rank = group.rank() as u64;
         let seed = self
             .config
             .seed
             .wrapping_add(rank.wrapping_mul(RANK_SEED_STRIDE));
-        self.sampler = Sampler::new(self.config.sampling, seed, self.device)?;
+        let sampler = Sampler::new(self.config.sampling, seed, self.device)?;
+        // The broadcast writes rank 0's parameters into this rank's: a
+        // failed join puts this rank's back.
+        let snapshot = self.ppo.snapshot()?;
+        let joined = group
+            .broadcast_parameters(self.ppo.parameters())
+            .and_then(|()| group.warm_up(self.ppo.parameters()));
+        if let Err(error) = joined {
+            self.ppo.restore(&snapshot)?;
+            return Err(error);
+        }
+        self.sampler = sampler;
         self.graphed = None;
         self.data_parallel = Some(group);
         Ok(())

@@ -194,7 +194,15 @@ impl SimicConfig {
         }
     }
 
-    /// Checks what can be checked before a round starts.
+    /// Checks what can be checked before a round starts, so that a bad
+    /// value is refused by [`Simic::new`] and not in the middle of a round:
+    /// the sizes (`n_envs`, `episode_length`, the rollout buffer they make
+    /// within [`crate::buffer::MAX_TRANSITIONS`]), the environments' trainer
+    /// settings ([`SimicConfig::trainer`]: batch sizes, microbatches,
+    /// clipping, optimizers, the governor's snapshot interval), and every
+    /// nested configuration (fused pass, rewards, reward normaliser, PPO,
+    /// value normaliser, sampling, Shapley, devices). The error names the
+    /// field, e.g. `SimicConfig.trainer.batch_size`.
     pub fn validate(&self) -> Result<()> {
         if self.n_envs == 0 {
             return Err(Error::InvalidConfig {
@@ -207,6 +215,35 @@ impl SimicConfig {
                 field: "SimicConfig.episode_length",
                 reason: "0; an episode needs at least one epoch".to_owned(),
             });
+        }
+        if self.n_envs > crate::buffer::MAX_TRANSITIONS {
+            return Err(Error::InvalidConfig {
+                field: "SimicConfig.n_envs",
+                reason: format!(
+                    "{}; at most {} environments",
+                    self.n_envs,
+                    crate::buffer::MAX_TRANSITIONS
+                ),
+            });
+        }
+        let transitions = usize::try_from(self.episode_length)
+            .ok()
+            .and_then(|steps| steps.checked_mul(self.n_envs));
+        if transitions.is_none_or(|cells| cells > crate::buffer::MAX_TRANSITIONS) {
+            return Err(Error::InvalidConfig {
+                field: "SimicConfig.episode_length",
+                reason: format!(
+                    "{} epochs × {} environments is more than the rollout buffer's {} \
+                     transitions",
+                    self.episode_length,
+                    self.n_envs,
+                    crate::buffer::MAX_TRANSITIONS
+                ),
+            });
+        }
+        validate_trainer(&self.trainer)?;
+        if let Some(shapley) = &self.shapley {
+            shapley.validate()?;
         }
         if (self.ppo.gamma - self.reward.gamma).abs() > 1e-12 {
             return Err(Error::InvalidConfig {
@@ -236,6 +273,119 @@ impl SimicConfig {
         }
         Ok(())
     }
+}
+
+/// The environments' trainer fields as [`SimicConfig`] names them, for the
+/// errors of the checks Tolaria runs on them.
+const TRAINER_FIELDS: [(&str, &str); 15] = [
+    ("microbatches", "SimicConfig.trainer.microbatches"),
+    ("clip_grad_norm", "SimicConfig.trainer.clip_grad_norm"),
+    (
+        "gradient_telemetry_stride",
+        "SimicConfig.trainer.gradient_telemetry_stride",
+    ),
+    (
+        "OptimizerConfig.host.learning_rate",
+        "SimicConfig.trainer.optimizer.host.learning_rate",
+    ),
+    (
+        "OptimizerConfig.host.momentum",
+        "SimicConfig.trainer.optimizer.host.momentum",
+    ),
+    (
+        "OptimizerConfig.host.beta1",
+        "SimicConfig.trainer.optimizer.host.beta1",
+    ),
+    (
+        "OptimizerConfig.host.beta2",
+        "SimicConfig.trainer.optimizer.host.beta2",
+    ),
+    (
+        "OptimizerConfig.host.eps",
+        "SimicConfig.trainer.optimizer.host.eps",
+    ),
+    (
+        "OptimizerConfig.host.weight_decay",
+        "SimicConfig.trainer.optimizer.host.weight_decay",
+    ),
+    (
+        "OptimizerConfig.seed.learning_rate",
+        "SimicConfig.trainer.optimizer.seed.learning_rate",
+    ),
+    (
+        "OptimizerConfig.seed.momentum",
+        "SimicConfig.trainer.optimizer.seed.momentum",
+    ),
+    (
+        "OptimizerConfig.seed.beta1",
+        "SimicConfig.trainer.optimizer.seed.beta1",
+    ),
+    (
+        "OptimizerConfig.seed.beta2",
+        "SimicConfig.trainer.optimizer.seed.beta2",
+    ),
+    (
+        "OptimizerConfig.seed.eps",
+        "SimicConfig.trainer.optimizer.seed.eps",
+    ),
+    (
+        "OptimizerConfig.seed.weight_decay",
+        "SimicConfig.trainer.optimizer.seed.weight_decay",
+    ),
+];
+
+/// Checks the environments' trainer settings before any environment is
+/// built (Tolaria checks some of them only when a trainer is built, in the
+/// middle of a round): both batch sizes at least 1 and fitting `i64`, the
+/// governor's snapshot interval at least 1 when it runs, and what
+/// [`tolaria::engine::model_step::ModelStepConfig::validate`] checks
+/// (microbatches, clipping norm, telemetry stride, both optimizers).
+fn validate_trainer(trainer: &ModelTrainerConfig) -> Result<()> {
+    for (field, value) in [
+        ("SimicConfig.trainer.batch_size", trainer.batch_size),
+        (
+            "SimicConfig.trainer.validation_batch_size",
+            trainer.validation_batch_size,
+        ),
+    ] {
+        if value == 0 || i64::try_from(value).is_err() {
+            return Err(Error::InvalidConfig {
+                field,
+                reason: format!("{value}; a batch needs at least one sample (and must fit i64)"),
+            });
+        }
+    }
+    if trainer.governor && trainer.snapshot_interval_epochs == 0 {
+        return Err(Error::InvalidConfig {
+            field: "SimicConfig.trainer.snapshot_interval_epochs",
+            reason: "0; the governor needs an interval of at least 1 epoch".to_owned(),
+        });
+    }
+    tolaria::engine::model_step::ModelStepConfig {
+        microbatches: trainer.microbatches,
+        clip_grad_norm: trainer.clip_grad_norm,
+        gradient_telemetry_stride: trainer.gradient_telemetry_stride,
+        max_seeds: trainer.max_seeds,
+        optimizer: trainer.optimizer,
+        channels_last: trainer.channels_last,
+        ..tolaria::engine::model_step::ModelStepConfig::default()
+    }
+    .validate()
+    .map_err(|error| match error {
+        tolaria::Error::InvalidConfig { field, reason } => {
+            match TRAINER_FIELDS.iter().find(|(name, _)| *name == field) {
+                Some((_, ours)) => Error::InvalidConfig {
+                    field: ours,
+                    reason,
+                },
+                None => Error::InvalidConfig {
+                    field: "SimicConfig.trainer",
+                    reason: format!("{field}: {reason}"),
+                },
+            }
+        }
+        other => Error::from(other),
+    })
 }
 
 /// Timings of a round, milliseconds of wall time.
@@ -450,9 +600,23 @@ impl Simic {
     /// Where a PPO update's statistics count as anomalies
     /// ([`crate::ppo::PpoAnomaly`]: reported in `RoundReport::anomalies` and
     /// as `simic.ppo.*` warning events; the defaults are
-    /// [`crate::ppo::AnomalyThresholds::default`]).
-    pub fn set_anomaly_thresholds(&mut self, thresholds: crate::ppo::AnomalyThresholds) {
+    /// [`crate::ppo::AnomalyThresholds::default`]). Thresholds that are
+    /// not finite and positive are refused
+    /// ([`crate::ppo::AnomalyThresholds::validate`]) and the current ones
+    /// kept.
+    pub fn set_anomaly_thresholds(
+        &mut self,
+        thresholds: crate::ppo::AnomalyThresholds,
+    ) -> Result<()> {
+        thresholds.validate()?;
         self.anomaly_thresholds = thresholds;
+        Ok(())
+    }
+
+    /// The thresholds a PPO update's statistics are judged by
+    /// ([`Simic::set_anomaly_thresholds`]).
+    pub fn anomaly_thresholds(&self) -> crate::ppo::AnomalyThresholds {
+        self.anomaly_thresholds
     }
 
     /// The action sampler (its generator and whether it runs fused).

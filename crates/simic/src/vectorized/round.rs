@@ -7,6 +7,7 @@ use leyline::LifecycleOp;
 use tamiyo::features::{FeatureBatch, slot_extras};
 use tamiyo::heads::OP;
 use tamiyo::masks::{ActionMasks, MaskTensors, action_masks};
+use tamiyo::normaliser::RunningMeanStd;
 use tamiyo::policy::LstmState;
 use tch::Tensor;
 use tolaria::controller::{Applied, EpochMetrics, EpochObservation};
@@ -19,6 +20,16 @@ use super::{RoundReport, RoundTimings, Simic};
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
 use crate::rewards::{RewardInputs, compute_reward};
 use crate::{Error, Result};
+
+/// The state [`Simic::run_round`] puts back when a round fails (the policy
+/// and its optimizer are put back by the update itself).
+struct RoundCheckpoint {
+    /// The observation normaliser's state, when it learns this round.
+    obs_normaliser: Option<tamiyo::normaliser::NormaliserState>,
+    value_normaliser: crate::ppo::ValueNormaliser,
+    reward_normaliser: crate::rewards::RewardNormaliser,
+    sampler_rng: tamiyo::policy::PolicyRng,
+}
 
 /// Finite epoch figures for an observation (a diverged epoch's NaN loss
 /// becomes the last finite one).
@@ -87,7 +98,52 @@ impl Simic {
     /// Runs one round on `spec`'s environments: `episode_length` steps of
     /// every environment, then (when `learn`) one PPO update. Without
     /// `learn` the policy only acts (its observation normaliser is frozen).
+    ///
+    /// A round that fails leaves the learning state as it was before the
+    /// round: the policy and its optimizer (the update puts them back
+    /// itself), the observation, reward and value normalisers, the
+    /// sampler's generator and the round counters. (The round's
+    /// environments are its own and are dropped; the compiled policy step
+    /// and the blueprint warm-up are caches and stay.) Keeping the
+    /// observation normaliser costs one readback of its state at the round's
+    /// start when it learns.
     pub fn run_round(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
+        let saved = self.round_checkpoint(learn)?;
+        let result = self.run_round_unguarded(spec, learn);
+        if result.is_err() {
+            self.restore_round_checkpoint(saved)?;
+        }
+        result
+    }
+
+    /// What a round changes besides the policy and its optimizer (see
+    /// [`Simic::run_round`]).
+    fn round_checkpoint(&self, learn: bool) -> Result<RoundCheckpoint> {
+        let obs_normaliser = match (&self.obs_normaliser, learn) {
+            (Some(normaliser), true) => Some(normaliser.state()?),
+            _ => None,
+        };
+        Ok(RoundCheckpoint {
+            obs_normaliser,
+            value_normaliser: self.value_normaliser.shallow_copy(),
+            reward_normaliser: self.reward_normaliser.clone(),
+            sampler_rng: self.sampler.rng().clone(),
+        })
+    }
+
+    /// Puts back what [`Simic::round_checkpoint`] kept.
+    fn restore_round_checkpoint(&mut self, saved: RoundCheckpoint) -> Result<()> {
+        if let Some(state) = &saved.obs_normaliser {
+            self.obs_normaliser = Some(RunningMeanStd::from_state(state, self.device)?);
+        }
+        self.value_normaliser = saved.value_normaliser;
+        self.reward_normaliser = saved.reward_normaliser;
+        self.sampler.set_rng(saved.sampler_rng);
+        Ok(())
+    }
+
+    /// [`Simic::run_round`] without the checkpoint.
+    fn run_round_unguarded(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
         let round_started = Instant::now();
         if self.started.is_none() {
             self.started = Some(round_started);

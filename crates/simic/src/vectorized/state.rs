@@ -85,7 +85,13 @@ impl Simic {
 
     /// Puts back a state [`Simic::export_state`] returned (before any round
     /// of this trainer, which must have been built with the same
-    /// configuration). Every tensor must be present with its shape.
+    /// configuration). Every tensor must be present with its shape, and
+    /// every value finite (one readback over all of them); the host state's
+    /// normalisers are checked as their `from_state` checks them.
+    ///
+    /// All or nothing: everything is checked, and every tensor moved to the
+    /// policy's device, before the first value is written; a refused import
+    /// leaves the trainer as it was.
     pub fn import_state(&mut self, state: &SimicState, tensors: &[(String, Tensor)]) -> Result<()> {
         let find = |name: &str| -> Result<&Tensor> {
             tensors
@@ -97,7 +103,25 @@ impl Simic {
                     reason: format!("no tensor `{name}` in the checkpoint"),
                 })
         };
-        let copy = |target: &Tensor, name: &str| -> Result<()> {
+        // Every (target, source) pair, checked and staged on the target's
+        // device before anything is written.
+        let mut targets: Vec<(String, Tensor)> = self
+            .policy
+            .var_store()
+            .variables()
+            .into_iter()
+            .map(|(name, tensor)| (format!("{POLICY}{name}"), tensor))
+            .collect();
+        let optimizer = self.ppo.optimizer();
+        for (index, tensor) in optimizer.state_tensors().into_iter().enumerate() {
+            targets.push((format!("{OPTIMIZER}{index}"), tensor));
+        }
+        targets.push((
+            format!("{OPTIMIZER}step_count"),
+            optimizer.step_count_tensor().shallow_clone(),
+        ));
+        let mut staged: Vec<(Tensor, Tensor)> = Vec::with_capacity(targets.len());
+        for (name, target) in &targets {
             let source = find(name)?;
             if source.size() != target.size() {
                 return Err(Error::ShapeMismatch {
@@ -106,29 +130,33 @@ impl Simic {
                     got: format!("{:?}", source.size()),
                 });
             }
-            let _guard = tch::no_grad_guard();
-            let mut target = target.shallow_clone();
-            target
-                .f_copy_(
-                    &source
-                        .f_to_device(target.device())
-                        .op("checkpoint to device")?,
-                )
-                .op("checkpoint copy")?;
-            Ok(())
-        };
-        for (name, tensor) in self.policy.var_store().variables() {
-            copy(&tensor, &format!("{POLICY}{name}"))?;
+            if target.is_floating_point() && !source.is_floating_point() {
+                return Err(Error::ShapeMismatch {
+                    what: "Simic.import_state",
+                    expected: format!("`{name}` of a floating-point kind"),
+                    got: format!("{:?}", source.kind()),
+                });
+            }
+            let on_device = source
+                .f_to_device(target.device())
+                .op("checkpoint to device")?
+                .f_to_kind(target.kind())
+                .op("checkpoint to kind")?;
+            staged.push((target.shallow_clone(), on_device));
         }
-        let optimizer = self.ppo.optimizer();
-        for (index, tensor) in optimizer.state_tensors().iter().enumerate() {
-            copy(tensor, &format!("{OPTIMIZER}{index}"))?;
+        let checks: Vec<(&'static str, &Tensor, crate::finite::Rule)> = staged
+            .iter()
+            .map(|(_, source)| ("Simic.import_state", source, crate::finite::Rule::Finite))
+            .collect();
+        let counts = crate::finite::bad_counts(&checks)?;
+        if let Some(((name, _), count)) = targets.iter().zip(&counts).find(|(_, count)| **count > 0)
+        {
+            return Err(Error::InvalidInput {
+                field: "Simic.import_state",
+                reason: format!("`{name}` holds {count} NaN or infinite values"),
+            });
         }
-        copy(
-            optimizer.step_count_tensor(),
-            &format!("{OPTIMIZER}step_count"),
-        )?;
-        self.obs_normaliser = match (&state.obs_normaliser, self.config.normalise_observations) {
+        let obs_normaliser = match (&state.obs_normaliser, self.config.normalise_observations) {
             (Some(saved), true) => Some(RunningMeanStd::from_state(saved, self.device)?),
             (None, false) => None,
             _ => {
@@ -140,8 +168,19 @@ impl Simic {
                 });
             }
         };
-        self.value_normaliser = ValueNormaliser::from_state(&state.value_normaliser, self.device)?;
-        self.reward_normaliser = RewardNormaliser::from_state(state.reward_normaliser)?;
+        let value_normaliser = ValueNormaliser::from_state(&state.value_normaliser, self.device)?;
+        let reward_normaliser = RewardNormaliser::from_state(state.reward_normaliser)?;
+        // Everything is checked: write.
+        {
+            let _guard = tch::no_grad_guard();
+            for (target, source) in &staged {
+                let mut target = target.shallow_clone();
+                target.f_copy_(source).op("checkpoint copy")?;
+            }
+        }
+        self.obs_normaliser = obs_normaliser;
+        self.value_normaliser = value_normaliser;
+        self.reward_normaliser = reward_normaliser;
         self.sampler.set_rng(state.sampler_rng.clone());
         self.ppo.resume_at(state.ppo_updates, state.ppo_rng.clone());
         self.rounds = state.rounds;

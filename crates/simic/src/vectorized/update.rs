@@ -41,17 +41,33 @@ impl Simic {
             &mut rewards,
         )?;
         for (step, value) in rewards.iter().enumerate() {
-            if let Some(slot) = buffer.reward_mut(index, step) {
-                *slot = *value as f32;
-            }
+            buffer.set_reward(index, step, *value as f32)?;
         }
         buffer.set_terminal(index, last)
     }
 
     /// GAE on the device and one PPO update of the policy on `buffer`.
     /// Returns the update's statistics and the Q head's estimate per op
-    /// after it (`None` without auxiliary heads).
+    /// after it (`None` without auxiliary heads). On an error the policy,
+    /// its optimizer state and the value normaliser are as they were
+    /// before (the other statistics are [`Simic::run_round`]'s to put
+    /// back).
     pub(super) fn update(
+        &mut self,
+        buffer: &RolloutBuffer,
+    ) -> Result<(crate::ppo::PpoStats, Option<Vec<f64>>)> {
+        let value_normaliser = self.value_normaliser.shallow_copy();
+        let snapshot = self.ppo.snapshot()?;
+        let result = self.update_unguarded(buffer);
+        if result.is_err() {
+            self.value_normaliser = value_normaliser;
+            self.ppo.restore(&snapshot)?;
+        }
+        result
+    }
+
+    /// [`Simic::update`] without the checkpoint.
+    fn update_unguarded(
         &mut self,
         buffer: &RolloutBuffer,
     ) -> Result<(crate::ppo::PpoStats, Option<Vec<f64>>)> {
@@ -75,7 +91,7 @@ impl Simic {
         let batch = rollout.ppo_batch(&advantages, &targets)?;
         let policy = &self.policy;
         let sampler = &self.sampler;
-        let stats = self.ppo.update_synced(
+        let stats = self.ppo.update_unguarded(
             &batch,
             |rows| agent::evaluate_rows(policy, sampler, &rollout, rows),
             self.data_parallel.as_mut(),
