@@ -174,6 +174,29 @@ fn the_policy_precision_follows_the_training_precision() {
     assert_eq!(simic.policy_precision(), PolicyPrecision::Fp32);
 }
 
+/// A bf16 policy on the CPU says once, through telemetry, when its LSTM runs
+/// outside bf16 (a CPU without oneDNN's bf16 LSTM, e.g. under
+/// `ONEDNN_MAX_CPU_ISA=AVX2`), and says nothing where the CPU has one.
+#[test]
+fn a_bf16_policy_reports_the_cpu_lstm_fallback_exactly_when_it_applies() {
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let collector = leyline::Collector::new();
+    let mut config = config(3);
+    config.policy_precision = Some(PolicyPrecision::Bf16);
+    let simic =
+        Simic::new(config, 3, Device::Cpu, Telemetry::new(collector.clone())).expect("simic");
+    assert_eq!(simic.policy_precision(), PolicyPrecision::Bf16);
+    let fallbacks = collector.events_named(leyline::telemetry::TAMIYO_PRECISION_FALLBACK);
+    if tamiyo::policy::cpu_bf16_lstm_supported() {
+        assert!(fallbacks.is_empty(), "{fallbacks:?}");
+    } else {
+        assert_eq!(fallbacks.len(), 1, "{fallbacks:?}");
+        eprintln!("this CPU has no bf16 LSTM: the fallback was reported");
+    }
+}
+
 #[test]
 fn a_round_reports_through_telemetry_with_leyline_names() {
     let _turn = TURN

@@ -533,6 +533,18 @@ impl Simic {
             (None, None) => PolicyPrecision::for_training(tolaria::amp::Precision::auto(device)?),
         };
         policy.set_precision(policy_precision);
+        if policy_precision == PolicyPrecision::Bf16
+            && device == Device::Cpu
+            && let Some(reason) = tamiyo::policy::cpu_bf16_lstm_fallback_reason()
+        {
+            // Once per trainer: the policy still runs, its LSTM outside bf16.
+            telemetry.emit_event(
+                SOURCE,
+                leyline::telemetry::TAMIYO_PRECISION_FALLBACK,
+                "bf16 policy on a CPU without oneDNN's bf16 LSTM: the LSTM runs outside bf16",
+                vec![("reason", reason)],
+            );
+        }
         let parameters = policy.var_store().trainable_variables();
         let ppo = PpoTrainer::new(parameters, config.ppo.clone(), device)?;
         let sampler = Sampler::new(config.sampling, config.seed, device)?;
