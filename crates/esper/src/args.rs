@@ -3,7 +3,12 @@
 //! bench` and `scripts/bundle_run.sh` call every workload with) and the
 //! options of the torch workloads (`--device`, and for `tolaria-reference`
 //! `--modes`, `--epochs`, `--warmup-epochs`).
+//!
+//! The arguments arrive as the operating system's strings (`OsString`):
+//! `--out` is a path and may be any bytes a path may be; every other value
+//! must be UTF-8, and one that is not is a usage error naming its flag.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -168,6 +173,14 @@ fn shown(text: &str) -> String {
     format!("{text:?}")
 }
 
+/// A workload name or flag as text; one that is not UTF-8 becomes its lossy
+/// spelling, which names no workload and no flag, so it is refused as
+/// unknown (with the replacement characters showing where the bytes were).
+fn utf8_word(arg: OsString) -> String {
+    arg.into_string()
+        .unwrap_or_else(|arg| arg.to_string_lossy().into_owned())
+}
+
 /// The label `--label` gave, else the file stem of `out`.
 fn label_of(label: Option<String>, out: &Path) -> Result<String, Usage> {
     let label = match label {
@@ -176,7 +189,7 @@ fn label_of(label: Option<String>, out: &Path) -> Result<String, Usage> {
             .file_stem()
             .and_then(|stem| stem.to_str())
             .map(str::to_owned)
-            .ok_or_else(|| usage("--label LABEL is required when --out has no file stem"))?,
+            .ok_or_else(|| usage("--label LABEL is required when --out has no UTF-8 file stem"))?,
     };
     match file_name_problem(&label) {
         None => Ok(label),
@@ -189,9 +202,13 @@ impl BenchArgs {
     /// options, each at most once. `--out` must not be empty; the label must
     /// be a portable file name, since it becomes one. An option that does not
     /// apply to the workload is refused.
-    pub(crate) fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<BenchCommand, Usage> {
-        let mut args = args.into_iter();
-        let workload = match args.next() {
+    pub(crate) fn parse<I, S>(args: I) -> Result<BenchCommand, Usage>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        let mut args = args.into_iter().map(Into::into);
+        let workload = match args.next().map(utf8_word) {
             None => return Err(usage("`esper bench` needs a workload name")),
             Some(flag) if flag == "-h" || flag == "--help" => return Ok(BenchCommand::Help),
             Some(name) => Workload::from_name(&name).ok_or_else(|| {
@@ -216,6 +233,7 @@ impl BenchArgs {
         let mut rounds: Option<usize> = None;
         let mut ppo_epochs: Option<usize> = None;
         while let Some(arg) = args.next() {
+            let arg = utf8_word(arg);
             let flag = arg.as_str();
             let torch_only = matches!(flag, "--device");
             let tolaria_only = matches!(flag, "--modes");
@@ -246,13 +264,22 @@ impl BenchArgs {
                     workload.name()
                 )));
             }
-            let mut value = || {
+            let mut raw_value = || {
                 args.next()
                     .ok_or_else(|| usage(format!("{flag} needs a value")))
             };
+            // Every value but --out's path is text.
+            let mut value = || {
+                raw_value()?.into_string().map_err(|text| {
+                    usage(format!(
+                        "{flag}: the value {} is not valid UTF-8",
+                        shown(&text.to_string_lossy())
+                    ))
+                })
+            };
             match flag {
                 "--out" => {
-                    let path = value()?;
+                    let path = raw_value()?;
                     if path.is_empty() {
                         return Err(usage("--out needs a path"));
                     }
@@ -342,6 +369,8 @@ impl BenchArgs {
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy as _;
+
     use super::*;
 
     fn strings(args: &[&str]) -> Vec<String> {
@@ -543,6 +572,67 @@ mod tests {
         ] {
             let error = parse(bad).expect_err("refused");
             assert!(!error.0.is_empty(), "{bad:?}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_path_that_is_not_utf8_is_taken_and_other_values_are_refused() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let odd = OsStr::from_bytes(b"out/r\xffn.json").to_owned();
+        let args = |rest: Vec<OsString>| {
+            let mut all: Vec<OsString> = vec!["nissa-emit".into(), "--out".into(), odd.clone()];
+            all.extend(rest);
+            BenchArgs::parse(all)
+        };
+        match args(vec!["--label".into(), "ok".into()]) {
+            Ok(BenchCommand::Run(run)) => assert_eq!(run.out.as_os_str(), odd),
+            other => panic!("the path is kept as it is: {other:?}"),
+        }
+        let error = args(Vec::new()).expect_err("no label from a stem that is not text");
+        assert!(error.0.contains("UTF-8 file stem"), "{error}");
+        let error = args(vec!["--label".into(), odd.clone()]).expect_err("a label is text");
+        assert!(
+            error.0.contains("--label: the value") && error.0.contains("UTF-8"),
+            "{error}"
+        );
+        let error = args(vec![odd.clone()]).expect_err("not a flag");
+        assert!(error.0.contains("unknown argument"), "{error}");
+        let error = BenchArgs::parse([odd.clone()]).expect_err("not a workload");
+        assert!(error.0.contains("unknown workload"), "{error}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+
+        /// Any bytes in any position (the operating system's strings on
+        /// Unix) give a run, help or a usage error, never a panic.
+        #[cfg(unix)]
+        #[test]
+        fn bench_args_from_arbitrary_bytes(
+            words in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::collection::vec(proptest::num::u8::ANY, 0..12),
+                    proptest::sample::select(vec![
+                        "nissa-emit", "tolaria-reference", "--out", "--label", "--device",
+                        "--epochs", "--modes", "--quick", "--gpus", "x.json",
+                    ])
+                    .prop_map(|word| word.as_bytes().to_vec()),
+                ],
+                0..7,
+            ),
+        ) {
+            use std::os::unix::ffi::OsStringExt;
+            let args: Vec<OsString> = words.into_iter().map(OsString::from_vec).collect();
+            match BenchArgs::parse(args) {
+                Ok(BenchCommand::Run(run)) => {
+                    proptest::prop_assert!(!run.out.as_os_str().is_empty());
+                    proptest::prop_assert!(file_name_problem(&run.label).is_none());
+                }
+                Ok(BenchCommand::Help) => {}
+                Err(Usage(reason)) => proptest::prop_assert!(!reason.is_empty()),
+            }
         }
     }
 

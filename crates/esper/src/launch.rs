@@ -14,6 +14,7 @@
 //! first failure by rank. The collective timeouts still stop the ranks when
 //! the launcher itself is gone.
 
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus};
 use std::thread;
@@ -30,7 +31,7 @@ pub(crate) const ENV_LOCAL_RANK: &str = "LOCAL_RANK";
 
 /// Runs `esper <args>` as `nproc` ranks and waits for all of them. After the
 /// first failure the others get `grace` to stop before they are killed.
-pub(crate) fn run_ranks(nproc: usize, args: &[String], grace: Duration) -> Result<()> {
+pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Duration) -> Result<()> {
     if nproc == 0 {
         bail!("--nproc must be at least 1");
     }

@@ -39,6 +39,8 @@ mod scaling;
 mod table;
 mod train;
 
+use std::ffi::OsString;
+
 use anyhow::{Result, bail};
 use clap::Parser;
 
@@ -57,8 +59,9 @@ commands:
       --controller heuristic|ppo, --task fmnist|fmnist-impaired|cifar10|synthetic,
       --slots r0c1,r0c2, --max-seeds N, --epochs N, --batch-size N, --learning-rate LR,
       --device DEVICE, --precision auto|fp32|bf16|fp16, --seed N, --run-dir DIR,
-      --config FILE.toml, --train-samples N, --mode eager|graph-step|graph-epoch,
-      --data-dir DIR
+      --config FILE.toml, --train-samples N, --data-dir DIR,
+      --mode auto|eager|graph-step|graph-epoch (auto: graph-step on CUDA, eager on the CPU),
+      --resume RUN_DIR
   plot RUN_DIR              draw a run's picture (run.png, run.svg) from its epochs.jsonl
                             (a PPO run's: from its rounds.jsonl)
   bench WORKLOAD            run one benchmark workload and write its baseline record
@@ -130,15 +133,30 @@ fn main() {
 }
 
 /// Parses the options after `esper <command>` with clap; on a usage error
-/// or `--help`, prints clap's text and exits (status 2 or 0).
-fn parse_or_exit<T: Parser>(command: &str, args: impl Iterator<Item = String>) -> T {
-    let argv = std::iter::once(format!("esper {command}")).chain(args);
+/// or `--help`, prints clap's text and exits (status 2 or 0). The arguments
+/// are the operating system's strings: a path need not be UTF-8, and clap
+/// refuses any other value that is not with a usage error.
+fn parse_or_exit<T: Parser>(command: &str, args: impl Iterator<Item = OsString>) -> T {
+    let argv = std::iter::once(OsString::from(format!("esper {command}"))).chain(args);
     T::try_parse_from(argv).unwrap_or_else(|error| error.exit())
 }
 
 fn run() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
+    // `args_os`, not `args`: a Unix path may be any bytes, and `args` panics
+    // on one that is not UTF-8.
+    let mut args = std::env::args_os().skip(1);
+    let command = args.next();
+    let word = match &command {
+        None => None,
+        Some(word) => match word.to_str() {
+            Some(word) => Some(word),
+            None => bail!(
+                "unknown command {:?} (not UTF-8)\n\n{USAGE}",
+                word.to_string_lossy()
+            ),
+        },
+    };
+    match word {
         Some("train") => {
             let train_args: TrainArgs = parse_or_exit("train", args);
             if train::run(&train_args)? == Finished::Interrupted {

@@ -12,6 +12,14 @@
 //! Text is drawn with the DejaVu Sans font embedded in the binary (the
 //! `dejavu` crate, through plotters' `ab_glyph` backend), so the PNG needs
 //! no system font and no fontconfig.
+//!
+//! The picture is bounded whatever `epochs.jsonl` holds: a record whose
+//! epoch lies beyond the longest run `esper train` makes
+//! ([`MAX_EPOCHS`]), more records than that, or more slots than a run may
+//! name ([`MAX_SLOTS`] lanes) is refused with a message before any file is
+//! written; values outside their axes are clipped to them (accuracy to
+//! 0-100 %, alpha to 0-1, a loss to 0-[`LOSS_AXIS_LIMIT`], the caption
+//! saying so), and long names are shortened.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -24,6 +32,7 @@ use plotters::prelude::*;
 use plotters::style::FontStyle;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::train::config::{MAX_EPOCHS, MAX_SLOTS};
 use crate::train::epoch_log::{self, EpochRecord};
 
 /// The PNG's file name inside the run directory.
@@ -40,6 +49,10 @@ const LANE_HEIGHT: u32 = 64;
 const AXIS_HEIGHT: u32 = 40;
 const LEGEND_HEIGHT: u32 = 44;
 const LABEL_AREA: u32 = 70;
+/// The top of the loss axis at most; larger losses are drawn at it.
+pub(crate) const LOSS_AXIS_LIMIT: f64 = 1e6;
+/// Characters of a slot or blueprint name drawn at most.
+const NAME_CHARS: usize = 24;
 
 /// `esper plot RUN_DIR`: redraws the picture of a run from its
 /// `epochs.jsonl`.
@@ -81,6 +94,14 @@ pub(crate) fn draw_run(run_dir: &Path, records: &[EpochRecord]) -> Result<(PathB
             run_dir.join(epoch_log::FILE_NAME).display()
         );
     }
+    check_bounds(records).map_err(|error| {
+        anyhow!(
+            "{}: {error}; no picture drawn",
+            run_dir.join(epoch_log::FILE_NAME).display()
+        )
+    })?;
+    let records: Vec<EpochRecord> = records.iter().map(clipped).collect();
+    let records = records.as_slice();
     register_font()?;
     let title = title(run_dir, records);
     let height = picture_height(records);
@@ -116,6 +137,81 @@ pub(crate) fn register_font() -> Result<()> {
     }
 }
 
+/// Refuses records the picture cannot hold: more than [`MAX_EPOCHS`]
+/// records, an epoch at or beyond [`MAX_EPOCHS`], more than [`MAX_SLOTS`]
+/// slots in a record.
+fn check_bounds(records: &[EpochRecord]) -> Result<()> {
+    if records.len() > MAX_EPOCHS {
+        bail!(
+            "{} records, more than the {MAX_EPOCHS} epochs a run may have",
+            records.len()
+        );
+    }
+    if let Some(record) = records.iter().find(|record| record.epoch >= MAX_EPOCHS) {
+        bail!(
+            "a record of epoch {}, beyond the {MAX_EPOCHS} epochs a run may have",
+            record.epoch
+        );
+    }
+    let slots = slot_count(records);
+    if slots > MAX_SLOTS {
+        bail!("a record with {slots} slots, more than the {MAX_SLOTS} a run may have");
+    }
+    Ok(())
+}
+
+/// `value` clamped into `low..=high`; `None` when it is not finite.
+fn within(value: f64, low: f64, high: f64) -> Option<f64> {
+    value.is_finite().then(|| value.clamp(low, high))
+}
+
+/// At most [`NAME_CHARS`] characters of `name` (an ellipsis marks a cut).
+fn short(name: &str) -> String {
+    shortened(name, NAME_CHARS)
+}
+
+/// At most `chars` characters of `name` (at least 1; an ellipsis marks a
+/// cut).
+pub(crate) fn shortened(name: &str, chars: usize) -> String {
+    let chars = chars.max(1);
+    if name.chars().count() <= chars {
+        return name.to_owned();
+    }
+    let mut cut: String = name.chars().take(chars - 1).collect();
+    cut.push('\u{2026}');
+    cut
+}
+
+/// `record` with its values clipped to the axes and its names shortened
+/// (see the module docs): a value that is not finite is left out (NaN for
+/// an accuracy, `None` for a loss, 0 for an alpha).
+fn clipped(record: &EpochRecord) -> EpochRecord {
+    let mut record = record.clone();
+    record.train_accuracy = within(record.train_accuracy, 0.0, 100.0).unwrap_or(f64::NAN);
+    record.val_accuracy = within(record.val_accuracy, 0.0, 100.0).unwrap_or(f64::NAN);
+    record.train_loss = record
+        .train_loss
+        .and_then(|loss| within(loss, 0.0, LOSS_AXIS_LIMIT));
+    record.val_loss = record
+        .val_loss
+        .and_then(|loss| within(loss, 0.0, LOSS_AXIS_LIMIT));
+    for slot in &mut record.slots {
+        slot.alpha = within(slot.alpha, 0.0, 1.0).unwrap_or(0.0);
+        slot.slot = short(&slot.slot);
+        slot.blueprint = slot.blueprint.as_deref().map(short);
+    }
+    record
+}
+
+/// The last epoch the picture's axis shows (1-based).
+fn last_epoch(records: &[EpochRecord]) -> usize {
+    records
+        .iter()
+        .map(|record| record.epoch.saturating_add(1))
+        .max()
+        .unwrap_or(1)
+}
+
 fn slot_count(records: &[EpochRecord]) -> usize {
     records
         .iter()
@@ -135,17 +231,13 @@ fn title(run_dir: &Path, records: &[EpochRecord]) -> String {
         || run_dir.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
+    let name = shortened(&name, 80);
     let described = std::fs::read_to_string(run_dir.join("config.toml"))
         .ok()
         .and_then(|text| text.parse::<toml::Table>().ok())
         .map(|table| {
-            let field = |key: &str| {
-                table
-                    .get(key)
-                    .and_then(toml::Value::as_str)
-                    .unwrap_or("?")
-                    .to_owned()
-            };
+            let field =
+                |key: &str| short(table.get(key).and_then(toml::Value::as_str).unwrap_or("?"));
             format!(
                 " (task {}, controller {})",
                 field("task"),
@@ -153,8 +245,14 @@ fn title(run_dir: &Path, records: &[EpochRecord]) -> String {
             )
         })
         .unwrap_or_default();
-    let first = records.first().map_or(0.0, |record| record.val_accuracy);
-    let last = records.last().map_or(0.0, |record| record.val_accuracy);
+    let first = records
+        .first()
+        .map_or(0.0, |record| record.val_accuracy)
+        .clamp(0.0, 100.0);
+    let last = records
+        .last()
+        .map_or(0.0, |record| record.val_accuracy)
+        .clamp(0.0, 100.0);
     format!(
         "esper train: {name}{described}  -  {} epochs, validation accuracy {first:.1}% -> {last:.1}%",
         records.len()
@@ -206,8 +304,8 @@ where
     ))?;
     let (charts, rest) = rest.split_vertically(CHARTS_HEIGHT);
     let (accuracy_area, loss_area) = charts.split_horizontally(WIDTH / 2);
-    let epochs = records.len() as f64;
-    let x_range = 0.5..epochs + 0.5;
+    let last = last_epoch(records);
+    let x_range = 0.5..last as f64 + 0.5;
     let x = |record: &EpochRecord| record.epoch as f64 + 1.0;
 
     // Accuracy.
@@ -230,7 +328,7 @@ where
     chart
         .configure_mesh()
         .x_desc("epoch")
-        .x_labels(x_label_count(records.len()))
+        .x_labels(x_label_count(last))
         .x_label_formatter(&epoch_label)
         .y_label_formatter(&|value: &f64| format!("{value:.0}"))
         .label_style((FONT, 13))
@@ -254,14 +352,20 @@ where
     let val_colour = RGBColor(216, 67, 21);
     chart
         .draw_series(LineSeries::new(
-            records.iter().map(|r| (x(r), r.train_accuracy)),
+            records
+                .iter()
+                .map(|r| (x(r), r.train_accuracy))
+                .filter(|(_, y)| y.is_finite()),
             train_colour.stroke_width(2),
         ))?
         .label("train")
         .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 20, ly)], train_colour));
     chart
         .draw_series(LineSeries::new(
-            records.iter().map(|r| (x(r), r.val_accuracy)),
+            records
+                .iter()
+                .map(|r| (x(r), r.val_accuracy))
+                .filter(|(_, y)| y.is_finite()),
             val_colour.stroke_width(2),
         ))?
         .label("validation")
@@ -280,9 +384,15 @@ where
         .flat_map(|record| [record.train_loss, record.val_loss])
         .flatten()
         .fold(0.0_f64, f64::max);
+    // The losses were clipped to LOSS_AXIS_LIMIT; a clipped one says so.
     let top = if highest > 0.0 { highest * 1.05 } else { 1.0 };
+    let caption = if highest >= LOSS_AXIS_LIMIT {
+        format!("loss (clipped at {LOSS_AXIS_LIMIT:e})")
+    } else {
+        "loss".to_owned()
+    };
     let mut chart = ChartBuilder::on(&loss_area)
-        .caption("loss", (FONT, 18))
+        .caption(caption, (FONT, 18))
         .margin(10)
         .x_label_area_size(35)
         .y_label_area_size(LABEL_AREA)
@@ -290,7 +400,7 @@ where
     chart
         .configure_mesh()
         .x_desc("epoch")
-        .x_labels(x_label_count(records.len()))
+        .x_labels(x_label_count(last))
         .x_label_formatter(&epoch_label)
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 14))
@@ -418,7 +528,7 @@ where
         .axis_desc_style((FONT, 14));
     if with_axis {
         mesh.x_desc("epoch")
-            .x_labels(x_label_count(records.len()))
+            .x_labels(x_label_count(last_epoch(records)))
             .x_label_formatter(&epoch_label);
     } else {
         mesh.disable_x_axis();
@@ -531,5 +641,171 @@ mod tests {
         assert!(svg_text.contains("<svg") && svg_text.contains("conv_light"));
         assert!(svg_text.contains("r0c2"), "a lane per slot");
         assert!(draw_run(dir.path(), &[]).is_err(), "nothing to draw");
+    }
+
+    /// The names of the files in `dir`.
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn absurd_epochs_and_slot_counts_are_refused_before_anything_is_drawn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut far = record(0, "TRAINING", 0.5);
+        far.epoch = usize::MAX;
+        let error = draw_run(dir.path(), &[record(0, "TRAINING", 0.5), far])
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.contains(&format!("epoch {}", usize::MAX)) && error.contains("no picture"),
+            "{error}"
+        );
+        let mut crowded = record(0, "TRAINING", 0.5);
+        crowded.slots = (0..50_000)
+            .map(|index| epoch_log::SlotRecord {
+                slot: format!("r{index}c0"),
+                stage: "DORMANT".to_owned(),
+                alpha: 0.0,
+                blueprint: None,
+                seed_id: None,
+            })
+            .collect();
+        let error = draw_run(dir.path(), &[crowded])
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("50000 slots"), "{error}");
+        assert!(files(dir.path()).is_empty(), "nothing written");
+    }
+
+    #[test]
+    fn values_beyond_the_axes_are_clipped_and_long_names_shortened() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wild = record(1, "BLENDING", 7.0);
+        wild.train_loss = Some(f64::MAX);
+        wild.val_loss = Some(-1e300);
+        wild.train_accuracy = 1e300;
+        wild.val_accuracy = f64::NAN;
+        wild.slots[0].blueprint = Some("b".repeat(10_000));
+        wild.slots[1].alpha = f64::NEG_INFINITY;
+        let clipped_record = clipped(&wild);
+        assert_eq!(clipped_record.train_loss, Some(LOSS_AXIS_LIMIT));
+        assert_eq!(clipped_record.val_loss, Some(0.0));
+        assert_eq!(clipped_record.train_accuracy, 100.0);
+        assert!(clipped_record.val_accuracy.is_nan(), "left out");
+        assert_eq!(clipped_record.slots[0].alpha, 1.0);
+        assert_eq!(clipped_record.slots[1].alpha, 0.0);
+        assert_eq!(
+            clipped_record.slots[0]
+                .blueprint
+                .as_deref()
+                .map(|name| name.chars().count()),
+            Some(NAME_CHARS)
+        );
+        let (_, svg) = draw_run(dir.path(), &[record(0, "TRAINING", 0.2), wild]).expect("drawn");
+        let svg = std::fs::read_to_string(svg).expect("svg");
+        assert!(svg.contains("clipped at 1e6"), "the loss axis says so");
+    }
+
+    fn hostile_record() -> impl proptest::strategy::Strategy<Value = EpochRecord> {
+        use leyline::testing::{extreme_f64, extreme_usize};
+        use proptest::prelude::*;
+        let slot = (
+            "\\PC{0,8}",
+            proptest::sample::select(LEGEND.to_vec()),
+            extreme_f64(),
+            proptest::option::of("\\PC{0,40}"),
+        )
+            .prop_map(|(slot, stage, alpha, blueprint)| epoch_log::SlotRecord {
+                slot,
+                stage: stage.to_owned(),
+                alpha,
+                seed_id: blueprint.as_ref().map(|_| "seed-0".to_owned()),
+                blueprint,
+            });
+        (
+            prop_oneof![4 => 0usize..64, 1 => extreme_usize()],
+            proptest::option::of(extreme_f64()),
+            extreme_f64(),
+            proptest::option::of(extreme_f64()),
+            extreme_f64(),
+            proptest::collection::vec(slot, 0..4),
+        )
+            .prop_map(
+                |(epoch, train_loss, train_accuracy, val_loss, val_accuracy, slots)| EpochRecord {
+                    epoch,
+                    train_loss,
+                    train_accuracy,
+                    val_loss,
+                    val_accuracy,
+                    epoch_ms: 1.0,
+                    samples_per_s: 1.0,
+                    active_seeds: 0,
+                    slots,
+                    decision: None,
+                    rollback: None,
+                },
+            )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever a record holds, the bounds check and the clipping give
+        /// values inside the picture's axes or a refusal, never a panic.
+        #[test]
+        fn hostile_records_are_refused_or_clipped_into_the_axes(
+            records in proptest::collection::vec(hostile_record(), 1..6),
+        ) {
+            if check_bounds(&records).is_ok() {
+                for record in records.iter().map(clipped) {
+                    proptest::prop_assert!(record.epoch < MAX_EPOCHS);
+                    for accuracy in [record.train_accuracy, record.val_accuracy] {
+                        proptest::prop_assert!(
+                            accuracy.is_nan() || (0.0..=100.0).contains(&accuracy)
+                        );
+                    }
+                    for loss in [record.train_loss, record.val_loss].into_iter().flatten() {
+                        proptest::prop_assert!((0.0..=LOSS_AXIS_LIMIT).contains(&loss));
+                    }
+                    for slot in &record.slots {
+                        proptest::prop_assert!((0.0..=1.0).contains(&slot.alpha));
+                        proptest::prop_assert!(slot.slot.chars().count() <= NAME_CHARS);
+                    }
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        // Each case draws a PNG and an SVG (a fraction of a second each).
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+
+        /// Drawing hostile records gives the picture or an error that leaves
+        /// no file behind, never a panic.
+        #[test]
+        fn hostile_records_draw_or_are_refused_leaving_nothing(
+            records in proptest::collection::vec(hostile_record(), 0..4),
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            match draw_run(dir.path(), &records) {
+                Ok(_) => proptest::prop_assert_eq!(files(dir.path()), [PNG_NAME, SVG_NAME]),
+                Err(error) => {
+                    let message = error.to_string();
+                    proptest::prop_assert!(!message.is_empty());
+                    proptest::prop_assert!(files(dir.path()).is_empty());
+                }
+            }
+        }
     }
 }

@@ -8,6 +8,13 @@
 //! seeds per environment, each point labelled with the round's germinations
 //! and fossilizations (`g2 f1`), the share of the policy's decisions per op
 //! (one line per op it ever chose), and the critic's loss in the update.
+//!
+//! The picture is bounded whatever `rounds.jsonl` holds: a round number
+//! that is not a whole number in `0..`[`MAX_ROUNDS`], more rounds than that,
+//! or more distinct ops than [`MAX_OPS`] is refused with a message naming
+//! the line before any file is written; a figure beyond
+//! ±[`VALUE_LIMIT`] is drawn at the limit (the chart's caption says so), a
+//! share outside 0-100 % at its end.
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -17,12 +24,19 @@ use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::plot::{FONT, PNG_NAME, SVG_NAME, register_font};
+use crate::plot::{FONT, PNG_NAME, SVG_NAME, register_font, shortened};
+use crate::train::config::MAX_ROUNDS;
 use crate::train::ppo::ROUNDS_FILE;
 
 const WIDTH: u32 = 1400;
 const HEIGHT: u32 = 1200;
 const TITLE_HEIGHT: u32 = 40;
+
+/// The largest magnitude a chart's figures are drawn at; beyond it they are
+/// clipped to it.
+pub(crate) const VALUE_LIMIT: f64 = 1e12;
+/// Most distinct ops the op-share chart draws (leyline has six).
+pub(crate) const MAX_OPS: usize = 16;
 
 type DrawResult = std::result::Result<(), Box<dyn Error>>;
 
@@ -65,6 +79,13 @@ pub(crate) fn read(run_dir: &Path) -> Result<Vec<RoundPoint>> {
         let number = |key: &str| value.get(key).and_then(serde_json::Value::as_f64);
         let round = number("round")
             .with_context(|| format!("{} line {}: no round number", path.display(), index + 1))?;
+        check_round(round).with_context(|| format!("{} line {}", path.display(), index + 1))?;
+        if points.len() >= MAX_ROUNDS {
+            bail!(
+                "{} holds more than the {MAX_ROUNDS} rounds a run may have",
+                path.display()
+            );
+        }
         let accuracies: Vec<f64> = value
             .get("final_accuracies")
             .and_then(serde_json::Value::as_array)
@@ -109,6 +130,46 @@ pub(crate) fn read(run_dir: &Path) -> Result<Vec<RoundPoint>> {
     Ok(points)
 }
 
+/// Refuses a round number (0-based, as `rounds.jsonl` holds it) that is not
+/// a whole number in `0..MAX_ROUNDS`.
+fn check_round(round: f64) -> Result<()> {
+    if !(round.is_finite() && round >= 0.0 && round.fract() == 0.0 && round < MAX_ROUNDS as f64) {
+        bail!("round {round} is not a round number (a whole number from 0 to {MAX_ROUNDS})");
+    }
+    Ok(())
+}
+
+/// Refuses points the picture cannot hold (see the module docs).
+fn check_points(points: &[RoundPoint]) -> Result<()> {
+    if points.len() > MAX_ROUNDS {
+        bail!(
+            "{} rounds, more than the {MAX_ROUNDS} a run may have",
+            points.len()
+        );
+    }
+    let mut ops: Vec<&str> = Vec::new();
+    for point in points {
+        // `round` is 1-based here.
+        check_round(point.round - 1.0)?;
+        for (op, _) in &point.op_shares {
+            if !ops.contains(&op.as_str()) {
+                ops.push(op);
+                if ops.len() > MAX_OPS {
+                    bail!("more than {MAX_OPS} distinct ops in the decision shares");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `value` clipped to ±[`VALUE_LIMIT`]; `None` when it is not finite.
+fn clip(value: f64) -> Option<f64> {
+    value
+        .is_finite()
+        .then(|| value.clamp(-VALUE_LIMIT, VALUE_LIMIT))
+}
+
 /// Draws `points` into `run_dir/run.png` and `run_dir/run.svg`.
 pub(crate) fn draw_rounds(run_dir: &Path, points: &[RoundPoint]) -> Result<(PathBuf, PathBuf)> {
     if points.is_empty() {
@@ -117,10 +178,16 @@ pub(crate) fn draw_rounds(run_dir: &Path, points: &[RoundPoint]) -> Result<(Path
             run_dir.join(ROUNDS_FILE).display()
         );
     }
+    check_points(points).map_err(|error| {
+        anyhow!(
+            "{}: {error}; no picture drawn",
+            run_dir.join(ROUNDS_FILE).display()
+        )
+    })?;
     register_font()?;
     let title = format!(
         "esper train --controller ppo: {} - {} rounds",
-        run_dir.display(),
+        shortened(&run_dir.display().to_string(), 100),
         points.len()
     );
     let png = run_dir.join(PNG_NAME);
@@ -184,8 +251,17 @@ where
         };
         let values: Vec<(f64, f64)> = points
             .iter()
-            .filter_map(|p| pick(p).map(|v| (p.round, v)))
+            .filter_map(|p| pick(p).and_then(clip).map(|v| (p.round, v)))
             .collect();
+        let clipped = points
+            .iter()
+            .filter_map(pick)
+            .any(|v| v.is_finite() && v.abs() > VALUE_LIMIT);
+        let caption = if clipped {
+            format!("{caption} (clipped at \u{b1}{VALUE_LIMIT:e})")
+        } else {
+            caption.to_owned()
+        };
         let low = values.iter().map(|(_, v)| *v).fold(f64::INFINITY, f64::min);
         let high = values
             .iter()
@@ -197,7 +273,7 @@ where
             let margin = ((high - low) * 0.1).max(1e-3);
             (low - margin, high + margin)
         };
-        let mut chart = round_chart(area, caption, points.len(), last, low..high)?;
+        let mut chart = round_chart(area, &caption, points.len(), last, low..high)?;
         chart.draw_series(LineSeries::new(
             values.iter().copied(),
             colour.stroke_width(2),
@@ -210,8 +286,12 @@ where
         if caption.starts_with("live seeds") {
             // Germinations (up) and fossilizations (down) of the round, as ticks.
             for p in points {
-                let label = format!("   g{:.0} f{:.0}", p.germinations, p.fossilizations);
-                if let Some(y) = p.live_seeds {
+                let label = format!(
+                    "   g{:.0} f{:.0}",
+                    p.germinations.clamp(-VALUE_LIMIT, VALUE_LIMIT),
+                    p.fossilizations.clamp(-VALUE_LIMIT, VALUE_LIMIT)
+                );
+                if let Some(y) = p.live_seeds.and_then(clip) {
                     chart.draw_series(std::iter::once(Text::new(
                         label,
                         (p.round, y),
@@ -298,12 +378,13 @@ where
                 p.op_shares
                     .iter()
                     .find(|(name, _)| name == op)
-                    .map(|(_, share)| (p.round, *share))
+                    .and_then(|(_, share)| share.is_finite().then(|| share.clamp(0.0, 100.0)))
+                    .map(|share| (p.round, share))
             })
             .collect();
         chart
             .draw_series(LineSeries::new(values, colour.stroke_width(2)))?
-            .label(*op)
+            .label(shortened(op, 24))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
     }
     if !ops.is_empty() {
@@ -319,6 +400,8 @@ where
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Strategy as _;
+
     use super::*;
 
     #[test]
@@ -365,5 +448,118 @@ mod tests {
             .expect_err("line 2 is not JSON")
             .to_string();
         assert!(error.contains("line 2"), "{error}");
+    }
+
+    /// The names of the files in `dir` but `rounds.jsonl`.
+    fn pictures(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("read_dir")
+            .map(|entry| {
+                entry
+                    .expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name != ROUNDS_FILE)
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn absurd_round_numbers_are_refused_naming_the_line_and_huge_figures_clipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for round in ["1e300", "-1", "0.5", "100000", "18446744073709551615"] {
+            std::fs::write(
+                dir.path().join(ROUNDS_FILE),
+                format!("{{\"round\":0}}\n{{\"round\":{round}}}\n"),
+            )
+            .expect("write");
+            let error = format!("{:#}", read(dir.path()).expect_err("refused"));
+            assert!(
+                error.contains("line 2") && error.contains("not a round number"),
+                "{round}: {error}"
+            );
+        }
+        let point = |round: f64| RoundPoint {
+            round,
+            reward: Some(f64::MAX),
+            eps: Some(-1e300),
+            accuracy: Some(f64::NAN),
+            live_seeds: Some(1e200),
+            germinations: f64::INFINITY,
+            fossilizations: -0.0,
+            op_shares: vec![("WAIT".to_owned(), 1e300), ("x".repeat(1000), f64::NAN)],
+            value_loss: Some(f64::MIN_POSITIVE),
+        };
+        let error = draw_rounds(dir.path(), &[point(1.0), point(f64::MAX)])
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("no picture"), "{error}");
+        let too_many_ops = RoundPoint {
+            op_shares: (0..=MAX_OPS).map(|op| (op.to_string(), 1.0)).collect(),
+            ..point(1.0)
+        };
+        assert!(draw_rounds(dir.path(), &[too_many_ops]).is_err());
+        assert!(pictures(dir.path()).is_empty(), "nothing written");
+        let (_, svg) = draw_rounds(dir.path(), &[point(1.0), point(2.0)]).expect("drawn");
+        let svg = std::fs::read_to_string(svg).expect("svg");
+        assert!(svg.contains("mean episode reward (clipped at"), "said");
+    }
+
+    proptest::proptest! {
+        // Each case reads and draws a PNG and an SVG.
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(12))]
+
+        /// Whatever numbers `rounds.jsonl` holds, `esper plot` reads and
+        /// draws them or refuses with a message and writes no picture;
+        /// never a panic.
+        #[test]
+        fn hostile_rounds_draw_or_are_refused_leaving_nothing(
+            lines in proptest::collection::vec(
+                (
+                    proptest::prop_oneof![
+                        4 => (0u64..50).prop_map(|round| round as f64),
+                        1 => leyline::testing::extreme_f64(),
+                    ],
+                    proptest::collection::vec(leyline::testing::extreme_f64(), 6),
+                    leyline::testing::extreme_u64(),
+                ),
+                1..5,
+            ),
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            // JSON has no NaN or infinity: those are written as null, as the
+            // run writes them.
+            let number = |value: f64| {
+                serde_json::Number::from_f64(value).map_or(serde_json::Value::Null, Into::into)
+            };
+            let text: String = lines
+                .iter()
+                .map(|(round, figures, count)| {
+                    serde_json::json!({
+                        "round": number(*round),
+                        "mean_episode_reward": number(figures[0]),
+                        "eps": number(figures[1]),
+                        "final_accuracies": [number(figures[2])],
+                        "mean_active_seeds": number(figures[3]),
+                        "germinations": count,
+                        "actions": {"steps": number(figures[4]), "chosen": {"WAIT": count}},
+                        "ppo": {"value_loss": number(figures[5])},
+                    })
+                    .to_string()
+                        + "\n"
+                })
+                .collect();
+            std::fs::write(dir.path().join(ROUNDS_FILE), text).expect("write");
+            match read(dir.path()).and_then(|points| draw_rounds(dir.path(), &points)) {
+                Ok(_) => proptest::prop_assert_eq!(pictures(dir.path()), [PNG_NAME, SVG_NAME]),
+                Err(error) => {
+                    proptest::prop_assert!(error.chain().count() > 0 && !error.to_string().is_empty());
+                    proptest::prop_assert!(pictures(dir.path()).is_empty());
+                }
+            }
+        }
     }
 }

@@ -181,20 +181,21 @@ fn run_count(
 ) -> Result<Vec<RankFigures>> {
     let dir = scratch.join(format!("{variant}-{gpus}"));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut child_args = vec![
-        "bench-rank".to_owned(),
-        task.to_owned(),
-        "--variant".to_owned(),
-        variant.to_owned(),
-        "--rounds".to_owned(),
-        rounds.to_string(),
-        "--device".to_owned(),
-        device.to_owned(),
-        "--out".to_owned(),
-        dir.display().to_string(),
+    let mut child_args: Vec<std::ffi::OsString> = vec![
+        "bench-rank".into(),
+        task.into(),
+        "--variant".into(),
+        variant.into(),
+        "--rounds".into(),
+        rounds.to_string().into(),
+        "--device".into(),
+        device.into(),
+        "--out".into(),
+        // The path as it is (it need not be UTF-8).
+        dir.clone().into_os_string(),
     ];
     if quick {
-        child_args.push("--quick".to_owned());
+        child_args.push("--quick".into());
     }
     launch::run_ranks(gpus, &child_args, launch::GRACE)?;
     (0..gpus)

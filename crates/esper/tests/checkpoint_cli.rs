@@ -10,9 +10,15 @@
 //!   seed, just after its germination, while it trains) and resumed each
 //!   time ends with tensors (host, seed, optimizers, governor snapshot)
 //!   bitwise equal to an uninterrupted run's, with every epoch and every
-//!   telemetry packet exactly once.
+//!   telemetry packet exactly once;
+//! - a resume whose newest checkpoint is damaged and whose older ones verify
+//!   but cannot be restored exits non-zero and leaves every file of the run
+//!   directory byte for byte as it was (a `.partial-` folder included); made
+//!   restorable again, the oldest one is resumed (never one that merely
+//!   verifies) and the run ends bitwise where it ended before.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -294,4 +300,156 @@ fn a_run_killed_three_times_and_resumed_ends_bitwise_equal_to_an_uninterrupted_r
         telemetry_lines(&whole),
         "no telemetry packet duplicated or lost"
     );
+}
+
+/// Every file and folder under `root` (relative path -> contents; `None`
+/// for a folder).
+fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut entries = BTreeMap::new();
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let relative = path.strip_prefix(root).expect("under root").to_owned();
+            if path.is_dir() {
+                pending.push(path);
+                entries.insert(relative, None);
+            } else {
+                entries.insert(relative, Some(std::fs::read(&path).expect("read")));
+            }
+        }
+    }
+    entries
+}
+
+/// FNV-1a 64, as the manifests use it.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// The paths whose contents differ between two [`tree`]s, with the FNV-1a
+/// hash of each side (for the failure message).
+fn changes(
+    before: &BTreeMap<PathBuf, Option<Vec<u8>>>,
+    after: &BTreeMap<PathBuf, Option<Vec<u8>>>,
+) -> Vec<String> {
+    let hash = |entry: Option<&Option<Vec<u8>>>| match entry {
+        None => "absent".to_owned(),
+        Some(None) => "folder".to_owned(),
+        Some(Some(bytes)) => format!("{} bytes, fnv1a64 {:016x}", bytes.len(), fnv1a64(bytes)),
+    };
+    before
+        .keys()
+        .chain(after.keys())
+        .filter(|path| before.get(*path) != after.get(*path))
+        .map(|path| {
+            format!(
+                "{}: {} -> {}",
+                path.display(),
+                hash(before.get(path)),
+                hash(after.get(path))
+            )
+        })
+        .collect()
+}
+
+/// Edits the body of checkpoint `epoch`'s manifest and writes it back with
+/// a fresh checksum, so that it still verifies.
+fn edit_manifest(run_dir: &Path, epoch: usize, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = run_dir
+        .join("checkpoints")
+        .join(epoch.to_string())
+        .join("manifest.json");
+    let mut file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("manifest")).expect("JSON");
+    edit(&mut file["manifest"]);
+    let compact = serde_json::to_vec(&file["manifest"]).expect("encode");
+    file["checksum"] = format!("fnv1a64:{:016x}", fnv1a64(&compact)).into();
+    let mut text = serde_json::to_vec_pretty(&file).expect("encode");
+    text.push(b'\n');
+    std::fs::write(&path, text).expect("write");
+}
+
+#[test]
+fn a_resume_that_restores_no_checkpoint_changes_nothing_and_one_that_does_skips_the_unrestorable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    succeed(synthetic_run(&run_dir, 6, 2));
+    let checkpoints = run_dir.join("checkpoints");
+    let original = tensors(&run_dir, 6);
+    let manifest = |epoch: usize| checkpoints.join(epoch.to_string()).join("manifest.json");
+    let manifest_2 = std::fs::read(manifest(2)).expect("manifest 2");
+
+    // The newest is damaged; the two older ones verify (their manifests'
+    // checksums hold) but cannot be restored: their governor is gone, while
+    // the run's trainer has one.
+    std::fs::write(
+        checkpoints.join("6").join("tensors.safetensors"),
+        &original[..original.len() / 2],
+    )
+    .expect("truncate");
+    for epoch in [2, 4] {
+        edit_manifest(&run_dir, epoch, |body| {
+            body["governor"] = serde_json::Value::Null
+        });
+    }
+    std::fs::create_dir(checkpoints.join(".partial-5")).expect("partial");
+    let before = tree(&run_dir);
+    let output = resume(&run_dir).output().expect("esper runs");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "refused: {stderr}");
+    assert!(
+        stderr.contains("checkpoints/6 is damaged") && stderr.contains("cut short"),
+        "{stderr}"
+    );
+    for epoch in [2, 4] {
+        assert!(
+            stderr.contains(&format!(
+                "checkpoints/{epoch} verifies but could not be restored"
+            )),
+            "checkpoint {epoch}: {stderr}"
+        );
+    }
+    assert!(stderr.contains("disagree on the governor"), "{stderr}");
+    assert!(
+        stderr.contains("no checkpoint in") && stderr.contains("verifies and restores"),
+        "{stderr}"
+    );
+    let changed = changes(&before, &tree(&run_dir));
+    assert!(
+        changed.is_empty(),
+        "the refused resume changed the run directory:\n{}",
+        changed.join("\n")
+    );
+
+    // Checkpoint 2 restorable again: the resume passes over 6 (damaged) and
+    // 4 (verifies, cannot be restored), takes 2, and ends where the run
+    // ended before, bit for bit.
+    std::fs::write(manifest(2), manifest_2).expect("put back");
+    let output = succeed(resume(&run_dir));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("checkpoints/4 verifies but could not be restored"),
+        "{stderr}"
+    );
+    assert!(
+        text(&output.stdout).contains("resuming from") && text(&output.stdout).contains("epoch 2"),
+        "{}",
+        text(&output.stdout)
+    );
+    assert!(
+        !checkpoints.join(".partial-5").exists(),
+        "removed once resumed"
+    );
+    assert!(tensors(&run_dir, 6) == original, "bitwise the same end");
+    let epochs: Vec<u64> = epoch_lines(&run_dir)
+        .iter()
+        .map(|line| line["epoch"].as_u64().expect("epoch"))
+        .collect();
+    assert_eq!(epochs, [0, 1, 2, 3, 4, 5], "each epoch once");
 }

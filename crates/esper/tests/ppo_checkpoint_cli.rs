@@ -2,15 +2,23 @@
 //! with SIGKILL and resumed with `--resume` ends with the same policy, bit
 //! for bit, as the run that was never stopped, with every round written
 //! (and every PPO update event) exactly once; a damaged newest checkpoint is
-//! skipped with a warning.
+//! skipped with a warning. A resume whose newest checkpoint is damaged and
+//! whose older ones verify but cannot be restored exits non-zero and leaves
+//! every file of the run directory byte for byte as it was; made restorable
+//! again, the oldest is resumed and the rounds after it run again.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ESPER: &str = env!("CARGO_BIN_EXE_esper");
 
 fn args(run_dir: &Path) -> Vec<String> {
+    args_with_rounds(run_dir, "4")
+}
+
+fn args_with_rounds(run_dir: &Path, rounds: &str) -> Vec<String> {
     [
         "train",
         "--controller",
@@ -24,7 +32,7 @@ fn args(run_dir: &Path) -> Vec<String> {
         "--envs",
         "2",
         "--rounds",
-        "4",
+        rounds,
         "--batch-size",
         "64",
         "--slots",
@@ -154,4 +162,135 @@ fn a_killed_ppo_run_resumes_to_the_uninterrupted_policy() {
     assert_eq!(updates(&whole), 4);
     assert_eq!(updates(&cut), 4, "telemetry of the resumed run");
     assert_eq!(policy(&cut), policy(&whole), "the resumed policy differs");
+}
+
+/// Every file and folder under `root` (relative path -> contents; `None`
+/// for a folder).
+fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut entries = BTreeMap::new();
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let relative = path.strip_prefix(root).expect("under root").to_owned();
+            if path.is_dir() {
+                pending.push(path);
+                entries.insert(relative, None);
+            } else {
+                entries.insert(relative, Some(std::fs::read(&path).expect("read")));
+            }
+        }
+    }
+    entries
+}
+
+/// FNV-1a 64 of `bytes` (for the failure message).
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+#[test]
+fn a_ppo_resume_that_restores_no_checkpoint_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let output = run_to_end(&args_with_rounds(&run_dir, "3"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let checkpoint = |round: u32| {
+        run_dir
+            .join("checkpoints")
+            .join(format!("round-{round:06}"))
+    };
+    // The newest is damaged; the older two verify (a PPO manifest has no
+    // checksum of its own) but cannot be restored: their observation
+    // normaliser is gone, while the run normalises observations.
+    let newest = checkpoint(3).join("tensors.safetensors");
+    let mut bytes = std::fs::read(&newest).expect("tensors");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&newest, bytes).expect("corrupt");
+    let first_manifest = std::fs::read(checkpoint(1).join("manifest.json")).expect("manifest");
+    for round in [1, 2] {
+        let path = checkpoint(round).join("manifest.json");
+        let mut manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("manifest")).expect("JSON");
+        assert!(!manifest["state"]["obs_normaliser"].is_null(), "{manifest}");
+        manifest["state"]["obs_normaliser"] = serde_json::Value::Null;
+        std::fs::write(&path, serde_json::to_vec_pretty(&manifest).expect("JSON")).expect("edit");
+    }
+    let before = tree(&run_dir);
+    let resume = run_to_end(&[
+        "train".to_owned(),
+        "--resume".to_owned(),
+        run_dir.display().to_string(),
+    ]);
+    let stderr = String::from_utf8_lossy(&resume.stderr);
+    assert_eq!(resume.status.code(), Some(1), "refused: {stderr}");
+    assert!(
+        stderr.contains("skipping the damaged checkpoint") && stderr.contains("round-000003"),
+        "{stderr}"
+    );
+    for round in ["round-000001", "round-000002"] {
+        assert!(
+            stderr.contains(&format!(
+                "{round}, which verifies but could not be restored"
+            )),
+            "{round}: {stderr}"
+        );
+    }
+    assert!(stderr.contains("verifies and restores"), "{stderr}");
+    let after = tree(&run_dir);
+    let changed: Vec<String> = before
+        .keys()
+        .chain(after.keys())
+        .filter(|path| before.get(*path) != after.get(*path))
+        .map(|path| {
+            let hash = |entry: Option<&Option<Vec<u8>>>| {
+                entry.map_or("absent".to_owned(), |entry| {
+                    entry.as_ref().map_or("folder".to_owned(), |bytes| {
+                        format!("{:016x}", fnv1a64(bytes))
+                    })
+                })
+            };
+            format!(
+                "{}: {} -> {}",
+                path.display(),
+                hash(before.get(path)),
+                hash(after.get(path))
+            )
+        })
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the refused resume changed the run directory:\n{}",
+        changed.join("\n")
+    );
+
+    // Round 1 restorable again: it is resumed, rounds 2 and 3 run again.
+    std::fs::write(checkpoint(1).join("manifest.json"), first_manifest).expect("put back");
+    let resume = run_to_end(&[
+        "train".to_owned(),
+        "--resume".to_owned(),
+        run_dir.display().to_string(),
+    ]);
+    let stderr = String::from_utf8_lossy(&resume.stderr);
+    assert!(resume.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("round-000002, which verifies but could not be restored"),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&resume.stdout).contains("after round 1"),
+        "{}",
+        String::from_utf8_lossy(&resume.stdout)
+    );
+    assert_eq!(rounds(&run_dir), vec![0, 1, 2], "every round exactly once");
 }

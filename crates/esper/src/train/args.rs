@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 pub(crate) enum ControllerKind {
     /// The reference's heuristic (`tamiyo::heuristic::HeuristicController`).
     Heuristic,
-    /// The learned PPO policy (issue 12; not implemented yet).
+    /// Tamiyo's policy, trained with Simic's vectorized PPO: each round
+    /// trains --envs hosts for --epochs epochs and makes one PPO update.
     Ppo,
 }
 
@@ -103,12 +104,32 @@ pub(crate) enum RewardChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum ModeChoice {
-    /// Every op launched from the host.
+    /// The fastest mode that applies: graph-step on CUDA, eager on the CPU.
+    Auto,
+    /// Every op launched from the host (the fallback; the only mode on the
+    /// CPU).
     Eager,
-    /// One CUDA graph per step shape (CUDA only).
+    /// One CUDA graph per step shape (CUDA only; a capture that fails runs
+    /// that step eagerly).
     GraphStep,
     /// One CUDA graph per epoch (CUDA only).
     GraphEpoch,
+}
+
+impl ModeChoice {
+    /// The execution mode on `device`: `Auto` is graph-step on CUDA (the
+    /// fastest mode the general trainer has there; tolaria falls back to
+    /// eager for a step whose capture fails) and eager on the CPU, where the
+    /// graph modes do not apply.
+    pub(crate) fn resolve(self, device: tch::Device) -> tolaria::config::ExecutionMode {
+        use tolaria::config::ExecutionMode;
+        match self {
+            ModeChoice::Auto if device.is_cuda() => ExecutionMode::GraphStep,
+            ModeChoice::Auto | ModeChoice::Eager => ExecutionMode::Eager,
+            ModeChoice::GraphStep => ExecutionMode::GraphStep,
+            ModeChoice::GraphEpoch => ExecutionMode::GraphEpoch,
+        }
+    }
 }
 
 /// `esper train`: trains a host on a task while a controller grows it.
@@ -123,14 +144,21 @@ pub(crate) enum ModeChoice {
                   epochs.jsonl (one line per epoch), telemetry/ (JSON lines), \
                   run.png / run.svg (the run picture) and checkpoints/<epoch>/ (safetensors \
                   and a JSON manifest; --resume RUN_DIR continues from the newest one). \
-                  Ctrl-C finishes the current epoch, writes a checkpoint and everything \
-                  else, and exits with status 130."
+                  --controller ppo writes rounds.jsonl (one line per round) and \
+                  policy.safetensors instead of epochs.jsonl, and checkpoints/round-<R>/. \
+                  Every option is checked, the data loaded and the trainer built (or, for \
+                  --resume, the checkpoint restored) before anything is written: a \
+                  refused run leaves no run directory, and a refused resume leaves the run \
+                  directory as it was. Ctrl-C finishes the current epoch, writes a \
+                  checkpoint and everything else, and exits with status 130."
 )]
 pub(crate) struct TrainArgs {
     /// A TOML file with any of the options below (flags override it).
     #[arg(long, value_name = "FILE.toml")]
     pub(crate) config: Option<PathBuf>,
-    /// Who decides the lifecycle operations [default: heuristic].
+    /// Who decides the lifecycle operations: the reference's heuristic, or
+    /// Tamiyo's policy trained with PPO (the options marked PPO apply)
+    /// [default: heuristic].
     #[arg(long, value_enum)]
     pub(crate) controller: Option<ControllerKind>,
     /// Task and host [default: fmnist].
@@ -142,14 +170,14 @@ pub(crate) struct TrainArgs {
     /// Most seeds alive or fossilized at once [default: number of slots].
     #[arg(long, value_name = "N")]
     pub(crate) max_seeds: Option<usize>,
-    /// Epochs to train [default: 50].
+    /// Epochs to train, 1 to 100000 (for PPO: each episode's) [default: 50].
     #[arg(long, value_name = "N")]
     pub(crate) epochs: Option<usize>,
     /// Samples per training batch [default: 128].
     #[arg(long, value_name = "N")]
     pub(crate) batch_size: Option<usize>,
-    /// SGD learning rate (momentum 0.9) of the host and of every seed
-    /// [default: 0.003].
+    /// SGD learning rate (momentum 0.9) of the host and of every seed; finite,
+    /// above 0 and at most 100 [default: 0.003].
     #[arg(long, value_name = "LR")]
     pub(crate) learning_rate: Option<f64>,
     /// auto, cpu, cuda or cuda:N [default: auto].
@@ -169,7 +197,9 @@ pub(crate) struct TrainArgs {
     /// generated for synthetic].
     #[arg(long, value_name = "N")]
     pub(crate) train_samples: Option<usize>,
-    /// Execution mode [default: eager].
+    /// Execution mode; auto is graph-step on CUDA (the fastest; a step whose
+    /// capture fails runs eagerly) and eager on the CPU (the graph modes
+    /// need CUDA); eager is the fallback to pick by hand [default: auto].
     #[arg(long, value_enum)]
     pub(crate) mode: Option<ModeChoice>,
     /// Folder of the data set files (Fashion-MNIST: the four .gz files;
@@ -182,10 +212,12 @@ pub(crate) struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub(crate) checkpoint_every: Option<usize>,
     /// PPO (--controller ppo): environments per round, each a whole
-    /// host-training run of --epochs epochs [default: 4].
+    /// host-training run of --epochs epochs; 1 to 256, and envs x epochs at
+    /// most 1000000 [default: 4].
     #[arg(long, value_name = "N")]
     pub(crate) envs: Option<usize>,
-    /// PPO (--controller ppo): rounds, one PPO update each [default: 10].
+    /// PPO (--controller ppo): rounds, one PPO update each, 1 to 100000
+    /// [default: 10].
     #[arg(long, value_name = "N")]
     pub(crate) rounds: Option<usize>,
     /// PPO (--controller ppo): the policy's precision; auto follows the
@@ -231,10 +263,12 @@ pub(crate) struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub(crate) nproc: Option<usize>,
     /// Continue the run in RUN_DIR from its newest checkpoint that verifies
-    /// (a damaged newer one is skipped with a warning), with the run's own
-    /// configuration (no other option may be given); on the CPU the result
-    /// is bitwise the run that was never stopped. Epochs and telemetry
-    /// written after that checkpoint are discarded and trained again.
+    /// and restores (a damaged newer one is skipped with a warning), with
+    /// the run's own configuration (no other option may be given); on the
+    /// CPU the result is bitwise the run that was never stopped. Only once
+    /// the checkpoint is restored are the epochs and telemetry written
+    /// after it discarded (and trained again); when none restores, nothing
+    /// in RUN_DIR changes.
     #[arg(long, value_name = "RUN_DIR")]
     pub(crate) resume: Option<PathBuf>,
 }

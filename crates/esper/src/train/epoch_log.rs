@@ -250,50 +250,83 @@ pub(crate) fn read(dir: &Path) -> Result<Vec<EpochRecord>> {
         let record = serde_json::from_str(&line)
             .with_context(|| format!("{} line {}", path.display(), index + 1))?;
         records.push(record);
+        if records.len() > super::config::MAX_EPOCHS {
+            anyhow::bail!(
+                "{} holds more than the {} epochs a run may have",
+                path.display(),
+                super::config::MAX_EPOCHS
+            );
+        }
     }
     Ok(records)
 }
 
-/// Keeps the first `records` records of `dir/epochs.jsonl` (those of a
-/// checkpoint) and drops the rest, a line cut short by a crash included:
-/// the file is rewritten through a temporary file, `fsync`ed and renamed.
-/// Returns the records kept; fewer than `records` whole records is an error.
+/// Cutting `epochs.jsonl` back to the records of a checkpoint: planned
+/// ([`Rewind::plan`]) by reading the file only, carried out
+/// ([`Rewind::apply`]) once the run is known to resume.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Rewind {
+    /// The records kept.
+    pub(crate) kept: Vec<EpochRecord>,
+    /// Their lines, as the file holds them, each ending in a newline.
+    bytes: Vec<u8>,
+}
+
+impl Rewind {
+    /// Keeps the first `records` records of `dir/epochs.jsonl` (those of a
+    /// checkpoint) and drops the rest, a line cut short by a crash
+    /// included. Fewer than `records` whole records is an error.
+    pub(crate) fn plan(dir: &Path, records: usize) -> Result<Rewind> {
+        let path = dir.join(FILE_NAME);
+        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let mut kept = Vec::new();
+        let mut bytes = Vec::new();
+        for (index, line) in text.split(|byte| *byte == b'\n').enumerate() {
+            if kept.len() == records {
+                break;
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let record: EpochRecord = serde_json::from_slice(line)
+                .with_context(|| format!("{} line {}", path.display(), index + 1))?;
+            bytes.extend_from_slice(line);
+            bytes.push(b'\n');
+            kept.push(record);
+        }
+        if kept.len() < records {
+            anyhow::bail!(
+                "{} holds {} epochs, the checkpoint expects at least {records}",
+                path.display(),
+                kept.len()
+            );
+        }
+        Ok(Rewind { kept, bytes })
+    }
+
+    /// Rewrites `dir/epochs.jsonl` with the kept records, through a
+    /// temporary file, `fsync`ed and renamed; returns them.
+    pub(crate) fn apply(self, dir: &Path) -> Result<Vec<EpochRecord>> {
+        let path = dir.join(FILE_NAME);
+        let temporary = dir.join(format!(".{FILE_NAME}.rewind"));
+        let mut file = File::create(&temporary)
+            .with_context(|| format!("creating {}", temporary.display()))?;
+        file.write_all(&self.bytes)
+            .and_then(|()| file.sync_all())
+            .with_context(|| format!("writing {}", temporary.display()))?;
+        std::fs::rename(&temporary, &path)
+            .with_context(|| format!("replacing {}", path.display()))?;
+        File::open(dir)
+            .and_then(|folder| folder.sync_all())
+            .with_context(|| format!("fsync {}", dir.display()))?;
+        Ok(self.kept)
+    }
+}
+
+/// [`Rewind::plan`] and [`Rewind::apply`] at once.
+#[cfg(test)]
 pub(crate) fn rewind(dir: &Path, records: usize) -> Result<Vec<EpochRecord>> {
-    let path = dir.join(FILE_NAME);
-    let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let mut kept = Vec::with_capacity(records);
-    let mut bytes = Vec::new();
-    for (index, line) in text.split(|byte| *byte == b'\n').enumerate() {
-        if kept.len() == records {
-            break;
-        }
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let record: EpochRecord = serde_json::from_slice(line)
-            .with_context(|| format!("{} line {}", path.display(), index + 1))?;
-        bytes.extend_from_slice(line);
-        bytes.push(b'\n');
-        kept.push(record);
-    }
-    if kept.len() < records {
-        anyhow::bail!(
-            "{} holds {} epochs, the checkpoint expects at least {records}",
-            path.display(),
-            kept.len()
-        );
-    }
-    let temporary = dir.join(format!(".{FILE_NAME}.rewind"));
-    let mut file =
-        File::create(&temporary).with_context(|| format!("creating {}", temporary.display()))?;
-    file.write_all(&bytes)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, &path).with_context(|| format!("replacing {}", path.display()))?;
-    File::open(dir)
-        .and_then(|folder| folder.sync_all())
-        .with_context(|| format!("fsync {}", dir.display()))?;
-    Ok(kept)
+    Rewind::plan(dir, records)?.apply(dir)
 }
 
 #[cfg(test)]
@@ -342,7 +375,13 @@ mod tests {
         let mut log = EpochLog::append_to(dir.path()).expect("append");
         log.append(&record(2)).expect("append");
         assert_eq!(read(dir.path()).expect("read").len(), 3);
+        let before = std::fs::read(&path).expect("read");
         let error = rewind(dir.path(), 5).expect_err("too few");
         assert!(error.to_string().contains("holds 3 epochs"), "{error}");
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            before,
+            "a refused rewind leaves the file as it was"
+        );
     }
 }

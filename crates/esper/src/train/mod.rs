@@ -2,29 +2,39 @@
 //! directory.
 //!
 //! 1. resolve the configuration ([`config`]: defaults, `--config` file,
-//!    flags; or, for `--resume RUN_DIR`, the configuration of the newest
-//!    checkpoint that verifies, [`checkpoint`]); `--controller ppo` runs
-//!    Simic's vectorized PPO instead of the steps below ([`ppo`]);
-//! 2. load the task's data ([`task`]; a missing data set stops the run
-//!    before its directory exists);
-//! 3. create the run directory, write `config.toml`, start the telemetry hub
-//!    (`nissa::Hub` with a JSONL sink into `RUN_DIR/telemetry/`) and build
-//!    the task's host with the seed slots ([`task`]);
-//! 4. train epoch by epoch through `tolaria::engine::trainer::ModelTrainer`,
-//!    with the heuristic controller behind a decision deadline and the
-//!    `--max-seeds` limit ([`seed_budget`]), printing progress
+//!    flags, every value checked; or, for `--resume RUN_DIR`, the
+//!    configuration of the newest checkpoint that verifies, [`checkpoint`]);
+//!    `--controller ppo` runs Simic's vectorized PPO instead of the steps
+//!    below ([`ppo`]);
+//! 2. load the task's data ([`task`]) and check that the batch size leaves
+//!    a batch of it;
+//! 3. build the task's host with the seed slots, the heuristic controller
+//!    and the trainer (`tolaria::engine::trainer::ModelTrainer`, which
+//!    refuses what the device cannot run: a precision or a graph mode the
+//!    CPU lacks, a learning rate out of range), and for `--resume` restore
+//!    the checkpoint into them; their telemetry is held ([`deferred`]);
+//! 4. only then write: create the run directory and `config.toml` (or, for
+//!    `--resume`, cut `epochs.jsonl` and the telemetry files back to the
+//!    restored checkpoint), start the telemetry hub (`nissa::Hub` with a
+//!    JSONL sink into `RUN_DIR/telemetry/`) and hand it the held packets;
+//! 5. train epoch by epoch, with the heuristic behind a decision deadline
+//!    and the `--max-seeds` limit ([`seed_budget`]), printing progress
 //!    ([`progress`]) and appending each epoch to `epochs.jsonl`
 //!    ([`epoch_log`]), with libtorch's generator seeded per epoch
 //!    ([`checkpoint::epoch_seed`]) and a checkpoint every
 //!    `checkpoint_every` epochs ([`checkpoint`]);
-//! 5. at the end, or at the first epoch boundary after Ctrl-C
+//! 6. at the end, or at the first epoch boundary after Ctrl-C
 //!    ([`interrupt`]), write a checkpoint, flush the telemetry and draw the
 //!    run picture ([`crate::plot`]).
 //!
-//! A resumed run restores the host, the seeds, the optimizers, the
-//! governor, the controller and the counters from the checkpoint, cuts `epochs.jsonl` and
-//! the telemetry files back to where they were at the checkpoint, and goes
-//! on writing telemetry into files named `events-resumed-<epoch>-*.jsonl`.
+//! So a run that is refused (a bad value, a missing data set, a slot the
+//! host lacks, a batch larger than the data, bf16 or a graph mode on the
+//! CPU) leaves no run directory, and a resume that finds no checkpoint it
+//! can restore leaves the run directory byte for byte as it was. A resume
+//! takes the newest checkpoint that verifies *and* restores: a damaged one,
+//! or one that verifies but cannot be put back into the model and trainer,
+//! is passed over with a warning. A resumed run goes on writing telemetry
+//! into files named `events-resumed-<epoch>-*.jsonl`.
 //!
 //! The training itself lives in tolaria; this module only wires the pieces
 //! together and writes files.
@@ -32,6 +42,7 @@
 pub(crate) mod args;
 pub(crate) mod checkpoint;
 pub(crate) mod config;
+pub(crate) mod deferred;
 pub(crate) mod epoch_log;
 pub(crate) mod interrupt;
 pub(crate) mod ppo;
@@ -41,7 +52,7 @@ pub(crate) mod ranks;
 pub(crate) mod seed_budget;
 pub(crate) mod task;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -49,18 +60,20 @@ use anyhow::{Context, Result, bail};
 use nissa::{Hub, JsonlConfig};
 use tamiyo::heuristic::HeuristicController;
 use tolaria::amp::Precision;
-use tolaria::config::ExecutionMode;
 use tolaria::controller::{Controller, Decision, EpochObservation};
+use tolaria::data::Dataset;
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
 
-use self::args::{ControllerKind, ModeChoice, PrecisionChoice, TrainArgs};
-use self::checkpoint::Loaded;
+use self::args::{ControllerKind, PrecisionChoice, TrainArgs};
+use self::checkpoint::{Loaded, TelemetryRewind};
 use self::config::RunConfig;
+use self::deferred::Deferred;
 use self::epoch_log::{EpochLog, EpochRecord};
 use self::interrupt::Interrupt;
 use self::progress::Progress;
 use self::seed_budget::SeedBudget;
+use self::task::TaskData;
 
 /// How long the trainer waits for the controller's decision at an epoch
 /// boundary before it applies WAIT (the heuristic answers in microseconds).
@@ -86,46 +99,23 @@ pub(crate) enum Finished {
 
 /// Runs `esper train` (see the module docs).
 pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
-    // A PPO run resumes from its own kind of checkpoint.
-    if let Some(dir) = &args.resume
-        && let Some((loaded, warnings)) = ppo_checkpoint::latest(dir)?
-    {
-        let only_resume = TrainArgs {
-            resume: args.resume.clone(),
-            ..TrainArgs::default()
-        };
-        if *args != only_resume {
-            bail!(
-                "--resume continues a run with its own configuration ({}); give no other option",
-                dir.join(CONFIG_NAME).display()
-            );
+    if let Some(dir) = &args.resume {
+        only_resume(args, dir)?;
+        // A PPO run resumes from its own kind of checkpoint.
+        if let Some(candidates) = ppo_checkpoint::candidates(dir) {
+            return ppo::resume(dir, &candidates);
         }
-        for warning in &warnings {
-            eprintln!("esper: warning: {warning}");
-        }
-        let mut config = loaded.manifest.config.clone();
-        config.run_dir = dir.to_owned();
-        config.validate()?;
-        if usize::try_from(loaded.manifest.round).unwrap_or(usize::MAX) >= config.rounds {
-            println!(
-                "the run in {} is complete ({} of {} rounds); nothing to resume",
-                dir.display(),
-                loaded.manifest.round,
-                config.rounds
-            );
-            return Ok(Finished::Completed);
-        }
-        return ppo::run(&config, Some(loaded));
+        return resume(dir);
     }
-    let (config, resume) = match &args.resume {
-        Some(dir) => {
-            let (config, loaded) = resume_config(args, dir)?;
-            (config, Some(loaded))
-        }
-        None => (RunConfig::resolve(args)?, None),
-    };
+    let config = RunConfig::resolve(args)?;
     if args.nproc == Some(0) {
         bail!("--nproc must be at least 1");
+    }
+    if let Some(nproc) = args.nproc.filter(|n| *n > ranks::MAX_NPROC) {
+        bail!(
+            "--nproc {nproc} is more than the {} processes a run may start",
+            ranks::MAX_NPROC
+        );
     }
     if let Some(nproc) = args.nproc.filter(|n| *n > 1)
         && !ranks::is_rank()
@@ -133,94 +123,25 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
         return ranks::launch_ranks(args, &config, nproc);
     }
     if config.controller == ControllerKind::Ppo {
-        if resume.is_some() {
-            bail!(
-                "{}: not a PPO checkpoint",
-                args.resume.as_deref().unwrap_or(Path::new("")).display()
-            );
-        }
-        return ppo::run(&config, None);
+        return ppo::run(&config);
     }
-    let device = torch_ext::device::select(config.device_choice()?)
-        .with_context(|| format!("selecting device {}", config.device))?;
-    println!(
-        "esper train: task {}, controller {}, device {}, run directory {}",
-        config.task.name(),
-        config.controller.name(),
-        torch_ext::DeviceChoice::of(device),
-        config.run_dir.display()
-    );
-    // The data first: a missing data set leaves no half-made run directory.
+    let device = select_device(&config)?;
+    print_start(&config, device);
     let data = task::load_data(&config)?;
-    let mut jsonl = JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR));
-    let previous = match &resume {
-        None => {
-            create_run_dir(&config.run_dir)?;
-            config.write(&config.run_dir.join(CONFIG_NAME))?;
-            Vec::new()
-        }
-        Some(loaded) => {
-            let epoch = loaded.manifest.epoch;
-            println!(
-                "resuming from {} (epoch {epoch} of {})",
-                loaded.dir.display(),
-                config.epochs
-            );
-            let records = epoch_log::rewind(&config.run_dir, loaded.manifest.epoch_log_records)?;
-            println!(
-                "{} cut back to the {} epochs of that checkpoint",
-                epoch_log::FILE_NAME,
-                records.len()
-            );
-            let _ = checkpoint::remove_partial(&config.run_dir)?;
-            let removed = checkpoint::rewind_telemetry(&config.run_dir, loaded)?;
-            if !removed.is_empty() {
-                println!(
-                    "removed telemetry written after that checkpoint: {}",
-                    removed.join(", ")
-                );
-            }
-            jsonl.file_stem = format!("events-resumed-{epoch}");
-            records
-        }
-    };
+    check_batches(&config, &data.train)?;
+    let built = build(&config, device, &data, None)?;
+    check_metrics_port(config.metrics_port)?;
+    let text = config.to_text(&config.run_dir.join(CONFIG_NAME))?;
     let interrupt = Interrupt::install()?;
-    let mut hub = Hub::builder().jsonl(jsonl);
-    if let Some(port) = config.metrics_port {
-        hub = hub.prometheus_on_port(port);
-    }
-    let hub = hub.build().context("starting the telemetry hub")?;
-    if let Some(addr) = hub.metrics_addr() {
-        println!("telemetry: Prometheus metrics on http://{addr}/metrics");
-    }
-    let result = train(
-        &config,
-        device,
-        &data,
-        &hub,
-        &interrupt,
-        resume.as_ref(),
-        previous,
-    );
-    let flushed = hub.flush(Duration::from_secs(10));
-    hub.close();
-    if !flushed.is_complete() {
-        eprintln!(
-            "esper: {} telemetry packets were still pending when the run ended",
-            flushed.pending
-        );
-    }
-    let (records, finished) = result?;
-    let (png, svg) = crate::plot::draw_run(&config.run_dir, &records)?;
-    print_summary(&config, &records, finished);
-    println!("picture: {} and {}", png.display(), svg.display());
-    Ok(finished)
+    // Everything is built: from here on the run writes.
+    create_run_dir(&config.run_dir)?;
+    write_config(&config.run_dir, &text)?;
+    run_epochs(&config, &data, built, &interrupt, None)
 }
 
-/// The configuration of the run in `dir` and its newest checkpoint that
-/// verifies (warning about every newer one passed over); refuses other
-/// options.
-fn resume_config(args: &TrainArgs, dir: &Path) -> Result<(RunConfig, Loaded)> {
+/// `--resume` takes no other option: the run goes on with its own
+/// configuration.
+fn only_resume(args: &TrainArgs, dir: &Path) -> Result<()> {
     let only_resume = TrainArgs {
         resume: args.resume.clone(),
         ..TrainArgs::default()
@@ -231,22 +152,340 @@ fn resume_config(args: &TrainArgs, dir: &Path) -> Result<(RunConfig, Loaded)> {
             dir.join(CONFIG_NAME).display()
         );
     }
-    let (loaded, warnings) = checkpoint::latest(dir)?;
-    for warning in &warnings {
-        eprintln!("esper: warning: {warning}");
+    Ok(())
+}
+
+/// The device `config` names.
+pub(crate) fn select_device(config: &RunConfig) -> Result<tch::Device> {
+    torch_ext::device::select(config.device_choice()?)
+        .with_context(|| format!("selecting device {}", config.device))
+}
+
+fn print_start(config: &RunConfig, device: tch::Device) {
+    println!(
+        "esper train: task {}, controller {}, device {}, run directory {}",
+        config.task.name(),
+        config.controller.name(),
+        torch_ext::DeviceChoice::of(device),
+        config.run_dir.display()
+    );
+}
+
+/// Refuses a batch size that leaves no batch of `train` (the trainer would
+/// refuse it at its first epoch, after the run directory was written).
+pub(crate) fn check_batches(config: &RunConfig, train: &Dataset) -> Result<()> {
+    let samples = i64::try_from(train.len()).context("the training set's length")?;
+    let batch = i64::try_from(config.batch_size).context("batch_size does not fit i64")?;
+    let drop_last = ModelTrainerConfig::default().drop_last;
+    tolaria::engine::batches::batch_sizes(samples, batch, drop_last).with_context(|| {
+        format!(
+            "batch_size {} is more than the {} training samples (an epoch drops a last batch \
+             that is not full); choose a smaller --batch-size or more --train-samples",
+            config.batch_size,
+            train.len()
+        )
+    })?;
+    Ok(())
+}
+
+/// Refuses a `--metrics-port` that cannot be bound now (the hub binds it
+/// after the run directory was written).
+pub(crate) fn check_metrics_port(port: Option<u16>) -> Result<()> {
+    if let Some(port) = port.filter(|port| *port != 0) {
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .with_context(|| format!("--metrics-port {port} cannot be bound on 127.0.0.1"))?;
     }
-    let mut config = loaded.manifest.config.clone();
-    config.run_dir = dir.to_owned();
-    config.validate()?;
-    if loaded.manifest.epoch >= config.epochs {
-        println!(
-            "the run in {} is complete ({} of {} epochs); nothing to resume",
-            dir.display(),
-            loaded.manifest.epoch,
-            config.epochs
+    Ok(())
+}
+
+/// Writes `config.toml` (its text from [`RunConfig::to_text`]) into `dir`.
+pub(crate) fn write_config(dir: &Path, text: &str) -> Result<()> {
+    let path = dir.join(CONFIG_NAME);
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Starts the telemetry hub of `config` (JSONL files named `stem` in
+/// `RUN_DIR/telemetry/`, Prometheus when asked for) and hands it the
+/// packets `held` kept until now.
+pub(crate) fn start_hub(config: &RunConfig, stem: Option<String>, held: &Deferred) -> Result<Hub> {
+    let mut jsonl = JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR));
+    if let Some(stem) = stem {
+        jsonl.file_stem = stem;
+    }
+    let mut hub = Hub::builder().jsonl(jsonl);
+    if let Some(port) = config.metrics_port {
+        hub = hub.prometheus_on_port(port);
+    }
+    let hub = hub.build().context("starting the telemetry hub")?;
+    if let Some(addr) = hub.metrics_addr() {
+        println!("telemetry: Prometheus metrics on http://{addr}/metrics");
+    }
+    let dropped = held.attach(&hub);
+    if dropped > 0 {
+        eprintln!(
+            "esper: warning: {dropped} telemetry packets emitted before the hub started were \
+             dropped"
         );
     }
-    Ok((config, loaded))
+    Ok(hub)
+}
+
+/// Flushes and closes `hub`, saying how many packets were still pending.
+pub(crate) fn close_hub(hub: &Hub) {
+    let flushed = hub.flush(Duration::from_secs(10));
+    hub.close();
+    if !flushed.is_complete() {
+        eprintln!(
+            "esper: {} telemetry packets were still pending when the run ended",
+            flushed.pending
+        );
+    }
+}
+
+/// A checkpoint restored into a fresh host and trainer, with what cutting
+/// the run's files back to it will do (not done yet).
+struct Restored {
+    /// The checkpoint's folder.
+    dir: PathBuf,
+    /// Its epoch.
+    epoch: usize,
+    /// `epochs.jsonl` cut back to its records.
+    log: epoch_log::Rewind,
+    /// The telemetry files cut back to their lengths.
+    telemetry: TelemetryRewind,
+}
+
+/// `esper train --resume RUN_DIR` of a heuristic run: the newest checkpoint
+/// that verifies and restores (see the module docs).
+fn resume(dir: &Path) -> Result<Finished> {
+    let (candidates, mut warnings) = checkpoint::candidates(dir)?;
+    // The configuration, device and data of the newest checkpoint that
+    // verifies; older ones must have the same configuration.
+    let mut setup: Option<(RunConfig, tch::Device, TaskData)> = None;
+    let mut chosen = None;
+    for (epoch, folder) in candidates {
+        let loaded = match checkpoint::verify_epoch(epoch, &folder) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                warnings.push(format!(
+                    "checkpoint {} is damaged and was skipped, an earlier one is tried: {error:#}",
+                    folder.display()
+                ));
+                continue;
+            }
+        };
+        let mut config = loaded.manifest.config.clone();
+        config.run_dir = dir.to_owned();
+        if let Err(error) = config.validate().and_then(|()| {
+            if config.controller == ControllerKind::Heuristic {
+                Ok(())
+            } else {
+                bail!(
+                    "its configuration names controller {}",
+                    config.controller.name()
+                )
+            }
+        }) {
+            warnings.push(format!(
+                "checkpoint {} holds a configuration this program refuses and was skipped: \
+                 {error:#}",
+                folder.display()
+            ));
+            continue;
+        }
+        match &setup {
+            Some((first, _, _)) if *first != config => {
+                warnings.push(format!(
+                    "checkpoint {} was written with another configuration than the newer ones \
+                     and was skipped",
+                    folder.display()
+                ));
+                continue;
+            }
+            Some(_) => {}
+            None => {
+                if loaded.manifest.epoch >= config.epochs {
+                    print_warnings(&warnings);
+                    println!(
+                        "the run in {} is complete ({} of {} epochs); nothing to resume",
+                        dir.display(),
+                        loaded.manifest.epoch,
+                        config.epochs
+                    );
+                    return Ok(Finished::Completed);
+                }
+                let device = select_device(&config)?;
+                print_start(&config, device);
+                let data = task::load_data(&config)?;
+                check_batches(&config, &data.train)?;
+                setup = Some((config.clone(), device, data));
+            }
+        }
+        let Some((config, device, data)) = &setup else {
+            bail!("resume: no configuration was set up");
+        };
+        let planned =
+            epoch_log::Rewind::plan(dir, loaded.manifest.epoch_log_records).and_then(|log| {
+                TelemetryRewind::plan(dir, &loaded.manifest.telemetry)
+                    .map(|telemetry| (log, telemetry))
+            });
+        let (log, telemetry) = match planned {
+            Ok(planned) => planned,
+            Err(error) => {
+                warnings.push(format!(
+                    "checkpoint {} does not match the run's files and was skipped: {error:#}",
+                    folder.display()
+                ));
+                continue;
+            }
+        };
+        match build(config, *device, data, Some(&loaded)) {
+            Ok(built) => {
+                chosen = Some((
+                    built,
+                    Restored {
+                        dir: folder,
+                        epoch: loaded.manifest.epoch,
+                        log,
+                        telemetry,
+                    },
+                ));
+                break;
+            }
+            Err(error) => warnings.push(format!(
+                "checkpoint {} verifies but could not be restored and was skipped, an earlier \
+                 one is tried: {error:#}",
+                folder.display()
+            )),
+        }
+    }
+    print_warnings(&warnings);
+    let (Some((config, _, data)), Some((built, restored))) = (setup, chosen) else {
+        bail!(
+            "no checkpoint in {} verifies and restores; nothing in {} was changed",
+            dir.join(checkpoint::DIR).display(),
+            dir.display()
+        );
+    };
+    check_metrics_port(config.metrics_port)?;
+    let interrupt = Interrupt::install()?;
+    run_epochs(&config, &data, built, &interrupt, Some(restored))
+}
+
+fn print_warnings(warnings: &[String]) {
+    for warning in warnings {
+        eprintln!("esper: warning: {warning}");
+    }
+}
+
+/// The host, the controller and the trainer of a run, built (and restored)
+/// before anything is written; their telemetry is held until the hub
+/// starts.
+struct Built {
+    trainer: ModelTrainer,
+    shared: SharedController,
+    telemetry: Deferred,
+}
+
+/// Builds the host with its slots, the controller and the trainer of
+/// `config` on `device`, restoring `resume` into them when given.
+fn build(
+    config: &RunConfig,
+    device: tch::Device,
+    data: &TaskData,
+    resume: Option<&Loaded>,
+) -> Result<Built> {
+    let held = Deferred::new();
+    let telemetry = held.telemetry();
+    let mut model = task::build_model(config, device, telemetry.clone())?;
+    let heuristic = match resume {
+        Some(loaded) => {
+            checkpoint::restore_model(loaded, &mut model)?;
+            HeuristicController::from_state(&loaded.manifest.controller)
+                .context("resume: the controller's state")?
+        }
+        None => HeuristicController::new(),
+    }
+    .with_telemetry(telemetry.clone());
+    let shared = SharedController(Arc::new(Mutex::new(heuristic)));
+    let controller = SeedBudget::new(shared.clone(), config.max_seeds);
+    let mut trainer = ModelTrainer::new(
+        model,
+        &data.train,
+        Some(&data.validation),
+        trainer_config(config, device),
+        telemetry,
+    )
+    .context("setting up the trainer")?
+    .with_controller(controller, DECISION_DEADLINE)
+    .context("starting the controller")?;
+    if let Some(loaded) = resume {
+        checkpoint::restore_trainer(loaded, &mut trainer)?;
+    }
+    Ok(Built {
+        trainer,
+        shared,
+        telemetry: held,
+    })
+}
+
+/// Cuts the run's files back to `restored` (when resuming), starts the
+/// hub, trains, and draws the picture.
+fn run_epochs(
+    config: &RunConfig,
+    data: &TaskData,
+    built: Built,
+    interrupt: &Interrupt,
+    restored: Option<Restored>,
+) -> Result<Finished> {
+    let (stem, previous) = match restored {
+        None => (None, Vec::new()),
+        Some(restored) => {
+            let epoch = restored.epoch;
+            println!(
+                "resuming from {} (epoch {epoch} of {})",
+                restored.dir.display(),
+                config.epochs
+            );
+            let _ = checkpoint::remove_partial(&config.run_dir)?;
+            let records = restored.log.apply(&config.run_dir)?;
+            println!(
+                "{} cut back to the {} epochs of that checkpoint",
+                epoch_log::FILE_NAME,
+                records.len()
+            );
+            let removed = restored.telemetry.apply()?;
+            if !removed.is_empty() {
+                println!(
+                    "removed telemetry written after that checkpoint: {}",
+                    removed.join(", ")
+                );
+            }
+            (Some(format!("events-resumed-{epoch}")), records)
+        }
+    };
+    let resumed = stem.is_some();
+    let hub = start_hub(config, stem, &built.telemetry)?;
+    let result = train(
+        config,
+        &hub,
+        interrupt,
+        built,
+        previous,
+        resumed,
+        (data.train.len(), data.validation.len()),
+    );
+    close_hub(&hub);
+    let (records, finished) = result?;
+    let picture = crate::plot::draw_run(&config.run_dir, &records);
+    print_summary(config, &records, finished);
+    match picture {
+        Ok((png, svg)) => println!("picture: {} and {}", png.display(), svg.display()),
+        // The run itself succeeded; a picture that cannot be drawn is said,
+        // not fatal.
+        Err(error) => eprintln!("esper: the run picture was not drawn: {error:#}"),
+    }
+    Ok(finished)
 }
 
 /// The heuristic controller, shared with the epoch loop so that its state
@@ -275,7 +514,7 @@ impl Controller for SharedController {
 
 /// Creates `dir`, refusing one that already holds files (a run directory is
 /// never overwritten).
-fn create_run_dir(dir: &Path) -> Result<()> {
+pub(crate) fn create_run_dir(dir: &Path) -> Result<()> {
     if dir.exists() {
         let mut entries = std::fs::read_dir(dir)
             .with_context(|| format!("reading the run directory {}", dir.display()))?;
@@ -290,8 +529,9 @@ fn create_run_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("creating the run directory {}", dir.display()))
 }
 
-/// The trainer's configuration for `config`.
-fn trainer_config(config: &RunConfig) -> ModelTrainerConfig {
+/// The trainer's configuration for `config` on `device` (`--mode auto`
+/// resolved there, [`args::ModeChoice::resolve`]).
+pub(crate) fn trainer_config(config: &RunConfig, device: tch::Device) -> ModelTrainerConfig {
     let optimizer = OptimizerConfig {
         host: GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM),
         seed: GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM),
@@ -299,11 +539,7 @@ fn trainer_config(config: &RunConfig) -> ModelTrainerConfig {
     ModelTrainerConfig {
         seed: config.seed,
         batch_size: config.batch_size,
-        mode: match config.mode {
-            ModeChoice::Eager => ExecutionMode::Eager,
-            ModeChoice::GraphStep => ExecutionMode::GraphStep,
-            ModeChoice::GraphEpoch => ExecutionMode::GraphEpoch,
-        },
+        mode: config.mode.resolve(device),
         precision: match config.precision {
             PrecisionChoice::Auto => None,
             PrecisionChoice::Fp32 => Some(Precision::Fp32),
@@ -316,48 +552,25 @@ fn trainer_config(config: &RunConfig) -> ModelTrainerConfig {
     }
 }
 
-/// Builds (restoring `resume` when given) and trains; returns the epochs
-/// written (`previous` ones first) and how the run ended.
+/// Trains the built (and restored) trainer; returns the epochs written
+/// (`previous` ones first) and how the run ended.
 fn train(
     config: &RunConfig,
-    device: tch::Device,
-    data: &task::TaskData,
     hub: &Hub,
     interrupt: &Interrupt,
-    resume: Option<&Loaded>,
+    built: Built,
     previous: Vec<EpochRecord>,
+    resumed: bool,
+    (train_samples, validation_samples): (usize, usize),
 ) -> Result<(Vec<EpochRecord>, Finished)> {
-    let telemetry = hub.telemetry();
-    let mut model = task::build_model(config, device, telemetry.clone())?;
-    let heuristic = match resume {
-        Some(loaded) => {
-            checkpoint::restore_model(loaded, &mut model)?;
-            HeuristicController::from_state(&loaded.manifest.controller)
-                .context("resume: the controller's state")?
-        }
-        None => HeuristicController::new(),
-    }
-    .with_telemetry(telemetry.clone());
-    let shared = SharedController(Arc::new(Mutex::new(heuristic)));
-    let controller = SeedBudget::new(shared.clone(), config.max_seeds);
-    let mut trainer = ModelTrainer::new(
-        model,
-        &data.train,
-        Some(&data.validation),
-        trainer_config(config),
-        telemetry,
-    )
-    .context("setting up the trainer")?
-    .with_controller(controller, DECISION_DEADLINE)
-    .context("starting the controller")?;
-    if let Some(loaded) = resume {
-        checkpoint::restore_trainer(loaded, &mut trainer)?;
-    }
+    let Built {
+        mut trainer,
+        shared,
+        telemetry: _,
+    } = built;
     println!(
-        "{} training / {} validation samples, {}, slots {}, at most {} seeds, {} epochs of \
-         batch {}, lr {}, {} {}",
-        data.train.len(),
-        data.validation.len(),
+        "{train_samples} training / {validation_samples} validation samples, {}, slots {}, at \
+         most {} seeds, {} epochs of batch {}, lr {}, {} {}",
         trainer.model().host().name(),
         config.slots.join(","),
         config.max_seeds,
@@ -367,16 +580,17 @@ fn train(
         trainer.precision(),
         trainer.config().mode.name(),
     );
-    let mut log = match resume {
-        Some(_) => EpochLog::append_to(&config.run_dir)?,
-        None => EpochLog::create(&config.run_dir)?,
+    let mut log = if resumed {
+        EpochLog::append_to(&config.run_dir)?
+    } else {
+        EpochLog::create(&config.run_dir)?
     };
     let progress = Progress::new(config.epochs);
     if let Progress::Bar(bar) = &progress {
         bar.set_position(u64::try_from(trainer.epoch()).unwrap_or(u64::MAX));
     }
     let mut records = previous;
-    records.reserve(config.epochs.saturating_sub(records.len()));
+    records.reserve(config.epochs.saturating_sub(records.len()).min(1024));
     let mut finished = Finished::Completed;
     let mut newest_checkpoint = None;
     while trainer.epoch() < config.epochs {
@@ -393,7 +607,7 @@ fn train(
                 return Err(error).with_context(|| {
                     format!(
                         "epoch {} failed ({} earlier epochs are in {})",
-                        trainer.epoch() + 1,
+                        trainer.epoch().saturating_add(1),
                         records.len(),
                         config.run_dir.join(epoch_log::FILE_NAME).display()
                     )
@@ -481,7 +695,7 @@ fn print_summary(config: &RunConfig, records: &[EpochRecord], finished: Finished
         if let Some(decision) = record.acted() {
             events.push(format!(
                 "epoch {}: {}",
-                record.epoch + 1,
+                record.epoch.saturating_add(1),
                 progress::describe_decision(decision)
             ));
         }

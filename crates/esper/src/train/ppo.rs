@@ -13,26 +13,38 @@
 //! the run picture ([`crate::plot_rounds`]), and checkpoints every
 //! `checkpoint_every` rounds, after the last one and at a Ctrl-C
 //! ([`super::ppo_checkpoint`]; `--resume RUN_DIR` continues from the
-//! newest). With `--nproc N` this is one rank of N ([`super::ranks`]); rank
-//! 0 alone writes the run directory.
+//! newest that verifies and restores). With `--nproc N` this is one rank of
+//! N ([`super::ranks`]); rank 0 alone writes the run directory.
+//!
+//! As for heuristic runs, nothing is written before everything is built:
+//! the data loaded and sharded, one environment's host and trainer built
+//! (and dropped) to see that the environments can train, the PPO trainer
+//! built, and for `--resume` the checkpoint restored into it. A refused run
+//! leaves no run directory; a resume that restores no checkpoint leaves the
+//! run directory as it was.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use leyline::Telemetry;
 use nissa::Hub;
-use nissa::jsonl::JsonlConfig;
 use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+use tolaria::engine::trainer::ModelTrainer;
 use torch_ext::dist::ProcessGroup;
 
 use super::args::{PolicyPrecisionChoice, RewardChoice};
+use super::checkpoint::TelemetryRewind;
 use super::config::RunConfig;
+use super::deferred::Deferred;
 use super::interrupt::Interrupt;
-use super::ppo_checkpoint::{self, PpoLoaded};
+use super::ppo_checkpoint::{self, PpoLoaded, RoundsRewind};
 use super::progress::RoundProgress;
-use super::{CONFIG_NAME, Finished, TELEMETRY_DIR, create_run_dir, task, trainer_config};
+use super::{
+    CONFIG_NAME, Finished, check_batches, check_metrics_port, close_hub, create_run_dir,
+    select_device, start_hub, task, trainer_config, write_config,
+};
 
 /// The rounds log inside the run directory.
 pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
@@ -40,82 +52,298 @@ pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
 /// The policy's weights inside the run directory.
 pub(crate) const POLICY_FILE: &str = "policy.safetensors";
 
-/// Runs a PPO run of `config` (see the module docs).
-pub(crate) fn run(config: &RunConfig, resume: Option<PpoLoaded>) -> Result<Finished> {
-    let device = torch_ext::device::select(config.device_choice()?)
-        .with_context(|| format!("selecting device {}", config.device))?;
-    // A rank of `--nproc N` joins its group; rank 0 alone writes the run.
-    let group = super::ranks::join_group(device)?;
-    let device = group.as_ref().map_or(device, ProcessGroup::device);
-    let lead = group.as_ref().is_none_or(|group| group.rank() == 0);
-    if lead {
-        println!(
-            "esper train: task {}, controller ppo ({} environments x {} epochs, {} rounds), device \
-         {}, run directory {}",
-            config.task.name(),
-            config.envs,
-            config.epochs,
-            config.rounds,
-            torch_ext::DeviceChoice::of(device),
-            config.run_dir.display()
-        );
-    }
-    let data = task::load_data(config)?;
-    let spec = EnvSpec::sharded(
-        task::host_config(config.task),
-        config.slots.clone(),
-        &data.train,
-        data.validation,
-        config.envs,
-    )
-    .context("splitting the training set between the environments")?;
-    let interrupt = Interrupt::install()?;
-    if !lead {
-        return rounds(config, device, &spec, None, group, &interrupt, None);
-    }
-    let mut jsonl = JsonlConfig::new(config.run_dir.join(TELEMETRY_DIR));
-    match &resume {
-        None => {
-            create_run_dir(&config.run_dir)?;
-            config.write(&config.run_dir.join(CONFIG_NAME))?;
-        }
-        Some(loaded) => {
-            // Everything written after the checkpoint is written again.
-            let round = loaded.manifest.round;
-            ppo_checkpoint::rewind_rounds(
-                &config.run_dir.join(ROUNDS_FILE),
-                loaded.manifest.rounds_lines,
-            )?;
-            super::checkpoint::rewind_telemetry_to(&config.run_dir, &loaded.manifest.telemetry)?;
-            jsonl.file_stem = format!("events-resumed-round-{round}");
+/// Where a PPO run trains: its device, its group (one rank of `--nproc`),
+/// and its environments' data.
+struct Setup {
+    device: tch::Device,
+    group: Option<ProcessGroup>,
+    /// Rank 0 (or the only process): the one that writes the run.
+    lead: bool,
+    spec: EnvSpec,
+}
+
+impl Setup {
+    /// Selects the device, joins the group (a rank of `--nproc N`), loads
+    /// the data, shards it, and builds one environment's trainer to see
+    /// that the environments can train (see [`check_environment`]).
+    fn new(config: &RunConfig) -> Result<Setup> {
+        let device = select_device(config)?;
+        // A rank of `--nproc N` joins its group; rank 0 alone writes the run.
+        let group = super::ranks::join_group(device)?;
+        let device = group.as_ref().map_or(device, ProcessGroup::device);
+        let lead = group.as_ref().is_none_or(|group| group.rank() == 0);
+        if lead {
             println!(
-                "resuming {} after round {round} from {}",
-                config.run_dir.display(),
-                loaded.dir.display()
+                "esper train: task {}, controller ppo ({} environments x {} epochs, {} rounds), \
+                 device {}, run directory {}",
+                config.task.name(),
+                config.envs,
+                config.epochs,
+                config.rounds,
+                torch_ext::DeviceChoice::of(device),
+                config.run_dir.display()
             );
         }
+        let data = task::load_data(config)?;
+        let spec = EnvSpec::sharded(
+            task::host_config(config.task),
+            config.slots.clone(),
+            &data.train,
+            data.validation,
+            config.envs,
+        )
+        .context("splitting the training set between the environments")?;
+        check_environment(config, device, &spec)?;
+        Ok(Setup {
+            device,
+            group,
+            lead,
+            spec,
+        })
     }
-    let mut hub = Hub::builder().jsonl(jsonl);
-    if let Some(port) = config.metrics_port {
-        hub = hub.prometheus_on_port(port);
+}
+
+/// Builds the host and the trainer of one environment, as a round will,
+/// and drops them: a slot the host lacks, a batch larger than an
+/// environment's share of the data, or a precision or graph mode the device
+/// cannot run is refused now, before the run directory is written, instead
+/// of in the first round.
+fn check_environment(config: &RunConfig, device: tch::Device, spec: &EnvSpec) -> Result<()> {
+    let env_device = config.env_devices()?.first().copied().unwrap_or(device);
+    let shard = spec
+        .train
+        .first()
+        .context("the environments have no training data")?;
+    check_batches(config, shard).context("each environment trains on its share of the data")?;
+    let model = task::build_model(config, env_device, Telemetry::disabled())?;
+    ModelTrainer::new(
+        model,
+        shard,
+        Some(&spec.validation),
+        simic_config(config, env_device)?.trainer,
+        Telemetry::disabled(),
+    )
+    .context("setting up an environment's trainer")?;
+    Ok(())
+}
+
+/// The PPO trainer of `config` (its telemetry held until the hub starts;
+/// none on a rank other than 0), with `resume` restored into it when given.
+fn build_simic(
+    config: &RunConfig,
+    setup: &Setup,
+    resume: Option<&PpoLoaded>,
+) -> Result<(Simic, Deferred)> {
+    let held = Deferred::new();
+    let telemetry = if setup.lead {
+        held.telemetry()
+    } else {
+        Telemetry::disabled()
+    };
+    let env_device = config
+        .env_devices()?
+        .first()
+        .copied()
+        .unwrap_or(setup.device);
+    let mut simic = Simic::new(
+        simic_config(config, env_device)?,
+        config.slots.len(),
+        setup.device,
+        telemetry,
+    )?;
+    if let Some(loaded) = resume {
+        simic
+            .import_state(&loaded.manifest.state, &loaded.tensors)
+            .context("restoring the PPO checkpoint")?;
     }
-    let hub = hub.build().context("starting the telemetry hub")?;
-    if let Some(addr) = hub.metrics_addr() {
-        println!("telemetry: Prometheus metrics on http://{addr}/metrics");
+    Ok((simic, held))
+}
+
+/// Runs a fresh PPO run of `config` (see the module docs): everything is
+/// built before the run directory is written.
+pub(crate) fn run(config: &RunConfig) -> Result<Finished> {
+    let setup = Setup::new(config)?;
+    let (simic, held) = build_simic(config, &setup, None)?;
+    let interrupt = Interrupt::install()?;
+    if setup.lead {
+        check_metrics_port(config.metrics_port)?;
+        let text = config.to_text(&config.run_dir.join(CONFIG_NAME))?;
+        create_run_dir(&config.run_dir)?;
+        write_config(&config.run_dir, &text)?;
     }
-    let result = rounds(config, device, &spec, Some(&hub), group, &interrupt, resume);
-    let flushed = hub.flush(Duration::from_secs(10));
-    hub.close();
-    if !flushed.is_complete() {
-        eprintln!(
-            "esper: {} telemetry packets were still pending when the run ended",
-            flushed.pending
+    go(config, setup, simic, &held, &interrupt, None)
+}
+
+/// A PPO checkpoint restored into a fresh trainer, with what cutting the
+/// run's files back to it will do (not done yet).
+struct PpoRestored {
+    dir: PathBuf,
+    round: u64,
+    rounds: RoundsRewind,
+    telemetry: TelemetryRewind,
+}
+
+/// A checkpoint that verifies, with the run's configuration in `run_dir`.
+fn verified(run_dir: &Path, folder: &Path) -> Result<(PpoLoaded, RunConfig)> {
+    let loaded = ppo_checkpoint::verify(folder)?;
+    let mut config = loaded.manifest.config.clone();
+    config.run_dir = run_dir.to_owned();
+    config.validate().context("its configuration")?;
+    Ok((loaded, config))
+}
+
+/// `esper train --resume RUN_DIR` of a PPO run: the newest of `candidates`
+/// (newest first) that verifies and restores; a damaged one, or one that
+/// cannot be restored, is skipped with a warning, and when none restores
+/// nothing in the run directory changes.
+pub(crate) fn resume(run_dir: &Path, candidates: &[PathBuf]) -> Result<Finished> {
+    let mut warnings = Vec::new();
+    let mut rest = candidates.iter();
+    let (first, config) = loop {
+        let Some(folder) = rest.next() else {
+            print_warnings(&warnings);
+            bail!(
+                "no PPO checkpoint in {} verifies; nothing in {} was changed",
+                run_dir.join(super::checkpoint::DIR).display(),
+                run_dir.display()
+            );
+        };
+        match verified(run_dir, folder) {
+            Ok(pair) => break pair,
+            Err(error) => warnings.push(format!(
+                "skipping the damaged checkpoint {}: {error:#}",
+                folder.display()
+            )),
+        }
+    };
+    if usize::try_from(first.manifest.round).unwrap_or(usize::MAX) >= config.rounds {
+        print_warnings(&warnings);
+        println!(
+            "the run in {} is complete ({} of {} rounds); nothing to resume",
+            run_dir.display(),
+            first.manifest.round,
+            config.rounds
         );
+        return Ok(Finished::Completed);
     }
+    let setup = Setup::new(&config)?;
+    let mut next = Some(first);
+    loop {
+        let loaded = match next.take() {
+            Some(loaded) => loaded,
+            None => {
+                let Some(folder) = rest.next() else {
+                    break;
+                };
+                match verified(run_dir, folder) {
+                    Ok((loaded, other)) if other == config => loaded,
+                    Ok(_) => {
+                        warnings.push(format!(
+                            "skipping the checkpoint {}, written with another configuration than \
+                             the newer ones",
+                            folder.display()
+                        ));
+                        continue;
+                    }
+                    Err(error) => {
+                        warnings.push(format!(
+                            "skipping the damaged checkpoint {}: {error:#}",
+                            folder.display()
+                        ));
+                        continue;
+                    }
+                }
+            }
+        };
+        let planned = RoundsRewind::plan(&run_dir.join(ROUNDS_FILE), loaded.manifest.rounds_lines)
+            .and_then(|rounds| {
+                TelemetryRewind::plan(run_dir, &loaded.manifest.telemetry)
+                    .map(|telemetry| (rounds, telemetry))
+            });
+        let (rounds, telemetry) = match planned {
+            Ok(planned) => planned,
+            Err(error) => {
+                warnings.push(format!(
+                    "skipping the checkpoint {}, which does not match the run's files: {error:#}",
+                    loaded.dir.display()
+                ));
+                continue;
+            }
+        };
+        match build_simic(&config, &setup, Some(&loaded)) {
+            Ok((simic, held)) => {
+                print_warnings(&warnings);
+                check_metrics_port(config.metrics_port)?;
+                let interrupt = Interrupt::install()?;
+                let restored = PpoRestored {
+                    dir: loaded.dir,
+                    round: loaded.manifest.round,
+                    rounds,
+                    telemetry,
+                };
+                return go(&config, setup, simic, &held, &interrupt, Some(restored));
+            }
+            Err(error) => warnings.push(format!(
+                "skipping the checkpoint {}, which verifies but could not be restored: {error:#}",
+                loaded.dir.display()
+            )),
+        }
+    }
+    print_warnings(&warnings);
+    bail!(
+        "no PPO checkpoint in {} verifies and restores; nothing in {} was changed",
+        run_dir.join(super::checkpoint::DIR).display(),
+        run_dir.display()
+    )
+}
+
+fn print_warnings(warnings: &[String]) {
+    for warning in warnings {
+        eprintln!("esper: warning: {warning}");
+    }
+}
+
+/// Cuts the run's files back to `restored` (when resuming), starts the hub
+/// and runs the rounds; a rank other than 0 writes nothing.
+fn go(
+    config: &RunConfig,
+    setup: Setup,
+    simic: Simic,
+    held: &Deferred,
+    interrupt: &Interrupt,
+    restored: Option<PpoRestored>,
+) -> Result<Finished> {
+    let Setup {
+        spec, group, lead, ..
+    } = setup;
+    if !lead {
+        return rounds(config, &spec, None, group, interrupt, simic, false);
+    }
+    let stem = match restored {
+        None => None,
+        Some(restored) => {
+            // Everything written after the checkpoint is written again.
+            restored.rounds.apply()?;
+            restored.telemetry.apply()?;
+            println!(
+                "resuming {} after round {} from {}",
+                config.run_dir.display(),
+                restored.round,
+                restored.dir.display()
+            );
+            Some(format!("events-resumed-round-{}", restored.round))
+        }
+    };
+    let resumed = stem.is_some();
+    let hub = start_hub(config, stem, held)?;
+    let result = rounds(config, &spec, Some(&hub), group, interrupt, simic, resumed);
+    close_hub(&hub);
     result
 }
 
-fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
+/// Simic's configuration for `config`, its environments training on
+/// `env_device` (where `--mode auto` is resolved).
+fn simic_config(config: &RunConfig, env_device: tch::Device) -> Result<SimicConfig> {
     let episode = u32::try_from(config.epochs).context("epochs does not fit u32")?;
     let mut simic = SimicConfig::reference(episode);
     simic.n_envs = config.envs;
@@ -141,28 +369,20 @@ fn simic_config(config: &RunConfig) -> Result<SimicConfig> {
         // no cuDNN timing at every new step shape.
         graph_warmup_steps: simic.trainer.graph_warmup_steps,
         cudnn_benchmark: simic.trainer.cudnn_benchmark,
-        ..trainer_config(config)
+        ..trainer_config(config, env_device)
     };
     Ok(simic)
 }
 
 fn rounds(
     config: &RunConfig,
-    device: tch::Device,
     spec: &EnvSpec,
     hub: Option<&Hub>,
     group: Option<ProcessGroup>,
     interrupt: &Interrupt,
-    resume: Option<PpoLoaded>,
+    mut simic: Simic,
+    resumed: bool,
 ) -> Result<Finished> {
-    let telemetry = hub.map_or_else(Telemetry::disabled, Hub::telemetry);
-    let mut simic = Simic::new(simic_config(config)?, config.slots.len(), device, telemetry)?;
-    let resumed = resume.is_some();
-    if let Some(loaded) = resume {
-        simic
-            .import_state(&loaded.manifest.state, &loaded.tensors)
-            .context("restoring the PPO checkpoint")?;
-    }
     let ranked = group.is_some();
     if let Some(group) = group {
         simic

@@ -10,8 +10,9 @@
 //! is written into a `.partial-round-<R>` folder, fsynced, renamed, and the
 //! folder fsynced, as the heuristic runs' checkpoints are
 //! ([`super::checkpoint`], whose file helpers it uses). On resume the newest
-//! checkpoint that verifies is used; a damaged newer one is skipped with a
-//! warning. A round does not depend on anything else (its environments are
+//! checkpoint that verifies and restores is used; a damaged newer one, or
+//! one that verifies but cannot be restored, is skipped with a warning, and
+//! nothing in the run directory changes until one has been restored. A round does not depend on anything else (its environments are
 //! built from `(seed, round)`), so a resumed run continues the trajectory of
 //! the run that was never stopped; on the CPU bitwise.
 
@@ -129,7 +130,7 @@ pub(crate) fn save(
 }
 
 /// Reads and verifies one checkpoint folder.
-fn verify(dir: &Path) -> Result<PpoLoaded> {
+pub(crate) fn verify(dir: &Path) -> Result<PpoLoaded> {
     let manifest_path = dir.join(MANIFEST);
     let text = std::fs::read(&manifest_path)
         .with_context(|| format!("reading {}", manifest_path.display()))?;
@@ -165,13 +166,12 @@ fn verify(dir: &Path) -> Result<PpoLoaded> {
     })
 }
 
-/// The newest PPO checkpoint of `run_dir` that verifies, with a warning for
-/// each newer one that did not; `None` when the run has no PPO checkpoint.
-pub(crate) fn latest(run_dir: &Path) -> Result<Option<(PpoLoaded, Vec<String>)>> {
-    let root = run_dir.join(DIR);
-    let Ok(entries) = std::fs::read_dir(&root) else {
-        return Ok(None);
-    };
+/// The PPO checkpoint folders of `run_dir`, newest first; `None` when the
+/// run has none (it is not a PPO run, or wrote no checkpoint yet). The
+/// caller verifies ([`verify`]) and restores them in this order and takes
+/// the first that does both.
+pub(crate) fn candidates(run_dir: &Path) -> Option<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(run_dir.join(DIR)).ok()?;
     let mut dirs: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| {
@@ -183,41 +183,47 @@ pub(crate) fn latest(run_dir: &Path) -> Result<Option<(PpoLoaded, Vec<String>)>>
         })
         .collect();
     if dirs.is_empty() {
-        return Ok(None);
+        return None;
     }
     dirs.sort();
-    let mut warnings = Vec::new();
-    for dir in dirs.iter().rev() {
-        match verify(dir) {
-            Ok(loaded) => return Ok(Some((loaded, warnings))),
-            Err(error) => warnings.push(format!(
-                "skipping the damaged checkpoint {}: {error:#}",
-                dir.display()
-            )),
-        }
-    }
-    bail!(
-        "no PPO checkpoint in {} verifies:\n{}",
-        root.display(),
-        warnings.join("\n")
-    )
+    dirs.reverse();
+    Some(dirs)
 }
 
-/// Cuts `rounds.jsonl` back to its first `lines` lines.
-pub(crate) fn rewind_rounds(path: &Path, lines: usize) -> Result<()> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let kept: Vec<&str> = text.lines().take(lines).collect();
-    if kept.len() < lines {
-        bail!(
-            "{} has {} lines, fewer than the {lines} the checkpoint recorded",
-            path.display(),
-            kept.len()
-        );
+/// Cutting `rounds.jsonl` back to the lines of a checkpoint: planned
+/// ([`RoundsRewind::plan`]) by reading the file only, carried out
+/// ([`RoundsRewind::apply`]) once the run is known to resume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoundsRewind {
+    path: PathBuf,
+    body: String,
+}
+
+impl RoundsRewind {
+    /// Keeps the first `lines` lines of `path`; fewer is an error.
+    pub(crate) fn plan(path: &Path, lines: usize) -> Result<RoundsRewind> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let kept: Vec<&str> = text.lines().take(lines).collect();
+        if kept.len() < lines {
+            bail!(
+                "{} has {} lines, fewer than the {lines} the checkpoint recorded",
+                path.display(),
+                kept.len()
+            );
+        }
+        let mut body = kept.join("\n");
+        if !body.is_empty() {
+            body.push('\n');
+        }
+        Ok(RoundsRewind {
+            path: path.to_owned(),
+            body,
+        })
     }
-    let mut body = kept.join("\n");
-    if !body.is_empty() {
-        body.push('\n');
+
+    /// Writes the kept lines back.
+    pub(crate) fn apply(self) -> Result<()> {
+        write_synced(&self.path, self.body.as_bytes())
     }
-    write_synced(path, body.as_bytes())
 }

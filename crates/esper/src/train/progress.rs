@@ -58,14 +58,14 @@ impl Progress {
                 if let Some(decision) = record.acted() {
                     bar.println(format!(
                         "epoch {:>3}: {}",
-                        record.epoch + 1,
+                        record.epoch.saturating_add(1),
                         describe_decision(decision)
                     ));
                 }
                 if let Some(rollback) = &record.rollback {
                     bar.println(format!(
                         "epoch {:>3}: governor rollback ({rollback})",
-                        record.epoch + 1
+                        record.epoch.saturating_add(1)
                     ));
                 }
                 bar.set_message(format!(
@@ -93,7 +93,7 @@ impl Progress {
 pub(crate) fn plain_line(record: &EpochRecord, epochs: usize) -> String {
     let mut line = format!(
         "epoch {}/{epochs}  train loss {} acc {:.2}%  val loss {} acc {:.2}%  seeds {}  {}  {:.1} s",
-        record.epoch + 1,
+        record.epoch.saturating_add(1),
         loss_text(record.train_loss),
         record.train_accuracy,
         loss_text(record.val_loss),

@@ -11,6 +11,7 @@
 //! directory (configuration, rounds, telemetry, policy); every rank prints
 //! the fingerprint of its final policy, so identical parameters can be seen.
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -19,6 +20,10 @@ use torch_ext::dist::{DistBackend, ENV_WORLD_SIZE, ProcessGroup, Rendezvous};
 use super::Finished;
 use super::args::{ControllerKind, TrainArgs};
 use super::config::RunConfig;
+
+/// Most ranks `--nproc` may start (one process each; on CUDA the machine's
+/// GPU count bounds it further).
+pub(crate) const MAX_NPROC: usize = 64;
 
 /// The limit on the rendezvous and on every collective of a training run.
 pub(crate) const DIST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -51,9 +56,11 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
             bail!("--nproc {nproc} needs {nproc} GPUs; this machine has {count}");
         }
     }
-    let mut child: Vec<String> = Vec::new();
+    // The operating system's strings, passed on as they came (a path need
+    // not be UTF-8).
+    let mut child: Vec<OsString> = Vec::new();
     let mut skip = false;
-    for arg in std::env::args().skip(1) {
+    for arg in std::env::args_os().skip(1) {
         if skip {
             skip = false;
             continue;
@@ -62,14 +69,17 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
             skip = true;
             continue;
         }
-        if arg.starts_with("--nproc=") {
+        if arg
+            .to_str()
+            .is_some_and(|text| text.starts_with("--nproc="))
+        {
             continue;
         }
         child.push(arg);
     }
     if args.run_dir.is_none() {
-        child.push("--run-dir".to_owned());
-        child.push(config.run_dir.display().to_string());
+        child.push("--run-dir".into());
+        child.push(config.run_dir.clone().into_os_string());
     }
     println!(
         "esper train: {nproc} ranks ({}), run directory {} (written by rank 0)",

@@ -1,5 +1,6 @@
-//! Reading a checkpoint back: verifying it, finding the newest good one,
-//! restoring the model and the trainer, rewinding the telemetry files.
+//! Reading a checkpoint back: listing the checkpoints newest first,
+//! verifying one, restoring the model and the trainer, and cutting the
+//! telemetry files back (planned without touching them, then carried out).
 
 use super::*;
 
@@ -105,10 +106,16 @@ pub(crate) fn verify(dir: &Path) -> Result<Loaded> {
     })
 }
 
-/// The newest checkpoint of `run_dir` that verifies, with one warning per
-/// newer checkpoint (or folder cut short) passed over. An error when none
-/// verifies.
-pub(crate) fn latest(run_dir: &Path) -> Result<(Loaded, Vec<String>)> {
+/// Checkpoint folders by epoch, newest first, and the warnings about
+/// folders cut short.
+pub(crate) type Candidates = (Vec<(usize, PathBuf)>, Vec<String>);
+
+/// The checkpoint folders of `run_dir`, newest first, with one warning per
+/// folder cut short while being written (`.partial-<epoch>`, ignored). The
+/// caller verifies and restores them in this order and takes the first that
+/// does both ([`verify`], [`restore_model`], [`restore_trainer`]). An error
+/// when there is no checkpoint folder at all.
+pub(crate) fn candidates(run_dir: &Path) -> Result<Candidates> {
     let root = run_dir.join(DIR);
     let entries = std::fs::read_dir(&root).with_context(|| {
         format!(
@@ -127,31 +134,33 @@ pub(crate) fn latest(run_dir: &Path) -> Result<(Loaded, Vec<String>)> {
             partial.push(rest.to_owned());
         }
     }
-    let mut warnings = Vec::new();
-    for rest in partial {
-        warnings.push(format!(
-            "checkpoint {rest} was cut short while being written ({DIR}/{PARTIAL_PREFIX}{rest}); \
-             ignored"
-        ));
+    partial.sort();
+    let warnings = partial
+        .into_iter()
+        .map(|rest| {
+            format!(
+                "checkpoint {rest} was cut short while being written \
+                 ({DIR}/{PARTIAL_PREFIX}{rest}); ignored"
+            )
+        })
+        .collect();
+    if epochs.is_empty() {
+        bail!("no checkpoint in {}", root.display());
     }
-    for (epoch, dir) in epochs.iter().rev() {
-        match verify(dir) {
-            Ok(loaded) if loaded.manifest.epoch == *epoch => return Ok((loaded, warnings)),
-            Ok(loaded) => warnings.push(format!(
-                "checkpoint {} is in folder {epoch} but records epoch {}; skipped",
-                dir.display(),
-                loaded.manifest.epoch
-            )),
-            Err(error) => warnings.push(format!(
-                "checkpoint {} is damaged and was skipped, an earlier one is used: {error:#}",
-                dir.display()
-            )),
-        }
+    Ok((epochs.into_iter().rev().collect(), warnings))
+}
+
+/// [`verify`], and that the folder `epoch` holds the checkpoint of that
+/// epoch.
+pub(crate) fn verify_epoch(epoch: usize, dir: &Path) -> Result<Loaded> {
+    let loaded = verify(dir)?;
+    if loaded.manifest.epoch != epoch {
+        bail!(
+            "it is in folder {epoch} but records epoch {}",
+            loaded.manifest.epoch
+        );
     }
-    for warning in &warnings {
-        eprintln!("esper: warning: {warning}");
-    }
-    bail!("no checkpoint in {} verifies", root.display())
+    Ok(loaded)
 }
 
 /// Removes the folders of checkpoints cut short while being written (a
@@ -390,41 +399,63 @@ fn named(loaded: &Loaded, names: &[String], prefix: &str) -> Result<Vec<(String,
         .collect()
 }
 
-/// Cuts the telemetry files back to their lengths at the checkpoint and
-/// removes the files begun after it, so that no packet is duplicated when
-/// the resumed run emits those epochs again. Returns the files removed.
-pub(crate) fn rewind_telemetry(run_dir: &Path, loaded: &Loaded) -> Result<Vec<String>> {
-    rewind_telemetry_to(run_dir, &loaded.manifest.telemetry)
+/// What cutting the telemetry files back to a checkpoint does: each file
+/// written since is cut to its recorded length, each file begun after it is
+/// removed, so that no packet is duplicated when the resumed run emits those
+/// epochs again. Planned ([`TelemetryRewind::plan`]) without touching a
+/// file, carried out ([`TelemetryRewind::apply`]) once the run is known to
+/// resume.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TelemetryRewind {
+    /// Files to cut, with the length to cut each to.
+    cut: Vec<(PathBuf, u64)>,
+    /// Files to remove, by name.
+    remove: Vec<String>,
+    /// The telemetry folder.
+    dir: PathBuf,
 }
 
-/// [`rewind_telemetry`] to the lengths `saved` recorded.
-pub(crate) fn rewind_telemetry_to(run_dir: &Path, saved: &[FileLength]) -> Result<Vec<String>> {
-    let dir = run_dir.join(super::super::TELEMETRY_DIR);
-    let mut removed = Vec::new();
-    for current in telemetry_lengths(&dir)? {
-        let path = dir.join(&current.file);
-        match saved.iter().find(|saved| saved.file == current.file) {
-            Some(saved) if saved.bytes <= current.bytes => {
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .with_context(|| format!("opening {}", path.display()))?;
-                file.set_len(saved.bytes)
-                    .and_then(|()| file.sync_all())
-                    .with_context(|| format!("truncating {}", path.display()))?;
-            }
-            Some(saved) => bail!(
-                "resume: {} is {} bytes, shorter than the {} recorded at the checkpoint",
-                path.display(),
-                current.bytes,
-                saved.bytes
-            ),
-            None => {
-                std::fs::remove_file(&path)
-                    .with_context(|| format!("removing {}", path.display()))?;
-                removed.push(current.file);
+impl TelemetryRewind {
+    /// The rewind of `run_dir/telemetry` to the lengths `saved` recorded;
+    /// an error (nothing touched) when a file is shorter than recorded.
+    pub(crate) fn plan(run_dir: &Path, saved: &[FileLength]) -> Result<TelemetryRewind> {
+        let dir = run_dir.join(super::super::TELEMETRY_DIR);
+        let mut rewind = TelemetryRewind {
+            dir: dir.clone(),
+            ..TelemetryRewind::default()
+        };
+        for current in telemetry_lengths(&dir)? {
+            let path = dir.join(&current.file);
+            match saved.iter().find(|saved| saved.file == current.file) {
+                Some(saved) if saved.bytes == current.bytes => {}
+                Some(saved) if saved.bytes < current.bytes => rewind.cut.push((path, saved.bytes)),
+                Some(saved) => bail!(
+                    "{} is {} bytes, shorter than the {} recorded at the checkpoint",
+                    path.display(),
+                    current.bytes,
+                    saved.bytes
+                ),
+                None => rewind.remove.push(current.file),
             }
         }
+        Ok(rewind)
     }
-    Ok(removed)
+
+    /// Cuts and removes the files; returns the names of those removed.
+    pub(crate) fn apply(self) -> Result<Vec<String>> {
+        for (path, bytes) in &self.cut {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            file.set_len(*bytes)
+                .and_then(|()| file.sync_all())
+                .with_context(|| format!("truncating {}", path.display()))?;
+        }
+        for name in &self.remove {
+            let path = self.dir.join(name);
+            std::fs::remove_file(&path).with_context(|| format!("removing {}", path.display()))?;
+        }
+        Ok(self.remove)
+    }
 }

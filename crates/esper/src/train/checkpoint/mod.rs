@@ -19,11 +19,14 @@
 //! written, then `fsync`ed; then the folder `fsync`ed), renamed to
 //! `checkpoints/<epoch>/`, and `checkpoints/` is `fsync`ed: a crash leaves
 //! either the whole checkpoint or a `.partial-` folder that is ignored.
-//! [`latest`] takes the newest checkpoint that verifies (manifest parses,
-//! its checksum holds, every file has its recorded size and checksum, every
-//! tensor the manifest lists is in the file with its dtype and shape), and
-//! returns a warning for each newer one it had to pass over, naming what was
-//! wrong.
+//! A resume goes through the checkpoints newest first ([`candidates`]) and
+//! takes the first that verifies ([`verify`]: manifest parses, its checksum
+//! holds, every file has its recorded size and checksum, every tensor the
+//! manifest lists is in the file with its dtype and shape) *and* restores
+//! into a fresh model and trainer ([`restore_model`], [`restore_trainer`]);
+//! every newer one passed over gets a warning naming what was wrong. Only
+//! then are `epochs.jsonl` and the telemetry files cut back to it
+//! ([`TelemetryRewind`], planned before and carried out after).
 //!
 //! The random state: libtorch's generator is seeded at the start of every
 //! epoch from the run's seed and the epoch ([`epoch_seed`]), so nothing has

@@ -2,6 +2,7 @@
 //! (dashes accepted), every one optional; an unknown key is refused with
 //! the nearest valid spelling.
 
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -11,6 +12,11 @@ use super::KEYS;
 use crate::train::args::{
     ControllerKind, ModeChoice, PolicyPrecisionChoice, PrecisionChoice, RewardChoice, TaskKind,
 };
+
+/// The longest configuration file read (every key with a long value fits
+/// in a few kilobytes; this stops `--config /dev/zero` from filling the
+/// memory).
+const MAX_FILE_BYTES: u64 = 1 << 20;
 
 /// What a configuration file may say: every key optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -45,8 +51,22 @@ pub(super) struct FileConfig {
 
 /// Reads a configuration file: TOML, every key known (see the module docs).
 pub(super) fn read_file(path: &Path) -> Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|file| file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
         .with_context(|| format!("reading the configuration file {}", path.display()))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        bail!(
+            "the configuration file {} is longer than {MAX_FILE_BYTES} bytes; is it one?",
+            path.display()
+        );
+    }
+    let text = String::from_utf8(bytes).map_err(|_| {
+        anyhow::anyhow!(
+            "the configuration file {} is not UTF-8 text",
+            path.display()
+        )
+    })?;
     parse_file(&text, &path.display().to_string())
 }
 

@@ -92,6 +92,37 @@ pub(crate) const DEFAULT_ROUNDS: usize = 10;
 /// Samples the synthetic task generates for training by default.
 pub(crate) const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize = 4096;
 
+/// Most epochs a run (or a PPO episode) may have: 2,000 times the default,
+/// and the end of the run picture's epoch axis ([`crate::plot`]).
+pub(crate) const MAX_EPOCHS: usize = 100_000;
+/// Most PPO rounds a run may have (the end of the PPO picture's round axis,
+/// [`crate::plot_rounds`]).
+pub(crate) const MAX_ROUNDS: usize = 100_000;
+/// Most PPO environments per round (per process).
+pub(crate) const MAX_ENVS: usize = 256;
+/// Most environment-epochs in one PPO round (`envs` x `epochs`): the
+/// rollout buffer holds one transition per environment-epoch.
+pub(crate) const MAX_ROUND_STEPS: usize = 1_000_000;
+/// Most PPO passes over a round's rollout per update.
+pub(crate) const MAX_PPO_EPOCHS: usize = 1_000;
+/// Most seed slots a run may name.
+pub(crate) const MAX_SLOTS: usize = 64;
+
+/// Checks a learning rate: finite, above 0 (also as an `f32`, which the
+/// optimizers keep on the device) and at most tolaria's `MAX_LEARNING_RATE`
+/// (the optimizers refuse anything else; refused here, it is refused before
+/// the data is loaded).
+fn learning_rate(key: &str, value: f64) -> Result<()> {
+    let limit = tolaria::optim::MAX_LEARNING_RATE;
+    if !(value.is_finite() && value > 0.0 && value <= limit && (value as f32) > 0.0) {
+        bail!(
+            "{key} {value} must be a finite number above 0 (and above 0 as an f32) and at most \
+             {limit}"
+        );
+    }
+    Ok(())
+}
+
 /// The resolved configuration of one run (written as `config.toml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,7 +147,9 @@ pub(crate) struct RunConfig {
     pub(crate) precision: PrecisionChoice,
     /// Seed of weights, shuffle and subset.
     pub(crate) seed: u64,
-    /// The run directory.
+    /// The run directory (written as text: a path that is not UTF-8 is
+    /// written with replacement characters, see [`lossy_path`]).
+    #[serde(serialize_with = "lossy_path")]
     pub(crate) run_dir: PathBuf,
     /// Training samples (0: the whole training set).
     pub(crate) train_samples: usize,
@@ -165,6 +198,15 @@ pub(crate) struct RunConfig {
     /// (`SimicConfig::prewarm_blueprints`; CUDA only).
     #[serde(default = "default_prewarm_blueprints")]
     pub(crate) prewarm_blueprints: bool,
+}
+
+/// Writes `path` as text, with U+FFFD where it is not UTF-8 (serde refuses
+/// such a path, which would fail `config.toml` and every checkpoint
+/// manifest). Only the run directory is written this way: nothing reads it
+/// back to find the run (`--resume RUN_DIR` takes the folder it is given,
+/// and `--config` with `--run-dir NEW` replaces it).
+fn lossy_path<S: serde::Serializer>(path: &Path, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&path.to_string_lossy())
 }
 
 fn default_checkpoint_every() -> usize {
@@ -260,7 +302,7 @@ impl RunConfig {
                 .or(file.run_dir)
                 .unwrap_or_else(default_run_dir),
             train_samples,
-            mode: args.mode.or(file.mode).unwrap_or(ModeChoice::Eager),
+            mode: args.mode.or(file.mode).unwrap_or(ModeChoice::Auto),
             data_dir: args.data_dir.clone().or(file.data_dir),
             checkpoint_every: args
                 .checkpoint_every
@@ -304,11 +346,22 @@ impl RunConfig {
     }
 
     /// Checks what can be checked before anything is loaded: at least one
-    /// epoch and one sample per batch, a finite positive learning rate, a
-    /// known device, at least one slot, each a valid slot id given once.
+    /// epoch (at most [`MAX_EPOCHS`]) and one sample per batch, learning
+    /// rates finite and in tolaria's range, PPO sizes within their limits, a
+    /// known device, a data folder whose path is text, 1 to [`MAX_SLOTS`]
+    /// slots, each a valid slot id given once. What only the data, the host
+    /// or the trainer can tell (a slot the host lacks, a batch larger than
+    /// the data, a precision or mode the device cannot run) is checked by
+    /// building them, still before anything is written.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.epochs == 0 {
             bail!("epochs is 0; a run needs at least one epoch");
+        }
+        if self.epochs > MAX_EPOCHS {
+            bail!(
+                "epochs {} is more than the {MAX_EPOCHS} a run may have",
+                self.epochs
+            );
         }
         if self.batch_size == 0 {
             bail!("batch_size is 0; a batch needs at least one sample");
@@ -316,24 +369,42 @@ impl RunConfig {
         if self.envs == 0 {
             bail!("envs is 0; a PPO round needs at least one environment");
         }
+        if self.envs > MAX_ENVS {
+            bail!(
+                "envs {} is more than the {MAX_ENVS} a PPO round may have",
+                self.envs
+            );
+        }
+        if self.controller == ControllerKind::Ppo
+            && self.envs.saturating_mul(self.epochs) > MAX_ROUND_STEPS
+        {
+            bail!(
+                "envs x epochs is {} x {}, more than the {MAX_ROUND_STEPS} environment-epochs a \
+                 PPO round's rollout may hold",
+                self.envs,
+                self.epochs
+            );
+        }
         if self.rounds == 0 {
             bail!("rounds is 0; a PPO run needs at least one round");
         }
-        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+        if self.rounds > MAX_ROUNDS {
             bail!(
-                "learning_rate {} must be a finite number above 0",
-                self.learning_rate
+                "rounds {} is more than the {MAX_ROUNDS} a PPO run may have",
+                self.rounds
             );
         }
+        learning_rate("learning_rate", self.learning_rate)?;
         if self.ppo_epochs == 0 {
             bail!("ppo_epochs is 0; a PPO update needs at least one pass over the rollout");
         }
-        if !(self.ppo_learning_rate.is_finite() && self.ppo_learning_rate > 0.0) {
+        if self.ppo_epochs > MAX_PPO_EPOCHS {
             bail!(
-                "ppo_learning_rate {} must be a finite number above 0",
-                self.ppo_learning_rate
+                "ppo_epochs {} is more than the {MAX_PPO_EPOCHS} passes a PPO update may make",
+                self.ppo_epochs
             );
         }
+        learning_rate("ppo_learning_rate", self.ppo_learning_rate)?;
         if !(self.entropy_coef.is_finite() && self.entropy_coef >= 0.0) {
             bail!(
                 "entropy_coef {} must be a finite number, 0 or above",
@@ -342,12 +413,28 @@ impl RunConfig {
         }
         self.device_choice()?;
         self.env_devices()?;
+        if let Some(dir) = &self.data_dir
+            && dir.to_str().is_none()
+        {
+            bail!(
+                "data_dir {:?} is not valid UTF-8; config.toml and the checkpoints record it as \
+                 text, so a run needs a UTF-8 data folder (a link with a UTF-8 name will do)",
+                dir.to_string_lossy()
+            );
+        }
         if self.slots.is_empty() {
             bail!("slots is empty; name at least one seed slot, e.g. r0c1");
         }
+        if self.slots.len() > MAX_SLOTS {
+            bail!(
+                "slots names {} slots, more than the {MAX_SLOTS} a run may have",
+                self.slots.len()
+            );
+        }
         let ids = self.slot_ids()?;
-        for (index, id) in ids.iter().enumerate() {
-            if ids.iter().take(index).any(|earlier| earlier == id) {
+        let mut seen = std::collections::HashSet::new();
+        for id in &ids {
+            if !seen.insert(*id) {
                 bail!("slot {id} is given twice in slots");
             }
         }
@@ -387,14 +474,21 @@ impl RunConfig {
         toml::to_string(self).context("serialising the run configuration")
     }
 
-    /// Writes [`RunConfig::to_toml`] to `path`, with a header comment.
-    pub(crate) fn write(&self, path: &Path) -> Result<()> {
-        let text = format!(
+    /// The text of `config.toml` at `path`: [`RunConfig::to_toml`] under a
+    /// header comment. Made before the run directory is, so that a
+    /// configuration that cannot be written is refused before anything is.
+    pub(crate) fn to_text(&self, path: &Path) -> Result<String> {
+        // A path may hold a newline, which would end the comment.
+        let shown: String = path
+            .display()
+            .to_string()
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        Ok(format!(
             "# The resolved configuration of this run (defaults, then the --config file, then \
-             the flags).\n# `esper train --config {} --run-dir NEW_DIR` repeats it.\n{}",
-            path.display(),
+             the flags).\n# `esper train --config {shown} --run-dir NEW_DIR` repeats it.\n{}",
             self.to_toml()?
-        );
-        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+        ))
     }
 }

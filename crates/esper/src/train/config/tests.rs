@@ -1,5 +1,7 @@
 //! Tests of the run configuration: defaults, file, flags, checks.
 
+use proptest::strategy::Strategy as _;
+
 use super::file::{nearest_key, parse_file};
 use super::stamp::utc_stamp;
 use super::*;
@@ -222,4 +224,271 @@ fn timestamps_are_utc_calendar_dates() {
     assert_eq!(utc_stamp(0), "1970-01-01_000000");
     assert_eq!(utc_stamp(951_782_400), "2000-02-29_000000");
     assert_eq!(utc_stamp(1_795_437_296), "2026-11-23_123456");
+}
+
+#[test]
+fn the_mode_defaults_to_auto_graph_step_on_cuda_and_eager_on_the_cpu() {
+    use tolaria::config::ExecutionMode;
+    let config = RunConfig::resolve(&TrainArgs::default()).expect("resolved");
+    assert_eq!(config.mode, ModeChoice::Auto);
+    assert!(
+        config.to_toml().expect("toml").contains("mode = \"auto\""),
+        "config.toml records the choice"
+    );
+    assert_eq!(
+        ModeChoice::Auto.resolve(tch::Device::Cuda(0)),
+        ExecutionMode::GraphStep,
+        "the fastest mode that applies on CUDA"
+    );
+    assert_eq!(
+        ModeChoice::Auto.resolve(tch::Device::Cpu),
+        ExecutionMode::Eager,
+        "the graph modes need CUDA"
+    );
+    assert_eq!(
+        ModeChoice::Eager.resolve(tch::Device::Cuda(0)),
+        ExecutionMode::Eager,
+        "eager stays the fallback to pick"
+    );
+    assert_eq!(
+        ModeChoice::GraphEpoch.resolve(tch::Device::Cpu),
+        ExecutionMode::GraphEpoch,
+        "an explicit mode is kept (the trainer refuses it on the CPU)"
+    );
+    // A configuration written when eager was the default still reads.
+    let text = config
+        .to_toml()
+        .expect("toml")
+        .replace("mode = \"auto\"", "mode = \"eager\"");
+    let older: RunConfig = toml::from_str(&text).expect("parse");
+    assert_eq!(older.mode, ModeChoice::Eager);
+}
+
+#[test]
+fn absurd_sizes_are_refused_with_their_name_and_limit() {
+    let ppo = |args: TrainArgs| TrainArgs {
+        controller: Some(ControllerKind::Ppo),
+        ..args
+    };
+    for (args, needle) in [
+        (
+            TrainArgs {
+                epochs: Some(MAX_EPOCHS + 1),
+                ..TrainArgs::default()
+            },
+            "epochs 100001 is more than the 100000",
+        ),
+        (
+            TrainArgs {
+                epochs: Some(usize::MAX),
+                ..TrainArgs::default()
+            },
+            "epochs",
+        ),
+        (
+            TrainArgs {
+                envs: Some(MAX_ENVS + 1),
+                ..TrainArgs::default()
+            },
+            "envs 257",
+        ),
+        (
+            ppo(TrainArgs {
+                envs: Some(MAX_ENVS),
+                epochs: Some(MAX_EPOCHS),
+                ..TrainArgs::default()
+            }),
+            "environment-epochs",
+        ),
+        (
+            TrainArgs {
+                rounds: Some(MAX_ROUNDS + 1),
+                ..TrainArgs::default()
+            },
+            "rounds",
+        ),
+        (
+            TrainArgs {
+                ppo_epochs: Some(MAX_PPO_EPOCHS + 1),
+                ..TrainArgs::default()
+            },
+            "ppo_epochs",
+        ),
+        (
+            TrainArgs {
+                learning_rate: Some(1e9),
+                ..TrainArgs::default()
+            },
+            "learning_rate 1000000000 must be",
+        ),
+        (
+            TrainArgs {
+                learning_rate: Some(1e-50),
+                ..TrainArgs::default()
+            },
+            "as an f32",
+        ),
+        (
+            TrainArgs {
+                ppo_learning_rate: Some(f64::INFINITY),
+                ..TrainArgs::default()
+            },
+            "ppo_learning_rate inf",
+        ),
+        (
+            TrainArgs {
+                slots: Some((0..=MAX_SLOTS).map(|i| format!("r0c{i}")).collect()),
+                ..TrainArgs::default()
+            },
+            "more than the 64",
+        ),
+    ] {
+        let error = RunConfig::resolve(&args).expect_err("refused");
+        assert!(format!("{error:#}").contains(needle), "{needle}: {error:#}");
+    }
+    // The same sizes for a heuristic run: envs x epochs only bounds PPO.
+    let config = RunConfig::resolve(&TrainArgs {
+        envs: Some(MAX_ENVS),
+        epochs: Some(MAX_EPOCHS),
+        ..TrainArgs::default()
+    })
+    .expect("a heuristic run has no rollout");
+    assert_eq!(config.epochs, MAX_EPOCHS);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_run_directory_that_is_not_utf8_is_written_as_text_and_a_data_folder_refused() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let odd = PathBuf::from(OsStr::from_bytes(b"runs/r\xffn"));
+    let config = RunConfig::resolve(&TrainArgs {
+        run_dir: Some(odd.clone()),
+        ..TrainArgs::default()
+    })
+    .expect("a run directory may be any path");
+    assert_eq!(config.run_dir, odd);
+    let text = config
+        .to_text(&odd.join("config.toml"))
+        .expect("written with a replacement character");
+    assert!(text.contains("run_dir = \"runs/r\u{fffd}n\""), "{text}");
+    let error = RunConfig::resolve(&TrainArgs {
+        data_dir: Some(odd),
+        ..TrainArgs::default()
+    })
+    .expect_err("the data folder is read back from config.toml");
+    assert!(
+        format!("{error:#}").contains("not valid UTF-8"),
+        "{error:#}"
+    );
+    // A newline in a path does not end the header comment.
+    let text = config.to_text(Path::new("a\nb/config.toml")).expect("text");
+    let parsed: RunConfig = toml::from_str(&text).expect("still TOML");
+    assert_eq!(parsed.epochs, config.epochs);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Hostile numbers in every numeric option resolve to a configuration
+    /// within its limits or to an error naming what is wrong, never a
+    /// panic.
+    #[test]
+    fn hostile_numbers_resolve_within_the_limits_or_are_refused(
+        learning_rate in leyline::testing::extreme_f64(),
+        ppo_learning_rate in leyline::testing::extreme_f64(),
+        entropy_coef in leyline::testing::extreme_f64(),
+        epochs in leyline::testing::extreme_usize(),
+        batch_size in leyline::testing::extreme_usize(),
+        envs in leyline::testing::extreme_usize(),
+        rounds in leyline::testing::extreme_usize(),
+        ppo_epochs in leyline::testing::extreme_usize(),
+        max_seeds in leyline::testing::extreme_usize(),
+        seed in leyline::testing::extreme_u64(),
+        ppo in proptest::bool::ANY,
+    ) {
+        let args = TrainArgs {
+            controller: Some(if ppo { ControllerKind::Ppo } else { ControllerKind::Heuristic }),
+            learning_rate: Some(learning_rate),
+            ppo_learning_rate: Some(ppo_learning_rate),
+            entropy_coef: Some(entropy_coef),
+            epochs: Some(epochs),
+            batch_size: Some(batch_size),
+            envs: Some(envs),
+            rounds: Some(rounds),
+            ppo_epochs: Some(ppo_epochs),
+            max_seeds: Some(max_seeds),
+            seed: Some(seed),
+            ..TrainArgs::default()
+        };
+        match RunConfig::resolve(&args) {
+            Ok(config) => {
+                proptest::prop_assert!((1..=MAX_EPOCHS).contains(&config.epochs));
+                proptest::prop_assert!(config.batch_size >= 1);
+                proptest::prop_assert!((1..=MAX_ENVS).contains(&config.envs));
+                proptest::prop_assert!((1..=MAX_ROUNDS).contains(&config.rounds));
+                proptest::prop_assert!((1..=MAX_PPO_EPOCHS).contains(&config.ppo_epochs));
+                for rate in [config.learning_rate, config.ppo_learning_rate] {
+                    proptest::prop_assert!(rate.is_finite() && rate > 0.0);
+                    proptest::prop_assert!(rate <= tolaria::optim::MAX_LEARNING_RATE);
+                }
+                proptest::prop_assert!(config.entropy_coef.is_finite());
+                proptest::prop_assert!(config.entropy_coef >= 0.0);
+                // What is accepted can be written and read back.
+                let text = config.to_toml().expect("toml");
+                let again: RunConfig = toml::from_str(&text).expect("parse");
+                proptest::prop_assert_eq!(again, config);
+            }
+            Err(error) => proptest::prop_assert!(error.chain().count() > 0 && !error.to_string().is_empty()),
+        }
+    }
+
+    /// Hostile strings as the values of `esper train`'s options parse to a
+    /// usage error or to arguments that resolve or are refused, never a
+    /// panic.
+    #[test]
+    fn hostile_strings_on_the_command_line_never_panic(
+        flag in proptest::sample::select(vec![
+            "--epochs", "--batch-size", "--learning-rate", "--seed", "--slots",
+            "--device", "--max-seeds", "--train-samples", "--envs", "--rounds",
+            "--ppo-learning-rate", "--entropy-coef", "--metrics-port", "--mode",
+            "--precision", "--devices", "--checkpoint-every", "--prewarm-blueprints",
+        ]),
+        value in proptest::prop_oneof![
+            leyline::testing::hostile_string(),
+            proptest::sample::select(vec![
+                "NaN", "nan", "inf", "-inf", "infinity", "1e309", "-1e309", "1e-320",
+                "-0", "0", "-1", "18446744073709551615", "18446744073709551616",
+                "99999999999999999999999", "0x10", "1_000", "r9c9", "r0c1,r0c1",
+                "cuda:18446744073709551615", "65536", "auto",
+            ]).prop_map(str::to_owned),
+        ],
+    ) {
+        use clap::Parser;
+        let argv = ["esper train", flag, value.as_str()];
+        if let Ok(args) = TrainArgs::try_parse_from(argv) {
+            match RunConfig::resolve(&args) {
+                Ok(config) => proptest::prop_assert!(config.validate().is_ok()),
+                Err(error) => proptest::prop_assert!(error.chain().count() > 0 && !error.to_string().is_empty()),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_help_states_the_limits_the_checks_apply() {
+    use clap::CommandFactory;
+    let help = TrainArgs::command().render_long_help().to_string();
+    for limit in [
+        format!("1 to {MAX_EPOCHS}"),
+        format!("1 to {MAX_ENVS}"),
+        format!("at most {MAX_ROUND_STEPS}"),
+        format!("1 to {MAX_ROUNDS}"),
+        format!("at most {}", tolaria::optim::MAX_LEARNING_RATE),
+    ] {
+        assert!(help.contains(&limit), "{limit:?} in {help}");
+    }
+    for stale in ["issue", "not implemented"] {
+        assert!(!help.contains(stale), "{stale:?} in {help}");
+    }
 }
