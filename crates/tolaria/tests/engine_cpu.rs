@@ -481,6 +481,52 @@ fn a_trainer_resumed_at_an_epoch_shuffles_and_names_seeds_as_that_epoch() {
 }
 
 #[test]
+fn a_batch_size_that_leaves_no_batch_is_refused_when_the_trainer_is_built() {
+    let (train, test) = fmnist(256, 100);
+    for (batch_size, drop_last) in [(0, false), (0, true), (257, true), (usize::MAX, true)] {
+        let config = ModelTrainerConfig {
+            batch_size,
+            drop_last,
+            ..cpu_config()
+        };
+        let error = ModelTrainer::new(
+            cnn_model(Telemetry::disabled()),
+            &train,
+            Some(&test),
+            config,
+            Telemetry::disabled(),
+        )
+        .expect_err("no batch");
+        assert!(
+            matches!(
+                error,
+                tolaria::Error::InvalidConfig {
+                    field: "batch_size",
+                    ..
+                }
+            ),
+            "{batch_size} {drop_last}: {error:?}"
+        );
+    }
+    // Without drop_last a batch larger than the data is one short batch.
+    let config = ModelTrainerConfig {
+        batch_size: 257,
+        drop_last: false,
+        ..cpu_config()
+    };
+    assert!(
+        ModelTrainer::new(
+            cnn_model(Telemetry::disabled()),
+            &train,
+            Some(&test),
+            config,
+            Telemetry::disabled(),
+        )
+        .is_ok()
+    );
+}
+
+#[test]
 fn refused_contributions_record_none_of_the_batch() {
     let (train, test) = fmnist(256, 100);
     let mut trainer = ModelTrainer::new(

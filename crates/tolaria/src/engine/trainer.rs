@@ -239,6 +239,12 @@ impl ModelTrainer {
                 reason: "0; a batch needs at least one sample".to_owned(),
             });
         }
+        // The epoch's batch plan over the training set, checked before
+        // anything is staged: a batch size that leaves no batch (larger than
+        // the data with `drop_last`) is refused here, not at the first epoch.
+        let samples = i64::try_from(train.len()).unwrap_or(i64::MAX);
+        let batch = i64::try_from(config.batch_size).unwrap_or(i64::MAX);
+        let _ = crate::engine::batches::batch_sizes(samples, batch, config.drop_last)?;
         let expected = model.host().input_shape();
         for (name, data) in
             std::iter::once(("train", train)).chain(validation.map(|v| ("validation", v)))
