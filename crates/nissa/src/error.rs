@@ -1,8 +1,10 @@
 //! The one error type of the crate.
 //!
 //! Errors reach callers only from set-up (building a hub, opening a sink,
-//! binding the metrics endpoint). Once a hub runs, sink errors are counted and
-//! reported through `tracing`; [`crate::Hub::emit`] never returns one.
+//! binding the metrics endpoint), and a set-up that returns one has left
+//! nothing behind: see [`crate::HubBuilder::build`]. Once a hub runs, sink
+//! errors are counted and reported through `tracing`; [`crate::Hub::emit`]
+//! never returns one.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

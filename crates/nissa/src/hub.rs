@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use leyline::proto::TelemetryPacket;
 
-use crate::jsonl::{JSONL_SINK_NAME, JsonlConfig, JsonlSink};
+use crate::jsonl::{Created, JSONL_SINK_NAME, JsonlConfig, JsonlSink};
 use crate::prometheus::{PROMETHEUS_SINK_NAME, PrometheusSink};
 use crate::sink::Sink;
 use crate::stats::{FlushOutcome, HubStats};
@@ -186,7 +186,9 @@ impl HubBuilder {
         self
     }
 
-    /// Adds a JSONL sink writing into `config.dir` (created when the hub is built).
+    /// Adds a JSONL sink writing into `config.dir` (created, with the first
+    /// file, when the hub is built, after the metrics endpoint is bound; see
+    /// [`HubBuilder::build`]).
     pub fn jsonl(mut self, config: JsonlConfig) -> Self {
         self.sinks.push(PlannedSink::Jsonl(config));
         self
@@ -212,9 +214,16 @@ impl HubBuilder {
 
     /// Checks the configuration and the sinks (at most [`MAX_SINKS`], names
     /// 1 to [`MAX_SINK_NAME_BYTES`] bytes without control characters and all
-    /// different), then opens the sinks, starts the runtime and, if asked
-    /// for, binds the metrics endpoint. Nothing is opened or bound when a
-    /// check fails.
+    /// different), then, if asked for, binds the metrics endpoint, starts the
+    /// runtime and only then opens the sinks (creating the JSONL files).
+    ///
+    /// All or nothing: nothing is opened or bound when a check fails; a
+    /// failed bind ([`Error::Bind`], say the port is taken) or runtime start
+    /// comes before any file or directory is created; and if opening a sink
+    /// fails, the files and directories this build created are removed again
+    /// (never ones that existed before) before the error returns. Sinks
+    /// passed in already opened ([`HubBuilder::sink`]) are dropped, their
+    /// files left alone.
     pub fn build(self) -> Result<Hub> {
         let config = self.config;
         config.validate()?;
@@ -255,25 +264,46 @@ impl HubBuilder {
                 )?;
             }
         }
-        let mut sinks: Vec<(Box<dyn Sink>, usize)> = Vec::new();
-        for planned in self.sinks {
-            let (sink, capacity): (Box<dyn Sink>, Option<usize>) = match planned {
-                PlannedSink::Ready(sink, capacity) => (sink, capacity),
-                PlannedSink::Jsonl(jsonl) => (Box::new(JsonlSink::create(jsonl)?), None),
-                PlannedSink::Tracing => (Box::new(TracingSink::new()), None),
-            };
-            let capacity = capacity.unwrap_or(config.sink_queue_capacity);
-            sinks.push((sink, capacity));
-        }
-        let prometheus = match self.metrics_addr {
-            Some(addr) => {
-                let (sink, endpoint) = PrometheusSink::with_endpoint(addr)?;
-                sinks.push((Box::new(sink), config.sink_queue_capacity));
-                Some(endpoint)
+        // Everything that can fail without leaving anything behind comes
+        // first: binding the metrics endpoint (a taken port is the usual
+        // failure), starting the runtime, registering the listener with it.
+        let endpoint = match self.metrics_addr {
+            Some(addr) => Some(PrometheusSink::with_endpoint(addr)?),
+            None => None,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(planned_sinks.saturating_add(1))
+            .thread_name("nissa")
+            .enable_all()
+            .build()
+            .map_err(Error::Runtime)?;
+        let endpoint = match endpoint.map(|(sink, endpoint)| (sink, endpoint.attach(&runtime))) {
+            Some((sink, Ok(attached))) => Some((sink, attached)),
+            Some((_, Err(error))) => {
+                // `shutdown_background` rather than a drop: building may
+                // happen inside an async context, where dropping panics.
+                runtime.shutdown_background();
+                return Err(error);
             }
             None => None,
         };
+        // Only now are files created. Opening the sinks is the last step that
+        // can fail, and it removes whatever it created if it does.
+        let mut sinks = match open_sinks(self.sinks, config.sink_queue_capacity) {
+            Ok(sinks) => sinks,
+            Err(error) => {
+                drop(endpoint);
+                runtime.shutdown_background();
+                return Err(error);
+            }
+        };
+        let endpoint = endpoint.map(|(sink, attached)| {
+            sinks.push((Box::new(sink) as Box<dyn Sink>, config.sink_queue_capacity));
+            attached
+        });
 
+        // Nothing below can fail.
         let states: Vec<Arc<SinkState>> = sinks
             .iter()
             .zip(names)
@@ -288,14 +318,6 @@ impl HubBuilder {
             wake_threshold,
             states.clone(),
         ));
-
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .max_blocking_threads(sinks.len().saturating_add(1))
-            .thread_name("nissa")
-            .enable_all()
-            .build()
-            .map_err(Error::Runtime)?;
         let timing = WorkerTiming {
             tick_min: config.tick_min,
             tick_max: config.tick_max,
@@ -304,10 +326,7 @@ impl HubBuilder {
         for ((sink, _), state) in sinks.into_iter().zip(states) {
             runtime.spawn(run_sink(state, sink, config.batch_max));
         }
-        let metrics_addr = match prometheus {
-            Some(endpoint) => Some(endpoint.start(&runtime, Arc::clone(&shared))?),
-            None => None,
-        };
+        let metrics_addr = endpoint.map(|attached| attached.start(&runtime, Arc::clone(&shared)));
         Ok(Hub {
             inner: Some(Arc::new(HubInner {
                 shared,
@@ -317,6 +336,40 @@ impl HubBuilder {
             })),
         })
     }
+}
+
+/// Opens the planned sinks in order, each with its queue capacity. All or
+/// nothing: if one fails, the sinks opened so far are dropped and the files
+/// and directories they created are removed (never anything that existed
+/// before) before the error returns.
+fn open_sinks(
+    planned: Vec<PlannedSink>,
+    default_capacity: usize,
+) -> Result<Vec<(Box<dyn Sink>, usize)>> {
+    let mut sinks: Vec<(Box<dyn Sink>, usize)> = Vec::with_capacity(planned.len());
+    let mut created: Vec<Created> = Vec::new();
+    for planned in planned {
+        let opened: Result<(Box<dyn Sink>, Option<usize>)> = match planned {
+            PlannedSink::Ready(sink, capacity) => Ok((sink, capacity)),
+            PlannedSink::Jsonl(jsonl) => JsonlSink::create_recorded(jsonl).map(|(sink, made)| {
+                created.push(made);
+                (Box::new(sink) as Box<dyn Sink>, None)
+            }),
+            PlannedSink::Tracing => Ok((Box::new(TracingSink::new()), None)),
+        };
+        match opened {
+            Ok((sink, capacity)) => sinks.push((sink, capacity.unwrap_or(default_capacity))),
+            Err(error) => {
+                // Close the files before removing them, newest first.
+                drop(sinks);
+                for made in created.into_iter().rev() {
+                    made.undo();
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(sinks)
 }
 
 /// Every name valid (see [`crate::validate`]) and no name twice: the name

@@ -20,9 +20,19 @@
 //! Configuration is checked by [`JsonlSink::create`]: the file stem must be a
 //! plain file-name part (see [`MAX_FILE_STEM_BYTES`]), `max_file_bytes` and
 //! `max_files` at least 1.
+//!
+//! Opening is all or nothing: [`JsonlSink::create`] checks the configuration
+//! before touching the disk, and if it cannot create the first file it
+//! removes the directories it had created for it. Only what the call itself
+//! created is removed (directories it made, never ones that existed or that
+//! hold someone else's files); [`JsonlConfig::new_run_dir`] behaves the same
+//! way. A hub built with [`crate::HubBuilder::jsonl`] creates these files
+//! only after everything else that can fail (the metrics endpoint's bind
+//! included) has succeeded.
 
 #![cfg_attr(not(test), warn(clippy::arithmetic_side_effects))]
 
+mod created;
 mod output;
 mod stamp;
 
@@ -33,6 +43,7 @@ use std::time::SystemTime;
 use leyline::codec::Contract;
 use leyline::proto::TelemetryPacket;
 
+pub(crate) use self::created::Created;
 use self::output::{Opener, Output, open_new_file};
 use crate::sink::{Flushed, Sink};
 use crate::{Error, Result};
@@ -72,15 +83,27 @@ impl JsonlConfig {
         }
     }
 
-    /// A fresh run directory under `root`, named like the Python hub's
-    /// `telemetry_YYYY-MM-DD_HHMMSS` (with `_NNN` appended if taken).
+    /// A fresh run directory under `root` (created if missing), named like
+    /// the Python hub's `telemetry_YYYY-MM-DD_HHMMSS` (with `_NNN` appended
+    /// if taken). All or nothing: on error, the directories of `root` this
+    /// call created are removed again.
     pub fn new_run_dir(root: impl AsRef<Path>) -> Result<JsonlConfig> {
         let root = root.as_ref();
-        std::fs::create_dir_all(root).map_err(|source| Error::Io {
+        let mut made = Created::default();
+        created::create_dir_all(root, &mut made.dirs).map_err(|source| Error::Io {
             op: "create directory",
             path: root.to_owned(),
             source,
         })?;
+        let result = JsonlConfig::new_dir_in(root);
+        if result.is_err() {
+            made.undo();
+        }
+        result
+    }
+
+    /// Creates the first free `telemetry_STAMP[_NNN]` directory in `root`.
+    fn new_dir_in(root: &Path) -> Result<JsonlConfig> {
         let stamp = stamp::utc_stamp(SystemTime::now());
         for attempt in 0..1000 {
             let name = if attempt == 0 {
@@ -155,23 +178,46 @@ pub struct JsonlSink {
 }
 
 impl JsonlSink {
-    /// Checks `config`, creates the run directory and opens its first file.
+    /// Checks `config`, creates the run directory and opens its first file
+    /// (a new one: existing files are never opened). All or nothing: if the
+    /// first file cannot be created, the directories this call created are
+    /// removed again before the error returns.
     pub fn create(config: JsonlConfig) -> Result<JsonlSink> {
         JsonlSink::create_with(config, Box::new(open_new_file))
     }
 
     /// [`JsonlSink::create`] with a file opener of the caller's (tests).
     pub(crate) fn create_with(config: JsonlConfig, opener: Opener) -> Result<JsonlSink> {
+        // The sink keeps what it created.
+        JsonlSink::create_recorded_with(config, opener).map(|(sink, _kept)| sink)
+    }
+
+    /// [`JsonlSink::create`], also returning what it put on disk, so that a
+    /// hub whose build fails later can take it back ([`Created::undo`], once
+    /// the sink is dropped).
+    pub(crate) fn create_recorded(config: JsonlConfig) -> Result<(JsonlSink, Created)> {
+        JsonlSink::create_recorded_with(config, Box::new(open_new_file))
+    }
+
+    fn create_recorded_with(config: JsonlConfig, opener: Opener) -> Result<(JsonlSink, Created)> {
         config.validate()?;
-        std::fs::create_dir_all(&config.dir).map_err(|source| Error::Io {
+        let mut made = Created::default();
+        created::create_dir_all(&config.dir, &mut made.dirs).map_err(|source| Error::Io {
             op: "create directory",
             path: config.dir.clone(),
             source,
         })?;
-        Ok(JsonlSink::with_output(
-            JSONL_SINK_NAME,
-            Output::rotating(config, opener)?,
-        ))
+        match Output::rotating(config, opener) {
+            Ok(output) => {
+                let sink = JsonlSink::with_output(JSONL_SINK_NAME, output);
+                made.file = sink.current_path();
+                Ok((sink, made))
+            }
+            Err(error) => {
+                made.undo();
+                Err(error)
+            }
+        }
     }
 
     /// Writes lines to `writer` (no rotation), under the sink name `name`

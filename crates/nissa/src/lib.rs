@@ -23,6 +23,9 @@
 //! Bad input: configuration is checked when a hub is built (typed
 //! [`Error::Config`] naming the field, with stated bounds such as
 //! [`hub::MAX_QUEUE_CAPACITY`]); packets are checked where a sink takes them.
+//! Building is all or nothing: the metrics port is bound before any file is
+//! created, and a build that fails removes what it created
+//! ([`HubBuilder::build`]).
 //! A sink counts a packet delivered only when a consumer can read it back, so
 //! the built-in sinks refuse (count failed) a packet with a non-finite metric
 //! value, which JSON cannot carry. Timeouts saturate to "no deadline" instead

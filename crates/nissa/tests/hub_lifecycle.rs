@@ -1,13 +1,16 @@
-//! Flush, close, failing sinks and the no-op hub: the guarantees callers rely
-//! on beyond the accounting identity.
+//! Flush, close, failing sinks, the no-op hub and all-or-nothing building:
+//! the guarantees callers rely on beyond the accounting identity.
 
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use leyline::TelemetryLevel;
+use leyline::codec::Contract;
 use leyline::proto::{TelemetryEvent, TelemetryMetric, TelemetryPacket};
-use nissa::{FailingSink, Hub, HubConfig, JsonlSink, MemorySink, Sink};
+use nissa::{Error, FailingSink, Hub, HubConfig, JsonlConfig, JsonlSink, MemorySink, Sink};
 
 fn numbered(seq: u64) -> TelemetryPacket {
     let mut packet =
@@ -287,4 +290,157 @@ impl Sink for GateSink {
         }
         Ok(())
     }
+}
+
+/// Every path under `root` (relative) with its bytes (`None` for a
+/// directory): equal snapshots mean the tree is byte-for-byte the same.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
+    let mut tree = BTreeMap::new();
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let relative = path.strip_prefix(root).unwrap().to_owned();
+            if path.is_dir() {
+                tree.insert(relative, None);
+                pending.push(path);
+            } else {
+                tree.insert(relative, Some(std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    tree
+}
+
+/// A temporary directory holding someone else's files: `notes.txt` and an
+/// earlier run's `old/events-0000.jsonl`.
+fn populated_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"not ours\n").unwrap();
+    std::fs::create_dir(dir.path().join("old")).unwrap();
+    std::fs::write(
+        dir.path().join("old/events-0000.jsonl"),
+        b"{\"an\":\"earlier run\"}\n",
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_taken_metrics_port_fails_the_build_before_any_file_is_created() {
+    let occupant = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = occupant.local_addr().unwrap();
+
+    // A fresh, empty directory: the JSONL sink would create a subdirectory.
+    let fresh = tempfile::tempdir().unwrap();
+    let before = snapshot(fresh.path());
+    let built = Hub::builder()
+        .jsonl(JsonlConfig::new(fresh.path().join("run/telemetry")))
+        .prometheus(taken)
+        .build();
+    match built {
+        Err(Error::Bind { addr, ref source }) => {
+            assert_eq!(addr, taken);
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrInUse, "{source}");
+            let message = built.as_ref().unwrap_err().to_string();
+            assert!(
+                message.contains("could not bind the metrics endpoint")
+                    && message.contains(&taken.to_string()),
+                "{message}"
+            );
+        }
+        other => panic!("expected a bind error, got {other:?}"),
+    }
+    assert_eq!(snapshot(fresh.path()), before);
+    assert_eq!(std::fs::read_dir(fresh.path()).unwrap().count(), 0);
+
+    // A directory with files in it, the JSONL sink writing into the existing
+    // `old` (it would create `events-0001.jsonl`) beside other sinks.
+    let used = populated_dir();
+    let before = snapshot(used.path());
+    let built = Hub::builder()
+        .prometheus(taken)
+        .sink(MemorySink::new())
+        .jsonl(JsonlConfig::new(used.path().join("old")))
+        .tracing()
+        .build();
+    assert!(
+        matches!(&built, Err(Error::Bind { addr, .. }) if *addr == taken),
+        "{built:?}"
+    );
+    assert_eq!(snapshot(used.path()), before);
+    drop(occupant);
+}
+
+#[test]
+fn a_sink_that_cannot_open_leaves_nothing_behind_even_inside_async_code() {
+    let root = populated_dir();
+    let before = snapshot(root.path());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The endpoint binds and the hub's runtime starts; then the JSONL
+    // directory cannot be created (its path runs through a plain file), and
+    // the build takes everything back without panicking in async code.
+    let built = runtime.block_on(async {
+        Hub::builder()
+            .prometheus_on_port(0)
+            .jsonl(JsonlConfig::new(root.path().join("notes.txt/telemetry")))
+            .build()
+    });
+    assert!(
+        matches!(
+            &built,
+            Err(Error::Io {
+                op: "create directory",
+                ..
+            })
+        ),
+        "{built:?}"
+    );
+    assert_eq!(snapshot(root.path()), before);
+}
+
+#[test]
+fn a_successful_build_creates_the_jsonl_files() {
+    let root = populated_dir();
+    let before = snapshot(root.path());
+    let dir = root.path().join("run/telemetry");
+    let hub = Hub::builder()
+        .jsonl(JsonlConfig::new(&dir))
+        .prometheus_on_port(0)
+        .build()
+        .unwrap();
+    assert!(hub.metrics_addr().is_some());
+    let first = dir.join("events-0000.jsonl");
+    assert!(first.is_file(), "{first:?}");
+    hub.emit(numbered(7));
+    assert!(hub.flush(Duration::from_secs(10)).is_complete());
+    hub.close();
+    let text = std::fs::read_to_string(&first).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        TelemetryPacket::from_json(text.trim_end()).is_ok(),
+        "{text}"
+    );
+
+    // Everything that was there before is untouched; only the run's
+    // directories and file are new.
+    let after = snapshot(root.path());
+    for (path, content) in &before {
+        assert_eq!(after.get(path), Some(content), "{path:?}");
+    }
+    let new: Vec<&PathBuf> = after
+        .keys()
+        .filter(|path| !before.contains_key(*path))
+        .collect();
+    assert_eq!(
+        new,
+        [
+            &PathBuf::from("run"),
+            &PathBuf::from("run/telemetry"),
+            &PathBuf::from("run/telemetry/events-0000.jsonl"),
+        ]
+    );
 }

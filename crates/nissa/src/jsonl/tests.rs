@@ -178,3 +178,67 @@ fn a_file_that_cannot_be_cut_back_is_left_for_a_fresh_one() {
         assert_eq!(seqs, expected, "{context}");
     }
 }
+
+#[test]
+fn a_first_file_that_cannot_be_created_takes_its_new_directories_back() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("theirs.txt"), b"keep").unwrap();
+    let refusing: Opener = Box::new(|_: &Path| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            "refused (injected)",
+        ))
+    });
+    let config = JsonlConfig::new(root.path().join("run/telemetry"));
+    let error = JsonlSink::create_with(config, refusing)
+        .err()
+        .expect("the opener refuses");
+    assert!(
+        matches!(&error, crate::Error::Io { op: "create", .. }),
+        "{error:?}"
+    );
+    // `run` and `run/telemetry` were this call's and are gone; the rest stays.
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["theirs.txt"]);
+    assert_eq!(
+        std::fs::read(root.path().join("theirs.txt")).unwrap(),
+        b"keep"
+    );
+
+    // Into a directory that already existed: the directory stays.
+    let refusing: Opener = Box::new(|_: &Path| Err(std::io::Error::other("refused (injected)")));
+    assert!(JsonlSink::create_with(JsonlConfig::new(root.path()), refusing).is_err());
+    assert!(root.path().is_dir());
+    assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_created_sink_records_exactly_its_file_and_new_directories() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("run");
+    // An earlier file is kept: the sink opens the next free index.
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("events-0000.jsonl"), b"earlier\n").unwrap();
+    let (sink, made) = JsonlSink::create_recorded(JsonlConfig::new(dir.join("deeper"))).unwrap();
+    assert_eq!(made.dirs, [dir.join("deeper")]);
+    assert_eq!(made.file, Some(dir.join("deeper/events-0000.jsonl")));
+    drop(sink);
+    made.undo();
+    let (sink, made) = JsonlSink::create_recorded(JsonlConfig::new(&dir)).unwrap();
+    assert!(made.dirs.is_empty());
+    assert_eq!(made.file, Some(dir.join("events-0001.jsonl")));
+    drop(sink);
+    made.undo();
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["events-0000.jsonl"]);
+    assert_eq!(
+        std::fs::read(dir.join("events-0000.jsonl")).unwrap(),
+        b"earlier\n"
+    );
+}

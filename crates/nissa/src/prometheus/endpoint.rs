@@ -23,14 +23,17 @@ pub(crate) struct MetricsEndpoint {
     pub(super) metrics: Arc<MetricSet>,
 }
 
+/// A listener registered with the hub's runtime: starting it cannot fail.
+pub(crate) struct AttachedEndpoint {
+    listener: tokio::net::TcpListener,
+    bound: SocketAddr,
+    metrics: Arc<MetricSet>,
+}
+
 impl MetricsEndpoint {
-    /// Starts serving on `runtime`; returns the bound address (the real port
-    /// when port 0 was asked for).
-    pub(crate) fn start(
-        self,
-        runtime: &tokio::runtime::Runtime,
-        shared: Arc<Shared>,
-    ) -> Result<SocketAddr> {
+    /// Registers the listener with `runtime`. The last step that can fail,
+    /// taken before the hub opens any sink (so before any file exists).
+    pub(crate) fn attach(self, runtime: &tokio::runtime::Runtime) -> Result<AttachedEndpoint> {
         let addr = self.addr;
         let bound = self
             .listener
@@ -39,8 +42,24 @@ impl MetricsEndpoint {
         let _context = runtime.enter();
         let listener = tokio::net::TcpListener::from_std(self.listener)
             .map_err(|source| Error::Bind { addr, source })?;
-        runtime.spawn(serve(listener, self.metrics, shared));
-        Ok(bound)
+        Ok(AttachedEndpoint {
+            listener,
+            bound,
+            metrics: self.metrics,
+        })
+    }
+}
+
+impl AttachedEndpoint {
+    /// Starts serving on `runtime`; returns the bound address (the real port
+    /// when port 0 was asked for).
+    pub(crate) fn start(
+        self,
+        runtime: &tokio::runtime::Runtime,
+        shared: Arc<Shared>,
+    ) -> SocketAddr {
+        runtime.spawn(serve(self.listener, self.metrics, shared));
+        self.bound
     }
 }
 
