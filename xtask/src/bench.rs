@@ -54,7 +54,7 @@ const WORKLOADS: &[Workload] = &[
         name: "tolaria-fmnist",
         python_peers: Some("bench/python/tolaria_fmnist.py"),
         gpu_sized: Some(
-            "trains the Fashion-MNIST CNN over all 60,000 images an epoch in six modes and runs the PyTorch peers: tens of minutes on a 2-core CPU",
+            "trains the Fashion-MNIST CNN over all 60,000 images an epoch and runs its PyTorch peers: GPU-sized (over 10 minutes on a 2-core CPU)",
         ),
     },
     Workload {
@@ -70,17 +70,23 @@ const WORKLOADS: &[Workload] = &[
     Workload {
         name: "simic-throughput",
         python_peers: None,
-        gpu_sized: Some("rounds of 12 CNN environments training on CIFAR-sized images: GPU-sized"),
+        gpu_sized: Some(
+            "runs vectorized PPO rounds on Fashion-MNIST (each environment-epoch trains on 15,000 images and validates on 10,000): GPU-sized",
+        ),
     },
     Workload {
         name: "simic-cifar",
         python_peers: None,
-        gpu_sized: Some("rounds of CNN environments on CIFAR-10 with the PPO update: GPU-sized"),
+        gpu_sized: Some(
+            "runs vectorized PPO rounds on CIFAR-10 at real size with the reference host: GPU-sized",
+        ),
     },
     Workload {
         name: "simic-learning",
         python_peers: None,
-        gpu_sized: Some("12+ rounds of PPO on CNN environments to measure learning: GPU-sized"),
+        gpu_sized: Some(
+            "runs many PPO rounds beside the heuristic and no growth to measure learning: GPU-sized",
+        ),
     },
     Workload {
         name: "ppo-cartpole",
