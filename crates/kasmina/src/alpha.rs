@@ -8,7 +8,7 @@
 //! clamped so it never passes the target, never goes back past the start and
 //! never moves against its direction (monotone). Values live in `[0, 1]`.
 //!
-//! Bad input (issue 9): an alpha, start or target that is non-finite or
+//! Bad input: an alpha, start or target that is non-finite or
 //! outside `[0, 1]`, and a steepness that is non-finite or below
 //! `MIN_SIGMOID_STEEPNESS`, are refused with [`Error::NonFinite`] /
 //! [`Error::OutOfRange`] and leave the controller unchanged. (The reference

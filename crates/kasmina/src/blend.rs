@@ -16,7 +16,7 @@
 //! `[N, 1, 1]` (transformer) ([`BlendAlpha::PerSample`]), the override used
 //! to evaluate several alpha configurations in one batch.
 //!
-//! Bad input (issue 9): a scalar alpha must be finite ([`Error::NonFinite`]);
+//! Bad input: a scalar alpha must be finite ([`Error::NonFinite`]);
 //! finite values outside `[0, 1]` are clamped as in the reference. Operand
 //! shapes are checked before libtorch sees them ([`Error::ShapeMismatch`]):
 //! seed output and seed input equal the host features, gate values and

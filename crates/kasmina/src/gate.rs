@@ -17,7 +17,7 @@
 //!   `counterfactual_not_available`), the seed is healthy; strict also
 //!   contribution >= 1.0 pp. Score `min(1, contribution / 10)`.
 //!
-//! Bad input (issue 9) fails closed: every numeric input a gate reads must
+//! Bad input fails closed: every numeric input a gate reads must
 //! be finite, else a `<field>_finite` check fails (the slot refuses such
 //! values where they enter, so this only guards hand-built [`GateInputs`]),
 //! and scores are always finite and in `[0, 1]`. [`GateThresholds::validate`]

@@ -21,7 +21,7 @@
 //!   parameters appear or go, and the trainer drains them (see
 //!   [`crate::groups`]).
 //!
-//! Bad input (issue 9): the injection spec is checked by [`SeedSlot::new`]
+//! Bad input: the injection spec is checked by [`SeedSlot::new`]
 //! (the configuration by [`Lifecycle::new`]), the germination options at
 //! germination, host features and per-sample alphas by their shape before
 //! libtorch sees them (`slot_checks`); measurements are checked by the

@@ -487,8 +487,15 @@ fn non_finite_values_are_refused_by_every_recording_call() {
         );
         assert!(slot.schedule_prune(2, AlphaCurve::Linear, value).is_err());
         let alpha = Tensor::full([2, 1, 1, 1], value, (Kind::Float, Device::Cpu));
-        // A per-sample alpha is device data: it is shape-checked, not read.
-        assert!(slot.forward(&features(1), Some(&alpha)).is_ok());
+        // A per-sample alpha on the CPU is read and refused (on a device it
+        // is shape-checked only; its builder checks the host numbers).
+        assert!(matches!(
+            slot.forward(&features(1), Some(&alpha)),
+            Err(kasmina::Error::NonFinite {
+                field: "per-sample alpha",
+                ..
+            })
+        ));
         assert_eq!(slot.state().cloned(), before);
     }
 }

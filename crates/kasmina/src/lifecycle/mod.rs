@@ -29,7 +29,7 @@
 //!   module) and keeps the state; a FOSSILIZED seed cannot be pruned.
 //!   [`Lifecycle::schedule_prune`] ramps alpha down first.
 //!
-//! Bad input (issue 9): the configuration is checked by [`Lifecycle::new`]
+//! Bad input: the configuration is checked by [`Lifecycle::new`]
 //! ([`SlotConfig::validate`]), the germination options at germination, and
 //! every measurement (accuracies, gradient norms, counterfactual
 //! contribution, alpha values, targets and steepness) by the call that
