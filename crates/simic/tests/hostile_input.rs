@@ -428,8 +428,9 @@ proptest! {
             floor_scale: values[4],
             contribution_coef: values[5],
         };
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        let non_negative = |v: f64| v.is_finite() && v >= 0.0;
+        let fits = |v: f64| v.is_finite() && v.abs() <= f64::from(f32::MAX);
+        let positive = |v: f64| fits(v) && v > 0.0;
+        let non_negative = |v: f64| fits(v) && v >= 0.0;
         let valid = positive(values[0])
             && (!clipped || positive(values[2]))
             && [values[1], values[3], values[4], values[5]].into_iter().all(non_negative);

@@ -67,16 +67,18 @@ impl Default for NormaliserConfig {
 }
 
 impl NormaliserConfig {
-    /// Checks the constants: epsilon finite and > 0, clip finite and > 0,
+    /// Checks the constants: epsilon and clip > 0 and finite as f32s,
     /// momentum in `(0, 1)`.
     pub fn validate(&self) -> Result<()> {
+        // The state is f32: a constant beyond f32's range would be an
+        // infinity there (or a scalar libtorch refuses).
         let positive = |field: &'static str, value: f64| {
-            if value.is_finite() && value > 0.0 {
+            if value.is_finite() && value > 0.0 && value <= f64::from(f32::MAX) {
                 Ok(())
             } else {
                 Err(Error::InvalidConfig {
                     field,
-                    reason: format!("{value} is not a finite positive number"),
+                    reason: format!("{value} is not a positive number finite as an f32"),
                 })
             }
         };

@@ -161,19 +161,25 @@ fn invalid(field: &'static str, value: impl std::fmt::Display, allowed: &str) ->
     }
 }
 
+/// Finite as an `f32`: the PPO arithmetic runs in f32 tensors, and libtorch
+/// refuses (or turns into an infinity) a scalar beyond f32's range.
+pub(crate) fn finite_f32(value: f64) -> bool {
+    value.is_finite() && value.abs() <= f64::from(f32::MAX)
+}
+
 fn positive(field: &'static str, value: f64) -> Result<()> {
-    if value.is_finite() && value > 0.0 {
+    if finite_f32(value) && value > 0.0 {
         Ok(())
     } else {
-        Err(invalid(field, value, "finite and > 0"))
+        Err(invalid(field, value, "finite (as an f32) and > 0"))
     }
 }
 
 fn non_negative(field: &'static str, value: f64) -> Result<()> {
-    if value.is_finite() && value >= 0.0 {
+    if finite_f32(value) && value >= 0.0 {
         Ok(())
     } else {
-        Err(invalid(field, value, "finite and >= 0"))
+        Err(invalid(field, value, "finite (as an f32) and >= 0"))
     }
 }
 

@@ -102,9 +102,9 @@ impl LossScalars {
         ];
         for (field, value) in positive {
             if let Some(value) = value
-                && !(value.is_finite() && value > 0.0)
+                && !(super::config::finite_f32(value) && value > 0.0)
             {
-                return Err(invalid(field, value, "a finite number > 0"));
+                return Err(invalid(field, value, "a number > 0 finite as an f32"));
             }
         }
         for (field, value) in [
@@ -113,8 +113,8 @@ impl LossScalars {
             ("LossScalars.floor_scale", self.floor_scale),
             ("LossScalars.contribution_coef", self.contribution_coef),
         ] {
-            if !(value.is_finite() && value >= 0.0) {
-                return Err(invalid(field, value, "a finite number >= 0"));
+            if !(super::config::finite_f32(value) && value >= 0.0) {
+                return Err(invalid(field, value, "a number >= 0 finite as an f32"));
             }
         }
         Ok(())
