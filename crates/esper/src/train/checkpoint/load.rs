@@ -106,10 +106,7 @@ pub(crate) fn verify(dir: &Path) -> Result<Loaded> {
             );
         }
     }
-    Ok(Loaded {
-        manifest,
-        tensors,
-    })
+    Ok(Loaded { manifest, tensors })
 }
 
 /// Checkpoint folders by epoch, newest first, and the warnings about

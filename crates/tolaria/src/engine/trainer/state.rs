@@ -749,7 +749,10 @@ fn restore_model<'a>(
 }
 
 /// The governor's state of `saved`, its tensors shallow handles.
-fn governor_state(saved: &GovernorManifest, index: &HashMap<&str, &Tensor>) -> Result<GovernorState> {
+fn governor_state(
+    saved: &GovernorManifest,
+    index: &HashMap<&str, &Tensor>,
+) -> Result<GovernorState> {
     let snapshot = match &saved.snapshot {
         Some(snapshot) => Some(SnapshotState {
             epoch: snapshot.epoch,
@@ -792,9 +795,9 @@ fn named(
     names
         .iter()
         .map(|name| {
-            let variable = name
-                .strip_prefix(prefix)
-                .ok_or_else(|| refuse("governor", format!("tensor {name} is not under {prefix}")))?;
+            let variable = name.strip_prefix(prefix).ok_or_else(|| {
+                refuse("governor", format!("tensor {name} is not under {prefix}"))
+            })?;
             Ok((variable.to_owned(), lookup(index, name)?.shallow_clone()))
         })
         .collect()
