@@ -429,8 +429,8 @@ impl ModelTrainer {
     /// `germinations` seeds germinated: the next epoch is `epoch`, it
     /// shuffles as that epoch of the original run did
     /// ([`StagedData::set_epoch`]), and the next seed is
-    /// `seed-<germinations>`. The model, optimizer, governor and controller
-    /// state are restored by their owners' import calls.
+    /// `seed-<germinations>`. [`ModelTrainer::restore`] calls it after it
+    /// has put the model, optimizer and governor state back.
     pub fn resume_at(&mut self, epoch: usize, germinations: u64) {
         self.epoch = epoch;
         self.germinations = germinations;
