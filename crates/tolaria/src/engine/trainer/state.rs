@@ -39,7 +39,11 @@
 //! at the boundary still has its group's state in the export (the original
 //! run drops it when the next epoch starts), which the restore skips.
 //!
-//! ```no_run
+//! An example (not run as a doctest: a doctest binary cannot find libtorch
+//! from its temporary folder; `tests/trainer_checkpoint.rs` runs this flow
+//! across two processes):
+//!
+//! ```ignore
 //! # fn demo(
 //! #     trainer: &tolaria::engine::trainer::ModelTrainer,
 //! #     fresh_model: kasmina::model::MorphogeneticModel,
