@@ -125,6 +125,18 @@ pub enum Error {
         /// Kasmina's typed error.
         source: kasmina::Error,
     },
+    /// A trainer state given to
+    /// [`crate::engine::trainer::ModelTrainer::restore`] does not fit the
+    /// model, the configuration or itself (a tensor missing or of another
+    /// shape, other slots, a governor the configuration lacks...); nothing
+    /// was built.
+    #[error("trainer state `{field}`: {reason}")]
+    Checkpoint {
+        /// The part at fault, e.g. `tensors`, `slots`, `optimizers`.
+        field: &'static str,
+        /// What is wrong with it, with the values.
+        reason: String,
+    },
     /// A value read back from the device does not have the expected shape.
     #[error("readback of `{what}` returned {got} values, expected {expected}")]
     Readback {

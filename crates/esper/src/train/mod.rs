@@ -3,7 +3,8 @@
 //!
 //! 1. resolve the configuration ([`config`]: defaults, `--config` file,
 //!    flags, every value checked; or, for `--resume RUN_DIR`, the
-//!    configuration of the newest checkpoint that verifies, [`checkpoint`]);
+//!    configuration of the newest checkpoint that verifies, [`checkpoint`]:
+//!    the directory format; the trainer's state inside it is tolaria's);
 //!    `--controller ppo` runs Simic's vectorized PPO instead of the steps
 //!    below ([`ppo`]);
 //! 2. load the task's data ([`task`]) and check that the batch size leaves
@@ -21,7 +22,7 @@
 //!    and the `--max-seeds` limit ([`seed_budget`]), printing progress
 //!    ([`progress`]) and appending each epoch to `epochs.jsonl`
 //!    ([`epoch_log`]), with libtorch's generator seeded per epoch
-//!    ([`checkpoint::epoch_seed`]) and a checkpoint every
+//!    (`tolaria::engine::trainer::epoch_seed`) and a checkpoint every
 //!    `checkpoint_every` epochs ([`checkpoint`]);
 //! 6. at the end, or at the first epoch boundary after Ctrl-C
 //!    ([`interrupt`]), write a checkpoint, flush the telemetry and draw the
@@ -62,7 +63,7 @@ use tamiyo::heuristic::HeuristicController;
 use tolaria::amp::Precision;
 use tolaria::controller::{Controller, Decision, EpochObservation};
 use tolaria::data::Dataset;
-use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig, epoch_seed};
 use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
 
 use self::args::{ControllerKind, PrecisionChoice, TrainArgs};
@@ -397,31 +398,37 @@ fn build(
 ) -> Result<Built> {
     let held = Deferred::new();
     let telemetry = held.telemetry();
-    let mut model = task::build_model(config, device, telemetry.clone())?;
+    let model = task::build_model(config, device, telemetry.clone())?;
     let heuristic = match resume {
-        Some(loaded) => {
-            checkpoint::restore_model(loaded, &mut model)?;
-            HeuristicController::from_state(&loaded.manifest.controller)
-                .context("resume: the controller's state")?
-        }
+        Some(loaded) => HeuristicController::from_state(&loaded.manifest.controller)
+            .context("resume: the controller's state")?,
         None => HeuristicController::new(),
     }
     .with_telemetry(telemetry.clone());
     let shared = SharedController(Arc::new(Mutex::new(heuristic)));
     let controller = SeedBudget::new(shared.clone(), config.max_seeds);
-    let mut trainer = ModelTrainer::new(
-        model,
-        &data.train,
-        Some(&data.validation),
-        trainer_config(config, device),
-        telemetry,
-    )
-    .context("setting up the trainer")?
+    let trainer_config = trainer_config(config, device);
+    let trainer = match resume {
+        Some(loaded) => ModelTrainer::restore(
+            model,
+            &loaded.trainer_state(),
+            &data.train,
+            Some(&data.validation),
+            trainer_config,
+            telemetry,
+        )
+        .context("resume: restoring the trainer")?,
+        None => ModelTrainer::new(
+            model,
+            &data.train,
+            Some(&data.validation),
+            trainer_config,
+            telemetry,
+        )
+        .context("setting up the trainer")?,
+    }
     .with_controller(controller, DECISION_DEADLINE)
     .context("starting the controller")?;
-    if let Some(loaded) = resume {
-        checkpoint::restore_trainer(loaded, &mut trainer)?;
-    }
     Ok(Built {
         trainer,
         shared,
@@ -598,7 +605,7 @@ fn train(
             finished = Finished::Interrupted;
             break;
         }
-        tch::manual_seed(checkpoint::epoch_seed(config.seed, trainer.epoch()));
+        tch::manual_seed(epoch_seed(config.seed, trainer.epoch()));
         let started = Instant::now();
         let report = match trainer.train_epoch() {
             Ok(report) => report,

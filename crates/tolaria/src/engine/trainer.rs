@@ -28,6 +28,10 @@
 //!
 //! The same steps are public one by one ([`phases`]), for a driver that runs
 //! many trainers side by side and decides for all of them at once.
+//!
+//! Between epochs a trainer's whole state can be exported and a trainer
+//! restored from it, to continue bit for bit ([`state`]:
+//! [`ModelTrainer::export_state`], [`ModelTrainer::restore`]).
 
 use std::time::Duration;
 
@@ -53,9 +57,14 @@ use crate::grad_agg::GradAggMetrics;
 use crate::optim::OptimizerConfig;
 
 pub mod phases;
+pub mod state;
 mod validation;
 
 pub use phases::TrainedEpoch;
+pub use state::{
+    GovernorManifest, OptimizerGroup, SlotState, SnapshotFossil, SnapshotManifest, TensorEntry,
+    TrainerManifest, TrainerState, epoch_seed,
+};
 
 /// Everything the general trainer needs to know.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -420,8 +429,8 @@ impl ModelTrainer {
     /// `germinations` seeds germinated: the next epoch is `epoch`, it
     /// shuffles as that epoch of the original run did
     /// ([`StagedData::set_epoch`]), and the next seed is
-    /// `seed-<germinations>`. The model, optimizer, governor and controller
-    /// state are restored by their owners' import calls.
+    /// `seed-<germinations>`. [`ModelTrainer::restore`] calls it after it
+    /// has put the model, optimizer and governor state back.
     pub fn resume_at(&mut self, epoch: usize, germinations: u64) {
         self.epoch = epoch;
         self.germinations = germinations;

@@ -1,25 +1,30 @@
 //! Reading a checkpoint back: listing the checkpoints newest first,
-//! verifying one, restoring the model and the trainer, and cutting the
-//! telemetry files back (planned without touching them, then carried out).
+//! verifying one and handing its trainer state over (tolaria restores it),
+//! and cutting the telemetry files back (planned without touching them,
+//! then carried out).
 
 use super::*;
 
 /// A checkpoint that verified.
 pub(crate) struct Loaded {
-    /// Its folder.
-    pub(crate) dir: PathBuf,
     /// Its manifest.
     pub(crate) manifest: Manifest,
-    /// Its tensors by name.
-    pub(crate) tensors: HashMap<String, Tensor>,
+    /// Its tensors.
+    pub(crate) tensors: Vec<(String, Tensor)>,
 }
 
 impl Loaded {
-    /// The tensor called `name`.
-    pub(crate) fn tensor(&self, name: &str) -> Result<&Tensor> {
-        self.tensors
-            .get(name)
-            .with_context(|| format!("checkpoint {}: no tensor {name}", self.dir.display()))
+    /// The trainer's state it holds, for `ModelTrainer::restore` (the
+    /// tensors as shallow handles).
+    pub(crate) fn trainer_state(&self) -> TrainerState {
+        TrainerState {
+            manifest: self.manifest.trainer(),
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(name, tensor)| (name.clone(), tensor.shallow_clone()))
+                .collect(),
+        }
     }
 }
 
@@ -80,12 +85,14 @@ pub(crate) fn verify(dir: &Path) -> Result<Loaded> {
             );
         }
     }
-    let tensors: HashMap<String, Tensor> = Tensor::read_safetensors(dir.join(TENSORS))
-        .with_context(|| format!("{TENSORS} does not parse"))?
-        .into_iter()
+    let tensors = Tensor::read_safetensors(dir.join(TENSORS))
+        .with_context(|| format!("{TENSORS} does not parse"))?;
+    let by_name: std::collections::HashMap<&str, &Tensor> = tensors
+        .iter()
+        .map(|(name, tensor)| (name.as_str(), tensor))
         .collect();
     for entry in &manifest.tensors {
-        let Some(tensor) = tensors.get(&entry.name) else {
+        let Some(tensor) = by_name.get(entry.name.as_str()) else {
             bail!("{TENSORS} lacks the tensor {}", entry.name);
         };
         if tensor.size() != entry.shape || format!("{:?}", tensor.kind()) != entry.dtype {
@@ -99,11 +106,7 @@ pub(crate) fn verify(dir: &Path) -> Result<Loaded> {
             );
         }
     }
-    Ok(Loaded {
-        dir: dir.to_owned(),
-        manifest,
-        tensors,
-    })
+    Ok(Loaded { manifest, tensors })
 }
 
 /// Checkpoint folders by epoch, newest first, and the warnings about
@@ -113,7 +116,7 @@ pub(crate) type Candidates = (Vec<(usize, PathBuf)>, Vec<String>);
 /// The checkpoint folders of `run_dir`, newest first, with one warning per
 /// folder cut short while being written (`.partial-<epoch>`, ignored). The
 /// caller verifies and restores them in this order and takes the first that
-/// does both ([`verify`], [`restore_model`], [`restore_trainer`]). An error
+/// does both ([`verify`], then `ModelTrainer::restore`). An error
 /// when there is no checkpoint folder at all.
 pub(crate) fn candidates(run_dir: &Path) -> Result<Candidates> {
     let root = run_dir.join(DIR);
@@ -178,225 +181,6 @@ pub(crate) fn remove_partial(run_dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(removed)
-}
-
-/// Copies `source` into `target` (same shape and dtype), without autograd.
-fn copy_into(target: &Tensor, source: &Tensor, what: &str) -> Result<()> {
-    if target.size() != source.size() || target.kind() != source.kind() {
-        bail!(
-            "resume: {what} is {:?} {:?} in the checkpoint, {:?} {:?} in the model",
-            source.kind(),
-            source.size(),
-            target.kind(),
-            target.size()
-        );
-    }
-    tch::no_grad(|| target.shallow_clone().f_copy_(source))
-        .with_context(|| format!("resume: copying {what}"))?;
-    Ok(())
-}
-
-/// Writes the host's variables of `loaded` into `model` and puts every
-/// seed back into its slot (Kasmina's [`MorphogeneticModel::restore_seed`]:
-/// its lifecycle state, then its variables). Call it on a freshly built
-/// model, before the trainer takes it.
-pub(crate) fn restore_model(loaded: &Loaded, model: &mut MorphogeneticModel) -> Result<()> {
-    copy_all(
-        loaded,
-        sorted(model.host().var_store().variables()),
-        "model/host/",
-        "host",
-    )?;
-    let ids = model.slot_ids();
-    if ids.len() != loaded.manifest.slots.len() {
-        bail!(
-            "resume: the checkpoint has {} slots, the model {}",
-            loaded.manifest.slots.len(),
-            ids.len()
-        );
-    }
-    for (id, saved) in ids.into_iter().zip(&loaded.manifest.slots) {
-        if id.to_string() != saved.slot {
-            bail!(
-                "resume: slot {} in the checkpoint is {id} in the model",
-                saved.slot
-            );
-        }
-        let Some(state) = &saved.lifecycle else {
-            continue;
-        };
-        model
-            .restore_seed(id, state.clone())
-            .with_context(|| format!("resume: putting seed {} back into {id}", state.seed_id()))?;
-        let variables = model
-            .slot(id)
-            .context("resume: the restored slot")?
-            .seed_module()
-            .map(|module| sorted(module.var_store().variables()))
-            .unwrap_or_default();
-        copy_all(
-            loaded,
-            variables,
-            &format!("model/seed/{id}/"),
-            &format!("seed {}", state.seed_id()),
-        )?;
-    }
-    Ok(())
-}
-
-/// Copies every tensor of `loaded` named `<prefix><variable>` into the
-/// variable of that name; the two sets must be the same.
-fn copy_all(
-    loaded: &Loaded,
-    variables: Vec<(String, Tensor)>,
-    prefix: &str,
-    owner: &str,
-) -> Result<()> {
-    let expected = loaded
-        .manifest
-        .tensors
-        .iter()
-        .filter(|entry| entry.name.starts_with(prefix))
-        .count();
-    if expected != variables.len() {
-        bail!(
-            "resume: the checkpoint holds {expected} variables of the {owner}, the model {}",
-            variables.len()
-        );
-    }
-    for (name, variable) in variables {
-        let source = loaded.tensor(&format!("{prefix}{name}"))?;
-        copy_into(&variable, source, &format!("{owner} variable {name}"))?;
-    }
-    Ok(())
-}
-
-/// Writes the optimizer, governor and counters of `loaded` into `trainer`.
-pub(crate) fn restore_trainer(loaded: &Loaded, trainer: &mut ModelTrainer) -> Result<()> {
-    let manifest = &loaded.manifest;
-    let optim = trainer.step().optimizers();
-    // A seed germinated at the checkpoint's boundary has no optimizer state
-    // in the checkpoint yet: the original run builds it fresh when the next
-    // epoch starts, and the resumed trainer has built it fresh already.
-    for key in optim.keys() {
-        let name = group_name(key);
-        let saved = manifest.optimizers.iter().any(|saved| saved.group == name);
-        if !saved && key == GroupKey::Host {
-            bail!("resume: the checkpoint holds no optimizer state of the host");
-        }
-    }
-    for saved in &manifest.optimizers {
-        let key = match saved.group.strip_prefix("seed/") {
-            Some(slot) => GroupKey::Seed(
-                SlotId::parse(slot).with_context(|| format!("optimizer group {}", saved.group))?,
-            ),
-            None if saved.group == "host" => GroupKey::Host,
-            None => bail!("resume: unknown optimizer group {:?}", saved.group),
-        };
-        let Some(group) = optim.group(key) else {
-            // A seed pruned at the checkpoint's boundary still had its state
-            // (the original run drops it when the next epoch starts); the
-            // restored slot has no module and so no group.
-            let gone = match key {
-                GroupKey::Seed(slot) => trainer
-                    .model()
-                    .slot(slot)
-                    .is_ok_and(|slot| slot.seed_module().is_none()),
-                GroupKey::Host => false,
-            };
-            if gone {
-                continue;
-            }
-            bail!("resume: the trainer has no optimizer group {}", saved.group);
-        };
-        if group.config() != saved.config {
-            bail!(
-                "resume: optimizer group {} is {:?} in the checkpoint, {:?} now",
-                saved.group,
-                saved.config,
-                group.config()
-            );
-        }
-        copy_into(
-            group.learning_rate_tensor(),
-            loaded.tensor(&saved.learning_rate)?,
-            &saved.learning_rate,
-        )?;
-        copy_into(
-            group.step_count_tensor(),
-            loaded.tensor(&saved.step_count)?,
-            &saved.step_count,
-        )?;
-        let state = group.state_tensors();
-        if state.len() != saved.state.len() {
-            bail!(
-                "resume: optimizer group {} has {} state tensors, the checkpoint {}",
-                saved.group,
-                state.len(),
-                saved.state.len()
-            );
-        }
-        for (target, name) in state.iter().zip(&saved.state) {
-            copy_into(target, loaded.tensor(name)?, name)?;
-        }
-    }
-    let device = trainer.model().device();
-    match (&manifest.governor, trainer.governor_mut()) {
-        (Some(saved), Some(governor)) => {
-            let snapshot = match &saved.snapshot {
-                Some(snapshot) => Some(SnapshotState {
-                    epoch: snapshot.epoch,
-                    host: named(loaded, &snapshot.host, "governor/host/")?,
-                    fossils: snapshot
-                        .fossils
-                        .iter()
-                        .map(|fossil| {
-                            Ok(FossilSnapshot {
-                                slot: SlotId::parse(&fossil.slot)
-                                    .with_context(|| format!("fossil slot {}", fossil.slot))?,
-                                seed_id: fossil.seed_id.clone(),
-                                variables: named(
-                                    loaded,
-                                    &fossil.tensors,
-                                    &format!("governor/fossil/{}/", fossil.slot),
-                                )?,
-                            })
-                        })
-                        .collect::<Result<_>>()?,
-                }),
-                None => None,
-            };
-            governor
-                .import_state(
-                    GovernorState {
-                        history: saved.history.clone(),
-                        consecutive_panics: saved.consecutive_panics,
-                        last_panic_loss: saved.last_panic_loss,
-                        rollbacks: saved.rollbacks,
-                        snapshot,
-                    },
-                    device,
-                )
-                .context("resume: importing the governor's state")?;
-        }
-        (None, None) => {}
-        _ => bail!("resume: the checkpoint and the trainer disagree on the governor"),
-    }
-    trainer.resume_at(manifest.epoch, manifest.germinations);
-    Ok(())
-}
-
-/// `(variable name, tensor)` for tensor names under `prefix`.
-fn named(loaded: &Loaded, names: &[String], prefix: &str) -> Result<Vec<(String, Tensor)>> {
-    names
-        .iter()
-        .map(|name| {
-            let variable = name
-                .strip_prefix(prefix)
-                .with_context(|| format!("resume: tensor {name} is not under {prefix}"))?;
-            Ok((variable.to_owned(), loaded.tensor(name)?.shallow_clone()))
-        })
-        .collect()
 }
 
 /// What cutting the telemetry files back to a checkpoint does: each file

@@ -1,166 +1,44 @@
-//! Writing a checkpoint: the tensors, the slots', optimizers' and
-//! governor's state, the manifest, each file synced, the folder renamed.
+//! Writing a checkpoint: the trainer's exported state (tolaria's
+//! `ModelTrainer::export_state`) and the run's values in a manifest, each
+//! file synced, the folder renamed.
 
 use super::*;
 
 /// Writes the checkpoint of `trainer` after `trainer.epoch()` epochs into
 /// `run_dir/checkpoints/<epoch>/` (see the module docs); returns its folder.
 pub(crate) fn save(run_dir: &Path, trainer: &ModelTrainer, extras: Extras<'_>) -> Result<PathBuf> {
-    let epoch = trainer.epoch();
-    let model = trainer.model();
-    let mut tensors = Tensors::default();
-    for (name, tensor) in sorted(model.host().var_store().variables()) {
-        tensors.push(
-            format!("model/host/{name}"),
-            "host parameter or buffer",
-            &tensor,
-        )?;
-    }
-    let slots = slot_states(model, &mut tensors)?;
-    let mut optimizers = Vec::new();
-    let optim = trainer.step().optimizers();
-    for key in optim.keys() {
-        let Some(group) = optim.group(key) else {
-            continue;
-        };
-        let prefix = format!("optim/{}", group_name(key));
-        let learning_rate = tensors.push(
-            format!("{prefix}/lr"),
-            "optimizer learning rate",
-            group.learning_rate_tensor(),
-        )?;
-        let step_count = tensors.push(
-            format!("{prefix}/step_count"),
-            "optimizer step count",
-            group.step_count_tensor(),
-        )?;
-        let state = group
-            .state_tensors()
-            .iter()
-            .enumerate()
-            .map(|(index, tensor)| {
-                tensors.push(format!("{prefix}/state/{index}"), "optimizer state", tensor)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        optimizers.push(OptimizerGroup {
-            group: group_name(key),
-            config: group.config(),
-            learning_rate,
-            step_count,
-            state,
-        });
-    }
-    let governor = match trainer.governor() {
-        Some(governor) => Some(governor_manifest(
-            governor.export_state().context("exporting the governor")?,
-            &mut tensors,
-        )?),
-        None => None,
-    };
+    let TrainerState {
+        manifest: state,
+        tensors,
+    } = trainer
+        .export_state()
+        .context("exporting the trainer's state")?;
     let config = extras.config;
     let manifest = Manifest {
         format: FORMAT.to_owned(),
         version: VERSION,
-        epoch,
-        germinations: trainer.germinations(),
+        epoch: state.epoch,
+        germinations: state.germinations,
         config: config.clone(),
         rng: RngState {
             libtorch: "manual_seed(epoch_seed(seed, epoch)) before every epoch".to_owned(),
-            next_epoch_libtorch_seed: epoch_seed(config.seed, epoch),
+            next_epoch_libtorch_seed: tolaria::engine::trainer::epoch_seed(
+                config.seed,
+                state.epoch,
+            ),
             shuffle_seed: trainer.config().seed,
             next_shuffle_epoch: trainer.train_data().epoch(),
         },
-        slots,
+        slots: state.slots,
         controller: extras.controller,
-        governor,
-        optimizers,
-        tensors: tensors.entries,
+        governor: state.governor,
+        optimizers: state.optimizers,
+        tensors: state.tensors,
         epoch_log_records: extras.epoch_log_records,
         telemetry: telemetry_lengths(&run_dir.join(super::super::TELEMETRY_DIR))?,
         files: Vec::new(),
     };
-    write(run_dir, manifest, &tensors.tensors)
-}
-
-fn slot_states(model: &MorphogeneticModel, tensors: &mut Tensors) -> Result<Vec<SlotState>> {
-    let mut slots = Vec::new();
-    for slot in model.slots() {
-        let state = slot.state();
-        let id = slot.id().to_string();
-        if let Some(module) = slot.seed_module() {
-            for (name, tensor) in sorted(module.var_store().variables()) {
-                tensors.push(
-                    format!("model/seed/{id}/{name}"),
-                    "seed parameter or buffer",
-                    &tensor,
-                )?;
-            }
-        }
-        slots.push(SlotState {
-            slot: id,
-            stage: slot
-                .stage()
-                .map_or("DORMANT", leyline::SeedStage::name)
-                .to_owned(),
-            seed_id: state.map(|state| state.seed_id().to_owned()),
-            blueprint: state.map(|state| state.blueprint().name().to_owned()),
-            alpha: slot.alpha(),
-            lifecycle: state.cloned(),
-        });
-    }
-    Ok(slots)
-}
-
-fn governor_manifest(state: GovernorState, tensors: &mut Tensors) -> Result<GovernorManifest> {
-    let snapshot = match &state.snapshot {
-        Some(snapshot) => {
-            let host = snapshot
-                .host
-                .iter()
-                .map(|(name, tensor)| {
-                    tensors.push(
-                        format!("governor/host/{name}"),
-                        "governor snapshot (host)",
-                        tensor,
-                    )
-                })
-                .collect::<Result<Vec<_>>>()?;
-            let fossils = snapshot
-                .fossils
-                .iter()
-                .map(|fossil| {
-                    Ok(SnapshotFossil {
-                        slot: fossil.slot.to_string(),
-                        seed_id: fossil.seed_id.clone(),
-                        tensors: fossil
-                            .variables
-                            .iter()
-                            .map(|(name, tensor)| {
-                                tensors.push(
-                                    format!("governor/fossil/{}/{name}", fossil.slot),
-                                    "governor snapshot (fossil)",
-                                    tensor,
-                                )
-                            })
-                            .collect::<Result<Vec<_>>>()?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(SnapshotManifest {
-                epoch: snapshot.epoch,
-                host,
-                fossils,
-            })
-        }
-        None => None,
-    };
-    Ok(GovernorManifest {
-        history: state.history,
-        consecutive_panics: state.consecutive_panics,
-        last_panic_loss: state.last_panic_loss,
-        rollbacks: state.rollbacks,
-        snapshot,
-    })
+    write(run_dir, manifest, &tensors)
 }
 
 /// Every file of `dir` (none when it does not exist) with its length.
