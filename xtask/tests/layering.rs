@@ -408,11 +408,18 @@ fn random_numbers_error_mapping_and_sources_have_one_owner() {
         let text = std::fs::read_to_string(&path).expect("readable source");
         for &(pattern, owner) in ONE_OWNER {
             if text.contains(pattern) && !path.ends_with(owner) {
-                problems.push(format!("{}: `{pattern}` (owned by {owner})", path.display()));
+                problems.push(format!(
+                    "{}: `{pattern}` (owned by {owner})",
+                    path.display()
+                ));
             }
         }
     }
-    assert!(problems.is_empty(), "a second owner:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "a second owner:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// What leyline's sources must not contain: contracts do not read the
