@@ -364,6 +364,7 @@ fn torch_ext_owns_the_one_device_selection() {
     let device = std::fs::read_to_string(root.join("crates/torch-ext/src/device.rs"))
         .expect("crates/torch-ext/src/device.rs");
     assert!(device.contains("pub fn select(choice: DeviceChoice)"));
+    assert!(device.contains("pub fn for_rank("));
     let mut problems = Vec::new();
     for path in rust_sources(&root.join("crates")) {
         let text = std::fs::read_to_string(&path).expect("readable source");
@@ -376,10 +377,47 @@ fn torch_ext_owns_the_one_device_selection() {
                 problems.push(format!("{}: `{pattern}`", path.display()));
             }
         }
+        // A rank's device comes from `torch_ext::device::for_rank`.
+        let in_torch_ext = path
+            .components()
+            .any(|part| part.as_os_str() == "torch-ext");
+        if !in_torch_ext && text.contains("cuda::set_device(") {
+            problems.push(format!("{}: `cuda::set_device(`", path.display()));
+        }
     }
     assert!(
         problems.is_empty(),
         "device selection outside torch_ext::device:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// `(pattern, the one file allowed to hold it)`: things with one owner.
+const ONE_OWNER: &[(&str, &str)] = &[
+    ("struct SplitMix64", "leyline/src/rng.rs"),
+    ("0xBF58_476D_1CE4_E5B9", "leyline/src/rng.rs"),
+    ("trait TorchResultExt", "torch-ext/src/error.rs"),
+    ("const SOURCE: &str = \"", "leyline/src/telemetry.rs"),
+];
+
+#[test]
+fn random_numbers_error_mapping_and_sources_have_one_owner() {
+    let root = workspace_root();
+    let mut problems = Vec::new();
+    for path in rust_sources(&root.join("crates")) {
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        for &(pattern, owner) in ONE_OWNER {
+            if text.contains(pattern) && !path.ends_with(owner) {
+                problems.push(format!(
+                    "{}: `{pattern}` (owned by {owner})",
+                    path.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a second owner:\n{}",
         problems.join("\n")
     );
 }

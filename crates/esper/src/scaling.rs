@@ -58,15 +58,12 @@ pub(crate) fn run_rank_command(args: &RankArgs) -> Result<()> {
     let task = task_of(&args.task)?;
     let rendezvous = Rendezvous::from_env(RANK_TIMEOUT)?
         .context("bench-rank runs inside a group started by `esper bench ... --gpus`")?;
-    let device = match args.device.as_str() {
-        "cpu" => tch::Device::Cpu,
-        "cuda" => {
-            let index = launch::local_rank()?.unwrap_or(rendezvous.rank);
-            torch_ext::cuda::set_device(index)?;
-            tch::Device::Cuda(index)
-        }
+    let cuda = match args.device.as_str() {
+        "cpu" => false,
+        "cuda" => true,
         other => bail!("--device {other:?}: cpu or cuda"),
     };
+    let device = torch_ext::device::for_rank(cuda, launch::local_rank()?, rendezvous.rank)?;
     let group = ProcessGroup::new(&rendezvous, DistBackend::for_device(device), device)
         .with_context(|| format!("rank {} joining its group", rendezvous.rank))?;
     let mut options = SimicBenchOptions::new(DeviceChoice::Cpu, args.quick);

@@ -24,8 +24,9 @@
 
 use crate::host::SlotId;
 
-/// Source of the model-wide packets (`kasmina.seeds.active`).
-pub const SOURCE: &str = "kasmina";
+/// Source of the model-wide packets (`kasmina.seeds.active`): leyline's
+/// [`leyline::telemetry::sources::KASMINA`].
+pub use leyline::telemetry::sources::KASMINA as SOURCE;
 
 /// Source of one slot's packets: `kasmina.<slot>`.
 pub fn slot_source(slot: SlotId) -> String {

@@ -7,36 +7,9 @@ use kasmina::alpha::AlphaController;
 use kasmina::blueprint::Blueprint;
 use kasmina::host::{SlotId, Topology};
 
-/// The seeded stream that drives the mutations (SplitMix64 steps). Kasmina
-/// has no random generator of its own: the data layer's seeded streams live
-/// in `tolaria::data::shuffle`, which this crate must not depend on.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// An unbiased draw in `0..bound` (`bound > 0`), by multiply-and-reject:
-    /// the same stream the loops ran on when the generator was shared.
-    fn below(&mut self, bound: u64) -> u64 {
-        let threshold = bound.wrapping_neg() % bound;
-        loop {
-            let product = u128::from(self.next_u64()) * u128::from(bound);
-            if (product as u64) >= threshold {
-                return (product >> 64) as u64;
-            }
-        }
-    }
-}
+// The seeded stream that drives the mutations is leyline's one generator
+// (`leyline::rng::SplitMix64`, multiply-and-reject `below`).
+use leyline::rng::SplitMix64;
 
 /// Mutates `seed` a few times: byte flips, insertions, deletions, splices
 /// of interesting fragments.

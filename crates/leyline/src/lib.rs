@@ -15,6 +15,8 @@
 //! - [`codec`]: validated encode/decode of the contracts (protobuf and JSON).
 //! - [`baseline`]: the benchmark record's schema and validation
 //!   (`BaselineRecord`, the `Measurements` a benchmark returns).
+//! - [`rng`]: random numbers: the one seeded generator ([`rng::SplitMix64`])
+//!   and its integer hash ([`rng::mix64`]), reproducible on every machine.
 //!
 //! Leyline has no dependency on tch and builds in seconds. It owns the
 //! contracts and nothing that probes the machine: it reads no environment
@@ -75,6 +77,7 @@ pub mod emit;
 pub mod error;
 pub mod gate;
 pub mod proto;
+pub mod rng;
 pub mod stage;
 pub mod telemetry;
 // Test support only (feature `testing`), never in a production path.

@@ -242,6 +242,22 @@ event_names! {
     NISSA_SINK_FAILED = "nissa.sink.failed", Error, "A telemetry sink failed";
 }
 
+/// The `source` of every packet: one per producing crate. A slot's packets
+/// add the slot (`kasmina.r0c1`); everything else uses these as they are.
+pub mod sources {
+    /// Kasmina's model-wide packets (`kasmina.seeds.active`), and the prefix
+    /// of its per-slot sources.
+    pub const KASMINA: &str = "kasmina";
+    /// Tolaria's trainer, governor and decision-deadline packets.
+    pub const TOLARIA: &str = "tolaria";
+    /// Tamiyo's controller packets.
+    pub const TAMIYO: &str = "tamiyo";
+    /// Simic's PPO packets.
+    pub const SIMIC: &str = "simic";
+    /// Every source above.
+    pub static ALL: &[&str] = &[KASMINA, TOLARIA, TAMIYO, SIMIC];
+}
+
 /// Looks a metric up by name.
 pub fn metric_spec(name: &str) -> Option<&'static MetricSpec> {
     METRICS.iter().find(|spec| spec.name == name)

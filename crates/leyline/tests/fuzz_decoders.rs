@@ -26,16 +26,13 @@ use leyline::{SCHEMA_VERSION, TelemetryLevel};
 /// in a debug build on two cores).
 const INPUTS_PER_DECODER: usize = 40_000;
 
-/// SplitMix64: small, fast, good enough to drive mutations.
-struct SplitMix64(u64);
+/// The mutation driver: leyline's seeded generator with the draws the
+/// mutations need.
+struct Mutator(leyline::rng::SplitMix64);
 
-impl SplitMix64 {
+impl Mutator {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform-ish in `0..n` (`n > 0`).
@@ -87,7 +84,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// One mutation of `input` (using `others` for splices).
-fn mutate(rng: &mut SplitMix64, input: &mut Vec<u8>, others: &[Vec<u8>], json: bool) {
+fn mutate(rng: &mut Mutator, input: &mut Vec<u8>, others: &[Vec<u8>], json: bool) {
     let len = input.len();
     match rng.below(if json { 10 } else { 8 }) {
         0 if len > 0 => {
@@ -154,7 +151,7 @@ fn mutate(rng: &mut SplitMix64, input: &mut Vec<u8>, others: &[Vec<u8>], json: b
 }
 
 /// Replaces one JSON number or literal with a hostile token.
-fn swap_json_token(rng: &mut SplitMix64, input: &mut Vec<u8>) {
+fn swap_json_token(rng: &mut Mutator, input: &mut Vec<u8>) {
     let starts: Vec<usize> = input
         .iter()
         .enumerate()
@@ -177,7 +174,7 @@ fn swap_json_token(rng: &mut SplitMix64, input: &mut Vec<u8>) {
 }
 
 /// A random sequence of protobuf fields (field 1..16, every wire type).
-fn random_protobuf(rng: &mut SplitMix64) -> Vec<u8> {
+fn random_protobuf(rng: &mut Mutator) -> Vec<u8> {
     let mut out = Vec::new();
     for _ in 0..rng.below(8) {
         let field = 1 + rng.below(16) as u64;
@@ -239,7 +236,7 @@ struct Tally {
 
 /// Runs `check` on every input, turning a panic into a failure with the input.
 fn drive(name: &str, seeds: &[Vec<u8>], json: bool, seed: u64, check: &Check) -> Tally {
-    let mut rng = SplitMix64(seed);
+    let mut rng = Mutator(leyline::rng::SplitMix64::new(seed));
     let mut tally = Tally::default();
     for index in 0..INPUTS_PER_DECODER {
         let input = match index % 8 {

@@ -131,14 +131,5 @@ impl From<torch_ext::Error> for Error {
 /// `Result` with Simic's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// Attaches the operation name to a libtorch error.
-pub(crate) trait TorchResultExt<T> {
-    /// `Err(TchError)` becomes [`Error::Torch`] naming `op`.
-    fn op(self, op: &'static str) -> Result<T>;
-}
-
-impl<T> TorchResultExt<T> for std::result::Result<T, tch::TchError> {
-    fn op(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Torch { op, source })
-    }
-}
+// `TorchResultExt` (`.op(name)` on a tch result), defined once in torch-ext.
+torch_ext::torch_result_ext!();

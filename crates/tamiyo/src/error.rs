@@ -162,17 +162,8 @@ pub(crate) fn in_range(field: &'static str, value: f64, low: f64, high: f64) -> 
     }
 }
 
-/// Attaches the operation name to a tch error.
-pub(crate) trait TorchResultExt<T> {
-    /// Maps a tch error into [`Error::Torch`] naming `op`.
-    fn op(self, op: &'static str) -> Result<T>;
-}
-
-impl<T> TorchResultExt<T> for std::result::Result<T, tch::TchError> {
-    fn op(self, op: &'static str) -> Result<T> {
-        self.map_err(|source| Error::Torch { op, source })
-    }
-}
+// `TorchResultExt` (`.op(name)` on a tch result), defined once in torch-ext.
+torch_ext::torch_result_ext!();
 
 /// A shape error for `what`.
 pub(crate) fn shape_mismatch(

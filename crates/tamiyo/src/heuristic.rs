@@ -443,15 +443,16 @@ impl HeuristicController {
             self.last_epoch = Some(epoch);
             if !was_stabilized && self.tracker.is_stabilized() {
                 self.telemetry.emit_packet(
-                    TelemetryPacket::new("tamiyo", TelemetryLevel::Info).with_event(event(
-                        leyline::telemetry::TAMIYO_INITIATED,
-                        "The host stabilised: Tamiyo initiated",
-                        [
-                            ("epoch", epoch.to_string()),
-                            ("val_loss", observation.metrics.val_loss.to_string()),
-                            ("val_accuracy", observation.metrics.val_accuracy.to_string()),
-                        ],
-                    )),
+                    TelemetryPacket::new(leyline::telemetry::sources::TAMIYO, TelemetryLevel::Info)
+                        .with_event(event(
+                            leyline::telemetry::TAMIYO_INITIATED,
+                            "The host stabilised: Tamiyo initiated",
+                            [
+                                ("epoch", epoch.to_string()),
+                                ("val_loss", observation.metrics.val_loss.to_string()),
+                                ("val_accuracy", observation.metrics.val_accuracy.to_string()),
+                            ],
+                        )),
                 );
             }
         }

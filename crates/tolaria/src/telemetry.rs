@@ -14,8 +14,9 @@ use leyline::telemetry::{self as names, TelemetryLevel};
 
 use crate::trainer::EpochReport;
 
-/// Telemetry source name of the trainer's packets.
-pub const SOURCE: &str = "tolaria";
+/// Telemetry source name of the trainer's packets: leyline's
+/// [`leyline::telemetry::sources::TOLARIA`].
+pub use leyline::telemetry::sources::TOLARIA as SOURCE;
 
 /// The packet of one training epoch: latency, graph state, staging time,
 /// warm-up left (graph modes: `warmup_remaining` is `Some`), capture time,

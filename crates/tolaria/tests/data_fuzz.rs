@@ -15,11 +15,11 @@ use std::time::Instant;
 
 use flate2::Compression;
 use flate2::write::GzEncoder;
+use leyline::rng::SplitMix64;
 use tolaria::data::FormatError;
 use tolaria::data::cifar10::{self, N_CLASSES, PIXELS_PER_IMAGE, RECORD_SIZE};
 use tolaria::data::idx::{self, IdxArray};
 use tolaria::data::limits::{MAX_IDX_BYTES, MAX_IDX_RANK};
-use tolaria::data::shuffle::SplitMix64;
 
 /// Inputs per reader (raw IDX, gzipped IDX, CIFAR-10 records).
 const RAW_IDX_INPUTS: usize = 500_000;

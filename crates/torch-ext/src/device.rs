@@ -1,6 +1,7 @@
 //! Device selection for the whole workspace: one [`DeviceChoice`] (what a
 //! configuration or a command line asks for) and one [`select`] that turns it
-//! into a tch [`Device`] that works.
+//! into a tch [`Device`] that works, and [`for_rank`], the device of one
+//! rank of a process group.
 //!
 //! tch's CUDA kernels only run once `libtorch_cuda` is loaded; [`select`]
 //! asks [`crate::cuda::is_available`] / [`crate::cuda::device_count`], which
@@ -62,6 +63,25 @@ pub fn select(choice: DeviceChoice) -> Result<Device> {
     }
 }
 
+/// The device of one rank of a process group, which the rank keeps for the
+/// whole process: with `cuda`, `cuda:N` for `N` the rank's local rank (the
+/// launcher's `LOCAL_RANK`) or, without one, its group `rank`, made the
+/// calling thread's current CUDA device first (so every later allocation
+/// and collective of the rank goes to its own GPU); the CPU otherwise.
+///
+/// # Errors
+/// With `cuda`: [`Error::CudaUnavailable`] without a usable CUDA device,
+/// [`Error::InvalidDevice`] for an index beyond the device count,
+/// [`Error::Cpp`] when CUDA refuses to switch.
+pub fn for_rank(cuda: bool, local_rank: Option<usize>, rank: usize) -> Result<Device> {
+    if !cuda {
+        return Ok(Device::Cpu);
+    }
+    let index = local_rank.unwrap_or(rank);
+    cuda::set_device(index)?;
+    Ok(Device::Cuda(index))
+}
+
 impl DeviceChoice {
     /// The choice that names `device` exactly (`Cpu` or `Cuda(index)`);
     /// other tch devices (MPS, Vulkan) are not used by this workspace and
@@ -110,6 +130,12 @@ impl FromStr for DeviceChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cpu_rank_runs_on_the_cpu() {
+        assert_eq!(for_rank(false, Some(3), 1).ok(), Some(Device::Cpu));
+        assert_eq!(for_rank(false, None, 0).ok(), Some(Device::Cpu));
+    }
 
     #[test]
     fn text_forms_round_trip() {

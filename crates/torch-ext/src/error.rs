@@ -60,3 +60,33 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Defines the calling crate's `TorchResultExt`: the one way a crate above
+/// torch-ext attaches the operation name to a tch error while keeping its
+/// own typed error.
+///
+/// Invoke it once, in the module that defines the crate's `Error` (which
+/// must have a variant `Torch { op: &'static str, source: tch::TchError }`)
+/// and `Result<T>`. It expands to a `pub(crate) trait TorchResultExt<T>`
+/// with one method, `op(self, op) -> Result<T>`, implemented for
+/// `Result<T, tch::TchError>`, so `tensor.f_add(&other).op("add")?` gives
+/// `Error::Torch { op: "add", .. }`. The calling crate depends on tch.
+///
+/// A macro rather than a generic trait: a generic `op` would leave the
+/// error type to inference, which `?` cannot settle.
+#[macro_export]
+macro_rules! torch_result_ext {
+    () => {
+        /// Attaches the operation name to a tch error.
+        pub(crate) trait TorchResultExt<T> {
+            /// Maps a tch error into [`Error::Torch`] naming `op`.
+            fn op(self, op: &'static str) -> Result<T>;
+        }
+
+        impl<T> TorchResultExt<T> for ::std::result::Result<T, ::tch::TchError> {
+            fn op(self, op: &'static str) -> Result<T> {
+                self.map_err(|source| Error::Torch { op, source })
+            }
+        }
+    };
+}

@@ -28,6 +28,8 @@
 //!   not apply).
 //! - [`profile`]: the CUDA kernels a stretch of work ran and their device
 //!   time (libtorch's Kineto), for kernels per step and GPU-busy time.
+//! - [`rng`]: leyline's integer hash computed on the device, for counter-based
+//!   draws (the epoch shuffle, the policy's noise).
 //! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
 //!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
 //!   training across processes.
@@ -111,6 +113,7 @@ pub mod memory;
 pub mod nn;
 pub mod precision;
 pub mod profile;
+pub mod rng;
 mod stream;
 
 pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};

@@ -100,14 +100,12 @@ pub(crate) fn join_group(device: tch::Device) -> Result<Option<ProcessGroup>> {
     let Some(rendezvous) = Rendezvous::from_env(DIST_TIMEOUT)? else {
         return Ok(None);
     };
-    let device = if device.is_cuda() {
-        let index = crate::launch::local_rank()?.unwrap_or(rendezvous.rank);
-        // The rank's GPU is the process's current device from here on.
-        torch_ext::cuda::set_device(index)?;
-        tch::Device::Cuda(index)
-    } else {
-        tch::Device::Cpu
-    };
+    // The rank's GPU is the process's current device from here on.
+    let device = torch_ext::device::for_rank(
+        device.is_cuda(),
+        crate::launch::local_rank()?,
+        rendezvous.rank,
+    )?;
     let group = ProcessGroup::new(&rendezvous, DistBackend::for_device(device), device)
         .with_context(|| {
             format!(

@@ -11,9 +11,9 @@
 
 use tch::{Device, Kind, Tensor, nn};
 
-use super::env::SplitMix64;
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
+use leyline::rng::SplitMix64;
 
 /// Observation width.
 pub const OBSERVATIONS: i64 = 4;

@@ -13,7 +13,7 @@
 //! the episode terminates when `|x| > 2.4` or `|θ| > 12°` after the step, and
 //! is truncated at [`MAX_EPISODE_STEPS`] steps (gymnasium's `TimeLimit`; a
 //! step can be both). A reset draws all four state values uniformly in
-//! `[−0.05, 0.05)` from the vector's own seeded SplitMix64 generator.
+//! `[−0.05, 0.05)` from the vector's own seeded generator ([`leyline::rng::SplitMix64`]).
 //!
 //! Auto-reset happens in the same step (gymnasium's "same-step" mode, which
 //! CleanRL's recipe was written for): an environment whose episode ended
@@ -21,6 +21,7 @@
 //! the last state of the finished episode is handed back in
 //! [`VecStep::final_states`] so a truncated episode can be bootstrapped.
 
+use leyline::rng::SplitMix64;
 use tch::{Device, Tensor};
 
 use crate::error::TorchResultExt;
@@ -80,42 +81,6 @@ pub fn is_terminal(state: &State) -> bool {
     !(-X_THRESHOLD..=X_THRESHOLD).contains(&x)
         || !(-THETA_THRESHOLD..=THETA_THRESHOLD).contains(&theta)
 }
-
-/// SplitMix64 (Steele, Lea and Flood 2014): a small seeded generator for
-/// the resets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform number in `[0, 1)` (53 random bits).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * TWO_POW_MINUS_53
-    }
-
-    /// A uniform number in `[low, high)`.
-    pub fn uniform(&mut self, low: f64, high: f64) -> f64 {
-        low + (high - low) * self.next_f64()
-    }
-}
-
-/// `2^−53`, the spacing of the 53-bit uniform numbers.
-const TWO_POW_MINUS_53: f64 = 1.0 / 9_007_199_254_740_992.0;
 
 /// A finished episode.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -12,7 +12,7 @@ pub mod env;
 pub mod train;
 
 pub use agent::ActorCritic;
-pub use env::{CartPoleVec, Episode, SplitMix64, State, VecStep};
+pub use env::{CartPoleVec, Episode, State, VecStep};
 pub use train::{
     CartpoleConfig, CartpoleReport, RolloutRecord, train_cartpole, train_cartpole_with,
 };

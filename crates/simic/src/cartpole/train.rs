@@ -18,7 +18,9 @@ use tch::{Device, Kind, Tensor};
 use torch_ext::device::DeviceChoice;
 
 use super::agent::ActorCritic;
-use super::env::{CartPoleVec, SplitMix64, states_tensor};
+use leyline::rng::SplitMix64;
+
+use super::env::{CartPoleVec, states_tensor};
 use crate::error::TorchResultExt;
 use crate::gae::compute_gae;
 use crate::ppo::{Evaluation, PpoBatch, PpoConfig, PpoStats, PpoTrainer};

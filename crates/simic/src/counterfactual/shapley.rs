@@ -22,6 +22,8 @@
 //! factorial, over the sampled orders otherwise. For an additive game every
 //! marginal of a player equals its weight, so both methods are exact.
 
+use leyline::rng::SplitMix64;
+
 use super::coalition::{Coalition, CoalitionValues};
 use crate::{Error, Result};
 
@@ -154,7 +156,7 @@ impl ShapleyPlan {
                 let mut rng = SplitMix64::new(config.seed);
                 let mut orders = Vec::with_capacity(config.permutations.saturating_mul(2));
                 for _ in 0..config.permutations {
-                    let order = rng.permutation(players);
+                    let order = permutation(&mut rng, players);
                     let reversed: Vec<usize> = order.iter().rev().copied().collect();
                     orders.push(order);
                     orders.push(reversed);
@@ -307,42 +309,16 @@ fn value(values: &CoalitionValues, coalition: Coalition) -> Result<f64> {
     })
 }
 
-/// SplitMix64 (Steele, Lea and Flood 2014): the permutation sampler's own
-/// small generator, so a plan depends on its seed alone.
-#[derive(Debug, Clone)]
-struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    fn new(seed: u64) -> SplitMix64 {
-        SplitMix64 { state: seed }
+/// A uniform permutation of `0..n` (Fisher–Yates), each pick drawn by
+/// Lemire's multiply-shift ([`SplitMix64::below_by_shift`]).
+fn permutation(rng: &mut SplitMix64, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for last in (1..n).rev() {
+        let bound = last.saturating_add(1) as u64;
+        let pick = usize::try_from(rng.below_by_shift(bound)).unwrap_or(0);
+        order.swap(last, pick);
     }
-
-    fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform integer in `0..bound` (`bound ≥ 1`; Lemire's
-    /// multiply-shift, bias below 2⁻⁶⁴·bound).
-    fn below(&mut self, bound: usize) -> usize {
-        let wide = u128::from(self.next_u64()).wrapping_mul(bound as u128);
-        usize::try_from(wide.wrapping_shr(64)).unwrap_or(0)
-    }
-
-    /// A uniform permutation of `0..n` (Fisher–Yates).
-    fn permutation(&mut self, n: usize) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..n).collect();
-        for last in (1..n).rev() {
-            let pick = self.below(last.saturating_add(1));
-            order.swap(last, pick);
-        }
-        order
-    }
+    order
 }
 
 #[cfg(test)]
@@ -353,13 +329,13 @@ mod tests {
     fn permutations_are_permutations_and_seeded() {
         let mut rng = SplitMix64::new(7);
         for n in 0..9 {
-            let mut order = rng.permutation(n);
+            let mut order = permutation(&mut rng, n);
             order.sort_unstable();
             assert_eq!(order, (0..n).collect::<Vec<_>>());
         }
-        let a = SplitMix64::new(3).permutation(20);
-        let b = SplitMix64::new(3).permutation(20);
-        let c = SplitMix64::new(4).permutation(20);
+        let a = permutation(&mut SplitMix64::new(3), 20);
+        let b = permutation(&mut SplitMix64::new(3), 20);
+        let c = permutation(&mut SplitMix64::new(4), 20);
         assert_eq!(a, b);
         assert_ne!(a, c);
     }

@@ -13,8 +13,9 @@ use leyline::{TelemetryLevel, event, metric};
 
 use super::{RoundReport, Simic};
 
-/// Telemetry source of Simic's packets.
-pub const SOURCE: &str = "simic";
+/// Telemetry source of Simic's packets: leyline's
+/// [`leyline::telemetry::sources::SIMIC`].
+pub use leyline::telemetry::sources::SIMIC as SOURCE;
 
 impl Simic {
     /// `simic.ppo.numerical_instability` for an update that failed on a

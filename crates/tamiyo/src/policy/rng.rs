@@ -2,34 +2,22 @@
 //! noise on the device, for sampling actions.
 //!
 //! Draw `d` of generator seed `s` hashes `(s, d, element index)` with the
-//! SplitMix64 finaliser in device integer ops and keeps the top 24 bits:
+//! SplitMix64 finaliser in device integer ops (`torch_ext::rng`; its base
+//! from [`leyline::rng::mix64`] on the host) and keeps the top 24 bits:
 //! the same numbers on the CPU and CUDA, no dependence on libtorch's global
 //! generator, nothing read back, and one controller's draws never disturb
 //! another's.
 
 use tch::{Device, Kind, Tensor};
 
-use crate::Result;
+use leyline::rng::mix64;
+
 use crate::error::{TorchResultExt, shape_mismatch};
+use crate::{Error, Result};
 
-const GOLDEN: i64 = 0x9E37_79B9_7F4A_7C15_u64 as i64;
-const MIX1: i64 = 0xBF58_476D_1CE4_E5B9_u64 as i64;
-const MIX2: i64 = 0x94D0_49BB_1331_11EB_u64 as i64;
-
-/// The SplitMix64 finaliser on the host.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// `x >>> shift` on `i64` tensors (arithmetic shift, sign bits cleared).
-fn logical_shift_right(x: &Tensor, shift: i64) -> Result<Tensor> {
-    let mask = i64::MAX >> shift.saturating_sub(1).clamp(0, 63);
-    x.f_bitwise_right_shift_tensor_scalar(shift)
-        .op("rng shift")?
-        .f_bitwise_and(mask)
-        .op("rng mask")
+/// A torch-ext error of the device hash as [`Error::Device`] naming `op`.
+fn hash_failed(op: &'static str) -> impl FnOnce(torch_ext::Error) -> Error {
+    move |source| Error::Device { op, source }
 }
 
 /// A seeded counter-based generator of uniform noise on the device (see
@@ -55,7 +43,7 @@ impl PolicyRng {
     /// The base of draw `draw`: the hash offset every element of that draw
     /// adds to its index.
     pub fn base_of(&self, draw: u64) -> i64 {
-        mix(self.seed ^ mix(draw.wrapping_add(0x5EED_0F7A_u64))) as i64
+        mix64(self.seed ^ mix64(draw.wrapping_add(0x5EED_0F7A_u64))) as i64
     }
 
     /// The bases of the next `count` draws, advancing the generator past
@@ -134,22 +122,12 @@ fn hashed_uniform(
             (*dim >= 0).then(|| total.checked_mul(*dim)).flatten()
         })
         .ok_or_else(|| shape_mismatch("PolicyRng.uniform", "a valid shape", shape))?;
-    let x = Tensor::f_arange(count, (Kind::Int64, device))
-        .op("rng arange")?
-        .f_add_scalar(1)
-        .op("rng hash")?
-        .f_mul_scalar(GOLDEN)
-        .op("rng hash")?;
-    let mut x = add_base(x)?;
-    for (shift, multiplier) in [(30, Some(MIX1)), (27, Some(MIX2)), (31, None)] {
-        let shifted = logical_shift_right(&x, shift)?;
-        x = x.f_bitwise_xor_tensor(&shifted).op("rng xor")?;
-        if let Some(multiplier) = multiplier {
-            x = x.f_mul_scalar(multiplier).op("rng mul")?;
-        }
-    }
+    let index = Tensor::f_arange(count, (Kind::Int64, device)).op("rng arange")?;
+    let x = torch_ext::rng::golden_steps(&index).map_err(hash_failed("rng hash"))?;
+    let x = torch_ext::rng::mix64(&add_base(x)?).map_err(hash_failed("rng hash"))?;
     // The top 24 bits, centred in their bucket: (k + 0.5) / 2^24.
-    logical_shift_right(&x, 40)?
+    torch_ext::rng::logical_shift_right(&x, 40)
+        .map_err(hash_failed("rng float"))?
         .f_to_kind(Kind::Float)
         .op("rng float")?
         .f_add_scalar(0.5)

@@ -17,8 +17,8 @@
 //!   its packed microbatch layout, the staging format of the fast path.
 //! - [`synthetic`]: seeded blob and image tasks for fast tests.
 //! - [`normalisation`]: the per-data-set mean and standard deviation.
-//! - [`shuffle`]: the seeded SplitMix64 stream, permutations and epoch
-//!   seeds.
+//! - [`shuffle`]: seeded permutations and epoch seeds, drawn from
+//!   leyline's SplitMix64 stream ([`leyline::rng`]).
 //!
 //! - [`idx`] and [`cifar10::parse_records`]: the pure-bytes readers (no
 //!   file, no tch), usable from fuzz targets; they fail with a [`FormatError`].

@@ -20,9 +20,9 @@
 //! so that weight and bias are one `[C, F + 1]` matrix.
 
 use super::Dataset;
-use super::shuffle::SplitMix64;
 use crate::config::{MAX_PACKED_VALUES, TrainerConfig};
 use crate::error::{Error, Result};
+use leyline::rng::SplitMix64;
 
 /// Name of the task; its sets are named `tolaria-reference/train` and
 /// `tolaria-reference/validation`.

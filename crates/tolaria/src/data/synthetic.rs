@@ -22,8 +22,8 @@ use super::limits::{
     MAX_CLASSES, MAX_GRID, MAX_SAMPLES, MAX_SYNTHETIC_SCALE, MAX_SYNTHETIC_VALUES, at_most,
     checked_product, invalid_field, reserve,
 };
-use super::shuffle::SplitMix64;
 use super::{Dataset, Result, torch_error};
+use leyline::rng::SplitMix64;
 
 /// A Gaussian-blob classification task on feature vectors.
 ///

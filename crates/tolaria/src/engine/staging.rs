@@ -8,7 +8,8 @@
 //!
 //! **The shuffle.** Epoch `e`'s order is the stable argsort of a 64-bit
 //! integer hash (the SplitMix64 finaliser) of `(run seed, e, sample index)`,
-//! computed with device integer ops: a seeded permutation that depends on
+//! computed with device integer ops (`torch_ext::rng`, leyline's hash on the
+//! device): a seeded permutation that depends on
 //! no global random generator, is the same on the CPU and on CUDA, and
 //! needs nothing from the host. [`StagedData::set_epoch`] picks the epoch
 //! (a resumed run asks for the epoch it resumes at).
@@ -27,6 +28,7 @@
 use std::cell::{Cell, OnceCell};
 use std::time::Instant;
 
+use leyline::rng::mix64;
 use tch::{Device, Kind, Tensor};
 
 use crate::data::Dataset;
@@ -78,12 +80,6 @@ struct Pinned {
     /// Summed copy time of the epoch so far, ms.
     copy_ms: Cell<f64>,
 }
-
-/// SplitMix64 increment (the golden-ratio constant), as two's-complement
-/// `i64` for device arithmetic.
-const GOLDEN: i64 = 0x9E37_79B9_7F4A_7C15_u64 as i64;
-const MIX1: i64 = 0xBF58_476D_1CE4_E5B9_u64 as i64;
-const MIX2: i64 = 0x94D0_49BB_1331_11EB_u64 as i64;
 
 impl StagedData {
     /// Copies `dataset` to `device` once. `shuffle` draws a new order every
@@ -464,22 +460,12 @@ impl StagedData {
             return Ok(self.ordered.get_or_init(|| order).shallow_clone());
         }
         let order = Tensor::f_arange(self.len, (Kind::Int64, order_device)).op("arange")?;
-        let base = mix(self.seed ^ mix(epoch.wrapping_add(0x5EED))) as i64;
+        let base = mix64(self.seed ^ mix64(epoch.wrapping_add(0x5EED))) as i64;
         // x = base + (i + 1) * GOLDEN, then the SplitMix64 finaliser.
-        let mut x = order
-            .f_add_scalar(1)
-            .op("hash")?
-            .f_mul_scalar(GOLDEN)
-            .op("hash")?
+        let x = torch_ext::rng::golden_steps(&order)?
             .f_add_scalar(base)
             .op("hash")?;
-        for (shift, multiplier) in [(30, Some(MIX1)), (27, Some(MIX2)), (31, None)] {
-            let shifted = logical_shift_right(&x, shift)?;
-            x = x.f_bitwise_xor_tensor(&shifted).op("hash xor")?;
-            if let Some(multiplier) = multiplier {
-                x = x.f_mul_scalar(multiplier).op("hash mul")?;
-            }
-        }
+        let x = torch_ext::rng::mix64(&x)?;
         x.f_argsort_stable(true, 0, false).op("argsort")
     }
 
@@ -536,20 +522,4 @@ fn input_kind(inputs: &Tensor) -> Kind {
     } else {
         Kind::Int64
     }
-}
-
-/// `x >>> shift` on `i64` (arithmetic shift, then the sign bits cleared).
-fn logical_shift_right(x: &Tensor, shift: i64) -> Result<Tensor> {
-    let mask = i64::MAX >> shift.saturating_sub(1);
-    x.f_bitwise_right_shift_tensor_scalar(shift)
-        .op("hash shift")?
-        .f_bitwise_and(mask)
-        .op("hash mask")
-}
-
-/// The SplitMix64 finaliser on the host.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
