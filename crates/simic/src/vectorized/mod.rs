@@ -422,6 +422,10 @@ pub struct RoundTimings {
 pub struct RoundReport {
     /// Zero-based round.
     pub round: u64,
+    /// The seed each of the round's environments was built and trained
+    /// with (`seed + ((round·world + rank)·n_envs + env)·env_seed_stride`):
+    /// which environments a round (and a rank) trained on.
+    pub env_seeds: Vec<u64>,
     /// Environment-epochs trained.
     pub env_epochs: u64,
     /// Mean over environments of the episode's summed raw reward.

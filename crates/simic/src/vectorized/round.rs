@@ -164,6 +164,7 @@ impl Simic {
             self.prewarm = Some(self.prewarm_blueprints(spec)?);
         }
         let mut envs = Vec::with_capacity(n);
+        let mut env_seeds = Vec::with_capacity(n);
         let env_base = self.env_index_base();
         for index in 0..n {
             let offset = env_base
@@ -173,10 +174,12 @@ impl Simic {
                     field: "SimicConfig.env_seed_stride",
                     reason: "environment seeds overflow u64".to_owned(),
                 })?;
+            let env_seed = self.config.seed.wrapping_add(offset);
+            env_seeds.push(env_seed);
             envs.push(Env::new(
                 spec,
                 index,
-                self.config.seed.wrapping_add(offset),
+                env_seed,
                 self.env_device(index),
                 &self.config.trainer,
                 self.config.episode_length,
@@ -218,6 +221,7 @@ impl Simic {
 
         let mut report = RoundReport {
             round: self.rounds,
+            env_seeds,
             env_epochs: 0,
             mean_episode_reward: 0.0,
             final_accuracies: Vec::new(),
