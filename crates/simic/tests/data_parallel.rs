@@ -132,5 +132,8 @@ fn two_ranks_keep_one_policy_and_different_environments() {
             report1.env_seeds
         );
     }
-    assert_ne!(reports0[0].env_seeds, reports0[1].env_seeds, "rounds differ");
+    assert_ne!(
+        reports0[0].env_seeds, reports0[1].env_seeds,
+        "rounds differ"
+    );
 }
