@@ -209,7 +209,7 @@ impl EpochLog {
     }
 
     /// Opens `dir/epochs.jsonl` to append (a resumed run, after
-    /// [`rewind`]).
+    /// [`Rewind::apply`]).
     pub(crate) fn append_to(dir: &Path) -> Result<EpochLog> {
         let path = dir.join(FILE_NAME);
         let file = std::fs::OpenOptions::new()
