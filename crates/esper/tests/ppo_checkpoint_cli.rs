@@ -7,8 +7,9 @@
 //! every file of the run directory byte for byte as it was; made restorable
 //! again, the oldest is resumed and the rounds after it run again.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod common;
+use common::{fnv1a64, tree};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -162,36 +163,6 @@ fn a_killed_ppo_run_resumes_to_the_uninterrupted_policy() {
     assert_eq!(updates(&whole), 4);
     assert_eq!(updates(&cut), 4, "telemetry of the resumed run");
     assert_eq!(policy(&cut), policy(&whole), "the resumed policy differs");
-}
-
-/// Every file and folder under `root` (relative path -> contents; `None`
-/// for a folder).
-fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
-    let mut entries = BTreeMap::new();
-    let mut pending = vec![root.to_owned()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read_dir") {
-            let path = entry.expect("entry").path();
-            let relative = path.strip_prefix(root).expect("under root").to_owned();
-            if path.is_dir() {
-                pending.push(path);
-                entries.insert(relative, None);
-            } else {
-                entries.insert(relative, Some(std::fs::read(&path).expect("read")));
-            }
-        }
-    }
-    entries
-}
-
-/// FNV-1a 64 of `bytes` (for the failure message).
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
 }
 
 #[test]
