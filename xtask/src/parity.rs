@@ -111,18 +111,12 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
-/// Writes `value` as pretty JSON through a temporary file renamed into
-/// place.
+/// Writes `value` as pretty JSON, atomically (`durable::write_file`).
 fn write_json(path: &Path, value: &Value) -> Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, path).with_context(|| format!("writing {}", path.display()))
+    durable::write_file(path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `capture` with `tolerance` added: a baseline.

@@ -54,7 +54,7 @@ fn ensure_torch(root: &Path) -> Result<()> {
     }
     pip_install(&venv_python)?;
     let site_packages = verify_torch(&venv_python)?;
-    std::fs::write(site_packages.join(STAMP_FILE), stamp_contents())
+    durable::write_file(&site_packages.join(STAMP_FILE), stamp_contents().as_bytes())
         .with_context(|| format!("cannot write the stamp in {}", site_packages.display()))?;
     replace_link(&link, &site_packages)?;
     eprintln!(

@@ -8,7 +8,10 @@
 use std::path::{Path, PathBuf};
 
 /// Crates from the bottom of the stack to the top (DESIGN.md §2).
+/// `durable` (atomic files and checkpoint directories, no tch) sits below
+/// them all, beside leyline.
 const LAYERS: &[&str] = &[
+    "durable",
     "leyline",
     "nissa",
     "torch-ext",
@@ -20,10 +23,15 @@ const LAYERS: &[&str] = &[
 ];
 
 /// Crates that must build without libtorch.
-const TORCH_FREE: &[&str] = &["leyline", "nissa", "xtask"];
+const TORCH_FREE: &[&str] = &["durable", "leyline", "nissa", "xtask"];
 
-/// Crates that may depend on nothing of the workspace (tooling).
+/// Crates that may depend on nothing of the workspace (tooling) but the
+/// torch-free foundations of [`TOOLING_MAY_USE`].
 const TOOLING: &[&str] = &["xtask"];
+
+/// Workspace crates tooling may use: `durable`, so that xtask's records are
+/// written by the same atomic writer as every other record.
+const TOOLING_MAY_USE: &[&str] = &["durable"];
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -134,10 +142,14 @@ fn violations(manifests: &[Manifest]) -> Vec<String> {
                     "{} depends on {dependency}, which is not below it",
                     manifest.name
                 )),
-                None if TOOLING.contains(&manifest.name.as_str()) => problems.push(format!(
-                    "{} (tooling) must not depend on workspace crate {dependency}",
-                    manifest.name
-                )),
+                None if TOOLING.contains(&manifest.name.as_str())
+                    && !TOOLING_MAY_USE.contains(&dependency.as_str()) =>
+                {
+                    problems.push(format!(
+                        "{} (tooling) must not depend on workspace crate {dependency}",
+                        manifest.name
+                    ))
+                }
                 _ => {}
             }
         }
@@ -398,7 +410,35 @@ const ONE_OWNER: &[(&str, &str)] = &[
     ("0xBF58_476D_1CE4_E5B9", "leyline/src/rng.rs"),
     ("trait TorchResultExt", "torch-ext/src/error.rs"),
     ("const SOURCE: &str = \"", "leyline/src/telemetry.rs"),
+    ("0xcbf2_9ce4_8422_2325", "durable/src/checksum.rs"),
 ];
+
+/// Files that may rename a file into place: durable's writers. Everything
+/// else writes records and checkpoints through them.
+const RENAME_OWNERS: &[&str] = &["durable/src/file.rs", "durable/src/dir.rs"];
+
+#[test]
+fn atomic_writes_have_one_owner() {
+    let root = workspace_root();
+    let mut problems = Vec::new();
+    let mut sources = rust_sources(&root.join("crates"));
+    sources.extend(rust_sources(&root.join("xtask").join("src")));
+    for path in sources {
+        if path.components().any(|part| part.as_os_str() == "tests") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("readable source");
+        if text.contains("fs::rename(") && !RENAME_OWNERS.iter().any(|owner| path.ends_with(owner))
+        {
+            problems.push(format!("{}: `fs::rename(`", path.display()));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "atomic writes outside durable:\n{}",
+        problems.join("\n")
+    );
+}
 
 #[test]
 fn random_numbers_error_mapping_and_sources_have_one_owner() {
@@ -649,5 +689,82 @@ fn producers_emit_through_leyline_without_depending_on_nissa() {
             .iter()
             .any(|dep| dep == "nissa"),
         "tolaria's library depends on nissa: the trainer emits through leyline::Telemetry"
+    );
+}
+
+/// Tolaria's general modules: the engine and what it is built from. None of
+/// them may use the special `tolaria-reference` path (`tolaria::reference`),
+/// which sits beside the engine and uses it, never the other way round.
+const TOLARIA_GENERAL: &[&str] = &[
+    "engine",
+    "amp",
+    "data",
+    "optim",
+    "controller",
+    "governor",
+    "grad_agg",
+    "seed_metrics",
+];
+
+/// How a tolaria source would name the reference path.
+const REFERENCE_PATH: &[&str] = &[
+    "crate::reference",
+    "tolaria::reference",
+    "super::super::reference",
+];
+
+/// `(line number, pattern)` for each code line of `text` (comments skipped)
+/// that names the reference path.
+fn reference_uses(text: &str) -> Vec<(usize, &'static str)> {
+    let code = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim_start().starts_with("//"));
+    code.flat_map(|(index, line)| {
+        REFERENCE_PATH
+            .iter()
+            .filter(move |pattern| line.contains(**pattern))
+            .map(move |pattern| (index + 1, *pattern))
+    })
+    .collect()
+}
+
+#[test]
+fn tolaria_general_modules_do_not_use_the_reference_path() {
+    let src = workspace_root().join("crates/tolaria/src");
+    assert!(
+        src.join("reference/mod.rs").is_file(),
+        "the special path lives in crates/tolaria/src/reference/"
+    );
+    let mut problems = Vec::new();
+    for module in TOLARIA_GENERAL {
+        let mut sources = rust_sources(&src.join(module));
+        let file = src.join(format!("{module}.rs"));
+        if file.is_file() {
+            sources.push(file);
+        }
+        assert!(
+            !sources.is_empty(),
+            "crates/tolaria/src/{module}: no sources found"
+        );
+        for path in sources {
+            let text = std::fs::read_to_string(&path).expect("readable source");
+            for (line, pattern) in reference_uses(&text) {
+                problems.push(format!("{}:{line}: `{pattern}`", path.display()));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "tolaria's general modules use the special reference path (it may use them, not the \
+         other way round):\n{}",
+        problems.join("\n")
+    );
+    let sample =
+        "//! like `crate::reference::Trainer`\nuse crate::reference::config::TrainerConfig;\n";
+    assert_eq!(
+        reference_uses(sample),
+        [(2, "crate::reference")],
+        "the scan works"
     );
 }

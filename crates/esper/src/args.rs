@@ -13,14 +13,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use leyline::baseline::file_name_problem;
-use tolaria::bench::Variant;
+use tolaria::reference::bench::Variant;
 use torch_ext::DeviceChoice;
 
 /// The workloads `esper bench` runs (DESIGN.md §6), each measured by its
 /// crate's `bench` module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Workload {
-    /// `tolaria::bench`: every execution mode of the reference trainer.
+    /// `tolaria::reference::bench`: every execution mode of the special
+    /// reference trainer, and the general trainer's on the same workload.
     TolariaReference,
     /// `nissa::bench`: hot-path emit with a slow sink.
     NissaEmit,
@@ -61,7 +62,7 @@ impl Workload {
     /// The record's workload name.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Workload::TolariaReference => tolaria::bench::WORKLOAD,
+            Workload::TolariaReference => tolaria::reference::bench::WORKLOAD,
             Workload::NissaEmit => nissa::bench::WORKLOAD,
             Workload::KasminaPrefetch => kasmina::bench::WORKLOAD,
             Workload::TolariaFmnist => tolaria::engine::bench::FMNIST_WORKLOAD,

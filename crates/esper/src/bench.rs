@@ -83,7 +83,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
 }
 
 fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
-    let mut options = tolaria::bench::BenchOptions::new(args.device, args.quick);
+    let mut options = tolaria::reference::bench::BenchOptions::new(args.device, args.quick);
     options.variants.clone_from(&args.variants);
     if let Some(epochs) = args.epochs {
         options.measured_epochs = epochs;
@@ -91,7 +91,7 @@ fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result
     if let Some(warmup) = args.warmup_epochs {
         options.warmup_epochs = warmup;
     }
-    let run = tolaria::bench::run(&options, progress)?;
+    let run = tolaria::reference::bench::run(&options, progress)?;
     let mut environment = probe::with_torch(run.device)?;
     environment.tf32 = run.tf32;
     environment.extra.insert(

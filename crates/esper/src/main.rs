@@ -10,7 +10,7 @@
 //!
 //! `esper bench <workload>` is the one program that runs every benchmark
 //! workload and writes every baseline record: each workload's measuring code
-//! is a library function returning figures (`tolaria::bench::run`,
+//! is a library function returning figures (`tolaria::reference::bench::run`,
 //! `nissa::bench::run_emit`, `kasmina::bench::run_prefetch`); this binary
 //! parses the command line ([`args`]), probes the machine ([`probe`]), builds
 //! the record and writes it ([`record`]), then prints a table ([`table`]).

@@ -134,21 +134,12 @@ fn elapsed_ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
 }
 
-/// Writes `capture` to `path` (a temporary file renamed into place).
+/// Writes `capture` to `path`, atomically (`durable::write_file`).
 fn write(path: &Path, capture: &Value) -> Result<()> {
-    if let Some(parent) = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
     let mut text = serde_json::to_string_pretty(capture).context("encoding the capture")?;
     text.push('\n');
-    let temporary = path.with_extension("json.tmp");
-    std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
-    std::fs::rename(&temporary, path)
-        .with_context(|| format!("moving the capture to {}", path.display()))
+    durable::write_file(path, text.as_bytes())
+        .with_context(|| format!("writing the capture to {}", path.display()))
 }
 
 /// The metric names and the event names the collector saw, each sorted.

@@ -2,48 +2,27 @@
 //! not be read back, a non-finite metric included), then written whole or
 //! not at all.
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use leyline::baseline::BaselineRecord;
 
 /// Writes `record` as pretty JSON to `path`, creating its folder. A record
 /// [`BaselineRecord::validate`] refuses is not written (the error carries
-/// the `leyline::Error`). The text goes to a temporary file in the
-/// same folder that is then renamed over `path`, so a reader never sees a
-/// partial record.
+/// the `leyline::Error`). The write is atomic (`durable::write_file`): a
+/// reader never sees a partial record.
 pub(crate) fn write(record: &BaselineRecord, path: &Path) -> Result<()> {
     let text = record
         .to_json_pretty()
         .with_context(|| format!("refusing to write {}", path.display()))?;
-    let file_name = path
-        .file_name()
-        .with_context(|| format!("{} names no file", path.display()))?;
-    let parent = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty());
-    if let Some(parent) = parent {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let mut temporary_name = OsString::from(".");
-    temporary_name.push(file_name);
-    temporary_name.push(format!(".{}.tmp", std::process::id()));
-    let temporary = match parent {
-        Some(parent) => parent.join(&temporary_name),
-        None => PathBuf::from(&temporary_name),
-    };
-    let written = std::fs::write(&temporary, text).and_then(|()| std::fs::rename(&temporary, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&temporary);
-    }
-    written.with_context(|| format!("writing {}", path.display()))
+    durable::write_file(path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::path::PathBuf;
 
     use leyline::baseline::{BASELINE_SCHEMA, Environment, ResultEntry};
 

@@ -18,7 +18,7 @@
 //!   verifies) and the run ends bitwise where it ended before.
 
 mod common;
-use common::{fnv1a64, tree};
+use common::{fnv1a64, rewrite_manifest, tree};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -337,14 +337,7 @@ fn edit_manifest(run_dir: &Path, epoch: usize, edit: impl FnOnce(&mut serde_json
         .join("checkpoints")
         .join(epoch.to_string())
         .join("manifest.json");
-    let mut file: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).expect("manifest")).expect("JSON");
-    edit(&mut file["manifest"]);
-    let compact = serde_json::to_vec(&file["manifest"]).expect("encode");
-    file["checksum"] = format!("fnv1a64:{:016x}", fnv1a64(&compact)).into();
-    let mut text = serde_json::to_vec_pretty(&file).expect("encode");
-    text.push(b'\n');
-    std::fs::write(&path, text).expect("write");
+    rewrite_manifest(&path, edit);
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! again, the oldest is resumed and the rounds after it run again.
 
 mod common;
-use common::{fnv1a64, tree};
+use common::{fnv1a64, rewrite_manifest, tree};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -180,9 +180,9 @@ fn a_ppo_resume_that_restores_no_checkpoint_changes_nothing() {
             .join("checkpoints")
             .join(format!("round-{round:06}"))
     };
-    // The newest is damaged; the older two verify (a PPO manifest has no
-    // checksum of its own) but cannot be restored: their observation
-    // normaliser is gone, while the run normalises observations.
+    // The newest is damaged; the older two verify (their manifests are
+    // edited with a fresh checksum) but cannot be restored: their
+    // observation normaliser is gone, while the run normalises observations.
     let newest = checkpoint(3).join("tensors.safetensors");
     let mut bytes = std::fs::read(&newest).expect("tensors");
     let middle = bytes.len() / 2;
@@ -190,12 +190,10 @@ fn a_ppo_resume_that_restores_no_checkpoint_changes_nothing() {
     std::fs::write(&newest, bytes).expect("corrupt");
     let first_manifest = std::fs::read(checkpoint(1).join("manifest.json")).expect("manifest");
     for round in [1, 2] {
-        let path = checkpoint(round).join("manifest.json");
-        let mut manifest: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).expect("manifest")).expect("JSON");
-        assert!(!manifest["state"]["obs_normaliser"].is_null(), "{manifest}");
-        manifest["state"]["obs_normaliser"] = serde_json::Value::Null;
-        std::fs::write(&path, serde_json::to_vec_pretty(&manifest).expect("JSON")).expect("edit");
+        rewrite_manifest(&checkpoint(round).join("manifest.json"), |manifest| {
+            assert!(!manifest["state"]["obs_normaliser"].is_null(), "{manifest}");
+            manifest["state"]["obs_normaliser"] = serde_json::Value::Null;
+        });
     }
     let before = tree(&run_dir);
     let resume = run_to_end(&[

@@ -90,6 +90,19 @@ pub enum Error {
     /// torch-ext failed (fused kernels, streams, graphs).
     #[error("torch-ext: {0}")]
     TorchExt(Box<torch_ext::Error>),
+    /// A checkpoint directory that could not be written, or that does not
+    /// check on reading (missing, cut short, checksum mismatch).
+    #[error("checkpoint directory: {0}")]
+    Durable(Box<durable::Error>),
+    /// A checkpoint that checked but is not a PPO checkpoint this build
+    /// reads (another format or version, a body that does not parse).
+    #[error("PPO checkpoint `{field}`: {reason}")]
+    Checkpoint {
+        /// The part at fault.
+        field: &'static str,
+        /// What is wrong, with the values.
+        reason: String,
+    },
 }
 
 impl From<leyline::Error> for Error {
@@ -125,6 +138,12 @@ impl From<tamiyo::Error> for Error {
 impl From<torch_ext::Error> for Error {
     fn from(error: torch_ext::Error) -> Self {
         Error::TorchExt(Box::new(error))
+    }
+}
+
+impl From<durable::Error> for Error {
+    fn from(error: durable::Error) -> Self {
+        Error::Durable(Box::new(error))
     }
 }
 

@@ -22,6 +22,10 @@
 //!   stop) with Tolaria's AdamW.
 //! - [`distributed`]: data-parallel PPO across processes over a c10d group
 //!   (gradients averaged, statistics pooled, parameters checked identical).
+//! - [`checkpoint`]: a PPO run's checkpoint directory (policy, optimizer,
+//!   generators, normalisers) written and read through `durable`'s one
+//!   checkpoint-directory writer ([`vectorized::Simic::save_checkpoint`],
+//!   [`checkpoint::read_checkpoint`]).
 //! - [`cartpole`]: CartPole-v1 (gymnasium's rules, vectorised, auto-reset),
 //!   CleanRL's MLP actor-critic and `train_cartpole`, the PPO core's proof.
 //!
@@ -57,6 +61,7 @@ pub mod agent;
 pub mod bench;
 pub mod buffer;
 pub mod cartpole;
+pub mod checkpoint;
 pub mod counterfactual;
 pub mod distributed;
 pub mod error;

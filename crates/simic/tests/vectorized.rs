@@ -369,7 +369,7 @@ fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
 
 fn cuda_rounds(spec: &EnvSpec, precision: tolaria::amp::Precision) {
     let mut config = config(9);
-    config.trainer.mode = tolaria::config::ExecutionMode::GraphStep;
+    config.trainer.mode = tolaria::ExecutionMode::GraphStep;
     config.trainer.precision = Some(precision);
     // As the reference settings: capture after one eager step, so that the
     // first epoch (two batches, no seed yet) of every environment captures.
@@ -440,7 +440,7 @@ fn a_round_spreads_its_environments_over_two_gpus() {
     let spec = spec(4);
     let mut config = config(13);
     config.n_envs = 4;
-    config.trainer.mode = tolaria::config::ExecutionMode::GraphStep;
+    config.trainer.mode = tolaria::ExecutionMode::GraphStep;
     config.trainer.precision = Some(tolaria::amp::Precision::Fp32);
     config.env_devices = vec![Device::Cuda(0), Device::Cuda(1)];
     let mut simic = Simic::new(config, 3, Device::Cuda(0), Telemetry::disabled()).expect("simic");

@@ -1,4 +1,7 @@
-//! The max-growth controller: its decisions on hand-built observations (it
+//! The scripted controllers. No growth waits every epoch and still refuses a
+//! broken observation; germinate-once germinates one seed, moves it on and
+//! never germinates again, even after its seed is gone. The max-growth
+//! controller: its decisions on hand-built observations (it
 //! germinates where the masks allow, D3 included, advances the earliest
 //! stage first, fossilizes, never prunes), and a 25-epoch episode of a small
 //! CNN with three slots trained by Tolaria under it, where the masks and
@@ -9,7 +12,7 @@ mod common;
 
 use common::{R0C0, R0C1, R0C2, observation, seed};
 use leyline::{BlueprintAction, LifecycleOp, SeedStage, Telemetry};
-use tamiyo::growth::MaxGrowthController;
+use tamiyo::growth::{GerminateOnceController, MaxGrowthController, NoGrowthController};
 use tamiyo::masks::MaskConfig;
 use tolaria::amp::Precision;
 use tolaria::controller::{Applied, Controller, Decision};
@@ -151,4 +154,75 @@ fn an_episode_of_25_epochs_holds_fewer_than_two_active_seeds_on_average() {
     }
     assert!(mean_active > 1.0, "{mean_active}");
     assert!(mean_active < 2.0, "{mean_active}");
+}
+
+fn once() -> GerminateOnceController {
+    GerminateOnceController::new(MaskConfig {
+        max_seeds: 3,
+        ..MaskConfig::default()
+    })
+}
+
+#[test]
+fn no_growth_waits_and_refuses_a_broken_observation() {
+    let mut controller = NoGrowthController;
+    let decision = controller
+        .decide(&observation(9, 1.0, 50.0, Vec::new(), &SLOTS))
+        .expect("decision");
+    assert!(decision.is_wait());
+    assert_eq!(decision.reason, "no_growth");
+    let mut broken = observation(9, 1.0, 50.0, Vec::new(), &SLOTS);
+    broken.metrics.val_loss = f64::NAN;
+    assert!(matches!(
+        controller.decide(&broken),
+        Err(tolaria::Error::Controller { .. })
+    ));
+}
+
+#[test]
+fn germinate_once_germinates_one_seed_moves_it_on_and_then_holds() {
+    let mut controller = once();
+    assert!(!controller.has_germinated());
+    let first = controller
+        .decide(&observation(0, 1.0, 50.0, Vec::new(), &SLOTS))
+        .expect("decision");
+    assert_eq!(first.op, LifecycleOp::Germinate);
+    assert_eq!(first.slot, Some(R0C0));
+    // The germination was refused: no seed seen, so it asks again.
+    assert!(!controller.has_germinated());
+    let again = controller
+        .decide(&observation(1, 1.0, 50.0, Vec::new(), &SLOTS))
+        .expect("decision");
+    assert_eq!(again.op, LifecycleOp::Germinate);
+    let training = vec![seed("a", R0C0, "conv_light", SeedStage::Training)];
+    let step = controller
+        .decide(&observation(2, 1.0, 50.0, training, &SLOTS))
+        .expect("decision");
+    assert_eq!(step.op, LifecycleOp::Advance);
+    assert!(controller.has_germinated());
+    let holding = vec![seed("a", R0C0, "conv_light", SeedStage::Holding)];
+    let step = controller
+        .decide(&observation(20, 1.0, 50.0, holding, &SLOTS))
+        .expect("decision");
+    assert_eq!(step.op, LifecycleOp::Fossilize);
+    // Fossilized, two slots free: it holds, where max growth germinates.
+    let done = vec![seed("a", R0C0, "conv_light", SeedStage::Fossilized)];
+    let step = controller
+        .decide(&observation(30, 1.0, 50.0, done.clone(), &SLOTS))
+        .expect("decision");
+    assert!(step.is_wait());
+    assert_eq!(decide(done).op, LifecycleOp::Germinate);
+    // Its seed gone (pruned by the governor): still no second germination.
+    let step = controller
+        .decide(&observation(40, 1.0, 50.0, Vec::new(), &SLOTS))
+        .expect("decision");
+    assert!(step.is_wait());
+    // A restored controller that had germinated holds as well.
+    let mut restored = once().with_germinated(true);
+    assert!(
+        restored
+            .decide(&observation(0, 1.0, 50.0, Vec::new(), &SLOTS))
+            .expect("decision")
+            .is_wait()
+    );
 }

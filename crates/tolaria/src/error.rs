@@ -125,6 +125,10 @@ pub enum Error {
         /// Kasmina's typed error.
         source: kasmina::Error,
     },
+    /// A checkpoint directory that could not be written, or that does not
+    /// check on reading (missing, cut short, checksum mismatch).
+    #[error("checkpoint directory: {0}")]
+    Durable(#[from] durable::Error),
     /// A trainer state given to
     /// [`crate::engine::trainer::ModelTrainer::restore`] does not fit the
     /// model, the configuration or itself (a tensor missing or of another

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use leyline::baseline::{BaselineRecord, Environment};
 use tch::Device;
-use tolaria::bench::{BenchOptions, Variant};
-use tolaria::{DeviceChoice, ExecutionMode, StepKind};
+use tolaria::reference::StepKind;
+use tolaria::reference::bench::{BenchOptions, Variant};
+use tolaria::{DeviceChoice, ExecutionMode};
 
 #[test]
 fn variant_names_round_trip() {
@@ -49,10 +50,10 @@ fn a_cpu_bench_records_eager_latencies_and_refuses_graph_modes() -> anyhow::Resu
         Variant::from_name("fused-graph-step").expect("known"),
     ];
     let mut lines = Vec::new();
-    let run = tolaria::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
+    let run = tolaria::reference::bench::run(&options, &mut |line| lines.push(line.to_owned()))?;
     assert_eq!(run.device, Device::Cpu);
     let record = BaselineRecord::from_measurements(
-        tolaria::bench::WORKLOAD,
+        tolaria::reference::bench::WORKLOAD,
         "cpu-test",
         environment(),
         run.measurements,

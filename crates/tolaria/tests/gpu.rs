@@ -7,8 +7,9 @@
 use leyline::telemetry as names;
 use leyline::{Collector, Telemetry};
 use tolaria::data::{Dataset, MicrobatchSpan, ReferenceData, pack_epoch};
-use tolaria::step::{LinearCeState, StepViews};
-use tolaria::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, Trainer, TrainerConfig};
+use tolaria::reference::step::{LinearCeState, StepViews};
+use tolaria::reference::{StepKind, Trainer, TrainerConfig};
+use tolaria::{DataPlacement, DeviceChoice, ExecutionMode};
 use torch_ext::cuda::SyncDebugMode;
 
 fn cuda_or_skip(test: &str) -> bool {
@@ -48,7 +49,7 @@ fn graph_modes_give_the_parameters_of_eager_after_the_same_steps() -> anyhow::Re
     }
     let epochs = 8; // 32 steps: warm-up, capture, then replays
     for step in [StepKind::Fused, StepKind::Autograd] {
-        let run = |mode| -> anyhow::Result<(Vec<f32>, Vec<tolaria::EpochReport>)> {
+        let run = |mode| -> anyhow::Result<(Vec<f32>, Vec<tolaria::reference::EpochReport>)> {
             let mut trainer = Trainer::new(config(mode, step))?;
             let reports = trainer.train(epochs)?;
             Ok((trainer.parameters()?, reports))
@@ -118,7 +119,7 @@ fn a_new_batch_shape_falls_back_to_eager_with_telemetry() -> anyhow::Result<()> 
     if !cuda_or_skip("a_new_batch_shape_falls_back_to_eager_with_telemetry") {
         return Ok(());
     }
-    let reference = ReferenceData::generate(&TrainerConfig::reference())?;
+    let reference = ReferenceData::generate(&TrainerConfig::reference().task())?;
     let mut inputs = reference.train.features_to_vec()?;
     inputs.extend_from_slice(&reference.validation.features_to_vec()?[..2 * 16]);
     let mut labels = reference.train.labels_to_vec()?;
@@ -169,7 +170,7 @@ fn a_panic_inside_a_captured_step_is_an_error_and_eager_training_continues() -> 
         return Ok(());
     }
     let config = config(ExecutionMode::Eager, StepKind::Fused);
-    let reference = ReferenceData::generate(&config)?;
+    let reference = ReferenceData::generate(&config.task())?;
     let packed = pack_epoch(&reference.train, 4)?;
     let device = tch::Device::Cuda(0);
     let buffer = tch::Tensor::from_slice(&packed.values).to_device(device);

@@ -1,11 +1,14 @@
-//! A trainer's state exported between epochs ([`ModelTrainer::export_state`])
-//! and restored in a new process ([`ModelTrainer::restore`]) continues bit
-//! for bit as the run that was never stopped: a CNN host on the CPU,
+//! A trainer's state saved between epochs as a checkpoint directory
+//! ([`ModelTrainer::save_checkpoint`], the library's one writer), read back
+//! ([`read_checkpoint`]) and restored in a new process
+//! ([`ModelTrainer::restore`]) continues bit for bit as the run that was
+//! never stopped: a CNN host on the CPU,
 //! synthetic Fashion-MNIST-shaped data, a seed germinated and trained, the
 //! governor on with a snapshot. The child process is this test binary run
 //! again on its one ignored test, with the state's folder in an environment
 //! variable. A state that does not fit is refused with a typed error, and
-//! the refusals leave the state as it was.
+//! the refusals leave the state as it was; a damaged directory is refused
+//! on reading.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,7 +25,7 @@ use tolaria::controller::Decision;
 use tolaria::data::Dataset;
 use tolaria::data::synthetic::{ImageTaskOptions, image_task};
 use tolaria::engine::trainer::{
-    ModelTrainer, ModelTrainerConfig, TrainerManifest, TrainerState, epoch_seed,
+    ModelTrainer, ModelTrainerConfig, TrainerState, epoch_seed, read_checkpoint,
 };
 
 /// The run's seed (shuffle and the per-epoch generator seed).
@@ -100,23 +103,17 @@ fn epoch(trainer: &mut ModelTrainer) -> [u64; 3] {
     ]
 }
 
-fn save(state: &TrainerState, dir: &Path) {
-    std::fs::create_dir_all(dir).expect("state folder");
-    std::fs::write(
-        dir.join("manifest.json"),
-        serde_json::to_vec(&state.manifest).expect("manifest encodes"),
-    )
-    .expect("manifest written");
-    Tensor::write_safetensors(&state.tensors, dir.join("tensors.safetensors"))
-        .expect("tensors written");
+/// The caller's own field saved beside the trainer's state.
+fn note() -> serde_json::Map<String, serde_json::Value> {
+    let mut extra = serde_json::Map::new();
+    extra.insert("note".to_owned(), "saved by the test".into());
+    extra
 }
 
 fn load(dir: &Path) -> TrainerState {
-    let manifest: TrainerManifest =
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest read"))
-            .expect("manifest parses");
-    let tensors = Tensor::read_safetensors(dir.join("tensors.safetensors")).expect("tensors read");
-    TrainerState { manifest, tensors }
+    let saved = read_checkpoint(dir).expect("the checkpoint reads back");
+    assert_eq!(saved.extra, note(), "the caller's fields come back");
+    saved.state
 }
 
 /// Asserts that two states are the same bit for bit (manifest and every
@@ -178,7 +175,10 @@ fn a_trainer_restored_in_a_new_process_continues_bit_for_bit() {
                     .is_some_and(|governor| governor.snapshot.is_some()),
                 "the governor's snapshot is in the state"
             );
-            save(&state, &dir.path().join("state"));
+            trainer
+                .save_checkpoint(dir.path(), "state", note())
+                .expect("checkpoint written");
+            assert_same(&state, &load(&dir.path().join("state")));
         }
     }
     let status = Command::new(std::env::current_exe().expect("test binary"))
@@ -189,7 +189,7 @@ fn a_trainer_restored_in_a_new_process_continues_bit_for_bit() {
     assert!(status.success(), "the child failed: {status}");
     let child = dir.path().join("child");
     let child_figures: Vec<[u64; 3]> =
-        serde_json::from_slice(&std::fs::read(child.join("figures.json")).expect("figures"))
+        serde_json::from_slice(&std::fs::read(dir.path().join("figures.json")).expect("figures"))
             .expect("figures parse");
     assert_eq!(
         child_figures,
@@ -224,10 +224,11 @@ fn continue_from_the_exported_state_in_this_process() {
     while trainer.epoch() < EPOCHS {
         figures.push(epoch(&mut trainer));
     }
-    let child = dir.join("child");
-    save(&trainer.export_state().expect("export"), &child);
+    trainer
+        .save_checkpoint(&dir, "child", note())
+        .expect("checkpoint written");
     std::fs::write(
-        child.join("figures.json"),
+        dir.join("figures.json"),
         serde_json::to_vec(&figures).expect("figures encode"),
     )
     .expect("figures written");
@@ -329,4 +330,37 @@ fn a_state_that_does_not_fit_is_refused_with_a_typed_error_and_left_as_it_was() 
     assert_same(&state, &original);
     let restored = restore(model(&["r0c1"]), &state, config()).expect("restore");
     assert_same(&restored.export_state().expect("export"), &original);
+}
+
+#[test]
+fn a_damaged_checkpoint_directory_or_a_clashing_field_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (train, validation) = data();
+    let mut trainer = ModelTrainer::new(
+        model(&["r0c1"]),
+        &train,
+        Some(&validation),
+        config(),
+        Telemetry::disabled(),
+    )
+    .expect("trainer");
+    epoch(&mut trainer);
+    let mut clash = serde_json::Map::new();
+    clash.insert("epoch".to_owned(), 7.into());
+    assert!(matches!(
+        trainer.save_checkpoint(dir.path(), "1", clash),
+        Err(Error::Checkpoint { field: "extra", .. })
+    ));
+    assert!(!dir.path().join("1").exists(), "nothing written");
+    let saved = trainer
+        .save_checkpoint(dir.path(), "1", note())
+        .expect("checkpoint written");
+    let tensors = saved.join("tensors.safetensors");
+    let mut bytes = std::fs::read(&tensors).expect("tensors");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(&tensors, &bytes).expect("damage");
+    let error = read_checkpoint(&saved).expect_err("a damaged checkpoint");
+    assert!(matches!(error, Error::Durable(_)), "{error}");
+    assert!(error.to_string().contains("checksum mismatch"), "{error}");
 }

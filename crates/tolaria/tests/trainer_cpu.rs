@@ -6,9 +6,8 @@
 use leyline::telemetry as names;
 use leyline::{Collector, Telemetry};
 use tolaria::data::{Dataset, ReferenceData};
-use tolaria::{
-    DataPlacement, DeviceChoice, Error, ExecutionMode, StepKind, Trainer, TrainerConfig,
-};
+use tolaria::reference::{StepKind, Trainer, TrainerConfig};
+use tolaria::{DataPlacement, DeviceChoice, Error, ExecutionMode};
 
 fn cpu_config() -> TrainerConfig {
     TrainerConfig {
@@ -89,7 +88,7 @@ fn fused_backward_matches_autograd_with_and_without_the_fused_sgd_kernel() -> an
     let (autograd, autograd_loss) = run(StepKind::Autograd, false)?;
     let (manual, manual_loss) = run(StepKind::Fused, false)?;
     let (fused_kernel, fused_loss) = run(StepKind::Fused, true)?;
-    let initial = ReferenceData::generate(&cpu_config())?.initial_parameters;
+    let initial = ReferenceData::generate(&cpu_config().task())?.initial_parameters;
     assert!(
         max_abs_difference(&autograd, &initial) > 1e-3,
         "training moved the parameters"
@@ -117,7 +116,7 @@ fn plain_sgd_without_momentum_trains_on_every_step_path() -> anyhow::Result<()> 
         Ok(trainer.parameters()?)
     };
     let autograd = run(StepKind::Autograd, false)?;
-    let initial = ReferenceData::generate(&cpu_config())?.initial_parameters;
+    let initial = ReferenceData::generate(&cpu_config().task())?.initial_parameters;
     assert!(max_abs_difference(&autograd, &initial) > 1e-4);
     assert!(max_abs_difference(&run(StepKind::Fused, false)?, &autograd) < 1e-5);
     assert!(max_abs_difference(&run(StepKind::Fused, true)?, &autograd) < 1e-5);
@@ -200,7 +199,7 @@ fn every_epoch_emits_latency_and_graph_state_telemetry() -> anyhow::Result<()> {
 fn a_replaced_training_set_with_a_partial_last_batch_trains() -> anyhow::Result<()> {
     let mut trainer = Trainer::new(cpu_config())?;
     trainer.train(2)?;
-    let reference = ReferenceData::generate(&cpu_config())?;
+    let reference = ReferenceData::generate(&cpu_config().task())?;
     let mut inputs = reference.train.features_to_vec()?;
     inputs.extend_from_slice(&reference.validation.features_to_vec()?[..2 * 16]);
     let mut labels = reference.train.labels_to_vec()?;

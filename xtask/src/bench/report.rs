@@ -281,7 +281,8 @@ pub(crate) fn write(
         markdown.push_str(&markdown_section(workload, &before, &after));
         if let Some(svg) = svg_chart(workload, &before, &after) {
             let path = dir.join(format!("{workload}.svg"));
-            std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+            durable::write_file(&path, svg.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
             let _ = writeln!(markdown, "![{workload} latency]({workload}.svg)\n");
         }
         found += 1;
@@ -292,7 +293,8 @@ pub(crate) fn write(
         );
     }
     let path = dir.join("report.md");
-    std::fs::write(&path, markdown).with_context(|| format!("writing {}", path.display()))?;
+    durable::write_file(&path, markdown.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
 

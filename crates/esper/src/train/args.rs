@@ -43,19 +43,31 @@ pub(crate) enum TaskKind {
     /// CIFAR-10 (binary format, from `--data-dir` or `ESPER_CIFAR10_DIR`)
     /// with the reference `cifar_baseline` host.
     Cifar10,
+    /// CIFAR-10 with a capacity-starved host (`cifar_baseline` with channels
+    /// 4/8/16), so that seeds have something to add.
+    #[value(name = "cifar10-impaired")]
+    #[serde(rename = "cifar10-impaired")]
+    Cifar10Impaired,
     /// Seeded Fashion-MNIST-shaped images (no files; for smoke runs and
     /// tests).
     Synthetic,
 }
 
 impl TaskKind {
-    /// The command-line name.
+    /// The command-line name (tolaria's).
     pub(crate) fn name(self) -> &'static str {
+        self.task().name()
+    }
+
+    /// The task tolaria wires (data set and host).
+    pub(crate) fn task(self) -> tolaria::task::Task {
+        use tolaria::task::Task;
         match self {
-            TaskKind::Fmnist => "fmnist",
-            TaskKind::FmnistImpaired => "fmnist-impaired",
-            TaskKind::Cifar10 => "cifar10",
-            TaskKind::Synthetic => "synthetic",
+            TaskKind::Fmnist => Task::Fmnist,
+            TaskKind::FmnistImpaired => Task::FmnistImpaired,
+            TaskKind::Cifar10 => Task::Cifar10,
+            TaskKind::Cifar10Impaired => Task::Cifar10Impaired,
+            TaskKind::Synthetic => Task::Synthetic,
         }
     }
 }
@@ -121,8 +133,8 @@ impl ModeChoice {
     /// fastest mode the general trainer has there; tolaria falls back to
     /// eager for a step whose capture fails) and eager on the CPU, where the
     /// graph modes do not apply.
-    pub(crate) fn resolve(self, device: tch::Device) -> tolaria::config::ExecutionMode {
-        use tolaria::config::ExecutionMode;
+    pub(crate) fn resolve(self, device: tch::Device) -> tolaria::ExecutionMode {
+        use tolaria::ExecutionMode;
         match self {
             ModeChoice::Auto if device.is_cuda() => ExecutionMode::GraphStep,
             ModeChoice::Auto | ModeChoice::Eager => ExecutionMode::Eager,

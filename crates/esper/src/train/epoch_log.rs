@@ -304,21 +304,12 @@ impl Rewind {
         Ok(Rewind { kept, bytes })
     }
 
-    /// Rewrites `dir/epochs.jsonl` with the kept records, through a
-    /// temporary file, `fsync`ed and renamed; returns them.
+    /// Rewrites `dir/epochs.jsonl` with the kept records, atomically
+    /// (`durable::write_file`); returns them.
     pub(crate) fn apply(self, dir: &Path) -> Result<Vec<EpochRecord>> {
         let path = dir.join(FILE_NAME);
-        let temporary = dir.join(format!(".{FILE_NAME}.rewind"));
-        let mut file = File::create(&temporary)
-            .with_context(|| format!("creating {}", temporary.display()))?;
-        file.write_all(&self.bytes)
-            .and_then(|()| file.sync_all())
-            .with_context(|| format!("writing {}", temporary.display()))?;
-        std::fs::rename(&temporary, &path)
+        durable::write_file(&path, &self.bytes)
             .with_context(|| format!("replacing {}", path.display()))?;
-        File::open(dir)
-            .and_then(|folder| folder.sync_all())
-            .with_context(|| format!("fsync {}", dir.display()))?;
         Ok(self.kept)
     }
 }

@@ -275,7 +275,7 @@ fn resume(dir: &Path) -> Result<Finished> {
                 continue;
             }
         };
-        let mut config = loaded.manifest.config.clone();
+        let mut config = loaded.run.config.clone();
         config.run_dir = dir.to_owned();
         if let Err(error) = config.validate().and_then(|()| {
             if config.controller == ControllerKind::Heuristic {
@@ -305,12 +305,12 @@ fn resume(dir: &Path) -> Result<Finished> {
             }
             Some(_) => {}
             None => {
-                if loaded.manifest.epoch >= config.epochs {
+                if loaded.epoch >= config.epochs {
                     print_warnings(&warnings);
                     println!(
                         "the run in {} is complete ({} of {} epochs); nothing to resume",
                         dir.display(),
-                        loaded.manifest.epoch,
+                        loaded.epoch,
                         config.epochs
                     );
                     return Ok(Finished::Completed);
@@ -325,11 +325,9 @@ fn resume(dir: &Path) -> Result<Finished> {
         let Some((config, device, data)) = &setup else {
             bail!("resume: no configuration was set up");
         };
-        let planned =
-            epoch_log::Rewind::plan(dir, loaded.manifest.epoch_log_records).and_then(|log| {
-                TelemetryRewind::plan(dir, &loaded.manifest.telemetry)
-                    .map(|telemetry| (log, telemetry))
-            });
+        let planned = epoch_log::Rewind::plan(dir, loaded.run.epoch_log_records).and_then(|log| {
+            TelemetryRewind::plan(dir, &loaded.run.telemetry).map(|telemetry| (log, telemetry))
+        });
         let (log, telemetry) = match planned {
             Ok(planned) => planned,
             Err(error) => {
@@ -346,7 +344,7 @@ fn resume(dir: &Path) -> Result<Finished> {
                     built,
                     Restored {
                         dir: folder,
-                        epoch: loaded.manifest.epoch,
+                        epoch: loaded.epoch,
                         log,
                         telemetry,
                     },
@@ -400,7 +398,7 @@ fn build(
     let telemetry = held.telemetry();
     let model = task::build_model(config, device, telemetry.clone())?;
     let heuristic = match resume {
-        Some(loaded) => HeuristicController::from_state(&loaded.manifest.controller)
+        Some(loaded) => HeuristicController::from_state(&loaded.run.controller)
             .context("resume: the controller's state")?,
         None => HeuristicController::new(),
     }
@@ -411,7 +409,7 @@ fn build(
     let trainer = match resume {
         Some(loaded) => ModelTrainer::restore(
             model,
-            &loaded.trainer_state(),
+            &loaded.state,
             &data.train,
             Some(&data.validation),
             trainer_config,

@@ -119,7 +119,7 @@ pub(crate) fn join_group(device: tch::Device) -> Result<Option<ProcessGroup>> {
 /// A 64-bit FNV-1a hash of the parameters' bytes (as f32, in order): equal
 /// on every rank when the policies are bit-identical.
 pub(crate) fn fingerprint(parameters: &[tch::Tensor]) -> Result<String> {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut bytes = Vec::new();
     for parameter in parameters {
         let values = Vec::<f32>::try_from(
             &parameter
@@ -129,12 +129,12 @@ pub(crate) fn fingerprint(parameters: &[tch::Tensor]) -> Result<String> {
                 .reshape([-1]),
         )
         .context("reading the policy's parameters")?;
-        for value in values {
-            for byte in value.to_bits().to_le_bytes() {
-                hash ^= u64::from(byte);
-                hash = hash.wrapping_mul(0x0100_0000_01b3);
-            }
-        }
+        bytes.extend(
+            values
+                .iter()
+                .flat_map(|value| value.to_bits().to_le_bytes()),
+        );
     }
+    let hash = durable::fnv1a64(&bytes);
     Ok(format!("{hash:016x}"))
 }

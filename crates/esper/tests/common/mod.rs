@@ -1,6 +1,6 @@
 //! Helpers the checkpoint tests share: a run directory's whole tree, to
-//! show a refused resume changed nothing on disk, and the FNV-1a 64 hash
-//! the manifests use.
+//! show a refused resume changed nothing on disk, the FNV-1a 64 hash the
+//! manifests use, and an edit of a manifest that keeps its checksum valid.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,12 +25,20 @@ pub(crate) fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
     entries
 }
 
-/// FNV-1a 64, as the manifests use it.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
+/// FNV-1a 64, as the manifests use it (durable's).
+pub(crate) use durable::fnv1a64;
+
+/// Edits the body of the checkpoint manifest at `path` and writes it back
+/// with a fresh checksum (durable's format: `{"checksum", "manifest"}`), so
+/// that it still verifies.
+#[allow(dead_code, reason = "each test binary uses a part of the helpers")]
+pub(crate) fn rewrite_manifest(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("manifest")).expect("JSON");
+    edit(&mut file["manifest"]);
+    let compact = serde_json::to_vec(&file["manifest"]).expect("encode");
+    file["checksum"] = format!("fnv1a64:{:016x}", fnv1a64(&compact)).into();
+    let mut text = serde_json::to_vec_pretty(&file).expect("encode");
+    text.push(b'\n');
+    std::fs::write(path, text).expect("write");
 }

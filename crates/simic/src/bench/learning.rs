@@ -9,17 +9,14 @@
 //! learning (`ppo-greedy-eval-rounds`), each beside the baselines on the
 //! same environments (`*-last-rounds`, `*-eval-rounds`).
 
-use kasmina::host::CnnHostConfig;
 use leyline::Telemetry;
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
+use tolaria::ExecutionMode;
 use tolaria::amp::Precision;
-use tolaria::config::ExecutionMode;
 
 use super::baseline::{Baseline, run_baseline};
-use super::{
-    SLOTS, SimicBenchOptions, SimicBenchRun, ThroughputTask, amp_name, load, mean, simic_config,
-};
+use super::{SLOTS, SimicBenchOptions, SimicBenchRun, amp_name, load, mean, simic_config};
 use crate::Result;
 use crate::vectorized::{EnvSpec, Simic};
 use tamiyo::policy::SampleMode;
@@ -138,11 +135,9 @@ pub fn run_learning(
 ) -> Result<SimicBenchRun> {
     options.validate()?;
     let device = torch_ext::device::select(options.device)?;
-    let (train, test) = load(ThroughputTask::FashionMnist, options)?;
-    let host = CnnHostConfig {
-        base_channels: 4,
-        ..CnnHostConfig::fashion_mnist()
-    };
+    let task = tolaria::task::Task::FmnistImpaired;
+    let (train, test) = load(task, options)?;
+    let host = task.host_config();
     let spec = EnvSpec::sharded(
         host,
         SLOTS.iter().map(|s| (*s).to_owned()).collect(),

@@ -33,8 +33,8 @@ use std::path::PathBuf;
 
 use leyline::baseline::Measurements;
 use tch::Device;
+use tolaria::ExecutionMode;
 use tolaria::amp::Precision;
-use tolaria::config::ExecutionMode;
 use tolaria::data::Dataset;
 use tolaria::engine::trainer::ModelTrainerConfig;
 use torch_ext::DeviceChoice;
@@ -71,6 +71,16 @@ pub enum ThroughputTask {
     FashionMnist,
     /// CIFAR-10 binary files (`simic-cifar`).
     Cifar10,
+}
+
+impl ThroughputTask {
+    /// Tolaria's task (data set and host) of the workload.
+    pub fn task(self) -> tolaria::task::Task {
+        match self {
+            ThroughputTask::FashionMnist => tolaria::task::Task::Fmnist,
+            ThroughputTask::Cifar10 => tolaria::task::Task::Cifar10,
+        }
+    }
 }
 
 /// Options of the simic workloads.
@@ -150,26 +160,22 @@ pub struct SimicBenchRun {
     pub measurements: Measurements,
 }
 
+/// The training and test data of `task` (tolaria's task loader), cut to
+/// small subsets in a quick run.
 pub(crate) fn load(
-    task: ThroughputTask,
+    task: tolaria::task::Task,
     options: &SimicBenchOptions,
 ) -> Result<(Dataset, Dataset)> {
-    let (train, test) = match task {
-        ThroughputTask::FashionMnist => {
-            let mut load = tolaria::data::fashion_mnist::FashionMnistOptions::default();
-            if let Some(dir) = &options.data_dir {
-                load.dir = Some(dir.clone());
-            }
-            tolaria::data::fashion_mnist::load(load)?
-        }
-        ThroughputTask::Cifar10 => {
-            let load = match &options.data_dir {
-                Some(dir) => tolaria::data::cifar10::Cifar10Options::from_dir(dir),
-                None => tolaria::data::cifar10::Cifar10Options::default(),
-            };
-            tolaria::data::cifar10::load(load)?
-        }
-    };
+    let tolaria::task::TaskData {
+        train,
+        validation: test,
+    } = tolaria::task::load(
+        task,
+        &tolaria::task::TaskOptions {
+            data_dir: options.data_dir.clone(),
+            ..tolaria::task::TaskOptions::default()
+        },
+    )?;
     if options.quick {
         let take = |data: &Dataset, n: usize| {
             data.slice(0, n.min(data.len()))

@@ -62,11 +62,8 @@ pub fn run_rank(
         Some(group) => group.device(),
         None => torch_ext::device::select(options.device)?,
     };
-    let (train, test) = load(task, options)?;
-    let host = match task {
-        ThroughputTask::FashionMnist => kasmina::host::CnnHostConfig::fashion_mnist(),
-        ThroughputTask::Cifar10 => kasmina::host::CnnHostConfig::cifar_baseline(),
-    };
+    let (train, test) = load(task.task(), options)?;
+    let host = task.task().host_config();
     let spec = EnvSpec::sharded(
         host,
         SLOTS.iter().map(|s| (*s).to_owned()).collect(),

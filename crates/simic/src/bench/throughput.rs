@@ -5,13 +5,12 @@
 
 use std::time::Instant;
 
-use kasmina::host::CnnHostConfig;
 use leyline::Telemetry;
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
 use tch::Device;
+use tolaria::ExecutionMode;
 use tolaria::amp::Precision;
-use tolaria::config::ExecutionMode;
 use tolaria::data::Dataset;
 
 use super::{
@@ -245,7 +244,7 @@ pub fn run_throughput(
 ) -> Result<SimicBenchRun> {
     options.validate()?;
     let device = torch_ext::device::select(options.device)?;
-    let (train, test) = match load(task, options) {
+    let (train, test) = match load(task.task(), options) {
         Ok(data) => data,
         // A missing data set (CIFAR-10 is not on every machine) is a record
         // that says so, not a stopped `cargo xtask bench`.
@@ -266,10 +265,7 @@ pub fn run_throughput(
             });
         }
     };
-    let host = match task {
-        ThroughputTask::FashionMnist => CnnHostConfig::fashion_mnist(),
-        ThroughputTask::Cifar10 => CnnHostConfig::cifar_baseline(),
-    };
+    let host = task.task().host_config();
     let n_envs = 4;
     let spec = EnvSpec::sharded(
         host,

@@ -1,10 +1,19 @@
 //! One environment of a vectorized round: a Kasmina model trained by its own
 //! Tolaria [`ModelTrainer`] (its own compute stream on CUDA), the
-//! observation history Tamiyo's features need, and what the reward needs to
-//! remember between steps (accuracy at each seed's germination, each slot's
-//! alpha and size at the previous step).
+//! observation history Tamiyo's features need, its last epoch figures, its
+//! episode's outcome, what the reward needs to remember between steps
+//! (accuracy at each seed's germination, each slot's alpha and size at the
+//! previous step), and the step in flight: the environment is a small state
+//! machine whose phases ([`step`]) the collector drives.
+//!
+//! Also here: the round's data ([`EnvSpec`]), which device each environment
+//! runs on, and the blueprint warm-up before the first round.
 
 use std::collections::HashMap;
+
+mod step;
+
+pub(super) use step::StepRules;
 
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
 use kasmina::lifecycle::SlotConfig;
@@ -12,10 +21,13 @@ use kasmina::model::MorphogeneticModel;
 use leyline::{SeedStage, Telemetry};
 use tamiyo::features::ObservationTracker;
 use tch::Device;
+use tolaria::controller::EpochMetrics;
 use tolaria::data::Dataset;
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 
-use crate::counterfactual::CounterfactualReport;
+use super::SimicConfig;
+use super::outcome::EpisodeOutcome;
+use crate::counterfactual::{CounterfactualReport, ShapleyValue};
 use crate::rewards::{SeedFacts, SlotFacts, StagePoint};
 use crate::{Error, Result};
 
@@ -99,24 +111,36 @@ struct SlotMemory {
 
 /// One environment (see the module docs).
 pub(crate) struct Env {
+    /// The environment's index in the round (its row of the buffer).
+    index: usize,
     pub(crate) trainer: ModelTrainer,
-    pub(crate) tracker: ObservationTracker,
-    pub(crate) slots: Vec<SlotId>,
+    tracker: ObservationTracker,
+    slots: Vec<SlotId>,
+    /// The step in flight.
+    phase: step::Phase,
+    /// The last finite epoch figures the policy saw.
+    last_metrics: EpochMetrics,
+    /// The masks left the op head one choice at this step's observation.
+    forced: bool,
     /// The episode ended early (the governor rolled the model back).
-    pub(crate) done: bool,
+    done: bool,
     /// Last step with a transition in the buffer.
-    pub(crate) last_step: Option<usize>,
+    last_step: Option<usize>,
     /// Validation accuracy when each live seed germinated.
     germination_accuracy: HashMap<SlotId, f64>,
     memory: Vec<SlotMemory>,
     /// The raw rewards of this episode (before normalisation), summed.
-    pub(crate) episode_reward: f64,
+    episode_reward: f64,
     /// Latest validation accuracy, percent.
-    pub(crate) val_accuracy: f64,
+    val_accuracy: f64,
     /// Active seeds summed over steps (for the mean).
-    pub(crate) active_seed_steps: u64,
+    active_seed_steps: u64,
     /// The environment's seed (its model, and its Shapley permutations).
-    pub(crate) seed: u64,
+    seed: u64,
+    /// The ops chosen and carried out so far, and how the episode ended.
+    outcome: EpisodeOutcome,
+    /// The seeds' Shapley values at the episode's last epoch, by slot.
+    shapley: Vec<(SlotId, ShapleyValue)>,
 }
 
 impl Env {
@@ -155,10 +179,19 @@ impl Env {
             telemetry.clone(),
         )?;
         Ok(Env {
+            index,
             tracker: ObservationTracker::new(&slots, max_epochs)?,
             memory: vec![SlotMemory::default(); slots.len()],
             slots,
             trainer,
+            phase: step::Phase::Idle,
+            last_metrics: EpochMetrics {
+                train_loss: 0.0,
+                train_accuracy: 0.0,
+                val_loss: 0.0,
+                val_accuracy: 0.0,
+            },
+            forced: false,
             done: false,
             last_step: None,
             germination_accuracy: HashMap::new(),
@@ -166,16 +199,67 @@ impl Env {
             val_accuracy: 0.0,
             active_seed_steps: 0,
             seed,
+            outcome: EpisodeOutcome::new(index),
+            shapley: Vec::new(),
         })
+    }
+
+    /// The environment's index in the round.
+    pub(crate) fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The number of slots (the policy's `num_slots`).
+    pub(crate) fn num_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The governor ended the episode early.
+    pub(crate) fn done(&self) -> bool {
+        self.done
+    }
+
+    /// Whether the masks left the op head one choice at the last
+    /// observation (a forced WAIT).
+    pub(crate) fn forced(&self) -> bool {
+        self.forced
+    }
+
+    /// The episode's summed raw reward.
+    pub(crate) fn episode_reward(&self) -> f64 {
+        self.episode_reward
+    }
+
+    /// Latest validation accuracy, percent.
+    pub(crate) fn val_accuracy(&self) -> f64 {
+        self.val_accuracy
+    }
+
+    /// Live seeds summed over the episode's steps.
+    pub(crate) fn active_seed_steps(&self) -> u64 {
+        self.active_seed_steps
+    }
+
+    /// Closes the episode: its outcome (final accuracy, reward, the model's
+    /// fossils and parameter ratio, how it ended) and the Shapley values
+    /// measured at its last epoch.
+    pub(crate) fn into_outcome(mut self) -> (EpisodeOutcome, Vec<(SlotId, ShapleyValue)>) {
+        let (_, fossils, fossil_params) = self.occupancy();
+        let host_params = self.host_params();
+        self.outcome.finish(
+            self.val_accuracy,
+            self.episode_reward,
+            self.done,
+            fossils,
+            host_params,
+            fossil_params,
+        );
+        (self.outcome, self.shapley)
     }
 
     /// The targeted slot's seed as the policy saw it, with this epoch's
     /// counterfactual `report`.
-    pub(crate) fn seed_facts(
-        &self,
-        slot: SlotId,
-        report: Option<&CounterfactualReport>,
-    ) -> Option<SeedFacts> {
+    fn seed_facts(&self, slot: SlotId, report: Option<&CounterfactualReport>) -> Option<SeedFacts> {
         let model = self.trainer.model();
         let state = model.slot(slot).ok()?.state()?;
         let metrics = state.metrics();
@@ -207,7 +291,7 @@ impl Env {
     }
 
     /// The slot's lifecycle position now (after the op and the tick).
-    pub(crate) fn stage_point(&self, slot: SlotId) -> Option<StagePoint> {
+    fn stage_point(&self, slot: SlotId) -> Option<StagePoint> {
         let state = self.trainer.model().slot(slot).ok()?.state()?;
         Some(StagePoint {
             stage: state.stage(),
@@ -217,7 +301,7 @@ impl Env {
 
     /// Every slot's rent and shock inputs now, against the previous step;
     /// remembers the present for the next step.
-    pub(crate) fn slot_facts(&mut self) -> Vec<SlotFacts> {
+    fn slot_facts(&mut self) -> Vec<SlotFacts> {
         let model = self.trainer.model();
         let mut facts = Vec::with_capacity(self.slots.len());
         for (index, slot) in self.slots.iter().enumerate() {
@@ -250,14 +334,12 @@ impl Env {
     }
 
     /// Notes the validation accuracy at a germination in `slot`.
-    pub(crate) fn note_germination(&mut self, slot: SlotId) {
+    fn note_germination(&mut self, slot: SlotId) {
         self.germination_accuracy.insert(slot, self.val_accuracy);
     }
 
-    /// Slots holding a live or fossilised seed, fossils, and the fossils'
-    /// parameters.
     /// The host's parameter count (seeds excluded).
-    pub(crate) fn host_params(&self) -> u64 {
+    fn host_params(&self) -> u64 {
         self.trainer
             .model()
             .host_parameters()
@@ -266,7 +348,9 @@ impl Env {
             .sum()
     }
 
-    pub(crate) fn occupancy(&self) -> (u32, u32, u64) {
+    /// Slots holding a live or fossilised seed, fossils, and the fossils'
+    /// parameters.
+    fn occupancy(&self) -> (u32, u32, u64) {
         let mut occupied = 0_u32;
         let mut fossils = 0_u32;
         let mut fossil_params = 0_u64;
@@ -286,60 +370,58 @@ impl Env {
     }
 }
 
-impl super::Simic {
-    /// The device of environment `index` ([`super::SimicConfig::env_devices`],
-    /// round-robin; the policy's device when the list is empty).
-    pub(crate) fn env_device(&self, index: usize) -> Device {
-        let devices = &self.config.env_devices;
-        index
-            .checked_rem(devices.len())
-            .and_then(|slot| devices.get(slot))
-            .copied()
-            .unwrap_or(self.device)
-    }
+/// The device of environment `index` ([`SimicConfig::env_devices`],
+/// round-robin; `policy_device` when the list is empty).
+pub(crate) fn env_device(config: &SimicConfig, index: usize, policy_device: Device) -> Device {
+    let devices = &config.env_devices;
+    index
+        .checked_rem(devices.len())
+        .and_then(|slot| devices.get(slot))
+        .copied()
+        .unwrap_or(policy_device)
+}
 
-    /// Runs every blueprint at every slot of `spec`'s host once at the
-    /// environments' training batch shapes (those of the trainer's epoch
-    /// plan over a shard: [`tolaria::engine::batches::batch_sizes`]), on a
-    /// scratch model per environment CUDA device
-    /// ([`tolaria::engine::prewarm::prewarm_blueprints`]); nothing on the
-    /// CPU.
-    pub(crate) fn prewarm_blueprints(
-        &self,
-        spec: &EnvSpec,
-    ) -> Result<tolaria::engine::prewarm::Prewarm> {
-        let trainer = &self.config.trainer;
-        let batch = i64::try_from(trainer.batch_size).unwrap_or(i64::MAX);
-        let shard = spec
-            .train
-            .first()
-            .map_or(0, |data| i64::try_from(data.len()).unwrap_or(i64::MAX));
-        let sizes = tolaria::engine::batches::batch_sizes(shard, batch, trainer.drop_last)?;
-        let mut devices: Vec<Device> = Vec::new();
-        for index in 0..self.config.n_envs {
-            let device = self.env_device(index);
-            if !devices.contains(&device) {
-                devices.push(device);
-            }
+/// Runs every blueprint at every slot of `spec`'s host once at the
+/// environments' training batch shapes (those of the trainer's epoch plan
+/// over a shard: [`tolaria::engine::batches::batch_sizes`]), on a scratch
+/// model per environment CUDA device
+/// ([`tolaria::engine::prewarm::prewarm_blueprints`]); nothing on the CPU.
+pub(crate) fn prewarm_blueprints(
+    config: &SimicConfig,
+    spec: &EnvSpec,
+    policy_device: Device,
+) -> Result<tolaria::engine::prewarm::Prewarm> {
+    let trainer = &config.trainer;
+    let batch = i64::try_from(trainer.batch_size).unwrap_or(i64::MAX);
+    let shard = spec
+        .train
+        .first()
+        .map_or(0, |data| i64::try_from(data.len()).unwrap_or(i64::MAX));
+    let sizes = tolaria::engine::batches::batch_sizes(shard, batch, trainer.drop_last)?;
+    let mut devices: Vec<Device> = Vec::new();
+    for index in 0..config.n_envs {
+        let device = env_device(config, index, policy_device);
+        if !devices.contains(&device) {
+            devices.push(device);
         }
-        let mut total = tolaria::engine::prewarm::Prewarm::default();
-        for device in devices {
-            if !device.is_cuda() {
-                continue;
-            }
-            let precision = match trainer.precision {
-                Some(precision) => precision,
-                None => tolaria::amp::Precision::auto(device)?,
-            };
-            let model = spec.model(device, Telemetry::disabled())?;
-            let done = tolaria::engine::prewarm::prewarm_blueprints(
-                &model,
-                precision,
-                trainer.channels_last,
-                &sizes,
-            )?;
-            total.absorb(&done);
-        }
-        Ok(total)
     }
+    let mut total = tolaria::engine::prewarm::Prewarm::default();
+    for device in devices {
+        if !device.is_cuda() {
+            continue;
+        }
+        let precision = match trainer.precision {
+            Some(precision) => precision,
+            None => tolaria::amp::Precision::auto(device)?,
+        };
+        let model = spec.model(device, Telemetry::disabled())?;
+        let done = tolaria::engine::prewarm::prewarm_blueprints(
+            &model,
+            precision,
+            trainer.channels_last,
+            &sizes,
+        )?;
+        total.absorb(&done);
+    }
+    Ok(total)
 }

@@ -8,14 +8,14 @@
 //! libtorch's global generator is reseeded as each environment is built.
 
 use serde::{Deserialize, Serialize};
-use tamiyo::normaliser::{NormaliserState, RunningMeanStd};
+use tamiyo::normaliser::NormaliserState;
 use tamiyo::policy::PolicyRng;
 use tch::Tensor;
 
 use super::Simic;
 use crate::error::TorchResultExt;
-use crate::ppo::{ValueNormaliser, ValueNormaliserState};
-use crate::rewards::{RewardNormaliser, RewardNormaliserState};
+use crate::ppo::ValueNormaliserState;
+use crate::rewards::RewardNormaliserState;
 use crate::{Error, Result};
 
 /// The host-side part of the state (a checkpoint's manifest holds it).
@@ -42,8 +42,6 @@ pub struct SimicState {
 
 /// Prefix of the policy's parameters among the state tensors.
 const POLICY: &str = "policy/";
-/// Prefix of the PPO optimizer's state among the state tensors.
-const OPTIMIZER: &str = "optimizer/";
 
 impl Simic {
     /// The state between rounds: host values, and the tensors (the policy's
@@ -51,36 +49,33 @@ impl Simic {
     /// `optimizer/<index>`, its step count as `optimizer/step_count`), as
     /// handles (copy them before the next round changes them).
     pub fn export_state(&self) -> Result<(SimicState, Vec<(String, Tensor)>)> {
+        let learner = self.learner.state()?;
         let state = SimicState {
-            rounds: self.rounds,
-            env_epochs: self.env_epochs,
-            ppo_updates: self.ppo.updates(),
-            sampler_rng: self.sampler.rng().clone(),
-            ppo_rng: self.ppo.rng().clone(),
-            obs_normaliser: match &self.obs_normaliser {
-                Some(normaliser) => Some(normaliser.state()?),
-                None => None,
-            },
-            value_normaliser: self.value_normaliser.state()?,
-            reward_normaliser: self.reward_normaliser.state(),
+            rounds: self.progress.rounds,
+            env_epochs: self.progress.env_epochs,
+            ppo_updates: learner.ppo_updates,
+            sampler_rng: self.actor.rng().clone(),
+            ppo_rng: learner.ppo_rng,
+            obs_normaliser: learner.obs_normaliser,
+            value_normaliser: learner.value_normaliser,
+            reward_normaliser: learner.reward_normaliser,
         };
-        let mut tensors: Vec<(String, Tensor)> = self
-            .policy
+        let mut tensors = self.policy_tensors();
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        tensors.extend(self.learner.optimizer_tensors());
+        Ok((state, tensors))
+    }
+
+    /// The policy's variables as a checkpoint names them
+    /// (`policy/<name>`), as handles.
+    fn policy_tensors(&self) -> Vec<(String, Tensor)> {
+        self.actor
+            .policy()
             .var_store()
             .variables()
             .into_iter()
             .map(|(name, tensor)| (format!("{POLICY}{name}"), tensor))
-            .collect();
-        tensors.sort_by(|a, b| a.0.cmp(&b.0));
-        let optimizer = self.ppo.optimizer();
-        for (index, tensor) in optimizer.state_tensors().into_iter().enumerate() {
-            tensors.push((format!("{OPTIMIZER}{index}"), tensor));
-        }
-        tensors.push((
-            format!("{OPTIMIZER}step_count"),
-            optimizer.step_count_tensor().shallow_clone(),
-        ));
-        Ok((state, tensors))
+            .collect()
     }
 
     /// Puts back a state [`Simic::export_state`] returned (before any round
@@ -105,21 +100,8 @@ impl Simic {
         };
         // Every (target, source) pair, checked and staged on the target's
         // device before anything is written.
-        let mut targets: Vec<(String, Tensor)> = self
-            .policy
-            .var_store()
-            .variables()
-            .into_iter()
-            .map(|(name, tensor)| (format!("{POLICY}{name}"), tensor))
-            .collect();
-        let optimizer = self.ppo.optimizer();
-        for (index, tensor) in optimizer.state_tensors().into_iter().enumerate() {
-            targets.push((format!("{OPTIMIZER}{index}"), tensor));
-        }
-        targets.push((
-            format!("{OPTIMIZER}step_count"),
-            optimizer.step_count_tensor().shallow_clone(),
-        ));
+        let mut targets = self.policy_tensors();
+        targets.extend(self.learner.optimizer_tensors());
         let mut staged: Vec<(Tensor, Tensor)> = Vec::with_capacity(targets.len());
         for (name, target) in &targets {
             let source = find(name)?;
@@ -156,20 +138,7 @@ impl Simic {
                 reason: format!("`{name}` holds {count} NaN or infinite values"),
             });
         }
-        let obs_normaliser = match (&state.obs_normaliser, self.config.normalise_observations) {
-            (Some(saved), true) => Some(RunningMeanStd::from_state(saved, self.device)?),
-            (None, false) => None,
-            _ => {
-                return Err(Error::InvalidInput {
-                    field: "SimicState.obs_normaliser",
-                    reason: "the checkpoint and the configuration disagree on observation \
-                             normalisation"
-                        .to_owned(),
-                });
-            }
-        };
-        let value_normaliser = ValueNormaliser::from_state(&state.value_normaliser, self.device)?;
-        let reward_normaliser = RewardNormaliser::from_state(state.reward_normaliser)?;
+        let normalisers = self.learner.normalisers_of(state)?;
         // Everything is checked: write.
         {
             let _guard = tch::no_grad_guard();
@@ -178,14 +147,10 @@ impl Simic {
                 target.f_copy_(source).op("checkpoint copy")?;
             }
         }
-        self.obs_normaliser = obs_normaliser;
-        self.value_normaliser = value_normaliser;
-        self.reward_normaliser = reward_normaliser;
-        self.sampler.set_rng(state.sampler_rng.clone());
-        self.ppo.resume_at(state.ppo_updates, state.ppo_rng.clone());
-        self.rounds = state.rounds;
-        self.env_epochs = state.env_epochs;
-        self.graphed = None;
+        self.learner.resume(normalisers, state);
+        self.actor.resume(state.sampler_rng.clone());
+        self.progress.rounds = state.rounds;
+        self.progress.env_epochs = state.env_epochs;
         Ok(())
     }
 }

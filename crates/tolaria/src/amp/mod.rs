@@ -1,12 +1,14 @@
-//! Automatic mixed precision: the autocast [`Precision`] and a [`GradScaler`]
-//! whose whole state lives on the device.
+//! Training precision: automatic mixed precision (the autocast [`Precision`]
+//! and a [`GradScaler`] whose whole state lives on the device), and the
+//! process-wide TF32 and matmul settings every trainer applies once when it
+//! starts ([`PrecisionConfig`], [`MatmulPrecision`], [`apply_precision`]).
 //!
 //! Used by the general step ([`crate::engine::model_step::ModelStep`]) on
 //! every batch.
 //!
 //! [`Precision`] is the issue's `precision = "fp32" | "bf16" | "fp16"`:
 //! the dtype autocast runs the forward pass in (TF32 and the matmul
-//! precision are [`crate::PrecisionConfig`]'s, applied whatever this is).
+//! precision are [`PrecisionConfig`]'s, applied whatever this is).
 //! [`Precision::auto`] picks bf16 where the GPU supports it (compute
 //! capability 8.0 and newer) and fp32 on the CPU.
 //!
@@ -41,7 +43,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result, TorchResultExt};
 
+mod matmul;
 mod precision;
+pub use matmul::{MatmulPrecision, PrecisionConfig, apply_precision};
 pub use precision::Precision;
 
 /// The initial scale of `torch.amp.GradScaler`: 2^16.

@@ -16,10 +16,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use leyline::telemetry as names;
+use leyline::telemetry::sources::TOLARIA;
 use leyline::{Telemetry, TelemetryLevel, metric};
 
 use super::{Controller, Decision, EpochObservation};
-use crate::telemetry::SOURCE;
 use crate::{Error, Result};
 
 /// Longest accepted deadline (one hour): keeps `Instant` arithmetic exact.
@@ -204,7 +204,7 @@ impl DecisionDeadline {
         let elapsed_ms = elapsed.as_secs_f64() * 1e3;
         let deadline_ms = self.deadline.as_secs_f64() * 1e3;
         self.telemetry.emit_event(
-            SOURCE,
+            TOLARIA,
             names::TOLARIA_TIMEOUT_DECISION_MISSED,
             "controller decision deadline missed; WAIT applied",
             vec![
@@ -219,7 +219,7 @@ impl DecisionDeadline {
             ],
         );
         self.telemetry.emit_metrics(
-            SOURCE,
+            TOLARIA,
             TelemetryLevel::Warning,
             [
                 metric(
@@ -236,7 +236,7 @@ impl DecisionDeadline {
     fn failed(&mut self, epoch: u32, id: u64, reason: String) -> DeadlineOutcome {
         self.stats.failures = self.stats.failures.saturating_add(1);
         self.telemetry.emit_event(
-            SOURCE,
+            TOLARIA,
             names::TOLARIA_CONTROLLER_FAILED,
             "controller decision failed; WAIT applied",
             vec![

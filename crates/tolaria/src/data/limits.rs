@@ -40,6 +40,9 @@ pub const MAX_CLASSES: usize = 1 << 20;
 pub const MAX_CHANNELS: usize = 1024;
 /// Largest number of `f32` values a synthetic generator produces (1 GiB).
 pub const MAX_SYNTHETIC_VALUES: usize = 1 << 28;
+/// Largest packed buffer of the reference task's layout (one training or
+/// validation set, [`super::pack_epoch`]), in `f32`s: 1 GiB.
+pub const MAX_PACKED_VALUES: usize = 1 << 28;
 /// Largest centre range and noise standard deviation of a synthetic task,
 /// so every generated value is a finite `f32`.
 pub const MAX_SYNTHETIC_SCALE: f64 = 1e6;

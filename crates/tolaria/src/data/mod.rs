@@ -14,7 +14,8 @@
 //!   `test_batch.bin`).
 //! - [`reference`](mod@reference): the `tolaria-reference` task (Box-Muller inputs labelled
 //!   by a random linear teacher, mirrored bit for bit by the Python peer) and
-//!   its packed microbatch layout, the staging format of the fast path.
+//!   its packed microbatch layout, the staging format of the special
+//!   reference trainer (`tolaria::reference`).
 //! - [`synthetic`]: seeded blob and image tasks for fast tests.
 //! - [`normalisation`]: the per-data-set mean and standard deviation.
 //! - [`shuffle`]: seeded permutations and epoch seeds, drawn from
@@ -55,8 +56,8 @@ pub use dataset::{Dataset, SplitSize};
 pub use format::FormatError;
 pub use normalisation::Normalisation;
 pub use reference::{
-    MicrobatchSpan, PackedEpoch, REFERENCE_TASK_NAME, ReferenceData, pack_epoch, packed_len,
-    tabular_features,
+    MicrobatchSpan, PackedEpoch, REFERENCE_TASK_NAME, ReferenceData, ReferenceTask, pack_epoch,
+    packed_len, tabular_features,
 };
 
 /// Result alias of the data layer.

@@ -1,5 +1,6 @@
 //! The `tolaria-reference` task (the only one of that name) and its packed
-//! microbatch layout, the staging format of the reference fast path.
+//! microbatch layout, the staging format of the special reference trainer
+//! (`tolaria::reference`).
 //!
 //! Samples are drawn from a seeded [`SplitMix64`] stream (Box-Muller normals),
 //! and labels come from a random linear teacher, so the task is learnable by
@@ -20,7 +21,7 @@
 //! so that weight and bias are one `[C, F + 1]` matrix.
 
 use super::Dataset;
-use crate::config::{MAX_PACKED_VALUES, TrainerConfig};
+use super::limits::{MAX_CLASSES, MAX_PACKED_VALUES, MAX_SYNTHETIC_VALUES};
 use crate::error::{Error, Result};
 use leyline::rng::SplitMix64;
 
@@ -34,6 +35,90 @@ fn box_muller_normal(rng: &mut SplitMix64) -> f64 {
     let u1 = 1.0 - rng.next_f64();
     let u2 = rng.next_f64();
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+}
+
+/// What one reference task draws: its seed and sizes (the special
+/// `tolaria-reference` trainer's `TrainerConfig::task`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReferenceTask {
+    /// Seed of the samples and of the teacher; the initial parameters come
+    /// from a stream derived from it.
+    pub seed: u64,
+    /// Training samples.
+    pub n_samples: usize,
+    /// Validation samples (0: an empty validation set).
+    pub n_validation_samples: usize,
+    /// Input features.
+    pub n_features: usize,
+    /// Output classes.
+    pub n_classes: usize,
+}
+
+impl ReferenceTask {
+    /// Checks the sizes against the data layer's bounds, with checked
+    /// arithmetic, before anything is allocated: `n_features >= 1`,
+    /// `n_classes` in `2..=`[`MAX_CLASSES`], the teacher's and the initial
+    /// parameters' `n_features x n_classes` values at most
+    /// [`MAX_SYNTHETIC_VALUES`], and each set's packed buffer at most
+    /// [`MAX_PACKED_VALUES`] `f32`s (which bounds its `samples x
+    /// n_features` values too). A trainer checks its own, tighter bounds
+    /// first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the field and its value.
+    pub fn validate(&self) -> Result<()> {
+        let invalid =
+            |field: &'static str, reason: String| Err(Error::InvalidConfig { field, reason });
+        if self.n_features == 0 {
+            return invalid(
+                "n_features",
+                "0: a sample has at least 1 feature".to_owned(),
+            );
+        }
+        if !(2..=MAX_CLASSES).contains(&self.n_classes) {
+            return invalid(
+                "n_classes",
+                format!("{} is outside 2..={MAX_CLASSES}", self.n_classes),
+            );
+        }
+        let parameters = self
+            .n_features
+            .checked_add(1)
+            .and_then(|columns| columns.checked_mul(self.n_classes));
+        if parameters.is_none_or(|len| len > MAX_SYNTHETIC_VALUES) {
+            return invalid(
+                "n_features",
+                format!(
+                    "{} features x {} classes are more than {MAX_SYNTHETIC_VALUES} parameters",
+                    self.n_features, self.n_classes
+                ),
+            );
+        }
+        for (field, samples) in [
+            ("n_samples", self.n_samples),
+            ("n_validation_samples", self.n_validation_samples),
+        ] {
+            match packed_len(samples, self.n_features, self.n_classes) {
+                Some(len) if len <= MAX_PACKED_VALUES => {}
+                len => {
+                    return invalid(
+                        field,
+                        format!(
+                            "{samples} samples of {} features and {} classes pack into {} f32s, \
+                             above the bound of {MAX_PACKED_VALUES}",
+                            self.n_features,
+                            self.n_classes,
+                            len.map_or_else(
+                                || "more than usize::MAX".to_owned(),
+                                |len| len.to_string()
+                            )
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Training and validation sets of the reference task, plus the initial
@@ -54,18 +139,18 @@ pub struct ReferenceData {
 const INIT_STREAM: u64 = 0xA5A5_A5A5_5A5A_5A5A;
 
 impl ReferenceData {
-    /// Generates the data set and initial parameters described by `config`.
+    /// Generates the data set and initial parameters described by `task`.
     ///
     /// # Errors
-    /// [`TrainerConfig::validate`]'s errors, checked before anything is
+    /// [`ReferenceTask::validate`]'s errors, checked before anything is
     /// allocated, so every size below is bounded; [`Error::Data`] if
     /// libtorch cannot hold the sets.
-    pub fn generate(config: &TrainerConfig) -> Result<ReferenceData> {
-        config.validate()?;
-        let (n_features, n_classes) = (config.n_features, config.n_classes);
-        let mut rng = SplitMix64::new(config.seed);
-        // Bounded by validate(): F <= 2^16, C <= 2^10, n x F <= the packed
-        // buffer's bound; checked again here so no product can wrap.
+    pub fn generate(task: &ReferenceTask) -> Result<ReferenceData> {
+        task.validate()?;
+        let (n_features, n_classes) = (task.n_features, task.n_classes);
+        let mut rng = SplitMix64::new(task.seed);
+        // Bounded by validate(): C <= MAX_CLASSES, F x C and n x F within
+        // their bounds; checked again here so no product can wrap.
         let product = |a: usize, b: usize| {
             a.checked_mul(b).ok_or_else(|| Error::InvalidConfig {
                 field: "n_features",
@@ -92,9 +177,9 @@ impl ReferenceData {
                 n_classes,
             )?)
         };
-        let train = draw(config.n_samples, "train")?;
-        let validation = draw(config.n_validation_samples, "validation")?;
-        let mut init_rng = SplitMix64::new(config.seed ^ INIT_STREAM);
+        let train = draw(task.n_samples, "train")?;
+        let validation = draw(task.n_validation_samples, "validation")?;
+        let mut init_rng = SplitMix64::new(task.seed ^ INIT_STREAM);
         let bound = 1.0 / (n_features as f64).sqrt();
         let initial_parameters = (0..product(n_classes, n_features.saturating_add(1))?)
             .map(|_| ((2.0 * init_rng.next_f64() - 1.0) * bound) as f32)
@@ -281,7 +366,14 @@ mod tests {
 
     #[test]
     fn reference_data_is_seeded_and_uses_every_class() {
-        let config = TrainerConfig::reference();
+        // The `tolaria-reference` workload's task.
+        let task = ReferenceTask {
+            seed: 20_251_001,
+            n_samples: 16,
+            n_validation_samples: 16,
+            n_features: 16,
+            n_classes: 4,
+        };
         let host = |data: &ReferenceData| {
             (
                 data.train.features_to_vec().expect("train features"),
@@ -293,16 +385,16 @@ mod tests {
                 data.initial_parameters.clone(),
             )
         };
-        let first = ReferenceData::generate(&config).expect("reference data");
+        let first = ReferenceData::generate(&task).expect("reference data");
         assert_eq!(
             host(&first),
-            host(&ReferenceData::generate(&config).expect("reference data"))
+            host(&ReferenceData::generate(&task).expect("reference data"))
         );
         assert_eq!(first.train.name(), "tolaria-reference/train");
         assert_eq!(first.train.sample_shape(), vec![16]);
-        let other = ReferenceData::generate(&TrainerConfig {
-            seed: config.seed + 1,
-            ..config.clone()
+        let other = ReferenceData::generate(&ReferenceTask {
+            seed: task.seed + 1,
+            ..task
         })
         .expect("reference data");
         assert_ne!(host(&first).0, host(&other).0);

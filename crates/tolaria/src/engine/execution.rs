@@ -12,9 +12,9 @@ use leyline::telemetry as names;
 use tch::Tensor;
 use torch_ext::CudaGraph;
 
+use super::ExecutionMode;
 use super::staging::StagedData;
 use super::{Batch, Engine, EpochAccumulator, Step, StepGraph};
-use crate::config::ExecutionMode;
 use crate::error::{Error, Result, TorchResultExt};
 
 impl Engine {

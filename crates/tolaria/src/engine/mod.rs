@@ -41,6 +41,7 @@ mod accumulator;
 pub mod batches;
 pub mod bench;
 mod execution;
+mod mode;
 pub mod model_step;
 mod pool;
 pub mod prewarm;
@@ -48,6 +49,7 @@ pub mod staging;
 pub mod trainer;
 
 pub use accumulator::EpochAccumulator;
+pub use mode::{DataPlacement, ExecutionMode};
 pub use pool::shared_pool;
 
 use std::collections::{BTreeSet, HashMap};
@@ -57,7 +59,6 @@ use leyline::proto::TelemetryEvent;
 use tch::{Device, Tensor};
 use torch_ext::{CudaEvent, CudaGraph, CudaStream, GraphPool};
 
-use crate::config::ExecutionMode;
 use crate::error::{Error, Result};
 use execution::{EpochCounts, SyncGuard};
 use staging::StagedData;
@@ -85,7 +86,8 @@ pub struct StepKey(pub String);
 /// What one batch does. The general implementation is
 /// [`model_step::ModelStep`] (any Kasmina model, autograd); the special one
 /// is the hand-derived linear step of `tolaria-reference`
-/// ([`crate::step`], driven by [`crate::Trainer`]).
+/// (`tolaria::reference::step`, driven by `tolaria::reference::Trainer`),
+/// which does not implement this trait.
 pub trait Step {
     /// Called at each epoch boundary, before the epoch, outside any capture:
     /// adopt layout changes (new or removed parameter groups, stages,

@@ -44,9 +44,8 @@ use tch::Device;
 
 use super::model_step::{ModelStep, ModelStepConfig};
 use super::staging::StagedData;
-use super::{Engine, EngineConfig, EngineEpoch};
-use crate::amp::{GradScalerConfig, Precision};
-use crate::config::{ExecutionMode, PrecisionConfig};
+use super::{DataPlacement, Engine, EngineConfig, EngineEpoch, ExecutionMode};
+use crate::amp::{GradScalerConfig, Precision, PrecisionConfig};
 use crate::controller::{
     Applied, Controller, DeadlineOutcome, DecisionDeadline, EpochMetrics, EpochObservation,
 };
@@ -56,10 +55,12 @@ use crate::governor::{Governor, GovernorConfig, RollbackReport, Verdict};
 use crate::grad_agg::GradAggMetrics;
 use crate::optim::OptimizerConfig;
 
+pub mod checkpoint;
 pub mod phases;
 pub mod state;
 mod validation;
 
+pub use checkpoint::{TrainerCheckpoint, read_checkpoint};
 pub use phases::TrainedEpoch;
 pub use state::{
     GovernorManifest, OptimizerGroup, SlotState, SnapshotFossil, SnapshotManifest, TensorEntry,
@@ -108,7 +109,7 @@ pub struct ModelTrainerConfig {
     pub forbid_syncs: bool,
     /// Where the training set lives: on the device (default; every mode),
     /// or in pinned host memory with double-buffered staging (eager only).
-    pub data_placement: crate::config::DataPlacement,
+    pub data_placement: DataPlacement,
     /// Keep 4-D parameters channels-last on CUDA (see
     /// [`ModelStepConfig::channels_last`]).
     pub channels_last: bool,
@@ -154,7 +155,7 @@ impl Default for ModelTrainerConfig {
             forbid_syncs: false,
             counterfactual_samples: 1000,
             channels_last: true,
-            data_placement: crate::config::DataPlacement::Device,
+            data_placement: DataPlacement::Device,
             graph_pool_lane: 0,
             cudnn_benchmark: true,
         }
@@ -234,7 +235,7 @@ impl ModelTrainer {
         telemetry: Telemetry,
     ) -> Result<ModelTrainer> {
         let device = model.device();
-        crate::graph::apply_precision(&config.matmul)?;
+        crate::amp::apply_precision(&config.matmul)?;
         if matches!(device, Device::Cuda(_)) {
             torch_ext::precision::set_cudnn_benchmark(config.cudnn_benchmark);
         }
@@ -289,10 +290,10 @@ impl ModelTrainer {
         };
         let mut step = ModelStep::new(model, step_config)?;
         let staged = match config.data_placement {
-            crate::config::DataPlacement::Device => {
+            DataPlacement::Device => {
                 StagedData::resident(train, device, config.shuffle, config.seed)?
             }
-            crate::config::DataPlacement::PinnedHost => StagedData::pinned(
+            DataPlacement::PinnedHost => StagedData::pinned(
                 train,
                 device,
                 config.batch_size,
@@ -499,7 +500,7 @@ impl ModelTrainer {
         } else {
             TelemetryLevel::Info
         };
-        let mut packet = TelemetryPacket::new(crate::telemetry::SOURCE, level)
+        let mut packet = TelemetryPacket::new(leyline::telemetry::sources::TOLARIA, level)
             .with_metric(metric(names::TOLARIA_TRAINING_LATENCY_MS, train.epoch_ms))
             .with_metric(metric(
                 names::TOLARIA_TRAIN_GRAPH_ENABLED,

@@ -447,7 +447,7 @@ impl Governor {
     ) -> Result<RollbackReport> {
         let started = Instant::now();
         telemetry.emit_event(
-            crate::telemetry::SOURCE,
+            leyline::telemetry::sources::TOLARIA,
             TOLARIA_ROLLBACK_TRIGGERED,
             "governor rollback started",
             vec![
@@ -458,7 +458,7 @@ impl Governor {
         match self.rollback_inner(model, optimizers, reason, started) {
             Ok(report) => {
                 telemetry.emit_event(
-                    crate::telemetry::SOURCE,
+                    leyline::telemetry::sources::TOLARIA,
                     TOLARIA_ROLLBACK_COMPLETED,
                     "governor rollback finished",
                     vec![
@@ -469,7 +469,7 @@ impl Governor {
                     ],
                 );
                 telemetry.emit_metrics(
-                    crate::telemetry::SOURCE,
+                    leyline::telemetry::sources::TOLARIA,
                     TelemetryLevel::Warning,
                     [
                         leyline::metric(TOLARIA_ROLLBACK_TOTAL, self.rollbacks as f64),
@@ -484,7 +484,7 @@ impl Governor {
             }
             Err(error) => {
                 telemetry.emit_event(
-                    crate::telemetry::SOURCE,
+                    leyline::telemetry::sources::TOLARIA,
                     TOLARIA_ROLLBACK_FAILED,
                     "governor rollback failed",
                     vec![

@@ -23,9 +23,10 @@
 //! ([`GroupOptimizers::rollback`], [`StateReset::Zero`]; captured graphs stay
 //! valid).
 //!
-//! The `tolaria-reference` workload does not use these types: its fused step
-//! ([`crate::step::LinearCeState`]) keeps its own hand-fused SGD state, the
-//! reference fast path whose figures and kernel count are the benchmark.
+//! The special `tolaria-reference` fused step does not use these types: it
+//! (`tolaria::reference::step::LinearCeState`) keeps its own hand-fused SGD
+//! state, the reference fast path whose figures and kernel count are the
+//! benchmark.
 
 use std::collections::BTreeMap;
 

@@ -7,106 +7,25 @@ use super::*;
 
 /// A checkpoint that verified.
 pub(crate) struct Loaded {
-    /// Its manifest.
-    pub(crate) manifest: Manifest,
-    /// Its tensors.
-    pub(crate) tensors: Vec<(String, Tensor)>,
+    /// Epochs finished at the checkpoint.
+    pub(crate) epoch: usize,
+    /// The run's fields.
+    pub(crate) run: RunFields,
+    /// The trainer's state, for `ModelTrainer::restore`.
+    pub(crate) state: TrainerState,
 }
 
-impl Loaded {
-    /// The trainer's state it holds, for `ModelTrainer::restore` (the
-    /// tensors as shallow handles).
-    pub(crate) fn trainer_state(&self) -> TrainerState {
-        TrainerState {
-            manifest: self.manifest.trainer(),
-            tensors: self
-                .tensors
-                .iter()
-                .map(|(name, tensor)| (name.clone(), tensor.shallow_clone()))
-                .collect(),
-        }
-    }
-}
-
-/// Reads and checks one checkpoint folder.
+/// Reads and checks one checkpoint folder: every checksum (tolaria's
+/// `read_checkpoint`, through `durable`) and the run's fields.
 pub(crate) fn verify(dir: &Path) -> Result<Loaded> {
-    let manifest_path = dir.join(MANIFEST);
-    let mut text = Vec::new();
-    File::open(&manifest_path)
-        .and_then(|mut file| file.read_to_end(&mut text))
-        .with_context(|| format!("cannot read {MANIFEST}"))?;
-    let file: ManifestFile = serde_json::from_slice(&text)
-        .with_context(|| format!("{MANIFEST} is not a complete manifest"))?;
-    let compact = serde_json::to_vec(&file.manifest).context("re-encoding the manifest")?;
-    let actual = checksum_text(&compact);
-    if actual != file.checksum {
-        bail!(
-            "{MANIFEST} checksum mismatch (recorded {}, computed {actual})",
-            file.checksum
-        );
-    }
-    let manifest: Manifest =
-        serde_json::from_value(file.manifest).with_context(|| format!("{MANIFEST} body"))?;
-    if manifest.format != FORMAT || manifest.version != VERSION {
-        bail!(
-            "{MANIFEST} is format {:?} version {}; this program reads {FORMAT:?} version \
-             {VERSION}",
-            manifest.format,
-            manifest.version
-        );
-    }
-    if !manifest.files.iter().any(|file| file.name == TENSORS) {
-        bail!("{MANIFEST} lists no {TENSORS}");
-    }
-    for recorded in &manifest.files {
-        if recorded.name.contains(['/', '\\']) || recorded.name.starts_with('.') {
-            bail!(
-                "{MANIFEST} names a file outside the checkpoint: {:?}",
-                recorded.name
-            );
-        }
-        let path = dir.join(&recorded.name);
-        let bytes =
-            std::fs::read(&path).with_context(|| format!("{} is missing", recorded.name))?;
-        if bytes.len() as u64 != recorded.bytes {
-            bail!(
-                "{} is {} bytes, the manifest recorded {} (cut short?)",
-                recorded.name,
-                bytes.len(),
-                recorded.bytes
-            );
-        }
-        let checksum = format!("{:016x}", fnv1a64(&bytes));
-        if checksum != recorded.fnv1a64 {
-            bail!(
-                "{} checksum mismatch (recorded {}, computed {checksum}): the file is corrupted",
-                recorded.name,
-                recorded.fnv1a64
-            );
-        }
-    }
-    let tensors = Tensor::read_safetensors(dir.join(TENSORS))
-        .with_context(|| format!("{TENSORS} does not parse"))?;
-    let by_name: std::collections::HashMap<&str, &Tensor> = tensors
-        .iter()
-        .map(|(name, tensor)| (name.as_str(), tensor))
-        .collect();
-    for entry in &manifest.tensors {
-        let Some(tensor) = by_name.get(entry.name.as_str()) else {
-            bail!("{TENSORS} lacks the tensor {}", entry.name);
-        };
-        if tensor.size() != entry.shape || format!("{:?}", tensor.kind()) != entry.dtype {
-            bail!(
-                "{TENSORS}: {} is {:?} {:?}, the manifest says {} {:?}",
-                entry.name,
-                tensor.kind(),
-                tensor.size(),
-                entry.dtype,
-                entry.shape
-            );
-        }
-    }
-    Ok(Loaded { manifest, tensors })
+    let saved = tolaria::engine::trainer::read_checkpoint(dir)?;
+    let run: RunFields = serde_json::from_value(serde_json::Value::Object(saved.extra))
+        .context("the manifest's run fields")?;
+    Ok(Loaded {
+        epoch: saved.state.manifest.epoch,
+        run,
+        state: saved.state,
+    })
 }
 
 /// Checkpoint folders by epoch, newest first, and the warnings about
@@ -120,30 +39,25 @@ pub(crate) type Candidates = (Vec<(usize, PathBuf)>, Vec<String>);
 /// when there is no checkpoint folder at all.
 pub(crate) fn candidates(run_dir: &Path) -> Result<Candidates> {
     let root = run_dir.join(DIR);
-    let entries = std::fs::read_dir(&root).with_context(|| {
+    let listing = durable::list(&root).with_context(|| {
         format!(
             "no checkpoints in {} (was the run started with checkpoints on?)",
             root.display()
         )
     })?;
-    let mut epochs = BTreeMap::new();
-    let mut partial = Vec::new();
-    for entry in entries {
-        let entry = entry.with_context(|| format!("reading {}", root.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Ok(epoch) = name.parse::<usize>() {
-            epochs.insert(epoch, entry.path());
-        } else if let Some(rest) = name.strip_prefix(PARTIAL_PREFIX) {
-            partial.push(rest.to_owned());
-        }
-    }
-    partial.sort();
-    let warnings = partial
+    let epochs: BTreeMap<usize, PathBuf> = listing
+        .complete
+        .iter()
+        .filter_map(|name| Some((name.parse::<usize>().ok()?, root.join(name))))
+        .collect();
+    let warnings = listing
+        .partial
         .into_iter()
         .map(|rest| {
             format!(
                 "checkpoint {rest} was cut short while being written \
-                 ({DIR}/{PARTIAL_PREFIX}{rest}); ignored"
+                 ({DIR}/{}{rest}); ignored",
+                durable::PARTIAL_PREFIX
             )
         })
         .collect();
@@ -157,11 +71,8 @@ pub(crate) fn candidates(run_dir: &Path) -> Result<Candidates> {
 /// epoch.
 pub(crate) fn verify_epoch(epoch: usize, dir: &Path) -> Result<Loaded> {
     let loaded = verify(dir)?;
-    if loaded.manifest.epoch != epoch {
-        bail!(
-            "it is in folder {epoch} but records epoch {}",
-            loaded.manifest.epoch
-        );
+    if loaded.epoch != epoch {
+        bail!("it is in folder {epoch} but records epoch {}", loaded.epoch);
     }
     Ok(loaded)
 }
@@ -170,17 +81,7 @@ pub(crate) fn verify_epoch(epoch: usize, dir: &Path) -> Result<Loaded> {
 /// resumed run writes them again); returns their names.
 pub(crate) fn remove_partial(run_dir: &Path) -> Result<Vec<String>> {
     let root = run_dir.join(DIR);
-    let mut removed = Vec::new();
-    for entry in std::fs::read_dir(&root).with_context(|| format!("reading {}", root.display()))? {
-        let entry = entry.with_context(|| format!("reading {}", root.display()))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(PARTIAL_PREFIX) {
-            std::fs::remove_dir_all(entry.path())
-                .with_context(|| format!("removing {}", entry.path().display()))?;
-            removed.push(name);
-        }
-    }
-    Ok(removed)
+    durable::remove_partial(&root).with_context(|| format!("clearing {}", root.display()))
 }
 
 /// What cutting the telemetry files back to a checkpoint does: each file

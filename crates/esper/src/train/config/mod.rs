@@ -90,7 +90,8 @@ pub(crate) const DEFAULT_ENVS: usize = 4;
 /// Default PPO rounds.
 pub(crate) const DEFAULT_ROUNDS: usize = 10;
 /// Samples the synthetic task generates for training by default.
-pub(crate) const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize = 4096;
+pub(crate) const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize =
+    tolaria::task::DEFAULT_SYNTHETIC_TRAIN_SAMPLES;
 
 /// Most epochs a run (or a PPO episode) may have: 2,000 times the default,
 /// and the end of the run picture's epoch axis ([`crate::plot`]).
@@ -266,7 +267,7 @@ impl RunConfig {
             .or(file.train_samples)
             .unwrap_or(match task {
                 TaskKind::Fmnist | TaskKind::FmnistImpaired => DEFAULT_FMNIST_TRAIN_SAMPLES,
-                TaskKind::Cifar10 => 0,
+                TaskKind::Cifar10 | TaskKind::Cifar10Impaired => 0,
                 TaskKind::Synthetic => DEFAULT_SYNTHETIC_TRAIN_SAMPLES,
             });
         let config = RunConfig {

@@ -228,7 +228,7 @@ fn timestamps_are_utc_calendar_dates() {
 
 #[test]
 fn the_mode_defaults_to_auto_graph_step_on_cuda_and_eager_on_the_cpu() {
-    use tolaria::config::ExecutionMode;
+    use tolaria::ExecutionMode;
     let config = RunConfig::resolve(&TrainArgs::default()).expect("resolved");
     assert_eq!(config.mode, ModeChoice::Auto);
     assert!(

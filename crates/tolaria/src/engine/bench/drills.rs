@@ -11,10 +11,10 @@ use kasmina::model::MorphogeneticModel;
 use leyline::baseline::{Measurements, ResultEntry, percentile};
 use leyline::{Collector, Telemetry};
 use tch::Device;
+use torch_ext::DeviceChoice;
 
 use super::{BenchRun, put};
 use crate::amp::Precision;
-use crate::config::DeviceChoice;
 use crate::data::Dataset;
 use crate::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 use crate::error::{Error, Result, TorchResultExt};

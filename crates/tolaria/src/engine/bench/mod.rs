@@ -21,16 +21,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use kasmina::host::SlotId;
-use kasmina::host::cnn::{CnnHost, CnnHostConfig};
+use kasmina::host::cnn::CnnHost;
 use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::model::MorphogeneticModel;
 use leyline::baseline::{Measurements, ResultEntry, percentile};
 use leyline::{Collector, SeedStage, Telemetry};
 use tch::Device;
+use torch_ext::DeviceChoice;
 
+use super::ExecutionMode;
 use super::trainer::{ModelTrainer, ModelTrainerConfig};
 use crate::amp::Precision;
-use crate::config::{DeviceChoice, ExecutionMode};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::optim::OptimizerConfig;
@@ -38,7 +39,7 @@ use crate::optim::OptimizerConfig;
 mod drills;
 mod reference;
 pub use drills::{ROLLBACK_WORKLOAD, TIMEOUT_WORKLOAD, run_rollback_drill, run_timeout_drill};
-pub use reference::run_reference_general;
+pub use reference::{ReferenceWorkload, run_reference_general};
 
 /// Workload name of the CNN benchmark.
 pub const FMNIST_WORKLOAD: &str = "tolaria-fmnist";
@@ -102,12 +103,14 @@ fn put(metrics: &mut BTreeMap<String, f64>, key: &str, value: Option<f64>) {
 
 fn fmnist_data(options: &FmnistOptions) -> Result<(Dataset, Dataset, &'static str)> {
     if !options.synthetic {
-        let mut load = crate::data::fashion_mnist::FashionMnistOptions::default();
-        if let Some(dir) = &options.data_dir {
-            load.dir = Some(dir.clone());
-        }
-        let (train, test) = crate::data::fashion_mnist::load(load)?;
-        return Ok((train, test, "fashion-mnist"));
+        let data = crate::task::load(
+            crate::task::Task::Fmnist,
+            &crate::task::TaskOptions {
+                data_dir: options.data_dir.clone(),
+                ..crate::task::TaskOptions::default()
+            },
+        )?;
+        return Ok((data.train, data.validation, "fashion-mnist"));
     }
     let train = crate::data::synthetic::image_task(
         &crate::data::synthetic::ImageTaskOptions::fashion_like(60_000, 1),
@@ -122,7 +125,8 @@ fn fmnist_data(options: &FmnistOptions) -> Result<(Dataset, Dataset, &'static st
 /// `attention` at r0c2 germinated (blend target 0.5, one-epoch tempo).
 pub fn fmnist_model(device: Device, telemetry: Telemetry) -> Result<MorphogeneticModel> {
     let lifecycle = |op: &'static str| move |source| Error::Lifecycle { op, source };
-    let host = CnnHost::new(CnnHostConfig::fashion_mnist(), device).map_err(lifecycle("host"))?;
+    let host =
+        CnnHost::new(crate::task::Task::Fmnist.host_config(), device).map_err(lifecycle("host"))?;
     let mut model = MorphogeneticModel::with_slot_names(
         host,
         &["r0c1", "r0c2"],

@@ -13,30 +13,50 @@ use tch::Device;
 
 use super::put;
 use crate::amp::Precision;
-use crate::config::{ExecutionMode, TrainerConfig};
+use crate::data::{ReferenceData, ReferenceTask};
 use crate::engine::model_step::{ModelStep, ModelStepConfig};
 use crate::engine::staging::StagedData;
-use crate::engine::{Engine, EngineConfig};
+use crate::engine::{Engine, EngineConfig, ExecutionMode};
 use crate::error::{Error, Result, TorchResultExt};
 use crate::optim::{GroupOptimizerConfig, OptimizerConfig};
 
+/// The `tolaria-reference` workload as the general path trains it: the task
+/// (data and initial parameters) and the SGD, batch and warm-up settings.
+/// The benchmark (`tolaria::reference::bench`) passes the special trainer's
+/// `TrainerConfig::reference()` values, so both paths train the same
+/// workload.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReferenceWorkload {
+    /// Seed and sizes of the data set (the host is `Linear(16->4)`).
+    pub task: ReferenceTask,
+    /// Samples per batch.
+    pub batch_size: usize,
+    /// SGD learning rate.
+    pub learning_rate: f64,
+    /// SGD momentum.
+    pub momentum: f64,
+    /// Eager steps of a shape before its capture.
+    pub graph_warmup_steps: usize,
+}
+
 /// `tolaria-reference` through the general path: a `Linear(16->4)` host
-/// with no slot, the reference data and initial parameters, SGD 0.01 /
-/// 0.9, batch 4, no shuffle, trained by the engine and [`ModelStep`](crate::engine::model_step::ModelStep) in
-/// `mode`. Returns the figures of the record's entry: `epoch_ms_*` from
+/// with no slot, the reference data and initial parameters of
+/// `workload.task`, SGD with the workload's learning rate and momentum
+/// (0.01 / 0.9), its batch size (4), no shuffle, trained by the engine and
+/// [`ModelStep`](crate::engine::model_step::ModelStep) in `mode`. Returns the figures of the record's entry: `epoch_ms_*` from
 /// epochs without the engine's CUDA timing events (the Python peers time
 /// their epochs without events too), with each epoch's host launch and
 /// finish (device wait and readback) time; then as many epochs with the
 /// events for `device_epoch_ms_p50` and `timed_epoch_ms_p50`.
 pub fn run_reference_general(
+    workload: &ReferenceWorkload,
     mode: ExecutionMode,
     device: Device,
     warmup_epochs: usize,
     measured_epochs: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<BTreeMap<String, f64>> {
-    let reference = TrainerConfig::reference();
-    let data = crate::data::ReferenceData::generate(&reference)?;
+    let data = ReferenceData::generate(&workload.task)?;
     let host =
         LinearHost::reference(device).map_err(|source| Error::Lifecycle { op: "host", source })?;
     let initial = tch::Tensor::f_from_slice(&data.initial_parameters)
@@ -71,19 +91,19 @@ pub fn run_reference_general(
             gradient_telemetry_stride: crate::seed_metrics::NEVER,
             max_seeds: 1,
             optimizer: OptimizerConfig {
-                host: GroupOptimizerConfig::sgd(reference.learning_rate, reference.momentum),
-                seed: GroupOptimizerConfig::sgd(reference.learning_rate, reference.momentum),
+                host: GroupOptimizerConfig::sgd(workload.learning_rate, workload.momentum),
+                seed: GroupOptimizerConfig::sgd(workload.learning_rate, workload.momentum),
             },
             ..ModelStepConfig::default()
         },
     )?;
-    let staged = StagedData::resident(&data.train, device, false, reference.seed)?;
+    let staged = StagedData::resident(&data.train, device, false, workload.task.seed)?;
     let mut engine = Engine::new(
         device,
         EngineConfig {
             mode,
-            warmup_steps: reference.graph_warmup_steps,
-            batch_size: reference.batch_size,
+            warmup_steps: workload.graph_warmup_steps,
+            batch_size: workload.batch_size,
             drop_last: false,
             forbid_syncs: false,
             pool_lane: 0,

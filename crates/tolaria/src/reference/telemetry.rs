@@ -1,4 +1,5 @@
-//! The trainer's telemetry packets.
+//! The special reference trainer's telemetry packets (the engine's
+//! [`ModelTrainer`](crate::engine::trainer::ModelTrainer) builds its own).
 //!
 //! The trainer builds `leyline::proto::TelemetryPacket`s with names from
 //! `leyline::telemetry` (metrics through [`leyline::metric`], events through
@@ -10,13 +11,10 @@
 
 use leyline::metric;
 use leyline::proto::{TelemetryEvent, TelemetryPacket};
+use leyline::telemetry::sources::TOLARIA;
 use leyline::telemetry::{self as names, TelemetryLevel};
 
-use crate::trainer::EpochReport;
-
-/// Telemetry source name of the trainer's packets: leyline's
-/// [`leyline::telemetry::sources::TOLARIA`].
-pub use leyline::telemetry::sources::TOLARIA as SOURCE;
+use super::EpochReport;
 
 /// The packet of one training epoch: latency, graph state, staging time,
 /// warm-up left (graph modes: `warmup_remaining` is `Some`), capture time,
@@ -35,7 +33,7 @@ pub(crate) fn epoch_packet(
     } else {
         TelemetryLevel::Info
     };
-    let mut packet = TelemetryPacket::new(SOURCE, level)
+    let mut packet = TelemetryPacket::new(TOLARIA, level)
         .with_metric(metric(names::TOLARIA_TRAINING_LATENCY_MS, report.epoch_ms))
         .with_metric(metric(
             names::TOLARIA_TRAIN_GRAPH_ENABLED,

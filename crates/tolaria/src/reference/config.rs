@@ -1,8 +1,21 @@
-//! The trainer's configuration: one explicit serde struct, serialized next to
+//! The special reference path's configuration (`tolaria-reference`, the
+//! hand-derived fused step): one explicit serde struct, serialized next to
 //! benchmark results so a record says exactly what ran.
+//!
+//! Its execution mode, data placement and precision are the engine's and
+//! amp's types ([`ExecutionMode`], [`DataPlacement`], [`PrecisionConfig`]);
+//! [`DataPlacement`] and the packed buffer's bound [`MAX_PACKED_VALUES`]
+//! (the data layer's) are re-exported here.
 
 use serde::{Deserialize, Serialize};
+use torch_ext::DeviceChoice;
 
+pub use crate::data::limits::MAX_PACKED_VALUES;
+pub use crate::engine::DataPlacement;
+
+use crate::amp::PrecisionConfig;
+use crate::data::ReferenceTask;
+use crate::engine::ExecutionMode;
 use crate::error::{Error, Result};
 
 /// Largest number of training (or validation) samples, and largest batch size,
@@ -12,63 +25,6 @@ pub const MAX_TRAINER_SAMPLES: usize = 1 << 24;
 pub const MAX_TRAINER_FEATURES: usize = 1 << 16;
 /// Largest number of classes (the confusion matrix holds `n_classes^2` `f32`s).
 pub const MAX_TRAINER_CLASSES: usize = 1024;
-/// Largest packed buffer (training or validation set), in `f32`s: 1 GiB.
-pub const MAX_PACKED_VALUES: usize = 1 << 28;
-
-/// How each training step is executed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ExecutionMode {
-    /// Every op launched from the host, every step.
-    Eager,
-    /// Warm up eagerly on the capture stream, capture one step per microbatch
-    /// shape, then copy each microbatch into static buffers and replay.
-    GraphStep,
-    /// Dataset resident on the device; a whole epoch (accumulator reset and
-    /// every microbatch's step) captured as one graph, one replay per epoch.
-    GraphEpoch,
-}
-
-impl ExecutionMode {
-    /// Every mode, in benchmark order.
-    pub const ALL: [ExecutionMode; 3] = [
-        ExecutionMode::Eager,
-        ExecutionMode::GraphStep,
-        ExecutionMode::GraphEpoch,
-    ];
-
-    /// The kebab-case name used on the command line and in records.
-    pub fn name(self) -> &'static str {
-        match self {
-            ExecutionMode::Eager => "eager",
-            ExecutionMode::GraphStep => "graph-step",
-            ExecutionMode::GraphEpoch => "graph-epoch",
-        }
-    }
-
-    /// Parses [`ExecutionMode::name`].
-    pub fn from_name(name: &str) -> Option<ExecutionMode> {
-        ExecutionMode::ALL
-            .into_iter()
-            .find(|mode| mode.name() == name)
-    }
-
-    /// Whether the mode replays CUDA graphs.
-    pub fn uses_graphs(self) -> bool {
-        !matches!(self, ExecutionMode::Eager)
-    }
-}
-
-/// Where the training set lives between epochs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DataPlacement {
-    /// Page-locked host memory (plain host memory on a CPU-only run); each
-    /// epoch's microbatches are staged to the device on the staging stream.
-    PinnedHost,
-    /// Copied to the device once at start-up; epochs read it in place.
-    Device,
-}
 
 /// How the gradient of a step is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,41 +40,7 @@ pub enum StepKind {
     Autograd,
 }
 
-/// Which device to train on: torch-ext's, the workspace's one device choice
-/// (resolved by [`torch_ext::device::select`]).
-pub use torch_ext::DeviceChoice;
-
-/// `torch.set_float32_matmul_precision` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MatmulPrecision {
-    /// Full fp32 matrix products.
-    Highest,
-    /// TF32 (or bf16x3) matrix products allowed.
-    High,
-    /// bf16 matrix products allowed.
-    Medium,
-}
-
-/// Numeric settings applied once when a trainer starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PrecisionConfig {
-    /// Allow TF32 in cuBLAS matrix products and cuDNN convolutions.
-    pub allow_tf32: bool,
-    /// Float32 matrix-product precision.
-    pub matmul_precision: MatmulPrecision,
-}
-
-impl Default for PrecisionConfig {
-    fn default() -> Self {
-        PrecisionConfig {
-            allow_tf32: true,
-            matmul_precision: MatmulPrecision::High,
-        }
-    }
-}
-
-/// Everything a [`crate::Trainer`] needs to know: the `tolaria-reference`
+/// Everything a [`super::Trainer`] needs to know: the `tolaria-reference`
 /// workload (DESIGN.md §6) by default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -183,6 +105,17 @@ impl TrainerConfig {
             fused_sgd: true,
             graph_warmup_steps: 3,
             precision: PrecisionConfig::default(),
+        }
+    }
+
+    /// The data set this configuration trains on: its seed and sizes.
+    pub fn task(&self) -> ReferenceTask {
+        ReferenceTask {
+            seed: self.seed,
+            n_samples: self.n_samples,
+            n_validation_samples: self.n_validation_samples,
+            n_features: self.n_features,
+            n_classes: self.n_classes,
         }
     }
 

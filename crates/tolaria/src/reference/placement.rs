@@ -1,13 +1,15 @@
-//! Where the training set lives: packed, in host memory (page-locked on
-//! CUDA) and on the device, with one set of step views per microbatch; and
-//! the checks a replacement training set must pass.
+//! Where the special reference trainer's training set lives: packed, in
+//! host memory (page-locked on CUDA) and on the device, with one set of step
+//! views per microbatch; and the checks a replacement training set must
+//! pass. (The engine stages every other training set,
+//! [`crate::engine::staging`].)
 
 use tch::{Device, Tensor};
 
-use crate::config::{MAX_TRAINER_SAMPLES, TrainerConfig};
+use super::config::{MAX_TRAINER_SAMPLES, TrainerConfig};
+use super::step::StepViews;
 use crate::data::{Dataset, MicrobatchSpan, PackedEpoch, pack_epoch, tabular_features};
 use crate::error::{Error, Result, TorchResultExt};
-use crate::step::StepViews;
 
 /// Training data in its host and device forms, with per-microbatch views.
 pub(crate) struct EpochData {
@@ -53,7 +55,7 @@ pub(crate) fn place_training_set(
     })
 }
 
-/// What [`crate::Trainer::replace_training_set`] requires beyond
+/// What [`super::Trainer::replace_training_set`] requires beyond
 /// [`Dataset::new`]'s own checks: `batch_size` in `1..=`[`MAX_TRAINER_SAMPLES`],
 /// between 1 and [`MAX_TRAINER_SAMPLES`] samples of `[n_features]` rows, and the
 /// trainer's features and classes.

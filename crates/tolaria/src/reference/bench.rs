@@ -1,6 +1,10 @@
 //! The `tolaria-reference` benchmark: every execution mode on one device,
 //! warm-up epochs then measured epochs, summarised as the figures of a
-//! `leyline::baseline::BaselineRecord` (DESIGN.md §7).
+//! `leyline::baseline::BaselineRecord` (DESIGN.md §7). It lives with the
+//! special reference path: its `fused-*` variants run the hand-derived
+//! [`Trainer`]; its general variants (`eager`, `graph-step`, `graph-epoch`)
+//! run the same workload through the engine
+//! ([`run_reference_general`]).
 //!
 //! Per mode it records epoch latency percentiles (host wall time of a whole
 //! epoch, staging and readback included), the first epoch, capture time,
@@ -16,10 +20,13 @@ use leyline::baseline::{Measurements, ResultEntry, percentile};
 use leyline::{Collector, Telemetry};
 use serde::{Deserialize, Serialize};
 use tch::Device;
+use torch_ext::DeviceChoice;
 
-use crate::config::{DataPlacement, DeviceChoice, ExecutionMode, StepKind, TrainerConfig};
+use super::Trainer;
+use super::config::{DataPlacement, StepKind, TrainerConfig};
+use crate::engine::ExecutionMode;
+use crate::engine::bench::{ReferenceWorkload, run_reference_general};
 use crate::error::{Error, Result};
-use crate::trainer::Trainer;
 
 /// Workload name in records.
 pub const WORKLOAD: &str = "tolaria-reference";
@@ -214,6 +221,14 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
         }
     }
     if options.general {
+        let reference = TrainerConfig::reference();
+        let workload = ReferenceWorkload {
+            task: reference.task(),
+            batch_size: reference.batch_size,
+            learning_rate: reference.learning_rate,
+            momentum: reference.momentum,
+            graph_warmup_steps: reference.graph_warmup_steps,
+        };
         let modes: &[ExecutionMode] = if device.is_cuda() {
             &ExecutionMode::ALL
         } else {
@@ -225,7 +240,8 @@ pub fn run(options: &BenchOptions, progress: &mut dyn FnMut(&str)) -> Result<Ref
                 "[rust {name}] general trainer: {} warm-up + {} measured epochs",
                 options.warmup_epochs, options.measured_epochs
             ));
-            let entry = match crate::engine::bench::run_reference_general(
+            let entry = match run_reference_general(
+                &workload,
                 *mode,
                 device,
                 options.warmup_epochs,

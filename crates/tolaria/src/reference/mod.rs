@@ -1,6 +1,37 @@
-//! The trainer: epochs over the reference workload in eager, graph-step or
-//! graph-epoch mode, with the staging stream, graph capture and fallback, the
-//! once-per-epoch readback and the trainer's telemetry.
+//! The special reference path: the hand-derived fused step of
+//! `tolaria-reference` and its own [`Trainer`], kept beside the engine as the
+//! `fused-*` variants of that benchmark.
+//!
+//! `tolaria-reference` is a `Linear(16->4)` host, softmax cross-entropy and
+//! SGD with momentum on a seeded synthetic task. The general path trains it
+//! like any other workload (the engine and
+//! [`ModelStep`](crate::engine::model_step::ModelStep) over a Kasmina
+//! `LinearHost`, the benchmark's `eager`, `graph-step` and `graph-epoch`
+//! variants); this module trains it with a hand-written backward and fused
+//! SGD on device-resident parameters, with its own streams and epoch loop.
+//! It is explicitly special: nothing of the engine, the data layer, the
+//! optimizers or the controller depends on it (`xtask/tests/layering.rs`),
+//! and it uses theirs: [`ExecutionMode`] and [`DataPlacement`] (the
+//! engine's), the engine's one process-wide graph pool
+//! ([`shared_pool`](crate::engine::shared_pool)), amp's
+//! [`PrecisionConfig`](crate::amp::PrecisionConfig) and [`apply_precision`],
+//! and the data layer's reference task and packed layout
+//! ([`crate::data::reference`]).
+//!
+//! - [`config`]: the serde [`TrainerConfig`] (the workload's settings),
+//!   [`StepKind`] and the trainer's bounds.
+//! - [`step`]: the step (hand-derived fused backward, or autograd) on
+//!   device-resident parameters.
+//! - `graph`: streams, events, step/epoch graph capture and fallback.
+//! - `placement`: the packed training set on the host and the device.
+//! - `telemetry`: the trainer's packets; they leave through the
+//!   [`leyline::Telemetry`] handle given to [`Trainer::with_telemetry`].
+//! - [`bench`](mod@bench): the `tolaria-reference` benchmark behind
+//!   `esper bench`.
+//!
+//! The trainer runs epochs over the reference workload in eager, graph-step
+//! or graph-epoch mode, with the staging stream, graph capture and fallback,
+//! the once-per-epoch readback and the trainer's telemetry.
 //!
 //! On CUDA every step runs on a dedicated compute stream (also the capture
 //! stream, so warm-up and capture share it); microbatches come from a packed
@@ -11,6 +42,15 @@
 //! back to the host inside an epoch: the metric buffer is copied to pinned
 //! memory after the last step and the host waits on one event.
 
+pub mod bench;
+pub mod config;
+mod graph;
+mod placement;
+pub mod step;
+mod telemetry;
+
+pub use config::{StepKind, TrainerConfig};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
@@ -20,13 +60,13 @@ use serde::Serialize;
 use tch::{Device, Tensor};
 use torch_ext::CudaGraph;
 
-use crate::config::{DataPlacement, ExecutionMode, TrainerConfig};
+use crate::amp::apply_precision;
 use crate::data::{Dataset, ReferenceData, pack_epoch};
+use crate::engine::{DataPlacement, ExecutionMode};
 use crate::error::{Error, Result, TorchResultExt};
-use crate::graph::{self, CudaContext, EpochGraph, StepGraphs};
-use crate::placement::{self, EpochData, place_training_set};
-use crate::step::{LinearCeState, StepViews};
-use crate::telemetry;
+use graph::{CudaContext, EpochGraph, StepGraphs};
+use placement::{EpochData, place_training_set};
+use step::{LinearCeState, StepViews};
 
 /// What one training epoch did and how long it took.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -119,8 +159,8 @@ impl Trainer {
                     .to_owned(),
             });
         }
-        graph::apply_precision(&config.precision)?;
-        let reference = ReferenceData::generate(&config)?;
+        apply_precision(&config.precision)?;
+        let reference = ReferenceData::generate(&config.task())?;
         let mut state = LinearCeState::new(
             config.step,
             &reference.initial_parameters,
@@ -218,9 +258,9 @@ impl Trainer {
     ///
     /// The set was validated when it was built ([`Dataset::new`]: lengths,
     /// label range, finite values); here it must hold between 1 and
-    /// [`crate::config::MAX_TRAINER_SAMPLES`] samples of `[n_features]` and the
+    /// [`config::MAX_TRAINER_SAMPLES`] samples of `[n_features]` and the
     /// trainer's classes, and `batch_size` must lie in
-    /// `1..=`[`crate::config::MAX_TRAINER_SAMPLES`]. Packing reads the set back to
+    /// `1..=`[`config::MAX_TRAINER_SAMPLES`]. Packing reads the set back to
     /// the host once, here, never inside an epoch.
     ///
     /// # Errors
@@ -450,7 +490,7 @@ impl Trainer {
             elapsed_ms,
         };
         self.telemetry.emit_metrics(
-            telemetry::SOURCE,
+            leyline::telemetry::sources::TOLARIA,
             TelemetryLevel::Info,
             [metric(names::TOLARIA_VALIDATION_LATENCY_MS, elapsed_ms)],
         );

@@ -1,5 +1,8 @@
-//! The training step of the reference host: a linear layer, softmax
-//! cross-entropy and SGD with momentum, on device-resident state.
+//! The special reference path's training step (`tolaria-reference`): a
+//! linear layer, softmax cross-entropy and SGD with momentum with a
+//! hand-derived backward, on device-resident state. The general step of
+//! every other workload is the engine's
+//! [`ModelStep`](crate::engine::model_step::ModelStep).
 //!
 //! Two implementations share the same state and the same metric buffer:
 //!
@@ -20,7 +23,7 @@
 
 use tch::{Kind, Reduction, Tensor};
 
-use crate::config::{MAX_TRAINER_CLASSES, MAX_TRAINER_FEATURES, StepKind};
+use super::config::{MAX_TRAINER_CLASSES, MAX_TRAINER_FEATURES, StepKind};
 use crate::data::MicrobatchSpan;
 use crate::error::{Error, Result, TorchResultExt};
 

@@ -1,12 +1,15 @@
-//! CUDA execution pieces of the trainer: the compute/staging streams and
-//! events (`CudaContext`), per-shape step graphs (`StepGraphs`), the
-//! whole-epoch graph (`EpochGraph`), and the start-up precision settings.
+//! CUDA execution pieces of the special reference trainer: the
+//! compute/staging streams and events (`CudaContext`), per-shape step graphs
+//! (`StepGraphs`) and the whole-epoch graph (`EpochGraph`) of the
+//! hand-derived fused step. (The engine runs every other step,
+//! [`crate::engine`].)
 //!
 //! Capture rules (DESIGN.md §4): warm up on the capture stream (the trainer's
 //! compute stream, where every step runs), never read back inside a step, keep
-//! inputs in static device buffers, share one memory pool between graphs. A
-//! failed capture or an unseen shape falls back to eager and reports a
-//! `tolaria.graph_fallback` event with the reason.
+//! inputs in static device buffers, capture into the engine's one
+//! process-wide graph pool of the device ([`shared_pool`], lane
+//! [`GRAPH_POOL_LANE`]). A failed capture or an unseen shape falls back to
+//! eager and reports a `tolaria.graph_fallback` event with the reason.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,20 +21,16 @@ use leyline::telemetry as names;
 use tch::{Device, Kind, Tensor};
 use torch_ext::{CudaEvent, CudaGraph, CudaStream, GraphPool};
 
-use crate::config::{MatmulPrecision, PrecisionConfig};
+use super::step::{LinearCeState, StepViews};
+use crate::engine::shared_pool;
 use crate::error::{Result, TorchResultExt};
-use crate::step::{LinearCeState, StepViews};
 
-/// Applies TF32 and matmul-precision settings (process-wide; call once).
-pub fn apply_precision(precision: &PrecisionConfig) -> Result<()> {
-    torch_ext::precision::set_allow_tf32(precision.allow_tf32, precision.allow_tf32);
-    torch_ext::precision::set_float32_matmul_precision(match precision.matmul_precision {
-        MatmulPrecision::Highest => torch_ext::precision::MatmulPrecision::Highest,
-        MatmulPrecision::High => torch_ext::precision::MatmulPrecision::High,
-        MatmulPrecision::Medium => torch_ext::precision::MatmulPrecision::Medium,
-    });
-    Ok(())
-}
+/// The lane of the engine's shared graph pool ([`shared_pool`]) the
+/// reference trainer captures into: lane 0, the one engines that run one
+/// after another share. A reference trainer's graphs never replay while
+/// another trainer's epoch runs: each epoch, and each timed replay run,
+/// ends in a synchronisation.
+pub(crate) const GRAPH_POOL_LANE: usize = 0;
 
 /// Streams, events and the graph pool of a trainer on one CUDA device.
 ///
@@ -45,6 +44,8 @@ pub(crate) struct CudaContext {
     pub(crate) compute: CudaStream,
     /// Where host-to-device staging copies run.
     staging: CudaStream,
+    /// The engine's process-wide pool of this device and
+    /// [`GRAPH_POOL_LANE`].
     pool: GraphPool,
     /// Start/end timing events of the two alternating staging copies.
     h2d: [(CudaEvent, CudaEvent); 2],
@@ -81,7 +82,7 @@ impl CudaContext {
         Ok(CudaContext {
             compute,
             staging,
-            pool: GraphPool::new()?,
+            pool: shared_pool(device_index, GRAPH_POOL_LANE)?,
             h2d: [
                 (CudaEvent::new(true)?, CudaEvent::new(true)?),
                 (CudaEvent::new(true)?, CudaEvent::new(true)?),
@@ -163,7 +164,7 @@ impl CudaContext {
         Vec::<f32>::try_from(&self.readback).op("metrics to_vec")
     }
 
-    /// Captures `body` on the compute stream into the shared pool.
+    /// Captures `body` on the compute stream into the engine's shared pool.
     fn capture(
         &self,
         body: impl FnMut() -> std::result::Result<(), String>,

@@ -1,0 +1,172 @@
+//! The acting policy of vectorized PPO: Tamiyo's network being trained, its
+//! action sampler (and the sampler's generator), and the batched policy step
+//! captured as a CUDA graph ([`tamiyo::policy::GraphedAct`], eager on the
+//! CPU or when capture fails). One call acts for every environment of a
+//! step at once; the learner trains the same network.
+
+use leyline::Telemetry;
+use tamiyo::masks::MaskTensors;
+use tamiyo::policy::{
+    Act, GraphedAct, LstmState, Policy, PolicyConfig, PolicyPrecision, PolicyRng, SampleMode,
+    Sampler,
+};
+use tch::{Device, Tensor};
+
+use super::{SOURCE, SimicConfig};
+use crate::Result;
+
+/// The acting policy (see the module docs).
+pub(super) struct Actor {
+    policy: Policy,
+    sampler: Sampler,
+    /// The captured step, built at the first step when `graph_policy`.
+    graphed: Option<GraphedAct>,
+    graph_policy: bool,
+    n_envs: usize,
+}
+
+impl Actor {
+    /// A fresh policy for environments with `num_slots` slots on `device`
+    /// (libtorch's generator seeded by the caller), in the precision
+    /// [`SimicConfig::policy_precision`] chooses (by default the reference's
+    /// rule, §4.6: bf16 autocast only when the environments train in bf16),
+    /// and its sampler seeded from `config.seed`. A bf16 policy on a CPU
+    /// without oneDNN's bf16 LSTM says so once through `telemetry`.
+    pub(super) fn new(
+        config: &SimicConfig,
+        num_slots: usize,
+        device: Device,
+        telemetry: &Telemetry,
+    ) -> Result<Actor> {
+        let policy_config = PolicyConfig {
+            num_slots,
+            ..config.policy
+        };
+        let mut policy = Policy::new(policy_config, device)?;
+        let precision = match (config.policy_precision, config.trainer.precision) {
+            (Some(chosen), _) => chosen,
+            (None, Some(training)) => PolicyPrecision::for_training(training),
+            (None, None) => PolicyPrecision::for_training(tolaria::amp::Precision::auto(device)?),
+        };
+        policy.set_precision(precision);
+        if precision == PolicyPrecision::Bf16
+            && device == Device::Cpu
+            && let Some(reason) = tamiyo::policy::cpu_bf16_lstm_fallback_reason()
+        {
+            // Once per trainer: the policy still runs, its LSTM outside bf16.
+            telemetry.emit_event(
+                SOURCE,
+                leyline::telemetry::TAMIYO_PRECISION_FALLBACK,
+                "bf16 policy on a CPU without oneDNN's bf16 LSTM: the LSTM runs outside bf16",
+                vec![("reason", reason)],
+            );
+        }
+        let sampler = Sampler::new(config.sampling, config.seed, device)?;
+        Ok(Actor {
+            policy,
+            sampler,
+            graphed: None,
+            graph_policy: config.graph_policy,
+            n_envs: config.n_envs,
+        })
+    }
+
+    /// The policy.
+    pub(super) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The sampler.
+    pub(super) fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// Samples in `mode` from the next step on.
+    pub(super) fn set_sample_mode(&mut self, mode: SampleMode) {
+        self.sampler.set_mode(mode);
+    }
+
+    /// Why the policy step runs eagerly, when it does.
+    pub(super) fn fallback(&self) -> Option<&str> {
+        if !self.graph_policy {
+            return Some("graph_policy is off");
+        }
+        self.graphed.as_ref().and_then(GraphedAct::fallback)
+    }
+
+    /// One batched step for every environment: the normalised observations
+    /// `obs`, the slots' blueprint indices, the LSTM state and the masks on
+    /// the device. The captured step (built at the first call when
+    /// `graph_policy`) falls back to the eager one by itself (CPU, failed
+    /// capture); without it, the eager step.
+    pub(super) fn act(
+        &mut self,
+        obs: &Tensor,
+        blueprints: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+    ) -> Result<Act> {
+        if self.graph_policy && self.graphed.is_none() {
+            self.graphed = Some(GraphedAct::new(&self.policy, &self.sampler, self.n_envs)?);
+        }
+        Ok(match self.graphed.as_mut() {
+            Some(graphed) => graphed.act(
+                &self.policy,
+                &mut self.sampler,
+                obs,
+                blueprints,
+                hidden,
+                masks,
+            )?,
+            None => self
+                .policy
+                .act(obs, blueprints, hidden, masks, &mut self.sampler)?,
+        })
+    }
+
+    /// The device time of the last replay of the captured step, once.
+    pub(super) fn take_replay_ms(&mut self) -> Option<f64> {
+        self.graphed.as_mut().and_then(GraphedAct::take_replay_ms)
+    }
+
+    /// The critic's values `[n_envs]` on the given inputs, without gradients
+    /// and without sampling (the truncated episodes' bootstrap).
+    pub(super) fn values(
+        &self,
+        obs: &Tensor,
+        blueprints: &Tensor,
+        hidden: &LstmState,
+        masks: &MaskTensors,
+    ) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        Ok(self
+            .policy
+            .network()
+            .forward(obs, blueprints, hidden, masks)?
+            .value)
+    }
+
+    /// The sampler's generator.
+    pub(super) fn rng(&self) -> &PolicyRng {
+        self.sampler.rng()
+    }
+
+    /// Puts the sampler's generator back (a failed round).
+    pub(super) fn restore_rng(&mut self, rng: PolicyRng) {
+        self.sampler.set_rng(rng);
+    }
+
+    /// Continues from a checkpoint's generator; the captured step is built
+    /// again at the next step.
+    pub(super) fn resume(&mut self, rng: PolicyRng) {
+        self.sampler.set_rng(rng);
+        self.graphed = None;
+    }
+
+    /// A new sampler (a rank's own stream); the captured step is built again
+    /// at the next step.
+    pub(super) fn reseed(&mut self, sampler: Sampler) {
+        self.sampler = sampler;
+        self.graphed = None;
+    }
+}

@@ -1,0 +1,98 @@
+//! What a round reports ([`RoundReport`]) and how long its parts took
+//! ([`RoundTimings`]).
+
+use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
+use crate::ppo::PpoStats;
+
+/// Timings of a round, milliseconds of wall time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RoundTimings {
+    /// Building the environments (hosts, trainers, staging).
+    pub setup_ms: f64,
+    /// Queuing every environment's epoch (host time of the launches).
+    pub launch_ms: f64,
+    /// Training epochs, launch to readback, all environments (each
+    /// environment's counterfactual pass is queued as its epoch is read).
+    pub train_ms: f64,
+    /// The rest of the fused validation + counterfactual passes (their
+    /// readbacks) and the governor.
+    pub counterfactual_ms: f64,
+    /// Observations and masks built on the host (every environment).
+    pub observe_ms: f64,
+    /// The batched policy step: upload, normalisation, forward, sampling
+    /// and the one action readback.
+    pub policy_ms: f64,
+    /// Carrying actions out, rewards, lifecycle ticks.
+    pub boundary_ms: f64,
+    /// GAE and the PPO update.
+    pub update_ms: f64,
+    /// The training steps' graph captures (part of `launch_ms`): their
+    /// summed time, all environments.
+    pub capture_ms: f64,
+    /// The whole round.
+    pub total_ms: f64,
+}
+
+/// What one round did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundReport {
+    /// Zero-based round.
+    pub round: u64,
+    /// The seed each of the round's environments was built and trained
+    /// with (`seed + ((round·world + rank)·n_envs + env)·env_seed_stride`):
+    /// which environments a round (and a rank) trained on.
+    pub env_seeds: Vec<u64>,
+    /// Environment-epochs trained.
+    pub env_epochs: u64,
+    /// Mean over environments of the episode's summed raw reward.
+    pub mean_episode_reward: f64,
+    /// Each environment's final validation accuracy, percent.
+    pub final_accuracies: Vec<f64>,
+    /// Mean live seeds per environment per step.
+    pub mean_active_seeds: f64,
+    /// Environments whose episode the governor ended.
+    pub rollbacks: usize,
+    /// Germinations, fossilizations and prunes carried out.
+    pub germinations: u64,
+    /// Seeds fossilized.
+    pub fossilizations: u64,
+    /// Seeds pruned.
+    pub prunes: u64,
+    /// Mean policy-inference time per step (upload, forward and sampling
+    /// for all environments, the one action readback), ms.
+    pub inference_ms: f64,
+    /// Policy-inference time of each step, ms.
+    pub inference_samples: Vec<f64>,
+    /// Device time of each replay of the captured policy step, ms (empty
+    /// when the step runs eagerly).
+    pub replay_samples: Vec<f64>,
+    /// The PPO update's figures (`None` when the round was not trained on).
+    pub ppo: Option<PpoStats>,
+    /// Per environment, the seeds' Shapley values at the episode's last
+    /// epoch, by slot (empty where none was measured: no seed, an episode
+    /// ended early, or `SimicConfig::shapley` off).
+    pub shapley: Vec<Vec<(kasmina::host::SlotId, crate::counterfactual::ShapleyValue)>>,
+    /// How each environment's episode ended, with its op counts.
+    pub outcomes: Vec<EpisodeOutcome>,
+    /// The round's decisions summed over the environments.
+    pub actions: ActionDistribution,
+    /// The policy's LSTM state at the end of the round's episodes.
+    pub lstm: Option<tamiyo::policy::LstmHealth>,
+    /// What looked wrong in the round's PPO update
+    /// ([`super::Simic::set_anomaly_thresholds`]); empty without an update.
+    pub anomalies: Vec<crate::ppo::PpoAnomaly>,
+    /// Steps whose reward matched an anti-gaming pattern.
+    pub reward_hacking: Vec<RewardHackingSuspicion>,
+    /// After the update, the Q head's mean estimate per lifecycle op over
+    /// the rollout's valid steps, in `LifecycleOp::ALL` order (`None`
+    /// without an update or without auxiliary heads).
+    pub q_per_op: Option<Vec<f64>>,
+    /// Training-step graphs captured this round, all environments (a new
+    /// batch shape or active-seed set meets its first capture).
+    pub captures: usize,
+    /// Training steps run eagerly this round (warm-up steps before a
+    /// capture, fallbacks), all environments.
+    pub eager_steps: usize,
+    /// Timings.
+    pub timings: RoundTimings,
+}
