@@ -141,6 +141,15 @@ pub(crate) struct BenchArgs {
     /// `--ppo-epochs N` (`simic-learning`): passes over each round's rollout
     /// per PPO update; `None`: the bench's 4 (the reference's default is 1).
     pub(crate) ppo_epochs: Option<usize>,
+    /// `--episode head|medium|short|N` (the simic workloads): epochs per
+    /// episode; `None`: the reference HEAD's 150 (5 with `--quick`).
+    pub(crate) episode: Option<u32>,
+    /// `--seeds N` (`simic-learning`): independent training seeds of the
+    /// protocol; `None`: its default.
+    pub(crate) seeds: Option<usize>,
+    /// `--task NAME` (`simic-learning`): the task (`fmnist-impaired` by
+    /// default; `cifar10-impaired` for the capacity-starved CIFAR-10 host).
+    pub(crate) task: Option<tolaria::task::Task>,
 }
 
 /// What a bench command line asks for.
@@ -233,6 +242,9 @@ impl BenchArgs {
         let mut gpus: Option<Vec<usize>> = None;
         let mut rounds: Option<usize> = None;
         let mut ppo_epochs: Option<usize> = None;
+        let mut episode: Option<u32> = None;
+        let mut seeds: Option<usize> = None;
+        let mut task: Option<tolaria::task::Task> = None;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
             let flag = arg.as_str();
@@ -241,8 +253,8 @@ impl BenchArgs {
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
             let fmnist_only = matches!(flag, "--synthetic");
             let simic_only = matches!(flag, "--variants" | "--gpus");
-            let rounds_flag = flag == "--rounds";
-            let learning_only = flag == "--ppo-epochs";
+            let rounds_flag = matches!(flag, "--rounds" | "--episode");
+            let learning_only = matches!(flag, "--ppo-epochs" | "--seeds" | "--task");
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
                 || (rounds_flag
@@ -344,6 +356,29 @@ impl BenchArgs {
                     }
                     once(&mut ppo_epochs, flag, n)?;
                 }
+                "--episode" => {
+                    let n = simic::vectorized::Episode::parse_epochs(&value()?)
+                        .map_err(|error| usage(format!("--episode: {error}")))?;
+                    once(&mut episode, flag, n)?;
+                }
+                "--task" => {
+                    let name = value()?;
+                    let parsed = tolaria::task::Task::from_name(&name).ok_or_else(|| {
+                        usage(format!(
+                            "unknown task {} (fmnist, fmnist-impaired, cifar10, \
+                             cifar10-impaired, synthetic)",
+                            shown(&name)
+                        ))
+                    })?;
+                    once(&mut task, flag, parsed)?;
+                }
+                "--seeds" => {
+                    let n = count(flag, &value()?)?;
+                    if n == 0 {
+                        return Err(usage("--seeds must be at least 1"));
+                    }
+                    once(&mut seeds, flag, n)?;
+                }
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
             }
@@ -364,6 +399,9 @@ impl BenchArgs {
             gpus: gpus.unwrap_or_default(),
             rounds,
             ppo_epochs,
+            episode,
+            seeds,
+            task,
         })))
     }
 }

@@ -39,6 +39,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             if args.gpus.is_empty() {
                 let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
                 options.variants.clone_from(&args.simic_variants);
+                options.episode_length = args.episode;
                 if let Some(rounds) = args.rounds {
                     options.rounds = rounds;
                 }
@@ -59,6 +60,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         Workload::SimicLearning => {
             let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
             options.ppo_epochs = args.ppo_epochs;
+            options.episode_length = args.episode;
+            if let Some(seeds) = args.seeds {
+                options.seeds = seeds;
+            }
+            if let Some(task) = args.task {
+                options.learning_task = task;
+            }
             let rounds = args.rounds.unwrap_or(if args.quick {
                 2
             } else {

@@ -101,13 +101,22 @@ commands:
                             suffixes -fp32-policy, -w3, -bench, -no-prewarm (in this order)
         --rounds N          (every simic workload) PPO rounds per variant (default 3, 1 with
                             --quick)
+        --episode L         (every simic workload) epochs per episode: head (150, the
+                            default, as at the reference's HEAD), medium (50), short (25)
+                            or a number (5 with --quick)
         --gpus LIST         (both simic workloads) GPU counts, e.g. 1,2: each count runs one
                             process per GPU (data-parallel PPO over NCCL, Gloo on the CPU),
                             4 envs per GPU; every count is an entry of one record with eps
                             and scaling efficiency
-      simic-learning        PPO rounds on an impaired host beside the heuristic and no growth
+      simic-learning        the learning protocol on an impaired host: baselines (no growth,
+                            heuristic, germinate-once, max growth) on 12 shared evaluation
+                            environments, PPO per training seed, the greedy policy on the
+                            same environments, paired comparisons (95% CI, sign and
+                            permutation tests) and the share of max growth's gain recovered
         --device DEVICE     auto (default), cpu, cuda or cuda:N
-        --rounds N          training rounds (default 12, 2 with --quick)
+        --task NAME         fmnist-impaired (default) or cifar10-impaired
+        --seeds N           independent training seeds (default 3, 1 with --quick)
+        --rounds N          training rounds per seed (default 12, 2 with --quick)
         --ppo-epochs N      passes over each round's rollout per PPO update (default 4; the
                             reference's recurrent_n_epochs is 1; the KL early stop still
                             applies)

@@ -40,6 +40,9 @@ pub(crate) struct RankArgs {
     /// A short run.
     #[arg(long)]
     quick: bool,
+    /// Epochs per episode (the workload's default when absent).
+    #[arg(long)]
+    episode: Option<u32>,
     /// Folder for the rank's `rank<R>.json`.
     #[arg(long)]
     out: PathBuf,
@@ -68,6 +71,7 @@ pub(crate) fn run_rank_command(args: &RankArgs) -> Result<()> {
         .with_context(|| format!("rank {} joining its group", rendezvous.rank))?;
     let mut options = SimicBenchOptions::new(DeviceChoice::Cpu, args.quick);
     options.rounds = args.rounds;
+    options.episode_length = args.episode;
     let mut progress = |line: &str| eprintln!("{line}");
     let figures = run_rank(task, &options, &args.variant, Some(group), &mut progress)?;
     std::fs::create_dir_all(&args.out)?;
@@ -126,7 +130,7 @@ pub(crate) fn measure(
                     gpus,
                     rounds,
                     device_kind,
-                    args.quick,
+                    args,
                 )
                 .and_then(|ranks| {
                     let entry = scaling_entry(variant, gpus, &ranks, eps_one)?;
@@ -152,6 +156,7 @@ pub(crate) fn measure(
             "gpus": args.gpus,
             "envs_per_gpu": 4,
             "rounds": rounds,
+            "episode_length": args.episode,
             "scaling": "one process per GPU, data-parallel PPO (gradients all-reduced with NCCL)",
         }),
         results,
@@ -174,7 +179,7 @@ fn run_count(
     gpus: usize,
     rounds: usize,
     device: &str,
-    quick: bool,
+    args: &BenchArgs,
 ) -> Result<Vec<RankFigures>> {
     let dir = scratch.join(format!("{variant}-{gpus}"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -191,8 +196,12 @@ fn run_count(
         // The path as it is (it need not be UTF-8).
         dir.clone().into_os_string(),
     ];
-    if quick {
+    if args.quick {
         child_args.push("--quick".into());
+    }
+    if let Some(episode) = args.episode {
+        child_args.push("--episode".into());
+        child_args.push(episode.to_string().into());
     }
     launch::run_ranks(gpus, &child_args, launch::GRACE)?;
     (0..gpus)

@@ -79,6 +79,12 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("final_accuracy_pct", "final acc", 2),
             ("active_seeds_per_env", "seeds", 2),
             ("fossilizations", "fossils", 0),
+            ("mean_diff_pct", "diff", 2),
+            ("ci95_low_pct", "ci95 low", 2),
+            ("ci95_high_pct", "ci95 high", 2),
+            ("sign_test_p", "sign p", 3),
+            ("permutation_p", "perm p", 3),
+            ("recovered_fraction", "recovered", 2),
         ],
         Workload::PpoCartpole => &[
             ("mean_return_100k", "ret 100k", 1),
@@ -97,13 +103,13 @@ pub(crate) fn render(workload: Workload, record: &BaselineRecord) -> String {
         "{} on {} ({})",
         record.workload, record.environment.device, record.label
     )];
-    let mut header = format!("{:<8} {:<22}", "impl", "mode");
+    let mut header = format!("{:<8} {:<32}", "impl", "mode");
     for (_, title, _) in columns {
         header.push_str(&format!(" {title:>11}"));
     }
     lines.push(header);
     for entry in &record.results {
-        let mut line = format!("{:<8} {:<22}", entry.implementation, entry.mode);
+        let mut line = format!("{:<8} {:<32}", entry.implementation, entry.mode);
         if let Some(error) = &entry.error {
             lines.push(format!("{line} error: {error}"));
             // A failed variant has no figures; an inexact nissa-emit
@@ -111,7 +117,7 @@ pub(crate) fn render(workload: Workload, record: &BaselineRecord) -> String {
             if entry.metrics.is_empty() {
                 continue;
             }
-            line = format!("{:<8} {:<22}", "", "");
+            line = format!("{:<8} {:<32}", "", "");
         }
         for (key, _, decimals) in columns {
             let cell = entry.metrics.get(*key).map_or_else(

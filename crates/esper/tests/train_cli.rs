@@ -430,3 +430,58 @@ fn a_run_serves_prometheus_metrics_on_the_port_asked_for() {
         "{config}"
     );
 }
+
+/// The decisions (`op`, `reason`, `outcome`) of a run's `epochs.jsonl`.
+fn decisions(run_dir: &Path) -> Vec<(String, String, String)> {
+    epoch_lines(run_dir)
+        .iter()
+        .map(|line| {
+            let decision = &line["decision"];
+            let field = |name: &str| decision[name].as_str().unwrap_or("").to_owned();
+            (field("op"), field("reason"), field("outcome"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_scripted_baselines_run_as_controllers_of_esper_train() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut germinations = Vec::new();
+    for controller in ["no-growth", "germinate-once", "max-growth"] {
+        let run_dir = dir.path().join(controller);
+        let mut args = synthetic_run(&run_dir, "13");
+        args[2] = controller.to_owned();
+        let output = Command::new(ESPER)
+            .args(&args)
+            .output()
+            .expect("esper runs");
+        assert!(
+            output.status.success(),
+            "{controller}: {}",
+            text(&output.stderr)
+        );
+        let decisions = decisions(&run_dir);
+        assert_eq!(decisions.len(), 13, "{controller}: one line per epoch");
+        let germinated = decisions
+            .iter()
+            .filter(|(_, _, outcome)| outcome == "germinated")
+            .count();
+        let reason = controller.replace('-', "_");
+        assert!(
+            decisions.iter().all(|(_, why, _)| *why == reason),
+            "{controller}: every decision is its own: {decisions:?}"
+        );
+        germinations.push(germinated);
+        let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config.toml");
+        assert!(
+            config.contains(&format!("controller = \"{controller}\"")),
+            "{config}"
+        );
+    }
+    // No growth never germinates; germinate-once germinates once, at the
+    // first epoch its masks allow, and its seed reaches a gate (G2 after ten
+    // TRAINING epochs); max growth germinates at least that often.
+    assert_eq!(germinations[0], 0);
+    assert_eq!(germinations[1], 1);
+    assert!(germinations[2] >= 1, "{germinations:?}");
+}

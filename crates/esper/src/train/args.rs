@@ -19,6 +19,15 @@ pub(crate) enum ControllerKind {
     /// Tamiyo's policy, trained with Simic's vectorized PPO: each round
     /// trains --envs hosts for --epochs epochs and makes one PPO update.
     Ppo,
+    /// Baseline: WAIT every epoch, the host alone
+    /// (`tamiyo::growth::NoGrowthController`).
+    NoGrowth,
+    /// Baseline, the ceiling: grows as fast as the masks and gates allow and
+    /// never prunes (`tamiyo::growth::MaxGrowthController`).
+    MaxGrowth,
+    /// Baseline: germinates one seed, takes it to FOSSILIZED and holds
+    /// (`tamiyo::growth::GerminateOnceController`).
+    GerminateOnce,
 }
 
 impl ControllerKind {
@@ -27,7 +36,33 @@ impl ControllerKind {
         match self {
             ControllerKind::Heuristic => "heuristic",
             ControllerKind::Ppo => "ppo",
+            ControllerKind::NoGrowth => "no-growth",
+            ControllerKind::MaxGrowth => "max-growth",
+            ControllerKind::GerminateOnce => "germinate-once",
         }
+    }
+}
+
+/// A named episode length (`simic::vectorized::Episode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum EpisodeChoice {
+    /// 150 epochs, the reference HEAD's episode.
+    Head,
+    /// 50 epochs.
+    Medium,
+    /// 25 epochs, the older reference's.
+    Short,
+}
+
+impl EpisodeChoice {
+    /// Its epochs.
+    pub(crate) fn epochs(self) -> usize {
+        let preset = match self {
+            EpisodeChoice::Head => simic::vectorized::Episode::Head,
+            EpisodeChoice::Medium => simic::vectorized::Episode::Medium,
+            EpisodeChoice::Short => simic::vectorized::Episode::Short,
+        };
+        preset.epochs() as usize
     }
 }
 
@@ -182,9 +217,14 @@ pub(crate) struct TrainArgs {
     /// Most seeds alive or fossilized at once [default: number of slots].
     #[arg(long, value_name = "N")]
     pub(crate) max_seeds: Option<usize>,
-    /// Epochs to train, 1 to 100000 (for PPO: each episode's) [default: 50].
+    /// Epochs to train, 1 to 100000 (for PPO: each episode's) [default: 50;
+    /// with --controller ppo 150, the episode of the reference's HEAD].
     #[arg(long, value_name = "N")]
     pub(crate) epochs: Option<usize>,
+    /// A named episode length instead of --epochs: head (150, the reference
+    /// HEAD's), medium (50) or short (25, the older reference's).
+    #[arg(long, value_enum, conflicts_with = "epochs")]
+    pub(crate) episode: Option<EpisodeChoice>,
     /// Samples per training batch [default: 128].
     #[arg(long, value_name = "N")]
     pub(crate) batch_size: Option<usize>,

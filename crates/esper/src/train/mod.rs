@@ -59,6 +59,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use nissa::{Hub, JsonlConfig};
+use tamiyo::growth::{GerminateOnceController, MaxGrowthController, NoGrowthController};
 use tamiyo::heuristic::HeuristicController;
 use tolaria::amp::Precision;
 use tolaria::controller::{Controller, Decision, EpochObservation};
@@ -67,7 +68,7 @@ use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig, epoch_seed};
 use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
 
 use self::args::{ControllerKind, PrecisionChoice, TrainArgs};
-use self::checkpoint::{Loaded, TelemetryRewind};
+use self::checkpoint::{ControllerState, Loaded, ScriptedState, TelemetryRewind};
 use self::config::RunConfig;
 use self::deferred::Deferred;
 use self::epoch_log::{EpochLog, EpochRecord};
@@ -278,7 +279,7 @@ fn resume(dir: &Path) -> Result<Finished> {
         let mut config = loaded.run.config.clone();
         config.run_dir = dir.to_owned();
         if let Err(error) = config.validate().and_then(|()| {
-            if config.controller == ControllerKind::Heuristic {
+            if config.controller != ControllerKind::Ppo {
                 Ok(())
             } else {
                 bail!(
@@ -397,13 +398,12 @@ fn build(
     let held = Deferred::new();
     let telemetry = held.telemetry();
     let model = task::build_model(config, device, telemetry.clone())?;
-    let heuristic = match resume {
-        Some(loaded) => HeuristicController::from_state(&loaded.run.controller)
-            .context("resume: the controller's state")?,
-        None => HeuristicController::new(),
-    }
-    .with_telemetry(telemetry.clone());
-    let shared = SharedController(Arc::new(Mutex::new(heuristic)));
+    let run_controller = RunController::build(
+        config,
+        resume.map(|loaded| &loaded.run.controller),
+        telemetry.clone(),
+    )?;
+    let shared = SharedController(Arc::new(Mutex::new(run_controller)));
     let controller = SeedBudget::new(shared.clone(), config.max_seeds);
     let trainer_config = trainer_config(config, device);
     let trainer = match resume {
@@ -493,18 +493,116 @@ fn run_epochs(
     Ok(finished)
 }
 
-/// The heuristic controller, shared with the epoch loop so that its state
-/// can be checkpointed between epochs (the trainer asks it on the deadline's
+/// The controller of a heuristic or baseline run (`--controller heuristic`,
+/// `no-growth`, `max-growth`, `germinate-once`).
+#[derive(Debug)]
+enum RunController {
+    /// The reference's heuristic.
+    Heuristic(HeuristicController),
+    /// WAIT every epoch.
+    NoGrowth(NoGrowthController),
+    /// The ceiling.
+    MaxGrowth(MaxGrowthController),
+    /// One seed, then hold.
+    GerminateOnce(GerminateOnceController),
+}
+
+impl RunController {
+    /// The controller `config` names, restored from `saved` when resuming
+    /// (refused when the state is another controller's).
+    fn build(
+        config: &RunConfig,
+        saved: Option<&ControllerState>,
+        telemetry: leyline::Telemetry,
+    ) -> Result<RunController> {
+        let masks = tamiyo::masks::MaskConfig {
+            max_seeds: config.max_seeds,
+            ..tamiyo::masks::MaskConfig::default()
+        };
+        let scripted = |name: &str| -> Result<bool> {
+            match saved {
+                None => Ok(false),
+                Some(ControllerState::Scripted(state)) if state.scripted == name => {
+                    Ok(state.germinated)
+                }
+                Some(_) => bail!("resume: the checkpoint's controller state is not {name}'s"),
+            }
+        };
+        Ok(match config.controller {
+            ControllerKind::Heuristic => RunController::Heuristic(
+                match saved {
+                    None => HeuristicController::new(),
+                    Some(ControllerState::Heuristic(state)) => {
+                        HeuristicController::from_state(state)
+                            .context("resume: the controller's state")?
+                    }
+                    Some(ControllerState::Scripted(state)) => bail!(
+                        "resume: the checkpoint holds the state of {}, not the heuristic's",
+                        state.scripted
+                    ),
+                }
+                .with_telemetry(telemetry),
+            ),
+            ControllerKind::NoGrowth => {
+                scripted(ControllerKind::NoGrowth.name())?;
+                RunController::NoGrowth(NoGrowthController)
+            }
+            ControllerKind::MaxGrowth => {
+                scripted(ControllerKind::MaxGrowth.name())?;
+                RunController::MaxGrowth(MaxGrowthController::new(masks))
+            }
+            ControllerKind::GerminateOnce => RunController::GerminateOnce(
+                GerminateOnceController::new(masks)
+                    .with_germinated(scripted(ControllerKind::GerminateOnce.name())?),
+            ),
+            ControllerKind::Ppo => bail!("a PPO run has no per-run controller"),
+        })
+    }
+
+    /// Its state for a checkpoint.
+    fn state(&self) -> ControllerState {
+        let scripted = |kind: ControllerKind, germinated: bool| {
+            ControllerState::Scripted(ScriptedState {
+                scripted: kind.name().to_owned(),
+                germinated,
+            })
+        };
+        match self {
+            RunController::Heuristic(heuristic) => {
+                ControllerState::Heuristic(heuristic.export_state())
+            }
+            RunController::NoGrowth(_) => scripted(ControllerKind::NoGrowth, false),
+            RunController::MaxGrowth(_) => scripted(ControllerKind::MaxGrowth, false),
+            RunController::GerminateOnce(once) => {
+                scripted(ControllerKind::GerminateOnce, once.has_germinated())
+            }
+        }
+    }
+}
+
+impl Controller for RunController {
+    fn decide(&mut self, observation: &EpochObservation) -> tolaria::Result<Decision> {
+        match self {
+            RunController::Heuristic(controller) => controller.decide(observation),
+            RunController::NoGrowth(controller) => controller.decide(observation),
+            RunController::MaxGrowth(controller) => controller.decide(observation),
+            RunController::GerminateOnce(controller) => controller.decide(observation),
+        }
+    }
+}
+
+/// The run's controller, shared with the epoch loop so that its state can
+/// be checkpointed between epochs (the trainer asks it on the deadline's
 /// worker thread; the loop only reads it at the boundary, when it is idle).
 #[derive(Debug, Clone)]
-struct SharedController(Arc<Mutex<HeuristicController>>);
+struct SharedController(Arc<Mutex<RunController>>);
 
 impl SharedController {
-    fn state(&self) -> tamiyo::heuristic::HeuristicState {
+    fn state(&self) -> ControllerState {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .export_state()
+            .state()
     }
 }
 

@@ -1,17 +1,19 @@
 //! The controllers the Simic benches measure beside the learned policy, on
 //! the same environments (model seeds, data shards, trainer settings):
-//! nobody (the host grown by no one), the reference's heuristic, and the
-//! max-growth ceiling ([`tamiyo::growth::MaxGrowthController`]: as many
-//! seeds as the masks allow, never a prune).
+//! nobody (the host grown by no one), the reference's heuristic,
+//! germinate-once-and-hold ([`tamiyo::growth::GerminateOnceController`])
+//! and the max-growth ceiling ([`tamiyo::growth::MaxGrowthController`]: as
+//! many seeds as the masks allow, never a prune).
 //!
 //! Each environment is one Tolaria trainer driven through its controller
 //! deadline, one episode long, one environment after another.
 
 use leyline::Telemetry;
-use tamiyo::growth::MaxGrowthController;
+use tamiyo::growth::{GerminateOnceController, MaxGrowthController};
 use tamiyo::heuristic::HeuristicController;
 use tamiyo::masks::MaskConfig;
 use tch::Device;
+use tolaria::controller::Applied;
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
 
 use crate::vectorized::{EnvSpec, SimicConfig};
@@ -24,6 +26,8 @@ pub(crate) enum Baseline {
     NoGrowth,
     /// The reference's heuristic (reference §3.5).
     Heuristic,
+    /// Germinates one seed, takes it to FOSSILIZED, then holds.
+    GerminateOnce,
     /// Grows as fast as the masks allow and never prunes.
     MaxGrowth,
 }
@@ -34,6 +38,7 @@ impl Baseline {
         match self {
             Baseline::NoGrowth => "no-growth",
             Baseline::Heuristic => "heuristic",
+            Baseline::GerminateOnce => "germinate-once",
             Baseline::MaxGrowth => "max-growth",
         }
     }
@@ -48,6 +53,10 @@ pub(crate) struct BaselineRun {
     /// after each epoch's decision: what a round's `mean_active_seeds`
     /// counts.
     pub(crate) mean_active_seeds: f64,
+    /// Seeds germinated, over every environment.
+    pub(crate) germinations: u64,
+    /// Seeds fossilized, over every environment.
+    pub(crate) fossilizations: u64,
 }
 
 /// One episode per environment of `spec` under `baseline`, on the seeds the
@@ -63,6 +72,8 @@ pub(crate) fn run_baseline(
     let mut accuracies = Vec::with_capacity(n);
     let mut active = 0_u64;
     let mut epochs = 0_u64;
+    let mut germinations = 0_u64;
+    let mut fossilizations = 0_u64;
     for env in 0..n {
         let seed = config.seed.wrapping_add(
             round
@@ -88,22 +99,39 @@ pub(crate) fn run_baseline(
             Telemetry::disabled(),
         )?;
         let deadline = std::time::Duration::from_secs(5);
+        let masks = MaskConfig {
+            max_seeds: config.max_seeds,
+            ..MaskConfig::default()
+        };
         trainer = match baseline {
             Baseline::NoGrowth => trainer,
             Baseline::Heuristic => trainer.with_controller(HeuristicController::new(), deadline)?,
-            Baseline::MaxGrowth => trainer.with_controller(
-                MaxGrowthController::new(MaskConfig {
-                    max_seeds: config.max_seeds,
-                    ..MaskConfig::default()
-                }),
-                deadline,
-            )?,
+            Baseline::GerminateOnce => {
+                trainer.with_controller(GerminateOnceController::new(masks), deadline)?
+            }
+            Baseline::MaxGrowth => {
+                trainer.with_controller(MaxGrowthController::new(masks), deadline)?
+            }
         };
         let mut last = 0.0;
         for _ in 0..config.episode_length {
             let report = trainer.train_epoch()?;
             if let Some(validation) = report.validation {
                 last = validation.accuracy;
+            }
+            match &report.decision {
+                Some((_, Applied::Germinated { .. })) => {
+                    germinations = germinations.saturating_add(1)
+                }
+                Some((
+                    _,
+                    Applied::GateEvaluated {
+                        op: leyline::LifecycleOp::Fossilize,
+                        passed: true,
+                        ..
+                    },
+                )) => fossilizations = fossilizations.saturating_add(1),
+                _ => {}
             }
             active = active.saturating_add(trainer.model().active_seed_count() as u64);
             epochs = epochs.saturating_add(1);
@@ -113,5 +141,7 @@ pub(crate) fn run_baseline(
     Ok(BaselineRun {
         accuracies,
         mean_active_seeds: active as f64 / epochs.max(1) as f64,
+        germinations,
+        fossilizations,
     })
 }

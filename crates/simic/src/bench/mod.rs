@@ -3,7 +3,8 @@
 //! written.
 //!
 //! - `simic-throughput`: vectorized PPO on Fashion-MNIST, 4 environments ×
-//!   3 slots (r0c0 r0c1 r0c2), max 3 seeds, episode length 25, each
+//!   3 slots (r0c0 r0c1 r0c2), max 3 seeds, episode length 150 (the
+//!   reference's HEAD; `--episode short` or `medium` for 25 or 50), each
 //!   environment-epoch on its quarter of the 60,000 training samples (batch
 //!   512), validation with the counterfactual configurations on the 10,000
 //!   test samples; the learned policy acting and learning.
@@ -39,17 +40,21 @@ use tolaria::data::Dataset;
 use tolaria::engine::trainer::ModelTrainerConfig;
 use torch_ext::DeviceChoice;
 
-use crate::vectorized::SimicConfig;
+use crate::vectorized::{Episode, SimicConfig};
 use crate::{Error, Result};
 
 mod baseline;
 mod cartpole;
 mod learning;
 pub mod scaling;
+pub mod stats;
 mod throughput;
 
 pub use cartpole::run_cartpole;
-pub use learning::{LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, run_learning};
+pub use learning::{
+    EVAL_ENV_SEED, EVAL_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, run_learning,
+    training_seed,
+};
 pub use throughput::run_throughput;
 
 /// Workload names.
@@ -108,9 +113,28 @@ pub struct SimicBenchOptions {
     /// `None`: [`learning::LEARNING_PPO_EPOCHS`], 4). The KL early stop
     /// still ends an update early.
     pub ppo_epochs: Option<usize>,
+    /// Epochs per episode; `None`: [`Episode::Head`]'s 150 (5 in a quick
+    /// run). [`Episode::parse_epochs`] reads the presets' names.
+    pub episode_length: Option<u32>,
+    /// `simic-learning` only: independent training seeds of the protocol
+    /// ([`learning::LEARNING_SEEDS`], 1 when quick).
+    pub seeds: usize,
+    /// `simic-learning` only: the task (an impaired host, so seeds have
+    /// room): `fmnist-impaired` (default) or `cifar10-impaired`.
+    pub learning_task: tolaria::task::Task,
 }
 
 impl SimicBenchOptions {
+    /// The episode length the workloads run: [`SimicBenchOptions::episode_length`],
+    /// or 150 (5 when quick).
+    pub fn episode(&self) -> u32 {
+        self.episode_length.unwrap_or(if self.quick {
+            5
+        } else {
+            Episode::Head.epochs()
+        })
+    }
+
     /// Defaults: 3 rounds (1 quick).
     pub fn new(device: DeviceChoice, quick: bool) -> SimicBenchOptions {
         SimicBenchOptions {
@@ -120,9 +144,15 @@ impl SimicBenchOptions {
             rounds: if quick { 1 } else { 3 },
             variants: Vec::new(),
             ppo_epochs: None,
+            episode_length: None,
+            seeds: if quick { 1 } else { learning::LEARNING_SEEDS },
+            learning_task: tolaria::task::Task::FmnistImpaired,
         }
     }
 }
+
+/// Most training seeds of `simic-learning`.
+pub const MAX_SEEDS: usize = 1_000;
 
 /// Most rounds one variant of a workload runs.
 pub const MAX_ROUNDS: usize = 100_000;
@@ -132,6 +162,18 @@ impl SimicBenchOptions {
     /// `[1, MAX_ROUNDS]`, `ppo_epochs` (when set) in
     /// `[1, ppo::config::MAX_EPOCHS]`; the error names the field.
     pub fn validate(&self) -> Result<()> {
+        if self.episode_length == Some(0) {
+            return Err(Error::InvalidConfig {
+                field: "SimicBenchOptions.episode_length",
+                reason: "0 epochs; an episode needs at least one".to_owned(),
+            });
+        }
+        if !(1..=MAX_SEEDS).contains(&self.seeds) {
+            return Err(Error::InvalidConfig {
+                field: "SimicBenchOptions.seeds",
+                reason: format!("{} is outside [1, {MAX_SEEDS}]", self.seeds),
+            });
+        }
         if !(1..=MAX_ROUNDS).contains(&self.rounds) {
             return Err(Error::InvalidConfig {
                 field: "SimicBenchOptions.rounds",

@@ -72,7 +72,7 @@ pub fn run_rank(
         4,
     )?;
     let (precision, mode) = variant(variant_name)?;
-    let episode_length = if options.quick { 5 } else { 25 };
+    let episode_length = options.episode();
     let config = simic_config(precision, mode, episode_length, options.quick);
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     if let Some(group) = group {

@@ -274,7 +274,7 @@ pub fn run_throughput(
         test,
         n_envs,
     )?;
-    let episode_length = if options.quick { 5 } else { 25 };
+    let episode_length = options.episode();
     let names: Vec<String> = if !options.variants.is_empty() {
         options.variants.clone()
     } else if device.is_cuda() {

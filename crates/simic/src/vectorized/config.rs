@@ -11,12 +11,78 @@ use crate::ppo::{PpoConfig, ValueNormaliserConfig};
 use crate::rewards::{RewardConfig, RewardNormaliserConfig};
 use crate::{Error, Result};
 
+/// The named episode lengths. [`Episode::Head`] (150) is every default, as
+/// at the reference's HEAD, whose comments make 150 the shortest episode
+/// that fits three seeds one after another (G2 needs 10 TRAINING epochs and
+/// the D3 block forbids germinating while any seed is GERMINATED or
+/// TRAINING); [`Episode::Medium`] (50) and [`Episode::Short`] (25, the
+/// older reference's) stay as presets for quick studies. The ceiling on the
+/// mean number of active seeds under HEAD's gates is `3 - 39/L`: 2.74 at
+/// 150, 2.22 at 50, 1.44 at 25.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Episode {
+    /// 150 epochs (the reference's HEAD).
+    Head,
+    /// 50 epochs.
+    Medium,
+    /// 25 epochs (the older reference).
+    Short,
+}
+
+impl Episode {
+    /// Every preset, longest first.
+    pub const ALL: [Episode; 3] = [Episode::Head, Episode::Medium, Episode::Short];
+
+    /// Epochs per episode.
+    pub fn epochs(self) -> u32 {
+        match self {
+            Episode::Head => 150,
+            Episode::Medium => 50,
+            Episode::Short => 25,
+        }
+    }
+
+    /// The preset's name (`head`, `medium`, `short`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Episode::Head => "head",
+            Episode::Medium => "medium",
+            Episode::Short => "short",
+        }
+    }
+
+    /// A preset's name or a number of epochs: `head`, `medium`, `short`,
+    /// `150`, `50`, `25` or any other positive count.
+    pub fn parse_epochs(text: &str) -> Result<u32> {
+        if let Some(preset) = Episode::ALL.into_iter().find(|p| p.name() == text) {
+            return Ok(preset.epochs());
+        }
+        match text.parse::<u32>() {
+            Ok(epochs) if epochs > 0 => Ok(epochs),
+            _ => Err(Error::InvalidConfig {
+                field: "episode",
+                reason: format!(
+                    "{text:?} is neither a preset (head = 150, medium = 50, short = 25) nor a \
+                     positive number of epochs"
+                ),
+            }),
+        }
+    }
+
+    /// The mean active seeds no controller can exceed under HEAD's gates
+    /// with three slots: `3 - 39/L` (0 below 13 epochs).
+    pub fn active_seed_ceiling(epochs: u32) -> f64 {
+        (3.0 - 39.0 / f64::from(epochs.max(1))).max(0.0)
+    }
+}
+
 /// Settings of a vectorized PPO run.
 #[derive(Debug, Clone)]
 pub struct SimicConfig {
     /// Environments per round (4).
     pub n_envs: usize,
-    /// Epochs per episode (25 in the benchmarks; HEAD's default is 150).
+    /// Epochs per episode ([`Episode::Head`]'s 150 by default; see
+    /// [`Episode`] for the presets).
     pub episode_length: u32,
     /// Live seeds allowed per environment (3).
     pub max_seeds: usize,

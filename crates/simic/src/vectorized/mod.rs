@@ -83,7 +83,7 @@ use crate::{Error, Result};
 use actor::Actor;
 use learner::Learner;
 
-pub use config::SimicConfig;
+pub use config::{Episode, SimicConfig};
 pub use env::EnvSpec;
 pub use outcome::{
     ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind, RewardHackingSuspicion,

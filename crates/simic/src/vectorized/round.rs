@@ -11,9 +11,18 @@ use super::collector::Collector;
 use super::env::{EnvSpec, prewarm_blueprints};
 use super::learner::NormaliserCheckpoint;
 use super::measure::ms;
-use super::{RoundReport, Simic, telemetry};
+use super::{RoundReport, Simic, SimicConfig, telemetry};
 use crate::ppo::PpoStats;
 use crate::{Error, Result};
+
+/// Environment seeds other than the run's own ([`Simic::evaluate_on`]).
+#[derive(Debug, Clone, Copy)]
+struct EnvSeeds {
+    /// The seed the environments derive from.
+    seed: u64,
+    /// The global index of the first environment (`None` on overflow).
+    base: Option<u64>,
+}
 
 /// The state [`Simic::run_round`] puts back when a round fails (the policy
 /// and its optimizer are put back by the update itself).
@@ -36,11 +45,45 @@ impl Simic {
     /// observation normaliser costs one readback of its state at the round's
     /// start when it learns.
     pub fn run_round(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
+        self.guarded(|simic| simic.run_round_unguarded(spec, learn, None), learn)
+    }
+
+    /// Evaluates the policy without learning (its observation normaliser
+    /// frozen) on the environments round `env_round` of a run seeded
+    /// `env_seed` would build (`env_seed + (env_round·n_envs + env)·stride`,
+    /// data shards as in any round), whatever this run's own seed and round
+    /// are: so several trained policies, and the baseline controllers
+    /// (`simic::bench`), are compared on the same environments. Sampling
+    /// follows [`Simic::set_sample_mode`]. It counts as a round (the round
+    /// counter advances) and fails as [`Simic::run_round`] does, leaving
+    /// the learning state as it was.
+    pub fn evaluate_on(
+        &mut self,
+        spec: &EnvSpec,
+        env_seed: u64,
+        env_round: u64,
+    ) -> Result<RoundReport> {
+        let envs = EnvSeeds {
+            seed: env_seed,
+            base: env_round.checked_mul(self.config.n_envs as u64),
+        };
+        self.guarded(
+            |simic| simic.run_round_unguarded(spec, false, Some(envs)),
+            false,
+        )
+    }
+
+    /// Runs `round`, putting the learning state back when it fails.
+    fn guarded(
+        &mut self,
+        round: impl FnOnce(&mut Simic) -> Result<RoundReport>,
+        learn: bool,
+    ) -> Result<RoundReport> {
         let saved = RoundCheckpoint {
             normalisers: self.learner.checkpoint(learn)?,
             sampler_rng: self.actor.rng().clone(),
         };
-        let result = self.run_round_unguarded(spec, learn);
+        let result = round(self);
         if result.is_err() {
             self.learner.restore(saved.normalisers)?;
             self.actor.restore_rng(saved.sampler_rng);
@@ -48,8 +91,14 @@ impl Simic {
         result
     }
 
-    /// [`Simic::run_round`] without the checkpoint.
-    fn run_round_unguarded(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
+    /// [`Simic::run_round`] without the checkpoint; `envs` overrides this
+    /// run's own environment seeds.
+    fn run_round_unguarded(
+        &mut self,
+        spec: &EnvSpec,
+        learn: bool,
+        envs: Option<EnvSeeds>,
+    ) -> Result<RoundReport> {
         let round_started = Instant::now();
         self.progress.start(round_started);
         let n = self.config.n_envs;
@@ -65,10 +114,21 @@ impl Simic {
             // modules' draws change nothing they draw.
             self.prewarm = Some(prewarm_blueprints(&self.config, spec, self.device)?);
         }
+        let own;
+        let (config, env_base) = match envs {
+            None => (&self.config, self.env_index_base()),
+            Some(envs) => {
+                own = SimicConfig {
+                    seed: envs.seed,
+                    ..self.config.clone()
+                };
+                (&own, envs.base)
+            }
+        };
         let mut collector = Collector::new(
-            &self.config,
+            config,
             spec,
-            self.env_index_base(),
+            env_base,
             self.actor.policy(),
             self.device,
             &self.telemetry,

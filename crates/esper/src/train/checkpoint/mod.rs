@@ -8,7 +8,8 @@
 //!
 //! - `config`: the run configuration;
 //! - `rng`: how libtorch's generator and the device shuffle are seeded;
-//! - `controller`: the heuristic controller's state;
+//! - `controller`: the controller's state (the heuristic's, or a scripted
+//!   baseline's name and whether it has germinated);
 //! - `epoch_log_records`, `telemetry`: how far `epochs.jsonl` and the
 //!   telemetry files had got.
 //!
@@ -67,6 +68,28 @@ pub(crate) struct RngState {
     pub(crate) next_shuffle_epoch: u64,
 }
 
+/// A controller's state in a checkpoint: the heuristic's (its tracker,
+/// embargo and penalties), or a scripted baseline's (its name and whether
+/// it has germinated: only germinate-once keeps anything).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum ControllerState {
+    /// `--controller heuristic`.
+    Heuristic(HeuristicState),
+    /// `--controller no-growth`, `max-growth` or `germinate-once`.
+    Scripted(ScriptedState),
+}
+
+/// A scripted baseline controller's state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScriptedState {
+    /// The controller's command-line name.
+    pub(crate) scripted: String,
+    /// Whether it has seen its seed (germinate-once).
+    pub(crate) germinated: bool,
+}
+
 /// The run's fields of a checkpoint's manifest, beside the trainer's (see
 /// the module docs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,8 +99,8 @@ pub(crate) struct RunFields {
     pub(crate) config: RunConfig,
     /// The random state.
     pub(crate) rng: RngState,
-    /// The heuristic controller's state.
-    pub(crate) controller: HeuristicState,
+    /// The controller's state.
+    pub(crate) controller: ControllerState,
     /// Lines of `epochs.jsonl` belonging to this checkpoint.
     pub(crate) epoch_log_records: usize,
     /// The telemetry files and their lengths.
@@ -89,7 +112,7 @@ pub(crate) struct Extras<'a> {
     /// The run configuration.
     pub(crate) config: &'a RunConfig,
     /// The controller's state.
-    pub(crate) controller: HeuristicState,
+    pub(crate) controller: ControllerState,
     /// Records in `epochs.jsonl`.
     pub(crate) epoch_log_records: usize,
 }

@@ -28,8 +28,8 @@ use file::{FileConfig, read_file};
 use stamp::default_run_dir;
 
 use super::args::{
-    ControllerKind, ModeChoice, PolicyPrecisionChoice, PrecisionChoice, RewardChoice, TaskKind,
-    TrainArgs,
+    ControllerKind, EpisodeChoice, ModeChoice, PolicyPrecisionChoice, PrecisionChoice,
+    RewardChoice, TaskKind, TrainArgs,
 };
 
 /// Every key a configuration file may hold, in the order `config.toml` is
@@ -70,6 +70,10 @@ pub(crate) const DEFAULT_SLOTS: [&str; 2] = ["r0c1", "r0c2"];
 /// epochs), BLENDING (5) and HOLDING to FOSSILIZED (around epoch 32), with
 /// room to spare; about three minutes on a 2-core CPU.
 pub(crate) const DEFAULT_EPOCHS: usize = 50;
+/// Default episode of `--controller ppo`: the reference HEAD's 150 epochs
+/// (`simic::vectorized::Episode::Head`); `--episode medium` or `short` pick
+/// 50 or 25.
+pub(crate) const DEFAULT_PPO_EPISODE: usize = 150;
 /// Default batch size.
 pub(crate) const DEFAULT_BATCH_SIZE: usize = 128;
 /// Default SGD learning rate, host and seeds alike (momentum 0.9). Below
@@ -270,15 +274,25 @@ impl RunConfig {
                 TaskKind::Cifar10 | TaskKind::Cifar10Impaired => 0,
                 TaskKind::Synthetic => DEFAULT_SYNTHETIC_TRAIN_SAMPLES,
             });
+        let controller = args
+            .controller
+            .or(file.controller)
+            .unwrap_or(ControllerKind::Heuristic);
+        let default_epochs = if controller == ControllerKind::Ppo {
+            DEFAULT_PPO_EPISODE
+        } else {
+            DEFAULT_EPOCHS
+        };
         let config = RunConfig {
-            controller: args
-                .controller
-                .or(file.controller)
-                .unwrap_or(ControllerKind::Heuristic),
+            controller,
             task,
             slots,
             max_seeds,
-            epochs: args.epochs.or(file.epochs).unwrap_or(DEFAULT_EPOCHS),
+            epochs: args
+                .epochs
+                .or(args.episode.map(EpisodeChoice::epochs))
+                .or(file.epochs)
+                .unwrap_or(default_epochs),
             batch_size: args
                 .batch_size
                 .or(file.batch_size)
