@@ -3,6 +3,10 @@
 #
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
 #                      [--kernels] [--gpus 1,2] [--variants LIST] [--rounds N] [--ppo-epochs N]
+#                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
+#
+# ESPER_BIN, when set, names another esper binary to run the workloads with (an earlier
+# build, for a before/after comparison in one run).
 #
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
@@ -20,6 +24,7 @@ set -uo pipefail
 # and in every process the launcher starts.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 here=$(cd "$(dirname "$0")" && pwd)
+esper_bin=${ESPER_BIN:-$here/esper}
 out=${OUT:-$here/out}
 mkdir -p "$out"
 
@@ -42,8 +47,11 @@ while [ $# -gt 0 ]; do
     --kernels) count_kernels=1 ;;
     --gpus) simic_args+=(--gpus "$2"); shift ;;
     --variants) simic_args+=(--variants "$2"); shift ;;
-    --rounds) rounds_args=(--rounds "$2"); shift ;;
-    --ppo-epochs) learning_args=(--ppo-epochs "$2"); shift ;;
+    --rounds) rounds_args+=(--rounds "$2"); shift ;;
+    --ppo-epochs) learning_args+=(--ppo-epochs "$2"); shift ;;
+    --seeds) learning_args+=(--seeds "$2"); shift ;;
+    --task) learning_args+=(--task "$2"); shift ;;
+    --episode) rounds_args+=(--episode "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -53,7 +61,7 @@ done
 torch_dir=$(python3 -c 'import torch,os;print(os.path.dirname(torch.__file__))') || {
   echo "python3 with torch not found" >&2; exit 1; }
 export LD_LIBRARY_PATH="$torch_dir/lib:$(dirname "$torch_dir")/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export ESPER_GIT_REV=$(cat "$here/GIT_REV" 2>/dev/null || echo unknown)
+export ESPER_GIT_REV=${ESPER_GIT_REV:-$(cat "$here/GIT_REV" 2>/dev/null || echo unknown)}
 export ESPER_TORCH_VERSION=$(python3 -c 'import torch;print(torch.__version__)')
 export ESPER_DRIVER_VERSION=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
 export PYTHONUNBUFFERED=1
@@ -93,7 +101,7 @@ for workload in "${workloads[@]}"; do
   if [ "$workload" = tolaria-reference ]; then
     reference=1
     echo "== rust bench"
-    "$here/esper" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
+    "$esper_bin" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
   elif [ "$workload" = tolaria-fmnist ]; then
     data_args=()
     if [ -d "$here/data/fashion-mnist" ]; then
@@ -105,7 +113,7 @@ for workload in "${workloads[@]}"; do
     rust_data=()
     [ "${data_args[0]}" = --synthetic ] && rust_data=(--synthetic)
     echo "== rust bench $workload"
-    "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
+    "$esper_bin" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
       "${rust_data[@]}" 2>&1 | tee "$out/bench_$workload.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
     if [ "$run_python" = 1 ] && [ -f "$here/tolaria_fmnist.py" ] && [ -f "$out/$workload/$label.json" ]; then
@@ -129,7 +137,7 @@ for workload in "${workloads[@]}"; do
       simic-learning) extra=("${rounds_args[@]}" "${learning_args[@]}") ;;
     esac
     echo "== rust bench $workload ${extra[*]}"
-    "$here/esper" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
+    "$esper_bin" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
       "${extra[@]}" 2>&1 | tee "$out/bench_$workload.log"
   fi
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -155,8 +163,8 @@ print(len(rows), "kernels", round(total, 1), unit)'
   }
   scratch=$(mktemp -d)
   for variant in eager eager-autograd; do
-    one=$(count "$here/esper" bench tolaria-reference --out "$scratch/k1.json" --modes "$variant" --epochs 1 --warmup-epochs 0)
-    two=$(count "$here/esper" bench tolaria-reference --out "$scratch/k2.json" --modes "$variant" --epochs 2 --warmup-epochs 0)
+    one=$(count "$esper_bin" bench tolaria-reference --out "$scratch/k1.json" --modes "$variant" --epochs 1 --warmup-epochs 0)
+    two=$(count "$esper_bin" bench tolaria-reference --out "$scratch/k2.json" --modes "$variant" --epochs 2 --warmup-epochs 0)
     echo "rust $variant: 1 epoch -> $one ; 2 epochs -> $two " | tee -a "$out/kernels.log"
   done
   if [ "$run_python" = 1 ]; then

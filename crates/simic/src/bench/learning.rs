@@ -129,6 +129,10 @@ struct BaselineFigures {
     accuracies: Vec<f64>,
     /// Mean active seeds per evaluation round.
     active: Vec<f64>,
+    /// Seeds germinated over every evaluation environment.
+    germinations: u64,
+    /// Seeds fossilized over every evaluation environment.
+    fossilizations: u64,
 }
 
 /// A comparison's result entry (`compare-{a}-vs-{b}{suffix}`).
@@ -195,8 +199,12 @@ fn run_baselines(
     ] {
         let mut accuracies = Vec::new();
         let mut active = Vec::new();
+        let mut germinations = 0_u64;
+        let mut fossilizations = 0_u64;
         for round in 0..EVAL_ROUNDS {
             let run = run_baseline(spec, &eval_config, device, round, baseline)?;
+            germinations = germinations.saturating_add(run.germinations);
+            fossilizations = fossilizations.saturating_add(run.fossilizations);
             progress(&format!(
                 "  {} (evaluation round {round}): acc {:?}, seeds {:.2}, germ {} foss {}",
                 baseline.name(),
@@ -212,6 +220,8 @@ fn run_baselines(
             baseline,
             accuracies,
             active,
+            germinations,
+            fossilizations,
         });
     }
     Ok(figures)
@@ -263,12 +273,19 @@ pub fn run_learning(
     ));
     let baselines = run_baselines(&spec, &config, device, progress)?;
     for figures in &baselines {
-        results.push(accuracy_entry(
+        let mut entry = accuracy_entry(
             format!("{}-eval", figures.baseline.name()),
             &figures.accuracies,
             &figures.active,
             precision,
-        ));
+        );
+        entry
+            .metrics
+            .insert("germinations".to_owned(), figures.germinations as f64);
+        entry
+            .metrics
+            .insert("fossilizations".to_owned(), figures.fossilizations as f64);
+        results.push(entry);
     }
     let of = |baseline: Baseline| -> &[f64] {
         baselines
