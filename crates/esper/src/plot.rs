@@ -76,6 +76,11 @@ pub(crate) fn run(args: &PlotArgs) -> Result<()> {
         let points = crate::plot_rounds::read(&args.run_dir)?;
         let (png, svg) = crate::plot_rounds::draw_rounds(&args.run_dir, &points)?;
         println!("wrote {} and {}", png.display(), svg.display());
+        if args.run_dir.join(crate::train::ppo::EPISODE_FILE).is_file() {
+            let records = epoch_log::read_file(&args.run_dir, crate::train::ppo::EPISODE_FILE)?;
+            let (png, svg) = draw_episode(&args.run_dir, &records)?;
+            println!("wrote {} and {}", png.display(), svg.display());
+        }
         return Ok(());
     }
     let records = epoch_log::read(&args.run_dir)?;
@@ -88,25 +93,61 @@ pub(crate) fn run(args: &PlotArgs) -> Result<()> {
 /// their paths. The title names the run directory and, when
 /// `run_dir/config.toml` is there, the task and controller.
 pub(crate) fn draw_run(run_dir: &Path, records: &[EpochRecord]) -> Result<(PathBuf, PathBuf)> {
+    draw_named(
+        run_dir,
+        records,
+        epoch_log::FILE_NAME,
+        (PNG_NAME, SVG_NAME),
+        "",
+    )
+}
+
+/// The episode picture of a PPO run: `episode.jsonl` (the first
+/// environment's last episode, epoch by epoch) drawn as a run's picture,
+/// into `episode.png` and `episode.svg`.
+pub(crate) fn draw_episode(run_dir: &Path, records: &[EpochRecord]) -> Result<(PathBuf, PathBuf)> {
+    draw_named(
+        run_dir,
+        records,
+        crate::train::ppo::EPISODE_FILE,
+        (EPISODE_PNG, EPISODE_SVG),
+        " (environment 0 of the last round)",
+    )
+}
+
+/// The episode picture's PNG inside a PPO run's directory.
+pub(crate) const EPISODE_PNG: &str = "episode.png";
+/// The episode picture's SVG inside a PPO run's directory.
+pub(crate) const EPISODE_SVG: &str = "episode.svg";
+
+/// Draws `records` (read from `run_dir/source`) into the two pictures of
+/// `names`, the title followed by `suffix`.
+fn draw_named(
+    run_dir: &Path,
+    records: &[EpochRecord],
+    source: &str,
+    names: (&str, &str),
+    suffix: &str,
+) -> Result<(PathBuf, PathBuf)> {
     if records.is_empty() {
         bail!(
             "{} holds no epoch yet; nothing to draw",
-            run_dir.join(epoch_log::FILE_NAME).display()
+            run_dir.join(source).display()
         );
     }
     check_bounds(records).map_err(|error| {
         anyhow!(
             "{}: {error}; no picture drawn",
-            run_dir.join(epoch_log::FILE_NAME).display()
+            run_dir.join(source).display()
         )
     })?;
     let records: Vec<EpochRecord> = records.iter().map(clipped).collect();
     let records = records.as_slice();
     register_font()?;
-    let title = title(run_dir, records);
+    let title = format!("{}{suffix}", title(run_dir, records));
     let height = picture_height(records);
-    let png = run_dir.join(PNG_NAME);
-    let svg = run_dir.join(SVG_NAME);
+    let png = run_dir.join(names.0);
+    let svg = run_dir.join(names.1);
     {
         let root = BitMapBackend::new(&png, (WIDTH, height)).into_drawing_area();
         draw(&root, &title, records)

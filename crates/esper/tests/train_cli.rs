@@ -261,6 +261,22 @@ fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     assert!(plot.status.success(), "{}", text(&plot.stderr));
     let svg = std::fs::read_to_string(run_dir.join("run.svg")).expect("redrawn run.svg");
     assert!(svg.contains("mean episode reward"));
+    // The first environment's last episode, epoch by epoch, with every
+    // slot's stage, and its picture (the seeds' lifecycles).
+    let episode: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("episode.jsonl"))
+        .expect("episode.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("an episode line is JSON"))
+        .collect();
+    assert_eq!(episode.len(), 2, "one line per epoch of the episode");
+    for (epoch, line) in episode.iter().enumerate() {
+        assert_eq!(line["epoch"], epoch);
+        assert_eq!(line["slots"].as_array().expect("slots").len(), 3);
+        assert!(line["decision"]["op"].is_string(), "{line}");
+    }
+    let episode_svg =
+        std::fs::read_to_string(run_dir.join("episode.svg")).expect("the episode picture");
+    assert!(episode_svg.contains("r0c2"), "a lane per slot");
     let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config");
     assert!(
         config.contains("envs = 2")

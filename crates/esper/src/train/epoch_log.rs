@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use kasmina::model::MorphogeneticModel;
-use leyline::SeedStage;
+use leyline::{LifecycleOp, SeedStage};
 use serde::{Deserialize, Serialize};
 use tolaria::controller::{Applied, DeadlineOutcome};
 use tolaria::engine::trainer::ModelEpochReport;
@@ -133,6 +133,51 @@ impl EpochRecord {
         }
     }
 
+    /// The record of one epoch of a PPO episode (simic's trace: no wall
+    /// time, the decision as the op carried out).
+    pub(crate) fn from_trace(epoch: &simic::vectorized::TraceEpoch) -> EpochRecord {
+        let op = epoch.op;
+        let outcome = match (op, epoch.succeeded) {
+            (LifecycleOp::Wait, _) => "waited".to_owned(),
+            (LifecycleOp::Germinate, true) => "germinated".to_owned(),
+            (LifecycleOp::Advance, true) => "advanced".to_owned(),
+            (LifecycleOp::Fossilize, true) => "fossilized".to_owned(),
+            (LifecycleOp::Prune, true) => "pruned".to_owned(),
+            (LifecycleOp::Prune, false) => "kept".to_owned(),
+            (_, false) => "refused".to_owned(),
+            (_, true) => "applied".to_owned(),
+        };
+        EpochRecord {
+            epoch: epoch.epoch,
+            train_loss: finite(epoch.train.0),
+            train_accuracy: epoch.train.1,
+            val_loss: finite(epoch.validation.0),
+            val_accuracy: epoch.validation.1,
+            epoch_ms: 0.0,
+            samples_per_s: 0.0,
+            active_seeds: epoch.active_seeds,
+            slots: epoch
+                .slots
+                .iter()
+                .map(|slot| SlotRecord {
+                    slot: slot.slot.clone(),
+                    stage: slot.stage.name().to_owned(),
+                    alpha: slot.alpha,
+                    blueprint: slot.blueprint.clone(),
+                    seed_id: slot.seed_id.clone(),
+                })
+                .collect(),
+            decision: Some(DecisionRecord {
+                op: op.name().to_owned(),
+                slot: epoch.slot.clone(),
+                blueprint: epoch.blueprint.map(str::to_owned),
+                reason: "policy".to_owned(),
+                outcome,
+            }),
+            rollback: None,
+        }
+    }
+
     /// The decision, if it changed the model (a WAIT, a gate that refused
     /// and a declined prune did not).
     pub(crate) fn acted(&self) -> Option<&DecisionRecord> {
@@ -233,7 +278,13 @@ impl EpochLog {
 /// Reads every record of `dir/epochs.jsonl` (blank lines skipped; a line
 /// that does not parse is an error naming its number).
 pub(crate) fn read(dir: &Path) -> Result<Vec<EpochRecord>> {
-    let path = dir.join(FILE_NAME);
+    read_file(dir, FILE_NAME)
+}
+
+/// The records of `dir/name` (`epochs.jsonl`, or a PPO run's
+/// `episode.jsonl`), refused as [`read`] refuses.
+pub(crate) fn read_file(dir: &Path, name: &str) -> Result<Vec<EpochRecord>> {
+    let path = dir.join(name);
     let file = File::open(&path).with_context(|| {
         format!(
             "opening {} (is {} the directory of an `esper train` run?)",

@@ -48,6 +48,9 @@ use super::{
 
 /// The rounds log inside the run directory.
 pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
+/// The first environment's latest episode, epoch by epoch, in the lines of
+/// `epochs.jsonl` (rewritten after every round; drawn as `episode.png`).
+pub(crate) const EPISODE_FILE: &str = "episode.jsonl";
 
 /// The policy's weights inside the run directory.
 pub(crate) const POLICY_FILE: &str = "policy.safetensors";
@@ -424,6 +427,7 @@ fn rounds(
                 prewarm.runs, prewarm.ms
             ));
         }
+        write_episode(&config.run_dir, &report)?;
         let line = round_line(&report, simic.eps());
         writeln!(log, "{line}")
             .and_then(|()| log.flush())
@@ -482,6 +486,12 @@ fn rounds(
         // The run itself succeeded; a picture that cannot be drawn is said, not fatal.
         Err(error) => eprintln!("esper: the run picture was not drawn: {error:#}"),
     }
+    match super::epoch_log::read_file(&config.run_dir, EPISODE_FILE)
+        .and_then(|records| crate::plot::draw_episode(&config.run_dir, &records))
+    {
+        Ok((png, _)) => println!("episode picture: {}", png.display()),
+        Err(error) => eprintln!("esper: the episode picture was not drawn: {error:#}"),
+    }
     if finished == Finished::Interrupted {
         println!("interrupted: stopped between rounds; the policy so far is saved");
     }
@@ -517,6 +527,23 @@ fn follower_rounds(
         super::ranks::fingerprint(&parameters)?
     );
     Ok(finished)
+}
+
+/// Rewrites `run_dir/episode.jsonl` with the first environment's episode of
+/// `report` (atomically: a reader sees the previous round's or this one's).
+fn write_episode(run_dir: &Path, report: &RoundReport) -> Result<()> {
+    let Some(outcome) = report.outcomes.first() else {
+        return Ok(());
+    };
+    let mut text = String::new();
+    for epoch in &outcome.trace {
+        let record = super::epoch_log::EpochRecord::from_trace(epoch);
+        text.push_str(&serde_json::to_string(&record).context("encoding an episode line")?);
+        text.push('\n');
+    }
+    let path = run_dir.join(EPISODE_FILE);
+    durable::write_file(&path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::Value {

@@ -87,6 +87,7 @@ pub use config::{Episode, SimicConfig};
 pub use env::EnvSpec;
 pub use outcome::{
     ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind, RewardHackingSuspicion,
+    TraceEpoch, TraceSlot,
 };
 pub use report::{RoundReport, RoundTimings};
 pub use state::SimicState;

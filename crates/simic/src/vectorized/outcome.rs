@@ -131,6 +131,67 @@ pub struct EpisodeOutcome {
     /// (host parameters + fossilized seeds' parameters) / host parameters
     /// at the end (1 without fossils).
     pub param_ratio: f64,
+    /// The episode epoch by epoch: metrics, every slot after the boundary,
+    /// the op carried out (what `esper train --controller ppo` draws as
+    /// the seeds' lifecycles of an episode).
+    pub trace: Vec<TraceEpoch>,
+}
+
+/// One epoch of an episode's [`EpisodeOutcome::trace`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceEpoch {
+    /// Zero-based epoch.
+    pub epoch: usize,
+    /// Training loss and accuracy (percent) the controller saw.
+    pub train: (f64, f64),
+    /// Validation loss and accuracy (percent) the controller saw.
+    pub validation: (f64, f64),
+    /// Every enabled slot after the epoch's boundary, in execution order.
+    pub slots: Vec<TraceSlot>,
+    /// The op carried out (a choice Kasmina refused counts as WAIT).
+    pub op: LifecycleOp,
+    /// The slot the action targeted (`None` for WAIT).
+    pub slot: Option<String>,
+    /// The blueprint germinated, if the op germinated one.
+    pub blueprint: Option<&'static str>,
+    /// Whether the op succeeded (a gate passed, a prune removed the seed).
+    pub succeeded: bool,
+    /// Active seeds after the boundary.
+    pub active_seeds: usize,
+}
+
+/// One slot of a [`TraceEpoch`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSlot {
+    /// Slot id, e.g. `r0c1`.
+    pub slot: String,
+    /// The seed's stage (`DORMANT` for an empty slot).
+    pub stage: leyline::SeedStage,
+    /// Blend alpha in `[0, 1]`.
+    pub alpha: f64,
+    /// The seed's blueprint, if any.
+    pub blueprint: Option<String>,
+    /// The seed's id, if any.
+    pub seed_id: Option<String>,
+}
+
+impl TraceSlot {
+    /// Every enabled slot of `model`, in execution order.
+    pub fn of(model: &kasmina::model::MorphogeneticModel) -> Vec<TraceSlot> {
+        model
+            .slots()
+            .iter()
+            .map(|slot| TraceSlot {
+                slot: slot.id().to_string(),
+                stage: slot.stage().unwrap_or(leyline::SeedStage::Dormant),
+                alpha: slot.alpha(),
+                blueprint: slot
+                    .state()
+                    .map(|state| state.blueprint().name().to_owned()),
+                seed_id: slot.state().map(|state| state.seed_id().to_owned()),
+            })
+            .collect()
+    }
 }
 
 impl EpisodeOutcome {
@@ -150,6 +211,7 @@ impl EpisodeOutcome {
             prunes: 0,
             fossils: 0,
             param_ratio: 1.0,
+            trace: Vec::new(),
         }
     }
 

@@ -320,6 +320,22 @@ impl Env {
             .record_step(action.op, op, germinated, self.forced);
         self.tracker.record_action(op, succeeded);
         let _ = self.trainer.conclude_epoch(epoch, None)?;
+        let model = self.trainer.model();
+        let trace = super::super::outcome::TraceEpoch {
+            epoch: step,
+            train: (
+                self.last_metrics.train_loss,
+                self.last_metrics.train_accuracy,
+            ),
+            validation: (self.last_metrics.val_loss, self.last_metrics.val_accuracy),
+            slots: super::super::outcome::TraceSlot::of(model),
+            op,
+            slot: (op != LifecycleOp::Wait).then(|| target.to_string()),
+            blueprint: germinated,
+            succeeded,
+            active_seeds: model.active_seed_count(),
+        };
+        self.outcome.trace.push(trace);
         let (occupied, fossils, fossil_params) = self.occupancy();
         let host_params = self.host_params();
         let inputs = RewardInputs {
