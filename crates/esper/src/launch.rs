@@ -22,12 +22,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use torch_ext::dist::{ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, MULTICAST_OFF};
+use torch_ext::launcher::ENV_LOCAL_RANK;
 
 /// How long the other ranks get to stop by themselves after one failed.
 pub(crate) const GRACE: Duration = Duration::from_secs(10);
-
-/// The variable naming a rank's device index on its host.
-pub(crate) const ENV_LOCAL_RANK: &str = "LOCAL_RANK";
 
 /// Runs `esper <args>` as `nproc` ranks and waits for all of them. After the
 /// first failure the others get `grace` to stop before they are killed.
@@ -103,18 +101,5 @@ fn kill_all(children: &mut [Option<Child>]) {
     for child in children.iter_mut().flatten() {
         let _ = child.kill();
         let _ = child.wait();
-    }
-}
-
-/// This process's place in a group started by [`run_ranks`]: its local rank
-/// (the device index on this host), or `None` outside a group.
-pub(crate) fn local_rank() -> Result<Option<usize>> {
-    match std::env::var(ENV_LOCAL_RANK) {
-        Ok(text) => {
-            Ok(Some(text.trim().parse().with_context(|| {
-                format!("{ENV_LOCAL_RANK}={text:?} is not a rank")
-            })?))
-        }
-        Err(_) => Ok(None),
     }
 }

@@ -14,7 +14,8 @@ use serde_json::json;
 use simic::bench::scaling::{RankFigures, run_rank, scaling_entry};
 use simic::bench::{SimicBenchOptions, ThroughputTask};
 use torch_ext::DeviceChoice;
-use torch_ext::dist::{DistBackend, ProcessGroup, Rendezvous};
+use torch_ext::dist::{DistBackend, ProcessGroup};
+use torch_ext::launcher::RankEnv;
 
 use crate::args::BenchArgs;
 use crate::launch;
@@ -59,14 +60,15 @@ fn task_of(name: &str) -> Result<ThroughputTask> {
 /// The child side: join the group from the environment, measure, write.
 pub(crate) fn run_rank_command(args: &RankArgs) -> Result<()> {
     let task = task_of(&args.task)?;
-    let rendezvous = Rendezvous::from_env(RANK_TIMEOUT)?
+    let env = RankEnv::from_env(RANK_TIMEOUT)?
         .context("bench-rank runs inside a group started by `esper bench ... --gpus`")?;
+    let rendezvous = env.rendezvous;
     let cuda = match args.device.as_str() {
         "cpu" => false,
         "cuda" => true,
         other => bail!("--device {other:?}: cpu or cuda"),
     };
-    let device = torch_ext::device::for_rank(cuda, launch::local_rank()?, rendezvous.rank)?;
+    let device = torch_ext::device::for_rank(cuda, env.local_rank, rendezvous.rank)?;
     let group = ProcessGroup::new(&rendezvous, DistBackend::for_device(device), device)
         .with_context(|| format!("rank {} joining its group", rendezvous.rank))?;
     let mut options = SimicBenchOptions::new(DeviceChoice::Cpu, args.quick);

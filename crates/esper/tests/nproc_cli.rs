@@ -1,7 +1,10 @@
 //! `esper train --controller ppo --nproc 2` on the CPU: two processes with
 //! Gloo train PPO updates and end with bit-identical policies (each rank
 //! prints its policy's fingerprint); killing one rank makes the run stop
-//! with an error well within the stated collective timeout.
+//! with an error well within the stated collective timeout. The same job
+//! started as two "nodes" the way torchrun (`RANK`, `WORLD_SIZE`, ...) or
+//! Slurm's srun (`SLURM_PROCID`, `SLURM_NTASKS`, ...) would start it trains
+//! the same policy, bit for bit.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -145,4 +148,131 @@ fn devices_name_devices_and_do_not_combine_with_nproc() {
     assert!(!both.status.success());
     let stderr = String::from_utf8_lossy(&both.stderr);
     assert!(stderr.contains("use one or the other"), "{stderr}");
+}
+
+/// A free TCP port on the loopback interface.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Runs `ppo_args` without `--nproc` as two processes, each given `env(rank)`
+/// as a launcher on its own node would, and returns each rank's policy
+/// fingerprint.
+fn two_nodes(run_dir: &Path, env: impl Fn(usize) -> Vec<(String, String)>) -> Vec<String> {
+    let mut args = ppo_args(run_dir, "2");
+    let at = args
+        .iter()
+        .position(|arg| arg == "--nproc")
+        .expect("--nproc");
+    args.drain(at..at + 2);
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(ESPER)
+                .args(&args)
+                .envs(env(rank))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("a rank starts")
+        })
+        .collect();
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(rank, child)| {
+            let output = child.wait_with_output().expect("the rank ends");
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            assert!(
+                output.status.success(),
+                "rank {rank}: {stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let prefix = format!("rank {rank} of 2: policy fingerprint ");
+            stdout
+                .lines()
+                .find_map(|line| line.strip_prefix(prefix.as_str()))
+                .unwrap_or_else(|| panic!("no fingerprint of rank {rank}: {stdout}"))
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn two_nodes_started_as_torchrun_or_srun_would_train_the_nproc_runs_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The reference: esper's own launcher, two ranks on this host.
+    let output = Command::new(ESPER)
+        .args(ppo_args(&dir.path().join("nproc"), "2"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}");
+    let reference = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("rank 0 of 2: policy fingerprint "))
+        .expect("the launcher's rank 0 fingerprint")
+        .to_owned();
+
+    // torchrun --nnodes 2 --nproc-per-node 1 --no-python: each node's
+    // process gets RANK, WORLD_SIZE, LOCAL_RANK 0 and the rendezvous.
+    let port = free_port();
+    let torchrun = two_nodes(&dir.path().join("torchrun"), |rank| {
+        vec![
+            ("RANK".to_owned(), rank.to_string()),
+            ("WORLD_SIZE".to_owned(), "2".to_owned()),
+            ("LOCAL_RANK".to_owned(), "0".to_owned()),
+            ("MASTER_ADDR".to_owned(), "127.0.0.1".to_owned()),
+            ("MASTER_PORT".to_owned(), port.to_string()),
+        ]
+    });
+    assert_eq!(torchrun, [reference.clone(), reference.clone()]);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("torchrun").join("rounds.jsonl"))
+            .expect("rank 0 wrote the rounds")
+            .lines()
+            .count(),
+        2
+    );
+
+    // srun -N 2 -n 2: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID and the job's
+    // node list, whose first host serves the store.
+    let port = free_port();
+    let srun = two_nodes(&dir.path().join("srun"), |rank| {
+        vec![
+            ("SLURM_PROCID".to_owned(), rank.to_string()),
+            ("SLURM_NTASKS".to_owned(), "2".to_owned()),
+            ("SLURM_LOCALID".to_owned(), "0".to_owned()),
+            ("SLURM_JOB_NODELIST".to_owned(), "localhost".to_owned()),
+            ("MASTER_PORT".to_owned(), port.to_string()),
+        ]
+    });
+    assert_eq!(srun, [reference.clone(), reference]);
+}
+
+#[test]
+fn a_resume_inside_a_launched_job_is_refused_with_a_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for env in [
+        vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29999")],
+        vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
+    ] {
+        let output = Command::new(ESPER)
+            .args(["train", "--resume"])
+            .arg(dir.path())
+            .envs(env)
+            .stdin(Stdio::null())
+            .output()
+            .expect("esper runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("not implemented yet: resuming a run as one rank"),
+            "{stderr}"
+        );
+    }
 }

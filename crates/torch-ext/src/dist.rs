@@ -59,7 +59,8 @@ pub const MULTICAST_OFF: [(&str, &str); 3] = [
     ("NVSHMEM_DISABLE_NVLS", "1"),
 ];
 
-/// The variables [`Rendezvous::from_env`] reads (torchrun's names).
+/// The variables [`Rendezvous::from_env`] reads (torchrun's names; Slurm's
+/// are in [`crate::launcher`]).
 pub const ENV_RANK: &str = "RANK";
 /// The group's size.
 pub const ENV_WORLD_SIZE: &str = "WORLD_SIZE";
@@ -140,48 +141,13 @@ pub struct Rendezvous {
 }
 
 impl Rendezvous {
-    /// Reads [`ENV_RANK`], [`ENV_WORLD_SIZE`], [`ENV_MASTER_ADDR`] (default
-    /// `127.0.0.1`) and [`ENV_MASTER_PORT`]. `Ok(None)` when `WORLD_SIZE` is
-    /// unset: the process was not launched as part of a group.
+    /// The rendezvous of this process's launcher: torchrun's (and esper's
+    /// launcher's) [`ENV_RANK`], [`ENV_WORLD_SIZE`], [`ENV_MASTER_ADDR`]
+    /// (default `127.0.0.1`) and [`ENV_MASTER_PORT`], or Slurm's
+    /// (`crate::launcher::RankEnv` reads them and says which). `Ok(None)`
+    /// when no launcher started the process as part of a group.
     pub fn from_env(timeout: Duration) -> Result<Option<Self>> {
-        let Some(world) = std::env::var_os(ENV_WORLD_SIZE) else {
-            return Ok(None);
-        };
-        let world_size = parse_env(ENV_WORLD_SIZE, &world.to_string_lossy())?;
-        let rank = match std::env::var(ENV_RANK) {
-            Ok(text) => parse_env(ENV_RANK, &text)?,
-            Err(_) => {
-                return Err(invalid(
-                    "Rendezvous::from_env",
-                    "WORLD_SIZE is set but RANK is not",
-                ));
-            }
-        };
-        let port = match std::env::var(ENV_MASTER_PORT) {
-            Ok(text) => parse_env(ENV_MASTER_PORT, &text)?,
-            Err(_) => {
-                return Err(invalid(
-                    "Rendezvous::from_env",
-                    "WORLD_SIZE is set but MASTER_PORT is not",
-                ));
-            }
-        };
-        let port = u16::try_from(port).map_err(|_| {
-            invalid(
-                "Rendezvous::from_env",
-                format!("MASTER_PORT {port} is not a port"),
-            )
-        })?;
-        let host = std::env::var(ENV_MASTER_ADDR).unwrap_or_else(|_| "127.0.0.1".to_owned());
-        let rendezvous = Self {
-            host,
-            port,
-            rank,
-            world_size,
-            timeout,
-        };
-        rendezvous.validate()?;
-        Ok(Some(rendezvous))
+        Ok(crate::launcher::RankEnv::from_env(timeout)?.map(|env| env.rendezvous))
     }
 
     /// Checks rank, size, port and timeout before anything reaches libtorch.
@@ -216,15 +182,6 @@ impl Rendezvous {
         }
         Ok(())
     }
-}
-
-fn parse_env(name: &str, text: &str) -> Result<usize> {
-    text.trim().parse::<usize>().map_err(|_| {
-        invalid(
-            "Rendezvous::from_env",
-            format!("{name}={text:?} is not a non-negative integer"),
-        )
-    })
 }
 
 fn invalid(op: &'static str, message: impl Into<String>) -> Error {

@@ -33,6 +33,9 @@
 //! - [`dist`]: c10d process groups (TCPStore rendezvous, Gloo on the CPU,
 //!   NCCL on CUDA) with all-reduce, broadcast and barrier, for data-parallel
 //!   training across processes.
+//! - [`launcher`]: which rank this process is, read once from torchrun's (and
+//!   esper's launcher's) or Slurm's environment ([`launcher::RankEnv`]); with
+//!   [`device::for_rank`] the one owner of ranks and their devices.
 //!
 //! torch-ext owns the libtorch concerns of the workspace (device selection,
 //! streams, graphs, precision, fused kernels) and nothing above them: it knows
@@ -108,6 +111,7 @@ pub mod fused;
 pub mod graph;
 mod inference;
 pub mod jit;
+pub mod launcher;
 pub mod loss;
 pub mod memory;
 pub mod nn;

@@ -102,6 +102,14 @@ pub(crate) enum Finished {
 /// Runs `esper train` (see the module docs).
 pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
     if let Some(dir) = &args.resume {
+        if ranks::is_rank() {
+            bail!(
+                "not implemented yet: resuming a run as one rank of a job (started by torchrun, \
+                 Slurm or --nproc); every rank would restore and write the run directory. \
+                 Resume it as a single process: `esper train --resume {}`",
+                dir.display()
+            );
+        }
         only_resume(args, dir)?;
         // A PPO run resumes from its own kind of checkpoint.
         if let Some(candidates) = ppo_checkpoint::candidates(dir) {

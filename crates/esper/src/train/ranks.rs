@@ -15,7 +15,8 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use torch_ext::dist::{DistBackend, ENV_WORLD_SIZE, ProcessGroup, Rendezvous};
+use torch_ext::dist::{DistBackend, ProcessGroup};
+use torch_ext::launcher::RankEnv;
 
 use super::Finished;
 use super::args::{ControllerKind, TrainArgs};
@@ -28,9 +29,10 @@ pub(crate) const MAX_NPROC: usize = 64;
 /// The limit on the rendezvous and on every collective of a training run.
 pub(crate) const DIST_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Whether this process is a rank started by the launcher.
+/// Whether this process is a rank started by a launcher (esper's own,
+/// torchrun or Slurm's srun: `torch_ext::launcher`).
 pub(crate) fn is_rank() -> bool {
-    std::env::var_os(ENV_WORLD_SIZE).is_some()
+    torch_ext::launcher::launched_as_rank()
 }
 
 /// The launcher: checks the configuration, then runs `nproc` ranks of this
@@ -97,15 +99,12 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
 /// A rank's group, joined from the launcher's environment on `device`'s
 /// kind (`cuda:LOCAL_RANK` for CUDA); `None` outside a group.
 pub(crate) fn join_group(device: tch::Device) -> Result<Option<ProcessGroup>> {
-    let Some(rendezvous) = Rendezvous::from_env(DIST_TIMEOUT)? else {
+    let Some(env) = RankEnv::from_env(DIST_TIMEOUT)? else {
         return Ok(None);
     };
+    let rendezvous = env.rendezvous;
     // The rank's GPU is the process's current device from here on.
-    let device = torch_ext::device::for_rank(
-        device.is_cuda(),
-        crate::launch::local_rank()?,
-        rendezvous.rank,
-    )?;
+    let device = torch_ext::device::for_rank(device.is_cuda(), env.local_rank, rendezvous.rank)?;
     let group = ProcessGroup::new(&rendezvous, DistBackend::for_device(device), device)
         .with_context(|| {
             format!(
