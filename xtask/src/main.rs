@@ -21,6 +21,7 @@
 
 mod bench;
 mod bundle;
+mod consumer;
 mod parity;
 mod probe;
 mod provision;
@@ -206,6 +207,10 @@ fn run_tests(root: &Path) -> Result<()> {
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     check_alert_rules(root)?;
+    // What another team gets: packages that list, and a project outside the
+    // workspace that builds against the crates and runs their examples.
+    consumer::check_packages(root)?;
+    consumer::run_consumer(root)?;
     // Telemetry names, deterministic figures and timings of a short seeded
     // CPU run against the committed baseline.
     parity::run(root, parity::Options::default())?;

@@ -768,3 +768,48 @@ fn tolaria_general_modules_do_not_use_the_reference_path() {
         "the scan works"
     );
 }
+
+/// The library crates another team depends on, one by one.
+const LIBRARY_CRATES: &[&str] = &[
+    "durable",
+    "leyline",
+    "nissa",
+    "torch-ext",
+    "kasmina",
+    "tolaria",
+    "tamiyo",
+    "simic",
+];
+
+#[test]
+fn library_crates_carry_registry_metadata_and_say_what_a_dependent_needs() {
+    let root = workspace_root();
+    let mut problems = Vec::new();
+    for name in LIBRARY_CRATES {
+        let folder = root.join("crates").join(name);
+        let manifest = std::fs::read_to_string(folder.join("Cargo.toml")).expect("Cargo.toml");
+        for key in [
+            "description",
+            "license",
+            "repository",
+            "readme",
+            "keywords",
+            "categories",
+            "rust-version",
+        ] {
+            if !manifest
+                .lines()
+                .any(|line| line.trim_start().starts_with(key))
+            {
+                problems.push(format!("crates/{name}/Cargo.toml lacks `{key}`"));
+            }
+        }
+        let readme = std::fs::read_to_string(folder.join("README.md")).unwrap_or_default();
+        if !readme.contains("## Using it from another project") {
+            problems.push(format!(
+                "crates/{name}/README.md does not say what a dependent needs"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
