@@ -82,6 +82,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
     };
     record::write(&record, &args.out)?;
+    if args.workload == Workload::SimicLearning {
+        // The learning curves beside the record; a picture that cannot be
+        // drawn is said, the record stands.
+        match crate::plot_learning::draw(&record, &args.out) {
+            Ok((png, _)) => eprintln!("learning curves: {}", png.display()),
+            Err(error) => eprintln!("esper: the learning curves were not drawn: {error:#}"),
+        }
+    }
     println!("{}", table::render(args.workload, &record));
     eprintln!("wrote {}", args.out.display());
     if args.workload == Workload::NissaEmit && record.results.iter().any(|e| e.error.is_some()) {

@@ -32,6 +32,7 @@ mod bench;
 mod launch;
 mod parity;
 mod plot;
+mod plot_learning;
 mod plot_rounds;
 mod probe;
 mod record;

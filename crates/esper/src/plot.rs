@@ -60,10 +60,11 @@ const NAME_CHARS: usize = 24;
 #[command(
     name = "esper plot",
     about = "Draw the picture of a training run (run.png and run.svg in its directory) from its \
-             epochs.jsonl."
+             epochs.jsonl, or a simic-learning record's learning curves beside it."
 )]
 pub(crate) struct PlotArgs {
-    /// The run directory `esper train` wrote.
+    /// The run directory `esper train` wrote, or a `simic-learning`
+    /// record (its learning curves are drawn beside it).
     #[arg(value_name = "RUN_DIR")]
     pub(crate) run_dir: PathBuf,
 }
@@ -71,6 +72,16 @@ pub(crate) struct PlotArgs {
 /// `esper plot`: reads the run's epochs (or, for a PPO run, its rounds)
 /// and writes both pictures.
 pub(crate) fn run(args: &PlotArgs) -> Result<()> {
+    if args.run_dir.is_file() {
+        // A simic-learning record: its learning curves beside it.
+        let text = std::fs::read_to_string(&args.run_dir)
+            .map_err(|error| anyhow!("reading {}: {error}", args.run_dir.display()))?;
+        let record = leyline::baseline::BaselineRecord::from_json(&text)
+            .map_err(|error| anyhow!("{} is not a record: {error}", args.run_dir.display()))?;
+        let (png, svg) = crate::plot_learning::draw(&record, &args.run_dir)?;
+        println!("wrote {} and {}", png.display(), svg.display());
+        return Ok(());
+    }
     let rounds = args.run_dir.join(crate::train::ppo::ROUNDS_FILE);
     if rounds.is_file() && !args.run_dir.join(epoch_log::FILE_NAME).is_file() {
         let points = crate::plot_rounds::read(&args.run_dir)?;

@@ -164,7 +164,7 @@ fn check_points(points: &[RoundPoint]) -> Result<()> {
 }
 
 /// `value` clipped to ±[`VALUE_LIMIT`]; `None` when it is not finite.
-fn clip(value: f64) -> Option<f64> {
+pub(crate) fn clip(value: f64) -> Option<f64> {
     value
         .is_finite()
         .then(|| value.clamp(-VALUE_LIMIT, VALUE_LIMIT))
@@ -306,7 +306,7 @@ where
 
 /// A chart over rounds 1..=`last` with `y` on its vertical axis, its
 /// caption and mesh drawn.
-fn round_chart<'a, DB>(
+pub(crate) fn round_chart<'a, DB>(
     area: &'a DrawingArea<DB, Shift>,
     caption: &str,
     rounds: usize,
