@@ -98,7 +98,8 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       simic-cifar           vectorized PPO, 4 envs x 3 slots, CIFAR-10 binary files (ESPER_CIFAR10_DIR)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
-        --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-graph-epoch;
+        --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
+                            is not one: seeds change the step's shape every few epochs);
                             suffixes -fp32-policy, -w3, -bench, -no-prewarm (in this order)
         --rounds N          (every simic workload) PPO rounds per variant (default 3, 1 with
                             --quick)

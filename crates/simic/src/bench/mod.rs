@@ -100,12 +100,12 @@ pub struct SimicBenchOptions {
     /// Rounds per variant.
     pub rounds: usize,
     /// Variants to run by name (`{fp32,bf16,fp16}-graph-step`,
-    /// `{fp32,bf16}-graph-epoch`, `{fp32,bf16}-eager`, each optionally with,
+    /// `{fp32,bf16}-eager`, each optionally with,
     /// in this order, `-fp32-policy`: the policy in fp32; `-w3`: three
     /// warm-up steps before a capture instead of one; `-bench`: cuDNN times
     /// its algorithms per new shape; `-no-prewarm`: no blueprint warm-up
     /// before the first round); empty: the defaults for the device (fp32
-    /// graph-step and graph-epoch, bf16 graph-step with and without an fp32
+    /// graph-step, bf16 graph-step with and without an fp32
     /// policy on CUDA; fp32 eager on the CPU).
     pub variants: Vec<String>,
     /// `simic-learning` only: passes over each round's rollout per PPO
@@ -236,8 +236,17 @@ fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
         "bf16-graph-step" => (Precision::Bf16, ExecutionMode::GraphStep),
         "fp16-graph-step" => (Precision::Fp16, ExecutionMode::GraphStep),
         "fp32-graph-step" => (Precision::Fp32, ExecutionMode::GraphStep),
-        "bf16-graph-epoch" => (Precision::Bf16, ExecutionMode::GraphEpoch),
-        "fp32-graph-epoch" => (Precision::Fp32, ExecutionMode::GraphEpoch),
+        "bf16-graph-epoch" | "fp32-graph-epoch" => {
+            return Err(Error::InvalidConfig {
+                field: "variants",
+                reason: format!(
+                    "`{name}` is not a simic variant: an environment's seeds change the step's \
+                     shape every few epochs, so a whole-epoch graph is re-captured or falls \
+                     back to eager steps (780 - 840 eager steps a round and half graph-step's \
+                     eps when it was measured); use the graph-step variants"
+                ),
+            });
+        }
         "bf16-eager" => (Precision::Bf16, ExecutionMode::Eager),
         "fp32-eager" => (Precision::Fp32, ExecutionMode::Eager),
         other => {
@@ -245,7 +254,7 @@ fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
                 field: "variants",
                 reason: format!(
                     "unknown variant `{other}` (bf16-graph-step, fp16-graph-step, \
-                     fp32-graph-step, bf16-graph-epoch, fp32-graph-epoch, bf16-eager, fp32-eager)"
+                     fp32-graph-step, bf16-eager, fp32-eager)"
                 ),
             });
         }
@@ -279,4 +288,44 @@ pub(crate) fn amp_name(precision: Precision) -> &'static str {
 pub(crate) fn mean(values: impl Iterator<Item = f64>) -> f64 {
     let (sum, count) = values.fold((0.0, 0_usize), |(s, c), v| (s + v, c.saturating_add(1)));
     if count == 0 { 0.0 } else { sum / count as f64 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graph_epoch_is_refused_as_a_simic_variant_with_the_reason() {
+        for name in ["fp32-graph-epoch", "bf16-graph-epoch"] {
+            let error = variant(name).expect_err(name).to_string();
+            assert!(error.contains("change the step's shape"), "{error}");
+        }
+        assert!(variant("bf16-graph-step").is_ok());
+        assert!(variant("fp32-eager").is_ok());
+        let error = variant("int8-graph-step").expect_err("unknown").to_string();
+        assert!(error.contains("unknown variant"), "{error}");
+    }
+
+    #[test]
+    fn the_episode_defaults_to_the_reference_heads_150_and_5_when_quick() {
+        let options = SimicBenchOptions::new(DeviceChoice::Cpu, false);
+        assert_eq!(options.episode(), 150);
+        assert_eq!(SimicBenchOptions::new(DeviceChoice::Cpu, true).episode(), 5);
+        let short = SimicBenchOptions {
+            episode_length: Some(25),
+            ..options.clone()
+        };
+        assert_eq!(short.episode(), 25);
+        let zero = SimicBenchOptions {
+            episode_length: Some(0),
+            ..options
+        };
+        assert!(zero.validate().is_err());
+        assert_eq!(
+            crate::vectorized::Episode::parse_epochs("medium").unwrap(),
+            50
+        );
+        assert!(crate::vectorized::Episode::parse_epochs("0").is_err());
+        assert!((crate::vectorized::Episode::active_seed_ceiling(150) - 2.74).abs() < 1e-12);
+    }
 }

@@ -280,7 +280,6 @@ pub fn run_throughput(
     } else if device.is_cuda() {
         vec![
             "fp32-graph-step".to_owned(),
-            "fp32-graph-epoch".to_owned(),
             "bf16-graph-step".to_owned(),
             "bf16-graph-step-fp32-policy".to_owned(),
         ]
