@@ -24,7 +24,7 @@ use tamiyo::features::FeatureBatch;
 use tamiyo::heads::FactoredAction;
 use tamiyo::masks::{ActionMasks, MaskTensors};
 use tamiyo::policy::{LstmHealth, LstmState, Policy};
-use tch::Device;
+use tch::{Device, Tensor};
 
 use super::actor::Actor;
 use super::env::{Env, EnvSpec, StepRules, env_device};
@@ -33,11 +33,16 @@ use super::measure::ms;
 use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
 use super::{RoundReport, RoundTimings, SimicConfig};
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
+use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
 /// The round's rollout (see the module docs).
 pub(super) struct Collector {
     envs: Vec<Env>,
+    /// Every step's raw observations `[n_envs, obs_dim]` of a learning
+    /// round: the observation normaliser, frozen during the rollout, learns
+    /// from them all just before the update (reference §3.3).
+    raw_obs: Vec<Tensor>,
     rules: StepRules,
     /// Steps per episode.
     steps: usize,
@@ -122,6 +127,7 @@ impl Collector {
         let hidden = policy.network().initial_state(n)?;
         Ok(Collector {
             envs,
+            raw_obs: Vec::new(),
             rules: StepRules::of(config),
             steps,
             device,
@@ -151,6 +157,13 @@ impl Collector {
     /// The rollout so far.
     pub(super) fn buffer(&self) -> &RolloutBuffer {
         &self.buffer
+    }
+
+    /// The round's raw observations, one `[n_envs, obs_dim]` tensor per
+    /// step (empty when the round does not learn or observations are not
+    /// normalised).
+    pub(super) fn raw_observations(&self) -> &[Tensor] {
+        &self.raw_obs
     }
 
     /// Phase 1 of `step`: every live environment's epoch queued before any
@@ -206,9 +219,10 @@ impl Collector {
     }
 
     /// Phase 4 of `step`: the batched policy step for every environment
-    /// (observations normalised by `learner`, which learns from them when
-    /// `learn`), its outputs into the buffer on the device, and the one
-    /// readback of the actions.
+    /// (observations normalised by `learner` with its statistics frozen for
+    /// the rollout, as the reference does; when `learn` the raw rows are kept
+    /// for the normaliser's update before the PPO update), its outputs into
+    /// the buffer on the device, and the one readback of the actions.
     pub(super) fn act(
         &mut self,
         step: usize,
@@ -218,7 +232,12 @@ impl Collector {
     ) -> Result<Vec<FactoredAction>> {
         let started = Instant::now();
         self.batch.upload()?;
-        let obs = learner.normalise_observations(self.batch.obs(), learn)?;
+        if learn && learner.normalises_observations() {
+            // A copy: the feature batch's buffer is reused by the next step.
+            self.raw_obs
+                .push(Tensor::f_cat(&[self.batch.obs()], 0).op("keep the step's observations")?);
+        }
+        let obs = learner.normalise_observations(self.batch.obs(), false)?;
         let masks = MaskTensors::from_masks(&self.masks, self.device)?;
         let blueprints = self.batch.blueprint_indices();
         let act = actor.act(&obs, blueprints, &self.hidden, &masks)?;

@@ -122,6 +122,28 @@ impl Learner {
         }
     }
 
+    /// Whether observations are normalised.
+    pub(super) fn normalises_observations(&self) -> bool {
+        self.normalisers.obs.is_some()
+    }
+
+    /// The observation normaliser learns from a rollout's raw observations
+    /// (one `[n_envs, obs_dim]` tensor per step), all at once: it was
+    /// frozen during the rollout and is updated just before the PPO update
+    /// (reference §3.3). Nothing happens without observations or without a
+    /// normaliser.
+    pub(super) fn learn_observations(&mut self, raw: &[Tensor]) -> Result<()> {
+        let Some(normaliser) = self.normalisers.obs.as_mut() else {
+            return Ok(());
+        };
+        if raw.is_empty() {
+            return Ok(());
+        }
+        let all = Tensor::f_cat(raw, 0).op("the rollout's observations")?;
+        normaliser.update(&all)?;
+        Ok(())
+    }
+
     /// A raw reward scaled by the reward normaliser, which learns from it
     /// first when `learn`.
     pub(super) fn normalise_reward(&mut self, reward: f64, learn: bool) -> Result<f64> {

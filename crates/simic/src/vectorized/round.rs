@@ -147,6 +147,8 @@ impl Simic {
         // back anyway (reference §6.3's LSTM health).
         let lstm = collector.lstm_health()?;
         let update = if learn {
+            self.learner
+                .learn_observations(collector.raw_observations())?;
             Some(self.update(&collector)?)
         } else {
             None
