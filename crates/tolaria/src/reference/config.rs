@@ -160,29 +160,9 @@ impl TrainerConfig {
         in_range("batch_size", self.batch_size, 1, MAX_TRAINER_SAMPLES)?;
         in_range("n_features", self.n_features, 1, MAX_TRAINER_FEATURES)?;
         in_range("n_classes", self.n_classes, 2, MAX_TRAINER_CLASSES)?;
-        for (field, samples) in [
-            ("n_samples", self.n_samples),
-            ("n_validation_samples", self.n_validation_samples),
-        ] {
-            match crate::data::packed_len(samples, self.n_features, self.n_classes) {
-                Some(len) if len <= MAX_PACKED_VALUES => {}
-                len => {
-                    return invalid(
-                        field,
-                        format!(
-                            "{samples} samples of {} features and {} classes pack into {} f32s, \
-                             above the bound of {MAX_PACKED_VALUES}",
-                            self.n_features,
-                            self.n_classes,
-                            len.map_or_else(
-                                || "more than usize::MAX".to_owned(),
-                                |len| len.to_string()
-                            )
-                        ),
-                    );
-                }
-            }
-        }
+        // The packed-buffer bounds of the training and validation sets are
+        // the reference task's own check.
+        self.task().validate()?;
         let lr = self.learning_rate;
         let lr_f32 = lr as f32;
         if !(lr.is_finite() && lr > 0.0 && lr_f32.is_finite() && lr_f32 > 0.0) {
