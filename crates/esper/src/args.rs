@@ -150,6 +150,17 @@ pub(crate) struct BenchArgs {
     /// `--task NAME` (`simic-learning`): the task (`fmnist-impaired` by
     /// default; `cifar10-impaired` for the capacity-starved CIFAR-10 host).
     pub(crate) task: Option<tolaria::task::Task>,
+    /// `--recipe growth` and every `--set section.field=value`
+    /// (`simic-learning`), in order: settings over the reference's defaults
+    /// (`simic::vectorized::settings`); empty: the defaults.
+    pub(crate) settings: Vec<String>,
+    /// `--jobs N` (`simic-learning`): training seeds run in up to N
+    /// processes at once on the same device, the baselines in this one.
+    pub(crate) jobs: Option<usize>,
+    /// `--seed-index K` (`simic-learning`): train and evaluate training
+    /// seed K only and write its part (`simic::bench::SeedOutcome`) to
+    /// `--out`; what `--jobs` starts.
+    pub(crate) seed_index: Option<usize>,
 }
 
 /// What a bench command line asks for.
@@ -245,6 +256,10 @@ impl BenchArgs {
         let mut episode: Option<u32> = None;
         let mut seeds: Option<usize> = None;
         let mut task: Option<tolaria::task::Task> = None;
+        let mut recipe: Option<Vec<String>> = None;
+        let mut sets: Vec<String> = Vec::new();
+        let mut jobs: Option<usize> = None;
+        let mut seed_index: Option<usize> = None;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
             let flag = arg.as_str();
@@ -254,7 +269,10 @@ impl BenchArgs {
             let fmnist_only = matches!(flag, "--synthetic");
             let simic_only = matches!(flag, "--variants" | "--gpus");
             let rounds_flag = matches!(flag, "--rounds" | "--episode");
-            let learning_only = matches!(flag, "--ppo-epochs" | "--seeds" | "--task");
+            let learning_only = matches!(
+                flag,
+                "--ppo-epochs" | "--seeds" | "--task" | "--set" | "--recipe" | "--jobs" | "--seed-index"
+            );
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
                 || (rounds_flag
@@ -379,12 +397,52 @@ impl BenchArgs {
                     }
                     once(&mut seeds, flag, n)?;
                 }
+                "--set" => {
+                    let setting = value()?;
+                    if !setting.contains('=') {
+                        return Err(usage(format!(
+                            "--set {}: expected section.field=value",
+                            shown(&setting)
+                        )));
+                    }
+                    sets.push(setting);
+                }
+                "--recipe" => {
+                    let name = value()?;
+                    let settings = match name.as_str() {
+                        "reference" => Vec::new(),
+                        "growth" => simic::vectorized::settings::GROWTH_RECIPE
+                            .iter()
+                            .map(|s| (*s).to_owned())
+                            .collect(),
+                        _ => {
+                            return Err(usage(format!(
+                                "unknown recipe {} (reference, growth)",
+                                shown(&name)
+                            )));
+                        }
+                    };
+                    once(&mut recipe, flag, settings)?;
+                }
+                "--jobs" => {
+                    let n = count(flag, &value()?)?;
+                    if n == 0 {
+                        return Err(usage("--jobs must be at least 1"));
+                    }
+                    once(&mut jobs, flag, n)?;
+                }
+                "--seed-index" => once(&mut seed_index, flag, count(flag, &value()?)?)?,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
             }
         }
         let out = out.ok_or_else(|| usage("--out PATH.json is required"))?;
         let label = label_of(label, &out)?;
+        if jobs.is_some() && seed_index.is_some() {
+            return Err(usage("--jobs and --seed-index exclude each other"));
+        }
+        let mut settings = recipe.unwrap_or_default();
+        settings.extend(sets);
         Ok(BenchCommand::Run(Box::new(BenchArgs {
             workload,
             out,
@@ -402,6 +460,9 @@ impl BenchArgs {
             episode,
             seeds,
             task,
+            settings,
+            jobs,
+            seed_index,
         })))
     }
 }
@@ -462,6 +523,40 @@ mod tests {
         for bad in [
             &["simic-learning", "--out", "a.json", "--ppo-epochs", "0"][..],
             &["simic-throughput", "--out", "a.json", "--ppo-epochs", "2"],
+        ] {
+            assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn settings_recipes_and_jobs_apply_to_simic_learning_only() {
+        let args = run_args(&[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--recipe",
+            "growth",
+            "--set",
+            "floor.op=0.05",
+            "--jobs",
+            "3",
+        ]);
+        let mut expected: Vec<String> = simic::vectorized::settings::GROWTH_RECIPE
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        expected.push("floor.op=0.05".to_owned());
+        assert_eq!(args.settings, expected);
+        assert_eq!(args.jobs, Some(3));
+        let args = run_args(&["simic-learning", "--out", "a.json", "--seed-index", "2"]);
+        assert_eq!(args.seed_index, Some(2));
+        assert!(args.settings.is_empty());
+        for bad in [
+            &["simic-learning", "--out", "a.json", "--set", "rent"][..],
+            &["simic-learning", "--out", "a.json", "--recipe", "fast"],
+            &["simic-learning", "--out", "a.json", "--jobs", "0"],
+            &["simic-learning", "--out", "a.json", "--jobs", "2", "--seed-index", "0"],
+            &["simic-cifar", "--out", "a.json", "--set", "reward.rent_weight=0"],
         ] {
             assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
         }

@@ -72,7 +72,23 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             } else {
                 simic::bench::LEARNING_ROUNDS
             });
-            let run = simic::bench::run_learning(&options, rounds, &mut progress)?;
+            options.settings.clone_from(&args.settings);
+            if let Some(seed_index) = args.seed_index {
+                // A part of a `--jobs` run: no record, no picture.
+                return crate::learning_jobs::run_seed(
+                    args,
+                    &options,
+                    rounds,
+                    seed_index,
+                    &mut progress,
+                );
+            }
+            let run = match args.jobs {
+                Some(jobs) if jobs > 1 => {
+                    crate::learning_jobs::run_jobs(args, &options, rounds, jobs, &mut progress)?
+                }
+                _ => simic::bench::run_learning(&options, rounds, &mut progress)?,
+            };
             simic_record(args, run)?
         }
         Workload::PpoCartpole => {

@@ -227,52 +227,272 @@ fn run_baselines(
     Ok(figures)
 }
 
+/// One training seed's part of the protocol: its learning curve and its
+/// greedy policy's figures on the shared evaluation environments. The
+/// protocol runs the seeds one after another ([`run_learning`]) or, through
+/// `esper bench simic-learning --jobs N`, each in its own process, which
+/// writes this as JSON for the parent to pool ([`LearningSetup::report`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedOutcome {
+    /// The training seed's index (its root seed is [`training_seed`]).
+    pub seed_index: usize,
+    /// What the run was, to refuse pooling parts of different runs: task,
+    /// episode, rounds, PPO epochs and settings ([`LearningSetup::describe`]).
+    pub setup: String,
+    /// One entry per training round (`ppo-seed{i}-round-{r}`).
+    pub rounds: Vec<ResultEntry>,
+    /// The greedy policy's final accuracy per evaluation environment, in
+    /// evaluation order.
+    pub greedy_accuracies: Vec<f64>,
+    /// The greedy policy's mean active seeds per evaluation round.
+    pub greedy_active_seeds: Vec<f64>,
+}
+
+/// The baselines' figures on the shared evaluation environments (see
+/// [`LearningSetup::baselines`]).
+pub struct Baselines(Vec<BaselineFigures>);
+
+/// Everything a protocol run shares: the device, the task's environments,
+/// the configuration with its settings applied, and the sizes.
+pub struct LearningSetup {
+    device: tch::Device,
+    task: tolaria::task::Task,
+    spec: EnvSpec,
+    config: SimicConfig,
+    precision: Precision,
+    episode_length: u32,
+    seeds: usize,
+    rounds: usize,
+    settings: Vec<String>,
+    quick: bool,
+}
+
+impl LearningSetup {
+    /// Loads the task and builds the configuration of `options` (its
+    /// [`SimicBenchOptions::settings`] applied over the reference's
+    /// defaults) with `rounds` training rounds per seed.
+    pub fn new(options: &SimicBenchOptions, rounds: usize) -> Result<LearningSetup> {
+        options.validate()?;
+        let device = torch_ext::device::select(options.device)?;
+        let task = options.learning_task;
+        let (train, test) = load(task, options)?;
+        let spec = EnvSpec::sharded(
+            task.host_config(),
+            SLOTS.iter().map(|s| (*s).to_owned()).collect(),
+            &train,
+            test,
+            4,
+        )?;
+        let episode_length = options.episode();
+        let (precision, mode) = if device.is_cuda() {
+            (Precision::Bf16, ExecutionMode::GraphStep)
+        } else {
+            (Precision::Fp32, ExecutionMode::Eager)
+        };
+        let mut config = simic_config(precision, mode, episode_length, options.quick);
+        let epochs = options.ppo_epochs.unwrap_or(LEARNING_PPO_EPOCHS);
+        if !(1..=crate::ppo::config::MAX_EPOCHS).contains(&epochs) {
+            return Err(crate::Error::InvalidConfig {
+                field: "SimicBenchOptions.ppo_epochs",
+                reason: format!(
+                    "{epochs} is outside [1, {}]",
+                    crate::ppo::config::MAX_EPOCHS
+                ),
+            });
+        }
+        config.ppo.epochs = epochs;
+        crate::vectorized::settings::apply_all(&mut config, &options.settings)?;
+        config.validate()?;
+        Ok(LearningSetup {
+            device,
+            task,
+            spec,
+            config,
+            precision,
+            episode_length,
+            seeds: options.seeds,
+            rounds,
+            settings: options.settings.clone(),
+            quick: options.quick,
+        })
+    }
+
+    /// The device the run measures on.
+    pub fn device(&self) -> tch::Device {
+        self.device
+    }
+
+    /// Independent training seeds of the run.
+    pub fn seeds(&self) -> usize {
+        self.seeds
+    }
+
+    /// What the run is: task, episode, rounds, PPO epochs, quick, settings.
+    pub fn describe(&self) -> String {
+        format!(
+            "task {} episode {} rounds {} ppo-epochs {} quick {} settings [{}]",
+            self.task.name(),
+            self.episode_length,
+            self.rounds,
+            self.config.ppo.epochs,
+            self.quick,
+            self.settings.join(" ")
+        )
+    }
+
+    /// The baselines, once, on the shared evaluation environments.
+    pub fn baselines(&self, progress: &mut dyn FnMut(&str)) -> Result<Baselines> {
+        progress(&format!(
+            "baselines on the {} shared evaluation environments ({} epochs each)",
+            EVAL_ROUNDS * 4,
+            self.episode_length
+        ));
+        run_baselines(&self.spec, &self.config, self.device, progress).map(Baselines)
+    }
+
+    /// Trains the policy of training seed `seed_index` for the run's rounds
+    /// and evaluates it greedily on the shared evaluation environments.
+    pub fn train_seed(
+        &self,
+        seed_index: usize,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SeedOutcome> {
+        let seed_config = SimicConfig {
+            seed: training_seed(seed_index),
+            ..self.config.clone()
+        };
+        let precision = self.precision;
+        let mut simic = Simic::new(seed_config, SLOTS.len(), self.device, Telemetry::disabled())?;
+        let mut rounds = Vec::with_capacity(self.rounds);
+        for round in 0..self.rounds {
+            let report = simic.run_round(&self.spec, true)?;
+            progress(&format!(
+                "  seed {seed_index} ppo round {round}: {}",
+                round_summary(&report)
+            ));
+            let mut metrics = std::collections::BTreeMap::new();
+            metrics.insert("seed".to_owned(), seed_index as f64);
+            metrics.insert("round".to_owned(), round as f64);
+            metrics.insert("mean_episode_reward".to_owned(), report.mean_episode_reward);
+            metrics.insert(
+                "final_accuracy_pct".to_owned(),
+                mean(report.final_accuracies.iter().copied()),
+            );
+            metrics.insert("active_seeds_per_env".to_owned(), report.mean_active_seeds);
+            metrics.insert("fossilizations".to_owned(), report.fossilizations as f64);
+            metrics.insert("germinations".to_owned(), report.germinations as f64);
+            metrics.insert("prunes".to_owned(), report.prunes as f64);
+            insert_chosen_fractions(&report, &mut metrics);
+            rounds.push(ResultEntry {
+                implementation: "rust".to_owned(),
+                mode: format!("ppo-seed{seed_index}-round-{round}"),
+                metrics,
+                error: None,
+                amp: Some(amp_name(precision).to_owned()),
+            });
+        }
+        simic.set_sample_mode(SampleMode::Greedy);
+        let mut greedy_accuracies = Vec::new();
+        let mut greedy_active_seeds = Vec::new();
+        for round in 0..EVAL_ROUNDS {
+            let report = simic.evaluate_on(&self.spec, EVAL_ENV_SEED, round)?;
+            progress(&format!(
+                "  seed {seed_index} greedy evaluation round {round}: {}",
+                round_summary(&report)
+            ));
+            greedy_accuracies.extend(report.final_accuracies.iter().copied());
+            greedy_active_seeds.push(report.mean_active_seeds);
+        }
+        Ok(SeedOutcome {
+            seed_index,
+            setup: self.describe(),
+            rounds,
+            greedy_accuracies,
+            greedy_active_seeds,
+        })
+    }
+
+    /// Pools the baselines and the training seeds' outcomes into the
+    /// record's measurements. Refuses outcomes of another run (another
+    /// [`LearningSetup::describe`]), a seed given twice, a missing seed, or
+    /// evaluation figures of the wrong length.
+    pub fn report(
+        &self,
+        baselines: &Baselines,
+        outcomes: &[SeedOutcome],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SimicBenchRun> {
+        let refuse = |reason: String| crate::Error::InvalidInput {
+            field: "SeedOutcome",
+            reason,
+        };
+        let expected = self.describe();
+        let evaluated = usize::try_from(EVAL_ROUNDS)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(4);
+        let mut ordered: Vec<&SeedOutcome> = outcomes.iter().collect();
+        ordered.sort_by_key(|outcome| outcome.seed_index);
+        for (index, outcome) in ordered.iter().enumerate() {
+            if outcome.seed_index != index {
+                return Err(refuse(format!(
+                    "the outcomes are not seeds 0 to {}: seed {} where {index} belongs",
+                    self.seeds.saturating_sub(1),
+                    outcome.seed_index
+                )));
+            }
+            if outcome.setup != expected {
+                return Err(refuse(format!(
+                    "seed {index} is of another run ({:?}, this run is {expected:?})",
+                    outcome.setup
+                )));
+            }
+            if outcome.greedy_accuracies.len() != evaluated
+                || outcome.greedy_accuracies.iter().any(|a| !a.is_finite())
+            {
+                return Err(refuse(format!(
+                    "seed {index} has {} greedy accuracies; {evaluated} finite ones expected",
+                    outcome.greedy_accuracies.len()
+                )));
+            }
+        }
+        if ordered.len() != self.seeds {
+            return Err(refuse(format!(
+                "{} outcomes for {} training seeds",
+                ordered.len(),
+                self.seeds
+            )));
+        }
+        Ok(pool(self, &baselines.0, &ordered, progress))
+    }
+}
+
 /// `simic-learning` (see the module docs): `rounds` training rounds per
-/// training seed.
+/// training seed, the seeds one after another in this process.
 pub fn run_learning(
     options: &SimicBenchOptions,
     rounds: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SimicBenchRun> {
-    options.validate()?;
-    let device = torch_ext::device::select(options.device)?;
-    let task = options.learning_task;
-    let (train, test) = load(task, options)?;
-    let spec = EnvSpec::sharded(
-        task.host_config(),
-        SLOTS.iter().map(|s| (*s).to_owned()).collect(),
-        &train,
-        test,
-        4,
-    )?;
-    let episode_length = options.episode();
-    let (precision, mode) = if device.is_cuda() {
-        (Precision::Bf16, ExecutionMode::GraphStep)
-    } else {
-        (Precision::Fp32, ExecutionMode::Eager)
-    };
-    let mut config = simic_config(precision, mode, episode_length, options.quick);
-    let epochs = options.ppo_epochs.unwrap_or(LEARNING_PPO_EPOCHS);
-    if !(1..=crate::ppo::config::MAX_EPOCHS).contains(&epochs) {
-        return Err(crate::Error::InvalidConfig {
-            field: "SimicBenchOptions.ppo_epochs",
-            reason: format!(
-                "{epochs} is outside [1, {}]",
-                crate::ppo::config::MAX_EPOCHS
-            ),
-        });
+    let setup = LearningSetup::new(options, rounds)?;
+    let baselines = setup.baselines(progress)?;
+    let mut outcomes = Vec::with_capacity(setup.seeds);
+    for seed_index in 0..setup.seeds {
+        outcomes.push(setup.train_seed(seed_index, progress)?);
     }
-    config.ppo.epochs = epochs;
-    let seeds = options.seeds;
-    let mut results = Vec::new();
+    setup.report(&baselines, &outcomes, progress)
+}
 
-    progress(&format!(
-        "baselines on the {} shared evaluation environments ({} epochs each)",
-        EVAL_ROUNDS * 4,
-        episode_length
-    ));
-    let baselines = run_baselines(&spec, &config, device, progress)?;
-    for figures in &baselines {
+/// The record's entries from validated parts (see [`LearningSetup::report`]).
+fn pool(
+    setup: &LearningSetup,
+    baselines: &[BaselineFigures],
+    outcomes: &[&SeedOutcome],
+    progress: &mut dyn FnMut(&str),
+) -> SimicBenchRun {
+    let precision = setup.precision;
+    let mut results = Vec::new();
+    for figures in baselines {
         let mut entry = accuracy_entry(
             format!("{}-eval", figures.baseline.name()),
             &figures.accuracies,
@@ -313,59 +533,17 @@ pub fn run_learning(
     let mut pooled: Vec<(Baseline, Vec<f64>)> =
         baselines.iter().map(|f| (f.baseline, Vec::new())).collect();
     let mut pooled_seeds = Vec::new();
-    for seed_index in 0..seeds {
-        let seed = training_seed(seed_index);
-        let seed_config = SimicConfig {
-            seed,
-            ..config.clone()
-        };
-        let mut simic = Simic::new(seed_config, SLOTS.len(), device, Telemetry::disabled())?;
-        for round in 0..rounds {
-            let report = simic.run_round(&spec, true)?;
-            progress(&format!(
-                "  seed {seed_index} ppo round {round}: {}",
-                round_summary(&report)
-            ));
-            let mut metrics = std::collections::BTreeMap::new();
-            metrics.insert("seed".to_owned(), seed_index as f64);
-            metrics.insert("round".to_owned(), round as f64);
-            metrics.insert("mean_episode_reward".to_owned(), report.mean_episode_reward);
-            metrics.insert(
-                "final_accuracy_pct".to_owned(),
-                mean(report.final_accuracies.iter().copied()),
-            );
-            metrics.insert("active_seeds_per_env".to_owned(), report.mean_active_seeds);
-            metrics.insert("fossilizations".to_owned(), report.fossilizations as f64);
-            metrics.insert("germinations".to_owned(), report.germinations as f64);
-            metrics.insert("prunes".to_owned(), report.prunes as f64);
-            insert_chosen_fractions(&report, &mut metrics);
-            results.push(ResultEntry {
-                implementation: "rust".to_owned(),
-                mode: format!("ppo-seed{seed_index}-round-{round}"),
-                metrics,
-                error: None,
-                amp: Some(amp_name(precision).to_owned()),
-            });
-        }
-        simic.set_sample_mode(SampleMode::Greedy);
-        let mut greedy = Vec::new();
-        let mut greedy_seeds = Vec::new();
-        for round in 0..EVAL_ROUNDS {
-            let report = simic.evaluate_on(&spec, EVAL_ENV_SEED, round)?;
-            progress(&format!(
-                "  seed {seed_index} greedy evaluation round {round}: {}",
-                round_summary(&report)
-            ));
-            greedy.extend(report.final_accuracies.iter().copied());
-            greedy_seeds.push(report.mean_active_seeds);
-        }
+    for outcome in outcomes {
+        let seed_index = outcome.seed_index;
+        results.extend(outcome.rounds.iter().cloned());
+        let greedy = &outcome.greedy_accuracies;
         results.push(accuracy_entry(
             format!("ppo-seed{seed_index}-greedy-eval"),
-            &greedy,
-            &greedy_seeds,
+            greedy,
+            &outcome.greedy_active_seeds,
             precision,
         ));
-        let against_none = paired(&greedy, &none);
+        let against_none = paired(greedy, &none);
         results.push(comparison_entry(
             format!("compare-ppo-vs-no-growth-seed{seed_index}"),
             &against_none,
@@ -374,7 +552,7 @@ pub fn run_learning(
         let mut fraction = std::collections::BTreeMap::new();
         fraction.insert(
             "recovered_fraction".to_owned(),
-            recovered(&greedy, &none, &max),
+            recovered(greedy, &none, &max),
         );
         fraction.retain(|_, value| value.is_finite());
         results.push(ResultEntry {
@@ -385,7 +563,7 @@ pub fn run_learning(
             amp: Some(amp_name(precision).to_owned()),
         });
         pooled_policy.extend(greedy.iter().copied());
-        pooled_seeds.extend(greedy_seeds);
+        pooled_seeds.extend(outcome.greedy_active_seeds.iter().copied());
         for (baseline, values) in &mut pooled {
             values.extend_from_slice(of(*baseline));
         }
@@ -417,17 +595,18 @@ pub fn run_learning(
             precision,
         ));
     }
-    let pooled_none = pooled
-        .iter()
-        .find(|(b, _)| *b == Baseline::NoGrowth)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default();
-    let pooled_max = pooled
-        .iter()
-        .find(|(b, _)| *b == Baseline::MaxGrowth)
-        .map(|(_, v)| v.clone())
-        .unwrap_or_default();
-    let fraction = recovered(&pooled_policy, &pooled_none, &pooled_max);
+    let pooled_of = |wanted: Baseline| {
+        pooled
+            .iter()
+            .find(|(b, _)| *b == wanted)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let fraction = recovered(
+        &pooled_policy,
+        &pooled_of(Baseline::NoGrowth),
+        &pooled_of(Baseline::MaxGrowth),
+    );
     progress(&format!(
         "  the learned policy recovers {:.0}% of max growth's gain",
         fraction * 100.0
@@ -442,22 +621,24 @@ pub fn run_learning(
         error: None,
         amp: Some(amp_name(precision).to_owned()),
     });
-    Ok(SimicBenchRun {
-        device,
+    let task = setup.task;
+    SimicBenchRun {
+        device: setup.device,
         measurements: Measurements {
             params: json!({
                 "task": task.name(),
                 "host_base_channels": task.host_config().base_channels,
                 "n_envs": 4,
                 "slots": SLOTS,
-                "episode_length": episode_length,
-                "active_seed_ceiling": crate::vectorized::Episode::active_seed_ceiling(episode_length),
-                "rounds_per_seed": rounds,
-                "training_seeds": (0..seeds).map(training_seed).collect::<Vec<_>>(),
+                "episode_length": setup.episode_length,
+                "active_seed_ceiling": crate::vectorized::Episode::active_seed_ceiling(setup.episode_length),
+                "rounds_per_seed": setup.rounds,
+                "training_seeds": (0..setup.seeds).map(training_seed).collect::<Vec<_>>(),
                 "eval_env_seed": EVAL_ENV_SEED,
                 "eval_environments": EVAL_ROUNDS * 4,
-                "ppo_epochs": config.ppo.epochs,
-                "quick": options.quick,
+                "ppo_epochs": setup.config.ppo.epochs,
+                "settings": setup.settings,
+                "quick": setup.quick,
                 "statistics": "paired per environment; 95% CI from Student's t; exact sign \
                                test (ties dropped); paired permutation test (exact up to 20 \
                                pairs, else 200,000 seeded sign flips)",
@@ -465,5 +646,65 @@ pub fn run_learning(
             results,
             telemetry_names: Vec::new(),
         },
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The quick protocol on the CPU; its Fashion-MNIST subset comes from
+    /// the provisioned data set, as every data test's.
+    fn quick_setup() -> LearningSetup {
+        let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+        options.seeds = 2;
+        LearningSetup::new(&options, 1).expect("the quick protocol's setup")
+    }
+
+    fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
+        SeedOutcome {
+            seed_index,
+            setup: setup.describe(),
+            rounds: Vec::new(),
+            greedy_accuracies: vec![50.0; usize::try_from(EVAL_ROUNDS).unwrap() * 4],
+            greedy_active_seeds: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        }
+    }
+
+    #[test]
+    fn parts_of_another_run_or_missing_seeds_are_refused() {
+        let setup = quick_setup();
+        let baselines = Baselines(Vec::new());
+        let mut quiet = |_: &str| {};
+        let good = [outcome(&setup, 1), outcome(&setup, 0)];
+        assert!(setup.report(&baselines, &good, &mut quiet).is_ok());
+        let mut other = outcome(&setup, 1);
+        other.setup = other.setup.replace("settings []", "settings [reward.rent_weight=0]");
+        let mut short = outcome(&setup, 1);
+        short.greedy_accuracies.pop();
+        let mut nan = outcome(&setup, 1);
+        nan.greedy_accuracies[0] = f64::NAN;
+        for (name, parts) in [
+            ("another run", vec![outcome(&setup, 0), other]),
+            ("a seed twice", vec![outcome(&setup, 0), outcome(&setup, 0)]),
+            ("a missing seed", vec![outcome(&setup, 0)]),
+            ("a seed out of range", vec![outcome(&setup, 0), outcome(&setup, 2)]),
+            ("too few accuracies", vec![outcome(&setup, 0), short]),
+            ("a NaN accuracy", vec![outcome(&setup, 0), nan]),
+        ] {
+            let error = setup.report(&baselines, &parts, &mut quiet);
+            assert!(error.is_err(), "{name} was pooled");
+        }
+    }
+
+    #[test]
+    fn settings_are_part_of_the_setup() {
+        let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+        options.settings = vec!["reward.rent_weight=0".to_owned()];
+        let setup = LearningSetup::new(&options, 1).expect("the quick protocol's setup");
+        assert!(setup.describe().contains("reward.rent_weight=0"));
+        assert_eq!(setup.config.reward.rent_weight, 0.0);
+        options.settings = vec!["reward.rent_weight=-1".to_owned()];
+        assert!(LearningSetup::new(&options, 1).is_err());
+    }
 }

@@ -52,8 +52,8 @@ mod throughput;
 
 pub use cartpole::run_cartpole;
 pub use learning::{
-    EVAL_ENV_SEED, EVAL_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, run_learning,
-    training_seed,
+    Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS,
+    LearningSetup, SeedOutcome, run_learning, training_seed,
 };
 pub use throughput::run_throughput;
 
@@ -122,6 +122,10 @@ pub struct SimicBenchOptions {
     /// `simic-learning` only: the task (an impaired host, so seeds have
     /// room): `fmnist-impaired` (default) or `cifar10-impaired`.
     pub learning_task: tolaria::task::Task,
+    /// `simic-learning` only: settings over the reference's defaults,
+    /// `section.field=value`, applied in order
+    /// ([`crate::vectorized::settings`]); empty: the defaults.
+    pub settings: Vec<String>,
 }
 
 impl SimicBenchOptions {
@@ -147,6 +151,7 @@ impl SimicBenchOptions {
             episode_length: None,
             seeds: if quick { 1 } else { learning::LEARNING_SEEDS },
             learning_task: tolaria::task::Task::FmnistImpaired,
+            settings: Vec::new(),
         }
     }
 }

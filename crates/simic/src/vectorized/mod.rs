@@ -68,6 +68,7 @@ mod measure;
 mod outcome;
 mod report;
 mod round;
+pub mod settings;
 mod state;
 mod telemetry;
 

@@ -1,0 +1,166 @@
+//! `esper bench simic-learning` with `--jobs N` or `--seed-index K`.
+//!
+//! The protocol's training seeds are independent, and one seed's
+//! environments leave most of a GPU idle (small hosts, launch-bound). With
+//! `--jobs N` this process starts copies of itself, one per training seed
+//! and at most N at a time, each with `--seed-index K`: a child trains and
+//! evaluates seed K on the same device and writes its part
+//! (`simic::bench::SeedOutcome`) through `durable`. Meanwhile this process
+//! runs the baselines; then it reads the parts, pools them
+//! (`simic::bench::LearningSetup::report`) and removes them. A child that
+//! fails stops the run: the others are killed and the error names the
+//! seed; the parts stay for a look.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::thread;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use simic::bench::{LearningSetup, SeedOutcome, SimicBenchOptions, SimicBenchRun};
+
+use crate::args::BenchArgs;
+
+/// Writes training seed `seed_index`'s part to `args.out`.
+pub(crate) fn run_seed(
+    args: &BenchArgs,
+    options: &SimicBenchOptions,
+    rounds: usize,
+    seed_index: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let setup = LearningSetup::new(options, rounds)?;
+    if seed_index >= setup.seeds() {
+        bail!(
+            "--seed-index {seed_index} is not one of the run's {} training seeds",
+            setup.seeds()
+        );
+    }
+    let outcome = setup.train_seed(seed_index, progress)?;
+    let text = serde_json::to_vec_pretty(&outcome)?;
+    durable::write_file(&args.out, &text)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    Ok(())
+}
+
+/// The protocol with its training seeds in up to `jobs` child processes.
+pub(crate) fn run_jobs(
+    args: &BenchArgs,
+    options: &SimicBenchOptions,
+    rounds: usize,
+    jobs: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SimicBenchRun> {
+    let setup = LearningSetup::new(options, rounds)?;
+    let parts_dir = parts_dir(&args.out);
+    std::fs::create_dir_all(&parts_dir)
+        .with_context(|| format!("creating {}", parts_dir.display()))?;
+    let exe = std::env::current_exe().context("locating the esper binary")?;
+    let part = |seed: usize| parts_dir.join(format!("seed-{seed}.json"));
+    let mut pending: Vec<usize> = (0..setup.seeds()).rev().collect();
+    let mut running: Vec<(usize, Child)> = Vec::new();
+    let mut start_next = |running: &mut Vec<(usize, Child)>| -> Result<()> {
+        while running.len() < jobs {
+            let Some(seed) = pending.pop() else {
+                return Ok(());
+            };
+            let child = Command::new(&exe)
+                .args(child_args(args, rounds, seed, &part(seed)))
+                .spawn()
+                .with_context(|| format!("starting training seed {seed}"))?;
+            eprintln!("training seed {seed}: pid {}", child.id());
+            running.push((seed, child));
+        }
+        Ok(())
+    };
+    start_next(&mut running)?;
+    // The baselines here while the first seeds train.
+    let baselines = match setup.baselines(progress) {
+        Ok(baselines) => baselines,
+        Err(error) => {
+            kill_all(&mut running);
+            return Err(error.into());
+        }
+    };
+    while !running.is_empty() {
+        let mut finished = None;
+        for (index, (seed, child)) in running.iter_mut().enumerate() {
+            if let Some(status) = child.try_wait()? {
+                finished = Some((index, *seed, status));
+                break;
+            }
+        }
+        match finished {
+            Some((index, seed, status)) => {
+                running.swap_remove(index);
+                if !status.success() {
+                    kill_all(&mut running);
+                    bail!("training seed {seed} failed ({status}); its log is above");
+                }
+                start_next(&mut running).inspect_err(|_| kill_all(&mut running))?;
+            }
+            None => thread::sleep(Duration::from_millis(200)),
+        }
+    }
+    let mut outcomes = Vec::with_capacity(setup.seeds());
+    for seed in 0..setup.seeds() {
+        let path = part(seed);
+        let text =
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let outcome: SeedOutcome = serde_json::from_slice(&text)
+            .with_context(|| format!("{} is not a seed part", path.display()))?;
+        outcomes.push(outcome);
+    }
+    let run = setup.report(&baselines, &outcomes, progress)?;
+    std::fs::remove_dir_all(&parts_dir)
+        .with_context(|| format!("removing {}", parts_dir.display()))?;
+    Ok(run)
+}
+
+/// Where the parts of the record `out` go: `<out>.parts/` beside it.
+fn parts_dir(out: &Path) -> PathBuf {
+    let mut name = out.file_name().unwrap_or_default().to_os_string();
+    name.push(".parts");
+    out.with_file_name(name)
+}
+
+/// The child's command line: this run's options, `--seed-index seed` and
+/// `--out part`.
+fn child_args(args: &BenchArgs, rounds: usize, seed: usize, part: &Path) -> Vec<std::ffi::OsString> {
+    let mut out: Vec<std::ffi::OsString> = vec!["bench".into(), args.workload.name().into()];
+    let mut push = |flag: &str, value: String| {
+        out.push(flag.into());
+        out.push(value.into());
+    };
+    push("--device", args.device.to_string());
+    push("--rounds", rounds.to_string());
+    if let Some(epochs) = args.ppo_epochs {
+        push("--ppo-epochs", epochs.to_string());
+    }
+    if let Some(episode) = args.episode {
+        push("--episode", episode.to_string());
+    }
+    if let Some(seeds) = args.seeds {
+        push("--seeds", seeds.to_string());
+    }
+    if let Some(task) = args.task {
+        push("--task", task.name().to_owned());
+    }
+    for setting in &args.settings {
+        push("--set", setting.clone());
+    }
+    push("--seed-index", seed.to_string());
+    if args.quick {
+        out.push("--quick".into());
+    }
+    out.push("--out".into());
+    out.push(part.as_os_str().to_owned());
+    out
+}
+
+fn kill_all(running: &mut [(usize, Child)]) {
+    for (_, child) in running.iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -1,0 +1,93 @@
+//! `esper bench simic-learning --jobs N`: the training seeds in child
+//! processes, the baselines in the parent, pooled into one record. On the
+//! CPU, where every run is deterministic, the pooled record must equal the
+//! one the seeds give one after another in one process, entry for entry,
+//! and the parts must be gone afterwards. A short protocol (2 seeds, 1
+//! round, 2-epoch episodes) on the provisioned Fashion-MNIST subset.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const ESPER: &str = env!("CARGO_BIN_EXE_esper");
+
+fn learning(out: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "bench",
+        "simic-learning",
+        "--quick",
+        "--device",
+        "cpu",
+        "--seeds",
+        "2",
+        "--rounds",
+        "1",
+        "--episode",
+        "2",
+        "--set",
+        "reward.rent_weight=0",
+        "--label",
+        "jobs",
+        "--out",
+        out.to_str().expect("a UTF-8 temporary path"),
+    ];
+    args.extend_from_slice(extra);
+    let output = Command::new(ESPER)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(
+        output.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(out).expect("the record")).expect("JSON")
+}
+
+#[test]
+fn jobs_pool_the_same_record_as_one_process() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = learning(&dir.path().join("one.json"), &[]);
+    let jobs = learning(&dir.path().join("jobs.json"), &["--jobs", "2"]);
+    assert_eq!(one["results"], jobs["results"]);
+    assert_eq!(one["params"], jobs["params"]);
+    assert_eq!(
+        jobs["params"]["settings"],
+        serde_json::json!(["reward.rent_weight=0"])
+    );
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("the directory")
+        .map(|entry| entry.expect("an entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|name| name.ends_with(".parts")),
+        "the parts stayed: {names:?}"
+    );
+}
+
+#[test]
+fn a_seed_index_outside_the_run_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let out = dir.path().join("part.json");
+    let output = Command::new(ESPER)
+        .args([
+            "bench",
+            "simic-learning",
+            "--quick",
+            "--device",
+            "cpu",
+            "--seeds",
+            "2",
+            "--seed-index",
+            "2",
+            "--out",
+            out.to_str().expect("a UTF-8 temporary path"),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--seed-index 2"), "{stderr}");
+    assert!(!out.exists(), "a part was written");
+}
