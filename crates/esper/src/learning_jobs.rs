@@ -5,8 +5,9 @@
 //! `--jobs N` this process starts copies of itself, one per training seed
 //! and at most N at a time, each with `--seed-index K`: a child trains and
 //! evaluates seed K on the same device and writes its part
-//! (`simic::bench::SeedOutcome`) through `durable`. Meanwhile this process
-//! runs the baselines; then it reads the parts, pools them
+//! (`simic::bench::SeedOutcome`) through `durable`. This process runs the
+//! baselines first, alone on the device, then starts the children; then it
+//! reads the parts, pools them
 //! (`simic::bench::LearningSetup::report`) and removes them. A child that
 //! fails stops the run: the others are killed and the error names the
 //! seed; the parts stay for a look.
@@ -57,6 +58,9 @@ pub(crate) fn run_jobs(
         .with_context(|| format!("creating {}", parts_dir.display()))?;
     let exe = std::env::current_exe().context("locating the esper binary")?;
     let part = |seed: usize| parts_dir.join(format!("seed-{seed}.json"));
+    // The baselines first, alone on the device, then the seeds: a
+    // baseline's figures do not depend on what else the device runs.
+    let baselines = setup.baselines(progress)?;
     let mut pending: Vec<usize> = (0..setup.seeds()).rev().collect();
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut start_next = |running: &mut Vec<(usize, Child)>| -> Result<()> {
@@ -74,14 +78,6 @@ pub(crate) fn run_jobs(
         Ok(())
     };
     start_next(&mut running)?;
-    // The baselines here while the first seeds train.
-    let baselines = match setup.baselines(progress) {
-        Ok(baselines) => baselines,
-        Err(error) => {
-            kill_all(&mut running);
-            return Err(error.into());
-        }
-    };
     while !running.is_empty() {
         let mut finished = None;
         for (index, (seed, child)) in running.iter_mut().enumerate() {

@@ -129,7 +129,7 @@ commands:
                             reward.<field>, ppo.<field> or floor.<head>, e.g.
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05
         --jobs N            train the seeds in up to N processes at once on the same device
-                            while this one runs the baselines; the record is the same pool
+                            after this one has run the baselines; the record is the same pool
         --seed-index K      train and evaluate seed K only and write its part to --out
                             (what --jobs starts)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
