@@ -4,7 +4,7 @@
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
 #                      [--kernels] [--gpus 1,2] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
-#                      [--recipe reference|growth] [--set KEY=VALUE]... [--jobs N]
+#                      [--set KEY=VALUE]... [--jobs N]
 #
 # ESPER_BIN, when set, names another esper binary to run the workloads with (an earlier
 # build, for a before/after comparison in one run).
@@ -52,7 +52,6 @@ while [ $# -gt 0 ]; do
     --ppo-epochs) learning_args+=(--ppo-epochs "$2"); shift ;;
     --seeds) learning_args+=(--seeds "$2"); shift ;;
     --task) learning_args+=(--task "$2"); shift ;;
-    --recipe) learning_args+=(--recipe "$2"); shift ;;
     --set) learning_args+=(--set "$2"); shift ;;
     --jobs) learning_args+=(--jobs "$2"); shift ;;
     --episode) rounds_args+=(--episode "$2"); shift ;;

@@ -150,16 +150,17 @@ pub(crate) struct BenchArgs {
     /// `--task NAME` (`simic-learning`): the task (`fmnist-impaired` by
     /// default; `cifar10-impaired` for the capacity-starved CIFAR-10 host).
     pub(crate) task: Option<tolaria::task::Task>,
-    /// `--recipe growth` and every `--set section.field=value`
-    /// (`simic-learning`), in order: settings over the reference's defaults
+    /// Every `--set section.field=value` (`simic-learning`), in order:
+    /// settings over the reference's defaults
     /// (`simic::vectorized::settings`); empty: the defaults.
     pub(crate) settings: Vec<String>,
     /// `--jobs N` (`simic-learning`): training seeds run in up to N
-    /// processes at once on the same device, the baselines in this one.
+    /// processes at once on the same device; the baselines and the greedy
+    /// evaluations run in this one, alone on the device.
     pub(crate) jobs: Option<usize>,
-    /// `--seed-index K` (`simic-learning`): train and evaluate training
-    /// seed K only and write its part (`simic::bench::SeedOutcome`) to
-    /// `--out`; what `--jobs` starts.
+    /// `--seed-index K` (`simic-learning`): train training seed K only and
+    /// write its part (`simic::bench::SeedOutcome`, no greedy figures) to
+    /// `--out` and its trainer beside it; what `--jobs` starts.
     pub(crate) seed_index: Option<usize>,
 }
 
@@ -256,7 +257,6 @@ impl BenchArgs {
         let mut episode: Option<u32> = None;
         let mut seeds: Option<usize> = None;
         let mut task: Option<tolaria::task::Task> = None;
-        let mut recipe: Option<Vec<String>> = None;
         let mut sets: Vec<String> = Vec::new();
         let mut jobs: Option<usize> = None;
         let mut seed_index: Option<usize> = None;
@@ -271,7 +271,7 @@ impl BenchArgs {
             let rounds_flag = matches!(flag, "--rounds" | "--episode");
             let learning_only = matches!(
                 flag,
-                "--ppo-epochs" | "--seeds" | "--task" | "--set" | "--recipe" | "--jobs" | "--seed-index"
+                "--ppo-epochs" | "--seeds" | "--task" | "--set" | "--jobs" | "--seed-index"
             );
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
@@ -407,23 +407,6 @@ impl BenchArgs {
                     }
                     sets.push(setting);
                 }
-                "--recipe" => {
-                    let name = value()?;
-                    let settings = match name.as_str() {
-                        "reference" => Vec::new(),
-                        "growth" => simic::vectorized::settings::GROWTH_RECIPE
-                            .iter()
-                            .map(|s| (*s).to_owned())
-                            .collect(),
-                        _ => {
-                            return Err(usage(format!(
-                                "unknown recipe {} (reference, growth)",
-                                shown(&name)
-                            )));
-                        }
-                    };
-                    once(&mut recipe, flag, settings)?;
-                }
                 "--jobs" => {
                     let n = count(flag, &value()?)?;
                     if n == 0 {
@@ -441,8 +424,7 @@ impl BenchArgs {
         if jobs.is_some() && seed_index.is_some() {
             return Err(usage("--jobs and --seed-index exclude each other"));
         }
-        let mut settings = recipe.unwrap_or_default();
-        settings.extend(sets);
+        let settings = sets;
         Ok(BenchCommand::Run(Box::new(BenchArgs {
             workload,
             out,
@@ -529,34 +511,42 @@ mod tests {
     }
 
     #[test]
-    fn settings_recipes_and_jobs_apply_to_simic_learning_only() {
+    fn settings_and_jobs_apply_to_simic_learning_only() {
         let args = run_args(&[
             "simic-learning",
             "--out",
             "a.json",
-            "--recipe",
-            "growth",
+            "--set",
+            "reward.rent_weight=0",
             "--set",
             "floor.op=0.05",
             "--jobs",
             "3",
         ]);
-        let mut expected: Vec<String> = simic::vectorized::settings::GROWTH_RECIPE
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
-        expected.push("floor.op=0.05".to_owned());
-        assert_eq!(args.settings, expected);
+        assert_eq!(args.settings, ["reward.rent_weight=0", "floor.op=0.05"]);
         assert_eq!(args.jobs, Some(3));
         let args = run_args(&["simic-learning", "--out", "a.json", "--seed-index", "2"]);
         assert_eq!(args.seed_index, Some(2));
         assert!(args.settings.is_empty());
         for bad in [
             &["simic-learning", "--out", "a.json", "--set", "rent"][..],
-            &["simic-learning", "--out", "a.json", "--recipe", "fast"],
             &["simic-learning", "--out", "a.json", "--jobs", "0"],
-            &["simic-learning", "--out", "a.json", "--jobs", "2", "--seed-index", "0"],
-            &["simic-cifar", "--out", "a.json", "--set", "reward.rent_weight=0"],
+            &[
+                "simic-learning",
+                "--out",
+                "a.json",
+                "--jobs",
+                "2",
+                "--seed-index",
+                "0",
+            ],
+            &[
+                "simic-cifar",
+                "--out",
+                "a.json",
+                "--set",
+                "reward.rent_weight=0",
+            ],
         ] {
             assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
         }

@@ -2,15 +2,21 @@
 //!
 //! The protocol's training seeds are independent, and one seed's
 //! environments leave most of a GPU idle (small hosts, launch-bound). With
-//! `--jobs N` this process starts copies of itself, one per training seed
-//! and at most N at a time, each with `--seed-index K`: a child trains and
-//! evaluates seed K on the same device and writes its part
-//! (`simic::bench::SeedOutcome`) through `durable`. This process runs the
-//! baselines first, alone on the device, then starts the children; then it
-//! reads the parts, pools them
-//! (`simic::bench::LearningSetup::report`) and removes them. A child that
-//! fails stops the run: the others are killed and the error names the
-//! seed; the parts stay for a look.
+//! `--jobs N` this process runs the baselines first, alone on the device,
+//! then starts copies of itself, one per training seed and at most N at a
+//! time, each with `--seed-index K`: a child trains seed K on the same
+//! device and writes its learning curve (`simic::bench::SeedOutcome`,
+//! without greedy figures) and its trainer (`simic::Simic::save_checkpoint`)
+//! into `<out>.parts/`. When every child is done, this process restores
+//! each trained policy and evaluates it greedily, alone on the device, on
+//! the shared evaluation environments, pools (`LearningSetup::report`) and
+//! removes the parts. So every figure the record compares is measured with
+//! nothing else on the device: measured on the H200, the heuristic's and
+//! max growth's episodes came out differently with training processes
+//! beside them (max growth fossilized 3 seeds in 12 environments instead of
+//! 36), while alone they repeat bit for bit. Training under contention is
+//! not bit-identical to training alone. A child that fails stops the run:
+//! the others are killed, the error names the seed, the parts stay.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -22,7 +28,8 @@ use simic::bench::{LearningSetup, SeedOutcome, SimicBenchOptions, SimicBenchRun}
 
 use crate::args::BenchArgs;
 
-/// Writes training seed `seed_index`'s part to `args.out`.
+/// Trains training seed `seed_index` and writes its part: the learning
+/// curve to `args.out`, the trainer beside it ([`policy_name`]).
 pub(crate) fn run_seed(
     args: &BenchArgs,
     options: &SimicBenchOptions,
@@ -37,11 +44,29 @@ pub(crate) fn run_seed(
             setup.seeds()
         );
     }
-    let outcome = setup.train_seed(seed_index, progress)?;
-    let text = serde_json::to_vec_pretty(&outcome)?;
+    let (simic, learning_curve) = setup.train_policy(seed_index, progress)?;
+    let parent = match args.out.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    simic.save_checkpoint(&parent, &policy_name(seed_index), serde_json::Map::new())?;
+    let part = SeedOutcome {
+        seed_index,
+        setup: setup.describe(),
+        rounds: learning_curve,
+        greedy_accuracies: Vec::new(),
+        greedy_active_seeds: Vec::new(),
+    };
+    let text = serde_json::to_vec_pretty(&part)?;
     durable::write_file(&args.out, &text)
         .with_context(|| format!("writing {}", args.out.display()))?;
     Ok(())
+}
+
+/// The checkpoint directory of seed `seed_index`'s trained policy, beside
+/// its part.
+fn policy_name(seed_index: usize) -> String {
+    format!("seed-{seed_index}-policy")
 }
 
 /// The protocol with its training seeds in up to `jobs` child processes.
@@ -98,14 +123,20 @@ pub(crate) fn run_jobs(
             None => thread::sleep(Duration::from_millis(200)),
         }
     }
+    // Every trained policy evaluated here, alone on the device.
     let mut outcomes = Vec::with_capacity(setup.seeds());
     for seed in 0..setup.seeds() {
         let path = part(seed);
-        let text =
-            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let outcome: SeedOutcome = serde_json::from_slice(&text)
+        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        let learned: SeedOutcome = serde_json::from_slice(&text)
             .with_context(|| format!("{} is not a seed part", path.display()))?;
-        outcomes.push(outcome);
+        if learned.seed_index != seed || learned.setup != setup.describe() {
+            bail!("{} is not seed {seed}'s part of this run", path.display());
+        }
+        let checkpoint = simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed)))
+            .with_context(|| format!("reading seed {seed}'s trained policy"))?;
+        let mut trained = setup.restore_policy(seed, &checkpoint)?;
+        outcomes.push(setup.evaluate_policy(&mut trained, seed, learned.rounds, progress)?);
     }
     let run = setup.report(&baselines, &outcomes, progress)?;
     std::fs::remove_dir_all(&parts_dir)
@@ -122,7 +153,12 @@ fn parts_dir(out: &Path) -> PathBuf {
 
 /// The child's command line: this run's options, `--seed-index seed` and
 /// `--out part`.
-fn child_args(args: &BenchArgs, rounds: usize, seed: usize, part: &Path) -> Vec<std::ffi::OsString> {
+fn child_args(
+    args: &BenchArgs,
+    rounds: usize,
+    seed: usize,
+    part: &Path,
+) -> Vec<std::ffi::OsString> {
     let mut out: Vec<std::ffi::OsString> = vec!["bench".into(), args.workload.name().into()];
     let mut push = |flag: &str, value: String| {
         out.push(flag.into());

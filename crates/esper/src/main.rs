@@ -123,15 +123,14 @@ commands:
         --ppo-epochs N      passes over each round's rollout per PPO update (default 4; the
                             reference's recurrent_n_epochs is 1; the KL early stop still
                             applies)
-        --recipe NAME       reference (the defaults) or growth (the departures the protocol
-                            measured and kept: simic::vectorized::settings::GROWTH_RECIPE)
-        --set KEY=VALUE     a setting over the defaults, repeatable, after the recipe:
+        --set KEY=VALUE     a setting over the reference's defaults, repeatable, in order:
                             reward.<field>, ppo.<field> or floor.<head>, e.g.
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05
-        --jobs N            train the seeds in up to N processes at once on the same device
-                            after this one has run the baselines; the record is the same pool
-        --seed-index K      train and evaluate seed K only and write its part to --out
-                            (what --jobs starts)
+        --jobs N            after the baselines, train the seeds in up to N processes at once
+                            on the same device, then evaluate each trained policy here,
+                            alone on the device; the record is the same pool
+        --seed-index K      train seed K only and write its part (learning curve, trained
+                            policy) beside --out (what --jobs starts)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
   parity-capture --out FILE.json

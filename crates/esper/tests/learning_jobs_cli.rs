@@ -57,7 +57,13 @@ fn jobs_pool_the_same_record_as_one_process() {
     );
     let names: Vec<String> = std::fs::read_dir(dir.path())
         .expect("the directory")
-        .map(|entry| entry.expect("an entry").file_name().to_string_lossy().into_owned())
+        .map(|entry| {
+            entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .collect();
     assert!(
         !names.iter().any(|name| name.ends_with(".parts")),

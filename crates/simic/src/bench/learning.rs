@@ -230,8 +230,10 @@ fn run_baselines(
 /// One training seed's part of the protocol: its learning curve and its
 /// greedy policy's figures on the shared evaluation environments. The
 /// protocol runs the seeds one after another ([`run_learning`]) or, through
-/// `esper bench simic-learning --jobs N`, each in its own process, which
-/// writes this as JSON for the parent to pool ([`LearningSetup::report`]).
+/// `esper bench simic-learning --jobs N`, trains each in its own process,
+/// which writes its learning curve as this JSON (no greedy figures yet) and
+/// its trainer as a checkpoint; the parent evaluates every policy alone on
+/// the device and pools ([`LearningSetup::report`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedOutcome {
@@ -352,18 +354,27 @@ impl LearningSetup {
     }
 
     /// Trains the policy of training seed `seed_index` for the run's rounds
-    /// and evaluates it greedily on the shared evaluation environments.
+    /// and evaluates it greedily on the shared evaluation environments
+    /// ([`LearningSetup::train_policy`], then
+    /// [`LearningSetup::evaluate_policy`]).
     pub fn train_seed(
         &self,
         seed_index: usize,
         progress: &mut dyn FnMut(&str),
     ) -> Result<SeedOutcome> {
-        let seed_config = SimicConfig {
-            seed: training_seed(seed_index),
-            ..self.config.clone()
-        };
+        let (mut simic, rounds) = self.train_policy(seed_index, progress)?;
+        self.evaluate_policy(&mut simic, seed_index, rounds, progress)
+    }
+
+    /// Trains the policy of training seed `seed_index` for the run's rounds;
+    /// returns the trainer and one entry per round (the learning curve).
+    pub fn train_policy(
+        &self,
+        seed_index: usize,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<(Simic, Vec<ResultEntry>)> {
         let precision = self.precision;
-        let mut simic = Simic::new(seed_config, SLOTS.len(), self.device, Telemetry::disabled())?;
+        let mut simic = self.simic(seed_index)?;
         let mut rounds = Vec::with_capacity(self.rounds);
         for round in 0..self.rounds {
             let report = simic.run_round(&self.spec, true)?;
@@ -392,6 +403,31 @@ impl LearningSetup {
                 amp: Some(amp_name(precision).to_owned()),
             });
         }
+        Ok((simic, rounds))
+    }
+
+    /// A trainer of training seed `seed_index` in the state of `checkpoint`
+    /// (written by [`Simic::save_checkpoint`] after
+    /// [`LearningSetup::train_policy`], in another process).
+    pub fn restore_policy(
+        &self,
+        seed_index: usize,
+        checkpoint: &crate::checkpoint::PpoCheckpoint,
+    ) -> Result<Simic> {
+        let mut simic = self.simic(seed_index)?;
+        simic.import_state(&checkpoint.state, &checkpoint.tensors)?;
+        Ok(simic)
+    }
+
+    /// Evaluates `simic`'s policy greedily, without learning, on the shared
+    /// evaluation environments; `rounds` is its learning curve.
+    pub fn evaluate_policy(
+        &self,
+        simic: &mut Simic,
+        seed_index: usize,
+        rounds: Vec<ResultEntry>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SeedOutcome> {
         simic.set_sample_mode(SampleMode::Greedy);
         let mut greedy_accuracies = Vec::new();
         let mut greedy_active_seeds = Vec::new();
@@ -411,6 +447,15 @@ impl LearningSetup {
             greedy_accuracies,
             greedy_active_seeds,
         })
+    }
+
+    /// A fresh trainer of training seed `seed_index`.
+    fn simic(&self, seed_index: usize) -> Result<Simic> {
+        let seed_config = SimicConfig {
+            seed: training_seed(seed_index),
+            ..self.config.clone()
+        };
+        Simic::new(seed_config, SLOTS.len(), self.device, Telemetry::disabled())
     }
 
     /// Pools the baselines and the training seeds' outcomes into the
@@ -679,7 +724,9 @@ mod tests {
         let good = [outcome(&setup, 1), outcome(&setup, 0)];
         assert!(setup.report(&baselines, &good, &mut quiet).is_ok());
         let mut other = outcome(&setup, 1);
-        other.setup = other.setup.replace("settings []", "settings [reward.rent_weight=0]");
+        other.setup = other
+            .setup
+            .replace("settings []", "settings [reward.rent_weight=0]");
         let mut short = outcome(&setup, 1);
         short.greedy_accuracies.pop();
         let mut nan = outcome(&setup, 1);
@@ -688,7 +735,10 @@ mod tests {
             ("another run", vec![outcome(&setup, 0), other]),
             ("a seed twice", vec![outcome(&setup, 0), outcome(&setup, 0)]),
             ("a missing seed", vec![outcome(&setup, 0)]),
-            ("a seed out of range", vec![outcome(&setup, 0), outcome(&setup, 2)]),
+            (
+                "a seed out of range",
+                vec![outcome(&setup, 0), outcome(&setup, 2)],
+            ),
             ("too few accuracies", vec![outcome(&setup, 0), short]),
             ("a NaN accuracy", vec![outcome(&setup, 0), nan]),
         ] {

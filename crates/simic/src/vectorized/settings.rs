@@ -14,23 +14,14 @@
 //! and as a string otherwise (`reward.mode=sparse`). An unknown section,
 //! field or head, a value of the wrong type and a value the section's own
 //! checks refuse are errors naming the setting, and leave the configuration
-//! as it was. [`GROWTH_RECIPE`] is the set of departures the learning
-//! protocol measured against the defaults.
+//! as it was. What the learning protocol measured with which settings is in
+//! `baselines/perf/simic-learning/NOTES.md`.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::config::SimicConfig;
 use crate::{Error, Result};
-
-/// The departures from the reference's defaults that the learning protocol
-/// measured and kept (see `docs/reference-defaults.md`): no parameter rent.
-/// The reference charges every BLENDING, HOLDING and FOSSILIZED seed
-/// `0.5·ln(1 + seed params / host params)` per epoch; on a host of a few
-/// thousand parameters a seed of a few thousand costs 0.3 - 0.7 an epoch for
-/// the rest of the episode, some fifty times what its accuracy earns, and
-/// the policy learns never to let a seed blend.
-pub const GROWTH_RECIPE: &[&str] = &["reward.rent_weight=0"];
 
 /// Applies every setting of `settings` in order (see the module docs); on
 /// an error `config` is unchanged.
@@ -59,8 +50,8 @@ pub fn apply(config: &mut SimicConfig, setting: &str) -> Result<()> {
     if field.is_empty() {
         return Err(refuse("no field named".to_owned()));
     }
-    let value: serde_json::Value = serde_json::from_str(text)
-        .unwrap_or_else(|_| serde_json::Value::String(text.to_owned()));
+    let value: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_owned()));
     match section {
         "reward" => {
             let reward = patched(&config.reward, field, value).map_err(refuse)?;
@@ -120,7 +111,10 @@ fn patched<T: Serialize + DeserializeOwned>(
     if !map.contains_key(field) {
         let mut known: Vec<&str> = map.keys().map(String::as_str).collect();
         known.sort_unstable();
-        return Err(format!("unknown field {field:?} (fields: {})", known.join(", ")));
+        return Err(format!(
+            "unknown field {field:?} (fields: {})",
+            known.join(", ")
+        ));
     }
     map.insert(field.to_owned(), value);
     serde_json::from_value(object).map_err(|error| error.to_string())
@@ -139,7 +133,10 @@ mod tests {
         let mut config = config();
         apply(&mut config, "reward.rent_weight=0").unwrap();
         assert_eq!(config.reward.rent_weight, 0.0);
-        assert_eq!(config.reward.max_rent, SimicConfig::reference(25).reward.max_rent);
+        assert_eq!(
+            config.reward.max_rent,
+            SimicConfig::reference(25).reward.max_rent
+        );
         apply(&mut config, "reward.mode=sparse").unwrap();
         assert_eq!(config.reward.mode, crate::rewards::RewardMode::Sparse);
     }
@@ -177,13 +174,5 @@ mod tests {
             assert_eq!(config.ppo, before.ppo, "{bad}");
             assert_eq!(config.sampling, before.sampling, "{bad}");
         }
-    }
-
-    #[test]
-    fn the_growth_recipe_applies() {
-        let mut config = config();
-        let recipe: Vec<String> = GROWTH_RECIPE.iter().map(|s| (*s).to_owned()).collect();
-        apply_all(&mut config, &recipe).unwrap();
-        assert_eq!(config.reward.rent_weight, 0.0);
     }
 }
