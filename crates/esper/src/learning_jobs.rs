@@ -6,9 +6,9 @@
 //! then starts copies of itself, one per training seed and at most N at a
 //! time, each with `--seed-index K`: a child trains seed K on the same
 //! device and writes its learning curve (`simic::bench::SeedOutcome`,
-//! without greedy figures) and its trainer (`simic::Simic::save_checkpoint`)
+//! without evaluations) and its trainer (`simic::Simic::save_checkpoint`)
 //! into `<out>.parts/`. When every child is done, this process restores
-//! each trained policy and evaluates it greedily, alone on the device, on
+//! each trained policy and evaluates it (greedy and sampled), alone on the device, on
 //! the shared evaluation environments, pools (`LearningSetup::report`) and
 //! removes the parts. So every figure the record compares is measured with
 //! nothing else on the device: measured on the H200, the heuristic's and
@@ -54,8 +54,8 @@ pub(crate) fn run_seed(
         seed_index,
         setup: setup.describe(),
         rounds: learning_curve,
-        greedy_accuracies: Vec::new(),
-        greedy_active_seeds: Vec::new(),
+        greedy: simic::bench::Evaluation::default(),
+        sampled: simic::bench::Evaluation::default(),
     };
     let text = serde_json::to_vec_pretty(&part)?;
     durable::write_file(&args.out, &text)

@@ -12,16 +12,19 @@
 //!    sampling and training environments all derive from it): the PPO
 //!    rounds (a learning curve per seed: reward, live seeds,
 //!    fossilizations, germinations, accuracy and the chosen ops per round),
-//!    then the learned policy evaluated greedily, without learning, on the
-//!    same evaluation environments ([`Simic::evaluate_on`]: same model
-//!    seeds, same data shards).
+//!    then the learned policy evaluated without learning on the same
+//!    evaluation environments ([`Simic::evaluate_on`]: same model seeds,
+//!    same data shards) twice: greedily (the most likely option of every
+//!    head, the protocol's headline) and sampled as it acts in training
+//!    (a policy whose growth rests on sampling grows only there).
 //! 3. The comparisons ([`super::stats::paired`]), per training seed and
 //!    pooled over them, one pair per (seed, environment): the learned
 //!    policy against each baseline, and max growth against no growth: mean
 //!    difference of the final accuracy with its 95% confidence interval,
 //!    wins, losses and ties, the exact sign test and the paired
 //!    permutation test; and the fraction of max growth's gain over no
-//!    growth the learned policy recovers.
+//!    growth the learned policy recovers; for the greedy and the sampled
+//!    evaluation each.
 //!
 //! The evaluation environments are common to every training seed, so the
 //! baselines run once; pooled pairs of different seeds on one environment
@@ -178,6 +181,21 @@ fn recovered(policy: &[f64], none: &[f64], max: &[f64]) -> f64 {
     }
 }
 
+/// A `recovered_fraction` entry (empty when the fraction is not finite).
+fn fraction_entry(mode: String, fraction: f64, precision: Precision) -> ResultEntry {
+    let mut metrics = std::collections::BTreeMap::new();
+    if fraction.is_finite() {
+        metrics.insert("recovered_fraction".to_owned(), fraction);
+    }
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode,
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    }
+}
+
 /// The shared evaluation environments' seeds and the baselines' figures on
 /// them.
 fn run_baselines(
@@ -231,7 +249,7 @@ fn run_baselines(
 /// greedy policy's figures on the shared evaluation environments. The
 /// protocol runs the seeds one after another ([`run_learning`]) or, through
 /// `esper bench simic-learning --jobs N`, trains each in its own process,
-/// which writes its learning curve as this JSON (no greedy figures yet) and
+/// which writes its learning curve as this JSON (no evaluations yet) and
 /// its trainer as a checkpoint; the parent evaluates every policy alone on
 /// the device and pools ([`LearningSetup::report`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -244,11 +262,24 @@ pub struct SeedOutcome {
     pub setup: String,
     /// One entry per training round (`ppo-seed{i}-round-{r}`).
     pub rounds: Vec<ResultEntry>,
-    /// The greedy policy's final accuracy per evaluation environment, in
-    /// evaluation order.
-    pub greedy_accuracies: Vec<f64>,
-    /// The greedy policy's mean active seeds per evaluation round.
-    pub greedy_active_seeds: Vec<f64>,
+    /// The policy evaluated greedily (the most likely option of every
+    /// head), without learning, on the shared evaluation environments.
+    pub greedy: Evaluation,
+    /// The policy evaluated as it acts while training (sampled, with the
+    /// run's probability floors), without learning, on the same
+    /// environments: a policy whose growth rests on sampling (it germinates
+    /// with a probability below WAIT's) grows here and not greedily.
+    pub sampled: Evaluation,
+}
+
+/// One policy's figures on the shared evaluation environments.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evaluation {
+    /// Final accuracy per evaluation environment, in evaluation order.
+    pub accuracies: Vec<f64>,
+    /// Mean active seeds per evaluation round.
+    pub active_seeds: Vec<f64>,
 }
 
 /// The baselines' figures on the shared evaluation environments (see
@@ -428,24 +459,31 @@ impl LearningSetup {
         rounds: Vec<ResultEntry>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<SeedOutcome> {
-        simic.set_sample_mode(SampleMode::Greedy);
-        let mut greedy_accuracies = Vec::new();
-        let mut greedy_active_seeds = Vec::new();
-        for round in 0..EVAL_ROUNDS {
-            let report = simic.evaluate_on(&self.spec, EVAL_ENV_SEED, round)?;
-            progress(&format!(
-                "  seed {seed_index} greedy evaluation round {round}: {}",
-                round_summary(&report)
-            ));
-            greedy_accuracies.extend(report.final_accuracies.iter().copied());
-            greedy_active_seeds.push(report.mean_active_seeds);
-        }
+        let mut evaluate = |mode: SampleMode, name: &str| -> Result<Evaluation> {
+            simic.set_sample_mode(mode);
+            let mut evaluation = Evaluation::default();
+            for round in 0..EVAL_ROUNDS {
+                let report = simic.evaluate_on(&self.spec, EVAL_ENV_SEED, round)?;
+                progress(&format!(
+                    "  seed {seed_index} {name} evaluation round {round}: {}",
+                    round_summary(&report)
+                ));
+                evaluation
+                    .accuracies
+                    .extend(report.final_accuracies.iter().copied());
+                evaluation.active_seeds.push(report.mean_active_seeds);
+            }
+            Ok(evaluation)
+        };
+        let greedy = evaluate(SampleMode::Greedy, "greedy")?;
+        let sampled = evaluate(SampleMode::Stochastic, "sampled")?;
+        simic.set_sample_mode(SampleMode::Stochastic);
         Ok(SeedOutcome {
             seed_index,
             setup: self.describe(),
             rounds,
-            greedy_accuracies,
-            greedy_active_seeds,
+            greedy,
+            sampled,
         })
     }
 
@@ -492,13 +530,15 @@ impl LearningSetup {
                     outcome.setup
                 )));
             }
-            if outcome.greedy_accuracies.len() != evaluated
-                || outcome.greedy_accuracies.iter().any(|a| !a.is_finite())
-            {
-                return Err(refuse(format!(
-                    "seed {index} has {} greedy accuracies; {evaluated} finite ones expected",
-                    outcome.greedy_accuracies.len()
-                )));
+            for (name, evaluation) in [("greedy", &outcome.greedy), ("sampled", &outcome.sampled)] {
+                if evaluation.accuracies.len() != evaluated
+                    || evaluation.accuracies.iter().any(|a| !a.is_finite())
+                {
+                    return Err(refuse(format!(
+                        "seed {index} has {} {name} accuracies; {evaluated} finite ones expected",
+                        evaluation.accuracies.len()
+                    )));
+                }
             }
         }
         if ordered.len() != self.seeds {
@@ -572,100 +612,100 @@ fn pool(
         precision,
     ));
 
-    // Pooled over the training seeds: the policy's accuracy per (seed,
-    // environment), and each baseline's on the same environment.
-    let mut pooled_policy = Vec::new();
-    let mut pooled: Vec<(Baseline, Vec<f64>)> =
-        baselines.iter().map(|f| (f.baseline, Vec::new())).collect();
-    let mut pooled_seeds = Vec::new();
     for outcome in outcomes {
-        let seed_index = outcome.seed_index;
         results.extend(outcome.rounds.iter().cloned());
-        let greedy = &outcome.greedy_accuracies;
-        results.push(accuracy_entry(
-            format!("ppo-seed{seed_index}-greedy-eval"),
-            greedy,
-            &outcome.greedy_active_seeds,
-            precision,
-        ));
-        let against_none = paired(greedy, &none);
-        results.push(comparison_entry(
-            format!("compare-ppo-vs-no-growth-seed{seed_index}"),
-            &against_none,
-            precision,
-        ));
-        let mut fraction = std::collections::BTreeMap::new();
-        fraction.insert(
-            "recovered_fraction".to_owned(),
-            recovered(greedy, &none, &max),
-        );
-        fraction.retain(|_, value| value.is_finite());
-        results.push(ResultEntry {
-            implementation: "rust".to_owned(),
-            mode: format!("ppo-recovered-fraction-seed{seed_index}"),
-            metrics: fraction,
-            error: None,
-            amp: Some(amp_name(precision).to_owned()),
-        });
-        pooled_policy.extend(greedy.iter().copied());
-        pooled_seeds.extend(outcome.greedy_active_seeds.iter().copied());
-        for (baseline, values) in &mut pooled {
-            values.extend_from_slice(of(*baseline));
+    }
+    // Each evaluation mode pooled over the training seeds: the policy's
+    // accuracy per (seed, environment), and each baseline's on the same
+    // environment. The greedy entries keep their names (`ppo-greedy-eval`,
+    // `compare-ppo-vs-*`, `ppo-recovered-fraction`); the sampled ones say
+    // `sampled`.
+    for (mode, tag) in [("greedy", ""), ("sampled", "-sampled")] {
+        let of_mode = |outcome: &SeedOutcome| -> Evaluation {
+            if mode == "greedy" {
+                outcome.greedy.clone()
+            } else {
+                outcome.sampled.clone()
+            }
+        };
+        let mut pooled_policy = Vec::new();
+        let mut pooled: Vec<(Baseline, Vec<f64>)> =
+            baselines.iter().map(|f| (f.baseline, Vec::new())).collect();
+        let mut pooled_seeds = Vec::new();
+        for outcome in outcomes {
+            let seed_index = outcome.seed_index;
+            let evaluation = of_mode(outcome);
+            results.push(accuracy_entry(
+                format!("ppo-seed{seed_index}-{mode}-eval"),
+                &evaluation.accuracies,
+                &evaluation.active_seeds,
+                precision,
+            ));
+            results.push(comparison_entry(
+                format!("compare-ppo{tag}-vs-no-growth-seed{seed_index}"),
+                &paired(&evaluation.accuracies, &none),
+                precision,
+            ));
+            results.push(fraction_entry(
+                format!("ppo{tag}-recovered-fraction-seed{seed_index}"),
+                recovered(&evaluation.accuracies, &none, &max),
+                precision,
+            ));
+            pooled_policy.extend(evaluation.accuracies.iter().copied());
+            pooled_seeds.extend(evaluation.active_seeds.iter().copied());
+            for (baseline, values) in &mut pooled {
+                values.extend_from_slice(of(*baseline));
+            }
         }
-    }
-    results.push(accuracy_entry(
-        "ppo-greedy-eval".to_owned(),
-        &pooled_policy,
-        &pooled_seeds,
-        precision,
-    ));
-    for (baseline, values) in &pooled {
-        let comparison = paired(&pooled_policy, values);
-        progress(&format!(
-            "  learned (greedy) - {} = {:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} \
-             wins/losses/ties, sign p {:.3}, permutation p {:.3})",
-            baseline.name(),
-            comparison.mean,
-            comparison.ci95.0,
-            comparison.ci95.1,
-            comparison.wins,
-            comparison.losses,
-            comparison.ties,
-            comparison.sign_p,
-            comparison.permutation_p
+        results.push(accuracy_entry(
+            format!("ppo-{mode}-eval"),
+            &pooled_policy,
+            &pooled_seeds,
+            precision,
         ));
-        results.push(comparison_entry(
-            format!("compare-ppo-vs-{}", baseline.name()),
-            &comparison,
+        for (baseline, values) in &pooled {
+            let comparison = paired(&pooled_policy, values);
+            progress(&format!(
+                "  learned ({mode}) - {} = {:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} \
+                 wins/losses/ties, sign p {:.3}, permutation p {:.3})",
+                baseline.name(),
+                comparison.mean,
+                comparison.ci95.0,
+                comparison.ci95.1,
+                comparison.wins,
+                comparison.losses,
+                comparison.ties,
+                comparison.sign_p,
+                comparison.permutation_p
+            ));
+            results.push(comparison_entry(
+                format!("compare-ppo{tag}-vs-{}", baseline.name()),
+                &comparison,
+                precision,
+            ));
+        }
+        let pooled_of = |wanted: Baseline| {
+            pooled
+                .iter()
+                .find(|(b, _)| *b == wanted)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let fraction = recovered(
+            &pooled_policy,
+            &pooled_of(Baseline::NoGrowth),
+            &pooled_of(Baseline::MaxGrowth),
+        );
+        progress(&format!(
+            "  the learned policy ({mode}) recovers {:.0}% of max growth's gain",
+            fraction * 100.0
+        ));
+        results.push(fraction_entry(
+            format!("ppo{tag}-recovered-fraction"),
+            fraction,
             precision,
         ));
     }
-    let pooled_of = |wanted: Baseline| {
-        pooled
-            .iter()
-            .find(|(b, _)| *b == wanted)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
-    };
-    let fraction = recovered(
-        &pooled_policy,
-        &pooled_of(Baseline::NoGrowth),
-        &pooled_of(Baseline::MaxGrowth),
-    );
-    progress(&format!(
-        "  the learned policy recovers {:.0}% of max growth's gain",
-        fraction * 100.0
-    ));
-    let mut metrics = std::collections::BTreeMap::new();
-    metrics.insert("recovered_fraction".to_owned(), fraction);
-    metrics.retain(|_, value| value.is_finite());
-    results.push(ResultEntry {
-        implementation: "rust".to_owned(),
-        mode: "ppo-recovered-fraction".to_owned(),
-        metrics,
-        error: None,
-        amp: Some(amp_name(precision).to_owned()),
-    });
     let task = setup.task;
     SimicBenchRun {
         device: setup.device,
@@ -706,13 +746,20 @@ mod tests {
         LearningSetup::new(&options, 1).expect("the quick protocol's setup")
     }
 
+    fn evaluation() -> Evaluation {
+        Evaluation {
+            accuracies: vec![50.0; usize::try_from(EVAL_ROUNDS).unwrap() * 4],
+            active_seeds: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        }
+    }
+
     fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
         SeedOutcome {
             seed_index,
             setup: setup.describe(),
             rounds: Vec::new(),
-            greedy_accuracies: vec![50.0; usize::try_from(EVAL_ROUNDS).unwrap() * 4],
-            greedy_active_seeds: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+            greedy: evaluation(),
+            sampled: evaluation(),
         }
     }
 
@@ -728,9 +775,9 @@ mod tests {
             .setup
             .replace("settings []", "settings [reward.rent_weight=0]");
         let mut short = outcome(&setup, 1);
-        short.greedy_accuracies.pop();
+        short.sampled.accuracies.pop();
         let mut nan = outcome(&setup, 1);
-        nan.greedy_accuracies[0] = f64::NAN;
+        nan.greedy.accuracies[0] = f64::NAN;
         for (name, parts) in [
             ("another run", vec![outcome(&setup, 0), other]),
             ("a seed twice", vec![outcome(&setup, 0), outcome(&setup, 0)]),

@@ -52,8 +52,8 @@ mod throughput;
 
 pub use cartpole::run_cartpole;
 pub use learning::{
-    Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS,
-    LearningSetup, SeedOutcome, run_learning, training_seed,
+    Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS,
+    LEARNING_SEEDS, LearningSetup, SeedOutcome, run_learning, training_seed,
 };
 pub use throughput::run_throughput;
 
