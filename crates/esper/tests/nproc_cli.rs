@@ -4,7 +4,10 @@
 //! with an error well within the stated collective timeout. The same job
 //! started as two "nodes" the way torchrun (`RANK`, `WORLD_SIZE`, ...) or
 //! Slurm's srun (`SLURM_PROCID`, `SLURM_NTASKS`, ...) would start it trains
-//! the same policy, bit for bit.
+//! the same policy, bit for bit. A two-rank run cut back to an older
+//! checkpoint resumes, under esper's launcher and started as torchrun
+//! would, to the uninterrupted run's policy; resumed as one process it is
+//! refused and nothing changes.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -168,10 +171,19 @@ fn two_nodes(run_dir: &Path, env: impl Fn(usize) -> Vec<(String, String)>) -> Ve
         .position(|arg| arg == "--nproc")
         .expect("--nproc");
     args.drain(at..at + 2);
+    two_nodes_running(&args, env)
+}
+
+/// Runs `esper <args>` as two processes, each given `env(rank)`, and
+/// returns each rank's policy fingerprint.
+fn two_nodes_running(
+    args: &[String],
+    env: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<String> {
     let children: Vec<_> = (0..2)
         .map(|rank| {
             Command::new(ESPER)
-                .args(&args)
+                .args(args)
                 .envs(env(rank))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -254,25 +266,124 @@ fn two_nodes_started_as_torchrun_or_srun_would_train_the_nproc_runs_policy() {
     assert_eq!(srun, [reference.clone(), reference]);
 }
 
-#[test]
-fn a_resume_inside_a_launched_job_is_refused_with_a_message() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for env in [
-        vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29999")],
-        vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2")],
-    ] {
-        let output = Command::new(ESPER)
-            .args(["train", "--resume"])
-            .arg(dir.path())
-            .envs(env)
-            .stdin(Stdio::null())
-            .output()
-            .expect("esper runs");
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(1), "{stderr}");
-        assert!(
-            stderr.contains("not implemented yet: resuming a run as one rank"),
-            "{stderr}"
-        );
+/// Every file under `dir` with its bytes, in order.
+fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(folder) = pending.pop() {
+        for entry in std::fs::read_dir(&folder).expect("a folder") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                let bytes = std::fs::read(&path).expect("a file");
+                files.push((path, bytes));
+            }
+        }
     }
+    files.sort();
+    files
+}
+
+/// A finished three-round run of two ranks with a checkpoint every round,
+/// cut back to its oldest checkpoint as a run killed after its first round
+/// would be (the newer checkpoints removed).
+fn cut_run(run_dir: &Path) -> String {
+    let mut args = ppo_args(run_dir, "3");
+    args.extend(["--checkpoint-every".to_owned(), "1".to_owned()]);
+    let output = Command::new(ESPER)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut saved: Vec<_> = std::fs::read_dir(run_dir.join("checkpoints"))
+        .expect("checkpoints")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("round-"))
+        })
+        .collect();
+    saved.sort();
+    assert!(saved.len() >= 2, "checkpoints: {saved:?}");
+    for newer in &saved[1..] {
+        std::fs::remove_dir_all(newer).expect("remove a newer checkpoint");
+    }
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("rank 0 of 2: policy fingerprint "))
+        .expect("rank 0's fingerprint")
+        .to_owned()
+}
+
+#[test]
+fn a_two_rank_run_resumes_from_rank_0s_checkpoint_under_either_launcher() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let whole = cut_run(&dir.path().join("whole"));
+
+    // esper's launcher: `--resume RUN_DIR --nproc 2`.
+    let run_dir = dir.path().join("nproc");
+    let _ = cut_run(&run_dir);
+    // As one process it is refused, naming the group size, and nothing
+    // changes.
+    let before = snapshot(&run_dir);
+    let single = Command::new(ESPER)
+        .args(["train", "--resume"])
+        .arg(&run_dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stderr = String::from_utf8_lossy(&single.stderr);
+    assert_eq!(single.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("--nproc 2"), "{stderr}");
+    assert!(before == snapshot(&run_dir), "a refused resume changed the run");
+    let output = Command::new(ESPER)
+        .args(["train", "--resume"])
+        .arg(&run_dir)
+        .args(["--nproc", "2"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for rank in 0..2 {
+        let line = format!("rank {rank} of 2: policy fingerprint {whole}");
+        assert!(stdout.contains(&line), "rank {rank} differs: {stdout}");
+    }
+    let rounds = std::fs::read_to_string(run_dir.join("rounds.jsonl")).expect("rounds.jsonl");
+    assert_eq!(rounds.lines().count(), 3, "every round once: {rounds}");
+
+    // torchrun-style: two processes with RANK, WORLD_SIZE and the
+    // rendezvous, each `esper train --resume RUN_DIR`.
+    let run_dir = dir.path().join("torchrun");
+    let _ = cut_run(&run_dir);
+    let port = free_port();
+    let args = [
+        "train".to_owned(),
+        "--resume".to_owned(),
+        run_dir.to_str().expect("utf-8 path").to_owned(),
+    ];
+    let fingerprints = two_nodes_running(&args, |rank| {
+        vec![
+            ("RANK".to_owned(), rank.to_string()),
+            ("WORLD_SIZE".to_owned(), "2".to_owned()),
+            ("LOCAL_RANK".to_owned(), "0".to_owned()),
+            ("MASTER_ADDR".to_owned(), "127.0.0.1".to_owned()),
+            ("MASTER_PORT".to_owned(), port.to_string()),
+        ]
+    });
+    assert_eq!(fingerprints, [whole.clone(), whole]);
+    let rounds = std::fs::read_to_string(run_dir.join("rounds.jsonl")).expect("rounds.jsonl");
+    assert_eq!(rounds.lines().count(), 3, "every round once: {rounds}");
 }

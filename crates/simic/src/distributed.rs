@@ -152,6 +152,35 @@ impl DataParallel {
         Ok(sums.first().copied().unwrap_or(f64::NAN) / self.world_size() as f64)
     }
 
+    /// Every rank's `mine` (the same length on every rank), in rank order:
+    /// each rank fills its own row of a zero `[world, len]` table and the
+    /// ranks sum it (exact: every other entry adds zero). 64-bit words, for
+    /// generator states.
+    pub fn gather_words(&self, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let world = self.world_size();
+        let len = mine.len();
+        let mut table = vec![0_i64; world.saturating_mul(len)];
+        let start = self.rank().saturating_mul(len);
+        for (slot, word) in table.iter_mut().skip(start).zip(mine) {
+            *slot = i64::from_ne_bytes(word.to_ne_bytes());
+        }
+        let tensor = Tensor::f_from_slice(&table)
+            .op("gathered words")?
+            .f_to_device(self.group.device())
+            .op("gathered words")?;
+        self.group.all_reduce_(&tensor, ReduceOp::Sum)?;
+        let summed = Vec::<i64>::try_from(&tensor.f_to_device(Device::Cpu).op("gathered words")?)
+            .map_err(|source| Error::Readback {
+                what: "data-parallel gather",
+                reason: source.to_string(),
+            })?;
+        Ok(summed
+            .chunks(len.max(1))
+            .take(world)
+            .map(|row| row.iter().map(|w| u64::from_ne_bytes(w.to_ne_bytes())).collect())
+            .collect())
+    }
+
     /// Sums host values element-wise over the ranks.
     fn all_reduce_host(&self, values: &[f64]) -> Result<Vec<f64>> {
         let tensor = Tensor::f_from_slice(values)

@@ -102,15 +102,24 @@ pub(crate) enum Finished {
 /// Runs `esper train` (see the module docs).
 pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
     if let Some(dir) = &args.resume {
-        if ranks::is_rank() {
-            bail!(
-                "not implemented yet: resuming a run as one rank of a job (started by torchrun, \
-                 Slurm or --nproc); every rank would restore and write the run directory. \
-                 Resume it as a single process: `esper train --resume {}`",
-                dir.display()
-            );
+        // `--nproc N` may come with `--resume`: the launcher restarts the
+        // run's N ranks, each resuming (rank 0 alone rewrites the files).
+        let bare = TrainArgs {
+            nproc: None,
+            ..args.clone()
+        };
+        only_resume(&bare, dir)?;
+        match args.nproc {
+            Some(0) => bail!("--nproc must be at least 1"),
+            Some(nproc) if nproc > ranks::MAX_NPROC => bail!(
+                "--nproc {nproc} is more than the {} processes a run may start",
+                ranks::MAX_NPROC
+            ),
+            Some(nproc) if nproc > 1 && !ranks::is_rank() => {
+                return ranks::launch_resume(dir, nproc);
+            }
+            _ => {}
         }
-        only_resume(args, dir)?;
         // A PPO run resumes from its own kind of checkpoint.
         if let Some(candidates) = ppo_checkpoint::candidates(dir) {
             return ppo::resume(dir, &candidates);
@@ -149,8 +158,8 @@ pub(crate) fn run(args: &TrainArgs) -> Result<Finished> {
     run_epochs(&config, &data, built, &interrupt, None)
 }
 
-/// `--resume` takes no other option: the run goes on with its own
-/// configuration.
+/// `--resume` takes no other option (but `--nproc`, checked by the
+/// caller): the run goes on with its own configuration.
 fn only_resume(args: &TrainArgs, dir: &Path) -> Result<()> {
     let only_resume = TrainArgs {
         resume: args.resume.clone(),

@@ -158,6 +158,21 @@ fn build_simic(
         simic
             .import_state(&loaded.manifest.state, &loaded.tensors)
             .context("restoring the PPO checkpoint")?;
+        // A data-parallel run's checkpoint continues only as a group of its
+        // size (checked here, before any file is cut back).
+        let world = setup.group.as_ref().map_or(1, ProcessGroup::world_size);
+        match simic.restored_group_size() {
+            Some(ranks) if ranks != world => bail!(
+                "it was written by a data-parallel run of {ranks} ranks; resume it with \
+                 `esper train --resume {} --nproc {ranks}` (or as {ranks} ranks of torchrun or \
+                 srun), not as {world}",
+                loaded.dir.parent().and_then(Path::parent).unwrap_or(Path::new(".")).display()
+            ),
+            None if world > 1 => bail!(
+                "it was written by one process; resume it as one process, not as {world} ranks"
+            ),
+            _ => {}
+        }
     }
     Ok((simic, held))
 }
@@ -258,12 +273,18 @@ pub(crate) fn resume(run_dir: &Path, candidates: &[PathBuf]) -> Result<Finished>
                 }
             }
         };
-        let planned = RoundsRewind::plan(&run_dir.join(ROUNDS_FILE), loaded.manifest.rounds_lines)
-            .and_then(|rounds| {
-                TelemetryRewind::plan(run_dir, &loaded.manifest.telemetry)
-                    .map(|telemetry| (rounds, telemetry))
-            });
-        let (rounds, telemetry) = match planned {
+        // Rank 0 alone cuts the files back (and plans it); the other ranks
+        // only restore, so they never read a file rank 0 is rewriting.
+        let planned = if setup.lead {
+            RoundsRewind::plan(&run_dir.join(ROUNDS_FILE), loaded.manifest.rounds_lines)
+                .and_then(|rounds| {
+                    TelemetryRewind::plan(run_dir, &loaded.manifest.telemetry)
+                        .map(|telemetry| Some((rounds, telemetry)))
+                })
+        } else {
+            Ok(None)
+        };
+        let planned = match planned {
             Ok(planned) => planned,
             Err(error) => {
                 warnings.push(format!(
@@ -278,13 +299,13 @@ pub(crate) fn resume(run_dir: &Path, candidates: &[PathBuf]) -> Result<Finished>
                 print_warnings(&warnings);
                 check_metrics_port(config.metrics_port)?;
                 let interrupt = Interrupt::install()?;
-                let restored = PpoRestored {
+                let restored = planned.map(|(rounds, telemetry)| PpoRestored {
                     dir: loaded.dir,
                     round: loaded.manifest.round,
                     rounds,
                     telemetry,
-                };
-                return go(&config, setup, simic, &held, &interrupt, Some(restored));
+                });
+                return go(&config, setup, simic, &held, &interrupt, restored);
             }
             Err(error) => warnings.push(format!(
                 "skipping the checkpoint {}, which verifies but could not be restored: {error:#}",
@@ -512,7 +533,8 @@ fn follower_rounds(
 ) -> Result<Finished> {
     let (rank, world) = simic.rank_and_world();
     let mut finished = Finished::Completed;
-    for round in 0..config.rounds {
+    let first = usize::try_from(simic.rounds()).unwrap_or(usize::MAX);
+    for round in first..config.rounds {
         if simic.any_rank(interrupt.requested())? {
             finished = Finished::Interrupted;
             break;

@@ -10,6 +10,9 @@
 //! (`simic::vectorized::Simic::join`). Rank 0 alone writes the run
 //! directory (configuration, rounds, telemetry, policy); every rank prints
 //! the fingerprint of its final policy, so identical parameters can be seen.
+//! `--resume RUN_DIR --nproc N` ([`launch_resume`]) restarts the ranks of a
+//! data-parallel run from rank 0's newest checkpoint, which carries every
+//! rank's generators (`simic::vectorized::SimicState::rank_rngs`).
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -40,9 +43,6 @@ pub(crate) fn is_rank() -> bool {
 pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -> Result<Finished> {
     if config.controller != ControllerKind::Ppo {
         bail!("--nproc trains data-parallel PPO: it needs --controller ppo");
-    }
-    if args.resume.is_some() {
-        bail!("not implemented yet: resuming a multi-process (--nproc) run");
     }
     if !config.devices.is_empty() {
         bail!(
@@ -91,6 +91,22 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
             "CPU, Gloo"
         },
         config.run_dir.display()
+    );
+    crate::launch::run_ranks(nproc, &child, crate::launch::GRACE)?;
+    Ok(Finished::Completed)
+}
+
+/// The launcher of a resume: runs `nproc` ranks of `esper train --resume
+/// run_dir`. Each rank restores the newest checkpoint rank 0 wrote that
+/// verifies and restores (every rank reads the same files, so they choose
+/// the same one) and takes its own generators from it; rank 0 alone cuts
+/// the run's files back and writes on. A checkpoint of another group size
+/// is refused before anything changes.
+pub(crate) fn launch_resume(run_dir: &std::path::Path, nproc: usize) -> Result<Finished> {
+    let child: Vec<OsString> = vec!["train".into(), "--resume".into(), run_dir.into()];
+    println!(
+        "esper train: resuming {} as {nproc} ranks (rank 0 writes)",
+        run_dir.display()
     );
     crate::launch::run_ranks(nproc, &child, crate::launch::GRACE)?;
     Ok(Finished::Completed)

@@ -276,6 +276,18 @@ impl Learner {
         Ok(())
     }
 
+    /// The PPO minibatches' row-order generator.
+    pub(super) fn ppo_rng(&self) -> tamiyo::policy::PolicyRng {
+        self.ppo.rng().clone()
+    }
+
+    /// Continues with `rng` as the row-order generator (a rank restoring
+    /// its own).
+    pub(super) fn set_ppo_rng(&mut self, rng: tamiyo::policy::PolicyRng) {
+        let updates = self.ppo.updates();
+        self.ppo.resume_at(updates, rng);
+    }
+
     /// The group, when data-parallel.
     pub(super) fn group(&self) -> Option<&DataParallel> {
         self.data_parallel.as_ref()

@@ -91,7 +91,7 @@ pub use outcome::{
     TraceEpoch, TraceSlot,
 };
 pub use report::{RoundReport, RoundTimings};
-pub use state::SimicState;
+pub use state::{RankRngs, SimicState};
 pub use telemetry::SOURCE;
 
 /// Spreads the ranks' sampling streams apart (the 64-bit golden ratio).
@@ -129,6 +129,12 @@ pub struct Simic {
     progress: Progress,
     /// The blueprint warm-up, run once before the first round.
     prewarm: Option<tolaria::engine::prewarm::Prewarm>,
+    /// Every rank's generators after the last round that learned (empty
+    /// when not data-parallel): what rank 0's checkpoint carries.
+    rank_rngs: Vec<state::RankRngs>,
+    /// A data-parallel checkpoint's generators, imported before the group
+    /// is joined: [`Simic::join`] takes this rank's.
+    restored_rank_rngs: Option<Vec<state::RankRngs>>,
 }
 
 impl std::fmt::Debug for Simic {
@@ -164,6 +170,8 @@ impl Simic {
             telemetry,
             progress: Progress::default(),
             prewarm: None,
+            rank_rngs: Vec::new(),
+            restored_rank_rngs: None,
         })
     }
 
@@ -254,12 +262,19 @@ impl Simic {
     /// checks the parameters identical, and the normalisers are pooled. A
     /// join that fails leaves the trainer as it was (its own parameters,
     /// sampler and no group).
+    ///
+    /// A trainer that imported a data-parallel checkpoint
+    /// ([`Simic::import_state`] of rank 0's [`SimicState::rank_rngs`]) joins
+    /// after its rounds: the group must have the checkpoint's size, and
+    /// every rank continues with its own generators, as the run that was
+    /// never stopped. Until it joins, such a trainer refuses to run a round.
     pub fn join(&mut self, group: ProcessGroup) -> Result<()> {
-        if self.progress.rounds > 0 {
+        if self.progress.rounds > 0 && self.restored_rank_rngs.is_none() {
             return Err(Error::InvalidInput {
                 field: "Simic.join",
                 reason: format!(
-                    "{} rounds already ran; join before the first",
+                    "{} rounds already ran; join before the first (or after importing a \
+                     data-parallel checkpoint)",
                     self.progress.rounds
                 ),
             });
@@ -272,15 +287,31 @@ impl Simic {
             });
         }
         let group = DataParallel::new(group);
-        let rank = group.rank() as u64;
+        let rank = group.rank();
+        if let Some(restored) = &self.restored_rank_rngs {
+            // A restored run: every rank continues with its own generators.
+            let entry = state::rank_entry(restored, rank, group.world_size())?;
+            self.learner.join(group)?;
+            self.actor.resume(entry.sampler);
+            self.learner.set_ppo_rng(entry.ppo);
+            self.restored_rank_rngs = None;
+            return Ok(());
+        }
         let seed = self
             .config
             .seed
-            .wrapping_add(rank.wrapping_mul(RANK_SEED_STRIDE));
+            .wrapping_add((rank as u64).wrapping_mul(RANK_SEED_STRIDE));
         let sampler = Sampler::new(self.config.sampling, seed, self.device)?;
         self.learner.join(group)?;
         self.actor.reseed(sampler);
         Ok(())
+    }
+
+    /// The size of the group whose checkpoint was imported and which this
+    /// trainer must join before its next round ([`Simic::join`]); `None`
+    /// when nothing awaits a group.
+    pub fn restored_group_size(&self) -> Option<usize> {
+        self.restored_rank_rngs.as_ref().map(Vec::len)
     }
 
     /// Waits for every rank (no-op when not data-parallel).

@@ -29,6 +29,7 @@ struct EnvSeeds {
 struct RoundCheckpoint {
     normalisers: NormaliserCheckpoint,
     sampler_rng: PolicyRng,
+    rank_rngs: Vec<super::RankRngs>,
 }
 
 impl Simic {
@@ -82,11 +83,13 @@ impl Simic {
         let saved = RoundCheckpoint {
             normalisers: self.learner.checkpoint(learn)?,
             sampler_rng: self.actor.rng().clone(),
+            rank_rngs: self.rank_rngs.clone(),
         };
         let result = round(self);
         if result.is_err() {
             self.learner.restore(saved.normalisers)?;
             self.actor.restore_rng(saved.sampler_rng);
+            self.rank_rngs = saved.rank_rngs;
         }
         result
     }
@@ -99,6 +102,16 @@ impl Simic {
         learn: bool,
         envs: Option<EnvSeeds>,
     ) -> Result<RoundReport> {
+        if let Some(rngs) = &self.restored_rank_rngs {
+            return Err(Error::InvalidInput {
+                field: "Simic.run_round",
+                reason: format!(
+                    "the imported checkpoint is of a group of {} ranks: join a group of that \
+                     size first (Simic::join)",
+                    rngs.len()
+                ),
+            });
+        }
         let round_started = Instant::now();
         self.progress.start(round_started);
         let n = self.config.n_envs;
@@ -149,7 +162,9 @@ impl Simic {
         let update = if learn {
             self.learner
                 .learn_observations(collector.raw_observations())?;
-            Some(self.update(&collector)?)
+            let update = self.update(&collector)?;
+            self.gather_rank_rngs()?;
+            Some(update)
         } else {
             None
         };

@@ -38,6 +38,46 @@ pub struct SimicState {
     pub value_normaliser: ValueNormaliserState,
     /// The rewards' normaliser.
     pub reward_normaliser: RewardNormaliserState,
+    /// Every rank's generators after the last round, in rank order, when
+    /// the run was data-parallel ([`Simic::join`]); empty for one process.
+    /// Rank 0's checkpoint alone lets every rank of a group of the same
+    /// size continue: each takes its own entry ([`Simic::import_state`],
+    /// then [`Simic::join`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_rngs: Vec<RankRngs>,
+}
+
+/// One rank's generators (see [`SimicState::rank_rngs`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankRngs {
+    /// The rollouts' sampling generator.
+    pub sampler: PolicyRng,
+    /// The PPO minibatches' row-order generator.
+    pub ppo: PolicyRng,
+}
+
+impl RankRngs {
+    /// As four words: sampler seed and draws, PPO seed and draws.
+    pub(super) fn words(&self) -> [u64; 4] {
+        [
+            self.sampler.seed(),
+            self.sampler.draws(),
+            self.ppo.seed(),
+            self.ppo.draws(),
+        ]
+    }
+
+    /// From [`RankRngs::words`].
+    pub(super) fn from_words(words: &[u64]) -> Option<RankRngs> {
+        match words {
+            [sampler_seed, sampler_draws, ppo_seed, ppo_draws] => Some(RankRngs {
+                sampler: PolicyRng::from_parts(*sampler_seed, *sampler_draws),
+                ppo: PolicyRng::from_parts(*ppo_seed, *ppo_draws),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Prefix of the policy's parameters among the state tensors.
@@ -59,6 +99,7 @@ impl Simic {
             obs_normaliser: learner.obs_normaliser,
             value_normaliser: learner.value_normaliser,
             reward_normaliser: learner.reward_normaliser,
+            rank_rngs: self.rank_rngs.clone(),
         };
         let mut tensors = self.policy_tensors();
         tensors.sort_by(|a, b| a.0.cmp(&b.0));
@@ -138,6 +179,28 @@ impl Simic {
                 reason: format!("`{name}` holds {count} NaN or infinite values"),
             });
         }
+        // A data-parallel run's checkpoint continues only as a group of its
+        // size, each rank with its own generators; one process's only as
+        // one process.
+        let mut effective = state.clone();
+        let mut pending = None;
+        match (self.learner.group(), state.rank_rngs.is_empty()) {
+            (None, true) => {}
+            (None, false) => pending = Some(state.rank_rngs.clone()),
+            (Some(_), true) => {
+                return Err(Error::InvalidInput {
+                    field: "Simic.import_state",
+                    reason: "the checkpoint is of one process; this trainer is one rank of a \
+                             group: resume it as one process"
+                        .to_owned(),
+                });
+            }
+            (Some(group), false) => {
+                let entry = rank_entry(&state.rank_rngs, group.rank(), group.world_size())?;
+                effective.sampler_rng = entry.sampler;
+                effective.ppo_rng = entry.ppo;
+            }
+        }
         let normalisers = self.learner.normalisers_of(state)?;
         // Everything is checked: write.
         {
@@ -147,10 +210,55 @@ impl Simic {
                 target.f_copy_(source).op("checkpoint copy")?;
             }
         }
-        self.learner.resume(normalisers, state);
-        self.actor.resume(state.sampler_rng.clone());
+        self.learner.resume(normalisers, &effective);
+        self.actor.resume(effective.sampler_rng.clone());
         self.progress.rounds = state.rounds;
         self.progress.env_epochs = state.env_epochs;
+        self.rank_rngs = state.rank_rngs.clone();
+        self.restored_rank_rngs = pending;
         Ok(())
     }
+
+    /// Every rank's generators after a round that learned, gathered over
+    /// the group (one small all-reduce; nothing when not data-parallel).
+    pub(super) fn gather_rank_rngs(&mut self) -> Result<()> {
+        let Some(group) = self.learner.group() else {
+            return Ok(());
+        };
+        let mine = RankRngs {
+            sampler: self.actor.rng().clone(),
+            ppo: self.learner.ppo_rng(),
+        };
+        let rows = group.gather_words(&mine.words())?;
+        self.rank_rngs = rows
+            .iter()
+            .map(|row| {
+                RankRngs::from_words(row).ok_or_else(|| Error::InvalidInput {
+                    field: "Simic.gather_rank_rngs",
+                    reason: format!("{} words where 4 belong", row.len()),
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+}
+
+/// Rank `rank`'s entry of a group of `world` ranks' generators, refused when
+/// the checkpoint's group was of another size.
+pub(super) fn rank_entry(rngs: &[RankRngs], rank: usize, world: usize) -> Result<RankRngs> {
+    if rngs.len() != world {
+        return Err(Error::InvalidInput {
+            field: "Simic.import_state",
+            reason: format!(
+                "the checkpoint was written by a group of {} ranks; this group has {world}: \
+                 resume it with {} ranks",
+                rngs.len(),
+                rngs.len()
+            ),
+        });
+    }
+    rngs.get(rank).cloned().ok_or_else(|| Error::InvalidInput {
+        field: "Simic.import_state",
+        reason: format!("no generators for rank {rank}"),
+    })
 }

@@ -40,6 +40,17 @@ impl PolicyRng {
         self.draws
     }
 
+    /// The seed it was made from.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The generator of `seed` after `draws` draws (what [`PolicyRng::seed`]
+    /// and [`PolicyRng::draws`] read back): the same numbers from there on.
+    pub fn from_parts(seed: u64, draws: u64) -> PolicyRng {
+        PolicyRng { seed, draws }
+    }
+
     /// The base of draw `draw`: the hash offset every element of that draw
     /// adds to its index.
     pub fn base_of(&self, draw: u64) -> i64 {
