@@ -316,7 +316,8 @@ pub(crate) struct TrainArgs {
     pub(crate) nproc: Option<usize>,
     /// Continue the run in RUN_DIR from its newest checkpoint that verifies
     /// and restores (a damaged newer one is skipped with a warning), with
-    /// the run's own configuration (no other option may be given); on the
+    /// the run's own configuration (no other option may be given but
+    /// `--nproc N`, which restarts a `--nproc N` run's ranks); on the
     /// CPU the result is bitwise the run that was never stopped. Only once
     /// the checkpoint is restored are the epochs and telemetry written
     /// after it discarded (and trained again); when none restores, nothing
