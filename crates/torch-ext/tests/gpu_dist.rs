@@ -1,6 +1,8 @@
 //! NCCL process groups on two GPUs of one host: two ranks as two threads,
-//! one GPU each. Skips with a printed reason without two CUDA devices or
-//! without NVLink multicast turned off in the environment.
+//! one GPU each, in a process of their own with libtorch's flight recorder
+//! off (`common::in_own_process`, see `tests/dist.rs`). Skips with a printed
+//! reason without two CUDA devices or without NVLink multicast turned off in
+//! the environment.
 
 use std::net::TcpListener;
 use std::thread;
@@ -9,54 +11,59 @@ use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 use torch_ext::dist::{DistBackend, ProcessGroup, ReduceOp, Rendezvous, check_multicast_off};
 
+mod common;
+use common::in_own_process;
+
 #[test]
 fn two_nccl_ranks_reduce_and_broadcast_on_two_gpus() {
-    let count = torch_ext::cuda::device_count();
-    if count < 2 {
-        println!("skipped: needs 2 CUDA devices, found {count}");
-        return;
-    }
-    if let Err(error) = check_multicast_off() {
-        println!("skipped: {error}");
-        return;
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let ranks: Vec<_> = (0..2usize)
-        .map(|rank| {
-            thread::spawn(move || -> (Vec<f32>, Vec<f32>) {
-                let rendezvous = Rendezvous {
-                    host: "127.0.0.1".to_owned(),
-                    port,
-                    rank,
-                    world_size: 2,
-                    timeout: Duration::from_secs(120),
-                };
-                let device = Device::Cuda(rank);
-                let group =
-                    ProcessGroup::new(&rendezvous, DistBackend::Nccl, device).expect("nccl group");
-                let values = Tensor::full([1024], (rank + 1) as f64, (Kind::Float, device));
-                group
-                    .all_reduce_(&values, ReduceOp::Sum)
-                    .expect("all-reduce");
-                let root = Tensor::full([4], (10 * rank + 7) as f64, (Kind::Float, device));
-                group.broadcast_(&root, 1).expect("broadcast");
-                group.barrier().expect("barrier");
-                let sum = Vec::<f32>::try_from(&values.to_device(Device::Cpu)).expect("sum");
-                let got = Vec::<f32>::try_from(&root.to_device(Device::Cpu)).expect("root");
-                (sum, got)
+    in_own_process("two_nccl_ranks_reduce_and_broadcast_on_two_gpus", || {
+        let count = torch_ext::cuda::device_count();
+        if count < 2 {
+            println!("skipped: needs 2 CUDA devices, found {count}");
+            return;
+        }
+        if let Err(error) = check_multicast_off() {
+            println!("skipped: {error}");
+            return;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let ranks: Vec<_> = (0..2usize)
+            .map(|rank| {
+                thread::spawn(move || -> (Vec<f32>, Vec<f32>) {
+                    let rendezvous = Rendezvous {
+                        host: "127.0.0.1".to_owned(),
+                        port,
+                        rank,
+                        world_size: 2,
+                        timeout: Duration::from_secs(120),
+                    };
+                    let device = Device::Cuda(rank);
+                    let group = ProcessGroup::new(&rendezvous, DistBackend::Nccl, device)
+                        .expect("nccl group");
+                    let values = Tensor::full([1024], (rank + 1) as f64, (Kind::Float, device));
+                    group
+                        .all_reduce_(&values, ReduceOp::Sum)
+                        .expect("all-reduce");
+                    let root = Tensor::full([4], (10 * rank + 7) as f64, (Kind::Float, device));
+                    group.broadcast_(&root, 1).expect("broadcast");
+                    group.barrier().expect("barrier");
+                    let sum = Vec::<f32>::try_from(&values.to_device(Device::Cpu)).expect("sum");
+                    let got = Vec::<f32>::try_from(&root.to_device(Device::Cpu)).expect("root");
+                    (sum, got)
+                })
             })
-        })
-        .collect();
-    for handle in ranks {
-        let (sum, root) = handle.join().expect("rank");
-        assert!(sum.iter().all(|v| *v == 3.0), "sum {:?}", &sum[..4]);
-        assert_eq!(root, vec![17.0; 4]);
-    }
-    println!("two NCCL ranks agreed on two GPUs");
+            .collect();
+        for handle in ranks {
+            let (sum, root) = handle.join().expect("rank");
+            assert!(sum.iter().all(|v| *v == 3.0), "sum {:?}", &sum[..4]);
+            assert_eq!(root, vec![17.0; 4]);
+        }
+        println!("two NCCL ranks agreed on two GPUs");
+    });
 }
 
 #[test]
