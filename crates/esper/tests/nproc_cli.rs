@@ -193,10 +193,7 @@ fn two_nodes(run_dir: &Path, env: impl Fn(usize) -> Vec<(String, String)>) -> Ve
 
 /// Runs `esper <args>` as two processes, each given `env(rank)`, and
 /// returns each rank's policy fingerprint.
-fn two_nodes_running(
-    args: &[String],
-    env: impl Fn(usize) -> Vec<(String, String)>,
-) -> Vec<String> {
+fn two_nodes_running(args: &[String], env: impl Fn(usize) -> Vec<(String, String)>) -> Vec<String> {
     let children: Vec<_> = (0..2)
         .map(|rank| {
             Command::new(ESPER)
@@ -360,7 +357,10 @@ fn a_two_rank_run_resumes_from_rank_0s_checkpoint_under_either_launcher() {
     let stderr = String::from_utf8_lossy(&single.stderr);
     assert_eq!(single.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("--nproc 2"), "{stderr}");
-    assert!(before == snapshot(&run_dir), "a refused resume changed the run");
+    assert!(
+        before == snapshot(&run_dir),
+        "a refused resume changed the run"
+    );
     let output = Command::new(ESPER)
         .args(["train", "--resume"])
         .arg(&run_dir)

@@ -171,13 +171,17 @@ impl DataParallel {
         self.group.all_reduce_(&tensor, ReduceOp::Sum)?;
         let summed = Vec::<i64>::try_from(&tensor.f_to_device(Device::Cpu).op("gathered words")?)
             .map_err(|source| Error::Readback {
-                what: "data-parallel gather",
-                reason: source.to_string(),
-            })?;
+            what: "data-parallel gather",
+            reason: source.to_string(),
+        })?;
         Ok(summed
             .chunks(len.max(1))
             .take(world)
-            .map(|row| row.iter().map(|w| u64::from_ne_bytes(w.to_ne_bytes())).collect())
+            .map(|row| {
+                row.iter()
+                    .map(|w| u64::from_ne_bytes(w.to_ne_bytes()))
+                    .collect()
+            })
             .collect())
     }
 

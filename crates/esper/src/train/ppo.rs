@@ -166,7 +166,12 @@ fn build_simic(
                 "it was written by a data-parallel run of {ranks} ranks; resume it with \
                  `esper train --resume {} --nproc {ranks}` (or as {ranks} ranks of torchrun or \
                  srun), not as {world}",
-                loaded.dir.parent().and_then(Path::parent).unwrap_or(Path::new(".")).display()
+                loaded
+                    .dir
+                    .parent()
+                    .and_then(Path::parent)
+                    .unwrap_or(Path::new("."))
+                    .display()
             ),
             None if world > 1 => bail!(
                 "it was written by one process; resume it as one process, not as {world} ranks"
@@ -276,11 +281,12 @@ pub(crate) fn resume(run_dir: &Path, candidates: &[PathBuf]) -> Result<Finished>
         // Rank 0 alone cuts the files back (and plans it); the other ranks
         // only restore, so they never read a file rank 0 is rewriting.
         let planned = if setup.lead {
-            RoundsRewind::plan(&run_dir.join(ROUNDS_FILE), loaded.manifest.rounds_lines)
-                .and_then(|rounds| {
+            RoundsRewind::plan(&run_dir.join(ROUNDS_FILE), loaded.manifest.rounds_lines).and_then(
+                |rounds| {
                     TelemetryRewind::plan(run_dir, &loaded.manifest.telemetry)
                         .map(|telemetry| Some((rounds, telemetry)))
-                })
+                },
+            )
         } else {
             Ok(None)
         };
