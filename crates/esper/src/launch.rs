@@ -11,8 +11,10 @@
 //! fails, the others' next collective fails too (Gloo at once, NCCL at the
 //! group's timeout); the launcher does not wait for that: it gives them
 //! [`GRACE`] to stop on their own, then kills what is left, and reports the
-//! first failure by rank. The collective timeouts still stop the ranks when
-//! the launcher itself is gone.
+//! first failure by rank, and any rank it had to kill (a rank that hangs
+//! makes the others' next collective time out: `ESPER_DIST_TIMEOUT_S`,
+//! 120 s by default; then it is the one still running). The collective
+//! timeouts still stop the ranks when the launcher itself is gone.
 
 use std::ffi::OsStr;
 use std::net::TcpListener;
@@ -62,6 +64,7 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
     }
     let mut first_failure: Option<(usize, ExitStatus)> = None;
     let mut failed_at: Option<Instant> = None;
+    let mut hung: Vec<usize> = Vec::new();
     loop {
         let mut running = 0;
         for (rank, slot) in children.iter_mut().enumerate() {
@@ -82,8 +85,14 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
             break;
         }
         if failed_at.is_some_and(|at| at.elapsed() > grace) {
+            hung = children
+                .iter()
+                .enumerate()
+                .filter_map(|(rank, slot)| slot.as_ref().map(|_| rank))
+                .collect();
             eprintln!(
-                "killing the ranks still running {} s after the failure",
+                "killing {} still running {} s after the failure",
+                ranks_named(&hung),
                 grace.as_secs()
             );
             kill_all(&mut children);
@@ -93,7 +102,25 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
     }
     match first_failure {
         None => Ok(()),
-        Some((rank, status)) => bail!("rank {rank} of {nproc} failed ({status})"),
+        Some((rank, status)) if hung.is_empty() => {
+            bail!("rank {rank} of {nproc} failed ({status})")
+        }
+        Some((rank, status)) => bail!(
+            "rank {rank} of {nproc} failed ({status}); {} did not stop and {} killed (hung, or \
+             stopped)",
+            ranks_named(&hung),
+            if hung.len() == 1 { "was" } else { "were" }
+        ),
+    }
+}
+
+/// `rank 1` or `ranks 1, 3`.
+fn ranks_named(ranks: &[usize]) -> String {
+    let list: Vec<String> = ranks.iter().map(usize::to_string).collect();
+    if ranks.len() == 1 {
+        format!("rank {}", list.join(""))
+    } else {
+        format!("ranks {}", list.join(", "))
     }
 }
 

@@ -2,7 +2,9 @@
 //! Gloo train PPO updates and end with bit-identical policies (each rank
 //! prints its policy's fingerprint); killing one rank makes the run stop
 //! with an error naming it well within the stated collective timeout, and
-//! the newest checkpoint stays whole. The same job
+//! the newest checkpoint stays whole; a rank that hangs (SIGSTOP) ends the
+//! job at the collective timeout (`ESPER_DIST_TIMEOUT_S`) with the hung rank
+//! named. The same job
 //! started as two "nodes" the way torchrun (`RANK`, `WORLD_SIZE`, ...) or
 //! Slurm's srun (`SLURM_PROCID`, `SLURM_NTASKS`, ...) would start it trains
 //! the same policy, bit for bit. A two-rank run cut back to an older
@@ -144,6 +146,90 @@ fn a_killed_rank_stops_the_run_with_an_error() {
     let newest = saved.last().expect("a checkpoint before the kill");
     let checkpoint = simic::checkpoint::read_checkpoint(newest).expect("the newest verifies");
     assert_eq!(checkpoint.state.rank_rngs.len(), 2);
+}
+
+#[test]
+fn a_hung_rank_ends_the_job_at_the_stated_timeout_and_is_named() {
+    // A short collective timeout for the drill (the default is 120 s).
+    const TIMEOUT_S: u64 = 15;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let mut args = ppo_args(&run_dir, "200");
+    args.extend(["--checkpoint-every".to_owned(), "1".to_owned()]);
+    let mut child = Command::new(ESPER)
+        .args(&args)
+        .env("ESPER_DIST_TIMEOUT_S", TIMEOUT_S.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("esper starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let mut rank1 = None;
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        if let Some(pid) = line.strip_prefix("rank 1/2: pid ") {
+            rank1 = Some(pid.trim().parse::<i32>().expect("pid"));
+            break;
+        }
+    }
+    let rank1 = rank1.expect("the launcher names rank 1's pid");
+    let rounds = run_dir.join("rounds.jsonl");
+    let start = Instant::now();
+    while std::fs::read_to_string(&rounds).map_or(0, |t| t.lines().count()) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no round was written"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Rank 1 hangs: alive, holding its connections, answering nothing.
+    let status = Command::new("kill")
+        .args(["-STOP", &rank1.to_string()])
+        .status()
+        .expect("kill -STOP");
+    assert!(status.success());
+    let stopped = Instant::now();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let exit = child.wait().expect("esper exits");
+    let took = stopped.elapsed();
+    assert!(!exit.success(), "the run went on without rank 1");
+    // The timeout, the launcher's grace, and room for a round and a slow
+    // machine.
+    let bound = Duration::from_secs(TIMEOUT_S + 10 + 45);
+    assert!(took < bound, "stopped after {took:?}");
+    let rest = rest.join("\n");
+    assert!(rest.contains("rank 1 did not stop"), "{rest}");
+    println!("stopped {took:?} after rank 1 hung:\n{rest}");
+    let mut saved: Vec<_> = std::fs::read_dir(run_dir.join("checkpoints"))
+        .expect("checkpoints")
+        .map(|entry| entry.expect("an entry").path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("round-"))
+        })
+        .collect();
+    saved.sort();
+    let newest = saved.last().expect("a checkpoint before the hang");
+    simic::checkpoint::read_checkpoint(newest).expect("the newest verifies");
+}
+
+#[test]
+fn a_bad_collective_timeout_is_refused_naming_the_variable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for bad in ["0", "-3", "ten", "86401"] {
+        let output = Command::new(ESPER)
+            .args(ppo_args(&dir.path().join("run"), "1"))
+            .env("ESPER_DIST_TIMEOUT_S", bad)
+            .stdin(Stdio::null())
+            .output()
+            .expect("esper runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{bad}: {stderr}");
+        assert!(stderr.contains("ESPER_DIST_TIMEOUT_S"), "{bad}: {stderr}");
+    }
 }
 
 #[test]

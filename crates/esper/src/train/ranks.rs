@@ -29,8 +29,36 @@ use super::config::RunConfig;
 /// GPU count bounds it further).
 pub(crate) const MAX_NPROC: usize = 64;
 
-/// The limit on the rendezvous and on every collective of a training run.
+/// The limit on the rendezvous and on every collective of a training run,
+/// unless [`ENV_DIST_TIMEOUT`] says otherwise: a rank that died or hangs
+/// ends every other rank's next collective with an error by then.
 pub(crate) const DIST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Seconds of [`DIST_TIMEOUT`] for this process (a whole number from 1 to
+/// [`MAX_DIST_TIMEOUT_S`]); every rank of a job should get the same.
+pub(crate) const ENV_DIST_TIMEOUT: &str = "ESPER_DIST_TIMEOUT_S";
+
+/// Largest [`ENV_DIST_TIMEOUT`]: one day.
+pub(crate) const MAX_DIST_TIMEOUT_S: u64 = 86_400;
+
+/// The collective timeout: [`ENV_DIST_TIMEOUT`] when set, else
+/// [`DIST_TIMEOUT`]; a value that is not a whole number of seconds in range
+/// is an error naming the variable.
+pub(crate) fn dist_timeout() -> Result<Duration> {
+    let Some(raw) = std::env::var_os(ENV_DIST_TIMEOUT) else {
+        return Ok(DIST_TIMEOUT);
+    };
+    let text = raw.to_string_lossy();
+    match text.trim().parse::<u64>() {
+        Ok(seconds) if (1..=MAX_DIST_TIMEOUT_S).contains(&seconds) => {
+            Ok(Duration::from_secs(seconds))
+        }
+        _ => bail!(
+            "{ENV_DIST_TIMEOUT}={text:?} is not a whole number of seconds from 1 to \
+             {MAX_DIST_TIMEOUT_S}"
+        ),
+    }
+}
 
 /// Whether this process is a rank started by a launcher (esper's own,
 /// torchrun or Slurm's srun: `torch_ext::launcher`).
@@ -44,6 +72,8 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
     if config.controller != ControllerKind::Ppo {
         bail!("--nproc trains data-parallel PPO: it needs --controller ppo");
     }
+    // The ranks read it; a bad value is refused here, before any starts.
+    dist_timeout()?;
     if !config.devices.is_empty() {
         bail!(
             "--nproc gives each rank its own GPU (cuda:0..N-1); --devices spreads one process's \
@@ -103,6 +133,7 @@ pub(crate) fn launch_ranks(args: &TrainArgs, config: &RunConfig, nproc: usize) -
 /// the run's files back and writes on. A checkpoint of another group size
 /// is refused before anything changes.
 pub(crate) fn launch_resume(run_dir: &std::path::Path, nproc: usize) -> Result<Finished> {
+    dist_timeout()?;
     let child: Vec<OsString> = vec!["train".into(), "--resume".into(), run_dir.into()];
     println!(
         "esper train: resuming {} as {nproc} ranks (rank 0 writes)",
@@ -115,7 +146,7 @@ pub(crate) fn launch_resume(run_dir: &std::path::Path, nproc: usize) -> Result<F
 /// A rank's group, joined from the launcher's environment on `device`'s
 /// kind (`cuda:LOCAL_RANK` for CUDA); `None` outside a group.
 pub(crate) fn join_group(device: tch::Device) -> Result<Option<ProcessGroup>> {
-    let Some(env) = RankEnv::from_env(DIST_TIMEOUT)? else {
+    let Some(env) = RankEnv::from_env(dist_timeout()?)? else {
         return Ok(None);
     };
     let rendezvous = env.rendezvous;
