@@ -1,0 +1,264 @@
+//! The protocol's record: the baselines and the training seeds' outcomes
+//! pooled into result entries, with the paired comparisons, per training
+//! seed and over them, for the greedy and the sampled evaluation.
+
+use leyline::baseline::{Measurements, ResultEntry};
+use serde_json::json;
+use tolaria::amp::Precision;
+
+use super::super::baseline::Baseline;
+use super::super::stats::{Paired, paired};
+use super::super::{SLOTS, SimicBenchRun, amp_name, mean};
+use super::{
+    BaselineFigures, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, LearningSetup, SeedOutcome,
+    training_seed,
+};
+
+/// A result entry of the mean final accuracy and mean active seeds.
+fn accuracy_entry(
+    mode: String,
+    accuracies: &[f64],
+    active_seeds: &[f64],
+    precision: Precision,
+) -> ResultEntry {
+    let mut metrics = std::collections::BTreeMap::new();
+    metrics.insert(
+        "final_accuracy_pct".to_owned(),
+        mean(accuracies.iter().copied()),
+    );
+    metrics.insert(
+        "active_seeds_per_env".to_owned(),
+        mean(active_seeds.iter().copied()),
+    );
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode,
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    }
+}
+
+/// A comparison's result entry (`compare-{a}-vs-{b}{suffix}`).
+fn comparison_entry(name: String, result: &Paired, precision: Precision) -> ResultEntry {
+    let mut metrics = std::collections::BTreeMap::new();
+    let mut put = |key: &str, value: f64| {
+        if value.is_finite() {
+            metrics.insert(key.to_owned(), value);
+        }
+    };
+    put("pairs", result.n as f64);
+    put("mean_diff_pct", result.mean);
+    put("sd_diff_pct", result.sd);
+    put("ci95_low_pct", result.ci95.0);
+    put("ci95_high_pct", result.ci95.1);
+    put("wins", result.wins as f64);
+    put("losses", result.losses as f64);
+    put("ties", result.ties as f64);
+    put("sign_test_p", result.sign_p);
+    put("permutation_p", result.permutation_p);
+    put(
+        "permutation_exact",
+        if result.permutation_exact { 1.0 } else { 0.0 },
+    );
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode: name,
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    }
+}
+
+/// The fraction of max growth's mean gain over no growth that `policy`'s
+/// mean gain recovers (NaN when max growth gains nothing).
+fn recovered(policy: &[f64], none: &[f64], max: &[f64]) -> f64 {
+    let gain = |a: &[f64]| mean(a.iter().zip(none).map(|(x, y)| x - y));
+    let room = gain(max);
+    if room.abs() < 1e-12 {
+        f64::NAN
+    } else {
+        gain(policy) / room
+    }
+}
+
+/// A `recovered_fraction` entry (empty when the fraction is not finite).
+fn fraction_entry(mode: String, fraction: f64, precision: Precision) -> ResultEntry {
+    let mut metrics = std::collections::BTreeMap::new();
+    if fraction.is_finite() {
+        metrics.insert("recovered_fraction".to_owned(), fraction);
+    }
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode,
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    }
+}
+
+/// The record's entries from validated parts (see [`LearningSetup::report`]).
+pub(super) fn pool(
+    setup: &LearningSetup,
+    baselines: &[BaselineFigures],
+    outcomes: &[&SeedOutcome],
+    progress: &mut dyn FnMut(&str),
+) -> SimicBenchRun {
+    let precision = setup.precision;
+    let mut results = Vec::new();
+    for figures in baselines {
+        let mut entry = accuracy_entry(
+            format!("{}-eval", figures.baseline.name()),
+            &figures.accuracies,
+            &figures.active,
+            precision,
+        );
+        entry
+            .metrics
+            .insert("germinations".to_owned(), figures.germinations as f64);
+        entry
+            .metrics
+            .insert("fossilizations".to_owned(), figures.fossilizations as f64);
+        results.push(entry);
+    }
+    let of = |baseline: Baseline| -> &[f64] {
+        baselines
+            .iter()
+            .find(|f| f.baseline == baseline)
+            .map_or(&[], |f| f.accuracies.as_slice())
+    };
+    let none = of(Baseline::NoGrowth).to_vec();
+    let max = of(Baseline::MaxGrowth).to_vec();
+    let room = paired(&max, &none);
+    progress(&format!(
+        "  the room: max growth - no growth = {:+.2} points (95% CI {:+.2} to {:+.2}, \
+         sign p {:.3}, permutation p {:.3})",
+        room.mean, room.ci95.0, room.ci95.1, room.sign_p, room.permutation_p
+    ));
+    results.push(comparison_entry(
+        "compare-max-growth-vs-no-growth".to_owned(),
+        &room,
+        precision,
+    ));
+
+    for outcome in outcomes {
+        results.extend(outcome.rounds.iter().cloned());
+    }
+    // Each evaluation mode pooled over the training seeds: the policy's
+    // accuracy per (seed, environment), and each baseline's on the same
+    // environment. The greedy entries keep their names (`ppo-greedy-eval`,
+    // `compare-ppo-vs-*`, `ppo-recovered-fraction`); the sampled ones say
+    // `sampled`.
+    for (mode, tag) in [("greedy", ""), ("sampled", "-sampled")] {
+        let of_mode = |outcome: &SeedOutcome| -> Evaluation {
+            if mode == "greedy" {
+                outcome.greedy.clone()
+            } else {
+                outcome.sampled.clone()
+            }
+        };
+        let mut pooled_policy = Vec::new();
+        let mut pooled: Vec<(Baseline, Vec<f64>)> =
+            baselines.iter().map(|f| (f.baseline, Vec::new())).collect();
+        let mut pooled_seeds = Vec::new();
+        for outcome in outcomes {
+            let seed_index = outcome.seed_index;
+            let evaluation = of_mode(outcome);
+            results.push(accuracy_entry(
+                format!("ppo-seed{seed_index}-{mode}-eval"),
+                &evaluation.accuracies,
+                &evaluation.active_seeds,
+                precision,
+            ));
+            results.push(comparison_entry(
+                format!("compare-ppo{tag}-vs-no-growth-seed{seed_index}"),
+                &paired(&evaluation.accuracies, &none),
+                precision,
+            ));
+            results.push(fraction_entry(
+                format!("ppo{tag}-recovered-fraction-seed{seed_index}"),
+                recovered(&evaluation.accuracies, &none, &max),
+                precision,
+            ));
+            pooled_policy.extend(evaluation.accuracies.iter().copied());
+            pooled_seeds.extend(evaluation.active_seeds.iter().copied());
+            for (baseline, values) in &mut pooled {
+                values.extend_from_slice(of(*baseline));
+            }
+        }
+        results.push(accuracy_entry(
+            format!("ppo-{mode}-eval"),
+            &pooled_policy,
+            &pooled_seeds,
+            precision,
+        ));
+        for (baseline, values) in &pooled {
+            let comparison = paired(&pooled_policy, values);
+            progress(&format!(
+                "  learned ({mode}) - {} = {:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} \
+                 wins/losses/ties, sign p {:.3}, permutation p {:.3})",
+                baseline.name(),
+                comparison.mean,
+                comparison.ci95.0,
+                comparison.ci95.1,
+                comparison.wins,
+                comparison.losses,
+                comparison.ties,
+                comparison.sign_p,
+                comparison.permutation_p
+            ));
+            results.push(comparison_entry(
+                format!("compare-ppo{tag}-vs-{}", baseline.name()),
+                &comparison,
+                precision,
+            ));
+        }
+        let pooled_of = |wanted: Baseline| {
+            pooled
+                .iter()
+                .find(|(b, _)| *b == wanted)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let fraction = recovered(
+            &pooled_policy,
+            &pooled_of(Baseline::NoGrowth),
+            &pooled_of(Baseline::MaxGrowth),
+        );
+        progress(&format!(
+            "  the learned policy ({mode}) recovers {:.0}% of max growth's gain",
+            fraction * 100.0
+        ));
+        results.push(fraction_entry(
+            format!("ppo{tag}-recovered-fraction"),
+            fraction,
+            precision,
+        ));
+    }
+    let task = setup.task;
+    SimicBenchRun {
+        device: setup.device,
+        measurements: Measurements {
+            params: json!({
+                "task": task.name(),
+                "host_base_channels": task.host_config().base_channels,
+                "n_envs": 4,
+                "slots": SLOTS,
+                "episode_length": setup.episode_length,
+                "active_seed_ceiling": crate::vectorized::Episode::active_seed_ceiling(setup.episode_length),
+                "rounds_per_seed": setup.rounds,
+                "training_seeds": (0..setup.seeds).map(training_seed).collect::<Vec<_>>(),
+                "eval_env_seed": EVAL_ENV_SEED,
+                "eval_environments": EVAL_ROUNDS * 4,
+                "ppo_epochs": setup.config.ppo.epochs,
+                "settings": setup.settings,
+                "quick": setup.quick,
+                "statistics": "paired per environment; 95% CI from Student's t; exact sign \
+                               test (ties dropped); paired permutation test (exact up to 20 \
+                               pairs, else 200,000 seeded sign flips)",
+            }),
+            results,
+            telemetry_names: Vec::new(),
+        },
+    }
+}

@@ -1,0 +1,71 @@
+//! The protocol's checks that need no training: settings and the refusal
+//! of parts of another run.
+
+use super::*;
+
+/// The quick protocol on the CPU; its Fashion-MNIST subset comes from
+/// the provisioned data set, as every data test's.
+fn quick_setup() -> LearningSetup {
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 2;
+    LearningSetup::new(&options, 1).expect("the quick protocol's setup")
+}
+
+fn evaluation() -> Evaluation {
+    Evaluation {
+        accuracies: vec![50.0; usize::try_from(EVAL_ROUNDS).unwrap() * 4],
+        active_seeds: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+    }
+}
+
+fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
+    SeedOutcome {
+        seed_index,
+        setup: setup.describe(),
+        rounds: Vec::new(),
+        greedy: evaluation(),
+        sampled: evaluation(),
+    }
+}
+
+#[test]
+fn parts_of_another_run_or_missing_seeds_are_refused() {
+    let setup = quick_setup();
+    let baselines = Baselines(Vec::new());
+    let mut quiet = |_: &str| {};
+    let good = [outcome(&setup, 1), outcome(&setup, 0)];
+    assert!(setup.report(&baselines, &good, &mut quiet).is_ok());
+    let mut other = outcome(&setup, 1);
+    other.setup = other
+        .setup
+        .replace("settings []", "settings [reward.rent_weight=0]");
+    let mut short = outcome(&setup, 1);
+    short.sampled.accuracies.pop();
+    let mut nan = outcome(&setup, 1);
+    nan.greedy.accuracies[0] = f64::NAN;
+    for (name, parts) in [
+        ("another run", vec![outcome(&setup, 0), other]),
+        ("a seed twice", vec![outcome(&setup, 0), outcome(&setup, 0)]),
+        ("a missing seed", vec![outcome(&setup, 0)]),
+        (
+            "a seed out of range",
+            vec![outcome(&setup, 0), outcome(&setup, 2)],
+        ),
+        ("too few accuracies", vec![outcome(&setup, 0), short]),
+        ("a NaN accuracy", vec![outcome(&setup, 0), nan]),
+    ] {
+        let error = setup.report(&baselines, &parts, &mut quiet);
+        assert!(error.is_err(), "{name} was pooled");
+    }
+}
+
+#[test]
+fn settings_are_part_of_the_setup() {
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.settings = vec!["reward.rent_weight=0".to_owned()];
+    let setup = LearningSetup::new(&options, 1).expect("the quick protocol's setup");
+    assert!(setup.describe().contains("reward.rent_weight=0"));
+    assert_eq!(setup.config.reward.rent_weight, 0.0);
+    options.settings = vec!["reward.rent_weight=-1".to_owned()];
+    assert!(LearningSetup::new(&options, 1).is_err());
+}
