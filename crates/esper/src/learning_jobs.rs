@@ -10,7 +10,10 @@
 //! into `<out>.parts/`. When every child is done, this process restores
 //! each trained policy and evaluates it (greedy and sampled), alone on the device, on
 //! the shared evaluation environments, pools (`LearningSetup::report`) and
-//! removes the parts. So every figure the record compares is measured with
+//! removes the parts. A run that stops (a time limit, a failed seed) keeps
+//! what it finished there, and the same command run again takes it up:
+//! the baselines, each trained seed and each evaluated seed are measured
+//! once. So every figure the record compares is measured with
 //! nothing else on the device: measured on the H200, the heuristic's and
 //! max growth's episodes came out differently with training processes
 //! beside them (max growth fossilized 3 seeds in 12 environments instead of
@@ -24,7 +27,7 @@ use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use simic::bench::{LearningSetup, SeedOutcome, SimicBenchOptions, SimicBenchRun};
+use simic::bench::{Baselines, LearningSetup, SeedOutcome, SimicBenchOptions, SimicBenchRun};
 
 use crate::args::BenchArgs;
 
@@ -70,6 +73,9 @@ fn policy_name(seed_index: usize) -> String {
 }
 
 /// The protocol with its training seeds in up to `jobs` child processes.
+/// Resumable: what an earlier run of the same command left in the parts
+/// folder (the baselines, a seed's learning curve and trained policy, a
+/// seed's evaluations) is taken as it is and not measured again.
 pub(crate) fn run_jobs(
     args: &BenchArgs,
     options: &SimicBenchOptions,
@@ -81,12 +87,59 @@ pub(crate) fn run_jobs(
     let parts_dir = parts_dir(&args.out);
     std::fs::create_dir_all(&parts_dir)
         .with_context(|| format!("creating {}", parts_dir.display()))?;
+    durable::remove_partial(&parts_dir)
+        .with_context(|| format!("clearing {}", parts_dir.display()))?;
     let exe = std::env::current_exe().context("locating the esper binary")?;
     let part = |seed: usize| parts_dir.join(format!("seed-{seed}.json"));
+    let evaluated = |seed: usize| parts_dir.join(format!("seed-{seed}-evaluated.json"));
+    let describe = setup.describe();
+
     // The baselines first, alone on the device, then the seeds: a
     // baseline's figures do not depend on what else the device runs.
-    let baselines = setup.baselines(progress)?;
-    let mut pending: Vec<usize> = (0..setup.seeds()).rev().collect();
+    let baselines_path = parts_dir.join("baselines.json");
+    let baselines = match read_part::<Baselines>(&baselines_path) {
+        Some(kept) if kept.setup() == describe => {
+            progress(&format!(
+                "the baselines kept in {}",
+                baselines_path.display()
+            ));
+            kept
+        }
+        _ => {
+            let measured = setup.baselines(progress)?;
+            write_part(&baselines_path, &measured)?;
+            measured
+        }
+    };
+
+    // Which seeds are done: evaluated, or trained with a policy that
+    // verifies.
+    let is_evaluated = |seed: usize| {
+        read_part::<SeedOutcome>(&evaluated(seed))
+            .is_some_and(|o| o.seed_index == seed && o.setup == describe)
+    };
+    let is_trained = |seed: usize| {
+        read_part::<SeedOutcome>(&part(seed))
+            .is_some_and(|o| o.seed_index == seed && o.setup == describe)
+            && simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed))).is_ok()
+    };
+    let mut pending: Vec<usize> = (0..setup.seeds())
+        .rev()
+        .filter(|seed| !is_evaluated(*seed) && !is_trained(*seed))
+        .collect();
+    for seed in (0..setup.seeds()).filter(|seed| !pending.contains(seed)) {
+        progress(&format!(
+            "training seed {seed}: kept in {}",
+            parts_dir.display()
+        ));
+    }
+    for seed in &pending {
+        let stale = parts_dir.join(policy_name(*seed));
+        if stale.exists() {
+            std::fs::remove_dir_all(&stale)
+                .with_context(|| format!("removing {}", stale.display()))?;
+        }
+    }
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut start_next = |running: &mut Vec<(usize, Child)>| -> Result<()> {
         while running.len() < jobs {
@@ -116,32 +169,57 @@ pub(crate) fn run_jobs(
                 running.swap_remove(index);
                 if !status.success() {
                     kill_all(&mut running);
-                    bail!("training seed {seed} failed ({status}); its log is above");
+                    bail!(
+                        "training seed {seed} failed ({status}); its log is above, and what is \
+                         done is kept in {}",
+                        parts_dir.display()
+                    );
                 }
                 start_next(&mut running).inspect_err(|_| kill_all(&mut running))?;
             }
             None => thread::sleep(Duration::from_millis(200)),
         }
     }
-    // Every trained policy evaluated here, alone on the device.
+    // Every trained policy evaluated here, alone on the device, each kept
+    // as soon as it is done.
     let mut outcomes = Vec::with_capacity(setup.seeds());
     for seed in 0..setup.seeds() {
-        let path = part(seed);
-        let text = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-        let learned: SeedOutcome = serde_json::from_slice(&text)
-            .with_context(|| format!("{} is not a seed part", path.display()))?;
-        if learned.seed_index != seed || learned.setup != setup.describe() {
-            bail!("{} is not seed {seed}'s part of this run", path.display());
+        if let Some(done) = read_part::<SeedOutcome>(&evaluated(seed))
+            .filter(|o| o.seed_index == seed && o.setup == describe)
+        {
+            progress(&format!("seed {seed}'s evaluations: kept"));
+            outcomes.push(done);
+            continue;
         }
+        let path = part(seed);
+        let learned: SeedOutcome = read_part(&path)
+            .filter(|o: &SeedOutcome| o.seed_index == seed && o.setup == describe)
+            .with_context(|| format!("{} is not seed {seed}'s part of this run", path.display()))?;
         let checkpoint = simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed)))
             .with_context(|| format!("reading seed {seed}'s trained policy"))?;
         let mut trained = setup.restore_policy(seed, &checkpoint)?;
-        outcomes.push(setup.evaluate_policy(&mut trained, seed, learned.rounds, progress)?);
+        let outcome = setup.evaluate_policy(&mut trained, seed, learned.rounds, progress)?;
+        write_part(&evaluated(seed), &outcome)?;
+        outcomes.push(outcome);
     }
     let run = setup.report(&baselines, &outcomes, progress)?;
     std::fs::remove_dir_all(&parts_dir)
         .with_context(|| format!("removing {}", parts_dir.display()))?;
     Ok(run)
+}
+
+/// A part read back, or `None` when it is missing or does not parse (it is
+/// then measured again).
+fn read_part<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    let text = std::fs::read(path).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// Writes a part atomically.
+fn write_part<T: serde::Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_vec_pretty(value)?;
+    durable::write_file(path, &text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// Where the parts of the record `out` go: `<out>.parts/` beside it.

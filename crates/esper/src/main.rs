@@ -128,7 +128,9 @@ commands:
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05
         --jobs N            after the baselines, train the seeds in up to N processes at once
                             on the same device, then evaluate each trained policy here,
-                            alone on the device; the record is the same pool
+                            alone on the device; the record is the same pool; what it
+                            finishes is kept in OUT.parts/ and the same command run again
+                            after a stop measures only what is missing
         --seed-index K      train seed K only and write its part (learning curve, trained
                             policy) beside --out (what --jobs starts)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)

@@ -2,45 +2,53 @@
 //! processes, the baselines in the parent, pooled into one record. On the
 //! CPU, where every run is deterministic, the pooled record must equal the
 //! one the seeds give one after another in one process, entry for entry,
-//! and the parts must be gone afterwards. A short protocol (2 seeds, 1
-//! round, 2-epoch episodes) on the provisioned Fashion-MNIST subset.
+//! and the parts must be gone afterwards; a run that finds a seed trained by
+//! an earlier one keeps it and ends with the same record. A short protocol
+//! (2 seeds, 1 round, 2-epoch episodes) on the provisioned Fashion-MNIST
+//! subset.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 const ESPER: &str = env!("CARGO_BIN_EXE_esper");
 
-fn learning(out: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec![
-        "bench",
-        "simic-learning",
-        "--quick",
-        "--device",
-        "cpu",
-        "--seeds",
-        "2",
-        "--rounds",
-        "1",
-        "--episode",
-        "2",
-        "--set",
-        "reward.rent_weight=0",
-        "--label",
-        "jobs",
-        "--out",
-        out.to_str().expect("a UTF-8 temporary path"),
-    ];
+/// The short protocol's options.
+const PROTOCOL: &[&str] = &[
+    "bench",
+    "simic-learning",
+    "--quick",
+    "--device",
+    "cpu",
+    "--seeds",
+    "2",
+    "--rounds",
+    "1",
+    "--episode",
+    "2",
+    "--set",
+    "reward.rent_weight=0",
+];
+
+/// Runs the short protocol with `extra` options, writing `out`; returns its
+/// stderr.
+fn run(out: &Path, extra: &[&str]) -> String {
+    let mut args = PROTOCOL.to_vec();
+    args.extend_from_slice(&["--out", out.to_str().expect("a UTF-8 temporary path")]);
     args.extend_from_slice(extra);
     let output = Command::new(ESPER)
         .args(&args)
         .stdin(Stdio::null())
         .output()
         .expect("esper runs");
-    assert!(
-        output.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{args:?} failed: {stderr}");
+    stderr
+}
+
+fn learning(out: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut with_label = vec!["--label", "jobs"];
+    with_label.extend_from_slice(extra);
+    let _ = run(out, &with_label);
     serde_json::from_slice(&std::fs::read(out).expect("the record")).expect("JSON")
 }
 
@@ -69,6 +77,26 @@ fn jobs_pool_the_same_record_as_one_process() {
         !names.iter().any(|name| name.ends_with(".parts")),
         "the parts stayed: {names:?}"
     );
+}
+
+#[test]
+fn a_run_in_parts_takes_up_what_an_earlier_one_left() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = learning(&dir.path().join("one.json"), &[]);
+    // Seed 0 trained by an earlier run that stopped: its part and policy
+    // are in the parts folder.
+    let out = dir.path().join("jobs.json");
+    let parts = dir.path().join("jobs.json.parts");
+    let _ = run(&parts.join("seed-0.json"), &["--seed-index", "0"]);
+    assert!(parts.join("seed-0-policy").is_dir());
+    let stderr = run(&out, &["--label", "jobs", "--jobs", "2"]);
+    assert!(stderr.contains("training seed 0: kept"), "{stderr}");
+    assert!(!stderr.contains("training seed 0: pid"), "{stderr}");
+    assert!(stderr.contains("training seed 1: pid"), "{stderr}");
+    let jobs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("the record")).expect("JSON");
+    assert_eq!(one["results"], jobs["results"]);
+    assert!(!parts.exists(), "the parts stayed");
 }
 
 #[test]

@@ -20,7 +20,8 @@ use crate::vectorized::{EnvSpec, SimicConfig};
 use crate::{Error, Result};
 
 /// Which controller drives the baseline environments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum Baseline {
     /// No controller: the host alone.
     NoGrowth,

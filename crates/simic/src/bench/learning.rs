@@ -102,6 +102,8 @@ fn insert_chosen_fractions(
 }
 
 /// One baseline's figures on the shared evaluation environments.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct BaselineFigures {
     baseline: Baseline,
     /// Final accuracy per environment, in evaluation order.
@@ -201,8 +203,23 @@ pub struct Evaluation {
 }
 
 /// The baselines' figures on the shared evaluation environments (see
-/// [`LearningSetup::baselines`]).
-pub struct Baselines(Vec<BaselineFigures>);
+/// [`LearningSetup::baselines`]), with the run they belong to; JSON through
+/// serde, so a run in parts (`esper bench simic-learning --jobs`) keeps
+/// them and does not measure them again.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Baselines {
+    /// [`LearningSetup::describe`] of the run that measured them.
+    setup: String,
+    figures: Vec<BaselineFigures>,
+}
+
+impl Baselines {
+    /// The run they were measured for ([`LearningSetup::describe`]).
+    pub fn setup(&self) -> &str {
+        &self.setup
+    }
+}
 
 /// Everything a protocol run shares: the device, the task's environments,
 /// the configuration with its settings applied, and the sizes.
@@ -299,7 +316,11 @@ impl LearningSetup {
             EVAL_ROUNDS * 4,
             self.episode_length
         ));
-        run_baselines(&self.spec, &self.config, self.device, progress).map(Baselines)
+        let figures = run_baselines(&self.spec, &self.config, self.device, progress)?;
+        Ok(Baselines {
+            setup: self.describe(),
+            figures,
+        })
     }
 
     /// Trains the policy of training seed `seed_index` for the run's rounds
@@ -466,7 +487,13 @@ impl LearningSetup {
                 self.seeds
             )));
         }
-        Ok(pool(self, &baselines.0, &ordered, progress))
+        if baselines.setup != expected {
+            return Err(refuse(format!(
+                "the baselines are of another run ({:?}, this run is {expected:?})",
+                baselines.setup
+            )));
+        }
+        Ok(pool(self, &baselines.figures, &ordered, progress))
     }
 }
 

@@ -31,10 +31,21 @@ fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
 #[test]
 fn parts_of_another_run_or_missing_seeds_are_refused() {
     let setup = quick_setup();
-    let baselines = Baselines(Vec::new());
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: Vec::new(),
+    };
     let mut quiet = |_: &str| {};
     let good = [outcome(&setup, 1), outcome(&setup, 0)];
     assert!(setup.report(&baselines, &good, &mut quiet).is_ok());
+    let other_baselines = Baselines {
+        setup: "another run".to_owned(),
+        figures: Vec::new(),
+    };
+    assert!(
+        setup.report(&other_baselines, &good, &mut quiet).is_err(),
+        "baselines of another run were pooled"
+    );
     let mut other = outcome(&setup, 1);
     other.setup = other
         .setup
