@@ -103,20 +103,15 @@ fn a_run_in_parts_takes_up_what_an_earlier_one_left() {
 fn a_seed_index_outside_the_run_is_refused() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let out = dir.path().join("part.json");
+    let mut args = PROTOCOL.to_vec();
+    args.extend_from_slice(&[
+        "--seed-index",
+        "2",
+        "--out",
+        out.to_str().expect("a UTF-8 temporary path"),
+    ]);
     let output = Command::new(ESPER)
-        .args([
-            "bench",
-            "simic-learning",
-            "--quick",
-            "--device",
-            "cpu",
-            "--seeds",
-            "2",
-            "--seed-index",
-            "2",
-            "--out",
-            out.to_str().expect("a UTF-8 temporary path"),
-        ])
+        .args(&args)
         .stdin(Stdio::null())
         .output()
         .expect("esper runs");

@@ -81,14 +81,20 @@ fn two_cpu_ranks_end_with_one_policy() {
     assert!(stdout.contains("round 2/2: reward"), "{stdout}");
 }
 
-#[test]
-fn a_killed_rank_stops_the_run_with_an_error() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let run_dir = dir.path().join("run");
-    let mut args = ppo_args(&run_dir, "200");
+/// Runs a long two-rank PPO run with a checkpoint every round (and `env`),
+/// sends rank 1 `signal` once rank 0 has written its first round, and
+/// returns how the run ended, how long after the signal, and the
+/// launcher's stderr from then on.
+fn signal_rank_1(
+    run_dir: &Path,
+    env: &[(&str, String)],
+    signal: &str,
+) -> (std::process::ExitStatus, Duration, String) {
+    let mut args = ppo_args(run_dir, "200");
     args.extend(["--checkpoint-every".to_owned(), "1".to_owned()]);
     let mut child = Command::new(ESPER)
         .args(&args)
+        .envs(env.iter().map(|(key, value)| (*key, value.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -96,15 +102,14 @@ fn a_killed_rank_stops_the_run_with_an_error() {
         .expect("esper starts");
     let stderr = child.stderr.take().expect("stderr");
     let mut lines = BufReader::new(stderr).lines();
-    let mut rank1 = None;
-    for line in lines.by_ref() {
-        let line = line.expect("stderr line");
-        if let Some(pid) = line.strip_prefix("rank 1/2: pid ") {
-            rank1 = Some(pid.trim().parse::<i32>().expect("pid"));
-            break;
-        }
-    }
-    let rank1 = rank1.expect("the launcher names rank 1's pid");
+    let rank1 = lines
+        .by_ref()
+        .map(|line| line.expect("stderr line"))
+        .find_map(|line| {
+            line.strip_prefix("rank 1/2: pid ")
+                .map(|pid| pid.trim().parse::<i32>().expect("pid"))
+        })
+        .expect("the launcher names rank 1's pid");
     // Past the rendezvous: rank 0 has written its first round.
     let rounds = run_dir.join("rounds.jsonl");
     let start = Instant::now();
@@ -116,24 +121,19 @@ fn a_killed_rank_stops_the_run_with_an_error() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let status = Command::new("kill")
-        .args(["-9", &rank1.to_string()])
+        .args([signal, &rank1.to_string()])
         .status()
         .expect("kill");
     assert!(status.success());
-    let killed = Instant::now();
+    let signalled = Instant::now();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let exit = child.wait().expect("esper exits");
-    let took = killed.elapsed();
-    assert!(!exit.success(), "the run went on without rank 1");
-    assert!(took < STATED_TIMEOUT, "stopped after {took:?}");
-    let rest = rest.join("\n");
-    assert!(rest.contains("rank 1 of 2 failed"), "{rest}");
-    println!("stopped {took:?} after the kill:\n{rest}");
-    // The newest whole checkpoint verifies and carries both ranks'
-    // generators (a `.partial-` folder, if rank 0 was stopped while
-    // writing, is what `--resume` reports and clears).
-    let checkpoints = run_dir.join("checkpoints");
-    let mut saved: Vec<_> = std::fs::read_dir(&checkpoints)
+    (exit, signalled.elapsed(), rest.join("\n"))
+}
+
+/// The run's whole checkpoints (`round-*`), oldest first.
+fn checkpoints(run_dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut saved: Vec<_> = std::fs::read_dir(run_dir.join("checkpoints"))
         .expect("checkpoints")
         .map(|entry| entry.expect("an entry").path())
         .filter(|path| {
@@ -143,6 +143,22 @@ fn a_killed_rank_stops_the_run_with_an_error() {
         })
         .collect();
     saved.sort();
+    saved
+}
+
+#[test]
+fn a_killed_rank_stops_the_run_with_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let (exit, took, rest) = signal_rank_1(&run_dir, &[], "-9");
+    assert!(!exit.success(), "the run went on without rank 1");
+    assert!(took < STATED_TIMEOUT, "stopped after {took:?}");
+    assert!(rest.contains("rank 1 of 2 failed"), "{rest}");
+    println!("stopped {took:?} after the kill:\n{rest}");
+    // The newest whole checkpoint verifies and carries both ranks'
+    // generators (a `.partial-` folder, if rank 0 was stopped while
+    // writing, is what `--resume` reports and clears).
+    let saved = checkpoints(&run_dir);
     let newest = saved.last().expect("a checkpoint before the kill");
     let checkpoint = simic::checkpoint::read_checkpoint(newest).expect("the newest verifies");
     assert_eq!(checkpoint.state.rank_rngs.len(), 2);
@@ -154,64 +170,20 @@ fn a_hung_rank_ends_the_job_at_the_stated_timeout_and_is_named() {
     const TIMEOUT_S: u64 = 15;
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
-    let mut args = ppo_args(&run_dir, "200");
-    args.extend(["--checkpoint-every".to_owned(), "1".to_owned()]);
-    let mut child = Command::new(ESPER)
-        .args(&args)
-        .env("ESPER_DIST_TIMEOUT_S", TIMEOUT_S.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("esper starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    let mut rank1 = None;
-    for line in lines.by_ref() {
-        let line = line.expect("stderr line");
-        if let Some(pid) = line.strip_prefix("rank 1/2: pid ") {
-            rank1 = Some(pid.trim().parse::<i32>().expect("pid"));
-            break;
-        }
-    }
-    let rank1 = rank1.expect("the launcher names rank 1's pid");
-    let rounds = run_dir.join("rounds.jsonl");
-    let start = Instant::now();
-    while std::fs::read_to_string(&rounds).map_or(0, |t| t.lines().count()) < 1 {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no round was written"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
     // Rank 1 hangs: alive, holding its connections, answering nothing.
-    let status = Command::new("kill")
-        .args(["-STOP", &rank1.to_string()])
-        .status()
-        .expect("kill -STOP");
-    assert!(status.success());
-    let stopped = Instant::now();
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
-    let exit = child.wait().expect("esper exits");
-    let took = stopped.elapsed();
+    let (exit, took, rest) = signal_rank_1(
+        &run_dir,
+        &[("ESPER_DIST_TIMEOUT_S", TIMEOUT_S.to_string())],
+        "-STOP",
+    );
     assert!(!exit.success(), "the run went on without rank 1");
     // The timeout, the launcher's grace, and room for a round and a slow
     // machine.
     let bound = Duration::from_secs(TIMEOUT_S + 10 + 45);
     assert!(took < bound, "stopped after {took:?}");
-    let rest = rest.join("\n");
     assert!(rest.contains("rank 1 did not stop"), "{rest}");
     println!("stopped {took:?} after rank 1 hung:\n{rest}");
-    let mut saved: Vec<_> = std::fs::read_dir(run_dir.join("checkpoints"))
-        .expect("checkpoints")
-        .map(|entry| entry.expect("an entry").path())
-        .filter(|path| {
-            path.file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("round-"))
-        })
-        .collect();
-    saved.sort();
+    let saved = checkpoints(&run_dir);
     let newest = saved.last().expect("a checkpoint before the hang");
     simic::checkpoint::read_checkpoint(newest).expect("the newest verifies");
 }
@@ -402,16 +374,7 @@ fn cut_run(run_dir: &Path) -> String {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut saved: Vec<_> = std::fs::read_dir(run_dir.join("checkpoints"))
-        .expect("checkpoints")
-        .map(|entry| entry.expect("an entry").path())
-        .filter(|path| {
-            path.file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.starts_with("round-"))
-        })
-        .collect();
-    saved.sort();
+    let saved = checkpoints(run_dir);
     assert!(saved.len() >= 2, "checkpoints: {saved:?}");
     for newer in &saved[1..] {
         std::fs::remove_dir_all(newer).expect("remove a newer checkpoint");

@@ -68,6 +68,21 @@ pub const LEARNING_PPO_EPOCHS: usize = 4;
 /// otherwise (2 with `--quick`).
 pub const LEARNING_ROUNDS: usize = 12;
 
+/// A result entry of this implementation with `metrics`.
+fn rust_entry(
+    mode: String,
+    metrics: std::collections::BTreeMap<String, f64>,
+    precision: Precision,
+) -> ResultEntry {
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode,
+        metrics,
+        error: None,
+        amp: Some(amp_name(precision).to_owned()),
+    }
+}
+
 /// The root seed of training seed `index`.
 pub fn training_seed(index: usize) -> u64 {
     (index as u64).wrapping_mul(1_000_003).wrapping_add(1)
@@ -365,13 +380,11 @@ impl LearningSetup {
             metrics.insert("germinations".to_owned(), report.germinations as f64);
             metrics.insert("prunes".to_owned(), report.prunes as f64);
             insert_chosen_fractions(&report, &mut metrics);
-            rounds.push(ResultEntry {
-                implementation: "rust".to_owned(),
-                mode: format!("ppo-seed{seed_index}-round-{round}"),
+            rounds.push(rust_entry(
+                format!("ppo-seed{seed_index}-round-{round}"),
                 metrics,
-                error: None,
-                amp: Some(amp_name(precision).to_owned()),
-            });
+                precision,
+            ));
         }
         Ok((simic, rounds))
     }

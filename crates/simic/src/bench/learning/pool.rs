@@ -8,10 +8,10 @@ use tolaria::amp::Precision;
 
 use super::super::baseline::Baseline;
 use super::super::stats::{Paired, paired};
-use super::super::{SLOTS, SimicBenchRun, amp_name, mean};
+use super::super::{SLOTS, SimicBenchRun, mean};
 use super::{
     BaselineFigures, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, LearningSetup, SeedOutcome,
-    training_seed,
+    rust_entry, training_seed,
 };
 
 /// A result entry of the mean final accuracy and mean active seeds.
@@ -30,13 +30,7 @@ fn accuracy_entry(
         "active_seeds_per_env".to_owned(),
         mean(active_seeds.iter().copied()),
     );
-    ResultEntry {
-        implementation: "rust".to_owned(),
-        mode,
-        metrics,
-        error: None,
-        amp: Some(amp_name(precision).to_owned()),
-    }
+    rust_entry(mode, metrics, precision)
 }
 
 /// A comparison's result entry (`compare-{a}-vs-{b}{suffix}`).
@@ -61,13 +55,7 @@ fn comparison_entry(name: String, result: &Paired, precision: Precision) -> Resu
         "permutation_exact",
         if result.permutation_exact { 1.0 } else { 0.0 },
     );
-    ResultEntry {
-        implementation: "rust".to_owned(),
-        mode: name,
-        metrics,
-        error: None,
-        amp: Some(amp_name(precision).to_owned()),
-    }
+    rust_entry(name, metrics, precision)
 }
 
 /// The fraction of max growth's mean gain over no growth that `policy`'s
@@ -88,13 +76,7 @@ fn fraction_entry(mode: String, fraction: f64, precision: Precision) -> ResultEn
     if fraction.is_finite() {
         metrics.insert("recovered_fraction".to_owned(), fraction);
     }
-    ResultEntry {
-        implementation: "rust".to_owned(),
-        mode,
-        metrics,
-        error: None,
-        amp: Some(amp_name(precision).to_owned()),
-    }
+    rust_entry(mode, metrics, precision)
 }
 
 /// The record's entries from validated parts (see [`LearningSetup::report`]).
