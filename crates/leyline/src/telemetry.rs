@@ -182,6 +182,10 @@ event_names! {
     /// A controller's decision failed (error or panic) and WAIT was applied
     /// (attributes `epoch`, `request_id`, `reason`).
     TOLARIA_CONTROLLER_FAILED = "tolaria.controller.failed", Error, "Controller decision failed; WAIT applied";
+    /// Kasmina or the trainer refused a controller's decision (an occupied
+    /// slot, a missing seed, a germination that failed) and the epoch went
+    /// on as WAIT (attributes `epoch`, `op`, `reason`).
+    TOLARIA_DECISION_REFUSED = "tolaria.decision.refused", Warning, "Controller decision refused; WAIT applied";
     /// The governor triggered a rollback (attribute `reason`).
     TOLARIA_ROLLBACK_TRIGGERED = "tolaria.rollback.triggered", Critical, "Governor rollback started";
     /// A rollback restored the last good state (attribute `recovery_ms`).

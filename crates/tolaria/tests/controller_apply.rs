@@ -1,6 +1,7 @@
 //! `tolaria::controller::apply` on a small Kasmina model: GERMINATE,
 //! ADVANCE, PRUNE and WAIT carried out through Kasmina's lifecycle API, and
-//! illegal or incomplete decisions refused with typed errors.
+//! illegal or incomplete decisions refused with typed errors; through the
+//! trainer, a refused decision is reported as such and the epoch goes on.
 
 use kasmina::export::export_seed_states;
 use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
@@ -120,4 +121,47 @@ fn apply_germinates_advances_prunes_and_refuses_illegal_decisions() {
         apply(&Decision::wait(), &mut model, "x").expect("wait"),
         Applied::Waited
     );
+}
+
+/// Asks to fossilize a slot that holds no seed, every epoch.
+struct FossilizeNothing;
+
+impl tolaria::controller::Controller for FossilizeNothing {
+    fn decide(&mut self, _: &EpochObservation) -> tolaria::Result<Decision> {
+        Ok(Decision {
+            op: LifecycleOp::Fossilize,
+            slot: Some(R0C1),
+            ..Decision::wait()
+        })
+    }
+}
+
+#[test]
+fn through_the_trainer_a_refused_decision_is_reported_with_its_reason_and_the_epoch_goes_on() {
+    use tolaria::data::synthetic::{ImageTaskOptions, image_task};
+    use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+    let collector = leyline::Collector::new();
+    let telemetry = Telemetry::new(collector.clone());
+    let data = image_task(&ImageTaskOptions::fashion_like(64, 5)).expect("data");
+    let config = ModelTrainerConfig {
+        batch_size: 32,
+        precision: Some(tolaria::amp::Precision::Fp32),
+        ..ModelTrainerConfig::default()
+    };
+    let mut trainer = ModelTrainer::new(tiny_model(), &data, Some(&data), config, telemetry)
+        .expect("trainer")
+        .with_controller(FossilizeNothing, std::time::Duration::from_secs(5))
+        .expect("controller");
+    let report = trainer
+        .train_epoch()
+        .expect("a refused decision does not end the epoch");
+    let Some((_, Applied::Refused { op, reason })) = &report.decision else {
+        panic!("expected a refused decision, got {:?}", report.decision);
+    };
+    assert_eq!(*op, LifecycleOp::Fossilize);
+    assert!(reason.contains("fossilize"), "{reason}");
+    let events = collector.events_named(leyline::telemetry::TOLARIA_DECISION_REFUSED);
+    assert_eq!(events.len(), 1, "one event for the refused decision");
+    assert!(trainer.model().slot(R0C1).expect("slot").state().is_none());
+    assert_eq!(trainer.train_epoch().expect("next epoch").epoch, 1);
 }

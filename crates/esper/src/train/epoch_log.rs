@@ -226,6 +226,7 @@ fn decision_record(outcome: &DeadlineOutcome, applied: &Applied) -> DecisionReco
         } => format!("refused: {message}"),
         Applied::Pruned { pruned: true, .. } => "pruned".to_owned(),
         Applied::Pruned { pruned: false, .. } => "kept".to_owned(),
+        Applied::Refused { reason, .. } => format!("refused: {reason}"),
     };
     DecisionRecord {
         op: decision.op.name().to_owned(),

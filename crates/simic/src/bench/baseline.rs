@@ -58,6 +58,11 @@ pub(crate) struct BaselineRun {
     pub(crate) germinations: u64,
     /// Seeds fossilized, over every environment.
     pub(crate) fossilizations: u64,
+    /// Decisions that did not arrive (missed deadline or failed
+    /// controller; WAIT applied), over every environment.
+    pub(crate) missed: u64,
+    /// Decisions Kasmina refused (WAIT applied), over every environment.
+    pub(crate) refused: u64,
 }
 
 /// One episode per environment of `spec` under `baseline`, on the seeds the
@@ -75,6 +80,8 @@ pub(crate) fn run_baseline(
     let mut epochs = 0_u64;
     let mut germinations = 0_u64;
     let mut fossilizations = 0_u64;
+    let mut missed = 0_u64;
+    let mut refused = 0_u64;
     for env in 0..n {
         let seed = config.seed.wrapping_add(
             round
@@ -83,7 +90,7 @@ pub(crate) fn run_baseline(
                 .saturating_mul(config.env_seed_stride),
         );
         tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-        let model = spec.model(device, Telemetry::disabled())?;
+        let model = spec.model(device, config.slot, Telemetry::disabled())?;
         let train = spec.train.get(env).ok_or_else(|| Error::InvalidConfig {
             field: "EnvSpec.train",
             reason: format!("no shard {env}"),
@@ -120,7 +127,13 @@ pub(crate) fn run_baseline(
             if let Some(validation) = report.validation {
                 last = validation.accuracy;
             }
+            if let Some((outcome, _)) = &report.decision
+                && !matches!(outcome, tolaria::controller::DeadlineOutcome::Decided(_))
+            {
+                missed = missed.saturating_add(1);
+            }
             match &report.decision {
+                Some((_, Applied::Refused { .. })) => refused = refused.saturating_add(1),
                 Some((_, Applied::Germinated { .. })) => {
                     germinations = germinations.saturating_add(1)
                 }
@@ -144,5 +157,7 @@ pub(crate) fn run_baseline(
         mean_active_seeds: active as f64 / epochs.max(1) as f64,
         germinations,
         fossilizations,
+        missed,
+        refused,
     })
 }

@@ -129,6 +129,12 @@ struct BaselineFigures {
     germinations: u64,
     /// Seeds fossilized over every evaluation environment.
     fossilizations: u64,
+    /// Decisions that missed the deadline or failed (WAIT applied).
+    #[serde(default)]
+    missed: u64,
+    /// Decisions Kasmina refused (WAIT applied).
+    #[serde(default)]
+    refused: u64,
 }
 
 /// The shared evaluation environments' seeds and the baselines' figures on
@@ -154,17 +160,24 @@ fn run_baselines(
         let mut active = Vec::new();
         let mut germinations = 0_u64;
         let mut fossilizations = 0_u64;
+        let mut missed = 0_u64;
+        let mut refused = 0_u64;
         for round in 0..EVAL_ROUNDS {
             let run = run_baseline(spec, &eval_config, device, round, baseline)?;
             germinations = germinations.saturating_add(run.germinations);
             fossilizations = fossilizations.saturating_add(run.fossilizations);
+            missed = missed.saturating_add(run.missed);
+            refused = refused.saturating_add(run.refused);
             progress(&format!(
-                "  {} (evaluation round {round}): acc {:?}, seeds {:.2}, germ {} foss {}",
+                "  {} (evaluation round {round}): acc {:?}, seeds {:.2}, germ {} foss {}, \
+                 decisions missed {} refused {}",
                 baseline.name(),
                 run.accuracies,
                 run.mean_active_seeds,
                 run.germinations,
-                run.fossilizations
+                run.fossilizations,
+                run.missed,
+                run.refused
             ));
             accuracies.extend(run.accuracies);
             active.push(run.mean_active_seeds);
@@ -175,6 +188,8 @@ fn run_baselines(
             active,
             germinations,
             fossilizations,
+            missed,
+            refused,
         });
     }
     Ok(figures)

@@ -95,11 +95,9 @@ impl Collector {
             env_seeds.push(env_seed);
             envs.push(Env::new(
                 spec,
-                index,
-                env_seed,
+                (index, env_seed),
                 env_device(config, index, device),
-                &config.trainer,
-                config.episode_length,
+                config,
                 telemetry,
             )?);
         }

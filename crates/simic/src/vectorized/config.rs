@@ -1,6 +1,7 @@
 //! The settings of a vectorized PPO run ([`SimicConfig`]) and their checks,
 //! run by [`super::Simic::new`] before anything is built.
 
+use kasmina::lifecycle::SlotConfig;
 use tamiyo::masks::MaskConfig;
 use tamiyo::policy::{PolicyConfig, PolicyPrecision, SampleMode, SamplingConfig};
 use tch::Device;
@@ -112,6 +113,13 @@ pub struct SimicConfig {
     pub sampling: SamplingConfig,
     /// Mask rules (`max_seeds` is taken from above).
     pub masks: MaskConfig,
+    /// Every environment slot's lifecycle settings: gates and the
+    /// reference's auto-forward flags (all off by default, as at the
+    /// reference's HEAD). With all three on, set
+    /// `masks.disable_advance` too, as the reference removes ADVANCE from
+    /// the action space then ([`super::settings`]'s `slot.` section does
+    /// both).
+    pub slot: SlotConfig,
     /// Normalise observations with a running mean and variance.
     pub normalise_observations: bool,
     /// Replay the batched policy step from a CUDA graph
@@ -189,6 +197,7 @@ impl SimicConfig {
                 disable_set_alpha_target: true,
                 ..MaskConfig::default()
             },
+            slot: SlotConfig::default(),
             normalise_observations: true,
             graph_policy: true,
             policy_precision: None,
@@ -267,6 +276,7 @@ impl SimicConfig {
         self.ppo.validate()?;
         self.value_normaliser.validate()?;
         self.sampling.validate()?;
+        self.slot.validate()?;
         for device in &self.env_devices {
             if let Device::Cuda(index) = device {
                 let count = torch_ext::cuda::device_count();

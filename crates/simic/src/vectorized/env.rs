@@ -91,12 +91,17 @@ impl EnvSpec {
 
     /// A fresh model of the spec: its host on `device` (weights from tch's
     /// global generator) with its slots enabled.
-    pub(crate) fn model(&self, device: Device, telemetry: Telemetry) -> Result<MorphogeneticModel> {
+    pub(crate) fn model(
+        &self,
+        device: Device,
+        slot: SlotConfig,
+        telemetry: Telemetry,
+    ) -> Result<MorphogeneticModel> {
         let names: Vec<&str> = self.slots.iter().map(String::as_str).collect();
         Ok(MorphogeneticModel::with_slot_names(
             CnnHost::new(self.host.clone(), device)?,
             &names,
-            SlotConfig::default(),
+            slot,
             telemetry,
         )?)
     }
@@ -145,22 +150,22 @@ pub(crate) struct Env {
 
 impl Env {
     /// A fresh environment: the host built from `seed` on `device`, the
-    /// spec's slots, a trainer over shard `index`.
+    /// spec's slots under `config.slot`, a trainer over shard `index` with
+    /// `config.trainer`, episodes of `config.episode_length` epochs.
     pub(crate) fn new(
         spec: &EnvSpec,
-        index: usize,
-        seed: u64,
+        (index, seed): (usize, u64),
         device: Device,
-        trainer: &ModelTrainerConfig,
-        max_epochs: u32,
+        config: &SimicConfig,
         telemetry: &Telemetry,
     ) -> Result<Env> {
+        let (trainer, max_epochs) = (&config.trainer, config.episode_length);
         let train = spec.train.get(index).ok_or_else(|| Error::InvalidConfig {
             field: "EnvSpec.train",
             reason: format!("no training shard for environment {index}"),
         })?;
         tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-        let model = spec.model(device, telemetry.clone())?;
+        let model = spec.model(device, config.slot, telemetry.clone())?;
         let slots = model.slot_ids();
         let config = ModelTrainerConfig {
             seed,
@@ -414,7 +419,7 @@ pub(crate) fn prewarm_blueprints(
             Some(precision) => precision,
             None => tolaria::amp::Precision::auto(device)?,
         };
-        let model = spec.model(device, Telemetry::disabled())?;
+        let model = spec.model(device, config.slot, Telemetry::disabled())?;
         let done = tolaria::engine::prewarm::prewarm_blueprints(
             &model,
             precision,

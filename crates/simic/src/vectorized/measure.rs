@@ -171,8 +171,12 @@ mod tests {
             validation_batch_size: 200,
             ..ModelTrainerConfig::default()
         };
+        let simic = crate::vectorized::SimicConfig {
+            trainer: config.clone(),
+            ..crate::vectorized::SimicConfig::reference(5)
+        };
         let mut env =
-            Env::new(&spec, 0, 7, Device::Cpu, &config, 5, &Telemetry::disabled()).expect("env");
+            Env::new(&spec, (0, 7), Device::Cpu, &simic, &Telemetry::disabled()).expect("env");
         tch::manual_seed(7);
         let model = fmnist_model(Device::Cpu, Telemetry::disabled()).expect("model");
         let model = bring_to_blending(model, &train, 40).expect("blending");

@@ -1,14 +1,20 @@
 //! Named settings over a [`SimicConfig`]: `section.field=value`, so that a
 //! study can depart from the reference's defaults one constant at a time
 //! and say exactly which (`esper bench simic-learning --set
-//! reward.rent_weight=0`). Three sections:
+//! reward.rent_weight=0`). Four sections:
 //!
 //! - `reward.<field>`: any field of [`crate::rewards::RewardConfig`]
 //!   (`reward.rent_weight=0`, `reward.mode=sparse`);
 //! - `ppo.<field>`: any field of [`crate::ppo::PpoConfig`]
 //!   (`ppo.entropy_coef=0.1`);
 //! - `floor.<head>`: the sampling probability floor of one action head
-//!   ([`leyline::HEAD_NAMES`]: `floor.op=0.05`), `0` for none.
+//!   ([`leyline::HEAD_NAMES`]: `floor.op=0.05`), `0` for none;
+//! - `slot.<field>`: any field of every slot's
+//!   [`kasmina::lifecycle::SlotConfig`], chiefly the reference's
+//!   auto-forward flags (`slot.auto_forward_g2=true`); with all three
+//!   `auto_forward_g*` on, ADVANCE leaves the action space
+//!   (`masks.disable_advance`), as at the reference's HEAD, and returns
+//!   when one is turned off again.
 //!
 //! A value is read as JSON where it parses (numbers, `true`, `null`, lists)
 //! and as a string otherwise (`reward.mode=sparse`). An unknown section,
@@ -88,9 +94,17 @@ pub fn apply(config: &mut SimicConfig, setting: &str) -> Result<()> {
                 .map_err(|error| refuse(error.to_string()))?;
             config.sampling = sampling;
         }
+        "slot" => {
+            let slot: kasmina::lifecycle::SlotConfig =
+                patched(&config.slot, field, value).map_err(refuse)?;
+            slot.validate().map_err(|error| refuse(error.to_string()))?;
+            config.slot = slot;
+            config.masks.disable_advance =
+                slot.auto_forward_g1 && slot.auto_forward_g2 && slot.auto_forward_g3;
+        }
         other => {
             return Err(refuse(format!(
-                "unknown section {other:?} (reward, ppo, floor)"
+                "unknown section {other:?} (reward, ppo, floor, slot)"
             )));
         }
     }
@@ -152,6 +166,24 @@ mod tests {
     }
 
     #[test]
+    fn auto_forward_on_every_gate_takes_advance_out_of_the_action_space() {
+        let mut config = config();
+        apply(&mut config, "slot.auto_forward_g1=true").unwrap();
+        apply(&mut config, "slot.auto_forward_g2=true").unwrap();
+        assert!(config.slot.auto_forward_g1 && config.slot.auto_forward_g2);
+        assert!(!config.masks.disable_advance, "two of three gates");
+        apply(&mut config, "slot.auto_forward_g3=true").unwrap();
+        assert!(config.masks.disable_advance);
+        apply(&mut config, "slot.auto_forward_g2=false").unwrap();
+        assert!(!config.masks.disable_advance, "ADVANCE is back");
+        assert!(
+            config.masks.disable_set_alpha_target,
+            "other mask rules kept"
+        );
+        config.validate().unwrap();
+    }
+
+    #[test]
     fn bad_settings_are_refused_and_change_nothing() {
         let before = config();
         for bad in [
@@ -166,6 +198,8 @@ mod tests {
             "floor.op=1.5",
             "floor.op=abc",
             "weights.x=1",
+            "slot.auto_forward_g1=3",
+            "slot.no_such_flag=true",
         ] {
             let mut config = before.clone();
             let error = apply_all(&mut config, &[bad.to_owned()]);
@@ -173,6 +207,8 @@ mod tests {
             assert_eq!(config.reward, before.reward, "{bad}");
             assert_eq!(config.ppo, before.ppo, "{bad}");
             assert_eq!(config.sampling, before.sampling, "{bad}");
+            assert_eq!(config.slot, before.slot, "{bad}");
+            assert_eq!(config.masks, before.masks, "{bad}");
         }
     }
 }

@@ -247,6 +247,17 @@ pub enum Applied {
         /// Whether the seed was pruned.
         pruned: bool,
     },
+    /// The decision was refused (by Kasmina, or because it lacked a slot or
+    /// a blueprint) and nothing changed: the epoch went on as WAIT. Only
+    /// [`crate::engine::trainer::ModelTrainer::train_epoch`] reports this
+    /// (with the event `tolaria.decision.refused`); [`apply`] returns the
+    /// error itself.
+    Refused {
+        /// The operation asked for.
+        op: LifecycleOp,
+        /// Why it was refused.
+        reason: String,
+    },
 }
 
 /// Carries `decision` out on `model` through Kasmina's lifecycle API:

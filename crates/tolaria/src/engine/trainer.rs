@@ -470,15 +470,39 @@ impl ModelTrainer {
                 let observation =
                     EpochObservation::from_model(self.step.model(), epoch_u32, metrics)?;
                 let outcome = deadline.decide(&observation);
-                let applied = self
-                    .apply_decision(&outcome.decision())
-                    .unwrap_or(Applied::Waited);
+                let applied = self.apply_or_refuse(&outcome.decision(), epoch_u32);
                 decision = Some((outcome, applied));
             }
         } else {
             trained.validation = validation;
         }
         self.conclude_epoch(trained, decision)
+    }
+
+    /// Carries out a controller's decision; a refused one changes nothing,
+    /// is reported as [`Applied::Refused`] and emits
+    /// `tolaria.decision.refused`, and the epoch goes on as WAIT.
+    fn apply_or_refuse(&mut self, decision: &crate::controller::Decision, epoch: u32) -> Applied {
+        match self.apply_decision(decision) {
+            Ok(applied) => applied,
+            Err(error) => {
+                let reason = error.to_string();
+                self.telemetry.emit_event(
+                    leyline::telemetry::sources::TOLARIA,
+                    names::TOLARIA_DECISION_REFUSED,
+                    "controller decision refused; WAIT applied",
+                    vec![
+                        ("epoch", epoch.to_string()),
+                        ("op", decision.op.name().to_owned()),
+                        ("reason", reason.clone()),
+                    ],
+                );
+                Applied::Refused {
+                    op: decision.op,
+                    reason,
+                }
+            }
+        }
     }
 
     fn emit(

@@ -101,6 +101,12 @@ pub(super) fn pool(
         entry
             .metrics
             .insert("fossilizations".to_owned(), figures.fossilizations as f64);
+        entry
+            .metrics
+            .insert("decisions_missed".to_owned(), figures.missed as f64);
+        entry
+            .metrics
+            .insert("decisions_refused".to_owned(), figures.refused as f64);
         results.push(entry);
     }
     let of = |baseline: Baseline| -> &[f64] {

@@ -314,7 +314,7 @@ impl Env {
                 (LifecycleOp::Prune, pruned)
             }
             // Refused by Kasmina: executed (and rewarded) as WAIT.
-            Err(_) => (LifecycleOp::Wait, false),
+            Ok(Applied::Refused { .. }) | Err(_) => (LifecycleOp::Wait, false),
         };
         self.outcome
             .record_step(action.op, op, germinated, self.forced);
