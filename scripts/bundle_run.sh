@@ -2,7 +2,7 @@
 # run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
 #
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
-#                      [--kernels] [--gpus 1,2] [--variants LIST] [--rounds N] [--ppo-epochs N]
+#                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--jobs N]
 #
@@ -47,6 +47,7 @@ while [ $# -gt 0 ]; do
     --no-python) run_python=0 ;;
     --kernels) count_kernels=1 ;;
     --gpus) simic_args+=(--gpus "$2"); shift ;;
+    --torchrun) simic_args+=(--torchrun) ;;
     --variants) simic_args+=(--variants "$2"); shift ;;
     --rounds) rounds_args+=(--rounds "$2"); shift ;;
     --ppo-epochs) learning_args+=(--ppo-epochs "$2"); shift ;;

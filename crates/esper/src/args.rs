@@ -135,6 +135,10 @@ pub(crate) struct BenchArgs {
     /// GPU count, one process per GPU (data-parallel PPO); empty: the
     /// single-process run.
     pub(crate) gpus: Vec<usize>,
+    /// `--torchrun` (with `--gpus`): also start each GPU count's ranks with
+    /// torchrun (`torchrun --standalone --no-python`), as entries beside
+    /// those of esper's own launcher.
+    pub(crate) torchrun: bool,
     /// `--rounds N` (the simic workloads): PPO rounds per variant (learning:
     /// training rounds); `None`: the workload's default.
     pub(crate) rounds: Option<usize>,
@@ -252,6 +256,7 @@ impl BenchArgs {
         let mut synthetic = false;
         let mut simic_variants: Option<Vec<String>> = None;
         let mut gpus: Option<Vec<usize>> = None;
+        let mut torchrun = false;
         let mut rounds: Option<usize> = None;
         let mut ppo_epochs: Option<usize> = None;
         let mut episode: Option<u32> = None;
@@ -267,7 +272,7 @@ impl BenchArgs {
             let tolaria_only = matches!(flag, "--modes");
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
             let fmnist_only = matches!(flag, "--synthetic");
-            let simic_only = matches!(flag, "--variants" | "--gpus");
+            let simic_only = matches!(flag, "--variants" | "--gpus" | "--torchrun");
             let rounds_flag = matches!(flag, "--rounds" | "--episode");
             let learning_only = matches!(
                 flag,
@@ -319,6 +324,7 @@ impl BenchArgs {
                 "--label" => once(&mut label, flag, value()?)?,
                 "--quick" => quick = true,
                 "--synthetic" => synthetic = true,
+                "--torchrun" => torchrun = true,
                 "--device" => {
                     let text = value()?;
                     let choice = text
@@ -424,6 +430,9 @@ impl BenchArgs {
         if jobs.is_some() && seed_index.is_some() {
             return Err(usage("--jobs and --seed-index exclude each other"));
         }
+        if torchrun && gpus.is_none() {
+            return Err(usage("--torchrun needs --gpus"));
+        }
         let settings = sets;
         Ok(BenchCommand::Run(Box::new(BenchArgs {
             workload,
@@ -437,6 +446,7 @@ impl BenchArgs {
             synthetic,
             simic_variants: simic_variants.unwrap_or_default(),
             gpus: gpus.unwrap_or_default(),
+            torchrun,
             rounds,
             ppo_epochs,
             episode,

@@ -111,6 +111,9 @@ commands:
                             process per GPU (data-parallel PPO over NCCL, Gloo on the CPU),
                             4 envs per GPU; every count is an entry of one record with eps
                             and scaling efficiency
+        --torchrun          (with --gpus) also start each count's ranks with torchrun
+                            (--standalone --no-python; `torchrun` on PATH or ESPER_TORCHRUN),
+                            as entries dpN-VARIANT-torchrun beside the launcher's
       simic-learning        the learning protocol on an impaired host: baselines (no growth,
                             heuristic, germinate-once, max growth) on 12 shared evaluation
                             environments, PPO per training seed, the greedy policy on the

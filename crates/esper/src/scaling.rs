@@ -2,7 +2,12 @@
 //! counts in one run and one record, one process per GPU
 //! ([`crate::launch`]); each rank is `esper bench-rank`, which measures its
 //! share ([`simic::bench::scaling::run_rank`]) and writes it as JSON for the
-//! parent to sum ([`simic::bench::scaling::scaling_entry`]).
+//! parent to sum ([`simic::bench::scaling::scaling_entry`]). With
+//! `--torchrun` every count is also started by torchrun (`--standalone
+//! --no-python`), whose ranks read the same environment
+//! ([`torch_ext::launcher::RankEnv`]); those entries are
+//! `dpN-VARIANT-torchrun`, their efficiency against the launcher's 1-GPU
+//! entry.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -120,35 +125,43 @@ pub(crate) fn measure(
             progress(&format!(
                 "{variant} on {gpus} {device_kind} rank(s): {rounds} rounds"
             ));
-            let entry = if gpus > available {
-                Err(anyhow::anyhow!(
-                    "needs {gpus} GPUs; this machine has {available}"
-                ))
+            let launchers: &[Launcher] = if args.torchrun {
+                &[Launcher::Esper, Launcher::Torchrun]
             } else {
-                run_count(
-                    &scratch,
-                    task_name,
-                    variant,
-                    gpus,
-                    rounds,
-                    device_kind,
-                    args,
-                )
-                .and_then(|ranks| {
-                    let entry = scaling_entry(variant, gpus, &ranks, eps_one)?;
-                    if gpus == 1 {
-                        eps_one = entry.metrics.get("eps").copied();
-                    }
-                    Ok(entry)
-                })
+                &[Launcher::Esper]
             };
-            results.push(entry.unwrap_or_else(|error| ResultEntry {
-                implementation: "rust".to_owned(),
-                mode: format!("dp{gpus}-{variant}"),
-                metrics: std::collections::BTreeMap::new(),
-                error: Some(format!("{error:#}")),
-                amp: None,
-            }));
+            for &launcher in launchers {
+                let mode = format!("dp{gpus}-{variant}{}", launcher.suffix());
+                let entry = if gpus > available {
+                    Err(anyhow::anyhow!(
+                        "needs {gpus} GPUs; this machine has {available}"
+                    ))
+                } else {
+                    let count = Count {
+                        task: task_name,
+                        variant,
+                        gpus,
+                        rounds,
+                        device: device_kind,
+                        launcher,
+                    };
+                    run_count(&scratch, &count, args).and_then(|ranks| {
+                        let mut entry = scaling_entry(variant, gpus, &ranks, eps_one)?;
+                        if gpus == 1 && launcher == Launcher::Esper {
+                            eps_one = entry.metrics.get("eps").copied();
+                        }
+                        entry.mode.clone_from(&mode);
+                        Ok(entry)
+                    })
+                };
+                results.push(entry.unwrap_or_else(|error| ResultEntry {
+                    implementation: "rust".to_owned(),
+                    mode,
+                    metrics: std::collections::BTreeMap::new(),
+                    error: Some(format!("{error:#}")),
+                    amp: None,
+                }));
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
@@ -160,6 +173,7 @@ pub(crate) fn measure(
             "rounds": rounds,
             "episode_length": args.episode,
             "scaling": "one process per GPU, data-parallel PPO (gradients all-reduced with NCCL)",
+            "launchers": if args.torchrun { json!(["esper", "torchrun"]) } else { json!(["esper"]) },
         }),
         results,
         telemetry_names: Vec::new(),
@@ -174,16 +188,70 @@ fn scratch_dir(out: &Path) -> PathBuf {
     parent.join(format!(".scaling-{}", std::process::id()))
 }
 
-fn run_count(
-    scratch: &Path,
-    task: &str,
-    variant: &str,
+/// Who starts a count's ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Launcher {
+    /// esper's own launcher ([`launch::run_ranks`]).
+    Esper,
+    /// `torchrun --standalone --no-python` (`ESPER_TORCHRUN`, else
+    /// `torchrun` on `PATH`).
+    Torchrun,
+}
+
+impl Launcher {
+    fn suffix(self) -> &'static str {
+        match self {
+            Launcher::Esper => "",
+            Launcher::Torchrun => "-torchrun",
+        }
+    }
+}
+
+/// One GPU count of one variant.
+struct Count<'a> {
+    task: &'a str,
+    variant: &'a str,
     gpus: usize,
     rounds: usize,
-    device: &str,
-    args: &BenchArgs,
-) -> Result<Vec<RankFigures>> {
-    let dir = scratch.join(format!("{variant}-{gpus}"));
+    device: &'a str,
+    launcher: Launcher,
+}
+
+/// Starts `esper <child_args>` as `gpus` ranks under torchrun on this host
+/// and waits for them; torchrun ends every rank when one fails.
+fn run_under_torchrun(gpus: usize, child_args: &[std::ffi::OsString]) -> Result<()> {
+    let torchrun = std::env::var_os("ESPER_TORCHRUN").unwrap_or_else(|| "torchrun".into());
+    let exe = std::env::current_exe().context("locating the esper binary")?;
+    let status = std::process::Command::new(&torchrun)
+        .args(["--standalone", "--nnodes", "1", "--nproc-per-node"])
+        .arg(gpus.to_string())
+        .arg("--no-python")
+        .arg(exe)
+        .args(child_args)
+        .envs(torch_ext::dist::MULTICAST_OFF)
+        .status()
+        .with_context(|| {
+            format!(
+                "starting {} (install torch's torchrun or set ESPER_TORCHRUN to its path)",
+                Path::new(&torchrun).display()
+            )
+        })?;
+    if !status.success() {
+        bail!("torchrun with {gpus} ranks ended with {status}");
+    }
+    Ok(())
+}
+
+fn run_count(scratch: &Path, count: &Count<'_>, args: &BenchArgs) -> Result<Vec<RankFigures>> {
+    let Count {
+        task,
+        variant,
+        gpus,
+        rounds,
+        device,
+        launcher,
+    } = *count;
+    let dir = scratch.join(format!("{variant}-{gpus}{}", launcher.suffix()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut child_args: Vec<std::ffi::OsString> = vec![
         "bench-rank".into(),
@@ -205,7 +273,10 @@ fn run_count(
         child_args.push("--episode".into());
         child_args.push(episode.to_string().into());
     }
-    launch::run_ranks(gpus, &child_args, launch::GRACE)?;
+    match launcher {
+        Launcher::Esper => launch::run_ranks(gpus, &child_args, launch::GRACE)?,
+        Launcher::Torchrun => run_under_torchrun(gpus, &child_args)?,
+    }
     (0..gpus)
         .map(|rank| {
             let path = dir.join(format!("rank{rank}.json"));

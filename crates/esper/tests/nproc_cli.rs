@@ -10,7 +10,9 @@
 //! the same policy, bit for bit. A two-rank run cut back to an older
 //! checkpoint resumes, under esper's launcher and started as torchrun
 //! would, to the uninterrupted run's policy; resumed as one process it is
-//! refused and nothing changes.
+//! refused and nothing changes. With the provisioned venv's real torchrun:
+//! two torchrun invocations as nodes 0 and 1 train the same policy, and
+//! the scaling bench's `--torchrun` entries run.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -452,4 +454,129 @@ fn a_two_rank_run_resumes_from_rank_0s_checkpoint_under_either_launcher() {
     assert_eq!(fingerprints, [whole.clone(), whole]);
     let rounds = std::fs::read_to_string(run_dir.join("rounds.jsonl")).expect("rounds.jsonl");
     assert_eq!(rounds.lines().count(), 3, "every round once: {rounds}");
+}
+
+/// The provisioned libtorch venv's torchrun (`ESPER_TORCHRUN` first), or
+/// `None` with the reason printed.
+fn venv_torchrun() -> Option<std::path::PathBuf> {
+    let path = match std::env::var_os("ESPER_TORCHRUN") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => {
+            let Some(site) = std::env::var_os("ESPER_TORCH_SITE") else {
+                eprintln!(
+                    "skipped: no ESPER_TORCH_SITE (the provisioned venv) and no ESPER_TORCHRUN"
+                );
+                return None;
+            };
+            Path::new(&site).join("../../../bin/torchrun")
+        }
+    };
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipped: no torchrun at {}", path.display());
+        None
+    }
+}
+
+#[test]
+fn two_nodes_started_by_real_torchrun_train_the_nproc_runs_policy() {
+    let Some(torchrun) = venv_torchrun() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(ESPER)
+        .args(ppo_args(&dir.path().join("nproc"), "2"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{stdout}");
+    let reference = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("rank 0 of 2: policy fingerprint "))
+        .expect("the launcher's rank 0 fingerprint")
+        .to_owned();
+
+    // Two torchrun invocations, node ranks 0 and 1, one process each, with a
+    // static rendezvous on this host: what two machines of a job would run.
+    let mut args = ppo_args(&dir.path().join("torchrun"), "2");
+    let at = args
+        .iter()
+        .position(|arg| arg == "--nproc")
+        .expect("--nproc");
+    args.drain(at..at + 2);
+    let port = free_port().to_string();
+    let nodes: Vec<_> = (0..2)
+        .map(|node| {
+            Command::new(&torchrun)
+                .args(["--nnodes", "2", "--nproc-per-node", "1", "--node-rank"])
+                .arg(node.to_string())
+                .args(["--master-addr", "127.0.0.1", "--master-port", &port])
+                .arg("--no-python")
+                .arg(ESPER)
+                .args(&args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("torchrun starts")
+        })
+        .collect();
+    for (node, child) in nodes.into_iter().enumerate() {
+        let output = child.wait_with_output().expect("torchrun ends");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "node {node}: {stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let prefix = format!("rank {node} of 2: policy fingerprint ");
+        let fingerprint = stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no fingerprint from node {node}: {stdout}"));
+        assert_eq!(fingerprint, reference, "node {node}");
+    }
+}
+
+#[test]
+fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() {
+    let Some(torchrun) = venv_torchrun() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let record = dir.path().join("scaling.json");
+    let output = Command::new(ESPER)
+        .args([
+            "bench",
+            "simic-throughput",
+            "--device",
+            "cpu",
+            "--gpus",
+            "2",
+        ])
+        .args(["--torchrun", "--quick", "--out"])
+        .arg(&record)
+        .env("ESPER_TORCHRUN", &torchrun)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("the record")).expect("JSON");
+    let results = record["results"].as_array().expect("results");
+    for mode in ["dp2-fp32-eager", "dp2-fp32-eager-torchrun"] {
+        let entry = results
+            .iter()
+            .find(|entry| entry["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} entry: {record}"));
+        assert!(entry["error"].is_null(), "{mode}: {}", entry["error"]);
+        let eps = entry["metrics"]["eps"].as_f64().expect("eps");
+        assert!(eps > 0.0, "{mode}: eps {eps}");
+    }
 }

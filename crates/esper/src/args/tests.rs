@@ -128,6 +128,35 @@ fn rounds_apply_to_the_simic_workloads_only() {
 }
 
 #[test]
+fn torchrun_goes_with_gpus_on_the_scaling_workloads_only() {
+    let args = run_args(&[
+        "simic-throughput",
+        "--out",
+        "a.json",
+        "--gpus",
+        "1,4",
+        "--torchrun",
+    ]);
+    assert!(args.torchrun);
+    assert_eq!(args.gpus, [1, 4]);
+    assert!(!run_args(&["simic-throughput", "--out", "a.json", "--gpus", "2"]).torchrun);
+    for bad in [
+        &["simic-throughput", "--out", "a.json", "--torchrun"][..],
+        &["simic-learning", "--out", "a.json", "--torchrun"],
+        &[
+            "tolaria-fmnist",
+            "--out",
+            "a.json",
+            "--gpus",
+            "2",
+            "--torchrun",
+        ],
+    ] {
+        assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+    }
+}
+
+#[test]
 fn every_workload_is_named_by_its_crate() {
     for workload in Workload::ALL {
         assert_eq!(Workload::from_name(workload.name()), Some(workload));
