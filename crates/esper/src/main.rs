@@ -127,7 +127,7 @@ commands:
                             reference's recurrent_n_epochs is 1; the KL early stop still
                             applies)
         --set KEY=VALUE     a setting over the reference's defaults, repeatable, in order:
-                            reward.<field>, ppo.<field> or floor.<head>, e.g.
+                            reward.<field>, ppo.<field>, floor.<head> or slot.<field>, e.g.
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05
         --jobs N            after the baselines, train the seeds in up to N processes at once
                             on the same device, then evaluate each trained policy here,
