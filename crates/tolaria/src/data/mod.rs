@@ -17,6 +17,8 @@
 //!   its packed microbatch layout, the staging format of the special
 //!   reference trainer (`tolaria::reference`).
 //! - [`synthetic`]: seeded blob and image tasks for fast tests.
+//! - [`text`]: a language model's windows of byte tokens, from Debian's
+//!   `fortunes` corpus or a seeded synthetic text ([`Dataset::sequences`]).
 //! - [`normalisation`]: the per-data-set mean and standard deviation.
 //! - [`shuffle`]: seeded permutations and epoch seeds, drawn from
 //!   leyline's SplitMix64 stream ([`leyline::rng`]).
@@ -48,6 +50,7 @@ pub mod normalisation;
 pub mod reference;
 pub mod shuffle;
 pub mod synthetic;
+pub mod text;
 
 use std::path::PathBuf;
 

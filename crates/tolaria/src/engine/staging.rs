@@ -201,6 +201,11 @@ impl StagedData {
         if let Some(first) = sample_shape.first_mut() {
             *first = batch;
         }
+        // `[batch]`, or `[batch, T]` for a language model's targets.
+        let mut label_shape = labels.size();
+        if let Some(first) = label_shape.first_mut() {
+            *first = batch;
+        }
         let kind = inputs.kind();
         let slot = || -> Result<Slot> {
             let pin = |tensor: Tensor| -> Result<Tensor> {
@@ -223,12 +228,14 @@ impl StagedData {
                     Tensor::f_empty(sample_shape.as_slice(), (kind, Device::Cpu))
                         .op("host buffer")?,
                 )?,
-                host_labels: pin(
-                    Tensor::f_empty([batch], (Kind::Int64, Device::Cpu)).op("host buffer")?
-                )?,
+                host_labels: pin(Tensor::f_empty(
+                    label_shape.as_slice(),
+                    (Kind::Int64, Device::Cpu),
+                )
+                .op("host buffer")?)?,
                 device_inputs: Tensor::f_empty(sample_shape.as_slice(), (kind, device))
                     .op("device buffer")?,
-                device_labels: Tensor::f_empty([batch], (Kind::Int64, device))
+                device_labels: Tensor::f_empty(label_shape.as_slice(), (Kind::Int64, device))
                     .op("device buffer")?,
                 copied: event(false)?,
                 consumed: event(false)?,

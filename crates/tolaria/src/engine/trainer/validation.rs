@@ -96,6 +96,11 @@ impl ModelTrainer {
                     })?
                     .f_to_kind(Kind::Float)
                     .op("to f32")?;
+                // A language model's logits `[B, T, V]` and targets `[B, T]`:
+                // one prediction per token.
+                let classes = logits.size().last().copied().unwrap_or(1);
+                let logits = logits.f_reshape([-1, classes]).op("flatten logits")?;
+                let labels = labels.f_reshape([-1]).op("flatten labels")?;
                 let loss = logits
                     .f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Sum, -100, 0.0)
                     .op("validation loss")?;
@@ -112,7 +117,12 @@ impl ModelTrainer {
             let values = Vec::<f32>::try_from(&sums.f_to_device(Device::Cpu).op("readback")?)
                 .op("to vec")?;
             match values.as_slice() {
-                [loss, correct] => Ok((f64::from(*loss), f64::from(*correct), data.len() as f64)),
+                [loss, correct] => Ok((
+                    f64::from(*loss),
+                    f64::from(*correct),
+                    // Predictions: samples, or tokens for a language model.
+                    data.labels().numel() as f64,
+                )),
                 other => Err(Error::Readback {
                     what: "validation sums",
                     expected: 2,
