@@ -18,8 +18,9 @@ const PIP_REQUIREMENTS: &[&str] = &[
     "nvidia-cuda-crt==13.0.88.*",
 ];
 
-/// Debian packages: the Fashion-MNIST data set and promtool.
-pub(crate) const APT_PACKAGES: &[&str] = &["dataset-fashion-mnist", "prometheus"];
+/// Debian packages: the Fashion-MNIST data set, promtool, and the English
+/// text of the language-model task (`fortunes`).
+pub(crate) const APT_PACKAGES: &[&str] = &["dataset-fashion-mnist", "prometheus", "fortunes"];
 
 /// Git-ignored link in the repository root to the venv's site-packages.
 pub(crate) const TORCH_LINK: &str = ".esper-torch";

@@ -675,6 +675,7 @@ mod tests {
             ],
             decision: None,
             rollback: None,
+            val_perplexity: None,
         }
     }
 
@@ -806,6 +807,7 @@ mod tests {
                     slots,
                     decision: None,
                     rollback: None,
+                    val_perplexity: None,
                 },
             )
     }

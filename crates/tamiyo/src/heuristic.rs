@@ -48,6 +48,10 @@ pub const BLUEPRINT_ROTATION: [BlueprintAction; 5] = [
     BlueprintAction::Norm,
     BlueprintAction::Depthwise,
 ];
+/// The rotation on a transformer host: the reference rotation's blueprints
+/// that exist there (the convolutions do not), in its order.
+pub const TRANSFORMER_ROTATION: [BlueprintAction; 2] =
+    [BlueprintAction::Attention, BlueprintAction::Norm];
 /// A blueprint with a penalty at or above this is skipped (3.0).
 pub const BLUEPRINT_PENALTY_THRESHOLD: f64 = 3.0;
 /// Penalty added to a blueprint each time one of its seeds is pruned (2.0).
@@ -154,6 +158,8 @@ pub struct HeuristicController {
     tracker: SignalTracker,
     penalties: BTreeMap<BlueprintAction, f64>,
     rotation: usize,
+    /// The blueprints rotated over; empty: [`BLUEPRINT_ROTATION`].
+    blueprints: Vec<BlueprintAction>,
     last_prune_epoch: Option<u32>,
     last_epoch: Option<u32>,
     baselines: BTreeMap<String, f64>,
@@ -164,6 +170,23 @@ impl HeuristicController {
     /// A fresh controller (no history, no penalties).
     pub fn new() -> HeuristicController {
         HeuristicController::default()
+    }
+
+    /// The same controller germinating from `blueprints` instead of
+    /// [`BLUEPRINT_ROTATION`] ([`TRANSFORMER_ROTATION`] on a transformer
+    /// host, where the convolutions do not exist); an empty list keeps the
+    /// reference rotation.
+    pub fn with_rotation(mut self, blueprints: &[BlueprintAction]) -> HeuristicController {
+        self.blueprints = blueprints.to_vec();
+        self
+    }
+
+    fn rotation_set(&self) -> &[BlueprintAction] {
+        if self.blueprints.is_empty() {
+            &BLUEPRINT_ROTATION
+        } else {
+            &self.blueprints
+        }
     }
 
     /// The same controller reporting through `telemetry`: a
@@ -190,10 +213,11 @@ impl HeuristicController {
     /// [`BLUEPRINT_PENALTY_THRESHOLD`]; when all are penalised, the rotation
     /// runs over them sorted by penalty (lowest first).
     pub fn next_blueprint(&mut self) -> BlueprintAction {
-        let count = BLUEPRINT_ROTATION.len();
+        let rotation = self.rotation_set().to_vec();
+        let count = rotation.len();
         for offset in 0..count {
             let index = wrap(self.rotation.wrapping_add(offset), count);
-            let Some(&candidate) = BLUEPRINT_ROTATION.get(index) else {
+            let Some(&candidate) = rotation.get(index) else {
                 continue;
             };
             if self.penalty(candidate) < BLUEPRINT_PENALTY_THRESHOLD {
@@ -201,14 +225,11 @@ impl HeuristicController {
                 return candidate;
             }
         }
-        let mut sorted = BLUEPRINT_ROTATION;
+        let mut sorted = rotation;
         sorted.sort_by(|a, b| self.penalty(*a).total_cmp(&self.penalty(*b)));
         let index = wrap(self.rotation, count);
         self.rotation = wrap(index.wrapping_add(1), count);
-        sorted
-            .get(index)
-            .copied()
-            .unwrap_or(BlueprintAction::ConvLight)
+        sorted.get(index).copied().unwrap_or(BlueprintAction::Norm)
     }
 
     fn decay_penalties(&mut self) {
@@ -406,6 +427,8 @@ impl HeuristicController {
             },
             penalties,
             rotation: state.rotation,
+            // Follows the host, not the history: set it with `with_rotation`.
+            blueprints: Vec::new(),
             last_prune_epoch: state.last_prune_epoch,
             last_epoch: state.last_epoch,
             baselines: state.baselines.clone(),

@@ -9,14 +9,18 @@
 //! | `cifar10` | CIFAR-10 binary files; the test batch validates | the reference `cifar_baseline` CNN, 8/16/32 |
 //! | `cifar10-impaired` | as `cifar10` | CNN 4/8/16: `cifar_baseline` with half the channels, room for seeds |
 //! | `synthetic` | seeded Fashion-MNIST-shaped images, no files | CNN 8/16/32 |
+//! | `lm-fortunes` | Debian's `fortunes` corpus as byte tokens, windows of 64 ([`crate::data::text`]); a tenth of the documents validates | GPT-style transformer ([`Task::lm_host_config`]), a slot after each of 3 segments |
+//! | `lm-synthetic` | a seeded synthetic text of the same shape, no files | the same transformer |
 //!
 //! [`load`] returns the data on the CPU (a seeded subset of the training set
-//! when asked); [`Task::host_config`] the host; [`build_model`] the host with
-//! the run's slots enabled, its weights drawn from the seed.
+//! when asked); [`Task::host`] the host; [`build_model`] the host with
+//! the run's slots enabled, its weights drawn from the seed. The language
+//! model tasks train next-token prediction: loss and accuracy are per token,
+//! and the perplexity is the exponential of the validation loss.
 
 use std::path::PathBuf;
 
-use kasmina::host::{CnnHost, CnnHostConfig};
+use kasmina::host::{CnnHost, CnnHostConfig, TransformerHost, TransformerHostConfig};
 use kasmina::lifecycle::SlotConfig;
 use kasmina::model::MorphogeneticModel;
 use leyline::Telemetry;
@@ -25,6 +29,7 @@ use tch::Device;
 use crate::data::cifar10::{self, Cifar10Options};
 use crate::data::fashion_mnist::{self, FashionMnistOptions};
 use crate::data::synthetic::{self, ImageTaskOptions};
+use crate::data::text::{self, TextOptions};
 use crate::data::{Dataset, SplitSize};
 use crate::error::{Error, Result};
 
@@ -33,6 +38,12 @@ use crate::error::{Error, Result};
 pub const SYNTHETIC_VALIDATION_SAMPLES: usize = 1024;
 /// Training samples of the synthetic task when none are asked for.
 pub const DEFAULT_SYNTHETIC_TRAIN_SAMPLES: usize = 4096;
+/// Tokens per window of the language-model tasks (the host's block size).
+pub const LM_CONTEXT: usize = 64;
+/// Validation windows of `lm-synthetic`.
+pub const LM_SYNTHETIC_VALIDATION_WINDOWS: usize = 256;
+/// Training windows of `lm-synthetic` when none are asked for.
+pub const DEFAULT_LM_SYNTHETIC_TRAIN_WINDOWS: usize = 2048;
 
 /// A task (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,16 +58,33 @@ pub enum Task {
     Cifar10Impaired,
     /// Seeded synthetic images on the 8/16/32 CNN.
     Synthetic,
+    /// A causal language model on Debian's `fortunes` corpus (byte tokens)
+    /// on the transformer host.
+    LmFortunes,
+    /// A causal language model on a seeded synthetic text on the
+    /// transformer host.
+    LmSynthetic,
+}
+
+/// The host a task trains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskHost {
+    /// A CNN (the image tasks).
+    Cnn(CnnHostConfig),
+    /// A GPT-style transformer (the language-model tasks).
+    Transformer(TransformerHostConfig),
 }
 
 impl Task {
     /// Every task, in the order of the module docs.
-    pub const ALL: [Task; 5] = [
+    pub const ALL: [Task; 7] = [
         Task::Fmnist,
         Task::FmnistImpaired,
         Task::Cifar10,
         Task::Cifar10Impaired,
         Task::Synthetic,
+        Task::LmFortunes,
+        Task::LmSynthetic,
     ];
 
     /// The name on the command line and in records.
@@ -67,6 +95,8 @@ impl Task {
             Task::Cifar10 => "cifar10",
             Task::Cifar10Impaired => "cifar10-impaired",
             Task::Synthetic => "synthetic",
+            Task::LmFortunes => "lm-fortunes",
+            Task::LmSynthetic => "lm-synthetic",
         }
     }
 
@@ -80,9 +110,41 @@ impl Task {
         matches!(self, Task::Cifar10 | Task::Cifar10Impaired)
     }
 
+    /// Whether the task trains a language model (token windows with a
+    /// target per position, the transformer host).
+    pub fn is_language_model(self) -> bool {
+        matches!(self, Task::LmFortunes | Task::LmSynthetic)
+    }
+
+    /// The transformer of the language-model tasks: byte tokens (256),
+    /// width 128, 4 heads, 3 layers in 3 segments (a slot after each),
+    /// block [`LM_CONTEXT`]; about 0.63 M parameters.
+    pub fn lm_host_config() -> TransformerHostConfig {
+        TransformerHostConfig {
+            vocab_size: text::VOCABULARY as i64,
+            n_embd: 128,
+            n_head: 4,
+            n_layer: 3,
+            block_size: LM_CONTEXT as i64,
+            num_segments: 3,
+        }
+    }
+
     /// The host that matches the task's data.
-    pub fn host_config(self) -> CnnHostConfig {
-        match self {
+    pub fn host(self) -> TaskHost {
+        match self.host_config() {
+            Ok(cnn) => TaskHost::Cnn(cnn),
+            Err(_) => TaskHost::Transformer(Task::lm_host_config()),
+        }
+    }
+
+    /// The CNN host of an image task.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a language-model task, whose host is a
+    /// transformer ([`Task::host`]).
+    pub fn host_config(self) -> Result<CnnHostConfig> {
+        Ok(match self {
             Task::Fmnist | Task::Synthetic => CnnHostConfig::fashion_mnist(),
             Task::FmnistImpaired => CnnHostConfig {
                 base_channels: 4,
@@ -93,7 +155,16 @@ impl Task {
                 base_channels: 4,
                 ..CnnHostConfig::cifar_baseline()
             },
-        }
+            Task::LmFortunes | Task::LmSynthetic => {
+                return Err(Error::InvalidConfig {
+                    field: "task",
+                    reason: format!(
+                        "{} trains a transformer host, not a CNN (Task::host)",
+                        self.name()
+                    ),
+                });
+            }
+        })
     }
 }
 
@@ -113,7 +184,8 @@ pub struct TaskOptions {
     /// A seeded subset of this many training samples; 0 takes them all
     /// (for `synthetic`: [`DEFAULT_SYNTHETIC_TRAIN_SAMPLES`]).
     pub train_samples: usize,
-    /// Seed of the subset and of the synthetic images.
+    /// Seed of the subset, of the synthetic images and text, and of the
+    /// language-model tasks' document split.
     pub seed: u64,
 }
 
@@ -160,6 +232,27 @@ pub fn load(task: Task, options: &TaskOptions) -> Result<TaskData> {
             let (train, validation) = all.split(SplitSize::Count(train_len), None)?;
             return Ok(TaskData { train, validation });
         }
+        Task::LmFortunes => text::load(&TextOptions {
+            dir: options.data_dir.clone(),
+            context: LM_CONTEXT,
+            seed: options.seed,
+            ..TextOptions::default()
+        })?,
+        Task::LmSynthetic => {
+            let train_len = match options.train_samples {
+                0 => DEFAULT_LM_SYNTHETIC_TRAIN_WINDOWS,
+                windows => windows,
+            };
+            let total = train_len
+                .checked_add(LM_SYNTHETIC_VALIDATION_WINDOWS)
+                .ok_or_else(|| Error::InvalidConfig {
+                    field: "train_samples",
+                    reason: format!("{train_len} is too large"),
+                })?;
+            let all = text::synthetic(total, LM_CONTEXT, text::VOCABULARY, options.seed)?;
+            let (train, validation) = all.split(SplitSize::Count(train_len), None)?;
+            return Ok(TaskData { train, validation });
+        }
     };
     let train = match options.train_samples {
         0 => train,
@@ -188,16 +281,26 @@ pub fn build_model(
     telemetry: Telemetry,
 ) -> Result<MorphogeneticModel> {
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-    let host = CnnHost::new(task.host_config(), device).map_err(|source| Error::Lifecycle {
+    let host_error = |source| Error::Lifecycle {
         op: "build the task's host",
         source,
-    })?;
-    MorphogeneticModel::with_slot_names(host, slots, SlotConfig::default(), telemetry).map_err(
-        |source| Error::Lifecycle {
-            op: "enable the task's slots",
-            source,
-        },
-    )
+    };
+    let slots_error = |source| Error::Lifecycle {
+        op: "enable the task's slots",
+        source,
+    };
+    match task.host() {
+        TaskHost::Cnn(config) => {
+            let host = CnnHost::new(config, device).map_err(host_error)?;
+            MorphogeneticModel::with_slot_names(host, slots, SlotConfig::default(), telemetry)
+                .map_err(slots_error)
+        }
+        TaskHost::Transformer(config) => {
+            let host = TransformerHost::new(config, device).map_err(host_error)?;
+            MorphogeneticModel::with_slot_names(host, slots, SlotConfig::default(), telemetry)
+                .map_err(slots_error)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -210,13 +313,31 @@ mod tests {
             assert_eq!(Task::from_name(task.name()), Some(task));
         }
         assert_eq!(Task::from_name("mnist"), None);
-        assert_eq!(Task::Cifar10Impaired.host_config().base_channels, 4);
-        assert_eq!(Task::Cifar10.host_config().base_channels, 8);
-        assert_eq!(Task::Cifar10Impaired.host_config().in_channels, 3);
-        assert_eq!(Task::FmnistImpaired.host_config().in_channels, 1);
-        let full = Task::Cifar10.host_config().validate().unwrap();
-        let impaired = Task::Cifar10Impaired.host_config().validate().unwrap();
+        assert_eq!(
+            Task::Cifar10Impaired.host_config().unwrap().base_channels,
+            4
+        );
+        assert_eq!(Task::Cifar10.host_config().unwrap().base_channels, 8);
+        assert_eq!(Task::Cifar10Impaired.host_config().unwrap().in_channels, 3);
+        assert_eq!(Task::FmnistImpaired.host_config().unwrap().in_channels, 1);
+        let full = Task::Cifar10.host_config().unwrap().validate().unwrap();
+        let impaired = Task::Cifar10Impaired
+            .host_config()
+            .unwrap()
+            .validate()
+            .unwrap();
         assert!(impaired * 3 < full, "{impaired} vs {full} parameters");
+        for task in Task::ALL {
+            assert_eq!(
+                task.is_language_model(),
+                task.host_config().is_err(),
+                "{task}"
+            );
+        }
+        assert!(matches!(
+            Task::LmFortunes.host(),
+            TaskHost::Transformer(config) if config.vocab_size == 256
+        ));
     }
 
     #[test]
@@ -239,5 +360,34 @@ mod tests {
             load(Task::Cifar10Impaired, &missing),
             Err(Error::Data(_))
         ));
+        assert!(matches!(
+            load(Task::LmFortunes, &missing),
+            Err(Error::Data(_))
+        ));
+    }
+
+    #[test]
+    fn the_synthetic_text_task_builds_a_transformer_that_reads_its_windows() {
+        let options = TaskOptions {
+            train_samples: 32,
+            seed: 4,
+            ..TaskOptions::default()
+        };
+        let data = load(Task::LmSynthetic, &options).unwrap();
+        assert_eq!(data.train.images().size(), [32, LM_CONTEXT as i64]);
+        assert_eq!(data.validation.len(), LM_SYNTHETIC_VALIDATION_WINDOWS);
+        assert!(data.train.is_sequences());
+        let model = build_model(
+            Task::LmSynthetic,
+            &["r0c1", "r0c2"],
+            1,
+            Device::Cpu,
+            Telemetry::disabled(),
+        )
+        .unwrap();
+        let logits = model
+            .forward(&data.train.images().narrow(0, 0, 2), false)
+            .unwrap();
+        assert_eq!(logits.size(), [2, LM_CONTEXT as i64, 256]);
     }
 }

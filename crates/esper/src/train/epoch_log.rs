@@ -88,6 +88,10 @@ pub(crate) struct EpochRecord {
     /// back this epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) rollback: Option<String>,
+    /// A language model's validation perplexity, `exp(val_loss)` (absent on
+    /// the image tasks and when not finite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) val_perplexity: Option<f64>,
 }
 
 fn finite(value: f64) -> Option<f64> {
@@ -130,7 +134,15 @@ impl EpochRecord {
                 .rollback
                 .as_ref()
                 .map(|rollback| rollback.reason.as_str().to_owned()),
+            val_perplexity: None,
         }
+    }
+
+    /// The same record with the validation perplexity of a language model
+    /// (`exp` of its per-token validation loss).
+    pub(crate) fn with_perplexity(mut self) -> EpochRecord {
+        self.val_perplexity = self.val_loss.map(f64::exp).and_then(finite);
+        self
     }
 
     /// The record of one epoch of a PPO episode (simic's trace: no wall
@@ -175,6 +187,7 @@ impl EpochRecord {
                 outcome,
             }),
             rollback: None,
+            val_perplexity: None,
         }
     }
 
@@ -389,6 +402,7 @@ mod tests {
             slots: Vec::new(),
             decision: None,
             rollback: None,
+            val_perplexity: None,
         }
     }
 

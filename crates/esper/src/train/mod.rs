@@ -532,9 +532,25 @@ impl RunController {
         saved: Option<&ControllerState>,
         telemetry: leyline::Telemetry,
     ) -> Result<RunController> {
+        let language_model = config.task.task().is_language_model();
         let masks = tamiyo::masks::MaskConfig {
             max_seeds: config.max_seeds,
+            topology: if language_model {
+                kasmina::host::Topology::Transformer
+            } else {
+                kasmina::host::Topology::Cnn
+            },
             ..tamiyo::masks::MaskConfig::default()
+        };
+        // The reference rotation's convolutions do not exist on a
+        // transformer host: the scripted controllers grow `mlp_small` there.
+        let (rotation, scripted_blueprint): (&[leyline::BlueprintAction], _) = if language_model {
+            (
+                &tamiyo::heuristic::TRANSFORMER_ROTATION,
+                leyline::BlueprintAction::MlpSmall,
+            )
+        } else {
+            (&[], leyline::BlueprintAction::ConvLight)
         };
         let scripted = |name: &str| -> Result<bool> {
             match saved {
@@ -558,6 +574,7 @@ impl RunController {
                         state.scripted
                     ),
                 }
+                .with_rotation(rotation)
                 .with_telemetry(telemetry),
             ),
             ControllerKind::NoGrowth => {
@@ -566,10 +583,13 @@ impl RunController {
             }
             ControllerKind::MaxGrowth => {
                 scripted(ControllerKind::MaxGrowth.name())?;
-                RunController::MaxGrowth(MaxGrowthController::new(masks))
+                RunController::MaxGrowth(
+                    MaxGrowthController::new(masks).with_blueprint(scripted_blueprint),
+                )
             }
             ControllerKind::GerminateOnce => RunController::GerminateOnce(
                 GerminateOnceController::new(masks)
+                    .with_blueprint(scripted_blueprint)
                     .with_germinated(scripted(ControllerKind::GerminateOnce.name())?),
             ),
             ControllerKind::Ppo => bail!("a PPO run has no per-run controller"),
@@ -652,9 +672,18 @@ pub(crate) fn create_run_dir(dir: &Path) -> Result<()> {
 /// The trainer's configuration for `config` on `device` (`--mode auto`
 /// resolved there, [`args::ModeChoice::resolve`]).
 pub(crate) fn trainer_config(config: &RunConfig, device: tch::Device) -> ModelTrainerConfig {
+    // A transformer learns text far faster with AdamW than with SGD.
+    let group = if config.task.task().is_language_model() {
+        GroupOptimizerConfig::AdamW(tolaria::optim::AdamWConfig {
+            learning_rate: config.learning_rate,
+            ..tolaria::optim::AdamWConfig::default()
+        })
+    } else {
+        GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM)
+    };
     let optimizer = OptimizerConfig {
-        host: GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM),
-        seed: GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM),
+        host: group,
+        seed: group,
     };
     ModelTrainerConfig {
         seed: config.seed,
@@ -735,7 +764,10 @@ fn train(
             }
         };
         let epoch_ms = started.elapsed().as_secs_f64() * 1000.0;
-        let record = EpochRecord::new(&report, trainer.model(), epoch_ms);
+        let mut record = EpochRecord::new(&report, trainer.model(), epoch_ms);
+        if config.task.task().is_language_model() {
+            record = record.with_perplexity();
+        }
         log.append(&record)?;
         progress.epoch(&record);
         records.push(record);

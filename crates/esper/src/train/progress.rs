@@ -102,6 +102,9 @@ pub(crate) fn plain_line(record: &EpochRecord, epochs: usize) -> String {
         rate_text(record.samples_per_s),
         record.epoch_ms / 1000.0
     );
+    if let Some(perplexity) = record.val_perplexity {
+        line.push_str(&format!("  val ppl {perplexity:.2}"));
+    }
     let live: Vec<String> = record
         .slots
         .iter()

@@ -37,13 +37,27 @@ pub(crate) fn load_data(config: &RunConfig) -> Result<TaskData> {
             "cannot load CIFAR-10 for --task {task} (--data-dir DIR names the folder of its \
              binary files)"
         ),
-        TaskKind::Synthetic => format!("cannot generate the data of --task {task}"),
+        TaskKind::Synthetic | TaskKind::LmSynthetic => {
+            format!("cannot generate the data of --task {task}")
+        }
+        TaskKind::LmFortunes => format!(
+            "cannot load the text corpus for --task {task} (--data-dir DIR picks another folder; \
+             on Debian, `apt-get install fortunes` installs it)"
+        ),
     })
 }
 
-/// The host configuration of `task`.
-pub(crate) fn host_config(task: TaskKind) -> CnnHostConfig {
-    task.task().host_config()
+/// The CNN host configuration of `task` (the simic environments'); a
+/// language-model task is refused: its environments are not built yet.
+pub(crate) fn host_config(task: TaskKind) -> Result<CnnHostConfig> {
+    task.task().host_config().with_context(|| {
+        format!(
+            "--controller ppo on --task {task}: not implemented yet (the PPO environments \
+             train CNN hosts only); the language-model tasks run with --controller heuristic, \
+             no-growth, germinate-once or max-growth",
+            task = task.name()
+        )
+    })
 }
 
 /// The host of `config.task` on `device` (weights from `config.seed`) with

@@ -276,7 +276,7 @@ impl LearningSetup {
         let task = options.learning_task;
         let (train, test) = load(task, options)?;
         let spec = EnvSpec::sharded(
-            task.host_config(),
+            task.host_config()?,
             SLOTS.iter().map(|s| (*s).to_owned()).collect(),
             &train,
             test,

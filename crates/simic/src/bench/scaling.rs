@@ -63,7 +63,7 @@ pub fn run_rank(
         None => torch_ext::device::select(options.device)?,
     };
     let (train, test) = load(task.task(), options)?;
-    let host = task.task().host_config();
+    let host = task.task().host_config()?;
     let spec = EnvSpec::sharded(
         host,
         SLOTS.iter().map(|s| (*s).to_owned()).collect(),

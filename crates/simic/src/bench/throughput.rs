@@ -265,7 +265,7 @@ pub fn run_throughput(
             });
         }
     };
-    let host = task.task().host_config();
+    let host = task.task().host_config()?;
     let n_envs = 4;
     let spec = EnvSpec::sharded(
         host,

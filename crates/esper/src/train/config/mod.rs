@@ -83,9 +83,14 @@ pub(crate) const DEFAULT_BATCH_SIZE: usize = 128;
 /// a 12,000-sample Fashion-MNIST epoch jitters by 10% or more, so that in 40
 /// epochs it never germinated; at 0.003 it germinates around epoch 15.
 pub(crate) const DEFAULT_LEARNING_RATE: f64 = 0.003;
+/// Default AdamW learning rate of the language-model tasks.
+pub(crate) const DEFAULT_LM_LEARNING_RATE: f64 = 0.001;
 /// Default training subset of the Fashion-MNIST tasks (a few seconds per
 /// epoch on a 2-core CPU; 0 would train on all 60,000).
 pub(crate) const DEFAULT_FMNIST_TRAIN_SAMPLES: usize = 12_000;
+/// Default training windows of `lm-fortunes`: about a quarter of the corpus
+/// (0.5 M tokens), so that an epoch stays short on a CPU; 0 takes them all.
+pub(crate) const DEFAULT_LM_TRAIN_WINDOWS: usize = 8_000;
 /// Default checkpoint interval, epochs (a checkpoint is also written at the
 /// end and at a Ctrl-C).
 pub(crate) const DEFAULT_CHECKPOINT_EVERY: usize = 5;
@@ -273,6 +278,8 @@ impl RunConfig {
                 TaskKind::Fmnist | TaskKind::FmnistImpaired => DEFAULT_FMNIST_TRAIN_SAMPLES,
                 TaskKind::Cifar10 | TaskKind::Cifar10Impaired => 0,
                 TaskKind::Synthetic => DEFAULT_SYNTHETIC_TRAIN_SAMPLES,
+                TaskKind::LmFortunes => DEFAULT_LM_TRAIN_WINDOWS,
+                TaskKind::LmSynthetic => 0,
             });
         let controller = args
             .controller
@@ -297,10 +304,13 @@ impl RunConfig {
                 .batch_size
                 .or(file.batch_size)
                 .unwrap_or(DEFAULT_BATCH_SIZE),
-            learning_rate: args
-                .learning_rate
-                .or(file.learning_rate)
-                .unwrap_or(DEFAULT_LEARNING_RATE),
+            learning_rate: args.learning_rate.or(file.learning_rate).unwrap_or(
+                if task.task().is_language_model() {
+                    DEFAULT_LM_LEARNING_RATE
+                } else {
+                    DEFAULT_LEARNING_RATE
+                },
+            ),
             device: args
                 .device
                 .clone()
@@ -369,6 +379,14 @@ impl RunConfig {
     /// the data, a precision or mode the device cannot run) is checked by
     /// building them, still before anything is written.
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.controller == ControllerKind::Ppo && self.task.task().is_language_model() {
+            bail!(
+                "--controller ppo on --task {}: not implemented yet (the PPO environments train \
+                 CNN hosts only); the language-model tasks run with --controller heuristic, \
+                 no-growth, germinate-once or max-growth",
+                self.task.name()
+            );
+        }
         if self.epochs == 0 {
             bail!("epochs is 0; a run needs at least one epoch");
         }

@@ -229,7 +229,7 @@ pub(super) fn pool(
         measurements: Measurements {
             params: json!({
                 "task": task.name(),
-                "host_base_channels": task.host_config().base_channels,
+                "host_base_channels": task.host_config().ok().map(|host| host.base_channels),
                 "n_envs": 4,
                 "slots": SLOTS,
                 "episode_length": setup.episode_length,

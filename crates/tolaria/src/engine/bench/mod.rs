@@ -125,8 +125,8 @@ fn fmnist_data(options: &FmnistOptions) -> Result<(Dataset, Dataset, &'static st
 /// `attention` at r0c2 germinated (blend target 0.5, one-epoch tempo).
 pub fn fmnist_model(device: Device, telemetry: Telemetry) -> Result<MorphogeneticModel> {
     let lifecycle = |op: &'static str| move |source| Error::Lifecycle { op, source };
-    let host =
-        CnnHost::new(crate::task::Task::Fmnist.host_config(), device).map_err(lifecycle("host"))?;
+    let host = CnnHost::new(crate::task::Task::Fmnist.host_config()?, device)
+        .map_err(lifecycle("host"))?;
     let mut model = MorphogeneticModel::with_slot_names(
         host,
         &["r0c1", "r0c2"],
