@@ -247,6 +247,9 @@ fn clipped(record: &EpochRecord) -> EpochRecord {
     record.val_loss = record
         .val_loss
         .and_then(|loss| within(loss, 0.0, LOSS_AXIS_LIMIT));
+    record.val_perplexity = record
+        .val_perplexity
+        .and_then(|perplexity| within(perplexity, 1.0, f64::MAX));
     for slot in &mut record.slots {
         slot.alpha = within(slot.alpha, 0.0, 1.0).unwrap_or(0.0);
         slot.slot = short(&slot.slot);
@@ -438,11 +441,18 @@ where
         .fold(0.0_f64, f64::max);
     // The losses were clipped to LOSS_AXIS_LIMIT; a clipped one says so.
     let top = if highest > 0.0 { highest * 1.05 } else { 1.0 };
-    let caption = if highest >= LOSS_AXIS_LIMIT {
+    let mut caption = if highest >= LOSS_AXIS_LIMIT {
         format!("loss (clipped at {LOSS_AXIS_LIMIT:e})")
     } else {
         "loss".to_owned()
     };
+    // A language model's perplexity: the first and the last epoch's.
+    let perplexity = records.iter().filter_map(|record| record.val_perplexity);
+    if let (Some(first), Some(last)) = (perplexity.clone().next(), perplexity.last()) {
+        caption.push_str(&format!(
+            ", per token; validation perplexity {first:.2} -> {last:.2}"
+        ));
+    }
     let mut chart = ChartBuilder::on(&loss_area)
         .caption(caption, (FONT, 18))
         .margin(10)
@@ -710,6 +720,36 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn a_language_models_perplexity_is_in_the_loss_caption() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut records: Vec<EpochRecord> =
+            (0..3).map(|epoch| record(epoch, "TRAINING", 0.0)).collect();
+        for (record, perplexity) in records.iter_mut().zip([21.0, f64::NAN, 6.0]) {
+            record.val_perplexity = Some(perplexity);
+        }
+        let (_, svg) = draw_run(dir.path(), &records).expect("drawn");
+        let svg = std::fs::read_to_string(svg).expect("svg");
+        assert!(
+            svg.contains("validation perplexity 21.00 -&gt; 6.00")
+                || svg.contains("validation perplexity 21.00 -> 6.00"),
+            "caption"
+        );
+        let (_, svg) = draw_run(
+            dir.path(),
+            &records[..1]
+                .iter()
+                .map(|r| EpochRecord {
+                    val_perplexity: None,
+                    ..r.clone()
+                })
+                .collect::<Vec<_>>(),
+        )
+        .expect("drawn");
+        let svg = std::fs::read_to_string(svg).expect("svg");
+        assert!(!svg.contains("perplexity"), "an image task has none");
     }
 
     #[test]

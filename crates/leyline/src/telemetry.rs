@@ -82,6 +82,14 @@ metric_names! {
     TOLARIA_TRAINING_LATENCY_MS = "tolaria.training.latency_ms", Histogram, "ms", "Training epoch latency";
     /// Validation pass latency.
     TOLARIA_VALIDATION_LATENCY_MS = "tolaria.validation.latency_ms", Histogram, "ms", "Validation pass latency";
+    /// Mean validation loss of the epoch (per sample; per token for a
+    /// language model).
+    TOLARIA_VALIDATION_LOSS = "tolaria.validation.loss", Gauge, "nats", "Validation loss";
+    /// Validation accuracy of the epoch (per token for a language model).
+    TOLARIA_VALIDATION_ACCURACY = "tolaria.validation.accuracy", Gauge, "pct", "Validation accuracy";
+    /// A language model's validation perplexity, `exp` of its per-token
+    /// validation loss.
+    TOLARIA_VALIDATION_PERPLEXITY = "tolaria.validation.perplexity", Gauge, "ratio", "Validation perplexity";
     /// Host-to-device staging time of one epoch's microbatches.
     TOLARIA_H2D_COPY_MS = "tolaria.h2d_copy_ms", Histogram, "ms", "Host-to-device staging time per epoch";
     /// Whether the training step currently replays a CUDA graph (1) or runs eagerly (0).

@@ -1,7 +1,8 @@
 //! A causal language model through Tolaria's trainer on the CPU: the
 //! transformer host with a slot after each segment, trained on the seeded
 //! synthetic text ([`tolaria::data::text::synthetic`]) with both staging
-//! paths; the validation loss (per token) falls and the perplexity with it.
+//! paths; the validation loss (per token) falls and the perplexity with it,
+//! both in the epoch telemetry.
 //! Every transformer blueprint is germinated, trained, blended and
 //! fossilized through the trainer's epochs.
 
@@ -54,12 +55,13 @@ fn a_short_run_lowers_the_validation_loss_on_synthetic_text() {
     let train = synthetic(256, CONTEXT, VOCABULARY, 1).expect("train");
     let validation = synthetic(64, CONTEXT, VOCABULARY, 1).expect("validation");
     for placement in [DataPlacement::Device, DataPlacement::PinnedHost] {
+        let collector = leyline::Collector::new();
         let mut trainer = ModelTrainer::new(
             model(5),
             &train,
             Some(&validation),
             config(placement),
-            Telemetry::disabled(),
+            Telemetry::new(collector.clone()),
         )
         .expect("trainer");
         let mut losses = Vec::new();
@@ -77,7 +79,14 @@ fn a_short_run_lowers_the_validation_loss_on_synthetic_text() {
             last < first - 0.3 && last < 3.0,
             "{placement:?}: validation loss {losses:?} did not fall"
         );
-        assert!(last.exp() < first.exp(), "perplexity falls with the loss");
+        // The telemetry carries the loss and the perplexity of every epoch.
+        let perplexity = collector.metric_values(leyline::telemetry::TOLARIA_VALIDATION_PERPLEXITY);
+        let loss = collector.metric_values(leyline::telemetry::TOLARIA_VALIDATION_LOSS);
+        assert_eq!(perplexity.len(), losses.len());
+        for ((ppl, telemetry_loss), loss) in perplexity.iter().zip(&loss).zip(&losses) {
+            assert!((telemetry_loss - loss).abs() < 1e-9);
+            assert!((ppl - loss.exp()).abs() < 1e-9 * ppl);
+        }
     }
 }
 

@@ -537,10 +537,25 @@ impl ModelTrainer {
             packet = packet.with_metric(metric(names::TOLARIA_H2D_COPY_MS, h2d));
         }
         if let Some(validation) = validation {
-            packet = packet.with_metric(metric(
-                names::TOLARIA_VALIDATION_LATENCY_MS,
-                validation.elapsed_ms,
-            ));
+            packet = packet
+                .with_metric(metric(
+                    names::TOLARIA_VALIDATION_LATENCY_MS,
+                    validation.elapsed_ms,
+                ))
+                .with_metric(metric(names::TOLARIA_VALIDATION_LOSS, validation.loss))
+                .with_metric(metric(
+                    names::TOLARIA_VALIDATION_ACCURACY,
+                    validation.accuracy,
+                ));
+            let sequences = self
+                .validation
+                .as_ref()
+                .is_some_and(|data| data.labels().dim() == 2);
+            let perplexity = validation.loss.exp();
+            if sequences && perplexity.is_finite() {
+                packet =
+                    packet.with_metric(metric(names::TOLARIA_VALIDATION_PERPLEXITY, perplexity));
+            }
         }
         if let Some(capture_ms) = train.capture_ms {
             packet = packet.with_metric(metric(names::TOLARIA_GRAPH_CAPTURE_MS, capture_ms));
