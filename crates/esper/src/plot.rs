@@ -447,8 +447,9 @@ where
         "loss".to_owned()
     };
     // A language model's perplexity: the first and the last epoch's.
-    let perplexity = records.iter().filter_map(|record| record.val_perplexity);
-    if let (Some(first), Some(last)) = (perplexity.clone().next(), perplexity.last()) {
+    let mut perplexity = records.iter().filter_map(|record| record.val_perplexity);
+    if let Some(first) = perplexity.next() {
+        let last = perplexity.next_back().unwrap_or(first);
         caption.push_str(&format!(
             ", per token; validation perplexity {first:.2} -> {last:.2}"
         ));
