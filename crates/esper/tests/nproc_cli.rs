@@ -287,22 +287,27 @@ fn two_nodes_running(args: &[String], env: impl Fn(usize) -> Vec<(String, String
         .collect()
 }
 
-#[test]
-fn two_nodes_started_as_torchrun_or_srun_would_train_the_nproc_runs_policy() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // The reference: esper's own launcher, two ranks on this host.
+/// The reference: the two-round run under esper's own launcher, two ranks
+/// on this host, in `run_dir`; rank 0's policy fingerprint.
+fn launcher_fingerprint(run_dir: &Path) -> String {
     let output = Command::new(ESPER)
-        .args(ppo_args(&dir.path().join("nproc"), "2"))
+        .args(ppo_args(run_dir, "2"))
         .stdin(Stdio::null())
         .output()
         .expect("esper runs");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{stdout}");
-    let reference = stdout
+    stdout
         .lines()
         .find_map(|line| line.strip_prefix("rank 0 of 2: policy fingerprint "))
         .expect("the launcher's rank 0 fingerprint")
-        .to_owned();
+        .to_owned()
+}
+
+#[test]
+fn two_nodes_started_as_torchrun_or_srun_would_train_the_nproc_runs_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let reference = launcher_fingerprint(&dir.path().join("nproc"));
 
     // torchrun --nnodes 2 --nproc-per-node 1 --no-python: each node's
     // process gets RANK, WORLD_SIZE, LOCAL_RANK 0 and the rendezvous.
@@ -485,18 +490,7 @@ fn two_nodes_started_by_real_torchrun_train_the_nproc_runs_policy() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let output = Command::new(ESPER)
-        .args(ppo_args(&dir.path().join("nproc"), "2"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(output.status.success(), "{stdout}");
-    let reference = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("rank 0 of 2: policy fingerprint "))
-        .expect("the launcher's rank 0 fingerprint")
-        .to_owned();
+    let reference = launcher_fingerprint(&dir.path().join("nproc"));
 
     // Two torchrun invocations, node ranks 0 and 1, one process each, with a
     // static rendezvous on this host: what two machines of a job would run.

@@ -218,19 +218,14 @@ pub fn load(task: Task, options: &TaskOptions) -> Result<TaskData> {
             cifar10::load(load)?
         }
         Task::Synthetic => {
-            let train_len = match options.train_samples {
-                0 => DEFAULT_SYNTHETIC_TRAIN_SAMPLES,
-                samples => samples,
-            };
-            let total = train_len
-                .checked_add(SYNTHETIC_VALIDATION_SAMPLES)
-                .ok_or_else(|| Error::InvalidConfig {
-                    field: "train_samples",
-                    reason: format!("{train_len} is too large"),
-                })?;
-            let all = synthetic::image_task(&ImageTaskOptions::fashion_like(total, options.seed))?;
-            let (train, validation) = all.split(SplitSize::Count(train_len), None)?;
-            return Ok(TaskData { train, validation });
+            return generated(
+                options.train_samples,
+                (
+                    DEFAULT_SYNTHETIC_TRAIN_SAMPLES,
+                    SYNTHETIC_VALIDATION_SAMPLES,
+                ),
+                |total| synthetic::image_task(&ImageTaskOptions::fashion_like(total, options.seed)),
+            );
         }
         Task::LmFortunes => text::load(&TextOptions {
             dir: options.data_dir.clone(),
@@ -239,19 +234,14 @@ pub fn load(task: Task, options: &TaskOptions) -> Result<TaskData> {
             ..TextOptions::default()
         })?,
         Task::LmSynthetic => {
-            let train_len = match options.train_samples {
-                0 => DEFAULT_LM_SYNTHETIC_TRAIN_WINDOWS,
-                windows => windows,
-            };
-            let total = train_len
-                .checked_add(LM_SYNTHETIC_VALIDATION_WINDOWS)
-                .ok_or_else(|| Error::InvalidConfig {
-                    field: "train_samples",
-                    reason: format!("{train_len} is too large"),
-                })?;
-            let all = text::synthetic(total, LM_CONTEXT, text::VOCABULARY, options.seed)?;
-            let (train, validation) = all.split(SplitSize::Count(train_len), None)?;
-            return Ok(TaskData { train, validation });
+            return generated(
+                options.train_samples,
+                (
+                    DEFAULT_LM_SYNTHETIC_TRAIN_WINDOWS,
+                    LM_SYNTHETIC_VALIDATION_WINDOWS,
+                ),
+                |total| text::synthetic(total, LM_CONTEXT, text::VOCABULARY, options.seed),
+            );
         }
     };
     let train = match options.train_samples {
@@ -268,6 +258,28 @@ pub fn load(task: Task, options: &TaskOptions) -> Result<TaskData> {
             });
         }
     };
+    Ok(TaskData { train, validation })
+}
+
+/// A generated task's data: `train_samples` (or `defaults.0` for 0)
+/// training samples and `defaults.1` validation samples, from one call of
+/// `generate` for their sum, split in that order.
+fn generated(
+    train_samples: usize,
+    defaults: (usize, usize),
+    generate: impl FnOnce(usize) -> crate::data::Result<Dataset>,
+) -> Result<TaskData> {
+    let train_len = match train_samples {
+        0 => defaults.0,
+        samples => samples,
+    };
+    let total = train_len
+        .checked_add(defaults.1)
+        .ok_or_else(|| Error::InvalidConfig {
+            field: "train_samples",
+            reason: format!("{train_len} is too large"),
+        })?;
+    let (train, validation) = generate(total)?.split(SplitSize::Count(train_len), None)?;
     Ok(TaskData { train, validation })
 }
 
