@@ -12,7 +12,7 @@
 # Sets LD_LIBRARY_PATH from the machine's python3 torch (the binaries' rpath points at
 # the build machine's `.esper-torch`, which does not exist here), runs the GPU test
 # binaries, then each workload through `esper bench` (default: tolaria-reference only;
-# --workload NAME, repeatable, picks others: nissa-emit, kasmina-prefetch, tolaria-fmnist), the Python peers
+# --workload NAME, repeatable, picks others: nissa-emit, kasmina-prefetch, tolaria-fmnist, tolaria-lm), the Python peers
 # merged into the tolaria-reference record, and writes everything under $OUT (default:
 # bundle/out):
 #   <label>.json            the tolaria-reference record (Rust and Python side by side)
@@ -127,7 +127,27 @@ for workload in "${workloads[@]}"; do
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi
     continue
+  elif [ "$workload" = tolaria-lm ]; then
+    data_args=(--synthetic)
+    rust_data=(--synthetic)
+    if [ -d "$here/data/fortunes" ]; then
+      export ESPER_TEXT_CORPUS_DIR="$here/data/fortunes"
+      data_args=(--data-dir "$here/data/fortunes")
+      rust_data=()
+    fi
+    echo "== rust bench $workload"
+    "$esper_bin" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
+      "${rust_data[@]}" 2>&1 | tee "$out/bench_$workload.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    if [ "$run_python" = 1 ] && [ -f "$here/tolaria_lm.py" ] && [ -f "$out/$workload/$label.json" ]; then
+      echo "== python peers ($workload)"
+      python3 "$here/tolaria_lm.py" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
+        $quick 2>&1 | tee "$out/bench_python_$workload.log"
+      [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    fi
+    continue
   else
+    [ -d "$here/data/fortunes" ] && export ESPER_TEXT_CORPUS_DIR="$here/data/fortunes"
     [ -d "$here/data/fashion-mnist" ] && export ESPER_FASHION_MNIST_DIR="$here/data/fashion-mnist"
     if [ "$workload" = simic-cifar ] && [ -z "${ESPER_CIFAR10_DIR:-}" ] && [ -f "$here/make_fake_cifar.py" ]; then
       # The fake CIFAR-10 at real size (DESIGN.md §5), generated here rather than carried.

@@ -50,6 +50,40 @@ benchmark):
   compile     torch.compile (mode "default") of forward + loss (the backward
               compiled with it by AOTAutograd), fused SGD eager; validation
               forward compiled separately; compile times reported apart
+  inductor-graph
+              forward + loss through torch.compile (mode
+              "max-autotune-no-cudagraphs": Inductor's fused Triton kernels,
+              convolutions and matmuls autotuned against the aten ones), the
+              backward compiled with it by AOTAutograd; then, as graph, the
+              whole step (compiled forward and backward, the fused SGD, loss
+              accumulation) captured by hand after the warm-up steps (where
+              compilation and all autotuning happen, never under capture)
+              and replayed after the gather. SGD keeps no step count, so its
+              fused kernel needs no capturable flag. The compiled graph
+              updates BatchNorm's running statistics in place; the first
+              replay checks that they and every parameter changed
+  inductor-graph-bf16
+              as inductor-graph under bf16 autocast, entered around the
+              compiled call (weight-cast cache off, as capture requires):
+              Dynamo traces the casts into the graph and Inductor fuses them
+              into their neighbours, the same step as autocast inside it
+  max-autotune
+              torch.compile (mode "max-autotune") of forward + loss: the
+              same kernels with Inductor's own CUDA graphs (cudagraph trees,
+              a step begun before every forward), fused SGD eager;
+              inductor_cudagraph_skips counts the graphs Inductor declined
+              to run as CUDA graphs
+
+The record's params (compile_modes) keep each compiled mode's Inductor
+options. compile_s is the first training step's seconds (compilation and
+autotuning), compile_validation_s the first validation's, both apart from the
+epoch times (the first epoch, a warm-up, holds them). Compiled modes validate
+with torch.compile (mode "default") of the evaluation forward. Inductor's
+on-disk caches (TORCHINDUCTOR_CACHE_DIR) from earlier runs, and autotuning
+results of earlier modes of this run, shorten compile times (the metrics
+fxgraph_cache_hits / _misses say which); Dynamo is reset after every
+compiled mode. On the CPU the CUDA-only modes are recorded as
+skipped, with the reason.
 
 Epoch time is host wall time of the whole epoch: permutation, gathers,
 every step, and the one readback of the epoch's summed loss (the only sync).
@@ -84,6 +118,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -121,7 +156,45 @@ INIT_SEED = 20251001
 DATA_SEED = 20251002
 GRAPH_WARMUP_STEPS = 3
 
-ALL_MODES = ["eager", "eager-bf16", "graph", "graph-bf16", "compile"]
+
+@dataclass(frozen=True)
+class Mode:
+    """How one record mode runs the training step."""
+
+    bf16: bool = False
+    # The whole training step captured by hand in one torch.cuda.CUDAGraph.
+    graphed: bool = False
+    # torch.compile mode of forward + loss (None: eager).
+    compile_mode: str | None = None
+    # Why the mode cannot run on the CPU (None: it can).
+    needs_cuda: str | None = None
+
+    @property
+    def inductor_cudagraphs(self) -> bool:
+        """Inductor records its own CUDA graphs (cudagraph trees)."""
+        return self.compile_mode in ("reduce-overhead", "max-autotune")
+
+    @property
+    def cuda_graphs(self) -> str:
+        if self.graphed:
+            return "the whole step, captured by hand"
+        return "Inductor's (cudagraph trees)" if self.inductor_cudagraphs else "none"
+
+
+HAND_GRAPH = "CUDA graphs need a CUDA device"
+MODES = {
+    "eager": Mode(),
+    "eager-bf16": Mode(bf16=True),
+    "graph": Mode(graphed=True, needs_cuda=HAND_GRAPH),
+    "graph-bf16": Mode(bf16=True, graphed=True, needs_cuda=HAND_GRAPH),
+    "compile": Mode(compile_mode="default"),
+    "inductor-graph": Mode(graphed=True, compile_mode="max-autotune-no-cudagraphs", needs_cuda=HAND_GRAPH),
+    "inductor-graph-bf16": Mode(bf16=True, graphed=True, compile_mode="max-autotune-no-cudagraphs",
+                                needs_cuda=HAND_GRAPH),
+    "max-autotune": Mode(compile_mode="max-autotune",
+                         needs_cuda="Inductor's CUDA graphs and Triton autotuning need a CUDA device"),
+}
+ALL_MODES = list(MODES)
 
 
 def group_norm_groups(channels: int) -> int:
@@ -415,14 +488,16 @@ class Trainer:
 
     def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int) -> None:
         (train_x, train_y), (test_x, test_y) = data
+        spec = MODES[mode]
         self.mode = mode
         self.device = device
         self.cuda = device.type == "cuda"
-        self.bf16 = mode.endswith("-bf16")
-        self.graphed = mode.startswith("graph")
-        self.compiled = mode == "compile"
-        if self.graphed and not self.cuda:
-            raise RuntimeError("CUDA graphs need a CUDA device; this run is on the CPU")
+        self.bf16 = spec.bf16
+        self.graphed = spec.graphed
+        self.compiled = spec.compile_mode is not None
+        self.inductor_cudagraphs = spec.inductor_cudagraphs
+        if spec.needs_cuda and not self.cuda:
+            raise RuntimeError(f"{spec.needs_cuda}; this run is on the CPU")
         self.model = build_model(device)
         self.optimizers = build_optimizers(self.model, fused=self.cuda)
         self.params = [p for group in self.model.groups() for p in group]
@@ -449,7 +524,10 @@ class Trainer:
         self.train_fn = self.forward_loss
         self.eval_fn = self.eval_logits
         if self.compiled:
-            self.train_fn = torch.compile(self.forward_loss, dynamic=False)
+            # Static shapes (every batch is 256, the validation batch 10,000).
+            # The evaluation forward: Inductor's default mode in every
+            # compiled mode (it runs once an epoch; no CUDA graphs).
+            self.train_fn = torch.compile(self.forward_loss, mode=spec.compile_mode, dynamic=False)
             self.eval_fn = torch.compile(self.eval_logits, dynamic=False)
 
     def autocast(self):
@@ -466,6 +544,9 @@ class Trainer:
         return self.model(x, False)
 
     def step(self, x, y):
+        if self.inductor_cudagraphs:
+            # A new iteration: the previous step's graph outputs may be reused.
+            torch.compiler.cudagraph_mark_step_begin()
         with self.autocast():
             loss = self.train_fn(x, y)
         loss.backward()
@@ -496,15 +577,40 @@ class Trainer:
             self.eager_steps_left -= 1
             self.eager_step(self.static_x, self.static_y)
         else:
-            self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
-            torch.cuda.synchronize(self.device)
-            started = time.perf_counter()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
-                self.step(self.static_x, self.static_y)
-            self.capture_ms = (time.perf_counter() - started) * 1e3
-            self.graph = graph
-            graph.replay()
+            self.capture()
+
+    def capture(self) -> None:
+        """Captures the whole step (eager or compiled, as the mode's train_fn)
+        on the current stream, then replays it as this step, checking that
+        the replay trained the model in place."""
+        self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
+        torch.cuda.synchronize(self.device)
+        started = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
+            self.step(self.static_x, self.static_y)
+        self.capture_ms = (time.perf_counter() - started) * 1e3
+        self.graph = graph
+        before = self.model_snapshot()
+        graph.replay()
+        self.check_trained_in_place(before)
+
+    def model_tensors(self) -> dict[str, torch.Tensor]:
+        """Every parameter and buffer (BatchNorm's running statistics) by name."""
+        return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
+
+    def model_snapshot(self) -> dict[str, tuple[int, torch.Tensor]]:
+        return {name: (t.data_ptr(), t.detach().clone()) for name, t in self.model_tensors().items()}
+
+    def check_trained_in_place(self, before: dict[str, tuple[int, torch.Tensor]]) -> None:
+        """A replayed step must change every parameter (the SGD step) and every
+        BatchNorm running statistic (the forward's buffer update) in place: a
+        captured graph that wrote copies (a compiled module returning its
+        buffer updates, say) would train nothing on replay."""
+        stale = [name for name, t in self.model_tensors().items()
+                 if t.data_ptr() != before[name][0] or torch.equal(t.detach(), before[name][1])]
+        if stale:
+            raise RuntimeError(f"a replay of the captured step left unchanged (or moved): {', '.join(stale)}")
 
     def check_static_gather(self):
         """index_select(out=) must write the static buffers in place (the graph reads them)."""
@@ -521,18 +627,19 @@ class Trainer:
         started = time.perf_counter()
         perm = torch.randperm(self.n_train, device=self.device, generator=self.generator)
         self.loss_sum.zero_()
-        if self.graphed:
-            for step in range(self.steps):
-                self.graph_step(perm[step * BATCH:(step + 1) * BATCH])
-        else:
+        if not self.graphed:
             torch.index_select(self.train_x, 0, perm, out=self.epoch_x)
             torch.index_select(self.train_y, 0, perm, out=self.epoch_y)
-            for step in range(self.steps):
-                lo = step * BATCH
+        for step in range(self.steps):
+            lo = step * BATCH
+            if self.graphed:
+                self.graph_step(perm[lo:lo + BATCH])
+            else:
                 self.eager_step(self.epoch_x[lo:lo + BATCH], self.epoch_y[lo:lo + BATCH])
-                if time_first_step and step == 0:
-                    self.sync()
-                    self.first_step_s = time.perf_counter() - started
+            if time_first_step and step == 0:
+                # The first step (a compiled mode's compilation and autotuning).
+                self.sync()
+                self.first_step_s = time.perf_counter() - started
         loss = self.loss_sum.item() / self.steps  # the epoch's one readback (a sync)
         return (time.perf_counter() - started) * 1e3, loss
 
@@ -588,9 +695,30 @@ class Trainer:
         return kernels, copies, busy_us
 
 
+# Compiled modes' metrics from Dynamo's counters: (group, counter) by metric.
+COMPILE_COUNTERS = {
+    # Graphs Inductor ran without its CUDA graphs (modes with cudagraph trees).
+    "inductor_cudagraph_skips": ("inductor", "cudagraph_skips"),
+    # Inductor's FX-graph cache: hits mean a shorter compile_s than cold.
+    "fxgraph_cache_hits": ("inductor", "fxgraph_cache_hit"),
+    "fxgraph_cache_misses": ("inductor", "fxgraph_cache_miss"),
+}
+
+
+def compile_counters() -> dict[str, int]:
+    """COMPILE_COUNTERS' values so far in this process (empty where this
+    torch keeps no such counters: they are private)."""
+    try:
+        from torch._dynamo.utils import counters
+        return {metric: int(counters[group][name]) for metric, (group, name) in COMPILE_COUNTERS.items()}
+    except Exception:
+        return {}
+
+
 def run_mode(mode: str, data, device: torch.device, args) -> dict:
     trainer = Trainer(mode, data, device, args.steps_per_epoch)
     metrics = {}
+    counted = compile_counters()
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize(device)
@@ -636,11 +764,15 @@ def run_mode(mode: str, data, device: torch.device, args) -> dict:
             steps_per_epoch=trainer.steps,
             train_samples_per_epoch=trainer.steps * BATCH,
         )
-        if mode == "compile":
+        if trainer.compiled:
             metrics["compile_s"] = trainer.first_step_s
             metrics["compile_validation_s"] = metrics["first_validation_ms"] / 1e3
         elif trainer.first_step_s is not None:
             metrics["first_step_ms"] = trainer.first_step_s * 1e3
+        if trainer.compiled:
+            for metric, value in compile_counters().items():
+                if metric in counted and (trainer.inductor_cudagraphs or metric != "inductor_cudagraph_skips"):
+                    metrics[metric] = value - counted[metric]
         if last is not None:
             metrics["final_train_loss"], metrics["val_loss"], metrics["val_accuracy"] = last
         if cuda:
@@ -747,9 +879,10 @@ TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("samples
 
 def print_table(results: list, device_name: str) -> None:
     print(f"\n{WORKLOAD} python peer on {device_name} (torch {torch.__version__})")
-    print(f"{'mode':<11}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
+    width = max([len("mode"), *(len(entry["mode"]) for entry in results)])
+    print(f"{'mode':<{width}}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
     for entry in results:
-        line = f"{entry['mode']:<11}"
+        line = f"{entry['mode']:<{width}}"
         if entry.get("error"):
             line += " error: " + entry["error"].splitlines()[0][:110]
         else:
@@ -762,6 +895,56 @@ def print_table(results: list, device_name: str) -> None:
                 else:
                     line += f" {value:>10.{digits}f}"
         print(line)
+
+
+def compile_modes(modes: list[str]) -> dict:
+    """For the record's params: each compiled mode's torch.compile mode and
+    the Inductor options it sets (as this torch defines the mode)."""
+    described = {}
+    for mode in modes:
+        compile_mode = MODES[mode].compile_mode
+        if compile_mode is None:
+            continue
+        try:
+            from torch._inductor import list_mode_options
+            options = list_mode_options(compile_mode)
+        except Exception:  # described by name only where this torch cannot list it
+            options = None
+        described[mode] = {"torch_compile_mode": compile_mode, "inductor_options": options,
+                           "cuda_graphs": MODES[mode].cuda_graphs,
+                           "validation": "torch.compile, mode default"}
+    return described
+
+
+def run_entry(mode: str, data, device: torch.device, args) -> dict:
+    """One mode's result entry: its metrics, or why it has none (skipped on
+    the CPU, or failed: one failing mode never loses the others)."""
+    spec = MODES[mode]
+    entry = {"impl": "python", "mode": mode, "amp": "bf16" if spec.bf16 else "off", "metrics": {}}
+    if spec.needs_cuda and device.type != "cuda":
+        entry["error"] = f"{spec.needs_cuda}; this run is on the CPU"
+        log(f"[python {mode}] skipped: {entry['error']}")
+        return entry
+    try:
+        entry["metrics"] = run_mode(mode, data, device, args)
+    except Exception as error:  # recorded honestly: a failing mode is a result
+        message = f"{type(error).__name__}: {error}".strip()
+        first_lines = "\n".join(message.splitlines()[:6])
+        log(f"[python {mode}] failed: {first_lines}")
+        traceback.print_exc(limit=4, file=sys.stderr)
+        entry["error"] = first_lines[:2000]
+    try:
+        if spec.compile_mode is not None:
+            # Frees the mode's compiled code and Inductor's CUDA graph pools
+            # (cudagraph trees) before the next mode's memory is measured.
+            torch.compiler.reset()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as error:  # a broken mode must not hide the next ones
+        log(f"[python {mode}] device left in error state: {error}")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return entry
 
 
 def main() -> int:
@@ -822,30 +1005,11 @@ def main() -> int:
     log(f"[python] {WORKLOAD} on {device}: data {source}, {args.warmup_epochs} warm-up + {args.epochs} "
         f"measured epochs of {args.steps_per_epoch} steps, modes {', '.join(modes)}")
 
+    if any(MODES[mode].compile_mode for mode in modes):
+        params["compile_modes"] = compile_modes(modes)
     results = []
     for mode in modes:
-        entry = {"impl": "python", "mode": mode, "amp": "bf16" if mode.endswith("-bf16") else "off"}
-        if mode.startswith("graph") and device.type != "cuda":
-            entry.update(metrics={}, error="CUDA graphs need a CUDA device; this run is on the CPU")
-            log(f"[python {mode}] skipped: {entry['error']}")
-            results.append(entry)
-            continue
-        try:
-            entry["metrics"] = run_mode(mode, data, device, args)
-        except Exception as error:  # recorded honestly: a failing mode is a result
-            message = f"{type(error).__name__}: {error}".strip()
-            first_lines = "\n".join(message.splitlines()[:6])
-            log(f"[python {mode}] failed: {first_lines}")
-            traceback.print_exc(limit=4, file=sys.stderr)
-            entry["metrics"] = {}
-            entry["error"] = first_lines[:2000]
-        results.append(entry)
-        if device.type == "cuda":
-            try:
-                torch.cuda.synchronize(device)
-            except Exception as error:  # a broken mode must not hide the next ones
-                log(f"[python {mode}] device left in error state: {error}")
-            torch.cuda.empty_cache()
+        results.append(run_entry(mode, data, device, args))
         try:  # after every mode, so a run cut short keeps what it measured
             write_records(args, device, params, results)
         except (OSError, ValueError, DataError) as error:

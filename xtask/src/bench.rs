@@ -58,6 +58,13 @@ const WORKLOADS: &[Workload] = &[
         ),
     },
     Workload {
+        name: "tolaria-lm",
+        python_peers: Some("bench/python/tolaria_lm.py"),
+        gpu_sized: Some(
+            "trains the language-model transformer over the whole fortunes corpus an epoch and runs its PyTorch peers (Inductor's among them): GPU-sized",
+        ),
+    },
+    Workload {
         name: "tolaria-timeout",
         python_peers: None,
         gpu_sized: None,
@@ -79,6 +86,13 @@ const WORKLOADS: &[Workload] = &[
         python_peers: None,
         gpu_sized: Some(
             "runs vectorized PPO rounds on CIFAR-10 at real size with the reference host: GPU-sized",
+        ),
+    },
+    Workload {
+        name: "simic-lm",
+        python_peers: None,
+        gpu_sized: Some(
+            "runs vectorized PPO rounds of 150-epoch episodes on the language-model transformer: GPU-sized",
         ),
     },
     Workload {

@@ -87,11 +87,14 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
         root.join("bench/python/tolaria_reference.py"),
         bundle.join("tolaria_reference.py"),
     )?;
-    let fmnist_peer = root.join("bench/python/tolaria_fmnist.py");
-    if fmnist_peer.exists() {
-        std::fs::copy(&fmnist_peer, bundle.join("tolaria_fmnist.py"))?;
+    for peer in ["tolaria_fmnist.py", "tolaria_lm.py"] {
+        let path = root.join("bench/python").join(peer);
+        if path.exists() {
+            std::fs::copy(&path, bundle.join(peer))?;
+        }
     }
     copy_fashion_mnist(&bundle)?;
+    copy_corpus(&bundle)?;
     // The fake CIFAR-10 generator of the project's shared tools, when this
     // checkout sits beside them (`simic-cifar` generates its data with it on
     // the GPU machine).
@@ -145,6 +148,37 @@ fn copy_fashion_mnist(bundle: &Path) -> Result<()> {
     for file in FILES {
         std::fs::copy(source.join(file), target.join(file))
             .with_context(|| format!("copying {file}"))?;
+    }
+    Ok(())
+}
+
+/// Copies the text corpus of the language-model tasks (Debian's fortunes
+/// files, about 2.4 MB; the GPU machine has no copy) into
+/// `bundle/data/fortunes`, from `$ESPER_TEXT_CORPUS_DIR` or the package's
+/// folder: the regular files without an extension, as the corpus reader
+/// takes them. Without them the bundle's `tolaria-lm` runs on synthetic text.
+fn copy_corpus(bundle: &Path) -> Result<()> {
+    let source = std::env::var_os("ESPER_TEXT_CORPUS_DIR").map_or_else(
+        || PathBuf::from("/usr/share/games/fortunes"),
+        PathBuf::from,
+    );
+    let Ok(entries) = std::fs::read_dir(&source) else {
+        eprintln!(
+            "==> bundle: no text corpus in {} (tolaria-lm will use synthetic text)",
+            source.display()
+        );
+        return Ok(());
+    };
+    let target = bundle.join("data/fortunes");
+    std::fs::create_dir_all(&target)?;
+    for entry in entries {
+        let entry = entry?;
+        let path = entry.path();
+        let hidden = entry.file_name().to_string_lossy().starts_with('.');
+        if entry.file_type()?.is_file() && !hidden && path.extension().is_none() {
+            std::fs::copy(&path, target.join(entry.file_name()))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
     }
     Ok(())
 }

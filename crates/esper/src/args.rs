@@ -30,6 +30,9 @@ pub(crate) enum Workload {
     /// `tolaria::engine::bench`: the CNN host with two seeds on
     /// Fashion-MNIST through the general trainer.
     TolariaFmnist,
+    /// `tolaria::engine::bench`: the language-model task's transformer with
+    /// two blending seeds on the fortunes corpus through the general trainer.
+    TolariaLm,
     /// The decision-deadline drill.
     TolariaTimeout,
     /// The governor-rollback drill.
@@ -38,6 +41,9 @@ pub(crate) enum Workload {
     SimicThroughput,
     /// `simic::bench`: vectorized PPO on CIFAR-10 (`ESPER_CIFAR10_DIR`).
     SimicCifar,
+    /// `simic::bench`: vectorized PPO on the language-model task (the
+    /// transformer host, the fortunes corpus).
+    SimicLm,
     /// `simic::bench`: PPO rounds beside the heuristic and no growth.
     SimicLearning,
     /// `simic::bench`: the PPO update on CartPole-v1.
@@ -46,15 +52,17 @@ pub(crate) enum Workload {
 
 impl Workload {
     /// Every workload, in the order `cargo xtask bench` runs them.
-    pub(crate) const ALL: [Workload; 10] = [
+    pub(crate) const ALL: [Workload; 12] = [
         Workload::TolariaReference,
         Workload::NissaEmit,
         Workload::KasminaPrefetch,
         Workload::TolariaFmnist,
+        Workload::TolariaLm,
         Workload::TolariaTimeout,
         Workload::TolariaRollback,
         Workload::SimicThroughput,
         Workload::SimicCifar,
+        Workload::SimicLm,
         Workload::SimicLearning,
         Workload::PpoCartpole,
     ];
@@ -66,10 +74,12 @@ impl Workload {
             Workload::NissaEmit => nissa::bench::WORKLOAD,
             Workload::KasminaPrefetch => kasmina::bench::WORKLOAD,
             Workload::TolariaFmnist => tolaria::engine::bench::FMNIST_WORKLOAD,
+            Workload::TolariaLm => tolaria::engine::bench::LM_WORKLOAD,
             Workload::TolariaTimeout => tolaria::engine::bench::TIMEOUT_WORKLOAD,
             Workload::TolariaRollback => tolaria::engine::bench::ROLLBACK_WORKLOAD,
             Workload::SimicThroughput => simic::bench::THROUGHPUT_WORKLOAD,
             Workload::SimicCifar => simic::bench::CIFAR_WORKLOAD,
+            Workload::SimicLm => simic::bench::LM_WORKLOAD,
             Workload::SimicLearning => simic::bench::LEARNING_WORKLOAD,
             Workload::PpoCartpole => simic::bench::CARTPOLE_WORKLOAD,
         }
@@ -124,8 +134,9 @@ pub(crate) struct BenchArgs {
     pub(crate) epochs: Option<usize>,
     /// `--warmup-epochs` (`tolaria-reference` only).
     pub(crate) warmup_epochs: Option<usize>,
-    /// `--synthetic` (`tolaria-fmnist` only): seeded images of the real
-    /// size instead of the Fashion-MNIST files.
+    /// `--synthetic` (`tolaria-fmnist`, `tolaria-lm`): seeded images of the
+    /// real size instead of the Fashion-MNIST files, or seeded text instead
+    /// of the corpus.
     pub(crate) synthetic: bool,
     /// `--variants a,b` (`simic-throughput`, `simic-cifar`): the variants
     /// by name (`simic::bench::SimicBenchOptions::variants`); empty: the
@@ -283,17 +294,24 @@ impl BenchArgs {
                 || (rounds_flag
                     && !matches!(
                         workload,
-                        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLearning
+                        Workload::SimicThroughput
+                            | Workload::SimicCifar
+                            | Workload::SimicLm
+                            | Workload::SimicLearning
                     ))
                 || (simic_only
-                    && !matches!(workload, Workload::SimicThroughput | Workload::SimicCifar))
+                    && !matches!(
+                        workload,
+                        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLm
+                    ))
                 || (tolaria_only && workload != Workload::TolariaReference)
                 || (epoch_flags
                     && !matches!(
                         workload,
-                        Workload::TolariaReference | Workload::TolariaFmnist
+                        Workload::TolariaReference | Workload::TolariaFmnist | Workload::TolariaLm
                     ))
-                || (fmnist_only && workload != Workload::TolariaFmnist)
+                || (fmnist_only
+                    && !matches!(workload, Workload::TolariaFmnist | Workload::TolariaLm))
             {
                 return Err(usage(format!(
                     "{flag} does not apply to {}",

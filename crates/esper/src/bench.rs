@@ -22,6 +22,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         Workload::NissaEmit => nissa_emit(args, &mut progress)?,
         Workload::KasminaPrefetch => kasmina_prefetch(args, &mut progress)?,
         Workload::TolariaFmnist => tolaria_fmnist(args, &mut progress)?,
+        Workload::TolariaLm => tolaria_lm(args, &mut progress)?,
         Workload::TolariaTimeout => {
             let run = tolaria::engine::bench::run_timeout_drill(args.device, args.quick)?;
             record_of(args, probe::with_torch(run.device)?, run.measurements)?
@@ -30,11 +31,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             let run = tolaria::engine::bench::run_rollback_drill(args.device, args.quick)?;
             record_of(args, probe::with_torch(run.device)?, run.measurements)?
         }
-        Workload::SimicThroughput | Workload::SimicCifar => {
-            let task = if args.workload == Workload::SimicCifar {
-                simic::bench::ThroughputTask::Cifar10
-            } else {
-                simic::bench::ThroughputTask::FashionMnist
+        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLm => {
+            let task = match args.workload {
+                Workload::SimicCifar => simic::bench::ThroughputTask::Cifar10,
+                Workload::SimicLm => simic::bench::ThroughputTask::LanguageModel,
+                _ => simic::bench::ThroughputTask::FashionMnist,
             };
             if args.gpus.is_empty() {
                 let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
@@ -143,6 +144,22 @@ fn tolaria_fmnist(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<Ba
         options.warmup_epochs = warmup;
     }
     let run = tolaria::engine::bench::run_fmnist(&options, progress)?;
+    let mut environment = probe::with_torch(run.device)?;
+    environment.tf32 = true;
+    environment.amp = "bf16 and off (per mode)".to_owned();
+    record_of(args, environment, run.measurements)
+}
+
+fn tolaria_lm(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
+    let mut options = tolaria::engine::bench::LmOptions::new(args.device, args.quick);
+    options.synthetic = args.synthetic;
+    if let Some(epochs) = args.epochs {
+        options.measured_epochs = epochs;
+    }
+    if let Some(warmup) = args.warmup_epochs {
+        options.warmup_epochs = warmup;
+    }
+    let run = tolaria::engine::bench::run_lm(&options, progress)?;
     let mut environment = probe::with_torch(run.device)?;
     environment.tf32 = true;
     environment.amp = "bf16 and off (per mode)".to_owned();

@@ -91,6 +91,13 @@ commands:
         --epochs N          measured epochs (default 5, 2 with --quick)
         --warmup-epochs N   unmeasured epochs first (default 2)
         --synthetic         seeded images of the real size instead of the data set
+      tolaria-lm            the language-model task's transformer (fortunes corpus, byte tokens)
+                            with mlp_small and attention seeds blending, general trainer, AdamW,
+                            fp32/bf16 x eager/graph-step/graph-epoch (fp32 eager on the CPU)
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+        --epochs N          measured epochs (default 5, 2 with --quick)
+        --warmup-epochs N   unmeasured epochs first (default 2, 1 with --quick)
+        --synthetic         seeded text instead of the corpus
       tolaria-timeout       drill: a controller slower than its deadline; WAIT and telemetry
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       tolaria-rollback      drill: NaN weights -> governor rollback -> training goes on
@@ -99,7 +106,10 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       simic-cifar           vectorized PPO, 4 envs x 3 slots, CIFAR-10 binary files (ESPER_CIFAR10_DIR)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
-        --variants LIST     (both simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
+      simic-lm              vectorized PPO, 4 envs x 3 slots, the language-model task's transformer
+                            host on the fortunes corpus (ESPER_TEXT_CORPUS_DIR), AdamW, batch 128
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
+        --variants LIST     (the three simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
                             is not one: seeds change the step's shape every few epochs);
                             suffixes -fp32-policy, -w3, -bench, -no-prewarm (in this order)
         --rounds N          (every simic workload) PPO rounds per variant (default 3, 1 with
@@ -107,7 +117,7 @@ commands:
         --episode L         (every simic workload) epochs per episode: head (150, the
                             default, as at the reference's HEAD), medium (50), short (25)
                             or a number (5 with --quick)
-        --gpus LIST         (both simic workloads) GPU counts, e.g. 1,2: each count runs one
+        --gpus LIST         (the three simic workloads) GPU counts, e.g. 1,2: each count runs one
                             process per GPU (data-parallel PPO over NCCL, Gloo on the CPU),
                             4 envs per GPU; every count is an entry of one record with eps
                             and scaling efficiency

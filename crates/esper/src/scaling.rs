@@ -58,7 +58,8 @@ fn task_of(name: &str) -> Result<ThroughputTask> {
     match name {
         "fmnist" => Ok(ThroughputTask::FashionMnist),
         "cifar10" => Ok(ThroughputTask::Cifar10),
-        other => bail!("unknown task {other:?} (fmnist, cifar10)"),
+        "lm-fortunes" => Ok(ThroughputTask::LanguageModel),
+        other => bail!("unknown task {other:?} (fmnist, cifar10, lm-fortunes)"),
     }
 }
 
@@ -113,10 +114,7 @@ pub(crate) fn measure(
         vec!["fp32-eager".to_owned()]
     };
     let rounds = if args.quick { 1 } else { 3 };
-    let task_name = match task {
-        ThroughputTask::FashionMnist => "fmnist",
-        ThroughputTask::Cifar10 => "cifar10",
-    };
+    let task_name = task.task().name();
     let scratch = scratch_dir(&args.out);
     let mut results = Vec::new();
     for variant in &variants {

@@ -38,6 +38,17 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("requests", "requests", 0),
             ("requests_per_s", "requests/s", 1),
         ],
+        Workload::TolariaLm => &[
+            ("epoch_ms_p50", "p50 ms", 1),
+            ("epoch_ms_p95", "p95 ms", 1),
+            ("tokens_per_s", "tokens/s", 0),
+            ("device_epoch_ms_p50", "device ms", 1),
+            ("validation_ms_p50", "val ms", 1),
+            ("capture_ms", "capture ms", 1),
+            ("compile_s", "compile s", 1),
+            ("peak_device_memory_bytes", "peak bytes", 0),
+            ("val_perplexity", "val ppl", 2),
+        ],
         Workload::TolariaFmnist => &[
             ("epoch_ms_p50", "p50 ms", 1),
             ("epoch_ms_p95", "p95 ms", 1),
@@ -63,7 +74,7 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("loss_before", "loss before", 4),
             ("loss_after", "loss after", 4),
         ],
-        Workload::SimicThroughput | Workload::SimicCifar => &[
+        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLm => &[
             ("eps", "eps", 2),
             ("eps_steady", "eps steady", 2),
             ("policy_inference_ms", "infer ms", 3),

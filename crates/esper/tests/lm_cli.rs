@@ -1,7 +1,7 @@
 //! `esper train` on the language-model tasks, as a user runs it: the
 //! synthetic text on the CPU with max growth (a transformer seed germinated
 //! and trained), the validation perplexity in `epochs.jsonl` falling, and
-//! `--controller ppo` refused before anything is written.
+//! `--controller ppo`: vectorized PPO environments on the transformer host.
 
 use std::process::{Command, Stdio};
 
@@ -63,18 +63,40 @@ fn a_synthetic_text_run_lowers_the_perplexity_while_a_transformer_seed_grows() {
 }
 
 #[test]
-fn ppo_on_a_language_model_task_is_refused_as_not_implemented() {
+fn ppo_trains_a_policy_on_the_transformer_host() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
     let output = Command::new(ESPER)
         .args(["train", "--task", "lm-synthetic", "--controller", "ppo"])
+        .args(["--train-samples", "128", "--epochs", "3", "--envs", "2"])
+        .args(["--rounds", "1", "--batch-size", "32", "--ppo-epochs", "1"])
         .args(["--device", "cpu", "--run-dir"])
         .arg(&run_dir)
         .stdin(Stdio::null())
         .output()
         .expect("esper runs");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
-    assert!(stderr.contains("not implemented yet"), "{stderr}");
-    assert!(!run_dir.exists(), "nothing written");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("round 1/1: reward"), "{stdout}");
+    let rounds = std::fs::read_to_string(run_dir.join("rounds.jsonl")).expect("rounds.jsonl");
+    let round: serde_json::Value =
+        serde_json::from_str(rounds.lines().next().expect("one round")).expect("JSON");
+    assert_eq!(round["env_epochs"], 6, "2 environments x 3 epochs");
+    assert!(round["ppo"]["policy_loss"].is_f64(), "{round}");
+    // The blueprint head offered the transformer's blueprints only: any
+    // germination the sampled policy chose named one of them.
+    let episode = std::fs::read_to_string(run_dir.join("episode.jsonl")).expect("episode.jsonl");
+    for cnn in ["conv_light", "conv_heavy", "depthwise", "bottleneck", "conv_small"] {
+        assert!(!episode.contains(cnn), "{cnn} on a transformer: {episode}");
+    }
+    assert!(
+        std::fs::metadata(run_dir.join("policy.safetensors"))
+            .expect("policy saved")
+            .len()
+            > 1000
+    );
 }

@@ -16,8 +16,8 @@
 //! (germinate-once takes the same steps, germinating only while it has not
 //! yet seen a seed):
 //! Each epoch it takes the first of these that the masks allow:
-//! 1. GERMINATE its blueprint (conv_light unless told otherwise) in the
-//!    first slot the masks offer;
+//! 1. GERMINATE its blueprint ([`scripted_blueprint`] of the masks'
+//!    topology unless told otherwise) in the first slot the masks offer;
 //! 2. ADVANCE a seed, earliest stage first (GERMINATED, then TRAINING, then
 //!    BLENDING), so each moves on the first epoch its gate passes;
 //! 3. FOSSILIZE a HOLDING seed;
@@ -29,11 +29,22 @@
 //! ([`MaxGrowthController::decide_checked`]); the controller holds no state
 //! that a refused call could change.
 
+use kasmina::host::Topology;
 use leyline::{BlueprintAction, LifecycleOp, SeedStage};
 use tolaria::controller::{Controller, Decision, EpochObservation, seed_stage};
 
 use crate::heads::BLUEPRINT;
 use crate::masks::{MaskConfig, observation_masks};
+
+/// The blueprint the scripted controllers grow on a host of `topology`:
+/// conv_light on a CNN, mlp_small on a transformer (where the reference
+/// rotation's convolutions do not exist).
+pub fn scripted_blueprint(topology: Topology) -> BlueprintAction {
+    match topology {
+        Topology::Cnn => BlueprintAction::ConvLight,
+        Topology::Transformer => BlueprintAction::MlpSmall,
+    }
+}
 
 /// The scripted ceiling controller (see the module docs).
 #[derive(Debug, Clone)]
@@ -44,11 +55,11 @@ pub struct MaxGrowthController {
 
 impl MaxGrowthController {
     /// Grows under `masks` (set `max_seeds` to the environment's limit),
-    /// germinating conv_light seeds.
+    /// germinating the [`scripted_blueprint`] of `masks.topology`.
     pub fn new(masks: MaskConfig) -> MaxGrowthController {
         MaxGrowthController {
             masks,
-            blueprint: BlueprintAction::ConvLight,
+            blueprint: scripted_blueprint(masks.topology),
         }
     }
 
@@ -144,11 +155,12 @@ pub struct GerminateOnceController {
 }
 
 impl GerminateOnceController {
-    /// Germinates one conv_light seed under `masks`.
+    /// Germinates one seed of the [`scripted_blueprint`] of
+    /// `masks.topology` under `masks`.
     pub fn new(masks: MaskConfig) -> GerminateOnceController {
         GerminateOnceController {
             masks,
-            blueprint: BlueprintAction::ConvLight,
+            blueprint: scripted_blueprint(masks.topology),
             seen_seed: false,
         }
     }

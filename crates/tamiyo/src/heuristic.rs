@@ -52,6 +52,15 @@ pub const BLUEPRINT_ROTATION: [BlueprintAction; 5] = [
 /// that exist there (the convolutions do not), in its order.
 pub const TRANSFORMER_ROTATION: [BlueprintAction; 2] =
     [BlueprintAction::Attention, BlueprintAction::Norm];
+
+/// The rotation on a host of `topology`: [`BLUEPRINT_ROTATION`] on a CNN,
+/// [`TRANSFORMER_ROTATION`] on a transformer.
+pub fn rotation_for(topology: kasmina::host::Topology) -> &'static [BlueprintAction] {
+    match topology {
+        kasmina::host::Topology::Cnn => &BLUEPRINT_ROTATION,
+        kasmina::host::Topology::Transformer => &TRANSFORMER_ROTATION,
+    }
+}
 /// A blueprint with a penalty at or above this is skipped (3.0).
 pub const BLUEPRINT_PENALTY_THRESHOLD: f64 = 3.0;
 /// Penalty added to a blueprint each time one of its seeds is pruned (2.0).

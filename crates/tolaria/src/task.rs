@@ -30,6 +30,7 @@ use crate::data::cifar10::{self, Cifar10Options};
 use crate::data::fashion_mnist::{self, FashionMnistOptions};
 use crate::data::synthetic::{self, ImageTaskOptions};
 use crate::data::text::{self, TextOptions};
+use crate::optim::{AdamWConfig, GroupOptimizerConfig, OptimizerConfig};
 use crate::data::{Dataset, SplitSize};
 use crate::error::{Error, Result};
 
@@ -73,6 +74,70 @@ pub enum TaskHost {
     Cnn(CnnHostConfig),
     /// A GPT-style transformer (the language-model tasks).
     Transformer(TransformerHostConfig),
+}
+
+/// Learning rate of the language-model tasks: AdamW's default.
+pub const LM_LEARNING_RATE: f64 = 1e-3;
+
+/// Training batch of the language-model tasks' benchmarks and PPO
+/// environments, in windows of [`LM_CONTEXT`] tokens (8,192 tokens).
+pub const LM_BATCH: usize = 128;
+
+impl From<CnnHostConfig> for TaskHost {
+    fn from(config: CnnHostConfig) -> TaskHost {
+        TaskHost::Cnn(config)
+    }
+}
+
+impl From<TransformerHostConfig> for TaskHost {
+    fn from(config: TransformerHostConfig) -> TaskHost {
+        TaskHost::Transformer(config)
+    }
+}
+
+impl TaskHost {
+    /// The host's topology (which blueprints its slots take).
+    pub fn topology(&self) -> kasmina::host::Topology {
+        match self {
+            TaskHost::Cnn(_) => kasmina::host::Topology::Cnn,
+            TaskHost::Transformer(_) => kasmina::host::Topology::Transformer,
+        }
+    }
+
+    /// A fresh host of this shape on `device` (weights from tch's global
+    /// generator) with the named `slots` enabled under `slot`'s lifecycle
+    /// settings.
+    ///
+    /// # Errors
+    /// [`Error::Lifecycle`] for a shape the host refuses or a slot it lacks.
+    pub fn model(
+        &self,
+        slots: &[&str],
+        slot: SlotConfig,
+        device: Device,
+        telemetry: Telemetry,
+    ) -> Result<MorphogeneticModel> {
+        let host_error = |source| Error::Lifecycle {
+            op: "build the task's host",
+            source,
+        };
+        let slots_error = |source| Error::Lifecycle {
+            op: "enable the task's slots",
+            source,
+        };
+        match self {
+            TaskHost::Cnn(config) => {
+                let host = CnnHost::new(config.clone(), device).map_err(host_error)?;
+                MorphogeneticModel::with_slot_names(host, slots, slot, telemetry)
+                    .map_err(slots_error)
+            }
+            TaskHost::Transformer(config) => {
+                let host = TransformerHost::new(config.clone(), device).map_err(host_error)?;
+                MorphogeneticModel::with_slot_names(host, slots, slot, telemetry)
+                    .map_err(slots_error)
+            }
+        }
+    }
 }
 
 impl Task {
@@ -127,6 +192,25 @@ impl Task {
             n_layer: 3,
             block_size: LM_CONTEXT as i64,
             num_segments: 3,
+        }
+    }
+
+    /// The optimizer of the host's and every seed's group at
+    /// `learning_rate`: AdamW (PyTorch's other defaults) on the
+    /// language-model tasks, where a transformer learns far faster with it
+    /// than with SGD; SGD with `momentum` on the image tasks.
+    pub fn optimizer(self, learning_rate: f64, momentum: f64) -> OptimizerConfig {
+        let group = if self.is_language_model() {
+            GroupOptimizerConfig::AdamW(AdamWConfig {
+                learning_rate,
+                ..AdamWConfig::default()
+            })
+        } else {
+            GroupOptimizerConfig::sgd(learning_rate, momentum)
+        };
+        OptimizerConfig {
+            host: group,
+            seed: group,
         }
     }
 
@@ -293,26 +377,8 @@ pub fn build_model(
     telemetry: Telemetry,
 ) -> Result<MorphogeneticModel> {
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-    let host_error = |source| Error::Lifecycle {
-        op: "build the task's host",
-        source,
-    };
-    let slots_error = |source| Error::Lifecycle {
-        op: "enable the task's slots",
-        source,
-    };
-    match task.host() {
-        TaskHost::Cnn(config) => {
-            let host = CnnHost::new(config, device).map_err(host_error)?;
-            MorphogeneticModel::with_slot_names(host, slots, SlotConfig::default(), telemetry)
-                .map_err(slots_error)
-        }
-        TaskHost::Transformer(config) => {
-            let host = TransformerHost::new(config, device).map_err(host_error)?;
-            MorphogeneticModel::with_slot_names(host, slots, SlotConfig::default(), telemetry)
-                .map_err(slots_error)
-        }
-    }
+    task.host()
+        .model(slots, SlotConfig::default(), device, telemetry)
 }
 
 #[cfg(test)]

@@ -65,7 +65,6 @@ use tolaria::amp::Precision;
 use tolaria::controller::{Controller, Decision, EpochObservation};
 use tolaria::data::Dataset;
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig, epoch_seed};
-use tolaria::optim::{GroupOptimizerConfig, OptimizerConfig};
 
 use self::args::{ControllerKind, PrecisionChoice, TrainArgs};
 use self::checkpoint::{ControllerState, Loaded, ScriptedState, TelemetryRewind};
@@ -532,25 +531,11 @@ impl RunController {
         saved: Option<&ControllerState>,
         telemetry: leyline::Telemetry,
     ) -> Result<RunController> {
-        let language_model = config.task.task().is_language_model();
+        let topology = config.task.task().host().topology();
         let masks = tamiyo::masks::MaskConfig {
             max_seeds: config.max_seeds,
-            topology: if language_model {
-                kasmina::host::Topology::Transformer
-            } else {
-                kasmina::host::Topology::Cnn
-            },
+            topology,
             ..tamiyo::masks::MaskConfig::default()
-        };
-        // The reference rotation's convolutions do not exist on a
-        // transformer host: the scripted controllers grow `mlp_small` there.
-        let (rotation, scripted_blueprint): (&[leyline::BlueprintAction], _) = if language_model {
-            (
-                &tamiyo::heuristic::TRANSFORMER_ROTATION,
-                leyline::BlueprintAction::MlpSmall,
-            )
-        } else {
-            (&[], leyline::BlueprintAction::ConvLight)
         };
         let scripted = |name: &str| -> Result<bool> {
             match saved {
@@ -574,7 +559,7 @@ impl RunController {
                         state.scripted
                     ),
                 }
-                .with_rotation(rotation)
+                .with_rotation(tamiyo::heuristic::rotation_for(topology))
                 .with_telemetry(telemetry),
             ),
             ControllerKind::NoGrowth => {
@@ -583,14 +568,10 @@ impl RunController {
             }
             ControllerKind::MaxGrowth => {
                 scripted(ControllerKind::MaxGrowth.name())?;
-                RunController::MaxGrowth(
-                    MaxGrowthController::new(masks).with_blueprint(scripted_blueprint),
-                )
+                RunController::MaxGrowth(MaxGrowthController::new(masks))
             }
             ControllerKind::GerminateOnce => RunController::GerminateOnce(
-                GerminateOnceController::new(masks)
-                    .with_blueprint(scripted_blueprint)
-                    .with_germinated(scripted(ControllerKind::GerminateOnce.name())?),
+                GerminateOnceController::new(masks).with_germinated(scripted(ControllerKind::GerminateOnce.name())?),
             ),
             ControllerKind::Ppo => bail!("a PPO run has no per-run controller"),
         })
@@ -672,19 +653,7 @@ pub(crate) fn create_run_dir(dir: &Path) -> Result<()> {
 /// The trainer's configuration for `config` on `device` (`--mode auto`
 /// resolved there, [`args::ModeChoice::resolve`]).
 pub(crate) fn trainer_config(config: &RunConfig, device: tch::Device) -> ModelTrainerConfig {
-    // A transformer learns text far faster with AdamW than with SGD.
-    let group = if config.task.task().is_language_model() {
-        GroupOptimizerConfig::AdamW(tolaria::optim::AdamWConfig {
-            learning_rate: config.learning_rate,
-            ..tolaria::optim::AdamWConfig::default()
-        })
-    } else {
-        GroupOptimizerConfig::sgd(config.learning_rate, MOMENTUM)
-    };
-    let optimizer = OptimizerConfig {
-        host: group,
-        seed: group,
-    };
+    let optimizer = config.task.task().optimizer(config.learning_rate, MOMENTUM);
     ModelTrainerConfig {
         seed: config.seed,
         batch_size: config.batch_size,

@@ -89,7 +89,7 @@ impl Setup {
         }
         let data = task::load_data(config)?;
         let spec = EnvSpec::sharded(
-            task::host_config(config.task)?,
+            config.task.task().host(),
             config.slots.clone(),
             &data.train,
             data.validation,

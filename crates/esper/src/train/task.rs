@@ -9,7 +9,6 @@
 //! the folder.
 
 use anyhow::{Context, Result};
-use kasmina::host::CnnHostConfig;
 use kasmina::model::MorphogeneticModel;
 use leyline::Telemetry;
 use tch::Device;
@@ -44,19 +43,6 @@ pub(crate) fn load_data(config: &RunConfig) -> Result<TaskData> {
             "cannot load the text corpus for --task {task} (--data-dir DIR picks another folder; \
              on Debian, `apt-get install fortunes` installs it)"
         ),
-    })
-}
-
-/// The CNN host configuration of `task` (the simic environments'); a
-/// language-model task is refused: its environments are not built yet.
-pub(crate) fn host_config(task: TaskKind) -> Result<CnnHostConfig> {
-    task.task().host_config().with_context(|| {
-        format!(
-            "--controller ppo on --task {task}: not implemented yet (the PPO environments \
-             train CNN hosts only); the language-model tasks run with --controller heuristic, \
-             no-growth, germinate-once or max-growth",
-            task = task.name()
-        )
     })
 }
 

@@ -107,13 +107,18 @@ pub(crate) fn run_baseline(
             Telemetry::disabled(),
         )?;
         let deadline = std::time::Duration::from_secs(5);
+        let topology = spec.host.topology();
         let masks = MaskConfig {
             max_seeds: config.max_seeds,
+            topology,
             ..MaskConfig::default()
         };
         trainer = match baseline {
             Baseline::NoGrowth => trainer,
-            Baseline::Heuristic => trainer.with_controller(HeuristicController::new(), deadline)?,
+            Baseline::Heuristic => trainer.with_controller(
+                HeuristicController::new().with_rotation(tamiyo::heuristic::rotation_for(topology)),
+                deadline,
+            )?,
             Baseline::GerminateOnce => {
                 trainer.with_controller(GerminateOnceController::new(masks), deadline)?
             }

@@ -288,7 +288,7 @@ impl LearningSetup {
         } else {
             (Precision::Fp32, ExecutionMode::Eager)
         };
-        let mut config = simic_config(precision, mode, episode_length, options.quick);
+        let mut config = simic_config(task, precision, mode, episode_length, options.quick);
         let epochs = options.ppo_epochs.unwrap_or(LEARNING_PPO_EPOCHS);
         if !(1..=crate::ppo::config::MAX_EPOCHS).contains(&epochs) {
             return Err(crate::Error::InvalidConfig {

@@ -62,6 +62,8 @@ pub const THROUGHPUT_WORKLOAD: &str = "simic-throughput";
 /// Workload names.
 pub const CIFAR_WORKLOAD: &str = "simic-cifar";
 /// Workload names.
+pub const LM_WORKLOAD: &str = "simic-lm";
+/// Workload names.
 pub const LEARNING_WORKLOAD: &str = "simic-learning";
 /// Workload names.
 pub const CARTPOLE_WORKLOAD: &str = "ppo-cartpole";
@@ -76,6 +78,9 @@ pub enum ThroughputTask {
     FashionMnist,
     /// CIFAR-10 binary files (`simic-cifar`).
     Cifar10,
+    /// The language-model task on the fortunes corpus (`simic-lm`): the
+    /// transformer host and its blueprints.
+    LanguageModel,
 }
 
 impl ThroughputTask {
@@ -84,6 +89,16 @@ impl ThroughputTask {
         match self {
             ThroughputTask::FashionMnist => tolaria::task::Task::Fmnist,
             ThroughputTask::Cifar10 => tolaria::task::Task::Cifar10,
+            ThroughputTask::LanguageModel => tolaria::task::Task::LmFortunes,
+        }
+    }
+
+    /// The record's workload name.
+    pub fn workload(self) -> &'static str {
+        match self {
+            ThroughputTask::FashionMnist => THROUGHPUT_WORKLOAD,
+            ThroughputTask::Cifar10 => CIFAR_WORKLOAD,
+            ThroughputTask::LanguageModel => LM_WORKLOAD,
         }
     }
 }
@@ -266,7 +281,13 @@ fn variant(name: &str) -> Result<(Precision, ExecutionMode)> {
     })
 }
 
+/// The reference's configuration for `task` at `episode_length`, with
+/// the environments' trainer in `precision` and `mode`: batch 512 (128
+/// quick) on the image tasks; on the language-model tasks the task's
+/// batch ([`tolaria::task::LM_BATCH`] windows, 32 quick) and optimizer
+/// (AdamW).
 pub(crate) fn simic_config(
+    task: tolaria::task::Task,
     precision: Precision,
     mode: ExecutionMode,
     episode_length: u32,
@@ -279,6 +300,10 @@ pub(crate) fn simic_config(
         precision: Some(precision),
         ..config.trainer
     };
+    if task.is_language_model() {
+        config.trainer.batch_size = if quick { 32 } else { tolaria::task::LM_BATCH };
+        config.trainer.optimizer = task.optimizer(tolaria::task::LM_LEARNING_RATE, 0.0);
+    }
     config
 }
 

@@ -63,7 +63,7 @@ pub fn run_rank(
         None => torch_ext::device::select(options.device)?,
     };
     let (train, test) = load(task.task(), options)?;
-    let host = task.task().host_config()?;
+    let host = task.task().host();
     let spec = EnvSpec::sharded(
         host,
         SLOTS.iter().map(|s| (*s).to_owned()).collect(),
@@ -73,7 +73,7 @@ pub fn run_rank(
     )?;
     let (precision, mode) = variant(variant_name)?;
     let episode_length = options.episode();
-    let config = simic_config(precision, mode, episode_length, options.quick);
+    let config = simic_config(task.task(), precision, mode, episode_length, options.quick);
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     if let Some(group) = group {
         simic.join(group)?;

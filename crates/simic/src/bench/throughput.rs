@@ -29,6 +29,7 @@ use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
 /// blueprint once before the first round
 /// ([`SimicConfig::prewarm_blueprints`], on by default).
 fn variant_config(
+    task: ThroughputTask,
     name: &str,
     episode_length: u32,
     quick: bool,
@@ -50,7 +51,7 @@ fn variant_config(
         None => (base, false),
     };
     let (precision, mode) = variant(base)?;
-    let mut config = simic_config(precision, mode, episode_length, quick);
+    let mut config = simic_config(task.task(), precision, mode, episode_length, quick);
     if let Some(warmup) = warmup {
         config.trainer.graph_warmup_steps = warmup;
     }
@@ -149,6 +150,7 @@ struct Variant {
 /// modules, creating the cuBLAS and cuDNN handles) then falls on no
 /// variant in particular. Returns its wall time, s (0 on the CPU).
 fn process_warmup(
+    task: ThroughputTask,
     spec: &EnvSpec,
     names: &[String],
     device: Device,
@@ -159,7 +161,7 @@ fn process_warmup(
     }
     let started = Instant::now();
     let first = names.first().map_or("bf16-graph-step", String::as_str);
-    let (_, config) = variant_config(first, 2, options.quick)?;
+    let (_, config) = variant_config(task, first, 2, options.quick)?;
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     simic.run_round(spec, true)?;
     Ok((started.elapsed().as_secs_f64(), simic.prewarm().cloned()))
@@ -187,6 +189,7 @@ fn prewarm_line(when: &str, prewarm: &tolaria::engine::prewarm::Prewarm) -> Stri
 /// precision and mode. No controller can keep more under these masks,
 /// gates and episode length; the learned policy's count is read against it.
 fn growth_ceiling(
+    task: ThroughputTask,
     spec: &EnvSpec,
     names: &[String],
     device: Device,
@@ -196,8 +199,9 @@ fn growth_ceiling(
 ) -> ResultEntry {
     let first = names.first().map_or("fp32-eager", String::as_str);
     let (precision, config) =
-        variant_config(first, episode_length, options.quick).unwrap_or_else(|_| {
+        variant_config(task, first, episode_length, options.quick).unwrap_or_else(|_| {
             let fallback = simic_config(
+                task.task(),
                 Precision::Fp32,
                 ExecutionMode::Eager,
                 episode_length,
@@ -265,7 +269,7 @@ pub fn run_throughput(
             });
         }
     };
-    let host = task.task().host_config()?;
+    let host = task.task().host();
     let n_envs = 4;
     let spec = EnvSpec::sharded(
         host,
@@ -286,14 +290,14 @@ pub fn run_throughput(
     } else {
         vec!["fp32-eager".to_owned()]
     };
-    let (warmup_s, warmup_prewarm) = process_warmup(&spec, &names, device, options)?;
+    let (warmup_s, warmup_prewarm) = process_warmup(task, &spec, &names, device, options)?;
     progress(&format!("process warm-up (not measured): {warmup_s:.1} s"));
     if let Some(prewarm) = &warmup_prewarm {
         progress(&prewarm_line("in the process warm-up", prewarm));
     }
     let mut results = Vec::new();
     for (index, name) in names.iter().enumerate() {
-        let (precision, config) = variant_config(name, episode_length, options.quick)?;
+        let (precision, config) = variant_config(task, name, episode_length, options.quick)?;
         progress(&format!("{name}: {} rounds", options.rounds));
         let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
             Ok(Variant {
@@ -440,6 +444,7 @@ pub fn run_throughput(
         results.push(entry);
     }
     results.push(growth_ceiling(
+        task,
         &spec,
         &names,
         device,
@@ -451,7 +456,7 @@ pub fn run_throughput(
         device,
         measurements: Measurements {
             params: json!({
-                "task": match task { ThroughputTask::FashionMnist => "fashion-mnist", ThroughputTask::Cifar10 => "cifar10" },
+                "task": match task { ThroughputTask::FashionMnist => "fashion-mnist", ThroughputTask::Cifar10 => "cifar10", ThroughputTask::LanguageModel => "lm-fortunes" },
                 "n_envs": n_envs,
                 "slots": SLOTS,
                 "max_seeds": 3,

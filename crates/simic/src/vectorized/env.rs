@@ -15,7 +15,7 @@ mod step;
 
 pub(super) use step::StepRules;
 
-use kasmina::host::{CnnHost, CnnHostConfig, SlotId};
+use kasmina::host::SlotId;
 use kasmina::lifecycle::SlotConfig;
 use kasmina::model::MorphogeneticModel;
 use leyline::{SeedStage, Telemetry};
@@ -24,6 +24,7 @@ use tch::Device;
 use tolaria::controller::EpochMetrics;
 use tolaria::data::Dataset;
 use tolaria::engine::trainer::{ModelTrainer, ModelTrainerConfig};
+use tolaria::task::TaskHost;
 
 use super::SimicConfig;
 use super::outcome::EpisodeOutcome;
@@ -34,8 +35,9 @@ use crate::{Error, Result};
 /// The data and host of every environment of a round.
 #[derive(Debug)]
 pub struct EnvSpec {
-    /// The host every environment starts from (fresh weights per round).
-    pub host: CnnHostConfig,
+    /// The host every environment starts from (fresh weights per round): a
+    /// CNN for the image tasks, a transformer for the language-model ones.
+    pub host: TaskHost,
     /// Enabled seed slots, by name (`r0c0`, …), execution order.
     pub slots: Vec<String>,
     /// One disjoint training shard per environment.
@@ -50,7 +52,7 @@ impl EnvSpec {
     /// is dropped), so that each environment-epoch trains on its share of
     /// the set as the reference does.
     pub fn sharded(
-        host: CnnHostConfig,
+        host: impl Into<TaskHost>,
         slots: Vec<String>,
         train: &Dataset,
         validation: Dataset,
@@ -77,7 +79,7 @@ impl EnvSpec {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(EnvSpec {
-            host,
+            host: host.into(),
             slots,
             train: shards,
             validation,
@@ -98,12 +100,7 @@ impl EnvSpec {
         telemetry: Telemetry,
     ) -> Result<MorphogeneticModel> {
         let names: Vec<&str> = self.slots.iter().map(String::as_str).collect();
-        Ok(MorphogeneticModel::with_slot_names(
-            CnnHost::new(self.host.clone(), device)?,
-            &names,
-            slot,
-            telemetry,
-        )?)
+        Ok(self.host.model(&names, slot, device, telemetry)?)
     }
 }
 

@@ -379,14 +379,6 @@ impl RunConfig {
     /// the data, a precision or mode the device cannot run) is checked by
     /// building them, still before anything is written.
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.controller == ControllerKind::Ppo && self.task.task().is_language_model() {
-            bail!(
-                "--controller ppo on --task {}: not implemented yet (the PPO environments train \
-                 CNN hosts only); the language-model tasks run with --controller heuristic, \
-                 no-growth, germinate-once or max-growth",
-                self.task.name()
-            );
-        }
         if self.epochs == 0 {
             bail!("epochs is 0; a run needs at least one epoch");
         }

@@ -263,7 +263,12 @@ impl Env {
         let observation = EpochObservation::from_model(model, epoch, metrics)?;
         let extras = slot_extras(model);
         let availability = model.op_availability(rules.max_seeds);
-        let masks = action_masks(&observation, &availability, &rules.masks)?;
+        // The blueprint head offers the blueprints of this host's topology.
+        let mask_config = MaskConfig {
+            topology: model.host().topology(),
+            ..rules.masks
+        };
+        let masks = action_masks(&observation, &availability, &mask_config)?;
         let raw = self.tracker.observe(&observation, &extras)?;
         self.forced = masks.head(OP).iter().filter(|&&allowed| allowed).count() <= 1;
         Ok((raw, masks))

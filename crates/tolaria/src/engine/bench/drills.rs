@@ -13,7 +13,8 @@ use leyline::{Collector, Telemetry};
 use tch::Device;
 use torch_ext::DeviceChoice;
 
-use super::{BenchRun, put};
+use super::BenchRun;
+use super::variants::put;
 use crate::amp::Precision;
 use crate::data::Dataset;
 use crate::engine::trainer::{ModelTrainer, ModelTrainerConfig};

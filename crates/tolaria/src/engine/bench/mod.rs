@@ -17,15 +17,14 @@
 //! is followed by a second trainer of the same shape, whose first capture
 //! time is the `second_trainer_capture_ms` figure.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use kasmina::host::SlotId;
 use kasmina::host::cnn::CnnHost;
 use kasmina::lifecycle::{GerminationOptions, SlotConfig};
 use kasmina::model::MorphogeneticModel;
-use leyline::baseline::{Measurements, ResultEntry, percentile};
-use leyline::{Collector, SeedStage, Telemetry};
+use leyline::baseline::Measurements;
+use leyline::{SeedStage, Telemetry};
 use tch::Device;
 use torch_ext::DeviceChoice;
 
@@ -37,8 +36,11 @@ use crate::error::{Error, Result};
 use crate::optim::OptimizerConfig;
 
 mod drills;
+mod lm;
 mod reference;
+mod variants;
 pub use drills::{ROLLBACK_WORKLOAD, TIMEOUT_WORKLOAD, run_rollback_drill, run_timeout_drill};
+pub use lm::{LM_WORKLOAD, LmOptions, lm_model, run_lm};
 pub use reference::{ReferenceWorkload, run_reference_general};
 
 /// Workload name of the CNN benchmark.
@@ -93,12 +95,6 @@ pub struct BenchRun {
     pub measurements: Measurements,
     /// The device.
     pub device: Device,
-}
-
-fn put(metrics: &mut BTreeMap<String, f64>, key: &str, value: Option<f64>) {
-    if let Some(value) = value.filter(|value| value.is_finite()) {
-        metrics.insert(key.to_owned(), value);
-    }
 }
 
 fn fmnist_data(options: &FmnistOptions) -> Result<(Dataset, Dataset, &'static str)> {
@@ -207,18 +203,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     let device = torch_ext::device::select(options.device)?;
     let cuda = device.is_cuda();
     let variants = if options.variants.is_empty() {
-        if cuda {
-            vec![
-                (Precision::Fp32, ExecutionMode::Eager),
-                (Precision::Bf16, ExecutionMode::Eager),
-                (Precision::Fp32, ExecutionMode::GraphStep),
-                (Precision::Bf16, ExecutionMode::GraphStep),
-                (Precision::Fp32, ExecutionMode::GraphEpoch),
-                (Precision::Bf16, ExecutionMode::GraphEpoch),
-            ]
-        } else {
-            vec![(Precision::Fp32, ExecutionMode::Eager)]
-        }
+        default_variants(cuda)
     } else {
         options.variants.clone()
     };
@@ -245,70 +230,21 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     ));
     tch::manual_seed(20_251_123);
     let subset = train.slice(0, 4096.min(train.len()))?;
-    let mut model = bring_to_blending(fmnist_model(device, Telemetry::disabled())?, &subset, 40)?;
-    let mut results = Vec::new();
-    let mut names = BTreeSet::new();
-    let mut second_capture_done = false;
-    for (precision, mode, fused) in runs {
-        torch_ext::nn::set_fused_kernels(fused);
-        let mut name = variant_name(precision, mode);
-        if !fused {
-            name.push_str(LIBTORCH_LAYERS_SUFFIX);
-        }
-        progress(&format!(
-            "[rust {name}] {} warm-up + {} measured epochs",
-            options.warmup_epochs, options.measured_epochs
-        ));
-        let config = fmnist_config(precision, mode);
-        let sink = Collector::new();
-        let trainer = ModelTrainer::new(
-            model,
-            &train,
-            Some(&test),
-            config.clone(),
-            Telemetry::new(sink.clone()),
-        );
-        let mut trainer = trainer?;
-        let outcome = measure(&mut trainer, options, &name, progress);
-        names.extend(sink.names());
-        let metrics = match outcome {
-            Ok(mut metrics) => {
-                if mode.uses_graphs() && !second_capture_done {
-                    second_capture_done = true;
-                    let (restored, second) =
-                        second_trainer_capture(trainer.into_model(), &train, &test, &config)?;
-                    put(&mut metrics, "second_trainer_capture_ms", second);
-                    model = restored;
-                } else {
-                    model = trainer.into_model();
-                }
-                progress(&format!(
-                    "[rust {name}] epoch p50 {:.1} ms, {:.0} samples/s",
-                    metrics.get("epoch_ms_p50").copied().unwrap_or(f64::NAN),
-                    metrics.get("samples_per_s").copied().unwrap_or(f64::NAN)
-                ));
-                results.push(ResultEntry {
-                    amp: None,
-                    implementation: "rust".to_owned(),
-                    mode: name,
-                    metrics,
-                    error: None,
-                });
-                continue;
-            }
-            Err(error) => error,
-        };
-        progress(&format!("[rust {name}] failed: {metrics}"));
-        results.push(ResultEntry {
-            amp: None,
-            implementation: "rust".to_owned(),
-            mode: name,
-            metrics: BTreeMap::new(),
-            error: Some(metrics.to_string()),
-        });
-        model = trainer.into_model();
-    }
-    torch_ext::nn::set_fused_kernels(true);
+    let model = bring_to_blending(fmnist_model(device, Telemetry::disabled())?, &subset, 40)?;
+    let measured = variants::run_variants(
+        model,
+        &variants::Plan {
+            variants: runs,
+            train: &train,
+            test: &test,
+            config: &fmnist_config,
+            epochs: variants::EpochCounts {
+                warmup: options.warmup_epochs,
+                measured: options.measured_epochs,
+            },
+        },
+        progress,
+    )?;
     let params = serde_json::json!({
         "layers": format!("torch-ext kernels (torch_ext::nn): 3x3 convolutions (forward, input and weight gradients), batch norm + ReLU, group norm + ReLU, max-pool; modes ending in {LIBTORCH_LAYERS_SUFFIX} use libtorch's conv2d (cuDNN), batch_norm, group_norm, relu and max_pool2d"),
         "model": "CnnHost fashion_mnist (8/16/32) + conv_light@r0c1 + attention@r0c2, ADD blend at alpha 0.5, isolated",
@@ -329,11 +265,28 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     Ok(BenchRun {
         measurements: Measurements {
             params,
-            results,
-            telemetry_names: names.into_iter().collect(),
+            results: measured.results,
+            telemetry_names: measured.names.into_iter().collect(),
         },
         device,
     })
+}
+
+/// The variants a run measures when none are asked for: fp32 and bf16 x
+/// eager, graph-step, graph-epoch on CUDA; fp32 eager on the CPU.
+fn default_variants(cuda: bool) -> Vec<(Precision, ExecutionMode)> {
+    if !cuda {
+        return vec![(Precision::Fp32, ExecutionMode::Eager)];
+    }
+    let modes = [
+        ExecutionMode::Eager,
+        ExecutionMode::GraphStep,
+        ExecutionMode::GraphEpoch,
+    ];
+    modes
+        .into_iter()
+        .flat_map(|mode| [(Precision::Fp32, mode), (Precision::Bf16, mode)])
+        .collect()
 }
 
 /// The record's mode name: `eager`, `graph-step`, ... with `-bf16` or
@@ -356,210 +309,3 @@ fn fmnist_config(precision: Precision, mode: ExecutionMode) -> ModelTrainerConfi
     }
 }
 
-fn measure(
-    trainer: &mut ModelTrainer,
-    options: &FmnistOptions,
-    name: &str,
-    progress: &mut dyn FnMut(&str),
-) -> Result<BTreeMap<String, f64>> {
-    let mut metrics = BTreeMap::new();
-    let cuda_index = trainer.engine().cuda_index();
-    for index in 0..options.warmup_epochs {
-        let report = trainer.train_epoch()?;
-        if index == 0 {
-            put(&mut metrics, "first_epoch_ms", Some(report.train.epoch_ms));
-        }
-        if report.train.capture_ms.is_some() {
-            put(&mut metrics, "capture_ms", report.train.capture_ms);
-        }
-        for event in &report.train.events {
-            if event.name == leyline::telemetry::TOLARIA_GRAPH_FALLBACK {
-                progress(&format!(
-                    "[rust {name}] graph fallback: {:?}",
-                    event.attributes
-                ));
-            }
-        }
-    }
-    if let Some(index) = cuda_index {
-        torch_ext::cuda::synchronize(index)?;
-        torch_ext::cuda::reset_peak_memory_stats(index)?;
-    }
-    let mut epoch_ms = Vec::new();
-    let mut device_ms = Vec::new();
-    let mut validation_ms = Vec::new();
-    let mut replayed = 0_usize;
-    let mut steps = 0_usize;
-    let mut last = None;
-    for index in 0..options.measured_epochs {
-        let report = trainer.train_epoch()?;
-        epoch_ms.push(report.train.epoch_ms);
-        if let Some(ms) = report.train.device_ms {
-            device_ms.push(ms);
-        }
-        if let Some(validation) = report.validation {
-            validation_ms.push(validation.elapsed_ms);
-        }
-        replayed = replayed.saturating_add(report.train.replayed_steps);
-        steps = steps.saturating_add(report.train.steps);
-        progress(&format!(
-            "[rust {name}] epoch {}/{}: {:.1} ms, loss {:.4}",
-            index.saturating_add(1),
-            options.measured_epochs,
-            report.train.epoch_ms,
-            report.train.loss
-        ));
-        last = Some(report);
-    }
-    let p50 = percentile(&epoch_ms, 50.0);
-    put(&mut metrics, "epoch_ms_p50", p50);
-    put(&mut metrics, "epoch_ms_p95", percentile(&epoch_ms, 95.0));
-    put(
-        &mut metrics,
-        "device_epoch_ms_p50",
-        percentile(&device_ms, 50.0),
-    );
-    put(
-        &mut metrics,
-        "validation_ms_p50",
-        percentile(&validation_ms, 50.0),
-    );
-    put(
-        &mut metrics,
-        "replayed_steps_fraction",
-        (steps > 0).then(|| replayed as f64 / steps as f64),
-    );
-    if let Some(report) = &last {
-        put(
-            &mut metrics,
-            "samples_per_s",
-            p50.map(|ms| report.train.samples as f64 / (ms / 1000.0)),
-        );
-        put(
-            &mut metrics,
-            "steps_per_epoch",
-            Some(report.train.steps as f64),
-        );
-        put(&mut metrics, "final_train_loss", Some(report.train.loss));
-        put(
-            &mut metrics,
-            "final_train_accuracy",
-            Some(report.train.accuracy),
-        );
-        put(
-            &mut metrics,
-            "val_accuracy",
-            report.validation.map(|validation| validation.accuracy),
-        );
-        put(
-            &mut metrics,
-            "active_seeds",
-            Some(report.active_seeds as f64),
-        );
-        put(
-            &mut metrics,
-            "graph_fallback_events",
-            Some(
-                report
-                    .train
-                    .events
-                    .iter()
-                    .filter(|event| event.name == leyline::telemetry::TOLARIA_GRAPH_FALLBACK)
-                    .count() as f64,
-            ),
-        );
-    }
-    if let Some(report) = &last {
-        put(
-            &mut metrics,
-            "kernels_per_step",
-            trainer.engine().kernels_per_step(report.train.steps)?,
-        );
-    }
-    if cuda_index.is_some() {
-        profile_epoch(trainer, name, &mut metrics, progress)?;
-    }
-    if let Some(index) = cuda_index {
-        put(
-            &mut metrics,
-            "peak_device_memory_bytes",
-            Some(torch_ext::cuda::max_memory_allocated(index)? as f64),
-        );
-    }
-    Ok(metrics)
-}
-
-/// One more epoch under the kernel profiler: GPU-busy time per epoch and
-/// kernels per step (the epoch's validation included), and the largest
-/// kernels by device time, printed.
-fn profile_epoch(
-    trainer: &mut ModelTrainer,
-    name: &str,
-    metrics: &mut BTreeMap<String, f64>,
-    progress: &mut dyn FnMut(&str),
-) -> Result<()> {
-    let profiler = torch_ext::profile::KernelProfiler::start()?;
-    let report = trainer.train_epoch();
-    let profile = profiler.stop()?;
-    let steps = report?.train.steps.max(1) as f64;
-    put(
-        metrics,
-        "gpu_busy_ms_per_epoch",
-        Some(profile.busy_us() / 1000.0),
-    );
-    put(
-        metrics,
-        "profiled_kernels_per_step",
-        Some(profile.kernel_launches() as f64 / steps),
-    );
-    progress(&format!(
-        "[rust {name}] profiled epoch: {:.1} ms GPU-busy, {:.1} kernels a step; largest (us a step, launches a step, name):",
-        profile.busy_us() / 1000.0,
-        profile.kernel_launches() as f64 / steps
-    ));
-    if name == "graph-epoch" || name == "graph-epoch-bf16" {
-        progress(&format!(
-            "[rust {name}] {} consecutive launches from the profiled epoch's middle (us, name):",
-            profile.sample.len()
-        ));
-        for kernel in &profile.sample {
-            let short: String = kernel.name.chars().take(100).collect();
-            progress(&format!(
-                "[rust {name}]   seq {:7.2}  {short}",
-                kernel.total_us
-            ));
-        }
-    }
-    for kernel in profile.largest(PROFILE_TOP) {
-        let short: String = kernel.name.chars().take(120).collect();
-        progress(&format!(
-            "[rust {name}]   {:7.2} {:5.2}  {short}",
-            kernel.total_us / steps,
-            kernel.count as f64 / steps
-        ));
-    }
-    Ok(())
-}
-
-/// Kernels the profiled epoch prints.
-const PROFILE_TOP: usize = 30;
-
-/// A second trainer of the same shape on the same device: the time of its
-/// first capture (the shared pool's promise). Returns the model back.
-fn second_trainer_capture(
-    model: MorphogeneticModel,
-    train: &Dataset,
-    test: &Dataset,
-    config: &ModelTrainerConfig,
-) -> Result<(MorphogeneticModel, Option<f64>)> {
-    let mut trainer = ModelTrainer::new(
-        model,
-        train,
-        Some(test),
-        config.clone(),
-        Telemetry::disabled(),
-    )?;
-    let _ = trainer.train_epoch()?;
-    let first = trainer.engine().first_capture_ms();
-    Ok((trainer.into_model(), first))
-}

@@ -11,7 +11,7 @@ use leyline::Telemetry;
 use leyline::baseline::percentile;
 use tch::Device;
 
-use super::put;
+use super::variants::put;
 use crate::amp::Precision;
 use crate::data::{ReferenceData, ReferenceTask};
 use crate::engine::model_step::{ModelStep, ModelStepConfig};

@@ -1,0 +1,1054 @@
+#!/usr/bin/env python3
+"""Python peer of the `tolaria-lm` benchmark (DESIGN.md sections 6 and 7).
+
+The workload, as the Rust crates define it:
+
+  host  kasmina::host::transformer::TransformerHost, GPT-style, causal: byte
+        tokens (vocab 256), width C = 128, 4 heads (head dim 32), 3 layers in
+        3 segments, block (context) 64, no dropout.
+        embed  x = wte[tokens] + wpe[:T], wte [256, 128] and wpe [64, 128]
+               drawn from N(0, 0.02);
+        block  (pre-norm, one per layer g = 0, 1, 2)
+               x = x + attn_proj(SDPA(q, k, v, is_causal)) where
+               q, k, v = qkv(ln1 x).split(C, -1), Linear(C, 3C), each
+               reshaped [B, T, 4, 32].transpose(1, 2), the output transposed
+               back, made contiguous, reshaped [B, T, C], attn_proj
+               Linear(C, C); then x = x + mlp_proj(GELU(fc(ln2 x))), fc
+               Linear(C, 4C), exact GELU, mlp_proj Linear(4C, C); every
+               Linear with bias, every LayerNorm eps 1e-5 with weight and
+               bias;
+        slot   r0c{g} after layer g;
+        head   logits = ln_f(x) @ wte.T ([B, T, 256], tied to the token
+               embedding).
+        636,032 parameters: 256 C + 64 C + 3 (12 C^2 + 13 C) + 2 C
+        (TransformerHostConfig::param_count).
+  seeds two, both blending with ADD at a constant alpha 0.5,
+        `h + 0.5 (s - h)` (torch.lerp, as kasmina::blend::blend_add), each
+        seeing the live host features (transformer seeds are not gradient
+        isolated: the host also gets gradient through the seed branch):
+        r0c0: mlp_small, `h + fc2(GELU(fc1 h))`, fc1 Linear(C, 2C), fc2
+              Linear(2C, C), both with bias, fc2 zero at birth
+              (4 C^2 + 3 C = 65,920 parameters);
+        r0c1: attention, `h + proj(causal SDPA(qkv h))`, 4 heads, qkv
+              Linear(C, 3C), proj Linear(C, C) zero at birth, both with
+              bias, no norm (4 C^2 + 4 C = 66,048 parameters);
+        r0c2: empty (the identity).
+  init  PyTorch's defaults, as kasmina::layers: Linear weights and biases
+        uniform in +-1/sqrt(fan_in) (nn.Linear's own initialisation);
+        LayerNorm weights 1, biases 0; embeddings N(0, 0.02).
+  optim three parameter groups (host, seed r0c0, seed r0c1) in one AdamW
+        (one step() call a step): lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+        weight decay 0.01 on every parameter; the fused kernel on CUDA
+        (capturable in the modes that capture it).
+  loss  softmax cross-entropy over the 256 tokens, mean over all B x T
+        target tokens.
+  data  Debian's `fortunes` corpus (tolaria::data::text): the regular,
+        non-hidden files of the folder whose names have no extension (the
+        package keeps `.dat` indexes and `.u8` links beside each file), in
+        name order, split at lines that are exactly `%`, each document
+        stripped of ASCII whitespace at both ends, empty ones dropped. The
+        documents in a seeded order (leyline's SplitMix64 Fisher-Yates,
+        mirrored here, seed --split-seed, 0 by default: TextOptions'
+        default); the first tenth (rounded, at least one) validates, the
+        rest trains. Each part is joined with "\\n\\n" into one byte stream,
+        every byte a token, cut into windows of 64: window i has inputs
+        stream[64 i : 64 i + 64] and targets stream[64 i + 1 : 64 i + 65];
+        the tail short of a window is dropped (15,217 documents; with
+        seed 0, 1,522 of them validate: 35,791 training and 4,218
+        validation windows). The Rust benchmark seeds its split
+        itself, so the two sides may hold out slightly different documents
+        (the record's params carry this side's counts). Everything lives on
+        the device as int64. Every epoch a device-side permutation
+        (torch.randperm) of the training windows, batch 128 windows (8,192
+        tokens), the last partial batch dropped; validation on every
+        validation window in batches of 1,024 under torch.inference_mode:
+        mean token loss, token accuracy (argmax), perplexity exp(loss).
+
+Modes (record mode names; TF32 on for matmuls and cuDNN in all of them):
+  eager               fp32, plain PyTorch (functional forward, fused AdamW)
+  eager-bf16          as eager under bf16 autocast
+  graph               the whole training step (forward, loss, backward, the
+                      fused capturable AdamW step, loss accumulation)
+                      captured once as a torch.cuda.CUDAGraph on a side
+                      stream after a few eager warm-up steps; every step
+                      gathers its batch with index_select into the graph's
+                      static input buffers, then replays
+  graph-bf16          as graph under bf16 autocast (weight-cast cache off,
+                      as capture requires)
+  compile             torch.compile(mode="default") of forward + loss (the
+                      backward compiled with it by AOTAutograd), fused
+                      AdamW eager; validation compiled separately
+  inductor-graph      forward + loss through torch.compile(mode=
+                      "max-autotune-no-cudagraphs") (Inductor's fused Triton
+                      kernels, autotuned GEMMs, backward by AOTAutograd),
+                      and the whole step (compiled forward and backward, the
+                      fused capturable AdamW, loss accumulation) captured by
+                      hand in one torch.cuda.CUDAGraph after the warm-up
+                      steps (compilation and autotuning); static gathers as
+                      in graph
+  inductor-graph-bf16 as inductor-graph under bf16 autocast
+  max-autotune        torch.compile(mode="max-autotune") (Inductor's own
+                      CUDA graphs, cudagraph trees) of forward + loss, fused
+                      AdamW eager; `cudagraph_skips` counts the graphs
+                      Inductor declined (then it ran those parts without)
+The graph, inductor and max-autotune modes need CUDA; on the CPU they are
+recorded as skipped. Every mode starts from the same weights and sees the
+same batches (the permutation generator is seeded alike), so their losses
+should agree closely; a loss that is not finite fails the mode. A failing
+mode is recorded with its error and the run goes on.
+
+Epoch time is host wall time of the whole epoch: permutation, gathers,
+every step, and the one readback of the epoch's summed loss (the only sync).
+Validation runs after every epoch and is timed apart. compile_s is the first
+step's seconds in the compiled modes (compilation and autotuning, with
+PyTorch's default compile caches: a second run may find them warm), apart
+from the epoch figures; compile_validation_s the first validation's.
+
+Usage:
+  tolaria_lm.py [--merge-into RECORD.json] [--out RECORD.json]
+                [--data-dir DIR | --synthetic] [--quick]
+                [--epochs N] [--warmup-epochs N] [--modes a,b] [--no-kernels]
+
+Defaults: 2 warm-up and 5 measured epochs; --quick: at most 8,192 training
+windows (the first ones), 1 warm-up and 2 measured epochs. --data-dir
+defaults to $ESPER_TEXT_CORPUS_DIR, then /usr/share/games/fortunes.
+--synthetic draws a seeded text of about the real window counts, each token
+followed by its fixed successor nine times in ten and by a random token
+otherwise (the same kind of text as tolaria::data::text::synthetic, drawn
+with torch's generator), for machines without the corpus.
+With --merge-into, the results (impl "python") replace the python results of
+an existing record written by `esper bench tolaria-lm`; --out writes a
+standalone record of the same shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WORKLOAD = "tolaria-lm"
+DIR_ENV = "ESPER_TEXT_CORPUS_DIR"
+DEFAULT_DIR = "/usr/share/games/fortunes"
+MAX_CORPUS_BYTES = 64 << 20  # tolaria::data::text::MAX_CORPUS_BYTES
+SEPARATOR = b"\n\n"
+ASCII_WHITESPACE = b" \t\n\r\x0c"  # Rust's u8::is_ascii_whitespace (no vertical tab)
+VALIDATION_FRACTION = 0.1
+SYNTHETIC_TRAIN_WINDOWS = 35_800
+SYNTHETIC_VALIDATION_WINDOWS = 4_200
+SYNTHETIC_SUCCESSOR_SHARE = 0.9
+
+VOCAB = 256
+WIDTH = 128
+HEADS = 4
+HEAD_DIM = WIDTH // HEADS
+LAYERS = 3
+CONTEXT = 64
+EMBEDDING_INIT_STD = 0.02
+NORM_EPS = 1e-5
+ALPHA = 0.5
+MLP_SMALL_EXPANSION = 2
+SEED_HEADS = 4
+
+BATCH = 128
+VALIDATION_BATCH = 1024
+QUICK_TRAIN_WINDOWS = 8192
+LR, BETAS, ADAM_EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
+INIT_SEED = 20251001
+DATA_SEED = 20251002
+SPLIT_SEED = 0  # tolaria::data::text::TextOptions::default().seed
+GRAPH_WARMUP_STEPS = 3
+
+HOST_PARAMS = VOCAB * WIDTH + CONTEXT * WIDTH + LAYERS * (12 * WIDTH**2 + 13 * WIDTH) + 2 * WIDTH
+MLP_SMALL_PARAMS = 4 * WIDTH**2 + 3 * WIDTH
+ATTENTION_PARAMS = 4 * WIDTH**2 + 4 * WIDTH
+
+ALL_MODES = ["eager", "eager-bf16", "graph", "graph-bf16", "compile",
+             "inductor-graph", "inductor-graph-bf16", "max-autotune"]
+CUDA_ONLY = {"graph", "graph-bf16", "inductor-graph", "inductor-graph-bf16", "max-autotune"}
+COMPILE_MODES = {"compile": "default", "inductor-graph": "max-autotune-no-cudagraphs",
+                 "max-autotune": "max-autotune"}  # by base mode (without -bf16)
+
+PARAMS = {
+    "host": {"config": "TransformerHostConfig {vocab 256, width 128, 4 heads, 3 layers, block 64, 3 segments}",
+             "vocab_size": VOCAB, "n_embd": WIDTH, "n_head": HEADS, "n_layer": LAYERS, "block_size": CONTEXT,
+             "num_segments": LAYERS, "tied_head": True, "dropout": 0.0, "param_count": HOST_PARAMS},
+    "seeds": [
+        {"slot": "r0c0", "blueprint": "mlp_small", "expansion": MLP_SMALL_EXPANSION, "blend": "add",
+         "alpha": ALPHA, "gradient_isolation": False, "param_count": MLP_SMALL_PARAMS},
+        {"slot": "r0c1", "blueprint": "attention", "heads": SEED_HEADS, "causal": True, "blend": "add",
+         "alpha": ALPHA, "gradient_isolation": False, "param_count": ATTENTION_PARAMS},
+        {"slot": "r0c2", "blueprint": None},
+    ],
+    "optimizers": {"adamw": {"learning_rate": LR, "betas": list(BETAS), "eps": ADAM_EPS,
+                             "weight_decay": WEIGHT_DECAY},
+                   "groups": ["host", "seed r0c0", "seed r0c1"], "fused_on_cuda": True,
+                   "capturable": "in graph and inductor-graph modes",
+                   "python": "one torch.optim.AdamW with the three groups"},
+    "loss": "softmax cross-entropy over 256 tokens, mean over all batch x context tokens",
+    "batch_size": BATCH,
+    "tokens_per_batch": BATCH * CONTEXT,
+    "context": CONTEXT,
+    "drop_last": True,
+    "validation_batch": VALIDATION_BATCH,
+    "shuffle": "torch.randperm on the device every epoch",
+    "tf32": True,
+    "init_seed": INIT_SEED,
+    "graph_warmup_steps": GRAPH_WARMUP_STEPS,
+}
+
+
+# -- data ------------------------------------------------------------------
+
+class DataError(Exception):
+    """A data problem the user can act on (printed without a traceback)."""
+
+
+HINT = (f"Install Debian's fortunes package (`cargo xtask provision` does), point --data-dir or ${DIR_ENV} "
+        "at a folder of text files whose documents are separated by lines holding `%`, or pass --synthetic.")
+
+
+def data_dir(arg: str | None) -> str:
+    return arg or os.environ.get(DIR_ENV) or DEFAULT_DIR
+
+
+def corpus_files(directory: str) -> list[str]:
+    """Regular, non-hidden files without an extension, in name (byte) order;
+    symbolic links are not regular files (as Rust's DirEntry::file_type)."""
+    if not os.path.isdir(directory):
+        raise DataError(f"text corpus folder {directory} not found. {HINT}")
+    try:
+        with os.scandir(directory) as entries:
+            names = [entry.name for entry in entries
+                     if entry.is_file(follow_symlinks=False) and not entry.name.startswith(".")
+                     and "." not in entry.name]
+    except OSError as error:
+        raise DataError(f"{directory}: cannot be listed ({error}). {HINT}") from None
+    return [os.path.join(directory, name) for name in sorted(names, key=os.fsencode)]
+
+
+def split_documents(data: bytes) -> list[bytes]:
+    """A file's documents: split at lines that are exactly `%` (without the
+    newline), stripped of ASCII whitespace at both ends, empty ones dropped."""
+    documents, lines = [], []
+    for line in data.split(b"\n"):
+        if line == b"%":
+            documents.append(b"\n".join(lines).strip(ASCII_WHITESPACE))
+            lines = []
+        else:
+            lines.append(line)
+    documents.append(b"\n".join(lines).strip(ASCII_WHITESPACE))
+    return [document for document in documents if document]
+
+
+def read_documents(directory: str) -> list[bytes]:
+    documents, total = [], 0
+    for path in corpus_files(directory):
+        try:
+            total += os.path.getsize(path)
+            if total > MAX_CORPUS_BYTES:
+                raise DataError(f"the corpus in {directory} exceeds {MAX_CORPUS_BYTES} bytes")
+            with open(path, "rb") as handle:
+                documents.extend(split_documents(handle.read()))
+        except OSError as error:
+            raise DataError(f"{path}: cannot be read ({error}). {HINT}") from None
+    if not documents:
+        raise DataError(f"{directory} holds no document. {HINT}")
+    return documents
+
+
+MASK64 = (1 << 64) - 1
+GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def splitmix_permutation(n: int, seed: int) -> list[int]:
+    """leyline's SplitMix64 Fisher-Yates (tolaria::data::shuffle::permutation),
+    with Lemire's unbiased `below`."""
+    state = seed & MASK64
+
+    def next_u64() -> int:
+        nonlocal state
+        state = (state + GOLDEN) & MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * MIX1) & MASK64
+        z = ((z ^ (z >> 27)) * MIX2) & MASK64
+        return z ^ (z >> 31)
+
+    def below(bound: int) -> int:
+        threshold = ((1 << 64) - bound) % bound
+        while True:
+            product = next_u64() * bound
+            if (product & MASK64) >= threshold:
+                return product >> 64
+
+    order = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = min(below(i + 1), i)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def windows(name: str, documents: list[bytes]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The documents joined into one byte stream, cut into windows of CONTEXT
+    inputs and their next-token targets; int64 [n, CONTEXT] each."""
+    stream = SEPARATOR.join(documents)
+    count = (len(stream) - 1) // CONTEXT if stream else 0
+    if count < 1:
+        raise DataError(f"{name}: {len(stream)} tokens make no window of {CONTEXT + 1} tokens")
+    tokens = torch.frombuffer(bytearray(stream), dtype=torch.uint8).to(torch.int64)
+    inputs = tokens[:count * CONTEXT].view(count, CONTEXT)
+    targets = tokens[1:count * CONTEXT + 1].view(count, CONTEXT)
+    return inputs.clone(), targets.clone()
+
+
+def load_corpus(directory: str, split_seed: int):
+    """((train inputs, targets), (validation inputs, targets)), counts."""
+    documents = read_documents(directory)
+    n = len(documents)
+    order = splitmix_permutation(n, split_seed)
+    held_out = math.floor(n * VALIDATION_FRACTION + 0.5)  # f64::round, half away from zero
+    held_out = min(max(held_out, 1), max(n - 1, 1))
+    validation = [documents[i] for i in order[:held_out]]
+    train = [documents[i] for i in order[held_out:]]
+    counts = {"documents": n, "train_documents": len(train), "validation_documents": len(validation),
+              "corpus_bytes": sum(len(d) for d in documents), "split_seed": split_seed}
+    return (windows("fortunes-train", train), windows("fortunes-validation", validation)), counts
+
+
+def synthetic_stream(n_tokens: int, gen: torch.Generator) -> torch.Tensor:
+    """A seeded token stream: each token followed by its fixed successor (a
+    seeded permutation) nine times in ten, by a uniform random token otherwise."""
+    successor = torch.randperm(VOCAB, generator=gen)
+    random_tokens = torch.randint(0, VOCAB, (n_tokens,), generator=gen)
+    fresh = torch.rand(n_tokens, generator=gen) >= SYNTHETIC_SUCCESSOR_SHARE
+    fresh[0] = True
+    index = torch.arange(n_tokens)
+    start = torch.where(fresh, index, torch.zeros_like(index)).cummax(0).values
+    offset = index - start
+    tokens = random_tokens[start]
+    for k in range(int(offset.max())):  # successor^offset of each run's first token
+        active = offset > k
+        tokens = torch.where(active, successor[tokens], tokens)
+    return tokens
+
+
+def synthetic_data():
+    gen = torch.Generator().manual_seed(DATA_SEED)
+    n_train, n_val = SYNTHETIC_TRAIN_WINDOWS, SYNTHETIC_VALIDATION_WINDOWS
+    stream = synthetic_stream((n_train + n_val) * CONTEXT + 2, gen)
+
+    def cut(part: torch.Tensor, count: int):
+        return (part[:count * CONTEXT].reshape(count, CONTEXT).clone(),
+                part[1:count * CONTEXT + 1].reshape(count, CONTEXT).clone())
+
+    train = cut(stream[:n_train * CONTEXT + 1], n_train)
+    validation = cut(stream[n_train * CONTEXT + 1:], n_val)
+    return (train, validation), {"synthetic_successor_share": SYNTHETIC_SUCCESSOR_SHARE}
+
+
+# -- the network -------------------------------------------------------------
+
+def _linear(in_features: int, out_features: int, zero: bool = False) -> nn.Linear:
+    """nn.Linear with its own (PyTorch default) initialisation; `zero` zeroes
+    weight and bias after the draws (kasmina's Linear::zero_ at birth)."""
+    layer = nn.Linear(in_features, out_features, bias=True)
+    if zero:
+        with torch.no_grad():
+            layer.weight.zero_()
+            layer.bias.zero_()
+    return layer
+
+
+def _embedding(rows: int) -> nn.Module:
+    module = nn.Module()
+    module.weight = nn.Parameter(torch.empty(rows, WIDTH).normal_(0.0, EMBEDDING_INIT_STD))
+    return module
+
+
+def _layer_norm() -> nn.LayerNorm:
+    return nn.LayerNorm(WIDTH, eps=NORM_EPS)
+
+
+def _norm(x: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    return F.layer_norm(x, (WIDTH,), norm.weight, norm.bias, NORM_EPS)
+
+
+def causal_self_attention(x: torch.Tensor, qkv: nn.Linear, proj: nn.Linear, heads: int) -> torch.Tensor:
+    """kasmina::layers::causal_self_attention: [B, T, C] -> [B, T, C]."""
+    batch, time_, width = x.shape
+    head_dim = width // heads
+    q, k, v = F.linear(x, qkv.weight, qkv.bias).split(width, dim=2)
+    q = q.reshape(batch, time_, heads, head_dim).transpose(1, 2)
+    k = k.reshape(batch, time_, heads, head_dim).transpose(1, 2)
+    v = v.reshape(batch, time_, heads, head_dim).transpose(1, 2)
+    attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, H, T, D]
+    merged = attended.transpose(1, 2).contiguous().reshape(batch, time_, width)
+    return F.linear(merged, proj.weight, proj.bias)
+
+
+class LmNet(nn.Module):
+    """TransformerHost (vocab 256, width 128, 4 heads, 3 layers, block 64)
+    with mlp_small at r0c0 and attention at r0c1, r0c2 empty.
+
+    Parameter names follow the Rust VarStores: host `wte.weight`,
+    `wpe.weight`, `h{i}.{ln1,qkv,attn_proj,ln2,fc,mlp_proj}.{weight,bias}`,
+    `ln_f.{weight,bias}`; seed r0c0 `fc1`, `fc2`; seed r0c1 `qkv`, `proj`.
+    The forward is functional (F.*) over those tensors: no per-layer module
+    call overhead in eager mode.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        host = nn.Module()
+        host.wte = _embedding(VOCAB)
+        host.wpe = _embedding(CONTEXT)
+        for layer in range(LAYERS):
+            block = nn.Module()
+            block.ln1 = _layer_norm()
+            block.qkv = _linear(WIDTH, 3 * WIDTH)
+            block.attn_proj = _linear(WIDTH, WIDTH)
+            block.ln2 = _layer_norm()
+            block.fc = _linear(WIDTH, 4 * WIDTH)
+            block.mlp_proj = _linear(4 * WIDTH, WIDTH)
+            host.add_module(f"h{layer}", block)
+        host.ln_f = _layer_norm()
+        self.host = host
+
+        mlp_small = nn.Module()
+        mlp_small.fc1 = _linear(WIDTH, MLP_SMALL_EXPANSION * WIDTH)
+        mlp_small.fc2 = _linear(MLP_SMALL_EXPANSION * WIDTH, WIDTH, zero=True)
+        self.seed_r0c0 = mlp_small
+
+        attention = nn.Module()
+        attention.qkv = _linear(WIDTH, 3 * WIDTH)
+        attention.proj = _linear(WIDTH, WIDTH, zero=True)
+        self.seed_r0c1 = attention
+        self.blocks = [getattr(host, f"h{layer}") for layer in range(LAYERS)]
+
+    def groups(self):
+        """The three parameter groups: host, seed r0c0, seed r0c1."""
+        return [list(self.host.parameters()), list(self.seed_r0c0.parameters()),
+                list(self.seed_r0c1.parameters())]
+
+    @staticmethod
+    def _block(block, x: torch.Tensor) -> torch.Tensor:
+        x = x + causal_self_attention(_norm(x, block.ln1), block.qkv, block.attn_proj, HEADS)
+        hidden = F.gelu(F.linear(_norm(x, block.ln2), block.fc.weight, block.fc.bias))
+        return x + F.linear(hidden, block.mlp_proj.weight, block.mlp_proj.bias)
+
+    def _mlp_small(self, h: torch.Tensor) -> torch.Tensor:
+        seed = self.seed_r0c0
+        hidden = F.gelu(F.linear(h, seed.fc1.weight, seed.fc1.bias))
+        return h + F.linear(hidden, seed.fc2.weight, seed.fc2.bias)
+
+    def _attention(self, h: torch.Tensor) -> torch.Tensor:
+        seed = self.seed_r0c1
+        return h + causal_self_attention(h, seed.qkv, seed.proj, SEED_HEADS)
+
+    @staticmethod
+    def _blend(host: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+        # kasmina::blend::blend_add: the seed output in the host's dtype, lerp.
+        return torch.lerp(host, seed.to(host.dtype), ALPHA)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """int64 [B, T] -> logits [B, T, 256]."""
+        host = self.host
+        x = F.embedding(tokens, host.wte.weight) + host.wpe.weight[:tokens.shape[1]]
+        x = self._block(self.blocks[0], x)
+        x = self._blend(x, self._mlp_small(x))                  # r0c0 (no detach: not isolated)
+        x = self._block(self.blocks[1], x)
+        x = self._blend(x, self._attention(x))                  # r0c1
+        x = self._block(self.blocks[2], x)                      # r0c2: empty
+        return F.linear(_norm(x, host.ln_f), host.wte.weight)  # h @ wte.T
+
+
+def param_counts(model: LmNet) -> dict:
+    """Parameters of the host and each seed, checked against the Rust formulas."""
+    host, mlp_small, attention = (sum(p.numel() for p in group) for group in model.groups())
+    counts = {"host": host, "seed_r0c0_mlp_small": mlp_small, "seed_r0c1_attention": attention}
+    expected = {"host": HOST_PARAMS, "seed_r0c0_mlp_small": MLP_SMALL_PARAMS,
+                "seed_r0c1_attention": ATTENTION_PARAMS}
+    if counts != expected:
+        raise RuntimeError(f"parameter counts {counts} differ from the workload's {expected}")
+    return counts
+
+
+def build_model(device: torch.device) -> LmNet:
+    """The network with its seeded initialisation (the same in every mode)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(INIT_SEED)
+        model = LmNet()
+    param_counts(model)
+    return model.to(device)
+
+
+def build_optimizer(model: LmNet, fused: bool, capturable: bool) -> torch.optim.Optimizer:
+    """One AdamW over the three parameter groups (the same update as one
+    optimizer a group, in one step() call)."""
+    kwargs = {"fused": True, "capturable": capturable} if fused else {}
+    host, seed0, seed1 = model.groups()
+    return torch.optim.AdamW(
+        [{"params": host}, {"params": seed0}, {"params": seed1}],
+        lr=LR, betas=BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY, **kwargs)
+
+
+# -- training ----------------------------------------------------------------
+
+def percentile(samples, percent):
+    """Nearest-rank percentile, as leyline::baseline::percentile."""
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    rank = math.ceil(percent / 100.0 * len(ordered))
+    return ordered[min(max(rank, 1), len(ordered)) - 1]
+
+
+def base_mode(mode: str) -> str:
+    return mode.removesuffix("-bf16")
+
+
+class Trainer:
+    """One mode's model, optimizer, device buffers and epoch loop."""
+
+    def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int) -> None:
+        (train_x, train_y), (val_x, val_y) = data
+        base = base_mode(mode)
+        self.mode = mode
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.bf16 = mode.endswith("-bf16")
+        self.graphed = base in ("graph", "inductor-graph")
+        self.compile_mode = COMPILE_MODES.get(base)
+        self.inductor_graphs = base == "max-autotune"
+        if mode in CUDA_ONLY and not self.cuda:
+            raise RuntimeError(f"{mode} needs a CUDA device; this run is on the CPU")
+        if self.compile_mode is not None:
+            torch._dynamo.reset()  # a fresh cache: no recompile limit carried over from another mode
+        self.model = build_model(device)
+        self.optimizer = build_optimizer(self.model, fused=self.cuda, capturable=self.graphed)
+        self.params = [p for group in self.model.groups() for p in group]
+        self.train_x, self.train_y = train_x, train_y
+        self.val_x, self.val_y = val_x, val_y
+        self.n_train = train_x.shape[0]
+        self.steps = steps_per_epoch
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(DATA_SEED)
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        if self.graphed:
+            # The graph's static inputs: every step gathers its batch into them.
+            self.static_x = torch.empty((BATCH, CONTEXT), dtype=train_x.dtype, device=device)
+            self.static_y = torch.empty((BATCH, CONTEXT), dtype=train_y.dtype, device=device)
+        else:
+            # The epoch's shuffled copy: one gather an epoch, steps read slices.
+            self.epoch_x = torch.empty((self.steps * BATCH, CONTEXT), dtype=train_x.dtype, device=device)
+            self.epoch_y = torch.empty((self.steps * BATCH, CONTEXT), dtype=train_y.dtype, device=device)
+        self.graph = None
+        self.eager_steps_left = GRAPH_WARMUP_STEPS
+        self.capture_ms = None
+        self.first_step_s = None
+        self.train_fn = self.forward_loss
+        self.eval_fn = self.eval_sums
+        if self.compile_mode is not None:
+            self.train_fn = torch.compile(self.forward_loss, mode=self.compile_mode, dynamic=False, fullgraph=True)
+            self.eval_fn = torch.compile(self.eval_sums, mode=self.compile_mode, dynamic=False, fullgraph=True)
+
+    def autocast(self):
+        if not self.bf16:
+            return contextlib.nullcontext()
+        # Captured graphs replay the casts themselves: no weight-cast cache.
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphed)
+
+    # the step ---------------------------------------------------------------
+    def forward_loss(self, x, y):
+        logits = self.model(x)
+        return F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
+    def eval_sums(self, x, y):
+        """Summed token loss (fp32) and correct argmax predictions of a batch."""
+        logits = self.model(x)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB).float(), y.reshape(-1), reduction="sum")
+        correct = (logits.argmax(-1) == y).sum()
+        return loss, correct
+
+    def step(self, x, y):
+        if self.inductor_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        with self.autocast():
+            loss = self.train_fn(x, y)
+        loss.backward()
+        self.optimizer.step()
+        self.loss_sum.add_(loss.detach())
+
+    def zero_grads(self):
+        for p in self.params:
+            p.grad = None
+
+    def eager_step(self, x, y):
+        self.step(x, y)
+        self.zero_grads()
+
+    def graph_step(self, x_index):
+        """Gathers the batch into the static buffers, then eager / capture / replay."""
+        torch.index_select(self.train_x, 0, x_index, out=self.static_x)
+        torch.index_select(self.train_y, 0, x_index, out=self.static_y)
+        if self.graph is not None:
+            self.graph.replay()
+        elif self.eager_steps_left > 0:
+            # Warm-up on the stream the capture uses (cuBLAS handles, AdamW
+            # state, and in inductor-graph compilation and autotuning).
+            self.eager_steps_left -= 1
+            self.eager_step(self.static_x, self.static_y)
+        else:
+            self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
+            torch.cuda.synchronize(self.device)
+            started = time.perf_counter()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
+                self.step(self.static_x, self.static_y)
+            self.capture_ms = (time.perf_counter() - started) * 1e3
+            self.graph = graph
+            graph.replay()
+
+    def check_static_gather(self):
+        """index_select(out=) must write the static buffers in place (the graph reads them)."""
+        pointers = (self.static_x.data_ptr(), self.static_y.data_ptr())
+        index = torch.arange(BATCH, device=self.device)
+        torch.index_select(self.train_x, 0, index, out=self.static_x)
+        torch.index_select(self.train_y, 0, index, out=self.static_y)
+        if pointers != (self.static_x.data_ptr(), self.static_y.data_ptr()):
+            raise RuntimeError("index_select(out=) reallocated a static graph input")
+
+    # epochs -----------------------------------------------------------------
+    def epoch(self, time_first_step: bool = False):
+        """One training epoch; returns (wall ms, mean train loss)."""
+        started = time.perf_counter()
+        perm = torch.randperm(self.n_train, device=self.device, generator=self.generator)
+        self.loss_sum.zero_()
+        if not self.graphed:
+            used = perm[:self.steps * BATCH]
+            torch.index_select(self.train_x, 0, used, out=self.epoch_x)
+            torch.index_select(self.train_y, 0, used, out=self.epoch_y)
+        for step in range(self.steps):
+            lo = step * BATCH
+            if self.graphed:
+                self.graph_step(perm[lo:lo + BATCH])
+            else:
+                self.eager_step(self.epoch_x[lo:lo + BATCH], self.epoch_y[lo:lo + BATCH])
+            if time_first_step and step == 0:
+                self.sync()
+                self.first_step_s = time.perf_counter() - started
+        loss = self.loss_sum.item() / self.steps  # the epoch's one readback (a sync)
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        if not math.isfinite(loss):
+            raise RuntimeError(f"{self.mode}: the epoch's mean training loss is {loss}")
+        return elapsed_ms, loss
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def validate(self):
+        """Token loss and accuracy on the validation windows; returns (ms, loss, accuracy)."""
+        self.sync()
+        started = time.perf_counter()
+        n = self.val_x.shape[0]
+        with torch.inference_mode(), self.autocast():
+            loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+            correct = torch.zeros((), dtype=torch.int64, device=self.device)
+            for lo in range(0, n, VALIDATION_BATCH):
+                if self.inductor_graphs:
+                    torch.compiler.cudagraph_mark_step_begin()
+                batch_loss, batch_correct = self.eval_fn(self.val_x[lo:lo + VALIDATION_BATCH],
+                                                         self.val_y[lo:lo + VALIDATION_BATCH])
+                loss_sum += batch_loss
+                correct += batch_correct
+            loss_value, correct_value = torch.stack([loss_sum, correct.float()]).tolist()
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        tokens = n * CONTEXT
+        return elapsed_ms, loss_value / tokens, correct_value / tokens
+
+    # extras (after the measured epochs) ---------------------------------------
+    def replay_us_per_step(self, replays: int = 200) -> float | None:
+        if self.graph is None:
+            return None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            self.graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / replays
+
+    def kernel_profile(self):
+        """CUDA kernels (and their summed device time) of one training step."""
+        from torch.profiler import ProfilerActivity, profile
+        x, y = self.train_x[:BATCH], self.train_y[:BATCH]
+        if self.graphed:
+            self.static_x.copy_(x)
+            self.static_y.copy_(y)
+        self.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            if self.graph is not None:
+                self.graph.replay()
+            else:
+                self.eager_step(x, y)
+            self.sync()
+        kernels, copies, busy_us = 0, 0, 0.0
+        for event in prof.events():
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            name = event.name.lower()
+            if name.startswith("memcpy") or name.startswith("memset"):
+                copies += 1
+            else:
+                kernels += 1
+            busy_us += event.time_range.elapsed_us()
+        return kernels, copies, busy_us
+
+
+def cudagraph_skips() -> int | None:
+    """Graphs Inductor declined to capture (max-autotune), from dynamo's counters."""
+    try:
+        from torch._dynamo.utils import counters
+        return int(counters["inductor"]["cudagraph_skips"])
+    except Exception:  # an internal counter: absent in some versions
+        return None
+
+
+def fx_graph_cache() -> bool | None:
+    """Whether Inductor's compiled-graph cache is on (compile_s is then warm on a second run)."""
+    try:
+        import torch._inductor.config as inductor_config
+        return bool(inductor_config.fx_graph_cache)
+    except Exception:  # an internal setting: absent in some versions
+        return None
+
+
+def run_mode(mode: str, data, device: torch.device, args) -> dict:
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    trainer = Trainer(mode, data, device, args.steps_per_epoch)
+    metrics = {}
+    if cuda:
+        metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
+    skips_before = cudagraph_skips()
+    stream = torch.cuda.Stream(device) if cuda else None
+    epochs, validations = [], []
+    last = None
+    warmup_peak = 0
+    with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+        if trainer.graphed:
+            trainer.check_static_gather()
+        for index in range(args.warmup_epochs + args.epochs):
+            warm = index < args.warmup_epochs
+            if cuda and index == args.warmup_epochs:
+                # The warm-up's peak (compilation, autotuning, capture, the
+                # first validation) is kept apart from the measured epochs' peak.
+                warmup_peak = torch.cuda.max_memory_allocated(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            epoch_ms, train_loss = trainer.epoch(time_first_step=(index == 0))
+            val_ms, val_loss, val_accuracy = trainer.validate()
+            if not math.isfinite(val_loss):
+                raise RuntimeError(f"{mode}: the validation loss is {val_loss}")
+            if index == 0:
+                metrics["first_epoch_ms"] = epoch_ms
+                metrics["first_validation_ms"] = val_ms
+            if not warm:
+                epochs.append(epoch_ms)
+                validations.append(val_ms)
+            last = (train_loss, val_loss, val_accuracy)
+            log(f"[python {mode}] epoch {index + 1}/{args.warmup_epochs + args.epochs}"
+                f"{' (warm-up)' if warm else ''}: {epoch_ms:.1f} ms, train loss {train_loss:.4f}, "
+                f"val {val_ms:.1f} ms, val loss {val_loss:.4f}, accuracy {val_accuracy:.4f}, "
+                f"perplexity {math.exp(val_loss):.3f}")
+        p50 = percentile(epochs, 50)
+        samples_per_s = (trainer.steps * BATCH) / (p50 / 1e3) if p50 else None
+        metrics.update(
+            epoch_ms_p50=p50,
+            epoch_ms_p95=percentile(epochs, 95),
+            epoch_ms_mean=sum(epochs) / len(epochs) if epochs else None,
+            samples_per_s=samples_per_s,
+            tokens_per_s=samples_per_s * CONTEXT if samples_per_s else None,
+            validation_ms_p50=percentile(validations, 50),
+            validation_ms_p95=percentile(validations, 95),
+            capture_ms=trainer.capture_ms,
+            measured_epochs=len(epochs),
+            steps_per_epoch=trainer.steps,
+            train_samples_per_epoch=trainer.steps * BATCH,
+            train_tokens_per_epoch=trainer.steps * BATCH * CONTEXT,
+            validation_samples=trainer.val_x.shape[0],
+        )
+        if trainer.compile_mode is not None:
+            metrics["compile_s"] = trainer.first_step_s
+            metrics["compile_validation_s"] = metrics["first_validation_ms"] / 1e3
+        elif trainer.first_step_s is not None:
+            metrics["first_step_ms"] = trainer.first_step_s * 1e3
+        if trainer.inductor_graphs:
+            skips_after = cudagraph_skips()
+            if skips_before is not None and skips_after is not None:
+                metrics["cudagraph_skips"] = skips_after - skips_before
+        if last is not None:
+            metrics["final_train_loss"], metrics["val_loss"], metrics["val_accuracy"] = last
+            metrics["val_perplexity"] = math.exp(last[1])
+        if cuda:
+            measured_peak = torch.cuda.max_memory_allocated(device)
+            metrics["peak_memory_measured_epochs_bytes"] = measured_peak
+            metrics["peak_memory_bytes"] = max(measured_peak, warmup_peak)  # the whole mode
+            # After the measured epochs (these extras train further).
+            replay_us = trainer.replay_us_per_step()
+            if replay_us is not None:
+                metrics["replay_us_per_step"] = replay_us
+                metrics["replay_ms_per_epoch"] = replay_us * trainer.steps / 1e3
+            if args.kernels:
+                try:
+                    kernels, copies, busy_us = trainer.kernel_profile()
+                    if kernels:
+                        metrics["kernels_per_step"] = kernels
+                        metrics["memcpy_memset_per_step"] = copies
+                        metrics["gpu_busy_ms_per_epoch"] = busy_us * trainer.steps / 1e3
+                except Exception as error:  # the profiler is an extra: never fail the mode
+                    log(f"[python {mode}] kernel profile skipped: {type(error).__name__}: {error}")
+    return {k: float(v) for k, v in metrics.items() if v is not None}
+
+
+# -- records -----------------------------------------------------------------
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _command(*argv) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True,
+                             cwd=os.path.dirname(os.path.abspath(__file__)))
+        return out.stdout.strip().splitlines()[0] or None
+    except Exception:  # absent tool, no repository: the field says unknown
+        return None
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def python_environment(device: torch.device) -> dict:
+    return {
+        "python_torch": torch.__version__,
+        "python_cuda": torch.version.cuda or "n/a",
+        "python_device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "python_version": sys.version.split()[0],
+    }
+
+
+def standalone_record(device: torch.device, label: str, params: dict, results: list) -> dict:
+    cuda = device.type == "cuda"
+    environment = {
+        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "n/a",
+        "driver": (_command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+                   if cuda else None) or "n/a",
+        "cpu": cpu_name(),
+        "git_rev": _command("git", "rev-parse", "--short=12", "HEAD") or "unknown",
+        "tf32": True,
+        "amp": "off",  # the bf16 modes say "amp": "bf16" in their result entries
+    }
+    environment.update(python_environment(device))
+    return {"schema": 1, "workload": WORKLOAD, "label": label, "environment": environment,
+            "params": params, "results": results, "telemetry_names": []}
+
+
+def write_json(path: str, value) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def write_records(args, device, params, results) -> None:
+    if args.merge_into:
+        with open(args.merge_into, encoding="utf-8") as handle:
+            record = json.load(handle)
+        if record.get("workload") not in (None, WORKLOAD):
+            raise DataError(f"{args.merge_into} is a {record.get('workload')} record, not {WORKLOAD}")
+        record["results"] = [r for r in record.get("results", []) if r.get("impl") != "python"] + results
+        record.setdefault("environment", {}).update(python_environment(device))
+        record.setdefault("params", {})["python_peer"] = params
+        write_json(args.merge_into, record)
+    if args.out:
+        write_json(args.out, standalone_record(device, args.label, params, results))
+
+
+TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("tokens_per_s", "tokens/s", 0),
+         ("validation_ms_p50", "val ms", 2), ("capture_ms", "capture ms", 1), ("compile_s", "compile s", 1),
+         ("replay_ms_per_epoch", "replay ms", 1), ("kernels_per_step", "kernels", 0),
+         ("peak_memory_bytes", "peak MiB", -1), ("final_train_loss", "loss", 4), ("val_loss", "val loss", 4),
+         ("val_perplexity", "val ppl", 3), ("val_accuracy", "val acc", 4)]
+
+
+def print_table(results: list, device_name: str) -> None:
+    print(f"\n{WORKLOAD} python peer on {device_name} (torch {torch.__version__})")
+    print(f"{'mode':<20}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
+    for entry in results:
+        line = f"{entry['mode']:<20}"
+        if entry.get("error"):
+            line += " error: " + entry["error"].splitlines()[0][:110]
+        else:
+            for key, _, digits in TABLE:
+                value = entry["metrics"].get(key)
+                if value is None:
+                    line += f" {'-':>10}"
+                elif digits < 0:
+                    line += f" {value / 2**20:>10.1f}"
+                else:
+                    line += f" {value:>10.{digits}f}"
+        print(line)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--merge-into", help="replace the python results of this baseline record")
+    parser.add_argument("--out", help="write a standalone record (DESIGN section 7 shape) here")
+    parser.add_argument("--label", default=f"python-{datetime.date.today().isoformat()}",
+                        help="label of a standalone record")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--data-dir", help=f"the text corpus folder (default ${DIR_ENV}, then {DEFAULT_DIR})")
+    source.add_argument("--synthetic", action="store_true", help="a seeded synthetic text of about the real size")
+    parser.add_argument("--split-seed", type=int, default=SPLIT_SEED,
+                        help=f"seed of the documents' order (default {SPLIT_SEED}, TextOptions' default)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"at most {QUICK_TRAIN_WINDOWS} training windows, 2 measured epochs after 1 warm-up")
+    parser.add_argument("--epochs", type=int, help="measured epochs (default 5; --quick 2)")
+    parser.add_argument("--warmup-epochs", type=int, help="warm-up epochs (default 2; --quick 1)")
+    parser.add_argument("--steps-per-epoch", type=int,
+                        help="fewer steps an epoch, for smoke tests (default: every full batch)")
+    parser.add_argument("--modes", default=",".join(ALL_MODES))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--no-kernels", dest="kernels", action="store_false",
+                        help="skip the one-step kernel profile")
+    args = parser.parse_args()
+    args.epochs = args.epochs if args.epochs is not None else (2 if args.quick else 5)
+    args.warmup_epochs = args.warmup_epochs if args.warmup_epochs is not None else (1 if args.quick else 2)
+    if args.epochs < 1 or args.warmup_epochs < 0 or (args.steps_per_epoch is not None and args.steps_per_epoch < 1):
+        parser.error("--epochs must be >= 1, --warmup-epochs >= 0, --steps-per-epoch >= 1")
+    args.modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in args.modes if m not in ALL_MODES]
+    if unknown:
+        parser.error(f"unknown modes {unknown}; known: {', '.join(ALL_MODES)}")
+    return args
+
+
+def load_data(args) -> tuple:
+    """((train x, y), (validation x, y)) on the CPU, the source's description and counts."""
+    if args.synthetic:
+        data, counts = synthetic_data()
+        return data, "synthetic (seeded successor text, about the real window counts)", counts
+    directory = data_dir(args.data_dir)
+    origin = "--data-dir" if args.data_dir else DIR_ENV if os.environ.get(DIR_ENV) else "default dir"
+    data, counts = load_corpus(directory, args.split_seed)
+    return data, f"fortunes ({origin}: {directory})", counts
+
+
+def main() -> int:
+    args = parse_args()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+
+    try:
+        data, source, counts = load_data(args)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    (train_x, train_y), (val_x, val_y) = data
+    counts.update(train_windows_all=train_x.shape[0], validation_windows=val_x.shape[0])
+    if args.quick and train_x.shape[0] > QUICK_TRAIN_WINDOWS:
+        train_x, train_y = train_x[:QUICK_TRAIN_WINDOWS], train_y[:QUICK_TRAIN_WINDOWS]
+    full_steps = train_x.shape[0] // BATCH
+    if full_steps < 1:
+        print(f"error: {train_x.shape[0]} training windows make no batch of {BATCH}", file=sys.stderr)
+        return 2
+    args.steps_per_epoch = min(args.steps_per_epoch or full_steps, full_steps)
+
+    params = dict(PARAMS)
+    params["data"] = source
+    params["data_counts"] = counts
+    params["train_samples"] = train_x.shape[0]
+    params["validation_samples"] = val_x.shape[0]
+    params["steps_per_epoch"] = args.steps_per_epoch
+    params["train_samples_per_epoch"] = args.steps_per_epoch * BATCH
+    if args.steps_per_epoch != full_steps:
+        params["note"] = f"smoke run: fewer steps an epoch than the data's {full_steps}"
+    params["epochs"] = {"warmup": args.warmup_epochs, "measured": args.epochs}
+    if any(COMPILE_MODES.get(base_mode(mode)) for mode in args.modes):
+        params["inductor_fx_graph_cache"] = fx_graph_cache()
+    data = ((train_x.to(device), train_y.to(device)), (val_x.to(device), val_y.to(device)))
+    log(f"[python] {WORKLOAD} on {device}: data {source}, {train_x.shape[0]} train / {val_x.shape[0]} "
+        f"validation windows, {args.warmup_epochs} warm-up + {args.epochs} measured epochs of "
+        f"{args.steps_per_epoch} steps, modes {', '.join(args.modes)}")
+
+    results = []
+    for mode in args.modes:
+        entry = {"impl": "python", "mode": mode, "amp": "bf16" if mode.endswith("-bf16") else "off"}
+        if mode in CUDA_ONLY and device.type != "cuda":
+            entry.update(metrics={}, error=f"{mode} needs a CUDA device; this run is on the CPU")
+            log(f"[python {mode}] skipped: {entry['error']}")
+            results.append(entry)
+            continue
+        try:
+            entry["metrics"] = run_mode(mode, data, device, args)
+        except Exception as error:  # recorded honestly: a failing mode is a result
+            message = f"{type(error).__name__}: {error}".strip()
+            first_lines = "\n".join(message.splitlines()[:6])
+            log(f"[python {mode}] failed: {first_lines}")
+            traceback.print_exc(limit=4, file=sys.stderr)
+            entry["metrics"] = {}
+            entry["error"] = first_lines[:2000]
+        results.append(entry)
+        if COMPILE_MODES.get(base_mode(mode)) is not None:
+            torch._dynamo.reset()  # frees the mode's compiled code and Inductor's graph pools
+        if device.type == "cuda":
+            try:
+                torch.cuda.synchronize(device)
+            except Exception as error:  # a broken mode must not hide the next ones
+                log(f"[python {mode}] device left in error state: {error}")
+            torch.cuda.empty_cache()
+        try:  # after every mode, so a run cut short keeps what it measured
+            write_records(args, device, params, results)
+        except (OSError, ValueError, DataError) as error:
+            print(f"error: cannot write the record: {error}", file=sys.stderr)
+            return 2
+    if args.merge_into:
+        log(f"merged {len(results)} python results into {args.merge_into}")
+    if not args.merge_into and not args.out:
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    print_table(results, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
