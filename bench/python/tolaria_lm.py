@@ -970,6 +970,29 @@ def load_data(args) -> tuple:
     return data, f"fortunes ({origin}: {directory})", counts
 
 
+def run_mode_recorded(mode: str, data, device: torch.device, args) -> dict:
+    """{"metrics": ...}, or empty metrics and the error of a failing mode
+    (recorded honestly: a failing mode is a result); then the mode's
+    compiled code and cached device memory are released."""
+    try:
+        outcome = {"metrics": run_mode(mode, data, device, args)}
+    except Exception as error:
+        message = f"{type(error).__name__}: {error}".strip()
+        first_lines = "\n".join(message.splitlines()[:6])
+        log(f"[python {mode}] failed: {first_lines}")
+        traceback.print_exc(limit=4, file=sys.stderr)
+        outcome = {"metrics": {}, "error": first_lines[:2000]}
+    if COMPILE_MODES.get(base_mode(mode)) is not None:
+        torch._dynamo.reset()  # frees the mode's compiled code and Inductor's graph pools
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize(device)
+        except Exception as error:  # a broken mode must not hide the next ones
+            log(f"[python {mode}] device left in error state: {error}")
+        torch.cuda.empty_cache()
+    return outcome
+
+
 def main() -> int:
     args = parse_args()
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -1015,26 +1038,9 @@ def main() -> int:
         if mode in CUDA_ONLY and device.type != "cuda":
             entry.update(metrics={}, error=f"{mode} needs a CUDA device; this run is on the CPU")
             log(f"[python {mode}] skipped: {entry['error']}")
-            results.append(entry)
-            continue
-        try:
-            entry["metrics"] = run_mode(mode, data, device, args)
-        except Exception as error:  # recorded honestly: a failing mode is a result
-            message = f"{type(error).__name__}: {error}".strip()
-            first_lines = "\n".join(message.splitlines()[:6])
-            log(f"[python {mode}] failed: {first_lines}")
-            traceback.print_exc(limit=4, file=sys.stderr)
-            entry["metrics"] = {}
-            entry["error"] = first_lines[:2000]
+        else:
+            entry.update(run_mode_recorded(mode, data, device, args))
         results.append(entry)
-        if COMPILE_MODES.get(base_mode(mode)) is not None:
-            torch._dynamo.reset()  # frees the mode's compiled code and Inductor's graph pools
-        if device.type == "cuda":
-            try:
-                torch.cuda.synchronize(device)
-            except Exception as error:  # a broken mode must not hide the next ones
-                log(f"[python {mode}] device left in error state: {error}")
-            torch.cuda.empty_cache()
         try:  # after every mode, so a run cut short keeps what it measured
             write_records(args, device, params, results)
         except (OSError, ValueError, DataError) as error:

@@ -158,10 +158,8 @@ fn copy_fashion_mnist(bundle: &Path) -> Result<()> {
 /// folder: the regular files without an extension, as the corpus reader
 /// takes them. Without them the bundle's `tolaria-lm` runs on synthetic text.
 fn copy_corpus(bundle: &Path) -> Result<()> {
-    let source = std::env::var_os("ESPER_TEXT_CORPUS_DIR").map_or_else(
-        || PathBuf::from("/usr/share/games/fortunes"),
-        PathBuf::from,
-    );
+    let source = std::env::var_os("ESPER_TEXT_CORPUS_DIR")
+        .map_or_else(|| PathBuf::from("/usr/share/games/fortunes"), PathBuf::from);
     let Ok(entries) = std::fs::read_dir(&source) else {
         eprintln!(
             "==> bundle: no text corpus in {} (tolaria-lm will use synthetic text)",

@@ -90,7 +90,13 @@ fn ppo_trains_a_policy_on_the_transformer_host() {
     // The blueprint head offered the transformer's blueprints only: any
     // germination the sampled policy chose named one of them.
     let episode = std::fs::read_to_string(run_dir.join("episode.jsonl")).expect("episode.jsonl");
-    for cnn in ["conv_light", "conv_heavy", "depthwise", "bottleneck", "conv_small"] {
+    for cnn in [
+        "conv_light",
+        "conv_heavy",
+        "depthwise",
+        "bottleneck",
+        "conv_small",
+    ] {
         assert!(!episode.contains(cnn), "{cnn} on a transformer: {episode}");
     }
     assert!(

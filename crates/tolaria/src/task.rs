@@ -30,9 +30,9 @@ use crate::data::cifar10::{self, Cifar10Options};
 use crate::data::fashion_mnist::{self, FashionMnistOptions};
 use crate::data::synthetic::{self, ImageTaskOptions};
 use crate::data::text::{self, TextOptions};
-use crate::optim::{AdamWConfig, GroupOptimizerConfig, OptimizerConfig};
 use crate::data::{Dataset, SplitSize};
 use crate::error::{Error, Result};
+use crate::optim::{AdamWConfig, GroupOptimizerConfig, OptimizerConfig};
 
 /// Validation samples the synthetic task generates beside its training
 /// samples.

@@ -571,7 +571,8 @@ impl RunController {
                 RunController::MaxGrowth(MaxGrowthController::new(masks))
             }
             ControllerKind::GerminateOnce => RunController::GerminateOnce(
-                GerminateOnceController::new(masks).with_germinated(scripted(ControllerKind::GerminateOnce.name())?),
+                GerminateOnceController::new(masks)
+                    .with_germinated(scripted(ControllerKind::GerminateOnce.name())?),
             ),
             ControllerKind::Ppo => bail!("a PPO run has no per-run controller"),
         })

@@ -198,8 +198,8 @@ fn growth_ceiling(
     progress: &mut dyn FnMut(&str),
 ) -> ResultEntry {
     let first = names.first().map_or("fp32-eager", String::as_str);
-    let (precision, config) =
-        variant_config(task, first, episode_length, options.quick).unwrap_or_else(|_| {
+    let (precision, config) = variant_config(task, first, episode_length, options.quick)
+        .unwrap_or_else(|_| {
             let fallback = simic_config(
                 task.task(),
                 Precision::Fp32,

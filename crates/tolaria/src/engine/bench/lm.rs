@@ -88,8 +88,7 @@ impl LmOptions {
 /// tempo), r0c2 empty.
 pub fn lm_model(device: Device, telemetry: Telemetry) -> Result<MorphogeneticModel> {
     let lifecycle = |op: &'static str| move |source| Error::Lifecycle { op, source };
-    let host =
-        TransformerHost::new(Task::lm_host_config(), device).map_err(lifecycle("host"))?;
+    let host = TransformerHost::new(Task::lm_host_config(), device).map_err(lifecycle("host"))?;
     let mut model = MorphogeneticModel::with_slot_names(
         host,
         &["r0c0", "r0c1", "r0c2"],

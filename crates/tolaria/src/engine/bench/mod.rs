@@ -308,4 +308,3 @@ fn fmnist_config(precision: Precision, mode: ExecutionMode) -> ModelTrainerConfi
         ..ModelTrainerConfig::default()
     }
 }
-

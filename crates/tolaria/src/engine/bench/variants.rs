@@ -352,4 +352,3 @@ fn second_trainer_capture(
     let first = trainer.engine().first_capture_ms();
     Ok((trainer.into_model(), first))
 }
-
