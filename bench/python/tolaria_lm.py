@@ -47,17 +47,21 @@ The workload, as the Rust crates define it:
         package keeps `.dat` indexes and `.u8` links beside each file), in
         name order, split at lines that are exactly `%`, each document
         stripped of ASCII whitespace at both ends, empty ones dropped. The
-        documents in a seeded order (leyline's SplitMix64 Fisher-Yates,
-        mirrored here, seed --split-seed, 0 by default: TextOptions'
-        default); the first tenth (rounded, at least one) validates, the
-        rest trains. Each part is joined with "\\n\\n" into one byte stream,
-        every byte a token, cut into windows of 64: window i has inputs
-        stream[64 i : 64 i + 64] and targets stream[64 i + 1 : 64 i + 65];
-        the tail short of a window is dropped (15,217 documents; with
-        seed 0, 1,522 of them validate: 35,791 training and 4,218
-        validation windows). The Rust benchmark seeds its split
-        itself, so the two sides may hold out slightly different documents
-        (the record's params carry this side's counts). Everything lives on
+        documents in a seeded order; the first tenth (rounded half away
+        from zero, at least one) validates, the rest trains. Each part is
+        joined with "\\n\\n" into one byte stream, every byte a token, cut
+        into windows of 64: window i has inputs stream[64 i : 64 i + 64]
+        and targets stream[64 i + 1 : 64 i + 65]; the tail short of a
+        window is dropped. The order is leyline's SplitMix64 Fisher-Yates
+        (tolaria::data::shuffle::permutation, mirrored here) seeded with
+        --split-seed, by default 20261128, the Rust benchmark's SEED
+        (engine::bench::lm): both sides then hold out the same documents
+        and cut the same windows (fortunes 1:1.99.1-7.3: 15,217 documents,
+        1,522 of them validate; 36,106 training windows, 282 steps an
+        epoch; 3,903 validation windows). Should the Rust side change its
+        seed, the splits differ slightly; the record's params carry this
+        side's seed and counts. --quick keeps the first 8,192 training
+        windows, as the Rust side does. Everything lives on
         the device as int64. Every epoch a device-side permutation
         (torch.randperm) of the training windows, batch 128 windows (8,192
         tokens), the last partial batch dropped; validation on every
@@ -88,21 +92,34 @@ Modes (record mode names; TF32 on for matmuls and cuDNN in all of them):
                       in graph
   inductor-graph-bf16 as inductor-graph under bf16 autocast
   max-autotune        torch.compile(mode="max-autotune") (Inductor's own
-                      CUDA graphs, cudagraph trees) of forward + loss, fused
-                      AdamW eager; `cudagraph_skips` counts the graphs
-                      Inductor declined (then it ran those parts without)
-The graph, inductor and max-autotune modes need CUDA; on the CPU they are
-recorded as skipped. Every mode starts from the same weights and sees the
-same batches (the permutation generator is seeded alike), so their losses
-should agree closely; a loss that is not finite fails the mode. A failing
-mode is recorded with its error and the run goes on.
+                      CUDA graphs, cudagraph trees, a step begun before
+                      every forward) of forward + loss, fused AdamW eager;
+                      inductor_cudagraph_skips counts the graphs Inductor
+                      declined to run as CUDA graphs
+Every compiled mode compiles forward + loss as one graph (fullgraph: a graph
+break fails the mode instead of running part of it eagerly) with static
+shapes, and validates with torch.compile (mode "default") of the validation
+step (forward, summed loss, correct count). The record's params
+(compile_modes) keep each compiled mode's Inductor options. A hand-captured
+graph's first replay checks that every parameter changed in place.
+The CUDA-only modes are recorded as skipped on the CPU, with the reason.
+Every mode starts from the same weights and sees the same batches (the
+permutation generator is seeded alike), so their losses should agree
+closely; a loss that is not finite fails the mode. A failing mode is
+recorded with its error and the run goes on. (The Rust side first trains
+its seeds into BLENDING through the lifecycle on a subset; this peer starts
+them at birth, already blending at 0.5: the speed figures compare, the
+losses only roughly.)
 
 Epoch time is host wall time of the whole epoch: permutation, gathers,
 every step, and the one readback of the epoch's summed loss (the only sync).
 Validation runs after every epoch and is timed apart. compile_s is the first
-step's seconds in the compiled modes (compilation and autotuning, with
-PyTorch's default compile caches: a second run may find them warm), apart
-from the epoch figures; compile_validation_s the first validation's.
+training step's seconds (compilation and autotuning), compile_validation_s
+the first validation's, both apart from the epoch times (the first epoch, a
+warm-up, holds them). Inductor's on-disk caches (TORCHINDUCTOR_CACHE_DIR)
+from earlier runs, and autotuning results of earlier modes of this run,
+shorten compile times (the metrics fxgraph_cache_hits / _misses say which);
+Dynamo is reset after every compiled mode.
 
 Usage:
   tolaria_lm.py [--merge-into RECORD.json] [--out RECORD.json]
@@ -112,10 +129,12 @@ Usage:
 Defaults: 2 warm-up and 5 measured epochs; --quick: at most 8,192 training
 windows (the first ones), 1 warm-up and 2 measured epochs. --data-dir
 defaults to $ESPER_TEXT_CORPUS_DIR, then /usr/share/games/fortunes.
---synthetic draws a seeded text of about the real window counts, each token
-followed by its fixed successor nine times in ten and by a random token
-otherwise (the same kind of text as tolaria::data::text::synthetic, drawn
-with torch's generator), for machines without the corpus.
+--synthetic draws a seeded text of about the real window counts (35,800
+training, 4,200 validation), each token followed by its fixed successor nine
+times in ten and by a random token otherwise (the same kind of text as
+tolaria::data::text::synthetic, drawn with torch's generator), for machines
+without the corpus. (The Rust side's synthetic text is lm-synthetic's 2,048
+training and 256 validation windows: compare per-window figures then.)
 With --merge-into, the results (impl "python") replace the python results of
 an existing record written by `esper bench tolaria-lm`; --out writes a
 standalone record of the same shape.
@@ -134,6 +153,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -168,18 +188,53 @@ QUICK_TRAIN_WINDOWS = 8192
 LR, BETAS, ADAM_EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 INIT_SEED = 20251001
 DATA_SEED = 20251002
-SPLIT_SEED = 0  # tolaria::data::text::TextOptions::default().seed
+SPLIT_SEED = 20_261_128  # tolaria::engine::bench::lm::SEED (the Rust benchmark's document split)
 GRAPH_WARMUP_STEPS = 3
 
 HOST_PARAMS = VOCAB * WIDTH + CONTEXT * WIDTH + LAYERS * (12 * WIDTH**2 + 13 * WIDTH) + 2 * WIDTH
 MLP_SMALL_PARAMS = 4 * WIDTH**2 + 3 * WIDTH
 ATTENTION_PARAMS = 4 * WIDTH**2 + 4 * WIDTH
 
-ALL_MODES = ["eager", "eager-bf16", "graph", "graph-bf16", "compile",
-             "inductor-graph", "inductor-graph-bf16", "max-autotune"]
-CUDA_ONLY = {"graph", "graph-bf16", "inductor-graph", "inductor-graph-bf16", "max-autotune"}
-COMPILE_MODES = {"compile": "default", "inductor-graph": "max-autotune-no-cudagraphs",
-                 "max-autotune": "max-autotune"}  # by base mode (without -bf16)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How one record mode runs the training step."""
+
+    bf16: bool = False
+    # The whole training step captured by hand in one torch.cuda.CUDAGraph.
+    graphed: bool = False
+    # torch.compile mode of forward + loss (None: eager).
+    compile_mode: str | None = None
+    # Why the mode cannot run on the CPU (None: it can).
+    needs_cuda: str | None = None
+
+    @property
+    def inductor_cudagraphs(self) -> bool:
+        """Inductor records its own CUDA graphs (cudagraph trees)."""
+        return self.compile_mode in ("reduce-overhead", "max-autotune")
+
+    @property
+    def cuda_graphs(self) -> str:
+        if self.graphed:
+            return "the whole step, captured by hand"
+        return "Inductor's (cudagraph trees)" if self.inductor_cudagraphs else "none"
+
+
+HAND_GRAPH = "CUDA graphs need a CUDA device"
+MODES = {
+    "eager": Mode(),
+    "eager-bf16": Mode(bf16=True),
+    "graph": Mode(graphed=True, needs_cuda=HAND_GRAPH),
+    "graph-bf16": Mode(bf16=True, graphed=True, needs_cuda=HAND_GRAPH),
+    "compile": Mode(compile_mode="default"),
+    "inductor-graph": Mode(graphed=True, compile_mode="max-autotune-no-cudagraphs", needs_cuda=HAND_GRAPH),
+    "inductor-graph-bf16": Mode(bf16=True, graphed=True, compile_mode="max-autotune-no-cudagraphs",
+                                needs_cuda=HAND_GRAPH),
+    "max-autotune": Mode(compile_mode="max-autotune",
+                         needs_cuda="Inductor's CUDA graphs and Triton autotuning need a CUDA device"),
+}
+ALL_MODES = list(MODES)
 
 PARAMS = {
     "host": {"config": "TransformerHostConfig {vocab 256, width 128, 4 heads, 3 layers, block 64, 3 segments}",
@@ -515,27 +570,23 @@ def percentile(samples, percent):
     return ordered[min(max(rank, 1), len(ordered)) - 1]
 
 
-def base_mode(mode: str) -> str:
-    return mode.removesuffix("-bf16")
-
-
 class Trainer:
     """One mode's model, optimizer, device buffers and epoch loop."""
 
     def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int) -> None:
         (train_x, train_y), (val_x, val_y) = data
-        base = base_mode(mode)
+        spec = MODES[mode]
         self.mode = mode
         self.device = device
         self.cuda = device.type == "cuda"
-        self.bf16 = mode.endswith("-bf16")
-        self.graphed = base in ("graph", "inductor-graph")
-        self.compile_mode = COMPILE_MODES.get(base)
-        self.inductor_graphs = base == "max-autotune"
-        if mode in CUDA_ONLY and not self.cuda:
-            raise RuntimeError(f"{mode} needs a CUDA device; this run is on the CPU")
-        if self.compile_mode is not None:
-            torch._dynamo.reset()  # a fresh cache: no recompile limit carried over from another mode
+        self.bf16 = spec.bf16
+        self.graphed = spec.graphed
+        self.compiled = spec.compile_mode is not None
+        self.inductor_cudagraphs = spec.inductor_cudagraphs
+        if spec.needs_cuda and not self.cuda:
+            raise RuntimeError(f"{spec.needs_cuda}; this run is on the CPU")
+        if self.compiled:
+            torch.compiler.reset()  # fresh caches: no recompile limit carried over from another mode
         self.model = build_model(device)
         self.optimizer = build_optimizer(self.model, fused=self.cuda, capturable=self.graphed)
         self.params = [p for group in self.model.groups() for p in group]
@@ -560,9 +611,16 @@ class Trainer:
         self.first_step_s = None
         self.train_fn = self.forward_loss
         self.eval_fn = self.eval_sums
-        if self.compile_mode is not None:
-            self.train_fn = torch.compile(self.forward_loss, mode=self.compile_mode, dynamic=False, fullgraph=True)
-            self.eval_fn = torch.compile(self.eval_sums, mode=self.compile_mode, dynamic=False, fullgraph=True)
+        if self.compiled:
+            # Static shapes (every batch is 128 windows; validation batches
+            # of 1,024 and one shorter last one, compiled once each), one
+            # graph for the whole forward + loss (fullgraph: a graph break
+            # fails the mode rather than running part of it eagerly). The
+            # validation step: Inductor's default mode in every compiled
+            # mode (it runs once an epoch; no CUDA graphs).
+            self.train_fn = torch.compile(self.forward_loss, mode=spec.compile_mode, dynamic=False,
+                                          fullgraph=True)
+            self.eval_fn = torch.compile(self.eval_sums, dynamic=False, fullgraph=True)
 
     def autocast(self):
         if not self.bf16:
@@ -583,7 +641,8 @@ class Trainer:
         return loss, correct
 
     def step(self, x, y):
-        if self.inductor_graphs:
+        if self.inductor_cudagraphs:
+            # A new iteration: the previous step's graph outputs may be reused.
             torch.compiler.cudagraph_mark_step_begin()
         with self.autocast():
             loss = self.train_fn(x, y)
@@ -611,15 +670,36 @@ class Trainer:
             self.eager_steps_left -= 1
             self.eager_step(self.static_x, self.static_y)
         else:
-            self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
-            torch.cuda.synchronize(self.device)
-            started = time.perf_counter()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
-                self.step(self.static_x, self.static_y)
-            self.capture_ms = (time.perf_counter() - started) * 1e3
-            self.graph = graph
-            graph.replay()
+            self.capture()
+
+    def capture(self) -> None:
+        """Captures the whole step (eager or compiled, as the mode's train_fn)
+        on the current stream, then replays it as this step, checking that
+        the replay trained the model in place."""
+        self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
+        torch.cuda.synchronize(self.device)
+        started = time.perf_counter()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
+            self.step(self.static_x, self.static_y)
+        self.capture_ms = (time.perf_counter() - started) * 1e3
+        self.graph = graph
+        before = self.model_snapshot()
+        graph.replay()
+        self.check_trained_in_place(before)
+
+    def model_snapshot(self) -> dict[str, tuple[int, torch.Tensor]]:
+        return {name: (p.data_ptr(), p.detach().clone()) for name, p in self.model.named_parameters()}
+
+    def check_trained_in_place(self, before: dict[str, tuple[int, torch.Tensor]]) -> None:
+        """A replayed step must change every parameter in place (AdamW's
+        update; by the capture every gradient is live, fc1's and qkv's of
+        the seeds too): a captured graph that wrote copies would train
+        nothing on replay."""
+        stale = [name for name, p in self.model.named_parameters()
+                 if p.data_ptr() != before[name][0] or torch.equal(p.detach(), before[name][1])]
+        if stale:
+            raise RuntimeError(f"a replay of the captured step left unchanged (or moved): {', '.join(stale)}")
 
     def check_static_gather(self):
         """index_select(out=) must write the static buffers in place (the graph reads them)."""
@@ -668,8 +748,6 @@ class Trainer:
             loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
             correct = torch.zeros((), dtype=torch.int64, device=self.device)
             for lo in range(0, n, VALIDATION_BATCH):
-                if self.inductor_graphs:
-                    torch.compiler.cudagraph_mark_step_begin()
                 batch_loss, batch_correct = self.eval_fn(self.val_x[lo:lo + VALIDATION_BATCH],
                                                          self.val_y[lo:lo + VALIDATION_BATCH])
                 loss_sum += batch_loss
@@ -718,22 +796,24 @@ class Trainer:
         return kernels, copies, busy_us
 
 
-def cudagraph_skips() -> int | None:
-    """Graphs Inductor declined to capture (max-autotune), from dynamo's counters."""
+# Compiled modes' metrics from Dynamo's counters: (group, counter) by metric.
+COMPILE_COUNTERS = {
+    # Graphs Inductor ran without its CUDA graphs (modes with cudagraph trees).
+    "inductor_cudagraph_skips": ("inductor", "cudagraph_skips"),
+    # Inductor's FX-graph cache: hits mean a shorter compile_s than cold.
+    "fxgraph_cache_hits": ("inductor", "fxgraph_cache_hit"),
+    "fxgraph_cache_misses": ("inductor", "fxgraph_cache_miss"),
+}
+
+
+def compile_counters() -> dict[str, int]:
+    """COMPILE_COUNTERS' values so far in this process (empty where this
+    torch keeps no such counters: they are private)."""
     try:
         from torch._dynamo.utils import counters
-        return int(counters["inductor"]["cudagraph_skips"])
-    except Exception:  # an internal counter: absent in some versions
-        return None
-
-
-def fx_graph_cache() -> bool | None:
-    """Whether Inductor's compiled-graph cache is on (compile_s is then warm on a second run)."""
-    try:
-        import torch._inductor.config as inductor_config
-        return bool(inductor_config.fx_graph_cache)
-    except Exception:  # an internal setting: absent in some versions
-        return None
+        return {metric: int(counters[group][name]) for metric, (group, name) in COMPILE_COUNTERS.items()}
+    except Exception:
+        return {}
 
 
 def run_mode(mode: str, data, device: torch.device, args) -> dict:
@@ -745,7 +825,7 @@ def run_mode(mode: str, data, device: torch.device, args) -> dict:
     metrics = {}
     if cuda:
         metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
-    skips_before = cudagraph_skips()
+    counted = compile_counters()
     stream = torch.cuda.Stream(device) if cuda else None
     epochs, validations = [], []
     last = None
@@ -792,15 +872,14 @@ def run_mode(mode: str, data, device: torch.device, args) -> dict:
             train_tokens_per_epoch=trainer.steps * BATCH * CONTEXT,
             validation_samples=trainer.val_x.shape[0],
         )
-        if trainer.compile_mode is not None:
+        if trainer.compiled:
             metrics["compile_s"] = trainer.first_step_s
             metrics["compile_validation_s"] = metrics["first_validation_ms"] / 1e3
+            for metric, value in compile_counters().items():
+                if metric in counted and (trainer.inductor_cudagraphs or metric != "inductor_cudagraph_skips"):
+                    metrics[metric] = value - counted[metric]
         elif trainer.first_step_s is not None:
             metrics["first_step_ms"] = trainer.first_step_s * 1e3
-        if trainer.inductor_graphs:
-            skips_after = cudagraph_skips()
-            if skips_before is not None and skips_after is not None:
-                metrics["cudagraph_skips"] = skips_after - skips_before
         if last is not None:
             metrics["final_train_loss"], metrics["val_loss"], metrics["val_accuracy"] = last
             metrics["val_perplexity"] = math.exp(last[1])
@@ -909,9 +988,10 @@ TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("tokens_
 
 def print_table(results: list, device_name: str) -> None:
     print(f"\n{WORKLOAD} python peer on {device_name} (torch {torch.__version__})")
-    print(f"{'mode':<20}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
+    width = max([len("mode"), *(len(entry["mode"]) for entry in results)])
+    print(f"{'mode':<{width}}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
     for entry in results:
-        line = f"{entry['mode']:<20}"
+        line = f"{entry['mode']:<{width}}"
         if entry.get("error"):
             line += " error: " + entry["error"].splitlines()[0][:110]
         else:
@@ -936,7 +1016,7 @@ def parse_args() -> argparse.Namespace:
     source.add_argument("--data-dir", help=f"the text corpus folder (default ${DIR_ENV}, then {DEFAULT_DIR})")
     source.add_argument("--synthetic", action="store_true", help="a seeded synthetic text of about the real size")
     parser.add_argument("--split-seed", type=int, default=SPLIT_SEED,
-                        help=f"seed of the documents' order (default {SPLIT_SEED}, TextOptions' default)")
+                        help=f"seed of the documents' order (default {SPLIT_SEED}, the Rust benchmark's)")
     parser.add_argument("--quick", action="store_true",
                         help=f"at most {QUICK_TRAIN_WINDOWS} training windows, 2 measured epochs after 1 warm-up")
     parser.add_argument("--epochs", type=int, help="measured epochs (default 5; --quick 2)")
@@ -970,27 +1050,54 @@ def load_data(args) -> tuple:
     return data, f"fortunes ({origin}: {directory})", counts
 
 
-def run_mode_recorded(mode: str, data, device: torch.device, args) -> dict:
-    """{"metrics": ...}, or empty metrics and the error of a failing mode
-    (recorded honestly: a failing mode is a result); then the mode's
-    compiled code and cached device memory are released."""
+def compile_modes(modes: list[str]) -> dict:
+    """For the record's params: each compiled mode's torch.compile mode and
+    the Inductor options it sets (as this torch defines the mode)."""
+    described = {}
+    for mode in modes:
+        compile_mode = MODES[mode].compile_mode
+        if compile_mode is None:
+            continue
+        try:
+            from torch._inductor import list_mode_options
+            options = list_mode_options(compile_mode)
+        except Exception:  # described by name only where this torch cannot list it
+            options = None
+        described[mode] = {"torch_compile_mode": compile_mode, "inductor_options": options,
+                           "cuda_graphs": MODES[mode].cuda_graphs, "fullgraph": True,
+                           "validation": "torch.compile, mode default"}
+    return described
+
+
+def run_entry(mode: str, data, device: torch.device, args) -> dict:
+    """One mode's result entry: its metrics, or why it has none (skipped on
+    the CPU, or failed: one failing mode never loses the others)."""
+    spec = MODES[mode]
+    entry = {"impl": "python", "mode": mode, "amp": "bf16" if spec.bf16 else "off", "metrics": {}}
+    if spec.needs_cuda and device.type != "cuda":
+        entry["error"] = f"{spec.needs_cuda}; this run is on the CPU"
+        log(f"[python {mode}] skipped: {entry['error']}")
+        return entry
     try:
-        outcome = {"metrics": run_mode(mode, data, device, args)}
-    except Exception as error:
+        entry["metrics"] = run_mode(mode, data, device, args)
+    except Exception as error:  # recorded honestly: a failing mode is a result
         message = f"{type(error).__name__}: {error}".strip()
         first_lines = "\n".join(message.splitlines()[:6])
         log(f"[python {mode}] failed: {first_lines}")
         traceback.print_exc(limit=4, file=sys.stderr)
-        outcome = {"metrics": {}, "error": first_lines[:2000]}
-    if COMPILE_MODES.get(base_mode(mode)) is not None:
-        torch._dynamo.reset()  # frees the mode's compiled code and Inductor's graph pools
-    if device.type == "cuda":
-        try:
+        entry["error"] = first_lines[:2000]
+    try:
+        if spec.compile_mode is not None:
+            # Frees the mode's compiled code and Inductor's CUDA graph pools
+            # (cudagraph trees) before the next mode's memory is measured.
+            torch.compiler.reset()
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
-        except Exception as error:  # a broken mode must not hide the next ones
-            log(f"[python {mode}] device left in error state: {error}")
+    except Exception as error:  # a broken mode must not hide the next ones
+        log(f"[python {mode}] device left in error state: {error}")
+    if device.type == "cuda":
         torch.cuda.empty_cache()
-    return outcome
+    return entry
 
 
 def main() -> int:
@@ -1025,8 +1132,8 @@ def main() -> int:
     if args.steps_per_epoch != full_steps:
         params["note"] = f"smoke run: fewer steps an epoch than the data's {full_steps}"
     params["epochs"] = {"warmup": args.warmup_epochs, "measured": args.epochs}
-    if any(COMPILE_MODES.get(base_mode(mode)) for mode in args.modes):
-        params["inductor_fx_graph_cache"] = fx_graph_cache()
+    if any(MODES[mode].compile_mode for mode in args.modes):
+        params["compile_modes"] = compile_modes(args.modes)
     data = ((train_x.to(device), train_y.to(device)), (val_x.to(device), val_y.to(device)))
     log(f"[python] {WORKLOAD} on {device}: data {source}, {train_x.shape[0]} train / {val_x.shape[0]} "
         f"validation windows, {args.warmup_epochs} warm-up + {args.epochs} measured epochs of "
@@ -1034,13 +1141,7 @@ def main() -> int:
 
     results = []
     for mode in args.modes:
-        entry = {"impl": "python", "mode": mode, "amp": "bf16" if mode.endswith("-bf16") else "off"}
-        if mode in CUDA_ONLY and device.type != "cuda":
-            entry.update(metrics={}, error=f"{mode} needs a CUDA device; this run is on the CPU")
-            log(f"[python {mode}] skipped: {entry['error']}")
-        else:
-            entry.update(run_mode_recorded(mode, data, device, args))
-        results.append(entry)
+        results.append(run_entry(mode, data, device, args))
         try:  # after every mode, so a run cut short keeps what it measured
             write_records(args, device, params, results)
         except (OSError, ValueError, DataError) as error:
