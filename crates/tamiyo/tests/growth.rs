@@ -56,6 +56,39 @@ fn it_germinates_conv_light_in_the_first_free_slot() {
 }
 
 #[test]
+fn on_a_transformer_the_scripted_controllers_grow_mlp_small_and_the_heuristic_rotates_its_blueprints()
+ {
+    use kasmina::host::Topology;
+    let masks = MaskConfig {
+        max_seeds: 3,
+        topology: Topology::Transformer,
+        ..MaskConfig::default()
+    };
+    let empty = observation(9, 1.0, 50.0, Vec::new(), &SLOTS);
+    let grown = MaxGrowthController::new(masks)
+        .decide(&empty)
+        .expect("decision");
+    assert_eq!(grown.op, LifecycleOp::Germinate);
+    assert_eq!(grown.blueprint, Some(BlueprintAction::MlpSmall));
+    let once = GerminateOnceController::new(masks)
+        .decide(&empty)
+        .expect("decision");
+    assert_eq!(once.blueprint, Some(BlueprintAction::MlpSmall));
+    assert_eq!(
+        tamiyo::growth::scripted_blueprint(Topology::Cnn),
+        BlueprintAction::ConvLight
+    );
+    assert_eq!(
+        tamiyo::heuristic::rotation_for(Topology::Transformer),
+        &tamiyo::heuristic::TRANSFORMER_ROTATION
+    );
+    assert_eq!(
+        tamiyo::heuristic::rotation_for(Topology::Cnn),
+        &tamiyo::heuristic::BLUEPRINT_ROTATION
+    );
+}
+
+#[test]
 fn d3_blocks_germination_while_a_seed_trains_so_it_advances_that_seed() {
     let decision = decide(vec![
         seed("a", R0C0, "conv_light", SeedStage::Blending),
