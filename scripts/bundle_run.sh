@@ -4,7 +4,10 @@
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
-#                      [--set KEY=VALUE]... [--jobs N]
+#                      [--set KEY=VALUE]... [--jobs N] [--peer-modes LIST]
+#
+# --peer-modes LIST passes `--modes LIST` to the Python peers of tolaria-fmnist and tolaria-lm
+# (their Inductor max-autotune modes each spend minutes autotuning; a run can take them apart).
 #
 # ESPER_BIN, when set, names another esper binary to run the workloads with (an earlier
 # build, for a before/after comparison in one run).
@@ -38,6 +41,7 @@ workloads=()
 simic_args=()
 rounds_args=()
 learning_args=()
+peer_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
@@ -46,6 +50,7 @@ while [ $# -gt 0 ]; do
     --no-tests) run_tests=0 ;;
     --no-python) run_python=0 ;;
     --kernels) count_kernels=1 ;;
+    --peer-modes) peer_args+=(--modes "$2"); shift ;;
     --gpus) simic_args+=(--gpus "$2"); shift ;;
     --torchrun) simic_args+=(--torchrun) ;;
     --variants) simic_args+=(--variants "$2"); shift ;;
@@ -123,7 +128,7 @@ for workload in "${workloads[@]}"; do
     if [ "$run_python" = 1 ] && [ -f "$here/tolaria_fmnist.py" ] && [ -f "$out/$workload/$label.json" ]; then
       echo "== python peers ($workload)"
       python3 "$here/tolaria_fmnist.py" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
-        $quick 2>&1 | tee "$out/bench_python_$workload.log"
+        "${peer_args[@]}" $quick 2>&1 | tee "$out/bench_python_$workload.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi
     continue
@@ -142,7 +147,7 @@ for workload in "${workloads[@]}"; do
     if [ "$run_python" = 1 ] && [ -f "$here/tolaria_lm.py" ] && [ -f "$out/$workload/$label.json" ]; then
       echo "== python peers ($workload)"
       python3 "$here/tolaria_lm.py" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
-        $quick 2>&1 | tee "$out/bench_python_$workload.log"
+        "${peer_args[@]}" $quick 2>&1 | tee "$out/bench_python_$workload.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi
     continue
