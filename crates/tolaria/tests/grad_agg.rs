@@ -578,3 +578,75 @@ fn mismatched_gradients_are_typed_errors_naming_the_argument() {
     agg.aggregate(&good, &two, false, &out).unwrap();
     assert_eq!(agg.take_epoch_metrics().unwrap().steps, 1);
 }
+
+#[test]
+fn aggregating_from_the_total_equals_aggregating_its_teacher_with_undefined_parts_as_zeros() {
+    // The model step's form: the total host gradient, and per seed a list
+    // where the parameters above its slot are undefined (no gradient).
+    let shapes = vec![vec![2, 3], vec![4], vec![]];
+    let n = 11;
+    for (kind, tol) in [(Kind::Double, 1e-12), (Kind::Float, 1e-5)] {
+        let mut by_teacher = GradAggregator::new(3, Device::Cpu).unwrap();
+        let mut by_total = GradAggregator::new(3, Device::Cpu).unwrap();
+        let want = zeros(&shapes, kind);
+        let got = zeros(&shapes, kind);
+        for k in 0..=3usize {
+            for confirmed in [false, true] {
+                if confirmed && k != 1 {
+                    continue;
+                }
+                let total = values(200 + k as u64, n);
+                let mut parts: Vec<Vec<f64>> = Vec::new();
+                let mut lists: Vec<Vec<Tensor>> = Vec::new();
+                for i in 0..k {
+                    let mut v = values(30 * k as u64 + i as u64, n);
+                    if let Some(first) = parts.first() {
+                        v.iter_mut().zip(first).for_each(|(x, f)| *x -= f);
+                    }
+                    // Seed i sends nothing to the last `i` parameters.
+                    let mut list = tensors(&v, &shapes, kind);
+                    let mut offset = 0;
+                    for (index, shape) in shapes.iter().enumerate() {
+                        let count = shape.iter().product::<i64>() as usize;
+                        if index + i >= shapes.len() {
+                            list[index] = Tensor::new();
+                            v[offset..offset + count].iter_mut().for_each(|x| *x = 0.0);
+                        }
+                        offset += count;
+                    }
+                    parts.push(v);
+                    lists.push(list);
+                }
+                let mut teacher = total.clone();
+                for part in &parts {
+                    teacher.iter_mut().zip(part).for_each(|(t, p)| *t -= p);
+                }
+                let dense: Vec<Vec<Tensor>> =
+                    parts.iter().map(|v| tensors(v, &shapes, kind)).collect();
+                let want_path = by_teacher
+                    .aggregate(&tensors(&teacher, &shapes, kind), &dense, confirmed, &want)
+                    .unwrap();
+                let got_path = by_total
+                    .aggregate_total(&tensors(&total, &shapes, kind), &lists, confirmed, &got)
+                    .unwrap();
+                assert_eq!(got_path, want_path, "k={k} confirmed={confirmed}");
+                assert_close(&read(&got), &read(&want), tol, &format!("k={k} {kind:?}"));
+                let (a, b) = (
+                    by_teacher.take_epoch_metrics().unwrap(),
+                    by_total.take_epoch_metrics().unwrap(),
+                );
+                assert_eq!((a.conflicts, a.projections), (b.conflicts, b.projections));
+                assert_close(&[b.teacher_share], &[a.teacher_share], tol, "share");
+            }
+        }
+        // The teacher's list may not hold an undefined gradient.
+        let mut total = tensors(&values(1, n), &shapes, kind);
+        total[0] = Tensor::new();
+        let seeds = vec![tensors(&values(2, n), &shapes, kind)];
+        assert!(
+            by_total
+                .aggregate_total(&total, &seeds, false, &got)
+                .is_err()
+        );
+    }
+}

@@ -377,22 +377,15 @@ impl ModelStep {
                 .op("tap root")?
                 .f_sum(Kind::Float)
                 .op("tap root sum")?;
-            let through = Tensor::f_run_backward(&[root], host, true, false).op("tap backward")?;
-            per_seed.push(dense(&through, host)?);
+            // Undefined where the seed sends the parameter nothing (above
+            // its slot): the aggregator zeroes those rows itself.
+            per_seed.push(Tensor::f_run_backward(&[root], host, true, false).op("tap backward")?);
         }
+        // The teacher is the total less every seed's part, taken in the
+        // aggregator's pooled rows.
         let total = dense(host_total, host)?;
-        let mut teacher = Vec::with_capacity(total.len());
-        for (index, total) in total.iter().enumerate() {
-            let mut rest = total.shallow_clone();
-            for seed in &per_seed {
-                if let Some(part) = seed.get(index) {
-                    rest = rest.f_sub(part).op("teacher")?;
-                }
-            }
-            teacher.push(rest);
-        }
-        let path = self.aggregator.aggregate(
-            &teacher,
+        let path = self.aggregator.aggregate_total(
+            &total,
             &per_seed,
             self.layout.confirmed_single,
             &self.layout.scratch,

@@ -219,6 +219,48 @@ impl GradAggregator {
         attribution_confirms_single_seed: bool,
         out: &[Tensor],
     ) -> Result<AggPath> {
+        self.check_inputs(teacher, seeds, attribution_confirms_single_seed, out, false)?;
+        tch::no_grad(|| {
+            if seeds.is_empty() {
+                return self.pass_through(teacher, out);
+            }
+            let rows = self.flatten(teacher, seeds, false)?;
+            self.aggregate_rows(rows, seeds.len(), attribution_confirms_single_seed, out)
+        })
+    }
+
+    /// [`GradAggregator::aggregate`] from the *total* host gradient instead
+    /// of the teacher's: the teacher is `total − Σ seeds`, computed in the
+    /// pooled rows (two kernels, not one subtraction per parameter and
+    /// seed). A seed's list may hold undefined tensors where the seed sends
+    /// no gradient (the parameters above its slot); their rows are zeroed
+    /// (one multi-tensor kernel), with no per-parameter allocation. The
+    /// result equals `aggregate(total − Σ seeds, seeds, ..)`.
+    pub fn aggregate_total<S: AsRef<[Tensor]>>(
+        &mut self,
+        total: &[Tensor],
+        seeds: &[S],
+        attribution_confirms_single_seed: bool,
+        out: &[Tensor],
+    ) -> Result<AggPath> {
+        self.check_inputs(total, seeds, attribution_confirms_single_seed, out, true)?;
+        tch::no_grad(|| {
+            if seeds.is_empty() {
+                return self.pass_through(total, out);
+            }
+            let rows = self.flatten(total, seeds, true)?;
+            self.aggregate_rows(rows, seeds.len(), attribution_confirms_single_seed, out)
+        })
+    }
+
+    fn check_inputs<S: AsRef<[Tensor]>>(
+        &mut self,
+        teacher: &[Tensor],
+        seeds: &[S],
+        attribution_confirms_single_seed: bool,
+        out: &[Tensor],
+        seeds_may_be_undefined: bool,
+    ) -> Result<()> {
         if seeds.len() > self.max_seeds {
             return Err(agg_error(
                 "seeds",
@@ -239,15 +281,34 @@ impl GradAggregator {
         let Some(pool) = self.pool.as_ref() else {
             return Err(agg_error("out", "no layout".into()));
         };
-        check_list(pool, self.device, "teacher", 0, teacher)?;
+        check_list(pool, self.device, "teacher", 0, teacher, false)?;
         for (index, seed) in seeds.iter().enumerate() {
-            check_list(pool, self.device, "seeds", index, seed.as_ref())?;
+            check_list(
+                pool,
+                self.device,
+                "seeds",
+                index,
+                seed.as_ref(),
+                seeds_may_be_undefined,
+            )?;
         }
-        tch::no_grad(|| match seeds.len() {
-            0 => self.pass_through(teacher, out),
-            1 if attribution_confirms_single_seed => self.single_seed(teacher, seeds, out),
-            _ => self.pcgrad(teacher, seeds, out),
-        })
+        Ok(())
+    }
+
+    /// The single-seed fast path or PCGrad over `rows` (teacher and `seeds`
+    /// seeds, flattened).
+    fn aggregate_rows(
+        &mut self,
+        rows: Tensor,
+        seeds: usize,
+        attribution_confirms_single_seed: bool,
+        out: &[Tensor],
+    ) -> Result<AggPath> {
+        if seeds == 1 && attribution_confirms_single_seed {
+            self.single_seed(&rows, out)
+        } else {
+            self.pcgrad(&rows, seeds, out)
+        }
     }
 
     fn ensure_layout(&mut self, out: &[Tensor]) -> Result<()> {
@@ -289,7 +350,7 @@ impl GradAggregator {
         let Some(pool) = self.pool.as_ref() else {
             return Err(agg_error("out", "no layout".into()));
         };
-        check_list(pool, self.device, "out", 0, out)
+        check_list(pool, self.device, "out", 0, out, false)
     }
 
     fn pass_through(&mut self, teacher: &[Tensor], out: &[Tensor]) -> Result<AggPath> {
@@ -299,35 +360,59 @@ impl GradAggregator {
         Ok(AggPath::PassThrough)
     }
 
-    /// Copies the teacher and the seeds into rows `0..=k`; returns the rows.
-    fn flatten<S: AsRef<[Tensor]>>(&mut self, teacher: &[Tensor], seeds: &[S]) -> Result<Tensor> {
-        let Some(pool) = self.pool.as_ref() else {
-            return Err(agg_error("out", "no layout".into()));
-        };
-        self.sources.clear();
-        self.sources
-            .extend(teacher.iter().map(Tensor::shallow_clone));
-        for seed in seeds {
-            self.sources
-                .extend(seed.as_ref().iter().map(Tensor::shallow_clone));
-        }
-        let dst = pool
-            .row_views
-            .get(..self.sources.len())
-            .ok_or_else(|| agg_error("seeds", "more rows than the pool holds".into()))?;
-        fused::foreach_copy_(dst, &self.sources, false)?;
-        self.sources.clear();
-        let rows = to_i64(seeds.len().saturating_add(1), "seeds")?;
-        pool.rows.f_narrow(0, 0, rows).op("narrow rows")
-    }
-
-    fn single_seed<S: AsRef<[Tensor]>>(
+    /// Copies the teacher (or, with `from_total`, the total) and the seeds
+    /// into rows `0..=k`; undefined seed gradients zero their rows; with
+    /// `from_total`, row 0 then becomes `total − Σ seeds`. Returns the rows.
+    fn flatten<S: AsRef<[Tensor]>>(
         &mut self,
         teacher: &[Tensor],
         seeds: &[S],
-        out: &[Tensor],
-    ) -> Result<AggPath> {
-        let rows = self.flatten(teacher, seeds)?;
+        from_total: bool,
+    ) -> Result<Tensor> {
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        let count = teacher.len().saturating_mul(seeds.len().saturating_add(1));
+        let views = pool
+            .row_views
+            .get(..count)
+            .ok_or_else(|| agg_error("seeds", "more rows than the pool holds".into()))?;
+        let sources = teacher
+            .iter()
+            .chain(seeds.iter().flat_map(|seed| seed.as_ref().iter()));
+        let mut dst = Vec::with_capacity(count);
+        let mut zero = Vec::new();
+        self.sources.clear();
+        for (view, source) in views.iter().zip(sources) {
+            if source.defined() {
+                dst.push(view.shallow_clone());
+                self.sources.push(source.shallow_clone());
+            } else {
+                zero.push(view.shallow_clone());
+            }
+        }
+        fused::foreach_copy_(&dst, &self.sources, false)?;
+        fused::foreach_zero_(&zero)?;
+        self.sources.clear();
+        let count = to_i64(seeds.len(), "seeds")?;
+        let rows = to_i64(seeds.len().saturating_add(1), "seeds")?;
+        let rows = pool.rows.f_narrow(0, 0, rows).op("narrow rows")?;
+        if from_total {
+            let parts = rows
+                .f_narrow(0, 1, count)
+                .op("narrow seeds")?
+                .f_sum_dim_intlist([0i64].as_slice(), false, None::<Kind>)
+                .op("sum seeds")?;
+            let _ = rows
+                .f_select(0, 0)
+                .op("select teacher")?
+                .f_sub_(&parts)
+                .op("teacher = total - seeds")?;
+        }
+        Ok(rows)
+    }
+
+    fn single_seed(&mut self, rows: &Tensor, out: &[Tensor]) -> Result<AggPath> {
         let Some(pool) = self.pool.as_ref() else {
             return Err(agg_error("out", "no layout".into()));
         };
@@ -348,14 +433,8 @@ impl GradAggregator {
         Ok(AggPath::SingleSeed)
     }
 
-    fn pcgrad<S: AsRef<[Tensor]>>(
-        &mut self,
-        teacher: &[Tensor],
-        seeds: &[S],
-        out: &[Tensor],
-    ) -> Result<AggPath> {
-        let rows = self.flatten(teacher, seeds)?;
-        let r = to_i64(seeds.len().saturating_add(1), "seeds")?;
+    fn pcgrad(&mut self, rows: &Tensor, seeds: usize, out: &[Tensor]) -> Result<AggPath> {
+        let r = to_i64(seeds.saturating_add(1), "seeds")?;
         let gram = rows
             .f_mm(&rows.f_tr().op("t")?)
             .op("gram")?
@@ -424,7 +503,7 @@ impl GradAggregator {
             .f_to_dtype(pool.kind, false, false)
             .op("to kind")?;
         let _ = weights
-            .f_mm_out(&pool.aggregate, &rows)
+            .f_mm_out(&pool.aggregate, rows)
             .op("mm aggregate")?;
         fused::foreach_copy_(out, &pool.aggregate_views, false)?;
         // Increment row `1 + k` is the general path with `k` seeds: row `r`.

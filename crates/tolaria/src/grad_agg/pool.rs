@@ -74,14 +74,16 @@ impl Pool {
     }
 }
 
-/// Checks one gradient list against the layout: count, defined, shape,
-/// dtype, device.
+/// Checks one gradient list against the layout: count, defined (unless
+/// `allow_undefined`: a gradient a source sends no part of), shape, dtype,
+/// device.
 pub(super) fn check_list(
     pool: &Pool,
     device: Device,
     field: &'static str,
     index: usize,
     tensors: &[Tensor],
+    allow_undefined: bool,
 ) -> Result<()> {
     if tensors.len() != pool.shapes.len() {
         return Err(agg_error(
@@ -96,6 +98,9 @@ pub(super) fn check_list(
     for (position, (tensor, shape)) in tensors.iter().zip(&pool.shapes).enumerate() {
         let place = || format!("list {index}, gradient {position}");
         if !tensor.defined() {
+            if allow_undefined {
+                continue;
+            }
             return Err(agg_error(field, format!("{} is undefined", place())));
         }
         let size = tensor.size();
