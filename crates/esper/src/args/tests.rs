@@ -169,10 +169,12 @@ fn every_workload_is_named_by_its_crate() {
             "nissa-emit",
             "kasmina-prefetch",
             "tolaria-fmnist",
+            "tolaria-lm",
             "tolaria-timeout",
             "tolaria-rollback",
             "simic-throughput",
             "simic-cifar",
+            "simic-lm",
             "simic-learning",
             "ppo-cartpole",
         ]
