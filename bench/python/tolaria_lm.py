@@ -42,6 +42,41 @@ The workload, as the Rust crates define it:
         (capturable in the modes that capture it).
   loss  softmax cross-entropy over the 256 tokens, mean over all B x T
         target tokens.
+  step  what the Rust general step (tolaria::engine::model_step, ModelStep::
+        run and tapped_backward) does while seeds feed the host's gradient,
+        as Esper's Tolaria: the host gradient split into a teacher part and
+        one contribution per seed, recombined with PCGrad
+        (tolaria::grad_agg::GradAggregator) before the optimizer step:
+        taps      the forward hands each seed a distinct view of the host
+                  features (`h.view_as(h)`, kasmina's SeedSlot::
+                  forward_tapped); the blend still takes `h` itself, so the
+                  gradient at the view is what reaches the host through that
+                  seed's branch alone;
+        backward  grads = autograd.grad(loss, host + seed parameters + taps,
+                  retain_graph); per tap i, per_seed_i = autograd.grad((tap_i
+                  * grad_i.detach()).sum(), host parameters) (zero where a
+                  tap does not reach a parameter: the later layers, ln_f);
+        teacher   the total host gradient less every seed's part;
+        PCGrad    (2 or more seeds) in the fixed ascending order, each
+                  seed's part projected off the *original* part of every
+                  other seed whose dot product with it (over all host
+                  parameters flattened together) is negative; the teacher
+                  neither projected nor projected against; the host's .grad
+                  = teacher + the projected parts (one seed: teacher + seed;
+                  none: the total). As Rust: one [k + 1, numel] row buffer,
+                  the Gram matrix and the aggregate as matmuls (in TF32
+                  where TF32 is on, as Rust's), the k x k coefficients in
+                  float64, `(dot < 0)` a float multiplier: no readback, no
+                  branch on a device value (see GradAggregator);
+        seeds     their .grad the plain gradients of the first autograd.grad.
+        No grad scaler (Rust's scales fp16 only), no gradient clipping (off
+        by default, and in the Rust benchmark). The Rust step also gathers
+        gradient norms every 10th step and the aggregation's conflict counts
+        (telemetry, read once an epoch, no change to the update); this peer
+        does not. With --no-aggregation the step is one plain
+        loss.backward() instead (not the Rust step; the record's mode names
+        get the suffix -plain), so a record can show what the aggregation
+        costs.
   data  Debian's `fortunes` corpus (tolaria::data::text): the regular,
         non-hidden files of the folder whose names have no extension (the
         package keeps `.dat` indexes and `.u8` links beside each file), in
@@ -71,8 +106,9 @@ The workload, as the Rust crates define it:
 Modes (record mode names; TF32 on for matmuls and cuDNN in all of them):
   eager               fp32, plain PyTorch (functional forward, fused AdamW)
   eager-bf16          as eager under bf16 autocast
-  graph               the whole training step (forward, loss, backward, the
-                      fused capturable AdamW step, loss accumulation)
+  graph               the whole training step (forward, loss, the backward
+                      passes and the aggregation, the fused capturable AdamW
+                      step, loss accumulation)
                       captured once as a torch.cuda.CUDAGraph on a side
                       stream after a few eager warm-up steps; every step
                       gathers its batch with index_select into the graph's
@@ -80,25 +116,35 @@ Modes (record mode names; TF32 on for matmuls and cuDNN in all of them):
   graph-bf16          as graph under bf16 autocast (weight-cast cache off,
                       as capture requires)
   compile             torch.compile(mode="default") of forward + loss (the
-                      backward compiled with it by AOTAutograd), fused
-                      AdamW eager; validation compiled separately
+                      backward compiled with it by AOTAutograd), the
+                      aggregation and fused AdamW eager; validation compiled
+                      separately
   inductor-graph      forward + loss through torch.compile(mode=
                       "max-autotune-no-cudagraphs") (Inductor's fused Triton
                       kernels, autotuned GEMMs, backward by AOTAutograd),
-                      and the whole step (compiled forward and backward, the
-                      fused capturable AdamW, loss accumulation) captured by
+                      and the whole step (compiled forward and backward
+                      passes, the aggregation, the fused capturable AdamW,
+                      loss accumulation) captured by
                       hand in one torch.cuda.CUDAGraph after the warm-up
                       steps (compilation and autotuning); static gathers as
                       in graph
   inductor-graph-bf16 as inductor-graph under bf16 autocast
   max-autotune        torch.compile(mode="max-autotune") (Inductor's own
                       CUDA graphs, cudagraph trees, a step begun before
-                      every forward) of forward + loss, fused AdamW eager;
+                      every forward) of forward + loss, the aggregation and
+                      fused AdamW eager;
                       inductor_cudagraph_skips counts the graphs Inductor
                       declined to run as CUDA graphs
-Every compiled mode compiles forward + loss as one graph (fullgraph: a graph
-break fails the mode instead of running part of it eagerly) with static
-shapes, and validates with torch.compile (mode "default") of the validation
+Every compiled mode compiles with static shapes and fullgraph (a graph break
+fails the mode instead of running part of it eagerly): the forward + loss in
+three graphs cut at the two taps (embedding and layer 0; slot r0c0 and layer
+1; slot r0c1, layer 2, head and loss), so that autograd can take gradients
+at the views between them; the backward of each by AOTAutograd, run once for
+the loss and again for every tap whose root's gradient crosses it (the
+autograd.grad calls themselves, the views and the aggregation run eagerly
+between the compiled graphs, or inside the hand-captured CUDA graph); with
+--no-aggregation forward + loss as one graph and one loss.backward(). Each
+validates with torch.compile (mode "default") of the validation
 step (forward, summed loss, correct count). The record's params
 (compile_modes) keep each compiled mode's Inductor options. A hand-captured
 graph's first replay checks that every parameter changed in place.
@@ -125,6 +171,7 @@ Usage:
   tolaria_lm.py [--merge-into RECORD.json] [--out RECORD.json]
                 [--data-dir DIR | --synthetic] [--quick]
                 [--epochs N] [--warmup-epochs N] [--modes a,b] [--no-kernels]
+                [--no-aggregation]
 
 Defaults: 2 warm-up and 5 measured epochs; --quick: at most 8,192 training
 windows (the first ones), 1 warm-up and 2 measured epochs. --data-dir
@@ -136,8 +183,10 @@ tolaria::data::text::synthetic, drawn with torch's generator), for machines
 without the corpus. (The Rust side's synthetic text is lm-synthetic's 2,048
 training and 256 validation windows: compare per-window figures then.)
 With --merge-into, the results (impl "python") replace the python results of
-an existing record written by `esper bench tolaria-lm`; --out writes a
-standalone record of the same shape.
+the same mode names in an existing record written by `esper bench
+tolaria-lm` (so a --no-aggregation run's -plain entries join the others; its
+params go to params.python_peer_plain, the aggregating run's to
+params.python_peer); --out writes a standalone record of the same shape.
 """
 
 from __future__ import annotations
@@ -179,6 +228,7 @@ CONTEXT = 64
 EMBEDDING_INIT_STD = 0.02
 NORM_EPS = 1e-5
 ALPHA = 0.5
+TAPPED_SLOTS = ("r0c0", "r0c1")  # the seeds that feed the host gradient (not isolated), in execution order
 MLP_SMALL_EXPANSION = 2
 SEED_HEADS = 4
 
@@ -235,7 +285,21 @@ MODES = {
                          needs_cuda="Inductor's CUDA graphs and Triton autotuning need a CUDA device"),
 }
 ALL_MODES = list(MODES)
+PLAIN_SUFFIX = "-plain"
 
+
+def entry_mode(mode: str, aggregation: bool) -> str:
+    """The record's mode name: `mode`, or `mode-plain` for the plain step."""
+    return mode if aggregation else f"{mode}{PLAIN_SUFFIX}"
+
+
+GRADIENT_AGGREGATION = "teacher + PCGrad over per-seed contributions, as tolaria::grad_agg"
+PLAIN_STEP = (f"none: one plain loss.backward() (--no-aggregation; modes suffixed {PLAIN_SUFFIX}), "
+              "not what the Rust step does")
+COMPILED_TAP_STEP = ("three: the forward cut at the two gradient taps (the last stage with the loss), "
+                     "backward by AOTAutograd; the views, the autograd.grad calls (each re-running the "
+                     "compiled backward of the stages it crosses), the aggregation and AdamW eager between "
+                     "and after them")
 PARAMS = {
     "host": {"config": "TransformerHostConfig {vocab 256, width 128, 4 heads, 3 layers, block 64, 3 segments}",
              "vocab_size": VOCAB, "n_embd": WIDTH, "n_head": HEADS, "n_layer": LAYERS, "block_size": CONTEXT,
@@ -262,6 +326,22 @@ PARAMS = {
     "tf32": True,
     "init_seed": INIT_SEED,
     "graph_warmup_steps": GRAPH_WARMUP_STEPS,
+    "gradient_aggregation": GRADIENT_AGGREGATION,
+    "gradient_step": {
+        "taps": "each seed fed a distinct view of the host features (kasmina forward_tapped)",
+        "backward": "autograd.grad of the loss over host, seed parameters and taps; per tap "
+                    "autograd.grad of (tap * tap_grad).sum() over the host parameters",
+        "teacher": "host gradient less every seed's part",
+        "pcgrad": "2+ seeds, fixed ascending order, against the original seed gradients, dot products "
+                  "over all host parameters flattened; Gram matrix and [1, k+1] x [k+1, numel] "
+                  "aggregate as matmuls (TF32 where on), k x k coefficients in float64",
+        "seed_gradients": "plain (from the first autograd.grad)",
+        "plain_modes": PLAIN_STEP,
+    },
+    "grad_scaler": "none (fp32 and bf16; Rust's GradScaler scales fp16 only)",
+    "gradient_clipping": "off (the Rust default, as its benchmark)",
+    "gradient_telemetry": "not computed (Rust gathers gradient norms every 10th step and the "
+                          "aggregation's conflict counts: telemetry only, no change to the update)",
 }
 
 
@@ -517,16 +597,34 @@ class LmNet(nn.Module):
         # kasmina::blend::blend_add: the seed output in the host's dtype, lerp.
         return torch.lerp(host, seed.to(host.dtype), ALPHA)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """int64 [B, T] -> logits [B, T, 256]."""
+    # The forward in three stages, cut at the two seeded slots, so the
+    # gradient-tap step can hand each seed a distinct view of the host
+    # features between them (and a compiled mode compiles each stage).
+    def stage_r0c0(self, tokens: torch.Tensor) -> torch.Tensor:
+        """int64 [B, T] -> the host features at r0c0 (embedding, layer 0)."""
         host = self.host
         x = F.embedding(tokens, host.wte.weight) + host.wpe.weight[:tokens.shape[1]]
-        x = self._block(self.blocks[0], x)
-        x = self._blend(x, self._mlp_small(x))                  # r0c0 (no detach: not isolated)
-        x = self._block(self.blocks[1], x)
-        x = self._blend(x, self._attention(x))                  # r0c1
-        x = self._block(self.blocks[2], x)                      # r0c2: empty
-        return F.linear(_norm(x, host.ln_f), host.wte.weight)  # h @ wte.T
+        return self._block(self.blocks[0], x)
+
+    def stage_r0c1(self, h: torch.Tensor, seed_input: torch.Tensor) -> torch.Tensor:
+        """Slot r0c0 (the host features `h`, mlp_small fed `seed_input`),
+        layer 1 -> the host features at r0c1."""
+        x = self._blend(h, self._mlp_small(seed_input))  # no detach: not isolated
+        return self._block(self.blocks[1], x)
+
+    def stage_logits(self, h: torch.Tensor, seed_input: torch.Tensor) -> torch.Tensor:
+        """Slot r0c1 (attention fed `seed_input`), layer 2 (r0c2 is empty),
+        the tied head -> logits [B, T, 256]."""
+        x = self._blend(h, self._attention(seed_input))
+        x = self._block(self.blocks[2], x)
+        return F.linear(_norm(x, self.host.ln_f), self.host.wte.weight)  # h @ wte.T
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """int64 [B, T] -> logits [B, T, 256]; each seed sees the host
+        features themselves (no taps)."""
+        h0 = self.stage_r0c0(tokens)
+        h1 = self.stage_r0c1(h0, h0)
+        return self.stage_logits(h1, h1)
 
 
 def param_counts(model: LmNet) -> dict:
@@ -559,6 +657,128 @@ def build_optimizer(model: LmNet, fused: bool, capturable: bool) -> torch.optim.
         lr=LR, betas=BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY, **kwargs)
 
 
+# -- gradient aggregation (tolaria::engine::model_step, tolaria::grad_agg) ------
+
+def split_host_gradient(loss: torch.Tensor, taps: list[torch.Tensor], host: list[torch.Tensor],
+                        seeds: list[torch.Tensor]):
+    """ModelStep::tapped_backward's autograd part: the loss's gradients of
+    the host parameters (the total), of the seed parameters, and one
+    per-seed part of the host gradient per tap, the host gradient through
+    that seed's branch alone: the gradient of `(tap * tap_grad).sum()`
+    (tap_grad detached) with respect to the host parameters. A host
+    parameter that a tap does not reach has None there (Rust: zeros)."""
+    grads = torch.autograd.grad(loss, [*host, *seeds, *taps], retain_graph=True)
+    host_total = grads[:len(host)]
+    seed_grads = grads[len(host):len(host) + len(seeds)]
+    per_seed = []
+    for tap, tap_grad in zip(taps, grads[len(host) + len(seeds):]):
+        root = (tap * tap_grad.detach()).sum()
+        per_seed.append(torch.autograd.grad(root, host, retain_graph=True, allow_unused=True))
+    return host_total, seed_grads, per_seed
+
+
+def _flat_views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of the 1-D `flat` shaped like each tensor of `like`, one after another."""
+    views, offset = [], 0
+    for tensor in like:
+        views.append(flat[offset:offset + tensor.numel()].view(tensor.shape))
+        offset += tensor.numel()
+    return views
+
+
+class GradAggregator:
+    """tolaria::grad_agg::GradAggregator for one layout (the host
+    parameters' gradients `out`) and a fixed number of seeds: writes
+    `teacher + Σ seeds'` into `out`, the teacher being the total host
+    gradient less every seed's part (per parameter, in seed order).
+
+    0 seeds: the total passes through. 1 seed: teacher + seed, elementwise
+    (Rust's single-seed fast path, the same numbers as its general path).
+    2 or more: PCGrad in the fixed ascending order: each seed's gradient
+    g_i' loses its component along the *original* g_j of every other seed j
+    whose dot product with g_i' (over all host parameters together) is
+    negative; the teacher is neither projected nor projected against.
+
+    As Rust's device-only form: one preallocated [k + 1, numel] buffer of
+    rows (teacher, seed 1..k), filled by one _foreach_copy_; the Gram
+    matrix D = G Gᵀ in one matmul (in the matmul precision in force: TF32
+    where enabled), then in float64 a coefficient matrix C (identity at the
+    start, g_i' = Σ_m C[i, m] g_m, so g_i'·g_j = (C D)[i, j]) updated one
+    column j at a time with `(dot < 0)` as a float multiplier (no branch on a
+    device value, no readback: CUDA-graph capturable); the aggregate is
+    (1ᵀ C) G, one [1, k + 1] x [k + 1, numel] matmul, copied into `out` by
+    one _foreach_copy_. Rust's aggregation telemetry (conflicts, teacher
+    share; read once an epoch) changes no gradient and is not computed."""
+
+    def __init__(self, out: list[torch.Tensor], seeds: int) -> None:
+        if seeds < 0 or not out:
+            raise ValueError(f"GradAggregator: {seeds} seeds over {len(out)} gradients")
+        self.out = list(out)
+        self.seeds = seeds
+        rows = seeds + 1
+        first = self.out[0]
+        numel = sum(tensor.numel() for tensor in self.out)
+        self.rows = torch.zeros((rows, numel), dtype=first.dtype, device=first.device)
+        self.row_views = [_flat_views(self.rows[row], self.out) for row in range(rows)]
+        self.aggregate = torch.zeros((1, numel), dtype=first.dtype, device=first.device)
+        self.aggregate_views = _flat_views(self.aggregate[0], self.out)
+        f64 = {"dtype": torch.float64, "device": first.device}
+        self.eye = torch.eye(rows, **f64)
+        self.coef = torch.zeros((rows, rows), **f64)
+        # allowed[j, i] = 1 when seed row i may be projected off row j.
+        self.allowed = torch.tensor([[1.0 if i >= 1 and i != j else 0.0 for i in range(rows)]
+                                     for j in range(rows)], **f64)
+        self.tiny = torch.finfo(torch.float64).tiny  # Rust's f64::MIN_POSITIVE
+        self.reach = None
+
+    def __call__(self, total, per_seed) -> None:
+        """`total`: the host gradient, one tensor per entry of `out`;
+        `per_seed`: per seed, one tensor or None (not reached: zero) per
+        entry of `out`. Nothing is read back."""
+        if len(per_seed) != self.seeds:
+            raise ValueError(f"GradAggregator: {len(per_seed)} seed parts, built for {self.seeds}")
+        if self.seeds == 0:
+            torch._foreach_copy_(self.out, list(total))
+            return
+        self._fill_rows(total, per_seed)
+        if self.seeds == 1:
+            torch.add(self.rows[0], self.rows[1], out=self.aggregate[0])
+        else:
+            self._pcgrad()
+        torch._foreach_copy_(self.out, self.aggregate_views)
+
+    def _fill_rows(self, total, per_seed) -> None:
+        """Rows: the total in row 0 and each seed's part in its row (one
+        _foreach_copy_), then row 0 -= every seed row: the teacher."""
+        reach = tuple(tuple(grad is not None for grad in grads) for grads in per_seed)
+        if self.reach is None:
+            self.reach = reach  # the parts never written stay zero
+        elif reach != self.reach:
+            raise RuntimeError("the host parameters a seed's gradient reaches changed between steps")
+        dst, src = list(self.row_views[0]), list(total)
+        for row, grads in enumerate(per_seed, start=1):
+            for view, grad in zip(self.row_views[row], grads):
+                if grad is not None:
+                    dst.append(view)
+                    src.append(grad)
+        torch._foreach_copy_(dst, src)
+        for row in range(1, self.seeds + 1):
+            self.rows[0].sub_(self.rows[row])
+
+    def _pcgrad(self) -> None:
+        rows = self.rows
+        gram = torch.mm(rows, rows.t()).double()
+        coef = self.coef
+        coef.copy_(self.eye)
+        for j in range(1, self.seeds + 1):
+            column = gram[:, j]
+            dots = torch.mv(coef, column)  # g_i'·g_j for every row i
+            mask = (dots < 0).double() * self.allowed[j]
+            coef[:, j].sub_(dots * mask / column[j].clamp_min(self.tiny))
+        weights = coef.sum(0, keepdim=True).to(rows.dtype)
+        torch.mm(weights, rows, out=self.aggregate)
+
+
 # -- training ----------------------------------------------------------------
 
 def percentile(samples, percent):
@@ -571,12 +791,16 @@ def percentile(samples, percent):
 
 
 class Trainer:
-    """One mode's model, optimizer, device buffers and epoch loop."""
+    """One mode's model, optimizer, device buffers and epoch loop; with
+    `aggregation` the step is Rust's gradient-tap step (teacher + PCGrad),
+    without it one plain backward (the record's mode name gets `-plain`)."""
 
-    def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int) -> None:
+    def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int,
+                 aggregation: bool = True) -> None:
         (train_x, train_y), (val_x, val_y) = data
         spec = MODES[mode]
-        self.mode = mode
+        self.mode = entry_mode(mode, aggregation)
+        self.aggregation = aggregation
         self.device = device
         self.cuda = device.type == "cuda"
         self.bf16 = spec.bf16
@@ -589,7 +813,16 @@ class Trainer:
             torch.compiler.reset()  # fresh caches: no recompile limit carried over from another mode
         self.model = build_model(device)
         self.optimizer = build_optimizer(self.model, fused=self.cuda, capturable=self.graphed)
-        self.params = [p for group in self.model.groups() for p in group]
+        host, seed_r0c0, seed_r0c1 = self.model.groups()
+        self.host_params, self.seed_params = host, seed_r0c0 + seed_r0c1
+        self.params = self.host_params + self.seed_params
+        if aggregation:
+            # Gradients live for the whole run (as Rust's materialised ones,
+            # zeroed before a tap step): every step writes them in place, so
+            # a captured step writes tensors that outlive the graph.
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+            self.aggregator = GradAggregator([p.grad for p in self.host_params], seeds=len(TAPPED_SLOTS))
         self.train_x, self.train_y = train_x, train_y
         self.val_x, self.val_y = val_x, val_y
         self.n_train = train_x.shape[0]
@@ -610,16 +843,25 @@ class Trainer:
         self.capture_ms = None
         self.first_step_s = None
         self.train_fn = self.forward_loss
+        self.stages = (self.model.stage_r0c0, self.model.stage_r0c1, self.stage_loss)
         self.eval_fn = self.eval_sums
         if self.compiled:
             # Static shapes (every batch is 128 windows; validation batches
-            # of 1,024 and one shorter last one, compiled once each), one
-            # graph for the whole forward + loss (fullgraph: a graph break
-            # fails the mode rather than running part of it eagerly). The
-            # validation step: Inductor's default mode in every compiled
-            # mode (it runs once an epoch; no CUDA graphs).
-            self.train_fn = torch.compile(self.forward_loss, mode=spec.compile_mode, dynamic=False,
-                                          fullgraph=True)
+            # of 1,024 and one shorter last one, compiled once each),
+            # fullgraph (a graph break fails the mode rather than running
+            # part of it eagerly): the plain step's forward + loss as one
+            # graph; the tap step's forward as three, cut at the taps (the
+            # views between them are the seeds' inputs, so autograd can
+            # take gradients at them). The validation step: Inductor's
+            # default mode in every compiled mode (it runs once an epoch;
+            # no CUDA graphs).
+            def compiled(fn):
+                return torch.compile(fn, mode=spec.compile_mode, dynamic=False, fullgraph=True)
+
+            if aggregation:
+                self.stages = tuple(compiled(stage) for stage in self.stages)
+            else:
+                self.train_fn = compiled(self.forward_loss)
             self.eval_fn = torch.compile(self.eval_sums, dynamic=False, fullgraph=True)
 
     def autocast(self):
@@ -629,9 +871,39 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphed)
 
     # the step ---------------------------------------------------------------
-    def forward_loss(self, x, y):
-        logits = self.model(x)
+    @staticmethod
+    def loss(logits, y):
         return F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+
+    def forward_loss(self, x, y):
+        return self.loss(self.model(x), y)
+
+    def stage_loss(self, h, seed_input, y):
+        return self.loss(self.model.stage_logits(h, seed_input), y)
+
+    def tapped_loss(self, x, y):
+        """kasmina's forward_tapped: at each slot with a live, non-isolated
+        seed the seed's input is a distinct view of the host features (the
+        tap); the blend still takes the features themselves. Returns the
+        loss and the taps (execution order)."""
+        stage_r0c0, stage_r0c1, stage_loss = self.stages
+        h0 = stage_r0c0(x)
+        tap_r0c0 = h0.view_as(h0)
+        h1 = stage_r0c1(h0, tap_r0c0)
+        tap_r0c1 = h1.view_as(h1)
+        return stage_loss(h1, tap_r0c1, y), [tap_r0c0, tap_r0c1]
+
+    def aggregated_gradients(self, x, y):
+        """ModelStep::tapped_backward: the host gradient split into the
+        teacher and one part per seed, aggregated (GradAggregator) into the
+        host parameters' .grad; the seeds' .grad their plain gradients.
+        Returns the loss."""
+        with self.autocast():
+            loss, taps = self.tapped_loss(x, y)
+        host_total, seed_grads, per_seed = split_host_gradient(loss, taps, self.host_params, self.seed_params)
+        self.aggregator(host_total, per_seed)
+        torch._foreach_copy_([p.grad for p in self.seed_params], list(seed_grads))
+        return loss
 
     def eval_sums(self, x, y):
         """Summed token loss (fp32) and correct argmax predictions of a batch."""
@@ -644,13 +916,21 @@ class Trainer:
         if self.inductor_cudagraphs:
             # A new iteration: the previous step's graph outputs may be reused.
             torch.compiler.cudagraph_mark_step_begin()
-        with self.autocast():
-            loss = self.train_fn(x, y)
-        loss.backward()
+        if self.aggregation:
+            loss = self.aggregated_gradients(x, y)
+        else:
+            with self.autocast():
+                loss = self.train_fn(x, y)
+            loss.backward()
         self.optimizer.step()
         self.loss_sum.add_(loss.detach())
 
     def zero_grads(self):
+        """The plain step's gradients to None (its backward writes fresh
+        ones; a captured one in the graph's pool). The tap step's persist:
+        every step overwrites them."""
+        if self.aggregation:
+            return
         for p in self.params:
             p.grad = None
 
@@ -676,7 +956,7 @@ class Trainer:
         """Captures the whole step (eager or compiled, as the mode's train_fn)
         on the current stream, then replays it as this step, checking that
         the replay trained the model in place."""
-        self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
+        self.zero_grads()  # plain: grads are allocated by the captured backward, in the graph's pool
         torch.cuda.synchronize(self.device)
         started = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
@@ -818,10 +1098,11 @@ def compile_counters() -> dict[str, int]:
 
 def run_mode(mode: str, data, device: torch.device, args) -> dict:
     cuda = device.type == "cuda"
+    name = entry_mode(mode, args.aggregation)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-    trainer = Trainer(mode, data, device, args.steps_per_epoch)
+    trainer = Trainer(mode, data, device, args.steps_per_epoch, aggregation=args.aggregation)
     metrics = {}
     if cuda:
         metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
@@ -843,7 +1124,7 @@ def run_mode(mode: str, data, device: torch.device, args) -> dict:
             epoch_ms, train_loss = trainer.epoch(time_first_step=(index == 0))
             val_ms, val_loss, val_accuracy = trainer.validate()
             if not math.isfinite(val_loss):
-                raise RuntimeError(f"{mode}: the validation loss is {val_loss}")
+                raise RuntimeError(f"{name}: the validation loss is {val_loss}")
             if index == 0:
                 metrics["first_epoch_ms"] = epoch_ms
                 metrics["first_validation_ms"] = val_ms
@@ -851,7 +1132,7 @@ def run_mode(mode: str, data, device: torch.device, args) -> dict:
                 epochs.append(epoch_ms)
                 validations.append(val_ms)
             last = (train_loss, val_loss, val_accuracy)
-            log(f"[python {mode}] epoch {index + 1}/{args.warmup_epochs + args.epochs}"
+            log(f"[python {name}] epoch {index + 1}/{args.warmup_epochs + args.epochs}"
                 f"{' (warm-up)' if warm else ''}: {epoch_ms:.1f} ms, train loss {train_loss:.4f}, "
                 f"val {val_ms:.1f} ms, val loss {val_loss:.4f}, accuracy {val_accuracy:.4f}, "
                 f"perplexity {math.exp(val_loss):.3f}")
@@ -900,7 +1181,7 @@ def run_mode(mode: str, data, device: torch.device, args) -> dict:
                         metrics["memcpy_memset_per_step"] = copies
                         metrics["gpu_busy_ms_per_epoch"] = busy_us * trainer.steps / 1e3
                 except Exception as error:  # the profiler is an extra: never fail the mode
-                    log(f"[python {mode}] kernel profile skipped: {type(error).__name__}: {error}")
+                    log(f"[python {name}] kernel profile skipped: {type(error).__name__}: {error}")
     return {k: float(v) for k, v in metrics.items() if v is not None}
 
 
@@ -971,9 +1252,13 @@ def write_records(args, device, params, results) -> None:
             record = json.load(handle)
         if record.get("workload") not in (None, WORKLOAD):
             raise DataError(f"{args.merge_into} is a {record.get('workload')} record, not {WORKLOAD}")
-        record["results"] = [r for r in record.get("results", []) if r.get("impl") != "python"] + results
+        # This run's mode names replace the python entries of the same names
+        # (a --no-aggregation run's `-plain` entries sit beside the others).
+        names = {entry["mode"] for entry in results}
+        record["results"] = [r for r in record.get("results", [])
+                             if r.get("impl") != "python" or r.get("mode") not in names] + results
         record.setdefault("environment", {}).update(python_environment(device))
-        record.setdefault("params", {})["python_peer"] = params
+        record.setdefault("params", {})["python_peer" if args.aggregation else "python_peer_plain"] = params
         write_json(args.merge_into, record)
     if args.out:
         write_json(args.out, standalone_record(device, args.label, params, results))
@@ -1027,6 +1312,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--no-kernels", dest="kernels", action="store_false",
                         help="skip the one-step kernel profile")
+    parser.add_argument("--no-aggregation", dest="aggregation", action="store_false",
+                        help=f"one plain backward instead of the gradient-tap step with teacher + PCGrad "
+                             f"(record modes get the suffix {PLAIN_SUFFIX})")
     args = parser.parse_args()
     args.epochs = args.epochs if args.epochs is not None else (2 if args.quick else 5)
     args.warmup_epochs = args.warmup_epochs if args.warmup_epochs is not None else (1 if args.quick else 2)
@@ -1050,10 +1338,12 @@ def load_data(args) -> tuple:
     return data, f"fortunes ({origin}: {directory})", counts
 
 
-def compile_modes(modes: list[str]) -> dict:
+def compile_modes(modes: list[str], aggregation: bool) -> dict:
     """For the record's params: each compiled mode's torch.compile mode and
     the Inductor options it sets (as this torch defines the mode)."""
     described = {}
+    graphs = (COMPILED_TAP_STEP if aggregation
+              else "one: forward + loss (backward by AOTAutograd); loss.backward() and AdamW eager")
     for mode in modes:
         compile_mode = MODES[mode].compile_mode
         if compile_mode is None:
@@ -1063,9 +1353,10 @@ def compile_modes(modes: list[str]) -> dict:
             options = list_mode_options(compile_mode)
         except Exception:  # described by name only where this torch cannot list it
             options = None
-        described[mode] = {"torch_compile_mode": compile_mode, "inductor_options": options,
-                           "cuda_graphs": MODES[mode].cuda_graphs, "fullgraph": True,
-                           "validation": "torch.compile, mode default"}
+        described[entry_mode(mode, aggregation)] = {
+            "torch_compile_mode": compile_mode, "inductor_options": options,
+            "cuda_graphs": MODES[mode].cuda_graphs, "fullgraph": True, "training_graphs": graphs,
+            "validation": "torch.compile, mode default"}
     return described
 
 
@@ -1073,17 +1364,18 @@ def run_entry(mode: str, data, device: torch.device, args) -> dict:
     """One mode's result entry: its metrics, or why it has none (skipped on
     the CPU, or failed: one failing mode never loses the others)."""
     spec = MODES[mode]
-    entry = {"impl": "python", "mode": mode, "amp": "bf16" if spec.bf16 else "off", "metrics": {}}
+    name = entry_mode(mode, args.aggregation)
+    entry = {"impl": "python", "mode": name, "amp": "bf16" if spec.bf16 else "off", "metrics": {}}
     if spec.needs_cuda and device.type != "cuda":
         entry["error"] = f"{spec.needs_cuda}; this run is on the CPU"
-        log(f"[python {mode}] skipped: {entry['error']}")
+        log(f"[python {name}] skipped: {entry['error']}")
         return entry
     try:
         entry["metrics"] = run_mode(mode, data, device, args)
     except Exception as error:  # recorded honestly: a failing mode is a result
         message = f"{type(error).__name__}: {error}".strip()
         first_lines = "\n".join(message.splitlines()[:6])
-        log(f"[python {mode}] failed: {first_lines}")
+        log(f"[python {name}] failed: {first_lines}")
         traceback.print_exc(limit=4, file=sys.stderr)
         entry["error"] = first_lines[:2000]
     try:
@@ -1094,7 +1386,7 @@ def run_entry(mode: str, data, device: torch.device, args) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as error:  # a broken mode must not hide the next ones
-        log(f"[python {mode}] device left in error state: {error}")
+        log(f"[python {name}] device left in error state: {error}")
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return entry
@@ -1123,6 +1415,8 @@ def main() -> int:
     args.steps_per_epoch = min(args.steps_per_epoch or full_steps, full_steps)
 
     params = dict(PARAMS)
+    if not args.aggregation:
+        params["gradient_aggregation"] = PLAIN_STEP
     params["data"] = source
     params["data_counts"] = counts
     params["train_samples"] = train_x.shape[0]
@@ -1133,7 +1427,7 @@ def main() -> int:
         params["note"] = f"smoke run: fewer steps an epoch than the data's {full_steps}"
     params["epochs"] = {"warmup": args.warmup_epochs, "measured": args.epochs}
     if any(MODES[mode].compile_mode for mode in args.modes):
-        params["compile_modes"] = compile_modes(args.modes)
+        params["compile_modes"] = compile_modes(args.modes, args.aggregation)
     data = ((train_x.to(device), train_y.to(device)), (val_x.to(device), val_y.to(device)))
     log(f"[python] {WORKLOAD} on {device}: data {source}, {train_x.shape[0]} train / {val_x.shape[0]} "
         f"validation windows, {args.warmup_epochs} warm-up + {args.epochs} measured epochs of "
