@@ -56,7 +56,8 @@ The workload, as the Rust crates define it:
                   retain_graph); per tap i, per_seed_i = autograd.grad((tap_i
                   * grad_i.detach()).sum(), host parameters) (zero where a
                   tap does not reach a parameter: the later layers, ln_f);
-        teacher   the total host gradient less every seed's part;
+        teacher   the total host gradient less the sum of the seeds' parts
+                  (as Rust's GradAggregator::aggregate_total, in the rows);
         PCGrad    (2 or more seeds) in the fixed ascending order, each
                   seed's part projected off the *original* part of every
                   other seed whose dot product with it (over all host
@@ -64,9 +65,9 @@ The workload, as the Rust crates define it:
                   neither projected nor projected against; the host's .grad
                   = teacher + the projected parts (one seed: teacher + seed;
                   none: the total). As Rust: one [k + 1, numel] row buffer,
-                  the Gram matrix and the aggregate as matmuls (in TF32
-                  where TF32 is on, as Rust's), the k x k coefficients in
-                  float64, `(dot < 0)` a float multiplier: no readback, no
+                  the Gram matrix as one matmul (TF32 where TF32 is on, as
+                  Rust's), the aggregate as the rows weighted and summed
+                  elementwise in fp32, the k x k coefficients in float64, `(dot < 0)` a float multiplier: no readback, no
                   branch on a device value (see GradAggregator);
         seeds     their .grad the plain gradients of the first autograd.grad.
         No grad scaler (Rust's scales fp16 only), no gradient clipping (off
@@ -331,10 +332,10 @@ PARAMS = {
         "taps": "each seed fed a distinct view of the host features (kasmina forward_tapped)",
         "backward": "autograd.grad of the loss over host, seed parameters and taps; per tap "
                     "autograd.grad of (tap * tap_grad).sum() over the host parameters",
-        "teacher": "host gradient less every seed's part",
+        "teacher": "host gradient less the sum of the seeds' parts",
         "pcgrad": "2+ seeds, fixed ascending order, against the original seed gradients, dot products "
-                  "over all host parameters flattened; Gram matrix and [1, k+1] x [k+1, numel] "
-                  "aggregate as matmuls (TF32 where on), k x k coefficients in float64",
+                  "over all host parameters flattened; Gram matrix as a matmul (TF32 where on), "
+                  "aggregate as the rows weighted and summed elementwise, k x k coefficients in float64",
         "seed_gradients": "plain (from the first autograd.grad)",
         "plain_modes": PLAIN_STEP,
     },
@@ -666,7 +667,8 @@ def split_host_gradient(loss: torch.Tensor, taps: list[torch.Tensor], host: list
     per-seed part of the host gradient per tap, the host gradient through
     that seed's branch alone: the gradient of `(tap * tap_grad).sum()`
     (tap_grad detached) with respect to the host parameters. A host
-    parameter that a tap does not reach has None there (Rust: zeros)."""
+    parameter that a tap does not reach (above its slot) has None there
+    (Rust: undefined; the aggregator zeroes those rows)."""
     grads = torch.autograd.grad(loss, [*host, *seeds, *taps], retain_graph=True)
     host_total = grads[:len(host)]
     seed_grads = grads[len(host):len(host) + len(seeds)]
@@ -687,27 +689,31 @@ def _flat_views(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tens
 
 
 class GradAggregator:
-    """tolaria::grad_agg::GradAggregator for one layout (the host
-    parameters' gradients `out`) and a fixed number of seeds: writes
-    `teacher + Σ seeds'` into `out`, the teacher being the total host
-    gradient less every seed's part (per parameter, in seed order).
+    """tolaria::grad_agg::GradAggregator (its aggregate_total) for one
+    layout (the host parameters' gradients `out`) and a fixed number of
+    seeds: writes `teacher + Σ seeds'` into `out`, the teacher being the
+    total host gradient less the sum of the seeds' parts.
 
     0 seeds: the total passes through. 1 seed: teacher + seed, elementwise
-    (Rust's single-seed fast path, the same numbers as its general path).
+    (Rust's single-seed fast path; its general path, taken when attribution
+    does not confirm the one seed, forms the same weighted sum; this
+    workload has two seeds).
     2 or more: PCGrad in the fixed ascending order: each seed's gradient
     g_i' loses its component along the *original* g_j of every other seed j
     whose dot product with g_i' (over all host parameters together) is
     negative; the teacher is neither projected nor projected against.
 
     As Rust's device-only form: one preallocated [k + 1, numel] buffer of
-    rows (teacher, seed 1..k), filled by one _foreach_copy_; the Gram
+    rows (teacher, seed 1..k), filled by one _foreach_copy_ (a seed's
+    undefined gradients zero their part of its row: one _foreach_zero_),
+    then row 0 -= the sum of the seed rows (the teacher); the Gram
     matrix D = G Gᵀ in one matmul (in the matmul precision in force: TF32
     where enabled), then in float64 a coefficient matrix C (identity at the
     start, g_i' = Σ_m C[i, m] g_m, so g_i'·g_j = (C D)[i, j]) updated one
     column j at a time with `(dot < 0)` as a float multiplier (no branch on a
     device value, no readback: CUDA-graph capturable); the aggregate is
-    (1ᵀ C) G, one [1, k + 1] x [k + 1, numel] matmul, copied into `out` by
-    one _foreach_copy_. Rust's aggregation telemetry (conflicts, teacher
+    (1ᵀ C) G, the rows weighted and summed elementwise in the gradients'
+    precision, copied into `out` by one _foreach_copy_. Rust's aggregation telemetry (conflicts, teacher
     share; read once an epoch) changes no gradient and is not computed."""
 
     def __init__(self, out: list[torch.Tensor], seeds: int) -> None:
@@ -729,7 +735,6 @@ class GradAggregator:
         self.allowed = torch.tensor([[1.0 if i >= 1 and i != j else 0.0 for i in range(rows)]
                                      for j in range(rows)], **f64)
         self.tiny = torch.finfo(torch.float64).tiny  # Rust's f64::MIN_POSITIVE
-        self.reach = None
 
     def __call__(self, total, per_seed) -> None:
         """`total`: the host gradient, one tensor per entry of `out`;
@@ -749,21 +754,20 @@ class GradAggregator:
 
     def _fill_rows(self, total, per_seed) -> None:
         """Rows: the total in row 0 and each seed's part in its row (one
-        _foreach_copy_), then row 0 -= every seed row: the teacher."""
-        reach = tuple(tuple(grad is not None for grad in grads) for grads in per_seed)
-        if self.reach is None:
-            self.reach = reach  # the parts never written stay zero
-        elif reach != self.reach:
-            raise RuntimeError("the host parameters a seed's gradient reaches changed between steps")
-        dst, src = list(self.row_views[0]), list(total)
+        _foreach_copy_; undefined parts zeroed by one _foreach_zero_), then
+        row 0 -= the sum of the seed rows: the teacher."""
+        dst, src, zero = list(self.row_views[0]), list(total), []
         for row, grads in enumerate(per_seed, start=1):
             for view, grad in zip(self.row_views[row], grads):
-                if grad is not None:
+                if grad is None:
+                    zero.append(view)
+                else:
                     dst.append(view)
                     src.append(grad)
         torch._foreach_copy_(dst, src)
-        for row in range(1, self.seeds + 1):
-            self.rows[0].sub_(self.rows[row])
+        if zero:
+            torch._foreach_zero_(zero)
+        self.rows[0].sub_(self.rows[1:].sum(0))
 
     def _pcgrad(self) -> None:
         rows = self.rows
@@ -776,7 +780,9 @@ class GradAggregator:
             mask = (dots < 0).double() * self.allowed[j]
             coef[:, j].sub_(dots * mask / column[j].clamp_min(self.tiny))
         weights = coef.sum(0, keepdim=True).to(rows.dtype)
-        torch.mm(weights, rows, out=self.aggregate)
+        # Σ_i w_i g_i elementwise in the gradients' precision, as Rust does
+        # (a matmul would round every element to TF32 where TF32 is on).
+        torch.sum(rows * weights.t(), dim=0, keepdim=True, out=self.aggregate)
 
 
 # -- training ----------------------------------------------------------------

@@ -46,10 +46,12 @@
 //! at once, with `(dot < 0)` as a float multiplier instead of a branch, so
 //! nothing is read back and the step can be captured in a CUDA graph (the
 //! seed count is the host-side shape of the step: a different count is a
-//! different graph). The aggregate is `(1ᵀ C) G`, one `[1, k + 1] × [k + 1,
-//! numel]` matmul into the pooled aggregate, copied into `out` with one
-//! `_foreach_copy_`. The Gram matrix follows the matmul precision in force
-//! (TF32 when enabled); the `k × k` work runs in `f64`.
+//! different graph). The aggregate is `(1ᵀ C) G`, the rows weighted and
+//! summed elementwise into the pooled aggregate (in the gradients' own
+//! precision: as a matmul it would be rounded to TF32 where TF32 is on),
+//! copied into `out` with one `_foreach_copy_`. The Gram matrix follows the
+//! matmul precision in force (TF32 when enabled: it only decides and scales
+//! the projections); the `k × k` work runs in `f64`.
 //!
 //! **Metrics.** Every step adds to one `f64` device accumulator (steps per
 //! path, seed pairs compared, conflicting pairs, projections applied, teacher
@@ -502,9 +504,13 @@ impl GradAggregator {
             .op("sum")?
             .f_to_dtype(pool.kind, false, false)
             .op("to kind")?;
-        let _ = weights
-            .f_mm_out(&pool.aggregate, rows)
-            .op("mm aggregate")?;
+        // Σ_i w_i g_i elementwise, in the rows' own precision: a matmul
+        // would round every gradient element to TF32 where TF32 is on.
+        let _ = rows
+            .f_mul(&weights.f_tr().op("t")?)
+            .op("weigh rows")?
+            .f_sum_intlist_out(&pool.aggregate, [0i64].as_slice(), true, None::<Kind>)
+            .op("sum aggregate")?;
         fused::foreach_copy_(out, &pool.aggregate_views, false)?;
         // Increment row `1 + k` is the general path with `k` seeds: row `r`.
         self.add_increment(r)?;
