@@ -1,6 +1,8 @@
-//! Benchmarks of the general path: `tolaria-fmnist` (DESIGN.md §6) and the
+//! Benchmarks of the general path: `tolaria-fmnist` (DESIGN.md §6),
+//! `tolaria-lm` (the language-model transformer, [`run_lm`]) and the
 //! `tolaria-reference` workload run through the engine and the general
 //! [`ModelStep`](crate::engine::model_step::ModelStep) (a `Linear(16->4)` Kasmina host with no slot).
+//! The first two share one measuring loop (`variants`).
 //!
 //! `tolaria-fmnist`: the Fashion-MNIST CNN host (8/16/32 channels) with
 //! `conv_light` at r0c1 and `attention` at r0c2, both blending at alpha 0.5
