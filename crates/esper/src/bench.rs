@@ -44,7 +44,19 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 if let Some(rounds) = args.rounds {
                     options.rounds = rounds;
                 }
-                let run = simic::bench::run_throughput(task, &options, &mut progress)?;
+                // A record of the entries so far after each variant: a run
+                // stopped by a time limit keeps what it measured. The
+                // finished run's record replaces it.
+                let device = torch_ext::device::select(args.device)?;
+                let mut partial = |results: &[leyline::baseline::ResultEntry]| {
+                    write_partial(args, device, results);
+                };
+                let run = simic::bench::run_throughput_reporting(
+                    task,
+                    &options,
+                    &mut progress,
+                    &mut partial,
+                )?;
                 simic_record(args, run)?
             } else {
                 let device = torch_ext::device::select(args.device)?;
@@ -180,6 +192,35 @@ fn kasmina_prefetch(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<
     let params = kasmina::bench::PrefetchParams::new(args.quick);
     let measurements = kasmina::bench::run_prefetch(&params, device, progress)?;
     record_of(args, probe::with_torch(device)?, measurements)
+}
+
+/// Writes the record of a run still in progress: the entries so far, its
+/// params saying so. A failure to write it is said, not fatal.
+fn write_partial(
+    args: &BenchArgs,
+    device: tch::Device,
+    results: &[leyline::baseline::ResultEntry],
+) {
+    let record = simic_record(
+        args,
+        simic::bench::SimicBenchRun {
+            device,
+            measurements: leyline::baseline::Measurements {
+                params: serde_json::json!({
+                    "partial": "written while the run was going on: the entries measured so far; \
+                                the finished run's record replaces this one",
+                    "quick": args.quick,
+                }),
+                results: results.to_vec(),
+                telemetry_names: Vec::new(),
+            },
+        },
+    )
+    .and_then(|record| record::write(&record, &args.out));
+    match record {
+        Ok(()) => eprintln!("partial record: {}", args.out.display()),
+        Err(error) => eprintln!("esper: the partial record was not written: {error:#}"),
+    }
 }
 
 fn simic_record(args: &BenchArgs, run: simic::bench::SimicBenchRun) -> Result<BaselineRecord> {

@@ -55,7 +55,7 @@ pub use learning::{
     Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS,
     LEARNING_SEEDS, LearningSetup, SeedOutcome, run_learning, training_seed,
 };
-pub use throughput::run_throughput;
+pub use throughput::{run_throughput, run_throughput_reporting};
 
 /// Workload names.
 pub const THROUGHPUT_WORKLOAD: &str = "simic-throughput";

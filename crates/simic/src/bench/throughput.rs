@@ -240,11 +240,23 @@ fn growth_ceiling(
     }
 }
 
-/// `simic-throughput` or `simic-cifar`.
+/// `simic-throughput`, `simic-cifar` or `simic-lm`.
 pub fn run_throughput(
     task: ThroughputTask,
     options: &SimicBenchOptions,
     progress: &mut dyn FnMut(&str),
+) -> Result<SimicBenchRun> {
+    run_throughput_reporting(task, options, progress, &mut |_| {})
+}
+
+/// [`run_throughput`], handing `entries` every result entry measured so
+/// far each time a variant ends (the growth ceiling last), so that a
+/// caller can keep what a run stopped by a time limit measured.
+pub fn run_throughput_reporting(
+    task: ThroughputTask,
+    options: &SimicBenchOptions,
+    progress: &mut dyn FnMut(&str),
+    entries: &mut dyn FnMut(&[ResultEntry]),
 ) -> Result<SimicBenchRun> {
     options.validate()?;
     let device = torch_ext::device::select(options.device)?;
@@ -442,6 +454,7 @@ pub fn run_throughput(
             },
         };
         results.push(entry);
+        entries(&results);
     }
     results.push(growth_ceiling(
         task,
@@ -462,7 +475,7 @@ pub fn run_throughput(
                 "max_seeds": 3,
                 "episode_length": episode_length,
                 "rounds": options.rounds,
-                "batch_size_per_env": if options.quick { 128 } else { 512 },
+                "batch_size_per_env": simic_config(task.task(), Precision::Fp32, ExecutionMode::Eager, episode_length, options.quick).trainer.batch_size,
                 "train_samples_per_env": spec.train.first().map_or(0, Dataset::len),
                 "validation_samples": spec.validation.len(),
                 "process_warmup_s": warmup_s,
