@@ -111,42 +111,28 @@ for workload in "${workloads[@]}"; do
     reference=1
     echo "== rust bench"
     "$esper_bin" bench tolaria-reference --out "$record" --label "$label" $quick 2>&1 | tee "$out/bench_rust.log"
-  elif [ "$workload" = tolaria-fmnist ]; then
-    data_args=()
-    if [ -d "$here/data/fashion-mnist" ]; then
-      export ESPER_FASHION_MNIST_DIR="$here/data/fashion-mnist"
-      data_args=(--data-dir "$here/data/fashion-mnist")
+  elif [ "$workload" = tolaria-fmnist ] || [ "$workload" = tolaria-lm ]; then
+    # The general-path benches: the bundle's data set when it carries one
+    # (else seeded data of the real size), then the workload's Python peer.
+    if [ "$workload" = tolaria-fmnist ]; then
+      data="$here/data/fashion-mnist"; data_env=ESPER_FASHION_MNIST_DIR; peer=tolaria_fmnist.py
     else
-      data_args=(--synthetic)
+      data="$here/data/fortunes"; data_env=ESPER_TEXT_CORPUS_DIR; peer=tolaria_lm.py
     fi
-    rust_data=()
-    [ "${data_args[0]}" = --synthetic ] && rust_data=(--synthetic)
-    echo "== rust bench $workload"
-    "$esper_bin" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
-      "${rust_data[@]}" 2>&1 | tee "$out/bench_$workload.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    if [ "$run_python" = 1 ] && [ -f "$here/tolaria_fmnist.py" ] && [ -f "$out/$workload/$label.json" ]; then
-      echo "== python peers ($workload)"
-      python3 "$here/tolaria_fmnist.py" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
-        "${peer_args[@]}" $quick 2>&1 | tee "$out/bench_python_$workload.log"
-      [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    fi
-    continue
-  elif [ "$workload" = tolaria-lm ]; then
     data_args=(--synthetic)
     rust_data=(--synthetic)
-    if [ -d "$here/data/fortunes" ]; then
-      export ESPER_TEXT_CORPUS_DIR="$here/data/fortunes"
-      data_args=(--data-dir "$here/data/fortunes")
+    if [ -d "$data" ]; then
+      export "$data_env=$data"
+      data_args=(--data-dir "$data")
       rust_data=()
     fi
     echo "== rust bench $workload"
     "$esper_bin" bench "$workload" --out "$out/$workload/$label.json" --label "$label" $quick \
       "${rust_data[@]}" 2>&1 | tee "$out/bench_$workload.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
-    if [ "$run_python" = 1 ] && [ -f "$here/tolaria_lm.py" ] && [ -f "$out/$workload/$label.json" ]; then
+    if [ "$run_python" = 1 ] && [ -f "$here/$peer" ] && [ -f "$out/$workload/$label.json" ]; then
       echo "== python peers ($workload)"
-      python3 "$here/tolaria_lm.py" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
+      python3 "$here/$peer" --merge-into "$out/$workload/$label.json" "${data_args[@]}" \
         "${peer_args[@]}" $quick 2>&1 | tee "$out/bench_python_$workload.log"
       [ "${PIPESTATUS[0]}" = 0 ] || status=1
     fi

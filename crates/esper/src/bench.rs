@@ -130,12 +130,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
 fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
     let mut options = tolaria::reference::bench::BenchOptions::new(args.device, args.quick);
     options.variants.clone_from(&args.variants);
-    if let Some(epochs) = args.epochs {
-        options.measured_epochs = epochs;
-    }
-    if let Some(warmup) = args.warmup_epochs {
-        options.warmup_epochs = warmup;
-    }
+    epoch_counts(
+        args,
+        &mut options.measured_epochs,
+        &mut options.warmup_epochs,
+    );
     let run = tolaria::reference::bench::run(&options, progress)?;
     let mut environment = probe::with_torch(run.device)?;
     environment.tf32 = run.tf32;
@@ -149,29 +148,44 @@ fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result
 fn tolaria_fmnist(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
     let mut options = tolaria::engine::bench::FmnistOptions::new(args.device, args.quick);
     options.synthetic = args.synthetic;
-    if let Some(epochs) = args.epochs {
-        options.measured_epochs = epochs;
-    }
-    if let Some(warmup) = args.warmup_epochs {
-        options.warmup_epochs = warmup;
-    }
-    let run = tolaria::engine::bench::run_fmnist(&options, progress)?;
-    let mut environment = probe::with_torch(run.device)?;
-    environment.tf32 = true;
-    environment.amp = "bf16 and off (per mode)".to_owned();
-    record_of(args, environment, run.measurements)
+    epoch_counts(
+        args,
+        &mut options.measured_epochs,
+        &mut options.warmup_epochs,
+    );
+    general_path_record(
+        args,
+        tolaria::engine::bench::run_fmnist(&options, progress)?,
+    )
 }
 
 fn tolaria_lm(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
     let mut options = tolaria::engine::bench::LmOptions::new(args.device, args.quick);
     options.synthetic = args.synthetic;
+    epoch_counts(
+        args,
+        &mut options.measured_epochs,
+        &mut options.warmup_epochs,
+    );
+    general_path_record(args, tolaria::engine::bench::run_lm(&options, progress)?)
+}
+
+/// `--epochs` and `--warmup-epochs` over a workload's defaults.
+fn epoch_counts(args: &BenchArgs, measured: &mut usize, warmup: &mut usize) {
     if let Some(epochs) = args.epochs {
-        options.measured_epochs = epochs;
+        *measured = epochs;
     }
-    if let Some(warmup) = args.warmup_epochs {
-        options.warmup_epochs = warmup;
+    if let Some(epochs) = args.warmup_epochs {
+        *warmup = epochs;
     }
-    let run = tolaria::engine::bench::run_lm(&options, progress)?;
+}
+
+/// The record of a general-path benchmark (`tolaria-fmnist`,
+/// `tolaria-lm`): TF32 on, AMP per mode.
+fn general_path_record(
+    args: &BenchArgs,
+    run: tolaria::engine::bench::BenchRun,
+) -> Result<BaselineRecord> {
     let mut environment = probe::with_torch(run.device)?;
     environment.tf32 = true;
     environment.amp = "bf16 and off (per mode)".to_owned();
