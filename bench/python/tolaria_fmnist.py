@@ -863,9 +863,16 @@ def write_records(args, device, params, results) -> None:
             record = json.load(handle)
         if record.get("workload") not in (None, WORKLOAD):
             raise DataError(f"{args.merge_into} is a {record.get('workload')} record, not {WORKLOAD}")
-        record["results"] = [r for r in record.get("results", []) if r.get("impl") != "python"] + results
+        # This run's mode names replace the python entries of the same names,
+        # so the modes can be measured in separate runs into one record.
+        names = {entry["mode"] for entry in results}
+        record["results"] = [r for r in record.get("results", [])
+                             if r.get("impl") != "python" or r.get("mode") not in names] + results
         record.setdefault("environment", {}).update(python_environment(device))
-        record.setdefault("params", {})["python_peer"] = params
+        peer = record.setdefault("params", {}).get("python_peer") or {}
+        compiled = {**peer.get("compile_modes", {}), **params.get("compile_modes", {})} \
+            if isinstance(peer.get("compile_modes"), dict) else params.get("compile_modes")
+        record["params"]["python_peer"] = {**params, **({"compile_modes": compiled} if compiled else {})}
         write_json(args.merge_into, record)
     if args.out:
         write_json(args.out, standalone_record(device, args.label, params, results))

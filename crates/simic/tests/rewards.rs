@@ -1050,3 +1050,59 @@ proptest! {
         prop_assert!((last - expected).abs() <= 1e-9 * (1.0 + expected.abs()));
     }
 }
+
+#[test]
+fn germination_delay_costs_only_an_offered_germination_not_taken() {
+    let base = RewardInputs {
+        epoch: 12,
+        max_epochs: 150,
+        val_acc: 80.0,
+        germination_offered: true,
+        ..RewardInputs::default()
+    };
+    // Off by default, as at the reference.
+    assert_eq!(reward(&RewardConfig::default(), &base).germination_delay, 0.0);
+
+    let config = RewardConfig {
+        germination_delay_cost: -0.1,
+        ..RewardConfig::default()
+    };
+    let waited = reward(&config, &base);
+    assert_close(waited.germination_delay, -0.1);
+    assert_close(
+        waited.total,
+        reward(&RewardConfig::default(), &base).total - 0.1,
+    );
+    // Germinating pays its op cost and shaping but no delay.
+    let germinated = RewardInputs {
+        op: LifecycleOp::Germinate,
+        seed_after: point(SeedStage::Germinated, 0),
+        ..base.clone()
+    };
+    assert_eq!(reward(&config, &germinated).germination_delay, 0.0);
+    // A refused GERMINATE is carried out as WAIT and pays.
+    let refused = RewardInputs {
+        op_succeeded: false,
+        ..base.clone()
+    };
+    assert_close(reward(&config, &refused).germination_delay, -0.1);
+    // Nothing when germination was not offered, nor at the last step.
+    let blocked = RewardInputs {
+        germination_offered: false,
+        ..base.clone()
+    };
+    assert_eq!(reward(&config, &blocked).germination_delay, 0.0);
+    let last = RewardInputs {
+        epoch: 150,
+        terminal: true,
+        ..base.clone()
+    };
+    assert_eq!(reward(&config, &last).germination_delay, 0.0);
+    // A positive cost is refused, naming the field.
+    let wrong = RewardConfig {
+        germination_delay_cost: 0.1,
+        ..RewardConfig::default()
+    };
+    let error = compute_reward(&wrong, &base).expect_err("a positive cost is refused");
+    assert_eq!(field_of(error), "RewardConfig.germination_delay_cost");
+}

@@ -44,6 +44,9 @@ pub struct RewardBreakdown {
     pub occupancy: f64,
     /// Maintenance of the fossils (≤ 0).
     pub fossil_maintenance: f64,
+    /// The germination delay cost: GERMINATE was offered and not taken
+    /// (≤ 0; not the reference's, 0 unless configured).
+    pub germination_delay: f64,
     /// The op's intervention cost and lifecycle penalties (≤ 0).
     pub op_cost: f64,
     /// FOSSILIZE shaping (legitimacy-discounted bonus or penalties).
@@ -85,6 +88,7 @@ impl RewardBreakdown {
             alpha_shock: 0.0,
             occupancy: 0.0,
             fossil_maintenance: 0.0,
+            germination_delay: 0.0,
             op_cost: 0.0,
             fossilize_shaping: 0.0,
             fossilize_bonus: 0.0,
@@ -108,6 +112,7 @@ impl RewardBreakdown {
             self.alpha_shock,
             self.occupancy,
             self.fossil_maintenance,
+            self.germination_delay,
             self.op_cost,
             self.fossilize_shaping,
             self.fossilize_bonus,

@@ -160,6 +160,13 @@ pub struct RewardConfig {
     pub free_slots: u32,
     /// Cost per fossilised seed (−0.002).
     pub fossilized_maintenance_cost: f64,
+    /// Not the reference's (0 there and by default): the cost of every
+    /// step, the last excepted, at which GERMINATE was valid and another
+    /// op was carried out. Waiting at an empty slot is otherwise free, so
+    /// a policy can put germination off epoch after epoch and still fill
+    /// its slots by sampling; this makes each epoch of delay cost
+    /// something (`baselines/perf/simic-learning/NOTES.md`).
+    pub germination_delay_cost: f64,
 
     // --- per-op costs ---
     /// GERMINATE (−0.15).
@@ -295,6 +302,7 @@ impl Default for RewardConfig {
             seed_occupancy_cost: -0.01,
             free_slots: 1,
             fossilized_maintenance_cost: -0.002,
+            germination_delay_cost: 0.0,
             germinate_cost: -0.15,
             germinate_occupied_penalty: -0.3,
             fossilize_cost: -0.01,

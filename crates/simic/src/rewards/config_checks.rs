@@ -225,6 +225,11 @@ impl RewardConfig {
                 NonPositive,
             ),
             (
+                "RewardConfig.germination_delay_cost",
+                self.germination_delay_cost,
+                NonPositive,
+            ),
+            (
                 "RewardConfig.germinate_cost",
                 self.germinate_cost,
                 NonPositive,

@@ -119,6 +119,9 @@ pub struct RewardInputs {
     /// Seeds the environment pruned on its own this step (governor, auto
     /// prune); each costs [`crate::rewards::RewardConfig::auto_prune_penalty`].
     pub auto_prunes: u32,
+    /// GERMINATE was valid when the op was chosen (an empty slot, under the
+    /// seed limit, no seed developing); read by the germination delay cost.
+    pub germination_offered: bool,
     /// The epoch of this step, `1..=max_epochs`.
     pub epoch: u32,
     /// The episode's length in epochs.
@@ -146,6 +149,7 @@ impl Default for RewardInputs {
             committed_val_acc: None,
             fossil_params: 0,
             auto_prunes: 0,
+            germination_offered: false,
             epoch: 0,
             max_epochs: 1,
             terminal: false,

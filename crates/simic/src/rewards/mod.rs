@@ -14,7 +14,8 @@
 //! - The SHAPED components are listed in [`shaped`]'s docs
 //!   (attribution with its discounts and anti-gaming ratio penalty, the
 //!   BLENDING and HOLDING warnings, PBRS, synergy, rent, alpha shock,
-//!   occupancy, per-op costs, fossilize and prune shaping, terminal bonus,
+//!   occupancy, the germination delay cost (not the reference's, off by
+//!   default), per-op costs, fossilize and prune shaping, terminal bonus,
 //!   auto-prune penalty); [`sparse_reward`] is SPARSE's terminal reward.
 //! - Episode rules: [`apply_governor_rollback`] (death penalty on the last
 //!   transition, earlier rewards forfeited) and [`auto_prune_penalty`].

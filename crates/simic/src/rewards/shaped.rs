@@ -32,6 +32,10 @@
 //! - **Alpha shock**: `max(−0.1958·Σ Δalpha²·previous_params/max(host, 200), −1)`.
 //! - **Occupancy**: −0.01 per occupied slot beyond the first, −0.002 per
 //!   fossil.
+//! - **Germination delay** (not the reference's; 0 by default):
+//!   `germination_delay_cost` at every step but the last at which GERMINATE
+//!   was offered and the op carried out was another (a refused GERMINATE
+//!   is carried out as WAIT, so it pays too).
 //! - **Per op**: GERMINATE −0.15 (−0.3 more into an occupied slot);
 //!   FOSSILIZE −0.01 plus the fossilize shaping and bonus; PRUNE −0.005 plus
 //!   the prune shaping; SET_ALPHA_TARGET −0.005; ADVANCE of a TRAINING seed
@@ -359,6 +363,9 @@ pub(super) fn shaped_reward(config: &RewardConfig, inputs: &RewardInputs) -> Rew
     breakdown.occupancy = config.seed_occupancy_cost * f64::from(excess);
     breakdown.fossil_maintenance =
         config.fossilized_maintenance_cost * f64::from(inputs.fossil_count);
+    if inputs.germination_offered && inputs.op != LifecycleOp::Germinate && !inputs.terminal {
+        breakdown.germination_delay = config.germination_delay_cost;
+    }
     op_shaping(config, inputs, clean_total, &mut breakdown);
     breakdown.auto_prune = super::episode::auto_prune_penalty(config, inputs.auto_prunes);
     if inputs.terminal {

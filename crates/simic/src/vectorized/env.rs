@@ -124,6 +124,9 @@ pub(crate) struct Env {
     last_metrics: EpochMetrics,
     /// The masks left the op head one choice at this step's observation.
     forced: bool,
+    /// GERMINATE was valid at this step's observation (the germination
+    /// delay cost's condition).
+    germination_offered: bool,
     /// The episode ended early (the governor rolled the model back).
     done: bool,
     /// Last step with a transition in the buffer.
@@ -194,6 +197,7 @@ impl Env {
                 val_accuracy: 0.0,
             },
             forced: false,
+            germination_offered: false,
             done: false,
             last_step: None,
             germination_accuracy: HashMap::new(),

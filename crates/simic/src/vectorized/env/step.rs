@@ -271,6 +271,7 @@ impl Env {
         let masks = action_masks(&observation, &availability, &mask_config)?;
         let raw = self.tracker.observe(&observation, &extras)?;
         self.forced = masks.head(OP).iter().filter(|&&allowed| allowed).count() <= 1;
+        self.germination_offered = masks.allows(LifecycleOp::Germinate);
         Ok((raw, masks))
     }
 
@@ -358,6 +359,7 @@ impl Env {
             committed_val_acc: measured.committed,
             fossil_params,
             auto_prunes: 0,
+            germination_offered: self.germination_offered,
             epoch: u32::try_from(step.saturating_add(1)).unwrap_or(u32::MAX),
             max_epochs: rules.episode_length,
             terminal,
