@@ -274,6 +274,7 @@ impl BenchArgs {
         let mut seeds: Option<usize> = None;
         let mut task: Option<tolaria::task::Task> = None;
         let mut sets: Vec<String> = Vec::new();
+        let mut preset: Option<String> = None;
         let mut jobs: Option<usize> = None;
         let mut seed_index: Option<usize> = None;
         while let Some(arg) = args.next() {
@@ -287,7 +288,13 @@ impl BenchArgs {
             let rounds_flag = matches!(flag, "--rounds" | "--episode");
             let learning_only = matches!(
                 flag,
-                "--ppo-epochs" | "--seeds" | "--task" | "--set" | "--jobs" | "--seed-index"
+                "--ppo-epochs"
+                    | "--seeds"
+                    | "--task"
+                    | "--set"
+                    | "--preset"
+                    | "--jobs"
+                    | "--seed-index"
             );
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
@@ -431,6 +438,7 @@ impl BenchArgs {
                     }
                     sets.push(setting);
                 }
+                "--preset" => once(&mut preset, flag, value()?)?,
                 "--jobs" => {
                     let n = count(flag, &value()?)?;
                     if n == 0 {
@@ -451,7 +459,16 @@ impl BenchArgs {
         if torchrun && gpus.is_none() {
             return Err(usage("--torchrun needs --gpus"));
         }
-        let settings = sets;
+        // The preset's settings first, so that every --set wins over them.
+        let mut settings: Vec<String> = match &preset {
+            Some(name) => simic::vectorized::settings::preset(name)
+                .map_err(|error| usage(error.to_string()))?
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            None => Vec::new(),
+        };
+        settings.extend(sets);
         Ok(BenchCommand::Run(Box::new(BenchArgs {
             workload,
             out,

@@ -103,6 +103,40 @@ fn settings_and_jobs_apply_to_simic_learning_only() {
 }
 
 #[test]
+fn a_preset_expands_before_the_settings() {
+    let args = run_args(&[
+        "simic-learning",
+        "--out",
+        "a.json",
+        "--set",
+        "reward.germination_delay_cost=-0.2",
+        "--preset",
+        "growth",
+    ]);
+    let growth = simic::vectorized::settings::GROWTH;
+    assert_eq!(args.settings[..growth.len()], growth.map(str::to_owned));
+    assert_eq!(
+        args.settings[growth.len()..],
+        ["reward.germination_delay_cost=-0.2"]
+    );
+    for bad in [
+        &["simic-learning", "--out", "a.json", "--preset", "grow"][..],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--preset",
+            "growth",
+            "--preset",
+            "growth",
+        ],
+        &["simic-cifar", "--out", "a.json", "--preset", "growth"],
+    ] {
+        assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+    }
+}
+
+#[test]
 fn rounds_apply_to_the_simic_workloads_only() {
     let args = run_args(&["simic-learning", "--out", "a.json", "--rounds", "24"]);
     assert_eq!(args.rounds, Some(24));

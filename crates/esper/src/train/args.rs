@@ -308,6 +308,19 @@ pub(crate) struct TrainArgs {
     /// not also pay its kernels' first use (CUDA only) [default: true].
     #[arg(long, value_name = "BOOL")]
     pub(crate) prewarm_blueprints: Option<bool>,
+    /// PPO (--controller ppo): a named set of settings over the
+    /// reference's defaults, applied before any --set: `growth` (no
+    /// parameter rent, the op head's floor at 0.02, auto-forward, a cost for
+    /// putting germination off; simic::vectorized::settings::GROWTH)
+    /// [default: none].
+    #[arg(long, value_name = "NAME")]
+    pub(crate) preset: Option<String>,
+    /// PPO (--controller ppo): one setting over the reference's defaults,
+    /// SECTION.FIELD=VALUE with SECTION reward, ppo, floor or slot (e.g.
+    /// reward.rent_weight=0); repeatable, applied in order, after --preset
+    /// [default: none].
+    #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
+    pub(crate) settings: Vec<String>,
     /// Serve the run's telemetry as Prometheus metrics on this port
     /// (`http://HOST:PORT/metrics`; the alert rules and dashboard in
     /// docs/observability/ read it) [default: none].

@@ -401,6 +401,9 @@ fn simic_config(config: &RunConfig, env_device: tch::Device) -> Result<SimicConf
         cudnn_benchmark: simic.trainer.cudnn_benchmark,
         ..trainer_config(config, env_device)
     };
+    // The run's settings last, so that they win over the flags above.
+    simic::vectorized::settings::apply_all(&mut simic, &config.settings)
+        .context("applying the run's settings")?;
     Ok(simic)
 }
 

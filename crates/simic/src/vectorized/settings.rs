@@ -16,6 +16,12 @@
 //!   (`masks.disable_advance`), as at the reference's HEAD, and returns
 //!   when one is turned off again.
 //!
+//! A preset names a list of settings ([`PRESETS`], [`preset`]): `growth`
+//! is the set under which the learned greedy policy first beat no growth
+//! significantly at L = 150 (`baselines/perf/simic-learning/NOTES.md`,
+//! "A cost for putting germination off"); the reference's defaults stay
+//! the defaults.
+//!
 //! A value is read as JSON where it parses (numbers, `true`, `null`, lists)
 //! and as a string otherwise (`reward.mode=sparse`). An unknown section,
 //! field or head, a value of the wrong type and a value the section's own
@@ -28,6 +34,38 @@ use serde::de::DeserializeOwned;
 
 use super::config::SimicConfig;
 use crate::{Error, Result};
+
+/// The `growth` preset: no parameter rent, the op head's sampling floor at
+/// 0.02, the reference's three auto-forward flags, and the germination
+/// delay cost at -0.1 (each a departure from the reference's defaults,
+/// measured in `baselines/perf/simic-learning/NOTES.md`).
+pub const GROWTH: [&str; 6] = [
+    "reward.rent_weight=0",
+    "floor.op=0.02",
+    "slot.auto_forward_g1=true",
+    "slot.auto_forward_g2=true",
+    "slot.auto_forward_g3=true",
+    "reward.germination_delay_cost=-0.1",
+];
+
+/// Every preset by name.
+pub const PRESETS: [(&str, &[&str]); 1] = [("growth", &GROWTH)];
+
+/// The settings of the preset `name`; an unknown name is an error that
+/// lists the known ones.
+pub fn preset(name: &str) -> Result<&'static [&'static str]> {
+    PRESETS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, settings)| *settings)
+        .ok_or_else(|| Error::InvalidConfig {
+            field: "preset",
+            reason: format!(
+                "no preset {name:?} (presets: {})",
+                PRESETS.map(|(known, _)| known).join(", ")
+            ),
+        })
+}
 
 /// Applies every setting of `settings` in order (see the module docs); on
 /// an error `config` is unchanged.
@@ -137,6 +175,22 @@ fn patched<T: Serialize + DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_growth_preset_applies_and_an_unknown_one_is_named() {
+        let mut config = SimicConfig::reference(150);
+        let growth: Vec<String> = preset("growth")
+            .expect("growth")
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        apply_all(&mut config, &growth).expect("the preset applies");
+        assert_eq!(config.reward.rent_weight, 0.0);
+        assert_eq!(config.reward.germination_delay_cost, -0.1);
+        assert!(config.masks.disable_advance, "all three auto-forward flags");
+        let error = preset("grow").expect_err("unknown").to_string();
+        assert!(error.contains("\"grow\"") && error.contains("growth"), "{error}");
+    }
 
     fn config() -> SimicConfig {
         SimicConfig::reference(25)

@@ -47,6 +47,7 @@ pub(super) struct FileConfig {
     pub(super) entropy_coef: Option<f64>,
     pub(super) reward_mode: Option<RewardChoice>,
     pub(super) prewarm_blueprints: Option<bool>,
+    pub(super) settings: Option<Vec<String>>,
 }
 
 /// Reads a configuration file: TOML, every key known (see the module docs).

@@ -34,7 +34,7 @@ use super::args::{
 
 /// Every key a configuration file may hold, in the order `config.toml` is
 /// written.
-pub(crate) const KEYS: [&str; 25] = [
+pub(crate) const KEYS: [&str; 26] = [
     "controller",
     "task",
     "slots",
@@ -60,6 +60,7 @@ pub(crate) const KEYS: [&str; 25] = [
     "entropy_coef",
     "reward_mode",
     "prewarm_blueprints",
+    "settings",
 ];
 
 /// Default seed slots: the CNN host's second and third pre-pool surfaces.
@@ -208,6 +209,11 @@ pub(crate) struct RunConfig {
     /// (`SimicConfig::prewarm_blueprints`; CUDA only).
     #[serde(default = "default_prewarm_blueprints")]
     pub(crate) prewarm_blueprints: bool,
+    /// PPO: settings over the reference's defaults
+    /// (`simic::vectorized::settings`), in order, a `--preset` expanded
+    /// into its own; none by default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) settings: Vec<String>,
 }
 
 /// Writes `path` as text, with U+FFFD where it is not UTF-8 (serde refuses
@@ -245,6 +251,21 @@ fn default_entropy_coef() -> f64 {
 
 fn default_prewarm_blueprints() -> bool {
     simic::vectorized::SimicConfig::reference(1).prewarm_blueprints
+}
+
+/// The flags' settings (the preset's, then every `--set`) when any is
+/// given, else the file's.
+fn settings_of(args: &TrainArgs, file: Option<Vec<String>>) -> Result<Vec<String>> {
+    if args.preset.is_none() && args.settings.is_empty() {
+        return Ok(file.unwrap_or_default());
+    }
+    let mut settings = Vec::new();
+    if let Some(name) = &args.preset {
+        let preset = simic::vectorized::settings::preset(name).map_err(anyhow::Error::new)?;
+        settings.extend(preset.iter().map(|s| (*s).to_owned()));
+    }
+    settings.extend(args.settings.iter().cloned());
+    Ok(settings)
 }
 
 fn default_reward_mode() -> RewardChoice {
@@ -365,6 +386,7 @@ impl RunConfig {
                 .prewarm_blueprints
                 .or(file.prewarm_blueprints)
                 .unwrap_or_else(default_prewarm_blueprints),
+            settings: settings_of(args, file.settings)?,
         };
         config.validate()?;
         Ok(config)
@@ -409,6 +431,18 @@ impl RunConfig {
                 self.envs,
                 self.epochs
             );
+        }
+        if !self.settings.is_empty() {
+            if self.controller != ControllerKind::Ppo {
+                bail!(
+                    "settings (--preset, --set) apply to --controller ppo only, not {:?}",
+                    self.controller
+                );
+            }
+            let episode = u32::try_from(self.epochs).context("epochs does not fit u32")?;
+            let mut simic = simic::vectorized::SimicConfig::reference(episode);
+            simic::vectorized::settings::apply_all(&mut simic, &self.settings)
+                .map_err(anyhow::Error::new)?;
         }
         if self.rounds == 0 {
             bail!("rounds is 0; a PPO run needs at least one round");

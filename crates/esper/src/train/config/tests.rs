@@ -492,3 +492,48 @@ fn the_help_states_the_limits_the_checks_apply() {
         assert!(!help.contains(stale), "{stale:?} in {help}");
     }
 }
+
+#[test]
+fn a_preset_and_settings_resolve_in_order_and_only_for_ppo() {
+    let args = TrainArgs {
+        controller: Some(ControllerKind::Ppo),
+        preset: Some("growth".to_owned()),
+        settings: vec!["reward.germination_delay_cost=-0.2".to_owned()],
+        ..TrainArgs::default()
+    };
+    let config = RunConfig::resolve(&args).expect("resolved");
+    let growth = simic::vectorized::settings::GROWTH;
+    assert_eq!(config.settings.len(), growth.len() + 1);
+    assert_eq!(config.settings[..growth.len()], growth.map(str::to_owned));
+    assert_eq!(
+        config.settings.last().map(String::as_str),
+        Some("reward.germination_delay_cost=-0.2"),
+        "--set comes after the preset, so it wins"
+    );
+    // Written and read back, the settings are the configuration's.
+    let again: RunConfig = toml::from_str(&config.to_toml().expect("toml")).expect("parse");
+    assert_eq!(again, config);
+    // A file's settings apply when no flag gives any.
+    let file = parse_file("settings = [\"reward.rent_weight=0\"]\n", "a.toml").expect("ok");
+    assert_eq!(file.settings, Some(vec!["reward.rent_weight=0".to_owned()]));
+
+    let unknown = TrainArgs {
+        preset: Some("grow".to_owned()),
+        ..args.clone()
+    };
+    let error = format!("{:#}", RunConfig::resolve(&unknown).expect_err("unknown preset"));
+    assert!(error.contains("growth"), "{error}");
+    let wrong = TrainArgs {
+        preset: None,
+        settings: vec!["reward.rent_weight=-1".to_owned()],
+        ..args.clone()
+    };
+    let error = format!("{:#}", RunConfig::resolve(&wrong).expect_err("bad value"));
+    assert!(error.contains("rent_weight"), "{error}");
+    let heuristic = TrainArgs {
+        controller: Some(ControllerKind::Heuristic),
+        ..args
+    };
+    let error = format!("{:#}", RunConfig::resolve(&heuristic).expect_err("not ppo"));
+    assert!(error.contains("--controller ppo only"), "{error}");
+}
