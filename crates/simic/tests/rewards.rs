@@ -1061,7 +1061,10 @@ fn germination_delay_costs_only_an_offered_germination_not_taken() {
         ..RewardInputs::default()
     };
     // Off by default, as at the reference.
-    assert_eq!(reward(&RewardConfig::default(), &base).germination_delay, 0.0);
+    assert_eq!(
+        reward(&RewardConfig::default(), &base).germination_delay,
+        0.0
+    );
 
     let config = RewardConfig {
         germination_delay_cost: -0.1,

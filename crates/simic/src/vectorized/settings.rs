@@ -189,7 +189,10 @@ mod tests {
         assert_eq!(config.reward.germination_delay_cost, -0.1);
         assert!(config.masks.disable_advance, "all three auto-forward flags");
         let error = preset("grow").expect_err("unknown").to_string();
-        assert!(error.contains("\"grow\"") && error.contains("growth"), "{error}");
+        assert!(
+            error.contains("\"grow\"") && error.contains("growth"),
+            "{error}"
+        );
     }
 
     fn config() -> SimicConfig {

@@ -521,7 +521,10 @@ fn a_preset_and_settings_resolve_in_order_and_only_for_ppo() {
         preset: Some("grow".to_owned()),
         ..args.clone()
     };
-    let error = format!("{:#}", RunConfig::resolve(&unknown).expect_err("unknown preset"));
+    let error = format!(
+        "{:#}",
+        RunConfig::resolve(&unknown).expect_err("unknown preset")
+    );
     assert!(error.contains("growth"), "{error}");
     let wrong = TrainArgs {
         preset: None,
