@@ -230,6 +230,16 @@ pub struct Evaluation {
     pub accuracies: Vec<f64>,
     /// Mean active seeds per evaluation round.
     pub active_seeds: Vec<f64>,
+    /// Seeds germinated over every evaluation environment, by blueprint
+    /// (what the policy grows; none in parts written before it was kept).
+    #[serde(default)]
+    pub germinated: std::collections::BTreeMap<String, u64>,
+    /// Seeds fossilized over every evaluation environment.
+    #[serde(default)]
+    pub fossilizations: u64,
+    /// Seeds pruned over every evaluation environment.
+    #[serde(default)]
+    pub prunes: u64,
 }
 
 /// The baselines' figures on the shared evaluation environments (see
@@ -439,6 +449,16 @@ impl LearningSetup {
                     .accuracies
                     .extend(report.final_accuracies.iter().copied());
                 evaluation.active_seeds.push(report.mean_active_seeds);
+                evaluation.fossilizations += report.fossilizations;
+                evaluation.prunes += report.prunes;
+                for outcome in &report.outcomes {
+                    for (blueprint, count) in &outcome.germinated {
+                        *evaluation
+                            .germinated
+                            .entry((*blueprint).to_owned())
+                            .or_default() += count;
+                    }
+                }
             }
             Ok(evaluation)
         };

@@ -33,6 +33,23 @@ fn accuracy_entry(
     rust_entry(mode, metrics, precision)
 }
 
+/// What an evaluated policy grew, into its entry: germinations (in all and
+/// `germinated_<blueprint>`), fossilizations and prunes over every
+/// evaluation environment.
+fn growth_metrics(entry: &mut ResultEntry, evaluation: &Evaluation) {
+    let metrics = &mut entry.metrics;
+    let total: u64 = evaluation.germinated.values().sum();
+    metrics.insert("germinations".to_owned(), total as f64);
+    for (blueprint, count) in &evaluation.germinated {
+        metrics.insert(format!("germinated_{blueprint}"), *count as f64);
+    }
+    metrics.insert(
+        "fossilizations".to_owned(),
+        evaluation.fossilizations as f64,
+    );
+    metrics.insert("prunes".to_owned(), evaluation.prunes as f64);
+}
+
 /// A comparison's result entry (`compare-{a}-vs-{b}{suffix}`).
 fn comparison_entry(name: String, result: &Paired, precision: Precision) -> ResultEntry {
     let mut metrics = std::collections::BTreeMap::new();
@@ -152,12 +169,14 @@ pub(super) fn pool(
         for outcome in outcomes {
             let seed_index = outcome.seed_index;
             let evaluation = of_mode(outcome);
-            results.push(accuracy_entry(
+            let mut entry = accuracy_entry(
                 format!("ppo-seed{seed_index}-{mode}-eval"),
                 &evaluation.accuracies,
                 &evaluation.active_seeds,
                 precision,
-            ));
+            );
+            growth_metrics(&mut entry, &evaluation);
+            results.push(entry);
             results.push(comparison_entry(
                 format!("compare-ppo{tag}-vs-no-growth-seed{seed_index}"),
                 &paired(&evaluation.accuracies, &none),

@@ -15,6 +15,7 @@ fn evaluation() -> Evaluation {
     Evaluation {
         accuracies: vec![50.0; usize::try_from(EVAL_ROUNDS).unwrap() * 4],
         active_seeds: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        ..Evaluation::default()
     }
 }
 
@@ -79,4 +80,44 @@ fn settings_are_part_of_the_setup() {
     assert_eq!(setup.config.reward.rent_weight, 0.0);
     options.settings = vec!["reward.rent_weight=-1".to_owned()];
     assert!(LearningSetup::new(&options, 1).is_err());
+}
+
+#[test]
+fn what_an_evaluated_policy_grew_is_in_its_entry() {
+    let setup = quick_setup();
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: Vec::new(),
+    };
+    let mut grown = outcome(&setup, 0);
+    grown.greedy.germinated = [("conv_light".to_owned(), 5), ("norm".to_owned(), 2)]
+        .into_iter()
+        .collect();
+    grown.greedy.fossilizations = 4;
+    grown.greedy.prunes = 3;
+    let run = setup
+        .report(&baselines, &[grown, outcome(&setup, 1)], &mut |_: &str| {})
+        .expect("pooled");
+    let entry = |mode: &str| {
+        run.measurements
+            .results
+            .iter()
+            .find(|entry| entry.mode == mode)
+            .unwrap_or_else(|| panic!("no {mode} entry"))
+            .metrics
+            .clone()
+    };
+    let greedy = entry("ppo-seed0-greedy-eval");
+    assert_eq!(greedy["germinations"], 7.0);
+    assert_eq!(greedy["germinated_conv_light"], 5.0);
+    assert_eq!(greedy["germinated_norm"], 2.0);
+    assert_eq!(greedy["fossilizations"], 4.0);
+    assert_eq!(greedy["prunes"], 3.0);
+    let other = entry("ppo-seed1-greedy-eval");
+    assert_eq!(other["germinations"], 0.0);
+    assert!(!other.contains_key("germinated_conv_light"));
+    // A part written before these figures were kept still reads.
+    let old = r#"{"accuracies":[1.0],"active_seeds":[0.0]}"#;
+    let read: Evaluation = serde_json::from_str(old).expect("an older part reads");
+    assert!(read.germinated.is_empty());
 }
