@@ -449,14 +449,17 @@ impl LearningSetup {
                     .accuracies
                     .extend(report.final_accuracies.iter().copied());
                 evaluation.active_seeds.push(report.mean_active_seeds);
-                evaluation.fossilizations += report.fossilizations;
-                evaluation.prunes += report.prunes;
+                evaluation.fossilizations = evaluation
+                    .fossilizations
+                    .saturating_add(report.fossilizations);
+                evaluation.prunes = evaluation.prunes.saturating_add(report.prunes);
                 for outcome in &report.outcomes {
                     for (blueprint, count) in &outcome.germinated {
-                        *evaluation
+                        let total = evaluation
                             .germinated
                             .entry((*blueprint).to_owned())
-                            .or_default() += count;
+                            .or_default();
+                        *total = total.saturating_add(*count);
                     }
                 }
             }
