@@ -140,7 +140,7 @@ for workload in "${workloads[@]}"; do
   else
     [ -d "$here/data/fortunes" ] && export ESPER_TEXT_CORPUS_DIR="$here/data/fortunes"
     [ -d "$here/data/fashion-mnist" ] && export ESPER_FASHION_MNIST_DIR="$here/data/fashion-mnist"
-    if [ "$workload" = simic-cifar ] && [ -z "${ESPER_CIFAR10_DIR:-}" ] && [ -f "$here/make_fake_cifar.py" ]; then
+    if { [ "$workload" = simic-cifar ] || [ "$workload" = simic-growth ]; } && [ -z "${ESPER_CIFAR10_DIR:-}" ] && [ -f "$here/make_fake_cifar.py" ]; then
       # The fake CIFAR-10 at real size (DESIGN.md §5), generated here rather than carried.
       cifar_root="${TMPDIR:-/tmp}/esper-fake-cifar"
       [ -d "$cifar_root" ] || python3 "$here/make_fake_cifar.py" "$cifar_root" >"$out/make_fake_cifar.log" 2>&1
@@ -148,7 +148,7 @@ for workload in "${workloads[@]}"; do
     fi
     extra=()
     case "$workload" in
-      simic-throughput|simic-cifar) extra=("${simic_args[@]}" "${rounds_args[@]}") ;;
+      simic-throughput|simic-cifar|simic-growth|simic-lm) extra=("${simic_args[@]}" "${rounds_args[@]}") ;;
       simic-learning) extra=("${rounds_args[@]}" "${learning_args[@]}") ;;
     esac
     echo "== rust bench $workload ${extra[*]}"

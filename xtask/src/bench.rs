@@ -96,6 +96,13 @@ const WORKLOADS: &[Workload] = &[
         ),
     },
     Workload {
+        name: "simic-growth",
+        python_peers: None,
+        gpu_sized: Some(
+            "runs 150-epoch episodes of the CIFAR-10 environments with every slot grown: GPU-sized",
+        ),
+    },
+    Workload {
         name: "simic-learning",
         python_peers: None,
         gpu_sized: Some(

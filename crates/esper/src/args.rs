@@ -44,6 +44,9 @@ pub(crate) enum Workload {
     /// `simic::bench`: vectorized PPO on the language-model task (the
     /// transformer host, the fortunes corpus).
     SimicLm,
+    /// `simic::bench`: the `simic-cifar` environments driven by the
+    /// max-growth controller, where seeds live.
+    SimicGrowth,
     /// `simic::bench`: PPO rounds beside the heuristic and no growth.
     SimicLearning,
     /// `simic::bench`: the PPO update on CartPole-v1.
@@ -52,7 +55,7 @@ pub(crate) enum Workload {
 
 impl Workload {
     /// Every workload, in the order `cargo xtask bench` runs them.
-    pub(crate) const ALL: [Workload; 12] = [
+    pub(crate) const ALL: [Workload; 13] = [
         Workload::TolariaReference,
         Workload::NissaEmit,
         Workload::KasminaPrefetch,
@@ -63,6 +66,7 @@ impl Workload {
         Workload::SimicThroughput,
         Workload::SimicCifar,
         Workload::SimicLm,
+        Workload::SimicGrowth,
         Workload::SimicLearning,
         Workload::PpoCartpole,
     ];
@@ -80,6 +84,7 @@ impl Workload {
             Workload::SimicThroughput => simic::bench::THROUGHPUT_WORKLOAD,
             Workload::SimicCifar => simic::bench::CIFAR_WORKLOAD,
             Workload::SimicLm => simic::bench::LM_WORKLOAD,
+            Workload::SimicGrowth => simic::bench::GROWTH_WORKLOAD,
             Workload::SimicLearning => simic::bench::LEARNING_WORKLOAD,
             Workload::PpoCartpole => simic::bench::CARTPOLE_WORKLOAD,
         }
@@ -304,12 +309,16 @@ impl BenchArgs {
                         Workload::SimicThroughput
                             | Workload::SimicCifar
                             | Workload::SimicLm
+                            | Workload::SimicGrowth
                             | Workload::SimicLearning
                     ))
                 || (simic_only
                     && !matches!(
                         workload,
-                        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLm
+                        Workload::SimicThroughput
+                            | Workload::SimicCifar
+                            | Workload::SimicLm
+                            | Workload::SimicGrowth
                     ))
                 || (tolaria_only && workload != Workload::TolariaReference)
                 || (epoch_flags

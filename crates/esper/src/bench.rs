@@ -31,16 +31,30 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             let run = tolaria::engine::bench::run_rollback_drill(args.device, args.quick)?;
             record_of(args, probe::with_torch(run.device)?, run.measurements)?
         }
-        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLm => {
+        Workload::SimicThroughput
+        | Workload::SimicCifar
+        | Workload::SimicLm
+        | Workload::SimicGrowth => {
             let task = match args.workload {
-                Workload::SimicCifar => simic::bench::ThroughputTask::Cifar10,
+                Workload::SimicCifar | Workload::SimicGrowth => {
+                    simic::bench::ThroughputTask::Cifar10
+                }
                 Workload::SimicLm => simic::bench::ThroughputTask::LanguageModel,
                 _ => simic::bench::ThroughputTask::FashionMnist,
             };
+            if args.workload == Workload::SimicGrowth && !args.gpus.is_empty() {
+                anyhow::bail!(
+                    "simic-growth runs on one device; --gpus (data-parallel scaling) is not \
+                     implemented for it yet"
+                );
+            }
             if args.gpus.is_empty() {
                 let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
                 options.variants.clone_from(&args.simic_variants);
                 options.episode_length = args.episode;
+                if args.workload == Workload::SimicGrowth {
+                    options.driver = simic::bench::Driver::MaxGrowth;
+                }
                 if let Some(rounds) = args.rounds {
                     options.rounds = rounds;
                 }

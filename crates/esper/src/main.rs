@@ -109,6 +109,11 @@ commands:
       simic-lm              vectorized PPO, 4 envs x 3 slots, the language-model task's transformer
                             host on the fortunes corpus (ESPER_TEXT_CORPUS_DIR), AdamW, batch 128
         --device DEVICE     auto (default), cpu, cuda or cuda:N
+      simic-growth          the simic-cifar environments driven by the max-growth controller (the
+                            policy steps, nothing learns): eps overall and by live seeds per
+                            environment (eps_live_seeds_0..3), counterfactual ms, policy step;
+                            --episode short for L = 25; one device (no --gpus yet)
+        --device DEVICE     auto (default), cpu, cuda or cuda:N
         --variants LIST     (the three simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
                             is not one: seeds change the step's shape every few epochs);
                             suffixes -fp32-policy, -w3, -bench, -no-prewarm (in this order)

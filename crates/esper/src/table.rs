@@ -74,7 +74,10 @@ fn columns(workload: Workload) -> &'static [Column] {
             ("loss_before", "loss before", 4),
             ("loss_after", "loss after", 4),
         ],
-        Workload::SimicThroughput | Workload::SimicCifar | Workload::SimicLm => &[
+        Workload::SimicThroughput
+        | Workload::SimicCifar
+        | Workload::SimicLm
+        | Workload::SimicGrowth => &[
             ("eps", "eps", 2),
             ("eps_steady", "eps steady", 2),
             ("policy_inference_ms", "infer ms", 3),

@@ -348,3 +348,42 @@ fn train_help_describes_the_controllers_and_the_default_mode_as_they_are() {
     assert!(!usage.contains("issue"), "{usage}");
     assert!(usage.contains("auto: graph-step on CUDA"), "{usage}");
 }
+
+#[test]
+fn bad_settings_and_presets_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    for (extra, needle, what) in [
+        (
+            vec!["--set", "reward.rent_weight=-1"],
+            "rent_weight",
+            "a negative rent",
+        ),
+        (
+            vec!["--set", "reward.no_such_field=1"],
+            "no_such_field",
+            "an unknown field",
+        ),
+        (vec!["--preset", "grow"], "growth", "an unknown preset"),
+    ] {
+        let output = esper(&synthetic_ppo(&run_dir, &extra));
+        assert_refused(&output, needle, what);
+        assert!(!run_dir.exists(), "{what}: nothing written");
+    }
+    let output = esper(&synthetic(&run_dir, &["--preset", "growth"]));
+    assert_refused(&output, "--controller ppo only", "a preset without ppo");
+    assert!(!run_dir.exists(), "a preset without ppo: nothing written");
+    let record = dir.path().join("growth.json");
+    let output = esper(&[
+        "bench",
+        "simic-growth",
+        "--out",
+        path_arg(&record),
+        "--gpus",
+        "1,2",
+        "--device",
+        "cpu",
+    ]);
+    assert_refused(&output, "not implemented", "simic-growth on several GPUs");
+    assert!(!record.exists(), "no record");
+}

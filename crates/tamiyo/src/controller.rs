@@ -343,6 +343,47 @@ pub fn to_decision(action: &FactoredAction, slots: &[SlotId], confidence: f64) -
     Ok(decision.because("policy", confidence))
 }
 
+/// The factored action that carries `decision` out (slot by position in
+/// `slots`; WAIT targets the first slot): the inverse of [`to_decision`],
+/// so a scripted controller can drive what the policy drives. Every head
+/// the decision does not name takes the reference's canonical option
+/// (style SIGMOID_ADD, tempo STANDARD, alpha target FULL, speed INSTANT,
+/// curve LINEAR; blueprint NOOP unless GERMINATE names one). A decision
+/// whose slot is not in `slots`, or an op other than WAIT without a slot,
+/// is refused.
+pub fn to_action(decision: &Decision, slots: &[SlotId]) -> Result<FactoredAction> {
+    use leyline::{
+        AlphaCurveAction, AlphaSpeedAction, AlphaTargetAction, BlueprintAction, GerminationStyle,
+        TempoAction,
+    };
+    let slot = match (decision.op, decision.slot) {
+        (LifecycleOp::Wait, None) => 0,
+        (_, Some(slot)) => slots
+            .iter()
+            .position(|known| *known == slot)
+            .ok_or_else(|| Error::InvalidInput {
+                field: "decision.slot",
+                reason: format!("{slot} is not one of the {} slots", slots.len()),
+            })?,
+        (op, None) => {
+            return Err(Error::InvalidInput {
+                field: "decision.slot",
+                reason: format!("{op:?} names no slot"),
+            });
+        }
+    };
+    Ok(FactoredAction {
+        slot,
+        blueprint: decision.blueprint.unwrap_or(BlueprintAction::Noop),
+        style: GerminationStyle::SigmoidAdd,
+        tempo: TempoAction::Standard,
+        alpha_target: AlphaTargetAction::Full,
+        alpha_speed: AlphaSpeedAction::Instant,
+        alpha_curve: AlphaCurveAction::Linear,
+        op: decision.op,
+    })
+}
+
 /// Whether the `pending` decision took effect, judged from the next
 /// `observation` (see the module docs).
 fn outcome(pending: &Pending, observation: &EpochObservation) -> bool {

@@ -245,3 +245,31 @@ fn a_policy_of_the_wrong_size_and_bad_observations_are_refused() {
     );
     assert_eq!(MaskConfig::default().max_seeds, 0);
 }
+
+#[test]
+fn a_decision_becomes_the_action_that_carries_it_out() {
+    use tamiyo::controller::{to_action, to_decision};
+    let slots = [R0C0, R0C1, R0C2];
+    for decision in [
+        Decision::wait(),
+        Decision::germinate(R0C1, BlueprintAction::ConvLight),
+        Decision::advance(R0C2),
+        Decision::fossilize(R0C0),
+        Decision::prune(R0C1),
+    ] {
+        let action = to_action(&decision, &slots).expect("an action");
+        let back = to_decision(&action, &slots, 1.0).expect("a decision");
+        assert_eq!(back.op, decision.op);
+        assert_eq!(back.blueprint, decision.blueprint);
+        if decision.op != LifecycleOp::Wait {
+            assert_eq!(back.slot, decision.slot);
+        }
+    }
+    let elsewhere = Decision::advance(SlotId::parse("r1c0").expect("slot"));
+    assert!(to_action(&elsewhere, &slots).is_err(), "a slot not offered");
+    let no_slot = Decision {
+        op: LifecycleOp::Prune,
+        ..Decision::wait()
+    };
+    assert!(to_action(&no_slot, &slots).is_err(), "an op without a slot");
+}

@@ -209,6 +209,7 @@ fn every_workload_is_named_by_its_crate() {
             "simic-throughput",
             "simic-cifar",
             "simic-lm",
+            "simic-growth",
             "simic-learning",
             "ppo-cartpole",
         ]

@@ -63,6 +63,23 @@ pub const THROUGHPUT_WORKLOAD: &str = "simic-throughput";
 pub const CIFAR_WORKLOAD: &str = "simic-cifar";
 /// Workload names.
 pub const LM_WORKLOAD: &str = "simic-lm";
+/// The `simic-growth` workload: the `simic-cifar` environments driven by
+/// the max-growth controller ([`Driver::MaxGrowth`]), where seeds live.
+pub const GROWTH_WORKLOAD: &str = "simic-growth";
+
+/// Who takes the environments' actions in a throughput workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Driver {
+    /// The policy, learning every round (`simic-throughput`, `simic-cifar`,
+    /// `simic-lm`).
+    #[default]
+    Policy,
+    /// Tamiyo's max-growth controller in every environment
+    /// ([`crate::vectorized::Simic::drive_round`]): seeds grow as fast as
+    /// the masks and gates allow; the policy still steps every epoch, and
+    /// nothing learns (`simic-growth`).
+    MaxGrowth,
+}
 /// Workload names.
 pub const LEARNING_WORKLOAD: &str = "simic-learning";
 /// Workload names.
@@ -141,6 +158,8 @@ pub struct SimicBenchOptions {
     /// `section.field=value`, applied in order
     /// ([`crate::vectorized::settings`]); empty: the defaults.
     pub settings: Vec<String>,
+    /// The throughput workloads: who takes the actions ([`Driver`]).
+    pub driver: Driver,
 }
 
 impl SimicBenchOptions {
@@ -167,6 +186,7 @@ impl SimicBenchOptions {
             seeds: if quick { 1 } else { learning::LEARNING_SEEDS },
             learning_task: tolaria::task::Task::FmnistImpaired,
             settings: Vec::new(),
+            driver: Driver::Policy,
         }
     }
 }

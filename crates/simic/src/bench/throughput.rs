@@ -14,8 +14,8 @@ use tolaria::amp::Precision;
 use tolaria::data::Dataset;
 
 use super::{
-    SLOTS, SimicBenchOptions, SimicBenchRun, ThroughputTask, amp_name, baseline, load, mean,
-    simic_config, variant,
+    Driver, SLOTS, SimicBenchOptions, SimicBenchRun, ThroughputTask, amp_name, baseline, load,
+    mean, simic_config, variant,
 };
 use crate::Result;
 use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
@@ -65,15 +65,37 @@ fn variant_config(
     Ok((precision, config))
 }
 
-/// Runs `rounds` rounds and the figures of one variant.
+/// A max-growth controller for each of `config`'s environments, under the
+/// environments' own mask rules.
+fn max_growth_controllers(
+    spec: &EnvSpec,
+    config: &SimicConfig,
+) -> Vec<Box<dyn tolaria::controller::Controller>> {
+    let masks = tamiyo::masks::MaskConfig {
+        max_seeds: config.max_seeds,
+        topology: spec.host.topology(),
+        ..config.masks
+    };
+    (0..config.n_envs)
+        .map(|_| {
+            Box::new(tamiyo::growth::MaxGrowthController::new(masks))
+                as Box<dyn tolaria::controller::Controller>
+        })
+        .collect()
+}
+
+/// Runs `rounds` rounds and the figures of one variant, the actions taken
+/// by `driver`.
 fn throughput_variant(
     spec: &EnvSpec,
     config: SimicConfig,
     device: Device,
     rounds: usize,
+    driver: Driver,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Variant> {
     let started = Instant::now();
+    let controllers_config = config.clone();
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     // After the policy's first allocation: the caching allocator refuses a
     // reset on a device it has not initialised.
@@ -83,7 +105,13 @@ fn throughput_variant(
     }
     let mut reports = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let report = simic.run_round(spec, true)?;
+        let report = match driver {
+            Driver::Policy => simic.run_round(spec, true)?,
+            Driver::MaxGrowth => {
+                let mut controllers = max_growth_controllers(spec, &controllers_config);
+                simic.drive_round(spec, &mut controllers)?
+            }
+        };
         let t = &report.timings;
         progress(&format!(
             "  round {round}: {} env-epochs in {:.1} s (setup {:.0} ms, launch {:.0} with {} \
@@ -240,6 +268,38 @@ fn growth_ceiling(
     }
 }
 
+/// Environment-epochs per second by live seeds per environment (the
+/// steps' mean over the environments, rounded: `eps_live_seeds_0` to
+/// `_3`, with `steps_live_seeds_N`, the steps they come from), and the
+/// decisions the scripted controller refused, over `reports`.
+fn live_seed_figures(
+    reports: &[&RoundReport],
+    n_envs: usize,
+    metrics: &mut std::collections::BTreeMap<String, f64>,
+) {
+    let mut buckets = [(0_u64, 0.0_f64); 4];
+    for step in reports.iter().flat_map(|r| r.steps.iter()) {
+        let live = step.live_seeds.round().clamp(0.0, 3.0) as usize;
+        if let Some((count, ms)) = buckets.get_mut(live) {
+            *count = count.saturating_add(1);
+            *ms += step.ms;
+        }
+    }
+    for (live, (count, ms)) in buckets.iter().enumerate() {
+        metrics.insert(format!("steps_live_seeds_{live}"), *count as f64);
+        if *count > 0 && *ms > 0.0 {
+            metrics.insert(
+                format!("eps_live_seeds_{live}"),
+                (*count as f64) * n_envs as f64 / (ms / 1000.0),
+            );
+        }
+    }
+    metrics.insert(
+        "refused_decisions".to_owned(),
+        reports.iter().map(|r| r.refused_decisions as f64).sum(),
+    );
+}
+
 /// `simic-throughput`, `simic-cifar` or `simic-lm`.
 pub fn run_throughput(
     task: ThroughputTask,
@@ -311,7 +371,14 @@ pub fn run_throughput_reporting(
     for (index, name) in names.iter().enumerate() {
         let (precision, config) = variant_config(task, name, episode_length, options.quick)?;
         progress(&format!("{name}: {} rounds", options.rounds));
-        let entry = match throughput_variant(&spec, config, device, options.rounds, progress) {
+        let entry = match throughput_variant(
+            &spec,
+            config,
+            device,
+            options.rounds,
+            options.driver,
+            progress,
+        ) {
             Ok(Variant {
                 reports,
                 wall,
@@ -434,6 +501,9 @@ pub fn run_throughput_reporting(
                     "final_accuracy_pct".to_owned(),
                     mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
                 );
+                if options.driver != Driver::Policy {
+                    live_seed_figures(&steady_or_all, n_envs, &mut metrics);
+                }
                 metrics.insert("peak_memory_mb".to_owned(), peak_mb);
                 metrics.insert("env_epochs".to_owned(), env_epochs as f64);
                 metrics.insert("wall_s".to_owned(), wall);
@@ -483,6 +553,10 @@ pub fn run_throughput_reporting(
                 // blueprints' first use, paid once per process.
                 "process_warmup_blueprints_ms": warmup_prewarm.as_ref().map(|p| p.ms),
                 "quick": options.quick,
+                "driver": match options.driver {
+                    Driver::Policy => "policy (learning every round)",
+                    Driver::MaxGrowth => "max-growth (every environment; the policy steps, nothing learns: update_ms is the bootstrap alone)",
+                },
             }),
             results,
             telemetry_names: Vec::new(),

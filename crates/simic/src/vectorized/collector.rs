@@ -369,6 +369,44 @@ impl Collector {
             captures: self.captures,
             eager_steps: self.eager_steps,
             timings: self.timings,
+            steps: Vec::new(),
+            refused_decisions: 0,
         }
+    }
+
+    /// Live seeds per environment now, averaged over the round's
+    /// environments.
+    pub(super) fn live_seeds(&self) -> f64 {
+        let total: usize = self
+            .envs
+            .iter()
+            .map(|env| env.trainer.model().active_seed_count())
+            .sum();
+        total as f64 / self.envs.len().max(1) as f64
+    }
+
+    /// Replaces each environment's action with the one its scripted
+    /// controller takes (`controllers[i]` drives environment `i`); returns
+    /// how many decisions a controller refused (carried out as WAIT). The
+    /// policy's own outputs stay in the buffer: a driven round does not
+    /// learn.
+    pub(super) fn drive(
+        &self,
+        actions: &mut [FactoredAction],
+        controllers: &mut [Box<dyn tolaria::controller::Controller>],
+    ) -> Result<u64> {
+        let mut refused = 0_u64;
+        for ((env, action), controller) in self
+            .envs
+            .iter()
+            .zip(actions.iter_mut())
+            .zip(controllers.iter_mut())
+        {
+            if let Some((scripted, was_refused)) = env.scripted_action(controller.as_mut())? {
+                *action = scripted;
+                refused = refused.saturating_add(u64::from(was_refused));
+            }
+        }
+        Ok(refused)
     }
 }

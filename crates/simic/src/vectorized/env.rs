@@ -127,6 +127,9 @@ pub(crate) struct Env {
     /// GERMINATE was valid at this step's observation (the germination
     /// delay cost's condition).
     germination_offered: bool,
+    /// This step's observation, for a scripted controller that drives the
+    /// environment instead of the policy ([`super::Simic::drive_round`]).
+    observation: Option<tolaria::controller::EpochObservation>,
     /// The episode ended early (the governor rolled the model back).
     done: bool,
     /// Last step with a transition in the buffer.
@@ -198,6 +201,7 @@ impl Env {
             },
             forced: false,
             germination_offered: false,
+            observation: None,
             done: false,
             last_step: None,
             germination_accuracy: HashMap::new(),

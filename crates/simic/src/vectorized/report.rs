@@ -95,4 +95,21 @@ pub struct RoundReport {
     pub eager_steps: usize,
     /// Timings.
     pub timings: RoundTimings,
+    /// Every step of the round: its wall time and the environments' live
+    /// seeds it trained with (what `simic-growth` reads eps by live seeds
+    /// from).
+    pub steps: Vec<StepFigures>,
+    /// Decisions a scripted controller refused in a driven round
+    /// ([`super::Simic::drive_round`]), carried out as WAIT.
+    pub refused_decisions: u64,
+}
+
+/// One step of a round ([`RoundReport::steps`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepFigures {
+    /// Wall time of the step, every phase of every environment, ms.
+    pub ms: f64,
+    /// Kasmina's active seeds per environment at the step's start (what its
+    /// epoch trains with), averaged over the round's environments.
+    pub live_seeds: f64,
 }

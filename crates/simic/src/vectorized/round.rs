@@ -46,7 +46,41 @@ impl Simic {
     /// observation normaliser costs one readback of its state at the round's
     /// start when it learns.
     pub fn run_round(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
-        self.guarded(|simic| simic.run_round_unguarded(spec, learn, None), learn)
+        self.guarded(
+            |simic| simic.run_round_unguarded(spec, learn, None, None),
+            learn,
+        )
+    }
+
+    /// Runs one round on this run's next environments with each
+    /// environment's actions taken by a scripted controller
+    /// (`controllers[i]` drives environment `i`; Tamiyo's growth
+    /// controllers, the heuristic) instead of the policy. The policy still
+    /// takes its step every epoch, so the round pays and reports what a
+    /// policy-driven round does, but nothing learns (no update, the
+    /// observation normaliser frozen). What `simic-growth` measures: the
+    /// environments where seeds live. A controller's error is carried out
+    /// as WAIT and counted in [`RoundReport::refused_decisions`]; a list of
+    /// the wrong length is refused before anything runs.
+    pub fn drive_round(
+        &mut self,
+        spec: &EnvSpec,
+        controllers: &mut [Box<dyn tolaria::controller::Controller>],
+    ) -> Result<RoundReport> {
+        if controllers.len() != self.config.n_envs {
+            return Err(Error::InvalidInput {
+                field: "Simic.drive_round",
+                reason: format!(
+                    "{} controllers for {} environments",
+                    controllers.len(),
+                    self.config.n_envs
+                ),
+            });
+        }
+        self.guarded(
+            |simic| simic.run_round_unguarded(spec, false, None, Some(controllers)),
+            false,
+        )
     }
 
     /// Evaluates the policy without learning (its observation normaliser
@@ -69,7 +103,7 @@ impl Simic {
             base: env_round.checked_mul(self.config.n_envs as u64),
         };
         self.guarded(
-            |simic| simic.run_round_unguarded(spec, false, Some(envs)),
+            |simic| simic.run_round_unguarded(spec, false, Some(envs), None),
             false,
         )
     }
@@ -95,12 +129,13 @@ impl Simic {
     }
 
     /// [`Simic::run_round`] without the checkpoint; `envs` overrides this
-    /// run's own environment seeds.
+    /// run's own environment seeds, `driver` the policy's actions.
     fn run_round_unguarded(
         &mut self,
         spec: &EnvSpec,
         learn: bool,
         envs: Option<EnvSeeds>,
+        mut driver: Option<&mut [Box<dyn tolaria::controller::Controller>]>,
     ) -> Result<RoundReport> {
         if let Some(rngs) = &self.restored_rank_rngs {
             return Err(Error::InvalidInput {
@@ -147,12 +182,25 @@ impl Simic {
             &self.telemetry,
             setup,
         )?;
+        let mut steps = Vec::with_capacity(collector.steps());
+        let mut refused_decisions = 0_u64;
         for step in 0..collector.steps() {
+            let step_started = Instant::now();
+            // The seeds the step trains with: those before its action.
+            let live_seeds = collector.live_seeds();
             collector.train(step)?;
             collector.measure(step)?;
             collector.observe()?;
-            let actions = collector.act(step, &mut self.actor, &mut self.learner, learn)?;
+            let mut actions = collector.act(step, &mut self.actor, &mut self.learner, learn)?;
+            if let Some(controllers) = driver.as_deref_mut() {
+                let refused = collector.drive(&mut actions, controllers)?;
+                refused_decisions = refused_decisions.saturating_add(refused);
+            }
             collector.apply(step, &actions, &mut self.learner, learn)?;
+            steps.push(super::StepFigures {
+                ms: ms(step_started),
+                live_seeds,
+            });
         }
         let started = Instant::now();
         collector.bootstrap(&self.actor, &mut self.learner)?;
@@ -170,6 +218,8 @@ impl Simic {
         };
         let update_ms = ms(started);
         let mut report = collector.into_report(self.progress.rounds);
+        report.steps = steps;
+        report.refused_decisions = refused_decisions;
         report.lstm = Some(lstm);
         if let Some((stats, q_per_op)) = update {
             report.anomalies = self.learner.anomalies(&stats);

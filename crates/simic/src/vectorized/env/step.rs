@@ -272,7 +272,27 @@ impl Env {
         let raw = self.tracker.observe(&observation, &extras)?;
         self.forced = masks.head(OP).iter().filter(|&&allowed| allowed).count() <= 1;
         self.germination_offered = masks.allows(LifecycleOp::Germinate);
+        self.observation = Some(observation);
         Ok((raw, masks))
+    }
+
+    /// The action `controller` takes on this step's observation, when the
+    /// environment waits for one (`None` once its episode has ended). A
+    /// controller's error is carried out as WAIT, as Tolaria's decision
+    /// deadline does; the second value says whether it was one.
+    pub(crate) fn scripted_action(
+        &self,
+        controller: &mut dyn tolaria::controller::Controller,
+    ) -> Result<Option<(FactoredAction, bool)>> {
+        let (Phase::Deciding { .. }, Some(observation)) = (&self.phase, &self.observation) else {
+            return Ok(None);
+        };
+        let (decision, refused) = match controller.decide(observation) {
+            Ok(decision) => (decision, false),
+            Err(_) => (tolaria::controller::Decision::wait(), true),
+        };
+        let action = tamiyo::controller::to_action(&decision, &self.slots)?;
+        Ok(Some((action, refused)))
     }
 
     /// Phase 5: carries `action` out through Kasmina (a refused op is

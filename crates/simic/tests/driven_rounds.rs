@@ -1,0 +1,91 @@
+//! Rounds driven by a scripted controller (`Simic::drive_round`, the
+//! `simic-growth` workload) on the CPU: the max-growth controller's seeds
+//! live in the environments, each step's time and live seeds are in the
+//! report, nothing learns, and a controller list of the wrong length is
+//! refused before anything runs.
+
+use simic::bench::{Driver, SimicBenchOptions, ThroughputTask, run_throughput};
+use torch_ext::DeviceChoice;
+
+fn fashion_mnist_missing() -> bool {
+    use tolaria::data::fashion_mnist::{FashionMnistOptions, data_dir};
+    let dir = data_dir(&FashionMnistOptions::default());
+    let missing = !dir.join("train-images-idx3-ubyte.gz").exists();
+    if missing {
+        eprintln!(
+            "skipped: no Fashion-MNIST in {} (cargo xtask provision installs it)",
+            dir.display()
+        );
+    }
+    missing
+}
+
+#[test]
+fn max_growth_drives_the_environments_and_seeds_live() {
+    if fashion_mnist_missing() {
+        return;
+    }
+    let mut options = SimicBenchOptions::new(DeviceChoice::Cpu, true);
+    options.episode_length = Some(4);
+    options.rounds = 2;
+    options.driver = Driver::MaxGrowth;
+    let run = run_throughput(ThroughputTask::FashionMnist, &options, &mut |_| {}).expect("runs");
+    let entry = &run.measurements.results[0];
+    assert_eq!(entry.mode, "fp32-eager");
+    assert!(entry.error.is_none(), "{:?}", entry.error);
+    let metrics = &entry.metrics;
+    // Max growth germinates at the first epoch the masks allow: seeds live
+    // from the first step on, in every environment.
+    assert!(metrics["active_seeds_per_env"] > 0.5, "{metrics:?}");
+    assert_eq!(metrics["refused_decisions"], 0.0);
+    let steps: f64 = (0..4)
+        .map(|live| metrics[&format!("steps_live_seeds_{live}")])
+        .sum();
+    assert_eq!(
+        steps, 4.0,
+        "the steady round's four steps, bucketed once each"
+    );
+    // The first steps train the host alone (the seed germinated after the
+    // first epoch counts as active from TRAINING on); then a seed lives.
+    assert!(metrics["steps_live_seeds_0"] <= 2.0, "{metrics:?}");
+    assert!(metrics["steps_live_seeds_1"] >= 2.0, "{metrics:?}");
+    assert!(metrics["eps_live_seeds_1"] > 0.0, "{metrics:?}");
+    let params = &run.measurements.params;
+    assert!(
+        params["driver"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("max-growth"))
+    );
+}
+
+#[test]
+fn a_controller_list_of_the_wrong_length_is_refused() {
+    use simic::vectorized::{EnvSpec, Simic, SimicConfig};
+    use tolaria::data::Dataset;
+    let images = tch::Tensor::zeros([8, 1, 28, 28], (tch::Kind::Float, tch::Device::Cpu));
+    let labels = tch::Tensor::zeros([8], (tch::Kind::Int64, tch::Device::Cpu));
+    let data = Dataset::new("tiny", images, labels, 10).expect("a data set");
+    let config = SimicConfig {
+        n_envs: 2,
+        ..SimicConfig::reference(2)
+    };
+    let spec = EnvSpec::sharded(
+        tolaria::task::Task::Fmnist.host(),
+        vec!["r0c1".to_owned()],
+        &data,
+        data.shallow_clone(),
+        2,
+    )
+    .expect("a spec");
+    let mut simic =
+        Simic::new(config, 1, tch::Device::Cpu, leyline::Telemetry::disabled()).expect("simic");
+    let mut one: Vec<Box<dyn tolaria::controller::Controller>> =
+        vec![Box::new(tamiyo::growth::NoGrowthController)];
+    let error = simic.drive_round(&spec, &mut one).expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("1 controllers for 2 environments"),
+        "{error}"
+    );
+}
