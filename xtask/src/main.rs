@@ -46,8 +46,9 @@ commands:
                            every workload with both committed labels
       --quick              fewer epochs (a smoke run; not for committed records)
       --all                on a machine without a GPU, run the GPU-sized workloads too
-                           (tolaria-fmnist, tolaria-lm, simic-throughput, simic-cifar, simic-lm, simic-growth, simic-learning;
-                           the default set skips them there and says so)
+                           (tolaria-fmnist, tolaria-lm, simic-throughput, simic-cifar,
+                           simic-lm, simic-growth, simic-learning; the default set skips
+                           them there and says so)
   parity [--update]        compare a fresh CPU capture (debug `esper parity-capture`) with
                            baselines/parity/cpu.json: telemetry names a superset, figures within
                            the baseline's tolerance, timings reported as ratios; --update
