@@ -4,7 +4,7 @@
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
-#                      [--set KEY=VALUE]... [--jobs N] [--peer-modes LIST]
+#                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--peer-modes LIST]
 #
 # --peer-modes LIST passes `--modes LIST` to the Python peers of tolaria-fmnist and tolaria-lm
 # (their Inductor max-autotune modes each spend minutes autotuning; a run can take them apart).
@@ -59,6 +59,7 @@ while [ $# -gt 0 ]; do
     --seeds) learning_args+=(--seeds "$2"); shift ;;
     --task) learning_args+=(--task "$2"); shift ;;
     --set) learning_args+=(--set "$2"); shift ;;
+    --preset) learning_args+=(--preset "$2"); shift ;;
     --jobs) learning_args+=(--jobs "$2"); shift ;;
     --episode) rounds_args+=(--episode "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
