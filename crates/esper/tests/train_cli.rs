@@ -501,3 +501,50 @@ fn the_scripted_baselines_run_as_controllers_of_esper_train() {
     assert_eq!(germinations[1], 1);
     assert!(germinations[2] >= 1, "{germinations:?}");
 }
+
+#[test]
+fn a_ppo_run_takes_the_growth_preset_and_keeps_it_in_its_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let output = esper(&[
+        "train",
+        "--controller",
+        "ppo",
+        "--task",
+        "synthetic",
+        "--train-samples",
+        "256",
+        "--epochs",
+        "3",
+        "--envs",
+        "2",
+        "--rounds",
+        "1",
+        "--batch-size",
+        "64",
+        "--slots",
+        "r0c0,r0c1,r0c2",
+        "--device",
+        "cpu",
+        "--preset",
+        "growth",
+        "--set",
+        "reward.germination_delay_cost=-0.2",
+        "--run-dir",
+        path_arg(&run_dir),
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(text(&output.stdout).contains("round 1/1: reward"));
+    let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config.toml");
+    let settings_line = config
+        .lines()
+        .find(|line| line.starts_with("settings = "))
+        .unwrap_or_else(|| panic!("no settings in {config}"));
+    for setting in ["slot.auto_forward_g3=true", "reward.germination_delay_cost=-0.1"] {
+        assert!(settings_line.contains(setting), "{settings_line}");
+    }
+    assert!(
+        settings_line.ends_with("\"reward.germination_delay_cost=-0.2\"]"),
+        "--set after the preset: {settings_line}"
+    );
+}
