@@ -540,7 +540,10 @@ fn a_ppo_run_takes_the_growth_preset_and_keeps_it_in_its_config() {
         .lines()
         .find(|line| line.starts_with("settings = "))
         .unwrap_or_else(|| panic!("no settings in {config}"));
-    for setting in ["slot.auto_forward_g3=true", "reward.germination_delay_cost=-0.1"] {
+    for setting in [
+        "slot.auto_forward_g3=true",
+        "reward.germination_delay_cost=-0.1",
+    ] {
         assert!(settings_line.contains(setting), "{settings_line}");
     }
     assert!(
