@@ -38,6 +38,10 @@ fn max_growth_drives_the_environments_and_seeds_live() {
     // from the first step on, in every environment.
     assert!(metrics["active_seeds_per_env"] > 0.5, "{metrics:?}");
     assert_eq!(metrics["refused_decisions"], 0.0);
+    // The main configuration every epoch; a solo-off one per seed only
+    // once it blends (alpha above 0), which four epochs do not reach.
+    let configs = metrics["counterfactual_configs_per_env_epoch"];
+    assert_eq!(configs, 1.0, "{metrics:?}");
     let steps: f64 = (0..4)
         .map(|live| metrics[&format!("steps_live_seeds_{live}")])
         .sum();

@@ -478,6 +478,10 @@ pub fn run_throughput_reporting(
                     per_env_epoch(|r| r.timings.counterfactual_ms),
                 );
                 metrics.insert(
+                    "counterfactual_configs_per_env_epoch".to_owned(),
+                    per_env_epoch(|r| r.counterfactual_configs as f64),
+                );
+                metrics.insert(
                     "train_ms_per_env_epoch".to_owned(),
                     per_env_epoch(|r| r.timings.train_ms),
                 );

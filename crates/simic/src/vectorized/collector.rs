@@ -328,6 +328,11 @@ impl Collector {
         let mean_episode_reward = self.envs.iter().map(Env::episode_reward).sum::<f64>() / envs_f;
         let final_accuracies = self.envs.iter().map(Env::val_accuracy).collect();
         let seed_steps: u64 = self.envs.iter().map(Env::active_seed_steps).sum();
+        let counterfactual_configs = self
+            .envs
+            .iter()
+            .map(Env::counterfactual_configs)
+            .fold(0_u64, u64::saturating_add);
         let rollbacks = self.envs.iter().filter(|env| env.done()).count();
         let (outcomes, shapley): (Vec<_>, Vec<_>) =
             self.envs.into_iter().map(Env::into_outcome).unzip();
@@ -370,6 +375,7 @@ impl Collector {
             eager_steps: self.eager_steps,
             timings: self.timings,
             steps: Vec::new(),
+            counterfactual_configs,
             refused_decisions: 0,
         }
     }

@@ -143,6 +143,8 @@ pub(crate) struct Env {
     val_accuracy: f64,
     /// Active seeds summed over steps (for the mean).
     active_seed_steps: u64,
+    /// Configurations the fused passes measured, summed over the steps.
+    counterfactual_configs: u64,
     /// The environment's seed (its model, and its Shapley permutations).
     seed: u64,
     /// The ops chosen and carried out so far, and how the episode ended.
@@ -208,6 +210,7 @@ impl Env {
             episode_reward: 0.0,
             val_accuracy: 0.0,
             active_seed_steps: 0,
+            counterfactual_configs: 0,
             seed,
             outcome: EpisodeOutcome::new(index),
             shapley: Vec::new(),
@@ -248,6 +251,11 @@ impl Env {
     /// Live seeds summed over the episode's steps.
     pub(crate) fn active_seed_steps(&self) -> u64 {
         self.active_seed_steps
+    }
+
+    /// Configurations the fused passes measured, summed over the steps.
+    pub(crate) fn counterfactual_configs(&self) -> u64 {
+        self.counterfactual_configs
     }
 
     /// Closes the episode: its outcome (final accuracy, reward, the model's

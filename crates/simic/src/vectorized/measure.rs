@@ -25,6 +25,8 @@ pub(super) struct Measured {
     pub(super) validation: Validation,
     pub(super) report: CounterfactualReport,
     pub(super) committed: Option<f64>,
+    /// Configurations the pass measured (main, counterfactuals, Shapley).
+    pub(super) configs: usize,
 }
 
 /// A fused pass queued on an environment's stream.
@@ -124,6 +126,7 @@ pub(super) fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
         .index_of(ConfigLabel::Committed)
         .and_then(|index| accuracies.get(index).copied());
     let report = CounterfactualReport::new(&set, &accuracies, shapley.as_ref())?;
+    let configs = set.len();
     Ok(Measured {
         validation: Validation {
             loss: main.loss,
@@ -132,6 +135,7 @@ pub(super) fn read_measure(env: &Env, launched: Launched) -> Result<Measured> {
         },
         report,
         committed,
+        configs,
     })
 }
 
@@ -192,6 +196,9 @@ mod tests {
         let plain = launch_measure(&env, &FusedConfig::default(), None).expect("launch");
         let plain = read_measure(&env, plain).expect("read");
         assert!(plain.report.shapley.is_none());
+        // Main, a solo-off and a solo-on per blending seed, and all-off
+        // with two seeds active.
+        assert!(plain.configs >= 4, "{} configurations", plain.configs);
 
         let launched = launch_measure(
             &env,
@@ -200,6 +207,7 @@ mod tests {
         )
         .expect("launch with shapley");
         let measured = read_measure(&env, launched).expect("read");
+        assert!(measured.configs >= plain.configs, "the plan adds configurations");
         let values = measured.report.shapley.as_ref().expect("shapley values");
         assert_eq!(values.len(), 2, "one value per blending seed");
         assert!(

@@ -99,6 +99,10 @@ pub struct RoundReport {
     /// seeds it trained with (what `simic-growth` reads eps by live seeds
     /// from).
     pub steps: Vec<StepFigures>,
+    /// Configurations the fused validation + counterfactual passes measured,
+    /// every environment and step (main, solo-off and the others, Shapley
+    /// at an episode's end).
+    pub counterfactual_configs: u64,
     /// Decisions a scripted controller refused in a driven round
     /// ([`super::Simic::drive_round`]), carried out as WAIT.
     pub refused_decisions: u64,

@@ -185,6 +185,9 @@ impl Env {
             return Ok(());
         };
         let result = read_measure(self, pass)?;
+        self.counterfactual_configs = self
+            .counterfactual_configs
+            .saturating_add(u64::try_from(result.configs).unwrap_or(u64::MAX));
         self.trainer.judge(&mut epoch)?;
         if epoch.rolled_back() {
             epoch.validation = Some(result.validation);
