@@ -207,7 +207,10 @@ mod tests {
         )
         .expect("launch with shapley");
         let measured = read_measure(&env, launched).expect("read");
-        assert!(measured.configs >= plain.configs, "the plan adds configurations");
+        assert!(
+            measured.configs >= plain.configs,
+            "the plan adds configurations"
+        );
         let values = measured.report.shapley.as_ref().expect("shapley values");
         assert_eq!(values.len(), 2, "one value per blending seed");
         assert!(
