@@ -46,6 +46,37 @@ fn synthetic_run(run_dir: &Path, epochs: &str) -> Vec<String> {
     .collect()
 }
 
+/// `esper train --controller ppo` on the synthetic task on the CPU: 2
+/// environments of 256 samples, three slots, `epochs` a episode, `rounds`
+/// rounds, then `extra`.
+fn synthetic_ppo(run_dir: &Path, epochs: &str, rounds: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "train",
+        "--controller",
+        "ppo",
+        "--task",
+        "synthetic",
+        "--train-samples",
+        "256",
+        "--epochs",
+        epochs,
+        "--envs",
+        "2",
+        "--rounds",
+        rounds,
+        "--batch-size",
+        "64",
+        "--slots",
+        "r0c0,r0c1,r0c2",
+        "--device",
+        "cpu",
+        "--run-dir",
+        path_arg(run_dir),
+    ];
+    args.extend_from_slice(extra);
+    esper(&args)
+}
+
 fn epoch_lines(run_dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(run_dir.join("epochs.jsonl"))
         .unwrap_or_default()
@@ -198,33 +229,12 @@ fn a_short_synthetic_heuristic_run_writes_its_directory_and_plot_redraws_the_pic
 fn a_ppo_run_trains_the_policy_round_by_round_and_saves_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
-    let output = esper(&[
-        "train",
-        "--controller",
-        "ppo",
-        "--task",
-        "synthetic",
-        "--train-samples",
-        "256",
-        "--epochs",
+    let output = synthetic_ppo(
+        &run_dir,
         "2",
-        "--envs",
         "2",
-        "--rounds",
-        "2",
-        "--batch-size",
-        "64",
-        "--slots",
-        "r0c0,r0c1,r0c2",
-        "--device",
-        "cpu",
-        "--ppo-epochs",
-        "2",
-        "--reward-mode",
-        "sparse",
-        "--run-dir",
-        path_arg(&run_dir),
-    ]);
+        &["--ppo-epochs", "2", "--reward-mode", "sparse"],
+    );
     assert!(output.status.success(), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
     assert!(stdout.contains("round 2/2: reward"), "{stdout}");
@@ -506,33 +516,17 @@ fn the_scripted_baselines_run_as_controllers_of_esper_train() {
 fn a_ppo_run_takes_the_growth_preset_and_keeps_it_in_its_config() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
-    let output = esper(&[
-        "train",
-        "--controller",
-        "ppo",
-        "--task",
-        "synthetic",
-        "--train-samples",
-        "256",
-        "--epochs",
+    let output = synthetic_ppo(
+        &run_dir,
         "3",
-        "--envs",
-        "2",
-        "--rounds",
         "1",
-        "--batch-size",
-        "64",
-        "--slots",
-        "r0c0,r0c1,r0c2",
-        "--device",
-        "cpu",
-        "--preset",
-        "growth",
-        "--set",
-        "reward.germination_delay_cost=-0.2",
-        "--run-dir",
-        path_arg(&run_dir),
-    ]);
+        &[
+            "--preset",
+            "growth",
+            "--set",
+            "reward.germination_delay_cost=-0.2",
+        ],
+    );
     assert!(output.status.success(), "{}", text(&output.stderr));
     assert!(text(&output.stdout).contains("round 1/1: reward"));
     let config = std::fs::read_to_string(run_dir.join("config.toml")).expect("config.toml");
