@@ -13,7 +13,10 @@
 //! removes the parts. A run that stops (a time limit, a failed seed) keeps
 //! what it finished there, and the same command run again takes it up:
 //! the baselines, each trained seed and each evaluated seed are measured
-//! once. So every figure the record compares is measured with
+//! once, and a seed stopped in training goes on from its last whole round
+//! (a child saves its trainer and learning curve after every round, as
+//! `seed-K-progress/`, and the resumed rounds follow the trajectory of a
+//! run never stopped). So every figure the record compares is measured with
 //! nothing else on the device: measured on the H200, the heuristic's and
 //! max growth's episodes came out differently with training processes
 //! beside them (max growth fossilized 3 seeds in 12 environments instead of
@@ -47,11 +50,42 @@ pub(crate) fn run_seed(
             setup.seeds()
         );
     }
-    let (simic, learning_curve) = setup.train_policy(seed_index, progress)?;
     let parent = match args.out.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    let describe = setup.describe();
+    let progress_dir = parent.join(progress_name(seed_index));
+    let kept = read_progress(&progress_dir, seed_index, &describe, progress);
+    if let Some((checkpoint, _)) = &kept {
+        progress(&format!(
+            "  seed {seed_index}: taken up after round {} from {}",
+            checkpoint.round,
+            progress_dir.display()
+        ));
+    }
+    // The trainer and the curve after every round: a process stopped by a
+    // time limit loses at most the round it was in.
+    let mut save = |simic: &simic::vectorized::Simic, curve: &[leyline::baseline::ResultEntry]| {
+        let mut extra = serde_json::Map::new();
+        extra.insert("setup".to_owned(), describe.clone().into());
+        extra.insert("seed_index".to_owned(), seed_index.into());
+        let curve = serde_json::to_value(curve).map_err(|error| simic::Error::Checkpoint {
+            field: "learning_curve",
+            reason: error.to_string(),
+        })?;
+        extra.insert("learning_curve".to_owned(), curve);
+        simic
+            .save_checkpoint(&parent, &progress_name(seed_index), extra)
+            .map(|_| ())
+    };
+    let (simic, learning_curve) = setup.continue_policy(
+        seed_index,
+        kept.as_ref()
+            .map(|(checkpoint, curve)| (checkpoint, curve.clone())),
+        progress,
+        &mut save,
+    )?;
     simic.save_checkpoint(&parent, &policy_name(seed_index), serde_json::Map::new())?;
     let part = SeedOutcome {
         seed_index,
@@ -63,7 +97,67 @@ pub(crate) fn run_seed(
     let text = serde_json::to_vec_pretty(&part)?;
     durable::write_file(&args.out, &text)
         .with_context(|| format!("writing {}", args.out.display()))?;
+    if progress_dir.exists() {
+        std::fs::remove_dir_all(&progress_dir)
+            .with_context(|| format!("removing {}", progress_dir.display()))?;
+    }
     Ok(())
+}
+
+/// The checkpoint directory of seed `seed_index`'s training so far, beside
+/// its part, rewritten after every round and removed when the seed is done.
+fn progress_name(seed_index: usize) -> String {
+    format!("seed-{seed_index}-progress")
+}
+
+/// The training of seed `seed_index` kept in `dir` by an earlier process of
+/// the same run: its checkpoint and learning curve. `None` (said, when
+/// something was there) when there is none, or it is of another run or
+/// seed, or it does not read back; the seed then trains from its start.
+fn read_progress(
+    dir: &Path,
+    seed_index: usize,
+    describe: &str,
+    progress: &mut dyn FnMut(&str),
+) -> Option<(
+    simic::checkpoint::PpoCheckpoint,
+    Vec<leyline::baseline::ResultEntry>,
+)> {
+    if !dir.exists() {
+        return None;
+    }
+    let checked = simic::checkpoint::read_checkpoint(dir)
+        .map_err(|error| error.to_string())
+        .and_then(|checkpoint| {
+            if checkpoint.extra.get("setup").and_then(|v| v.as_str()) != Some(describe) {
+                return Err("it is of another run".to_owned());
+            }
+            if checkpoint
+                .extra
+                .get("seed_index")
+                .and_then(serde_json::Value::as_u64)
+                != Some(seed_index as u64)
+            {
+                return Err("it is of another seed".to_owned());
+            }
+            let curve = checkpoint
+                .extra
+                .get("learning_curve")
+                .cloned()
+                .ok_or_else(|| "it has no learning curve".to_owned())
+                .and_then(|v| serde_json::from_value(v).map_err(|error| error.to_string()))?;
+            Ok((checkpoint, curve))
+        });
+    match checked {
+        Ok(kept) => Some(kept),
+        Err(reason) => {
+            progress(&format!(
+                "  seed {seed_index}: {} not taken up ({reason}); training from the start",
+                dir.display()
+            ));
+            None
+        }
+    }
 }
 
 /// The checkpoint directory of seed `seed_index`'s trained policy, beside

@@ -120,3 +120,23 @@ fn a_seed_index_outside_the_run_is_refused() {
     assert!(stderr.contains("--seed-index 2"), "{stderr}");
     assert!(!out.exists(), "a part was written");
 }
+
+#[test]
+fn a_seed_part_leaves_no_progress_and_unreadable_progress_is_not_taken_up() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let parts = dir.path().join("jobs.json.parts");
+    // What a stopped child could leave that does not read back: a progress
+    // directory without a valid manifest. The seed trains from its start.
+    let junk = parts.join("seed-0-progress");
+    std::fs::create_dir_all(&junk).expect("the junk directory");
+    std::fs::write(junk.join("manifest.json"), b"{ not json").expect("junk");
+    let stderr = run(&parts.join("seed-0.json"), &["--seed-index", "0"]);
+    assert!(stderr.contains("not taken up"), "{stderr}");
+    assert!(stderr.contains("seed 0 ppo round 0"), "{stderr}");
+    assert!(parts.join("seed-0.json").is_file());
+    assert!(parts.join("seed-0-policy").is_dir());
+    assert!(
+        !junk.exists(),
+        "the progress of a finished seed stayed behind"
+    );
+}

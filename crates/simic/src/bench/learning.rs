@@ -383,10 +383,47 @@ impl LearningSetup {
         seed_index: usize,
         progress: &mut dyn FnMut(&str),
     ) -> Result<(Simic, Vec<ResultEntry>)> {
+        self.continue_policy(seed_index, None, progress, &mut |_, _| Ok(()))
+    }
+
+    /// [`LearningSetup::train_policy`] taken up where an earlier process
+    /// stopped: `resume` is a checkpoint of this seed's trainer written
+    /// after round `k` ([`Simic::save_checkpoint`], its `round` is `k`)
+    /// with the learning curve of those `k` rounds. The rounds go on from
+    /// `k` (a round's environments derive from the seed and the round
+    /// alone, so the trajectory is the one of a run never stopped). After
+    /// every round, `after_round` sees the trainer and the curve so far
+    /// (to save them); its error stops the training. Refused when the
+    /// checkpoint's round and the curve disagree or exceed the run's
+    /// rounds, or when its state does not fit this seed's trainer.
+    pub fn continue_policy(
+        &self,
+        seed_index: usize,
+        resume: Option<(&crate::checkpoint::PpoCheckpoint, Vec<ResultEntry>)>,
+        progress: &mut dyn FnMut(&str),
+        after_round: &mut dyn FnMut(&Simic, &[ResultEntry]) -> Result<()>,
+    ) -> Result<(Simic, Vec<ResultEntry>)> {
         let precision = self.precision;
         let mut simic = self.simic(seed_index)?;
         let mut rounds = Vec::with_capacity(self.rounds);
-        for round in 0..self.rounds {
+        if let Some((checkpoint, curve)) = resume {
+            let done = usize::try_from(checkpoint.round).unwrap_or(usize::MAX);
+            if done != curve.len() || done > self.rounds {
+                return Err(crate::Error::Checkpoint {
+                    field: "round",
+                    reason: format!(
+                        "the checkpoint is after round {} with a learning curve of {} \
+                         rounds; this run trains {} rounds",
+                        checkpoint.round,
+                        curve.len(),
+                        self.rounds
+                    ),
+                });
+            }
+            simic.import_state(&checkpoint.state, &checkpoint.tensors)?;
+            rounds = curve;
+        }
+        for round in rounds.len()..self.rounds {
             let report = simic.run_round(&self.spec, true)?;
             progress(&format!(
                 "  seed {seed_index} ppo round {round}: {}",
@@ -410,6 +447,7 @@ impl LearningSetup {
                 metrics,
                 precision,
             ));
+            after_round(&simic, &rounds)?;
         }
         Ok((simic, rounds))
     }

@@ -121,3 +121,63 @@ fn what_an_evaluated_policy_grew_is_in_its_entry() {
     let read: Evaluation = serde_json::from_str(old).expect("an older part reads");
     assert!(read.germinated.is_empty());
 }
+
+#[test]
+fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 1;
+    options.episode_length = Some(2);
+    let setup = LearningSetup::new(&options, 2).expect("the quick protocol's setup");
+    let mut quiet = |_: &str| {};
+    let (whole, whole_curve) = setup.train_policy(0, &mut quiet).expect("two rounds");
+
+    // The same seed stopped after its first round (the callback's error
+    // stops it), its trainer saved there, then taken up in a new trainer.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut saved = 0;
+    let stopped = setup.continue_policy(0, None, &mut quiet, &mut |simic, curve| {
+        simic.save_checkpoint(dir.path(), "progress", serde_json::Map::new())?;
+        saved = curve.len();
+        Err(crate::Error::Checkpoint {
+            field: "test",
+            reason: "stopped after one round".to_owned(),
+        })
+    });
+    assert!(stopped.is_err(), "the callback's error did not stop it");
+    assert_eq!(saved, 1);
+    let checkpoint =
+        crate::checkpoint::read_checkpoint(&dir.path().join("progress")).expect("read back");
+    assert_eq!(checkpoint.round, 1);
+    let mut rounds_after = Vec::new();
+    let (resumed, resumed_curve) = setup
+        .continue_policy(
+            0,
+            Some((&checkpoint, whole_curve[..1].to_vec())),
+            &mut quiet,
+            &mut |_, curve| {
+                rounds_after.push(curve.len());
+                Ok(())
+            },
+        )
+        .expect("taken up");
+    assert_eq!(rounds_after, vec![2], "only the missing round ran");
+    assert_eq!(resumed_curve, whole_curve);
+    let (_, a) = whole.export_state().expect("state");
+    let (_, b) = resumed.export_state().expect("state");
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x.equal(y), "{name} differs after the resume");
+    }
+
+    // A curve that disagrees with the checkpoint's round is refused.
+    let refused = setup.continue_policy(
+        0,
+        Some((&checkpoint, Vec::new())),
+        &mut quiet,
+        &mut |_, _| Ok(()),
+    );
+    assert!(matches!(
+        refused,
+        Err(crate::Error::Checkpoint { field: "round", .. })
+    ));
+}
