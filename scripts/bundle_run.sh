@@ -4,7 +4,11 @@
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
-#                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--peer-modes LIST]
+#                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
+#                      [--peer-modes LIST]
+#
+# --job-devices (simic-learning with --jobs) spreads the training processes over devices;
+# `all` names every GPU nvidia-smi lists (cuda:0,...,cuda:N-1).
 #
 # --peer-modes LIST passes `--modes LIST` to the Python peers of tolaria-fmnist and tolaria-lm
 # (their Inductor max-autotune modes each spend minutes autotuning; a run can take them apart).
@@ -61,6 +65,14 @@ while [ $# -gt 0 ]; do
     --set) learning_args+=(--set "$2"); shift ;;
     --preset) learning_args+=(--preset "$2"); shift ;;
     --jobs) learning_args+=(--jobs "$2"); shift ;;
+    --job-devices)
+      devices=$2
+      if [ "$devices" = all ]; then
+        count=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || count=0
+        [ "$count" -gt 0 ] || { echo "--job-devices all: nvidia-smi lists no GPU" >&2; exit 2; }
+        devices=$(seq -s, -f 'cuda:%g' 0 $((count - 1)))
+      fi
+      learning_args+=(--job-devices "$devices"); shift ;;
     --episode) rounds_args+=(--episode "$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac

@@ -178,6 +178,10 @@ pub(crate) struct BenchArgs {
     /// processes at once on the same device; the baselines and the greedy
     /// evaluations run in this one, alone on the device.
     pub(crate) jobs: Option<usize>,
+    /// `--job-devices LIST` (`simic-learning` with `--jobs`): the devices
+    /// the training processes take, each started on the one that runs the
+    /// fewest; empty: every one on `--device`.
+    pub(crate) job_devices: Vec<torch_ext::DeviceChoice>,
     /// `--seed-index K` (`simic-learning`): train training seed K only and
     /// write its part (`simic::bench::SeedOutcome`, no greedy figures) to
     /// `--out` and its trainer beside it; what `--jobs` starts.
@@ -281,6 +285,7 @@ impl BenchArgs {
         let mut sets: Vec<String> = Vec::new();
         let mut preset: Option<String> = None;
         let mut jobs: Option<usize> = None;
+        let mut job_devices: Option<Vec<torch_ext::DeviceChoice>> = None;
         let mut seed_index: Option<usize> = None;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
@@ -299,6 +304,7 @@ impl BenchArgs {
                     | "--set"
                     | "--preset"
                     | "--jobs"
+                    | "--job-devices"
                     | "--seed-index"
             );
             if (torch_only && !workload.uses_torch())
@@ -455,6 +461,22 @@ impl BenchArgs {
                     }
                     once(&mut jobs, flag, n)?;
                 }
+                "--job-devices" => {
+                    let list = value()?;
+                    let devices = list
+                        .split(',')
+                        .map(|name| {
+                            name.trim().parse::<torch_ext::DeviceChoice>().map_err(|_| {
+                                usage(format!(
+                                    "--job-devices takes a comma-separated list of devices \
+                                     (cpu, cuda, cuda:N), not {}",
+                                    shown(&list)
+                                ))
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()?;
+                    once(&mut job_devices, flag, devices)?;
+                }
                 "--seed-index" => once(&mut seed_index, flag, count(flag, &value()?)?)?,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
@@ -464,6 +486,9 @@ impl BenchArgs {
         let label = label_of(label, &out)?;
         if jobs.is_some() && seed_index.is_some() {
             return Err(usage("--jobs and --seed-index exclude each other"));
+        }
+        if job_devices.is_some() && jobs.is_none() {
+            return Err(usage("--job-devices needs --jobs"));
         }
         if torchrun && gpus.is_none() {
             return Err(usage("--torchrun needs --gpus"));
@@ -498,6 +523,7 @@ impl BenchArgs {
             task,
             settings,
             jobs,
+            job_devices: job_devices.unwrap_or_default(),
             seed_index,
         })))
     }

@@ -234,25 +234,38 @@ pub(crate) fn run_jobs(
                 .with_context(|| format!("removing {}", stale.display()))?;
         }
     }
-    let mut running: Vec<(usize, Child)> = Vec::new();
-    let mut start_next = |running: &mut Vec<(usize, Child)>| -> Result<()> {
+    // The devices the children take: each new one on the device that runs
+    // the fewest (the first of those); the run's own device by default.
+    let devices = if args.job_devices.is_empty() {
+        vec![args.device]
+    } else {
+        args.job_devices.clone()
+    };
+    for device in &devices {
+        torch_ext::device::select(*device)
+            .with_context(|| format!("--job-devices: {device} is not usable here"))?;
+    }
+    let mut running: Vec<(usize, Child, usize)> = Vec::new();
+    let mut start_next = |running: &mut Vec<(usize, Child, usize)>| -> Result<()> {
         while running.len() < jobs {
             let Some(seed) = pending.pop() else {
                 return Ok(());
             };
+            let slot = least_busy(devices.len(), running.iter().map(|(_, _, slot)| *slot));
+            let device = devices[slot];
             let child = Command::new(&exe)
-                .args(child_args(args, rounds, seed, &part(seed)))
+                .args(child_args(args, device, rounds, seed, &part(seed)))
                 .spawn()
                 .with_context(|| format!("starting training seed {seed}"))?;
-            eprintln!("training seed {seed}: pid {}", child.id());
-            running.push((seed, child));
+            eprintln!("training seed {seed}: pid {} on {device}", child.id());
+            running.push((seed, child, slot));
         }
         Ok(())
     };
     start_next(&mut running)?;
     while !running.is_empty() {
         let mut finished = None;
-        for (index, (seed, child)) in running.iter_mut().enumerate() {
+        for (index, (seed, child, _)) in running.iter_mut().enumerate() {
             if let Some(status) = child.try_wait()? {
                 finished = Some((index, *seed, status));
                 break;
@@ -327,6 +340,7 @@ fn parts_dir(out: &Path) -> PathBuf {
 /// `--out part`.
 fn child_args(
     args: &BenchArgs,
+    device: torch_ext::DeviceChoice,
     rounds: usize,
     seed: usize,
     part: &Path,
@@ -336,7 +350,7 @@ fn child_args(
         out.push(flag.into());
         out.push(value.into());
     };
-    push("--device", args.device.to_string());
+    push("--device", device.to_string());
     push("--rounds", rounds.to_string());
     if let Some(epochs) = args.ppo_epochs {
         push("--ppo-epochs", epochs.to_string());
@@ -362,9 +376,40 @@ fn child_args(
     out
 }
 
-fn kill_all(running: &mut [(usize, Child)]) {
-    for (_, child) in running.iter_mut() {
+fn kill_all(running: &mut [(usize, Child, usize)]) {
+    for (_, child, _) in running.iter_mut() {
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+/// The index of the device (of `count`) that runs the fewest of the
+/// children on `busy` (their device indices), the first of those on a tie.
+fn least_busy(count: usize, busy: impl Iterator<Item = usize>) -> usize {
+    let mut load = vec![0_usize; count.max(1)];
+    for slot in busy {
+        if let Some(n) = load.get_mut(slot) {
+            *n = n.saturating_add(1);
+        }
+    }
+    load.iter()
+        .enumerate()
+        .min_by_key(|(index, n)| (**n, *index))
+        .map_or(0, |(index, _)| index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::least_busy;
+
+    #[test]
+    fn a_new_child_goes_to_the_least_busy_device() {
+        assert_eq!(least_busy(1, [].into_iter()), 0);
+        assert_eq!(least_busy(4, [].into_iter()), 0);
+        assert_eq!(least_busy(4, [0, 1].into_iter()), 2);
+        assert_eq!(least_busy(2, [0, 1, 0].into_iter()), 1);
+        assert_eq!(least_busy(3, [0, 1, 2].into_iter()), 0);
+        // A finished child frees its device: 1 is running nothing now.
+        assert_eq!(least_busy(3, [0, 2, 0, 2].into_iter()), 1);
     }
 }

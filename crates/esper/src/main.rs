@@ -150,8 +150,12 @@ commands:
         --jobs N            after the baselines, train the seeds in up to N processes at once
                             on the same device, then evaluate each trained policy here,
                             alone on the device; the record is the same pool; what it
-                            finishes is kept in OUT.parts/ and the same command run again
-                            after a stop measures only what is missing
+                            finishes is kept in OUT.parts/ (a seed in training after each
+                            round) and the same command run again after a stop measures
+                            only what is missing
+        --job-devices LIST  with --jobs: the devices the training processes take, e.g.
+                            cuda:0,cuda:1,cuda:2,cuda:3; each starts on the one running the
+                            fewest (default: all on --device)
         --seed-index K      train seed K only and write its part (learning curve, trained
                             policy) beside --out (what --jobs starts)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)

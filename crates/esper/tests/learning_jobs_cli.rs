@@ -56,7 +56,11 @@ fn learning(out: &Path, extra: &[&str]) -> serde_json::Value {
 fn jobs_pool_the_same_record_as_one_process() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let one = learning(&dir.path().join("one.json"), &[]);
-    let jobs = learning(&dir.path().join("jobs.json"), &["--jobs", "2"]);
+    // The children spread over a device list (both the CPU here).
+    let jobs = learning(
+        &dir.path().join("jobs.json"),
+        &["--jobs", "2", "--job-devices", "cpu,cpu"],
+    );
     assert_eq!(one["results"], jobs["results"]);
     assert_eq!(one["params"], jobs["params"]);
     assert_eq!(

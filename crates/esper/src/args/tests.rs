@@ -75,11 +75,54 @@ fn settings_and_jobs_apply_to_simic_learning_only() {
     ]);
     assert_eq!(args.settings, ["reward.rent_weight=0", "floor.op=0.05"]);
     assert_eq!(args.jobs, Some(3));
+    assert!(args.job_devices.is_empty());
     let args = run_args(&["simic-learning", "--out", "a.json", "--seed-index", "2"]);
     assert_eq!(args.seed_index, Some(2));
     assert!(args.settings.is_empty());
+    let args = run_args(&[
+        "simic-learning",
+        "--out",
+        "a.json",
+        "--jobs",
+        "4",
+        "--job-devices",
+        "cuda:0, cuda:1,cpu",
+    ]);
+    assert_eq!(
+        args.job_devices,
+        [
+            torch_ext::DeviceChoice::Cuda(0),
+            torch_ext::DeviceChoice::Cuda(1),
+            torch_ext::DeviceChoice::Cpu
+        ]
+    );
     for bad in [
-        &["simic-learning", "--out", "a.json", "--set", "rent"][..],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--job-devices",
+            "cuda:0",
+        ][..],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--jobs",
+            "2",
+            "--job-devices",
+            "cuda:0,gpu7",
+        ],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--jobs",
+            "2",
+            "--job-devices",
+            "",
+        ],
+        &["simic-learning", "--out", "a.json", "--set", "rent"],
         &["simic-learning", "--out", "a.json", "--jobs", "0"],
         &[
             "simic-learning",
