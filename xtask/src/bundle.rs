@@ -29,6 +29,7 @@ const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("tolaria", "data_dataset"),
     ("simic", "vectorized"),
     ("simic", "gae"),
+    ("simic", "driven_rounds"),
     ("tamiyo", "graphed"),
 ];
 

@@ -2,7 +2,8 @@
 //! `simic-growth` workload) on the CPU: the max-growth controller's seeds
 //! live in the environments, each step's time and live seeds are in the
 //! report, nothing learns, and a controller list of the wrong length is
-//! refused before anything runs.
+//! refused before anything runs; on a GPU, the extra round profiles its
+//! replayed steps (on the CPU nothing is profiled).
 
 use simic::bench::{Driver, SimicBenchOptions, ThroughputTask, run_throughput};
 use torch_ext::DeviceChoice;
@@ -92,4 +93,52 @@ fn a_controller_list_of_the_wrong_length_is_refused() {
             .contains("1 controllers for 2 environments"),
         "{error}"
     );
+}
+
+#[test]
+fn the_growth_bench_profiles_replayed_steps_on_the_gpu_only() {
+    if fashion_mnist_missing() {
+        return;
+    }
+    let cuda = tch::Cuda::is_available();
+    let device = if cuda {
+        DeviceChoice::Cuda(0)
+    } else {
+        DeviceChoice::Cpu
+    };
+    let mut options = SimicBenchOptions::new(device, true);
+    options.episode_length = Some(12);
+    options.rounds = 1;
+    options.driver = Driver::MaxGrowth;
+    if cuda {
+        options.variants = vec!["fp32-graph-step".to_owned()];
+    }
+    let run = run_throughput(ThroughputTask::FashionMnist, &options, &mut |_| {}).expect("runs");
+    let entry = &run.measurements.results[0];
+    assert!(entry.error.is_none(), "{:?}", entry.error);
+    let profiled: Vec<(&String, &f64)> = entry
+        .metrics
+        .iter()
+        .filter(|(name, _)| name.starts_with("profiled_"))
+        .collect();
+    if !cuda {
+        assert!(profiled.is_empty(), "profiled on the CPU: {profiled:?}");
+        eprintln!("the GPU half skipped: no CUDA device");
+        return;
+    }
+    // A seed lives from the third epoch on and its step shape repeats for
+    // ten epochs in TRAINING: at least that step is replayed and profiled.
+    let kernels: Vec<f64> = (0..4)
+        .filter_map(|live| {
+            entry
+                .metrics
+                .get(&format!("profiled_kernels_per_env_epoch_live_seeds_{live}"))
+                .copied()
+        })
+        .collect();
+    assert!(!kernels.is_empty(), "no step profiled: {:?}", entry.metrics);
+    assert!(kernels.iter().all(|k| *k > 0.0), "{kernels:?}");
+    for (name, value) in profiled {
+        assert!(value.is_finite() && *value >= 0.0, "{name} = {value}");
+    }
 }

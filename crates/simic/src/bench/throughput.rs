@@ -139,6 +139,19 @@ fn throughput_variant(
     if let Some(prewarm) = simic.prewarm() {
         progress(&prewarm_line("in round 0", prewarm));
     }
+    // One more driven round, after the measured ones and not counted in
+    // them, with a step profiled for each number of live seeds.
+    let mut profiles = Vec::new();
+    if driver == Driver::MaxGrowth && device.is_cuda() {
+        let mut controllers = max_growth_controllers(spec, &controllers_config);
+        simic.set_step_profiling(true);
+        let profiled = simic.drive_round(spec, &mut controllers);
+        simic.set_step_profiling(false);
+        profiles = profiled?.step_profiles;
+        for step in &profiles {
+            progress(&profile_line(step));
+        }
+    }
     progress(&format!(
         "  policy step: {} in {}; sampling: {}",
         simic.policy_fallback().map_or_else(
@@ -160,7 +173,57 @@ fn throughput_variant(
         wall,
         peak_mb,
         prewarm: simic.prewarm().cloned(),
+        profiles,
     })
+}
+
+/// The progress lines of one profiled step: kernels, copies and device
+/// time per environment-epoch, and the kernels with the most device time.
+fn profile_line(step: &crate::vectorized::StepProfile) -> String {
+    let envs = step.envs.max(1) as f64;
+    let profile = &step.profile;
+    let mut line = format!(
+        "  profiled step at {} live seeds: per environment-epoch {:.0} kernels, {:.0} copies, \
+         {:.2} ms GPU-busy; largest:",
+        step.live_seeds,
+        profile.kernel_launches() as f64 / envs,
+        profile.copies() as f64 / envs,
+        profile.busy_us() / envs / 1000.0,
+    );
+    for kernel in profile.largest(8) {
+        let name: String = kernel.name.chars().take(90).collect();
+        line.push_str(&format!(
+            "\n    {:8.1} us {:5} x {name}",
+            kernel.total_us / envs,
+            kernel.count
+        ));
+    }
+    line
+}
+
+/// The figures of the profiled steps: kernels, copies and GPU-busy ms per
+/// environment-epoch, by live seeds (`profiled_kernels_per_env_epoch_live_seeds_N`,
+/// `profiled_copies_..._N`, `profiled_gpu_busy_ms_per_env_epoch_live_seeds_N`).
+fn profile_figures(
+    profiles: &[crate::vectorized::StepProfile],
+    metrics: &mut std::collections::BTreeMap<String, f64>,
+) {
+    for step in profiles {
+        let envs = step.envs.max(1) as f64;
+        let live = step.live_seeds;
+        metrics.insert(
+            format!("profiled_kernels_per_env_epoch_live_seeds_{live}"),
+            step.profile.kernel_launches() as f64 / envs,
+        );
+        metrics.insert(
+            format!("profiled_copies_per_env_epoch_live_seeds_{live}"),
+            step.profile.copies() as f64 / envs,
+        );
+        metrics.insert(
+            format!("profiled_gpu_busy_ms_per_env_epoch_live_seeds_{live}"),
+            step.profile.busy_us() / envs / 1000.0,
+        );
+    }
 }
 
 /// What [`throughput_variant`] measured.
@@ -170,6 +233,8 @@ struct Variant {
     wall: f64,
     peak_mb: f64,
     prewarm: Option<tolaria::engine::prewarm::Prewarm>,
+    /// The profiled steps of the extra round (max growth on CUDA only).
+    profiles: Vec<crate::vectorized::StepProfile>,
 }
 
 /// One short round (two steps, PPO update included) with the first
@@ -384,6 +449,7 @@ pub fn run_throughput_reporting(
                 wall,
                 peak_mb,
                 prewarm,
+                profiles,
             }) => {
                 let env_epochs: u64 = reports.iter().map(|r| r.env_epochs).sum();
                 let steady: Vec<&RoundReport> = reports.iter().skip(1).collect();
@@ -507,6 +573,7 @@ pub fn run_throughput_reporting(
                 );
                 if options.driver != Driver::Policy {
                     live_seed_figures(&steady_or_all, n_envs, &mut metrics);
+                    profile_figures(&profiles, &mut metrics);
                 }
                 metrics.insert("peak_memory_mb".to_owned(), peak_mb);
                 metrics.insert("env_epochs".to_owned(), env_epochs as f64);

@@ -377,7 +377,13 @@ impl Collector {
             steps: Vec::new(),
             counterfactual_configs,
             refused_decisions: 0,
+            step_profiles: Vec::new(),
         }
+    }
+
+    /// Graphs captured and eager steps run so far, all environments.
+    pub(super) fn graph_work(&self) -> (usize, usize) {
+        (self.captures, self.eager_steps)
     }
 
     /// Live seeds per environment now, averaged over the round's

@@ -90,7 +90,7 @@ pub use outcome::{
     ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind, RewardHackingSuspicion,
     TraceEpoch, TraceSlot,
 };
-pub use report::{RoundReport, RoundTimings, StepFigures};
+pub use report::{RoundReport, RoundTimings, StepFigures, StepProfile};
 pub use state::{RankRngs, SimicState};
 pub use telemetry::SOURCE;
 
@@ -135,6 +135,9 @@ pub struct Simic {
     /// A data-parallel checkpoint's generators, imported before the group
     /// is joined: [`Simic::join`] takes this rank's.
     restored_rank_rngs: Option<Vec<state::RankRngs>>,
+    /// Whether rounds profile a step for each number of live seeds
+    /// ([`Simic::set_step_profiling`]).
+    step_profiling: bool,
 }
 
 impl std::fmt::Debug for Simic {
@@ -172,6 +175,7 @@ impl Simic {
             prewarm: None,
             rank_rngs: Vec::new(),
             restored_rank_rngs: None,
+            step_profiling: false,
         })
     }
 
@@ -195,6 +199,18 @@ impl Simic {
     /// environments train in bf16, fp32 otherwise).
     pub fn policy_precision(&self) -> PolicyPrecision {
         self.actor.policy().network().precision()
+    }
+
+    /// With `on`, every later round profiles one step for each number of
+    /// live seeds per environment (the mean rounded, 0 to 3) on the GPU
+    /// with libtorch's kernel profiler: the first step of that number
+    /// that replays its graphs (captures nothing, runs no eager warm-up
+    /// step), its training and validation ([`RoundReport::step_profiles`]).
+    /// The profiler adds host time to the steps it watches, so a round
+    /// with profiling on is not a throughput measurement. Nothing is
+    /// profiled on the CPU.
+    pub fn set_step_profiling(&mut self, on: bool) {
+        self.step_profiling = on;
     }
 
     /// Samples the policy's actions in `mode` from the next step on:

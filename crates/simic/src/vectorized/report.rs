@@ -106,6 +106,26 @@ pub struct RoundReport {
     /// Decisions a scripted controller refused in a driven round
     /// ([`super::Simic::drive_round`]), carried out as WAIT.
     pub refused_decisions: u64,
+    /// Steps profiled on the GPU, at most one for each number of live
+    /// seeds (empty unless [`super::Simic::set_step_profiling`] is on and
+    /// the device is CUDA).
+    pub step_profiles: Vec<StepProfile>,
+}
+
+/// One step's GPU work from libtorch's kernel profiler
+/// ([`super::Simic::set_step_profiling`]): every environment's epoch of
+/// training and its validation with the counterfactual passes (the policy
+/// step, observation and update not included), in a step that captured no
+/// graph and ran no eager warm-up step (a replayed step).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepProfile {
+    /// Live seeds per environment at the step's start, the mean over the
+    /// environments rounded (0 to 3).
+    pub live_seeds: usize,
+    /// Environments the step trained: each one an environment-epoch.
+    pub envs: usize,
+    /// The kernels, copies and memsets, with their device time.
+    pub profile: torch_ext::profile::KernelProfile,
 }
 
 /// One step of a round ([`RoundReport::steps`]).

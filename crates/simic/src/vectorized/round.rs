@@ -184,12 +184,33 @@ impl Simic {
         )?;
         let mut steps = Vec::with_capacity(collector.steps());
         let mut refused_decisions = 0_u64;
+        let mut step_profiles: Vec<super::StepProfile> = Vec::new();
+        let profiling = self.step_profiling && self.device.is_cuda();
         for step in 0..collector.steps() {
             let step_started = Instant::now();
             // The seeds the step trains with: those before its action.
             let live_seeds = collector.live_seeds();
+            let bucket = live_seeds.round().clamp(0.0, 3.0) as usize;
+            let profiler = if profiling && !step_profiles.iter().any(|p| p.live_seeds == bucket) {
+                let graph_work = collector.graph_work();
+                Some((torch_ext::profile::KernelProfiler::start()?, graph_work))
+            } else {
+                None
+            };
             collector.train(step)?;
             collector.measure(step)?;
+            if let Some((profiler, graph_work)) = profiler {
+                let profile = profiler.stop()?;
+                // A step that captured or ran eagerly is not the replayed
+                // step the profile is for: the next one of its kind is.
+                if collector.graph_work() == graph_work {
+                    step_profiles.push(super::StepProfile {
+                        live_seeds: bucket,
+                        envs: n,
+                        profile,
+                    });
+                }
+            }
             collector.observe()?;
             let mut actions = collector.act(step, &mut self.actor, &mut self.learner, learn)?;
             if let Some(controllers) = driver.as_deref_mut() {
@@ -220,6 +241,8 @@ impl Simic {
         let mut report = collector.into_report(self.progress.rounds);
         report.steps = steps;
         report.refused_decisions = refused_decisions;
+        step_profiles.sort_by_key(|p| p.live_seeds);
+        report.step_profiles = step_profiles;
         report.lstm = Some(lstm);
         if let Some((stats, q_per_op)) = update {
             report.anomalies = self.learner.anomalies(&stats);
