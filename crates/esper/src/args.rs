@@ -186,6 +186,10 @@ pub(crate) struct BenchArgs {
     /// write its part (`simic::bench::SeedOutcome`, no greedy figures) to
     /// `--out` and its trainer beside it; what `--jobs` starts.
     pub(crate) seed_index: Option<usize>,
+    /// `--evaluate` (with `--seed-index K`): evaluate seed K's trained
+    /// policy, kept beside `--out`, and write its evaluated part to `--out`;
+    /// what `--jobs` starts with several `--job-devices`.
+    pub(crate) evaluate: bool,
 }
 
 /// What a bench command line asks for.
@@ -287,6 +291,7 @@ impl BenchArgs {
         let mut jobs: Option<usize> = None;
         let mut job_devices: Option<Vec<torch_ext::DeviceChoice>> = None;
         let mut seed_index: Option<usize> = None;
+        let mut evaluate = false;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
             let flag = arg.as_str();
@@ -306,6 +311,7 @@ impl BenchArgs {
                     | "--jobs"
                     | "--job-devices"
                     | "--seed-index"
+                    | "--evaluate"
             );
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
@@ -477,6 +483,11 @@ impl BenchArgs {
                         .collect::<Result<Vec<_>, _>>()?;
                     once(&mut job_devices, flag, devices)?;
                 }
+                "--evaluate" => {
+                    if std::mem::replace(&mut evaluate, true) {
+                        return Err(usage("--evaluate given twice"));
+                    }
+                }
                 "--seed-index" => once(&mut seed_index, flag, count(flag, &value()?)?)?,
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
@@ -486,6 +497,9 @@ impl BenchArgs {
         let label = label_of(label, &out)?;
         if jobs.is_some() && seed_index.is_some() {
             return Err(usage("--jobs and --seed-index exclude each other"));
+        }
+        if evaluate && seed_index.is_none() {
+            return Err(usage("--evaluate needs --seed-index"));
         }
         if job_devices.is_some() && jobs.is_none() {
             return Err(usage("--job-devices needs --jobs"));
@@ -525,6 +539,7 @@ impl BenchArgs {
             jobs,
             job_devices: job_devices.unwrap_or_default(),
             seed_index,
+            evaluate,
         })))
     }
 }

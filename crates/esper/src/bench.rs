@@ -102,6 +102,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             options.settings.clone_from(&args.settings);
             if let Some(seed_index) = args.seed_index {
                 // A part of a `--jobs` run: no record, no picture.
+                if args.evaluate {
+                    return crate::learning_jobs::run_evaluation(
+                        args,
+                        &options,
+                        rounds,
+                        seed_index,
+                        &mut progress,
+                    );
+                }
                 return crate::learning_jobs::run_seed(
                     args,
                     &options,

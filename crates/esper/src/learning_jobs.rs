@@ -16,7 +16,10 @@
 //! once, and a seed stopped in training goes on from its last whole round
 //! (a child saves its trainer and learning curve after every round, as
 //! `seed-K-progress/`, and the resumed rounds follow the trajectory of a
-//! run never stopped). So every figure the record compares is measured with
+//! run never stopped). With `--job-devices`, the children spread over the
+//! devices listed; when they name several, the evaluations run in child
+//! processes too (`--seed-index K --evaluate`), one at a time on each
+//! device. So every figure the record compares is measured with
 //! nothing else on the device: measured on the H200, the heuristic's and
 //! max growth's episodes came out differently with training processes
 //! beside them (max growth fossilized 3 seeds in 12 environments instead of
@@ -184,7 +187,7 @@ pub(crate) fn run_jobs(
     durable::remove_partial(&parts_dir)
         .with_context(|| format!("clearing {}", parts_dir.display()))?;
     let exe = std::env::current_exe().context("locating the esper binary")?;
-    let part = |seed: usize| parts_dir.join(format!("seed-{seed}.json"));
+    let part = |seed: usize| parts_dir.join(part_name(seed));
     let evaluated = |seed: usize| parts_dir.join(format!("seed-{seed}-evaluated.json"));
     let describe = setup.describe();
 
@@ -217,7 +220,7 @@ pub(crate) fn run_jobs(
             .is_some_and(|o| o.seed_index == seed && o.setup == describe)
             && simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed))).is_ok()
     };
-    let mut pending: Vec<usize> = (0..setup.seeds())
+    let pending: Vec<usize> = (0..setup.seeds())
         .rev()
         .filter(|seed| !is_evaluated(*seed) && !is_trained(*seed))
         .collect();
@@ -245,24 +248,148 @@ pub(crate) fn run_jobs(
         torch_ext::device::select(*device)
             .with_context(|| format!("--job-devices: {device} is not usable here"))?;
     }
-    let mut running: Vec<(usize, Child, usize)> = Vec::new();
-    let mut start_next = |running: &mut Vec<(usize, Child, usize)>| -> Result<()> {
-        while running.len() < jobs {
-            let Some(seed) = pending.pop() else {
-                return Ok(());
-            };
-            let slot = least_busy(devices.len(), running.iter().map(|(_, _, slot)| *slot));
-            let device = devices[slot];
-            let child = Command::new(&exe)
-                .args(child_args(args, device, rounds, seed, &part(seed)))
-                .spawn()
-                .with_context(|| format!("starting training seed {seed}"))?;
-            eprintln!("training seed {seed}: pid {} on {device}", child.id());
-            running.push((seed, child, slot));
-        }
-        Ok(())
+    let spawn = |what: &str, seed: usize, device, evaluate: bool| -> Result<Child> {
+        let out = if evaluate {
+            evaluated(seed)
+        } else {
+            part(seed)
+        };
+        let child = Command::new(&exe)
+            .args(child_args(args, device, rounds, seed, evaluate, &out))
+            .spawn()
+            .with_context(|| format!("starting {what} seed {seed}"))?;
+        eprintln!("{what} seed {seed}: pid {} on {device}", child.id());
+        Ok(child)
     };
-    start_next(&mut running)?;
+    run_children(
+        pending,
+        jobs,
+        usize::MAX,
+        &devices,
+        &parts_dir,
+        &|seed, device| spawn("training", seed, device, false),
+    )?;
+    // With several devices, the evaluations in child processes too, one
+    // at a time on each device: still alone on their device.
+    let mut distinct: Vec<torch_ext::DeviceChoice> = Vec::new();
+    for device in &devices {
+        if !distinct.contains(device) {
+            distinct.push(*device);
+        }
+    }
+    if distinct.len() > 1 {
+        let unevaluated: Vec<usize> = (0..setup.seeds())
+            .rev()
+            .filter(|seed| !is_evaluated(*seed))
+            .collect();
+        run_children(
+            unevaluated,
+            distinct.len(),
+            1,
+            &distinct,
+            &parts_dir,
+            &|seed, device| spawn("evaluating", seed, device, true),
+        )?;
+    }
+    // Every trained policy evaluated here, alone on the device, each kept
+    // as soon as it is done.
+    let mut outcomes = Vec::with_capacity(setup.seeds());
+    for seed in 0..setup.seeds() {
+        if let Some(done) = read_part::<SeedOutcome>(&evaluated(seed))
+            .filter(|o| o.seed_index == seed && o.setup == describe)
+        {
+            progress(&format!("seed {seed}'s evaluations: kept"));
+            outcomes.push(done);
+            continue;
+        }
+        let outcome = evaluate_part(&setup, &parts_dir, seed, progress)?;
+        write_part(&evaluated(seed), &outcome)?;
+        outcomes.push(outcome);
+    }
+    let run = setup.report(&baselines, &outcomes, progress)?;
+    std::fs::remove_dir_all(&parts_dir)
+        .with_context(|| format!("removing {}", parts_dir.display()))?;
+    Ok(run)
+}
+
+/// Evaluates training seed `seed_index`'s trained policy, greedy and
+/// sampled, on the shared evaluation environments, and writes the evaluated
+/// part to `args.out`; the seed's part and trained policy are read from the
+/// folder `args.out` is in (what `--jobs` starts with `--evaluate`).
+pub(crate) fn run_evaluation(
+    args: &BenchArgs,
+    options: &SimicBenchOptions,
+    rounds: usize,
+    seed_index: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let setup = LearningSetup::new(options, rounds)?;
+    if seed_index >= setup.seeds() {
+        bail!(
+            "--seed-index {seed_index} is not one of the run's {} training seeds",
+            setup.seeds()
+        );
+    }
+    let parent = match args.out.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let outcome = evaluate_part(&setup, &parent, seed_index, progress)?;
+    write_part(&args.out, &outcome)
+}
+
+/// Seed `seed`'s trained policy, restored from `parts_dir`, evaluated.
+fn evaluate_part(
+    setup: &LearningSetup,
+    parts_dir: &Path,
+    seed: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<SeedOutcome> {
+    let path = parts_dir.join(part_name(seed));
+    let learned: SeedOutcome = read_part(&path)
+        .filter(|o: &SeedOutcome| o.seed_index == seed && o.setup == setup.describe())
+        .with_context(|| format!("{} is not seed {seed}'s part of this run", path.display()))?;
+    let checkpoint = simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed)))
+        .with_context(|| format!("reading seed {seed}'s trained policy"))?;
+    let mut trained = setup.restore_policy(seed, &checkpoint)?;
+    Ok(setup.evaluate_policy(&mut trained, seed, learned.rounds, progress)?)
+}
+
+/// The part of seed `seed` (its learning curve) in the parts folder.
+fn part_name(seed: usize) -> String {
+    format!("seed-{seed}.json")
+}
+
+/// Runs one child per seed of `pending` (taken from the back), at most
+/// `jobs` at once and at most `per_device` on one device, each started on
+/// the least busy of `devices` by `spawn`; waits for all. A child that
+/// fails kills the others and ends the run with an error naming the seed.
+fn run_children(
+    mut pending: Vec<usize>,
+    jobs: usize,
+    per_device: usize,
+    devices: &[torch_ext::DeviceChoice],
+    parts_dir: &Path,
+    spawn: &dyn Fn(usize, torch_ext::DeviceChoice) -> Result<Child>,
+) -> Result<()> {
+    let mut running: Vec<(usize, Child, usize)> = Vec::new();
+    let start_next =
+        |running: &mut Vec<(usize, Child, usize)>, pending: &mut Vec<usize>| -> Result<()> {
+            while running.len() < jobs {
+                let slot = least_busy(devices.len(), running.iter().map(|(_, _, slot)| *slot));
+                let on_slot = running.iter().filter(|(_, _, s)| *s == slot).count();
+                if on_slot >= per_device {
+                    return Ok(());
+                }
+                let Some(seed) = pending.pop() else {
+                    return Ok(());
+                };
+                let child = spawn(seed, devices[slot])?;
+                running.push((seed, child, slot));
+            }
+            Ok(())
+        };
+    start_next(&mut running, &mut pending)?;
     while !running.is_empty() {
         let mut finished = None;
         for (index, (seed, child, _)) in running.iter_mut().enumerate() {
@@ -277,42 +404,17 @@ pub(crate) fn run_jobs(
                 if !status.success() {
                     kill_all(&mut running);
                     bail!(
-                        "training seed {seed} failed ({status}); its log is above, and what is \
-                         done is kept in {}",
+                        "seed {seed}'s child process failed ({status}); its log is above, and \
+                         what is done is kept in {}",
                         parts_dir.display()
                     );
                 }
-                start_next(&mut running).inspect_err(|_| kill_all(&mut running))?;
+                start_next(&mut running, &mut pending).inspect_err(|_| kill_all(&mut running))?;
             }
             None => thread::sleep(Duration::from_millis(200)),
         }
     }
-    // Every trained policy evaluated here, alone on the device, each kept
-    // as soon as it is done.
-    let mut outcomes = Vec::with_capacity(setup.seeds());
-    for seed in 0..setup.seeds() {
-        if let Some(done) = read_part::<SeedOutcome>(&evaluated(seed))
-            .filter(|o| o.seed_index == seed && o.setup == describe)
-        {
-            progress(&format!("seed {seed}'s evaluations: kept"));
-            outcomes.push(done);
-            continue;
-        }
-        let path = part(seed);
-        let learned: SeedOutcome = read_part(&path)
-            .filter(|o: &SeedOutcome| o.seed_index == seed && o.setup == describe)
-            .with_context(|| format!("{} is not seed {seed}'s part of this run", path.display()))?;
-        let checkpoint = simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed)))
-            .with_context(|| format!("reading seed {seed}'s trained policy"))?;
-        let mut trained = setup.restore_policy(seed, &checkpoint)?;
-        let outcome = setup.evaluate_policy(&mut trained, seed, learned.rounds, progress)?;
-        write_part(&evaluated(seed), &outcome)?;
-        outcomes.push(outcome);
-    }
-    let run = setup.report(&baselines, &outcomes, progress)?;
-    std::fs::remove_dir_all(&parts_dir)
-        .with_context(|| format!("removing {}", parts_dir.display()))?;
-    Ok(run)
+    Ok(())
 }
 
 /// A part read back, or `None` when it is missing or does not parse (it is
@@ -336,13 +438,14 @@ fn parts_dir(out: &Path) -> PathBuf {
     out.with_file_name(name)
 }
 
-/// The child's command line: this run's options, `--seed-index seed` and
-/// `--out part`.
+/// The child's command line: this run's options, `--seed-index seed`
+/// (with `--evaluate` for an evaluation) and `--out part`.
 fn child_args(
     args: &BenchArgs,
     device: torch_ext::DeviceChoice,
     rounds: usize,
     seed: usize,
+    evaluate: bool,
     part: &Path,
 ) -> Vec<std::ffi::OsString> {
     let mut out: Vec<std::ffi::OsString> = vec!["bench".into(), args.workload.name().into()];
@@ -368,6 +471,9 @@ fn child_args(
         push("--set", setting.clone());
     }
     push("--seed-index", seed.to_string());
+    if evaluate {
+        out.push("--evaluate".into());
+    }
     if args.quick {
         out.push("--quick".into());
     }

@@ -155,9 +155,13 @@ commands:
                             only what is missing
         --job-devices LIST  with --jobs: the devices the training processes take, e.g.
                             cuda:0,cuda:1,cuda:2,cuda:3; each starts on the one running the
-                            fewest (default: all on --device)
+                            fewest (default: all on --device); with several devices the
+                            evaluations run there too, one at a time on each
         --seed-index K      train seed K only and write its part (learning curve, trained
                             policy) beside --out (what --jobs starts)
+        --evaluate          with --seed-index K: evaluate seed K's trained policy kept beside
+                            --out and write its evaluations to --out (what --jobs starts, one
+                            at a time on each device, when --job-devices names several)
       ppo-cartpole          the PPO update on CartPole-v1, 500k steps (50k with --quick)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
   parity-capture --out FILE.json

@@ -144,3 +144,43 @@ fn a_seed_part_leaves_no_progress_and_unreadable_progress_is_not_taken_up() {
         "the progress of a finished seed stayed behind"
     );
 }
+
+#[test]
+fn a_seed_evaluated_by_a_child_is_kept_and_pools_the_same_record() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = learning(&dir.path().join("one.json"), &[]);
+    let out = dir.path().join("jobs.json");
+    let parts = dir.path().join("jobs.json.parts");
+    // What `--jobs` starts on each of several devices: a child trains seed
+    // 0, another evaluates it.
+    let _ = run(&parts.join("seed-0.json"), &["--seed-index", "0"]);
+    let _ = run(
+        &parts.join("seed-0-evaluated.json"),
+        &["--seed-index", "0", "--evaluate"],
+    );
+    assert!(parts.join("seed-0-evaluated.json").is_file());
+    let stderr = run(&out, &["--label", "jobs", "--jobs", "2"]);
+    assert!(stderr.contains("seed 0's evaluations: kept"), "{stderr}");
+    let jobs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("the record")).expect("JSON");
+    assert_eq!(one["results"], jobs["results"]);
+    // Evaluating a seed with nothing trained is refused, naming the part.
+    let missing = dir.path().join("empty").join("seed-1-evaluated.json");
+    std::fs::create_dir_all(missing.parent().expect("a parent")).expect("the folder");
+    let mut args = PROTOCOL.to_vec();
+    args.extend_from_slice(&[
+        "--seed-index",
+        "1",
+        "--evaluate",
+        "--out",
+        missing.to_str().expect("a UTF-8 temporary path"),
+    ]);
+    let output = Command::new(ESPER)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("seed-1.json"), "{stderr}");
+}

@@ -96,14 +96,24 @@ fn settings_and_jobs_apply_to_simic_learning_only() {
             torch_ext::DeviceChoice::Cpu
         ]
     );
+    let args = run_args(&[
+        "simic-learning",
+        "--out",
+        "a.json",
+        "--seed-index",
+        "1",
+        "--evaluate",
+    ]);
+    assert!(args.evaluate);
     for bad in [
+        &["simic-learning", "--out", "a.json", "--evaluate"][..],
         &[
             "simic-learning",
             "--out",
             "a.json",
             "--job-devices",
             "cuda:0",
-        ][..],
+        ],
         &[
             "simic-learning",
             "--out",
