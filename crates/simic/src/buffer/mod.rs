@@ -29,6 +29,9 @@
 //! false, which zeroes their actor and critic weights in the PPO batch.
 
 mod contributions;
+mod host;
+mod rollout;
+mod shape;
 
 use contributions::ContributionTargets;
 use tamiyo::masks::MaskTensors;
@@ -36,105 +39,12 @@ use tamiyo::policy::SampledActions;
 use tch::{Device, Kind, Tensor};
 
 use crate::error::TorchResultExt;
-use crate::ppo::PpoBatch;
 use crate::{Error, Result};
 use leyline::NUM_ACTION_HEADS;
 
-/// Sizes of a buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferShape {
-    /// Environments (rows).
-    pub n_envs: usize,
-    /// Steps per environment per round (columns).
-    pub max_steps: usize,
-    /// Observation width.
-    pub obs_dim: usize,
-    /// Slots of every environment.
-    pub num_slots: usize,
-}
-
-/// Most transitions (`n_envs · max_steps`) a buffer holds.
-pub const MAX_TRANSITIONS: usize = 1 << 24;
-
-/// Most elements of any one of a buffer's tensors or host lists
-/// (`n_envs · max_steps · width`, the widest being the observations or the
-/// `ops × slots` mask).
-pub const MAX_ELEMENTS: usize = 1 << 28;
-
-impl BufferShape {
-    /// Checks the sizes: each at least 1, at most [`MAX_TRANSITIONS`]
-    /// transitions, at most [`MAX_ELEMENTS`] elements in any one tensor
-    /// (checked before anything is allocated: an absurd shape is a typed
-    /// error, not an allocation failure).
-    pub fn check(&self) -> Result<()> {
-        for (field, value) in [
-            ("BufferShape.n_envs", self.n_envs),
-            ("BufferShape.max_steps", self.max_steps),
-            ("BufferShape.obs_dim", self.obs_dim),
-            ("BufferShape.num_slots", self.num_slots),
-        ] {
-            if value == 0 || i64::try_from(value).is_err() {
-                return Err(Error::InvalidConfig {
-                    field,
-                    reason: format!("{value}; must be at least 1 and fit i64"),
-                });
-            }
-        }
-        let transitions = self
-            .n_envs
-            .checked_mul(self.max_steps)
-            .filter(|&cells| cells <= MAX_TRANSITIONS)
-            .ok_or_else(|| Error::InvalidConfig {
-                field: "BufferShape.max_steps",
-                reason: format!(
-                    "{} environments × {} steps is more than {MAX_TRANSITIONS} transitions",
-                    self.n_envs, self.max_steps
-                ),
-            })?;
-        let widest = self
-            .obs_dim
-            .max(tamiyo::features::NUM_OPS.saturating_mul(self.num_slots))
-            .max(NUM_ACTION_HEADS);
-        let fits = transitions
-            .checked_mul(widest)
-            .is_some_and(|elements| elements <= MAX_ELEMENTS)
-            && tamiyo::heads::head_sizes(self.num_slots)
-                .iter()
-                .all(|&size| {
-                    transitions
-                        .checked_mul(size)
-                        .is_some_and(|elements| elements <= MAX_ELEMENTS)
-                });
-        if !fits {
-            return Err(Error::InvalidConfig {
-                field: "BufferShape.obs_dim",
-                reason: format!(
-                    "{transitions} transitions of width up to {widest} is more than \
-                     {MAX_ELEMENTS} elements in one tensor"
-                ),
-            });
-        }
-        Ok(())
-    }
-}
-
-/// What the host decided about one step of every environment.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostStep {
-    /// Reward per environment (before normalisation or after: the caller's
-    /// choice, kept as given).
-    pub rewards: Vec<f32>,
-    /// The step ended its episode for good (a true terminal, e.g. the
-    /// governor's rollback).
-    pub terminated: Vec<bool>,
-    /// The step ended its episode by the time limit (bootstrapped).
-    pub truncated: Vec<bool>,
-    /// The policy had no real choice (only WAIT was allowed).
-    pub forced: Vec<bool>,
-    /// The row holds a real transition (false: the environment had already
-    /// ended its episode, or the step was rolled back).
-    pub valid: Vec<bool>,
-}
+pub use host::HostStep;
+pub use rollout::Rollout;
+pub use shape::{BufferShape, MAX_ELEMENTS, MAX_TRANSITIONS};
 
 /// The rollout buffer (see the module docs).
 #[derive(Debug)]
@@ -408,110 +318,6 @@ impl RolloutBuffer {
         Ok(())
     }
 
-    /// Records the host side of step `step` (one entry per environment).
-    /// Checks the step, the lengths and that every reward is finite before
-    /// it writes anything.
-    pub fn record_host(&mut self, step: usize, host: &HostStep) -> Result<()> {
-        let n = self.shape.n_envs;
-        if step >= self.shape.max_steps {
-            return Err(Error::Buffer(format!(
-                "step {step} is past the last column ({} steps per round)",
-                self.shape.max_steps
-            )));
-        }
-        for (what, len) in [
-            ("rewards", host.rewards.len()),
-            ("terminated", host.terminated.len()),
-            ("truncated", host.truncated.len()),
-            ("forced", host.forced.len()),
-            ("valid", host.valid.len()),
-        ] {
-            if len != n {
-                return Err(Error::Buffer(format!(
-                    "{what} has {len} entries for {n} environments"
-                )));
-            }
-        }
-        if let Some((env, bad)) = host
-            .rewards
-            .iter()
-            .enumerate()
-            .find(|(_, reward)| !reward.is_finite())
-        {
-            return Err(Error::InvalidInput {
-                field: "HostStep.rewards",
-                reason: format!("{bad} for environment {env} at step {step} is not finite"),
-            });
-        }
-        for env in 0..n {
-            let cell = env
-                .checked_mul(self.shape.max_steps)
-                .and_then(|row| row.checked_add(step))
-                .ok_or_else(|| Error::Buffer("cell index overflows".to_owned()))?;
-            let set = |list: &mut Vec<bool>, source: &[bool]| {
-                if let (Some(slot), Some(value)) = (list.get_mut(cell), source.get(env)) {
-                    *slot = *value;
-                }
-            };
-            set(&mut self.terminated, &host.terminated);
-            set(&mut self.truncated, &host.truncated);
-            set(&mut self.forced, &host.forced);
-            set(&mut self.valid, &host.valid);
-            if let (Some(slot), Some(value)) = (self.rewards.get_mut(cell), host.rewards.get(env)) {
-                *slot = *value;
-            }
-        }
-        Ok(())
-    }
-
-    /// The host cell of `env` at `step`, if both are in range.
-    fn cell(&self, env: usize, step: usize) -> Option<usize> {
-        if step >= self.shape.max_steps || env >= self.shape.n_envs {
-            return None;
-        }
-        env.checked_mul(self.shape.max_steps)?.checked_add(step)
-    }
-
-    /// Rewrites the reward of `env` at `step` (the episode-level rules: the
-    /// governor's forfeit). A reward that is not finite (as `f32`) or a
-    /// cell out of range is refused and nothing changes.
-    pub fn set_reward(&mut self, env: usize, step: usize, reward: f32) -> Result<()> {
-        if !reward.is_finite() {
-            return Err(Error::InvalidInput {
-                field: "RolloutBuffer.set_reward",
-                reason: format!("{reward} for environment {env} at step {step} is not finite"),
-            });
-        }
-        let slot = self
-            .cell(env, step)
-            .and_then(|cell| self.rewards.get_mut(cell))
-            .ok_or_else(|| Error::Buffer(format!("no cell for environment {env} step {step}")))?;
-        *slot = reward;
-        Ok(())
-    }
-
-    /// Marks `env`'s transition at `step` as a true terminal (the episode
-    /// ended there: no bootstrap, the recursion resets).
-    pub fn set_terminal(&mut self, env: usize, step: usize) -> Result<()> {
-        let cell = self
-            .cell(env, step)
-            .ok_or_else(|| Error::Buffer(format!("no cell for environment {env} step {step}")))?;
-        if let Some(flag) = self.terminated.get_mut(cell) {
-            *flag = true;
-        }
-        if let Some(flag) = self.truncated.get_mut(cell) {
-            *flag = false;
-        }
-        Ok(())
-    }
-
-    /// The rewards of one environment's row, in step order.
-    pub fn row_rewards(&self, env: usize) -> Option<&[f32]> {
-        let start = env.checked_mul(self.shape.max_steps)?;
-        let end = start.checked_add(self.shape.max_steps)?;
-        self.rewards.get(start..end)
-    }
-
     /// Sets the bootstrap value V(s') of every environment at `step`
     /// (`[E]`, used where that step is truncated).
     pub fn set_bootstrap(&mut self, step: usize, values: &Tensor) -> Result<()> {
@@ -592,104 +398,6 @@ impl RolloutBuffer {
             valid: self.upload_bool(&self.valid)?,
             contributions,
             contribution_mask,
-        })
-    }
-}
-
-/// One round on the device, `[E, T, ...]` (see [`RolloutBuffer::finish`]).
-#[derive(Debug)]
-pub struct Rollout {
-    /// `[E, T, obs_dim]` f32 observations (as the policy saw them).
-    pub obs: Tensor,
-    /// `[E, T, S]` i64 blueprint indices.
-    pub blueprints: Tensor,
-    /// `[E, T, 8]` i64 actions.
-    pub actions: Tensor,
-    /// `[E, T, 8]` f32 log-probabilities at sampling time.
-    pub log_probs: Tensor,
-    /// `[E, T]` f32 critic values at sampling time.
-    pub values: Tensor,
-    /// `[E, T, 8]` bool causal relevance of each head.
-    pub relevance: Tensor,
-    /// `[E, T]` f32 bootstrap values.
-    pub bootstrap: Tensor,
-    /// Base masks per head, `[E, T, n_head]` bool.
-    pub heads: [Tensor; NUM_ACTION_HEADS],
-    /// `[E, T, ops, S]` bool.
-    pub slot_by_op: Tensor,
-    /// `[E, T]` f32 rewards.
-    pub rewards: Tensor,
-    /// `[E, T]` bool.
-    pub terminated: Tensor,
-    /// `[E, T]` bool.
-    pub truncated: Tensor,
-    /// `[E, T]` bool.
-    pub forced: Tensor,
-    /// `[E, T]` bool.
-    pub valid: Tensor,
-    /// `[E, T, S]` f32 contributions measured at each step (percentage
-    /// points; 0 where none was).
-    pub contributions: Tensor,
-    /// `[E, T, S]` f32: 1 where a contribution was measured.
-    pub contribution_mask: Tensor,
-}
-
-impl Rollout {
-    /// The base masks of `rows` (`[r]` i64), flattened to `[r·T, ...]` for
-    /// the sampler's `evaluate_actions`.
-    pub fn flat_masks(&self, rows: &Tensor) -> Result<MaskTensors> {
-        let flat = |tensor: &Tensor| -> Result<Tensor> {
-            let picked = tensor.f_index_select(0, rows).op("mask rows")?;
-            let mut size = picked.size();
-            let (Some(&r), Some(&t)) = (size.first(), size.get(1)) else {
-                return Err(shape_error("flat_masks", "[E, T, ...]".to_owned(), tensor));
-            };
-            let rest = size.split_off(2);
-            let mut shape = vec![r.saturating_mul(t)];
-            shape.extend(rest);
-            picked.f_reshape(&shape).op("mask flatten")
-        };
-        let heads = self
-            .heads
-            .iter()
-            .map(flat)
-            .collect::<Result<Vec<_>>>()?
-            .try_into()
-            .map_err(|_| Error::ShapeMismatch {
-                what: "flat_masks.heads",
-                expected: NUM_ACTION_HEADS.to_string(),
-                got: "another count".to_owned(),
-            })?;
-        Ok(MaskTensors {
-            heads,
-            slot_by_op: flat(&self.slot_by_op)?,
-        })
-    }
-
-    /// The PPO batch of this round from `advantages` and critic targets
-    /// `returns` (`[E, T]` each): head weights are the causal relevance,
-    /// the actor weight is 0 on forced and invalid steps, the critic weight
-    /// 0.2 on forced and 0 on invalid steps (reference §4.2).
-    pub fn ppo_batch(&self, advantages: &Tensor, returns: &Tensor) -> Result<PpoBatch> {
-        let valid = self.valid.f_to_kind(Kind::Float).op("valid")?;
-        let forced = self.forced.f_to_kind(Kind::Float).op("forced")?;
-        let free = forced.f_neg().op("free")?.f_add_scalar(1.0).op("free")?;
-        let actor_weight = valid.f_mul(&free).op("actor weight")?;
-        let value_weight = valid
-            .f_mul(
-                &free
-                    .f_add(&forced.f_mul_scalar(0.2).op("forced weight")?)
-                    .op("value weight")?,
-            )
-            .op("value weight")?;
-        Ok(PpoBatch {
-            log_probs: self.log_probs.shallow_clone(),
-            advantages: advantages.shallow_clone(),
-            returns: returns.shallow_clone(),
-            old_values: self.values.shallow_clone(),
-            head_weights: self.relevance.f_to_kind(Kind::Float).op("head weights")?,
-            actor_weight,
-            value_weight,
         })
     }
 }
