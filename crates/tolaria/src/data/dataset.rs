@@ -11,6 +11,11 @@ use super::limits::{MAX_CLASSES, MAX_SAMPLES, at_most, invalid_field};
 use super::shuffle::permutation;
 use super::{DataError, Result, torch_error};
 
+mod checks;
+mod sequences;
+
+use checks::{check_finite, check_labels};
+
 /// How many samples go to the first part of [`Dataset::split`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum SplitSize {
@@ -455,110 +460,6 @@ impl Dataset {
             && torch_ext::memory::is_pinned(&self.images)
     }
 
-    /// A language model's data set: `inputs` `[N, T]` token windows and
-    /// `targets` `[N, T]`, the token after each input position, both `i64`
-    /// in `0..vocabulary`, on one device (`T` at least 1).
-    ///
-    /// # Errors
-    /// [`DataError::InvalidField`] for the vocabulary size (`1..=`
-    /// [`MAX_CLASSES`]), tensors that are not 2-D `Int64` of one shape, or a
-    /// device mismatch; [`DataError::TooLarge`] above [`MAX_SAMPLES`]
-    /// windows; [`DataError::LabelOutOfRange`] naming the first window
-    /// holding a token outside the vocabulary (in the inputs or the
-    /// targets).
-    pub fn sequences(
-        name: impl Into<String>,
-        inputs: Tensor,
-        targets: Tensor,
-        vocabulary: usize,
-    ) -> Result<Self> {
-        const OP: &str = "Dataset::sequences";
-        let name = name.into();
-        if vocabulary == 0 || vocabulary > MAX_CLASSES {
-            return Err(invalid_field(
-                OP,
-                "vocabulary",
-                vocabulary,
-                format!("1..={MAX_CLASSES}"),
-            ));
-        }
-        if !inputs.defined() || !targets.defined() {
-            return Err(invalid_field(
-                OP,
-                "inputs, targets",
-                (inputs.defined(), targets.defined()),
-                "defined tensors",
-            ));
-        }
-        let kinds = (
-            inputs.f_kind().map_err(torch_error(OP))?,
-            targets.f_kind().map_err(torch_error(OP))?,
-        );
-        let shape = inputs.size();
-        let ([n, t], (Kind::Int64, Kind::Int64)) = (shape.as_slice(), kinds) else {
-            return Err(invalid_field(
-                OP,
-                "inputs",
-                (shape, kinds.0),
-                "a 2-D Int64 tensor [windows, context]",
-            ));
-        };
-        let (n, t) = (*n, *t);
-        if targets.size() != shape || t < 1 {
-            return Err(invalid_field(
-                OP,
-                "targets.shape",
-                (targets.size(), kinds.1),
-                format!("Int64 of the inputs' shape {shape:?}, context at least 1"),
-            ));
-        }
-        at_most(
-            OP,
-            "windows",
-            usize::try_from(n).unwrap_or(usize::MAX),
-            MAX_SAMPLES,
-        )?;
-        if inputs.device() != targets.device() {
-            return Err(invalid_field(
-                OP,
-                "targets.device",
-                targets.device(),
-                format!("the inputs' device {:?}", inputs.device()),
-            ));
-        }
-        for tokens in [&inputs, &targets] {
-            let flat = tokens.f_reshape([-1]).map_err(torch_error(OP))?;
-            match check_labels(&name, &flat, vocabulary) {
-                Ok(()) => {}
-                Err(DataError::LabelOutOfRange { index, label, .. }) => {
-                    // `t >= 1`: the window of the flat token index.
-                    let window = index
-                        .checked_div(usize::try_from(t).unwrap_or(1))
-                        .unwrap_or(0);
-                    return Err(DataError::LabelOutOfRange {
-                        dataset: name,
-                        index: window,
-                        label,
-                        n_classes: vocabulary,
-                    });
-                }
-                Err(other) => return Err(other),
-            }
-        }
-        Ok(Self {
-            name,
-            images: inputs,
-            labels: targets,
-            n_classes: vocabulary,
-        })
-    }
-
-    /// Whether this is a language model's data set ([`Dataset::sequences`]):
-    /// a target per position, not per sample.
-    pub fn is_sequences(&self) -> bool {
-        self.labels.dim() == 2
-    }
-
     /// Number of samples of each class, indexed by class (for sequences:
     /// of each token among the targets).
     pub fn class_counts(&self) -> Result<Vec<usize>> {
@@ -576,105 +477,4 @@ impl Dataset {
             .map(|count| usize::try_from(count).unwrap_or(0))
             .collect())
     }
-}
-
-/// Every label of `labels` (1-D `i64`) in `0..n_classes`, or the first that
-/// is not.
-fn check_labels(name: &str, labels: &Tensor, n_classes: usize) -> Result<()> {
-    const OP: &str = "Dataset::new";
-    if labels.numel() == 0 {
-        return Ok(());
-    }
-    // n_classes <= MAX_CLASSES fits an i64.
-    let classes = n_classes as i64;
-    let bad = labels
-        .f_lt(0)
-        .and_then(|low| low.f_logical_or(&labels.f_ge(classes)?))
-        .map_err(torch_error(OP))?;
-    let any_bad = bad
-        .f_any()
-        .and_then(|t| t.f_int64_value(&[]))
-        .map_err(torch_error(OP))?;
-    if any_bad == 0 {
-        return Ok(());
-    }
-    // The first offending sample: argmax of a bool mask is its first true.
-    let index = bad
-        .f_to_kind(Kind::Uint8)
-        .and_then(|t| t.f_argmax(0, false))
-        .and_then(|t| t.f_int64_value(&[]))
-        .map_err(torch_error(OP))?;
-    let label = labels.f_int64_value(&[index]).map_err(torch_error(OP))?;
-    Err(DataError::LabelOutOfRange {
-        dataset: name.to_string(),
-        index: usize::try_from(index).unwrap_or(usize::MAX),
-        label,
-        n_classes,
-    })
-}
-
-/// Every value of a floating-point `images` tensor finite and, for images
-/// wider than f32 (f64), within f32's range, or the first that is not (other
-/// kinds hold only finite values within range).
-fn check_finite(name: &str, images: &Tensor) -> Result<()> {
-    const OP: &str = "Dataset::new";
-    let is_float = images.f_is_floating_point().map_err(torch_error(OP))?;
-    if !is_float || images.numel() == 0 {
-        return Ok(());
-    }
-    let wide = images.kind() == Kind::Double;
-    let limit = f64::from(f32::MAX);
-    let bad = images
-        .f_isfinite()
-        .and_then(|finite| finite.f_logical_not())
-        .and_then(|bad| {
-            if wide {
-                bad.f_logical_or(&images.f_abs()?.f_gt(limit)?)
-            } else {
-                Ok(bad)
-            }
-        })
-        .and_then(|bad| bad.f_flatten(0, -1))
-        .map_err(torch_error(OP))?;
-    let any_bad = bad
-        .f_any()
-        .and_then(|t| t.f_int64_value(&[]))
-        .map_err(torch_error(OP))?;
-    if any_bad == 0 {
-        return Ok(());
-    }
-    let flat = bad
-        .f_to_kind(Kind::Uint8)
-        .and_then(|t| t.f_argmax(0, false))
-        .and_then(|t| t.f_int64_value(&[]))
-        .map_err(torch_error(OP))?;
-    let value = images
-        .f_flatten(0, -1)
-        .and_then(|t| t.f_double_value(&[flat]))
-        .map_err(torch_error(OP))?;
-    let per_sample = images
-        .size()
-        .get(1..)
-        .map_or(1, |rest| rest.iter().product::<i64>())
-        .max(1);
-    let flat = usize::try_from(flat).unwrap_or(0);
-    let per_sample = usize::try_from(per_sample).unwrap_or(1);
-    let dataset = name.to_string();
-    let sample = flat.checked_div(per_sample).unwrap_or(flat);
-    let element = flat.checked_rem(per_sample).unwrap_or(0);
-    if value.is_finite() {
-        return Err(DataError::ValueOutOfRange {
-            dataset,
-            sample,
-            element,
-            value,
-            limit,
-        });
-    }
-    Err(DataError::NonFiniteValue {
-        dataset,
-        sample,
-        element,
-        value,
-    })
 }
