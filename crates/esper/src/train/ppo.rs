@@ -23,14 +23,11 @@
 //! leaves no run directory; a resume that restores no checkpoint leaves the
 //! run directory as it was.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use leyline::Telemetry;
-use nissa::Hub;
-use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+use simic::vectorized::{EnvSpec, Simic, SimicConfig};
 use tolaria::engine::trainer::ModelTrainer;
 use torch_ext::dist::ProcessGroup;
 
@@ -40,11 +37,15 @@ use super::config::RunConfig;
 use super::deferred::Deferred;
 use super::interrupt::Interrupt;
 use super::ppo_checkpoint::{self, PpoLoaded, RoundsRewind};
-use super::progress::RoundProgress;
 use super::{
     CONFIG_NAME, Finished, check_batches, check_metrics_port, close_hub, create_run_dir,
     select_device, start_hub, task, trainer_config, write_config,
 };
+
+mod report;
+mod rounds;
+
+use rounds::rounds;
 
 /// The rounds log inside the run directory.
 pub(crate) const ROUNDS_FILE: &str = "rounds.jsonl";
@@ -405,263 +406,4 @@ fn simic_config(config: &RunConfig, env_device: tch::Device) -> Result<SimicConf
     simic::vectorized::settings::apply_all(&mut simic, &config.settings)
         .context("applying the run's settings")?;
     Ok(simic)
-}
-
-fn rounds(
-    config: &RunConfig,
-    spec: &EnvSpec,
-    hub: Option<&Hub>,
-    group: Option<ProcessGroup>,
-    interrupt: &Interrupt,
-    mut simic: Simic,
-    resumed: bool,
-) -> Result<Finished> {
-    let ranked = group.is_some();
-    if let Some(group) = group {
-        simic
-            .join(group)
-            .context("joining the data-parallel group")?;
-    }
-    let (rank, world) = simic.rank_and_world();
-    if rank != 0 {
-        return follower_rounds(config, spec, &mut simic, interrupt);
-    }
-    let log_path = config.run_dir.join(ROUNDS_FILE);
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(resumed)
-        .write(!resumed)
-        .truncate(!resumed)
-        .open(&log_path)
-        .with_context(|| format!("opening {}", log_path.display()))?;
-    let first = usize::try_from(simic.rounds()).unwrap_or(usize::MAX);
-    let mut lines = first;
-    let mut saved_at = simic.rounds();
-    let mut finished = Finished::Completed;
-    let progress = RoundProgress::new(config.rounds, first);
-    for round in first..config.rounds {
-        // Every rank stops at the same boundary.
-        if simic.any_rank(interrupt.requested())? {
-            finished = Finished::Interrupted;
-            break;
-        }
-        let report = simic
-            .run_round(spec, true)
-            .with_context(|| format!("round {round}"))?;
-        if round == first
-            && let Some(prewarm) = simic.prewarm().filter(|prewarm| prewarm.runs > 0)
-        {
-            progress.note(&format!(
-                "blueprint warm-up before round {round}: {} passes in {:.0} ms (each blueprint's \
-                 first use, paid once per process)",
-                prewarm.runs, prewarm.ms
-            ));
-        }
-        write_episode(&config.run_dir, &report)?;
-        let line = round_line(&report, simic.eps());
-        writeln!(log, "{line}")
-            .and_then(|()| log.flush())
-            .with_context(|| format!("writing {}", log_path.display()))?;
-        lines = lines.saturating_add(1);
-        let accuracy = if report.final_accuracies.is_empty() {
-            f64::NAN
-        } else {
-            report.final_accuracies.iter().sum::<f64>() / report.final_accuracies.len() as f64
-        };
-        progress.round(
-            &progress_line(&report, config.rounds, simic.eps()),
-            &format!(
-                "reward {:.3}, acc {accuracy:.1}%, seeds {:.2}, {:.1} eps",
-                report.mean_episode_reward,
-                report.mean_active_seeds,
-                simic.eps().unwrap_or(0.0)
-            ),
-        );
-        let done = round.saturating_add(1);
-        if config.checkpoint_every > 0 && done % config.checkpoint_every == 0 {
-            log.sync_all()
-                .with_context(|| format!("syncing {}", log_path.display()))?;
-            if let Some(hub) = hub {
-                // Every packet of the rounds so far is in the files the
-                // checkpoint measures.
-                hub.flush(Duration::from_secs(10));
-            }
-            ppo_checkpoint::save(&config.run_dir, config, &simic, lines)?;
-            saved_at = simic.rounds();
-        }
-    }
-    progress.finish();
-    if saved_at != simic.rounds() {
-        log.sync_all()
-            .with_context(|| format!("syncing {}", log_path.display()))?;
-        if let Some(hub) = hub {
-            // Every packet of the rounds so far is in the files the
-            // checkpoint measures.
-            hub.flush(Duration::from_secs(10));
-        }
-        ppo_checkpoint::save(&config.run_dir, config, &simic, lines)?;
-    }
-    if ranked {
-        let parameters = simic.policy().var_store().trainable_variables();
-        println!(
-            "rank {rank} of {world}: policy fingerprint {}",
-            super::ranks::fingerprint(&parameters)?
-        );
-    }
-    save_policy(&simic, &config.run_dir)?;
-    match crate::plot_rounds::read(&config.run_dir)
-        .and_then(|points| crate::plot_rounds::draw_rounds(&config.run_dir, &points))
-    {
-        Ok((png, _)) => println!("picture: {}", png.display()),
-        // The run itself succeeded; a picture that cannot be drawn is said, not fatal.
-        Err(error) => eprintln!("esper: the run picture was not drawn: {error:#}"),
-    }
-    match super::epoch_log::read_file(&config.run_dir, EPISODE_FILE)
-        .and_then(|records| crate::plot::draw_episode(&config.run_dir, &records))
-    {
-        Ok((png, _)) => println!("episode picture: {}", png.display()),
-        Err(error) => eprintln!("esper: the episode picture was not drawn: {error:#}"),
-    }
-    if finished == Finished::Interrupted {
-        println!("interrupted: stopped between rounds; the policy so far is saved");
-    }
-    println!(
-        "rounds: {}, policy: {}",
-        log_path.display(),
-        config.run_dir.join(POLICY_FILE).display()
-    );
-    Ok(finished)
-}
-
-/// A rank other than 0: the same rounds, nothing written.
-fn follower_rounds(
-    config: &RunConfig,
-    spec: &EnvSpec,
-    simic: &mut Simic,
-    interrupt: &Interrupt,
-) -> Result<Finished> {
-    let (rank, world) = simic.rank_and_world();
-    let mut finished = Finished::Completed;
-    let first = usize::try_from(simic.rounds()).unwrap_or(usize::MAX);
-    for round in first..config.rounds {
-        if simic.any_rank(interrupt.requested())? {
-            finished = Finished::Interrupted;
-            break;
-        }
-        simic
-            .run_round(spec, true)
-            .with_context(|| format!("rank {rank}: round {round}"))?;
-    }
-    let parameters = simic.policy().var_store().trainable_variables();
-    println!(
-        "rank {rank} of {world}: policy fingerprint {}",
-        super::ranks::fingerprint(&parameters)?
-    );
-    Ok(finished)
-}
-
-/// Rewrites `run_dir/episode.jsonl` with the first environment's episode of
-/// `report` (atomically: a reader sees the previous round's or this one's).
-fn write_episode(run_dir: &Path, report: &RoundReport) -> Result<()> {
-    let Some(outcome) = report.outcomes.first() else {
-        return Ok(());
-    };
-    let mut text = String::new();
-    for epoch in &outcome.trace {
-        let record = super::epoch_log::EpochRecord::from_trace(epoch);
-        text.push_str(&serde_json::to_string(&record).context("encoding an episode line")?);
-        text.push('\n');
-    }
-    let path = run_dir.join(EPISODE_FILE);
-    durable::write_file(&path, text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::Value {
-    let finite = |value: f64| value.is_finite().then_some(value);
-    serde_json::json!({
-        "round": report.round,
-        "env_epochs": report.env_epochs,
-        "mean_episode_reward": finite(report.mean_episode_reward),
-        "final_accuracies": report.final_accuracies,
-        "mean_active_seeds": finite(report.mean_active_seeds),
-        "germinations": report.germinations,
-        "fossilizations": report.fossilizations,
-        "prunes": report.prunes,
-        "rollbacks": report.rollbacks,
-        "actions": actions_json(&report.actions),
-        "eps": eps.and_then(finite),
-        "policy_inference_ms": finite(report.inference_ms),
-        "round_ms": finite(report.timings.total_ms),
-        "ppo": report.ppo.as_ref().map(|ppo| serde_json::json!({
-            "policy_loss": finite(ppo.policy_loss),
-            "value_loss": finite(ppo.value_loss),
-            "q_loss": finite(ppo.q_loss),
-            "contribution_loss": finite(ppo.contribution_loss),
-            "approx_kl": finite(ppo.approx_kl),
-            "clip_fraction": finite(ppo.clip_fraction),
-            "epochs_run": ppo.epochs_run,
-            "early_stopped": ppo.early_stopped,
-        })),
-    })
-}
-
-/// The round's decision analytics: ops chosen and carried out by name,
-/// blueprints germinated, forced steps and the episodes' outcomes.
-fn actions_json(actions: &simic::vectorized::ActionDistribution) -> serde_json::Value {
-    let ops = |counts: &simic::vectorized::OpCounts| {
-        leyline::LifecycleOp::ALL
-            .iter()
-            .map(|&op| (op.name().to_owned(), serde_json::json!(counts.get(op))))
-            .collect::<serde_json::Map<_, _>>()
-    };
-    serde_json::json!({
-        "steps": actions.steps,
-        "forced_steps": actions.forced_steps,
-        "chosen": ops(&actions.chosen),
-        "executed": ops(&actions.executed),
-        "germinated": actions.germinated,
-        "outcomes": actions.outcomes,
-    })
-}
-
-fn progress_line(report: &RoundReport, rounds: usize, eps: Option<f64>) -> String {
-    let accuracy = if report.final_accuracies.is_empty() {
-        f64::NAN
-    } else {
-        report.final_accuracies.iter().sum::<f64>() / report.final_accuracies.len() as f64
-    };
-    // The share of decisions per chosen op, ops never chosen left out.
-    let chosen = leyline::LifecycleOp::ALL
-        .iter()
-        .filter(|&&op| report.actions.chosen.get(op) > 0)
-        .map(|&op| {
-            format!(
-                "{} {:.0}%",
-                op.name(),
-                100.0 * report.actions.chosen_fraction(op)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" ");
-    format!(
-        "round {}/{rounds}: reward {:.3}, final accuracy {accuracy:.2}%, live seeds {:.2}, \
-         germinated {} fossilized {} pruned {}, chose {chosen}, {:.1} eps",
-        report.round.saturating_add(1),
-        report.mean_episode_reward,
-        report.mean_active_seeds,
-        report.germinations,
-        report.fossilizations,
-        report.prunes,
-        eps.unwrap_or(0.0)
-    )
-}
-
-fn save_policy(simic: &Simic, run_dir: &Path) -> Result<()> {
-    let path = run_dir.join(POLICY_FILE);
-    simic
-        .policy()
-        .var_store()
-        .save(&path)
-        .with_context(|| format!("saving the policy to {}", path.display()))
 }
