@@ -36,8 +36,12 @@
 use leyline::{HEAD_NAMES, LifecycleOp, NUM_ACTION_HEADS};
 use tch::{Device, Kind, Tensor};
 
+mod actions;
+mod conditioned;
 mod distribution;
+mod evaluate;
 
+pub use actions::SampledActions;
 use distribution::{Noise, choose};
 pub use distribution::{
     apply_probability_floor, log_prob, mask_all, mask_logits, normalized_entropy,
@@ -47,7 +51,7 @@ use super::fused_sampling::FusedSampler;
 use super::rng::PolicyRng;
 use crate::error::{TorchResultExt, shape_mismatch};
 use crate::finite::check_finite_on_host;
-use crate::heads::{FactoredAction, OP, SLOT, canonical_action, head_sizes, relevance};
+use crate::heads::{OP, SLOT, head_sizes, relevance};
 use crate::masks::MaskTensors;
 use crate::{Error, Result};
 
@@ -149,55 +153,6 @@ pub struct Sampler {
     device: Device,
     /// Sample with the fused CUDA kernel where it can be built.
     fused: bool,
-}
-
-/// One batch of sampled actions (all on the device).
-#[derive(Debug)]
-pub struct SampledActions {
-    /// `[B, 8]` i64, one index per head in [`HEAD_NAMES`] order.
-    pub actions: Tensor,
-    /// `[B, 8]` fp32 log-probabilities of the chosen options.
-    pub log_probs: Tensor,
-    /// `[B, 8]` fp32 normalised entropies.
-    pub entropies: Tensor,
-    /// `[B, 8]` bool: which heads causally matter for each row's op.
-    pub relevance: Tensor,
-    /// The op-conditioned masks the heads were sampled under.
-    pub masks: [Tensor; NUM_ACTION_HEADS],
-}
-
-impl SampledActions {
-    /// The actions on the host (one readback for the batch).
-    pub fn to_host(&self, num_slots: usize) -> Result<Vec<FactoredAction>> {
-        let host = self
-            .actions
-            .f_to_device(Device::Cpu)
-            .op("actions readback")?
-            .f_contiguous()
-            .op("actions readback")?
-            .f_view(-1)
-            .op("actions readback")?;
-        let values = Vec::<i64>::try_from(&host).op("actions readback")?;
-        let rows = self.actions.size().first().copied().unwrap_or(0);
-        let expected = usize::try_from(rows)
-            .unwrap_or(0)
-            .saturating_mul(NUM_ACTION_HEADS);
-        if values.len() != expected {
-            return Err(Error::Readback {
-                what: "actions",
-                expected,
-                got: values.len(),
-            });
-        }
-        values
-            .chunks_exact(NUM_ACTION_HEADS)
-            .map(|row| {
-                let mut indices = [0_i64; NUM_ACTION_HEADS];
-                indices.copy_from_slice(row);
-                FactoredAction::from_indices(&indices, num_slots)
-            })
-            .collect()
-    }
 }
 
 impl Sampler {
@@ -314,75 +269,6 @@ impl Sampler {
     /// `[B, 8]` relevance of each head for `ops` (`[B]` i64).
     pub fn relevance(&self, ops: &Tensor) -> Result<Tensor> {
         self.relevance.f_index_select(0, ops).op("relevance select")
-    }
-
-    /// The masks each head is chosen under, given the chosen `ops` (`[B]`):
-    /// irrelevant heads forced to their canonical option, the slot head to
-    /// `slot_by_op[op]` (see the module docs).
-    pub fn conditioned_masks(
-        &self,
-        masks: &MaskTensors,
-        ops: &Tensor,
-    ) -> Result<[Tensor; NUM_ACTION_HEADS]> {
-        let relevant = self.relevance(ops)?;
-        let size = masks.slot_by_op.size();
-        let (batch, num_slots) = match size.as_slice() {
-            [batch, _, slots] => (*batch, *slots),
-            _ => {
-                return Err(shape_mismatch(
-                    "conditioned_masks.slot_by_op",
-                    "[B, ops, S]",
-                    size,
-                ));
-            }
-        };
-        let index = ops
-            .f_view([batch, 1, 1])
-            .op("slot by op index")?
-            .f_expand([batch, 1, num_slots], false)
-            .op("slot by op index")?;
-        let slot_base = masks
-            .slot_by_op
-            .f_gather(1, &index, false)
-            .op("slot by op")?
-            .f_squeeze_dim(1)
-            .op("slot by op")?;
-        let mut out = Vec::with_capacity(NUM_ACTION_HEADS);
-        for (head, base) in masks.heads.iter().enumerate() {
-            if head == OP {
-                out.push(base.shallow_clone());
-                continue;
-            }
-            let base = if head == SLOT {
-                slot_base.shallow_clone()
-            } else {
-                base.shallow_clone()
-            };
-            let width = base.size().get(1).copied().unwrap_or(0);
-            let canonical = match canonical_action(head) {
-                Some(option) => Tensor::f_full([batch], option, (Kind::Int64, self.device))
-                    .op("canonical option")?,
-                // First allowed slot.
-                None => base
-                    .f_to_kind(Kind::Int)
-                    .op("first slot")?
-                    .f_argmax(-1, false)
-                    .op("first slot")?,
-            };
-            let forced = canonical
-                .f_one_hot(width)
-                .op("canonical one-hot")?
-                .f_to_kind(Kind::Bool)
-                .op("canonical one-hot")?;
-            let keep = relevant
-                .f_select(1, i64::try_from(head).unwrap_or(0))
-                .op("relevance column")?
-                .f_unsqueeze(1)
-                .op("relevance column")?;
-            out.push(base.f_where_self(&keep, &forced).op("conditioned mask")?);
-        }
-        out.try_into()
-            .map_err(|_| shape_mismatch("conditioned_masks", NUM_ACTION_HEADS, "another count"))
     }
 
     /// Masked (and floored) logits of head `head` under `mask`.
@@ -523,53 +409,6 @@ impl Sampler {
             relevance: self.relevance(&ops)?,
             masks: conditioned,
         })
-    }
-
-    /// Log-probabilities and entropies (`[B, 8]` each, fp32) of stored
-    /// `actions` (`[B, 8]` i64) under raw `logits` and the base `masks`,
-    /// conditioned on the stored ops exactly as [`Sampler::sample`] did.
-    /// Masks are checked as everywhere ([`MaskTensors::check`]); the logits'
-    /// values are not (the PPO update checks its loss).
-    pub fn evaluate_actions(
-        &self,
-        logits: &[Tensor; NUM_ACTION_HEADS],
-        masks: &MaskTensors,
-        actions: &Tensor,
-    ) -> Result<(Tensor, Tensor)> {
-        let batch = actions.size().first().copied().unwrap_or(0);
-        let num_slots = logits
-            .get(SLOT)
-            .and_then(|logits| logits.size().get(1).copied())
-            .and_then(|slots| usize::try_from(slots).ok())
-            .unwrap_or(0);
-        let expected = [batch, i64::try_from(NUM_ACTION_HEADS).unwrap_or(0)];
-        if actions.size() != expected || actions.kind() != Kind::Int64 {
-            return Err(shape_mismatch(
-                "evaluate_actions.actions",
-                format!("Int64 {expected:?}"),
-                (actions.kind(), actions.size()),
-            ));
-        }
-        self.check_logits(logits, batch, num_slots)?;
-        masks.check(batch, num_slots, self.device)?;
-        let ops = actions
-            .f_select(1, i64::try_from(OP).unwrap_or(0))
-            .op("stored ops")?;
-        let conditioned = self.conditioned_masks(masks, &ops)?;
-        let mut log_probs = Vec::with_capacity(NUM_ACTION_HEADS);
-        let mut entropies = Vec::with_capacity(NUM_ACTION_HEADS);
-        for (head, (logits, mask)) in logits.iter().zip(conditioned.iter()).enumerate() {
-            let masked = self.head_logits(head, logits, mask)?;
-            let action = actions
-                .f_select(1, i64::try_from(head).unwrap_or(0))
-                .op("stored action")?;
-            log_probs.push(log_prob(&masked, &action)?);
-            entropies.push(normalized_entropy(&masked, mask)?);
-        }
-        Ok((
-            Tensor::f_stack(&log_probs, 1).op("stack log probs")?,
-            Tensor::f_stack(&entropies, 1).op("stack entropies")?,
-        ))
     }
 
     fn check_logits(
