@@ -20,6 +20,9 @@ use super::{
 use crate::Result;
 use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
 
+mod growth;
+use growth::{live_seed_figures, profile_figures, profile_line};
+
 /// The settings of the variant `name`: a base name ([`variant`]) with
 /// optional suffixes that turn Simic's environment defaults (one warm-up
 /// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
@@ -177,55 +180,6 @@ fn throughput_variant(
     })
 }
 
-/// The progress lines of one profiled step: kernels, copies and device
-/// time per environment-epoch, and the kernels with the most device time.
-fn profile_line(step: &crate::vectorized::StepProfile) -> String {
-    let envs = step.envs.max(1) as f64;
-    let profile = &step.profile;
-    let mut line = format!(
-        "  profiled step at {} live seeds: per environment-epoch {:.0} kernels, {:.0} copies, \
-         {:.2} ms GPU-busy; largest:",
-        step.live_seeds,
-        profile.kernel_launches() as f64 / envs,
-        profile.copies() as f64 / envs,
-        profile.busy_us() / envs / 1000.0,
-    );
-    for kernel in profile.largest(8) {
-        let name: String = kernel.name.chars().take(90).collect();
-        line.push_str(&format!(
-            "\n    {:8.1} us {:5} x {name}",
-            kernel.total_us / envs,
-            kernel.count
-        ));
-    }
-    line
-}
-
-/// The figures of the profiled steps: kernels, copies and GPU-busy ms per
-/// environment-epoch, by live seeds (`profiled_kernels_per_env_epoch_live_seeds_N`,
-/// `profiled_copies_..._N`, `profiled_gpu_busy_ms_per_env_epoch_live_seeds_N`).
-fn profile_figures(
-    profiles: &[crate::vectorized::StepProfile],
-    metrics: &mut std::collections::BTreeMap<String, f64>,
-) {
-    for step in profiles {
-        let envs = step.envs.max(1) as f64;
-        let live = step.live_seeds;
-        metrics.insert(
-            format!("profiled_kernels_per_env_epoch_live_seeds_{live}"),
-            step.profile.kernel_launches() as f64 / envs,
-        );
-        metrics.insert(
-            format!("profiled_copies_per_env_epoch_live_seeds_{live}"),
-            step.profile.copies() as f64 / envs,
-        );
-        metrics.insert(
-            format!("profiled_gpu_busy_ms_per_env_epoch_live_seeds_{live}"),
-            step.profile.busy_us() / envs / 1000.0,
-        );
-    }
-}
-
 /// What [`throughput_variant`] measured.
 struct Variant {
     reports: Vec<RoundReport>,
@@ -331,38 +285,6 @@ fn growth_ceiling(
             amp: Some(amp_name(precision).to_owned()),
         },
     }
-}
-
-/// Environment-epochs per second by live seeds per environment (the
-/// steps' mean over the environments, rounded: `eps_live_seeds_0` to
-/// `_3`, with `steps_live_seeds_N`, the steps they come from), and the
-/// decisions the scripted controller refused, over `reports`.
-fn live_seed_figures(
-    reports: &[&RoundReport],
-    n_envs: usize,
-    metrics: &mut std::collections::BTreeMap<String, f64>,
-) {
-    let mut buckets = [(0_u64, 0.0_f64); 4];
-    for step in reports.iter().flat_map(|r| r.steps.iter()) {
-        let live = step.live_seeds.round().clamp(0.0, 3.0) as usize;
-        if let Some((count, ms)) = buckets.get_mut(live) {
-            *count = count.saturating_add(1);
-            *ms += step.ms;
-        }
-    }
-    for (live, (count, ms)) in buckets.iter().enumerate() {
-        metrics.insert(format!("steps_live_seeds_{live}"), *count as f64);
-        if *count > 0 && *ms > 0.0 {
-            metrics.insert(
-                format!("eps_live_seeds_{live}"),
-                (*count as f64) * n_envs as f64 / (ms / 1000.0),
-            );
-        }
-    }
-    metrics.insert(
-        "refused_decisions".to_owned(),
-        reports.iter().map(|r| r.refused_decisions as f64).sum(),
-    );
 }
 
 /// `simic-throughput`, `simic-cifar` or `simic-lm`.
