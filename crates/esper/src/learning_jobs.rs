@@ -37,15 +37,14 @@ use simic::bench::{Baselines, LearningSetup, SeedOutcome, SimicBenchOptions, Sim
 
 use crate::args::BenchArgs;
 
-/// Trains training seed `seed_index` and writes its part: the learning
-/// curve to `args.out`, the trainer beside it ([`policy_name`]).
-pub(crate) fn run_seed(
+/// A child's setup, its seed index checked against the run's seeds, and
+/// the parts folder (the folder `args.out` is in).
+fn child_setup(
     args: &BenchArgs,
     options: &SimicBenchOptions,
     rounds: usize,
     seed_index: usize,
-    progress: &mut dyn FnMut(&str),
-) -> Result<()> {
+) -> Result<(LearningSetup, PathBuf)> {
     let setup = LearningSetup::new(options, rounds)?;
     if seed_index >= setup.seeds() {
         bail!(
@@ -57,6 +56,19 @@ pub(crate) fn run_seed(
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    Ok((setup, parent))
+}
+
+/// Trains training seed `seed_index` and writes its part: the learning
+/// curve to `args.out`, the trainer beside it ([`policy_name`]).
+pub(crate) fn run_seed(
+    args: &BenchArgs,
+    options: &SimicBenchOptions,
+    rounds: usize,
+    seed_index: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let (setup, parent) = child_setup(args, options, rounds, seed_index)?;
     let describe = setup.describe();
     let progress_dir = parent.join(progress_name(seed_index));
     let kept = read_progress(&progress_dir, seed_index, &describe, progress);
@@ -323,17 +335,7 @@ pub(crate) fn run_evaluation(
     seed_index: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<()> {
-    let setup = LearningSetup::new(options, rounds)?;
-    if seed_index >= setup.seeds() {
-        bail!(
-            "--seed-index {seed_index} is not one of the run's {} training seeds",
-            setup.seeds()
-        );
-    }
-    let parent = match args.out.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let (setup, parent) = child_setup(args, options, rounds, seed_index)?;
     let outcome = evaluate_part(&setup, &parent, seed_index, progress)?;
     write_part(&args.out, &outcome)
 }

@@ -45,6 +45,21 @@ fn run(out: &Path, extra: &[&str]) -> String {
     stderr
 }
 
+/// Runs the short protocol with `extra` options, writing `out`, which must
+/// fail; returns its stderr.
+fn refused(out: &Path, extra: &[&str]) -> String {
+    let mut args = PROTOCOL.to_vec();
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--out", out.to_str().expect("a UTF-8 temporary path")]);
+    let output = Command::new(ESPER)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(!output.status.success(), "{args:?} succeeded");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 fn learning(out: &Path, extra: &[&str]) -> serde_json::Value {
     let mut with_label = vec!["--label", "jobs"];
     with_label.extend_from_slice(extra);
@@ -107,20 +122,7 @@ fn a_run_in_parts_takes_up_what_an_earlier_one_left() {
 fn a_seed_index_outside_the_run_is_refused() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let out = dir.path().join("part.json");
-    let mut args = PROTOCOL.to_vec();
-    args.extend_from_slice(&[
-        "--seed-index",
-        "2",
-        "--out",
-        out.to_str().expect("a UTF-8 temporary path"),
-    ]);
-    let output = Command::new(ESPER)
-        .args(&args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&out, &["--seed-index", "2"]);
     assert!(stderr.contains("--seed-index 2"), "{stderr}");
     assert!(!out.exists(), "a part was written");
 }
@@ -167,20 +169,6 @@ fn a_seed_evaluated_by_a_child_is_kept_and_pools_the_same_record() {
     // Evaluating a seed with nothing trained is refused, naming the part.
     let missing = dir.path().join("empty").join("seed-1-evaluated.json");
     std::fs::create_dir_all(missing.parent().expect("a parent")).expect("the folder");
-    let mut args = PROTOCOL.to_vec();
-    args.extend_from_slice(&[
-        "--seed-index",
-        "1",
-        "--evaluate",
-        "--out",
-        missing.to_str().expect("a UTF-8 temporary path"),
-    ]);
-    let output = Command::new(ESPER)
-        .args(&args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused(&missing, &["--seed-index", "1", "--evaluate"]);
     assert!(stderr.contains("seed-1.json"), "{stderr}");
 }
