@@ -24,6 +24,8 @@
 //!   device-resident parameters.
 //! - `graph`: streams, events, step/epoch graph capture and fallback.
 //! - `placement`: the packed training set on the host and the device.
+//! - `epoch`: `Trainer::train_epoch` and `Trainer::train`, the epoch on the
+//!   CPU and on CUDA.
 //! - `telemetry`: the trainer's packets; they leave through the
 //!   [`leyline::Telemetry`] handle given to [`Trainer::with_telemetry`].
 //! - [`bench`](mod@bench): the `tolaria-reference` benchmark behind
