@@ -42,12 +42,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 Workload::SimicLm => simic::bench::ThroughputTask::LanguageModel,
                 _ => simic::bench::ThroughputTask::FashionMnist,
             };
-            if args.workload == Workload::SimicGrowth && !args.gpus.is_empty() {
-                anyhow::bail!(
-                    "simic-growth runs on one device; --gpus (data-parallel scaling) is not \
-                     implemented for it yet"
-                );
-            }
             if args.gpus.is_empty() {
                 let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
                 options.variants.clone_from(&args.simic_variants);

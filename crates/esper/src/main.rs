@@ -112,7 +112,8 @@ commands:
       simic-growth          the simic-cifar environments driven by the max-growth controller (the
                             policy steps, nothing learns): eps overall and by live seeds per
                             environment (eps_live_seeds_0..3), counterfactual ms, policy step;
-                            --episode short for L = 25; one device (no --gpus yet)
+                            --episode short for L = 25; with --gpus each rank drives its own
+                            environments (nothing learns, no all-reduce)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
         --variants LIST     (the three simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
                             is not one: seeds change the step's shape every few epochs);
@@ -122,7 +123,7 @@ commands:
         --episode L         (every simic workload) epochs per episode: head (150, the
                             default, as at the reference's HEAD), medium (50), short (25)
                             or a number (5 with --quick)
-        --gpus LIST         (the three simic workloads) GPU counts, e.g. 1,2: each count runs one
+        --gpus LIST         (the simic throughput workloads) GPU counts, e.g. 1,2: each count runs one
                             process per GPU (data-parallel PPO over NCCL, Gloo on the CPU),
                             4 envs per GPU; every count is an entry of one record with eps
                             and scaling efficiency

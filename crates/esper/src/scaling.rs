@@ -1,4 +1,5 @@
-//! `esper bench simic-throughput --gpus 1,2`: the workload at several GPU
+//! `esper bench simic-throughput --gpus 1,2` (and `simic-cifar`,
+//! `simic-lm`, `simic-growth`): the workload at several GPU
 //! counts in one run and one record, one process per GPU
 //! ([`crate::launch`]); each rank is `esper bench-rank`, which measures its
 //! share ([`simic::bench::scaling::run_rank`]) and writes it as JSON for the
@@ -17,7 +18,7 @@ use clap::Parser;
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
 use simic::bench::scaling::{RankFigures, run_rank, scaling_entry};
-use simic::bench::{SimicBenchOptions, ThroughputTask};
+use simic::bench::{Driver, SimicBenchOptions, ThroughputTask};
 use torch_ext::DeviceChoice;
 use torch_ext::dist::{DistBackend, ProcessGroup};
 use torch_ext::launcher::RankEnv;
@@ -52,6 +53,10 @@ pub(crate) struct RankArgs {
     /// Folder for the rank's `rank<R>.json`.
     #[arg(long)]
     out: PathBuf,
+    /// Who takes the actions: `policy` (PPO learns, the default) or
+    /// `max-growth` (`simic-growth`: nothing learns).
+    #[arg(long, default_value = "policy")]
+    driver: String,
 }
 
 fn task_of(name: &str) -> Result<ThroughputTask> {
@@ -80,6 +85,11 @@ pub(crate) fn run_rank_command(args: &RankArgs) -> Result<()> {
     let mut options = SimicBenchOptions::new(DeviceChoice::Cpu, args.quick);
     options.rounds = args.rounds;
     options.episode_length = args.episode;
+    options.driver = match args.driver.as_str() {
+        "policy" => Driver::Policy,
+        "max-growth" => Driver::MaxGrowth,
+        other => bail!("--driver {other:?}: policy or max-growth"),
+    };
     let mut progress = |line: &str| eprintln!("{line}");
     let figures = run_rank(task, &options, &args.variant, Some(group), &mut progress)?;
     std::fs::create_dir_all(&args.out)?;
@@ -114,6 +124,7 @@ pub(crate) fn measure(
         vec!["fp32-eager".to_owned()]
     };
     let rounds = if args.quick { 1 } else { 3 };
+    let growth = args.workload == crate::args::Workload::SimicGrowth;
     let task_name = task.task().name();
     let scratch = scratch_dir(&args.out);
     let mut results = Vec::new();
@@ -170,7 +181,12 @@ pub(crate) fn measure(
             "envs_per_gpu": 4,
             "rounds": rounds,
             "episode_length": args.episode,
-            "scaling": "one process per GPU, data-parallel PPO (gradients all-reduced with NCCL)",
+            "scaling": if growth {
+                "one process per GPU, each driving its own environments with the max-growth \
+                 controller (nothing learns: no gradient all-reduce)"
+            } else {
+                "one process per GPU, data-parallel PPO (gradients all-reduced with NCCL)"
+            },
             "launchers": if args.torchrun { json!(["esper", "torchrun"]) } else { json!(["esper"]) },
         }),
         results,
@@ -270,6 +286,10 @@ fn run_count(scratch: &Path, count: &Count<'_>, args: &BenchArgs) -> Result<Vec<
     if let Some(episode) = args.episode {
         child_args.push("--episode".into());
         child_args.push(episode.to_string().into());
+    }
+    if args.workload == crate::args::Workload::SimicGrowth {
+        child_args.push("--driver".into());
+        child_args.push("max-growth".into());
     }
     match launcher {
         Launcher::Esper => launch::run_ranks(gpus, &child_args, launch::GRACE)?,

@@ -12,7 +12,9 @@
 //! would, to the uninterrupted run's policy; resumed as one process it is
 //! refused and nothing changes. With the provisioned venv's real torchrun:
 //! two torchrun invocations as nodes 0 and 1 train the same policy, and
-//! the scaling bench's `--torchrun` entries run.
+//! the scaling bench's `--torchrun` entries run. `simic-growth --gpus 1,2`
+//! on two CPU ranks (CIFAR-10 files the test writes) drives seeds in every
+//! rank and sums the ranks into one record.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -572,5 +574,83 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
         assert!(entry["error"].is_null(), "{mode}: {}", entry["error"]);
         let eps = entry["metrics"]["eps"].as_f64().expect("eps");
         assert!(eps > 0.0, "{mode}: eps {eps}");
+    }
+}
+
+/// A small CIFAR-10 in the binary format (five training files of 110
+/// records, a test file of 40), seeded pixels, every class present.
+fn write_small_cifar(dir: &Path) {
+    use tolaria::data::cifar10::{PIXELS_PER_IMAGE, TEST_FILE, TRAIN_FILES};
+    let records = |n: usize, salt: usize| {
+        let mut bytes = Vec::with_capacity(n * (1 + PIXELS_PER_IMAGE));
+        for i in 0..n {
+            bytes.push(u8::try_from((i + salt) % 10).expect("a class"));
+            bytes.extend((0..PIXELS_PER_IMAGE).map(|p| ((p * 31 + i * 17 + salt) % 251) as u8));
+        }
+        bytes
+    };
+    for (k, name) in TRAIN_FILES.iter().enumerate() {
+        std::fs::write(dir.join(name), records(110, k)).expect("a training file");
+    }
+    std::fs::write(dir.join(TEST_FILE), records(40, 9)).expect("the test file");
+}
+
+#[test]
+fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cifar = dir.path().join("cifar");
+    std::fs::create_dir_all(&cifar).expect("the data folder");
+    write_small_cifar(&cifar);
+    let record = dir.path().join("growth.json");
+    let output = Command::new(ESPER)
+        .args([
+            "bench",
+            "simic-growth",
+            "--device",
+            "cpu",
+            "--gpus",
+            "1,2",
+            "--quick",
+            "--episode",
+            "4",
+            "--out",
+        ])
+        .arg(&record)
+        .env("ESPER_CIFAR10_DIR", &cifar)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("the record")).expect("JSON");
+    assert!(
+        record["params"]["scaling"]
+            .as_str()
+            .is_some_and(|s| s.contains("max-growth")),
+        "{}",
+        record["params"]
+    );
+    let results = record["results"].as_array().expect("results");
+    for mode in ["dp1-fp32-eager", "dp2-fp32-eager"] {
+        let entry = results
+            .iter()
+            .find(|entry| entry["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} entry: {record}"));
+        assert!(entry["error"].is_null(), "{mode}: {}", entry["error"]);
+        let metrics = &entry["metrics"];
+        assert!(
+            metrics["eps"].as_f64().is_some_and(|e| e > 0.0),
+            "{mode}: {metrics}"
+        );
+        // Max growth germinates at the first epoch the masks allow: a seed
+        // lives from the third epoch of four on, in every environment.
+        let seeds = metrics["active_seeds_per_env"]
+            .as_f64()
+            .expect("live seeds");
+        assert!(seeds > 0.2, "{mode}: {metrics}");
     }
 }

@@ -373,17 +373,4 @@ fn bad_settings_and_presets_are_refused_before_anything_is_written() {
     let output = esper(&synthetic(&run_dir, &["--preset", "growth"]));
     assert_refused(&output, "--controller ppo only", "a preset without ppo");
     assert!(!run_dir.exists(), "a preset without ppo: nothing written");
-    let record = dir.path().join("growth.json");
-    let output = esper(&[
-        "bench",
-        "simic-growth",
-        "--out",
-        path_arg(&record),
-        "--gpus",
-        "1,2",
-        "--device",
-        "cpu",
-    ]);
-    assert_refused(&output, "not implemented", "simic-growth on several GPUs");
-    assert!(!record.exists(), "no record");
 }

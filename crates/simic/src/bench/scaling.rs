@@ -4,9 +4,12 @@
 //! the ranks (one process per GPU) and writes one record with every count.
 //!
 //! Each rank runs the workload's 4 environments on its own GPU; the group
-//! trains one policy (gradients averaged every minibatch). The group's eps
-//! is the ranks' environment-epochs over the slowest rank's wall time, from
-//! a barrier after joining to the end of the last round.
+//! trains one policy (gradients averaged every minibatch). With
+//! [`Driver::MaxGrowth`] (`simic-growth`) the max-growth controller takes
+//! every action and nothing learns, so the ranks share no update: each
+//! drives its own environments. The group's eps is the ranks'
+//! environment-epochs over the slowest rank's wall time, from a barrier
+//! after joining to the end of the last round.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -16,8 +19,9 @@ use leyline::baseline::ResultEntry;
 use serde::{Deserialize, Serialize};
 use torch_ext::dist::ProcessGroup;
 
+use super::throughput::max_growth_controllers;
 use super::{
-    SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, simic_config, variant,
+    Driver, SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, simic_config, variant,
 };
 use crate::vectorized::{EnvSpec, Simic};
 use crate::{Error, Result};
@@ -49,7 +53,8 @@ pub struct RankFigures {
 
 /// Runs `variant_name` (see [`SimicBenchOptions::variants`]) for
 /// `options.rounds` rounds as the rank `group` says (single-process when
-/// `None`), on the group's device.
+/// `None`), on the group's device, the actions taken as
+/// [`SimicBenchOptions::driver`] says.
 pub fn run_rank(
     task: ThroughputTask,
     options: &SimicBenchOptions,
@@ -74,6 +79,7 @@ pub fn run_rank(
     let (precision, mode) = variant(variant_name)?;
     let episode_length = options.episode();
     let config = simic_config(task.task(), precision, mode, episode_length, options.quick);
+    let controllers_config = config.clone();
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     if let Some(group) = group {
         simic.join(group)?;
@@ -87,7 +93,13 @@ pub fn run_rank(
     let started = Instant::now();
     let mut reports = Vec::with_capacity(options.rounds);
     for round in 0..options.rounds {
-        let report = simic.run_round(&spec, true)?;
+        let report = match options.driver {
+            Driver::Policy => simic.run_round(&spec, true)?,
+            Driver::MaxGrowth => {
+                let mut controllers = max_growth_controllers(&spec, &controllers_config);
+                simic.drive_round(&spec, &mut controllers)?
+            }
+        };
         progress(&format!(
             "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s, seeds {:.2}",
             report.env_epochs,

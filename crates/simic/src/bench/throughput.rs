@@ -70,7 +70,7 @@ fn variant_config(
 
 /// A max-growth controller for each of `config`'s environments, under the
 /// environments' own mask rules.
-fn max_growth_controllers(
+pub(super) fn max_growth_controllers(
     spec: &EnvSpec,
     config: &SimicConfig,
 ) -> Vec<Box<dyn tolaria::controller::Controller>> {
