@@ -543,28 +543,20 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let record = dir.path().join("scaling.json");
-    let output = Command::new(ESPER)
-        .args([
+    let record = bench_record(
+        &[
             "bench",
             "simic-throughput",
             "--device",
             "cpu",
             "--gpus",
             "2",
-        ])
-        .args(["--torchrun", "--quick", "--out"])
-        .arg(&record)
-        .env("ESPER_TORCHRUN", &torchrun)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+            "--torchrun",
+            "--quick",
+        ],
+        &record,
+        ("ESPER_TORCHRUN", torchrun.as_os_str()),
     );
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&record).expect("the record")).expect("JSON");
     let results = record["results"].as_array().expect("results");
     for mode in ["dp2-fp32-eager", "dp2-fp32-eager-torchrun"] {
         let entry = results
@@ -575,6 +567,25 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
         let eps = entry["metrics"]["eps"].as_f64().expect("eps");
         assert!(eps > 0.0, "{mode}: eps {eps}");
     }
+}
+
+/// Runs `esper ARGS --out RECORD` with one environment variable set, which
+/// must succeed; returns the record it wrote.
+fn bench_record(args: &[&str], record: &Path, env: (&str, &std::ffi::OsStr)) -> serde_json::Value {
+    let output = Command::new(ESPER)
+        .args(args)
+        .arg("--out")
+        .arg(record)
+        .env(env.0, env.1)
+        .stdin(Stdio::null())
+        .output()
+        .expect("esper runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(record).expect("the record")).expect("JSON")
 }
 
 /// A small CIFAR-10 in the binary format (five training files of 110
@@ -602,8 +613,8 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
     std::fs::create_dir_all(&cifar).expect("the data folder");
     write_small_cifar(&cifar);
     let record = dir.path().join("growth.json");
-    let output = Command::new(ESPER)
-        .args([
+    let record = bench_record(
+        &[
             "bench",
             "simic-growth",
             "--device",
@@ -613,20 +624,10 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
             "--quick",
             "--episode",
             "4",
-            "--out",
-        ])
-        .arg(&record)
-        .env("ESPER_CIFAR10_DIR", &cifar)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+        ],
+        &record,
+        ("ESPER_CIFAR10_DIR", cifar.as_os_str()),
     );
-    let record: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&record).expect("the record")).expect("JSON");
     assert!(
         record["params"]["scaling"]
             .as_str()
