@@ -192,6 +192,18 @@ pub(crate) fn run_jobs(
     jobs: usize,
     progress: &mut dyn FnMut(&str),
 ) -> Result<SimicBenchRun> {
+    // The devices the children take, checked before anything is written:
+    // each new child on the device that runs the fewest (the first of
+    // those); the run's own device by default.
+    let devices = if args.job_devices.is_empty() {
+        vec![args.device]
+    } else {
+        args.job_devices.clone()
+    };
+    for device in &devices {
+        torch_ext::device::select(*device)
+            .with_context(|| format!("--job-devices: {device} is not usable here"))?;
+    }
     let setup = LearningSetup::new(options, rounds)?;
     let parts_dir = parts_dir(&args.out);
     std::fs::create_dir_all(&parts_dir)
@@ -248,17 +260,6 @@ pub(crate) fn run_jobs(
             std::fs::remove_dir_all(&stale)
                 .with_context(|| format!("removing {}", stale.display()))?;
         }
-    }
-    // The devices the children take: each new one on the device that runs
-    // the fewest (the first of those); the run's own device by default.
-    let devices = if args.job_devices.is_empty() {
-        vec![args.device]
-    } else {
-        args.job_devices.clone()
-    };
-    for device in &devices {
-        torch_ext::device::select(*device)
-            .with_context(|| format!("--job-devices: {device} is not usable here"))?;
     }
     let spawn = |what: &str, seed: usize, device, evaluate: bool| -> Result<Child> {
         let out = if evaluate {

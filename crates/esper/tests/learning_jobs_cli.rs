@@ -119,6 +119,19 @@ fn a_run_in_parts_takes_up_what_an_earlier_one_left() {
 }
 
 #[test]
+fn an_unusable_job_device_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let out = dir.path().join("jobs.json");
+    let stderr = refused(&out, &["--jobs", "2", "--job-devices", "cpu,cuda:63"]);
+    assert!(stderr.contains("--job-devices: cuda:63"), "{stderr}");
+    assert!(!out.exists(), "a record was written");
+    assert!(
+        !dir.path().join("jobs.json.parts").exists(),
+        "a parts folder was made"
+    );
+}
+
+#[test]
 fn a_seed_index_outside_the_run_is_refused() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let out = dir.path().join("part.json");
