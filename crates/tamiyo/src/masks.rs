@@ -76,7 +76,7 @@ use crate::features::{MAX_SLOTS, NUM_OPS};
 use crate::heads::{ALPHA_TARGET, BLUEPRINT, OP, SLOT, STYLE, head_sizes};
 use crate::{Error, Result};
 
-mod tensors;
+pub(crate) mod tensors;
 
 pub use tensors::MaskTensors;
 

@@ -5,7 +5,7 @@
 //! step at once; the learner trains the same network.
 
 use leyline::Telemetry;
-use tamiyo::masks::MaskTensors;
+use tamiyo::masks::{ActionMasks, MaskTensors};
 use tamiyo::policy::{
     Act, GraphedAct, LstmState, Policy, PolicyConfig, PolicyPrecision, PolicyRng, SampleMode,
     Sampler,
@@ -94,34 +94,73 @@ impl Actor {
         self.graphed.as_ref().and_then(GraphedAct::fallback)
     }
 
-    /// One batched step for every environment: the normalised observations
-    /// `obs`, the slots' blueprint indices, the LSTM state and the masks on
-    /// the device. The captured step (built at the first call when
-    /// `graph_policy`) falls back to the eager one by itself (CPU, failed
-    /// capture); without it, the eager step.
-    pub(super) fn act(
-        &mut self,
-        obs: &Tensor,
-        blueprints: &Tensor,
-        hidden: &LstmState,
-        masks: &MaskTensors,
-    ) -> Result<Act> {
-        if self.graph_policy && self.graphed.is_none() {
-            self.graphed = Some(GraphedAct::new(&self.policy, &self.sampler, self.n_envs)?);
+    /// The step of this actor, built at its first use: captured when
+    /// `graph_policy`, else always eager.
+    fn step(&mut self) -> Result<&mut GraphedAct> {
+        if self.graphed.is_none() {
+            self.graphed = Some(if self.graph_policy {
+                GraphedAct::new(&self.policy, &self.sampler, self.n_envs)?
+            } else {
+                GraphedAct::eager(
+                    &self.policy,
+                    &self.sampler,
+                    self.n_envs,
+                    "graph_policy is off",
+                )?
+            });
         }
-        Ok(match self.graphed.as_mut() {
-            Some(graphed) => graphed.act(
-                &self.policy,
-                &mut self.sampler,
-                obs,
-                blueprints,
-                hidden,
-                masks,
-            )?,
-            None => self
-                .policy
-                .act(obs, blueprints, hidden, masks, &mut self.sampler)?,
-        })
+        self.graphed
+            .as_mut()
+            .ok_or_else(|| crate::Error::InvalidConfig {
+                field: "Actor",
+                reason: "no policy step".to_owned(),
+            })
+    }
+
+    /// Packs and uploads one step's host inputs in one copy
+    /// ([`GraphedAct::stage`]): the raw observations and blueprint indices
+    /// of every environment, row after row, and their masks.
+    pub(super) fn stage(
+        &mut self,
+        obs: &[f32],
+        blueprints: &[i64],
+        masks: &[ActionMasks],
+    ) -> Result<()> {
+        self.step()?;
+        if let Some(graphed) = self.graphed.as_mut() {
+            graphed.stage(&mut self.sampler, obs, blueprints, masks)?;
+        }
+        Ok(())
+    }
+
+    /// The staged raw observations, the blueprint indices and the masks on
+    /// the device (views, until the next [`Actor::stage`]).
+    pub(super) fn staged(&self) -> Result<(Tensor, Tensor, &MaskTensors)> {
+        let graphed = self
+            .graphed
+            .as_ref()
+            .ok_or_else(|| crate::Error::InvalidConfig {
+                field: "Actor.staged",
+                reason: "nothing staged".to_owned(),
+            })?;
+        Ok((
+            graphed.staged_obs().shallow_clone(),
+            graphed.staged_blueprints().shallow_clone(),
+            graphed.staged_masks(),
+        ))
+    }
+
+    /// The step on the staged inputs, with `obs` the staged observations
+    /// normalised ([`GraphedAct::act_staged`]).
+    pub(super) fn act_staged(&mut self, obs: &Tensor, hidden: &LstmState) -> Result<Act> {
+        let graphed = self
+            .graphed
+            .as_mut()
+            .ok_or_else(|| crate::Error::InvalidConfig {
+                field: "Actor.act_staged",
+                reason: "nothing staged".to_owned(),
+            })?;
+        Ok(graphed.act_staged(&self.policy, &mut self.sampler, obs, hidden)?)
     }
 
     /// The device time of the last replay of the captured step, once.

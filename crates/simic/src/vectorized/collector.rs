@@ -217,7 +217,8 @@ impl Collector {
     }
 
     /// Phase 4 of `step`: the batched policy step for every environment
-    /// (observations normalised by `learner` with its statistics frozen for
+    /// (its host inputs uploaded in one copy, [`Actor::stage`]; the
+    /// observations normalised by `learner` with its statistics frozen for
     /// the rollout, as the reference does; when `learn` the raw rows are kept
     /// for the normaliser's update before the PPO update), its outputs into
     /// the buffer on the device, and the one readback of the actions.
@@ -229,18 +230,24 @@ impl Collector {
         learn: bool,
     ) -> Result<Vec<FactoredAction>> {
         let started = Instant::now();
-        self.batch.upload()?;
+        // One upload of the step's host inputs, straight into the buffers
+        // the captured step reads.
+        actor.stage(
+            self.batch.host_obs(),
+            self.batch.host_blueprints(),
+            &self.masks,
+        )?;
+        let (raw, blueprints, _) = actor.staged()?;
         if learn && learner.normalises_observations() {
-            // A copy: the feature batch's buffer is reused by the next step.
+            // A copy: the staged buffer is reused by the next step.
             self.raw_obs
-                .push(Tensor::f_cat(&[self.batch.obs()], 0).op("keep the step's observations")?);
+                .push(Tensor::f_cat(&[&raw], 0).op("keep the step's observations")?);
         }
-        let obs = learner.normalise_observations(self.batch.obs(), false)?;
-        let masks = MaskTensors::from_masks(&self.masks, self.device)?;
-        let blueprints = self.batch.blueprint_indices();
-        let act = actor.act(&obs, blueprints, &self.hidden, &masks)?;
+        let obs = learner.normalise_observations(&raw, false)?;
+        let act = actor.act_staged(&obs, &self.hidden)?;
+        let (_, _, masks) = actor.staged()?;
         self.buffer
-            .record_policy(step, &obs, blueprints, &act.value, &act.sample, &masks)?;
+            .record_policy(step, &obs, &blueprints, &act.value, &act.sample, masks)?;
         self.hidden = act.hidden;
         let num_slots = self.envs.first().map_or(0, Env::num_slots);
         let actions = act.sample.to_host(num_slots)?;

@@ -142,6 +142,18 @@ impl FeatureBatch {
             .op("blueprint batch upload")
     }
 
+    /// The host copy of every encoded row, `n_envs × obs_dim` floats, row
+    /// after row (what [`FeatureBatch::upload`] copies, or what a
+    /// [`crate::policy::StepStaging`] packs).
+    pub fn host_obs(&self) -> &[f32] {
+        &self.host_obs
+    }
+
+    /// The host copy of the blueprint indices, `n_envs × num_slots`.
+    pub fn host_blueprints(&self) -> &[i64] {
+        &self.host_blueprints
+    }
+
     /// The host copy of environment `env`'s encoded row.
     pub fn host_row(&self, env: usize) -> Option<&[f32]> {
         self.host_obs.chunks_exact(self.layout.obs_dim()).nth(env)

@@ -20,16 +20,60 @@ pub struct MaskTensors {
     pub slot_by_op: Tensor,
 }
 
-fn bool_tensor(values: &[bool], shape: &[i64], device: Device) -> Result<Tensor> {
-    let bytes: Vec<u8> = values.iter().map(|&value| u8::from(value)).collect();
-    Tensor::f_from_slice(&bytes)
-        .op("mask from host")?
-        .f_view(shape)
-        .op("mask view")?
-        .f_to_kind(Kind::Bool)
-        .op("mask to bool")?
-        .f_to_device(device)
-        .op("mask to device")
+/// Bytes in one environment's packed row of masks with `num_slots` slots:
+/// every head's options, then `slot_by_op`.
+pub(crate) fn packed_row_width(num_slots: usize) -> usize {
+    let heads: usize = head_sizes(num_slots).iter().sum();
+    heads.saturating_add(NUM_OPS.saturating_mul(num_slots))
+}
+
+/// Checks `masks` (one per environment, all with the same slot count, at
+/// most [`MAX_ENVS`]) on the host and packs them, row after row, as bytes
+/// (0 or 1) in the layout of [`MaskTensors::from_packed`]. Returns the slot
+/// count and the bytes.
+pub(crate) fn pack_masks(masks: &[ActionMasks]) -> Result<(usize, Vec<u8>)> {
+    let first = masks
+        .first()
+        .ok_or_else(|| shape_mismatch("MaskTensors.from_masks", "at least one", 0))?;
+    let num_slots = first.num_slots();
+    if let Some(other) = masks.iter().find(|mask| mask.num_slots() != num_slots) {
+        return Err(shape_mismatch(
+            "MaskTensors.from_masks.slots",
+            num_slots,
+            other.num_slots(),
+        ));
+    }
+    if masks.len() > MAX_ENVS {
+        return Err(shape_mismatch(
+            "MaskTensors.from_masks",
+            format!("at most {MAX_ENVS} environments"),
+            masks.len(),
+        ));
+    }
+    for (row, mask) in masks.iter().enumerate() {
+        mask.check_row(row)?;
+    }
+    let expected = masks.len().saturating_mul(packed_row_width(num_slots));
+    let mut bytes = Vec::with_capacity(expected);
+    for mask in masks {
+        for head in 0..NUM_ACTION_HEADS {
+            bytes.extend(mask.head(head).iter().map(|&allowed| u8::from(allowed)));
+        }
+        bytes.extend(
+            mask.slot_by_op
+                .iter()
+                .flatten()
+                .map(|&allowed| u8::from(allowed)),
+        );
+    }
+    if bytes.len() != expected {
+        return Err(shape_mismatch(
+            "MaskTensors.from_masks",
+            expected,
+            bytes.len(),
+        ));
+    }
+    Ok((num_slots, bytes))
 }
 
 impl MaskTensors {
@@ -42,49 +86,27 @@ impl MaskTensors {
     /// op without a slot, is [`Error::EmptyMask`] naming the head and the
     /// environment's row, and nothing is built.
     pub fn from_masks(masks: &[ActionMasks], device: Device) -> Result<MaskTensors> {
-        let first = masks
-            .first()
-            .ok_or_else(|| shape_mismatch("MaskTensors.from_masks", "at least one", 0))?;
-        let num_slots = first.num_slots();
-        if let Some(other) = masks.iter().find(|mask| mask.num_slots() != num_slots) {
-            return Err(shape_mismatch(
-                "MaskTensors.from_masks.slots",
-                num_slots,
-                other.num_slots(),
-            ));
-        }
-        if masks.len() > MAX_ENVS {
-            return Err(shape_mismatch(
-                "MaskTensors.from_masks",
-                format!("at most {MAX_ENVS} environments"),
-                masks.len(),
-            ));
-        }
-        for (row, mask) in masks.iter().enumerate() {
-            mask.check_row(row)?;
-        }
+        let (num_slots, bytes) = pack_masks(masks)?;
         let rows = i64::try_from(masks.len()).unwrap_or(i64::MAX);
+        let row_width = i64::try_from(packed_row_width(num_slots)).unwrap_or(i64::MAX);
+        let packed = Tensor::f_from_slice(&bytes)
+            .op("mask from host")?
+            .f_view([rows, row_width])
+            .op("mask view")?
+            .f_to_kind(Kind::Bool)
+            .op("mask to bool")?
+            .f_to_device(device)
+            .op("mask to device")?;
+        MaskTensors::from_packed(&packed, num_slots)
+    }
+
+    /// The masks as views of one packed boolean `[n_envs, total]` tensor
+    /// (every head's columns in [`HEAD_NAMES`] order, then `slot_by_op`
+    /// flattened), the layout [`MaskTensors::from_masks`] uploads.
+    pub(crate) fn from_packed(packed: &Tensor, num_slots: usize) -> Result<MaskTensors> {
         let width = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let rows = packed.size().first().copied().unwrap_or(0);
         let sizes = head_sizes(num_slots);
-        let heads_width: usize = sizes.iter().sum();
-        let slot_width = NUM_OPS.saturating_mul(num_slots);
-        let row_width = heads_width.saturating_add(slot_width);
-        let expected = masks.len().saturating_mul(row_width);
-        let mut values = Vec::with_capacity(expected);
-        for mask in masks {
-            for head in 0..NUM_ACTION_HEADS {
-                values.extend(mask.head(head).iter().copied());
-            }
-            values.extend(mask.slot_by_op.iter().flatten().copied());
-        }
-        if values.len() != expected {
-            return Err(shape_mismatch(
-                "MaskTensors.from_masks",
-                expected,
-                values.len(),
-            ));
-        }
-        let packed = bool_tensor(&values, &[rows, width(row_width)], device)?;
         let mut heads = Vec::with_capacity(NUM_ACTION_HEADS);
         let mut offset = 0_i64;
         for size in sizes {
@@ -92,7 +114,7 @@ impl MaskTensors {
             offset = offset.saturating_add(width(size));
         }
         let slot_by_op = packed
-            .f_narrow(1, offset, width(slot_width))
+            .f_narrow(1, offset, width(NUM_OPS.saturating_mul(num_slots)))
             .op("mask view")?
             .f_view([rows, width(NUM_OPS), width(num_slots)])
             .op("mask view")?;

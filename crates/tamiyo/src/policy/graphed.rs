@@ -13,6 +13,15 @@
 //! captured one runs the eager step instead ([`GraphedAct::fallback`] says
 //! why).
 //!
+//! Two ways in. [`GraphedAct::act`] takes the inputs as device tensors and
+//! copies each into its static buffer. [`GraphedAct::stage`] takes them from
+//! the host (raw observations, blueprint indices, [`ActionMasks`]) and
+//! uploads them with the noise bases in one copy ([`StepStaging`]) straight
+//! into the buffers the graph reads; the caller normalises
+//! [`GraphedAct::staged_obs`] and [`GraphedAct::act_staged`] replays. The
+//! second is what a rollout uses: one upload and no stream synchronisation
+//! before the replay, against one blocking copy per input.
+//!
 //! The returned [`Act`] holds views of the static outputs: consume it (copy
 //! what you keep) before the next call overwrites them.
 
@@ -22,10 +31,12 @@ use tch::{Device, Kind, Tensor};
 use torch_ext::{CudaEvent, CudaGraph, CudaStream};
 
 use super::network::LstmState;
+use super::rng::PolicyRng;
 use super::sampling::{SampleMode, SampledActions, Sampler};
+use super::staging::StepStaging;
 use super::{Act, Policy};
 use crate::error::{TorchResultExt, shape_mismatch};
-use crate::masks::MaskTensors;
+use crate::masks::{ActionMasks, MaskTensors};
 use crate::{Error, Result};
 
 /// Eager warm-up calls before the capture.
@@ -35,11 +46,22 @@ const WARMUP_ITERS: usize = 2;
 #[derive(Debug)]
 struct Inputs {
     obs: Tensor,
-    blueprints: Tensor,
     h: Tensor,
     c: Tensor,
-    masks: MaskTensors,
-    bases: Tensor,
+    /// The blueprint indices, the masks and the noise bases: views of the
+    /// staging's device buffer ([`GraphedAct::stage`] uploads them in one
+    /// copy; [`GraphedAct::act`] copies device tensors into them).
+    staging: StepStaging,
+}
+
+/// What [`GraphedAct::stage`] decided for the next
+/// [`GraphedAct::act_staged`].
+#[derive(Debug)]
+struct Staged {
+    /// Whether the step replays the graph (the bases were drawn and staged).
+    graph: bool,
+    /// The generator before the bases were drawn, restored if the step fails.
+    rng: PolicyRng,
 }
 
 /// The captured step's static outputs.
@@ -61,6 +83,7 @@ pub struct GraphedAct {
     /// Events around the last replay (the device time of the step itself).
     timing: Option<(CudaEvent, CudaEvent)>,
     replay_pending: bool,
+    staged: Option<Staged>,
 }
 
 fn copy_into(what: &'static str, target: &Tensor, source: &Tensor) -> Result<()> {
@@ -90,29 +113,44 @@ impl GraphedAct {
             reason: format!("{n_envs} does not fit i64"),
         })?;
         let obs_dim = i64::try_from(config.obs_dim()).unwrap_or(i64::MAX);
-        let slots = i64::try_from(config.num_slots).unwrap_or(i64::MAX);
         let hidden = network.initial_state(n_envs)?;
-        let draws = i64::try_from(sampler.draws_per_sample()).unwrap_or(0);
         Ok(GraphedAct {
             inputs: Inputs {
                 obs: Tensor::f_zeros([rows, obs_dim], (Kind::Float, device)).op("graph obs")?,
-                blueprints: Tensor::f_zeros([rows, slots], (Kind::Int64, device))
-                    .op("graph blueprints")?,
                 h: hidden.h,
                 c: hidden.c,
-                masks: MaskTensors::allow_all(n_envs, config.num_slots, device)?,
-                bases: Tensor::f_zeros([draws.max(1)], (Kind::Int64, device)).op("graph bases")?,
+                staging: StepStaging::new(
+                    n_envs,
+                    config.num_slots,
+                    sampler.draws_per_sample(),
+                    device,
+                )?,
             },
             outputs: None,
             graph: None,
             timing: None,
             replay_pending: false,
+            staged: None,
             mode: sampler.config().mode,
             fallback: match device {
                 Device::Cuda(_) => None,
                 other => Some(format!("the policy is on {other:?}; graphs need CUDA")),
             },
         })
+    }
+
+    /// A step that never captures: the eager [`Policy::act`] every time,
+    /// with `reason` as its [`GraphedAct::fallback`]. It stages its inputs
+    /// as the captured one does ([`GraphedAct::stage`]).
+    pub fn eager(
+        policy: &Policy,
+        sampler: &Sampler,
+        n_envs: usize,
+        reason: impl Into<String>,
+    ) -> Result<GraphedAct> {
+        let mut step = GraphedAct::new(policy, sampler, n_envs)?;
+        step.fallback = Some(reason.into());
+        Ok(step)
     }
 
     /// Whether the step is captured and replaying.
@@ -138,16 +176,20 @@ impl GraphedAct {
         // Every shape first, so a refused call copies nothing.
         let mut pairs: Vec<(&'static str, &Tensor, &Tensor)> = vec![
             ("GraphedAct.obs", &inputs.obs, obs),
-            ("GraphedAct.blueprints", &inputs.blueprints, blueprints),
+            (
+                "GraphedAct.blueprints",
+                inputs.staging.blueprints(),
+                blueprints,
+            ),
             ("GraphedAct.hidden.h", &inputs.h, &hidden.h),
             ("GraphedAct.hidden.c", &inputs.c, &hidden.c),
             (
                 "GraphedAct.slot_by_op",
-                &inputs.masks.slot_by_op,
+                &inputs.staging.masks().slot_by_op,
                 &masks.slot_by_op,
             ),
         ];
-        for (target, source) in inputs.masks.heads.iter().zip(masks.heads.iter()) {
+        for (target, source) in inputs.staging.masks().heads.iter().zip(masks.heads.iter()) {
             pairs.push(("GraphedAct.masks", target, source));
         }
         for (what, target, source) in &pairs {
@@ -159,28 +201,34 @@ impl GraphedAct {
                 ));
             }
         }
-        if !bases.is_empty() && inputs.bases.size() != [i64::try_from(bases.len()).unwrap_or(-1)] {
+        if !bases.is_empty()
+            && inputs.staging.bases().size() != [i64::try_from(bases.len()).unwrap_or(-1)]
+        {
             return Err(shape_mismatch(
                 "GraphedAct.bases",
-                format!("{:?}", inputs.bases.size()),
+                format!("{:?}", inputs.staging.bases().size()),
                 bases.len(),
             ));
         }
         copy_into("GraphedAct.obs", &inputs.obs, obs)?;
-        copy_into("GraphedAct.blueprints", &inputs.blueprints, blueprints)?;
+        copy_into(
+            "GraphedAct.blueprints",
+            inputs.staging.blueprints(),
+            blueprints,
+        )?;
         copy_into("GraphedAct.hidden.h", &inputs.h, &hidden.h)?;
         copy_into("GraphedAct.hidden.c", &inputs.c, &hidden.c)?;
-        for (target, source) in inputs.masks.heads.iter().zip(masks.heads.iter()) {
+        for (target, source) in inputs.staging.masks().heads.iter().zip(masks.heads.iter()) {
             copy_into("GraphedAct.masks", target, source)?;
         }
         copy_into(
             "GraphedAct.slot_by_op",
-            &inputs.masks.slot_by_op,
+            &inputs.staging.masks().slot_by_op,
             &masks.slot_by_op,
         )?;
         if !bases.is_empty() {
             let host = Tensor::f_from_slice(bases).op("noise bases")?;
-            copy_into("GraphedAct.bases", &inputs.bases, &host)?;
+            copy_into("GraphedAct.bases", inputs.staging.bases(), &host)?;
         }
         Ok(())
     }
@@ -198,9 +246,11 @@ impl GraphedAct {
         hidden: &LstmState,
         masks: &MaskTensors,
     ) -> Result<Act> {
+        // This call writes the staged inputs' buffers.
+        self.staged = None;
         let fits = obs.size() == self.inputs.obs.size()
             && sampler.config().mode == self.mode
-            && masks.slot_by_op.size() == self.inputs.masks.slot_by_op.size();
+            && masks.slot_by_op.size() == self.inputs.staging.masks().slot_by_op.size();
         if self.fallback.is_some() || !fits {
             return policy.act(obs, blueprints, hidden, masks, sampler);
         }
@@ -208,26 +258,131 @@ impl GraphedAct {
         // leaves it where it was.
         let rng = sampler.rng().clone();
         let bases = sampler.next_bases();
-        let act = self.replay(policy, sampler, obs, blueprints, hidden, masks, &bases);
+        let act = self
+            .set_inputs(obs, blueprints, hidden, masks, &bases)
+            .and_then(|()| self.run(policy, sampler));
         if act.is_err() {
             sampler.set_rng(rng);
         }
         act
     }
 
-    /// [`GraphedAct::act`] once the generator has given this step's `bases`.
-    #[allow(clippy::too_many_arguments)]
-    fn replay(
+    /// Packs one step's host inputs (`obs`: `n_envs × obs_dim` raw
+    /// observations, row after row; `blueprints`: `n_envs × num_slots`
+    /// blueprint indices; `masks`: one per environment) with the noise
+    /// bases the captured step needs, and uploads them in one copy
+    /// ([`StepStaging::stage`]). The observations are then on the device
+    /// as [`GraphedAct::staged_obs`], to be normalised by the caller and
+    /// handed to [`GraphedAct::act_staged`]. When the step will replay the
+    /// graph, the bases are drawn from `sampler` here; a refused call
+    /// leaves the generator and the staged inputs as they were.
+    pub fn stage(
+        &mut self,
+        sampler: &mut Sampler,
+        obs: &[f32],
+        blueprints: &[i64],
+        masks: &[ActionMasks],
+    ) -> Result<()> {
+        self.staged = None;
+        let graph = self.fallback.is_none() && sampler.config().mode == self.mode;
+        let rng = sampler.rng().clone();
+        let bases = if graph {
+            sampler.next_bases()
+        } else {
+            Vec::new()
+        };
+        if let Err(error) = self.inputs.staging.stage(obs, blueprints, masks, &bases) {
+            sampler.set_rng(rng);
+            return Err(error);
+        }
+        self.staged = Some(Staged { graph, rng });
+        Ok(())
+    }
+
+    /// The staged raw observations, `[n_envs, obs_dim]` `f32` on the device
+    /// (until the next [`GraphedAct::stage`]).
+    pub fn staged_obs(&self) -> &Tensor {
+        self.inputs.staging.obs()
+    }
+
+    /// The staged blueprint indices, `[n_envs, num_slots]` `i64`.
+    pub fn staged_blueprints(&self) -> &Tensor {
+        self.inputs.staging.blueprints()
+    }
+
+    /// The staged masks.
+    pub fn staged_masks(&self) -> &MaskTensors {
+        self.inputs.staging.masks()
+    }
+
+    /// The step on the inputs of the last [`GraphedAct::stage`], with `obs`
+    /// the staged observations as the policy sees them (normalised) and
+    /// the LSTM state `hidden`: the graph replayed (captured on the first
+    /// call), or the eager [`Policy::act`] on the staged inputs where the
+    /// graph cannot serve. Each staging serves one step: without a new one
+    /// the call is refused. A failed step puts the generator back where it
+    /// was before the staging.
+    pub fn act_staged(
         &mut self,
         policy: &Policy,
-        sampler: &Sampler,
+        sampler: &mut Sampler,
         obs: &Tensor,
-        blueprints: &Tensor,
         hidden: &LstmState,
-        masks: &MaskTensors,
-        bases: &[i64],
     ) -> Result<Act> {
-        self.set_inputs(obs, blueprints, hidden, masks, bases)?;
+        let Some(staged) = self.staged.take() else {
+            return Err(Error::InvalidInput {
+                field: "GraphedAct.act_staged",
+                reason: "nothing staged: call GraphedAct::stage before each step".to_owned(),
+            });
+        };
+        if !staged.graph {
+            let staging = &self.inputs.staging;
+            return policy.act(obs, staging.blueprints(), hidden, staging.masks(), sampler);
+        }
+        let act = if sampler.config().mode == self.mode {
+            self.set_state(obs, hidden)
+                .and_then(|()| self.run(policy, sampler))
+        } else {
+            Err(Error::InvalidInput {
+                field: "GraphedAct.act_staged",
+                reason: "the sampling mode changed between stage and act_staged".to_owned(),
+            })
+        };
+        if act.is_err() {
+            sampler.set_rng(staged.rng);
+        }
+        act
+    }
+
+    /// Copies the normalised observations and the LSTM state into the
+    /// static inputs (every shape checked first).
+    fn set_state(&self, obs: &Tensor, hidden: &LstmState) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let inputs = &self.inputs;
+        let pairs: [(&'static str, &Tensor, &Tensor); 3] = [
+            ("GraphedAct.obs", &inputs.obs, obs),
+            ("GraphedAct.hidden.h", &inputs.h, &hidden.h),
+            ("GraphedAct.hidden.c", &inputs.c, &hidden.c),
+        ];
+        for (what, target, source) in &pairs {
+            if target.size() != source.size() || target.kind() != source.kind() {
+                return Err(shape_mismatch(
+                    what,
+                    format!("{:?} {:?}", target.kind(), target.size()),
+                    (source.kind(), source.size()),
+                ));
+            }
+        }
+        for (what, target, source) in &pairs {
+            copy_into(what, target, source)?;
+        }
+        Ok(())
+    }
+
+    /// The step on the static inputs: captured on the first call, then
+    /// replayed (the eager step on the same inputs and draws when the
+    /// capture failed).
+    fn run(&mut self, policy: &Policy, sampler: &Sampler) -> Result<Act> {
         if self.graph.is_none() {
             self.capture(policy, sampler)?;
         }
@@ -236,17 +391,17 @@ impl GraphedAct {
             let _guard = tch::no_grad_guard();
             let output = policy.network().step(
                 &self.inputs.obs,
-                &self.inputs.blueprints,
+                self.inputs.staging.blueprints(),
                 &LstmState {
                     h: self.inputs.h.shallow_clone(),
                     c: self.inputs.c.shallow_clone(),
                 },
-                &self.inputs.masks,
+                self.inputs.staging.masks(),
             )?;
             let sample = sampler.sample_with_bases(
                 &output.logits,
-                &self.inputs.masks,
-                &self.inputs.bases,
+                self.inputs.staging.masks(),
+                self.inputs.staging.bases(),
             )?;
             return Ok(Act {
                 sample,
@@ -332,10 +487,19 @@ impl GraphedAct {
                 c: inputs.c.shallow_clone(),
             };
             let output = network
-                .step(&inputs.obs, &inputs.blueprints, &hidden, &inputs.masks)
+                .step(
+                    &inputs.obs,
+                    inputs.staging.blueprints(),
+                    &hidden,
+                    inputs.staging.masks(),
+                )
                 .map_err(|error| error.to_string())?;
             let sample = sampler
-                .sample_with_bases(&output.logits, &inputs.masks, &inputs.bases)
+                .sample_with_bases(
+                    &output.logits,
+                    inputs.staging.masks(),
+                    inputs.staging.bases(),
+                )
                 .map_err(|error| error.to_string())?;
             *produced.borrow_mut() = Some(Outputs {
                 sample,

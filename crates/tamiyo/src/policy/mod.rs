@@ -14,6 +14,7 @@ pub mod layers;
 pub mod network;
 pub mod rng;
 pub mod sampling;
+pub mod staging;
 
 use tch::{Device, Tensor, nn};
 
@@ -28,6 +29,7 @@ pub use network::{
 };
 pub use rng::PolicyRng;
 pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};
+pub use staging::StepStaging;
 
 /// A policy network with the `VarStore` that holds its variables.
 #[derive(Debug)]

@@ -1,0 +1,340 @@
+//! [`StepStaging`]: the host-side inputs of one batched policy step (the raw
+//! observations, the slots' blueprint indices, the action masks and the
+//! sampler's noise bases) packed into one host buffer and uploaded to the
+//! device in one copy.
+//!
+//! Built separately, those inputs cost the step one blocking host-to-device
+//! copy each (four stream synchronisations) and a dozen small tensors. Here
+//! they share one byte buffer: on CUDA a page-locked host buffer and one
+//! non-blocking copy into a device buffer of the same size, whose typed
+//! views ([`StepStaging::obs`], [`StepStaging::blueprints`],
+//! [`StepStaging::masks`], [`StepStaging::bases`]) are what the step reads.
+//! The views keep their addresses for the life of the staging, so a CUDA
+//! graph captured on them replays on every later upload. On the CPU the
+//! upload is a plain copy into the device buffer.
+//!
+//! The layout (bytes): the bases (`i64`), the blueprint indices (`i64`),
+//! the observations (`f32`), then the masks (one byte each, in the packed
+//! layout of [`MaskTensors::from_masks`]); every part starts on an 8-byte
+//! boundary. Everything is checked before anything is written: a refused
+//! call leaves the staged inputs as they were. The host buffer is not
+//! rewritten until the previous upload has run (an event recorded after it).
+
+use tch::{Device, Kind, Tensor};
+use torch_ext::{CudaEvent, CudaStream};
+
+use crate::error::{TorchResultExt, shape_mismatch};
+use crate::features::batch::MAX_ENVS;
+use crate::features::{MAX_SLOTS, layout as obs_layout};
+use crate::masks::tensors::{pack_masks, packed_row_width};
+use crate::masks::{ActionMasks, MaskTensors};
+use crate::{Error, Result};
+
+/// Byte offsets of the parts of the packed buffer.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    bases: usize,
+    blueprints: usize,
+    obs: usize,
+    masks: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(n_envs: usize, num_slots: usize, obs_dim: usize, draws: usize) -> Option<Layout> {
+        let align = |bytes: usize| bytes.checked_add(7).map(|b| b / 8 * 8);
+        let bases = 0usize;
+        let blueprints = align(draws.max(1).checked_mul(8)?)?;
+        let obs = align(blueprints.checked_add(n_envs.checked_mul(num_slots)?.checked_mul(8)?)?)?;
+        let masks = align(obs.checked_add(n_envs.checked_mul(obs_dim)?.checked_mul(4)?)?)?;
+        let total = masks.checked_add(n_envs.checked_mul(packed_row_width(num_slots))?)?;
+        Some(Layout {
+            bases,
+            blueprints,
+            obs,
+            masks,
+            total,
+        })
+    }
+}
+
+fn to_i64(value: usize, field: &'static str) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::InvalidConfig {
+        field,
+        reason: format!("{value} does not fit i64"),
+    })
+}
+
+/// One step's inputs, packed and uploaded together (see the module docs).
+#[derive(Debug)]
+pub struct StepStaging {
+    n_envs: usize,
+    num_slots: usize,
+    obs_dim: usize,
+    draws: usize,
+    layout: Layout,
+    /// The host side: page-locked on CUDA; `None` on the CPU.
+    host: Option<Tensor>,
+    /// The device side, `Uint8 [total]`.
+    device_buffer: Tensor,
+    /// The packing scratch, reused by every upload.
+    scratch: Vec<u8>,
+    /// Recorded after each upload from `host` (CUDA only).
+    uploaded: Option<CudaEvent>,
+    /// Whether an upload from `host` may still be running.
+    pending: bool,
+    obs: Tensor,
+    blueprints: Tensor,
+    bases: Tensor,
+    masks: MaskTensors,
+}
+
+impl StepStaging {
+    /// A staging for `n_envs` (`1..=MAX_ENVS`) environments with
+    /// `num_slots` (`1..=MAX_SLOTS`) slots, observations of
+    /// [`crate::features::ObsLayout::obs_dim`] for that slot count, and `draws` noise bases a
+    /// step, on `device`. Every staged value starts at zero, the masks at
+    /// "nothing allowed": stage before the first step.
+    pub fn new(n_envs: usize, num_slots: usize, draws: usize, device: Device) -> Result<Self> {
+        if !(1..=MAX_ENVS).contains(&n_envs) {
+            return Err(Error::InvalidConfig {
+                field: "StepStaging.n_envs",
+                reason: format!("{n_envs} is outside [1, {MAX_ENVS}]"),
+            });
+        }
+        if !(1..=MAX_SLOTS).contains(&num_slots) {
+            return Err(Error::InvalidConfig {
+                field: "StepStaging.num_slots",
+                reason: format!("{num_slots} is outside [1, {MAX_SLOTS}]"),
+            });
+        }
+        let obs_dim = obs_layout(num_slots)?.obs_dim();
+        let layout =
+            Layout::new(n_envs, num_slots, obs_dim, draws).ok_or_else(|| Error::InvalidConfig {
+                field: "StepStaging",
+                reason: format!(
+                    "{n_envs} environments of {num_slots} slots and {draws} draws overflow"
+                ),
+            })?;
+        let total = to_i64(layout.total, "StepStaging.bytes")?;
+        let device_buffer =
+            Tensor::f_zeros([total], (Kind::Uint8, device)).op("staging device buffer")?;
+        let torch_error = |error: torch_ext::Error| Error::InvalidInput {
+            field: "StepStaging",
+            reason: error.to_string(),
+        };
+        let (host, uploaded) = match device {
+            Device::Cuda(_) => {
+                let plain = Tensor::f_zeros([total], (Kind::Uint8, Device::Cpu))
+                    .op("staging host buffer")?;
+                (
+                    Some(torch_ext::memory::pin(&plain).map_err(torch_error)?),
+                    Some(CudaEvent::new(false).map_err(torch_error)?),
+                )
+            }
+            _ => (None, None),
+        };
+        let rows = to_i64(n_envs, "StepStaging.n_envs")?;
+        let part = |offset: usize, bytes: usize, kind: Kind, shape: &[i64]| -> Result<Tensor> {
+            device_buffer
+                .f_narrow(
+                    0,
+                    to_i64(offset, "StepStaging")?,
+                    to_i64(bytes, "StepStaging")?,
+                )
+                .op("staging view")?
+                .f_view_dtype(kind)
+                .op("staging view dtype")?
+                .f_view(shape)
+                .op("staging view shape")
+        };
+        let slots = to_i64(num_slots, "StepStaging.num_slots")?;
+        let width = to_i64(obs_dim, "StepStaging.obs_dim")?;
+        let bases_len = draws.max(1);
+        let bases = part(
+            layout.bases,
+            bases_len.saturating_mul(8),
+            Kind::Int64,
+            &[to_i64(bases_len, "StepStaging.draws")?],
+        )?;
+        let blueprints = part(
+            layout.blueprints,
+            n_envs.saturating_mul(num_slots).saturating_mul(8),
+            Kind::Int64,
+            &[rows, slots],
+        )?;
+        let obs = part(
+            layout.obs,
+            n_envs.saturating_mul(obs_dim).saturating_mul(4),
+            Kind::Float,
+            &[rows, width],
+        )?;
+        let row_width = packed_row_width(num_slots);
+        let packed = part(
+            layout.masks,
+            n_envs.saturating_mul(row_width),
+            Kind::Bool,
+            &[rows, to_i64(row_width, "StepStaging.masks")?],
+        )?;
+        let masks = MaskTensors::from_packed(&packed, num_slots)?;
+        Ok(StepStaging {
+            n_envs,
+            num_slots,
+            obs_dim,
+            draws,
+            layout,
+            host,
+            device_buffer,
+            scratch: Vec::with_capacity(layout.total),
+            uploaded,
+            pending: false,
+            obs,
+            blueprints,
+            bases,
+            masks,
+        })
+    }
+
+    /// Environments per step.
+    pub fn n_envs(&self) -> usize {
+        self.n_envs
+    }
+
+    /// Slots per environment.
+    pub fn num_slots(&self) -> usize {
+        self.num_slots
+    }
+
+    /// Noise bases per step.
+    pub fn draws(&self) -> usize {
+        self.draws
+    }
+
+    /// Packs and uploads one step's inputs: `obs` (`n_envs × obs_dim`, row
+    /// after row, finite), `blueprints` (`n_envs × num_slots`), `masks`
+    /// (one per environment, checked as [`MaskTensors::from_masks`] checks
+    /// them) and `bases` (`draws` of them, or none to keep the staged
+    /// ones). All or nothing: a refused call uploads nothing.
+    pub fn stage(
+        &mut self,
+        obs: &[f32],
+        blueprints: &[i64],
+        masks: &[ActionMasks],
+        bases: &[i64],
+    ) -> Result<()> {
+        let expect = |field: &'static str, want: usize, got: usize| -> Result<()> {
+            if want == got {
+                Ok(())
+            } else {
+                Err(shape_mismatch(field, want, got))
+            }
+        };
+        expect(
+            "StepStaging.obs",
+            self.n_envs.saturating_mul(self.obs_dim),
+            obs.len(),
+        )?;
+        if let Some((position, value)) =
+            obs.iter().enumerate().find(|(_, value)| !value.is_finite())
+        {
+            let width = self.obs_dim.max(1);
+            return Err(Error::NonFinite {
+                field: "StepStaging.obs",
+                value: f64::from(*value),
+                index: vec![position / width, position % width],
+            });
+        }
+        expect(
+            "StepStaging.blueprints",
+            self.n_envs.saturating_mul(self.num_slots),
+            blueprints.len(),
+        )?;
+        expect("StepStaging.masks", self.n_envs, masks.len())?;
+        if !bases.is_empty() {
+            expect("StepStaging.bases", self.draws.max(1), bases.len())?;
+        }
+        let (num_slots, mask_bytes) = pack_masks(masks)?;
+        expect("StepStaging.masks.slots", self.num_slots, num_slots)?;
+
+        let torch_error = |error: torch_ext::Error| Error::InvalidInput {
+            field: "StepStaging.upload",
+            reason: error.to_string(),
+        };
+        // The host buffer may still be read by the last upload.
+        if self.pending
+            && let Some(event) = &self.uploaded
+        {
+            event.synchronize().map_err(torch_error)?;
+        }
+        self.pending = false;
+        let layout = self.layout;
+        let scratch = &mut self.scratch;
+        scratch.clear();
+        scratch.resize(layout.total, 0);
+        let mut write = |offset: usize, bytes: &mut dyn Iterator<Item = u8>| {
+            if let Some(target) = scratch.get_mut(offset..) {
+                for (slot, byte) in target.iter_mut().zip(bytes) {
+                    *slot = byte;
+                }
+            }
+        };
+        write(
+            layout.bases,
+            &mut bases.iter().flat_map(|v| v.to_ne_bytes()),
+        );
+        write(
+            layout.blueprints,
+            &mut blueprints.iter().flat_map(|v| v.to_ne_bytes()),
+        );
+        write(layout.obs, &mut obs.iter().flat_map(|v| v.to_ne_bytes()));
+        write(layout.masks, &mut mask_bytes.iter().copied());
+        let source = Tensor::f_from_slice(scratch.as_slice()).op("staging from host")?;
+        // Without new bases, the staged ones stay: upload only what follows.
+        let start = if bases.is_empty() {
+            layout.blueprints
+        } else {
+            layout.bases
+        };
+        let start = to_i64(start, "StepStaging")?;
+        let length = to_i64(layout.total, "StepStaging")?.saturating_sub(start);
+        let source = source.f_narrow(0, start, length).op("staging part")?;
+        let mut target = self
+            .device_buffer
+            .f_narrow(0, start, length)
+            .op("staging part")?;
+        match (&self.host, &self.uploaded, self.device_buffer.device()) {
+            (Some(host), Some(event), Device::Cuda(index)) => {
+                let pinned = host.f_narrow(0, start, length).op("staging part")?;
+                pinned.shallow_clone().f_copy_(&source).op("staging pack")?;
+                torch_ext::copy_non_blocking(&mut target, &pinned).map_err(torch_error)?;
+                let stream = CudaStream::current(index).map_err(torch_error)?;
+                event.record(&stream).map_err(torch_error)?;
+                self.pending = true;
+            }
+            _ => {
+                target.f_copy_(&source).op("staging upload")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The staged observations, `[n_envs, obs_dim]` `f32` on the device.
+    pub fn obs(&self) -> &Tensor {
+        &self.obs
+    }
+
+    /// The staged blueprint indices, `[n_envs, num_slots]` `i64`.
+    pub fn blueprints(&self) -> &Tensor {
+        &self.blueprints
+    }
+
+    /// The staged masks (views of the packed buffer).
+    pub fn masks(&self) -> &MaskTensors {
+        &self.masks
+    }
+
+    /// The staged noise bases, `[max(draws, 1)]` `i64`.
+    pub fn bases(&self) -> &Tensor {
+        &self.bases
+    }
+}

@@ -1,0 +1,278 @@
+//! The staged policy step: [`StepStaging`] uploads what the separate
+//! uploads gave (observations, blueprint indices, masks as
+//! `MaskTensors::from_masks` builds them, noise bases), refuses bad input
+//! without changing what is staged, and `GraphedAct::stage` +
+//! `GraphedAct::act_staged` give what the eager `Policy::act` gives, step
+//! after step (on the CPU through the eager fallback, on CUDA replaying the
+//! captured graph).
+
+use leyline::{AlphaMode, SeedStage};
+use tamiyo::masks::{ActionMasks, MaskConfig, MaskTensors, SlotMaskInfo, compute_masks};
+use tamiyo::policy::{
+    GraphedAct, LstmState, Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig, StepStaging,
+};
+use tch::{Device, Kind, Tensor};
+
+const N_ENVS: usize = 4;
+const SLOTS: usize = 3;
+
+fn policy(device: Device) -> Policy {
+    tch::manual_seed(7);
+    Policy::new(
+        PolicyConfig {
+            num_slots: SLOTS,
+            feature_dim: 32,
+            hidden_dim: 32,
+            ..PolicyConfig::default()
+        },
+        device,
+    )
+    .expect("policy")
+}
+
+fn sampler(device: Device) -> Sampler {
+    Sampler::new(
+        SamplingConfig {
+            mode: SampleMode::Stochastic,
+            floors: Some(tamiyo::policy::sampling::reference_probability_floors()),
+        },
+        11,
+        device,
+    )
+    .expect("sampler")
+}
+
+/// Masks that differ from environment to environment and step to step.
+fn masks(step: usize) -> Vec<ActionMasks> {
+    let stages = [
+        None,
+        Some(SeedStage::Training),
+        Some(SeedStage::Blending),
+        Some(SeedStage::Holding),
+        Some(SeedStage::Fossilized),
+    ];
+    (0..N_ENVS)
+        .map(|env| {
+            let slots: Vec<Option<SlotMaskInfo>> = (0..SLOTS)
+                .map(|slot| {
+                    stages[(env + slot + step) % stages.len()].map(|stage| SlotMaskInfo {
+                        stage,
+                        epochs_total: u32::try_from(3 * slot + step).unwrap_or(0),
+                        alpha_mode: AlphaMode::Hold,
+                    })
+                })
+                .collect();
+            compute_masks(&slots, &MaskConfig::default()).expect("masks")
+        })
+        .collect()
+}
+
+fn obs_dim() -> usize {
+    tamiyo::features::layout(SLOTS).expect("layout").obs_dim()
+}
+
+fn host_obs(step: usize) -> Vec<f32> {
+    (0..N_ENVS * obs_dim())
+        .map(|i| ((i * 7 + step * 13) % 17) as f32 / 17.0 - 0.5)
+        .collect()
+}
+
+fn host_blueprints(step: usize) -> Vec<i64> {
+    (0..N_ENVS * SLOTS)
+        .map(|i| i64::try_from((i + step) % 6).unwrap_or(0) - 1)
+        .collect()
+}
+
+fn to_cpu(tensor: &Tensor) -> Tensor {
+    tensor.to_device(Device::Cpu).contiguous()
+}
+
+fn assert_staged(staging: &StepStaging, obs: &[f32], blueprints: &[i64], masks: &[ActionMasks]) {
+    let rows = N_ENVS as i64;
+    let want_obs = Tensor::from_slice(obs).view([rows, obs_dim() as i64]);
+    assert!(
+        to_cpu(staging.obs()).equal(&want_obs),
+        "observations differ"
+    );
+    let want_blueprints = Tensor::from_slice(blueprints).view([rows, SLOTS as i64]);
+    assert!(
+        to_cpu(staging.blueprints()).equal(&want_blueprints),
+        "blueprints differ"
+    );
+    let want = MaskTensors::from_masks(masks, Device::Cpu).expect("masks");
+    for (head, (got, want)) in staging.masks().heads.iter().zip(&want.heads).enumerate() {
+        assert_eq!(got.kind(), Kind::Bool);
+        assert!(to_cpu(got).equal(want), "head {head} differs");
+    }
+    assert!(to_cpu(&staging.masks().slot_by_op).equal(&want.slot_by_op));
+}
+
+#[test]
+fn the_staging_uploads_what_the_separate_uploads_gave() {
+    let mut staging = StepStaging::new(N_ENVS, SLOTS, 5, Device::Cpu).expect("staging");
+    for step in 0..3 {
+        let (obs, blueprints, masks) = (host_obs(step), host_blueprints(step), masks(step));
+        let bases: Vec<i64> = (0..5)
+            .map(|i| i * 1000 + i64::try_from(step).unwrap_or(0))
+            .collect();
+        staging
+            .stage(&obs, &blueprints, &masks, &bases)
+            .expect("stage");
+        assert_staged(&staging, &obs, &blueprints, &masks);
+        assert!(to_cpu(staging.bases()).equal(&Tensor::from_slice(&bases)));
+        // Without bases, the staged ones stay.
+        staging
+            .stage(&obs, &blueprints, &masks, &[])
+            .expect("stage without bases");
+        assert!(to_cpu(staging.bases()).equal(&Tensor::from_slice(&bases)));
+    }
+}
+
+#[test]
+fn a_refused_staging_changes_nothing() {
+    let mut staging = StepStaging::new(N_ENVS, SLOTS, 2, Device::Cpu).expect("staging");
+    let (obs, blueprints, masks0) = (host_obs(0), host_blueprints(0), masks(0));
+    staging
+        .stage(&obs, &blueprints, &masks0, &[3, 4])
+        .expect("stage");
+    let other = masks(1);
+    let mut nan = host_obs(1);
+    nan[obs_dim() + 2] = f32::NAN;
+    let error = staging
+        .stage(&nan, &host_blueprints(1), &other, &[5, 6])
+        .expect_err("a NaN observation");
+    assert!(error.to_string().contains("StepStaging.obs"), "{error}");
+    assert!(error.to_string().contains("[1, 2]"), "{error}");
+    let short = &host_obs(1)[1..];
+    assert!(
+        staging
+            .stage(short, &host_blueprints(1), &other, &[])
+            .is_err()
+    );
+    assert!(
+        staging
+            .stage(&host_obs(1), &host_blueprints(1)[1..], &other, &[])
+            .is_err()
+    );
+    assert!(
+        staging
+            .stage(&host_obs(1), &host_blueprints(1), &other[1..], &[])
+            .is_err()
+    );
+    assert!(
+        staging
+            .stage(&host_obs(1), &host_blueprints(1), &other, &[1, 2, 3])
+            .is_err()
+    );
+    let fewer_slots =
+        vec![compute_masks(&[None, None], &MaskConfig::default()).expect("masks"); N_ENVS];
+    assert!(
+        staging
+            .stage(&host_obs(1), &host_blueprints(1), &fewer_slots, &[])
+            .is_err()
+    );
+    assert_staged(&staging, &obs, &blueprints, &masks0);
+    assert!(to_cpu(staging.bases()).equal(&Tensor::from_slice(&[3i64, 4])));
+    assert!(StepStaging::new(0, SLOTS, 1, Device::Cpu).is_err());
+    assert!(StepStaging::new(1, 0, 1, Device::Cpu).is_err());
+}
+
+fn compare(device: Device) {
+    let policy = policy(device);
+    let mut eager = sampler(device);
+    let mut staged_sampler = sampler(device);
+    let mut graphed = GraphedAct::new(&policy, &staged_sampler, N_ENVS).expect("graphed");
+    let mut eager_hidden = policy.network().initial_state(N_ENVS).expect("hidden");
+    let mut staged_hidden = policy.network().initial_state(N_ENVS).expect("hidden");
+    for step in 0..5 {
+        let (obs, blueprints, masks) = (host_obs(step), host_blueprints(step), masks(step));
+        let obs_t = Tensor::from_slice(&obs)
+            .view([N_ENVS as i64, obs_dim() as i64])
+            .to_device(device);
+        let blueprints_t = Tensor::from_slice(&blueprints)
+            .view([N_ENVS as i64, SLOTS as i64])
+            .to_device(device);
+        let mask_t = MaskTensors::from_masks(&masks, device).expect("masks");
+        let a = policy
+            .act(&obs_t, &blueprints_t, &eager_hidden, &mask_t, &mut eager)
+            .expect("eager act");
+        graphed
+            .stage(&mut staged_sampler, &obs, &blueprints, &masks)
+            .expect("stage");
+        let staged_obs = graphed.staged_obs().shallow_clone();
+        let b = graphed
+            .act_staged(&policy, &mut staged_sampler, &staged_obs, &staged_hidden)
+            .expect("staged act");
+        assert!(
+            a.sample.actions.equal(&b.sample.actions),
+            "step {step}: actions differ"
+        );
+        assert!(
+            a.sample
+                .log_probs
+                .allclose(&b.sample.log_probs, 1e-5, 1e-6, false),
+            "step {step}: log-probs differ"
+        );
+        assert!(a.value.allclose(&b.value, 1e-5, 1e-6, false));
+        assert!(a.hidden.h.allclose(&b.hidden.h, 1e-5, 1e-6, false));
+        eager_hidden = a.hidden;
+        // The graph's outputs are views of static buffers: keep a copy.
+        staged_hidden = LstmState {
+            h: b.hidden.h.copy(),
+            c: b.hidden.c.copy(),
+        };
+        // One step per staging.
+        let again = graphed.act_staged(&policy, &mut staged_sampler, &staged_obs, &staged_hidden);
+        assert!(again.is_err(), "a second step on one staging");
+    }
+    assert_eq!(eager.rng().draws(), staged_sampler.rng().draws());
+    if device.is_cuda() {
+        assert!(graphed.is_captured(), "fallback: {:?}", graphed.fallback());
+    } else {
+        assert!(graphed.fallback().is_some());
+    }
+}
+
+#[test]
+fn the_staged_step_gives_what_the_eager_step_gives_on_the_cpu() {
+    compare(Device::Cpu);
+}
+
+#[test]
+fn the_staged_step_replays_what_the_eager_step_computes_on_cuda() {
+    if !torch_ext::cuda::is_available() {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    compare(Device::Cuda(0));
+}
+
+#[test]
+fn a_step_without_a_staging_is_refused() {
+    let policy = policy(Device::Cpu);
+    let mut sampler = sampler(Device::Cpu);
+    let mut graphed = GraphedAct::eager(&policy, &sampler, N_ENVS, "a test").expect("graphed");
+    assert_eq!(graphed.fallback(), Some("a test"));
+    let hidden = policy.network().initial_state(N_ENVS).expect("hidden");
+    let obs = Tensor::zeros(
+        [N_ENVS as i64, obs_dim() as i64],
+        (Kind::Float, Device::Cpu),
+    );
+    let error = graphed
+        .act_staged(&policy, &mut sampler, &obs, &hidden)
+        .expect_err("nothing staged");
+    assert!(error.to_string().contains("stage"), "{error}");
+    // A refused staging draws nothing from the generator.
+    let draws = sampler.rng().draws();
+    assert!(
+        graphed
+            .stage(
+                &mut sampler,
+                &host_obs(0)[1..],
+                &host_blueprints(0),
+                &masks(0)
+            )
+            .is_err()
+    );
+    assert_eq!(sampler.rng().draws(), draws);
+}
