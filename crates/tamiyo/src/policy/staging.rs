@@ -42,7 +42,7 @@ struct Layout {
 
 impl Layout {
     fn new(n_envs: usize, num_slots: usize, obs_dim: usize, draws: usize) -> Option<Layout> {
-        let align = |bytes: usize| bytes.checked_add(7).map(|b| b / 8 * 8);
+        let align = |bytes: usize| bytes.checked_next_multiple_of(8);
         let bases = 0usize;
         let blueprints = align(draws.max(1).checked_mul(8)?)?;
         let obs = align(blueprints.checked_add(n_envs.checked_mul(num_slots)?.checked_mul(8)?)?)?;
@@ -241,7 +241,10 @@ impl StepStaging {
             return Err(Error::NonFinite {
                 field: "StepStaging.obs",
                 value: f64::from(*value),
-                index: vec![position / width, position % width],
+                index: vec![
+                    position.checked_div(width).unwrap_or(0),
+                    position.checked_rem(width).unwrap_or(0),
+                ],
             });
         }
         expect(
