@@ -89,6 +89,24 @@ fn a_round_trains_every_environment_and_updates_the_policy() {
     assert!(ppo.steps >= 1, "{ppo:?}");
     assert!(report.mean_episode_reward.is_finite());
     assert!(report.inference_ms > 0.0);
+    // The policy step's parts add up to (at most) the step's host time,
+    // and the step itself takes some.
+    let parts: f64 = report.policy_parts_ms.iter().sum();
+    assert!(
+        report.policy_parts_ms.iter().all(|part| *part >= 0.0),
+        "{:?}",
+        report.policy_parts_ms
+    );
+    assert!(
+        parts <= report.inference_ms * (1.0 + 1e-9),
+        "{parts} > {}",
+        report.inference_ms
+    );
+    assert!(
+        report.policy_parts_ms[2] > 0.0,
+        "{:?}",
+        report.policy_parts_ms
+    );
 
     // The decision analytics agree with the round's own counts.
     assert_eq!(report.outcomes.len(), 2);

@@ -155,6 +155,24 @@ fn throughput_variant(
             progress(&profile_line(step));
         }
     }
+    let steady: Vec<&RoundReport> = reports.iter().skip(1).collect();
+    if !steady.is_empty() {
+        let parts: Vec<String> = crate::vectorized::POLICY_PARTS
+            .iter()
+            .enumerate()
+            .map(|(index, part)| {
+                let total: f64 = steady
+                    .iter()
+                    .map(|r| r.policy_parts_ms.get(index).copied().unwrap_or(0.0))
+                    .sum();
+                format!("{part} {:.3}", total / steady.len() as f64)
+            })
+            .collect();
+        progress(&format!(
+            "  policy step host ms, rounds after the first: {}",
+            parts.join(", ")
+        ));
+    }
     progress(&format!(
         "  policy step: {} in {}; sampling: {}",
         simic.policy_fallback().map_or_else(
@@ -416,6 +434,18 @@ pub fn run_throughput_reporting(
                     if let Some(p50) = all.get(all.len() / 2) {
                         metrics.insert(name.to_owned(), *p50);
                     }
+                }
+                // Where the policy step's host time goes (means per step
+                // over the steady rounds).
+                for (index, part) in crate::vectorized::POLICY_PARTS.iter().enumerate() {
+                    metrics.insert(
+                        format!("policy_part_{part}_ms"),
+                        mean(
+                            steady_or_all
+                                .iter()
+                                .map(|r| r.policy_parts_ms.get(index).copied().unwrap_or(0.0)),
+                        ),
+                    );
                 }
                 metrics.insert(
                     "policy_inference_ms_mean_all".to_owned(),

@@ -31,6 +31,7 @@ use super::env::{Env, EnvSpec, StepRules, env_device};
 use super::learner::Learner;
 use super::measure::ms;
 use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
+use super::report::POLICY_PARTS;
 use super::{RoundReport, RoundTimings, SimicConfig};
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
 use crate::error::TorchResultExt;
@@ -60,6 +61,8 @@ pub(super) struct Collector {
     eager_steps: usize,
     inference_samples: Vec<f64>,
     replay_samples: Vec<f64>,
+    /// Host ms of each part of the policy steps so far (`POLICY_PARTS`).
+    policy_parts: [f64; POLICY_PARTS.len()],
     reward_hacking: Vec<RewardHackingSuspicion>,
     timings: RoundTimings,
 }
@@ -139,6 +142,7 @@ impl Collector {
             eager_steps: 0,
             inference_samples: Vec::with_capacity(steps),
             replay_samples: Vec::with_capacity(steps),
+            policy_parts: [0.0; POLICY_PARTS.len()],
             reward_hacking: Vec::new(),
             timings: RoundTimings {
                 setup_ms: ms(setup),
@@ -230,6 +234,14 @@ impl Collector {
         learn: bool,
     ) -> Result<Vec<FactoredAction>> {
         let started = Instant::now();
+        let mut part = started;
+        let mut lap = |index: usize, parts: &mut [f64; POLICY_PARTS.len()]| {
+            let now = Instant::now();
+            if let Some(total) = parts.get_mut(index) {
+                *total += now.duration_since(part).as_secs_f64() * 1e3;
+            }
+            part = now;
+        };
         // One upload of the step's host inputs, straight into the buffers
         // the captured step reads.
         actor.stage(
@@ -237,6 +249,7 @@ impl Collector {
             self.batch.host_blueprints(),
             &self.masks,
         )?;
+        lap(0, &mut self.policy_parts);
         let (raw, blueprints, _) = actor.staged()?;
         if learn && learner.normalises_observations() {
             // A copy: the staged buffer is reused by the next step.
@@ -244,13 +257,17 @@ impl Collector {
                 .push(Tensor::f_cat(&[&raw], 0).op("keep the step's observations")?);
         }
         let obs = learner.normalise_observations(&raw, false)?;
+        lap(1, &mut self.policy_parts);
         let act = actor.act_staged(&obs, &self.hidden)?;
+        lap(2, &mut self.policy_parts);
         let (_, _, masks) = actor.staged()?;
         self.buffer
             .record_policy(step, &obs, &blueprints, &act.value, &act.sample, masks)?;
         self.hidden = act.hidden;
+        lap(3, &mut self.policy_parts);
         let num_slots = self.envs.first().map_or(0, Env::num_slots);
         let actions = act.sample.to_host(num_slots)?;
+        lap(4, &mut self.policy_parts);
         if let Some(replay) = actor.take_replay_ms() {
             self.replay_samples.push(replay);
         }
@@ -370,6 +387,7 @@ impl Collector {
             inference_ms: inference_total / steps_f,
             inference_samples: self.inference_samples,
             replay_samples: self.replay_samples,
+            policy_parts_ms: self.policy_parts.map(|total| total / steps_f),
             ppo: None,
             shapley,
             outcomes,

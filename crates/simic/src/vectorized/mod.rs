@@ -90,7 +90,7 @@ pub use outcome::{
     ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind, RewardHackingSuspicion,
     TraceEpoch, TraceSlot,
 };
-pub use report::{RoundReport, RoundTimings, StepFigures, StepProfile};
+pub use report::{POLICY_PARTS, RoundReport, RoundTimings, StepFigures, StepProfile};
 pub use state::{RankRngs, SimicState};
 pub use telemetry::SOURCE;
 

@@ -33,6 +33,9 @@ pub struct RoundTimings {
     pub total_ms: f64,
 }
 
+/// The parts of a policy step's host time ([`RoundReport::policy_parts_ms`]).
+pub const POLICY_PARTS: [&str; 5] = ["stage", "normalise", "step", "record", "readback"];
+
 /// What one round did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoundReport {
@@ -66,6 +69,11 @@ pub struct RoundReport {
     /// Device time of each replay of the captured policy step, ms (empty
     /// when the step runs eagerly).
     pub replay_samples: Vec<f64>,
+    /// Where the policy step's host time goes, mean ms per step, in the
+    /// order of [`POLICY_PARTS`]: the upload of its inputs, the
+    /// observations' normalisation, the step (replay or eager), the buffer
+    /// record, the actions' readback (which waits for the device).
+    pub policy_parts_ms: [f64; POLICY_PARTS.len()],
     /// The PPO update's figures (`None` when the round was not trained on).
     pub ppo: Option<PpoStats>,
     /// Per environment, the seeds' Shapley values at the episode's last
