@@ -31,6 +31,7 @@ const BUNDLE_TESTS: &[(&str, &str)] = &[
     ("simic", "gae"),
     ("simic", "driven_rounds"),
     ("tamiyo", "graphed"),
+    ("tamiyo", "staged"),
 ];
 
 /// `cargo xtask bundle`: release binaries, GPU test binaries, Python peers and
