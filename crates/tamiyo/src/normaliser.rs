@@ -225,10 +225,20 @@ impl RunningMeanStd {
                 index: Vec::new(),
             });
         }
-        self.mean = mean;
-        self.var = var;
-        self.count = count;
+        // In place: the moments keep their device memory, so a CUDA graph
+        // that normalises with them (`GraphedAct::act_staged`) stays valid.
+        self.mean.f_copy_(&mean).op("normaliser mean")?;
+        self.var.f_copy_(&var).op("normaliser var")?;
+        self.count.f_copy_(&count).op("normaliser count")?;
         Ok(())
+    }
+
+    /// Where the moments live (the data pointers of the mean and the
+    /// variance): [`RunningMeanStd::update`] keeps them; a reset or a
+    /// restored state moves them, and a graph captured on the old ones must
+    /// be captured again.
+    pub fn memory_key(&self) -> [usize; 2] {
+        [self.mean.data_ptr() as usize, self.var.data_ptr() as usize]
     }
 
     /// The moments after `batch` (`[n, dim]` f32), without touching the

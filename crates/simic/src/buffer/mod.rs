@@ -32,6 +32,7 @@ mod contributions;
 mod host;
 mod rollout;
 mod shape;
+mod sink;
 
 use contributions::ContributionTargets;
 use tamiyo::masks::MaskTensors;

@@ -6,9 +6,10 @@
 
 use leyline::Telemetry;
 use tamiyo::masks::{ActionMasks, MaskTensors};
+use tamiyo::normaliser::RunningMeanStd;
 use tamiyo::policy::{
     Act, GraphedAct, LstmState, Policy, PolicyConfig, PolicyPrecision, PolicyRng, SampleMode,
-    Sampler,
+    Sampler, StepSink,
 };
 use tch::{Device, Tensor};
 
@@ -119,16 +120,22 @@ impl Actor {
 
     /// Packs and uploads one step's host inputs in one copy
     /// ([`GraphedAct::stage`]): the raw observations and blueprint indices
-    /// of every environment, row after row, and their masks.
+    /// of every environment, row after row, their masks and the step's
+    /// index in the episode.
     pub(super) fn stage(
         &mut self,
         obs: &[f32],
         blueprints: &[i64],
         masks: &[ActionMasks],
+        step: usize,
     ) -> Result<()> {
+        let step = i64::try_from(step).map_err(|_| crate::Error::InvalidInput {
+            field: "Actor.stage.step",
+            reason: format!("{step} does not fit i64"),
+        })?;
         self.step()?;
         if let Some(graphed) = self.graphed.as_mut() {
-            graphed.stage(&mut self.sampler, obs, blueprints, masks)?;
+            graphed.stage(&mut self.sampler, obs, blueprints, masks, step)?;
         }
         Ok(())
     }
@@ -150,9 +157,15 @@ impl Actor {
         ))
     }
 
-    /// The step on the staged inputs, with `obs` the staged observations
-    /// normalised ([`GraphedAct::act_staged`]).
-    pub(super) fn act_staged(&mut self, obs: &Tensor, hidden: &LstmState) -> Result<Act> {
+    /// The step on the staged inputs ([`GraphedAct::act_staged`]): the
+    /// observations normalised by `normaliser`, the step's tensors written
+    /// by `sink` (the rollout buffer), all inside the captured graph.
+    pub(super) fn act_staged(
+        &mut self,
+        normaliser: Option<&RunningMeanStd>,
+        hidden: &LstmState,
+        sink: Option<&dyn StepSink>,
+    ) -> Result<Act> {
         let graphed = self
             .graphed
             .as_mut()
@@ -160,7 +173,7 @@ impl Actor {
                 field: "Actor.act_staged",
                 reason: "nothing staged".to_owned(),
             })?;
-        Ok(graphed.act_staged(&self.policy, &mut self.sampler, obs, hidden)?)
+        Ok(graphed.act_staged(&self.policy, &mut self.sampler, normaliser, hidden, sink)?)
     }
 
     /// The device time of the last replay of the captured step, once.

@@ -23,7 +23,7 @@ use std::time::Instant;
 use tamiyo::features::FeatureBatch;
 use tamiyo::heads::FactoredAction;
 use tamiyo::masks::{ActionMasks, MaskTensors};
-use tamiyo::policy::{LstmHealth, LstmState, Policy};
+use tamiyo::policy::{LstmHealth, LstmState, Policy, StepSink};
 use tch::{Device, Tensor};
 
 use super::actor::Actor;
@@ -248,21 +248,24 @@ impl Collector {
             self.batch.host_obs(),
             self.batch.host_blueprints(),
             &self.masks,
+            step,
         )?;
         lap(0, &mut self.policy_parts);
-        let (raw, blueprints, _) = actor.staged()?;
         if learn && learner.normalises_observations() {
             // A copy: the staged buffer is reused by the next step.
+            let (raw, _, _) = actor.staged()?;
             self.raw_obs
                 .push(Tensor::f_cat(&[&raw], 0).op("keep the step's observations")?);
         }
-        let obs = learner.normalise_observations(&raw, false)?;
         lap(1, &mut self.policy_parts);
-        let act = actor.act_staged(&obs, &self.hidden)?;
+        // Normalisation, the step and the buffer's writes: one replay.
+        let act = actor.act_staged(
+            learner.obs_normaliser(),
+            &self.hidden,
+            Some(&self.buffer as &dyn StepSink),
+        )?;
         lap(2, &mut self.policy_parts);
-        let (_, _, masks) = actor.staged()?;
-        self.buffer
-            .record_policy(step, &obs, &blueprints, &act.value, &act.sample, masks)?;
+        self.buffer.mark_recorded(step)?;
         self.hidden = act.hidden;
         lap(3, &mut self.policy_parts);
         let num_slots = self.envs.first().map_or(0, Env::num_slots);

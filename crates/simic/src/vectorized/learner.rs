@@ -122,6 +122,13 @@ impl Learner {
         }
     }
 
+    /// The observation normaliser, its statistics as they are (frozen for
+    /// a rollout: the staged policy step normalises with it inside its
+    /// graph).
+    pub(super) fn obs_normaliser(&self) -> Option<&tamiyo::normaliser::RunningMeanStd> {
+        self.normalisers.obs.as_ref()
+    }
+
     /// Whether observations are normalised.
     pub(super) fn normalises_observations(&self) -> bool {
         self.normalisers.obs.is_some()

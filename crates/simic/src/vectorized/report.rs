@@ -34,7 +34,7 @@ pub struct RoundTimings {
 }
 
 /// The parts of a policy step's host time ([`RoundReport::policy_parts_ms`]).
-pub const POLICY_PARTS: [&str; 5] = ["stage", "normalise", "step", "record", "readback"];
+pub const POLICY_PARTS: [&str; 5] = ["stage", "keep_raw", "step", "record", "readback"];
 
 /// What one round did.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,9 +70,11 @@ pub struct RoundReport {
     /// when the step runs eagerly).
     pub replay_samples: Vec<f64>,
     /// Where the policy step's host time goes, mean ms per step, in the
-    /// order of [`POLICY_PARTS`]: the upload of its inputs, the
-    /// observations' normalisation, the step (replay or eager), the buffer
-    /// record, the actions' readback (which waits for the device).
+    /// order of [`POLICY_PARTS`]: the upload of its inputs, the copy of the
+    /// raw observations kept for the normaliser (when learning), the step
+    /// (normalisation, network, sampling and the buffer's writes: one
+    /// replay, or eager), the host's bookkeeping of the record, the
+    /// actions' readback (which waits for the device).
     pub policy_parts_ms: [f64; POLICY_PARTS.len()],
     /// The PPO update's figures (`None` when the round was not trained on).
     pub ppo: Option<PpoStats>,

@@ -36,8 +36,12 @@ use super::sampling::{SampleMode, SampledActions, Sampler};
 use super::staging::StepStaging;
 use super::{Act, Policy};
 use crate::error::{TorchResultExt, shape_mismatch};
-use crate::masks::{ActionMasks, MaskTensors};
+use crate::masks::MaskTensors;
 use crate::{Error, Result};
+
+mod staged;
+
+pub use staged::{StepRecord, StepSink};
 
 /// Eager warm-up calls before the capture.
 const WARMUP_ITERS: usize = 2;
@@ -84,6 +88,21 @@ pub struct GraphedAct {
     timing: Option<(CudaEvent, CudaEvent)>,
     replay_pending: bool,
     staged: Option<Staged>,
+    /// What the graph was captured for; a step of another kind captures
+    /// again.
+    captured: Option<CaptureKind>,
+}
+
+/// What a graph was captured for: the device tensors of [`GraphedAct::act`],
+/// or the staged inputs of [`GraphedAct::act_staged`] with the memory of the
+/// normaliser and the sink it read and wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CaptureKind {
+    Plain,
+    Staged {
+        normaliser: Option<[usize; 2]>,
+        sink: Option<Vec<usize>>,
+    },
 }
 
 fn copy_into(what: &'static str, target: &Tensor, source: &Tensor) -> Result<()> {
@@ -131,6 +150,7 @@ impl GraphedAct {
             timing: None,
             replay_pending: false,
             staged: None,
+            captured: None,
             mode: sampler.config().mode,
             fallback: match device {
                 Device::Cuda(_) => None,
@@ -267,126 +287,15 @@ impl GraphedAct {
         act
     }
 
-    /// Packs one step's host inputs (`obs`: `n_envs × obs_dim` raw
-    /// observations, row after row; `blueprints`: `n_envs × num_slots`
-    /// blueprint indices; `masks`: one per environment) with the noise
-    /// bases the captured step needs, and uploads them in one copy
-    /// ([`StepStaging::stage`]). The observations are then on the device
-    /// as [`GraphedAct::staged_obs`], to be normalised by the caller and
-    /// handed to [`GraphedAct::act_staged`]. When the step will replay the
-    /// graph, the bases are drawn from `sampler` here; a refused call
-    /// leaves the generator and the staged inputs as they were.
-    pub fn stage(
-        &mut self,
-        sampler: &mut Sampler,
-        obs: &[f32],
-        blueprints: &[i64],
-        masks: &[ActionMasks],
-    ) -> Result<()> {
-        self.staged = None;
-        let graph = self.fallback.is_none() && sampler.config().mode == self.mode;
-        let rng = sampler.rng().clone();
-        let bases = if graph {
-            sampler.next_bases()
-        } else {
-            Vec::new()
-        };
-        if let Err(error) = self.inputs.staging.stage(obs, blueprints, masks, &bases) {
-            sampler.set_rng(rng);
-            return Err(error);
-        }
-        self.staged = Some(Staged { graph, rng });
-        Ok(())
-    }
-
-    /// The staged raw observations, `[n_envs, obs_dim]` `f32` on the device
-    /// (until the next [`GraphedAct::stage`]).
-    pub fn staged_obs(&self) -> &Tensor {
-        self.inputs.staging.obs()
-    }
-
-    /// The staged blueprint indices, `[n_envs, num_slots]` `i64`.
-    pub fn staged_blueprints(&self) -> &Tensor {
-        self.inputs.staging.blueprints()
-    }
-
-    /// The staged masks.
-    pub fn staged_masks(&self) -> &MaskTensors {
-        self.inputs.staging.masks()
-    }
-
-    /// The step on the inputs of the last [`GraphedAct::stage`], with `obs`
-    /// the staged observations as the policy sees them (normalised) and
-    /// the LSTM state `hidden`: the graph replayed (captured on the first
-    /// call), or the eager [`Policy::act`] on the staged inputs where the
-    /// graph cannot serve. Each staging serves one step: without a new one
-    /// the call is refused. A failed step puts the generator back where it
-    /// was before the staging.
-    pub fn act_staged(
-        &mut self,
-        policy: &Policy,
-        sampler: &mut Sampler,
-        obs: &Tensor,
-        hidden: &LstmState,
-    ) -> Result<Act> {
-        let Some(staged) = self.staged.take() else {
-            return Err(Error::InvalidInput {
-                field: "GraphedAct.act_staged",
-                reason: "nothing staged: call GraphedAct::stage before each step".to_owned(),
-            });
-        };
-        if !staged.graph {
-            let staging = &self.inputs.staging;
-            return policy.act(obs, staging.blueprints(), hidden, staging.masks(), sampler);
-        }
-        let act = if sampler.config().mode == self.mode {
-            self.set_state(obs, hidden)
-                .and_then(|()| self.run(policy, sampler))
-        } else {
-            Err(Error::InvalidInput {
-                field: "GraphedAct.act_staged",
-                reason: "the sampling mode changed between stage and act_staged".to_owned(),
-            })
-        };
-        if act.is_err() {
-            sampler.set_rng(staged.rng);
-        }
-        act
-    }
-
-    /// Copies the normalised observations and the LSTM state into the
-    /// static inputs (every shape checked first).
-    fn set_state(&self, obs: &Tensor, hidden: &LstmState) -> Result<()> {
-        let _guard = tch::no_grad_guard();
-        let inputs = &self.inputs;
-        let pairs: [(&'static str, &Tensor, &Tensor); 3] = [
-            ("GraphedAct.obs", &inputs.obs, obs),
-            ("GraphedAct.hidden.h", &inputs.h, &hidden.h),
-            ("GraphedAct.hidden.c", &inputs.c, &hidden.c),
-        ];
-        for (what, target, source) in &pairs {
-            if target.size() != source.size() || target.kind() != source.kind() {
-                return Err(shape_mismatch(
-                    what,
-                    format!("{:?} {:?}", target.kind(), target.size()),
-                    (source.kind(), source.size()),
-                ));
-            }
-        }
-        for (what, target, source) in &pairs {
-            copy_into(what, target, source)?;
-        }
-        Ok(())
-    }
-
     /// The step on the static inputs: captured on the first call, then
     /// replayed (the eager step on the same inputs and draws when the
     /// capture failed).
     fn run(&mut self, policy: &Policy, sampler: &Sampler) -> Result<Act> {
+        self.forget_unless(&CaptureKind::Plain);
         if self.graph.is_none() {
             self.capture(policy, sampler)?;
         }
-        let (Some(graph), Some(outputs)) = (&self.graph, &self.outputs) else {
+        if self.graph.is_none() || self.outputs.is_none() {
             // The capture failed: the eager step with the same draws.
             let _guard = tch::no_grad_guard();
             let output = policy.network().step(
@@ -408,8 +317,28 @@ impl GraphedAct {
                 value: output.value,
                 hidden: output.hidden,
             });
+        }
+        self.replay(policy.network().device())
+    }
+
+    /// Drops the graph when it was captured for another kind of step.
+    fn forget_unless(&mut self, kind: &CaptureKind) {
+        if self.captured.as_ref() != Some(kind) {
+            self.graph = None;
+            self.outputs = None;
+            self.captured = None;
+        }
+    }
+
+    /// Replays the captured graph on the current stream (between the timing
+    /// events) and returns views of its outputs.
+    fn replay(&mut self, device: Device) -> Result<Act> {
+        let (Some(graph), Some(outputs)) = (&self.graph, &self.outputs) else {
+            return Err(Error::InvalidInput {
+                field: "GraphedAct.replay",
+                reason: "nothing captured".to_owned(),
+            });
         };
-        let device = policy.network().device();
         let Device::Cuda(index) = device else {
             return Err(Error::InvalidConfig {
                 field: "GraphedAct",
@@ -465,7 +394,39 @@ impl GraphedAct {
     /// Warms up and captures the step from the static inputs; a failure
     /// is kept as the fallback reason (the step then runs eagerly).
     fn capture(&mut self, policy: &Policy, sampler: &Sampler) -> Result<()> {
-        let device = policy.network().device();
+        let network = policy.network();
+        self.capture_with(network.device(), CaptureKind::Plain, |inputs| {
+            let hidden = LstmState {
+                h: inputs.h.shallow_clone(),
+                c: inputs.c.shallow_clone(),
+            };
+            let output = network.step(
+                &inputs.obs,
+                inputs.staging.blueprints(),
+                &hidden,
+                inputs.staging.masks(),
+            )?;
+            let sample = sampler.sample_with_bases(
+                &output.logits,
+                inputs.staging.masks(),
+                inputs.staging.bases(),
+            )?;
+            Ok(Outputs {
+                sample,
+                value: output.value,
+                hidden: output.hidden,
+            })
+        })
+    }
+
+    /// Warms up and captures `body` (run without gradients on the static
+    /// inputs) as the step of `kind` on `device`; a failure is kept as the
+    /// fallback reason (the step then runs eagerly). The LSTM state in the
+    /// static inputs is put back after the warm-up runs.
+    fn capture_with<F>(&mut self, device: Device, kind: CaptureKind, body: F) -> Result<()>
+    where
+        F: Fn(&Inputs) -> Result<Outputs>,
+    {
         let Device::Cuda(index) = device else {
             self.fallback = Some("graphs need CUDA".to_owned());
             return Ok(());
@@ -477,46 +438,41 @@ impl GraphedAct {
                 return Ok(());
             }
         };
-        let network = policy.network();
         let inputs = &self.inputs;
+        let snapshot = |tensor: &Tensor| -> Result<Tensor> {
+            let mut out = tensor.f_empty_like().op("graph state")?;
+            out.f_copy_(tensor).op("graph state")?;
+            Ok(out)
+        };
+        let saved = (snapshot(&inputs.h)?, snapshot(&inputs.c)?);
         let produced: RefCell<Option<Outputs>> = RefCell::new(None);
         let captured = CudaGraph::capture(&stream, None, WARMUP_ITERS, || {
             let _guard = tch::no_grad_guard();
-            let hidden = LstmState {
-                h: inputs.h.shallow_clone(),
-                c: inputs.c.shallow_clone(),
-            };
-            let output = network
-                .step(
-                    &inputs.obs,
-                    inputs.staging.blueprints(),
-                    &hidden,
-                    inputs.staging.masks(),
-                )
-                .map_err(|error| error.to_string())?;
-            let sample = sampler
-                .sample_with_bases(
-                    &output.logits,
-                    inputs.staging.masks(),
-                    inputs.staging.bases(),
-                )
-                .map_err(|error| error.to_string())?;
-            *produced.borrow_mut() = Some(Outputs {
-                sample,
-                value: output.value,
-                hidden: output.hidden,
-            });
+            let outputs = body(inputs).map_err(|error| error.to_string())?;
+            *produced.borrow_mut() = Some(outputs);
             Ok(())
         });
+        inputs
+            .h
+            .shallow_clone()
+            .f_copy_(&saved.0)
+            .op("graph state")?;
+        inputs
+            .c
+            .shallow_clone()
+            .f_copy_(&saved.1)
+            .op("graph state")?;
         match captured {
             Ok(graph) => {
                 self.graph = Some(graph);
                 self.outputs = produced.into_inner();
+                self.captured = Some(kind);
                 self.timing = CudaEvent::new(true).ok().zip(CudaEvent::new(true).ok());
             }
             Err(error) => {
                 self.fallback = Some(format!("capture failed: {error}"));
                 self.outputs = None;
+                self.captured = None;
             }
         }
         Ok(())

@@ -22,7 +22,7 @@ use crate::Result;
 use crate::masks::MaskTensors;
 
 pub use crate::heads::relevant_head_count;
-pub use graphed::GraphedAct;
+pub use graphed::{GraphedAct, StepRecord, StepSink};
 pub use network::{
     AuxiliaryOutput, LstmHealth, LstmState, PolicyConfig, PolicyNetwork, PolicyOutput,
     PolicyPrecision, cpu_bf16_lstm_fallback_reason, cpu_bf16_lstm_supported,

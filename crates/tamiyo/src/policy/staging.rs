@@ -13,7 +13,8 @@
 //! graph captured on them replays on every later upload. On the CPU the
 //! upload is a plain copy into the device buffer.
 //!
-//! The layout (bytes): the bases (`i64`), the blueprint indices (`i64`),
+//! The layout (bytes): the bases (`i64`), the step index (`i64`), the
+//! blueprint indices (`i64`),
 //! the observations (`f32`), then the masks (one byte each, in the packed
 //! layout of [`MaskTensors::from_masks`]); every part starts on an 8-byte
 //! boundary. Everything is checked before anything is written: a refused
@@ -34,6 +35,7 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy)]
 struct Layout {
     bases: usize,
+    step: usize,
     blueprints: usize,
     obs: usize,
     masks: usize,
@@ -44,12 +46,14 @@ impl Layout {
     fn new(n_envs: usize, num_slots: usize, obs_dim: usize, draws: usize) -> Option<Layout> {
         let align = |bytes: usize| bytes.checked_next_multiple_of(8);
         let bases = 0usize;
-        let blueprints = align(draws.max(1).checked_mul(8)?)?;
+        let step = align(draws.max(1).checked_mul(8)?)?;
+        let blueprints = step.checked_add(8)?;
         let obs = align(blueprints.checked_add(n_envs.checked_mul(num_slots)?.checked_mul(8)?)?)?;
         let masks = align(obs.checked_add(n_envs.checked_mul(obs_dim)?.checked_mul(4)?)?)?;
         let total = masks.checked_add(n_envs.checked_mul(packed_row_width(num_slots))?)?;
         Some(Layout {
             bases,
+            step,
             blueprints,
             obs,
             masks,
@@ -73,10 +77,13 @@ pub struct StepStaging {
     obs_dim: usize,
     draws: usize,
     layout: Layout,
-    /// The host side: page-locked on CUDA; `None` on the CPU.
-    host: Option<Tensor>,
     /// The device side, `Uint8 [total]`.
     device_buffer: Tensor,
+    /// The parts one upload copies, `(host, device)`: from the bases on
+    /// (with new bases), or from the step index on (keeping the bases). The
+    /// host side is page-locked, on CUDA only.
+    with_bases: (Option<Tensor>, Tensor),
+    without_bases: (Option<Tensor>, Tensor),
     /// The packing scratch, reused by every upload.
     scratch: Vec<u8>,
     /// Recorded after each upload from `host` (CUDA only).
@@ -84,6 +91,7 @@ pub struct StepStaging {
     /// Whether an upload from `host` may still be running.
     pending: bool,
     obs: Tensor,
+    step: Tensor,
     blueprints: Tensor,
     bases: Tensor,
     masks: MaskTensors,
@@ -148,6 +156,23 @@ impl StepStaging {
                 .f_view(shape)
                 .op("staging view shape")
         };
+        let step = part(layout.step, 8, Kind::Int64, &[1])?;
+        let upload_parts = |start: usize| -> Result<(Option<Tensor>, Tensor)> {
+            let start = to_i64(start, "StepStaging")?;
+            let length = total.saturating_sub(start);
+            let host_part = match &host {
+                Some(host) => Some(host.f_narrow(0, start, length).op("staging part")?),
+                None => None,
+            };
+            Ok((
+                host_part,
+                device_buffer
+                    .f_narrow(0, start, length)
+                    .op("staging part")?,
+            ))
+        };
+        let with_bases = upload_parts(layout.bases)?;
+        let without_bases = upload_parts(layout.step)?;
         let slots = to_i64(num_slots, "StepStaging.num_slots")?;
         let width = to_i64(obs_dim, "StepStaging.obs_dim")?;
         let bases_len = draws.max(1);
@@ -183,12 +208,14 @@ impl StepStaging {
             obs_dim,
             draws,
             layout,
-            host,
             device_buffer,
+            with_bases,
+            without_bases,
             scratch: Vec::with_capacity(layout.total),
             uploaded,
             pending: false,
             obs,
+            step,
             blueprints,
             bases,
             masks,
@@ -213,15 +240,24 @@ impl StepStaging {
     /// Packs and uploads one step's inputs: `obs` (`n_envs × obs_dim`, row
     /// after row, finite), `blueprints` (`n_envs × num_slots`), `masks`
     /// (one per environment, checked as [`MaskTensors::from_masks`] checks
-    /// them) and `bases` (`draws` of them, or none to keep the staged
-    /// ones). All or nothing: a refused call uploads nothing.
+    /// them), `bases` (`draws` of them, or none to keep the staged ones)
+    /// and the step's index in its episode (`step`, non-negative: where a
+    /// captured step records its outputs, [`StepStaging::step`]). All or
+    /// nothing: a refused call uploads nothing.
     pub fn stage(
         &mut self,
         obs: &[f32],
         blueprints: &[i64],
         masks: &[ActionMasks],
         bases: &[i64],
+        step: i64,
     ) -> Result<()> {
+        if step < 0 {
+            return Err(Error::InvalidInput {
+                field: "StepStaging.step",
+                reason: format!("{step} is negative"),
+            });
+        }
         let expect = |field: &'static str, want: usize, got: usize| -> Result<()> {
             if want == got {
                 Ok(())
@@ -285,31 +321,26 @@ impl StepStaging {
             layout.bases,
             &mut bases.iter().flat_map(|v| v.to_ne_bytes()),
         );
+        write(layout.step, &mut step.to_ne_bytes().into_iter());
         write(
             layout.blueprints,
             &mut blueprints.iter().flat_map(|v| v.to_ne_bytes()),
         );
         write(layout.obs, &mut obs.iter().flat_map(|v| v.to_ne_bytes()));
         write(layout.masks, &mut mask_bytes.iter().copied());
-        let source = Tensor::f_from_slice(scratch.as_slice()).op("staging from host")?;
         // Without new bases, the staged ones stay: upload only what follows.
-        let start = if bases.is_empty() {
-            layout.blueprints
+        let (start, (host_part, device_part)) = if bases.is_empty() {
+            (layout.step, &self.without_bases)
         } else {
-            layout.bases
+            (layout.bases, &self.with_bases)
         };
-        let start = to_i64(start, "StepStaging")?;
-        let length = to_i64(layout.total, "StepStaging")?.saturating_sub(start);
-        let source = source.f_narrow(0, start, length).op("staging part")?;
-        let mut target = self
-            .device_buffer
-            .f_narrow(0, start, length)
-            .op("staging part")?;
-        match (&self.host, &self.uploaded, self.device_buffer.device()) {
-            (Some(host), Some(event), Device::Cuda(index)) => {
-                let pinned = host.f_narrow(0, start, length).op("staging part")?;
+        let source = Tensor::f_from_slice(scratch.get(start..).unwrap_or_default())
+            .op("staging from host")?;
+        let mut target = device_part.shallow_clone();
+        match (host_part, &self.uploaded, self.device_buffer.device()) {
+            (Some(pinned), Some(event), Device::Cuda(index)) => {
                 pinned.shallow_clone().f_copy_(&source).op("staging pack")?;
-                torch_ext::copy_non_blocking(&mut target, &pinned).map_err(torch_error)?;
+                torch_ext::copy_non_blocking(&mut target, pinned).map_err(torch_error)?;
                 let stream = CudaStream::current(index).map_err(torch_error)?;
                 event.record(&stream).map_err(torch_error)?;
                 self.pending = true;
@@ -324,6 +355,13 @@ impl StepStaging {
     /// The staged observations, `[n_envs, obs_dim]` `f32` on the device.
     pub fn obs(&self) -> &Tensor {
         &self.obs
+    }
+
+    /// The staged step index, `[1]` `i64` on the device (an index tensor
+    /// for `index_copy_` into a rollout's step column, read by the device
+    /// only).
+    pub fn step(&self) -> &Tensor {
+        &self.step
     }
 
     /// The staged blueprint indices, `[n_envs, num_slots]` `i64`.

@@ -1,0 +1,148 @@
+//! The rollout buffer as the sink of a staged policy step
+//! ([`tamiyo::policy::StepSink`]): the step's observations, blueprint
+//! indices, value, actions, log-probabilities, relevance and masks written
+//! into their column by `index_copy_` at the step index the staging
+//! uploaded, so the writes need no host-side step number and run inside
+//! the captured step (one graph per rollout, not fifteen copies a step).
+//! [`RolloutBuffer::mark_recorded`] then does the host's half.
+
+use tamiyo::policy::{StepRecord, StepSink};
+use tch::{Kind, Tensor};
+
+use super::{RolloutBuffer, shape_error};
+use crate::Result;
+use crate::error::TorchResultExt;
+
+impl RolloutBuffer {
+    /// Every device tensor a step writes, with the value written into it,
+    /// its dtype and its name (`[E, T, rest..]` against `[E, rest..]`).
+    fn step_writes<'a>(
+        &'a self,
+        step: &StepRecord<'a>,
+    ) -> Vec<(&'static str, &'a Tensor, &'a Tensor, Kind)> {
+        let mut writes = vec![
+            ("record.obs", &self.obs, step.obs, Kind::Float),
+            (
+                "record.blueprints",
+                &self.blueprints,
+                step.blueprints,
+                Kind::Int64,
+            ),
+            ("record.values", &self.values, step.value, Kind::Float),
+            (
+                "record.actions",
+                &self.actions,
+                &step.sample.actions,
+                Kind::Int64,
+            ),
+            (
+                "record.log_probs",
+                &self.log_probs,
+                &step.sample.log_probs,
+                Kind::Float,
+            ),
+            (
+                "record.relevance",
+                &self.relevance,
+                &step.sample.relevance,
+                Kind::Bool,
+            ),
+        ];
+        for (buffer, mask) in self.heads.iter().zip(step.masks.heads.iter()) {
+            writes.push(("record.masks", buffer, mask, Kind::Bool));
+        }
+        writes.push((
+            "record.slot_by_op",
+            &self.slot_by_op,
+            &step.masks.slot_by_op,
+            Kind::Bool,
+        ));
+        writes
+    }
+
+    /// Writes `step` into its column (the device step index), every tensor
+    /// checked first: a refused call writes nothing.
+    fn record_step(&self, step: &StepRecord<'_>) -> Result<()> {
+        let writes = self.step_writes(step);
+        for (what, tensor, value, kind) in &writes {
+            let mut expected = tensor.size();
+            if expected.len() >= 2 {
+                expected.remove(1);
+            }
+            if value.size() != expected || value.kind() != *kind || value.device() != self.device {
+                return Err(shape_error(
+                    what,
+                    format!("{kind:?} {expected:?} on {:?}", self.device),
+                    value,
+                ));
+            }
+        }
+        let index = step.step;
+        if index.size() != [1] || index.kind() != Kind::Int64 || index.device() != self.device {
+            return Err(shape_error(
+                "record.step",
+                format!("Int64 [1] on {:?}", self.device),
+                index,
+            ));
+        }
+        for (_, tensor, value, _) in &writes {
+            let source = value.f_unsqueeze(1).op("buffer record")?;
+            let _ = tensor
+                .shallow_clone()
+                .f_index_copy_(1, index, &source)
+                .op("buffer record")?;
+        }
+        Ok(())
+    }
+
+    /// The host's half of a step a [`StepSink`] recorded: marks column
+    /// `step` written (the device half was recorded by the step itself).
+    pub fn mark_recorded(&mut self, step: usize) -> Result<()> {
+        let max_steps = self.shape.max_steps;
+        let flag = self.written.get_mut(step).ok_or_else(|| {
+            crate::Error::Buffer(format!(
+                "step {step} is past the last column ({max_steps} steps per round)"
+            ))
+        })?;
+        *flag = true;
+        Ok(())
+    }
+}
+
+impl StepSink for RolloutBuffer {
+    fn record(&self, step: &StepRecord<'_>) -> tamiyo::Result<()> {
+        self.record_step(step)
+            .map_err(|error| tamiyo::Error::InvalidInput {
+                field: "RolloutBuffer.record",
+                reason: error.to_string(),
+            })
+    }
+
+    fn memory_key(&self) -> Vec<usize> {
+        let mut key = Vec::new();
+        let mut add = |tensor: &Tensor| {
+            key.push(tensor.data_ptr() as usize);
+            key.extend(
+                tensor
+                    .size()
+                    .iter()
+                    .map(|&dim| usize::try_from(dim).unwrap_or(usize::MAX)),
+            );
+        };
+        for tensor in [
+            &self.obs,
+            &self.blueprints,
+            &self.values,
+            &self.actions,
+            &self.log_probs,
+            &self.relevance,
+            &self.slot_by_op,
+        ] {
+            add(tensor);
+        }
+        for head in &self.heads {
+            add(head);
+        }
+        key
+    }
+}
