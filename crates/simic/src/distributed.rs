@@ -36,12 +36,19 @@ pub struct DataParallel {
     group: ProcessGroup,
     /// The pooled gradient buffer, sized at the first use.
     flat: Option<Tensor>,
+    /// Per-gradient views of `flat` for the gradient shapes they were made
+    /// for (rebuilt when the shapes change).
+    views: Option<(Vec<Vec<i64>>, Vec<Tensor>)>,
 }
 
 impl DataParallel {
     /// Wraps a joined group. The group's device must be the policy's.
     pub fn new(group: ProcessGroup) -> DataParallel {
-        DataParallel { group, flat: None }
+        DataParallel {
+            group,
+            flat: None,
+            views: None,
+        }
     }
 
     /// This process's rank.
@@ -104,43 +111,54 @@ impl DataParallel {
             Tensor::f_zeros([total], (Kind::Float, self.group.device())).op("gradient buffer")?;
         self.group.all_reduce_(&flat, ReduceOp::Sum)?;
         self.flat = Some(flat);
+        // Views of an earlier buffer must not be used with this one.
+        self.views = None;
         self.check_identical(parameters)
     }
 
     /// Replaces every gradient with its mean over the ranks: one all-reduce
-    /// of a flat buffer that is allocated on the first call and reused.
+    /// of a flat buffer that is allocated on the first call and reused, the
+    /// gradients packed into it and unpacked from it with one multi-tensor
+    /// copy each (through views made once for the gradients' shapes).
     pub fn average_gradients(&mut self, grads: &[Tensor]) -> Result<()> {
         let _guard = tch::no_grad_guard();
+        for grad in grads {
+            self.check_device("DataParallel.gradients", grad)?;
+        }
+        let shapes: Vec<Vec<i64>> = grads.iter().map(Tensor::size).collect();
         let total: i64 = grads.iter().map(Tensor::numel).map(|n| n as i64).sum();
         let device = self.group.device();
         let mut flat = match self.flat.take() {
             Some(flat) if flat.numel() as i64 == total => flat,
-            _ => Tensor::f_empty([total], (Kind::Float, device)).op("gradient buffer")?,
+            _ => {
+                self.views = None;
+                Tensor::f_empty([total], (Kind::Float, device)).op("gradient buffer")?
+            }
         };
-        let mut offset = 0i64;
-        for grad in grads {
-            self.check_device("DataParallel.gradients", grad)?;
-            let len = grad.numel() as i64;
-            let mut view = flat.f_narrow(0, offset, len).op("gradient view")?;
-            view.f_copy_(&grad.f_reshape([len]).op("gradient flatten")?)
-                .op("gradient pack")?;
-            offset = offset.saturating_add(len);
-        }
+        let views = match self.views.take() {
+            Some((known, views)) if known == shapes => views,
+            _ => {
+                let mut views = Vec::with_capacity(grads.len());
+                let mut offset = 0i64;
+                for shape in &shapes {
+                    let len: i64 = shape.iter().product();
+                    views.push(
+                        flat.f_narrow(0, offset, len)
+                            .op("gradient view")?
+                            .f_view(shape.as_slice())
+                            .op("gradient view")?,
+                    );
+                    offset = offset.saturating_add(len);
+                }
+                views
+            }
+        };
+        torch_ext::fused::foreach_copy_(&views, grads, false)?;
         self.group.all_reduce_(&flat, ReduceOp::Sum)?;
         let scale = 1.0 / self.world_size() as f64;
         let _ = flat.f_mul_scalar_(scale).op("gradient mean")?;
-        let mut offset = 0i64;
-        for grad in grads {
-            let len = grad.numel() as i64;
-            let view = flat
-                .f_narrow(0, offset, len)
-                .op("gradient view")?
-                .f_view(grad.size().as_slice())
-                .op("gradient view")?;
-            let mut target = grad.shallow_clone();
-            target.f_copy_(&view).op("gradient unpack")?;
-            offset = offset.saturating_add(len);
-        }
+        torch_ext::fused::foreach_copy_(grads, &views, false)?;
+        self.views = Some((shapes, views));
         self.flat = Some(flat);
         Ok(())
     }

@@ -137,3 +137,67 @@ fn two_ranks_keep_one_policy_and_different_environments() {
         "rounds differ"
     );
 }
+
+#[test]
+fn averaged_gradients_are_the_mean_over_the_ranks_for_every_shape() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let ranks: Vec<_> = (0..2usize)
+        .map(|rank| {
+            thread::spawn(move || -> Vec<Vec<f32>> {
+                let rendezvous = Rendezvous {
+                    host: "127.0.0.1".to_owned(),
+                    port,
+                    rank,
+                    world_size: 2,
+                    timeout: Duration::from_secs(120),
+                };
+                let group =
+                    ProcessGroup::new(&rendezvous, DistBackend::Gloo, Device::Cpu).expect("group");
+                let mut parallel = simic::distributed::DataParallel::new(group);
+                let scale = (rank + 1) as f64;
+                let mut out = Vec::new();
+                // Twice with one layout (the views are reused), then with
+                // another (they are made again).
+                for shapes in [
+                    vec![vec![2i64, 3], vec![4], vec![1, 1, 5]],
+                    vec![vec![2i64, 3], vec![4], vec![1, 1, 5]],
+                    vec![vec![3i64], vec![2, 2]],
+                ] {
+                    let grads: Vec<Tensor> = shapes
+                        .iter()
+                        .enumerate()
+                        .map(|(i, shape)| {
+                            let n: i64 = shape.iter().product();
+                            (Tensor::arange(n, (tch::Kind::Float, Device::Cpu)) + (10 * i) as f64)
+                                .view(shape.as_slice())
+                                * scale
+                        })
+                        .collect();
+                    parallel.average_gradients(&grads).expect("average");
+                    for grad in &grads {
+                        out.push(Vec::<f32>::try_from(&grad.reshape([-1])).expect("values"));
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    let results: Vec<_> = ranks.into_iter().map(|h| h.join().expect("rank")).collect();
+    assert_eq!(results[0], results[1], "the ranks disagree");
+    // The mean of 1x and 2x each gradient: 1.5x.
+    let expected: Vec<Vec<f32>> = [vec![6i64, 4, 5], vec![6, 4, 5], vec![3, 4]]
+        .iter()
+        .flat_map(|sizes| {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| (0..n).map(|v| (v as f32 + (10 * i) as f32) * 1.5).collect())
+                .collect::<Vec<Vec<f32>>>()
+        })
+        .collect();
+    assert_eq!(results[0], expected);
+}
