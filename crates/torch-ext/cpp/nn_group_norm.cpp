@@ -115,8 +115,8 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, d
                   input.is_contiguous(at::MemoryFormat::ChannelsLast) && aligned16(input),
               "group_norm_relu: expected an aligned channels-last 4-D CUDA tensor");
   const int64_t channels = input.size(1);
-  TORCH_CHECK(groups >= 1 && groups <= 64 && channels % groups == 0 &&
-                  (channels / groups) % 4 == 0 && channels <= 4 * kThreads,
+  TORCH_CHECK(groups >= 1 && groups <= 64 && channels % groups == 0 && channels % 4 == 0 &&
+                  channels <= 4 * kThreads,
               "group_norm_relu: ", channels, " channels in ", groups, " groups");
   TORCH_CHECK(input.size(2) * input.size(3) <= INT32_MAX / channels,
               "group_norm_relu: an image larger than 32-bit indexing covers");

@@ -56,6 +56,20 @@ pub struct Cubin {
 }
 
 impl Cubin {
+    /// Whether the image names `symbol` (e.g. a kernel's unmangled name),
+    /// as a whole word of its string tables.
+    pub fn contains_symbol(&self, symbol: &str) -> bool {
+        let mut word = symbol.as_bytes().to_vec();
+        word.push(0);
+        self.bytes
+            .windows(word.len())
+            .enumerate()
+            .any(|(at, window)| {
+                window == word.as_slice()
+                    && (at == 0 || self.bytes.get(at.wrapping_sub(1)) == Some(&0))
+            })
+    }
+
     /// The image's size in bytes.
     pub fn len(&self) -> usize {
         self.bytes.len()

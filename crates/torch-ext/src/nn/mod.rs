@@ -38,7 +38,9 @@
 //!   one kernel forward (the group statistics from shifted sums, then the
 //!   output), one backward (the input gradient with the ReLU mask
 //!   recomputed, and the image's per-channel sums), then the fixed-order
-//!   reduction into the weight and bias gradients.
+//!   reduction into the weight and bias gradients. Groups of a multiple of
+//!   four channels sum per thread's channel quad; narrower groups (1 - 3
+//!   channels, where a quad spans groups) per channel (`_narrow` kernels).
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -125,6 +127,8 @@ struct Kernels {
     conv_wgrad_mma: JitKernel,
     gn_forward: JitKernel,
     gn_backward: JitKernel,
+    gn_forward_narrow: JitKernel,
+    gn_backward_narrow: JitKernel,
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -157,6 +161,8 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 conv_wgrad_mma: load("esper_conv3_wgrad_mma")?,
                 gn_forward: load("esper_gn_relu_forward")?,
                 gn_backward: load("esper_gn_relu_backward")?,
+                gn_forward_narrow: load("esper_gn_relu_forward_narrow")?,
+                gn_backward_narrow: load("esper_gn_relu_backward_narrow")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -408,8 +414,9 @@ pub const MAX_FUSED_GROUPS: i64 = 64;
 
 /// `relu(group_norm(x, groups, weight, bias, eps))`, the fused kernels where
 /// they apply (see the module docs): a channels-last CUDA tensor of `f32`
-/// or `bf16`, at most [`MAX_FUSED_GROUPS`] groups of a multiple of four
-/// channels each, at most `4 * 256` channels, `weight` and `bias`
+/// or `bf16`, a multiple of four channels, at most `4 * 256`, in at most
+/// [`MAX_FUSED_GROUPS`] groups (groups of a multiple of four channels take
+/// the quad kernels, narrower ones the per-channel kernels), `weight` and `bias`
 /// contiguous `f32` `[C]` on `x`'s device. libtorch's `group_norm` and
 /// `relu` otherwise. The fused output has `x`'s dtype (libtorch's
 /// `group_norm` under autocast returns `f32`).
@@ -434,7 +441,7 @@ pub fn group_norm_relu(
         .all(|t| per_channel_f32(t, channels, x));
     let shape_ok = (1..=MAX_FUSED_GROUPS).contains(&groups)
         && channels % groups == 0
-        && (channels / groups) % 4 == 0
+        && channels % 4 == 0
         && channels <= 1024;
     let fused = fused_target(x)
         .filter(|_| per_channel_ok && shape_ok && is_nhwc(x) && four_channels(x, channels));
@@ -445,7 +452,15 @@ pub fn group_norm_relu(
             .map_err(|error| torch(OP, error));
     };
     let k = kernels(OP, device, bf16, true)?;
-    let handles = [k.gn_forward.raw(), k.gn_backward.raw(), k.conv_reduce.raw()];
+    let handles = if (channels / groups) % 4 == 0 {
+        [k.gn_forward.raw(), k.gn_backward.raw(), k.conv_reduce.raw()]
+    } else {
+        [
+            k.gn_forward_narrow.raw(),
+            k.gn_backward_narrow.raw(),
+            k.conv_reduce.raw(),
+        ]
+    };
     // SAFETY: as in `batch_norm_relu`.
     unsafe {
         shim_tensor(OP, |out| {
@@ -515,7 +530,27 @@ mod tests {
                     u8::from(bf16)
                 );
                 match crate::jit::compile(&source, "esper_nn", (9, 0)) {
-                    Ok(cubin) => assert!(!cubin.is_empty()),
+                    Ok(cubin) => {
+                        assert!(!cubin.is_empty());
+                        assert!(
+                            !cubin.contains_symbol("esper_gn_relu"),
+                            "a prefix is no symbol"
+                        );
+                        // Every kernel `kernels` loads is in the image.
+                        for name in [
+                            "esper_gn_relu_forward",
+                            "esper_gn_relu_backward",
+                            "esper_gn_relu_forward_narrow",
+                            "esper_gn_relu_backward_narrow",
+                            "esper_conv3_direct",
+                            "esper_bn_relu_forward",
+                        ] {
+                            assert!(
+                                cubin.contains_symbol(name),
+                                "bf16 {bf16} vec {vec}: no {name}"
+                            );
+                        }
+                    }
                     Err(error) if error.to_string().contains("libnvrtc") => {
                         println!("skipping: NVRTC is not installed here ({error})");
                         return;

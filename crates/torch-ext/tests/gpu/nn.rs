@@ -397,6 +397,14 @@ fn group_norm_relu_matches_libtorch() {
         (2, 256, 4, 4, 8, 0.0),
         (2, 1024, 2, 3, 32, 0.0),
         (4, 16, 6, 6, 4, 50.0),
+        // Groups narrower than four channels (the per-channel kernels): a
+        // seed's GroupNorm at 4- and 8-channel slots, and three-channel
+        // groups.
+        (64, 8, 16, 16, 8, 0.0),
+        (16, 8, 8, 8, 4, 0.0),
+        (8, 4, 14, 14, 4, 0.0),
+        (4, 12, 6, 6, 4, 0.0),
+        (4, 8, 5, 7, 8, 50.0),
     ];
     for bf16 in [false, true] {
         for (n, c, h, w, groups, offset) in cases {
