@@ -262,3 +262,103 @@ fn out_of_range_steps_and_wrong_shapes_are_refused() {
             .is_err()
     );
 }
+
+/// The buffer as a staged step's sink writes what `record_policy` writes,
+/// at the step index the step carries on the device; a tensor that does
+/// not fit is refused before anything is written, and a step past the last
+/// column is refused on the host.
+#[test]
+fn the_sink_writes_what_record_policy_writes() {
+    use tamiyo::policy::{StepRecord, StepSink};
+    tch::manual_seed(4);
+    let policy = Policy::new(
+        PolicyConfig {
+            feature_dim: 16,
+            hidden_dim: 16,
+            ..PolicyConfig::default()
+        },
+        Device::Cpu,
+    )
+    .expect("policy");
+    let config = policy.network().config();
+    let mut sampler = Sampler::new(
+        SamplingConfig {
+            mode: SampleMode::Stochastic,
+            floors: None,
+        },
+        5,
+        Device::Cpu,
+    )
+    .expect("sampler");
+    let mut direct = RolloutBuffer::new(shape(config.obs_dim()), Device::Cpu).expect("buffer");
+    let mut sunk = RolloutBuffer::new(shape(config.obs_dim()), Device::Cpu).expect("buffer");
+    let masks = MaskTensors::allow_all(ENVS, SLOTS, Device::Cpu).expect("masks");
+    let hidden = policy.network().initial_state(ENVS).expect("hidden");
+    // The steps out of order: the index, not the call order, decides.
+    for step in [2usize, 0, 3, 1] {
+        let obs = Tensor::randn(
+            [ENVS as i64, config.obs_dim() as i64],
+            (Kind::Float, Device::Cpu),
+        );
+        let blueprints = Tensor::full(
+            [ENVS as i64, SLOTS as i64],
+            step as i64 - 1,
+            (Kind::Int64, Device::Cpu),
+        );
+        let act = policy
+            .act(&obs, &blueprints, &hidden, &masks, &mut sampler)
+            .expect("act");
+        direct
+            .record_policy(step, &obs, &blueprints, &act.value, &act.sample, &masks)
+            .expect("record policy");
+        let index = Tensor::from_slice(&[step as i64]);
+        let record = StepRecord {
+            step: &index,
+            raw_obs: &obs,
+            obs: &obs,
+            blueprints: &blueprints,
+            masks: &masks,
+            value: &act.value,
+            sample: &act.sample,
+        };
+        sunk.check_step(step).expect("a column");
+        sunk.record(&record).expect("sink record");
+        sunk.mark_recorded(step).expect("mark");
+        // A value of the wrong shape is refused, and nothing is written.
+        let short = obs.narrow(0, 0, 1);
+        let bad = StepRecord {
+            obs: &short,
+            ..record
+        };
+        assert!(sunk.record(&bad).is_err());
+        for buffer in [&mut direct, &mut sunk] {
+            buffer
+                .record_host(step, &host(step, true))
+                .expect("record host");
+        }
+    }
+    assert!(sunk.check_step(STEPS).is_err());
+    assert!(sunk.mark_recorded(STEPS).is_err());
+    let (a, b) = (
+        direct.finish().expect("finish"),
+        sunk.finish().expect("finish"),
+    );
+    for (name, x, y) in [
+        ("obs", &a.obs, &b.obs),
+        ("blueprints", &a.blueprints, &b.blueprints),
+        ("actions", &a.actions, &b.actions),
+        ("log_probs", &a.log_probs, &b.log_probs),
+        ("values", &a.values, &b.values),
+        ("relevance", &a.relevance, &b.relevance),
+        ("slot_by_op", &a.slot_by_op, &b.slot_by_op),
+    ] {
+        assert!(x.equal(y), "{name} differs");
+    }
+    for (x, y) in a.heads.iter().zip(&b.heads) {
+        assert!(x.equal(y), "a head's masks differ");
+    }
+    // The memory key names the buffer's storage: another buffer has
+    // another.
+    assert_ne!(direct.memory_key(), sunk.memory_key());
+    assert_eq!(sunk.memory_key(), sunk.memory_key());
+}

@@ -95,16 +95,26 @@ impl RolloutBuffer {
         Ok(())
     }
 
+    /// Checks that `step` has a column, before a staged step writes it at
+    /// a device-side index (which the device cannot refuse cleanly).
+    pub fn check_step(&self, step: usize) -> Result<()> {
+        if step < self.shape.max_steps {
+            Ok(())
+        } else {
+            Err(crate::Error::Buffer(format!(
+                "step {step} is past the last column ({} steps per round)",
+                self.shape.max_steps
+            )))
+        }
+    }
+
     /// The host's half of a step a [`StepSink`] recorded: marks column
     /// `step` written (the device half was recorded by the step itself).
     pub fn mark_recorded(&mut self, step: usize) -> Result<()> {
-        let max_steps = self.shape.max_steps;
-        let flag = self.written.get_mut(step).ok_or_else(|| {
-            crate::Error::Buffer(format!(
-                "step {step} is past the last column ({max_steps} steps per round)"
-            ))
-        })?;
-        *flag = true;
+        self.check_step(step)?;
+        if let Some(flag) = self.written.get_mut(step) {
+            *flag = true;
+        }
         Ok(())
     }
 }

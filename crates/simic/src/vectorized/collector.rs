@@ -242,6 +242,8 @@ impl Collector {
             }
             part = now;
         };
+        // The column the step writes, checked on the host first.
+        self.buffer.check_step(step)?;
         // One upload of the step's host inputs, straight into the buffers
         // the captured step reads.
         actor.stage(
