@@ -15,7 +15,7 @@
 //!
 //! Two ways in. [`GraphedAct::act`] takes the inputs as device tensors and
 //! copies each into its static buffer. [`GraphedAct::stage`] takes them from
-//! the host (raw observations, blueprint indices, [`ActionMasks`]) and
+//! the host (raw observations, blueprint indices, [`crate::masks::ActionMasks`]) and
 //! uploads them with the noise bases in one copy ([`StepStaging`]) straight
 //! into the buffers the graph reads; the caller normalises
 //! [`GraphedAct::staged_obs`] and [`GraphedAct::act_staged`] replays. The
