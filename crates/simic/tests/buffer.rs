@@ -33,10 +33,10 @@ fn host(step: usize, valid: bool) -> HostStep {
     }
 }
 
-/// Fills a buffer with `STEPS` sampled steps of a small policy; returns it
-/// with the per-step log-probabilities the sampler produced.
-fn filled() -> (RolloutBuffer, Vec<Tensor>) {
-    tch::manual_seed(3);
+/// A small policy (libtorch's generator seeded `seed` first) and its
+/// sampler.
+fn small_policy(seed: i64) -> (Policy, Sampler) {
+    tch::manual_seed(seed);
     let policy = Policy::new(
         PolicyConfig {
             feature_dim: 16,
@@ -46,8 +46,7 @@ fn filled() -> (RolloutBuffer, Vec<Tensor>) {
         Device::Cpu,
     )
     .expect("policy");
-    let config = policy.network().config();
-    let mut sampler = Sampler::new(
+    let sampler = Sampler::new(
         SamplingConfig {
             mode: SampleMode::Stochastic,
             floors: None,
@@ -56,6 +55,14 @@ fn filled() -> (RolloutBuffer, Vec<Tensor>) {
         Device::Cpu,
     )
     .expect("sampler");
+    (policy, sampler)
+}
+
+/// Fills a buffer with `STEPS` sampled steps of a small policy; returns it
+/// with the per-step log-probabilities the sampler produced.
+fn filled() -> (RolloutBuffer, Vec<Tensor>) {
+    let (policy, mut sampler) = small_policy(3);
+    let config = policy.network().config();
     let mut buffer = RolloutBuffer::new(shape(config.obs_dim()), Device::Cpu).expect("buffer");
     let masks = MaskTensors::allow_all(ENVS, SLOTS, Device::Cpu).expect("masks");
     let mut hidden = policy.network().initial_state(ENVS).expect("hidden");
@@ -264,36 +271,22 @@ fn out_of_range_steps_and_wrong_shapes_are_refused() {
 }
 
 /// The buffer as a staged step's sink writes what `record_policy` writes,
-/// at the step index the step carries on the device; a tensor that does
-/// not fit is refused before anything is written, and a step past the last
-/// column is refused on the host.
+/// at the step index the step carries on the device, and keeps the raw
+/// observations in step order when asked; a tensor that does not fit is
+/// refused before anything is written, and a step past the last column is
+/// refused on the host.
 #[test]
 fn the_sink_writes_what_record_policy_writes() {
     use tamiyo::policy::{StepRecord, StepSink};
-    tch::manual_seed(4);
-    let policy = Policy::new(
-        PolicyConfig {
-            feature_dim: 16,
-            hidden_dim: 16,
-            ..PolicyConfig::default()
-        },
-        Device::Cpu,
-    )
-    .expect("policy");
+    let (policy, mut sampler) = small_policy(4);
     let config = policy.network().config();
-    let mut sampler = Sampler::new(
-        SamplingConfig {
-            mode: SampleMode::Stochastic,
-            floors: None,
-        },
-        5,
-        Device::Cpu,
-    )
-    .expect("sampler");
     let mut direct = RolloutBuffer::new(shape(config.obs_dim()), Device::Cpu).expect("buffer");
     let mut sunk = RolloutBuffer::new(shape(config.obs_dim()), Device::Cpu).expect("buffer");
     let masks = MaskTensors::allow_all(ENVS, SLOTS, Device::Cpu).expect("masks");
     let hidden = policy.network().initial_state(ENVS).expect("hidden");
+    assert!(sunk.raw_observations(STEPS).expect("raw").is_none());
+    sunk.keep_raw_observations().expect("keep raw");
+    let mut raw_by_step: Vec<Tensor> = (0..STEPS).map(|_| Tensor::new()).collect();
     // The steps out of order: the index, not the call order, decides.
     for step in [2usize, 0, 3, 1] {
         let obs = Tensor::randn(
@@ -312,9 +305,11 @@ fn the_sink_writes_what_record_policy_writes() {
             .record_policy(step, &obs, &blueprints, &act.value, &act.sample, &masks)
             .expect("record policy");
         let index = Tensor::from_slice(&[step as i64]);
+        let raw = &obs * 2.0 + 1.0;
+        raw_by_step[step] = raw.shallow_clone();
         let record = StepRecord {
             step: &index,
-            raw_obs: &obs,
+            raw_obs: &raw,
             obs: &obs,
             blueprints: &blueprints,
             masks: &masks,
@@ -339,6 +334,11 @@ fn the_sink_writes_what_record_policy_writes() {
     }
     assert!(sunk.check_step(STEPS).is_err());
     assert!(sunk.mark_recorded(STEPS).is_err());
+    // The raw observations, step after step, as the normaliser reads them.
+    let kept = sunk.raw_observations(STEPS).expect("raw").expect("kept");
+    assert!(kept.equal(&Tensor::cat(&raw_by_step, 0)));
+    let first_two = sunk.raw_observations(2).expect("raw").expect("kept");
+    assert!(first_two.equal(&Tensor::cat(&raw_by_step[..2], 0)));
     let (a, b) = (
         direct.finish().expect("finish"),
         sunk.finish().expect("finish"),

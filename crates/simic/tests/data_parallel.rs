@@ -15,6 +15,27 @@ use tolaria::data::synthetic::{ImageTaskOptions, image_task};
 use tolaria::engine::trainer::ModelTrainerConfig;
 use torch_ext::dist::{DistBackend, ProcessGroup, Rendezvous};
 
+/// A free local port for a rendezvous.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Rank `rank` of a two-rank Gloo group on the CPU.
+fn gloo_group(port: u16, rank: usize) -> ProcessGroup {
+    let rendezvous = Rendezvous {
+        host: "127.0.0.1".to_owned(),
+        port,
+        rank,
+        world_size: 2,
+        timeout: Duration::from_secs(120),
+    };
+    ProcessGroup::new(&rendezvous, DistBackend::Gloo, Device::Cpu).expect("group")
+}
+
 fn spec() -> EnvSpec {
     let train = image_task(&ImageTaskOptions::fashion_like(256, 11)).expect("train data");
     let validation = image_task(&ImageTaskOptions::fashion_like(128, 12)).expect("validation");
@@ -54,23 +75,11 @@ fn flat(parameters: &[Tensor]) -> Vec<f32> {
 
 #[test]
 fn two_ranks_keep_one_policy_and_different_environments() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = free_port();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             thread::spawn(move || -> (Vec<f32>, Vec<f32>, Vec<RoundReport>) {
-                let rendezvous = Rendezvous {
-                    host: "127.0.0.1".to_owned(),
-                    port,
-                    rank,
-                    world_size: 2,
-                    timeout: Duration::from_secs(120),
-                };
-                let group =
-                    ProcessGroup::new(&rendezvous, DistBackend::Gloo, Device::Cpu).expect("group");
+                let group = gloo_group(port, rank);
                 let spec = spec();
                 let mut simic =
                     Simic::new(config(), 3, Device::Cpu, Telemetry::disabled()).expect("simic");
@@ -140,23 +149,11 @@ fn two_ranks_keep_one_policy_and_different_environments() {
 
 #[test]
 fn averaged_gradients_are_the_mean_over_the_ranks_for_every_shape() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = free_port();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             thread::spawn(move || -> Vec<Vec<f32>> {
-                let rendezvous = Rendezvous {
-                    host: "127.0.0.1".to_owned(),
-                    port,
-                    rank,
-                    world_size: 2,
-                    timeout: Duration::from_secs(120),
-                };
-                let group =
-                    ProcessGroup::new(&rendezvous, DistBackend::Gloo, Device::Cpu).expect("group");
+                let group = gloo_group(port, rank);
                 let mut parallel = simic::distributed::DataParallel::new(group);
                 let scale = (rank + 1) as f64;
                 let mut out = Vec::new();

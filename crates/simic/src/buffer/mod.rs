@@ -68,6 +68,10 @@ pub struct RolloutBuffer {
     valid: Vec<bool>,
     written: Vec<bool>,
     contributions: ContributionTargets,
+    /// The raw observations of each step, `[T, E, obs_dim]` step-major,
+    /// when kept ([`RolloutBuffer::keep_raw_observations`]): what the
+    /// observation normaliser learns from after the rollout.
+    raw_obs: Option<Tensor>,
 }
 
 fn dim(value: usize) -> i64 {
@@ -124,6 +128,7 @@ impl RolloutBuffer {
             valid: vec![false; cells],
             written: vec![false; shape.max_steps],
             contributions: ContributionTargets::new(shape.n_envs, shape.max_steps, shape.num_slots),
+            raw_obs: None,
             shape,
             device,
         };

@@ -9,7 +9,7 @@
 use tamiyo::policy::{StepRecord, StepSink};
 use tch::{Kind, Tensor};
 
-use super::{RolloutBuffer, shape_error};
+use super::{RolloutBuffer, dim, shape_error};
 use crate::Result;
 use crate::error::TorchResultExt;
 
@@ -85,6 +85,13 @@ impl RolloutBuffer {
                 index,
             ));
         }
+        if self.raw_obs.is_some() && step.raw_obs.size() != step.obs.size() {
+            return Err(shape_error(
+                "record.raw_obs",
+                format!("{:?}", step.obs.size()),
+                step.raw_obs,
+            ));
+        }
         for (_, tensor, value, _) in &writes {
             let source = value.f_unsqueeze(1).op("buffer record")?;
             let _ = tensor
@@ -92,7 +99,43 @@ impl RolloutBuffer {
                 .f_index_copy_(1, index, &source)
                 .op("buffer record")?;
         }
+        if let Some(raw) = &self.raw_obs {
+            let source = step.raw_obs.f_unsqueeze(0).op("buffer record")?;
+            let _ = raw
+                .shallow_clone()
+                .f_index_copy_(0, index, &source)
+                .op("buffer record")?;
+        }
         Ok(())
+    }
+
+    /// From now on a staged step also keeps its raw observations
+    /// ([`RolloutBuffer::raw_observations`]), allocating their storage once.
+    pub fn keep_raw_observations(&mut self) -> Result<()> {
+        if self.raw_obs.is_none() {
+            let (e, t) = (dim(self.shape.n_envs), dim(self.shape.max_steps));
+            self.raw_obs = Some(
+                Tensor::f_zeros([t, e, dim(self.shape.obs_dim)], (Kind::Float, self.device))
+                    .op("raw observations")?,
+            );
+        }
+        Ok(())
+    }
+
+    /// The raw observations of the first `steps` steps, `[steps · E,
+    /// obs_dim]`, step after step (each step's environments in order), when
+    /// kept; `None` otherwise.
+    pub fn raw_observations(&self, steps: usize) -> Result<Option<Tensor>> {
+        let Some(raw) = &self.raw_obs else {
+            return Ok(None);
+        };
+        let steps = dim(steps.min(self.shape.max_steps));
+        Ok(Some(
+            raw.f_narrow(0, 0, steps)
+                .op("raw observations")?
+                .f_reshape([-1, dim(self.shape.obs_dim)])
+                .op("raw observations")?,
+        ))
     }
 
     /// Checks that `step` has a column, before a staged step writes it at
@@ -152,6 +195,9 @@ impl StepSink for RolloutBuffer {
         }
         for head in &self.heads {
             add(head);
+        }
+        if let Some(raw) = &self.raw_obs {
+            add(raw);
         }
         key
     }

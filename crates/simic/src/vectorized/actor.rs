@@ -140,23 +140,6 @@ impl Actor {
         Ok(())
     }
 
-    /// The staged raw observations, the blueprint indices and the masks on
-    /// the device (views, until the next [`Actor::stage`]).
-    pub(super) fn staged(&self) -> Result<(Tensor, Tensor, &MaskTensors)> {
-        let graphed = self
-            .graphed
-            .as_ref()
-            .ok_or_else(|| crate::Error::InvalidConfig {
-                field: "Actor.staged",
-                reason: "nothing staged".to_owned(),
-            })?;
-        Ok((
-            graphed.staged_obs().shallow_clone(),
-            graphed.staged_blueprints().shallow_clone(),
-            graphed.staged_masks(),
-        ))
-    }
-
     /// The step on the staged inputs ([`GraphedAct::act_staged`]): the
     /// observations normalised by `normaliser`, the step's tensors written
     /// by `sink` (the rollout buffer), all inside the captured graph.

@@ -34,7 +34,6 @@ use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion}
 use super::report::POLICY_PARTS;
 use super::{RoundReport, RoundTimings, SimicConfig};
 use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
-use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
 /// The round's rollout (see the module docs).
@@ -43,7 +42,8 @@ pub(super) struct Collector {
     /// Every step's raw observations `[n_envs, obs_dim]` of a learning
     /// round: the observation normaliser, frozen during the rollout, learns
     /// from them all just before the update (reference §3.3).
-    raw_obs: Vec<Tensor>,
+    /// Steps whose raw observations the buffer kept (for the normaliser).
+    raw_steps: usize,
     rules: StepRules,
     /// Steps per episode.
     steps: usize,
@@ -128,7 +128,7 @@ impl Collector {
         let hidden = policy.network().initial_state(n)?;
         Ok(Collector {
             envs,
-            raw_obs: Vec::new(),
+            raw_steps: 0,
             rules: StepRules::of(config),
             steps,
             device,
@@ -161,11 +161,17 @@ impl Collector {
         &self.buffer
     }
 
-    /// The round's raw observations, one `[n_envs, obs_dim]` tensor per
-    /// step (empty when the round does not learn or observations are not
-    /// normalised).
-    pub(super) fn raw_observations(&self) -> &[Tensor] {
-        &self.raw_obs
+    /// The round's raw observations as one `[steps · n_envs, obs_dim]`
+    /// tensor, step after step (none when the round does not learn or
+    /// observations are not normalised): kept by the buffer, inside each
+    /// step's graph.
+    pub(super) fn raw_observations(&self) -> Result<Vec<Tensor>> {
+        Ok(self
+            .buffer
+            .raw_observations(self.raw_steps)?
+            .into_iter()
+            .filter(|_| self.raw_steps > 0)
+            .collect())
     }
 
     /// Phase 1 of `step`: every live environment's epoch queued before any
@@ -254,10 +260,10 @@ impl Collector {
         )?;
         lap(0, &mut self.policy_parts);
         if learn && learner.normalises_observations() {
-            // A copy: the staged buffer is reused by the next step.
-            let (raw, _, _) = actor.staged()?;
-            self.raw_obs
-                .push(Tensor::f_cat(&[&raw], 0).op("keep the step's observations")?);
+            // The step keeps its raw observations in the buffer, inside
+            // its graph: what the normaliser learns from after the rollout.
+            self.buffer.keep_raw_observations()?;
+            self.raw_steps = step.saturating_add(1).max(self.raw_steps);
         }
         lap(1, &mut self.policy_parts);
         // Normalisation, the step and the buffer's writes: one replay.

@@ -230,7 +230,7 @@ impl Simic {
         let lstm = collector.lstm_health()?;
         let update = if learn {
             self.learner
-                .learn_observations(collector.raw_observations())?;
+                .learn_observations(&collector.raw_observations()?)?;
             let update = self.update(&collector)?;
             self.gather_rank_rngs()?;
             Some(update)
