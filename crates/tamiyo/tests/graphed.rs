@@ -9,36 +9,19 @@
 //! The graphed step under bf16 autocast replays what the eager bf16 step
 //! computes, too.
 
+mod common;
+
 use tamiyo::masks::MaskTensors;
 use tamiyo::policy::sampling::reference_probability_floors;
-use tamiyo::policy::{
-    GraphedAct, Policy, PolicyConfig, PolicyPrecision, SampleMode, Sampler, SamplingConfig,
-};
+use tamiyo::policy::{GraphedAct, Policy, PolicyPrecision, SampleMode, Sampler, SamplingConfig};
 use tch::{Device, Kind, Tensor};
 
 fn policy(device: Device) -> Policy {
-    tch::manual_seed(7);
-    Policy::new(
-        PolicyConfig {
-            feature_dim: 32,
-            hidden_dim: 32,
-            ..PolicyConfig::default()
-        },
-        device,
-    )
-    .expect("policy")
+    common::small_policy(device)
 }
 
 fn sampler(device: Device) -> Sampler {
-    Sampler::new(
-        SamplingConfig {
-            mode: SampleMode::Stochastic,
-            floors: Some(tamiyo::policy::sampling::reference_probability_floors()),
-        },
-        11,
-        device,
-    )
-    .expect("sampler")
+    common::floored_sampler(device)
 }
 
 fn compare(device: Device, precision: PolicyPrecision) {

@@ -9,42 +9,23 @@
 //! on CUDA replaying the captured graph, captured again when the
 //! normaliser's memory moves).
 
+mod common;
+
 use leyline::{AlphaMode, SeedStage};
 use tamiyo::masks::{ActionMasks, MaskConfig, MaskTensors, SlotMaskInfo, compute_masks};
 use tamiyo::normaliser::{NormaliserConfig, RunningMeanStd};
-use tamiyo::policy::{
-    GraphedAct, Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig, StepRecord, StepSink,
-    StepStaging,
-};
+use tamiyo::policy::{GraphedAct, Policy, Sampler, StepRecord, StepSink, StepStaging};
 use tch::{Device, Kind, Tensor};
 
 const N_ENVS: usize = 4;
 const SLOTS: usize = 3;
 
 fn policy(device: Device) -> Policy {
-    tch::manual_seed(7);
-    Policy::new(
-        PolicyConfig {
-            num_slots: SLOTS,
-            feature_dim: 32,
-            hidden_dim: 32,
-            ..PolicyConfig::default()
-        },
-        device,
-    )
-    .expect("policy")
+    common::small_policy(device)
 }
 
 fn sampler(device: Device) -> Sampler {
-    Sampler::new(
-        SamplingConfig {
-            mode: SampleMode::Stochastic,
-            floors: Some(tamiyo::policy::sampling::reference_probability_floors()),
-        },
-        11,
-        device,
-    )
-    .expect("sampler")
+    common::floored_sampler(device)
 }
 
 /// Masks that differ from environment to environment and step to step.

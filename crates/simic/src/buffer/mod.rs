@@ -213,32 +213,14 @@ impl RolloutBuffer {
         Ok(column)
     }
 
-    /// Copies every `(column, value)` pair (all checked by [`Self::fit`]),
-    /// one multi-tensor copy per dtype: libtorch copies a list of one dtype
-    /// whose pairs share their strides in one kernel (and pair by pair
-    /// otherwise), so a step's columns cost a few launches, not one each.
+    /// Copies every `(column, value)` pair (all checked by [`Self::fit`]).
+    /// The columns are strided (the buffer is environment-major), so a
+    /// multi-tensor copy would take libtorch's pair-by-pair path anyway;
+    /// the staged policy step writes its columns inside its graph instead
+    /// (`sink.rs`).
     fn write_all(writes: &[(Tensor, &Tensor)]) -> Result<()> {
-        if let [(column, value)] = writes {
-            column.shallow_clone().f_copy_(value).op("buffer write")?;
-            return Ok(());
-        }
-        let mut groups: Vec<(Kind, Vec<Tensor>, Vec<Tensor>)> = Vec::with_capacity(3);
         for (column, value) in writes {
-            let kind = column.kind();
-            let position = match groups.iter().position(|(k, _, _)| *k == kind) {
-                Some(position) => position,
-                None => {
-                    groups.push((kind, Vec::new(), Vec::new()));
-                    groups.len().saturating_sub(1)
-                }
-            };
-            if let Some((_, columns, values)) = groups.get_mut(position) {
-                columns.push(column.shallow_clone());
-                values.push(value.shallow_clone());
-            }
-        }
-        for (_, columns, values) in &groups {
-            torch_ext::fused::foreach_copy_(columns, values, false)?;
+            column.shallow_clone().f_copy_(value).op("buffer write")?;
         }
         Ok(())
     }

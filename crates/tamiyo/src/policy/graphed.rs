@@ -105,18 +105,25 @@ enum CaptureKind {
     },
 }
 
-fn copy_into(what: &'static str, target: &Tensor, source: &Tensor) -> Result<()> {
-    if target.size() != source.size() || target.kind() != source.kind() {
-        return Err(shape_mismatch(
-            what,
-            format!("{:?} {:?}", target.kind(), target.size()),
-            (source.kind(), source.size()),
-        ));
+/// Copies every `(what, target, source)` pair, once every shape and dtype
+/// has been checked: a refused call copies nothing.
+fn copy_checked(pairs: &[(&'static str, &Tensor, &Tensor)]) -> Result<()> {
+    for (what, target, source) in pairs {
+        if target.size() != source.size() || target.kind() != source.kind() {
+            return Err(shape_mismatch(
+                what,
+                format!("{:?} {:?}", target.kind(), target.size()),
+                (source.kind(), source.size()),
+            ));
+        }
     }
-    target
-        .shallow_clone()
-        .f_copy_(source)
-        .op("graph input copy")
+    for (_, target, source) in pairs {
+        target
+            .shallow_clone()
+            .f_copy_(source)
+            .op("graph input copy")?;
+    }
+    Ok(())
 }
 
 impl GraphedAct {
@@ -193,7 +200,8 @@ impl GraphedAct {
     ) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let inputs = &self.inputs;
-        // Every shape first, so a refused call copies nothing.
+        // Every shape first (`copy_checked`), so a refused call copies
+        // nothing.
         let mut pairs: Vec<(&'static str, &Tensor, &Tensor)> = vec![
             ("GraphedAct.obs", &inputs.obs, obs),
             (
@@ -212,15 +220,6 @@ impl GraphedAct {
         for (target, source) in inputs.staging.masks().heads.iter().zip(masks.heads.iter()) {
             pairs.push(("GraphedAct.masks", target, source));
         }
-        for (what, target, source) in &pairs {
-            if target.size() != source.size() || target.kind() != source.kind() {
-                return Err(shape_mismatch(
-                    what,
-                    format!("{:?} {:?}", target.kind(), target.size()),
-                    (source.kind(), source.size()),
-                ));
-            }
-        }
         if !bases.is_empty()
             && inputs.staging.bases().size() != [i64::try_from(bases.len()).unwrap_or(-1)]
         {
@@ -230,26 +229,15 @@ impl GraphedAct {
                 bases.len(),
             ));
         }
-        copy_into("GraphedAct.obs", &inputs.obs, obs)?;
-        copy_into(
-            "GraphedAct.blueprints",
-            inputs.staging.blueprints(),
-            blueprints,
-        )?;
-        copy_into("GraphedAct.hidden.h", &inputs.h, &hidden.h)?;
-        copy_into("GraphedAct.hidden.c", &inputs.c, &hidden.c)?;
-        for (target, source) in inputs.staging.masks().heads.iter().zip(masks.heads.iter()) {
-            copy_into("GraphedAct.masks", target, source)?;
+        let host_bases = if bases.is_empty() {
+            None
+        } else {
+            Some(Tensor::f_from_slice(bases).op("noise bases")?)
+        };
+        if let Some(host) = &host_bases {
+            pairs.push(("GraphedAct.bases", inputs.staging.bases(), host));
         }
-        copy_into(
-            "GraphedAct.slot_by_op",
-            &inputs.staging.masks().slot_by_op,
-            &masks.slot_by_op,
-        )?;
-        if !bases.is_empty() {
-            let host = Tensor::f_from_slice(bases).op("noise bases")?;
-            copy_into("GraphedAct.bases", inputs.staging.bases(), &host)?;
-        }
+        copy_checked(&pairs)?;
         Ok(())
     }
 

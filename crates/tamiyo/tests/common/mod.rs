@@ -86,3 +86,31 @@ pub fn tiny_model(slots: &[SlotId]) -> MorphogeneticModel {
     MorphogeneticModel::new(host, slots, SlotConfig::default(), Telemetry::disabled())
         .expect("model")
 }
+
+/// A small policy (feature and hidden width 32, the default slots), libtorch's
+/// generator seeded first.
+pub fn small_policy(device: Device) -> tamiyo::policy::Policy {
+    tch::manual_seed(7);
+    tamiyo::policy::Policy::new(
+        tamiyo::policy::PolicyConfig {
+            feature_dim: 32,
+            hidden_dim: 32,
+            ..tamiyo::policy::PolicyConfig::default()
+        },
+        device,
+    )
+    .expect("policy")
+}
+
+/// A stochastic sampler with the reference's probability floors, seed 11.
+pub fn floored_sampler(device: Device) -> tamiyo::policy::Sampler {
+    tamiyo::policy::Sampler::new(
+        tamiyo::policy::SamplingConfig {
+            mode: tamiyo::policy::SampleMode::Stochastic,
+            floors: Some(tamiyo::policy::sampling::reference_probability_floors()),
+        },
+        11,
+        device,
+    )
+    .expect("sampler")
+}

@@ -15,8 +15,8 @@
 
 use tch::Tensor;
 
-use super::{CaptureKind, GraphedAct, Outputs, Staged, copy_into};
-use crate::error::{TorchResultExt, shape_mismatch};
+use super::{CaptureKind, GraphedAct, Outputs, Staged, copy_checked};
+use crate::error::TorchResultExt;
 use crate::masks::{ActionMasks, MaskTensors};
 use crate::normaliser::RunningMeanStd;
 use crate::policy::network::LstmState;
@@ -189,7 +189,14 @@ impl GraphedAct {
                     h: inputs.h.shallow_clone(),
                     c: inputs.c.shallow_clone(),
                 };
-                let act = step_on(policy, sampler, normaliser, &hidden, sink, &inputs.staging)?;
+                let act = step_on(
+                    policy,
+                    Draw::Staged(sampler),
+                    normaliser,
+                    &hidden,
+                    sink,
+                    &inputs.staging,
+                )?;
                 // The next step starts from this one's state.
                 inputs
                     .h
@@ -232,66 +239,37 @@ impl GraphedAct {
         with_bases: bool,
     ) -> Result<Act> {
         let _guard = tch::no_grad_guard();
-        if with_bases {
-            return step_on(
-                policy,
-                sampler,
-                normaliser,
-                hidden,
-                sink,
-                &self.inputs.staging,
-            );
-        }
-        let staging = &self.inputs.staging;
-        let raw = staging.obs();
-        let obs = match normaliser {
-            Some(normaliser) => normaliser.normalize(raw)?,
-            None => raw.shallow_clone(),
+        let draw = if with_bases {
+            Draw::Staged(sampler)
+        } else {
+            Draw::Fresh(sampler)
         };
-        let act = policy.act(&obs, staging.blueprints(), hidden, staging.masks(), sampler)?;
-        if let Some(sink) = sink {
-            sink.record(&StepRecord {
-                step: staging.step(),
-                raw_obs: raw,
-                obs: &obs,
-                blueprints: staging.blueprints(),
-                masks: staging.masks(),
-                value: &act.value,
-                sample: &act.sample,
-            })?;
-        }
-        Ok(act)
+        step_on(policy, draw, normaliser, hidden, sink, &self.inputs.staging)
     }
 
     /// Copies `hidden` into the static LSTM state (shapes checked first).
     fn set_hidden(&self, hidden: &LstmState) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let inputs = &self.inputs;
-        let pairs: [(&'static str, &Tensor, &Tensor); 2] = [
+        copy_checked(&[
             ("GraphedAct.hidden.h", &inputs.h, &hidden.h),
             ("GraphedAct.hidden.c", &inputs.c, &hidden.c),
-        ];
-        for (what, target, source) in &pairs {
-            if target.size() != source.size() || target.kind() != source.kind() {
-                return Err(shape_mismatch(
-                    what,
-                    format!("{:?} {:?}", target.kind(), target.size()),
-                    (source.kind(), source.size()),
-                ));
-            }
-        }
-        for (what, target, source) in &pairs {
-            copy_into(what, target, source)?;
-        }
-        Ok(())
+        ])
     }
 }
 
-/// The staged step with the staged noise bases: normalise, step, sample,
-/// record. Device work only (it is what the graph captures).
+/// Where a step's sampling noise comes from.
+enum Draw<'a> {
+    /// The staged noise bases: device work only (what the graph captures).
+    Staged(&'a Sampler),
+    /// The sampler's generator, drawn on the host (the eager step).
+    Fresh(&'a mut Sampler),
+}
+
+/// The staged step: normalise, step, sample (from `draw`), record.
 fn step_on(
     policy: &Policy,
-    sampler: &Sampler,
+    draw: Draw<'_>,
     normaliser: Option<&RunningMeanStd>,
     hidden: &LstmState,
     sink: Option<&dyn StepSink>,
@@ -305,7 +283,12 @@ fn step_on(
     let output = policy
         .network()
         .step(&obs, staging.blueprints(), hidden, staging.masks())?;
-    let sample = sampler.sample_with_bases(&output.logits, staging.masks(), staging.bases())?;
+    let sample = match draw {
+        Draw::Staged(sampler) => {
+            sampler.sample_with_bases(&output.logits, staging.masks(), staging.bases())?
+        }
+        Draw::Fresh(sampler) => sampler.sample(&output.logits, staging.masks())?,
+    };
     if let Some(sink) = sink {
         sink.record(&StepRecord {
             step: staging.step(),
