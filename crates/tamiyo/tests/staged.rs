@@ -14,7 +14,9 @@ mod common;
 use leyline::{AlphaMode, SeedStage};
 use tamiyo::masks::{ActionMasks, MaskConfig, MaskTensors, SlotMaskInfo, compute_masks};
 use tamiyo::normaliser::{NormaliserConfig, RunningMeanStd};
-use tamiyo::policy::{GraphedAct, Policy, Sampler, StepRecord, StepSink, StepStaging};
+use tamiyo::policy::{
+    ActionReadback, GraphedAct, Policy, Sampler, StepRecord, StepSink, StepStaging,
+};
 use tch::{Device, Kind, Tensor};
 
 const N_ENVS: usize = 4;
@@ -225,6 +227,7 @@ fn compare(device: Device) {
     let mut eager = sampler(device);
     let mut staged_sampler = sampler(device);
     let mut graphed = GraphedAct::new(&policy, &staged_sampler, N_ENVS).expect("graphed");
+    let mut readback = ActionReadback::new(N_ENVS, device).expect("readback");
     let mut normaliser =
         RunningMeanStd::new(obs_dim(), NormaliserConfig::default(), device).expect("normaliser");
     // Statistics that are not the identity.
@@ -288,6 +291,14 @@ fn compare(device: Device) {
         );
         assert!(a.value.allclose(&b.value, 1e-5, 1e-6, false));
         assert!(a.hidden.h.allclose(&b.hidden.h, 1e-5, 1e-6, false));
+        // The page-locked readback reads what the plain one reads.
+        assert_eq!(
+            b.sample
+                .to_host_via(&mut readback, SLOTS)
+                .expect("readback"),
+            b.sample.to_host(SLOTS).expect("to_host"),
+            "step {step}: the readbacks differ"
+        );
         eager_obs.push(normalised);
         eager_values.push(a.value.shallow_clone());
         eager_actions.push(a.sample.actions.shallow_clone());
@@ -329,6 +340,25 @@ fn the_staged_step_replays_what_the_eager_step_computes_on_cuda() {
         return;
     }
     compare(Device::Cuda(0));
+}
+
+#[test]
+fn the_readback_refuses_a_batch_of_another_shape_or_kind() {
+    let mut readback = ActionReadback::new(N_ENVS, Device::Cpu).expect("readback");
+    assert_eq!(readback.rows(), N_ENVS);
+    let heads = leyline::NUM_ACTION_HEADS as i64;
+    for wrong in [
+        Tensor::zeros([N_ENVS as i64 + 1, heads], (Kind::Int64, Device::Cpu)),
+        Tensor::zeros([N_ENVS as i64, heads], (Kind::Int, Device::Cpu)),
+        Tensor::zeros([N_ENVS as i64 * heads], (Kind::Int64, Device::Cpu)),
+    ] {
+        let error = readback.read(&wrong).expect_err("refused");
+        assert!(error.to_string().contains("ActionReadback"), "{error}");
+    }
+    let right = Tensor::arange(N_ENVS as i64 * heads, (Kind::Int64, Device::Cpu))
+        .view([N_ENVS as i64, heads]);
+    let values = readback.read(&right).expect("read").to_vec();
+    assert_eq!(values, (0..N_ENVS as i64 * heads).collect::<Vec<_>>());
 }
 
 #[test]

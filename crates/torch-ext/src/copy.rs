@@ -1,6 +1,7 @@
-//! Tensor copies tch cannot express: `copy_` with `non_blocking = true`.
+//! Tensor copies tch cannot express: `copy_` with `non_blocking = true`,
+//! and writing bytes straight into a host tensor ([`write_host_bytes`]).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ffi;
 
 /// `dst.copy_(src, non_blocking=true)`.
@@ -19,4 +20,47 @@ pub fn copy_non_blocking(dst: &mut tch::Tensor, src: &tch::Tensor) -> Result<()>
             ffi::esper_copy_(ffi::tensor_ptr(dst), ffi::tensor_ptr(src), 1),
         )
     }
+}
+
+/// Writes `src` into the host memory of `dst` from its first element on,
+/// without a libtorch op: `dst` must be a contiguous CPU tensor (pinned or
+/// not) of at least `src.len()` bytes. The packing path of an upload: write
+/// the step's bytes straight into a page-locked buffer, then queue one
+/// [`copy_non_blocking`] to the device. The caller must not write while an
+/// earlier copy from `dst` may still be running (synchronise an event
+/// recorded after it).
+pub fn write_host_bytes(dst: &tch::Tensor, src: &[u8]) -> Result<()> {
+    let refuse = |message: String| Error::InvalidArgument {
+        op: "write_host_bytes",
+        message,
+    };
+    if dst.device() != tch::Device::Cpu {
+        return Err(refuse(format!(
+            "the target is on {:?}, not the host",
+            dst.device()
+        )));
+    }
+    if !dst.is_contiguous() {
+        return Err(refuse("the target is not contiguous".to_owned()));
+    }
+    let element = dst.kind().elt_size_in_bytes();
+    let capacity = dst.numel().saturating_mul(element);
+    if src.len() > capacity {
+        return Err(refuse(format!(
+            "{} bytes do not fit a target of {capacity} bytes",
+            src.len()
+        )));
+    }
+    if src.is_empty() {
+        return Ok(());
+    }
+    let target = dst.data_ptr().cast::<u8>();
+    if target.is_null() {
+        return Err(refuse("the target has no storage".to_owned()));
+    }
+    // SAFETY: `dst` is a live, contiguous host tensor whose storage spans
+    // at least `capacity >= src.len()` bytes from `data_ptr` (checked
+    // above); `src` is a distinct Rust slice, so the ranges do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), target, src.len()) };
+    Ok(())
 }

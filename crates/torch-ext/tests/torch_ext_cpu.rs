@@ -11,7 +11,7 @@ use torch_ext::precision::{self, MatmulPrecision};
 use torch_ext::{
     AutocastDevice, AutocastGuard, CudaEvent, CudaGraph, CudaStream, Error, GraphPool,
     InferenceModeGuard, autocast_state, copy_non_blocking, cuda, is_inference,
-    is_inference_mode_enabled,
+    is_inference_mode_enabled, write_host_bytes,
 };
 
 /// Serialises the tests that flip process-wide libtorch flags.
@@ -280,6 +280,38 @@ fn copy_non_blocking_reports_a_shape_mismatch_as_a_cpp_error() {
         vec![0.0, 0.0, 0.0],
         "destination untouched"
     );
+}
+
+#[test]
+fn write_host_bytes_writes_into_a_view_and_refuses_what_does_not_fit() {
+    let buffer = Tensor::zeros([16], (Kind::Uint8, Device::Cpu));
+    // Into a view: the bytes land from the view's first element on.
+    let view = buffer.narrow(0, 4, 8);
+    write_host_bytes(&view, &[1, 2, 3]).unwrap();
+    let bytes = Vec::<u8>::try_from(&buffer).unwrap();
+    assert_eq!(&bytes[..8], &[0, 0, 0, 0, 1, 2, 3, 0]);
+    // Typed targets take their size in bytes: two f32 are eight bytes.
+    let floats = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    let raw: Vec<u8> = [1.5_f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    write_host_bytes(&floats, &raw).unwrap();
+    assert_eq!(Vec::<f32>::try_from(&floats).unwrap(), vec![1.5, -2.0]);
+
+    let refused = |target: &Tensor, bytes: &[u8]| match write_host_bytes(target, bytes) {
+        Err(Error::InvalidArgument { op, message }) => {
+            assert_eq!(op, "write_host_bytes");
+            message
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let message = refused(&view, &[9; 9]);
+    assert!(message.contains("9 bytes"), "{message}");
+    let strided = Tensor::zeros([4, 4], (Kind::Uint8, Device::Cpu)).transpose(0, 1);
+    assert!(refused(&strided, &[1]).contains("contiguous"));
+    // Nothing was written by a refused call.
+    assert_eq!(Vec::<u8>::try_from(&buffer).unwrap()[8..], [0; 8]);
 }
 
 /// Reference SGD (torch.optim.SGD semantics) on plain numbers.

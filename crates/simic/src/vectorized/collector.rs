@@ -277,7 +277,7 @@ impl Collector {
         self.hidden = act.hidden;
         lap(3, &mut self.policy_parts);
         let num_slots = self.envs.first().map_or(0, Env::num_slots);
-        let actions = act.sample.to_host(num_slots)?;
+        let actions = actor.read_actions(&act.sample, num_slots)?;
         lap(4, &mut self.policy_parts);
         if let Some(replay) = actor.take_replay_ms() {
             self.replay_samples.push(replay);

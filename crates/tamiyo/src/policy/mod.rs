@@ -28,7 +28,9 @@ pub use network::{
     PolicyPrecision, cpu_bf16_lstm_fallback_reason, cpu_bf16_lstm_supported,
 };
 pub use rng::PolicyRng;
-pub use sampling::{MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig};
+pub use sampling::{
+    ActionReadback, MASKED_LOGIT_VALUE, SampleMode, SampledActions, Sampler, SamplingConfig,
+};
 pub use staging::StepStaging;
 
 /// A policy network with the `VarStore` that holds its variables.

@@ -41,7 +41,7 @@ mod conditioned;
 mod distribution;
 mod evaluate;
 
-pub use actions::SampledActions;
+pub use actions::{ActionReadback, SampledActions};
 use distribution::{Noise, choose};
 pub use distribution::{
     apply_probability_floor, log_prob, mask_all, mask_logits, normalized_entropy,

@@ -334,18 +334,20 @@ impl StepStaging {
         } else {
             (layout.bases, &self.with_bases)
         };
-        let source = Tensor::f_from_slice(scratch.get(start..).unwrap_or_default())
-            .op("staging from host")?;
+        let packed = scratch.get(start..).unwrap_or_default();
         let mut target = device_part.shallow_clone();
         match (host_part, &self.uploaded, self.device_buffer.device()) {
             (Some(pinned), Some(event), Device::Cuda(index)) => {
-                pinned.shallow_clone().f_copy_(&source).op("staging pack")?;
+                // Straight into the page-locked buffer (no libtorch op), then
+                // one queued copy.
+                torch_ext::write_host_bytes(pinned, packed).map_err(torch_error)?;
                 torch_ext::copy_non_blocking(&mut target, pinned).map_err(torch_error)?;
                 let stream = CudaStream::current(index).map_err(torch_error)?;
                 event.record(&stream).map_err(torch_error)?;
                 self.pending = true;
             }
             _ => {
+                let source = Tensor::f_from_slice(packed).op("staging from host")?;
                 target.f_copy_(&source).op("staging upload")?;
             }
         }

@@ -1,7 +1,10 @@
 //! [`SampledActions`]: one batch of sampled actions, log-probabilities,
-//! entropies, relevance and conditioned masks, on the device.
+//! entropies, relevance and conditioned masks, on the device; and
+//! [`ActionReadback`], the reusable page-locked buffer a rollout reads its
+//! actions back through.
 
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
+use torch_ext::{CudaEvent, CudaStream};
 
 use crate::error::TorchResultExt;
 use crate::heads::FactoredAction;
@@ -38,6 +41,25 @@ impl SampledActions {
             .f_view(-1)
             .op("actions readback")?;
         let values = Vec::<i64>::try_from(&host).op("actions readback")?;
+        self.decode(&values, num_slots)
+    }
+
+    /// [`SampledActions::to_host`] through `readback`'s page-locked buffer:
+    /// one queued copy, one event wait and a plain read of host memory,
+    /// where `to_host` allocates a host tensor and runs four libtorch ops.
+    /// The same actions, in the same order.
+    pub fn to_host_via(
+        &self,
+        readback: &mut ActionReadback,
+        num_slots: usize,
+    ) -> Result<Vec<FactoredAction>> {
+        let values = readback.read(&self.actions)?;
+        self.decode(values, num_slots)
+    }
+
+    /// The actions of `values` (row-major `[B, 8]`), checked against the
+    /// batch's rows.
+    fn decode(&self, values: &[i64], num_slots: usize) -> Result<Vec<FactoredAction>> {
         let rows = self.actions.size().first().copied().unwrap_or(0);
         let expected = usize::try_from(rows)
             .unwrap_or(0)
@@ -57,5 +79,93 @@ impl SampledActions {
                 FactoredAction::from_indices(&indices, num_slots)
             })
             .collect()
+    }
+}
+
+/// A reusable readback of one `[B, 8]` `i64` action tensor: on CUDA a
+/// page-locked host buffer of that shape, filled by one non-blocking copy
+/// and read after an event recorded behind it; elsewhere a plain copy. Made
+/// once per rollout shape ([`ActionReadback::new`]), so a step allocates
+/// nothing.
+#[derive(Debug)]
+pub struct ActionReadback {
+    rows: i64,
+    /// `(pinned host buffer, event behind its copy)`, on CUDA only.
+    pinned: Option<(Tensor, CudaEvent, usize)>,
+    values: Vec<i64>,
+}
+
+impl ActionReadback {
+    /// A readback of `rows` rows of actions from `device`.
+    pub fn new(rows: usize, device: Device) -> Result<Self> {
+        let rows_i64 = i64::try_from(rows).map_err(|_| Error::InvalidConfig {
+            field: "ActionReadback.rows",
+            reason: format!("{rows} rows do not fit an i64"),
+        })?;
+        let heads = i64::try_from(NUM_ACTION_HEADS).unwrap_or(i64::MAX);
+        let torch_error = |error: torch_ext::Error| Error::InvalidInput {
+            field: "ActionReadback",
+            reason: error.to_string(),
+        };
+        let pinned = match device {
+            Device::Cuda(index) => {
+                let plain = Tensor::f_zeros([rows_i64, heads], (Kind::Int64, Device::Cpu))
+                    .op("readback host buffer")?;
+                Some((
+                    torch_ext::memory::pin(&plain).map_err(torch_error)?,
+                    CudaEvent::new(false).map_err(torch_error)?,
+                    index,
+                ))
+            }
+            _ => None,
+        };
+        Ok(Self {
+            rows: rows_i64,
+            pinned,
+            values: vec![0; rows.saturating_mul(NUM_ACTION_HEADS)],
+        })
+    }
+
+    /// Rows per read.
+    pub fn rows(&self) -> usize {
+        usize::try_from(self.rows).unwrap_or(0)
+    }
+
+    /// The values of `actions` (`[rows, 8]` `i64`), row after row. A tensor
+    /// of another shape or kind is refused before any copy.
+    pub fn read(&mut self, actions: &Tensor) -> Result<&[i64]> {
+        let heads = i64::try_from(NUM_ACTION_HEADS).unwrap_or(i64::MAX);
+        if actions.size() != [self.rows, heads] || actions.kind() != Kind::Int64 {
+            return Err(Error::InvalidInput {
+                field: "ActionReadback.actions",
+                reason: format!(
+                    "expected [{}, {heads}] Int64, got {:?} {:?}",
+                    self.rows,
+                    actions.size(),
+                    actions.kind()
+                ),
+            });
+        }
+        let torch_error = |error: torch_ext::Error| Error::InvalidInput {
+            field: "ActionReadback",
+            reason: error.to_string(),
+        };
+        let count = self.values.len();
+        match &mut self.pinned {
+            Some((host, event, index)) if actions.device() == Device::Cuda(*index) => {
+                torch_ext::copy_non_blocking(host, actions).map_err(torch_error)?;
+                let stream = CudaStream::current(*index).map_err(torch_error)?;
+                event.record(&stream).map_err(torch_error)?;
+                event.synchronize().map_err(torch_error)?;
+                host.f_copy_data(&mut self.values, count)
+                    .op("actions readback")?;
+            }
+            _ => {
+                actions
+                    .f_copy_data(&mut self.values, count)
+                    .op("actions readback")?;
+            }
+        }
+        Ok(&self.values)
     }
 }
