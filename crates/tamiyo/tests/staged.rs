@@ -7,7 +7,8 @@
 //! with the LSTM state carried inside the graph and a sink given every
 //! step's tensors at its step index (on the CPU through the eager fallback,
 //! on CUDA replaying the captured graph, captured again when the
-//! normaliser's memory moves).
+//! normaliser's memory moves), the actions read back through the step's
+//! page-locked buffer as the plain readback reads them.
 
 mod common;
 
@@ -291,12 +292,22 @@ fn compare(device: Device) {
         );
         assert!(a.value.allclose(&b.value, 1e-5, 1e-6, false));
         assert!(a.hidden.h.allclose(&b.hidden.h, 1e-5, 1e-6, false));
-        // The page-locked readback reads what the plain one reads.
+        // The step's own readback (from the page-locked buffer the graph
+        // copied into, on CUDA) and a separate page-locked readback read
+        // what the plain one reads.
+        let plain = b.sample.to_host(SLOTS).expect("to_host");
+        assert_eq!(
+            graphed
+                .read_actions(&b.sample, SLOTS)
+                .expect("read_actions"),
+            plain,
+            "step {step}: the step's readback differs"
+        );
         assert_eq!(
             b.sample
                 .to_host_via(&mut readback, SLOTS)
                 .expect("readback"),
-            b.sample.to_host(SLOTS).expect("to_host"),
+            plain,
             "step {step}: the readbacks differ"
         );
         eager_obs.push(normalised);
@@ -323,6 +334,7 @@ fn compare(device: Device) {
     assert!(kept.actions.equal(&Tensor::stack(&eager_actions, 1)));
     if device.is_cuda() {
         assert!(graphed.is_captured(), "fallback: {:?}", graphed.fallback());
+        assert!(graphed.reads_back_in_graph());
     } else {
         assert!(graphed.fallback().is_some());
     }
@@ -359,6 +371,33 @@ fn the_readback_refuses_a_batch_of_another_shape_or_kind() {
         .view([N_ENVS as i64, heads]);
     let values = readback.read(&right).expect("read").to_vec();
     assert_eq!(values, (0..N_ENVS as i64 * heads).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_packed_staging_reaches_the_device_at_its_upload() {
+    if !torch_ext::cuda::is_available() {
+        eprintln!("skipped: no CUDA device");
+        return;
+    }
+    let device = Device::Cuda(0);
+    let mut staging = StepStaging::new(N_ENVS, SLOTS, 2, device).expect("staging");
+    staging
+        .stage(&host_obs(0), &host_blueprints(0), &masks(0), &[5, 6], 0)
+        .expect("stage");
+    assert_staged(&staging, &host_obs(0), &host_blueprints(0), &masks(0));
+    // Packed, not uploaded: the device still holds the last upload.
+    staging
+        .pack(&host_obs(1), &host_blueprints(1), &masks(1), &[7, 8], 1)
+        .expect("pack");
+    assert_staged(&staging, &host_obs(0), &host_blueprints(0), &masks(0));
+    staging.upload().expect("upload");
+    assert_staged(&staging, &host_obs(1), &host_blueprints(1), &masks(1));
+    assert_eq!(
+        Vec::<i64>::try_from(&to_cpu(staging.bases())).unwrap(),
+        vec![7, 8]
+    );
+    // A second upload has nothing left to send.
+    staging.upload().expect("nothing pending");
 }
 
 #[test]

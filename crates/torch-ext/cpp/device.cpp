@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -262,6 +263,26 @@ char* esper_copy_(void* dst, const void* src, int32_t non_blocking) {
   auto* destination = static_cast<at::Tensor*>(dst);
   const auto* source = static_cast<const at::Tensor*>(src);
   destination->copy_(*source, non_blocking != 0);
+  ESPER_CATCH
+}
+
+// The bytes of `src` into `dst` with one cudaMemcpyAsync on the current
+// stream of the CUDA side's device: no allocator event, no dispatch, so it
+// may be captured into a CUDA graph (a memcpy node). The Rust side checked
+// layouts, sizes and that any host side is page-locked.
+char* esper_memcpy_async(void* dst, const void* src) {
+  ESPER_TRY
+  TORCH_CHECK(dst != nullptr && src != nullptr, "null tensor");
+  auto* destination = static_cast<at::Tensor*>(dst);
+  const auto* source = static_cast<const at::Tensor*>(src);
+  TORCH_CHECK(destination->is_contiguous() && source->is_contiguous(), "memcpy_async: not contiguous");
+  TORCH_CHECK(destination->nbytes() == source->nbytes(), "memcpy_async: sizes differ");
+  const at::Tensor& on_device = destination->is_cuda() ? *destination : *source;
+  TORCH_CHECK(on_device.is_cuda(), "memcpy_async: neither side is on a CUDA device");
+  c10::cuda::CUDAGuard guard(on_device.device());
+  auto stream = c10::cuda::getCurrentCUDAStream(on_device.device().index());
+  C10_CUDA_CHECK(cudaMemcpyAsync(destination->data_ptr(), source->data_ptr(), source->nbytes(),
+                                 cudaMemcpyDefault, stream.stream()));
   ESPER_CATCH
 }
 

@@ -65,6 +65,7 @@ char* esper_event_query(void* event, int32_t* done);
 char* esper_event_elapsed_ms(void* start, void* end, float* out);
 
 char* esper_copy_(void* dst, const void* src, int32_t non_blocking);
+char* esper_memcpy_async(void* dst, const void* src);
 
 // ---- graph.cpp: CUDA graphs ----
 char* esper_graph_pool_handle(uint64_t* first, uint64_t* second);

@@ -1,5 +1,6 @@
 //! Tensor copies tch cannot express: `copy_` with `non_blocking = true`,
-//! and writing bytes straight into a host tensor ([`write_host_bytes`]).
+//! writing bytes straight into a host tensor ([`write_host_bytes`]), and a
+//! raw asynchronous copy a CUDA graph can capture ([`memcpy_async`]).
 
 use crate::error::{Error, Result};
 use crate::ffi;
@@ -63,4 +64,59 @@ pub fn write_host_bytes(dst: &tch::Tensor, src: &[u8]) -> Result<()> {
     // above); `src` is a distinct Rust slice, so the ranges do not overlap.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), target, src.len()) };
     Ok(())
+}
+
+/// The bytes of `src` into `dst` with one `cudaMemcpyAsync` on the current
+/// stream of the CUDA side's device. Unlike [`copy_non_blocking`] it
+/// touches neither the dispatcher nor libtorch's pinned-memory allocator,
+/// so a CUDA graph can capture it: each replay then copies what the host
+/// memory holds at that moment (the upload of a step's inputs, the
+/// readback of its outputs, inside the step's graph).
+///
+/// Both tensors must be contiguous with the same size in bytes (dtypes may
+/// differ: the bytes are copied as they are); at least one must be on a
+/// CUDA device, and a host side must be page-locked ([`crate::memory::pin`]).
+/// The caller keeps the host memory alive and does not touch it until the
+/// copy (or the replay that holds it) has run.
+pub fn memcpy_async(dst: &tch::Tensor, src: &tch::Tensor) -> Result<()> {
+    let refuse = |message: String| Error::InvalidArgument {
+        op: "memcpy_async",
+        message,
+    };
+    let sides = [("target", dst), ("source", src)];
+    for (side, tensor) in sides {
+        if !tensor.is_contiguous() {
+            return Err(refuse(format!("the {side} is not contiguous")));
+        }
+    }
+    for (side, tensor) in sides {
+        if tensor.device() == tch::Device::Cpu && !crate::memory::is_pinned(tensor) {
+            return Err(refuse(format!(
+                "the {side} is in pageable host memory (pin it first)"
+            )));
+        }
+    }
+    if dst.device() == tch::Device::Cpu && src.device() == tch::Device::Cpu {
+        return Err(refuse("neither side is on a CUDA device".to_owned()));
+    }
+    let bytes = |tensor: &tch::Tensor| {
+        tensor
+            .numel()
+            .saturating_mul(tensor.kind().elt_size_in_bytes())
+    };
+    if bytes(dst) != bytes(src) {
+        return Err(refuse(format!(
+            "the target holds {} bytes, the source {}",
+            bytes(dst),
+            bytes(src)
+        )));
+    }
+    // SAFETY: both pointers are the live `at::Tensor`s behind tch tensors
+    // that outlive the call; the shim checks layouts and sizes again.
+    unsafe {
+        ffi::check(
+            "memcpy_async",
+            ffi::esper_memcpy_async(ffi::tensor_ptr(dst), ffi::tensor_ptr(src)),
+        )
+    }
 }

@@ -80,6 +80,7 @@ unsafe extern "C" {
     ) -> RawError;
 
     pub(crate) fn esper_copy_(dst: *mut c_void, src: *const c_void, non_blocking: i32) -> RawError;
+    pub(crate) fn esper_memcpy_async(dst: *mut c_void, src: *const c_void) -> RawError;
 
     // graph.cpp
     pub(crate) fn esper_graph_pool_handle(first: *mut u64, second: *mut u64) -> RawError;

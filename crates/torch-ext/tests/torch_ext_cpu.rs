@@ -11,7 +11,7 @@ use torch_ext::precision::{self, MatmulPrecision};
 use torch_ext::{
     AutocastDevice, AutocastGuard, CudaEvent, CudaGraph, CudaStream, Error, GraphPool,
     InferenceModeGuard, autocast_state, copy_non_blocking, cuda, is_inference,
-    is_inference_mode_enabled, write_host_bytes,
+    is_inference_mode_enabled, memcpy_async, write_host_bytes,
 };
 
 /// Serialises the tests that flip process-wide libtorch flags.
@@ -312,6 +312,29 @@ fn write_host_bytes_writes_into_a_view_and_refuses_what_does_not_fit() {
     assert!(refused(&strided, &[1]).contains("contiguous"));
     // Nothing was written by a refused call.
     assert_eq!(Vec::<u8>::try_from(&buffer).unwrap()[8..], [0; 8]);
+}
+
+#[test]
+fn memcpy_async_refuses_what_it_cannot_copy_raw() {
+    let refused = |dst: &Tensor, src: &Tensor| match memcpy_async(dst, src) {
+        Err(Error::InvalidArgument { op, message }) => {
+            assert_eq!(op, "memcpy_async");
+            message
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let host = Tensor::zeros([4], (Kind::Float, Device::Cpu));
+    // Pageable host memory cannot take part (and on the CPU nothing is
+    // pinned), whichever side it is.
+    assert!(refused(&host, &host.copy()).contains("pageable"));
+    let strided = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu)).transpose(0, 1);
+    assert!(refused(&host.view([2, 2]), &strided).contains("contiguous"));
+    if cuda::is_available() {
+        let pinned = torch_ext::memory::pin(&host).unwrap();
+        let on_device = Tensor::zeros([5], (Kind::Float, Device::Cuda(0)));
+        assert!(refused(&on_device, &pinned).contains("bytes"));
+        assert!(refused(&pinned, &pinned.copy().pin_memory(Device::Cuda(0))).contains("neither"));
+    }
 }
 
 /// Reference SGD (torch.optim.SGD semantics) on plain numbers.

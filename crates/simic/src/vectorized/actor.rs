@@ -9,8 +9,8 @@ use tamiyo::heads::FactoredAction;
 use tamiyo::masks::{ActionMasks, MaskTensors};
 use tamiyo::normaliser::RunningMeanStd;
 use tamiyo::policy::{
-    Act, ActionReadback, GraphedAct, LstmState, Policy, PolicyConfig, PolicyPrecision, PolicyRng,
-    SampleMode, SampledActions, Sampler, StepSink,
+    Act, GraphedAct, LstmState, Policy, PolicyConfig, PolicyPrecision, PolicyRng, SampleMode,
+    SampledActions, Sampler, StepSink,
 };
 use tch::{Device, Tensor};
 
@@ -25,9 +25,6 @@ pub(super) struct Actor {
     graphed: Option<GraphedAct>,
     graph_policy: bool,
     n_envs: usize,
-    /// The page-locked readback of the actions, built at the first read
-    /// (and again for a batch of another size).
-    readback: Option<ActionReadback>,
 }
 
 impl Actor {
@@ -73,7 +70,6 @@ impl Actor {
             graphed: None,
             graph_policy: config.graph_policy,
             n_envs: config.n_envs,
-            readback: None,
         })
     }
 
@@ -164,21 +160,15 @@ impl Actor {
         Ok(graphed.act_staged(&self.policy, &mut self.sampler, normaliser, hidden, sink)?)
     }
 
-    /// The actions of `sample` on the host, through the actor's reusable
-    /// page-locked buffer ([`SampledActions::to_host_via`]).
+    /// The actions of `sample` (what the last step returned) on the host:
+    /// read from the page-locked buffer the captured step copied them into,
+    /// or copied through it ([`GraphedAct::read_actions`]).
     pub(super) fn read_actions(
         &mut self,
         sample: &SampledActions,
         num_slots: usize,
     ) -> Result<Vec<FactoredAction>> {
-        let rows =
-            usize::try_from(sample.actions.size().first().copied().unwrap_or(0)).unwrap_or(0);
-        let readback = match self.readback.take() {
-            Some(kept) if kept.rows() == rows => kept,
-            _ => ActionReadback::new(rows, sample.actions.device())?,
-        };
-        let readback = self.readback.insert(readback);
-        Ok(sample.to_host_via(readback, num_slots)?)
+        Ok(self.step()?.read_actions(sample, num_slots)?)
     }
 
     /// The device time of the last replay of the captured step, once.

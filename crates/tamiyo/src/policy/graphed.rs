@@ -32,7 +32,7 @@ use torch_ext::{CudaEvent, CudaGraph, CudaStream};
 
 use super::network::LstmState;
 use super::rng::PolicyRng;
-use super::sampling::{SampleMode, SampledActions, Sampler};
+use super::sampling::{ActionReadback, SampleMode, SampledActions, Sampler};
 use super::staging::StepStaging;
 use super::{Act, Policy};
 use crate::error::{TorchResultExt, shape_mismatch};
@@ -56,6 +56,8 @@ struct Inputs {
     /// staging's device buffer ([`GraphedAct::stage`] uploads them in one
     /// copy; [`GraphedAct::act`] copies device tensors into them).
     staging: StepStaging,
+    /// The actions' page-locked readback; a staged graph copies into it.
+    readback: ActionReadback,
 }
 
 /// What [`GraphedAct::stage`] decided for the next
@@ -91,6 +93,11 @@ pub struct GraphedAct {
     /// What the graph was captured for; a step of another kind captures
     /// again.
     captured: Option<CaptureKind>,
+    /// Whether the captured graph copies its actions into the inputs'
+    /// readback.
+    graph_reads_back: bool,
+    /// Whether the last step was a replay that filled `readback`.
+    filled: bool,
 }
 
 /// What a graph was captured for: the device tensors of [`GraphedAct::act`],
@@ -151,6 +158,7 @@ impl GraphedAct {
                     sampler.draws_per_sample(),
                     device,
                 )?,
+                readback: ActionReadback::new(n_envs, device)?,
             },
             outputs: None,
             graph: None,
@@ -158,6 +166,8 @@ impl GraphedAct {
             replay_pending: false,
             staged: None,
             captured: None,
+            graph_reads_back: false,
+            filled: false,
             mode: sampler.config().mode,
             fallback: match device {
                 Device::Cuda(_) => None,
@@ -183,6 +193,13 @@ impl GraphedAct {
     /// Whether the step is captured and replaying.
     pub fn is_captured(&self) -> bool {
         self.graph.is_some()
+    }
+
+    /// Whether the captured graph also holds the upload of the staged
+    /// inputs and the copy of the actions to the host (a staged step on
+    /// CUDA): the host then packs, replays and reads host memory.
+    pub fn reads_back_in_graph(&self) -> bool {
+        self.graph.is_some() && self.graph_reads_back
     }
 
     /// Why the step runs eagerly, if it does.

@@ -20,6 +20,13 @@
 //! boundary. Everything is checked before anything is written: a refused
 //! call leaves the staged inputs as they were. The host buffer is not
 //! rewritten until the previous upload has run (an event recorded after it).
+//!
+//! [`StepStaging::stage`] packs and uploads. A captured step splits the
+//! two: [`StepStaging::pack`] writes the page-locked buffer with no libtorch
+//! op, and the graph's first node is the raw copy of that buffer to the
+//! device ([`StepStaging::upload_captured`]), so each replay uploads what
+//! was packed last; [`StepStaging::upload`] sends a packed step when no
+//! graph will.
 
 use tch::{Device, Kind, Tensor};
 use torch_ext::{CudaEvent, CudaStream};
@@ -90,6 +97,11 @@ pub struct StepStaging {
     uploaded: Option<CudaEvent>,
     /// Whether an upload from `host` may still be running.
     pending: bool,
+    /// Packed into `host` and not yet uploaded: `Some(start)`, the first
+    /// byte the upload must copy (CUDA only; see [`StepStaging::pack`]).
+    unsent: Option<usize>,
+    /// The whole host buffer (CUDA only), what a captured upload copies.
+    host: Option<Tensor>,
     obs: Tensor,
     step: Tensor,
     blueprints: Tensor,
@@ -214,6 +226,8 @@ impl StepStaging {
             scratch: Vec::with_capacity(layout.total),
             uploaded,
             pending: false,
+            unsent: None,
+            host,
             obs,
             step,
             blueprints,
@@ -245,6 +259,24 @@ impl StepStaging {
     /// captured step records its outputs, [`StepStaging::step`]). All or
     /// nothing: a refused call uploads nothing.
     pub fn stage(
+        &mut self,
+        obs: &[f32],
+        blueprints: &[i64],
+        masks: &[ActionMasks],
+        bases: &[i64],
+        step: i64,
+    ) -> Result<()> {
+        self.pack(obs, blueprints, masks, bases, step)?;
+        self.upload()
+    }
+
+    /// [`StepStaging::stage`] without the upload on CUDA: the inputs are
+    /// checked and packed into the page-locked host buffer, and either a
+    /// graph that holds [`StepStaging::upload_captured`] copies them at its
+    /// replay (then [`StepStaging::mark_read`]), or [`StepStaging::upload`]
+    /// does. Until one of them has, the device views hold the previous
+    /// step's inputs. On the CPU this is [`StepStaging::stage`].
+    pub fn pack(
         &mut self,
         obs: &[f32],
         blueprints: &[i64],
@@ -335,22 +367,84 @@ impl StepStaging {
             (layout.bases, &self.with_bases)
         };
         let packed = scratch.get(start..).unwrap_or_default();
-        let mut target = device_part.shallow_clone();
-        match (host_part, &self.uploaded, self.device_buffer.device()) {
-            (Some(pinned), Some(event), Device::Cuda(index)) => {
-                // Straight into the page-locked buffer (no libtorch op), then
-                // one queued copy.
+        match host_part {
+            Some(pinned) => {
+                // Straight into the page-locked buffer (no libtorch op); the
+                // upload follows (`upload`, or a captured one).
                 torch_ext::write_host_bytes(pinned, packed).map_err(torch_error)?;
-                torch_ext::copy_non_blocking(&mut target, pinned).map_err(torch_error)?;
-                let stream = CudaStream::current(index).map_err(torch_error)?;
-                event.record(&stream).map_err(torch_error)?;
-                self.pending = true;
+                // Bytes before `start` (the kept bases) are already there.
+                self.unsent = Some(self.unsent.map_or(start, |kept| kept.min(start)));
             }
-            _ => {
+            None => {
                 let source = Tensor::f_from_slice(packed).op("staging from host")?;
-                target.f_copy_(&source).op("staging upload")?;
+                device_part
+                    .shallow_clone()
+                    .f_copy_(&source)
+                    .op("staging upload")?;
             }
         }
+        Ok(())
+    }
+
+    /// Uploads what [`StepStaging::pack`] packed and no graph has copied
+    /// yet, in one queued copy (nothing when nothing is pending, and always
+    /// nothing on the CPU).
+    pub fn upload(&mut self) -> Result<()> {
+        let Some(start) = self.unsent else {
+            return Ok(());
+        };
+        let torch_error = |error: torch_ext::Error| Error::InvalidInput {
+            field: "StepStaging.upload",
+            reason: error.to_string(),
+        };
+        let (host_part, device_part) = if start == self.layout.bases {
+            &self.with_bases
+        } else {
+            &self.without_bases
+        };
+        if let (Some(pinned), Some(event), Device::Cuda(index)) =
+            (host_part, &self.uploaded, self.device_buffer.device())
+        {
+            let mut target = device_part.shallow_clone();
+            torch_ext::copy_non_blocking(&mut target, pinned).map_err(torch_error)?;
+            let stream = CudaStream::current(index).map_err(torch_error)?;
+            event.record(&stream).map_err(torch_error)?;
+            self.pending = true;
+        }
+        self.unsent = None;
+        Ok(())
+    }
+
+    /// Queues the copy of the whole host buffer to the device as one raw
+    /// `cudaMemcpyAsync` ([`torch_ext::memcpy_async`]), for the body of a
+    /// CUDA graph capture: each replay uploads what the last
+    /// [`StepStaging::pack`] wrote. CUDA only.
+    pub fn upload_captured(&self) -> Result<()> {
+        let Some(host) = &self.host else {
+            return Err(Error::InvalidConfig {
+                field: "StepStaging.upload_captured",
+                reason: "a captured upload needs a CUDA staging".to_owned(),
+            });
+        };
+        torch_ext::memcpy_async(&self.device_buffer, host).map_err(|error| Error::InvalidInput {
+            field: "StepStaging.upload_captured",
+            reason: error.to_string(),
+        })
+    }
+
+    /// After a replay that holds [`StepStaging::upload_captured`] was
+    /// queued on `stream`: the packed inputs count as uploaded, and the
+    /// next [`StepStaging::pack`] waits for that replay's copy before it
+    /// writes the host buffer again.
+    pub fn mark_read(&mut self, stream: &CudaStream) -> Result<()> {
+        if let Some(event) = &self.uploaded {
+            event.record(stream).map_err(|error| Error::InvalidInput {
+                field: "StepStaging.mark_read",
+                reason: error.to_string(),
+            })?;
+            self.pending = true;
+        }
+        self.unsent = None;
         Ok(())
     }
 

@@ -5,18 +5,25 @@
 //! normalisation (with the normaliser's moments read in place), the
 //! network, the sampling, the write of the step's tensors into the caller's
 //! rollout storage ([`StepSink`], at the step index the staging uploaded)
-//! and the carry of the LSTM state to the next step. The host issues the
-//! upload, the replay and the readback of the actions, and nothing else.
+//! and the carry of the LSTM state to the next step. The graph's first
+//! node uploads the inputs [`GraphedAct::stage`] packed into page-locked
+//! memory, and its last copies the actions into page-locked memory
+//! ([`GraphedAct::read_actions`] reads them there): the host packs,
+//! replays, waits and reads, with no libtorch op of its own.
 //!
 //! A graph depends on the memory it reads and writes: the normaliser's
 //! moments ([`RunningMeanStd::memory_key`]) and the sink's storage
 //! ([`StepSink::memory_key`]). When either moves (a reset, a restored
 //! checkpoint, a new rollout buffer), the next step captures again.
 
-use tch::Tensor;
+use std::cell::Cell;
+
+use tch::{Device, Tensor};
+use torch_ext::CudaStream;
 
 use super::{CaptureKind, GraphedAct, Outputs, Staged, copy_checked};
 use crate::error::TorchResultExt;
+use crate::heads::FactoredAction;
 use crate::masks::{ActionMasks, MaskTensors};
 use crate::normaliser::RunningMeanStd;
 use crate::policy::network::LstmState;
@@ -68,7 +75,9 @@ impl GraphedAct {
     /// observations, row after row; `blueprints`: `n_envs × num_slots`
     /// blueprint indices; `masks`: one per environment; `step`: the step's
     /// index in its episode) with the noise bases the captured step needs,
-    /// and uploads them in one copy ([`crate::policy::StepStaging::stage`]).
+    /// and uploads them in one copy ([`crate::policy::StepStaging::stage`]);
+    /// when the step will replay the graph, only packs them
+    /// ([`crate::policy::StepStaging::pack`]): the graph uploads them.
     /// When the step will replay the graph, the bases are drawn from
     /// `sampler` here; a refused call leaves the generator and the staged
     /// inputs as they were.
@@ -88,11 +97,16 @@ impl GraphedAct {
         } else {
             Vec::new()
         };
-        if let Err(error) = self
-            .inputs
-            .staging
-            .stage(obs, blueprints, masks, &bases, step)
-        {
+        self.filled = false;
+        // A step that replays the graph uploads there (the graph's first
+        // node copies the packed buffer); any other uploads now.
+        let staging = &mut self.inputs.staging;
+        let staged = if graph {
+            staging.pack(obs, blueprints, masks, &bases, step)
+        } else {
+            staging.stage(obs, blueprints, masks, &bases, step)
+        };
+        if let Err(error) = staged {
             sampler.set_rng(rng);
             return Err(error);
         }
@@ -101,7 +115,8 @@ impl GraphedAct {
     }
 
     /// The staged raw observations, `[n_envs, obs_dim]` `f32` on the device
-    /// (until the next [`GraphedAct::stage`]).
+    /// (once the step has uploaded them: after [`GraphedAct::act_staged`],
+    /// until the next [`GraphedAct::stage`]).
     pub fn staged_obs(&self) -> &Tensor {
         self.inputs.staging.obs()
     }
@@ -184,7 +199,10 @@ impl GraphedAct {
         if self.graph.is_none() {
             let network = policy.network();
             let sampler: &Sampler = sampler;
+            let reads_back = Cell::new(false);
             self.capture_with(network.device(), kind, |inputs| {
+                // The upload of the packed inputs is the graph's first node.
+                inputs.staging.upload_captured()?;
                 let hidden = LstmState {
                     h: inputs.h.shallow_clone(),
                     c: inputs.c.shallow_clone(),
@@ -208,22 +226,63 @@ impl GraphedAct {
                     .shallow_clone()
                     .f_copy_(&act.hidden.c)
                     .op("carry the LSTM state")?;
+                // And its last node copies the actions to the host.
+                reads_back.set(inputs.readback.capture_copy(&act.sample.actions)?);
                 Ok(Outputs {
                     sample: act.sample,
                     value: act.value,
                     hidden: act.hidden,
                 })
             })?;
+            self.graph_reads_back = self.graph.is_some() && reads_back.get();
         }
         if self.graph.is_none() || self.outputs.is_none() {
-            // The capture failed: the eager step with the staged draws.
+            // The capture failed: the eager step with the staged draws, on
+            // the inputs uploaded now.
+            self.inputs.staging.upload()?;
             let state = LstmState {
                 h: self.inputs.h.shallow_clone(),
                 c: self.inputs.c.shallow_clone(),
             };
             return self.eager_staged(policy, sampler, normaliser, &state, sink, true);
         }
-        self.replay(policy.network().device())
+        let device = policy.network().device();
+        let act = self.replay(device)?;
+        if let Device::Cuda(index) = device {
+            let stream = CudaStream::current(index).map_err(|error| Error::InvalidInput {
+                field: "GraphedAct.stream",
+                reason: error.to_string(),
+            })?;
+            // The packed buffer may be written again once this replay has
+            // copied it; the actions are on the host once it has run.
+            self.inputs.staging.mark_read(&stream)?;
+            if self.graph_reads_back {
+                self.inputs.readback.mark_filled(&stream)?;
+                self.filled = true;
+            }
+        }
+        Ok(act)
+    }
+
+    /// The actions of `sample` on the host, `sample` being what the last
+    /// step returned: when that step replayed a graph that copies its
+    /// actions to the host, a wait for the replay and a read of host
+    /// memory; otherwise one queued copy through the same page-locked
+    /// buffer ([`SampledActions::to_host_via`]).
+    pub fn read_actions(
+        &mut self,
+        sample: &SampledActions,
+        num_slots: usize,
+    ) -> Result<Vec<FactoredAction>> {
+        let replayed = self
+            .outputs
+            .as_ref()
+            .is_some_and(|outputs| outputs.sample.actions.data_ptr() == sample.actions.data_ptr());
+        if std::mem::take(&mut self.filled) && replayed {
+            let values = self.inputs.readback.read_filled()?;
+            return sample.decode(values, num_slots);
+        }
+        sample.to_host_via(&mut self.inputs.readback, num_slots)
     }
 
     /// The eager step on the staged inputs (`with_bases`: with the staged

@@ -59,7 +59,7 @@ impl SampledActions {
 
     /// The actions of `values` (row-major `[B, 8]`), checked against the
     /// batch's rows.
-    fn decode(&self, values: &[i64], num_slots: usize) -> Result<Vec<FactoredAction>> {
+    pub(crate) fn decode(&self, values: &[i64], num_slots: usize) -> Result<Vec<FactoredAction>> {
         let rows = self.actions.size().first().copied().unwrap_or(0);
         let expected = usize::try_from(rows)
             .unwrap_or(0)
@@ -166,6 +166,64 @@ impl ActionReadback {
                     .op("actions readback")?;
             }
         }
+        Ok(&self.values)
+    }
+}
+
+/// The readback inside a captured step (crate-internal, used by
+/// [`crate::policy::GraphedAct`]): the copy into the page-locked buffer is
+/// part of the graph, and the host waits for the replay, then reads.
+impl ActionReadback {
+    /// Queues the raw copy of `actions` into the page-locked buffer
+    /// ([`torch_ext::memcpy_async`], capturable). `false`, with nothing
+    /// queued, where that cannot serve: not on CUDA, or `actions` not a
+    /// contiguous `[rows, 8]` `i64` on the buffer's device.
+    pub(crate) fn capture_copy(&self, actions: &Tensor) -> Result<bool> {
+        let heads = i64::try_from(NUM_ACTION_HEADS).unwrap_or(i64::MAX);
+        let Some((host, _, index)) = &self.pinned else {
+            return Ok(false);
+        };
+        if actions.device() != Device::Cuda(*index)
+            || actions.size() != [self.rows, heads]
+            || actions.kind() != Kind::Int64
+            || !actions.is_contiguous()
+        {
+            return Ok(false);
+        }
+        torch_ext::memcpy_async(host, actions).map_err(|error| Error::InvalidInput {
+            field: "ActionReadback.capture_copy",
+            reason: error.to_string(),
+        })?;
+        Ok(true)
+    }
+
+    /// Marks the end of the work that fills the buffer (a replay queued on
+    /// `stream`); [`ActionReadback::read_filled`] waits for it.
+    pub(crate) fn mark_filled(&self, stream: &CudaStream) -> Result<()> {
+        if let Some((_, event, _)) = &self.pinned {
+            event.record(stream).map_err(|error| Error::InvalidInput {
+                field: "ActionReadback.mark_filled",
+                reason: error.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The buffer's values once the marked work has run.
+    pub(crate) fn read_filled(&mut self) -> Result<&[i64]> {
+        let count = self.values.len();
+        let Some((host, event, _)) = &self.pinned else {
+            return Err(Error::InvalidInput {
+                field: "ActionReadback.read_filled",
+                reason: "no page-locked buffer (not on CUDA)".to_owned(),
+            });
+        };
+        event.synchronize().map_err(|error| Error::InvalidInput {
+            field: "ActionReadback.read_filled",
+            reason: error.to_string(),
+        })?;
+        host.f_copy_data(&mut self.values, count)
+            .op("actions readback")?;
         Ok(&self.values)
     }
 }
