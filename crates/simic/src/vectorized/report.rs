@@ -70,9 +70,11 @@ pub struct RoundReport {
     /// when the step runs eagerly).
     pub replay_samples: Vec<f64>,
     /// Where the policy step's host time goes, mean ms per step, in the
-    /// order of [`POLICY_PARTS`]: the upload of its inputs, the copy of the
-    /// raw observations kept for the normaliser (when learning), the step
-    /// (normalisation, network, sampling and the buffer's writes: one
+    /// order of [`POLICY_PARTS`]: the staging of its inputs (packed into
+    /// page-locked memory; uploaded too when the step runs eagerly), the
+    /// copy of the raw observations kept for the normaliser (when
+    /// learning), the step (the upload, normalisation, network, sampling,
+    /// the buffer's writes and the copy of the actions to the host: one
     /// replay, or eager), the host's bookkeeping of the record, the
     /// actions' readback (which waits for the device).
     pub policy_parts_ms: [f64; POLICY_PARTS.len()],
