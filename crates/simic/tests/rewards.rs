@@ -1109,3 +1109,64 @@ fn germination_delay_costs_only_an_offered_germination_not_taken() {
     let error = compute_reward(&wrong, &base).expect_err("a positive cost is refused");
     assert_eq!(field_of(error), "RewardConfig.germination_delay_cost");
 }
+
+#[test]
+fn the_accuracy_delta_pays_the_accuracy_gained_since_the_last_step() {
+    let base = RewardInputs {
+        epoch: 12,
+        max_epochs: 150,
+        val_acc: 81.5,
+        previous_val_acc: Some(80.0),
+        ..RewardInputs::default()
+    };
+    // Off by default, as at the reference.
+    assert_eq!(reward(&RewardConfig::default(), &base).accuracy_delta, 0.0);
+    let config = RewardConfig {
+        accuracy_delta_weight: 2.0,
+        ..RewardConfig::default()
+    };
+    let gained = reward(&config, &base);
+    assert_close(gained.accuracy_delta, 3.0);
+    assert_close(
+        gained.total,
+        reward(&RewardConfig::default(), &base).total + 3.0,
+    );
+    // A loss costs, and the first step (nothing to compare with) pays nothing.
+    let lost = RewardInputs {
+        val_acc: 79.0,
+        ..base.clone()
+    };
+    assert_close(reward(&config, &lost).accuracy_delta, -2.0);
+    let first = RewardInputs {
+        previous_val_acc: None,
+        ..base.clone()
+    };
+    assert_eq!(reward(&config, &first).accuracy_delta, 0.0);
+    // Over an episode the term telescopes to w·(last − first accuracy).
+    let accuracies = [10.0, 42.0, 40.5, 77.0, 85.25];
+    let total: f64 = accuracies
+        .windows(2)
+        .map(|pair| {
+            let step = RewardInputs {
+                val_acc: pair[1],
+                previous_val_acc: Some(pair[0]),
+                ..base.clone()
+            };
+            reward(&config, &step).accuracy_delta
+        })
+        .sum();
+    assert_close(total, 2.0 * (85.25 - 10.0));
+    // A negative weight, or an accuracy outside [0, 100], is refused.
+    let wrong = RewardConfig {
+        accuracy_delta_weight: -1.0,
+        ..RewardConfig::default()
+    };
+    let error = compute_reward(&wrong, &base).expect_err("a negative weight is refused");
+    assert_eq!(field_of(error), "RewardConfig.accuracy_delta_weight");
+    let outside = RewardInputs {
+        previous_val_acc: Some(101.0),
+        ..base.clone()
+    };
+    let error = compute_reward(&config, &outside).expect_err("an accuracy above 100");
+    assert_eq!(field_of(error), "RewardInputs.previous_val_acc");
+}

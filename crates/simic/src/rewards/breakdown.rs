@@ -47,6 +47,9 @@ pub struct RewardBreakdown {
     /// The germination delay cost: GERMINATE was offered and not taken
     /// (≤ 0; not the reference's, 0 unless configured).
     pub germination_delay: f64,
+    /// The accuracy-delta term: `w·(val_acc − previous val_acc)` (not the
+    /// reference's, 0 unless configured).
+    pub accuracy_delta: f64,
     /// The op's intervention cost and lifecycle penalties (≤ 0).
     pub op_cost: f64,
     /// FOSSILIZE shaping (legitimacy-discounted bonus or penalties).
@@ -89,6 +92,7 @@ impl RewardBreakdown {
             occupancy: 0.0,
             fossil_maintenance: 0.0,
             germination_delay: 0.0,
+            accuracy_delta: 0.0,
             op_cost: 0.0,
             fossilize_shaping: 0.0,
             fossilize_bonus: 0.0,
@@ -113,6 +117,7 @@ impl RewardBreakdown {
             self.occupancy,
             self.fossil_maintenance,
             self.germination_delay,
+            self.accuracy_delta,
             self.op_cost,
             self.fossilize_shaping,
             self.fossilize_bonus,

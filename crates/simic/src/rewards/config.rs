@@ -167,6 +167,15 @@ pub struct RewardConfig {
     /// its slots by sampling; this makes each epoch of delay cost
     /// something (`baselines/perf/simic-learning/NOTES.md`).
     pub germination_delay_cost: f64,
+    /// Not the reference's (0 there and by default): the weight `w` of
+    /// `w·(val_acc − previous val_acc)` paid at every step but the first,
+    /// in reward units per accuracy point. Its sum over an episode
+    /// telescopes to `w·(final − first accuracy)`, so it pays for the
+    /// accuracy the episode gains, whatever gains it, where the attribution
+    /// pays the targeted seed's counterfactual, which grows with the host's
+    /// own progress since the germination and with how much the host has
+    /// come to lean on the seed (`baselines/perf/simic-learning/NOTES.md`).
+    pub accuracy_delta_weight: f64,
 
     // --- per-op costs ---
     /// GERMINATE (−0.15).
@@ -303,6 +312,7 @@ impl Default for RewardConfig {
             free_slots: 1,
             fossilized_maintenance_cost: -0.002,
             germination_delay_cost: 0.0,
+            accuracy_delta_weight: 0.0,
             germinate_cost: -0.15,
             germinate_occupied_penalty: -0.3,
             fossilize_cost: -0.01,

@@ -230,6 +230,11 @@ impl RewardConfig {
                 NonPositive,
             ),
             (
+                "RewardConfig.accuracy_delta_weight",
+                self.accuracy_delta_weight,
+                NonNegative,
+            ),
+            (
                 "RewardConfig.germinate_cost",
                 self.germinate_cost,
                 NonPositive,

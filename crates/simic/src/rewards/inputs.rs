@@ -95,6 +95,10 @@ pub struct RewardInputs {
     pub seed_after: Option<StagePoint>,
     /// Validation accuracy of the epoch, percent.
     pub val_acc: f64,
+    /// The validation accuracy of the episode's previous step, percent
+    /// (`None` at its first step): what the accuracy-delta term pays
+    /// against.
+    pub previous_val_acc: Option<f64>,
     /// Clean total `T` = validation accuracy − accuracy with every seed
     /// off, in percentage points; `None` when all-off was not measured.
     pub clean_total: Option<f64>,
@@ -140,6 +144,7 @@ impl Default for RewardInputs {
             seed: None,
             seed_after: None,
             val_acc: 0.0,
+            previous_val_acc: None,
             clean_total: None,
             solo_off_accuracies: Vec::new(),
             host_params: 0,
@@ -196,6 +201,9 @@ impl RewardInputs {
         }
         for &solo_off in &self.solo_off_accuracies {
             accuracy("RewardInputs.solo_off_accuracies", solo_off)?;
+        }
+        if let Some(previous) = self.previous_val_acc {
+            accuracy("RewardInputs.previous_val_acc", previous)?;
         }
         if let Some(committed) = self.committed_val_acc {
             accuracy("RewardInputs.committed_val_acc", committed)?;

@@ -366,6 +366,9 @@ pub(super) fn shaped_reward(config: &RewardConfig, inputs: &RewardInputs) -> Rew
     if inputs.germination_offered && inputs.op != LifecycleOp::Germinate && !inputs.terminal {
         breakdown.germination_delay = config.germination_delay_cost;
     }
+    if let Some(previous) = inputs.previous_val_acc {
+        breakdown.accuracy_delta = config.accuracy_delta_weight * (inputs.val_acc - previous);
+    }
     op_shaping(config, inputs, clean_total, &mut breakdown);
     breakdown.auto_prune = super::episode::auto_prune_penalty(config, inputs.auto_prunes);
     if inputs.terminal {

@@ -141,6 +141,9 @@ pub(crate) struct Env {
     episode_reward: f64,
     /// Latest validation accuracy, percent.
     val_accuracy: f64,
+    /// The validation accuracy the last reward was computed at (the
+    /// accuracy-delta term's reference; none before the first reward).
+    rewarded_accuracy: Option<f64>,
     /// Active seeds summed over steps (for the mean).
     active_seed_steps: u64,
     /// Configurations the fused passes measured, summed over the steps.
@@ -209,6 +212,7 @@ impl Env {
             germination_accuracy: HashMap::new(),
             episode_reward: 0.0,
             val_accuracy: 0.0,
+            rewarded_accuracy: None,
             active_seed_steps: 0,
             counterfactual_configs: 0,
             seed,

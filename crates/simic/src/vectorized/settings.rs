@@ -210,6 +210,10 @@ mod tests {
         );
         apply(&mut config, "reward.mode=sparse").unwrap();
         assert_eq!(config.reward.mode, crate::rewards::RewardMode::Sparse);
+        apply(&mut config, "reward.accuracy_delta_weight=1").unwrap();
+        assert_eq!(config.reward.accuracy_delta_weight, 1.0);
+        assert!(apply(&mut config, "reward.accuracy_delta_weight=-1").is_err());
+        assert_eq!(config.reward.accuracy_delta_weight, 1.0);
     }
 
     #[test]

@@ -373,6 +373,7 @@ impl Env {
             seed: seed_before,
             seed_after: self.stage_point(target),
             val_acc: measured.validation.accuracy.clamp(0.0, 100.0),
+            previous_val_acc: self.rewarded_accuracy,
             clean_total: measured.report.reward.total,
             solo_off_accuracies: Vec::new(),
             host_params,
@@ -388,6 +389,7 @@ impl Env {
             terminal,
         };
         let breakdown = compute_reward(&rules.reward, &inputs)?;
+        self.rewarded_accuracy = Some(inputs.val_acc);
         let suspicions = RewardHackingSuspicion::of(
             self.index,
             step,
