@@ -16,8 +16,8 @@ pub(super) fn profile_line(step: &StepProfile) -> String {
         profile.copies() as f64 / envs,
         profile.busy_us() / envs / 1000.0,
     );
-    for kernel in profile.largest(8) {
-        let name: String = kernel.name.chars().take(90).collect();
+    for kernel in profile.largest(12) {
+        let name = short_kernel_name(&kernel.name);
         line.push_str(&format!(
             "\n    {:8.1} us {:5} x {name}",
             kernel.total_us / envs,
@@ -25,6 +25,25 @@ pub(super) fn profile_line(step: &StepProfile) -> String {
         ));
     }
     line
+}
+
+/// A kernel's name shortened for a log line: without the namespaces and
+/// keywords that every ATen kernel repeats, so the functor that tells two
+/// elementwise kernels apart stays in the first 150 characters.
+fn short_kernel_name(name: &str) -> String {
+    let mut short = name.to_owned();
+    for noise in [
+        "void ",
+        "at::native::",
+        "(anonymous namespace)::",
+        "at::detail::",
+        "c10::",
+        "std::",
+        "unsigned ",
+    ] {
+        short = short.replace(noise, "");
+    }
+    short.chars().take(150).collect()
 }
 
 /// The figures of the profiled steps: kernels, copies and GPU-busy ms per
@@ -82,4 +101,19 @@ pub(super) fn live_seed_figures(
         "refused_decisions".to_owned(),
         reports.iter().map(|r| r.refused_decisions as f64).sum(),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_kernel_name;
+
+    #[test]
+    fn kernel_names_lose_their_namespaces_not_their_functors() {
+        let name = "void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<\
+                    at::native::(anonymous namespace)::direct_copy_kernel_cuda(at::TensorIteratorBase&)";
+        let short = short_kernel_name(name);
+        assert!(short.starts_with("elementwise_kernel<128, 2, gpu_kernel_impl_nocast<"));
+        assert!(short.contains("direct_copy_kernel_cuda"), "{short}");
+        assert!(short_kernel_name(&"x".repeat(400)).chars().count() == 150);
+    }
 }
