@@ -71,4 +71,14 @@ pub mod ppo;
 pub mod rewards;
 pub mod vectorized;
 
+/// The unit tests that seed libtorch's global generator and build or train
+/// models hold this lock: the tests of one binary run in parallel threads,
+/// and another test's draws from the same generator between a seeding and
+/// its draws would change the weights a test compares bit for bit.
+#[cfg(test)]
+pub(crate) fn global_rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub use error::{Error, Result};

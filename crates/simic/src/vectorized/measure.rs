@@ -159,6 +159,7 @@ mod tests {
 
     #[test]
     fn a_shapley_plan_in_the_fused_pass_gives_exact_efficient_values() {
+        let _rng = crate::global_rng_lock();
         let train = image_task(&ImageTaskOptions::fashion_like(256, 3)).expect("train");
         let validation = image_task(&ImageTaskOptions::fashion_like(200, 4)).expect("validation");
         let slots = vec!["r0c1".to_owned(), "r0c2".to_owned()];

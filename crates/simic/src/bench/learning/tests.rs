@@ -31,6 +31,7 @@ fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
 
 #[test]
 fn parts_of_another_run_or_missing_seeds_are_refused() {
+    let _rng = crate::global_rng_lock();
     let setup = quick_setup();
     let baselines = Baselines {
         setup: setup.describe(),
@@ -84,6 +85,7 @@ fn settings_are_part_of_the_setup() {
 
 #[test]
 fn what_an_evaluated_policy_grew_is_in_its_entry() {
+    let _rng = crate::global_rng_lock();
     let setup = quick_setup();
     let baselines = Baselines {
         setup: setup.describe(),
@@ -124,6 +126,7 @@ fn what_an_evaluated_policy_grew_is_in_its_entry() {
 
 #[test]
 fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
+    let _rng = crate::global_rng_lock();
     let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
     options.seeds = 1;
     options.episode_length = Some(2);
