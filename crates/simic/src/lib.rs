@@ -78,7 +78,8 @@ pub mod vectorized;
 #[cfg(test)]
 pub(crate) fn global_rng_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub use error::{Error, Result};

@@ -14,7 +14,8 @@
 //! data pointer; they must be contiguous and on the kernel's device, which
 //! is checked before the launch) and scalars. The kernel's C signature must
 //! match the arguments: a tensor is a pointer, [`Arg::I64`] a `long long`,
-//! [`Arg::I32`] an `int`, [`Arg::F32`] a `float`. Declare kernels
+//! [`Arg::I32`] an `int`, [`Arg::F32`] a `float`, [`Arg::Bytes`] a
+//! by-value struct whose bytes the caller lays out. Declare kernels
 //! `extern "C" __global__` so their names are not mangled.
 //!
 //! A captured graph holds on to the kernels it launched: keep a
@@ -232,6 +233,9 @@ pub enum Arg<'a> {
     I32(i32),
     /// A `float`.
     F32(f32),
+    /// A parameter passed by value whose type is not one of the above (a
+    /// struct): its bytes, in the kernel's layout for that type.
+    Bytes(&'a [u8]),
 }
 
 impl JitKernel {
@@ -323,6 +327,8 @@ impl JitKernel {
         // Every argument's value in an 8-byte slot; the runtime reads as
         // many bytes of each as the kernel's parameter takes (little-endian,
         // so a 4-byte int or float sits in the slot's first bytes).
+        // (`Bytes` are passed from the caller's slice, which outlives the
+        // call.)
         let mut slots = Vec::with_capacity(args.len());
         for (index, arg) in args.iter().enumerate() {
             slots.push(match arg {
@@ -330,18 +336,24 @@ impl JitKernel {
                 Arg::I64(value) => u64::from_ne_bytes(value.to_ne_bytes()),
                 Arg::I32(value) => u64::from(u32::from_ne_bytes(value.to_ne_bytes())),
                 Arg::F32(value) => u64::from(value.to_bits()),
+                Arg::Bytes(_) => 0,
             });
         }
         let mut pointers: Vec<*mut c_void> = slots
             .iter_mut()
-            .map(|slot| std::ptr::from_mut(slot).cast::<c_void>())
+            .zip(args)
+            .map(|(slot, arg)| match arg {
+                Arg::Bytes(bytes) => bytes.as_ptr().cast_mut().cast::<c_void>(),
+                _ => std::ptr::from_mut(slot).cast::<c_void>(),
+            })
             .collect();
         let device = i32::try_from(self.device).map_err(|_| Error::InvalidArgument {
             op: OP,
             message: format!("device {} does not fit i32", self.device),
         })?;
         // SAFETY: the handle is live (freed only in Drop); grid, block and
-        // the argument pointers (into `slots`) live across the call, which
+        // the argument pointers (into `slots`, or the callers' `Bytes`) live
+        // across the call, which
         // copies the values before it returns.
         unsafe {
             ffi::check(

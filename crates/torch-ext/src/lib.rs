@@ -121,7 +121,7 @@ pub mod rng;
 mod stream;
 
 pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};
-pub use copy::{copy_non_blocking, memcpy_async, write_host_bytes};
+pub use copy::{copy_non_blocking, index_copy_many, memcpy_async, write_host_bytes};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};
 pub use event::CudaEvent;

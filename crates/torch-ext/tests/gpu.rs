@@ -13,7 +13,7 @@ use tch::{Device, Kind, Tensor};
 use torch_ext::fused::{self, LearningRate, SgdOptions};
 use torch_ext::{
     AutocastDevice, AutocastGuard, CaptureMode, CudaEvent, CudaGraph, CudaStream, Error, GraphPool,
-    copy_non_blocking, cuda, memcpy_async, write_host_bytes,
+    copy_non_blocking, cuda, index_copy_many, memcpy_async, write_host_bytes,
 };
 
 /// The tests share one device and flip process-wide state (sync-debug mode),
@@ -408,6 +408,64 @@ fn memory_statistics_follow_allocations() {
     let stats = cuda::memory_stats(0).unwrap();
     assert!(stats.reserved_bytes >= stats.allocated_bytes);
     cuda::empty_cache().unwrap();
+}
+
+#[test]
+fn index_copy_many_matches_index_copy_inside_a_captured_graph() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // Targets of three dtypes and the index along dimensions 0 and 1; one
+    // source is rows of a wider tensor (a strided row dimension).
+    let floats = Tensor::zeros([4, 7, 5], (Kind::Float, CUDA));
+    let ints = Tensor::zeros([4, 7], (Kind::Int64, CUDA));
+    let flags = Tensor::zeros([4, 7, 3], (Kind::Bool, CUDA));
+    let raw = Tensor::zeros([7, 4, 5], (Kind::Float, CUDA));
+    let a = Tensor::zeros([4, 5], (Kind::Float, CUDA));
+    let b = Tensor::zeros([4], (Kind::Int64, CUDA));
+    let wide = Tensor::zeros([4, 9], (Kind::Bool, CUDA));
+    let c = wide.narrow(1, 2, 3);
+    let index = Tensor::zeros([1], (Kind::Int64, CUDA));
+    let writes = [
+        (&floats, 1_i64, &a),
+        (&ints, 1, &b),
+        (&flags, 1, &c),
+        (&raw, 0, &a),
+    ];
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let graph = CudaGraph::capture(&stream, None, 1, || {
+        index_copy_many(&writes, &index).map_err(|e| e.to_string())
+    })
+    .unwrap();
+    let expected: Vec<Tensor> = writes
+        .iter()
+        .map(|(target, _, _)| target.to_device(Device::Cpu).zeros_like())
+        .collect();
+    for step in [0_i64, 6, 2, 6] {
+        let _ = index.shallow_clone().fill_(step);
+        a.shallow_clone()
+            .copy_(&(Tensor::randn([4, 5], (Kind::Float, CUDA))));
+        b.shallow_clone()
+            .copy_(&Tensor::randint(100, [4], (Kind::Int64, CUDA)));
+        wide.shallow_clone()
+            .copy_(&Tensor::randint(2, [4, 9], (Kind::Int64, CUDA)).to_kind(Kind::Bool));
+        graph.replay_on(&stream).unwrap();
+        stream.synchronize().unwrap();
+        let at = Tensor::from_slice(&[step]);
+        for ((target, dim, source), want) in writes.iter().zip(&expected) {
+            let source = source.to_device(Device::Cpu).unsqueeze(*dim);
+            let _ = want.shallow_clone().index_copy_(*dim, &at, &source);
+            assert!(
+                target.to_device(Device::Cpu).equal(want),
+                "step {step}: a {:?} target along {dim} differs",
+                target.kind()
+            );
+        }
+    }
+    // An index past a target's extent writes nothing there (the caller
+    // checks it on the host).
+    let before = floats.copy();
+    let _ = index.shallow_clone().fill_(7);
+    index_copy_many(&writes[..1], &index).unwrap();
+    assert!(floats.equal(&before));
 }
 
 #[test]

@@ -10,7 +10,7 @@ use torch_ext::fused::{self, AdamWOptions, LearningRate, SgdOptions};
 use torch_ext::precision::{self, MatmulPrecision};
 use torch_ext::{
     AutocastDevice, AutocastGuard, CudaEvent, CudaGraph, CudaStream, Error, GraphPool,
-    InferenceModeGuard, autocast_state, copy_non_blocking, cuda, is_inference,
+    InferenceModeGuard, autocast_state, copy_non_blocking, cuda, index_copy_many, is_inference,
     is_inference_mode_enabled, memcpy_async, write_host_bytes,
 };
 
@@ -335,6 +335,46 @@ fn memcpy_async_refuses_what_it_cannot_copy_raw() {
         assert!(refused(&on_device, &pinned).contains("bytes"));
         assert!(refused(&pinned, &pinned.copy().pin_memory(Device::Cuda(0))).contains("neither"));
     }
+}
+
+#[test]
+fn index_copy_many_writes_every_target_at_the_index_or_nothing() {
+    let cpu = Device::Cpu;
+    let floats = Tensor::zeros([2, 5, 3], (Kind::Float, cpu));
+    let ints = Tensor::zeros([2, 5], (Kind::Int64, cpu));
+    let flags = Tensor::zeros([5, 2], (Kind::Bool, cpu));
+    let a = Tensor::arange(6, (Kind::Float, cpu)).view([2, 3]);
+    let b = Tensor::from_slice(&[7_i64, 8]);
+    let c = Tensor::from_slice(&[true, false]);
+    let index = Tensor::from_slice(&[3_i64]);
+    index_copy_many(&[(&floats, 1, &a), (&ints, 1, &b), (&flags, 0, &c)], &index).unwrap();
+    let expect = |target: &Tensor, dim: i64, source: &Tensor| {
+        let want = target.zeros_like();
+        let _ = want
+            .shallow_clone()
+            .index_copy_(dim, &index, &source.unsqueeze(dim));
+        assert!(target.equal(&want));
+    };
+    expect(&floats, 1, &a);
+    expect(&ints, 1, &b);
+    expect(&flags, 0, &c);
+
+    // Refused before any write: a wrong shape, dtype, dimension or index.
+    let before = floats.copy();
+    for (writes, index) in [
+        (vec![(&floats, 1_i64, &b)], index.shallow_clone()),
+        (vec![(&floats, 3, &a)], index.shallow_clone()),
+        (vec![(&floats, 1, &a)], Tensor::from_slice(&[1_i64, 2])),
+        (vec![(&floats, 1, &a)], Tensor::from_slice(&[1.0_f32])),
+    ] {
+        let mut all = writes.clone();
+        all.insert(0, (&ints, 1, &b));
+        match index_copy_many(&all, &index) {
+            Err(Error::InvalidArgument { op, .. }) => assert_eq!(op, "index_copy_many"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+    assert!(floats.equal(&before));
 }
 
 /// Reference SGD (torch.optim.SGD semantics) on plain numbers.

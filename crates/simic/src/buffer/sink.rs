@@ -1,9 +1,10 @@
 //! The rollout buffer as the sink of a staged policy step
 //! ([`tamiyo::policy::StepSink`]): the step's observations, blueprint
 //! indices, value, actions, log-probabilities, relevance and masks written
-//! into their column by `index_copy_` at the step index the staging
-//! uploaded, so the writes need no host-side step number and run inside
-//! the captured step (one graph per rollout, not fifteen copies a step).
+//! into their column at the step index the staging uploaded
+//! ([`torch_ext::index_copy_many`]: on CUDA one kernel launch for all of
+//! them), so the writes need no host-side step number and run inside the
+//! captured step (one graph node, not sixteen copies a step).
 //! [`RolloutBuffer::mark_recorded`] then does the host's half.
 
 use tamiyo::policy::{StepRecord, StepSink};
@@ -92,21 +93,16 @@ impl RolloutBuffer {
                 step.raw_obs,
             ));
         }
-        for (_, tensor, value, _) in &writes {
-            let source = value.f_unsqueeze(1).op("buffer record")?;
-            let _ = tensor
-                .shallow_clone()
-                .f_index_copy_(1, index, &source)
-                .op("buffer record")?;
-        }
+        // Every write in one launch where the layouts allow (on CUDA).
+        let mut all: Vec<(&Tensor, i64, &Tensor)> = writes
+            .iter()
+            .map(|(_, tensor, value, _)| (*tensor, 1, *value))
+            .collect();
         if let Some(raw) = &self.raw_obs {
-            let source = step.raw_obs.f_unsqueeze(0).op("buffer record")?;
-            let _ = raw
-                .shallow_clone()
-                .f_index_copy_(0, index, &source)
-                .op("buffer record")?;
+            all.push((raw, 0, step.raw_obs));
         }
-        Ok(())
+        torch_ext::index_copy_many(&all, index)
+            .map_err(|error| crate::Error::Buffer(format!("buffer record: {error}")))
     }
 
     /// From now on a staged step also keeps its raw observations
