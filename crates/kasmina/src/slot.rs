@@ -473,25 +473,124 @@ impl SeedSlot {
         alpha_override: Option<&Tensor>,
     ) -> Result<Tensor> {
         let seed_output = seed.module.forward(seed_input)?;
-        let alpha = state.alpha();
-        if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
-            return incubator(host, &seed_output);
-        }
-        let blend_alpha = match alpha_override {
-            Some(tensor) => BlendAlpha::PerSample(tensor),
-            None => BlendAlpha::Scalar(alpha),
+        let gate_values = match (state.algorithm(), &seed.gate) {
+            (AlphaAlgorithm::Gate, Some(gate)) => Some(gate.forward(seed_input)?),
+            _ => None,
         };
-        match (state.algorithm(), &seed.gate) {
-            (AlphaAlgorithm::Multiply, _) => {
-                blend_multiply(host, &seed_output, seed_input, &blend_alpha)
-            }
+        mix(
+            host,
+            seed_input,
+            &seed_output,
+            gate_values.as_ref(),
+            state,
+            alpha_override,
+        )
+    }
+
+    /// [`SeedSlot::forward`] of `replicas` copies of `host` stacked along
+    /// the batch (block `k` is copy `k`, as `Tensor::repeat` stacks them),
+    /// each copy blended with its own rows of `alpha_override`
+    /// (`[replicas·N, 1, …]`): the counterfactual pass's configurations of
+    /// one chunk. The seed (and its gate) runs once, on `host`, and its
+    /// output is replicated for the blend, where [`SeedSlot::forward`] on
+    /// the replicated features would run it on every copy. The values are
+    /// those of that forward, as far as the seed's output for a sample does
+    /// not depend on the rest of its batch (true in evaluation mode: a
+    /// seed's normalisation is per sample). No gradient taps.
+    ///
+    /// # Shapes
+    /// `[N, ...]` -> `[replicas·N, ...]`.
+    pub fn forward_replicated(
+        &self,
+        host: &Tensor,
+        replicas: i64,
+        alpha_override: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        slot_checks::features(self.topology(), &self.spec, host)?;
+        let copies = replicate_batch(host, replicas)?;
+        if let Some(tensor) = alpha_override {
+            BlendAlpha::PerSample(tensor).check(&copies)?;
+        }
+        let (Some(state), Some(seed)) = (self.lifecycle.state(), &self.seed) else {
+            return Ok(copies);
+        };
+        if !state.stage().is_active() {
+            return Ok(copies);
+        }
+        let seed_input = if state.isolate_gradients() {
+            host.f_detach()?
+        } else {
+            host.shallow_clone()
+        };
+        let seed_output = replicate_batch(&seed.module.forward(&seed_input)?, replicas)?;
+        let gate_values = match (state.algorithm(), &seed.gate) {
             (AlphaAlgorithm::Gate, Some(gate)) => {
-                let gate_values = gate.forward(seed_input)?;
-                blend_gate(host, &seed_output, &gate_values, &blend_alpha)
+                Some(replicate_batch(&gate.forward(&seed_input)?, replicas)?)
             }
-            (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None) => {
-                blend_add(host, &seed_output, &blend_alpha)
-            }
+            _ => None,
+        };
+        let seed_inputs = if state.isolate_gradients() {
+            copies.f_detach()?
+        } else {
+            copies.shallow_clone()
+        };
+        mix(
+            &copies,
+            &seed_inputs,
+            &seed_output,
+            gate_values.as_ref(),
+            state,
+            alpha_override,
+        )
+    }
+}
+
+/// `replicas` copies of `x` stacked along its first dimension (block `k`
+/// is copy `k`); `replicas` must be at least 1.
+pub(crate) fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
+    if replicas < 1 {
+        return Err(Error::OutOfRange {
+            field: "replicas",
+            value: replicas.to_string(),
+            allowed: "at least 1".to_owned(),
+        });
+    }
+    if replicas == 1 {
+        return Ok(x.shallow_clone());
+    }
+    let mut repeats = vec![replicas];
+    repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
+    Ok(x.f_repeat(repeats.as_slice())?)
+}
+
+/// The blend of a seed's output (`seed_output`, and `gate_values` for a
+/// gated seed) into `host` under `state`'s algorithm and alpha, or
+/// `alpha_override` per sample (see [`SeedSlot::forward`]).
+fn mix(
+    host: &Tensor,
+    seed_input: &Tensor,
+    seed_output: &Tensor,
+    gate_values: Option<&Tensor>,
+    state: &SeedState,
+    alpha_override: Option<&Tensor>,
+) -> Result<Tensor> {
+    let alpha = state.alpha();
+    if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
+        return incubator(host, seed_output);
+    }
+    let blend_alpha = match alpha_override {
+        Some(tensor) => BlendAlpha::PerSample(tensor),
+        None => BlendAlpha::Scalar(alpha),
+    };
+    match (state.algorithm(), gate_values) {
+        (AlphaAlgorithm::Multiply, _) => {
+            blend_multiply(host, seed_output, seed_input, &blend_alpha)
+        }
+        (AlphaAlgorithm::Gate, Some(gate_values)) => {
+            blend_gate(host, seed_output, gate_values, &blend_alpha)
+        }
+        (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None) => {
+            blend_add(host, seed_output, &blend_alpha)
         }
     }
 }

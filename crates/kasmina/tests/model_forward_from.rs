@@ -246,3 +246,164 @@ fn bad_boundaries_features_and_overrides_are_typed_errors() {
         Err(Error::ShapeMismatch { .. })
     ));
 }
+
+/// `forward_from_replicated(prefix, k, b)` equals `forward_from` on the
+/// prefix repeated `k` times, within rounding (the first seed runs on one
+/// copy instead of all of them), at every boundary up to the first seed.
+fn assert_replicated_matches(
+    model: &MorphogeneticModel,
+    x: &Tensor,
+    replicas: i64,
+    overrides: &[Option<&Tensor>],
+) {
+    for boundary in 0..=model.first_active_boundary() {
+        let prefix =
+            tch::no_grad(|| model.host().forward_segment(x, 0, boundary, false)).expect("prefix");
+        let mut repeats = vec![replicas];
+        repeats.extend(std::iter::repeat_n(1, prefix.dim() - 1));
+        let copied = prefix.repeat(repeats.as_slice());
+        let want = tch::no_grad(|| model.forward_from(&copied, boundary, overrides, false))
+            .expect("forward_from");
+        let got = tch::no_grad(|| {
+            model.forward_from_replicated(&prefix, replicas, boundary, overrides, false)
+        })
+        .expect("forward_from_replicated");
+        assert_eq!(got.size(), want.size(), "boundary {boundary}");
+        let gap = (&got - &want).abs().max().double_value(&[]);
+        assert!(gap < 1e-5, "boundary {boundary}: {gap}");
+    }
+}
+
+#[test]
+fn the_replicated_forward_runs_the_first_seed_once_and_gives_every_copy() {
+    let model = cnn_model();
+    let x = images(2);
+    // Three copies: r1c0 off in the first, r0c1 off in the second, the
+    // third as the controller set them.
+    let r1c0 = Tensor::from_slice(&[0.0f32, 0.0, 0.5, 0.5, 0.5, 0.5]).reshape([6, 1, 1, 1]);
+    let r0c1 = Tensor::from_slice(&[0.75f32, 0.75, 0.0, 0.0, 0.75, 0.75]).reshape([6, 1, 1, 1]);
+    let overrides = [None, Some(&r1c0), Some(&r0c1)];
+    assert_replicated_matches(&model, &x, 3, &overrides);
+    assert_replicated_matches(&model, &x, 1, &[]);
+    // The copies differ where their alphas do.
+    let prefix = tch::no_grad(|| {
+        model
+            .host()
+            .forward_segment(&x, 0, model.first_active_boundary(), false)
+    })
+    .expect("prefix");
+    let logits = tch::no_grad(|| {
+        model.forward_from_replicated(&prefix, 3, model.first_active_boundary(), &overrides, false)
+    })
+    .expect("replicated");
+    let gap = (logits.narrow(0, 0, 2) - logits.narrow(0, 2, 2))
+        .abs()
+        .max()
+        .double_value(&[]);
+    assert!(gap > 1e-3, "the copies differ");
+
+    // Without a seed the copies are made at the logits.
+    let mut bare = cnn_model();
+    for slot in [R1C0, R0C1] {
+        bare.prune(slot, "test", kasmina::lifecycle::PruneInitiator::Policy)
+            .expect("prune");
+    }
+    assert_replicated_matches(&bare, &x, 4, &[]);
+}
+
+#[test]
+fn the_replicated_forward_on_a_transformer_and_its_refusals() {
+    tch::manual_seed(44);
+    let config = TransformerHostConfig::tiny();
+    let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
+    let mut model = MorphogeneticModel::new(
+        host,
+        &[SlotId::new(0, 0), SlotId::new(0, 1)],
+        slot_config(GateMode::Permissive),
+        Telemetry::disabled(),
+    )
+    .expect("model");
+    grow(&mut model, SlotId::new(0, 1), "lora", 0.5);
+    perturb_seeds(&model);
+    let x = Tensor::randint(config.vocab_size, [2, 6], (Kind::Int64, Device::Cpu));
+    let half = Tensor::from_slice(&[0.0f32, 0.0, 1.0, 1.0]).reshape([4, 1, 1]);
+    assert_replicated_matches(&model, &x, 2, &[None, Some(&half)]);
+
+    let first = model.first_active_boundary();
+    let prefix =
+        tch::no_grad(|| model.host().forward_segment(&x, 0, first, false)).expect("prefix");
+    // Training mode, no copies, a start past the first seed, an override of
+    // the wrong batch (one copy's, not all of them).
+    assert!(matches!(
+        model.forward_from_replicated(&prefix, 2, first, &[], true),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert!(matches!(
+        model.forward_from_replicated(&prefix, 0, first, &[], false),
+        Err(Error::OutOfRange {
+            field: "forward_from_replicated.replicas",
+            ..
+        })
+    ));
+    assert!(matches!(
+        model.forward_from_replicated(&prefix, 2, first + 1, &[], false),
+        Err(Error::OutOfRange {
+            field: "forward_from_replicated.boundary",
+            ..
+        })
+    ));
+    let one_copy = alpha(2, 3, 0.5);
+    assert!(
+        model
+            .forward_from_replicated(&prefix, 2, first, &[None, Some(&one_copy)], false)
+            .is_err()
+    );
+}
+
+#[test]
+fn the_replicated_forward_serves_every_blend_algorithm() {
+    for algorithm in [
+        leyline::AlphaAlgorithm::Add,
+        leyline::AlphaAlgorithm::Multiply,
+        leyline::AlphaAlgorithm::Gate,
+    ] {
+        tch::manual_seed(45);
+        let host = CnnHost::new(
+            CnnHostConfig {
+                base_channels: 2,
+                ..CnnHostConfig::fashion_mnist()
+            },
+            Device::Cpu,
+        )
+        .expect("host");
+        let mut model = MorphogeneticModel::new(
+            host,
+            &[R0C1, R1C0],
+            slot_config(GateMode::Permissive),
+            Telemetry::disabled(),
+        )
+        .expect("model");
+        let options = GerminationOptions {
+            algorithm,
+            ..GerminationOptions::new("seed")
+        };
+        model
+            .germinate(R1C0, "conv_light", options)
+            .expect("germinate");
+        assert!(
+            model
+                .advance_stage(R1C0, Some(SeedStage::Training))
+                .expect("g1")
+                .passed
+        );
+        model
+            .slot_mut(R1C0)
+            .expect("slot")
+            .set_alpha(0.6)
+            .expect("alpha");
+        perturb_seeds(&model);
+        let x = images(2);
+        let r1c0 = Tensor::from_slice(&[0.0f32, 0.0, 0.6, 0.6, 1.0, 1.0]).reshape([6, 1, 1, 1]);
+        assert_replicated_matches(&model, &x, 3, &[None, Some(&r1c0)]);
+    }
+}

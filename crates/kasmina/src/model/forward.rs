@@ -123,6 +123,83 @@ impl MorphogeneticModel {
         self.forward_walk(features, boundary, overrides, train, None)
     }
 
+    /// [`MorphogeneticModel::forward_from`] on `replicas` copies of
+    /// `features` stacked along the batch (block `k` is copy `k`, each with
+    /// its own rows of the `[replicas·B, …]` overrides): what
+    /// `forward_from(&features.repeat([replicas, 1, …]), boundary,
+    /// overrides, train)` returns, with the host's segments up to the first
+    /// active seed and that seed itself run once, on `features`
+    /// ([`crate::slot::SeedSlot::forward_replicated`]); the copies are made at that seed
+    /// (at the logits when no seed is active). Evaluation mode only
+    /// (`train == false`): in training mode BatchNorm's batch statistics
+    /// would see one copy, not all of them, so that is refused.
+    ///
+    /// # Shapes
+    /// `[B, ...activation at boundary] -> [replicas·B, classes]` (CNN
+    /// hosts) or `[replicas·B, T, vocab]` (transformer hosts).
+    pub fn forward_from_replicated(
+        &self,
+        features: &Tensor,
+        replicas: i64,
+        boundary: usize,
+        overrides: &[Option<&Tensor>],
+        train: bool,
+    ) -> Result<Tensor> {
+        if train {
+            return Err(Error::InvalidConfig {
+                reason: "forward_from_replicated: evaluation mode only (train must be false)"
+                    .to_owned(),
+            });
+        }
+        let segments = self.host.num_segments();
+        let first_active = self.first_active_boundary();
+        if boundary > first_active || boundary > segments {
+            return Err(Error::OutOfRange {
+                field: "forward_from_replicated.boundary",
+                value: boundary.to_string(),
+                allowed: format!(
+                    "[0, {first_active}] (at or before the first seed on the forward path)"
+                ),
+            });
+        }
+        if replicas < 1 {
+            return Err(Error::OutOfRange {
+                field: "forward_from_replicated.replicas",
+                value: replicas.to_string(),
+                allowed: "at least 1".to_owned(),
+            });
+        }
+        self.check_overrides("forward_from_replicated.overrides", overrides)?;
+        let mut boundary = boundary;
+        let mut features = features.shallow_clone();
+        let mut replicated = false;
+        for (index, slot) in self.slots.iter().enumerate() {
+            if !slot.is_active() {
+                continue;
+            }
+            let target = slot.spec().boundary;
+            features = self
+                .host
+                .forward_segment(&features, boundary, target, train)?;
+            let alpha_override = overrides.get(index).copied().flatten();
+            features = if replicated {
+                slot.forward(&features, alpha_override)?
+            } else {
+                replicated = true;
+                slot.forward_replicated(&features, replicas, alpha_override)?
+            };
+            boundary = target;
+        }
+        let logits = self
+            .host
+            .forward_segment(&features, boundary, segments, train)?;
+        if replicated {
+            Ok(logits)
+        } else {
+            crate::slot::replicate_batch(&logits, replicas)
+        }
+    }
+
     /// At most one override per enabled slot.
     fn check_overrides(&self, field: &'static str, overrides: &[Option<&Tensor>]) -> Result<()> {
         if overrides.len() > self.slots.len() {

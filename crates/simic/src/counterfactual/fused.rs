@@ -15,12 +15,15 @@
 //!
 //! **Shared host prefix** ([`FusedConfig::share_host_prefix`], on by
 //! default): every configuration computes the same host activations up to
-//! the first seed on the forward path, so that prefix runs once per chunk
-//! on `B` samples (the host's [`kasmina::host::Host::forward_segment`] up
-//! to [`MorphogeneticModel::first_active_boundary`]) and only the rest of
-//! the network on `K·B`, through Kasmina's
-//! [`MorphogeneticModel::forward_from`] (the model's own forward walk,
-//! started at that boundary).
+//! the first seed on the forward path, and the same output of that seed (a
+//! seed's input there is the host's, whatever the alphas), so that prefix
+//! and the first seed run once per chunk on `B` samples (the host's
+//! [`kasmina::host::Host::forward_segment`] up to
+//! [`MorphogeneticModel::first_active_boundary`]) and only the blends from
+//! the first seed on and the rest of the network on `K·B`, through
+//! Kasmina's [`MorphogeneticModel::forward_from_replicated`] (the model's
+//! own forward walk, started at that boundary, the copies made at the
+//! first seed).
 //!
 //! **Memory budget**: one fused forward holds at most
 //! [`FusedConfig::max_fused_samples`] samples: configurations are taken in
@@ -265,10 +268,15 @@ pub fn launch_fused_validation(
             let overrides = group.overrides(len, shape.topology)?;
             let references: Vec<Option<&Tensor>> = overrides.iter().map(Option::as_ref).collect();
             let logits = match &prefix {
-                Some((boundary, features)) => {
-                    let replicated = replicate(features, group.len)?;
-                    model.forward_from(&replicated, *boundary, &references, false)?
-                }
+                // The first seed runs once on the chunk, its output copied
+                // for the group's configurations.
+                Some((boundary, features)) => model.forward_from_replicated(
+                    features,
+                    group.len,
+                    *boundary,
+                    &references,
+                    false,
+                )?,
                 None => {
                     let replicated = replicate(&x, group.len)?;
                     model.forward_with_alpha(&replicated, &references, false)?
