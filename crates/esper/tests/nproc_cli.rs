@@ -624,6 +624,10 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
             "--quick",
             "--episode",
             "4",
+            // A variant with a suffix runs on every count too (the ranks
+            // read variants as the single-process bench does).
+            "--variants",
+            "fp32-eager,fp32-eager-fp32-policy",
         ],
         &record,
         ("ESPER_CIFAR10_DIR", cifar.as_os_str()),
@@ -636,7 +640,12 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
         record["params"]
     );
     let results = record["results"].as_array().expect("results");
-    for mode in ["dp1-fp32-eager", "dp2-fp32-eager"] {
+    for mode in [
+        "dp1-fp32-eager",
+        "dp2-fp32-eager",
+        "dp1-fp32-eager-fp32-policy",
+        "dp2-fp32-eager-fp32-policy",
+    ] {
         let entry = results
             .iter()
             .find(|entry| entry["mode"] == mode)

@@ -20,9 +20,7 @@ use serde::{Deserialize, Serialize};
 use torch_ext::dist::ProcessGroup;
 
 use super::throughput::max_growth_controllers;
-use super::{
-    Driver, SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, simic_config, variant,
-};
+use super::{Driver, SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, variant};
 use crate::vectorized::{EnvSpec, Simic};
 use crate::{Error, Result};
 
@@ -76,9 +74,9 @@ pub fn run_rank(
         test,
         4,
     )?;
-    let (precision, mode) = variant(variant_name)?;
-    let episode_length = options.episode();
-    let config = simic_config(task.task(), precision, mode, episode_length, options.quick);
+    // The single-process bench's variant settings, suffixes included.
+    let (_, config) =
+        super::throughput::variant_config(task, variant_name, options.episode(), options.quick)?;
     let controllers_config = config.clone();
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
     if let Some(group) = group {
@@ -157,7 +155,7 @@ pub fn scaling_entry(
     ranks: &[RankFigures],
     eps_one: Option<f64>,
 ) -> Result<ResultEntry> {
-    let (precision, _) = variant(variant_name)?;
+    let (precision, _) = variant(super::throughput::split_variant(variant_name).0)?;
     let eps = group_eps(ranks)?;
     let mut metrics = BTreeMap::new();
     metrics.insert("gpus".to_owned(), gpus as f64);

@@ -31,12 +31,47 @@ use growth::{live_seed_figures, profile_figures, profile_line};
 /// environments' precision; and `-no-prewarm` (last) skips running every
 /// blueprint once before the first round
 /// ([`SimicConfig::prewarm_blueprints`], on by default).
-fn variant_config(
+pub(super) fn variant_config(
     task: ThroughputTask,
     name: &str,
     episode_length: u32,
     quick: bool,
 ) -> Result<(Precision, SimicConfig)> {
+    let (base, suffixes) = split_variant(name);
+    let VariantSuffixes {
+        prewarm,
+        benchmark,
+        warmup,
+        fp32_policy,
+    } = suffixes;
+    let (precision, mode) = variant(base)?;
+    let mut config = simic_config(task.task(), precision, mode, episode_length, quick);
+    if let Some(warmup) = warmup {
+        config.trainer.graph_warmup_steps = warmup;
+    }
+    if benchmark {
+        config.trainer.cudnn_benchmark = true;
+    }
+    if fp32_policy {
+        config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
+    }
+    config.prewarm_blueprints = prewarm;
+    Ok((precision, config))
+}
+
+/// What a variant's suffixes ask for (see [`variant_config`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct VariantSuffixes {
+    pub(super) prewarm: bool,
+    pub(super) benchmark: bool,
+    pub(super) warmup: Option<usize>,
+    pub(super) fp32_policy: bool,
+}
+
+/// A variant's base name and its suffixes, in the order
+/// [`variant_config`] takes them (`-fp32-policy`, `-w3`, `-bench`,
+/// `-no-prewarm`).
+pub(super) fn split_variant(name: &str) -> (&str, VariantSuffixes) {
     let (name, prewarm) = match name.strip_suffix("-no-prewarm") {
         Some(base) => (base, false),
         None => (name, true),
@@ -53,19 +88,15 @@ fn variant_config(
         Some(base) => (base, true),
         None => (base, false),
     };
-    let (precision, mode) = variant(base)?;
-    let mut config = simic_config(task.task(), precision, mode, episode_length, quick);
-    if let Some(warmup) = warmup {
-        config.trainer.graph_warmup_steps = warmup;
-    }
-    if benchmark {
-        config.trainer.cudnn_benchmark = true;
-    }
-    if fp32_policy {
-        config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
-    }
-    config.prewarm_blueprints = prewarm;
-    Ok((precision, config))
+    (
+        base,
+        VariantSuffixes {
+            prewarm,
+            benchmark,
+            warmup,
+            fp32_policy,
+        },
+    )
 }
 
 /// A max-growth controller for each of `config`'s environments, under the
