@@ -8,7 +8,11 @@
 //! --no-python`), whose ranks read the same environment
 //! ([`torch_ext::launcher::RankEnv`]); those entries are
 //! `dpN-VARIANT-torchrun`, their efficiency against the launcher's 1-GPU
-//! entry.
+//! entry. Efficiencies are given over the whole run
+//! (`scaling_efficiency`) and over the rounds after the first
+//! (`scaling_efficiency_steady`); on a GPU machine one unrecorded round on
+//! one rank runs first, so the 1-GPU entry they divide by is warm (the
+//! record's `params.warmup` says what ran).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,7 +21,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
-use simic::bench::scaling::{RankFigures, run_rank, scaling_entry};
+use simic::bench::scaling::{OneGpu, RankFigures, run_rank, scaling_entry};
 use simic::bench::{Driver, SimicBenchOptions, ThroughputTask};
 use torch_ext::DeviceChoice;
 use torch_ext::dist::{DistBackend, ProcessGroup};
@@ -127,6 +131,31 @@ pub(crate) fn measure(
     let growth = args.workload == crate::args::Workload::SimicGrowth;
     let task_name = task.task().name();
     let scratch = scratch_dir(&args.out);
+    // The first process on a GPU machine pays for loading CUDA and the
+    // kernels; a round of one rank, not recorded, pays it before the first
+    // entry, so the one-GPU entry the efficiencies divide by is warm.
+    let warmup = match variants.first() {
+        Some(first) if device_kind == "cuda" => {
+            progress(&format!(
+                "warm-up: one round of {first} on 1 rank, not recorded"
+            ));
+            let count = Count {
+                task: task_name,
+                variant: first,
+                gpus: 1,
+                rounds: 1,
+                device: device_kind,
+                launcher: Launcher::Esper,
+            };
+            match run_count(&scratch, &count, args) {
+                Ok(_) => {
+                    format!("one round of {first} on 1 rank before the first entry, not recorded")
+                }
+                Err(error) => format!("the warm-up failed ({error:#}): the first entry ran cold"),
+            }
+        }
+        _ => "none (on the CPU)".to_owned(),
+    };
     let mut results = Vec::new();
     for variant in &variants {
         let mut eps_one = None;
@@ -157,7 +186,10 @@ pub(crate) fn measure(
                     run_count(&scratch, &count, args).and_then(|ranks| {
                         let mut entry = scaling_entry(variant, gpus, &ranks, eps_one)?;
                         if gpus == 1 && launcher == Launcher::Esper {
-                            eps_one = entry.metrics.get("eps").copied();
+                            eps_one = entry.metrics.get("eps").map(|&eps| OneGpu {
+                                eps,
+                                eps_steady: entry.metrics.get("eps_steady").copied(),
+                            });
                         }
                         entry.mode.clone_from(&mode);
                         Ok(entry)
@@ -188,6 +220,7 @@ pub(crate) fn measure(
                 "one process per GPU, data-parallel PPO (gradients all-reduced with NCCL)"
             },
             "launchers": if args.torchrun { json!(["esper", "torchrun"]) } else { json!(["esper"]) },
+            "warmup": warmup,
         }),
         results,
         telemetry_names: Vec::new(),

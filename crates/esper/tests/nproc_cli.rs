@@ -639,6 +639,14 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
         "{}",
         record["params"]
     );
+    // No warm-up on the CPU, and the record says so.
+    assert!(
+        record["params"]["warmup"]
+            .as_str()
+            .is_some_and(|s| s.contains("none")),
+        "{}",
+        record["params"]
+    );
     let results = record["results"].as_array().expect("results");
     for mode in [
         "dp1-fp32-eager",

@@ -146,14 +146,25 @@ pub fn group_eps(ranks: &[RankFigures]) -> Result<f64> {
     Ok(ranks.iter().map(|r| r.env_epochs as f64).sum::<f64>() / wall)
 }
 
+/// The one-GPU entry of the same run that efficiencies are computed from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OneGpu {
+    /// Its whole-run eps.
+    pub eps: f64,
+    /// Its eps over the rounds after the first, when it ran more than one.
+    pub eps_steady: Option<f64>,
+}
+
 /// The record entry `dp{gpus}-{variant}` for one GPU count: the group's
-/// eps, eps per GPU, and — given the one-GPU eps of the same run — the
-/// scaling efficiency `eps / (gpus · eps_one)`.
+/// eps, eps per GPU, and — given the one-GPU entry of the same run — the
+/// scaling efficiency `eps / (gpus · eps_one)` over the whole run and, when
+/// both ran rounds after the first, `scaling_efficiency_steady` over those
+/// rounds (the first round captures graphs and loads kernels).
 pub fn scaling_entry(
     variant_name: &str,
     gpus: usize,
     ranks: &[RankFigures],
-    eps_one: Option<f64>,
+    one_gpu: Option<OneGpu>,
 ) -> Result<ResultEntry> {
     let (precision, _) = variant(super::throughput::split_variant(variant_name).0)?;
     let eps = group_eps(ranks)?;
@@ -161,12 +172,22 @@ pub fn scaling_entry(
     metrics.insert("gpus".to_owned(), gpus as f64);
     metrics.insert("eps".to_owned(), eps);
     metrics.insert("eps_per_gpu".to_owned(), eps / gpus.max(1) as f64);
-    if let Some(one) = eps_one.filter(|one| *one > 0.0) {
+    if let Some(one) = one_gpu.map(|one| one.eps).filter(|one| *one > 0.0) {
         metrics.insert("scaling_efficiency".to_owned(), eps / (gpus as f64 * one));
     }
     let steady: Vec<f64> = ranks.iter().filter_map(|r| r.eps_steady).collect();
     if steady.len() == ranks.len() {
-        metrics.insert("eps_steady".to_owned(), steady.iter().sum());
+        let eps_steady: f64 = steady.iter().sum();
+        metrics.insert("eps_steady".to_owned(), eps_steady);
+        if let Some(one) = one_gpu
+            .and_then(|one| one.eps_steady)
+            .filter(|one| *one > 0.0)
+        {
+            metrics.insert(
+                "scaling_efficiency_steady".to_owned(),
+                eps_steady / (gpus as f64 * one),
+            );
+        }
     }
     metrics.insert(
         "wall_s".to_owned(),
@@ -199,4 +220,55 @@ pub fn scaling_entry(
         error: None,
         amp: Some(amp_name(precision).to_owned()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(rank: usize, env_epochs: u64, wall_s: f64, eps_steady: Option<f64>) -> RankFigures {
+        RankFigures {
+            rank,
+            world_size: 2,
+            device: "Cuda(0)".to_owned(),
+            env_epochs,
+            wall_s,
+            eps_steady,
+            active_seeds_per_env: 1.0,
+            final_accuracy_pct: 80.0,
+            update_ms: 10.0,
+            peak_memory_mb: 0.0,
+        }
+    }
+
+    #[test]
+    fn efficiencies_divide_by_the_one_gpu_entry_whole_and_steady() {
+        // Two ranks of 100 env-epochs, the slower in 5 s: 40 eps; steady 9 + 8.
+        let ranks = [rank(0, 100, 4.0, Some(9.0)), rank(1, 100, 5.0, Some(8.0))];
+        let one = OneGpu {
+            eps: 25.0,
+            eps_steady: Some(10.0),
+        };
+        let entry = scaling_entry("fp32-eager-fp32-policy", 2, &ranks, Some(one)).unwrap();
+        assert_eq!(entry.mode, "dp2-fp32-eager-fp32-policy");
+        let metric = |name: &str| entry.metrics[name];
+        assert!((metric("eps") - 40.0).abs() < 1e-12);
+        assert!((metric("scaling_efficiency") - 0.8).abs() < 1e-12);
+        assert!((metric("eps_steady") - 17.0).abs() < 1e-12);
+        assert!((metric("scaling_efficiency_steady") - 0.85).abs() < 1e-12);
+        // Without a steady figure on every rank (or for the one-GPU entry),
+        // no steady efficiency.
+        let partial = [rank(0, 100, 4.0, Some(9.0)), rank(1, 100, 5.0, None)];
+        let entry = scaling_entry("fp32-eager", 2, &partial, Some(one)).unwrap();
+        assert!(!entry.metrics.contains_key("scaling_efficiency_steady"));
+        let cold = OneGpu {
+            eps: 25.0,
+            eps_steady: None,
+        };
+        let entry = scaling_entry("fp32-eager", 2, &ranks, Some(cold)).unwrap();
+        assert!(!entry.metrics.contains_key("scaling_efficiency_steady"));
+        assert!(entry.metrics.contains_key("scaling_efficiency"));
+        // An unknown variant is refused.
+        assert!(scaling_entry("fp64-eager", 2, &ranks, None).is_err());
+    }
 }
