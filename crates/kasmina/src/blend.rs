@@ -12,6 +12,9 @@
 //! TRAINING at alpha 0: `y = h + (s - stopgrad(s))`, equal to `h` in value but
 //! passing gradients to the seed.
 //!
+//! `mix` chooses among them for a seed's state (a slot's forward), and
+//! `replicate_batch` copies a batch for the counterfactual configurations.
+//!
 //! Alpha is either one scalar or a per-sample tensor `[N, 1, 1, 1]` (CNN) /
 //! `[N, 1, 1]` (transformer) ([`BlendAlpha::PerSample`]), the override used
 //! to evaluate several alpha configurations in one batch.
@@ -34,6 +37,7 @@
 
 #![warn(clippy::arithmetic_side_effects)]
 
+use leyline::{AlphaAlgorithm, SeedStage};
 use tch::{Tensor, nn};
 
 use crate::host::Topology;
@@ -250,5 +254,55 @@ impl GatedBlend {
         let mut out_shape = vec![batch];
         out_shape.extend(std::iter::repeat_n(1, size.len().saturating_sub(1)));
         Ok(gate.f_reshape(out_shape.as_slice())?)
+    }
+}
+
+/// `replicas` copies of `x` stacked along its first dimension (block `k`
+/// is copy `k`); `replicas` must be at least 1.
+pub(crate) fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
+    if replicas < 1 {
+        return Err(Error::OutOfRange {
+            field: "replicas",
+            value: replicas.to_string(),
+            allowed: "at least 1".to_owned(),
+        });
+    }
+    if replicas == 1 {
+        return Ok(x.shallow_clone());
+    }
+    let mut repeats = vec![replicas];
+    repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
+    Ok(x.f_repeat(repeats.as_slice())?)
+}
+
+/// The blend of a seed's output (`seed_output`, and `gate_values` for a
+/// gated seed) into `host` under `state`'s algorithm and alpha, or
+/// `alpha_override` per sample (see [`crate::slot::SeedSlot::forward`]).
+pub(crate) fn mix(
+    host: &Tensor,
+    seed_input: &Tensor,
+    seed_output: &Tensor,
+    gate_values: Option<&Tensor>,
+    state: &crate::lifecycle::SeedState,
+    alpha_override: Option<&Tensor>,
+) -> Result<Tensor> {
+    let alpha = state.alpha();
+    if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
+        return incubator(host, seed_output);
+    }
+    let blend_alpha = match alpha_override {
+        Some(tensor) => BlendAlpha::PerSample(tensor),
+        None => BlendAlpha::Scalar(alpha),
+    };
+    match (state.algorithm(), gate_values) {
+        (AlphaAlgorithm::Multiply, _) => {
+            blend_multiply(host, seed_output, seed_input, &blend_alpha)
+        }
+        (AlphaAlgorithm::Gate, Some(gate_values)) => {
+            blend_gate(host, seed_output, gate_values, &blend_alpha)
+        }
+        (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None) => {
+            blend_add(host, seed_output, &blend_alpha)
+        }
     }
 }

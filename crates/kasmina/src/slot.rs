@@ -30,7 +30,7 @@
 use leyline::{AlphaAlgorithm, AlphaCurve, SeedStage};
 use tch::{Device, Tensor};
 
-use crate::blend::{BlendAlpha, GatedBlend, blend_add, blend_gate, blend_multiply, incubator};
+use crate::blend::{BlendAlpha, GatedBlend, mix, replicate_batch};
 use crate::blueprint::{Blueprint, SeedModule};
 use crate::gate::GateOutcome;
 use crate::groups::{GroupEvent, GroupKey};
@@ -542,56 +542,6 @@ impl SeedSlot {
             state,
             alpha_override,
         )
-    }
-}
-
-/// `replicas` copies of `x` stacked along its first dimension (block `k`
-/// is copy `k`); `replicas` must be at least 1.
-pub(crate) fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
-    if replicas < 1 {
-        return Err(Error::OutOfRange {
-            field: "replicas",
-            value: replicas.to_string(),
-            allowed: "at least 1".to_owned(),
-        });
-    }
-    if replicas == 1 {
-        return Ok(x.shallow_clone());
-    }
-    let mut repeats = vec![replicas];
-    repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
-    Ok(x.f_repeat(repeats.as_slice())?)
-}
-
-/// The blend of a seed's output (`seed_output`, and `gate_values` for a
-/// gated seed) into `host` under `state`'s algorithm and alpha, or
-/// `alpha_override` per sample (see [`SeedSlot::forward`]).
-fn mix(
-    host: &Tensor,
-    seed_input: &Tensor,
-    seed_output: &Tensor,
-    gate_values: Option<&Tensor>,
-    state: &SeedState,
-    alpha_override: Option<&Tensor>,
-) -> Result<Tensor> {
-    let alpha = state.alpha();
-    if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
-        return incubator(host, seed_output);
-    }
-    let blend_alpha = match alpha_override {
-        Some(tensor) => BlendAlpha::PerSample(tensor),
-        None => BlendAlpha::Scalar(alpha),
-    };
-    match (state.algorithm(), gate_values) {
-        (AlphaAlgorithm::Multiply, _) => {
-            blend_multiply(host, seed_output, seed_input, &blend_alpha)
-        }
-        (AlphaAlgorithm::Gate, Some(gate_values)) => {
-            blend_gate(host, seed_output, gate_values, &blend_alpha)
-        }
-        (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None) => {
-            blend_add(host, seed_output, &blend_alpha)
-        }
     }
 }
 

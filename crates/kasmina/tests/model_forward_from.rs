@@ -59,14 +59,7 @@ fn perturb_seeds(model: &MorphogeneticModel) {
 /// perturbed seeds), so the first seed sits after an empty slot.
 fn cnn_model() -> MorphogeneticModel {
     tch::manual_seed(41);
-    let host = CnnHost::new(
-        CnnHostConfig {
-            base_channels: 2,
-            ..CnnHostConfig::fashion_mnist()
-        },
-        Device::Cpu,
-    )
-    .expect("host");
+    let host = small_cnn_host();
     let mut model = MorphogeneticModel::new(
         host,
         &[R0C1, R0C0, R1C0],
@@ -76,6 +69,34 @@ fn cnn_model() -> MorphogeneticModel {
     .expect("model");
     grow(&mut model, R1C0, "conv_light", 0.5);
     grow(&mut model, R0C1, "conv_heavy", 0.75);
+    perturb_seeds(&model);
+    model
+}
+
+/// The tiny Fashion-MNIST CNN host of these tests (base 2 channels).
+fn small_cnn_host() -> CnnHost {
+    CnnHost::new(
+        CnnHostConfig {
+            base_channels: 2,
+            ..CnnHostConfig::fashion_mnist()
+        },
+        Device::Cpu,
+    )
+    .expect("host")
+}
+
+/// The tiny transformer with slots r0c0 (empty) and r0c1 (a perturbed
+/// `lora` seed at alpha 0.5).
+fn lora_transformer(config: &TransformerHostConfig) -> MorphogeneticModel {
+    let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
+    let mut model = MorphogeneticModel::new(
+        host,
+        &[SlotId::new(0, 0), SlotId::new(0, 1)],
+        slot_config(GateMode::Permissive),
+        Telemetry::disabled(),
+    )
+    .expect("model");
+    grow(&mut model, SlotId::new(0, 1), "lora", 0.5);
     perturb_seeds(&model);
     model
 }
@@ -182,16 +203,7 @@ fn without_a_seed_the_start_may_be_the_logits() {
 fn forward_from_a_transformer_boundary_equals_the_full_forward() {
     tch::manual_seed(43);
     let config = TransformerHostConfig::tiny();
-    let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
-    let mut model = MorphogeneticModel::new(
-        host,
-        &[SlotId::new(0, 0), SlotId::new(0, 1)],
-        slot_config(GateMode::Permissive),
-        Telemetry::disabled(),
-    )
-    .expect("model");
-    grow(&mut model, SlotId::new(0, 1), "lora", 0.5);
-    perturb_seeds(&model);
+    let model = lora_transformer(&config);
     assert_eq!(model.first_active_boundary(), 3);
     let x = Tensor::randint(config.vocab_size, [2, 6], (Kind::Int64, Device::Cpu));
     assert_every_start_matches(&model, &x, &[]);
@@ -315,16 +327,7 @@ fn the_replicated_forward_runs_the_first_seed_once_and_gives_every_copy() {
 fn the_replicated_forward_on_a_transformer_and_its_refusals() {
     tch::manual_seed(44);
     let config = TransformerHostConfig::tiny();
-    let host = TransformerHost::new(config.clone(), Device::Cpu).expect("host");
-    let mut model = MorphogeneticModel::new(
-        host,
-        &[SlotId::new(0, 0), SlotId::new(0, 1)],
-        slot_config(GateMode::Permissive),
-        Telemetry::disabled(),
-    )
-    .expect("model");
-    grow(&mut model, SlotId::new(0, 1), "lora", 0.5);
-    perturb_seeds(&model);
+    let model = lora_transformer(&config);
     let x = Tensor::randint(config.vocab_size, [2, 6], (Kind::Int64, Device::Cpu));
     let half = Tensor::from_slice(&[0.0f32, 0.0, 1.0, 1.0]).reshape([4, 1, 1]);
     assert_replicated_matches(&model, &x, 2, &[None, Some(&half)]);
@@ -368,16 +371,8 @@ fn the_replicated_forward_serves_every_blend_algorithm() {
         leyline::AlphaAlgorithm::Gate,
     ] {
         tch::manual_seed(45);
-        let host = CnnHost::new(
-            CnnHostConfig {
-                base_channels: 2,
-                ..CnnHostConfig::fashion_mnist()
-            },
-            Device::Cpu,
-        )
-        .expect("host");
         let mut model = MorphogeneticModel::new(
-            host,
+            small_cnn_host(),
             &[R0C1, R1C0],
             slot_config(GateMode::Permissive),
             Telemetry::disabled(),

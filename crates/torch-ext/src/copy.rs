@@ -294,12 +294,12 @@ pub fn index_copy_many(
         _ => None,
     };
     let (Some(layouts), tch::Device::Cuda(ordinal)) = (layouts, device) else {
-        for ((dst, dim, src), at) in writes.iter().zip(&dims) {
-            let dim = i64::try_from(*at).unwrap_or(*dim);
-            let source = src.f_unsqueeze(dim).map_err(|e| refuse(e.to_string()))?;
+        // (Each `dim` was checked above.)
+        for (dst, dim, src) in writes {
+            let source = src.f_unsqueeze(*dim).map_err(|e| refuse(e.to_string()))?;
             let _ = dst
                 .shallow_clone()
-                .f_index_copy_(dim, index, &source)
+                .f_index_copy_(*dim, index, &source)
                 .map_err(|e| Error::Cpp {
                     op: "index_copy_many",
                     message: e.to_string(),

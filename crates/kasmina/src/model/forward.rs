@@ -41,7 +41,7 @@ impl MorphogeneticModel {
         train: bool,
     ) -> Result<Tensor> {
         self.check_overrides("forward_with_alpha.overrides", overrides)?;
-        self.forward_walk(x, 0, overrides, train, None)
+        self.forward_walk(x, 0, overrides, train, Walk::Plain(None))
     }
 
     /// [`MorphogeneticModel::forward_with_alpha`] that also returns the
@@ -57,7 +57,7 @@ impl MorphogeneticModel {
     ) -> Result<(Tensor, Vec<(SlotId, Tensor)>)> {
         self.check_overrides("forward_with_alpha.overrides", overrides)?;
         let mut taps = Vec::new();
-        let logits = self.forward_walk(x, 0, overrides, train, Some(&mut taps))?;
+        let logits = self.forward_walk(x, 0, overrides, train, Walk::Plain(Some(&mut taps)))?;
         Ok((logits, taps))
     }
 
@@ -101,26 +101,9 @@ impl MorphogeneticModel {
         overrides: &[Option<&Tensor>],
         train: bool,
     ) -> Result<Tensor> {
-        let segments = self.host.num_segments();
-        if boundary > segments {
-            return Err(Error::OutOfRange {
-                field: "forward_from.boundary",
-                value: boundary.to_string(),
-                allowed: format!("[0, {segments}] (the host's boundaries)"),
-            });
-        }
-        let first_active = self.first_active_boundary();
-        if boundary > first_active {
-            return Err(Error::OutOfRange {
-                field: "forward_from.boundary",
-                value: boundary.to_string(),
-                allowed: format!(
-                    "[0, {first_active}] (at or before the first seed on the forward path)"
-                ),
-            });
-        }
+        self.check_start("forward_from.boundary", boundary)?;
         self.check_overrides("forward_from.overrides", overrides)?;
-        self.forward_walk(features, boundary, overrides, train, None)
+        self.forward_walk(features, boundary, overrides, train, Walk::Plain(None))
     }
 
     /// [`MorphogeneticModel::forward_from`] on `replicas` copies of
@@ -151,17 +134,7 @@ impl MorphogeneticModel {
                     .to_owned(),
             });
         }
-        let segments = self.host.num_segments();
-        let first_active = self.first_active_boundary();
-        if boundary > first_active || boundary > segments {
-            return Err(Error::OutOfRange {
-                field: "forward_from_replicated.boundary",
-                value: boundary.to_string(),
-                allowed: format!(
-                    "[0, {first_active}] (at or before the first seed on the forward path)"
-                ),
-            });
-        }
+        self.check_start("forward_from_replicated.boundary", boundary)?;
         if replicas < 1 {
             return Err(Error::OutOfRange {
                 field: "forward_from_replicated.replicas",
@@ -170,34 +143,37 @@ impl MorphogeneticModel {
             });
         }
         self.check_overrides("forward_from_replicated.overrides", overrides)?;
-        let mut boundary = boundary;
-        let mut features = features.shallow_clone();
-        let mut replicated = false;
-        for (index, slot) in self.slots.iter().enumerate() {
-            if !slot.is_active() {
-                continue;
-            }
-            let target = slot.spec().boundary;
-            features = self
-                .host
-                .forward_segment(&features, boundary, target, train)?;
-            let alpha_override = overrides.get(index).copied().flatten();
-            features = if replicated {
-                slot.forward(&features, alpha_override)?
-            } else {
-                replicated = true;
-                slot.forward_replicated(&features, replicas, alpha_override)?
-            };
-            boundary = target;
+        self.forward_walk(
+            features,
+            boundary,
+            overrides,
+            train,
+            Walk::Replicated(replicas),
+        )
+    }
+
+    /// A start `boundary` the walk may take: a host boundary at or before
+    /// the first seed on the forward path (a later one would skip it).
+    fn check_start(&self, field: &'static str, boundary: usize) -> Result<()> {
+        let segments = self.host.num_segments();
+        if boundary > segments {
+            return Err(Error::OutOfRange {
+                field,
+                value: boundary.to_string(),
+                allowed: format!("[0, {segments}] (the host's boundaries)"),
+            });
         }
-        let logits = self
-            .host
-            .forward_segment(&features, boundary, segments, train)?;
-        if replicated {
-            Ok(logits)
-        } else {
-            crate::slot::replicate_batch(&logits, replicas)
+        let first_active = self.first_active_boundary();
+        if boundary > first_active {
+            return Err(Error::OutOfRange {
+                field,
+                value: boundary.to_string(),
+                allowed: format!(
+                    "[0, {first_active}] (at or before the first seed on the forward path)"
+                ),
+            });
         }
+        Ok(())
     }
 
     /// At most one override per enabled slot.
@@ -213,15 +189,16 @@ impl MorphogeneticModel {
     }
 
     /// The walk from `start` (at or before the first active slot; checked
-    /// by the callers) to the logits, collecting gradient taps when `taps`
-    /// is given.
+    /// by the callers) to the logits: collecting gradient taps when `walk`
+    /// gives their list, or making `walk`'s copies at the first active
+    /// slot (at the logits when none is active).
     fn forward_walk(
         &self,
         features: &Tensor,
         start: usize,
         overrides: &[Option<&Tensor>],
         train: bool,
-        mut taps: Option<&mut Vec<(SlotId, Tensor)>>,
+        mut walk: Walk<'_>,
     ) -> Result<Tensor> {
         let mut boundary = start;
         let mut features = features.shallow_clone();
@@ -234,14 +211,37 @@ impl MorphogeneticModel {
                 .host
                 .forward_segment(&features, boundary, target, train)?;
             let alpha_override = overrides.get(index).copied().flatten();
-            let (output, tap) = slot.forward_tapped(&features, alpha_override, taps.is_some())?;
-            if let (Some(taps), Some(tap)) = (taps.as_deref_mut(), tap) {
-                taps.push((slot.id(), tap));
-            }
-            features = output;
+            features = match &mut walk {
+                Walk::Replicated(replicas) => {
+                    let copies = *replicas;
+                    walk = Walk::Plain(None);
+                    slot.forward_replicated(&features, copies, alpha_override)?
+                }
+                Walk::Plain(taps) => {
+                    let (output, tap) =
+                        slot.forward_tapped(&features, alpha_override, taps.is_some())?;
+                    if let (Some(taps), Some(tap)) = (taps.as_deref_mut(), tap) {
+                        taps.push((slot.id(), tap));
+                    }
+                    output
+                }
+            };
             boundary = target;
         }
-        self.host
-            .forward_segment(&features, boundary, self.host.num_segments(), train)
+        let logits =
+            self.host
+                .forward_segment(&features, boundary, self.host.num_segments(), train)?;
+        match walk {
+            Walk::Replicated(replicas) => crate::blend::replicate_batch(&logits, replicas),
+            Walk::Plain(_) => Ok(logits),
+        }
     }
+}
+
+/// How `MorphogeneticModel::forward_walk` treats the batch: as it is
+/// (collecting gradient taps into the list when given one), or copied
+/// `n` times at the first active slot, whose seed runs once.
+enum Walk<'a> {
+    Plain(Option<&'a mut Vec<(SlotId, Tensor)>>),
+    Replicated(i64),
 }

@@ -1,5 +1,5 @@
 //! The `simic-throughput` and `simic-cifar` workloads: the variants by
-//! name, one unmeasured process warm-up, each variant's rounds and figures,
+//! name (read in `variants`), one unmeasured process warm-up, each variant's rounds and figures,
 //! and the `max-growth-ceiling` entry (see the module above for what they
 //! measure).
 
@@ -15,89 +15,15 @@ use tolaria::data::Dataset;
 
 use super::{
     Driver, SLOTS, SimicBenchOptions, SimicBenchRun, ThroughputTask, amp_name, baseline, load,
-    mean, simic_config, variant,
+    mean, simic_config,
 };
 use crate::Result;
 use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
 
 mod growth;
+mod variants;
 use growth::{live_seed_figures, profile_figures, profile_line};
-
-/// The settings of the variant `name`: a base name ([`variant`]) with
-/// optional suffixes that turn Simic's environment defaults (one warm-up
-/// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
-/// `-bench` times cuDNN algorithms at every new shape, `-w3` warms up three
-/// steps; `-fp32-policy` keeps the policy in fp32 whatever the
-/// environments' precision; and `-no-prewarm` (last) skips running every
-/// blueprint once before the first round
-/// ([`SimicConfig::prewarm_blueprints`], on by default).
-pub(super) fn variant_config(
-    task: ThroughputTask,
-    name: &str,
-    episode_length: u32,
-    quick: bool,
-) -> Result<(Precision, SimicConfig)> {
-    let (base, suffixes) = split_variant(name);
-    let VariantSuffixes {
-        prewarm,
-        benchmark,
-        warmup,
-        fp32_policy,
-    } = suffixes;
-    let (precision, mode) = variant(base)?;
-    let mut config = simic_config(task.task(), precision, mode, episode_length, quick);
-    if let Some(warmup) = warmup {
-        config.trainer.graph_warmup_steps = warmup;
-    }
-    if benchmark {
-        config.trainer.cudnn_benchmark = true;
-    }
-    if fp32_policy {
-        config.policy_precision = Some(tamiyo::policy::PolicyPrecision::Fp32);
-    }
-    config.prewarm_blueprints = prewarm;
-    Ok((precision, config))
-}
-
-/// What a variant's suffixes ask for (see [`variant_config`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct VariantSuffixes {
-    pub(super) prewarm: bool,
-    pub(super) benchmark: bool,
-    pub(super) warmup: Option<usize>,
-    pub(super) fp32_policy: bool,
-}
-
-/// A variant's base name and its suffixes, in the order
-/// [`variant_config`] takes them (`-fp32-policy`, `-w3`, `-bench`,
-/// `-no-prewarm`).
-pub(super) fn split_variant(name: &str) -> (&str, VariantSuffixes) {
-    let (name, prewarm) = match name.strip_suffix("-no-prewarm") {
-        Some(base) => (base, false),
-        None => (name, true),
-    };
-    let (base, benchmark) = match name.strip_suffix("-bench") {
-        Some(base) => (base, true),
-        None => (name, false),
-    };
-    let (base, warmup) = match base.strip_suffix("-w3") {
-        Some(base) => (base, Some(3)),
-        None => (base, None),
-    };
-    let (base, fp32_policy) = match base.strip_suffix("-fp32-policy") {
-        Some(base) => (base, true),
-        None => (base, false),
-    };
-    (
-        base,
-        VariantSuffixes {
-            prewarm,
-            benchmark,
-            warmup,
-            fp32_policy,
-        },
-    )
-}
+pub(super) use variants::{split_variant, variant_config};
 
 /// A max-growth controller for each of `config`'s environments, under the
 /// environments' own mask rules.

@@ -323,13 +323,14 @@ impl GraphedAct {
                 hidden: output.hidden,
             });
         }
-        self.replay(policy.network().device())
+        self.replay(policy.network().device()).map(|(act, _)| act)
     }
 
     /// Drops the graph when it was captured for another kind of step.
     fn forget_unless(&mut self, kind: &CaptureKind) {
         if self.captured.as_ref() != Some(kind) {
             self.graph = None;
+            self.graph_reads_back = false;
             self.outputs = None;
             self.captured = None;
         }
@@ -337,7 +338,7 @@ impl GraphedAct {
 
     /// Replays the captured graph on the current stream (between the timing
     /// events) and returns views of its outputs.
-    fn replay(&mut self, device: Device) -> Result<Act> {
+    fn replay(&mut self, device: Device) -> Result<(Act, CudaStream)> {
         let (Some(graph), Some(outputs)) = (&self.graph, &self.outputs) else {
             return Err(Error::InvalidInput {
                 field: "GraphedAct.replay",
@@ -382,7 +383,7 @@ impl GraphedAct {
             hidden: outputs.hidden.shallow_clone(),
         };
         self.replay_pending = self.timing.is_some();
-        Ok(act)
+        Ok((act, current))
     }
 
     /// Device time of the last replay in ms, from CUDA events around it;

@@ -18,8 +18,7 @@
 
 use std::cell::Cell;
 
-use tch::{Device, Tensor};
-use torch_ext::CudaStream;
+use tch::Tensor;
 
 use super::{CaptureKind, GraphedAct, Outputs, Staged, copy_checked};
 use crate::error::TorchResultExt;
@@ -246,20 +245,13 @@ impl GraphedAct {
             };
             return self.eager_staged(policy, sampler, normaliser, &state, sink, true);
         }
-        let device = policy.network().device();
-        let act = self.replay(device)?;
-        if let Device::Cuda(index) = device {
-            let stream = CudaStream::current(index).map_err(|error| Error::InvalidInput {
-                field: "GraphedAct.stream",
-                reason: error.to_string(),
-            })?;
-            // The packed buffer may be written again once this replay has
-            // copied it; the actions are on the host once it has run.
-            self.inputs.staging.mark_read(&stream)?;
-            if self.graph_reads_back {
-                self.inputs.readback.mark_filled(&stream)?;
-                self.filled = true;
-            }
+        let (act, stream) = self.replay(policy.network().device())?;
+        // The packed buffer may be written again once this replay has
+        // copied it; the actions are on the host once it has run.
+        self.inputs.staging.mark_read(&stream)?;
+        if self.graph_reads_back {
+            self.inputs.readback.mark_filled(&stream)?;
+            self.filled = true;
         }
         Ok(act)
     }
