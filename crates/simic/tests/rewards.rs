@@ -1170,3 +1170,87 @@ fn the_accuracy_delta_pays_the_accuracy_gained_since_the_last_step() {
     let error = compute_reward(&config, &outside).expect_err("an accuracy above 100");
     assert_eq!(field_of(error), "RewardInputs.previous_val_acc");
 }
+
+#[test]
+fn every_live_seed_is_attributed_when_asked_and_only_the_targeted_one_by_default() {
+    // A BLENDING seed that adds 4 points, 10 points of progress since it
+    // germinated at epoch 20: its attribution is min(c, p) = 4.
+    let blending = SeedFacts {
+        contribution: Some(4.0),
+        progress: 10.0,
+        ..seed(SeedStage::Blending, 3, 20)
+    };
+    // A HOLDING seed with c = 6 ≥ p = 3: the harmonic mean, 4.
+    let holding = SeedFacts {
+        contribution: Some(6.0),
+        progress: 3.0,
+        ..seed(SeedStage::Holding, 2, 30)
+    };
+    let fossil = SeedFacts {
+        contribution: Some(9.0),
+        progress: 20.0,
+        ..seed(SeedStage::Fossilized, 5, 60)
+    };
+    let base = RewardInputs {
+        op: LifecycleOp::Wait,
+        seed: Some(blending),
+        seed_after: point(SeedStage::Blending, 4),
+        other_seeds: vec![holding, fossil],
+        val_acc: 80.0,
+        clean_total: Some(12.0),
+        epoch: 40,
+        max_epochs: 150,
+        ..RewardInputs::default()
+    };
+    // The reference pays the targeted seed alone.
+    let reference = reward(&RewardConfig::default(), &base);
+    assert_eq!(reference.other_attribution, 0.0);
+    assert_close(reference.attribution, 4.0);
+    let all = RewardConfig {
+        attribute_all_seeds: true,
+        ..RewardConfig::default()
+    };
+    let paid = reward(&all, &base);
+    // The HOLDING seed is paid what it would earn as the targeted seed of a
+    // WAIT; the fossil is paid nothing.
+    let as_targeted = reward(
+        &RewardConfig::default(),
+        &RewardInputs {
+            seed: Some(holding),
+            seed_after: point(SeedStage::Holding, 3),
+            other_seeds: Vec::new(),
+            ..base.clone()
+        },
+    );
+    assert_close(as_targeted.attribution, 4.0);
+    assert_close(
+        paid.other_attribution,
+        as_targeted.attribution + as_targeted.ratio_penalty,
+    );
+    assert_close(paid.attribution, reference.attribution);
+    assert_close(paid.total, reference.total + paid.other_attribution);
+    // A PRUNE of the targeted seed flips its own attribution, not theirs.
+    let pruned = reward(
+        &all,
+        &RewardInputs {
+            op: LifecycleOp::Prune,
+            seed_after: None,
+            ..base.clone()
+        },
+    );
+    assert_close(pruned.attribution, -4.0);
+    assert_close(pruned.other_attribution, paid.other_attribution);
+    // The other seeds' values are checked like the targeted seed's.
+    let broken = RewardInputs {
+        other_seeds: vec![SeedFacts {
+            progress: f64::NAN,
+            ..holding
+        }],
+        ..base.clone()
+    };
+    let error = compute_reward(&all, &broken).expect_err("a NaN progress is refused");
+    assert_eq!(field_of(error), "RewardInputs.other_seeds.progress");
+    let error = compute_reward(&RewardConfig::default(), &broken)
+        .expect_err("refused whether or not the rule reads them");
+    assert_eq!(field_of(error), "RewardInputs.other_seeds.progress");
+}

@@ -6,7 +6,9 @@
 //! step that reads back cannot be captured, falls back to eager with
 //! `tolaria.graph_fallback` and training goes on; bf16 and fp16 train;
 //! device timing turns off and on; the blueprint prewarm runs every
-//! blueprint at every slot and leaves the model alone.
+//! blueprint at every slot and leaves the model alone; a channels-last
+//! trainer stages its validation data channels-last, with the results of
+//! a contiguous one.
 
 use kasmina::model::MorphogeneticModel;
 use leyline::telemetry as names;
@@ -456,4 +458,55 @@ fn the_blueprint_prewarm_runs_every_blueprint_at_every_slot_and_leaves_the_model
         before,
         "the model's parameters are untouched"
     );
+}
+
+#[test]
+fn a_channels_last_trainer_stages_its_validation_data_channels_last_with_the_same_results() {
+    if !cuda_or_skip(
+        "a_channels_last_trainer_stages_its_validation_data_channels_last_with_the_same_results",
+    ) {
+        return;
+    }
+    let train = data(512, 21);
+    let test = data(700, 22);
+    // The conversion alone, on three-channel images (a one-channel
+    // contiguous batch is already channels-last): same shape and values,
+    // channels-last storage.
+    let images = image_task(&ImageTaskOptions::cifar_like(64, 23)).expect("images");
+    let staged = StagedData::resident(&images, Device::Cuda(0), false, 0).expect("staged");
+    assert!(!torch_ext::memory::is_channels_last(staged.inputs()).expect("layout"));
+    let before = staged.inputs().to_device(Device::Cpu);
+    let converted = staged.into_channels_last().expect("channels-last");
+    let inputs = converted.inputs();
+    assert!(torch_ext::memory::is_channels_last(inputs).expect("layout"));
+    assert_eq!(inputs.size(), before.size());
+    assert!(inputs.to_device(Device::Cpu).equal(&before));
+    // A trainer's validation in either layout: the same loss and accuracy.
+    torch_ext::precision::set_cudnn_deterministic(true);
+    let mut results = Vec::new();
+    for channels_last in [true, false] {
+        let model = blending_model(&train);
+        let mut config = config(ExecutionMode::Eager, Precision::Fp32);
+        config.matmul.allow_tf32 = false;
+        config.channels_last = channels_last;
+        let mut trainer =
+            ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled())
+                .expect("trainer");
+        if channels_last {
+            let staged = trainer.validation_data().expect("validation data");
+            assert!(torch_ext::memory::is_channels_last(staged.inputs()).expect("layout"));
+        }
+        let validation = trainer.validate().expect("validation").expect("a result");
+        results.push((validation.loss, validation.accuracy));
+    }
+    torch_ext::precision::set_cudnn_deterministic(false);
+    let ((cl_loss, cl_acc), (loss, acc)) = (results[0], results[1]);
+    println!(
+        "validation: channels-last {cl_loss:.6} / {cl_acc:.2}%, contiguous {loss:.6} / {acc:.2}%"
+    );
+    assert!(
+        (cl_loss - loss).abs() <= 1e-3 * loss.abs().max(1.0),
+        "{cl_loss} vs {loss}"
+    );
+    assert!((cl_acc - acc).abs() <= 0.5, "{cl_acc} vs {acc}");
 }

@@ -24,6 +24,9 @@ pub struct RewardBreakdown {
     pub attribution: f64,
     /// Anti-gaming penalty for a suspicious contribution/total ratio (≤ 0).
     pub ratio_penalty: f64,
+    /// The attributions and ratio penalties of the other live seeds, summed
+    /// (0 unless [`crate::rewards::RewardConfig::attribute_all_seeds`]).
+    pub other_attribution: f64,
     /// BLENDING while the clean total is negative (≤ 0).
     pub blending_warning: f64,
     /// HOLDING indecision (≤ 0).
@@ -82,6 +85,7 @@ impl RewardBreakdown {
             attribution: 0.0,
             ransomware_signature: false,
             ratio_penalty: 0.0,
+            other_attribution: 0.0,
             blending_warning: 0.0,
             holding_warning: 0.0,
             pbrs: 0.0,
@@ -108,6 +112,7 @@ impl RewardBreakdown {
         [
             self.attribution,
             self.ratio_penalty,
+            self.other_attribution,
             self.blending_warning,
             self.holding_warning,
             self.pbrs,

@@ -88,6 +88,17 @@ pub struct RewardConfig {
     // --- attribution ---
     /// Weight of the contribution term (1.0).
     pub contribution_weight: f64,
+    /// Not the reference's (off there and by default): pay the attribution
+    /// of every live seed at every step, not only the targeted slot's. The
+    /// reference pays the seed the slot head chose (for WAIT, the canonical
+    /// slot), so a policy that keeps one seed the host leans on earns as
+    /// much as one whose three seeds each add accuracy
+    /// (`baselines/perf/simic-learning/NOTES.md`). With it on, each other
+    /// live, unfossilised seed whose contribution was measured adds its own
+    /// attribution and ratio penalty (the targeted seed's rules, without the
+    /// op's FOSSILIZE and PRUNE adjustments) as
+    /// [`crate::rewards::RewardBreakdown::other_attribution`].
+    pub attribute_all_seeds: bool,
     /// Weight of the stage-improvement proxy when no contribution was
     /// measured (0.3).
     pub proxy_weight: f64,
@@ -283,6 +294,7 @@ impl Default for RewardConfig {
             epoch_progress_bonus: 0.3,
             max_progress_bonus: 2.0,
             contribution_weight: 1.0,
+            attribute_all_seeds: false,
             proxy_weight: 0.3,
             attribution_sigmoid_steepness: 3.0,
             germination_warmup_epochs: 10,

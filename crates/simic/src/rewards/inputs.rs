@@ -48,6 +48,17 @@ pub struct SeedFacts {
 }
 
 impl SeedFacts {
+    /// Refuses non-finite values and differences outside `[-100, 100]`
+    /// points, naming the field from `fields`.
+    fn validate(&self, fields: &SeedFields) -> Result<()> {
+        if let Some(contribution) = self.contribution {
+            points(fields.contribution, contribution)?;
+        }
+        points(fields.progress, self.progress)?;
+        points(fields.stage_improvement, self.stage_improvement)?;
+        finite(fields.interaction_sum, self.interaction_sum)
+    }
+
     /// The seed's lifecycle position, as the potential sees it.
     pub fn point(&self) -> StagePoint {
         StagePoint {
@@ -56,6 +67,30 @@ impl SeedFacts {
         }
     }
 }
+
+/// The field names a [`SeedFacts`] check reports.
+struct SeedFields {
+    contribution: &'static str,
+    progress: &'static str,
+    stage_improvement: &'static str,
+    interaction_sum: &'static str,
+}
+
+/// [`RewardInputs::seed`]'s field names.
+const TARGETED_SEED: SeedFields = SeedFields {
+    contribution: "RewardInputs.seed.contribution",
+    progress: "RewardInputs.seed.progress",
+    stage_improvement: "RewardInputs.seed.stage_improvement",
+    interaction_sum: "RewardInputs.seed.interaction_sum",
+};
+
+/// [`RewardInputs::other_seeds`]' field names.
+const OTHER_SEEDS: SeedFields = SeedFields {
+    contribution: "RewardInputs.other_seeds.contribution",
+    progress: "RewardInputs.other_seeds.progress",
+    stage_improvement: "RewardInputs.other_seeds.stage_improvement",
+    interaction_sum: "RewardInputs.other_seeds.interaction_sum",
+};
 
 /// One slot's rent and alpha-shock inputs (every enabled slot, not only the
 /// targeted one).
@@ -93,6 +128,10 @@ pub struct RewardInputs {
     /// The targeted slot as the next observation shows it; `None` when
     /// empty.
     pub seed_after: Option<StagePoint>,
+    /// The seeds of the other slots when the op was chosen (the live and
+    /// fossilised ones; empty slots left out), in slot order. Only
+    /// [`crate::rewards::RewardConfig::attribute_all_seeds`] reads them.
+    pub other_seeds: Vec<SeedFacts>,
     /// Validation accuracy of the epoch, percent.
     pub val_acc: f64,
     /// The validation accuracy of the episode's previous step, percent
@@ -143,6 +182,7 @@ impl Default for RewardInputs {
             op_succeeded: true,
             seed: None,
             seed_after: None,
+            other_seeds: Vec::new(),
             val_acc: 0.0,
             previous_val_acc: None,
             clean_total: None,
@@ -209,15 +249,10 @@ impl RewardInputs {
             accuracy("RewardInputs.committed_val_acc", committed)?;
         }
         if let Some(seed) = &self.seed {
-            if let Some(contribution) = seed.contribution {
-                points("RewardInputs.seed.contribution", contribution)?;
-            }
-            points("RewardInputs.seed.progress", seed.progress)?;
-            points(
-                "RewardInputs.seed.stage_improvement",
-                seed.stage_improvement,
-            )?;
-            finite("RewardInputs.seed.interaction_sum", seed.interaction_sum)?;
+            seed.validate(&TARGETED_SEED)?;
+        }
+        for seed in &self.other_seeds {
+            seed.validate(&OTHER_SEEDS)?;
         }
         for slot in &self.slots {
             in_range("RewardInputs.slots.alpha", slot.alpha, 0.0, 1.0)?;

@@ -11,6 +11,10 @@
 //!   (linear from 0.4 to 1). With `c` missing, a BLENDING or HOLDING seed
 //!   gets the proxy `0.3·max(0, stage improvement)`. FOSSILIZE with `T < 0`
 //!   pays no attribution; a PRUNE that happened flips its sign.
+//! - **Other seeds' attribution** (not the reference's; only with
+//!   [`RewardConfig::attribute_all_seeds`]): every other live seed's
+//!   attribution and ratio penalty by the rules above, without the
+//!   FOSSILIZE and PRUNE adjustments, which belong to the op's seed.
 //! - **Ratio penalty** (after the flip, so always a penalty; only while the
 //!   sigmoid discount is ≥ 0.5, i.e. `T ≥ 0`): for `c > 1`,
 //!   `−min(0.3, 0.1·(c/T − 5)/5)` when `T > 0.1` and `c/T > 5`, and
@@ -122,21 +126,36 @@ fn ratio_penalty(config: &RewardConfig, contribution: f64, clean_total: Option<f
     }
 }
 
-/// Attribution, ratio penalty and the two discounts of the targeted seed.
-fn attribution(
+/// One seed's attribution before the op's adjustments, with the discounts
+/// and the ratio penalty it was computed with.
+struct SeedAttribution {
+    value: f64,
+    discount: f64,
+    timing: f64,
+    ratio_penalty: f64,
+}
+
+/// The attribution of `seed` at `epoch` (module docs), before the
+/// FOSSILIZE and PRUNE adjustments; `None` for a fossil.
+fn seed_attribution(
     config: &RewardConfig,
-    inputs: &RewardInputs,
+    epoch: u32,
     seed: &SeedFacts,
     clean_total: Option<f64>,
-    breakdown: &mut RewardBreakdown,
-) {
+) -> Option<SeedAttribution> {
     if seed.stage == SeedStage::Fossilized {
-        return;
+        return None;
     }
-    let mut value = match seed.contribution {
+    let mut out = SeedAttribution {
+        value: 0.0,
+        discount: 1.0,
+        timing: 1.0,
+        ratio_penalty: 0.0,
+    };
+    out.value = match seed.contribution {
         Some(contribution) => {
-            breakdown.attribution_discount = attribution_discount(config, clean_total);
-            breakdown.ratio_penalty = ratio_penalty(config, contribution, clean_total);
+            out.discount = attribution_discount(config, clean_total);
+            out.ratio_penalty = ratio_penalty(config, contribution, clean_total);
             if contribution < 0.0 {
                 config.contribution_weight * contribution
             } else {
@@ -148,12 +167,8 @@ fn attribution(
                 } else {
                     contribution
                 };
-                let germination_epoch = inputs.epoch.saturating_sub(seed.age_epochs);
-                breakdown.timing_discount = timing_discount(config, germination_epoch);
-                config.contribution_weight
-                    * attributed
-                    * breakdown.attribution_discount
-                    * breakdown.timing_discount
+                out.timing = timing_discount(config, epoch.saturating_sub(seed.age_epochs));
+                config.contribution_weight * attributed * out.discount * out.timing
             }
         }
         None if matches!(seed.stage, SeedStage::Blending | SeedStage::Holding) => {
@@ -161,6 +176,24 @@ fn attribution(
         }
         None => 0.0,
     };
+    Some(out)
+}
+
+/// Attribution, ratio penalty and the two discounts of the targeted seed.
+fn attribution(
+    config: &RewardConfig,
+    inputs: &RewardInputs,
+    seed: &SeedFacts,
+    clean_total: Option<f64>,
+    breakdown: &mut RewardBreakdown,
+) {
+    let Some(attributed) = seed_attribution(config, inputs.epoch, seed, clean_total) else {
+        return;
+    };
+    breakdown.attribution_discount = attributed.discount;
+    breakdown.timing_discount = attributed.timing;
+    breakdown.ratio_penalty = attributed.ratio_penalty;
+    let mut value = attributed.value;
     if inputs.op == LifecycleOp::Fossilize && clean_total.is_some_and(|total| total < 0.0) {
         value = 0.0;
     }
@@ -168,6 +201,21 @@ fn attribution(
         value = -value;
     }
     breakdown.attribution = value;
+}
+
+/// The attributions and ratio penalties of the other live seeds
+/// ([`RewardConfig::attribute_all_seeds`]).
+fn other_attribution(
+    config: &RewardConfig,
+    inputs: &RewardInputs,
+    clean_total: Option<f64>,
+) -> f64 {
+    inputs
+        .other_seeds
+        .iter()
+        .filter_map(|seed| seed_attribution(config, inputs.epoch, seed, clean_total))
+        .map(|attributed| attributed.value + attributed.ratio_penalty)
+        .sum()
 }
 
 /// The BLENDING and HOLDING warnings.
@@ -345,6 +393,10 @@ pub(super) fn shaped_reward(config: &RewardConfig, inputs: &RewardInputs) -> Rew
             breakdown.synergy =
                 config.synergy_weight * (config.synergy_scale * seed.interaction_sum).tanh();
         }
+    }
+
+    if config.attribute_all_seeds {
+        breakdown.other_attribution = other_attribution(config, inputs, clean_total);
     }
 
     let before = inputs.seed.as_ref().map(SeedFacts::point);

@@ -214,6 +214,12 @@ impl ModelStep {
         &self.model
     }
 
+    /// Whether the step runs channels-last: asked for
+    /// ([`ModelStepConfig::channels_last`]) and on a CUDA device.
+    pub fn channels_last(&self) -> bool {
+        self.channels_last
+    }
+
     /// Hands the model back (optimizer state dropped).
     pub fn into_model(self) -> MorphogeneticModel {
         self.model

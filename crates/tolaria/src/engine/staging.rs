@@ -157,6 +157,23 @@ impl StagedData {
         })
     }
 
+    /// The same data with resident 4-D inputs (`[N, C, H, W]` images) on a
+    /// CUDA device stored channels-last, one copy made now: the layout a
+    /// channels-last model's first convolution reads as it is, where a
+    /// contiguous batch would be converted by every forward (for
+    /// validation, every chunk of every pass). Values and shapes do not
+    /// change; pinned, CPU and other inputs are returned as they are.
+    ///
+    /// # Errors
+    /// [`Error::Torch`] when the copy fails (e.g. the device is out of
+    /// memory).
+    pub fn into_channels_last(mut self) -> Result<StagedData> {
+        if self.pinned.is_none() && self.device.is_cuda() && self.inputs.dim() == 4 {
+            self.inputs = torch_ext::memory::contiguous_channels_last(&self.inputs)?;
+        }
+        Ok(self)
+    }
+
     /// Keeps `dataset` in page-locked host memory and stages batches of at
     /// most `batch` samples to `device` through two buffers (see the module
     /// docs). On the CPU the buffers are plain memory and nothing is copied

@@ -325,8 +325,18 @@ impl ModelTrainer {
             });
         }
         step.set_probe(probe);
+        // Validation reads chunks of the staged inputs straight into the
+        // model: stored in the step's layout, they need no conversion.
+        let channels_last = step.channels_last();
         let validation = validation
-            .map(|data| StagedData::resident(data, device, false, config.seed))
+            .map(|data| {
+                let staged = StagedData::resident(data, device, false, config.seed)?;
+                if channels_last {
+                    staged.into_channels_last()
+                } else {
+                    Ok(staged)
+                }
+            })
             .transpose()?;
         let engine = Engine::new(
             device,

@@ -28,7 +28,8 @@ use super::Env;
 use crate::buffer::RolloutBuffer;
 use crate::counterfactual::{FusedConfig, ShapleyConfig};
 use crate::rewards::{
-    RewardConfig, RewardInputs, RewardNormaliserConfig, apply_governor_rollback, compute_reward,
+    RewardConfig, RewardInputs, RewardNormaliserConfig, SeedFacts, apply_governor_rollback,
+    compute_reward,
 };
 use crate::vectorized::SimicConfig;
 use crate::vectorized::measure::{Launched, Measured, launch_measure, read_measure};
@@ -322,6 +323,12 @@ impl Env {
             .copied()
             .ok_or_else(|| Error::Buffer(format!("slot index {} out of range", action.slot)))?;
         let seed_before = self.seed_facts(target, Some(&measured.report));
+        let other_seeds: Vec<SeedFacts> = self
+            .slots
+            .iter()
+            .filter(|slot| **slot != target)
+            .filter_map(|slot| self.seed_facts(*slot, Some(&measured.report)))
+            .collect();
         let mut germinated = None;
         let (op, succeeded) = match self.trainer.apply_decision(&decision) {
             Ok(Applied::Waited) => (LifecycleOp::Wait, true),
@@ -372,6 +379,7 @@ impl Env {
             op_succeeded: succeeded,
             seed: seed_before,
             seed_after: self.stage_point(target),
+            other_seeds,
             val_acc: measured.validation.accuracy.clamp(0.0, 100.0),
             previous_val_acc: self.rewarded_accuracy,
             clean_total: measured.report.reward.total,
