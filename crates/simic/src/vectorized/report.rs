@@ -126,9 +126,12 @@ pub struct RoundReport {
 
 /// One step's GPU work from libtorch's kernel profiler
 /// ([`super::Simic::set_step_profiling`]): every environment's epoch of
-/// training and its validation with the counterfactual passes (the policy
-/// step, observation and update not included), in a step that captured no
-/// graph and ran no eager warm-up step (a replayed step).
+/// training, then its validation with the counterfactual passes (the
+/// policy step, observation and update not included), in a step that
+/// captured no graph and ran no eager warm-up step (a replayed step). The
+/// two phases are profiled one after the other, the device synchronised in
+/// between, so in a profiled step the environments' training no longer
+/// overlaps their validation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepProfile {
     /// Live seeds per environment at the step's start, the mean over the
@@ -136,8 +139,32 @@ pub struct StepProfile {
     pub live_seeds: usize,
     /// Environments the step trained: each one an environment-epoch.
     pub envs: usize,
-    /// The kernels, copies and memsets, with their device time.
-    pub profile: torch_ext::profile::KernelProfile,
+    /// The training phase's kernels, copies and memsets, with their device
+    /// time.
+    pub training: torch_ext::profile::KernelProfile,
+    /// The validation phase's (validation and the counterfactual passes).
+    pub validation: torch_ext::profile::KernelProfile,
+}
+
+impl StepProfile {
+    /// Kernel launches of both phases (copies and memsets not counted).
+    pub fn kernel_launches(&self) -> u64 {
+        self.training
+            .kernel_launches()
+            .saturating_add(self.validation.kernel_launches())
+    }
+
+    /// Copies and memsets of both phases.
+    pub fn copies(&self) -> u64 {
+        self.training
+            .copies()
+            .saturating_add(self.validation.copies())
+    }
+
+    /// Device time of both phases, microseconds.
+    pub fn busy_us(&self) -> f64 {
+        self.training.busy_us() + self.validation.busy_us()
+    }
 }
 
 /// One step of a round ([`RoundReport::steps`]).

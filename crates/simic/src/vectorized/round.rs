@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use tamiyo::policy::PolicyRng;
+use tch::Device;
 
 use super::collector::Collector;
 use super::env::{EnvSpec, prewarm_blueprints};
@@ -191,25 +192,34 @@ impl Simic {
             // The seeds the step trains with: those before its action.
             let live_seeds = collector.live_seeds();
             let bucket = live_seeds.round().clamp(0.0, 3.0) as usize;
-            let profiler = if profiling && !step_profiles.iter().any(|p| p.live_seeds == bucket) {
+            let profiled = profiling && !step_profiles.iter().any(|p| p.live_seeds == bucket);
+            if profiled {
                 let graph_work = collector.graph_work();
-                Some((torch_ext::profile::KernelProfiler::start()?, graph_work))
-            } else {
-                None
-            };
-            collector.train(step)?;
-            collector.measure(step)?;
-            if let Some((profiler, graph_work)) = profiler {
-                let profile = profiler.stop()?;
+                // Training, then validation, each in its own profile; the
+                // device finishes the training before its profile stops
+                // (the profiler keeps only the kernels that completed).
+                let profiler = torch_ext::profile::KernelProfiler::start()?;
+                collector.train(step)?;
+                if let Device::Cuda(index) = self.device {
+                    torch_ext::cuda::synchronize(index)?;
+                }
+                let training = profiler.stop()?;
+                let profiler = torch_ext::profile::KernelProfiler::start()?;
+                collector.measure(step)?;
+                let validation = profiler.stop()?;
                 // A step that captured or ran eagerly is not the replayed
                 // step the profile is for: the next one of its kind is.
                 if collector.graph_work() == graph_work {
                     step_profiles.push(super::StepProfile {
                         live_seeds: bucket,
                         envs: n,
-                        profile,
+                        training,
+                        validation,
                     });
                 }
+            } else {
+                collector.train(step)?;
+                collector.measure(step)?;
             }
             collector.observe()?;
             let mut actions = collector.act(step, &mut self.actor, &mut self.learner, learn)?;

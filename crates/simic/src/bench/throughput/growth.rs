@@ -4,25 +4,37 @@
 use crate::vectorized::{RoundReport, StepProfile};
 
 /// The progress lines of one profiled step: kernels, copies and device
-/// time per environment-epoch, and the kernels with the most device time.
+/// time per environment-epoch, in all and by phase (training, then
+/// validation with the counterfactual passes), and each phase's kernels
+/// with the most device time.
 pub(super) fn profile_line(step: &StepProfile) -> String {
     let envs = step.envs.max(1) as f64;
-    let profile = &step.profile;
     let mut line = format!(
         "  profiled step at {} live seeds: per environment-epoch {:.0} kernels, {:.0} copies, \
-         {:.2} ms GPU-busy; largest:",
+         {:.2} ms GPU-busy",
         step.live_seeds,
-        profile.kernel_launches() as f64 / envs,
-        profile.copies() as f64 / envs,
-        profile.busy_us() / envs / 1000.0,
+        step.kernel_launches() as f64 / envs,
+        step.copies() as f64 / envs,
+        step.busy_us() / envs / 1000.0,
     );
-    for kernel in profile.largest(12) {
-        let name = short_kernel_name(&kernel.name);
+    for (phase, profile, largest) in [
+        ("training", &step.training, 12),
+        ("validation", &step.validation, 8),
+    ] {
         line.push_str(&format!(
-            "\n    {:8.1} us {:5} x {name}",
-            kernel.total_us / envs,
-            kernel.count
+            "\n    {phase}: {:.0} kernels, {:.0} copies, {:.2} ms GPU-busy; largest:",
+            profile.kernel_launches() as f64 / envs,
+            profile.copies() as f64 / envs,
+            profile.busy_us() / envs / 1000.0,
         ));
+        for kernel in profile.largest(largest) {
+            let name = short_kernel_name(&kernel.name);
+            line.push_str(&format!(
+                "\n    {:8.1} us {:5} x {name}",
+                kernel.total_us / envs,
+                kernel.count
+            ));
+        }
     }
     line
 }
@@ -48,7 +60,9 @@ fn short_kernel_name(name: &str) -> String {
 
 /// The figures of the profiled steps: kernels, copies and GPU-busy ms per
 /// environment-epoch, by live seeds (`profiled_kernels_per_env_epoch_live_seeds_N`,
-/// `profiled_copies_..._N`, `profiled_gpu_busy_ms_per_env_epoch_live_seeds_N`).
+/// `profiled_copies_..._N`, `profiled_gpu_busy_ms_per_env_epoch_live_seeds_N`,
+/// both phases together), and the GPU-busy ms of each phase
+/// (`profiled_training_gpu_busy_ms_..._N`, `profiled_validation_gpu_busy_ms_..._N`).
 pub(super) fn profile_figures(
     profiles: &[StepProfile],
     metrics: &mut std::collections::BTreeMap<String, f64>,
@@ -58,16 +72,25 @@ pub(super) fn profile_figures(
         let live = step.live_seeds;
         metrics.insert(
             format!("profiled_kernels_per_env_epoch_live_seeds_{live}"),
-            step.profile.kernel_launches() as f64 / envs,
+            step.kernel_launches() as f64 / envs,
         );
         metrics.insert(
             format!("profiled_copies_per_env_epoch_live_seeds_{live}"),
-            step.profile.copies() as f64 / envs,
+            step.copies() as f64 / envs,
         );
         metrics.insert(
             format!("profiled_gpu_busy_ms_per_env_epoch_live_seeds_{live}"),
-            step.profile.busy_us() / envs / 1000.0,
+            step.busy_us() / envs / 1000.0,
         );
+        for (phase, profile) in [
+            ("training", &step.training),
+            ("validation", &step.validation),
+        ] {
+            metrics.insert(
+                format!("profiled_{phase}_gpu_busy_ms_per_env_epoch_live_seeds_{live}"),
+                profile.busy_us() / envs / 1000.0,
+            );
+        }
     }
 }
 
@@ -105,7 +128,61 @@ pub(super) fn live_seed_figures(
 
 #[cfg(test)]
 mod tests {
-    use super::short_kernel_name;
+    use super::{profile_figures, profile_line, short_kernel_name};
+    use crate::vectorized::StepProfile;
+    use torch_ext::profile::{KernelProfile, KernelStat};
+
+    fn profile(stats: &[(&str, u64, f64)]) -> KernelProfile {
+        KernelProfile {
+            kernels: stats
+                .iter()
+                .map(|&(name, count, total_us)| KernelStat {
+                    name: name.to_owned(),
+                    count,
+                    total_us,
+                })
+                .collect(),
+            sample: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_profiled_step_is_reported_in_all_and_by_phase_per_environment_epoch() {
+        let step = StepProfile {
+            live_seeds: 2,
+            envs: 4,
+            training: profile(&[("esper_conv3_direct", 40, 800.0), ("Memcpy DtoD", 4, 40.0)]),
+            validation: profile(&[("convolve_common_engine_float_NHWC", 8, 1200.0)]),
+        };
+        let mut metrics = std::collections::BTreeMap::new();
+        profile_figures(std::slice::from_ref(&step), &mut metrics);
+        let figure = |key: &str| metrics.get(key).copied().unwrap_or(f64::NAN);
+        // Per environment-epoch: the sums over the four environments / 4.
+        assert_eq!(figure("profiled_kernels_per_env_epoch_live_seeds_2"), 12.0);
+        assert_eq!(figure("profiled_copies_per_env_epoch_live_seeds_2"), 1.0);
+        assert!((figure("profiled_gpu_busy_ms_per_env_epoch_live_seeds_2") - 0.51).abs() < 1e-12);
+        assert!(
+            (figure("profiled_training_gpu_busy_ms_per_env_epoch_live_seeds_2") - 0.21).abs()
+                < 1e-12
+        );
+        assert!(
+            (figure("profiled_validation_gpu_busy_ms_per_env_epoch_live_seeds_2") - 0.3).abs()
+                < 1e-12
+        );
+        let line = profile_line(&step);
+        let training = line.find("training: 10 kernels, 1 copies").expect(&line);
+        let validation = line.find("validation: 2 kernels, 0 copies").expect(&line);
+        assert!(training < validation, "{line}");
+        // Each kernel is listed under its own phase.
+        assert!(
+            line[training..validation].contains("esper_conv3_direct"),
+            "{line}"
+        );
+        assert!(
+            line[validation..].contains("convolve_common_engine"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn kernel_names_lose_their_namespaces_not_their_functors() {
