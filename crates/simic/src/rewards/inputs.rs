@@ -130,7 +130,8 @@ pub struct RewardInputs {
     pub seed_after: Option<StagePoint>,
     /// The seeds of the other slots when the op was chosen (the live and
     /// fossilised ones; empty slots left out), in slot order. Only
-    /// [`crate::rewards::RewardConfig::attribute_all_seeds`] reads them.
+    /// [`crate::rewards::RewardConfig::attribute_all_seeds`] reads them, and
+    /// the environments fill them only while it is on.
     pub other_seeds: Vec<SeedFacts>,
     /// Validation accuracy of the epoch, percent.
     pub val_acc: f64,

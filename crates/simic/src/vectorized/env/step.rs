@@ -323,12 +323,16 @@ impl Env {
             .copied()
             .ok_or_else(|| Error::Buffer(format!("slot index {} out of range", action.slot)))?;
         let seed_before = self.seed_facts(target, Some(&measured.report));
-        let other_seeds: Vec<SeedFacts> = self
-            .slots
-            .iter()
-            .filter(|slot| **slot != target)
-            .filter_map(|slot| self.seed_facts(*slot, Some(&measured.report)))
-            .collect();
+        // The other slots' seeds, only where the reward reads them.
+        let other_seeds: Vec<SeedFacts> = if rules.reward.attribute_all_seeds {
+            self.slots
+                .iter()
+                .filter(|slot| **slot != target)
+                .filter_map(|slot| self.seed_facts(*slot, Some(&measured.report)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut germinated = None;
         let (op, succeeded) = match self.trainer.apply_decision(&decision) {
             Ok(Applied::Waited) => (LifecycleOp::Wait, true),
