@@ -44,11 +44,18 @@ fn config(seed: u64) -> SimicConfig {
 static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn run(seed: u64, rounds: usize) -> (Vec<RoundReport>, Vec<Tensor>) {
+    run_profiled(seed, rounds, false)
+}
+
+/// [`run`] with the step profiling on or off (on the CPU it trains and
+/// validates the first step of each live-seed count apart, unprofiled).
+fn run_profiled(seed: u64, rounds: usize, profiling: bool) -> (Vec<RoundReport>, Vec<Tensor>) {
     let _turn = TURN
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let spec = spec(2);
     let mut simic = Simic::new(config(seed), 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    simic.set_step_profiling(profiling);
     let reports = (0..rounds)
         .map(|_| simic.run_round(&spec, true).expect("round"))
         .collect();
@@ -364,6 +371,25 @@ fn two_runs_with_one_seed_are_identical() {
         ),
         "a different seed should give a different run"
     );
+}
+
+/// The step profiling's split step (training read back, then the fused
+/// validation passes queued) is the same step: a profiled run equals a
+/// plain one to the bit. On the CPU nothing is profiled.
+#[test]
+fn a_profiled_run_trains_and_validates_as_a_plain_one() {
+    let (plain, plain_params) = run(5, 2);
+    let (profiled, profiled_params) = run_profiled(5, 2, true);
+    for (a, b) in plain.iter().zip(&profiled) {
+        assert_eq!(a.final_accuracies, b.final_accuracies);
+        assert_eq!(a.mean_episode_reward, b.mean_episode_reward);
+        assert_eq!(a.germinations, b.germinations);
+        assert_eq!(a.env_epochs, b.env_epochs);
+        assert!(b.step_profiles.is_empty(), "no kernel profile on the CPU");
+    }
+    for (a, b) in plain_params.iter().zip(&profiled_params) {
+        assert!(a.equal(b), "policy parameters differ with profiling on");
+    }
 }
 
 /// On CUDA: a round of two environments replaying step graphs on their own

@@ -179,13 +179,35 @@ impl Collector {
     /// validation + counterfactual pass queued on its stream while the
     /// others still train ([`Env::finish_training`]).
     pub(super) fn train(&mut self, step: usize) -> Result<()> {
+        self.train_queueing(step, true)
+    }
+
+    /// [`Collector::train`] without queueing the fused passes: the profiled
+    /// step trains, lets the device finish, and then queues them with
+    /// [`Collector::queue_passes`], so that each phase is profiled alone.
+    pub(super) fn train_apart(&mut self, step: usize) -> Result<()> {
+        self.train_queueing(step, false)
+    }
+
+    /// The fused passes of the epochs [`Collector::train_apart`] read back,
+    /// queued ([`Env::queue_pass`]).
+    pub(super) fn queue_passes(&mut self, step: usize) -> Result<()> {
+        let started = Instant::now();
+        for env in &mut self.envs {
+            env.queue_pass(step, &self.rules)?;
+        }
+        self.timings.train_ms += ms(started);
+        Ok(())
+    }
+
+    fn train_queueing(&mut self, step: usize, queue_passes: bool) -> Result<()> {
         let started = Instant::now();
         for env in &mut self.envs {
             env.launch()?;
         }
         self.timings.launch_ms += ms(started);
         for env in &mut self.envs {
-            if let Some(trained) = env.finish_training(step, &self.rules)? {
+            if let Some(trained) = env.finish_training(step, &self.rules, queue_passes)? {
                 self.captures = self.captures.saturating_add(trained.captures);
                 self.eager_steps = self.eager_steps.saturating_add(trained.eager_steps);
                 self.timings.capture_ms += trained.capture_ms;

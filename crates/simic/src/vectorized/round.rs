@@ -186,36 +186,53 @@ impl Simic {
         let mut steps = Vec::with_capacity(collector.steps());
         let mut refused_decisions = 0_u64;
         let mut step_profiles: Vec<super::StepProfile> = Vec::new();
-        let profiling = self.step_profiling && self.device.is_cuda();
+        // Profiling on: the first step of each live-seed count trains and
+        // validates apart (the same work, in two phases), and on CUDA each
+        // phase is profiled alone.
+        let profiling = self.step_profiling;
+        let cuda = match self.device {
+            Device::Cuda(index) => Some(index),
+            _ => None,
+        };
+        let mut apart_buckets: Vec<usize> = Vec::new();
         for step in 0..collector.steps() {
             let step_started = Instant::now();
             // The seeds the step trains with: those before its action.
             let live_seeds = collector.live_seeds();
             let bucket = live_seeds.round().clamp(0.0, 3.0) as usize;
-            let profiled = profiling && !step_profiles.iter().any(|p| p.live_seeds == bucket);
+            let profiled = profiling && !apart_buckets.contains(&bucket);
             if profiled {
                 let graph_work = collector.graph_work();
-                // Training, then validation, each in its own profile; the
-                // device finishes the training before its profile stops
-                // (the profiler keeps only the kernels that completed).
-                let profiler = torch_ext::profile::KernelProfiler::start()?;
-                collector.train(step)?;
-                if let Device::Cuda(index) = self.device {
+                // Training, then validation: the fused passes are queued
+                // only once the device has finished the training (the
+                // profiler keeps only the kernels that completed while it
+                // ran).
+                let profiler = cuda
+                    .map(|_| torch_ext::profile::KernelProfiler::start())
+                    .transpose()?;
+                collector.train_apart(step)?;
+                if let Some(index) = cuda {
                     torch_ext::cuda::synchronize(index)?;
                 }
-                let training = profiler.stop()?;
-                let profiler = torch_ext::profile::KernelProfiler::start()?;
+                let training = profiler.map(|p| p.stop()).transpose()?;
+                let profiler = cuda
+                    .map(|_| torch_ext::profile::KernelProfiler::start())
+                    .transpose()?;
+                collector.queue_passes(step)?;
                 collector.measure(step)?;
-                let validation = profiler.stop()?;
+                let validation = profiler.map(|p| p.stop()).transpose()?;
                 // A step that captured or ran eagerly is not the replayed
                 // step the profile is for: the next one of its kind is.
                 if collector.graph_work() == graph_work {
-                    step_profiles.push(super::StepProfile {
-                        live_seeds: bucket,
-                        envs: n,
-                        training,
-                        validation,
-                    });
+                    apart_buckets.push(bucket);
+                    if let (Some(training), Some(validation)) = (training, validation) {
+                        step_profiles.push(super::StepProfile {
+                            live_seeds: bucket,
+                            envs: n,
+                            training,
+                            validation,
+                        });
+                    }
                 }
             } else {
                 collector.train(step)?;

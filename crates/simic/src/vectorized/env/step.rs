@@ -79,6 +79,10 @@ pub(super) enum Phase {
     Idle,
     /// The epoch is queued on the environment's stream.
     Training,
+    /// The epoch was read back and its fused pass is not yet queued (only
+    /// the profiled step stops here: [`Env::finish_training`] with
+    /// `queue_pass` off, then [`Env::queue_pass`]).
+    Trained { epoch: TrainedEpoch },
     /// The epoch was read back; its fused pass is queued.
     Measuring { epoch: TrainedEpoch, pass: Launched },
     /// The pass was read back and recorded; the environment waits for its
@@ -139,14 +143,17 @@ impl Env {
         Ok(true)
     }
 
-    /// Phase 2: reads the queued epoch back and queues the fused
-    /// validation and counterfactual pass on the environment's stream (with
-    /// the Shapley plan at the episode's last `step`). `None` when no epoch
-    /// was queued.
+    /// Phase 2: reads the queued epoch back and, with `queue_pass`, queues
+    /// the fused validation and counterfactual pass on the environment's
+    /// stream ([`Env::queue_pass`]). `None` when no epoch was queued.
+    /// Without `queue_pass` the pass waits for an explicit
+    /// [`Env::queue_pass`] (the profiled step keeps training and
+    /// validation apart that way).
     pub(crate) fn finish_training(
         &mut self,
         step: usize,
         rules: &StepRules,
+        queue_pass: bool,
     ) -> Result<Option<TrainedSteps>> {
         if !matches!(self.phase, Phase::Training) {
             return Ok(None);
@@ -157,6 +164,20 @@ impl Env {
             eager_steps: epoch.train.eager_steps,
             capture_ms: epoch.train.capture_ms.unwrap_or(0.0),
         };
+        self.phase = Phase::Trained { epoch };
+        if queue_pass {
+            self.queue_pass(step, rules)?;
+        }
+        Ok(Some(steps))
+    }
+
+    /// Queues the fused validation and counterfactual pass of the epoch
+    /// [`Env::finish_training`] read back (with the Shapley plan at the
+    /// episode's last `step`); nothing when no epoch waits for it.
+    pub(crate) fn queue_pass(&mut self, step: usize, rules: &StepRules) -> Result<()> {
+        let Phase::Trained { epoch } = std::mem::replace(&mut self.phase, Phase::Idle) else {
+            return Ok(());
+        };
         let shapley = rules
             .shapley
             .filter(|_| rules.is_last(step))
@@ -164,9 +185,16 @@ impl Env {
                 seed: config.seed ^ self.seed,
                 ..config
             });
-        let pass = launch_measure(self, &rules.fused, shapley.as_ref())?;
-        self.phase = Phase::Measuring { epoch, pass };
-        Ok(Some(steps))
+        match launch_measure(self, &rules.fused, shapley.as_ref()) {
+            Ok(pass) => {
+                self.phase = Phase::Measuring { epoch, pass };
+                Ok(())
+            }
+            Err(error) => {
+                self.phase = Phase::Trained { epoch };
+                Err(error)
+            }
+        }
     }
 
     /// Phase 3: reads the fused pass back and lets the governor judge the
