@@ -12,6 +12,10 @@
 //! TRAINING at alpha 0: `y = h + (s - stopgrad(s))`, equal to `h` in value but
 //! passing gradients to the seed.
 //!
+//! A per-sample alpha (a device tensor, what a captured step replays with a
+//! new value) blends through [`torch_ext::nn::blend_lerp`]: fused kernels on
+//! CUDA where they apply, libtorch's `lerp` otherwise.
+//!
 //! `mix` chooses among them for a seed's state (a slot's forward), and
 //! `replicate_batch` copies a batch for the counterfactual configurations.
 //!
@@ -145,7 +149,7 @@ pub fn blend_add(host: &Tensor, seed: &Tensor, alpha: &BlendAlpha<'_>) -> Result
         BlendAlpha::Scalar(a) => Ok(host.f_lerp(&seed, BlendAlpha::clamped_scalar(*a)?)?),
         BlendAlpha::PerSample(_) => {
             let weight = alpha.clamped_tensor(host)?;
-            Ok(host.f_lerp_tensor(&seed, &weight)?)
+            Ok(torch_ext::nn::blend_lerp(host, &seed, &weight)?)
         }
     }
 }
@@ -190,7 +194,7 @@ pub fn blend_gate(
         .f_to_kind(host.kind())?
         .f_mul(&alpha.clamped_tensor(host)?)?
         .f_clamp(0.0, 1.0)?;
-    Ok(host.f_lerp_tensor(&seed, &effective)?)
+    Ok(torch_ext::nn::blend_lerp(host, &seed, &effective)?)
 }
 
 /// The straight-through incubator: `h + (s - stopgrad(s))`.

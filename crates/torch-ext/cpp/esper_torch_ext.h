@@ -182,6 +182,11 @@ int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
 // CUDA tensor; kernels: forward, backward, reduction (nn_group_norm.cpp).
 char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, double eps,
                             void* const* kernels, void** out);
+// lerp(host, seed, weight) with one f32 weight per sample ([N] or [1]) read
+// on the device; host and seed share one dense layout; kernels: forward,
+// backward (nn_blend.cpp).
+char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* const* kernels,
+                       void** out);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

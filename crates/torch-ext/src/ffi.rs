@@ -308,6 +308,14 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_blend_lerp(
+        host: *mut c_void,
+        seed: *mut c_void,
+        weight: *mut c_void,
+        vec: i32,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_conv3x3_fits(
         height: i64,
         width: i64,

@@ -769,3 +769,33 @@ fn one_kernel_profiler_runs_at_a_time() {
     // Stopped, it can start again.
     drop(KernelProfiler::start().unwrap());
 }
+
+/// On the CPU `nn::blend_lerp` is libtorch's `lerp`: the same values and
+/// gradients, a weight that learns included.
+#[test]
+fn blend_lerp_on_the_cpu_is_libtorchs_lerp() {
+    tch::manual_seed(3);
+    let h = Tensor::randn([4, 3, 5, 5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let s = Tensor::randn([4, 3, 5, 5], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+    let w = Tensor::from_slice(&[0.0_f32, 0.3, 0.7, 1.0])
+        .reshape([4, 1, 1, 1])
+        .set_requires_grad(true);
+    let y = torch_ext::nn::blend_lerp(&h, &s, &w).expect("blend");
+    y.sum(Kind::Float).backward();
+    let expected: Vec<f64> = values(&(&h + (&s - &h) * &w))
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    assert_close(&values(&y), &expected, 1e-6);
+    let per_sample = [1.0, 0.7, 0.3, 0.0];
+    let dh: Vec<f64> = (0..4).flat_map(|n| [per_sample[n]; 75]).collect();
+    assert_close(&values(&h.grad()), &dh, 1e-6);
+    let ds: Vec<f64> = (0..4).flat_map(|n| [1.0 - per_sample[n]; 75]).collect();
+    assert_close(&values(&s.grad()), &ds, 1e-6);
+    let dw: Vec<f64> =
+        values(&(&s - &h).sum_dim_intlist([1_i64, 2, 3].as_slice(), false, Kind::Float))
+            .into_iter()
+            .map(f64::from)
+            .collect();
+    assert_close(&values(&w.grad()), &dw, 1e-4);
+}

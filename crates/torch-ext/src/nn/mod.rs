@@ -41,6 +41,11 @@
 //!   reduction into the weight and bias gradients. Groups of a multiple of
 //!   four channels sum per thread's channel quad; narrower groups (1 - 3
 //!   channels, where a quad spans groups) per channel (`_narrow` kernels).
+//! - [`blend_lerp`]: a seed's alpha blend `lerp(h, s, w)` with one weight
+//!   per sample read on the device (what a captured step replays with a
+//!   new alpha), one elementwise kernel each way; libtorch runs it, and
+//!   the two products of its backward, on its strided one-value-a-thread
+//!   path, since the broadcast weight is not contiguous.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -79,9 +84,13 @@ use crate::error::{Error, Result};
 use crate::ffi;
 use crate::jit::{JitKernel, KernelCache};
 
+mod blend;
+mod blend_source;
 mod conv_source;
 mod norm_source;
 mod source;
+pub use blend::blend_lerp;
+use blend_source::BLEND_SOURCE;
 use conv_source::CONV_SOURCE;
 use norm_source::GROUP_NORM_SOURCE;
 use source::SOURCE;
@@ -129,6 +138,18 @@ struct Kernels {
     gn_backward: JitKernel,
     gn_forward_narrow: JitKernel,
     gn_backward_narrow: JitKernel,
+    blend_forward: JitKernel,
+    blend_backward: JitKernel,
+}
+
+/// The whole CUDA source for one dtype and width (every kernel of
+/// [`Kernels`]).
+fn nn_source(bf16: bool, vec4: bool) -> String {
+    format!(
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}",
+        u8::from(bf16),
+        if vec4 { 4 } else { 1 }
+    )
 }
 
 fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
@@ -136,11 +157,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
     CACHE
         .get_or_build((device, bf16, vec4), || {
             let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
-            let source = format!(
-                "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}",
-                u8::from(bf16),
-                if vec4 { 4 } else { 1 }
-            );
+            let source = nn_source(bf16, vec4);
             let cubin =
                 crate::jit::compile(&source, "esper_nn", arch).map_err(|e| e.to_string())?;
             let load = |name: &str| {
@@ -163,6 +180,8 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 gn_backward: load("esper_gn_relu_backward")?,
                 gn_forward_narrow: load("esper_gn_relu_forward_narrow")?,
                 gn_backward_narrow: load("esper_gn_relu_backward_narrow")?,
+                blend_forward: load("esper_blend_lerp_forward")?,
+                blend_backward: load("esper_blend_lerp_backward")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -524,11 +543,8 @@ mod tests {
     #[test]
     fn every_kernel_variant_compiles() {
         for bf16 in [false, true] {
-            for vec in [1, 4] {
-                let source = format!(
-                    "#define ESPER_BF16 {}\n#define VEC {vec}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}",
-                    u8::from(bf16)
-                );
+            for vec4 in [false, true] {
+                let source = nn_source(bf16, vec4);
                 match crate::jit::compile(&source, "esper_nn", (9, 0)) {
                     Ok(cubin) => {
                         assert!(!cubin.is_empty());
@@ -544,10 +560,12 @@ mod tests {
                             "esper_gn_relu_backward_narrow",
                             "esper_conv3_direct",
                             "esper_bn_relu_forward",
+                            "esper_blend_lerp_forward",
+                            "esper_blend_lerp_backward",
                         ] {
                             assert!(
                                 cubin.contains_symbol(name),
-                                "bf16 {bf16} vec {vec}: no {name}"
+                                "bf16 {bf16} vec4 {vec4}: no {name}"
                             );
                         }
                     }
@@ -555,7 +573,7 @@ mod tests {
                         println!("skipping: NVRTC is not installed here ({error})");
                         return;
                     }
-                    Err(error) => panic!("bf16 {bf16} vec {vec}: {error}"),
+                    Err(error) => panic!("bf16 {bf16} vec4 {vec4}: {error}"),
                 }
             }
         }

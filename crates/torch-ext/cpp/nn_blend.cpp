@@ -1,0 +1,118 @@
+// nn_blend.cpp: the alpha blend lerp(h, s, w) with one weight per sample as
+// an autograd function whose forward and backward launch run-time compiled
+// kernels (src/nn/blend_source.rs): one elementwise pass each way, the
+// weight of a value's sample read from the device, `vec` values a thread.
+// h and s share one dense layout (contiguous, or channels-last 4-D), in
+// which each sample's values lie together; the weight is f32 [N] (N the
+// batch, or 1 for every sample) and gets no gradient.
+#include "esper_torch_ext.h"
+#include "error.h"
+#include "nn_internal.h"
+
+#include <c10/cuda/CUDAGuard.h>
+
+namespace {
+
+using namespace esper::nn;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::MemoryFormat format_of(const at::Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast)
+             ? at::MemoryFormat::ChannelsLast
+             : at::MemoryFormat::Contiguous;
+}
+
+void launch(void* kernel, std::vector<void*> pointers, const at::Tensor& like, int64_t vec,
+            int64_t per_sample, int shared) {
+  long long n = static_cast<long long>(like.numel());
+  long long per = static_cast<long long>(per_sample);
+  std::vector<void*> args;
+  for (void*& p : pointers) {
+    args.push_back(&p);
+  }
+  args.push_back(&n);
+  args.push_back(&per);
+  args.push_back(&shared);
+  const int blocks = elementwise_blocks((n + vec - 1) / vec, sm_count(like));
+  esper::jit_launch(kernel, dim3(blocks), dim3(kThreads), 0, args.data(), stream_of(like));
+}
+
+class BlendLerp : public torch::autograd::Function<BlendLerp> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& s,
+                            const at::Tensor& w, int64_t vec, int64_t forward_kernel,
+                            int64_t backward_kernel) {
+    c10::cuda::CUDAGuard guard(h.device());
+    const at::MemoryFormat format = format_of(h);
+    at::Tensor y = at::empty_like(h, h.options().memory_format(format));
+    const int64_t per_sample = h.numel() / h.size(0);
+    const int shared = w.numel() == 1 ? 1 : 0;
+    launch(reinterpret_cast<void*>(forward_kernel),
+           {h.data_ptr(), s.data_ptr(), w.data_ptr(), y.data_ptr()}, h, vec, per_sample, shared);
+    ctx->save_for_backward({w});
+    ctx->saved_data["vec"] = vec;
+    ctx->saved_data["backward"] = backward_kernel;
+    ctx->saved_data["channels_last"] = format == at::MemoryFormat::ChannelsLast;
+    ctx->saved_data["per_sample"] = per_sample;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(6);
+    if (!grads[0].defined()) {
+      return out;
+    }
+    const at::Tensor w = ctx->get_saved_variables()[0];
+    const at::MemoryFormat format = ctx->saved_data["channels_last"].toBool()
+                                        ? at::MemoryFormat::ChannelsLast
+                                        : at::MemoryFormat::Contiguous;
+    c10::cuda::CUDAGuard guard(grads[0].device());
+    const at::Tensor g = aligned(grads[0].contiguous(format), format);
+    at::Tensor dh = at::empty_like(g, g.options().memory_format(format));
+    at::Tensor ds = at::empty_like(g, g.options().memory_format(format));
+    const int shared = w.numel() == 1 ? 1 : 0;
+    launch(handle(ctx, "backward"), {g.data_ptr(), w.data_ptr(), dh.data_ptr(), ds.data_ptr()}, g,
+           ctx->saved_data["vec"].toInt(), ctx->saved_data["per_sample"].toInt(), shared);
+    out[0] = dh;
+    out[1] = ds;
+    return out;
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* const* kernels,
+                       void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(host != nullptr && seed != nullptr && weight != nullptr && kernels != nullptr &&
+                  kernels[0] != nullptr && kernels[1] != nullptr,
+              "blend_lerp: null argument");
+  const auto& h = *static_cast<const at::Tensor*>(host);
+  const auto& s = *static_cast<const at::Tensor*>(seed);
+  const auto& w = *static_cast<const at::Tensor*>(weight);
+  TORCH_CHECK(h.is_cuda() && h.dim() >= 1 && h.size(0) >= 1 && h.numel() > 0,
+              "blend_lerp: expected a non-empty CUDA tensor");
+  TORCH_CHECK(s.sizes() == h.sizes() && s.strides() == h.strides() &&
+                  s.scalar_type() == h.scalar_type() && s.device() == h.device(),
+              "blend_lerp: host and seed differ in shape, layout, dtype or device");
+  TORCH_CHECK(h.is_contiguous() ||
+                  (h.dim() == 4 && h.is_contiguous(at::MemoryFormat::ChannelsLast)),
+              "blend_lerp: expected a contiguous or channels-last tensor");
+  TORCH_CHECK(w.dim() == 1 && (w.numel() == 1 || w.numel() == h.size(0)) &&
+                  w.scalar_type() == at::kFloat && w.is_contiguous() && w.device() == h.device() &&
+                  !w.requires_grad(),
+              "blend_lerp: the weight must be a contiguous f32 [1] or [N] on the host's "
+              "device, without gradient");
+  TORCH_CHECK(vec == 1 || (vec == 4 && (h.numel() / h.size(0)) % 4 == 0 && aligned16(h) &&
+                           aligned16(s)),
+              "blend_lerp: vec ", vec, " does not fit the tensors");
+  at::Tensor y = BlendLerp::apply(h, s, w, vec, as_int(kernels[0]), as_int(kernels[1]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+}  // extern "C"

@@ -1,0 +1,114 @@
+//! [`blend_lerp`]: the alpha blend `lerp(h, s, w)` with a weight per sample
+//! (see the parent module's docs), from run-time compiled kernels where they
+//! apply and libtorch's `lerp` otherwise.
+
+use tch::{Device, Kind, Tensor};
+
+use super::{fused_kernels_enabled, is_nhwc, kernels, shim_tensor, torch};
+use crate::error::Result;
+use crate::ffi;
+
+/// `host.lerp(seed, weight)`: `host + weight · (seed − host)`, with
+/// `weight` one value per sample.
+///
+/// The fused kernels run where they apply: `host` and `seed` CUDA tensors of
+/// `f32` or `bf16` with the same shape and strides, dense (contiguous, or
+/// channels-last 4-D), and a `weight` without gradient holding one value
+/// for each sample or one for all (`[N, 1, ..., 1]` or `[1, 1, ..., 1]`,
+/// the host's rank). The weight is read as `f32` on the device, nothing is
+/// read back, and the step can be captured in a CUDA graph. Anything else
+/// (the CPU, a weight that learns, as a gated blend's does, a layout the
+/// two do not share) takes libtorch's `lerp`, with the same results up to
+/// float rounding (the formula is libtorch's).
+///
+/// # Shapes
+/// `host`, `seed`: `[N, ...]`; `weight`: `[N or 1, 1, ..., 1]`; returns
+/// `[N, ...]` in `host`'s layout and dtype.
+///
+/// # Errors
+/// libtorch's error for tensors that do not fit together; [`crate::Error::Cpp`]
+/// when the kernels cannot be compiled or launched.
+pub fn blend_lerp(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    const OP: &str = "nn::blend_lerp";
+    let Some((device, bf16, weights)) = fused_blend(host, seed, weight)? else {
+        return host
+            .f_lerp_tensor(seed, weight)
+            .map_err(|error| torch(OP, error));
+    };
+    let per_sample = host
+        .size()
+        .first()
+        .filter(|&&batch| batch > 0)
+        .map_or(0, |&batch| {
+            host.numel() / usize::try_from(batch).unwrap_or(1)
+        });
+    let vec4 = per_sample.is_multiple_of(4)
+        && (host.data_ptr() as usize).is_multiple_of(16)
+        && (seed.data_ptr() as usize).is_multiple_of(16);
+    let k = kernels(OP, device, bf16, vec4)?;
+    let handles = [k.blend_forward.raw(), k.blend_backward.raw()];
+    // SAFETY: every tensor pointer is live for the call; `handles` are live
+    // kernels (the cache never drops them, so the autograd node's backward
+    // may use them later).
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_blend_lerp(
+                ffi::tensor_ptr(host),
+                ffi::tensor_ptr(seed),
+                ffi::tensor_ptr(&weights),
+                if vec4 { 4 } else { 1 },
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
+}
+
+/// The device, whether the dtype is `bf16`, and the weights as a contiguous
+/// `f32` `[N]` or `[1]`, where the fused kernels take `host`, `seed` and
+/// `weight` (see [`blend_lerp`]); `None` otherwise.
+fn fused_blend(
+    host: &Tensor,
+    seed: &Tensor,
+    weight: &Tensor,
+) -> Result<Option<(usize, bool, Tensor)>> {
+    if !fused_kernels_enabled() || weight.requires_grad() {
+        return Ok(None);
+    }
+    let Device::Cuda(device) = host.device() else {
+        return Ok(None);
+    };
+    let bf16 = match host.kind() {
+        Kind::Float => false,
+        Kind::BFloat16 => true,
+        _ => return Ok(None),
+    };
+    let shape = host.size();
+    let Some(&batch) = shape.first() else {
+        return Ok(None);
+    };
+    let same = seed.device() == host.device()
+        && seed.kind() == host.kind()
+        && seed.size() == shape
+        && seed.stride() == host.stride();
+    let dense = host.is_contiguous() || (shape.len() == 4 && is_nhwc(host));
+    let weight_shape = weight.size();
+    let per_sample_weight = weight_shape.len() == shape.len()
+        && weight_shape.iter().skip(1).all(|&d| d == 1)
+        && weight_shape.first().is_some_and(|&n| n == batch || n == 1);
+    if !(same
+        && dense
+        && batch > 0
+        && host.numel() > 0
+        && per_sample_weight
+        && weight.device() == host.device())
+    {
+        return Ok(None);
+    }
+    let weights = weight
+        .f_to_kind(Kind::Float)
+        .and_then(|w| w.f_reshape([-1]))
+        .and_then(|w| w.f_contiguous())
+        .map_err(|error| torch("nn::blend_lerp", error))?;
+    Ok(Some((device, bf16, weights)))
+}
