@@ -650,3 +650,70 @@ fn aggregating_from_the_total_equals_aggregating_its_teacher_with_undefined_part
         );
     }
 }
+
+/// Channels-last gradients (a convolution weight on the GPU): the pooled
+/// rows hold each parameter in its gradient's memory order (so the copies
+/// in and out are plain memory moves), the result is the reference's, and
+/// the same shapes in another memory layout are a new layout.
+#[test]
+fn channels_last_gradients_keep_their_memory_order_in_the_rows() {
+    let shapes = vec![vec![4, 3, 2, 2], vec![4]];
+    let n = 52;
+    let kind = Kind::Double;
+    let last = |list: Vec<Tensor>| -> Vec<Tensor> {
+        list.into_iter()
+            .map(|t| {
+                if t.dim() == 4 {
+                    torch_ext::memory::contiguous_channels_last(&t).unwrap()
+                } else {
+                    t
+                }
+            })
+            .collect()
+    };
+    let t = values(41, n);
+    let s: Vec<Vec<f64>> = (0..2)
+        .map(|i| {
+            let mut v = values(42 + i, n);
+            if i == 1 {
+                // Lean against the first seed, so that they conflict.
+                v.iter_mut().zip(values(42, n)).for_each(|(x, f)| *x -= f);
+            }
+            v
+        })
+        .collect();
+    let teacher = last(tensors(&t, &shapes, kind));
+    let seeds: Vec<Vec<Tensor>> = s.iter().map(|v| last(tensors(v, &shapes, kind))).collect();
+    let out = last(zeros(&shapes, kind));
+    assert!(!out[0].is_contiguous(), "the weight's gradient is channels-last");
+    let mut agg = GradAggregator::new(2, Device::Cpu).unwrap();
+    assert_eq!(
+        agg.aggregate(&teacher, &seeds, false, &out).unwrap(),
+        AggPath::PcGrad
+    );
+    let r = reference(&t, &s);
+    assert!(r.conflicts > 0, "the data exercise a projection");
+    assert_close(&read(&out), &r.out, TOL, "channels-last out");
+    // Row 0 is the teacher in memory order: NHWC for the weight.
+    let memory_order: Vec<f64> = Vec::<f64>::try_from(
+        teacher[0]
+            .permute([0, 2, 3, 1])
+            .contiguous()
+            .flatten(0, -1),
+    )
+    .unwrap();
+    let row0 = read_rows(agg.pooled_rows().unwrap()).remove(0);
+    assert_close(&row0[..48], &memory_order, 0.0, "row 0 in memory order");
+    assert_eq!(agg.allocations(), 1);
+    // The same shapes, contiguous: a new layout, the same result.
+    let out_contiguous = zeros(&shapes, kind);
+    agg.aggregate(
+        &tensors(&t, &shapes, kind),
+        &s.iter().map(|v| tensors(v, &shapes, kind)).collect::<Vec<_>>(),
+        false,
+        &out_contiguous,
+    )
+    .unwrap();
+    assert_eq!(agg.allocations(), 2);
+    assert_close(&read(&out_contiguous), &r.out, TOL, "contiguous out");
+}

@@ -37,6 +37,11 @@
 //! step; a different layout re-allocates them (see
 //! [`GradAggregator::allocations`]). Each step copies the gradients into
 //! their rows with one torch-ext `_foreach_copy_` (no per-parameter clones).
+//! A parameter's views lie in its gradient's own memory order where that is
+//! dense channels-last (a convolution weight on the GPU), so the copies in
+//! and out move memory as it lies instead of transposing it on ATen's
+//! strided path; the dot products, sums and projections do not depend on
+//! the order of a row's elements.
 //!
 //! **Device-only projection.** PCGrad runs in the span of the rows: with the
 //! Gram matrix `D = G Gᵀ` (one matmul over the `[k + 1, numel]` rows) each
@@ -332,20 +337,22 @@ impl GradAggregator {
                 && pool.shapes.len() == out.len()
                 && out
                     .iter()
-                    .zip(&pool.shapes)
-                    .all(|(tensor, shape)| tensor.defined() && tensor.size() == *shape)
+                    .zip(pool.shapes.iter().zip(&pool.out_strides))
+                    .all(|(tensor, (shape, strides))| {
+                        tensor.defined() && tensor.size() == *shape && tensor.stride() == *strides
+                    })
         });
         if !unchanged {
-            let mut shapes = Vec::with_capacity(out.len());
+            let mut layouts = Vec::with_capacity(out.len());
             for (index, tensor) in out.iter().enumerate() {
                 if !tensor.defined() {
                     return Err(agg_error("out", format!("gradient {index} is undefined")));
                 }
-                shapes.push(tensor.size());
+                layouts.push(pool::Layout::of(tensor)?);
             }
             let rows = to_i64(self.max_seeds.saturating_add(1), "max_seeds")?;
             self.pool = None;
-            self.pool = Some(Pool::new(shapes, kind, self.device, rows)?);
+            self.pool = Some(Pool::new(layouts, kind, self.device, rows)?);
             self.allocations = self.allocations.saturating_add(1);
             self.last_general_rows = None;
         }

@@ -6,10 +6,58 @@ use tch::{Device, Kind, Tensor};
 use super::agg_error;
 use crate::error::{Result, TorchResultExt};
 
+/// One parameter's place in the rows: its shape, the strides of the
+/// gradient the layout was made for, and the strides of its views.
+#[derive(Debug)]
+pub(super) struct Layout {
+    shape: Vec<i64>,
+    out_strides: Vec<i64>,
+    view_strides: Vec<i64>,
+}
+
+impl Layout {
+    /// The layout of gradient `tensor`: views with its strides when it is
+    /// dense channels-last, contiguous views otherwise.
+    pub(super) fn of(tensor: &Tensor) -> Result<Layout> {
+        let shape = tensor.size();
+        let out_strides = tensor.stride();
+        let channels_last = shape.len() == 4
+            && !tensor.is_contiguous()
+            && torch_ext::memory::is_channels_last(tensor)
+                .map_err(|error| agg_error("out", error.to_string()))?;
+        let view_strides = if channels_last {
+            out_strides.clone()
+        } else {
+            contiguous_strides(&shape)
+        };
+        Ok(Layout {
+            shape,
+            out_strides,
+            view_strides,
+        })
+    }
+}
+
+/// Row-major strides of `shape` (libtorch's, a size-0 dimension counted
+/// as 1).
+fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = Vec::with_capacity(shape.len());
+    let mut stride = 1i64;
+    for &dim in shape.iter().rev() {
+        strides.push(stride);
+        stride = stride.saturating_mul(dim.max(1));
+    }
+    strides.reverse();
+    strides
+}
+
 /// The pooled buffers of one layout.
 #[derive(Debug)]
 pub(super) struct Pool {
     pub(super) shapes: Vec<Vec<i64>>,
+    /// The strides of the gradients the pool was made for (another layout
+    /// of the same shapes makes a new pool).
+    pub(super) out_strides: Vec<Vec<i64>>,
     pub(super) kind: Kind,
     pub(super) numel: i64,
     /// `[max_seeds + 1, numel]`; row 0 the teacher, row `1 + i` seed `i`.
@@ -25,14 +73,14 @@ pub(super) struct Pool {
 impl Pool {
     /// Allocates the rows, the aggregate and their per-parameter views.
     pub(super) fn new(
-        shapes: Vec<Vec<i64>>,
+        layouts: Vec<Layout>,
         kind: Kind,
         device: Device,
         rows_max: i64,
     ) -> Result<Self> {
-        let mut numels = Vec::with_capacity(shapes.len());
+        let mut numels = Vec::with_capacity(layouts.len());
         let mut numel = 0i64;
-        for shape in &shapes {
+        for shape in layouts.iter().map(|layout| &layout.shape) {
             let count = shape
                 .iter()
                 .try_fold(1i64, |acc, &dim| acc.checked_mul(dim))
@@ -48,11 +96,18 @@ impl Pool {
         let rows = Tensor::f_zeros([rows_max, numel], (kind, device)).op("zeros rows")?;
         let aggregate = Tensor::f_zeros([1, numel], (kind, device)).op("zeros aggregate")?;
         let views_of = |flat: &Tensor| -> Result<Vec<Tensor>> {
-            let mut views = Vec::with_capacity(shapes.len());
+            let mut views = Vec::with_capacity(layouts.len());
             let mut offset = 0i64;
-            for (shape, &count) in shapes.iter().zip(&numels) {
+            for (layout, &count) in layouts.iter().zip(&numels) {
                 let view = flat.f_narrow(0, offset, count).op("narrow")?;
-                views.push(view.f_view_(shape.as_slice()).op("view")?);
+                views.push(
+                    view.f_as_strided(
+                        layout.shape.as_slice(),
+                        layout.view_strides.as_slice(),
+                        None::<i64>,
+                    )
+                    .op("as_strided")?,
+                );
                 offset = offset.saturating_add(count);
             }
             Ok(views)
@@ -62,8 +117,13 @@ impl Pool {
             row_views.extend(views_of(&rows.f_select(0, row).op("select row")?)?);
         }
         let aggregate_views = views_of(&aggregate.f_select(0, 0).op("select aggregate")?)?;
+        let (shapes, out_strides) = layouts
+            .into_iter()
+            .map(|layout| (layout.shape, layout.out_strides))
+            .unzip();
         Ok(Self {
             shapes,
+            out_strides,
             kind,
             numel,
             rows,
