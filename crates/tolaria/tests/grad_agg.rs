@@ -685,7 +685,10 @@ fn channels_last_gradients_keep_their_memory_order_in_the_rows() {
     let teacher = last(tensors(&t, &shapes, kind));
     let seeds: Vec<Vec<Tensor>> = s.iter().map(|v| last(tensors(v, &shapes, kind))).collect();
     let out = last(zeros(&shapes, kind));
-    assert!(!out[0].is_contiguous(), "the weight's gradient is channels-last");
+    assert!(
+        !out[0].is_contiguous(),
+        "the weight's gradient is channels-last"
+    );
     let mut agg = GradAggregator::new(2, Device::Cpu).unwrap();
     assert_eq!(
         agg.aggregate(&teacher, &seeds, false, &out).unwrap(),
@@ -695,13 +698,8 @@ fn channels_last_gradients_keep_their_memory_order_in_the_rows() {
     assert!(r.conflicts > 0, "the data exercise a projection");
     assert_close(&read(&out), &r.out, TOL, "channels-last out");
     // Row 0 is the teacher in memory order: NHWC for the weight.
-    let memory_order: Vec<f64> = Vec::<f64>::try_from(
-        teacher[0]
-            .permute([0, 2, 3, 1])
-            .contiguous()
-            .flatten(0, -1),
-    )
-    .unwrap();
+    let memory_order: Vec<f64> =
+        Vec::<f64>::try_from(teacher[0].permute([0, 2, 3, 1]).contiguous().flatten(0, -1)).unwrap();
     let row0 = read_rows(agg.pooled_rows().unwrap()).remove(0);
     assert_close(&row0[..48], &memory_order, 0.0, "row 0 in memory order");
     assert_eq!(agg.allocations(), 1);
@@ -709,7 +707,9 @@ fn channels_last_gradients_keep_their_memory_order_in_the_rows() {
     let out_contiguous = zeros(&shapes, kind);
     agg.aggregate(
         &tensors(&t, &shapes, kind),
-        &s.iter().map(|v| tensors(v, &shapes, kind)).collect::<Vec<_>>(),
+        &s.iter()
+            .map(|v| tensors(v, &shapes, kind))
+            .collect::<Vec<_>>(),
         false,
         &out_contiguous,
     )
