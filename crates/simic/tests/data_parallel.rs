@@ -1,6 +1,7 @@
 //! Data-parallel PPO on the CPU: two ranks (two threads, each with its own
 //! Gloo membership) run vectorized rounds and end every update with
-//! bit-identical policies; their environments differ.
+//! bit-identical policies; their environments differ; the wait for a
+//! slower rank's rollout is timed apart (`update_wait_ms`).
 
 use std::net::TcpListener;
 use std::thread;
@@ -95,7 +96,13 @@ fn two_ranks_keep_one_policy_and_different_environments() {
                 assert_eq!(simic.rank_and_world(), (rank, 2));
                 let initial = flat(&simic.policy().var_store().trainable_variables());
                 let reports: Vec<RoundReport> = (0..2)
-                    .map(|_| simic.run_round(&spec, true).expect("round"))
+                    .map(|_| {
+                        if rank == 1 {
+                            // A slower rollout: rank 0 waits for it.
+                            thread::sleep(Duration::from_millis(400));
+                        }
+                        simic.run_round(&spec, true).expect("round")
+                    })
                     .collect();
                 let last = flat(&simic.policy().var_store().trainable_variables());
                 (initial, last, reports)
@@ -125,6 +132,22 @@ fn two_ranks_keep_one_policy_and_different_environments() {
     );
     for report in reports0.iter().chain(reports1) {
         assert!(report.ppo.is_some(), "every round updated: {report:?}");
+        let t = &report.timings;
+        assert!(
+            (0.0..=t.update_ms).contains(&t.update_wait_ms),
+            "the wait is part of the update: {t:?}"
+        );
+    }
+    // Rank 1 starts each rollout 400 ms late: rank 0 waits for it before
+    // the update, and the wait is timed there.
+    for (report0, report1) in reports0.iter().zip(reports1) {
+        assert!(
+            report0.timings.update_wait_ms >= 200.0
+                && report0.timings.update_wait_ms > report1.timings.update_wait_ms,
+            "rank 0 waited {} ms, rank 1 {} ms",
+            report0.timings.update_wait_ms,
+            report1.timings.update_wait_ms
+        );
     }
     // Each rank trained its own environments (distinct seeds, in every
     // round). Their accuracies are no test of that: two hosts still at

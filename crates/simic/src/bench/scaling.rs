@@ -45,6 +45,14 @@ pub struct RankFigures {
     pub final_accuracy_pct: f64,
     /// Mean PPO update time (ms), all-reduces included.
     pub update_ms: f64,
+    /// Of `update_ms`: the mean wait for the other ranks' rollouts before
+    /// the update (ms; 0 alone).
+    #[serde(default)]
+    pub update_wait_ms: f64,
+    /// Mean time of a round outside the update (ms): the rollout, which
+    /// the slowest rank's sets the group's pace.
+    #[serde(default)]
+    pub rollout_ms: f64,
     /// Peak device memory (MiB; 0 on the CPU).
     pub peak_memory_mb: f64,
 }
@@ -99,10 +107,13 @@ pub fn run_rank(
             }
         };
         progress(&format!(
-            "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s, seeds {:.2}",
+            "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s, seeds {:.2}, \
+             update {:.0} ms ({:.0} waiting for the other ranks)",
             report.env_epochs,
             report.timings.total_ms / 1000.0,
-            report.mean_active_seeds
+            report.mean_active_seeds,
+            report.timings.update_ms,
+            report.timings.update_wait_ms
         ));
         reports.push(report);
     }
@@ -129,6 +140,12 @@ pub fn run_rank(
         active_seeds_per_env: mean(reports.iter().map(|r| r.mean_active_seeds)),
         final_accuracy_pct: mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
         update_ms: mean(reports.iter().map(|r| r.timings.update_ms)),
+        update_wait_ms: mean(reports.iter().map(|r| r.timings.update_wait_ms)),
+        rollout_ms: mean(
+            reports
+                .iter()
+                .map(|r| r.timings.total_ms - r.timings.update_ms),
+        ),
         peak_memory_mb,
     })
 }
@@ -209,6 +226,27 @@ pub fn scaling_entry(
         "update_ms".to_owned(),
         mean(ranks.iter().map(|r| r.update_ms)),
     );
+    // Where a group loses time to its slowest rank: the wait before each
+    // update, and the spread of the ranks' rollouts.
+    metrics.insert(
+        "update_wait_ms".to_owned(),
+        mean(ranks.iter().map(|r| r.update_wait_ms)),
+    );
+    metrics.insert(
+        "rollout_ms_slowest_rank".to_owned(),
+        ranks.iter().map(|r| r.rollout_ms).fold(0.0, f64::max),
+    );
+    metrics.insert(
+        "rollout_ms_fastest_rank".to_owned(),
+        Some(
+            ranks
+                .iter()
+                .map(|r| r.rollout_ms)
+                .fold(f64::INFINITY, f64::min),
+        )
+        .filter(|ms| ms.is_finite())
+        .unwrap_or(0.0),
+    );
     metrics.insert(
         "peak_memory_mb".to_owned(),
         ranks.iter().map(|r| r.peak_memory_mb).fold(0.0, f64::max),
@@ -237,6 +275,8 @@ mod tests {
             active_seeds_per_env: 1.0,
             final_accuracy_pct: 80.0,
             update_ms: 10.0,
+            update_wait_ms: 2.0 * rank as f64,
+            rollout_ms: 1000.0 + 100.0 * rank as f64,
             peak_memory_mb: 0.0,
         }
     }
@@ -256,6 +296,10 @@ mod tests {
         assert!((metric("scaling_efficiency") - 0.8).abs() < 1e-12);
         assert!((metric("eps_steady") - 17.0).abs() < 1e-12);
         assert!((metric("scaling_efficiency_steady") - 0.85).abs() < 1e-12);
+        // The wait before the updates, and the ranks' rollouts apart.
+        assert!((metric("update_wait_ms") - 1.0).abs() < 1e-12);
+        assert_eq!(metric("rollout_ms_slowest_rank"), 1100.0);
+        assert_eq!(metric("rollout_ms_fastest_rank"), 1000.0);
         // Without a steady figure on every rank (or for the one-GPU entry),
         // no steady efficiency.
         let partial = [rank(0, 100, 4.0, Some(9.0)), rank(1, 100, 5.0, None)];

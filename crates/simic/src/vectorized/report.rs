@@ -26,6 +26,10 @@ pub struct RoundTimings {
     pub boundary_ms: f64,
     /// GAE and the PPO update.
     pub update_ms: f64,
+    /// Of `update_ms`, in a data-parallel group of two or more ranks: the
+    /// wait at a barrier before the update, until every rank has finished
+    /// its rollout (0 otherwise). What a rank loses to the slowest one.
+    pub update_wait_ms: f64,
     /// The training steps' graph captures (part of `launch_ms`): their
     /// summed time, all environments.
     pub capture_ms: f64,

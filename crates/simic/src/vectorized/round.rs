@@ -255,7 +255,15 @@ impl Simic {
         // The recurrent state at the episodes' end, before the update reads
         // back anyway (reference §6.3's LSTM health).
         let lstm = collector.lstm_health()?;
+        let mut update_wait_ms = 0.0;
         let update = if learn {
+            // In a group, the ranks meet first: the wait for the slowest
+            // rank's rollout is timed apart from the update's own work.
+            if self.learner.group().is_some_and(|g| g.world_size() > 1) {
+                let waited = Instant::now();
+                self.barrier()?;
+                update_wait_ms = ms(waited);
+            }
             self.learner
                 .learn_observations(&collector.raw_observations()?)?;
             let update = self.update(&collector)?;
@@ -277,6 +285,7 @@ impl Simic {
             report.ppo = Some(stats);
         }
         report.timings.update_ms = update_ms;
+        report.timings.update_wait_ms = update_wait_ms;
         report.timings.total_ms = ms(round_started);
         self.progress.count(report.env_epochs);
         telemetry::emit_round(
