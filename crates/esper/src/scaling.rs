@@ -127,7 +127,8 @@ pub(crate) fn measure(
     } else {
         vec!["fp32-eager".to_owned()]
     };
-    let rounds = if args.quick { 1 } else { 3 };
+    // `--rounds`, as every simic workload takes it; 3 (1 with --quick).
+    let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
     let growth = args.workload == crate::args::Workload::SimicGrowth;
     let task_name = task.task().name();
     let scratch = scratch_dir(&args.out);

@@ -624,6 +624,8 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
             "--quick",
             "--episode",
             "4",
+            "--rounds",
+            "2",
             // A variant with a suffix runs on every count too (the ranks
             // read variants as the single-process bench does).
             "--variants",
@@ -639,6 +641,8 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
         "{}",
         record["params"]
     );
+    // `--rounds` reaches the ranks.
+    assert_eq!(record["params"]["rounds"], 2, "{}", record["params"]);
     // No warm-up on the CPU, and the record says so.
     assert!(
         record["params"]["warmup"]
@@ -670,5 +674,16 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
             .as_f64()
             .expect("live seeds");
         assert!(seeds > 0.2, "{mode}: {metrics}");
+        // The ranks' rollouts, apart from the update.
+        assert!(
+            metrics["rollout_ms_slowest_rank"]
+                .as_f64()
+                .is_some_and(|ms| ms > 0.0
+                    && ms
+                        >= metrics["rollout_ms_fastest_rank"]
+                            .as_f64()
+                            .unwrap_or(f64::INFINITY)),
+            "{mode}: {metrics}"
+        );
     }
 }
