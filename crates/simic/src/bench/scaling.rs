@@ -236,16 +236,13 @@ pub fn scaling_entry(
         "rollout_ms_slowest_rank".to_owned(),
         ranks.iter().map(|r| r.rollout_ms).fold(0.0, f64::max),
     );
+    let fastest = ranks
+        .iter()
+        .map(|r| r.rollout_ms)
+        .fold(f64::INFINITY, f64::min);
     metrics.insert(
         "rollout_ms_fastest_rank".to_owned(),
-        Some(
-            ranks
-                .iter()
-                .map(|r| r.rollout_ms)
-                .fold(f64::INFINITY, f64::min),
-        )
-        .filter(|ms| ms.is_finite())
-        .unwrap_or(0.0),
+        if fastest.is_finite() { fastest } else { 0.0 },
     );
     metrics.insert(
         "peak_memory_mb".to_owned(),

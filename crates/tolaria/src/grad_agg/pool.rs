@@ -7,12 +7,13 @@ use super::agg_error;
 use crate::error::{Result, TorchResultExt};
 
 /// One parameter's place in the rows: its shape, the strides of the
-/// gradient the layout was made for, and the strides of its views.
+/// gradient the layout was made for, and the strides of its views when
+/// they follow that gradient's channels-last order (`None`: plain views).
 #[derive(Debug)]
 pub(super) struct Layout {
     shape: Vec<i64>,
     out_strides: Vec<i64>,
-    view_strides: Vec<i64>,
+    channels_last: Option<Vec<i64>>,
 }
 
 impl Layout {
@@ -25,30 +26,12 @@ impl Layout {
             && !tensor.is_contiguous()
             && torch_ext::memory::is_channels_last(tensor)
                 .map_err(|error| agg_error("out", error.to_string()))?;
-        let view_strides = if channels_last {
-            out_strides.clone()
-        } else {
-            contiguous_strides(&shape)
-        };
         Ok(Layout {
+            channels_last: channels_last.then(|| out_strides.clone()),
             shape,
             out_strides,
-            view_strides,
         })
     }
-}
-
-/// Row-major strides of `shape` (libtorch's, a size-0 dimension counted
-/// as 1).
-fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
-    let mut strides = Vec::with_capacity(shape.len());
-    let mut stride = 1i64;
-    for &dim in shape.iter().rev() {
-        strides.push(stride);
-        stride = stride.saturating_mul(dim.max(1));
-    }
-    strides.reverse();
-    strides
 }
 
 /// The pooled buffers of one layout.
@@ -100,14 +83,13 @@ impl Pool {
             let mut offset = 0i64;
             for (layout, &count) in layouts.iter().zip(&numels) {
                 let view = flat.f_narrow(0, offset, count).op("narrow")?;
-                views.push(
-                    view.f_as_strided(
-                        layout.shape.as_slice(),
-                        layout.view_strides.as_slice(),
-                        None::<i64>,
-                    )
-                    .op("as_strided")?,
-                );
+                let view = match &layout.channels_last {
+                    Some(strides) => view
+                        .f_as_strided(layout.shape.as_slice(), strides.as_slice(), None::<i64>)
+                        .op("as_strided")?,
+                    None => view.f_view_(layout.shape.as_slice()).op("view")?,
+                };
+                views.push(view);
                 offset = offset.saturating_add(count);
             }
             Ok(views)
