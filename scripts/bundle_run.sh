@@ -104,8 +104,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv 2>
 status=0
 if [ "$run_tests" = 1 ]; then
   # The test binaries travel gzipped (the carry limit); unpacked once.
-  if [ -f "$here/tests.tar.gz" ] && [ ! -d "$here/tests" ]; then
-    tar xzf "$here/tests.tar.gz" -C "$here" || { echo "== could not unpack tests.tar.gz"; exit 1; }
+  if [ -f "$here/tests.tar.xz" ] && [ ! -d "$here/tests" ]; then
+    tar xJf "$here/tests.tar.xz" -C "$here" || { echo "== could not unpack tests.tar.xz"; exit 1; }
   fi
   : >"$out/tests.log"
   for test_binary in "$here"/tests/*; do

@@ -262,8 +262,12 @@ impl GatedBlend {
 }
 
 /// `replicas` copies of `x` stacked along its first dimension (block `k`
-/// is copy `k`); `replicas` must be at least 1.
-pub(crate) fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
+/// is copy `k`); `replicas` must be at least 1. A channels-last `x` gives
+/// channels-last copies: libtorch's `repeat` returns a contiguous (NCHW)
+/// tensor, whose copy transposes every element and whose consumers (the
+/// fused convolution takes NHWC only) would fall back to cuDNN with a
+/// layout conversion of their own.
+pub fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
     if replicas < 1 {
         return Err(Error::OutOfRange {
             field: "replicas",
@@ -273,6 +277,14 @@ pub(crate) fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
     }
     if replicas == 1 {
         return Ok(x.shallow_clone());
+    }
+    if x.dim() == 4 && !x.is_contiguous() && torch_ext::memory::is_channels_last(x)? {
+        // NHWC memory is the contiguous [B, H, W, C] view: repeat that and
+        // view it back, a plain copy that keeps the layout.
+        let nhwc = x.f_permute([0, 2, 3, 1])?;
+        return Ok(nhwc
+            .f_repeat([replicas, 1, 1, 1])?
+            .f_permute([0, 3, 1, 2])?);
     }
     let mut repeats = vec![replicas];
     repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));

@@ -3,7 +3,7 @@
 //! `forward_with_alpha` from the input (with and without per-sample alpha
 //! overrides, on CNN and transformer hosts, with a shared prefix replicated
 //! along the batch), and bad boundaries, features and overrides are typed
-//! errors.
+//! errors. The copies of a channels-last batch stay channels-last.
 
 mod common;
 
@@ -401,4 +401,31 @@ fn the_replicated_forward_serves_every_blend_algorithm() {
         let r1c0 = Tensor::from_slice(&[0.0f32, 0.0, 0.6, 0.6, 1.0, 1.0]).reshape([6, 1, 1, 1]);
         assert_replicated_matches(&model, &x, 3, &[None, Some(&r1c0)]);
     }
+}
+
+#[test]
+fn replicated_copies_keep_the_channels_last_layout() {
+    tch::manual_seed(45);
+    let nchw = Tensor::randn([3, 4, 5, 6], (Kind::Float, Device::Cpu));
+    let nhwc = torch_ext::memory::contiguous_channels_last(&nchw).expect("channels-last");
+    for replicas in [1, 4] {
+        let plain = kasmina::blend::replicate_batch(&nchw, replicas).expect("replicate");
+        let kept = kasmina::blend::replicate_batch(&nhwc, replicas).expect("replicate");
+        let want = nchw.repeat([replicas, 1, 1, 1]);
+        assert!(plain.equal(&want), "{replicas} contiguous copies");
+        assert!(kept.equal(&want), "{replicas} channels-last copies");
+        assert!(plain.is_contiguous(), "a contiguous batch stays contiguous");
+        assert!(
+            torch_ext::memory::is_channels_last(&kept).expect("layout"),
+            "{replicas} copies of a channels-last batch are channels-last"
+        );
+    }
+    // Other ranks and a replica count below one.
+    let tokens = Tensor::randn([2, 3, 4], (Kind::Float, Device::Cpu));
+    let copies = kasmina::blend::replicate_batch(&tokens, 2).expect("replicate");
+    assert!(copies.equal(&tokens.repeat([2, 1, 1])));
+    assert!(matches!(
+        kasmina::blend::replicate_batch(&tokens, 0),
+        Err(Error::OutOfRange { .. })
+    ));
 }

@@ -338,9 +338,10 @@ pub fn batch_norm_relu(
 
 /// `conv2d(x, weight, stride 1, padding 1)` for a `3 x 3` weight without
 /// bias, from run-time compiled kernels where they apply: a channels-last
-/// CUDA input that requires a gradient or whose weight does, in f32 or
-/// under bf16 autocast, a multiple of four output channels, and an image
-/// band that fits in shared memory. libtorch's `conv2d` otherwise, with its
+/// CUDA input in f32 or under bf16 autocast, a multiple of four output
+/// channels, and an image band that fits in shared memory, with or without
+/// gradients (a frozen seed in an inference-mode validation pass takes the
+/// same kernels as in training). libtorch's `conv2d` otherwise, with its
 /// errors.
 ///
 /// - The weight gradient: two kernels (see the module docs).
@@ -391,11 +392,9 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     let kinds_fit = matches!(compute, Kind::Float | Kind::BFloat16)
         && matches!(weight.kind(), Kind::Float | Kind::BFloat16)
         && (autocast.enabled || weight.kind() == x.kind());
-    let wanted = x.requires_grad() || weight.requires_grad();
     // SAFETY: plain integer arguments.
     let fits = unsafe { ffi::esper_conv3x3_fits(h, w, c_in, c_out) } != 0;
-    if !(wanted
-        && kinds_fit
+    if !(kinds_fit
         && is_nhwc(x)
         && w_in == c_in
         && c_out % 4 == 0

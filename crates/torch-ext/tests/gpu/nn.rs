@@ -323,6 +323,80 @@ fn conv3x3_matches_libtorch() {
     }
 }
 
+/// The kernels' names in a profile of `run`.
+fn kernels_of(run: impl FnOnce()) -> Vec<String> {
+    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
+    run();
+    cuda::synchronize(0).unwrap();
+    let profile = profiler.stop().unwrap();
+    profile
+        .kernels
+        .iter()
+        .filter(|stat| !stat.is_copy())
+        .map(|stat| stat.name.clone())
+        .collect()
+}
+
+#[test]
+fn conv3x3_without_gradients_takes_the_fused_kernels() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // A frozen seed's layer in an inference-mode validation pass: neither
+    // the input nor the weight requires a gradient.
+    for (n, c_in, c_out, bf16) in [
+        (64_i64, 16_i64, 32_i64, false),
+        (64, 16, 32, true),
+        (9, 3, 8, false),
+    ] {
+        tch::manual_seed(n + c_out);
+        let x = memory::contiguous_channels_last(&Tensor::randn(
+            [n, c_in, 12, 12],
+            (Kind::Float, CUDA),
+        ))
+        .unwrap();
+        let weight = Tensor::randn([c_out, c_in, 3, 3], (Kind::Float, CUDA)) * 0.3;
+        memory::set_channels_last_(&weight).unwrap();
+        let run = |fused: bool| {
+            nn::set_fused_kernels(fused);
+            let _autocast = bf16.then(|| {
+                torch_ext::AutocastGuard::with_cache(
+                    torch_ext::AutocastDevice::Cuda,
+                    Kind::BFloat16,
+                    false,
+                )
+                .unwrap()
+            });
+            let y = tch::no_grad(|| nn::conv3x3(&x, &weight).unwrap());
+            nn::set_fused_kernels(true);
+            y
+        };
+        let mut fused = None;
+        let names = kernels_of(|| fused = Some(run(true)));
+        let fused = fused.unwrap();
+        assert!(
+            names.iter().any(|name| name.starts_with("esper_conv3")),
+            "[{n},{c_in}->{c_out}] bf16 {bf16}: no fused kernel in {names:?}"
+        );
+        assert!(
+            !names
+                .iter()
+                .any(|name| name.contains("cudnn") || name.contains("convolve")),
+            "[{n},{c_in}->{c_out}] bf16 {bf16}: cuDNN ran: {names:?}"
+        );
+        let reference = run(false);
+        assert_eq!(fused.size(), reference.size());
+        let bound = if bf16 { 2e-2 } else { 5e-3 };
+        let err = worst_of_max(&fused, &reference);
+        assert!(
+            err <= bound,
+            "[{n},{c_in}->{c_out}] bf16 {bf16}: error {err}"
+        );
+        assert!(
+            memory::is_channels_last(&fused).unwrap(),
+            "channels-last output"
+        );
+    }
+}
+
 #[test]
 fn conv3x3_in_f32_stays_exact_with_tf32_off() {
     let Some(_device) = gpu_or_skip() else { return };
