@@ -16,8 +16,10 @@
 //! new value) blends through [`torch_ext::nn::blend_lerp`]: fused kernels on
 //! CUDA where they apply, libtorch's `lerp` otherwise.
 //!
-//! `mix` chooses among them for a seed's state (a slot's forward), and
-//! `replicate_batch` copies a batch for the counterfactual configurations.
+//! `mix` chooses among them for a seed's state (a slot's forward),
+//! `replicate_batch` copies a batch for the counterfactual configurations,
+//! and `mix_replicated` blends a seed into those copies without making them
+//! where the algorithm is a lerp.
 //!
 //! Alpha is either one scalar or a per-sample tensor `[N, 1, 1, 1]` (CNN) /
 //! `[N, 1, 1]` (transformer) ([`BlendAlpha::PerSample`]), the override used
@@ -97,7 +99,11 @@ impl BlendAlpha<'_> {
 /// Per-sample values (alpha or gate) for host features `host`: the host's
 /// rank, batch `B` or 1 in front, 1 everywhere else.
 fn check_per_sample(op: &'static str, values: &Tensor, host: &Tensor) -> Result<()> {
-    let host_size = host.size();
+    check_per_sample_of(op, values, &host.size())
+}
+
+/// [`check_per_sample`] for host features of shape `host_size`.
+fn check_per_sample_of(op: &'static str, values: &Tensor, host_size: &[i64]) -> Result<()> {
     let got = values.size();
     let batch = host_size.first().copied().unwrap_or(0);
     let mut expected = vec![1; host_size.len()];
@@ -262,11 +268,9 @@ impl GatedBlend {
 }
 
 /// `replicas` copies of `x` stacked along its first dimension (block `k`
-/// is copy `k`); `replicas` must be at least 1. A channels-last `x` gives
-/// channels-last copies: libtorch's `repeat` returns a contiguous (NCHW)
-/// tensor, whose copy transposes every element and whose consumers (the
-/// fused convolution takes NHWC only) would fall back to cuDNN with a
-/// layout conversion of their own.
+/// is copy `k`) in `x`'s layout ([`torch_ext::memory::repeat_batch`]: the
+/// copies of a channels-last batch stay channels-last, which the fused
+/// convolution after a seed needs); `replicas` must be at least 1.
 pub fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
     if replicas < 1 {
         return Err(Error::OutOfRange {
@@ -275,20 +279,65 @@ pub fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
             allowed: "at least 1".to_owned(),
         });
     }
-    if replicas == 1 {
-        return Ok(x.shallow_clone());
+    Ok(torch_ext::memory::repeat_batch(x, replicas)?)
+}
+
+/// The blend of a seed's output (and gate values) for `host` into
+/// `replicas` copies of `host`, each with its own rows of `alpha_override`
+/// (`[replicas·B or 1, 1, ...]`), without copying the batch first
+/// ([`torch_ext::nn::blend_lerp_replicated`]), where `state`'s algorithm is
+/// a lerp: ADD, and GATE. `None` where the copies are needed (MULTIPLY, whose
+/// valve reads the seed's input, and the incubator).
+pub(crate) fn mix_replicated(
+    host: &Tensor,
+    seed_output: &Tensor,
+    gate_values: Option<&Tensor>,
+    state: &crate::lifecycle::SeedState,
+    alpha_override: Option<&Tensor>,
+    replicas: i64,
+) -> Result<Option<Tensor>> {
+    let alpha = state.alpha();
+    if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
+        return Ok(None);
     }
-    if x.dim() == 4 && !x.is_contiguous() && torch_ext::memory::is_channels_last(x)? {
-        // NHWC memory is the contiguous [B, H, W, C] view: repeat that and
-        // view it back, a plain copy that keeps the layout.
-        let nhwc = x.f_permute([0, 2, 3, 1])?;
-        return Ok(nhwc
-            .f_repeat([replicas, 1, 1, 1])?
-            .f_permute([0, 3, 1, 2])?);
+    let gate = match (state.algorithm(), gate_values) {
+        (AlphaAlgorithm::Multiply, _) => return Ok(None),
+        (AlphaAlgorithm::Gate, Some(gate)) => Some(gate),
+        (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None) => None,
+    };
+    check_same_shape("blend add", host, seed_output)?;
+    let mut copies = host.size();
+    if let Some(batch) = copies.first_mut() {
+        *batch = batch.saturating_mul(replicas);
     }
-    let mut repeats = vec![replicas];
-    repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
-    Ok(x.f_repeat(repeats.as_slice())?)
+    let weight = match alpha_override {
+        Some(tensor) => {
+            check_per_sample_of("per-sample alpha", tensor, &copies)?;
+            check_host_values_finite("per-sample alpha", tensor)?;
+            tensor
+                .f_to_kind(host.kind())?
+                .f_to_device(host.device())?
+                .f_clamp(0.0, 1.0)?
+        }
+        None => Tensor::f_full(
+            vec![1_i64; copies.len()].as_slice(),
+            BlendAlpha::clamped_scalar(alpha)?,
+            (host.kind(), host.device()),
+        )?,
+    };
+    let weight = match gate {
+        Some(gate) => {
+            check_per_sample("blend gate (gate values)", gate, host)?;
+            replicate_batch(&gate.f_to_kind(host.kind())?, replicas)?
+                .f_mul(&weight)?
+                .f_clamp(0.0, 1.0)?
+        }
+        None => weight,
+    };
+    let seed = seed_output.f_to_kind(host.kind())?;
+    Ok(Some(torch_ext::nn::blend_lerp_replicated(
+        host, &seed, &weight, replicas,
+    )?))
 }
 
 /// The blend of a seed's output (`seed_output`, and `gate_values` for a

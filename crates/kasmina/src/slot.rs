@@ -30,7 +30,7 @@
 use leyline::{AlphaAlgorithm, AlphaCurve, SeedStage};
 use tch::{Device, Tensor};
 
-use crate::blend::{BlendAlpha, GatedBlend, mix, replicate_batch};
+use crate::blend::{BlendAlpha, GatedBlend, mix, mix_replicated, replicate_batch};
 use crate::blueprint::{Blueprint, SeedModule};
 use crate::gate::GateOutcome;
 use crate::groups::{GroupEvent, GroupKey};
@@ -491,9 +491,11 @@ impl SeedSlot {
     /// the batch (block `k` is copy `k`, as `Tensor::repeat` stacks them),
     /// each copy blended with its own rows of `alpha_override`
     /// (`[replicas·N, 1, …]`): the counterfactual pass's configurations of
-    /// one chunk. The seed (and its gate) runs once, on `host`, and its
-    /// output is replicated for the blend, where [`SeedSlot::forward`] on
-    /// the replicated features would run it on every copy. The values are
+    /// one chunk. The seed (and its gate) runs once, on `host`, where
+    /// [`SeedSlot::forward`] on the replicated features would run it on
+    /// every copy; an ADD or GATE blend reads `host` and the seed's output
+    /// once per copy ([`torch_ext::nn::blend_lerp_replicated`]) instead of
+    /// copying them first, a MULTIPLY blend blends copies. The values are
     /// those of that forward, as far as the seed's output for a sample does
     /// not depend on the rest of its batch (true in evaluation mode: a
     /// seed's normalisation is per sample). No gradient taps.
@@ -507,28 +509,46 @@ impl SeedSlot {
         alpha_override: Option<&Tensor>,
     ) -> Result<Tensor> {
         slot_checks::features(self.topology(), &self.spec, host)?;
-        let copies = replicate_batch(host, replicas)?;
-        if let Some(tensor) = alpha_override {
-            BlendAlpha::PerSample(tensor).check(&copies)?;
-        }
-        let (Some(state), Some(seed)) = (self.lifecycle.state(), &self.seed) else {
+        let active = match (self.lifecycle.state(), &self.seed) {
+            (Some(state), Some(seed)) if state.stage().is_active() => Some((state, seed)),
+            _ => None,
+        };
+        let Some((state, seed)) = active else {
+            let copies = replicate_batch(host, replicas)?;
+            if let Some(tensor) = alpha_override {
+                BlendAlpha::PerSample(tensor).check(&copies)?;
+            }
             return Ok(copies);
         };
-        if !state.stage().is_active() {
-            return Ok(copies);
-        }
         let seed_input = if state.isolate_gradients() {
             host.f_detach()?
         } else {
             host.shallow_clone()
         };
-        let seed_output = replicate_batch(&seed.module.forward(&seed_input)?, replicas)?;
+        let seed_output = seed.module.forward(&seed_input)?;
         let gate_values = match (state.algorithm(), &seed.gate) {
-            (AlphaAlgorithm::Gate, Some(gate)) => {
-                Some(replicate_batch(&gate.forward(&seed_input)?, replicas)?)
-            }
+            (AlphaAlgorithm::Gate, Some(gate)) => Some(gate.forward(&seed_input)?),
             _ => None,
         };
+        // A lerp (ADD, GATE) blends the copies without making them.
+        if let Some(blended) = mix_replicated(
+            host,
+            &seed_output,
+            gate_values.as_ref(),
+            state,
+            alpha_override,
+            replicas,
+        )? {
+            return Ok(blended);
+        }
+        let copies = replicate_batch(host, replicas)?;
+        if let Some(tensor) = alpha_override {
+            BlendAlpha::PerSample(tensor).check(&copies)?;
+        }
+        let seed_output = replicate_batch(&seed_output, replicas)?;
+        let gate_values = gate_values
+            .map(|gate| replicate_batch(&gate, replicas))
+            .transpose()?;
         let seed_inputs = if state.isolate_gradients() {
             copies.f_detach()?
         } else {

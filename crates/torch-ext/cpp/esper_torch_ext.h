@@ -187,6 +187,8 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, d
 // backward (nn_blend.cpp).
 char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* const* kernels,
                        void** out);
+char* esper_blend_lerp_replicated(void* host, void* seed, void* weight, int64_t replicas,
+                                  int32_t vec, void* forward_kernel, void** out);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

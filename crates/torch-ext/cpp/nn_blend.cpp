@@ -23,10 +23,13 @@ at::MemoryFormat format_of(const at::Tensor& t) {
              : at::MemoryFormat::Contiguous;
 }
 
+// `period` > 0: the forward kernel's last argument (the values of h and s
+// it reads again for each block of outputs); 0 for the backward kernel.
 void launch(void* kernel, std::vector<void*> pointers, const at::Tensor& like, int64_t vec,
-            int64_t per_sample, int shared) {
+            int64_t per_sample, int shared, int64_t period = 0) {
   long long n = static_cast<long long>(like.numel());
   long long per = static_cast<long long>(per_sample);
+  long long reread = static_cast<long long>(period);
   std::vector<void*> args;
   for (void*& p : pointers) {
     args.push_back(&p);
@@ -34,6 +37,9 @@ void launch(void* kernel, std::vector<void*> pointers, const at::Tensor& like, i
   args.push_back(&n);
   args.push_back(&per);
   args.push_back(&shared);
+  if (period > 0) {
+    args.push_back(&reread);
+  }
   const int blocks = elementwise_blocks((n + vec - 1) / vec, sm_count(like));
   esper::jit_launch(kernel, dim3(blocks), dim3(kThreads), 0, args.data(), stream_of(like));
 }
@@ -49,7 +55,8 @@ class BlendLerp : public torch::autograd::Function<BlendLerp> {
     const int64_t per_sample = h.numel() / h.size(0);
     const int shared = w.numel() == 1 ? 1 : 0;
     launch(reinterpret_cast<void*>(forward_kernel),
-           {h.data_ptr(), s.data_ptr(), w.data_ptr(), y.data_ptr()}, h, vec, per_sample, shared);
+           {h.data_ptr(), s.data_ptr(), w.data_ptr(), y.data_ptr()}, h, vec, per_sample, shared,
+           h.numel());
     ctx->save_for_backward({w});
     ctx->saved_data["vec"] = vec;
     ctx->saved_data["backward"] = backward_kernel;
@@ -111,6 +118,43 @@ char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* 
                            aligned16(s)),
               "blend_lerp: vec ", vec, " does not fit the tensors");
   at::Tensor y = BlendLerp::apply(h, s, w, vec, as_int(kernels[0]), as_int(kernels[1]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+char* esper_blend_lerp_replicated(void* host, void* seed, void* weight, int64_t replicas,
+                                  int32_t vec, void* forward_kernel, void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(host != nullptr && seed != nullptr && weight != nullptr && forward_kernel != nullptr,
+              "blend_lerp_replicated: null argument");
+  const auto& h = *static_cast<const at::Tensor*>(host);
+  const auto& s = *static_cast<const at::Tensor*>(seed);
+  const auto& w = *static_cast<const at::Tensor*>(weight);
+  TORCH_CHECK(replicas >= 1, "blend_lerp_replicated: ", replicas, " replicas");
+  TORCH_CHECK(h.is_cuda() && h.dim() >= 1 && h.size(0) >= 1 && h.numel() > 0,
+              "blend_lerp_replicated: expected a non-empty CUDA tensor");
+  TORCH_CHECK(s.sizes() == h.sizes() && s.strides() == h.strides() &&
+                  s.scalar_type() == h.scalar_type() && s.device() == h.device(),
+              "blend_lerp_replicated: host and seed differ in shape, layout, dtype or device");
+  TORCH_CHECK(!h.requires_grad() && !s.requires_grad(),
+              "blend_lerp_replicated: forward only (host and seed must not require gradients)");
+  TORCH_CHECK(h.is_contiguous() ||
+                  (h.dim() == 4 && h.is_contiguous(at::MemoryFormat::ChannelsLast)),
+              "blend_lerp_replicated: expected a contiguous or channels-last tensor");
+  TORCH_CHECK(w.dim() == 1 && (w.numel() == 1 || w.numel() == replicas * h.size(0)) &&
+                  w.scalar_type() == at::kFloat && w.is_contiguous() && w.device() == h.device(),
+              "blend_lerp_replicated: the weight must be a contiguous f32 [1] or [replicas * N] "
+              "on the host's device");
+  const int64_t per_sample = h.numel() / h.size(0);
+  TORCH_CHECK(vec == 1 || (vec == 4 && per_sample % 4 == 0 && aligned16(h) && aligned16(s)),
+              "blend_lerp_replicated: vec ", vec, " does not fit the tensors");
+  c10::cuda::CUDAGuard guard(h.device());
+  std::vector<int64_t> sizes = h.sizes().vec();
+  sizes[0] = replicas * h.size(0);
+  at::Tensor y = at::empty(sizes, h.options().memory_format(format_of(h)));
+  launch(forward_kernel, {h.data_ptr(), s.data_ptr(), w.data_ptr(), y.data_ptr()}, y, vec,
+         per_sample, w.numel() == 1 ? 1 : 0, h.numel());
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

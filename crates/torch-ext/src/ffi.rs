@@ -316,6 +316,15 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_blend_lerp_replicated(
+        host: *mut c_void,
+        seed: *mut c_void,
+        weight: *mut c_void,
+        replicas: i64,
+        vec: i32,
+        forward_kernel: *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_conv3x3_fits(
         height: i64,
         width: i64,

@@ -1,5 +1,6 @@
 //! Memory formats tch cannot express: channels-last (NHWC) copies of 4-D
-//! tensors, and converting parameters to channels-last in place.
+//! tensors, converting parameters to channels-last in place, and
+//! [`repeat_batch`], copies of a batch that keep its layout.
 //!
 //! cuDNN runs convolutions, pooling and normalisation of NHWC tensors
 //! without layout conversions; a CNN whose weights are channels-last gets
@@ -28,6 +29,47 @@ pub fn contiguous_channels_last(tensor: &tch::Tensor) -> Result<tch::Tensor> {
         // the returned tch tensor.
         Ok(tch::Tensor::from_ptr(out.cast()))
     }
+}
+
+/// `replicas` copies of `x` stacked along its first dimension (block `k` is
+/// copy `k`), in `x`'s layout: a channels-last `x` gives channels-last
+/// copies. libtorch's `repeat` returns a contiguous (NCHW) tensor whatever
+/// the input's layout, so its copy of a channels-last batch transposes
+/// every value, and a consumer that wants NHWC converts it back.
+///
+/// # Errors
+/// [`crate::Error::InvalidArgument`] for `replicas < 1` or a 0-D `x`;
+/// libtorch's error otherwise.
+pub fn repeat_batch(x: &tch::Tensor, replicas: i64) -> Result<tch::Tensor> {
+    const OP: &str = "memory::repeat_batch";
+    if replicas < 1 || x.dim() == 0 {
+        return Err(crate::Error::InvalidArgument {
+            op: OP,
+            message: format!(
+                "{replicas} copies of a {}-D tensor (at least 1, of at least 1-D)",
+                x.dim()
+            ),
+        });
+    }
+    if replicas == 1 {
+        return Ok(x.shallow_clone());
+    }
+    let torch = |error: tch::TchError| crate::Error::Cpp {
+        op: OP,
+        message: error.to_string(),
+    };
+    if x.dim() == 4 && !x.is_contiguous() && is_channels_last(x)? {
+        // NHWC memory is the contiguous [N, H, W, C] view: repeat that and
+        // view it back, a plain copy that keeps the layout.
+        return x
+            .f_permute([0, 2, 3, 1])
+            .and_then(|nhwc| nhwc.f_repeat([replicas, 1, 1, 1]))
+            .and_then(|copies| copies.f_permute([0, 3, 1, 2]))
+            .map_err(torch);
+    }
+    let mut repeats = vec![replicas];
+    repeats.extend(std::iter::repeat_n(1, x.dim().saturating_sub(1)));
+    x.f_repeat(repeats.as_slice()).map_err(torch)
 }
 
 /// Converts a 4-D parameter to channels-last in place (its data, and its

@@ -2,7 +2,8 @@
 //! and replay with fresh inputs, a capture without warm-up ordered after the
 //! work queued before it, shared pools, clean recovery from a failed
 //! capture, sync-debug mode, memory statistics, autocast and fused ops on
-//! CUDA, and (module `nn`) the fused layers against libtorch's. Every test prints "skipping: no CUDA device" and returns on machines
+//! CUDA, (module `nn`) the fused layers against libtorch's and (module `blend`)
+//! the fused alpha blends. Every test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
 //! on the GPU machine.
@@ -36,6 +37,9 @@ const CUDA: Device = Device::Cuda(0);
 
 #[path = "gpu/nn.rs"]
 mod nn;
+
+#[path = "gpu/blend.rs"]
+mod blend;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(

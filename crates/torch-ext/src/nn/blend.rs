@@ -1,6 +1,8 @@
 //! [`blend_lerp`]: the alpha blend `lerp(h, s, w)` with a weight per sample
 //! (see the parent module's docs), from run-time compiled kernels where they
-//! apply and libtorch's `lerp` otherwise.
+//! apply and libtorch's `lerp` otherwise; [`blend_lerp_replicated`]: the
+//! same blend of a batch's replicated copies, forward only, without making
+//! the copies.
 
 use tch::{Device, Kind, Tensor};
 
@@ -30,21 +32,13 @@ use crate::ffi;
 /// when the kernels cannot be compiled or launched.
 pub fn blend_lerp(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
     const OP: &str = "nn::blend_lerp";
-    let Some((device, bf16, weights)) = fused_blend(host, seed, weight)? else {
+    let batch = host.size().first().copied().unwrap_or(0);
+    let Some((device, bf16, weights)) = fused_blend(host, seed, weight, batch)? else {
         return host
             .f_lerp_tensor(seed, weight)
             .map_err(|error| torch(OP, error));
     };
-    let per_sample = host
-        .size()
-        .first()
-        .filter(|&&batch| batch > 0)
-        .map_or(0, |&batch| {
-            host.numel() / usize::try_from(batch).unwrap_or(1)
-        });
-    let vec4 = per_sample.is_multiple_of(4)
-        && (host.data_ptr() as usize).is_multiple_of(16)
-        && (seed.data_ptr() as usize).is_multiple_of(16);
+    let vec4 = vec4_fits(host, seed);
     let k = kernels(OP, device, bf16, vec4)?;
     let handles = [k.blend_forward.raw(), k.blend_backward.raw()];
     // SAFETY: every tensor pointer is live for the call; `handles` are live
@@ -64,13 +58,93 @@ pub fn blend_lerp(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tenso
     }
 }
 
+/// `blend_lerp` of `replicas` copies of the batch, stacked along the first
+/// dimension: block `k` of the result is `host.lerp(seed, w_k)` with `w_k`
+/// the `k`-th block of `N` weights. It is what the counterfactual pass
+/// computes at its first seed, one block per alpha configuration.
+///
+/// The fused forward kernel reads `host` and `seed` once per block instead
+/// of copying them `replicas` times first; it runs where [`blend_lerp`]'s
+/// kernels would and neither `host` nor `seed` requires a gradient (it has
+/// no backward). Anything else copies the batch (keeping a channels-last
+/// layout, [`crate::memory::repeat_batch`]) and calls [`blend_lerp`], with
+/// the same results up to float rounding.
+///
+/// # Shapes
+/// `host`, `seed`: `[N, ...]`; `weight`: `[replicas · N or 1, 1, ..., 1]`;
+/// returns `[replicas · N, ...]` in `host`'s layout and dtype.
+///
+/// # Errors
+/// [`crate::Error::InvalidArgument`] for `replicas < 1`; otherwise as
+/// [`blend_lerp`].
+pub fn blend_lerp_replicated(
+    host: &Tensor,
+    seed: &Tensor,
+    weight: &Tensor,
+    replicas: i64,
+) -> Result<Tensor> {
+    const OP: &str = "nn::blend_lerp_replicated";
+    if replicas < 1 {
+        return Err(crate::Error::InvalidArgument {
+            op: OP,
+            message: format!("{replicas} replicas (at least 1)"),
+        });
+    }
+    let batch = host.size().first().copied().unwrap_or(0);
+    let fused = if host.requires_grad() || seed.requires_grad() {
+        None
+    } else {
+        fused_blend(host, seed, weight, batch.saturating_mul(replicas))?
+    };
+    let Some((device, bf16, weights)) = fused else {
+        let host = crate::memory::repeat_batch(host, replicas)?;
+        let seed = crate::memory::repeat_batch(seed, replicas)?;
+        return blend_lerp(&host, &seed, weight);
+    };
+    let vec4 = vec4_fits(host, seed);
+    let k = kernels(OP, device, bf16, vec4)?;
+    // SAFETY: every tensor pointer is live for the call; the kernel is live
+    // (the cache never drops it).
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_blend_lerp_replicated(
+                ffi::tensor_ptr(host),
+                ffi::tensor_ptr(seed),
+                ffi::tensor_ptr(&weights),
+                replicas,
+                if vec4 { 4 } else { 1 },
+                k.blend_forward.raw(),
+                out,
+            )
+        })
+    }
+}
+
+/// Whether four values a thread fit: a sample's size a multiple of four
+/// and both tensors 16-byte aligned.
+fn vec4_fits(host: &Tensor, seed: &Tensor) -> bool {
+    let per_sample = host
+        .size()
+        .first()
+        .filter(|&&batch| batch > 0)
+        .map_or(0, |&batch| {
+            host.numel() / usize::try_from(batch).unwrap_or(1)
+        });
+    per_sample.is_multiple_of(4)
+        && (host.data_ptr() as usize).is_multiple_of(16)
+        && (seed.data_ptr() as usize).is_multiple_of(16)
+}
+
 /// The device, whether the dtype is `bf16`, and the weights as a contiguous
-/// `f32` `[N]` or `[1]`, where the fused kernels take `host`, `seed` and
-/// `weight` (see [`blend_lerp`]); `None` otherwise.
+/// `f32` `[weight_batch]` or `[1]`, where the fused kernels take `host`,
+/// `seed` and `weight` (see [`blend_lerp`]; `weight_batch` is the host's
+/// batch there, and the copies' for [`blend_lerp_replicated`]); `None`
+/// otherwise.
 fn fused_blend(
     host: &Tensor,
     seed: &Tensor,
     weight: &Tensor,
+    weight_batch: i64,
 ) -> Result<Option<(usize, bool, Tensor)>> {
     if !fused_kernels_enabled() || weight.requires_grad() {
         return Ok(None);
@@ -95,7 +169,9 @@ fn fused_blend(
     let weight_shape = weight.size();
     let per_sample_weight = weight_shape.len() == shape.len()
         && weight_shape.iter().skip(1).all(|&d| d == 1)
-        && weight_shape.first().is_some_and(|&n| n == batch || n == 1);
+        && weight_shape
+            .first()
+            .is_some_and(|&n| n == weight_batch || n == 1);
     if !(same
         && dense
         && batch > 0

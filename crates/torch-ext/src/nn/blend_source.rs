@@ -1,7 +1,8 @@
 //! The CUDA C source of [`super::blend_lerp`]'s two kernels, appended to
 //! [`super::source::SOURCE`] (it uses that source's `T`, `VEC`, `load` and
 //! `store`): the alpha blend `lerp(h, s, w)` with one weight per sample,
-//! read from the device, forward and backward, `VEC` values a thread.
+//! read from the device, forward and backward, `VEC` values a thread; the
+//! forward also blends a batch's replicated copies without making them.
 //!
 //! libtorch's `lerp` with a weight tensor of shape `[N, 1, ..., 1]` takes
 //! its strided, one-value-a-thread path (a broadcast operand is not
@@ -12,17 +13,20 @@
 pub(super) const BLEND_SOURCE: &str = r#"
 // y = lerp(h, s, w[sample]) over n values, per_sample values a sample
 // (w has one value when shared is nonzero), libtorch's formula: the end
-// nearer the weight is the anchor.
+// nearer the weight is the anchor. h and s hold `period` values (a multiple
+// of per_sample and of VEC), read again for every block of `period` outputs:
+// n for a plain blend, the batch's size for its replicated copies.
 extern "C" __global__ void esper_blend_lerp_forward(
     const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
-    T* __restrict__ y, long long n, long long per_sample, int shared) {
+    T* __restrict__ y, long long n, long long per_sample, int shared, long long period) {
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {
         const float a = w[shared ? 0 : i / per_sample];
+        const long long j = period == n ? i : i % period;
         float hv[VEC], sv[VEC], out[VEC];
-        load(h, i, hv);
-        load(s, i, sv);
+        load(h, j, hv);
+        load(s, j, sv);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) {
             const float d = sv[k] - hv[k];

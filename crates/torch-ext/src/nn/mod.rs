@@ -46,6 +46,9 @@
 //!   new alpha), one elementwise kernel each way; libtorch runs it, and
 //!   the two products of its backward, on its strided one-value-a-thread
 //!   path, since the broadcast weight is not contiguous.
+//!   [`blend_lerp_replicated`] blends a batch's replicated copies (the
+//!   counterfactual configurations) forward only, reading the batch once
+//!   per copy instead of copying it first.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -89,7 +92,7 @@ mod blend_source;
 mod conv_source;
 mod norm_source;
 mod source;
-pub use blend::blend_lerp;
+pub use blend::{blend_lerp, blend_lerp_replicated};
 use blend_source::BLEND_SOURCE;
 use conv_source::CONV_SOURCE;
 use norm_source::GROUP_NORM_SOURCE;

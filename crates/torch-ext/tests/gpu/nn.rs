@@ -1,8 +1,8 @@
 //! `torch_ext::nn`'s fused layers against libtorch's ops on the GPU (part
 //! of the `gpu` test binary): batch norm + ReLU (output, running statistics,
 //! every gradient), the 2x2 max-pool (values, ties, NaN, odd sizes, both
-//! layouts), the 3x3 convolution, group norm + ReLU and the per-sample
-//! alpha blend, in f32 and bf16, eagerly and replayed from a captured graph.
+//! layouts), the 3x3 convolution and group norm + ReLU, in f32 and bf16,
+//! eagerly and replayed from a captured graph (the alpha blend: `blend.rs`).
 //! The tests hold the binary's device lock, since they flip the
 //! process-wide fused switch.
 
@@ -12,7 +12,7 @@ use torch_ext::{CudaGraph, CudaStream, cuda, memory, nn};
 use super::{CUDA, gpu_or_skip, values};
 
 /// Largest |got - expected| relative to max(1, |expected|).
-fn worst(got: &Tensor, expected: &Tensor) -> f32 {
+pub(super) fn worst(got: &Tensor, expected: &Tensor) -> f32 {
     let (g, e) = (values(got), values(expected));
     assert_eq!(g.len(), e.len());
     g.iter()
@@ -510,119 +510,4 @@ fn group_norm_relu_matches_libtorch() {
             }
         }
     }
-}
-
-/// One blend forward and backward against the upstream gradient `g`;
-/// returns (y, dh, ds).
-fn blend_run(h: &Tensor, s: &Tensor, w: &Tensor, g: &Tensor, fused: bool) -> [Tensor; 3] {
-    nn::set_fused_kernels(fused);
-    let h = h.detach().set_requires_grad(true);
-    let s = s.detach().set_requires_grad(true);
-    let y = nn::blend_lerp(&h, &s, w).unwrap();
-    (&y * g).sum(Kind::Float).backward();
-    nn::set_fused_kernels(true);
-    [y.detach(), h.grad(), s.grad()]
-}
-
-#[test]
-fn blend_lerp_matches_libtorch_in_every_layout_and_dtype() {
-    let Some(_device) = gpu_or_skip() else { return };
-    tch::manual_seed(11);
-    // (shape, channels-last): four values a thread where a sample's size
-    // is a multiple of four, one otherwise (75), and a transformer's 3-D.
-    let cases: [(&[i64], bool); 5] = [
-        (&[8, 16, 14, 14], false),
-        (&[8, 16, 14, 14], true),
-        (&[6, 3, 5, 5], false),
-        (&[6, 3, 5, 5], true),
-        (&[4, 10, 32], false),
-    ];
-    for kind in [Kind::Float, Kind::BFloat16] {
-        let tolerance = if kind == Kind::Float { 1e-6 } else { 1e-2 };
-        for (shape, channels_last) in cases {
-            let layout = |t: Tensor| {
-                if channels_last {
-                    memory::contiguous_channels_last(&t).unwrap()
-                } else {
-                    t
-                }
-            };
-            let h = layout(Tensor::randn(shape, (kind, CUDA)));
-            let s = layout(Tensor::randn(shape, (kind, CUDA)));
-            let g = layout(Tensor::randn(shape, (kind, CUDA)));
-            let mut weight_shape = vec![1_i64; shape.len()];
-            for batch in [shape[0], 1] {
-                weight_shape[0] = batch;
-                // Weights on both sides of 0.5 (libtorch's two formulas),
-                // and the two ends.
-                let w = Tensor::rand(weight_shape.as_slice(), (kind, CUDA));
-                let _ = w.get(0).fill_(if batch == 1 { 0.75 } else { 1.0 });
-                let fused = blend_run(&h, &s, &w, &g, true);
-                let reference = blend_run(&h, &s, &w, &g, false);
-                for (name, (a, b)) in ["y", "dh", "ds"].iter().zip(fused.iter().zip(&reference)) {
-                    let error = worst(a, b);
-                    assert!(
-                        error <= tolerance,
-                        "{name} {kind:?} {shape:?} channels-last {channels_last}, weights {batch}: {error}"
-                    );
-                }
-                assert_eq!(
-                    memory::is_channels_last(&fused[0]).unwrap(),
-                    channels_last && !h.is_contiguous(),
-                    "the output keeps the host's layout"
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn blend_lerp_replays_with_new_weights_and_falls_back_for_a_learned_weight() {
-    let Some(_device) = gpu_or_skip() else { return };
-    tch::manual_seed(12);
-    let f32 = (Kind::Float, CUDA);
-    let shape = [16_i64, 8, 7, 7];
-    let h = memory::contiguous_channels_last(&Tensor::randn(shape, f32)).unwrap();
-    let s = memory::contiguous_channels_last(&Tensor::randn(shape, f32)).unwrap();
-    let g = memory::contiguous_channels_last(&Tensor::randn(shape, f32)).unwrap();
-    let w = Tensor::full([16_i64, 1, 1, 1], 0.25, f32);
-    let out = Tensor::zeros(shape, f32);
-    let grads = [Tensor::zeros(shape, f32), Tensor::zeros(shape, f32)];
-    let stream = CudaStream::from_pool(0, false).unwrap();
-    let graph = CudaGraph::capture(&stream, None, 0, || {
-        let hh = h.detach().set_requires_grad(true);
-        let ss = s.detach().set_requires_grad(true);
-        let y = nn::blend_lerp(&hh, &ss, &w).map_err(|e| e.to_string())?;
-        (&y * &g).sum(Kind::Float).backward();
-        out.shallow_clone().copy_(&y);
-        grads[0].shallow_clone().copy_(&hh.grad());
-        grads[1].shallow_clone().copy_(&ss.grad());
-        Ok(())
-    })
-    .unwrap();
-    for value in [0.25, 0.9] {
-        let _ = w.shallow_clone().fill_(value);
-        graph.replay().unwrap();
-        stream.synchronize().unwrap();
-        cuda::synchronize(0).unwrap();
-        let expected = blend_run(&h, &s, &w, &g, false);
-        assert!(worst(&out, &expected[0]) <= 1e-6, "y at alpha {value}");
-        assert!(
-            worst(&grads[0], &expected[1]) <= 1e-6,
-            "dh at alpha {value}"
-        );
-        assert!(
-            worst(&grads[1], &expected[2]) <= 1e-6,
-            "ds at alpha {value}"
-        );
-    }
-
-    // A weight that learns (a gated blend's) takes libtorch's lerp and
-    // gets its gradient.
-    let learned = Tensor::rand([16_i64, 1, 1, 1], f32).set_requires_grad(true);
-    let y = nn::blend_lerp(&h, &s, &learned).unwrap();
-    (&y * &g).sum(Kind::Float).backward();
-    let expected = (&s - &h) * &g;
-    let expected = expected.sum_dim_intlist([1_i64, 2, 3].as_slice(), true, Kind::Float);
-    assert!(worst(&learned.grad(), &expected) <= 1e-4);
 }
