@@ -362,8 +362,8 @@ impl BatchNorm2d {
         )?)
     }
     /// `relu(self.forward(x, train))`, as fused kernels on CUDA in training
-    /// (`torch_ext::nn::batch_norm_relu`, which falls back to libtorch's
-    /// ops where they do not apply).
+    /// and in evaluation (`torch_ext::nn::batch_norm_relu`, which falls back
+    /// to libtorch's ops where they do not apply).
     ///
     /// # Shapes
     /// `[B, C, H, W] -> [B, C, H, W]`.

@@ -167,6 +167,12 @@ char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const
 char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
                             void* running_var, double momentum, double eps, int32_t vec,
                             void* const* kernels, void** out);
+// batch_norm_relu_eval: relu(batch_norm(x)) from the running statistics
+// (evaluation mode), one kernel (esper_bn_relu_eval); libtorch's ops where a
+// gradient is wanted.
+char* esper_batch_norm_relu_eval(void* x, void* weight, void* bias, void* running_mean,
+                                 void* running_var, double eps, int32_t vec, void* kernel,
+                                 void** out);
 char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* kernels,
                       void** out);
 // conv3x3: 3x3 convolution, stride 1, padding 1, no bias, of a channels-last

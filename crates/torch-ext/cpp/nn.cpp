@@ -23,6 +23,7 @@
 #include "error.h"
 #include "nn_internal.h"
 
+#include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAGuard.h>
 
 namespace {
@@ -222,6 +223,54 @@ char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mea
                                       *static_cast<const at::Tensor*>(bias), rm, rv, momentum, eps,
                                       static_cast<int64_t>(vec), as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
                                       as_int(kernels[3]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+char* esper_batch_norm_relu_eval(void* x, void* weight, void* bias, void* running_mean,
+                                 void* running_var, double eps, int32_t vec, void* kernel,
+                                 void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && running_mean != nullptr &&
+                  running_var != nullptr && kernel != nullptr,
+              "batch_norm_relu (eval): null argument");
+  const auto& input = *static_cast<const at::Tensor*>(x);
+  const auto& w = *static_cast<const at::Tensor*>(weight);
+  const auto& b = *static_cast<const at::Tensor*>(bias);
+  const auto& rm = *static_cast<const at::Tensor*>(running_mean);
+  const auto& rv = *static_cast<const at::Tensor*>(running_var);
+  TORCH_CHECK(input.is_cuda() && input.dim() == 4 &&
+                  input.is_contiguous(at::MemoryFormat::ChannelsLast),
+              "batch_norm_relu (eval): expected a channels-last 4-D CUDA tensor");
+  const int64_t channels = input.size(1);
+  for (const at::Tensor* t : {&w, &b, &rm, &rv}) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == channels && t->scalar_type() == at::kFloat &&
+                    t->is_contiguous() && t->device() == input.device(),
+                "batch_norm_relu (eval): expected contiguous f32 [", channels,
+                "] parameters and statistics on the input's device");
+  }
+  TORCH_CHECK(vec == 1 || (vec == 4 && channels % 4 == 0),
+              "batch_norm_relu (eval): vec ", vec, " for ", channels, " channels");
+  if (c10::GradMode::is_enabled() && (input.requires_grad() || w.requires_grad() || b.requires_grad())) {
+    // A gradient is wanted (the kernel has no backward): libtorch's ops.
+    *out = new at::Tensor(at::relu(at::batch_norm(input, w, b, rm, rv, false, 0.0, eps, true)));
+    return nullptr;
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  at::Tensor y = at::empty_like(input);
+  const void* x_ptr = input.data_ptr();
+  void* y_ptr = y.data_ptr();
+  const void* m = rm.data_ptr();
+  const void* v = rv.data_ptr();
+  const void* wp = w.data_ptr();
+  const void* bp = b.data_ptr();
+  float e = static_cast<float>(eps);
+  long long n = static_cast<long long>(input.numel());
+  int c = static_cast<int>(channels);
+  void* args[] = {&x_ptr, &y_ptr, &m, &v, &wp, &bp, &e, &n, &c};
+  esper::jit_launch(kernel, dim3(elementwise_blocks((n + vec - 1) / vec, sm_count(input))),
+                    dim3(kThreads), 0, args, stream_of(input));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

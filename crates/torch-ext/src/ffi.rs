@@ -284,6 +284,17 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_batch_norm_relu_eval(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        running_mean: *mut c_void,
+        running_var: *mut c_void,
+        eps: f64,
+        vec: i32,
+        kernel: *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     // profile.cpp
     pub(crate) fn esper_kernel_profile_start() -> RawError;
     pub(crate) fn esper_kernel_profile_stop(

@@ -130,6 +130,7 @@ struct Kernels {
     bn_forward: JitKernel,
     bn_reduce: JitKernel,
     bn_apply: JitKernel,
+    bn_eval: JitKernel,
     pool_forward: JitKernel,
     pool_backward: JitKernel,
     conv_partial: JitKernel,
@@ -172,6 +173,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 bn_forward: load("esper_bn_relu_forward")?,
                 bn_reduce: load("esper_bn_relu_backward_reduce")?,
                 bn_apply: load("esper_bn_relu_backward_apply")?,
+                bn_eval: load("esper_bn_relu_eval")?,
                 pool_forward: load("esper_pool2_forward")?,
                 pool_backward: load("esper_pool2_backward")?,
                 conv_partial: load("esper_conv3_wgrad_partial")?,
@@ -259,9 +261,12 @@ fn is_nhwc(x: &Tensor) -> bool {
 }
 
 /// `relu(batch_norm(x, ...))`, the fused kernels where they apply (see the
-/// module docs), libtorch's `batch_norm` and `relu` otherwise (and always
-/// for `train == false`, which uses the running statistics). In training
-/// the running statistics, when given, are updated in place.
+/// module docs), libtorch's `batch_norm` and `relu` otherwise. In training
+/// the running statistics, when given, are updated in place. With
+/// `train == false` and both running statistics given, one kernel applies
+/// them and the ReLU where no gradient is wanted (the validation passes:
+/// libtorch runs cuDNN's inference batch norm and a separate ReLU);
+/// libtorch's ops where one is.
 ///
 /// # Shapes
 /// `x: [B, C, H, W]`, `weight`, `bias` and the running statistics `[C]`;
@@ -294,6 +299,30 @@ pub fn batch_norm_relu(
         .flatten()
         .all(|t| per_channel_f32(t, channels, x));
     let eligible = per_channel_ok && (1..=MAX_FUSED_CHANNELS).contains(&channels) && rows > 1;
+    if !train
+        && let (Some(mean), Some(var)) = (running_mean, running_var)
+        && let Some((device, bf16)) = fused_target(x).filter(|_| eligible && is_nhwc(x))
+    {
+        let vec4 = four_channels(x, channels);
+        let k = kernels(OP, device, bf16, vec4)?;
+        // SAFETY: every tensor pointer is live for the call; the kernel is
+        // live (the cache never drops it).
+        return unsafe {
+            shim_tensor(OP, |out| {
+                ffi::esper_batch_norm_relu_eval(
+                    ffi::tensor_ptr(x),
+                    ffi::tensor_ptr(weight),
+                    ffi::tensor_ptr(bias),
+                    ffi::tensor_ptr(mean),
+                    ffi::tensor_ptr(var),
+                    eps,
+                    if vec4 { 4 } else { 1 },
+                    k.bn_eval.raw(),
+                    out,
+                )
+            })
+        };
+    }
     let Some((device, bf16)) = fused.filter(|_| eligible) else {
         let unfused = x
             .f_batch_norm(
@@ -562,6 +591,7 @@ mod tests {
                             "esper_gn_relu_backward_narrow",
                             "esper_conv3_direct",
                             "esper_bn_relu_forward",
+                            "esper_bn_relu_eval",
                             "esper_blend_lerp_forward",
                             "esper_blend_lerp_backward",
                         ] {

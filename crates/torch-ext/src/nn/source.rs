@@ -379,6 +379,30 @@ __device__ __forceinline__ void window(const float (*v)[VEC], float* best, int* 
     }
 }
 
+// relu(batch_norm(x)) in evaluation mode, x channels-last (channel =
+// index % C; VEC values of one pixel a thread, C a multiple of VEC), from
+// the running statistics: one pass, where libtorch runs cuDNN's inference
+// batch norm and a separate ReLU. A NaN stays NaN, as relu leaves it.
+extern "C" __global__ void esper_bn_relu_eval(
+    const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ mean,
+    const float* __restrict__ var, const float* __restrict__ weight,
+    const float* __restrict__ bias, float eps, long long n, int C) {
+    const long long stride = (long long)gridDim.x * blockDim.x * VEC;
+    for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
+         i += stride) {
+        float v[VEC], out[VEC];
+        load(x, i, v);
+        const int c0 = (int)(i % C);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const int c = c0 + k;
+            const float r = (v[k] - mean[c]) * (rsqrtf(var[c] + eps) * weight[c]) + bias[c];
+            out[k] = r > 0.0f ? r : (r == r ? 0.0f : r);
+        }
+        store(y, i, out);
+    }
+}
+
 __device__ __forceinline__ void decompose(int i, int C, int Ho, int Wo, int cl,
                                           int& n, int& c, int& ho, int& wo) {
     const int G = C / VEC;

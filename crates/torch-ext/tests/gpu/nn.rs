@@ -140,6 +140,86 @@ fn batch_norm_relu_matches_libtorch_in_f32_and_bf16() {
 }
 
 #[test]
+fn batch_norm_relu_in_evaluation_is_one_kernel_and_matches_libtorch() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let f32 = (Kind::Float, CUDA);
+    for (kind, channels, bound) in [
+        (Kind::Float, 16_i64, 1e-5),
+        (Kind::BFloat16, 16, 1e-2),
+        (Kind::Float, 6, 1e-5),
+    ] {
+        tch::manual_seed(channels);
+        let x = memory::contiguous_channels_last(
+            &Tensor::randn([8, channels, 9, 9], f32).to_kind(kind),
+        )
+        .unwrap();
+        // A NaN stays NaN, as relu leaves it.
+        let _ = x.get(0).get(1).get(2).get(3).fill_(f64::NAN);
+        let weight = (Tensor::rand([channels], f32) + 0.5).set_requires_grad(true);
+        let bias = (Tensor::randn([channels], f32) * 0.3).set_requires_grad(true);
+        let mean = Tensor::randn([channels], f32) * 0.2;
+        let var = Tensor::rand([channels], f32) + 0.5;
+        let (mean_before, var_before) = (mean.copy(), var.copy());
+        let run = |fused: bool| {
+            nn::set_fused_kernels(fused);
+            let y = tch::no_grad(|| {
+                nn::batch_norm_relu(
+                    &x,
+                    &weight,
+                    &bias,
+                    Some(&mean),
+                    Some(&var),
+                    false,
+                    0.1,
+                    1e-5,
+                )
+                .unwrap()
+            });
+            nn::set_fused_kernels(true);
+            y
+        };
+        let mut fused = None;
+        let names = kernels_of(|| fused = Some(run(true)));
+        let fused = fused.unwrap();
+        assert_eq!(
+            names,
+            ["esper_bn_relu_eval"],
+            "{kind:?} C {channels}: {names:?}"
+        );
+        let reference = run(false);
+        assert_eq!(fused.kind(), kind);
+        assert!(
+            memory::is_channels_last(&fused).unwrap(),
+            "channels-last output"
+        );
+        let err = worst(&fused, &reference);
+        assert!(err <= bound, "{kind:?} C {channels}: error {err}");
+        // The running statistics are read, not updated.
+        assert!(mean.equal(&mean_before) && var.equal(&var_before));
+    }
+    // A gradient wanted: libtorch's ops, and the gradient reaches the input.
+    let x = memory::contiguous_channels_last(&Tensor::randn([4, 8, 5, 5], f32))
+        .unwrap()
+        .set_requires_grad(true);
+    let ones = Tensor::ones([8], f32);
+    let zeros = Tensor::zeros([8], f32);
+    let y = nn::batch_norm_relu(
+        &x,
+        &ones,
+        &zeros,
+        Some(&zeros),
+        Some(&ones),
+        false,
+        0.1,
+        0.0,
+    )
+    .unwrap();
+    y.sum(Kind::Float).backward();
+    let expected = x.detach().gt(0.0).to_kind(Kind::Float);
+    assert!(worst(&x.grad(), &expected) <= 1e-6);
+}
+
+#[test]
 fn batch_norm_relu_is_deterministic_and_capturable() {
     let Some(_device) = gpu_or_skip() else { return };
     let x = memory::contiguous_channels_last(&Tensor::randn([64, 16, 14, 14], (Kind::Float, CUDA)))
