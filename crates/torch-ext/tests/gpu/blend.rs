@@ -11,6 +11,25 @@ use torch_ext::{CudaGraph, CudaStream, cuda, memory, nn};
 use super::nn::worst;
 use super::{CUDA, gpu_or_skip};
 
+/// (shape, channels-last): four values a thread where a sample's size is a
+/// multiple of four, one otherwise (75), and a transformer's 3-D.
+const CASES: [(&[i64], bool); 5] = [
+    (&[8, 16, 14, 14], false),
+    (&[8, 16, 14, 14], true),
+    (&[6, 3, 5, 5], false),
+    (&[6, 3, 5, 5], true),
+    (&[4, 10, 32], false),
+];
+
+/// `t` channels-last when asked, as it is otherwise.
+fn in_layout(t: Tensor, channels_last: bool) -> Tensor {
+    if channels_last {
+        memory::contiguous_channels_last(&t).unwrap()
+    } else {
+        t
+    }
+}
+
 /// One blend forward and backward against the upstream gradient `g`;
 /// returns (y, dh, ds).
 fn blend_run(h: &Tensor, s: &Tensor, w: &Tensor, g: &Tensor, fused: bool) -> [Tensor; 3] {
@@ -27,25 +46,10 @@ fn blend_run(h: &Tensor, s: &Tensor, w: &Tensor, g: &Tensor, fused: bool) -> [Te
 fn blend_lerp_matches_libtorch_in_every_layout_and_dtype() {
     let Some(_device) = gpu_or_skip() else { return };
     tch::manual_seed(11);
-    // (shape, channels-last): four values a thread where a sample's size
-    // is a multiple of four, one otherwise (75), and a transformer's 3-D.
-    let cases: [(&[i64], bool); 5] = [
-        (&[8, 16, 14, 14], false),
-        (&[8, 16, 14, 14], true),
-        (&[6, 3, 5, 5], false),
-        (&[6, 3, 5, 5], true),
-        (&[4, 10, 32], false),
-    ];
     for kind in [Kind::Float, Kind::BFloat16] {
         let tolerance = if kind == Kind::Float { 1e-6 } else { 1e-2 };
-        for (shape, channels_last) in cases {
-            let layout = |t: Tensor| {
-                if channels_last {
-                    memory::contiguous_channels_last(&t).unwrap()
-                } else {
-                    t
-                }
-            };
+        for (shape, channels_last) in CASES {
+            let layout = |t: Tensor| in_layout(t, channels_last);
             let h = layout(Tensor::randn(shape, (kind, CUDA)));
             let s = layout(Tensor::randn(shape, (kind, CUDA)));
             let g = layout(Tensor::randn(shape, (kind, CUDA)));
@@ -130,21 +134,9 @@ fn blend_lerp_replays_with_new_weights_and_falls_back_for_a_learned_weight() {
 fn blend_lerp_replicated_equals_the_blend_of_copies() {
     let Some(_device) = gpu_or_skip() else { return };
     tch::manual_seed(13);
-    let cases: [(&[i64], bool); 4] = [
-        (&[8, 16, 14, 14], true),
-        (&[8, 16, 14, 14], false),
-        (&[6, 3, 5, 5], true),
-        (&[4, 10, 32], false),
-    ];
     for kind in [Kind::Float, Kind::BFloat16] {
-        for (shape, channels_last) in cases {
-            let layout = |t: Tensor| {
-                if channels_last {
-                    memory::contiguous_channels_last(&t).unwrap()
-                } else {
-                    t
-                }
-            };
+        for (shape, channels_last) in CASES {
+            let layout = |t: Tensor| in_layout(t, channels_last);
             let h = layout(Tensor::randn(shape, (kind, CUDA)));
             let s = layout(Tensor::randn(shape, (kind, CUDA)));
             for replicas in [1_i64, 3] {

@@ -307,20 +307,21 @@ fn max_pool2x2_matches_libtorch_with_ties_nan_and_odd_sizes() {
     }
 }
 
+/// bf16 autocast on CUDA while the guard lives, when `on`.
+fn bf16_autocast(on: bool) -> Option<torch_ext::AutocastGuard> {
+    on.then(|| {
+        torch_ext::AutocastGuard::with_cache(torch_ext::AutocastDevice::Cuda, Kind::BFloat16, false)
+            .unwrap()
+    })
+}
+
 /// One 3x3 convolution forward and backward; returns (y, dx, dw).
 fn conv_run(x: &Tensor, weight: &Tensor, bf16: bool, fused: bool) -> [Tensor; 3] {
     nn::set_fused_kernels(fused);
     let x = x.detach().set_requires_grad(true);
     let weight = weight.detach().set_requires_grad(true);
     let y = {
-        let _autocast = bf16.then(|| {
-            torch_ext::AutocastGuard::with_cache(
-                torch_ext::AutocastDevice::Cuda,
-                Kind::BFloat16,
-                false,
-            )
-            .unwrap()
-        });
+        let _autocast = bf16_autocast(bf16);
         nn::conv3x3(&x, &weight).unwrap()
     };
     tch::manual_seed(11);
@@ -437,14 +438,7 @@ fn conv3x3_without_gradients_takes_the_fused_kernels() {
         memory::set_channels_last_(&weight).unwrap();
         let run = |fused: bool| {
             nn::set_fused_kernels(fused);
-            let _autocast = bf16.then(|| {
-                torch_ext::AutocastGuard::with_cache(
-                    torch_ext::AutocastDevice::Cuda,
-                    Kind::BFloat16,
-                    false,
-                )
-                .unwrap()
-            });
+            let _autocast = bf16_autocast(bf16);
             let y = tch::no_grad(|| nn::conv3x3(&x, &weight).unwrap());
             nn::set_fused_kernels(true);
             y
