@@ -103,7 +103,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm --format=csv 2>
 
 status=0
 if [ "$run_tests" = 1 ]; then
-  # The test binaries travel gzipped (the carry limit); unpacked once.
+  # The test binaries travel xz-compressed (the carry limit); unpacked once.
   if [ -f "$here/tests.tar.xz" ] && [ ! -d "$here/tests" ]; then
     tar xJf "$here/tests.tar.xz" -C "$here" || { echo "== could not unpack tests.tar.xz"; exit 1; }
   fi
