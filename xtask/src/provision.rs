@@ -18,9 +18,15 @@ const PIP_REQUIREMENTS: &[&str] = &[
     "nvidia-cuda-crt==13.0.88.*",
 ];
 
-/// Debian packages: the Fashion-MNIST data set, promtool, and the English
-/// text of the language-model task (`fortunes`).
-pub(crate) const APT_PACKAGES: &[&str] = &["dataset-fashion-mnist", "prometheus", "fortunes"];
+/// Debian packages: the Fashion-MNIST data set, promtool, the English text of
+/// the language-model task (`fortunes`), and `xz` (`cargo xtask bundle`
+/// packs the GPU test binaries with it; not in every minimal image).
+pub(crate) const APT_PACKAGES: &[&str] = &[
+    "dataset-fashion-mnist",
+    "prometheus",
+    "fortunes",
+    "xz-utils",
+];
 
 /// Git-ignored link in the repository root to the venv's site-packages.
 pub(crate) const TORCH_LINK: &str = ".esper-torch";
