@@ -282,6 +282,12 @@ pub fn replicate_batch(x: &Tensor, replicas: i64) -> Result<Tensor> {
     Ok(torch_ext::memory::repeat_batch(x, replicas)?)
 }
 
+/// Whether a seed's state takes the straight-through incubator: TRAINING at
+/// alpha 0 with no override.
+fn incubates(state: &crate::lifecycle::SeedState, alpha_override: Option<&Tensor>) -> bool {
+    alpha_override.is_none() && state.stage() == SeedStage::Training && state.alpha() == 0.0
+}
+
 /// The blend of a seed's output (and gate values) for `host` into
 /// `replicas` copies of `host`, each with its own rows of `alpha_override`
 /// (`[replicas·B or 1, 1, ...]`), without copying the batch first
@@ -297,7 +303,7 @@ pub(crate) fn mix_replicated(
     replicas: i64,
 ) -> Result<Option<Tensor>> {
     let alpha = state.alpha();
-    if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
+    if incubates(state, alpha_override) {
         return Ok(None);
     }
     let gate = match (state.algorithm(), gate_values) {
@@ -314,10 +320,7 @@ pub(crate) fn mix_replicated(
         Some(tensor) => {
             check_per_sample_of("per-sample alpha", tensor, &copies)?;
             check_host_values_finite("per-sample alpha", tensor)?;
-            tensor
-                .f_to_kind(host.kind())?
-                .f_to_device(host.device())?
-                .f_clamp(0.0, 1.0)?
+            BlendAlpha::PerSample(tensor).clamped_tensor(host)?
         }
         None => Tensor::f_full(
             vec![1_i64; copies.len()].as_slice(),
@@ -352,7 +355,7 @@ pub(crate) fn mix(
     alpha_override: Option<&Tensor>,
 ) -> Result<Tensor> {
     let alpha = state.alpha();
-    if alpha_override.is_none() && state.stage() == SeedStage::Training && alpha == 0.0 {
+    if incubates(state, alpha_override) {
         return incubator(host, seed_output);
     }
     let blend_alpha = match alpha_override {
