@@ -317,7 +317,10 @@ impl CudaGraph {
     }
 
     /// Makes `stream` current, launches the graph on it, and restores the
-    /// previous current stream.
+    /// previous current stream. It does not wait for work queued on other
+    /// streams: inputs written on another stream need
+    /// [`CudaStream::wait_stream`] (or an event) first, or the replay may
+    /// read them before they land on a busy GPU.
     pub fn replay_on(&self, stream: &CudaStream) -> Result<()> {
         let _current = stream.make_current()?;
         self.replay()

@@ -171,6 +171,11 @@ fn captured_matmul_replays_with_new_inputs() {
     }
     // Replay on another stream after filling the input there.
     let fresh = Tensor::randn([4, 16], (Kind::Float, CUDA));
+    // `fresh` was written on the current stream: the side stream waits for
+    // it (without the wait the copy raced the randn on a busy GPU).
+    stream
+        .wait_stream(&CudaStream::current(0).unwrap())
+        .unwrap();
     {
         let _guard = stream.make_current().unwrap();
         let mut x_static = x.shallow_clone();
@@ -435,6 +440,7 @@ fn index_copy_many_matches_index_copy_inside_a_captured_graph() {
         (&raw, 0, &a),
     ];
     let stream = CudaStream::from_pool(0, false).unwrap();
+    let current = CudaStream::current(0).unwrap();
     let graph = CudaGraph::capture(&stream, None, 1, || {
         index_copy_many(&writes, &index).map_err(|e| e.to_string())
     })
@@ -451,6 +457,9 @@ fn index_copy_many_matches_index_copy_inside_a_captured_graph() {
             .copy_(&Tensor::randint(100, [4], (Kind::Int64, CUDA)));
         wide.shallow_clone()
             .copy_(&Tensor::randint(2, [4, 9], (Kind::Int64, CUDA)).to_kind(Kind::Bool));
+        // The inputs were written on the current stream; the replay's
+        // stream waits for them.
+        stream.wait_stream(&current).unwrap();
         graph.replay_on(&stream).unwrap();
         stream.synchronize().unwrap();
         let at = Tensor::from_slice(&[step]);
@@ -512,6 +521,11 @@ fn non_blocking_copy_from_pinned_memory_arrives() {
     let host = Tensor::arange(1024, (Kind::Float, Device::Cpu)).pin_memory(CUDA);
     let mut device = Tensor::zeros([1024], (Kind::Float, CUDA));
     let stream = CudaStream::from_pool(0, false).unwrap();
+    // The zeros were written on the current stream: without this wait they
+    // could land after the copy on a busy GPU.
+    stream
+        .wait_stream(&CudaStream::current(0).unwrap())
+        .unwrap();
     {
         let _guard = stream.make_current().unwrap();
         copy_non_blocking(&mut device, &host).unwrap();
