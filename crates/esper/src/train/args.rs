@@ -153,6 +153,9 @@ pub(crate) enum RewardChoice {
     Sparse,
     /// Sparse plus a penalty for pruning a young seed.
     Minimal,
+    /// Shaped with the attribution in escrow: each step pays the change of
+    /// the seed's credit, forfeited at the end unless fossilized.
+    Escrow,
 }
 
 /// How each training step runs (tolaria's `ExecutionMode`).

@@ -389,6 +389,7 @@ fn simic_config(config: &RunConfig, env_device: tch::Device) -> Result<SimicConf
         RewardChoice::Shaped => simic::rewards::RewardMode::Shaped,
         RewardChoice::Sparse => simic::rewards::RewardMode::Sparse,
         RewardChoice::Minimal => simic::rewards::RewardMode::Minimal,
+        RewardChoice::Escrow => simic::rewards::RewardMode::Escrow,
     };
     simic.policy_precision = match config.policy_precision {
         PolicyPrecisionChoice::Auto => None,

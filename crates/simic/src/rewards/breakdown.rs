@@ -6,8 +6,9 @@ use serde::Serialize;
 use super::config::RewardMode;
 
 /// The reward of one step by component. `total` is the sum of the
-/// components (the fields from `attribution` to `terminal`); the discounts
-/// and `clean_total` explain them and are not summed.
+/// components (the fields from `attribution` to `escrow_forfeit`); the
+/// discounts, `clean_total` and ESCROW's credit explain them and are not
+/// summed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct RewardBreakdown {
     /// The mode that computed it.
@@ -70,6 +71,17 @@ pub struct RewardBreakdown {
     /// Terminal reward: `0.05·val_acc` in SHAPED, the whole sparse reward in
     /// SPARSE and MINIMAL.
     pub terminal: f64,
+    /// ESCROW, at the last step: the credits of the seeds that are neither
+    /// fossilized nor pruned, forfeited (≤ 0).
+    pub escrow_forfeit: f64,
+    /// ESCROW: the targeted slot's credit after this step (what the
+    /// environment keeps for the next; its change is `attribution`). Not a
+    /// component.
+    pub escrow_credit: f64,
+    /// ESCROW: the ratio penalty taken into the credit's target (≤ 0; under
+    /// ESCROW `ratio_penalty` stays 0, since the penalty is paid through the
+    /// credit). Not a component.
+    pub escrow_ratio_penalty: f64,
     /// The reward: the sum of the components.
     pub total: f64,
 }
@@ -103,6 +115,9 @@ impl RewardBreakdown {
             prune_shaping: 0.0,
             auto_prune: 0.0,
             terminal: 0.0,
+            escrow_forfeit: 0.0,
+            escrow_credit: 0.0,
+            escrow_ratio_penalty: 0.0,
             total: 0.0,
         }
     }
@@ -129,6 +144,7 @@ impl RewardBreakdown {
             self.prune_shaping,
             self.auto_prune,
             self.terminal,
+            self.escrow_forfeit,
         ]
         .iter()
         .sum()

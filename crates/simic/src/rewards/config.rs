@@ -31,6 +31,15 @@ pub enum RewardMode {
     Sparse,
     /// SPARSE plus a penalty for pruning a young seed.
     Minimal,
+    /// SHAPED with the attribution in escrow (the reference's ESCROW mode):
+    /// each step pays the *change* of the targeted seed's credit, clipped to
+    /// `±escrow_delta_clip`, so what a seed earns over an episode is its
+    /// final credit, not a sum over every epoch it is held; progress is
+    /// taken from the stable accuracy (the lowest of the last
+    /// `escrow_stable_window` epochs); a PRUNE claws the credit back, and at
+    /// the last step the credit of every seed that is neither fossilized
+    /// nor pruned is forfeited. Every other component is SHAPED's.
+    Escrow,
 }
 
 /// Base potentials of the stages that carry one (reference §4.4). UNKNOWN,
@@ -99,6 +108,12 @@ pub struct RewardConfig {
     /// op's FOSSILIZE and PRUNE adjustments) as
     /// [`crate::rewards::RewardBreakdown::other_attribution`].
     pub attribute_all_seeds: bool,
+    /// ESCROW: accuracies over which the stable accuracy is the minimum
+    /// (3, the reference's).
+    pub escrow_stable_window: u32,
+    /// ESCROW: the largest change of a seed's credit in one step, a
+    /// magnitude (2.0, the reference's; 0 for no clip).
+    pub escrow_delta_clip: f64,
     /// Weight of the stage-improvement proxy when no contribution was
     /// measured (0.3).
     pub proxy_weight: f64,
@@ -295,6 +310,8 @@ impl Default for RewardConfig {
             max_progress_bonus: 2.0,
             contribution_weight: 1.0,
             attribute_all_seeds: false,
+            escrow_stable_window: 3,
+            escrow_delta_clip: 2.0,
             proxy_weight: 0.3,
             attribution_sigmoid_steepness: 3.0,
             germination_warmup_epochs: 10,

@@ -2,7 +2,7 @@
 //! [`StagePotentials::validate`] (every value finite and on the side of zero
 //! its rule assumes; the stage potentials rising along the lifecycle).
 
-use super::config::{RewardConfig, StagePotentials};
+use super::config::{RewardConfig, RewardMode, StagePotentials};
 use crate::{Error, Result};
 
 /// Which side of zero a constant must be on.
@@ -88,7 +88,9 @@ impl RewardConfig {
     /// `>= 0`), `gamma` in `(0, 1]`, the discount floor in `[0, 1]`, the
     /// divisors (`hacking_ratio_threshold`, `fossilize_quality_ceiling`,
     /// `min_holding_epochs`, `rent_host_params_floor`, `param_budget`) > 0,
-    /// and the stage potentials rising along the lifecycle.
+    /// and the stage potentials rising along the lifecycle. Under ESCROW
+    /// also a stable window of at least 1 and no `attribute_all_seeds`
+    /// (SHAPED's).
     pub fn validate(&self) -> Result<()> {
         use Sign::{Any, NonNegative, NonPositive, Positive};
         if !(self.gamma.is_finite() && self.gamma > 0.0 && self.gamma <= 1.0) {
@@ -98,6 +100,19 @@ impl RewardConfig {
             });
         }
         self.stage_potentials.validate()?;
+        if self.mode == RewardMode::Escrow {
+            if self.attribute_all_seeds {
+                return Err(Error::InvalidConfig {
+                    field: "RewardConfig.attribute_all_seeds",
+                    reason: "is SHAPED's: ESCROW pays the change of the targeted seed's credit"
+                        .to_owned(),
+                });
+            }
+            check_positive_count(
+                "RewardConfig.escrow_stable_window",
+                u64::from(self.escrow_stable_window),
+            )?;
+        }
         if !(0.0..=1.0).contains(&self.germination_discount_floor) {
             return Err(Error::InvalidConfig {
                 field: "RewardConfig.germination_discount_floor",
@@ -122,6 +137,11 @@ impl RewardConfig {
                 NonNegative,
             ),
             ("RewardConfig.proxy_weight", self.proxy_weight, NonNegative),
+            (
+                "RewardConfig.escrow_delta_clip",
+                self.escrow_delta_clip,
+                NonNegative,
+            ),
             (
                 "RewardConfig.attribution_sigmoid_steepness",
                 self.attribution_sigmoid_steepness,

@@ -172,6 +172,26 @@ pub struct RewardInputs {
     pub max_epochs: u32,
     /// Whether this is the episode's last step (terminal bonus, SPARSE).
     pub terminal: bool,
+    /// ESCROW's inputs (`None` under the other modes; ESCROW refuses
+    /// `None`).
+    pub escrow: Option<EscrowInputs>,
+}
+
+/// What ESCROW reads beside the SHAPED inputs: the environment keeps one
+/// credit per slot (reset to 0 when the slot holds no live or fossilized
+/// seed) and the episode's recent validation accuracies.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EscrowInputs {
+    /// The lowest validation accuracy of the last
+    /// [`crate::rewards::RewardConfig::escrow_stable_window`] epochs, this
+    /// one included, percent: the accuracy progress is measured at.
+    pub stable_val_acc: f64,
+    /// The targeted slot's credit before this step.
+    pub credit: f64,
+    /// The credits of the other slots whose seed is live and not
+    /// fossilized after the op, summed: what the terminal step forfeits
+    /// beside the targeted slot's own.
+    pub others_at_risk: f64,
 }
 
 impl Default for RewardInputs {
@@ -199,6 +219,7 @@ impl Default for RewardInputs {
             epoch: 0,
             max_epochs: 1,
             terminal: false,
+            escrow: None,
         }
     }
 }
@@ -275,6 +296,11 @@ impl RewardInputs {
                 field: "RewardInputs.epoch",
                 reason: format!("{} is beyond max_epochs {}", self.epoch, self.max_epochs),
             });
+        }
+        if let Some(escrow) = &self.escrow {
+            accuracy("RewardInputs.escrow.stable_val_acc", escrow.stable_val_acc)?;
+            finite("RewardInputs.escrow.credit", escrow.credit)?;
+            finite("RewardInputs.escrow.others_at_risk", escrow.others_at_risk)?;
         }
         if self.fossil_count > self.occupied_slots {
             return Err(Error::InvalidInput {

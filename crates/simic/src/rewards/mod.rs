@@ -22,7 +22,11 @@
 //! - [`RewardNormaliser`]: divides by the running standard deviation
 //!   (Welford, no mean shift) and clips to ±10, with a serde state.
 //!
-//! Not built: the reference's other modes (ESCROW, BASIC, SIMPLIFIED, and
+//! - ESCROW ([`RewardMode::Escrow`]) is SHAPED with the attribution paid as
+//!   the change of a per-slot credit ([`EscrowInputs`]; the environment
+//!   keeps the credits), forfeited at the last step unless fossilized.
+//!
+//! Not built: the reference's other modes (BASIC, SIMPLIFIED, and
 //! BASIC_PLUS with its post-fossilisation "drip" and the drip's asymmetric
 //! clipping), the LOSS family, and the scaffold hindsight credit.
 
@@ -39,7 +43,7 @@ pub mod sparse;
 pub use breakdown::RewardBreakdown;
 pub use config::{DEFAULT_GAMMA, RewardConfig, RewardMode, StagePotentials};
 pub use episode::{RollbackOutcome, apply_governor_rollback, auto_prune_penalty};
-pub use inputs::{RewardInputs, SeedFacts, SlotFacts};
+pub use inputs::{EscrowInputs, RewardInputs, SeedFacts, SlotFacts};
 pub use normaliser::{RewardNormaliser, RewardNormaliserConfig, RewardNormaliserState};
 pub use pbrs::{StagePoint, base_potential, pbrs_term, potential, slot_potential};
 pub use shaped::{attribution_discount, timing_discount};
@@ -59,6 +63,15 @@ pub fn compute_reward(config: &RewardConfig, inputs: &RewardInputs) -> Result<Re
     inputs.validate()?;
     let breakdown = match config.mode {
         RewardMode::Shaped => shaped::shaped_reward(config, inputs),
+        RewardMode::Escrow => {
+            if inputs.escrow.is_none() {
+                return Err(crate::Error::InvalidInput {
+                    field: "RewardInputs.escrow",
+                    reason: "ESCROW needs the slot's credit and the stable accuracy".to_owned(),
+                });
+            }
+            shaped::shaped_reward(config, inputs)
+        }
         RewardMode::Sparse | RewardMode::Minimal => {
             sparse::sparse_breakdown(config, inputs, config.mode)?
         }

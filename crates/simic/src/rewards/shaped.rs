@@ -57,6 +57,27 @@
 //! - **Terminal**: `0.05·val_acc` at the episode's last step.
 //! - **Auto-prune**: −0.2 per seed the environment pruned on its own.
 //!
+//! **ESCROW** ([`RewardMode::Escrow`], the reference's escrow attribution)
+//! replaces the attribution and ratio penalty of the targeted seed, and
+//! keeps every other component:
+//!
+//! - the seed's credit moves towards a target, `max(0, w·a + ratio
+//!   penalty)` with `a = √(p·c)` if `c ≥ p > 0`, `c` if `c < p`, 0 if
+//!   `p ≤ 0`, where `p` is progress at the stable accuracy (the lowest of
+//!   the last `escrow_stable_window` epochs); the step pays the change,
+//!   clipped to `±escrow_delta_clip`. No sigmoid or timing discount; the
+//!   ratio penalty applies whatever the sign of `T`;
+//! - `c < 0` pays `w·c` and takes the credit back to 0; a PRUNE pays the
+//!   credit back (`−credit`); a fossil keeps its credit and earns nothing;
+//!   an unmeasured `c` leaves the credit as it is;
+//! - at the last step, the credits of the seeds that are neither fossilized
+//!   nor pruned are forfeited (`escrow_forfeit`).
+//!
+//! Over an episode a seed is paid its final credit, once, and only if it is
+//! fossilized (or pruned with nothing owed), where SHAPED pays the
+//! attribution at every step it is held
+//! (`baselines/perf/simic-learning/NOTES.md`, the 100-round section).
+//!
 //! Where the reference's code differs from this: it adds the PRUNE
 //! potential drop on top of the ordinary per-step PBRS term (here one term
 //! goes from the seed's potential to the empty slot's 0); and it shapes a
@@ -67,7 +88,7 @@ use leyline::{LifecycleOp, SeedStage};
 
 use super::breakdown::RewardBreakdown;
 use super::config::{RewardConfig, RewardMode};
-use super::inputs::{RewardInputs, SeedFacts};
+use super::inputs::{EscrowInputs, RewardInputs, SeedFacts};
 use super::pbrs::pbrs_term;
 
 /// The sigmoid discount at `T = 0`: below it the clean total is negative,
@@ -103,12 +124,19 @@ pub fn attribution_discount(config: &RewardConfig, clean_total: Option<f64>) -> 
 }
 
 /// The anti-gaming ratio penalty (≤ 0) for contribution `c` (module docs).
-fn ratio_penalty(config: &RewardConfig, contribution: f64, clean_total: Option<f64>) -> f64 {
+/// SHAPED skips it while the sigmoid discount is below one half; ESCROW,
+/// which has no sigmoid discount, never does (`escrow`).
+fn ratio_penalty(
+    config: &RewardConfig,
+    contribution: f64,
+    clean_total: Option<f64>,
+    escrow: bool,
+) -> f64 {
     let Some(total) = clean_total else {
         return 0.0;
     };
     if contribution <= config.ratio_penalty_min_contribution
-        || attribution_discount(config, Some(total)) < TRUSTED_DISCOUNT
+        || (!escrow && attribution_discount(config, Some(total)) < TRUSTED_DISCOUNT)
     {
         return 0.0;
     }
@@ -155,7 +183,7 @@ fn seed_attribution(
     out.value = match seed.contribution {
         Some(contribution) => {
             out.discount = attribution_discount(config, clean_total);
-            out.ratio_penalty = ratio_penalty(config, contribution, clean_total);
+            out.ratio_penalty = ratio_penalty(config, contribution, clean_total, false);
             if contribution < 0.0 {
                 config.contribution_weight * contribution
             } else {
@@ -201,6 +229,77 @@ fn attribution(
         value = -value;
     }
     breakdown.attribution = value;
+}
+
+/// ESCROW's attribution of the targeted seed (module docs): the change of
+/// its credit towards this step's target, and the credit after the step.
+fn escrow_attribution(
+    config: &RewardConfig,
+    inputs: &RewardInputs,
+    seed: &SeedFacts,
+    clean_total: Option<f64>,
+    escrow: &EscrowInputs,
+    breakdown: &mut RewardBreakdown,
+) {
+    let credit = escrow.credit;
+    breakdown.escrow_credit = credit;
+    if inputs.op == LifecycleOp::Prune && inputs.op_succeeded {
+        // The credit is clawed back.
+        breakdown.attribution = -credit;
+        breakdown.escrow_credit = 0.0;
+        return;
+    }
+    // A fossil keeps its credit and earns nothing more; an unmeasured
+    // contribution leaves the credit where it is.
+    let Some(contribution) = seed
+        .contribution
+        .filter(|_| seed.stage != SeedStage::Fossilized)
+    else {
+        return;
+    };
+    let (change, next) = if contribution < 0.0 {
+        // Pays the harm and takes the credit back to 0.
+        (config.contribution_weight * contribution - credit, 0.0)
+    } else {
+        let penalty = ratio_penalty(config, contribution, clean_total, true);
+        breakdown.escrow_ratio_penalty = penalty;
+        // Progress at the stable accuracy: `seed.progress` is measured at
+        // this epoch's.
+        let progress = seed.progress - (inputs.val_acc - escrow.stable_val_acc);
+        let attributed = if progress <= 0.0 {
+            0.0
+        } else if contribution >= progress {
+            (progress * contribution).sqrt()
+        } else {
+            contribution
+        };
+        let target = (config.contribution_weight * attributed + penalty).max(0.0);
+        let mut change = target - credit;
+        if config.escrow_delta_clip > 0.0 {
+            change = change.clamp(-config.escrow_delta_clip, config.escrow_delta_clip);
+        }
+        (change, credit + change)
+    };
+    breakdown.escrow_credit = next;
+    // As in SHAPED, a FOSSILIZE while the clean total is negative is paid
+    // no attribution (the credit still moves).
+    breakdown.attribution =
+        if inputs.op == LifecycleOp::Fossilize && clean_total.is_some_and(|total| total < 0.0) {
+            0.0
+        } else {
+            change
+        };
+}
+
+/// ESCROW's forfeit at the last step: every credit still at risk (the
+/// targeted slot's after the step, if its seed is live and not
+/// fossilized, and the other slots').
+fn escrow_forfeit(inputs: &RewardInputs, escrow: &EscrowInputs, credit_after: f64) -> f64 {
+    let target_at_risk = inputs
+        .seed_after
+        .is_some_and(|after| !after.stage.is_failure() && after.stage != SeedStage::Fossilized);
+    let own = if target_at_risk { credit_after } else { 0.0 };
+    -(escrow.others_at_risk + own)
 }
 
 /// The attributions and ratio penalties of the other live seeds
@@ -377,14 +476,28 @@ fn op_shaping(
     }
 }
 
-/// The SHAPED reward of validated inputs under a validated config.
+/// The SHAPED reward of validated inputs under a validated config, and
+/// ESCROW's (SHAPED with the attribution in escrow).
 pub(super) fn shaped_reward(config: &RewardConfig, inputs: &RewardInputs) -> RewardBreakdown {
-    let mut breakdown = RewardBreakdown::zero(RewardMode::Shaped);
+    let mut breakdown = RewardBreakdown::zero(config.mode);
     let clean_total = inputs.resolved_clean_total();
     breakdown.clean_total = clean_total;
 
+    let escrow = inputs
+        .escrow
+        .as_ref()
+        .filter(|_| config.mode == RewardMode::Escrow);
+    if let Some(escrow) = escrow {
+        // An empty slot's credit (0 once the environment reset it) stays.
+        breakdown.escrow_credit = escrow.credit;
+    }
     if let Some(seed) = &inputs.seed {
-        attribution(config, inputs, seed, clean_total, &mut breakdown);
+        match escrow {
+            Some(escrow) => {
+                escrow_attribution(config, inputs, seed, clean_total, escrow, &mut breakdown);
+            }
+            None => attribution(config, inputs, seed, clean_total, &mut breakdown),
+        }
         warnings(config, inputs.op, seed, clean_total, &mut breakdown);
         if breakdown.attribution_discount >= TRUSTED_DISCOUNT
             && breakdown.attribution + breakdown.ratio_penalty > 0.0
@@ -425,6 +538,9 @@ pub(super) fn shaped_reward(config: &RewardConfig, inputs: &RewardInputs) -> Rew
     breakdown.auto_prune = super::episode::auto_prune_penalty(config, inputs.auto_prunes);
     if inputs.terminal {
         breakdown.terminal = config.terminal_acc_weight * inputs.val_acc;
+        if let Some(escrow) = escrow {
+            breakdown.escrow_forfeit = escrow_forfeit(inputs, escrow, breakdown.escrow_credit);
+        }
     }
     breakdown.total = breakdown.component_sum();
     breakdown

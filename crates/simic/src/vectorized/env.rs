@@ -9,7 +9,7 @@
 //! Also here: the round's data ([`EnvSpec`]), which device each environment
 //! runs on, and the blueprint warm-up before the first round.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
 mod step;
 
@@ -29,7 +29,7 @@ use tolaria::task::TaskHost;
 use super::SimicConfig;
 use super::outcome::EpisodeOutcome;
 use crate::counterfactual::{CounterfactualReport, ShapleyValue};
-use crate::rewards::{SeedFacts, SlotFacts, StagePoint};
+use crate::rewards::{EscrowInputs, SeedFacts, SlotFacts, StagePoint};
 use crate::{Error, Result};
 
 /// The data and host of every environment of a round.
@@ -144,6 +144,12 @@ pub(crate) struct Env {
     /// The validation accuracy the last reward was computed at (the
     /// accuracy-delta term's reference; none before the first reward).
     rewarded_accuracy: Option<f64>,
+    /// ESCROW: each slot's credit, in slot order (0 while the slot holds no
+    /// live or fossilized seed).
+    escrow_credit: Vec<f64>,
+    /// ESCROW: the episode's last validation accuracies, newest last (as
+    /// many as the stable window).
+    recent_val_acc: VecDeque<f64>,
     /// Active seeds summed over steps (for the mean).
     active_seed_steps: u64,
     /// Configurations the fused passes measured, summed over the steps.
@@ -191,6 +197,7 @@ impl Env {
             config,
             telemetry.clone(),
         )?;
+        let slot_count = slots.len();
         Ok(Env {
             index,
             tracker: ObservationTracker::new(&slots, max_epochs)?,
@@ -213,6 +220,8 @@ impl Env {
             episode_reward: 0.0,
             val_accuracy: 0.0,
             rewarded_accuracy: None,
+            escrow_credit: vec![0.0; slot_count],
+            recent_val_acc: VecDeque::new(),
             active_seed_steps: 0,
             counterfactual_configs: 0,
             seed,
@@ -353,6 +362,66 @@ impl Env {
             }
         }
         facts
+    }
+
+    /// ESCROW's inputs for a step targeting slot `target` (an index into the
+    /// slots), after the op: notes `val_acc` among the recent accuracies
+    /// and takes the stable accuracy over `window` of them.
+    fn escrow_inputs(&mut self, target: usize, val_acc: f64, window: u32) -> EscrowInputs {
+        let window = usize::try_from(window).unwrap_or(usize::MAX).max(1);
+        self.recent_val_acc.push_back(val_acc);
+        while self.recent_val_acc.len() > window {
+            self.recent_val_acc.pop_front();
+        }
+        let stable_val_acc = self
+            .recent_val_acc
+            .iter()
+            .copied()
+            .reduce(f64::min)
+            .unwrap_or(val_acc);
+        let model = self.trainer.model();
+        let others_at_risk = self
+            .slots
+            .iter()
+            .zip(&self.escrow_credit)
+            .enumerate()
+            .filter(|(index, (slot, _))| {
+                *index != target
+                    && model
+                        .slot(**slot)
+                        .ok()
+                        .and_then(|slot| slot.state())
+                        .is_some_and(|state| {
+                            let stage = state.stage();
+                            !stage.is_failure() && stage != SeedStage::Fossilized
+                        })
+            })
+            .map(|(_, (_, credit))| *credit)
+            .sum();
+        EscrowInputs {
+            stable_val_acc,
+            credit: self.escrow_credit.get(target).copied().unwrap_or(0.0),
+            others_at_risk,
+        }
+    }
+
+    /// ESCROW: keeps the targeted slot's credit after the step, and resets
+    /// the credit of every slot that holds no live or fossilized seed.
+    fn settle_escrow(&mut self, target: usize, credit: f64) {
+        if let Some(kept) = self.escrow_credit.get_mut(target) {
+            *kept = credit;
+        }
+        let model = self.trainer.model();
+        for (slot, kept) in self.slots.iter().zip(self.escrow_credit.iter_mut()) {
+            let holds_seed = model
+                .slot(*slot)
+                .ok()
+                .and_then(|slot| slot.state())
+                .is_some_and(|state| !state.stage().is_failure());
+            if !holds_seed {
+                *kept = 0.0;
+            }
+        }
     }
 
     /// Notes the validation accuracy at a germination in `slot`.

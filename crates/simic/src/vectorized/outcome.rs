@@ -406,8 +406,9 @@ impl RewardHackingSuspicion {
             penalty,
         };
         let mut found = Vec::new();
-        if breakdown.ratio_penalty < 0.0 {
-            found.push(suspicion("attribution_ratio", breakdown.ratio_penalty));
+        let ratio_penalty = breakdown.ratio_penalty + breakdown.escrow_ratio_penalty;
+        if ratio_penalty < 0.0 {
+            found.push(suspicion("attribution_ratio", ratio_penalty));
         }
         if breakdown.ransomware_signature {
             found.push(suspicion(

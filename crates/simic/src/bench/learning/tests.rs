@@ -184,3 +184,22 @@ fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
         Err(crate::Error::Checkpoint { field: "round", .. })
     ));
 }
+
+#[test]
+fn the_escrow_reward_trains_through_the_environments() {
+    // The environments hand ESCROW its credits and stable accuracy: without
+    // them every step's reward is refused and the round fails.
+    let _rng = crate::global_rng_lock();
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 1;
+    options.episode_length = Some(3);
+    options.settings = vec!["reward.mode=escrow".to_owned()];
+    let setup = LearningSetup::new(&options, 1).expect("the quick protocol's setup");
+    assert_eq!(setup.config.reward.mode, crate::rewards::RewardMode::Escrow);
+    let (_, curve) = setup
+        .train_policy(0, &mut |_| {})
+        .expect("a round under ESCROW");
+    assert_eq!(curve.len(), 1);
+    let reward = curve[0].metrics["mean_episode_reward"];
+    assert!(reward.is_finite(), "{reward}");
+}

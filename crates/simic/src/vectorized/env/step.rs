@@ -28,8 +28,8 @@ use super::Env;
 use crate::buffer::RolloutBuffer;
 use crate::counterfactual::{FusedConfig, ShapleyConfig};
 use crate::rewards::{
-    RewardConfig, RewardInputs, RewardNormaliserConfig, SeedFacts, apply_governor_rollback,
-    compute_reward,
+    RewardConfig, RewardInputs, RewardMode, RewardNormaliserConfig, SeedFacts,
+    apply_governor_rollback, compute_reward,
 };
 use crate::vectorized::SimicConfig;
 use crate::vectorized::measure::{Launched, Measured, launch_measure, read_measure};
@@ -406,13 +406,16 @@ impl Env {
         self.outcome.trace.push(trace);
         let (occupied, fossils, fossil_params) = self.occupancy();
         let host_params = self.host_params();
+        let val_acc = measured.validation.accuracy.clamp(0.0, 100.0);
+        let escrow = (rules.reward.mode == RewardMode::Escrow)
+            .then(|| self.escrow_inputs(action.slot, val_acc, rules.reward.escrow_stable_window));
         let inputs = RewardInputs {
             op,
             op_succeeded: succeeded,
             seed: seed_before,
             seed_after: self.stage_point(target),
             other_seeds,
-            val_acc: measured.validation.accuracy.clamp(0.0, 100.0),
+            val_acc,
             previous_val_acc: self.rewarded_accuracy,
             clean_total: measured.report.reward.total,
             solo_off_accuracies: Vec::new(),
@@ -427,8 +430,12 @@ impl Env {
             epoch: u32::try_from(step.saturating_add(1)).unwrap_or(u32::MAX),
             max_epochs: rules.episode_length,
             terminal,
+            escrow,
         };
         let breakdown = compute_reward(&rules.reward, &inputs)?;
+        if inputs.escrow.is_some() {
+            self.settle_escrow(action.slot, breakdown.escrow_credit);
+        }
         self.rewarded_accuracy = Some(inputs.val_acc);
         let suspicions = RewardHackingSuspicion::of(
             self.index,
