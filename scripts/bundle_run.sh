@@ -5,7 +5,12 @@
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
+#                      [--only-seeds LIST]
 #                      [--peer-modes LIST]
+#
+# --only-seeds LIST (simic-learning with --jobs) trains and evaluates only those seeds and keeps
+# the parts (no record until every seed is evaluated); carry the small parts of the evaluated
+# seeds (baselines.json, seed-K.json, seed-K-evaluated.json) to finish the run on another machine.
 #
 # --job-devices (simic-learning with --jobs) spreads the training processes over devices;
 # `all` names every GPU nvidia-smi lists (cuda:0,...,cuda:N-1).
@@ -65,6 +70,7 @@ while [ $# -gt 0 ]; do
     --set) learning_args+=(--set "$2"); shift ;;
     --preset) learning_args+=(--preset "$2"); shift ;;
     --jobs) learning_args+=(--jobs "$2"); shift ;;
+    --only-seeds) learning_args+=(--only-seeds "$2"); shift ;;
     --job-devices)
       devices=$2
       if [ "$devices" = all ]; then

@@ -190,6 +190,11 @@ pub(crate) struct BenchArgs {
     /// policy, kept beside `--out`, and write its evaluated part to `--out`;
     /// what `--jobs` starts with several `--job-devices`.
     pub(crate) evaluate: bool,
+    /// `--only-seeds LIST` (with `--jobs`): train and evaluate only these
+    /// training seeds now; the parts stay, and the record is written once
+    /// every seed has been evaluated (by this run or an earlier one). Empty:
+    /// every seed.
+    pub(crate) only_seeds: Vec<usize>,
 }
 
 /// What a bench command line asks for.
@@ -292,6 +297,7 @@ impl BenchArgs {
         let mut job_devices: Option<Vec<torch_ext::DeviceChoice>> = None;
         let mut seed_index: Option<usize> = None;
         let mut evaluate = false;
+        let mut only_seeds: Option<Vec<usize>> = None;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
             let flag = arg.as_str();
@@ -312,6 +318,7 @@ impl BenchArgs {
                     | "--job-devices"
                     | "--seed-index"
                     | "--evaluate"
+                    | "--only-seeds"
             );
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
@@ -489,6 +496,16 @@ impl BenchArgs {
                     }
                 }
                 "--seed-index" => once(&mut seed_index, flag, count(flag, &value()?)?)?,
+                "--only-seeds" => {
+                    let list = value()?;
+                    let mut seeds = list
+                        .split(',')
+                        .map(|index| count(flag, index.trim()))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    seeds.sort_unstable();
+                    seeds.dedup();
+                    once(&mut only_seeds, flag, seeds)?;
+                }
                 "-h" | "--help" => return Ok(BenchCommand::Help),
                 other => return Err(usage(format!("unknown argument {}", shown(other)))),
             }
@@ -503,6 +520,9 @@ impl BenchArgs {
         }
         if job_devices.is_some() && jobs.is_none() {
             return Err(usage("--job-devices needs --jobs"));
+        }
+        if only_seeds.is_some() && jobs.is_none() {
+            return Err(usage("--only-seeds needs --jobs"));
         }
         if torchrun && gpus.is_none() {
             return Err(usage("--torchrun needs --gpus"));
@@ -540,6 +560,7 @@ impl BenchArgs {
             job_devices: job_devices.unwrap_or_default(),
             seed_index,
             evaluate,
+            only_seeds: only_seeds.unwrap_or_default(),
         })))
     }
 }

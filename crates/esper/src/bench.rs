@@ -114,8 +114,19 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 );
             }
             let run = match args.jobs {
-                Some(jobs) if jobs > 1 => {
-                    crate::learning_jobs::run_jobs(args, &options, rounds, jobs, &mut progress)?
+                Some(jobs) if jobs > 1 || !args.only_seeds.is_empty() => {
+                    match crate::learning_jobs::run_jobs(
+                        args,
+                        &options,
+                        rounds,
+                        jobs,
+                        &mut progress,
+                    )? {
+                        Some(run) => run,
+                        // --only-seeds left seeds unevaluated: the parts
+                        // stay for a later run, and there is no record yet.
+                        None => return Ok(()),
+                    }
                 }
                 _ => simic::bench::run_learning(&options, rounds, &mut progress)?,
             };

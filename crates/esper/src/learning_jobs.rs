@@ -184,14 +184,20 @@ fn policy_name(seed_index: usize) -> String {
 /// The protocol with its training seeds in up to `jobs` child processes.
 /// Resumable: what an earlier run of the same command left in the parts
 /// folder (the baselines, a seed's learning curve and trained policy, a
-/// seed's evaluations) is taken as it is and not measured again.
+/// seed's evaluations) is taken as it is and not measured again. With
+/// `--only-seeds`, only those seeds are trained and evaluated; `None` when
+/// some seed is then still without its evaluation (the parts stay, no
+/// record). An evaluated seed needs only `baselines.json`,
+/// `seed-K.json` and `seed-K-evaluated.json` of the parts folder, so a
+/// protocol too long for one machine's time can be finished elsewhere
+/// from those small files.
 pub(crate) fn run_jobs(
     args: &BenchArgs,
     options: &SimicBenchOptions,
     rounds: usize,
     jobs: usize,
     progress: &mut dyn FnMut(&str),
-) -> Result<SimicBenchRun> {
+) -> Result<Option<SimicBenchRun>> {
     // The devices the children take, checked before anything is written:
     // each new child on the device that runs the fewest (the first of
     // those); the run's own device by default.
@@ -205,6 +211,13 @@ pub(crate) fn run_jobs(
             .with_context(|| format!("--job-devices: {device} is not usable here"))?;
     }
     let setup = LearningSetup::new(options, rounds)?;
+    if let Some(outside) = args.only_seeds.iter().find(|seed| **seed >= setup.seeds()) {
+        bail!(
+            "--only-seeds {outside} is not one of the run's {} training seeds",
+            setup.seeds()
+        );
+    }
+    let selected = |seed: usize| args.only_seeds.is_empty() || args.only_seeds.contains(&seed);
     let parts_dir = parts_dir(&args.out);
     std::fs::create_dir_all(&parts_dir)
         .with_context(|| format!("creating {}", parts_dir.display()))?;
@@ -246,13 +259,19 @@ pub(crate) fn run_jobs(
     };
     let pending: Vec<usize> = (0..setup.seeds())
         .rev()
-        .filter(|seed| !is_evaluated(*seed) && !is_trained(*seed))
+        .filter(|seed| selected(*seed) && !is_evaluated(*seed) && !is_trained(*seed))
         .collect();
     for seed in (0..setup.seeds()).filter(|seed| !pending.contains(seed)) {
-        progress(&format!(
-            "training seed {seed}: kept in {}",
-            parts_dir.display()
-        ));
+        if is_evaluated(seed) || is_trained(seed) {
+            progress(&format!(
+                "training seed {seed}: kept in {}",
+                parts_dir.display()
+            ));
+        } else {
+            progress(&format!(
+                "training seed {seed}: not in --only-seeds, left for a later run"
+            ));
+        }
     }
     for seed in &pending {
         let stale = parts_dir.join(policy_name(*seed));
@@ -293,7 +312,7 @@ pub(crate) fn run_jobs(
     if distinct.len() > 1 {
         let unevaluated: Vec<usize> = (0..setup.seeds())
             .rev()
-            .filter(|seed| !is_evaluated(*seed))
+            .filter(|seed| selected(*seed) && !is_evaluated(*seed))
             .collect();
         run_children(
             unevaluated,
@@ -307,6 +326,7 @@ pub(crate) fn run_jobs(
     // Every trained policy evaluated here, alone on the device, each kept
     // as soon as it is done.
     let mut outcomes = Vec::with_capacity(setup.seeds());
+    let mut missing = Vec::new();
     for seed in 0..setup.seeds() {
         if let Some(done) = read_part::<SeedOutcome>(&evaluated(seed))
             .filter(|o| o.seed_index == seed && o.setup == describe)
@@ -315,14 +335,26 @@ pub(crate) fn run_jobs(
             outcomes.push(done);
             continue;
         }
+        if !selected(seed) {
+            missing.push(seed);
+            continue;
+        }
         let outcome = evaluate_part(&setup, &parts_dir, seed, progress)?;
         write_part(&evaluated(seed), &outcome)?;
         outcomes.push(outcome);
     }
+    if !missing.is_empty() {
+        progress(&format!(
+            "no record yet: seeds {missing:?} are not evaluated; the parts stay in {} (the \
+             same command with --only-seeds naming them, or without it, goes on from them)",
+            parts_dir.display()
+        ));
+        return Ok(None);
+    }
     let run = setup.report(&baselines, &outcomes, progress)?;
     std::fs::remove_dir_all(&parts_dir)
         .with_context(|| format!("removing {}", parts_dir.display()))?;
-    Ok(run)
+    Ok(Some(run))
 }
 
 /// Evaluates training seed `seed_index`'s trained policy, greedy and

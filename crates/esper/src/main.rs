@@ -160,6 +160,10 @@ commands:
                             evaluations run there too, one at a time on each
         --seed-index K      train seed K only and write its part (learning curve, trained
                             policy) beside --out (what --jobs starts)
+        --only-seeds LIST   with --jobs: train and evaluate only these seeds (e.g. 0,1) and keep
+                            the parts; the record is written once every seed is evaluated
+                            (an evaluated seed's small files, baselines.json, seed-K.json and
+                            seed-K-evaluated.json, are all a later run needs)
         --evaluate          with --seed-index K: evaluate seed K's trained policy kept beside
                             --out and write its evaluations to --out (what --jobs starts, one
                             at a time on each device, when --job-devices names several)

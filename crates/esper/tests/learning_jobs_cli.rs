@@ -185,3 +185,41 @@ fn a_seed_evaluated_by_a_child_is_kept_and_pools_the_same_record() {
     let stderr = refused(&missing, &["--seed-index", "1", "--evaluate"]);
     assert!(stderr.contains("seed-1.json"), "{stderr}");
 }
+
+#[test]
+fn only_seeds_leave_the_parts_and_their_small_files_finish_the_run_elsewhere() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = learning(&dir.path().join("one.json"), &[]);
+    // Seed 1 only: trained and evaluated, no record, the parts stay.
+    let out = dir.path().join("jobs.json");
+    let parts = dir.path().join("jobs.json.parts");
+    let stderr = run(
+        &out,
+        &["--label", "jobs", "--jobs", "2", "--only-seeds", "1"],
+    );
+    assert!(stderr.contains("not in --only-seeds"), "{stderr}");
+    assert!(stderr.contains("no record yet: seeds [0]"), "{stderr}");
+    assert!(!out.exists(), "a record was written with a seed missing");
+    // Another machine carries only the small files of the parts folder
+    // (not the trained policy) and finishes the run with the other seed.
+    let elsewhere = dir.path().join("elsewhere");
+    let carried = elsewhere.join("jobs.json.parts");
+    std::fs::create_dir_all(&carried).expect("the carried parts");
+    for name in ["baselines.json", "seed-1.json", "seed-1-evaluated.json"] {
+        std::fs::copy(parts.join(name), carried.join(name)).expect("a small part");
+    }
+    let finished = elsewhere.join("jobs.json");
+    let stderr = run(&finished, &["--label", "jobs", "--jobs", "2"]);
+    assert!(stderr.contains("the baselines kept"), "{stderr}");
+    assert!(stderr.contains("seed 1's evaluations: kept"), "{stderr}");
+    assert!(stderr.contains("training seed 0: pid"), "{stderr}");
+    let jobs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&finished).expect("the record")).expect("JSON");
+    assert_eq!(one["results"], jobs["results"]);
+    assert!(!carried.exists(), "the parts stayed");
+    // A seed outside the run, and --only-seeds without --jobs, are refused.
+    let stderr = refused(&out, &["--jobs", "2", "--only-seeds", "0,2"]);
+    assert!(stderr.contains("--only-seeds 2"), "{stderr}");
+    let stderr = refused(&out, &["--only-seeds", "0"]);
+    assert!(stderr.contains("--only-seeds needs --jobs"), "{stderr}");
+}
