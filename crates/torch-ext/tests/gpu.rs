@@ -2,8 +2,10 @@
 //! and replay with fresh inputs, a capture without warm-up ordered after the
 //! work queued before it, shared pools, clean recovery from a failed
 //! capture, sync-debug mode, memory statistics, autocast and fused ops on
-//! CUDA, (module `nn`) the fused layers against libtorch's and (module `blend`)
-//! the fused alpha blends. Every test prints "skipping: no CUDA device" and returns on machines
+//! CUDA, (module `nn`) the fused layers against libtorch's, (module `blend`)
+//! the fused alpha blends, (module `copies`) the copies inside and outside
+//! captured graphs and (module `fused`) the fused SGD step and
+//! cross-entropy. Every test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
 //! on the GPU machine.
@@ -11,10 +13,9 @@
 use std::sync::{Mutex, MutexGuard};
 
 use tch::{Device, Kind, Tensor};
-use torch_ext::fused::{self, LearningRate, SgdOptions};
 use torch_ext::{
     AutocastDevice, AutocastGuard, CaptureMode, CudaEvent, CudaGraph, CudaStream, Error, GraphPool,
-    copy_non_blocking, cuda, index_copy_many, memcpy_async, write_host_bytes,
+    cuda,
 };
 
 /// The tests share one device and flip process-wide state (sync-debug mode),
@@ -40,6 +41,12 @@ mod nn;
 
 #[path = "gpu/blend.rs"]
 mod blend;
+
+#[path = "gpu/copies.rs"]
+mod copies;
+
+#[path = "gpu/fused.rs"]
+mod fused;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(
@@ -420,122 +427,6 @@ fn memory_statistics_follow_allocations() {
 }
 
 #[test]
-fn index_copy_many_matches_index_copy_inside_a_captured_graph() {
-    let Some(_device) = gpu_or_skip() else { return };
-    // Targets of three dtypes and the index along dimensions 0 and 1; one
-    // source is rows of a wider tensor (a strided row dimension).
-    let floats = Tensor::zeros([4, 7, 5], (Kind::Float, CUDA));
-    let ints = Tensor::zeros([4, 7], (Kind::Int64, CUDA));
-    let flags = Tensor::zeros([4, 7, 3], (Kind::Bool, CUDA));
-    let raw = Tensor::zeros([7, 4, 5], (Kind::Float, CUDA));
-    let a = Tensor::zeros([4, 5], (Kind::Float, CUDA));
-    let b = Tensor::zeros([4], (Kind::Int64, CUDA));
-    let wide = Tensor::zeros([4, 9], (Kind::Bool, CUDA));
-    let c = wide.narrow(1, 2, 3);
-    let index = Tensor::zeros([1], (Kind::Int64, CUDA));
-    let writes = [
-        (&floats, 1_i64, &a),
-        (&ints, 1, &b),
-        (&flags, 1, &c),
-        (&raw, 0, &a),
-    ];
-    let stream = CudaStream::from_pool(0, false).unwrap();
-    let current = CudaStream::current(0).unwrap();
-    let graph = CudaGraph::capture(&stream, None, 1, || {
-        index_copy_many(&writes, &index).map_err(|e| e.to_string())
-    })
-    .unwrap();
-    let expected: Vec<Tensor> = writes
-        .iter()
-        .map(|(target, _, _)| target.to_device(Device::Cpu).zeros_like())
-        .collect();
-    for step in [0_i64, 6, 2, 6] {
-        let _ = index.shallow_clone().fill_(step);
-        a.shallow_clone()
-            .copy_(&(Tensor::randn([4, 5], (Kind::Float, CUDA))));
-        b.shallow_clone()
-            .copy_(&Tensor::randint(100, [4], (Kind::Int64, CUDA)));
-        wide.shallow_clone()
-            .copy_(&Tensor::randint(2, [4, 9], (Kind::Int64, CUDA)).to_kind(Kind::Bool));
-        // The inputs were written on the current stream; the replay's
-        // stream waits for them.
-        stream.wait_stream(&current).unwrap();
-        graph.replay_on(&stream).unwrap();
-        stream.synchronize().unwrap();
-        let at = Tensor::from_slice(&[step]);
-        for ((target, dim, source), want) in writes.iter().zip(&expected) {
-            let source = source.to_device(Device::Cpu).unsqueeze(*dim);
-            let _ = want.shallow_clone().index_copy_(*dim, &at, &source);
-            assert!(
-                target.to_device(Device::Cpu).equal(want),
-                "step {step}: a {:?} target along {dim} differs",
-                target.kind()
-            );
-        }
-    }
-    // An index past a target's extent writes nothing there (the caller
-    // checks it on the host).
-    let before = floats.copy();
-    let _ = index.shallow_clone().fill_(7);
-    index_copy_many(&writes[..1], &index).unwrap();
-    assert!(floats.equal(&before));
-}
-
-#[test]
-fn memcpy_async_uploads_and_reads_back_inside_a_captured_graph() {
-    let Some(_device) = gpu_or_skip() else { return };
-    let pin = |tensor: Tensor| torch_ext::memory::pin(&tensor).unwrap();
-    let host_in = pin(Tensor::zeros([8], (Kind::Float, Device::Cpu)));
-    let host_out = pin(Tensor::zeros([8], (Kind::Float, Device::Cpu)));
-    let on_device = Tensor::zeros([8], (Kind::Float, CUDA));
-    let doubled = Tensor::zeros([8], (Kind::Float, CUDA));
-    let stream = CudaStream::from_pool(0, false).unwrap();
-    let graph = CudaGraph::capture(&stream, None, 1, || {
-        memcpy_async(&on_device, &host_in).map_err(|e| e.to_string())?;
-        let twice = on_device.f_mul_scalar(2.0).map_err(tch_error)?;
-        doubled.shallow_clone().f_copy_(&twice).map_err(tch_error)?;
-        memcpy_async(&host_out, &doubled).map_err(|e| e.to_string())?;
-        Ok(())
-    })
-    .unwrap();
-    // Each replay reads what the host buffer holds at that moment, and
-    // leaves its result in the host buffer.
-    for round in 0..3 {
-        let input: Vec<f32> = (0..8).map(|v| (v + 10 * round) as f32).collect();
-        let bytes: Vec<u8> = input.iter().flat_map(|v| v.to_ne_bytes()).collect();
-        write_host_bytes(&host_in, &bytes).unwrap();
-        graph.replay_on(&stream).unwrap();
-        stream.synchronize().unwrap();
-        let expected: Vec<f32> = input.iter().map(|v| v * 2.0).collect();
-        assert_eq!(values(&host_out), expected, "round {round}");
-    }
-    // Outside a graph it is a plain queued copy, device to device too.
-    let other = Tensor::zeros([8], (Kind::Float, CUDA));
-    memcpy_async(&other, &doubled).unwrap();
-    assert_eq!(values(&other), values(&doubled));
-}
-
-#[test]
-fn non_blocking_copy_from_pinned_memory_arrives() {
-    let Some(_device) = gpu_or_skip() else { return };
-    let host = Tensor::arange(1024, (Kind::Float, Device::Cpu)).pin_memory(CUDA);
-    let mut device = Tensor::zeros([1024], (Kind::Float, CUDA));
-    let stream = CudaStream::from_pool(0, false).unwrap();
-    // The zeros were written on the current stream: without this wait they
-    // could land after the copy on a busy GPU.
-    stream
-        .wait_stream(&CudaStream::current(0).unwrap())
-        .unwrap();
-    {
-        let _guard = stream.make_current().unwrap();
-        copy_non_blocking(&mut device, &host).unwrap();
-    }
-    stream.synchronize().unwrap();
-    let expected: Vec<f32> = (0..1024).map(|v| v as f32).collect();
-    assert_eq!(values(&device), expected);
-}
-
-#[test]
 fn autocast_on_cuda_runs_matmul_in_bfloat16() {
     let Some(_device) = gpu_or_skip() else { return };
     let a = Tensor::randn([32, 32], (Kind::Float, CUDA));
@@ -548,110 +439,6 @@ fn autocast_on_cuda_runs_matmul_in_bfloat16() {
         assert_eq!(a.matmul(&a).kind(), Kind::Half);
     }
     assert_eq!(a.matmul(&a).kind(), Kind::Float);
-}
-
-#[test]
-fn captured_fused_sgd_step_matches_eager_steps() {
-    let Some(_device) = gpu_or_skip() else { return };
-    let stream = CudaStream::from_pool(0, false).unwrap();
-    let make = |device| {
-        let params = vec![
-            Tensor::from_slice(&[1.0_f32, -2.0, 0.5]).to_device(device),
-            Tensor::from_slice(&[3.0_f32, 0.25]).to_device(device),
-        ];
-        let buffers: Vec<Tensor> = params.iter().map(Tensor::zeros_like).collect();
-        let grads = vec![
-            Tensor::from_slice(&[0.5_f32, 0.25, -1.0]).to_device(device),
-            Tensor::from_slice(&[1.5_f32, -0.5]).to_device(device),
-        ];
-        (params, buffers, grads)
-    };
-    let (params, buffers, grads) = make(CUDA);
-    let (cpu_params, cpu_buffers, cpu_grads) = make(Device::Cpu);
-    let lr = Tensor::from(0.1_f64).to_kind(Kind::Float).to_device(CUDA);
-
-    // First step eagerly (initialises the momentum buffers), on both devices.
-    fused::sgd_step(&params, &grads, &buffers, 0.1, 0.9, 0.01, 0.0, false, true).unwrap();
-    fused::sgd_step(
-        &cpu_params,
-        &cpu_grads,
-        &cpu_buffers,
-        0.1,
-        0.9,
-        0.01,
-        0.0,
-        false,
-        true,
-    )
-    .unwrap();
-    // Steady-state step captured with a device learning rate; the warm-up
-    // iterations run it for real, so mirror them on the CPU.
-    let warmup = 3;
-    let graph = CudaGraph::capture(&stream, None, warmup, || {
-        let options = SgdOptions {
-            lr: LearningRate::Tensor(&lr),
-            momentum: 0.9,
-            weight_decay: 0.01,
-            ..SgdOptions::default()
-        };
-        fused::sgd_step_with(&params, &grads, &buffers, &options).map_err(|e| e.to_string())
-    })
-    .unwrap();
-    for _ in 0..warmup {
-        fused::sgd_step(
-            &cpu_params,
-            &cpu_grads,
-            &cpu_buffers,
-            0.1,
-            0.9,
-            0.01,
-            0.0,
-            false,
-            false,
-        )
-        .unwrap();
-    }
-    for _ in 0..5 {
-        graph.replay().unwrap();
-        fused::sgd_step(
-            &cpu_params,
-            &cpu_grads,
-            &cpu_buffers,
-            0.1,
-            0.9,
-            0.01,
-            0.0,
-            false,
-            false,
-        )
-        .unwrap();
-    }
-    for (gpu, cpu) in params.iter().zip(&cpu_params) {
-        assert_close(&values(gpu), &values(cpu), 1e-4);
-    }
-    // A new learning rate reaches the captured step without re-capture.
-    let mut lr_static = lr.shallow_clone();
-    let _filled = lr_static.f_fill_(0.0).unwrap();
-    let frozen = values(&params[0]);
-    graph.replay().unwrap();
-    // lr 0: parameters unchanged.
-    assert_close(&values(&params[0]), &frozen, 0.0);
-}
-
-#[test]
-fn pinning_keeps_values_and_is_idempotent() {
-    let Some(_device) = gpu_or_skip() else { return };
-    let host = Tensor::arange(12, (Kind::Float, Device::Cpu));
-    assert!(!torch_ext::memory::is_pinned(&host));
-    let pinned = torch_ext::memory::pin(&host).unwrap();
-    assert!(torch_ext::memory::is_pinned(&pinned));
-    assert_eq!(values(&pinned), values(&host));
-    let again = torch_ext::memory::pin(&pinned).unwrap();
-    assert_eq!(
-        again.data_ptr(),
-        pinned.data_ptr(),
-        "a pinned tensor is returned as is"
-    );
 }
 
 const SCALE_SOURCE: &str = r#"
@@ -708,101 +495,6 @@ fn a_jit_kernel_runs_eagerly_and_inside_a_captured_graph() {
     ));
     assert!(matches!(
         kernel.launch([0, 1, 1], [256, 1, 1], 0, &[]),
-        Err(Error::InvalidArgument { .. })
-    ));
-}
-
-#[test]
-fn the_fused_cross_entropy_matches_libtorch() {
-    use torch_ext::loss::{CrossEntropyWeights, FusedCrossEntropy, backward_with};
-    let Some(_device) = gpu_or_skip() else { return };
-    let fused = FusedCrossEntropy::new(0).unwrap();
-    for (rows, classes) in [(4_i64, 4_i64), (256, 10), (1000, 37), (3, 1000)] {
-        tch::manual_seed(rows + classes);
-        let logits =
-            (Tensor::randn([rows, classes], (Kind::Float, CUDA)) * 3.0).set_requires_grad(true);
-        let labels = Tensor::randint(classes, [rows], (Kind::Int64, CUDA));
-        // One ignored row (libtorch's ignore_index) where there are several.
-        if rows > 1 {
-            let _ = labels.narrow(0, 1, 1).fill_(-100);
-        }
-        let weight = 0.75;
-        let scale = Tensor::from_slice(&[8.0_f32]).to_device(CUDA);
-        let accumulator = Tensor::zeros([2], (Kind::Float, CUDA));
-        let grad = fused
-            .run(
-                &logits.detach(),
-                &labels,
-                Some(&scale),
-                &accumulator,
-                CrossEntropyWeights {
-                    weight,
-                    loss_weight: 2.0,
-                    hits_weight: 0.5,
-                },
-            )
-            .unwrap();
-        // libtorch: loss, gradient of weight * scale * loss, hits.
-        let loss =
-            logits.cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
-        let scaled = &loss * (weight * 8.0);
-        let expected = Tensor::run_backward(&[&scaled], &[&logits], false, false)
-            .pop()
-            .unwrap();
-        assert_close(&values(&grad), &values(&expected), 1e-5);
-        let valid = labels.ge(0);
-        let hits = logits
-            .argmax(-1, false)
-            .eq_tensor(&labels)
-            .logical_and(&valid)
-            .sum(Kind::Float);
-        let got = values(&accumulator);
-        let want_loss = values(&loss)[0] * 2.0;
-        assert!(
-            (got[0] - want_loss).abs() <= 1e-4 * want_loss.abs().max(1.0),
-            "{rows}x{classes} loss {got:?} vs {want_loss}"
-        );
-        assert_eq!(got[1], values(&hits)[0] * 0.5, "{rows}x{classes} hits");
-        // Deterministic: the same inputs give the same bits.
-        let again = Tensor::zeros([2], (Kind::Float, CUDA));
-        let grad2 = fused
-            .run(
-                &logits.detach(),
-                &labels,
-                Some(&scale),
-                &again,
-                CrossEntropyWeights {
-                    weight,
-                    loss_weight: 2.0,
-                    hits_weight: 0.5,
-                },
-            )
-            .unwrap();
-        assert!(grad.equal(&grad2) && accumulator.equal(&again));
-        // The gradient goes on through autograd.
-        let w = Tensor::ones([classes], (Kind::Float, CUDA)).set_requires_grad(true);
-        let out = logits.detach() * &w;
-        backward_with(&out, &grad).unwrap();
-        let expected_w = (&grad * logits.detach()).sum_dim_intlist(0, false, Kind::Float);
-        assert_close(&values(&w.grad()), &values(&expected_w), 1e-4);
-    }
-    // Shapes are checked before anything is launched.
-    let bad = Tensor::zeros([4, 3], (Kind::Float, CUDA));
-    let labels = Tensor::zeros([5], (Kind::Int64, CUDA));
-    let acc = Tensor::zeros([2], (Kind::Float, CUDA));
-    let weights = CrossEntropyWeights {
-        weight: 1.0,
-        loss_weight: 1.0,
-        hits_weight: 1.0,
-    };
-    assert!(matches!(
-        fused.run(&bad, &labels, None, &acc, weights),
-        Err(Error::InvalidArgument { .. })
-    ));
-    let wrong_kind = Tensor::zeros([4, 3], (Kind::Double, CUDA));
-    let labels = Tensor::zeros([4], (Kind::Int64, CUDA));
-    assert!(matches!(
-        fused.run(&wrong_kind, &labels, None, &acc, weights),
         Err(Error::InvalidArgument { .. })
     ));
 }
