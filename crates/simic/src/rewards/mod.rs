@@ -5,7 +5,7 @@
 //! Each submodule owns one part; the main items are re-exported here.
 //!
 //! - [`RewardConfig`] holds every constant with the reference's defaults and
-//!   the [`RewardMode`] (SHAPED, SPARSE, MINIMAL); [`RewardInputs`] is what
+//!   the [`RewardMode`] (SHAPED, ESCROW, SPARSE, MINIMAL); [`RewardInputs`] is what
 //!   one step reads (the op, the targeted seed's [`SeedFacts`], every slot's
 //!   [`SlotFacts`], accuracies, counts); [`compute_reward`] validates both
 //!   and returns a [`RewardBreakdown`] with every component and the total.
