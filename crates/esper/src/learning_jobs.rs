@@ -257,17 +257,22 @@ pub(crate) fn run_jobs(
             .is_some_and(|o| o.seed_index == seed && o.setup == describe)
             && simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed))).is_ok()
     };
+    // Each seed's parts read once (a trained policy's checkpoint is verified
+    // in full).
+    let done: Vec<bool> = (0..setup.seeds())
+        .map(|seed| is_evaluated(seed) || is_trained(seed))
+        .collect();
     let pending: Vec<usize> = (0..setup.seeds())
         .rev()
-        .filter(|seed| selected(*seed) && !is_evaluated(*seed) && !is_trained(*seed))
+        .filter(|seed| selected(*seed) && !done[*seed])
         .collect();
-    for seed in (0..setup.seeds()).filter(|seed| !pending.contains(seed)) {
-        if is_evaluated(seed) || is_trained(seed) {
+    for (seed, done) in done.iter().enumerate() {
+        if *done {
             progress(&format!(
                 "training seed {seed}: kept in {}",
                 parts_dir.display()
             ));
-        } else {
+        } else if !selected(seed) {
             progress(&format!(
                 "training seed {seed}: not in --only-seeds, left for a later run"
             ));

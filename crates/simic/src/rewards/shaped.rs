@@ -241,8 +241,8 @@ fn escrow_attribution(
     escrow: &EscrowInputs,
     breakdown: &mut RewardBreakdown,
 ) {
+    // `breakdown.escrow_credit` holds the credit before the step already.
     let credit = escrow.credit;
-    breakdown.escrow_credit = credit;
     if inputs.op == LifecycleOp::Prune && inputs.op_succeeded {
         // The credit is clawed back.
         breakdown.attribution = -credit;

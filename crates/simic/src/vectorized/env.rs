@@ -379,7 +379,6 @@ impl Env {
             .copied()
             .reduce(f64::min)
             .unwrap_or(val_acc);
-        let model = self.trainer.model();
         let others_at_risk = self
             .slots
             .iter()
@@ -387,14 +386,9 @@ impl Env {
             .enumerate()
             .filter(|(index, (slot, _))| {
                 *index != target
-                    && model
-                        .slot(**slot)
-                        .ok()
-                        .and_then(|slot| slot.state())
-                        .is_some_and(|state| {
-                            let stage = state.stage();
-                            !stage.is_failure() && stage != SeedStage::Fossilized
-                        })
+                    && self
+                        .seed_stage(**slot)
+                        .is_some_and(|stage| stage != SeedStage::Fossilized)
             })
             .map(|(_, (_, credit))| *credit)
             .sum();
@@ -411,17 +405,20 @@ impl Env {
         if let Some(kept) = self.escrow_credit.get_mut(target) {
             *kept = credit;
         }
-        let model = self.trainer.model();
-        for (slot, kept) in self.slots.iter().zip(self.escrow_credit.iter_mut()) {
-            let holds_seed = model
-                .slot(*slot)
-                .ok()
-                .and_then(|slot| slot.state())
-                .is_some_and(|state| !state.stage().is_failure());
-            if !holds_seed {
+        for (index, slot) in self.slots.iter().enumerate() {
+            if self.seed_stage(*slot).is_none()
+                && let Some(kept) = self.escrow_credit.get_mut(index)
+            {
                 *kept = 0.0;
             }
         }
+    }
+
+    /// The stage of `slot`'s seed when it is live or fossilized; `None` for
+    /// an empty slot or a seed in a failure stage.
+    fn seed_stage(&self, slot: SlotId) -> Option<SeedStage> {
+        let stage = self.trainer.model().slot(slot).ok()?.state()?.stage();
+        (!stage.is_failure()).then_some(stage)
     }
 
     /// Notes the validation accuracy at a germination in `slot`.
