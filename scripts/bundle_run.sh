@@ -114,10 +114,15 @@ if [ "$run_tests" = 1 ]; then
     tar xJf "$here/tests.tar.xz" -C "$here" || { echo "== could not unpack tests.tar.xz"; exit 1; }
   fi
   : >"$out/tests.log"
+  # The data the bundle carries, so the GPU tests that read a data set run
+  # instead of skipping.
+  test_env=()
+  [ -d "$here/data/fashion-mnist" ] && test_env+=("ESPER_FASHION_MNIST_DIR=$here/data/fashion-mnist")
+  [ -d "$here/data/fortunes" ] && test_env+=("ESPER_TEXT_CORPUS_DIR=$here/data/fortunes")
   for test_binary in "$here"/tests/*; do
     [ -x "$test_binary" ] || continue
     echo "== $(basename "$test_binary")" | tee -a "$out/tests.log"
-    "$test_binary" --test-threads=1 --nocapture 2>&1 | tee -a "$out/tests.log"
+    env "${test_env[@]}" "$test_binary" --test-threads=1 --nocapture 2>&1 | tee -a "$out/tests.log"
     rc=${PIPESTATUS[0]}
     [ "$rc" = 0 ] || { echo "== $(basename "$test_binary") FAILED ($rc)" | tee -a "$out/tests.log"; status=1; }
   done

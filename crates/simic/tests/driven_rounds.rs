@@ -100,7 +100,7 @@ fn the_growth_bench_profiles_replayed_steps_on_the_gpu_only() {
     if fashion_mnist_missing() {
         return;
     }
-    let cuda = tch::Cuda::is_available();
+    let cuda = torch_ext::cuda::is_available();
     let device = if cuda {
         DeviceChoice::Cuda(0)
     } else {

@@ -138,7 +138,7 @@ fn single_column_is_one_td_error() {
 
 #[test]
 fn runs_on_cuda_when_present() {
-    if !tch::Cuda::is_available() {
+    if !torch_ext::cuda::is_available() {
         eprintln!("skipped: CUDA is not available");
         return;
     }

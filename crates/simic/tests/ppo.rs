@@ -828,7 +828,7 @@ fn learning_rate_anneal_reaches_the_optimizer() {
 
 #[test]
 fn update_runs_on_cuda_when_present() {
-    if !tch::Cuda::is_available() {
+    if !torch_ext::cuda::is_available() {
         eprintln!("skipped: CUDA is not available");
         return;
     }

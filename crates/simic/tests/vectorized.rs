@@ -398,7 +398,7 @@ fn a_profiled_run_trains_and_validates_as_a_plain_one() {
 /// trainer. Skips without CUDA.
 #[test]
 fn a_round_runs_on_cuda_with_graphs_on_every_environment_stream() {
-    if !tch::Cuda::is_available() {
+    if !torch_ext::cuda::is_available() {
         eprintln!("skipped: no CUDA device");
         return;
     }
@@ -469,11 +469,7 @@ fn cuda_rounds(spec: &EnvSpec, precision: tolaria::amp::Precision) {
 /// on cuda:0; two rounds train, act and update. Skips without two GPUs.
 #[test]
 fn a_round_spreads_its_environments_over_two_gpus() {
-    let count = if tch::Cuda::is_available() {
-        tch::Cuda::device_count()
-    } else {
-        0
-    };
+    let count = torch_ext::cuda::device_count();
     if count < 2 {
         eprintln!("skipped: needs 2 CUDA devices, found {count}");
         return;
