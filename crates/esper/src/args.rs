@@ -161,6 +161,11 @@ pub(crate) struct BenchArgs {
     /// `--ppo-epochs N` (`simic-learning`): passes over each round's rollout
     /// per PPO update; `None`: the bench's 4 (the reference's default is 1).
     pub(crate) ppo_epochs: Option<usize>,
+    /// `--greedy-every N` (`simic-learning`): every N training rounds and
+    /// after the last, the policy is also evaluated greedily on
+    /// environments of its own (the greedy learning curve,
+    /// `simic::bench::SimicBenchOptions::greedy_every`); `None`: no curve.
+    pub(crate) greedy_every: Option<usize>,
     /// `--episode head|medium|short|N` (the simic workloads): epochs per
     /// episode; `None`: the reference HEAD's 150 (5 with `--quick`).
     pub(crate) episode: Option<u32>,
@@ -288,6 +293,7 @@ impl BenchArgs {
         let mut torchrun = false;
         let mut rounds: Option<usize> = None;
         let mut ppo_epochs: Option<usize> = None;
+        let mut greedy_every: Option<usize> = None;
         let mut episode: Option<u32> = None;
         let mut seeds: Option<usize> = None;
         let mut task: Option<tolaria::task::Task> = None;
@@ -310,6 +316,7 @@ impl BenchArgs {
             let learning_only = matches!(
                 flag,
                 "--ppo-epochs"
+                    | "--greedy-every"
                     | "--seeds"
                     | "--task"
                     | "--set"
@@ -433,6 +440,13 @@ impl BenchArgs {
                     }
                     once(&mut ppo_epochs, flag, n)?;
                 }
+                "--greedy-every" => {
+                    let n = count(flag, &value()?)?;
+                    if n == 0 {
+                        return Err(usage("--greedy-every must be at least 1"));
+                    }
+                    once(&mut greedy_every, flag, n)?;
+                }
                 "--episode" => {
                     let n = simic::vectorized::Episode::parse_epochs(&value()?)
                         .map_err(|error| usage(format!("--episode: {error}")))?;
@@ -552,6 +566,7 @@ impl BenchArgs {
             torchrun,
             rounds,
             ppo_epochs,
+            greedy_every,
             episode,
             seeds,
             task,

@@ -81,6 +81,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         Workload::SimicLearning => {
             let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
             options.ppo_epochs = args.ppo_epochs;
+            options.greedy_every = args.greedy_every;
             options.episode_length = args.episode;
             if let Some(seeds) = args.seeds {
                 options.seeds = seeds;

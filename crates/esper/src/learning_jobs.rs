@@ -498,6 +498,9 @@ fn child_args(
     if let Some(epochs) = args.ppo_epochs {
         push("--ppo-epochs", epochs.to_string());
     }
+    if let Some(every) = args.greedy_every {
+        push("--greedy-every", every.to_string());
+    }
     if let Some(episode) = args.episode {
         push("--episode", episode.to_string());
     }

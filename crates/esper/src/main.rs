@@ -142,6 +142,9 @@ commands:
         --ppo-epochs N      passes over each round's rollout per PPO update (default 4; the
                             reference's recurrent_n_epochs is 1; the KL early stop still
                             applies)
+        --greedy-every N    every N training rounds and after the last, also evaluate the
+                            policy greedily on environments of its own (the greedy learning
+                            curve, in the rounds' entries; training is unchanged by it)
         --set KEY=VALUE     a setting over the reference's defaults, repeatable, in order:
                             reward.<field>, ppo.<field>, floor.<head> or slot.<field>, e.g.
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05

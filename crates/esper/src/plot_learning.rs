@@ -7,6 +7,9 @@
 //! fossilized in the round, and the mean final validation accuracy, with
 //! the baselines' accuracy on the evaluation environments as horizontal
 //! lines (no growth, germinate-once, heuristic, max growth) for scale.
+//! Where the run measured a greedy learning curve (`--greedy-every`), its
+//! points (the greedy policy's mean final accuracy on the curve's own
+//! environments) are circles in the seed's colour on the accuracy chart.
 //! Figures come from the record's `ppo-seed<S>-round-<R>` and `*-eval`
 //! entries; a record without them draws nothing and says so.
 
@@ -162,6 +165,12 @@ where
         let accuracy = key == "final_accuracy_pct";
         if accuracy {
             all.extend(baselines.iter().filter_map(|(_, v)| clip(*v)));
+            all.extend(
+                curves
+                    .values()
+                    .flatten()
+                    .filter_map(|(_, metrics)| clip(*metrics.get("greedy_accuracy_pct")?)),
+            );
         }
         let low = all.iter().copied().fold(f64::INFINITY, f64::min);
         let high = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -185,6 +194,27 @@ where
                 });
         }
         if accuracy {
+            // The greedy learning curve, where the run measured one
+            // (`--greedy-every`): circles in the seed's colour.
+            for (index, rounds) in curves.values().enumerate() {
+                let colour = SEED_COLOURS[index % MAX_SEEDS];
+                let greedy: Vec<(f64, f64)> = rounds
+                    .iter()
+                    .filter_map(|(round, metrics)| {
+                        let value = clip(*metrics.get("greedy_accuracy_pct")?)?;
+                        Some((*round as f64 + 1.0, value))
+                    })
+                    .collect();
+                chart.draw_series(LineSeries::new(
+                    greedy.iter().copied(),
+                    colour.mix(0.6).stroke_width(1),
+                ))?;
+                chart.draw_series(
+                    greedy
+                        .iter()
+                        .map(|point| Circle::new(*point, 4, colour.stroke_width(2))),
+                )?;
+            }
             for (name, value) in baselines {
                 let Some(value) = clip(*value) else { continue };
                 chart.draw_series(LineSeries::new(
@@ -234,5 +264,16 @@ mod tests {
             svg.contains("seed 1") && svg.contains("no-growth (eval)"),
             "legend and baselines"
         );
+        assert!(!svg.contains("<circle"), "no greedy curve, no circles");
+
+        // A greedy learning curve is drawn as circles, one per point.
+        let curved = text.replace(
+            r#""final_accuracy_pct":84.0}"#,
+            r#""final_accuracy_pct":84.0,"greedy_accuracy_pct":86.5}"#,
+        );
+        let record = BaselineRecord::from_json(&curved).expect("a record");
+        let (_, svg) = draw(&record, &dir.path().join("g.json")).expect("drawn");
+        let svg = std::fs::read_to_string(svg).expect("svg");
+        assert_eq!(svg.matches("<circle").count(), 1, "one greedy point");
     }
 }

@@ -460,3 +460,29 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn greedy_every_applies_to_simic_learning_only() {
+    let args = run_args(&["simic-learning", "--out", "a.json", "--greedy-every", "5"]);
+    assert_eq!(args.greedy_every, Some(5));
+    assert_eq!(
+        run_args(&["simic-learning", "--out", "a.json"]).greedy_every,
+        None
+    );
+    for bad in [
+        &["simic-learning", "--out", "a.json", "--greedy-every", "0"][..],
+        &["simic-learning", "--out", "a.json", "--greedy-every", "x"],
+        &["simic-throughput", "--out", "a.json", "--greedy-every", "2"],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--greedy-every",
+            "2",
+            "--greedy-every",
+            "3",
+        ],
+    ] {
+        assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+    }
+}

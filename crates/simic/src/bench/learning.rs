@@ -16,7 +16,12 @@
 //!    evaluation environments ([`Simic::evaluate_on`]: same model seeds,
 //!    same data shards) twice: greedily (the most likely option of every
 //!    head, the protocol's headline) and sampled as it acts in training
-//!    (a policy whose growth rests on sampling grows only there).
+//!    (a policy whose growth rests on sampling grows only there). With
+//!    [`super::SimicBenchOptions::greedy_every`], the policy is also
+//!    evaluated greedily while it trains, every so many rounds, on
+//!    environments of its own ([`GREEDY_CURVE_ENV_SEED`]): the greedy
+//!    learning curve, in the rounds' entries, with the training trajectory
+//!    unchanged.
 //! 3. The comparisons ([`super::stats::paired`]), per training seed and
 //!    pooled over them, one pair per (seed, environment): the learned
 //!    policy against each baseline, and max growth against no growth: mean
@@ -30,6 +35,7 @@
 //! baselines run once; pooled pairs of different seeds on one environment
 //! share its baseline figure.
 
+mod evaluate;
 mod outcome;
 mod pool;
 pub use outcome::{Evaluation, SeedOutcome};
@@ -44,7 +50,6 @@ use super::baseline::{Baseline, run_baseline};
 use super::{SLOTS, SimicBenchOptions, SimicBenchRun, amp_name, load, mean, simic_config};
 use crate::Result;
 use crate::vectorized::{EnvSpec, Simic, SimicConfig};
-use tamiyo::policy::SampleMode;
 
 /// Greedy evaluation rounds of each learned policy, and of the baselines,
 /// on the shared environments: 3 rounds of 4, 12 environments.
@@ -53,6 +58,15 @@ pub const EVAL_ROUNDS: u64 = 3;
 /// The seed the shared evaluation environments derive from (no training
 /// seed's environments are built from it: training seeds are small).
 pub const EVAL_ENV_SEED: u64 = 0x00E5_A100_0000_0000;
+
+/// The seed the greedy learning curve's environments derive from
+/// ([`super::SimicBenchOptions::greedy_every`]): neither the shared
+/// evaluation environments nor any training seed's, so the curve does not
+/// look at the environments the protocol's comparisons are made on.
+pub const GREEDY_CURVE_ENV_SEED: u64 = 0x00E5_C0DE_0000_0000;
+
+/// Rounds of 4 environments of each point of the greedy learning curve.
+pub const GREEDY_CURVE_ROUNDS: u64 = 1;
 
 /// Independent training seeds unless told otherwise (1 with `--quick`).
 pub const LEARNING_SEEDS: usize = 3;
@@ -227,6 +241,7 @@ pub struct LearningSetup {
     episode_length: u32,
     seeds: usize,
     rounds: usize,
+    greedy_every: Option<usize>,
     settings: Vec<String>,
     quick: bool,
 }
@@ -276,6 +291,7 @@ impl LearningSetup {
             episode_length,
             seeds: options.seeds,
             rounds,
+            greedy_every: options.greedy_every,
             settings: options.settings.clone(),
             quick: options.quick,
         })
@@ -291,10 +307,15 @@ impl LearningSetup {
         self.seeds
     }
 
-    /// What the run is: task, episode, rounds, PPO epochs, quick, settings.
+    /// What the run is: task, episode, rounds, PPO epochs, the greedy
+    /// curve's period (when there is one), quick, settings.
     pub fn describe(&self) -> String {
+        let greedy = self
+            .greedy_every
+            .map(|every| format!(" greedy-every {every}"))
+            .unwrap_or_default();
         format!(
-            "task {} episode {} rounds {} ppo-epochs {} quick {} settings [{}]",
+            "task {} episode {} rounds {} ppo-epochs {}{greedy} quick {} settings [{}]",
             self.task.name(),
             self.episode_length,
             self.rounds,
@@ -397,6 +418,12 @@ impl LearningSetup {
             metrics.insert("germinations".to_owned(), report.germinations as f64);
             metrics.insert("prunes".to_owned(), report.prunes as f64);
             insert_chosen_fractions(&report, &mut metrics);
+            let last = round.saturating_add(1) == self.rounds;
+            if let Some(every) = self.greedy_every
+                && (round.saturating_add(1).checked_rem(every) == Some(0) || last)
+            {
+                self.greedy_point(&mut simic, seed_index, round, progress, &mut metrics)?;
+            }
             rounds.push(rust_entry(
                 format!("ppo-seed{seed_index}-round-{round}"),
                 metrics,
@@ -418,56 +445,6 @@ impl LearningSetup {
         let mut simic = self.simic(seed_index)?;
         simic.import_state(&checkpoint.state, &checkpoint.tensors)?;
         Ok(simic)
-    }
-
-    /// Evaluates `simic`'s policy greedily, without learning, on the shared
-    /// evaluation environments; `rounds` is its learning curve.
-    pub fn evaluate_policy(
-        &self,
-        simic: &mut Simic,
-        seed_index: usize,
-        rounds: Vec<ResultEntry>,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<SeedOutcome> {
-        let mut evaluate = |mode: SampleMode, name: &str| -> Result<Evaluation> {
-            simic.set_sample_mode(mode);
-            let mut evaluation = Evaluation::default();
-            for round in 0..EVAL_ROUNDS {
-                let report = simic.evaluate_on(&self.spec, EVAL_ENV_SEED, round)?;
-                progress(&format!(
-                    "  seed {seed_index} {name} evaluation round {round}: {}",
-                    round_summary(&report)
-                ));
-                evaluation
-                    .accuracies
-                    .extend(report.final_accuracies.iter().copied());
-                evaluation.active_seeds.push(report.mean_active_seeds);
-                evaluation.fossilizations = evaluation
-                    .fossilizations
-                    .saturating_add(report.fossilizations);
-                evaluation.prunes = evaluation.prunes.saturating_add(report.prunes);
-                for outcome in &report.outcomes {
-                    for (blueprint, count) in &outcome.germinated {
-                        let total = evaluation
-                            .germinated
-                            .entry((*blueprint).to_owned())
-                            .or_default();
-                        *total = total.saturating_add(*count);
-                    }
-                }
-            }
-            Ok(evaluation)
-        };
-        let greedy = evaluate(SampleMode::Greedy, "greedy")?;
-        let sampled = evaluate(SampleMode::Stochastic, "sampled")?;
-        simic.set_sample_mode(SampleMode::Stochastic);
-        Ok(SeedOutcome {
-            seed_index,
-            setup: self.describe(),
-            rounds,
-            greedy,
-            sampled,
-        })
     }
 
     /// A fresh trainer of training seed `seed_index`.

@@ -52,8 +52,9 @@ mod throughput;
 
 pub use cartpole::run_cartpole;
 pub use learning::{
-    Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS,
-    LEARNING_SEEDS, LearningSetup, SeedOutcome, run_learning, training_seed,
+    Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED, GREEDY_CURVE_ROUNDS,
+    LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, LearningSetup, SeedOutcome, run_learning,
+    training_seed,
 };
 pub use throughput::{run_throughput, run_throughput_reporting};
 
@@ -145,6 +146,14 @@ pub struct SimicBenchOptions {
     /// `None`: [`learning::LEARNING_PPO_EPOCHS`], 4). The KL early stop
     /// still ends an update early.
     pub ppo_epochs: Option<usize>,
+    /// `simic-learning` only: every this many training rounds (and after
+    /// the last), the policy is also evaluated greedily on
+    /// [`learning::GREEDY_CURVE_ROUNDS`] rounds of environments of their own
+    /// ([`learning::GREEDY_CURVE_ENV_SEED`]), and the round's entry of the
+    /// learning curve gains the figures (`greedy_accuracy_pct`, ...): the
+    /// greedy learning curve. The training trajectory is the same as
+    /// without it. `None`: no greedy curve.
+    pub greedy_every: Option<usize>,
     /// Epochs per episode; `None`: [`Episode::Head`]'s 150 (5 in a quick
     /// run). [`Episode::parse_epochs`] reads the presets' names.
     pub episode_length: Option<u32>,
@@ -182,6 +191,7 @@ impl SimicBenchOptions {
             rounds: if quick { 1 } else { 3 },
             variants: Vec::new(),
             ppo_epochs: None,
+            greedy_every: None,
             episode_length: None,
             seeds: if quick { 1 } else { learning::LEARNING_SEEDS },
             learning_task: tolaria::task::Task::FmnistImpaired,
@@ -218,6 +228,14 @@ impl SimicBenchOptions {
             return Err(Error::InvalidConfig {
                 field: "SimicBenchOptions.rounds",
                 reason: format!("{} is outside [1, {MAX_ROUNDS}]", self.rounds),
+            });
+        }
+        if let Some(every) = self.greedy_every
+            && !(1..=MAX_ROUNDS).contains(&every)
+        {
+            return Err(Error::InvalidConfig {
+                field: "SimicBenchOptions.greedy_every",
+                reason: format!("{every} is outside [1, {MAX_ROUNDS}]"),
             });
         }
         if let Some(epochs) = self.ppo_epochs {

@@ -10,8 +10,8 @@ use super::super::baseline::Baseline;
 use super::super::stats::{Paired, paired};
 use super::super::{SLOTS, SimicBenchRun, mean};
 use super::{
-    BaselineFigures, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, LearningSetup, SeedOutcome,
-    rust_entry, training_seed,
+    BaselineFigures, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
+    GREEDY_CURVE_ROUNDS, LearningSetup, SeedOutcome, rust_entry, training_seed,
 };
 
 /// A result entry of the mean final accuracy and mean active seeds.
@@ -258,6 +258,11 @@ pub(super) fn pool(
                 "eval_env_seed": EVAL_ENV_SEED,
                 "eval_environments": EVAL_ROUNDS * 4,
                 "ppo_epochs": setup.config.ppo.epochs,
+                "greedy_curve": setup.greedy_every.map(|every| json!({
+                    "every_rounds": every,
+                    "env_seed": GREEDY_CURVE_ENV_SEED,
+                    "environments": GREEDY_CURVE_ROUNDS * 4,
+                })),
                 "settings": setup.settings,
                 "quick": setup.quick,
                 "statistics": "paired per environment; 95% CI from Student's t; exact sign \

@@ -203,3 +203,72 @@ fn the_escrow_reward_trains_through_the_environments() {
     let reward = curve[0].metrics["mean_episode_reward"];
     assert!(reward.is_finite(), "{reward}");
 }
+
+#[test]
+fn the_greedy_curve_leaves_the_training_as_it_was() {
+    // Two rounds with a greedy point after each against the same two
+    // rounds without: the same learning curve apart from the points, and
+    // the same trainer state to the bit.
+    let _rng = crate::global_rng_lock();
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 1;
+    options.episode_length = Some(2);
+    let plain = LearningSetup::new(&options, 2).expect("the quick protocol's setup");
+    options.greedy_every = Some(1);
+    let curved = LearningSetup::new(&options, 2).expect("the setup with a greedy curve");
+    assert!(curved.describe().contains("greedy-every 1"));
+    assert_ne!(plain.describe(), curved.describe());
+    let mut lines = Vec::new();
+    let mut quiet = |_: &str| {};
+    let (a, plain_curve) = plain.train_policy(0, &mut quiet).expect("two rounds");
+    let (b, curved_curve) = curved
+        .train_policy(0, &mut |line: &str| lines.push(line.to_owned()))
+        .expect("two rounds with the curve");
+    assert_eq!(plain_curve.len(), 2);
+    assert_eq!(curved_curve.len(), 2);
+    for (round, (without, with)) in plain_curve.iter().zip(&curved_curve).enumerate() {
+        let accuracy = with.metrics["greedy_accuracy_pct"];
+        assert!((0.0..=100.0).contains(&accuracy), "{accuracy}");
+        assert!(with.metrics.contains_key("greedy_fossilizations"));
+        let mut stripped = with.clone();
+        stripped
+            .metrics
+            .retain(|key, _| !key.starts_with("greedy_"));
+        assert_eq!(&stripped, without, "round {round} changed");
+        assert!(!without.metrics.contains_key("greedy_accuracy_pct"));
+    }
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|line| line.contains("greedy curve"))
+            .count(),
+        2,
+        "{lines:?}"
+    );
+    let (state_a, a) = a.export_state().expect("state");
+    let (state_b, b) = b.export_state().expect("state");
+    assert_eq!(state_a, state_b, "the host-side state differs");
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(x.equal(y), "{name} differs");
+    }
+
+    // A period of 0 is refused.
+    options.greedy_every = Some(0);
+    assert!(LearningSetup::new(&options, 2).is_err());
+}
+
+#[test]
+fn the_greedy_curve_is_measured_every_n_rounds_and_after_the_last() {
+    let _rng = crate::global_rng_lock();
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 1;
+    options.episode_length = Some(1);
+    options.greedy_every = Some(2);
+    let setup = LearningSetup::new(&options, 3).expect("the setup");
+    let (_, curve) = setup.train_policy(0, &mut |_| {}).expect("three rounds");
+    let measured: Vec<bool> = curve
+        .iter()
+        .map(|entry| entry.metrics.contains_key("greedy_accuracy_pct"))
+        .collect();
+    assert_eq!(measured, vec![false, true, true]);
+}

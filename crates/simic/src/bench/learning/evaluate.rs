@@ -1,0 +1,135 @@
+//! The learned policy's evaluations: on the shared evaluation
+//! environments after training ([`LearningSetup::evaluate_policy`]) and,
+//! while it trains, the points of the greedy learning curve on
+//! environments of their own ([`super::GREEDY_CURVE_ENV_SEED`]).
+
+use leyline::baseline::ResultEntry;
+use tamiyo::policy::SampleMode;
+
+use super::{
+    EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED, GREEDY_CURVE_ROUNDS,
+    LearningSetup, SeedOutcome, round_summary,
+};
+use crate::Result;
+use crate::bench::mean;
+use crate::vectorized::Simic;
+
+impl LearningSetup {
+    /// One point of the greedy learning curve after training round `round`
+    /// (see [`super::SimicBenchOptions::greedy_every`]): the policy
+    /// evaluated greedily on [`GREEDY_CURVE_ROUNDS`] rounds of the curve's
+    /// own environments, its figures put into the round's `metrics`. The
+    /// trainer's state is exported before and put back after, so the
+    /// training goes on as if the point had not been measured (the
+    /// sampler's generator, the counters and the normalisers included).
+    pub(super) fn greedy_point(
+        &self,
+        simic: &mut Simic,
+        seed_index: usize,
+        round: usize,
+        progress: &mut dyn FnMut(&str),
+        metrics: &mut std::collections::BTreeMap<String, f64>,
+    ) -> Result<()> {
+        let (state, tensors) = simic.export_state()?;
+        simic.set_sample_mode(SampleMode::Greedy);
+        let name = format!("greedy curve after round {round},");
+        let evaluation = self.evaluate(
+            simic,
+            GREEDY_CURVE_ENV_SEED,
+            GREEDY_CURVE_ROUNDS,
+            seed_index,
+            &name,
+            progress,
+        );
+        simic.set_sample_mode(SampleMode::Stochastic);
+        simic.import_state(&state, &tensors)?;
+        let evaluation = evaluation?;
+        metrics.insert(
+            "greedy_accuracy_pct".to_owned(),
+            mean(evaluation.accuracies.iter().copied()),
+        );
+        metrics.insert(
+            "greedy_active_seeds_per_env".to_owned(),
+            mean(evaluation.active_seeds.iter().copied()),
+        );
+        let germinations: u64 = evaluation.germinated.values().sum();
+        metrics.insert("greedy_germinations".to_owned(), germinations as f64);
+        metrics.insert(
+            "greedy_fossilizations".to_owned(),
+            evaluation.fossilizations as f64,
+        );
+        metrics.insert("greedy_prunes".to_owned(), evaluation.prunes as f64);
+        Ok(())
+    }
+
+    /// `simic`'s policy, in its current sample mode and without learning,
+    /// on `rounds` rounds of the environments of `env_seed`.
+    fn evaluate(
+        &self,
+        simic: &mut Simic,
+        env_seed: u64,
+        rounds: u64,
+        seed_index: usize,
+        name: &str,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Evaluation> {
+        let mut evaluation = Evaluation::default();
+        for round in 0..rounds {
+            let report = simic.evaluate_on(&self.spec, env_seed, round)?;
+            progress(&format!(
+                "  seed {seed_index} {name} evaluation round {round}: {}",
+                round_summary(&report)
+            ));
+            evaluation
+                .accuracies
+                .extend(report.final_accuracies.iter().copied());
+            evaluation.active_seeds.push(report.mean_active_seeds);
+            evaluation.fossilizations = evaluation
+                .fossilizations
+                .saturating_add(report.fossilizations);
+            evaluation.prunes = evaluation.prunes.saturating_add(report.prunes);
+            for outcome in &report.outcomes {
+                for (blueprint, count) in &outcome.germinated {
+                    let total = evaluation
+                        .germinated
+                        .entry((*blueprint).to_owned())
+                        .or_default();
+                    *total = total.saturating_add(*count);
+                }
+            }
+        }
+        Ok(evaluation)
+    }
+
+    /// Evaluates `simic`'s policy greedily, without learning, on the shared
+    /// evaluation environments; `rounds` is its learning curve.
+    pub fn evaluate_policy(
+        &self,
+        simic: &mut Simic,
+        seed_index: usize,
+        rounds: Vec<ResultEntry>,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SeedOutcome> {
+        let mut evaluate = |mode: SampleMode, name: &str| -> Result<Evaluation> {
+            simic.set_sample_mode(mode);
+            self.evaluate(
+                simic,
+                EVAL_ENV_SEED,
+                EVAL_ROUNDS,
+                seed_index,
+                name,
+                progress,
+            )
+        };
+        let greedy = evaluate(SampleMode::Greedy, "greedy")?;
+        let sampled = evaluate(SampleMode::Stochastic, "sampled")?;
+        simic.set_sample_mode(SampleMode::Stochastic);
+        Ok(SeedOutcome {
+            seed_index,
+            setup: self.describe(),
+            rounds,
+            greedy,
+            sampled,
+        })
+    }
+}
