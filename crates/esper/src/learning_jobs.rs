@@ -549,7 +549,54 @@ fn least_busy(count: usize, busy: impl Iterator<Item = usize>) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::least_busy;
+    use super::{child_args, least_busy};
+    use crate::args::{BenchArgs, BenchCommand};
+
+    #[test]
+    fn a_child_is_started_with_the_runs_learning_options() {
+        let words = [
+            "simic-learning",
+            "--out",
+            "r.json",
+            "--rounds",
+            "7",
+            "--ppo-epochs",
+            "2",
+            "--greedy-every",
+            "3",
+            "--seeds",
+            "4",
+            "--set",
+            "reward.mode=escrow",
+            "--jobs",
+            "2",
+        ];
+        let Ok(BenchCommand::Run(parent)) = BenchArgs::parse(words.iter().map(|w| w.to_string()))
+        else {
+            panic!("the parent's command line did not parse");
+        };
+        let child = child_args(
+            &parent,
+            torch_ext::DeviceChoice::Cpu,
+            7,
+            1,
+            false,
+            std::path::Path::new("part.json"),
+        );
+        let child: Vec<String> = child
+            .into_iter()
+            .map(|word| word.into_string().expect("utf-8"))
+            .collect();
+        let Ok(BenchCommand::Run(read)) = BenchArgs::parse(child.iter().skip(1).cloned()) else {
+            panic!("the child's command line did not parse: {child:?}");
+        };
+        assert_eq!(read.greedy_every, Some(3));
+        assert_eq!(read.ppo_epochs, Some(2));
+        assert_eq!(read.rounds, Some(7));
+        assert_eq!(read.seeds, Some(4));
+        assert_eq!(read.settings, vec!["reward.mode=escrow".to_owned()]);
+        assert_eq!(read.seed_index, Some(1));
+    }
 
     #[test]
     fn a_new_child_goes_to_the_least_busy_device() {
