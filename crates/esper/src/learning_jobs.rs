@@ -81,7 +81,9 @@ pub(crate) fn run_seed(
     }
     // The trainer and the curve after every round: a process stopped by a
     // time limit loses at most the round it was in.
-    let mut save = |simic: &simic::vectorized::Simic, curve: &[leyline::baseline::ResultEntry]| {
+    let mut save = |simic: &simic::vectorized::Simic,
+                    curve: &[leyline::baseline::ResultEntry],
+                    selected: Option<&simic::bench::Selected>| {
         let mut extra = serde_json::Map::new();
         extra.insert("setup".to_owned(), describe.clone().into());
         extra.insert("seed_index".to_owned(), seed_index.into());
@@ -90,24 +92,38 @@ pub(crate) fn run_seed(
             reason: error.to_string(),
         })?;
         extra.insert("learning_curve".to_owned(), curve);
+        let more = match selected {
+            Some(selected) => selected.to_checkpoint(&mut extra)?,
+            None => Vec::new(),
+        };
         simic
-            .save_checkpoint(&parent, &progress_name(seed_index), extra)
+            .save_checkpoint_with(&parent, &progress_name(seed_index), extra, &more)
             .map(|_| ())
     };
-    let (simic, learning_curve) = setup.continue_policy(
+    let trained = setup.continue_policy(
         seed_index,
         kept.as_ref()
             .map(|(checkpoint, curve)| (checkpoint, curve.clone())),
         progress,
         &mut save,
     )?;
-    simic.save_checkpoint(&parent, &policy_name(seed_index), serde_json::Map::new())?;
+    // The trained policy, with the greedy curve's best point beside it.
+    let mut extra = serde_json::Map::new();
+    let more = match &trained.selected {
+        Some(selected) => selected.to_checkpoint(&mut extra)?,
+        None => Vec::new(),
+    };
+    trained
+        .simic
+        .save_checkpoint_with(&parent, &policy_name(seed_index), extra, &more)?;
     let part = SeedOutcome {
         seed_index,
         setup: setup.describe(),
-        rounds: learning_curve,
+        rounds: trained.curve,
         greedy: simic::bench::Evaluation::default(),
         sampled: simic::bench::Evaluation::default(),
+        selected_round: None,
+        selected: None,
     };
     let text = serde_json::to_vec_pretty(&part)?;
     durable::write_file(&args.out, &text)
@@ -391,8 +407,16 @@ fn evaluate_part(
         .with_context(|| format!("{} is not seed {seed}'s part of this run", path.display()))?;
     let checkpoint = simic::checkpoint::read_checkpoint(&parts_dir.join(policy_name(seed)))
         .with_context(|| format!("reading seed {seed}'s trained policy"))?;
+    let selected = simic::bench::Selected::from_checkpoint(&checkpoint)
+        .with_context(|| format!("reading seed {seed}'s selected policy"))?;
     let mut trained = setup.restore_policy(seed, &checkpoint)?;
-    Ok(setup.evaluate_policy(&mut trained, seed, learned.rounds, progress)?)
+    Ok(setup.evaluate_policy(
+        &mut trained,
+        seed,
+        learned.rounds,
+        selected.as_ref(),
+        progress,
+    )?)
 }
 
 /// The part of seed `seed` (its learning curve) in the parts folder.

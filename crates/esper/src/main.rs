@@ -144,7 +144,8 @@ commands:
                             applies)
         --greedy-every N    every N training rounds and after the last, also evaluate the
                             policy greedily on environments of its own (the greedy learning
-                            curve, in the rounds' entries; training is unchanged by it)
+                            curve, in the rounds' entries; training is unchanged by it),
+                            and evaluate the policy of its best point beside the final one
         --set KEY=VALUE     a setting over the reference's defaults, repeatable, in order:
                             reward.<field>, ppo.<field>, floor.<head> or slot.<field>, e.g.
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05

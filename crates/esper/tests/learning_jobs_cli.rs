@@ -223,3 +223,32 @@ fn only_seeds_leave_the_parts_and_their_small_files_finish_the_run_elsewhere() {
     let stderr = refused(&out, &["--only-seeds", "0"]);
     assert!(stderr.contains("--only-seeds needs --jobs"), "{stderr}");
 }
+
+#[test]
+fn a_greedy_curve_and_its_selected_policy_pool_the_same_in_child_processes() {
+    // The selected policy travels in the trained policy's checkpoint from
+    // the child that trains to the one that evaluates.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = learning(&dir.path().join("one.json"), &["--greedy-every", "1"]);
+    let jobs = learning(
+        &dir.path().join("jobs.json"),
+        &["--greedy-every", "1", "--jobs", "2"],
+    );
+    assert_eq!(one["results"], jobs["results"]);
+    assert_eq!(jobs["params"]["greedy_curve"]["every_rounds"], 1);
+    let entry = |mode: &str| {
+        jobs["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .find(|entry| entry["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} entry"))
+            .clone()
+    };
+    assert!(entry("ppo-seed1-round-0")["metrics"]["greedy_accuracy_pct"].is_number());
+    assert_eq!(
+        entry("ppo-seed0-selected-eval")["metrics"]["selected_round"],
+        0.0
+    );
+    assert!(entry("compare-ppo-selected-vs-no-growth")["metrics"]["pairs"].is_number());
+}

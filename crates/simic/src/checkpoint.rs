@@ -69,6 +69,33 @@ impl Simic {
         name: &str,
         extra: Map<String, Value>,
     ) -> Result<PathBuf> {
+        self.save_checkpoint_with(root, name, extra, &[])
+    }
+
+    /// [`Simic::save_checkpoint`] with the caller's own tensors beside the
+    /// trainer's, in the same file and the same atomic write ([`read_checkpoint`]
+    /// returns them among [`PpoCheckpoint::tensors`];
+    /// [`Simic::import_state`] takes only its own). Refused, with nothing
+    /// left behind, when a name of `more` is taken by the trainer's
+    /// (`policy/...`, `optimizer/...`) or repeated.
+    pub fn save_checkpoint_with(
+        &self,
+        root: &Path,
+        name: &str,
+        extra: Map<String, Value>,
+        more: &[(String, Tensor)],
+    ) -> Result<PathBuf> {
+        for (index, (key, _)) in more.iter().enumerate() {
+            if key.starts_with("policy/")
+                || key.starts_with("optimizer/")
+                || more.iter().take(index).any(|(other, _)| other == key)
+            {
+                return Err(refuse(
+                    "more",
+                    format!("the tensor name {key:?} is the trainer's own or repeated"),
+                ));
+            }
+        }
         if let Some(key) = extra
             .keys()
             .find(|key| SIMIC_KEYS.contains(&key.as_str()) || *key == durable::FILES_KEY)
@@ -81,6 +108,7 @@ impl Simic {
         let (state, tensors) = self.export_state()?;
         let cpu = tensors
             .iter()
+            .chain(more)
             .map(|(name, tensor)| {
                 tensor
                     .f_detach()

@@ -21,7 +21,8 @@
 //!    evaluated greedily while it trains, every so many rounds, on
 //!    environments of its own ([`GREEDY_CURVE_ENV_SEED`]): the greedy
 //!    learning curve, in the rounds' entries, with the training trajectory
-//!    unchanged.
+//!    unchanged; the state at its best point ([`Selected`]) is evaluated
+//!    greedily on the shared environments beside the final policy.
 //! 3. The comparisons ([`super::stats::paired`]), per training seed and
 //!    pooled over them, one pair per (seed, environment): the learned
 //!    policy against each baseline, and max growth against no growth: mean
@@ -38,8 +39,11 @@
 mod evaluate;
 mod outcome;
 mod pool;
+mod selected;
 pub use outcome::{Evaluation, SeedOutcome};
 use pool::pool;
+use selected::check_selected;
+pub use selected::{AfterRound, SELECTED_PREFIX, Selected, Trained};
 
 use leyline::Telemetry;
 use leyline::baseline::ResultEntry;
@@ -348,18 +352,25 @@ impl LearningSetup {
         seed_index: usize,
         progress: &mut dyn FnMut(&str),
     ) -> Result<SeedOutcome> {
-        let (mut simic, rounds) = self.train_policy(seed_index, progress)?;
-        self.evaluate_policy(&mut simic, seed_index, rounds, progress)
+        let mut trained = self.train_policy(seed_index, progress)?;
+        self.evaluate_policy(
+            &mut trained.simic,
+            seed_index,
+            trained.curve,
+            trained.selected.as_ref(),
+            progress,
+        )
     }
 
     /// Trains the policy of training seed `seed_index` for the run's rounds;
-    /// returns the trainer and one entry per round (the learning curve).
+    /// returns the trainer, one entry per round (the learning curve) and,
+    /// with a greedy curve, the state at its best point.
     pub fn train_policy(
         &self,
         seed_index: usize,
         progress: &mut dyn FnMut(&str),
-    ) -> Result<(Simic, Vec<ResultEntry>)> {
-        self.continue_policy(seed_index, None, progress, &mut |_, _| Ok(()))
+    ) -> Result<Trained> {
+        self.continue_policy(seed_index, None, progress, &mut |_, _, _| Ok(()))
     }
 
     /// [`LearningSetup::train_policy`] taken up where an earlier process
@@ -368,20 +379,24 @@ impl LearningSetup {
     /// with the learning curve of those `k` rounds. The rounds go on from
     /// `k` (a round's environments derive from the seed and the round
     /// alone, so the trajectory is the one of a run never stopped). After
-    /// every round, `after_round` sees the trainer and the curve so far
-    /// (to save them); its error stops the training. Refused when the
-    /// checkpoint's round and the curve disagree or exceed the run's
-    /// rounds, or when its state does not fit this seed's trainer.
+    /// every round, `after_round` sees the trainer, the curve so far and
+    /// the selected state (the greedy curve's best point so far, which the
+    /// checkpoint keeps too: [`Selected::to_checkpoint`]), to save them; its
+    /// error stops the training. Refused when the checkpoint's round and the
+    /// curve disagree or exceed the run's rounds, when its state does not
+    /// fit this seed's trainer, or when its selected point is not the
+    /// curve's best.
     pub fn continue_policy(
         &self,
         seed_index: usize,
         resume: Option<(&crate::checkpoint::PpoCheckpoint, Vec<ResultEntry>)>,
         progress: &mut dyn FnMut(&str),
-        after_round: &mut dyn FnMut(&Simic, &[ResultEntry]) -> Result<()>,
-    ) -> Result<(Simic, Vec<ResultEntry>)> {
+        after_round: &mut AfterRound<'_>,
+    ) -> Result<Trained> {
         let precision = self.precision;
         let mut simic = self.simic(seed_index)?;
         let mut rounds = Vec::with_capacity(self.rounds);
+        let mut selected: Option<Selected> = None;
         if let Some((checkpoint, curve)) = resume {
             let done = usize::try_from(checkpoint.round).unwrap_or(usize::MAX);
             if done != curve.len() || done > self.rounds {
@@ -397,6 +412,8 @@ impl LearningSetup {
                 });
             }
             simic.import_state(&checkpoint.state, &checkpoint.tensors)?;
+            selected = Selected::from_checkpoint(checkpoint)?;
+            check_selected(&curve, selected.as_ref())?;
             rounds = curve;
         }
         for round in rounds.len()..self.rounds {
@@ -422,16 +439,33 @@ impl LearningSetup {
             if let Some(every) = self.greedy_every
                 && (round.saturating_add(1).checked_rem(every) == Some(0) || last)
             {
-                self.greedy_point(&mut simic, seed_index, round, progress, &mut metrics)?;
+                let (accuracy, state, tensors) =
+                    self.greedy_point(&mut simic, seed_index, round, progress, &mut metrics)?;
+                // At least as good as every earlier point: a later policy
+                // of the same greedy figure has trained longer.
+                if selected
+                    .as_ref()
+                    .is_none_or(|best| accuracy >= best.accuracy)
+                {
+                    selected = Some(Selected::take(round, accuracy, state, &tensors)?);
+                    progress(&format!(
+                        "  seed {seed_index}: the greedy point after round {round} \
+                         ({accuracy:.2}%) is the best so far: selected"
+                    ));
+                }
             }
             rounds.push(rust_entry(
                 format!("ppo-seed{seed_index}-round-{round}"),
                 metrics,
                 precision,
             ));
-            after_round(&simic, &rounds)?;
+            after_round(&simic, &rounds, selected.as_ref())?;
         }
-        Ok((simic, rounds))
+        Ok(Trained {
+            simic,
+            curve: rounds,
+            selected,
+        })
     }
 
     /// A trainer of training seed `seed_index` in the state of `checkpoint`
@@ -490,7 +524,32 @@ impl LearningSetup {
                     outcome.setup
                 )));
             }
-            for (name, evaluation) in [("greedy", &outcome.greedy), ("sampled", &outcome.sampled)] {
+            if outcome.selected.is_some() != self.greedy_every.is_some()
+                || outcome.selected.is_some() != outcome.selected_round.is_some()
+            {
+                return Err(refuse(format!(
+                    "seed {index} has {} selected policy's evaluation; this run {} a greedy curve",
+                    if outcome.selected.is_some() {
+                        "a"
+                    } else {
+                        "no"
+                    },
+                    if self.greedy_every.is_some() {
+                        "has"
+                    } else {
+                        "has no"
+                    }
+                )));
+            }
+            for (name, evaluation) in [("greedy", &outcome.greedy), ("sampled", &outcome.sampled)]
+                .into_iter()
+                .chain(
+                    outcome
+                        .selected
+                        .as_ref()
+                        .map(|selected| ("selected", selected)),
+                )
+            {
                 if evaluation.accuracies.len() != evaluated
                     || evaluation.accuracies.iter().any(|a| !a.is_finite())
                 {

@@ -52,9 +52,9 @@ mod throughput;
 
 pub use cartpole::run_cartpole;
 pub use learning::{
-    Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED, GREEDY_CURVE_ROUNDS,
-    LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, LearningSetup, SeedOutcome, run_learning,
-    training_seed,
+    AfterRound, Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
+    GREEDY_CURVE_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, LearningSetup,
+    SELECTED_PREFIX, SeedOutcome, Selected, Trained, run_learning, training_seed,
 };
 pub use throughput::{run_throughput, run_throughput_reporting};
 
@@ -152,7 +152,9 @@ pub struct SimicBenchOptions {
     /// ([`learning::GREEDY_CURVE_ENV_SEED`]), and the round's entry of the
     /// learning curve gains the figures (`greedy_accuracy_pct`, ...): the
     /// greedy learning curve. The training trajectory is the same as
-    /// without it. `None`: no greedy curve.
+    /// without it. The state at the curve's best point
+    /// ([`learning::Selected`]) is evaluated beside the final policy.
+    /// `None`: no greedy curve.
     pub greedy_every: Option<usize>,
     /// Epochs per episode; `None`: [`Episode::Head`]'s 150 (5 in a quick
     /// run). [`Episode::parse_epochs`] reads the presets' names.

@@ -8,11 +8,15 @@ use tamiyo::policy::SampleMode;
 
 use super::{
     EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED, GREEDY_CURVE_ROUNDS,
-    LearningSetup, SeedOutcome, round_summary,
+    LearningSetup, SeedOutcome, Selected, round_summary,
 };
 use crate::Result;
 use crate::bench::mean;
-use crate::vectorized::Simic;
+use crate::vectorized::{Simic, SimicState};
+
+/// A greedy curve's point: its accuracy and the state it was measured in
+/// (the trainer's tensors as handles, as [`Simic::export_state`] gives them).
+pub(super) type GreedyPoint = (f64, SimicState, Vec<(String, tch::Tensor)>);
 
 impl LearningSetup {
     /// One point of the greedy learning curve after training round `round`
@@ -22,6 +26,8 @@ impl LearningSetup {
     /// trainer's state is exported before and put back after, so the
     /// training goes on as if the point had not been measured (the
     /// sampler's generator, the counters and the normalisers included).
+    /// Returns the point's accuracy and the state it was measured in (the
+    /// trainer's tensors as handles).
     pub(super) fn greedy_point(
         &self,
         simic: &mut Simic,
@@ -29,7 +35,7 @@ impl LearningSetup {
         round: usize,
         progress: &mut dyn FnMut(&str),
         metrics: &mut std::collections::BTreeMap<String, f64>,
-    ) -> Result<()> {
+    ) -> Result<GreedyPoint> {
         let (state, tensors) = simic.export_state()?;
         simic.set_sample_mode(SampleMode::Greedy);
         let name = format!("greedy curve after round {round},");
@@ -44,10 +50,8 @@ impl LearningSetup {
         simic.set_sample_mode(SampleMode::Stochastic);
         simic.import_state(&state, &tensors)?;
         let evaluation = evaluation?;
-        metrics.insert(
-            "greedy_accuracy_pct".to_owned(),
-            mean(evaluation.accuracies.iter().copied()),
-        );
+        let accuracy = mean(evaluation.accuracies.iter().copied());
+        metrics.insert("greedy_accuracy_pct".to_owned(), accuracy);
         metrics.insert(
             "greedy_active_seeds_per_env".to_owned(),
             mean(evaluation.active_seeds.iter().copied()),
@@ -59,7 +63,7 @@ impl LearningSetup {
             evaluation.fossilizations as f64,
         );
         metrics.insert("greedy_prunes".to_owned(), evaluation.prunes as f64);
-        Ok(())
+        Ok((accuracy, state, tensors))
     }
 
     /// `simic`'s policy, in its current sample mode and without learning,
@@ -101,16 +105,19 @@ impl LearningSetup {
         Ok(evaluation)
     }
 
-    /// Evaluates `simic`'s policy greedily, without learning, on the shared
-    /// evaluation environments; `rounds` is its learning curve.
+    /// Evaluates `simic`'s policy, without learning, on the shared
+    /// evaluation environments, greedily and sampled; `rounds` is its
+    /// learning curve. With `selected` (the greedy curve's best point),
+    /// that state is then put into `simic` and evaluated greedily too.
     pub fn evaluate_policy(
         &self,
         simic: &mut Simic,
         seed_index: usize,
         rounds: Vec<ResultEntry>,
+        selected: Option<&Selected>,
         progress: &mut dyn FnMut(&str),
     ) -> Result<SeedOutcome> {
-        let mut evaluate = |mode: SampleMode, name: &str| -> Result<Evaluation> {
+        let mut evaluate = |simic: &mut Simic, mode: SampleMode, name: &str| {
             simic.set_sample_mode(mode);
             self.evaluate(
                 simic,
@@ -121,15 +128,29 @@ impl LearningSetup {
                 progress,
             )
         };
-        let greedy = evaluate(SampleMode::Greedy, "greedy")?;
-        let sampled = evaluate(SampleMode::Stochastic, "sampled")?;
+        let greedy = evaluate(simic, SampleMode::Greedy, "greedy");
+        let sampled = greedy.and_then(|greedy| {
+            evaluate(simic, SampleMode::Stochastic, "sampled").map(|sampled| (greedy, sampled))
+        });
+        let evaluated = sampled.and_then(|(greedy, sampled)| match selected {
+            Some(selected) => {
+                selected.apply(simic)?;
+                let name = format!("selected (round {}) greedy", selected.round);
+                let evaluation = evaluate(simic, SampleMode::Greedy, &name)?;
+                Ok((greedy, sampled, Some(evaluation)))
+            }
+            None => Ok((greedy, sampled, None)),
+        });
         simic.set_sample_mode(SampleMode::Stochastic);
+        let (greedy, sampled, selected_evaluation) = evaluated?;
         Ok(SeedOutcome {
             seed_index,
             setup: self.describe(),
             rounds,
             greedy,
             sampled,
+            selected_round: selected.map(|selected| selected.round),
+            selected: selected_evaluation,
         })
     }
 }

@@ -31,6 +31,15 @@ pub struct SeedOutcome {
     /// environments: a policy whose growth rests on sampling (it germinates
     /// with a probability below WAIT's) grows here and not greedily.
     pub sampled: Evaluation,
+    /// With a greedy learning curve (`--greedy-every`): the training round
+    /// of its best point, whose policy [`SeedOutcome::selected`] evaluates.
+    #[serde(default)]
+    pub selected_round: Option<usize>,
+    /// With a greedy learning curve: the policy of its best point
+    /// ([`super::Selected`]) evaluated greedily on the shared evaluation
+    /// environments, beside the final policy's [`SeedOutcome::greedy`].
+    #[serde(default)]
+    pub selected: Option<Evaluation>,
 }
 
 /// One policy's figures on the shared evaluation environments.

@@ -1,6 +1,8 @@
 //! The protocol's record: the baselines and the training seeds' outcomes
 //! pooled into result entries, with the paired comparisons, per training
-//! seed and over them, for the greedy and the sampled evaluation.
+//! seed and over them, for the greedy and the sampled evaluation and, with
+//! a greedy learning curve, the greedy evaluation of its best point's
+//! policy.
 
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
@@ -154,12 +156,24 @@ pub(super) fn pool(
     // environment. The greedy entries keep their names (`ppo-greedy-eval`,
     // `compare-ppo-vs-*`, `ppo-recovered-fraction`); the sampled ones say
     // `sampled`.
-    for (mode, tag) in [("greedy", ""), ("sampled", "-sampled")] {
+    // With a greedy curve, the policy of its best point too
+    // (`ppo-selected-eval`, `compare-ppo-selected-vs-*`): `report` checked
+    // that every seed has it then.
+    let selected = outcomes.iter().all(|outcome| outcome.selected.is_some());
+    let modes = [
+        ("greedy", ""),
+        ("sampled", "-sampled"),
+        ("selected", "-selected"),
+    ];
+    for (mode, tag) in modes
+        .into_iter()
+        .filter(|(mode, _)| *mode != "selected" || selected)
+    {
         let of_mode = |outcome: &SeedOutcome| -> Evaluation {
-            if mode == "greedy" {
-                outcome.greedy.clone()
-            } else {
-                outcome.sampled.clone()
+            match mode {
+                "greedy" => outcome.greedy.clone(),
+                "sampled" => outcome.sampled.clone(),
+                _ => outcome.selected.clone().unwrap_or_default(),
             }
         };
         let mut pooled_policy = Vec::new();
@@ -176,6 +190,13 @@ pub(super) fn pool(
                 precision,
             );
             growth_metrics(&mut entry, &evaluation);
+            if mode == "selected"
+                && let Some(round) = outcome.selected_round
+            {
+                entry
+                    .metrics
+                    .insert("selected_round".to_owned(), round as f64);
+            }
             results.push(entry);
             results.push(comparison_entry(
                 format!("compare-ppo{tag}-vs-no-growth-seed{seed_index}"),

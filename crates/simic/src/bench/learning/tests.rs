@@ -26,6 +26,8 @@ fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
         rounds: Vec::new(),
         greedy: evaluation(),
         sampled: evaluation(),
+        selected_round: None,
+        selected: None,
     }
 }
 
@@ -132,13 +134,14 @@ fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
     options.episode_length = Some(2);
     let setup = LearningSetup::new(&options, 2).expect("the quick protocol's setup");
     let mut quiet = |_: &str| {};
-    let (whole, whole_curve) = setup.train_policy(0, &mut quiet).expect("two rounds");
+    let trained = setup.train_policy(0, &mut quiet).expect("two rounds");
+    let (whole, whole_curve) = (trained.simic, trained.curve);
 
     // The same seed stopped after its first round (the callback's error
     // stops it), its trainer saved there, then taken up in a new trainer.
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut saved = 0;
-    let stopped = setup.continue_policy(0, None, &mut quiet, &mut |simic, curve| {
+    let stopped = setup.continue_policy(0, None, &mut quiet, &mut |simic, curve, _| {
         simic.save_checkpoint(dir.path(), "progress", serde_json::Map::new())?;
         saved = curve.len();
         Err(crate::Error::Checkpoint {
@@ -152,17 +155,18 @@ fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
         crate::checkpoint::read_checkpoint(&dir.path().join("progress")).expect("read back");
     assert_eq!(checkpoint.round, 1);
     let mut rounds_after = Vec::new();
-    let (resumed, resumed_curve) = setup
+    let resumed = setup
         .continue_policy(
             0,
             Some((&checkpoint, whole_curve[..1].to_vec())),
             &mut quiet,
-            &mut |_, curve| {
+            &mut |_, curve, _| {
                 rounds_after.push(curve.len());
                 Ok(())
             },
         )
         .expect("taken up");
+    let (resumed, resumed_curve) = (resumed.simic, resumed.curve);
     assert_eq!(rounds_after, vec![2], "only the missing round ran");
     assert_eq!(resumed_curve, whole_curve);
     let (_, a) = whole.export_state().expect("state");
@@ -177,7 +181,7 @@ fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
         0,
         Some((&checkpoint, Vec::new())),
         &mut quiet,
-        &mut |_, _| Ok(()),
+        &mut |_, _, _| Ok(()),
     );
     assert!(matches!(
         refused,
@@ -196,9 +200,10 @@ fn the_escrow_reward_trains_through_the_environments() {
     options.settings = vec!["reward.mode=escrow".to_owned()];
     let setup = LearningSetup::new(&options, 1).expect("the quick protocol's setup");
     assert_eq!(setup.config.reward.mode, crate::rewards::RewardMode::Escrow);
-    let (_, curve) = setup
+    let curve = setup
         .train_policy(0, &mut |_| {})
-        .expect("a round under ESCROW");
+        .expect("a round under ESCROW")
+        .curve;
     assert_eq!(curve.len(), 1);
     let reward = curve[0].metrics["mean_episode_reward"];
     assert!(reward.is_finite(), "{reward}");
@@ -220,10 +225,13 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
     assert_ne!(plain.describe(), curved.describe());
     let mut lines = Vec::new();
     let mut quiet = |_: &str| {};
-    let (a, plain_curve) = plain.train_policy(0, &mut quiet).expect("two rounds");
-    let (b, curved_curve) = curved
+    let plain_run = plain.train_policy(0, &mut quiet).expect("two rounds");
+    assert!(plain_run.selected.is_none());
+    let curved_run = curved
         .train_policy(0, &mut |line: &str| lines.push(line.to_owned()))
         .expect("two rounds with the curve");
+    let (a, plain_curve) = (plain_run.simic, plain_run.curve);
+    let (b, curved_curve) = (curved_run.simic, curved_run.curve);
     assert_eq!(plain_curve.len(), 2);
     assert_eq!(curved_curve.len(), 2);
     for (round, (without, with)) in plain_curve.iter().zip(&curved_curve).enumerate() {
@@ -240,7 +248,7 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
     assert_eq!(
         lines
             .iter()
-            .filter(|line| line.contains("greedy curve"))
+            .filter(|line| line.contains("greedy curve after"))
             .count(),
         2,
         "{lines:?}"
@@ -265,10 +273,193 @@ fn the_greedy_curve_is_measured_every_n_rounds_and_after_the_last() {
     options.episode_length = Some(1);
     options.greedy_every = Some(2);
     let setup = LearningSetup::new(&options, 3).expect("the setup");
-    let (_, curve) = setup.train_policy(0, &mut |_| {}).expect("three rounds");
+    let trained = setup.train_policy(0, &mut |_| {}).expect("three rounds");
+    let curve = &trained.curve;
     let measured: Vec<bool> = curve
         .iter()
         .map(|entry| entry.metrics.contains_key("greedy_accuracy_pct"))
         .collect();
     assert_eq!(measured, vec![false, true, true]);
+}
+
+/// The curve's last best point: what `continue_policy` selects.
+fn best_point(curve: &[ResultEntry]) -> (usize, f64) {
+    let mut best: Option<(usize, f64)> = None;
+    for (round, entry) in curve.iter().enumerate() {
+        if let Some(accuracy) = entry.metrics.get("greedy_accuracy_pct").copied()
+            && best.is_none_or(|(_, top)| accuracy >= top)
+        {
+            best = Some((round, accuracy));
+        }
+    }
+    best.expect("a greedy point")
+}
+
+#[test]
+fn the_selected_policy_is_the_curves_best_point_and_survives_a_resume() {
+    let _rng = crate::global_rng_lock();
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 1;
+    options.episode_length = Some(2);
+    options.greedy_every = Some(1);
+    let setup = LearningSetup::new(&options, 3).expect("the setup");
+    let mut quiet = |_: &str| {};
+    let mut whole = setup.train_policy(0, &mut quiet).expect("three rounds");
+    let selected = whole.selected.take().expect("a selected point");
+    assert_eq!(
+        (selected.round, selected.accuracy),
+        best_point(&whole.curve)
+    );
+
+    // Stopped after two rounds, the progress saved with its selected
+    // point, then taken up: the same selection and the same state.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let stopped = setup.continue_policy(0, None, &mut quiet, &mut |simic, curve, best| {
+        let mut extra = serde_json::Map::new();
+        let more = match best {
+            Some(best) => best.to_checkpoint(&mut extra)?,
+            None => Vec::new(),
+        };
+        simic.save_checkpoint_with(dir.path(), "progress", extra, &more)?;
+        if curve.len() == 2 {
+            return Err(crate::Error::Checkpoint {
+                field: "test",
+                reason: "stopped after two rounds".to_owned(),
+            });
+        }
+        Ok(())
+    });
+    assert!(stopped.is_err());
+    let checkpoint =
+        crate::checkpoint::read_checkpoint(&dir.path().join("progress")).expect("read back");
+    assert!(
+        checkpoint
+            .tensors
+            .iter()
+            .any(|(name, _)| name.starts_with(SELECTED_PREFIX))
+    );
+    let mut resumed = setup
+        .continue_policy(
+            0,
+            Some((&checkpoint, whole.curve[..2].to_vec())),
+            &mut quiet,
+            &mut |_, _, _| Ok(()),
+        )
+        .expect("taken up");
+    assert_eq!(resumed.curve, whole.curve);
+    let again = resumed.selected.take().expect("a selected point");
+    assert_eq!(
+        (again.round, again.accuracy),
+        (selected.round, selected.accuracy)
+    );
+    selected.apply(&mut whole.simic).expect("applied");
+    again.apply(&mut resumed.simic).expect("applied");
+    let (_, a) = whole.simic.export_state().expect("state");
+    let (_, b) = resumed.simic.export_state().expect("state");
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(
+            x.equal(y),
+            "{name} of the selected policy differs after the resume"
+        );
+    }
+
+    // A curve whose best point is not the checkpoint's selection is refused.
+    let mut other = whole.curve[..2].to_vec();
+    for entry in &mut other {
+        if let Some(accuracy) = entry.metrics.get_mut("greedy_accuracy_pct") {
+            *accuracy = -1.0;
+        }
+    }
+    other[0]
+        .metrics
+        .insert("greedy_accuracy_pct".to_owned(), 101.0);
+    let refused =
+        setup.continue_policy(0, Some((&checkpoint, other)), &mut quiet, &mut |_, _, _| {
+            Ok(())
+        });
+    assert!(matches!(
+        refused,
+        Err(crate::Error::Checkpoint {
+            field: "selected",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
+    let _rng = crate::global_rng_lock();
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 2;
+    options.greedy_every = Some(1);
+    let setup = LearningSetup::new(&options, 1).expect("the setup");
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: Vec::new(),
+    };
+    let with_selection = |seed_index: usize| SeedOutcome {
+        selected_round: Some(0),
+        selected: Some(evaluation()),
+        ..outcome(&setup, seed_index)
+    };
+    let run = setup
+        .report(
+            &baselines,
+            &[with_selection(0), with_selection(1)],
+            &mut |_: &str| {},
+        )
+        .expect("pooled");
+    let modes: Vec<&str> = run
+        .measurements
+        .results
+        .iter()
+        .map(|entry| entry.mode.as_str())
+        .collect();
+    for wanted in [
+        "ppo-seed0-selected-eval",
+        "ppo-selected-eval",
+        "compare-ppo-selected-vs-no-growth-seed1",
+        "ppo-selected-recovered-fraction",
+    ] {
+        assert!(modes.contains(&wanted), "no {wanted} in {modes:?}");
+    }
+    let seed0 = run
+        .measurements
+        .results
+        .iter()
+        .find(|entry| entry.mode == "ppo-seed0-selected-eval")
+        .expect("the entry");
+    assert_eq!(seed0.metrics["selected_round"], 0.0);
+    assert!(run.measurements.params["greedy_curve"]["every_rounds"] == 1);
+
+    // A seed without the selected evaluation in a run with a curve, and
+    // one with it in a run without, are refused.
+    let error = setup.report(
+        &baselines,
+        &[with_selection(0), outcome(&setup, 1)],
+        &mut |_: &str| {},
+    );
+    assert!(
+        error.is_err(),
+        "a seed without its selected evaluation was pooled"
+    );
+    let plain = quick_setup();
+    let plain_baselines = Baselines {
+        setup: plain.describe(),
+        figures: Vec::new(),
+    };
+    let stray = SeedOutcome {
+        selected_round: Some(0),
+        selected: Some(evaluation()),
+        ..outcome(&plain, 1)
+    };
+    let error = plain.report(
+        &plain_baselines,
+        &[outcome(&plain, 0), stray],
+        &mut |_: &str| {},
+    );
+    assert!(
+        error.is_err(),
+        "a selected evaluation without a curve was pooled"
+    );
 }
