@@ -463,3 +463,47 @@ fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
         "a selected evaluation without a curve was pooled"
     );
 }
+
+#[test]
+fn a_checkpoint_with_more_tensors_refuses_the_trainers_names_and_repeats() {
+    let _rng = crate::global_rng_lock();
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = 1;
+    let setup = LearningSetup::new(&options, 1).expect("the setup");
+    let simic = setup.simic(0).expect("a trainer");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let one = || tch::Tensor::from_slice(&[1.0f32, 2.0]);
+    for (name, more) in [
+        ("a trainer's name", vec![("policy/x".to_owned(), one())]),
+        (
+            "an optimizer's name",
+            vec![("optimizer/0".to_owned(), one())],
+        ),
+        (
+            "a repeated name",
+            vec![("mine/a".to_owned(), one()), ("mine/a".to_owned(), one())],
+        ),
+    ] {
+        let refused = simic.save_checkpoint_with(dir.path(), "c", serde_json::Map::new(), &more);
+        assert!(
+            matches!(refused, Err(crate::Error::Checkpoint { field: "more", .. })),
+            "{name}: {refused:?}"
+        );
+        assert!(!dir.path().join("c").exists(), "{name} left a checkpoint");
+    }
+    let written = simic
+        .save_checkpoint_with(
+            dir.path(),
+            "c",
+            serde_json::Map::new(),
+            &[("mine/a".to_owned(), one())],
+        )
+        .expect("written");
+    let read = crate::checkpoint::read_checkpoint(&written).expect("read back");
+    let mine = read
+        .tensors
+        .iter()
+        .find(|(name, _)| name == "mine/a")
+        .expect("the caller's tensor");
+    assert!(mine.1.equal(&one()));
+}
