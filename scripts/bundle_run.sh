@@ -5,8 +5,11 @@
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
-#                      [--only-seeds LIST]
+#                      [--only-seeds LIST] [--greedy-every N]
 #                      [--peer-modes LIST]
+#
+# --greedy-every N (simic-learning) measures the greedy learning curve every N rounds and
+# evaluates the policy of its best point beside the final one (ppo-selected-*).
 #
 # --only-seeds LIST (simic-learning with --jobs) trains and evaluates only those seeds and keeps
 # the parts (no record until every seed is evaluated); carry the small parts of the evaluated
@@ -71,6 +74,7 @@ while [ $# -gt 0 ]; do
     --preset) learning_args+=(--preset "$2"); shift ;;
     --jobs) learning_args+=(--jobs "$2"); shift ;;
     --only-seeds) learning_args+=(--only-seeds "$2"); shift ;;
+    --greedy-every) learning_args+=(--greedy-every "$2"); shift ;;
     --job-devices)
       devices=$2
       if [ "$devices" = all ]; then
