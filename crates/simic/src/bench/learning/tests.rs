@@ -3,11 +3,21 @@
 
 use super::*;
 
+/// The quick protocol's options on the CPU: `seeds` training seeds and,
+/// when given, episodes of `episode` epochs.
+fn cpu_options(seeds: usize, episode: Option<u32>) -> SimicBenchOptions {
+    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
+    options.seeds = seeds;
+    if episode.is_some() {
+        options.episode_length = episode;
+    }
+    options
+}
+
 /// The quick protocol on the CPU; its Fashion-MNIST subset comes from
 /// the provisioned data set, as every data test's.
 fn quick_setup() -> LearningSetup {
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 2;
+    let options = cpu_options(2, None);
     LearningSetup::new(&options, 1).expect("the quick protocol's setup")
 }
 
@@ -129,9 +139,7 @@ fn what_an_evaluated_policy_grew_is_in_its_entry() {
 #[test]
 fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 1;
-    options.episode_length = Some(2);
+    let options = cpu_options(1, Some(2));
     let setup = LearningSetup::new(&options, 2).expect("the quick protocol's setup");
     let mut quiet = |_: &str| {};
     let trained = setup.train_policy(0, &mut quiet).expect("two rounds");
@@ -194,9 +202,7 @@ fn the_escrow_reward_trains_through_the_environments() {
     // The environments hand ESCROW its credits and stable accuracy: without
     // them every step's reward is refused and the round fails.
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 1;
-    options.episode_length = Some(3);
+    let mut options = cpu_options(1, Some(3));
     options.settings = vec!["reward.mode=escrow".to_owned()];
     let setup = LearningSetup::new(&options, 1).expect("the quick protocol's setup");
     assert_eq!(setup.config.reward.mode, crate::rewards::RewardMode::Escrow);
@@ -215,9 +221,7 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
     // rounds without: the same learning curve apart from the points, and
     // the same trainer state to the bit.
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 1;
-    options.episode_length = Some(2);
+    let mut options = cpu_options(1, Some(2));
     let plain = LearningSetup::new(&options, 2).expect("the quick protocol's setup");
     options.greedy_every = Some(1);
     let curved = LearningSetup::new(&options, 2).expect("the setup with a greedy curve");
@@ -268,9 +272,7 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
 #[test]
 fn the_greedy_curve_is_measured_every_n_rounds_and_after_the_last() {
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 1;
-    options.episode_length = Some(1);
+    let mut options = cpu_options(1, Some(1));
     options.greedy_every = Some(2);
     let setup = LearningSetup::new(&options, 3).expect("the setup");
     let trained = setup.train_policy(0, &mut |_| {}).expect("three rounds");
@@ -298,9 +300,7 @@ fn best_point(curve: &[ResultEntry]) -> (usize, f64) {
 #[test]
 fn the_selected_policy_is_the_curves_best_point_and_survives_a_resume() {
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 1;
-    options.episode_length = Some(2);
+    let mut options = cpu_options(1, Some(2));
     options.greedy_every = Some(1);
     let setup = LearningSetup::new(&options, 3).expect("the setup");
     let mut quiet = |_: &str| {};
@@ -389,8 +389,7 @@ fn the_selected_policy_is_the_curves_best_point_and_survives_a_resume() {
 #[test]
 fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 2;
+    let mut options = cpu_options(2, None);
     options.greedy_every = Some(1);
     let setup = LearningSetup::new(&options, 1).expect("the setup");
     let baselines = Baselines {
@@ -467,8 +466,7 @@ fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
 #[test]
 fn a_checkpoint_with_more_tensors_refuses_the_trainers_names_and_repeats() {
     let _rng = crate::global_rng_lock();
-    let mut options = SimicBenchOptions::new(torch_ext::DeviceChoice::Cpu, true);
-    options.seeds = 1;
+    let options = cpu_options(1, None);
     let setup = LearningSetup::new(&options, 1).expect("the setup");
     let simic = setup.simic(0).expect("a trainer");
     let dir = tempfile::tempdir().expect("a temporary directory");
