@@ -505,3 +505,61 @@ fn a_checkpoint_with_more_tensors_refuses_the_trainers_names_and_repeats() {
         .expect("the caller's tensor");
     assert!(mine.1.equal(&one()));
 }
+
+#[test]
+fn the_comparisons_are_made_over_the_training_seeds_too() {
+    // Two seeds, 12 environments each: seed 0 two points above no growth
+    // everywhere, seed 1 one point below. Pooled over the 24 environments
+    // the mean gain is +0.5; over the seeds it is the mean of +2 and -1.
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
+    let figures = |baseline: Baseline, accuracy: f64| BaselineFigures {
+        baseline,
+        accuracies: vec![accuracy; environments],
+        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        germinations: 0,
+        fossilizations: 0,
+        missed: 0,
+        refused: 0,
+    };
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: vec![
+            figures(Baseline::NoGrowth, 50.0),
+            figures(Baseline::MaxGrowth, 52.0),
+        ],
+    };
+    let at = |seed_index: usize, accuracy: f64| {
+        let mut outcome = outcome(&setup, seed_index);
+        outcome.greedy.accuracies = vec![accuracy; environments];
+        outcome
+    };
+    let run = setup
+        .report(&baselines, &[at(0, 52.0), at(1, 49.0)], &mut |_: &str| {})
+        .expect("pooled");
+    let metrics = |mode: &str| {
+        run.measurements
+            .results
+            .iter()
+            .find(|entry| entry.mode == mode)
+            .unwrap_or_else(|| panic!("no {mode} entry"))
+            .metrics
+            .clone()
+    };
+    let pooled = metrics("compare-ppo-vs-no-growth");
+    assert_eq!(pooled["pairs"], 24.0);
+    assert!((pooled["mean_diff_pct"] - 0.5).abs() < 1e-9);
+    let seeds = metrics("compare-ppo-vs-no-growth-over-seeds");
+    assert_eq!(seeds["pairs"], 2.0);
+    assert!((seeds["mean_diff_pct"] - 0.5).abs() < 1e-9);
+    assert_eq!((seeds["wins"], seeds["losses"]), (1.0, 1.0));
+    // One win and one loss of two: nothing to reject; the pooled sign test
+    // (12 wins, 12 losses) says the same, but its interval is far narrower.
+    assert_eq!(seeds["sign_test_p"], 1.0);
+    assert!(
+        seeds["ci95_high_pct"] - seeds["ci95_low_pct"]
+            > pooled["ci95_high_pct"] - pooled["ci95_low_pct"]
+    );
+    assert!(metrics("compare-ppo-sampled-vs-max-growth-over-seeds")["pairs"] == 2.0);
+}
