@@ -91,6 +91,7 @@ fn columns(workload: Workload) -> &'static [Column] {
         Workload::SimicLearning => &[
             ("mean_episode_reward", "reward", 3),
             ("final_accuracy_pct", "final acc", 2),
+            ("greedy_accuracy_pct", "greedy acc", 2),
             ("active_seeds_per_env", "seeds", 2),
             ("fossilizations", "fossils", 0),
             ("mean_diff_pct", "diff", 2),
