@@ -125,21 +125,32 @@ fn a_peer_that_leaves_turns_the_next_collective_into_an_error() {
 
 #[test]
 fn a_missing_peer_fails_the_rendezvous_at_the_timeout() {
-    let port = free_port();
+    // The port is free when `free_port` returns it, and may be taken again
+    // before the store binds it: the tests with two ranks pick theirs in
+    // processes of their own at the same time. Such an attempt fails at
+    // once, not at the timeout, and is tried again on another port (seen
+    // once in a CI run: an error after 0.8 ms). A rendezvous that never
+    // waits for its timeout fails every attempt.
     let timeout = Duration::from_millis(1500);
-    let start = Instant::now();
-    let error = ProcessGroup::new(
-        &rendezvous(port, 0, timeout),
-        DistBackend::Gloo,
-        Device::Cpu,
-    )
-    .expect_err("nobody else comes");
-    let took = start.elapsed();
-    assert!(
-        took >= Duration::from_millis(1000) && took < Duration::from_secs(20),
-        "took {took:?}"
-    );
-    println!("rendezvous error: {error}");
+    let mut fast = Vec::new();
+    for _ in 0..3 {
+        let port = free_port();
+        let start = Instant::now();
+        let error = ProcessGroup::new(
+            &rendezvous(port, 0, timeout),
+            DistBackend::Gloo,
+            Device::Cpu,
+        )
+        .expect_err("nobody else comes");
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(20), "took {took:?}: {error}");
+        if took >= Duration::from_millis(1000) {
+            println!("rendezvous error: {error}");
+            return;
+        }
+        fast.push(format!("port {port}: {error} after {took:?}"));
+    }
+    panic!("no attempt waited for the timeout: {fast:#?}");
 }
 
 #[test]
