@@ -21,6 +21,17 @@ fn quick_setup() -> LearningSetup {
     LearningSetup::new(&options, 1).expect("the quick protocol's setup")
 }
 
+/// The metrics of the entry `mode` of `run` (a panic names a missing one).
+fn metrics_of(run: &SimicBenchRun, mode: &str) -> std::collections::BTreeMap<String, f64> {
+    run.measurements
+        .results
+        .iter()
+        .find(|entry| entry.mode == mode)
+        .unwrap_or_else(|| panic!("no {mode} entry"))
+        .metrics
+        .clone()
+}
+
 fn evaluation() -> Evaluation {
     Evaluation {
         accuracies: vec![50.0; usize::try_from(EVAL_ROUNDS).unwrap() * 4],
@@ -112,15 +123,7 @@ fn what_an_evaluated_policy_grew_is_in_its_entry() {
     let run = setup
         .report(&baselines, &[grown, outcome(&setup, 1)], &mut |_: &str| {})
         .expect("pooled");
-    let entry = |mode: &str| {
-        run.measurements
-            .results
-            .iter()
-            .find(|entry| entry.mode == mode)
-            .unwrap_or_else(|| panic!("no {mode} entry"))
-            .metrics
-            .clone()
-    };
+    let entry = |mode: &str| metrics_of(&run, mode);
     let greedy = entry("ppo-seed0-greedy-eval");
     assert_eq!(greedy["germinations"], 7.0);
     assert_eq!(greedy["germinated_conv_light"], 5.0);
@@ -422,13 +425,8 @@ fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
     ] {
         assert!(modes.contains(&wanted), "no {wanted} in {modes:?}");
     }
-    let seed0 = run
-        .measurements
-        .results
-        .iter()
-        .find(|entry| entry.mode == "ppo-seed0-selected-eval")
-        .expect("the entry");
-    assert_eq!(seed0.metrics["selected_round"], 0.0);
+    let seed0 = metrics_of(&run, "ppo-seed0-selected-eval");
+    assert_eq!(seed0["selected_round"], 0.0);
     assert!(run.measurements.params["greedy_curve"]["every_rounds"] == 1);
 
     // A seed without the selected evaluation in a run with a curve, and
@@ -538,15 +536,7 @@ fn the_comparisons_are_made_over_the_training_seeds_too() {
     let run = setup
         .report(&baselines, &[at(0, 52.0), at(1, 49.0)], &mut |_: &str| {})
         .expect("pooled");
-    let metrics = |mode: &str| {
-        run.measurements
-            .results
-            .iter()
-            .find(|entry| entry.mode == mode)
-            .unwrap_or_else(|| panic!("no {mode} entry"))
-            .metrics
-            .clone()
-    };
+    let metrics = |mode: &str| metrics_of(&run, mode);
     let pooled = metrics("compare-ppo-vs-no-growth");
     assert_eq!(pooled["pairs"], 24.0);
     assert!((pooled["mean_diff_pct"] - 0.5).abs() < 1e-9);
