@@ -135,25 +135,3 @@ fn single_column_is_one_td_error() {
     assert_close(&read(&advantages), &[4.1]);
     assert_close(&read(&returns), &[4.6]);
 }
-
-#[test]
-fn runs_on_cuda_when_present() {
-    if !torch_ext::cuda::is_available() {
-        eprintln!("skipped: CUDA is not available");
-        return;
-    }
-    let device = Device::Cuda(0);
-    let on = |t: Tensor| t.to_device(device);
-    let (advantages, _) = compute_gae(
-        &on(row(&[1.0, 2.0, 3.0])),
-        &on(row(&[0.5, 1.0, 1.5])),
-        &on(row(&[0.0; 3])),
-        &on(row(&[0.0, 1.0, 0.0])),
-        &on(row(&[99.0, 10.0, 2.0])),
-        GAMMA,
-        LAMBDA,
-    )
-    .unwrap();
-    assert_eq!(advantages.device(), device);
-    assert_close(&read(&advantages.to_device(Device::Cpu)), &[8.6, 10.0, 3.3]);
-}
