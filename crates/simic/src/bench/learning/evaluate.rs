@@ -26,8 +26,9 @@ impl LearningSetup {
     /// trainer's state is exported before and put back after, so the
     /// training goes on as if the point had not been measured (the
     /// sampler's generator, the counters and the normalisers included).
-    /// Returns the point's accuracy and the state it was measured in (the
-    /// trainer's tensors as handles).
+    /// The metrics also count the germinations of each blueprint
+    /// (`greedy_germinated_<blueprint>`). Returns the point's accuracy and
+    /// the state it was measured in (the trainer's tensors as handles).
     pub(super) fn greedy_point(
         &self,
         simic: &mut Simic,
@@ -63,6 +64,22 @@ impl LearningSetup {
             evaluation.fossilizations as f64,
         );
         metrics.insert("greedy_prunes".to_owned(), evaluation.prunes as f64);
+        // Which blueprints the point grew: a seed's greedy policy can move
+        // between a strong and a weak blueprint from one point to the next.
+        for (blueprint, count) in &evaluation.germinated {
+            metrics.insert(format!("greedy_germinated_{blueprint}"), *count as f64);
+        }
+        if !evaluation.germinated.is_empty() {
+            let grown: Vec<String> = evaluation
+                .germinated
+                .iter()
+                .map(|(blueprint, count)| format!("{blueprint} {count}"))
+                .collect();
+            progress(&format!(
+                "  seed {seed_index} greedy point of round {round} grew: {}",
+                grown.join(", ")
+            ));
+        }
         Ok((accuracy, state, tensors))
     }
 

@@ -245,6 +245,14 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
         let accuracy = with.metrics["greedy_accuracy_pct"];
         assert!((0.0..=100.0).contains(&accuracy), "{accuracy}");
         assert!(with.metrics.contains_key("greedy_fossilizations"));
+        // The blueprint counts add up to the point's germinations.
+        let by_blueprint: f64 = with
+            .metrics
+            .iter()
+            .filter(|(key, _)| key.starts_with("greedy_germinated_"))
+            .map(|(_, count)| count)
+            .sum();
+        assert_eq!(by_blueprint, with.metrics["greedy_germinations"], "round {round}");
         let mut stripped = with.clone();
         stripped
             .metrics
