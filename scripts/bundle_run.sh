@@ -5,11 +5,14 @@
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
-#                      [--only-seeds LIST] [--greedy-every N]
+#                      [--only-seeds LIST] [--greedy-every N] [--blueprint-room]
 #                      [--peer-modes LIST]
 #
 # --greedy-every N (simic-learning) measures the greedy learning curve every N rounds and
 # evaluates the policy of its best point beside the final one (ppo-selected-*).
+#
+# --blueprint-room (simic-learning) trains nothing: no growth and max growth with each of the
+# task's blueprints on the protocol's evaluation environments (the room each blueprint leaves).
 #
 # --only-seeds LIST (simic-learning with --jobs) trains and evaluates only those seeds and keeps
 # the parts (no record until every seed is evaluated); carry the small parts of the evaluated
@@ -75,6 +78,7 @@ while [ $# -gt 0 ]; do
     --jobs) learning_args+=(--jobs "$2"); shift ;;
     --only-seeds) learning_args+=(--only-seeds "$2"); shift ;;
     --greedy-every) learning_args+=(--greedy-every "$2"); shift ;;
+    --blueprint-room) learning_args+=(--blueprint-room) ;;
     --job-devices)
       devices=$2
       if [ "$devices" = all ]; then

@@ -200,6 +200,11 @@ pub(crate) struct BenchArgs {
     /// every seed has been evaluated (by this run or an earlier one). Empty:
     /// every seed.
     pub(crate) only_seeds: Vec<usize>,
+    /// `--blueprint-room` (`simic-learning`): instead of training, no
+    /// growth and max growth with each of the task's blueprints on the
+    /// protocol's evaluation environments
+    /// (`simic::bench::LearningSetup::blueprint_room`).
+    pub(crate) blueprint_room: bool,
 }
 
 /// What a bench command line asks for.
@@ -304,6 +309,7 @@ impl BenchArgs {
         let mut seed_index: Option<usize> = None;
         let mut evaluate = false;
         let mut only_seeds: Option<Vec<usize>> = None;
+        let mut blueprint_room = false;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
             let flag = arg.as_str();
@@ -326,6 +332,7 @@ impl BenchArgs {
                     | "--seed-index"
                     | "--evaluate"
                     | "--only-seeds"
+                    | "--blueprint-room"
             );
             if (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
@@ -510,6 +517,11 @@ impl BenchArgs {
                     }
                 }
                 "--seed-index" => once(&mut seed_index, flag, count(flag, &value()?)?)?,
+                "--blueprint-room" => {
+                    if std::mem::replace(&mut blueprint_room, true) {
+                        return Err(usage("--blueprint-room given twice"));
+                    }
+                }
                 "--only-seeds" => {
                     let list = value()?;
                     let mut seeds = list
@@ -537,6 +549,23 @@ impl BenchArgs {
         }
         if only_seeds.is_some() && jobs.is_none() {
             return Err(usage("--only-seeds needs --jobs"));
+        }
+        if blueprint_room {
+            // The room trains nothing: the flags of training have no meaning.
+            let training = [
+                ("--jobs", jobs.is_some()),
+                ("--seed-index", seed_index.is_some()),
+                ("--only-seeds", only_seeds.is_some()),
+                ("--greedy-every", greedy_every.is_some()),
+                ("--seeds", seeds.is_some()),
+                ("--rounds", rounds.is_some()),
+                ("--ppo-epochs", ppo_epochs.is_some()),
+            ];
+            if let Some((flag, _)) = training.iter().find(|(_, given)| *given) {
+                return Err(usage(format!(
+                    "--blueprint-room trains nothing; {flag} does not apply"
+                )));
+            }
         }
         if torchrun && gpus.is_none() {
             return Err(usage("--torchrun needs --gpus"));
@@ -576,6 +605,7 @@ impl BenchArgs {
             seed_index,
             evaluate,
             only_seeds: only_seeds.unwrap_or_default(),
+            blueprint_room,
         })))
     }
 }

@@ -95,6 +95,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 simic::bench::LEARNING_ROUNDS
             });
             options.settings.clone_from(&args.settings);
+            if args.blueprint_room {
+                let setup = simic::bench::LearningSetup::new(&options, rounds)?;
+                let run = setup.blueprint_room(&mut progress)?;
+                let record = simic_record(args, run)?;
+                record::write(&record, &args.out)?;
+                println!("{}", table::render(args.workload, &record));
+                eprintln!("wrote {}", args.out.display());
+                return Ok(());
+            }
             if let Some(seed_index) = args.seed_index {
                 // A part of a `--jobs` run: no record, no picture.
                 if args.evaluate {

@@ -146,6 +146,10 @@ commands:
                             policy greedily on environments of its own (the greedy learning
                             curve, in the rounds' entries; training is unchanged by it),
                             and evaluate the policy of its best point beside the final one
+        --blueprint-room    instead of training: no growth and max growth with each of the
+                            task's blueprints (NOOP excepted) on the same evaluation
+                            environments, each paired against no growth and against max
+                            growth's scripted blueprint (the room each blueprint leaves)
         --set KEY=VALUE     a setting over the reference's defaults, repeatable, in order:
                             reward.<field>, ppo.<field>, floor.<head> or slot.<field>, e.g.
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05

@@ -486,3 +486,58 @@ fn greedy_every_applies_to_simic_learning_only() {
         assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
     }
 }
+
+#[test]
+fn blueprint_room_is_simic_learning_without_training() {
+    let args = run_args(&["simic-learning", "--out", "a.json", "--blueprint-room"]);
+    assert!(args.blueprint_room);
+    assert!(!run_args(&["simic-learning", "--out", "a.json"]).blueprint_room);
+    // Settings and the task still apply: they shape the environments.
+    let args = run_args(&[
+        "simic-learning",
+        "--out",
+        "a.json",
+        "--blueprint-room",
+        "--preset",
+        "growth",
+        "--task",
+        "cifar10-impaired",
+    ]);
+    assert!(args.blueprint_room && !args.settings.is_empty());
+    for (flag, value) in [
+        ("--jobs", Some("2")),
+        ("--seeds", Some("3")),
+        ("--rounds", Some("4")),
+        ("--greedy-every", Some("2")),
+        ("--ppo-epochs", Some("2")),
+        ("--seed-index", Some("0")),
+    ] {
+        let mut line = vec![
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--blueprint-room",
+            flag,
+        ];
+        line.extend(value);
+        match parse(&line) {
+            Err(Usage(message)) => assert!(
+                message.contains("--blueprint-room trains nothing"),
+                "{flag}: {message}"
+            ),
+            _ => panic!("{flag} was taken with --blueprint-room"),
+        }
+    }
+    for bad in [
+        &["simic-throughput", "--out", "a.json", "--blueprint-room"][..],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--blueprint-room",
+            "--blueprint-room",
+        ],
+    ] {
+        assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+    }
+}

@@ -9,6 +9,7 @@
 //! deadline, one episode long, one environment after another.
 
 use leyline::Telemetry;
+use leyline::action::BlueprintAction;
 use tamiyo::growth::{GerminateOnceController, MaxGrowthController};
 use tamiyo::heuristic::HeuristicController;
 use tamiyo::masks::MaskConfig;
@@ -56,6 +57,9 @@ pub(crate) struct BaselineRun {
     pub(crate) mean_active_seeds: f64,
     /// Seeds germinated, over every environment.
     pub(crate) germinations: u64,
+    /// Seeds germinated by blueprint (registry name), over every
+    /// environment.
+    pub(crate) germinated: std::collections::BTreeMap<&'static str, u64>,
     /// Seeds fossilized, over every environment.
     pub(crate) fossilizations: u64,
     /// Decisions that did not arrive (missed deadline or failed
@@ -74,11 +78,43 @@ pub(crate) fn run_baseline(
     round: u64,
     baseline: Baseline,
 ) -> Result<BaselineRun> {
+    run_driven(spec, config, device, round, baseline, None)
+}
+
+/// [`run_baseline`] for max growth germinating `blueprint` instead of the
+/// topology's scripted one ([`tamiyo::growth::scripted_blueprint`]): the
+/// room one blueprint leaves.
+pub(crate) fn run_max_growth_of(
+    spec: &EnvSpec,
+    config: &SimicConfig,
+    device: Device,
+    round: u64,
+    blueprint: BlueprintAction,
+) -> Result<BaselineRun> {
+    run_driven(
+        spec,
+        config,
+        device,
+        round,
+        Baseline::MaxGrowth,
+        Some(blueprint),
+    )
+}
+
+fn run_driven(
+    spec: &EnvSpec,
+    config: &SimicConfig,
+    device: Device,
+    round: u64,
+    baseline: Baseline,
+    blueprint: Option<BlueprintAction>,
+) -> Result<BaselineRun> {
     let n = config.n_envs;
     let mut accuracies = Vec::with_capacity(n);
     let mut active = 0_u64;
     let mut epochs = 0_u64;
     let mut germinations = 0_u64;
+    let mut germinated = std::collections::BTreeMap::new();
     let mut fossilizations = 0_u64;
     let mut missed = 0_u64;
     let mut refused = 0_u64;
@@ -123,7 +159,12 @@ pub(crate) fn run_baseline(
                 trainer.with_controller(GerminateOnceController::new(masks), deadline)?
             }
             Baseline::MaxGrowth => {
-                trainer.with_controller(MaxGrowthController::new(masks), deadline)?
+                let controller = MaxGrowthController::new(masks);
+                let controller = match blueprint {
+                    Some(blueprint) => controller.with_blueprint(blueprint),
+                    None => controller,
+                };
+                trainer.with_controller(controller, deadline)?
             }
         };
         let mut last = 0.0;
@@ -139,8 +180,10 @@ pub(crate) fn run_baseline(
             }
             match &report.decision {
                 Some((_, Applied::Refused { .. })) => refused = refused.saturating_add(1),
-                Some((_, Applied::Germinated { .. })) => {
-                    germinations = germinations.saturating_add(1)
+                Some((_, Applied::Germinated { blueprint, .. })) => {
+                    germinations = germinations.saturating_add(1);
+                    let count = germinated.entry(*blueprint).or_insert(0_u64);
+                    *count = count.saturating_add(1);
                 }
                 Some((
                     _,
@@ -161,6 +204,7 @@ pub(crate) fn run_baseline(
         accuracies,
         mean_active_seeds: active as f64 / epochs.max(1) as f64,
         germinations,
+        germinated,
         fossilizations,
         missed,
         refused,

@@ -39,9 +39,11 @@
 mod evaluate;
 mod outcome;
 mod pool;
+mod room;
 mod selected;
 pub use outcome::{Evaluation, SeedOutcome};
 use pool::pool;
+pub use room::room_blueprints;
 use selected::check_selected;
 pub use selected::{AfterRound, SELECTED_PREFIX, Selected, Trained};
 

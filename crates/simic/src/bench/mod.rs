@@ -54,7 +54,7 @@ pub use cartpole::run_cartpole;
 pub use learning::{
     AfterRound, Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
     GREEDY_CURVE_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, LearningSetup,
-    SELECTED_PREFIX, SeedOutcome, Selected, Trained, run_learning, training_seed,
+    SELECTED_PREFIX, SeedOutcome, Selected, Trained, room_blueprints, run_learning, training_seed,
 };
 pub use throughput::{run_throughput, run_throughput_reporting};
 

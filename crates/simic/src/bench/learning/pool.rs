@@ -19,7 +19,7 @@ use super::{
 };
 
 /// A result entry of the mean final accuracy and mean active seeds.
-fn accuracy_entry(
+pub(super) fn accuracy_entry(
     mode: String,
     accuracies: &[f64],
     active_seeds: &[f64],
@@ -55,7 +55,7 @@ fn growth_metrics(entry: &mut ResultEntry, evaluation: &Evaluation) {
 }
 
 /// A comparison's result entry (`compare-{a}-vs-{b}{suffix}`).
-fn comparison_entry(name: String, result: &Paired, precision: Precision) -> ResultEntry {
+pub(super) fn comparison_entry(name: String, result: &Paired, precision: Precision) -> ResultEntry {
     let mut metrics = std::collections::BTreeMap::new();
     let mut put = |key: &str, value: f64| {
         if value.is_finite() {

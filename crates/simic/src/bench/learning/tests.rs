@@ -252,7 +252,10 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
             .filter(|(key, _)| key.starts_with("greedy_germinated_"))
             .map(|(_, count)| count)
             .sum();
-        assert_eq!(by_blueprint, with.metrics["greedy_germinations"], "round {round}");
+        assert_eq!(
+            by_blueprint, with.metrics["greedy_germinations"],
+            "round {round}"
+        );
         let mut stripped = with.clone();
         stripped
             .metrics
