@@ -2,12 +2,12 @@
 //! reason where there is no GPU.
 //!
 //! These tests have their own binary. libtorch decides once per process whether
-//! its CUDA backend is present, the first time anything asks (a CPU test's
-//! `manual_seed` does); a CPU test on another thread of a shared binary can ask
-//! before `torch_ext::cuda::is_available` has loaded the backend, and every
-//! later CUDA allocation then fails with "Cannot initialize CUDA without
-//! ATen_cuda library". Each test here loads the backend before any other
-//! libtorch call.
+//! its CUDA backend is present, the first time anything asks (`manual_seed`
+//! does); in a binary shared with CPU tests, one that runs first (the bundle
+//! runs its test binaries with one thread) or on another thread can ask before
+//! `torch_ext::cuda::is_available` has loaded the backend, and every later CUDA
+//! allocation then fails with "Cannot initialize CUDA without ATen_cuda
+//! library". Each test here asks `is_available` before any other libtorch call.
 
 use simic::gae::compute_gae;
 use simic::ppo::{Evaluation, PpoBatch, PpoConfig, PpoTrainer};
