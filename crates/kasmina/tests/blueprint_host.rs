@@ -338,3 +338,40 @@ fn blueprint_sets_and_names_agree_with_leyline() {
         }
     }
 }
+
+/// What a seed can learn from at birth: the gradient of a loss on its
+/// output reaches some parameter of every CNN blueprint but `conv_small`.
+/// `conv_small` is `x + ReLU(GN(conv1x1 x))` with the convolution
+/// zero-initialised (reference §2.6): its GroupNorm sees a constant 0 and
+/// outputs its bias, 0; ReLU's gradient at 0 is 0, so neither the
+/// convolution nor the norm ever gets a gradient and the seed stays the
+/// identity for good. That is the reference's definition, kept as it is
+/// (`baselines/perf/simic-learning/NOTES.md`, "The room of each
+/// blueprint"); the test says it so that a change to it is seen.
+#[test]
+fn every_cnn_blueprint_but_conv_small_gets_a_gradient_at_birth() {
+    tch::manual_seed(3);
+    let x = seeded_input(8);
+    for blueprint in Blueprint::CNN {
+        let module = blueprint
+            .build(Topology::Cnn, 8, Device::Cpu)
+            .expect("build");
+        let variables = module.var_store().trainable_variables();
+        if variables.is_empty() {
+            assert_eq!(*blueprint, Blueprint::Noop, "{blueprint} has no parameters");
+            continue;
+        }
+        let y = module.forward(&x).expect("forward");
+        // A loss whose gradient at the output is not constant.
+        (&y * &x).sum(Kind::Float).backward();
+        let reached = variables.iter().any(|variable| {
+            let grad = variable.grad();
+            grad.defined() && grad.abs().max().double_value(&[]) > 0.0
+        });
+        assert_eq!(
+            reached,
+            *blueprint != Blueprint::ConvSmall,
+            "{blueprint}: gradient reached a parameter: {reached}"
+        );
+    }
+}

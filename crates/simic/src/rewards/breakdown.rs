@@ -54,6 +54,9 @@ pub struct RewardBreakdown {
     /// The accuracy-delta term: `w·(val_acc − previous val_acc)` (not the
     /// reference's, 0 unless configured).
     pub accuracy_delta: f64,
+    /// The twin-delta term: `w·((val_acc − previous) − (twin − previous
+    /// twin))` (not the reference's, 0 unless configured).
+    pub twin_delta: f64,
     /// The op's intervention cost and lifecycle penalties (≤ 0).
     pub op_cost: f64,
     /// FOSSILIZE shaping (legitimacy-discounted bonus or penalties).
@@ -109,6 +112,7 @@ impl RewardBreakdown {
             fossil_maintenance: 0.0,
             germination_delay: 0.0,
             accuracy_delta: 0.0,
+            twin_delta: 0.0,
             op_cost: 0.0,
             fossilize_shaping: 0.0,
             fossilize_bonus: 0.0,
@@ -138,6 +142,7 @@ impl RewardBreakdown {
             self.fossil_maintenance,
             self.germination_delay,
             self.accuracy_delta,
+            self.twin_delta,
             self.op_cost,
             self.fossilize_shaping,
             self.fossilize_bonus,

@@ -202,6 +202,18 @@ pub struct RewardConfig {
     /// own progress since the germination and with how much the host has
     /// come to lean on the seed (`baselines/perf/simic-learning/NOTES.md`).
     pub accuracy_delta_weight: f64,
+    /// Not the reference's (0 there and by default): the weight `w` of
+    /// `w·((val_acc − previous) − (twin − previous twin))`, where the twin
+    /// is the environment's host trained beside it with no seed (the same
+    /// model seed, data shard and trainer settings), paid at every step
+    /// but the first. Over an episode it telescopes to `w·(final accuracy −
+    /// the twin's final accuracy)`: what the episode's growth gained over
+    /// no growth on this environment, the protocol's own measure, where the
+    /// accuracy-delta term also pays the host's own progress and the
+    /// attribution pays what a host that leans on its seeds loses without
+    /// them. With a weight above 0 every environment trains its twin (one
+    /// more seedless epoch per epoch).
+    pub twin_delta_weight: f64,
 
     // --- per-op costs ---
     /// GERMINATE (−0.15).
@@ -342,6 +354,7 @@ impl Default for RewardConfig {
             fossilized_maintenance_cost: -0.002,
             germination_delay_cost: 0.0,
             accuracy_delta_weight: 0.0,
+            twin_delta_weight: 0.0,
             germinate_cost: -0.15,
             germinate_occupied_penalty: -0.3,
             fossilize_cost: -0.01,

@@ -255,6 +255,11 @@ impl RewardConfig {
                 NonNegative,
             ),
             (
+                "RewardConfig.twin_delta_weight",
+                self.twin_delta_weight,
+                NonNegative,
+            ),
+            (
                 "RewardConfig.germinate_cost",
                 self.germinate_cost,
                 NonPositive,

@@ -139,6 +139,11 @@ pub struct RewardInputs {
     /// (`None` at its first step): what the accuracy-delta term pays
     /// against.
     pub previous_val_acc: Option<f64>,
+    /// The twin's validation accuracy at this epoch and at the episode's
+    /// previous step, percent (`None` without a twin, and the previous one
+    /// at the first step): what the twin-delta term pays against
+    /// ([`crate::rewards::RewardConfig::twin_delta_weight`]).
+    pub twin_val_acc: Option<(f64, Option<f64>)>,
     /// Clean total `T` = validation accuracy − accuracy with every seed
     /// off, in percentage points; `None` when all-off was not measured.
     pub clean_total: Option<f64>,
@@ -206,6 +211,7 @@ impl Default for RewardInputs {
             other_seeds: Vec::new(),
             val_acc: 0.0,
             previous_val_acc: None,
+            twin_val_acc: None,
             clean_total: None,
             solo_off_accuracies: Vec::new(),
             host_params: 0,
@@ -266,6 +272,12 @@ impl RewardInputs {
         }
         if let Some(previous) = self.previous_val_acc {
             accuracy("RewardInputs.previous_val_acc", previous)?;
+        }
+        if let Some((twin, previous)) = self.twin_val_acc {
+            accuracy("RewardInputs.twin_val_acc", twin)?;
+            if let Some(previous) = previous {
+                accuracy("RewardInputs.twin_val_acc", previous)?;
+            }
         }
         if let Some(committed) = self.committed_val_acc {
             accuracy("RewardInputs.committed_val_acc", committed)?;

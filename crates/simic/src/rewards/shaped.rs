@@ -40,6 +40,14 @@
 //!   `germination_delay_cost` at every step but the last at which GERMINATE
 //!   was offered and the op carried out was another (a refused GERMINATE
 //!   is carried out as WAIT, so it pays too).
+//! - **Accuracy delta** (not the reference's; 0 by default):
+//!   `accuracy_delta_weight·(val_acc − previous val_acc)` at every step but
+//!   the first.
+//! - **Twin delta** (not the reference's; 0 by default):
+//!   `twin_delta_weight·((val_acc − previous) − (twin − previous twin))`,
+//!   the twin being the environment's host trained beside it with no seed;
+//!   an episode's sum is the weight times the final accuracy's gain over
+//!   the seedless host's.
 //! - **Per op**: GERMINATE −0.15 (−0.3 more into an occupied slot);
 //!   FOSSILIZE −0.01 plus the fossilize shaping and bonus; PRUNE −0.005 plus
 //!   the prune shaping; SET_ALPHA_TARGET −0.005; ADVANCE of a TRAINING seed
@@ -533,6 +541,10 @@ pub(super) fn shaped_reward(config: &RewardConfig, inputs: &RewardInputs) -> Rew
     }
     if let Some(previous) = inputs.previous_val_acc {
         breakdown.accuracy_delta = config.accuracy_delta_weight * (inputs.val_acc - previous);
+        if let Some((twin, Some(previous_twin))) = inputs.twin_val_acc {
+            breakdown.twin_delta =
+                config.twin_delta_weight * ((inputs.val_acc - previous) - (twin - previous_twin));
+        }
     }
     op_shaping(config, inputs, clean_total, &mut breakdown);
     breakdown.auto_prune = super::episode::auto_prune_penalty(config, inputs.auto_prunes);

@@ -144,6 +144,14 @@ pub(crate) struct Env {
     /// The validation accuracy the last reward was computed at (the
     /// accuracy-delta term's reference; none before the first reward).
     rewarded_accuracy: Option<f64>,
+    /// The twin: the same host trained beside this one with no seed, when
+    /// the reward pays the twin delta
+    /// ([`crate::rewards::RewardConfig::twin_delta_weight`]).
+    twin: Option<ModelTrainer>,
+    /// The twin's latest validation accuracy, percent.
+    twin_accuracy: Option<f64>,
+    /// The twin's validation accuracy the last reward was computed at.
+    rewarded_twin_accuracy: Option<f64>,
     /// ESCROW: each slot's credit, in slot order (0 while the slot holds no
     /// live or fossilized seed).
     escrow_credit: Vec<f64>,
@@ -178,23 +186,41 @@ impl Env {
             field: "EnvSpec.train",
             reason: format!("no training shard for environment {index}"),
         })?;
-        tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-        let model = spec.model(device, config.slot, telemetry.clone())?;
-        let slots = model.slot_ids();
-        let config = ModelTrainerConfig {
+        let trainer_config = ModelTrainerConfig {
             seed,
             // Contributions come from Simic's fused pass.
             counterfactual_samples: 0,
             // The environments' epochs overlap on the GPU: one graph pool
-            // lane each (a lane's graphs never replay at the same time).
+            // lane each (a lane's graphs never replay at the same time; the
+            // twin's run only between its environment's).
             graph_pool_lane: index,
             ..trainer.clone()
         };
+        // The twin (see `twin`), built first from the host's seed and the
+        // host then built from it again: the two are one model until the
+        // first germination, and the host's generator draws are the ones it
+        // makes without a twin.
+        let twin = if config.reward.twin_delta_weight > 0.0 {
+            tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+            let twin_model = spec.model(device, config.slot, Telemetry::disabled())?;
+            Some(ModelTrainer::new(
+                twin_model,
+                train,
+                Some(&spec.validation),
+                trainer_config.clone(),
+                Telemetry::disabled(),
+            )?)
+        } else {
+            None
+        };
+        tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+        let model = spec.model(device, config.slot, telemetry.clone())?;
+        let slots = model.slot_ids();
         let trainer = ModelTrainer::new(
             model,
             train,
             Some(&spec.validation),
-            config,
+            trainer_config,
             telemetry.clone(),
         )?;
         let slot_count = slots.len();
@@ -220,6 +246,9 @@ impl Env {
             episode_reward: 0.0,
             val_accuracy: 0.0,
             rewarded_accuracy: None,
+            twin,
+            twin_accuracy: None,
+            rewarded_twin_accuracy: None,
             escrow_credit: vec![0.0; slot_count],
             recent_val_acc: VecDeque::new(),
             active_seed_steps: 0,

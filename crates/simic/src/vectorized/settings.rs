@@ -214,6 +214,10 @@ mod tests {
         assert_eq!(config.reward.accuracy_delta_weight, 1.0);
         assert!(apply(&mut config, "reward.accuracy_delta_weight=-1").is_err());
         assert_eq!(config.reward.accuracy_delta_weight, 1.0);
+        apply(&mut config, "reward.twin_delta_weight=0.5").unwrap();
+        assert_eq!(config.reward.twin_delta_weight, 0.5);
+        assert!(apply(&mut config, "reward.twin_delta_weight=-1").is_err());
+        assert_eq!(config.reward.twin_delta_weight, 0.5);
         apply(&mut config, "reward.attribute_all_seeds=true").unwrap();
         assert!(config.reward.attribute_all_seeds);
         assert!(apply(&mut config, "reward.attribute_all_seeds=7").is_err());

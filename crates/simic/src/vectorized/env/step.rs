@@ -249,6 +249,15 @@ impl Env {
             .collect();
         buffer.record_contributions(step, self.index, &targets)?;
         self.val_accuracy = result.validation.accuracy;
+        // The twin's epoch, at the epoch's boundary: the environment's own
+        // work is read back, and the twin's figure is what this step's
+        // reward pays against.
+        if let Some(twin) = self.twin.as_mut() {
+            let report = twin.train_epoch()?;
+            if let Some(validation) = report.validation {
+                self.twin_accuracy = Some(validation.accuracy.clamp(0.0, 100.0));
+            }
+        }
         self.phase = Phase::Deciding {
             epoch,
             measured: result,
@@ -417,6 +426,9 @@ impl Env {
             other_seeds,
             val_acc,
             previous_val_acc: self.rewarded_accuracy,
+            twin_val_acc: self
+                .twin_accuracy
+                .map(|twin| (twin, self.rewarded_twin_accuracy)),
             clean_total: measured.report.reward.total,
             solo_off_accuracies: Vec::new(),
             host_params,
@@ -437,6 +449,7 @@ impl Env {
             self.settle_escrow(action.slot, breakdown.escrow_credit);
         }
         self.rewarded_accuracy = Some(inputs.val_acc);
+        self.rewarded_twin_accuracy = self.twin_accuracy;
         let suspicions = RewardHackingSuspicion::of(
             self.index,
             step,
