@@ -1,5 +1,5 @@
-//! simic on a GPU: GAE and one PPO update on `cuda:0`, skipped with a printed
-//! reason where there is no GPU.
+//! simic on a GPU: GAE, one PPO update and a round with the twin-delta term
+//! on `cuda:0`, skipped with a printed reason where there is no GPU.
 //!
 //! These tests have their own binary. libtorch decides once per process whether
 //! its CUDA backend is present, the first time anything asks (`manual_seed`
@@ -8,6 +8,8 @@
 //! `torch_ext::cuda::is_available` has loaded the backend, and every later CUDA
 //! allocation then fails with "Cannot initialize CUDA without ATen_cuda
 //! library". Each test here asks `is_available` before any other libtorch call.
+
+mod common;
 
 use simic::gae::compute_gae;
 use simic::ppo::{Evaluation, PpoBatch, PpoConfig, PpoTrainer};
@@ -94,4 +96,32 @@ fn update_runs_on_cuda_when_present() {
     let stats = trainer.update(&batch, eval).unwrap();
     assert_eq!(stats.steps, 1);
     assert!(stats.total_loss.is_finite());
+}
+
+/// The twin-delta term on the GPU: environments grown by no one train their
+/// twins beside them, and the term, which pays the host's accuracy change
+/// less its twin's, sums to about nothing over the episode (the same model
+/// on the same data; CUDA's kernels are not bitwise reproducible, so not to
+/// the bit as on the CPU). A twin that did not train, or trained on other
+/// data, would make it pay the host's whole progress over the episode.
+#[test]
+fn the_twin_term_runs_on_cuda_and_a_host_grown_by_no_one_matches_its_twin() {
+    if !torch_ext::cuda::is_available() {
+        eprintln!("skipped: CUDA is not available");
+        return;
+    }
+    let plain = common::driven(Device::Cuda(0), 0.0, false);
+    let twinned = common::driven(Device::Cuda(0), 1.0, false);
+    let paid = twinned.mean_episode_reward - plain.mean_episode_reward;
+    assert!(paid.is_finite(), "{paid}");
+    assert!(
+        paid.abs() < 1.0,
+        "the term paid {paid} points for hosts grown by no one ({:?} against {:?})",
+        twinned.final_accuracies,
+        plain.final_accuracies
+    );
+    // Under max growth the round runs with twins too.
+    let grown = common::driven(Device::Cuda(0), 1.0, true);
+    assert!(grown.germinations > 0);
+    assert!(grown.mean_episode_reward.is_finite());
 }

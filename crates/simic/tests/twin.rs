@@ -6,94 +6,15 @@
 //! the term pays nothing; under max growth the term's episode sum is the
 //! final accuracy less the seedless host's.
 
-use kasmina::host::CnnHostConfig;
-use leyline::Telemetry;
-use simic::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
-use tamiyo::growth::{MaxGrowthController, NoGrowthController};
-use tamiyo::masks::MaskConfig;
-use tamiyo::policy::PolicyConfig;
+mod common;
+
+use common::{driven, mean};
 use tch::Device;
-use tolaria::controller::Controller;
-use tolaria::data::synthetic::{ImageTaskOptions, image_task};
-use tolaria::engine::trainer::ModelTrainerConfig;
-
-const ENVS: usize = 2;
-const EPISODE: u32 = 20;
-
-fn spec() -> EnvSpec {
-    let train = image_task(&ImageTaskOptions::fashion_like(256, 21)).expect("train data");
-    let validation = image_task(&ImageTaskOptions::fashion_like(128, 22)).expect("validation");
-    EnvSpec::sharded(
-        CnnHostConfig::fashion_mnist(),
-        vec!["r0c0".into(), "r0c1".into(), "r0c2".into()],
-        &train,
-        validation,
-        ENVS,
-    )
-    .expect("spec")
-}
-
-fn config(twin_weight: f64) -> SimicConfig {
-    let mut config = SimicConfig::reference(EPISODE);
-    config.n_envs = ENVS;
-    config.seed = 31;
-    config.trainer = ModelTrainerConfig {
-        batch_size: 64,
-        ..ModelTrainerConfig::default()
-    };
-    config.policy = PolicyConfig {
-        feature_dim: 32,
-        hidden_dim: 32,
-        ..PolicyConfig::default()
-    };
-    // Seeds that blend within the short episode (G2 holds a seed ten
-    // TRAINING epochs).
-    for setting in [
-        "slot.auto_forward_g1=true",
-        "slot.auto_forward_g2=true",
-        "slot.auto_forward_g3=true",
-    ] {
-        simic::vectorized::settings::apply(&mut config, setting).expect(setting);
-    }
-    config.reward.twin_delta_weight = twin_weight;
-    config
-}
-
-/// libtorch's generator is process-wide: runs take turns.
-static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn driven(twin_weight: f64, grow: bool) -> RoundReport {
-    let _turn = TURN
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let config = config(twin_weight);
-    let masks = MaskConfig {
-        max_seeds: config.max_seeds,
-        ..MaskConfig::default()
-    };
-    let mut simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
-    let mut controllers: Vec<Box<dyn Controller>> = (0..ENVS)
-        .map(|_| -> Box<dyn Controller> {
-            if grow {
-                Box::new(MaxGrowthController::new(masks))
-            } else {
-                Box::new(NoGrowthController)
-            }
-        })
-        .collect();
-    simic
-        .drive_round(&spec(), &mut controllers)
-        .expect("a driven round")
-}
-
-fn mean(values: &[f64]) -> f64 {
-    values.iter().sum::<f64>() / values.len() as f64
-}
 
 #[test]
 fn a_host_grown_by_no_one_is_its_twin_and_the_term_pays_nothing() {
-    let plain = driven(0.0, false);
-    let twinned = driven(1.0, false);
+    let plain = driven(Device::Cpu, 0.0, false);
+    let twinned = driven(Device::Cpu, 1.0, false);
     assert_eq!(plain.final_accuracies, twinned.final_accuracies);
     assert_eq!(
         plain.mean_episode_reward.to_bits(),
@@ -106,9 +27,9 @@ fn a_host_grown_by_no_one_is_its_twin_and_the_term_pays_nothing() {
 
 #[test]
 fn under_max_growth_the_term_sums_to_the_gain_over_the_seedless_host() {
-    let plain = driven(0.0, true);
-    let twinned = driven(2.0, true);
-    let seedless = driven(0.0, false);
+    let plain = driven(Device::Cpu, 0.0, true);
+    let twinned = driven(Device::Cpu, 2.0, true);
+    let seedless = driven(Device::Cpu, 0.0, false);
     assert!(plain.germinations > 0, "max growth germinated nothing");
     // The twin leaves the host's training as it is.
     assert_eq!(plain.final_accuracies, twinned.final_accuracies);

@@ -191,8 +191,7 @@ impl Env {
             // Contributions come from Simic's fused pass.
             counterfactual_samples: 0,
             // The environments' epochs overlap on the GPU: one graph pool
-            // lane each (a lane's graphs never replay at the same time; the
-            // twin's run only between its environment's).
+            // lane each (a lane's graphs never replay at the same time).
             graph_pool_lane: index,
             ..trainer.clone()
         };
@@ -207,7 +206,13 @@ impl Env {
                 twin_model,
                 train,
                 Some(&spec.validation),
-                trainer_config.clone(),
+                ModelTrainerConfig {
+                    // A lane of its own, after the environments' (its
+                    // epochs run between its environment's, while the other
+                    // environments' may be in flight).
+                    graph_pool_lane: config.n_envs.saturating_add(index),
+                    ..trainer_config.clone()
+                },
                 Telemetry::disabled(),
             )?)
         } else {
