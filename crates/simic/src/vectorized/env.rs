@@ -264,6 +264,30 @@ impl Env {
         })
     }
 
+    /// The twin's epoch that [`Env::launch`] queued: read back, validated
+    /// (one more readback) and concluded as a plain trainer's epoch is
+    /// (`ModelTrainer::train_epoch` without a controller); its validation
+    /// accuracy is what this step's twin-delta term pays against. Nothing
+    /// without a twin.
+    fn finish_twin(&mut self) -> Result<()> {
+        let Some(twin) = self.twin.as_mut() else {
+            return Ok(());
+        };
+        let mut trained = twin.finish_training()?;
+        let validation = twin.validate()?;
+        twin.judge(&mut trained)?;
+        if trained.rolled_back() {
+            trained.validation = validation;
+        } else {
+            twin.record_validation(&mut trained, validation)?;
+        }
+        twin.conclude_epoch(trained, None)?;
+        if let Some(validation) = validation {
+            self.twin_accuracy = Some(validation.accuracy.clamp(0.0, 100.0));
+        }
+        Ok(())
+    }
+
     /// The environment's index in the round.
     pub(crate) fn index(&self) -> usize {
         self.index

@@ -139,6 +139,11 @@ impl Env {
             return Ok(false);
         }
         self.trainer.launch_epoch()?;
+        // The twin's epoch is queued beside the environment's; it is read
+        // back in `judge`.
+        if let Some(twin) = self.twin.as_mut() {
+            twin.launch_epoch()?;
+        }
         self.phase = Phase::Training;
         Ok(true)
     }
@@ -214,6 +219,7 @@ impl Env {
             return Ok(());
         };
         let result = read_measure(self, pass)?;
+        self.finish_twin()?;
         self.counterfactual_configs = self
             .counterfactual_configs
             .saturating_add(u64::try_from(result.configs).unwrap_or(u64::MAX));
@@ -249,15 +255,6 @@ impl Env {
             .collect();
         buffer.record_contributions(step, self.index, &targets)?;
         self.val_accuracy = result.validation.accuracy;
-        // The twin's epoch, at the epoch's boundary: the environment's own
-        // work is read back, and the twin's figure is what this step's
-        // reward pays against.
-        if let Some(twin) = self.twin.as_mut() {
-            let report = twin.train_epoch()?;
-            if let Some(validation) = report.validation {
-                self.twin_accuracy = Some(validation.accuracy.clamp(0.0, 100.0));
-            }
-        }
         self.phase = Phase::Deciding {
             epoch,
             measured: result,
