@@ -5,26 +5,11 @@
 //! Every case uses γ = 0.9, λ = 0.8 (γλ = 0.72), rewards `[1, 2, 3]` and
 //! values `[0.5, 1.0, 1.5]`; the deltas worked out in each test's comment.
 
+mod common;
+
+use common::gae::{GAMMA, LAMBDA, assert_close, read, row};
 use simic::gae::compute_gae;
 use tch::{Device, Kind, Tensor};
-
-const GAMMA: f64 = 0.9;
-const LAMBDA: f64 = 0.8;
-
-fn row(values: &[f64]) -> Tensor {
-    Tensor::from_slice(values).view([1, -1])
-}
-
-fn read(tensor: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(tensor.to_kind(Kind::Double).flatten(0, -1)).unwrap()
-}
-
-fn assert_close(got: &[f64], expected: &[f64]) {
-    assert_eq!(got.len(), expected.len(), "{got:?} vs {expected:?}");
-    for (g, e) in got.iter().zip(expected) {
-        assert!((g - e).abs() < 1e-9, "{got:?} vs {expected:?}");
-    }
-}
 
 /// One row of three steps with the given flags and bootstrap values.
 fn one_row(terminated: &[f64], truncated: &[f64], bootstrap: &[f64]) -> (Vec<f64>, Vec<f64>) {

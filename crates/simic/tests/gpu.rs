@@ -11,27 +11,10 @@
 
 mod common;
 
+use common::gae::{GAMMA, LAMBDA, assert_close, read, row};
 use simic::gae::compute_gae;
 use simic::ppo::{Evaluation, PpoBatch, PpoConfig, PpoTrainer};
 use tch::{Device, Kind, Tensor, nn};
-
-const GAMMA: f64 = 0.9;
-const LAMBDA: f64 = 0.8;
-
-fn row(values: &[f64]) -> Tensor {
-    Tensor::from_slice(values).view([1, -1])
-}
-
-fn read(tensor: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(tensor.to_kind(Kind::Double).flatten(0, -1)).unwrap()
-}
-
-fn assert_close(got: &[f64], expected: &[f64]) {
-    assert_eq!(got.len(), expected.len(), "{got:?} vs {expected:?}");
-    for (g, e) in got.iter().zip(expected) {
-        assert!((g - e).abs() < 1e-9, "{got:?} vs {expected:?}");
-    }
-}
 
 /// GAE over one row with a truncated middle step, on the GPU: the values the
 /// CPU gives (`gae.rs` works them out by hand).

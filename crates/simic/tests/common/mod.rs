@@ -1,8 +1,10 @@
-//! Helpers shared by the twin tests (`twin.rs` on the CPU, `gpu.rs` on a
-//! GPU): a small synthetic image task, a round of environments driven by a
+//! Helpers shared by simic's tests: the GAE cases' ([`gae`]) and the twin
+//! tests' (`twin.rs` on the CPU, `gpu.rs` on a GPU): a small synthetic image task, a round of environments driven by a
 //! scripted controller, with or without the twin-delta term.
 
 #![allow(dead_code, unreachable_pub)]
+
+pub mod gae;
 
 use kasmina::host::CnnHostConfig;
 use leyline::Telemetry;

@@ -18,6 +18,11 @@ use super::{
     GREEDY_CURVE_ROUNDS, LearningSetup, SeedOutcome, rust_entry, training_seed,
 };
 
+/// How the protocol's records compare (their `params.statistics`).
+pub(super) const STATISTICS: &str = "paired per environment; 95% CI from Student's t; exact \
+                                     sign test (ties dropped); paired permutation test (exact \
+                                     up to 20 pairs, else 200,000 seeded sign flips)";
+
 /// A result entry of the mean final accuracy and mean active seeds.
 pub(super) fn accuracy_entry(
     mode: String,
@@ -320,9 +325,7 @@ pub(super) fn pool(
                 })),
                 "settings": setup.settings,
                 "quick": setup.quick,
-                "statistics": "paired per environment; 95% CI from Student's t; exact sign \
-                               test (ties dropped); paired permutation test (exact up to 20 \
-                               pairs, else 200,000 seeded sign flips)",
+                "statistics": STATISTICS,
             }),
             results,
             telemetry_names: Vec::new(),

@@ -21,7 +21,7 @@ use tamiyo::growth::scripted_blueprint;
 use super::super::baseline::{Baseline, BaselineRun, run_baseline, run_max_growth_of};
 use super::super::stats::paired;
 use super::super::{SLOTS, SimicBenchRun};
-use super::pool::{accuracy_entry, comparison_entry};
+use super::pool::{STATISTICS, accuracy_entry, comparison_entry};
 use super::{EVAL_ENV_SEED, EVAL_ROUNDS, LearningSetup};
 use crate::Result;
 use crate::vectorized::SimicConfig;
@@ -187,9 +187,7 @@ impl LearningSetup {
                     "eval_environments": EVAL_ROUNDS * 4,
                     "settings": self.settings,
                     "quick": self.quick,
-                    "statistics": "paired per environment; 95% CI from Student's t; exact sign \
-                                   test (ties dropped); paired permutation test (exact up to 20 \
-                                   pairs, else 200,000 seeded sign flips)",
+                    "statistics": STATISTICS,
                 }),
                 results,
                 telemetry_names: Vec::new(),
