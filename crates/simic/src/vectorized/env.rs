@@ -207,9 +207,8 @@ impl Env {
                 train,
                 Some(&spec.validation),
                 ModelTrainerConfig {
-                    // A lane of its own, after the environments' (its
-                    // epochs run between its environment's, while the other
-                    // environments' may be in flight).
+                    // A lane of its own, after the environments': its
+                    // epoch runs at the same time as its environment's.
                     graph_pool_lane: config.n_envs.saturating_add(index),
                     ..trainer_config.clone()
                 },

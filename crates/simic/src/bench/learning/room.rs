@@ -48,8 +48,9 @@ impl Figures {
     }
 }
 
-/// The blueprints the room measures for a topology: its blueprints in
-/// contract order, NOOP (the identity seed) excepted.
+/// The blueprints the room measures for a topology: those of
+/// `BlueprintAction::CNN` or `BlueprintAction::TRANSFORMER`, in that
+/// list's order, NOOP (the identity seed) excepted.
 pub fn room_blueprints(topology: Topology) -> Vec<BlueprintAction> {
     let all = match topology {
         Topology::Cnn => BlueprintAction::CNN,
