@@ -69,6 +69,58 @@ pub(crate) struct BaselineRun {
     pub(crate) refused: u64,
 }
 
+/// A controller's [`BaselineRun`]s over several evaluation rounds, summed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct BaselineTotals {
+    /// Final accuracy per environment, percent, in round order.
+    pub(crate) accuracies: Vec<f64>,
+    /// Mean active seeds per round.
+    pub(crate) active: Vec<f64>,
+    /// Seeds germinated, in all and by blueprint.
+    pub(crate) germinations: u64,
+    pub(crate) germinated: std::collections::BTreeMap<&'static str, u64>,
+    /// Seeds fossilized.
+    pub(crate) fossilizations: u64,
+    /// Decisions missed (WAIT applied) and refused (WAIT applied).
+    pub(crate) missed: u64,
+    pub(crate) refused: u64,
+}
+
+/// `rounds` evaluation rounds of one controller (`run` gives a round's
+/// episodes), each round's figures said on `progress` under `name`, summed.
+pub(crate) fn run_rounds(
+    name: &str,
+    rounds: u64,
+    progress: &mut dyn FnMut(&str),
+    mut run: impl FnMut(u64) -> Result<BaselineRun>,
+) -> Result<BaselineTotals> {
+    let mut totals = BaselineTotals::default();
+    for round in 0..rounds {
+        let run = run(round)?;
+        progress(&format!(
+            "  {name} (evaluation round {round}): acc {:?}, seeds {:.2}, germ {} foss {}, \
+             decisions missed {} refused {}",
+            run.accuracies,
+            run.mean_active_seeds,
+            run.germinations,
+            run.fossilizations,
+            run.missed,
+            run.refused
+        ));
+        totals.germinations = totals.germinations.saturating_add(run.germinations);
+        for (blueprint, count) in run.germinated {
+            let total = totals.germinated.entry(blueprint).or_insert(0);
+            *total = total.saturating_add(count);
+        }
+        totals.fossilizations = totals.fossilizations.saturating_add(run.fossilizations);
+        totals.missed = totals.missed.saturating_add(run.missed);
+        totals.refused = totals.refused.saturating_add(run.refused);
+        totals.accuracies.extend(run.accuracies);
+        totals.active.push(run.mean_active_seeds);
+    }
+    Ok(totals)
+}
+
 /// One episode per environment of `spec` under `baseline`, on the seeds the
 /// learned policy's round `round` used.
 pub(crate) fn run_baseline(

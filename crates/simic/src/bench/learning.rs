@@ -52,7 +52,7 @@ use leyline::baseline::ResultEntry;
 use tolaria::ExecutionMode;
 use tolaria::amp::Precision;
 
-use super::baseline::{Baseline, run_baseline};
+use super::baseline::{Baseline, run_baseline, run_rounds};
 use super::{SLOTS, SimicBenchOptions, SimicBenchRun, amp_name, load, mean, simic_config};
 use crate::Result;
 use crate::vectorized::{EnvSpec, Simic, SimicConfig};
@@ -178,40 +178,17 @@ fn run_baselines(
         Baseline::GerminateOnce,
         Baseline::MaxGrowth,
     ] {
-        let mut accuracies = Vec::new();
-        let mut active = Vec::new();
-        let mut germinations = 0_u64;
-        let mut fossilizations = 0_u64;
-        let mut missed = 0_u64;
-        let mut refused = 0_u64;
-        for round in 0..EVAL_ROUNDS {
-            let run = run_baseline(spec, &eval_config, device, round, baseline)?;
-            germinations = germinations.saturating_add(run.germinations);
-            fossilizations = fossilizations.saturating_add(run.fossilizations);
-            missed = missed.saturating_add(run.missed);
-            refused = refused.saturating_add(run.refused);
-            progress(&format!(
-                "  {} (evaluation round {round}): acc {:?}, seeds {:.2}, germ {} foss {}, \
-                 decisions missed {} refused {}",
-                baseline.name(),
-                run.accuracies,
-                run.mean_active_seeds,
-                run.germinations,
-                run.fossilizations,
-                run.missed,
-                run.refused
-            ));
-            accuracies.extend(run.accuracies);
-            active.push(run.mean_active_seeds);
-        }
+        let totals = run_rounds(baseline.name(), EVAL_ROUNDS, progress, |round| {
+            run_baseline(spec, &eval_config, device, round, baseline)
+        })?;
         figures.push(BaselineFigures {
             baseline,
-            accuracies,
-            active,
-            germinations,
-            fossilizations,
-            missed,
-            refused,
+            accuracies: totals.accuracies,
+            active: totals.active,
+            germinations: totals.germinations,
+            fossilizations: totals.fossilizations,
+            missed: totals.missed,
+            refused: totals.refused,
         });
     }
     Ok(figures)

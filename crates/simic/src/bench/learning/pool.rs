@@ -24,7 +24,7 @@ pub(super) const STATISTICS: &str = "paired per environment; 95% CI from Student
                                      up to 20 pairs, else 200,000 seeded sign flips)";
 
 /// A result entry of the mean final accuracy and mean active seeds.
-pub(super) fn accuracy_entry(
+fn accuracy_entry(
     mode: String,
     accuracies: &[f64],
     active_seeds: &[f64],
@@ -40,6 +40,25 @@ pub(super) fn accuracy_entry(
         mean(active_seeds.iter().copied()),
     );
     rust_entry(mode, metrics, precision)
+}
+
+/// A scripted controller's entry: [`accuracy_entry`] with its germinations
+/// and fossilizations over every evaluation environment.
+pub(super) fn controller_entry(
+    mode: String,
+    accuracies: &[f64],
+    active_seeds: &[f64],
+    (germinations, fossilizations): (u64, u64),
+    precision: Precision,
+) -> ResultEntry {
+    let mut entry = accuracy_entry(mode, accuracies, active_seeds, precision);
+    entry
+        .metrics
+        .insert("germinations".to_owned(), germinations as f64);
+    entry
+        .metrics
+        .insert("fossilizations".to_owned(), fossilizations as f64);
+    entry
 }
 
 /// What an evaluated policy grew, into its entry: germinations (in all and
@@ -115,18 +134,13 @@ pub(super) fn pool(
     let precision = setup.precision;
     let mut results = Vec::new();
     for figures in baselines {
-        let mut entry = accuracy_entry(
+        let mut entry = controller_entry(
             format!("{}-eval", figures.baseline.name()),
             &figures.accuracies,
             &figures.active,
+            (figures.germinations, figures.fossilizations),
             precision,
         );
-        entry
-            .metrics
-            .insert("germinations".to_owned(), figures.germinations as f64);
-        entry
-            .metrics
-            .insert("fossilizations".to_owned(), figures.fossilizations as f64);
         entry
             .metrics
             .insert("decisions_missed".to_owned(), figures.missed as f64);

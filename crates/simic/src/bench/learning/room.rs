@@ -18,35 +18,15 @@ use leyline::baseline::Measurements;
 use serde_json::json;
 use tamiyo::growth::scripted_blueprint;
 
-use super::super::baseline::{Baseline, BaselineRun, run_baseline, run_max_growth_of};
+use super::super::baseline::{
+    Baseline, BaselineTotals, run_baseline, run_max_growth_of, run_rounds,
+};
 use super::super::stats::paired;
 use super::super::{SLOTS, SimicBenchRun};
-use super::pool::{STATISTICS, accuracy_entry, comparison_entry};
+use super::pool::{STATISTICS, comparison_entry, controller_entry};
 use super::{EVAL_ENV_SEED, EVAL_ROUNDS, LearningSetup};
 use crate::Result;
 use crate::vectorized::SimicConfig;
-
-/// One controller's figures over the evaluation rounds.
-struct Figures {
-    accuracies: Vec<f64>,
-    active: Vec<f64>,
-    germinations: u64,
-    germinated: std::collections::BTreeMap<&'static str, u64>,
-    fossilizations: u64,
-}
-
-impl Figures {
-    fn add(&mut self, run: BaselineRun) {
-        self.accuracies.extend(run.accuracies);
-        self.active.push(run.mean_active_seeds);
-        self.germinations = self.germinations.saturating_add(run.germinations);
-        for (blueprint, count) in run.germinated {
-            let total = self.germinated.entry(blueprint).or_insert(0);
-            *total = total.saturating_add(count);
-        }
-        self.fossilizations = self.fossilizations.saturating_add(run.fossilizations);
-    }
-}
 
 /// The blueprints the room measures for a topology: those of
 /// `BlueprintAction::CNN` or `BlueprintAction::TRANSFORMER`, in that
@@ -85,30 +65,13 @@ impl LearningSetup {
             EVAL_ROUNDS * 4,
             self.episode_length
         ));
-        let mut measure = |name: &str, blueprint: Option<BlueprintAction>| -> Result<Figures> {
-            let mut figures = Figures {
-                accuracies: Vec::new(),
-                active: Vec::new(),
-                germinations: 0,
-                germinated: std::collections::BTreeMap::new(),
-                fossilizations: 0,
-            };
-            for round in 0..EVAL_ROUNDS {
-                let run = match blueprint {
-                    Some(blueprint) => {
-                        run_max_growth_of(&self.spec, &config, self.device, round, blueprint)?
-                    }
-                    None => {
-                        run_baseline(&self.spec, &config, self.device, round, Baseline::NoGrowth)?
-                    }
-                };
-                progress(&format!(
-                    "  {name} (evaluation round {round}): acc {:?}, seeds {:.2}, germ {} foss {}",
-                    run.accuracies, run.mean_active_seeds, run.germinations, run.fossilizations
-                ));
-                figures.add(run);
-            }
-            Ok(figures)
+        let mut measure = |name: &str, blueprint: Option<BlueprintAction>| {
+            run_rounds(name, EVAL_ROUNDS, progress, |round| match blueprint {
+                Some(blueprint) => {
+                    run_max_growth_of(&self.spec, &config, self.device, round, blueprint)
+                }
+                None => run_baseline(&self.spec, &config, self.device, round, Baseline::NoGrowth),
+            })
         };
         let none = measure("no-growth", None)?;
         let mut grown = Vec::with_capacity(blueprints.len());
@@ -118,14 +81,14 @@ impl LearningSetup {
         }
 
         let precision = self.precision;
-        let entry = |mode: String, figures: &Figures| {
-            let mut entry = accuracy_entry(mode, &figures.accuracies, &figures.active, precision);
-            entry
-                .metrics
-                .insert("germinations".to_owned(), figures.germinations as f64);
-            entry
-                .metrics
-                .insert("fossilizations".to_owned(), figures.fossilizations as f64);
+        let entry = |mode: String, figures: &BaselineTotals| {
+            let mut entry = controller_entry(
+                mode,
+                &figures.accuracies,
+                &figures.active,
+                (figures.germinations, figures.fossilizations),
+                precision,
+            );
             for (blueprint, count) in &figures.germinated {
                 entry
                     .metrics
