@@ -125,6 +125,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             }
             let run = match args.jobs {
                 Some(jobs) if jobs > 1 || !args.only_seeds.is_empty() => {
+                    use crate::learning_jobs::JobsOutcome;
                     match crate::learning_jobs::run_jobs(
                         args,
                         &options,
@@ -132,10 +133,22 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                         jobs,
                         &mut progress,
                     )? {
-                        Some(run) => run,
+                        JobsOutcome::Record(run) => run,
                         // --only-seeds left seeds unevaluated: the parts
-                        // stay for a later run, and there is no record yet.
-                        None => return Ok(()),
+                        // stay for a later run, and there is no record yet;
+                        // the seeds evaluated so far are pooled beside them.
+                        JobsOutcome::Partial(None) => return Ok(()),
+                        JobsOutcome::Partial(Some((run, path))) => {
+                            let record = simic_record(args, run)?;
+                            record::write(&record, &path)?;
+                            draw_learning_curves(&record, &path);
+                            println!("{}", table::render(args.workload, &record));
+                            eprintln!(
+                                "wrote {} (the seeds evaluated so far; not the record)",
+                                path.display()
+                            );
+                            return Ok(());
+                        }
                     }
                 }
                 _ => simic::bench::run_learning(&options, rounds, &mut progress)?,
@@ -150,12 +163,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     };
     record::write(&record, &args.out)?;
     if args.workload == Workload::SimicLearning {
-        // The learning curves beside the record; a picture that cannot be
-        // drawn is said, the record stands.
-        match crate::plot_learning::draw(&record, &args.out) {
-            Ok((png, _)) => eprintln!("learning curves: {}", png.display()),
-            Err(error) => eprintln!("esper: the learning curves were not drawn: {error:#}"),
-        }
+        draw_learning_curves(&record, &args.out);
     }
     println!("{}", table::render(args.workload, &record));
     eprintln!("wrote {}", args.out.display());
@@ -272,6 +280,15 @@ fn write_partial(
     match record {
         Ok(()) => eprintln!("partial record: {}", args.out.display()),
         Err(error) => eprintln!("esper: the partial record was not written: {error:#}"),
+    }
+}
+
+/// The learning curves beside a `simic-learning` record written to `out`;
+/// a picture that cannot be drawn is said, the record stands.
+fn draw_learning_curves(record: &BaselineRecord, out: &std::path::Path) {
+    match crate::plot_learning::draw(record, out) {
+        Ok((png, _)) => eprintln!("learning curves: {}", png.display()),
+        Err(error) => eprintln!("esper: the learning curves were not drawn: {error:#}"),
     }
 }
 

@@ -203,7 +203,8 @@ fn policy_name(seed_index: usize) -> String {
 /// seed's evaluations) is taken as it is and not measured again. With
 /// `--only-seeds`, only those seeds are trained and evaluated; `None` when
 /// some seed is then still without its evaluation (the parts stay, no
-/// record). An evaluated seed needs only `baselines.json`,
+/// record; the seeds evaluated so far are pooled into `partial.json` in the
+/// parts folder). An evaluated seed needs only `baselines.json`,
 /// `seed-K.json` and `seed-K-evaluated.json` of the parts folder, so a
 /// protocol too long for one machine's time can be finished elsewhere
 /// from those small files.
@@ -213,7 +214,7 @@ pub(crate) fn run_jobs(
     rounds: usize,
     jobs: usize,
     progress: &mut dyn FnMut(&str),
-) -> Result<Option<SimicBenchRun>> {
+) -> Result<JobsOutcome> {
     // The devices the children take, checked before anything is written:
     // each new child on the device that runs the fewest (the first of
     // those); the run's own device by default.
@@ -370,12 +371,40 @@ pub(crate) fn run_jobs(
              same command with --only-seeds naming them, or without it, goes on from them)",
             parts_dir.display()
         ));
-        return Ok(None);
+        if outcomes.is_empty() {
+            return Ok(JobsOutcome::Partial(None));
+        }
+        let evaluated: Vec<usize> = outcomes.iter().map(|o| o.seed_index).collect();
+        progress(&format!(
+            "the seeds evaluated so far, {evaluated:?} of {}, pooled (not the record):",
+            setup.seeds()
+        ));
+        let run = setup.report_partial(&baselines, &outcomes, progress)?;
+        return Ok(JobsOutcome::Partial(Some((
+            run,
+            parts_dir.join(PARTIAL_REPORT),
+        ))));
     }
     let run = setup.report(&baselines, &outcomes, progress)?;
     std::fs::remove_dir_all(&parts_dir)
         .with_context(|| format!("removing {}", parts_dir.display()))?;
-    Ok(Some(run))
+    Ok(JobsOutcome::Record(run))
+}
+
+/// The name of the pooled figures of a partial run in its parts folder
+/// (rewritten by every run that ends with seeds still unevaluated; never
+/// read back as a part).
+const PARTIAL_REPORT: &str = "partial.json";
+
+/// What [`run_jobs`] ends with.
+pub(crate) enum JobsOutcome {
+    /// Every seed evaluated: the protocol's record (the parts are removed).
+    Record(SimicBenchRun),
+    /// `--only-seeds` left seeds unevaluated: the parts stay, and the seeds
+    /// evaluated so far, pooled by [`LearningSetup::report_partial`], with
+    /// the path their record goes to in the parts folder (`None` when no
+    /// seed is evaluated yet).
+    Partial(Option<(SimicBenchRun, PathBuf)>),
 }
 
 /// Evaluates training seed `seed_index`'s trained policy, greedy and

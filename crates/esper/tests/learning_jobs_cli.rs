@@ -200,6 +200,46 @@ fn only_seeds_leave_the_parts_and_their_small_files_finish_the_run_elsewhere() {
     assert!(stderr.contains("not in --only-seeds"), "{stderr}");
     assert!(stderr.contains("no record yet: seeds [0]"), "{stderr}");
     assert!(!out.exists(), "a record was written with a seed missing");
+    // The seed evaluated so far, pooled beside the parts: seed 1's figures
+    // as the whole run has them, said to be partial.
+    assert!(stderr.contains("pooled (not the record)"), "{stderr}");
+    let partial: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(parts.join("partial.json")).expect("the partial report"),
+    )
+    .expect("JSON");
+    assert_eq!(partial["params"]["partial"], true);
+    assert_eq!(partial["params"]["evaluated_seeds"], serde_json::json!([1]));
+    assert_eq!(one["params"]["partial"], false);
+    // (Without `same_outcome_as_seed`: the whole run may find seed 1 acting
+    // as seed 0 did, which the partial report cannot see.)
+    let entry = |record: &serde_json::Value, mode: &str| {
+        let mut entry = record["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .find(|e| e["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} entry"))
+            .clone();
+        if let Some(metrics) = entry["metrics"].as_object_mut() {
+            metrics.remove("same_outcome_as_seed");
+        }
+        entry
+    };
+    for mode in [
+        "ppo-seed1-greedy-eval",
+        "compare-ppo-vs-no-growth-seed1",
+        "no-growth-eval",
+    ] {
+        assert_eq!(entry(&partial, mode), entry(&one, mode), "{mode}");
+    }
+    assert!(
+        partial["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .all(|e| !e["mode"].as_str().unwrap_or_default().contains("seed0")),
+        "seed 0, never trained, is in the partial report"
+    );
     // Another machine carries only the small files of the parts folder
     // (not the trained policy) and finishes the run with the other seed.
     let elsewhere = dir.path().join("elsewhere");

@@ -479,6 +479,32 @@ impl LearningSetup {
         outcomes: &[SeedOutcome],
         progress: &mut dyn FnMut(&str),
     ) -> Result<SimicBenchRun> {
+        self.report_of(baselines, outcomes, false, progress)
+    }
+
+    /// [`LearningSetup::report`] of the seeds evaluated so far: the same
+    /// pooling and the same refusals, except that any non-empty set of the
+    /// run's seeds is taken (each at most once). The measurements say which
+    /// seeds they pool (`evaluated_seeds`) and `partial: true` when that is
+    /// not every seed of the run: what a run stopped between sessions
+    /// (`--only-seeds`) can say before its record exists. It is not the
+    /// protocol's record.
+    pub fn report_partial(
+        &self,
+        baselines: &Baselines,
+        outcomes: &[SeedOutcome],
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SimicBenchRun> {
+        self.report_of(baselines, outcomes, true, progress)
+    }
+
+    fn report_of(
+        &self,
+        baselines: &Baselines,
+        outcomes: &[SeedOutcome],
+        partial: bool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SimicBenchRun> {
         let refuse = |reason: String| crate::Error::InvalidInput {
             field: "SeedOutcome",
             reason,
@@ -489,14 +515,29 @@ impl LearningSetup {
             .saturating_mul(4);
         let mut ordered: Vec<&SeedOutcome> = outcomes.iter().collect();
         ordered.sort_by_key(|outcome| outcome.seed_index);
+        if ordered.is_empty() {
+            return Err(refuse("no training seed's outcome to pool".to_owned()));
+        }
         for (index, outcome) in ordered.iter().enumerate() {
-            if outcome.seed_index != index {
+            if partial {
+                if outcome.seed_index >= self.seeds {
+                    return Err(refuse(format!(
+                        "seed {} is not one of the run's {} training seeds",
+                        outcome.seed_index, self.seeds
+                    )));
+                }
+                let previous = index.checked_sub(1).and_then(|before| ordered.get(before));
+                if previous.is_some_and(|before| before.seed_index == outcome.seed_index) {
+                    return Err(refuse(format!("seed {} given twice", outcome.seed_index)));
+                }
+            } else if outcome.seed_index != index {
                 return Err(refuse(format!(
                     "the outcomes are not seeds 0 to {}: seed {} where {index} belongs",
                     self.seeds.saturating_sub(1),
                     outcome.seed_index
                 )));
             }
+            let index = outcome.seed_index;
             if outcome.setup != expected {
                 return Err(refuse(format!(
                     "seed {index} is of another run ({:?}, this run is {expected:?})",
@@ -539,7 +580,7 @@ impl LearningSetup {
                 }
             }
         }
-        if ordered.len() != self.seeds {
+        if !partial && ordered.len() != self.seeds {
             return Err(refuse(format!(
                 "{} outcomes for {} training seeds",
                 ordered.len(),

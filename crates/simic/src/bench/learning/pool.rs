@@ -205,7 +205,7 @@ pub(super) fn pool(
         // over the same environments (the over-seeds comparison below).
         let mut seed_means = Vec::new();
         let mut baseline_means: Vec<Vec<f64>> = vec![Vec::new(); pooled.len()];
-        for outcome in outcomes {
+        for (position, outcome) in outcomes.iter().enumerate() {
             let seed_index = outcome.seed_index;
             let evaluation = of_mode(outcome);
             let mut entry = accuracy_entry(
@@ -215,6 +215,24 @@ pub(super) fn pool(
                 precision,
             );
             growth_metrics(&mut entry, &evaluation);
+            // Two training seeds whose policies reach the same accuracy on
+            // every environment acted alike there: the pooled pairs then
+            // count one outcome twice, and their interval is too narrow.
+            if let Some(twin) = outcomes
+                .get(..position)
+                .unwrap_or_default()
+                .iter()
+                .find(|earlier| of_mode(earlier).accuracies == evaluation.accuracies)
+            {
+                progress(&format!(
+                    "  seeds {} and {seed_index}: the same {mode} accuracy on every environment \
+                     (the policies acted alike); the pooled pairs count that outcome twice",
+                    twin.seed_index
+                ));
+                entry
+                    .metrics
+                    .insert("same_outcome_as_seed".to_owned(), twin.seed_index as f64);
+            }
             if mode == "selected"
                 && let Some(round) = outcome.selected_round
             {
@@ -329,6 +347,8 @@ pub(super) fn pool(
                 "active_seed_ceiling": crate::vectorized::Episode::active_seed_ceiling(setup.episode_length),
                 "rounds_per_seed": setup.rounds,
                 "training_seeds": (0..setup.seeds).map(training_seed).collect::<Vec<_>>(),
+                "evaluated_seeds": outcomes.iter().map(|o| o.seed_index).collect::<Vec<_>>(),
+                "partial": outcomes.len() != setup.seeds,
                 "eval_env_seed": EVAL_ENV_SEED,
                 "eval_environments": EVAL_ROUNDS * 4,
                 "ppo_epochs": setup.config.ppo.epochs,

@@ -564,3 +564,98 @@ fn the_comparisons_are_made_over_the_training_seeds_too() {
     );
     assert!(metrics("compare-ppo-sampled-vs-max-growth-over-seeds")["pairs"] == 2.0);
 }
+
+#[test]
+fn the_seeds_evaluated_so_far_pool_into_a_partial_report() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: Vec::new(),
+    };
+    let mut quiet = |_: &str| {};
+    // Seed 1 alone: pooled, and said to be partial.
+    let run = setup
+        .report_partial(&baselines, &[outcome(&setup, 1)], &mut quiet)
+        .expect("seed 1 pooled");
+    assert_eq!(run.measurements.params["partial"], true);
+    assert_eq!(
+        run.measurements.params["evaluated_seeds"],
+        serde_json::json!([1])
+    );
+    assert!(metrics_of(&run, "ppo-seed1-greedy-eval").contains_key("final_accuracy_pct"));
+    assert!(
+        run.measurements
+            .results
+            .iter()
+            .all(|entry| !entry.mode.contains("seed0")),
+        "a seed not given was pooled"
+    );
+    // Every seed: the record's figures, not partial.
+    let every = [outcome(&setup, 0), outcome(&setup, 1)];
+    let whole = setup
+        .report_partial(&baselines, &every, &mut quiet)
+        .expect("both seeds pooled");
+    assert_eq!(whole.measurements.params["partial"], false);
+    let record = setup
+        .report(&baselines, &every, &mut quiet)
+        .expect("the record");
+    // (As JSON: a comparison without baselines holds NaN, which is not
+    // equal to itself.)
+    let json = |run: &SimicBenchRun| serde_json::to_value(&run.measurements.results).expect("JSON");
+    assert_eq!(json(&whole), json(&record));
+    // The refusals that still hold.
+    let mut other = outcome(&setup, 1);
+    other.setup = "another run".to_owned();
+    for (name, parts) in [
+        ("nothing", vec![]),
+        ("a seed twice", vec![outcome(&setup, 1), outcome(&setup, 1)]),
+        ("a seed out of range", vec![outcome(&setup, 2)]),
+        ("another run", vec![other]),
+    ] {
+        assert!(
+            setup
+                .report_partial(&baselines, &parts, &mut quiet)
+                .is_err(),
+            "{name} was pooled"
+        );
+    }
+}
+
+#[test]
+fn two_seeds_that_acted_alike_are_named() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: Vec::new(),
+    };
+    let mut lines = Vec::new();
+    let mut different = outcome(&setup, 1);
+    different.sampled.accuracies[0] = 51.0;
+    let run = setup
+        .report(
+            &baselines,
+            &[outcome(&setup, 0), different],
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+        .expect("pooled");
+    // The greedy evaluations are the same accuracy for accuracy, the
+    // sampled ones are not.
+    assert_eq!(
+        metrics_of(&run, "ppo-seed1-greedy-eval").get("same_outcome_as_seed"),
+        Some(&0.0)
+    );
+    assert!(!metrics_of(&run, "ppo-seed0-greedy-eval").contains_key("same_outcome_as_seed"));
+    assert!(!metrics_of(&run, "ppo-seed1-sampled-eval").contains_key("same_outcome_as_seed"));
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("seeds 0 and 1: the same greedy accuracy")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|line| line.contains("the same sampled")),
+        "{lines:?}"
+    );
+}
