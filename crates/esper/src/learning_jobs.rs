@@ -201,10 +201,10 @@ fn policy_name(seed_index: usize) -> String {
 /// Resumable: what an earlier run of the same command left in the parts
 /// folder (the baselines, a seed's learning curve and trained policy, a
 /// seed's evaluations) is taken as it is and not measured again. With
-/// `--only-seeds`, only those seeds are trained and evaluated; `None` when
-/// some seed is then still without its evaluation (the parts stay, no
-/// record; the seeds evaluated so far are pooled into `partial.json` in the
-/// parts folder). An evaluated seed needs only `baselines.json`,
+/// `--only-seeds`, only those seeds are trained and evaluated;
+/// [`JobsOutcome::Partial`] when some seed is then still without its
+/// evaluation (the parts stay, no record; the seeds evaluated so far are
+/// pooled for `partial.json` in the parts folder). An evaluated seed needs only `baselines.json`,
 /// `seed-K.json` and `seed-K-evaluated.json` of the parts folder, so a
 /// protocol too long for one machine's time can be finished elsewhere
 /// from those small files.

@@ -40,6 +40,15 @@ fn evaluation() -> Evaluation {
     }
 }
 
+/// Baselines of `setup`'s run without figures (what the refusals and the
+/// entry names need).
+fn no_baselines(setup: &LearningSetup) -> Baselines {
+    Baselines {
+        setup: setup.describe(),
+        figures: Vec::new(),
+    }
+}
+
 fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
     SeedOutcome {
         seed_index,
@@ -56,10 +65,7 @@ fn outcome(setup: &LearningSetup, seed_index: usize) -> SeedOutcome {
 fn parts_of_another_run_or_missing_seeds_are_refused() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
-    let baselines = Baselines {
-        setup: setup.describe(),
-        figures: Vec::new(),
-    };
+    let baselines = no_baselines(&setup);
     let mut quiet = |_: &str| {};
     let good = [outcome(&setup, 1), outcome(&setup, 0)];
     assert!(setup.report(&baselines, &good, &mut quiet).is_ok());
@@ -110,10 +116,7 @@ fn settings_are_part_of_the_setup() {
 fn what_an_evaluated_policy_grew_is_in_its_entry() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
-    let baselines = Baselines {
-        setup: setup.describe(),
-        figures: Vec::new(),
-    };
+    let baselines = no_baselines(&setup);
     let mut grown = outcome(&setup, 0);
     grown.greedy.germinated = [("conv_light".to_owned(), 5), ("norm".to_owned(), 2)]
         .into_iter()
@@ -406,10 +409,7 @@ fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
     let mut options = cpu_options(2, None);
     options.greedy_every = Some(1);
     let setup = LearningSetup::new(&options, 1).expect("the setup");
-    let baselines = Baselines {
-        setup: setup.describe(),
-        figures: Vec::new(),
-    };
+    let baselines = no_baselines(&setup);
     let with_selection = |seed_index: usize| SeedOutcome {
         selected_round: Some(0),
         selected: Some(evaluation()),
@@ -569,10 +569,7 @@ fn the_comparisons_are_made_over_the_training_seeds_too() {
 fn the_seeds_evaluated_so_far_pool_into_a_partial_report() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
-    let baselines = Baselines {
-        setup: setup.describe(),
-        figures: Vec::new(),
-    };
+    let baselines = no_baselines(&setup);
     let mut quiet = |_: &str| {};
     // Seed 1 alone: pooled, and said to be partial.
     let run = setup
@@ -626,10 +623,7 @@ fn the_seeds_evaluated_so_far_pool_into_a_partial_report() {
 fn two_seeds_that_acted_alike_are_named() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
-    let baselines = Baselines {
-        setup: setup.describe(),
-        figures: Vec::new(),
-    };
+    let baselines = no_baselines(&setup);
     let mut lines = Vec::new();
     let mut different = outcome(&setup, 1);
     different.sampled.accuracies[0] = 51.0;
