@@ -42,7 +42,6 @@ mod pool;
 mod room;
 mod selected;
 pub use outcome::{Evaluation, SeedOutcome};
-use pool::pool;
 pub use room::room_blueprints;
 use selected::check_selected;
 pub use selected::{AfterRound, SELECTED_PREFIX, Selected, Trained};
@@ -496,104 +495,6 @@ impl LearningSetup {
         progress: &mut dyn FnMut(&str),
     ) -> Result<SimicBenchRun> {
         self.report_of(baselines, outcomes, true, progress)
-    }
-
-    fn report_of(
-        &self,
-        baselines: &Baselines,
-        outcomes: &[SeedOutcome],
-        partial: bool,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<SimicBenchRun> {
-        let refuse = |reason: String| crate::Error::InvalidInput {
-            field: "SeedOutcome",
-            reason,
-        };
-        let expected = self.describe();
-        let evaluated = usize::try_from(EVAL_ROUNDS)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(4);
-        let mut ordered: Vec<&SeedOutcome> = outcomes.iter().collect();
-        ordered.sort_by_key(|outcome| outcome.seed_index);
-        if ordered.is_empty() {
-            return Err(refuse("no training seed's outcome to pool".to_owned()));
-        }
-        for (index, outcome) in ordered.iter().enumerate() {
-            if partial {
-                if outcome.seed_index >= self.seeds {
-                    return Err(refuse(format!(
-                        "seed {} is not one of the run's {} training seeds",
-                        outcome.seed_index, self.seeds
-                    )));
-                }
-                let previous = index.checked_sub(1).and_then(|before| ordered.get(before));
-                if previous.is_some_and(|before| before.seed_index == outcome.seed_index) {
-                    return Err(refuse(format!("seed {} given twice", outcome.seed_index)));
-                }
-            } else if outcome.seed_index != index {
-                return Err(refuse(format!(
-                    "the outcomes are not seeds 0 to {}: seed {} where {index} belongs",
-                    self.seeds.saturating_sub(1),
-                    outcome.seed_index
-                )));
-            }
-            let index = outcome.seed_index;
-            if outcome.setup != expected {
-                return Err(refuse(format!(
-                    "seed {index} is of another run ({:?}, this run is {expected:?})",
-                    outcome.setup
-                )));
-            }
-            if outcome.selected.is_some() != self.greedy_every.is_some()
-                || outcome.selected.is_some() != outcome.selected_round.is_some()
-            {
-                return Err(refuse(format!(
-                    "seed {index} has {} selected policy's evaluation; this run {} a greedy curve",
-                    if outcome.selected.is_some() {
-                        "a"
-                    } else {
-                        "no"
-                    },
-                    if self.greedy_every.is_some() {
-                        "has"
-                    } else {
-                        "has no"
-                    }
-                )));
-            }
-            for (name, evaluation) in [("greedy", &outcome.greedy), ("sampled", &outcome.sampled)]
-                .into_iter()
-                .chain(
-                    outcome
-                        .selected
-                        .as_ref()
-                        .map(|selected| ("selected", selected)),
-                )
-            {
-                if evaluation.accuracies.len() != evaluated
-                    || evaluation.accuracies.iter().any(|a| !a.is_finite())
-                {
-                    return Err(refuse(format!(
-                        "seed {index} has {} {name} accuracies; {evaluated} finite ones expected",
-                        evaluation.accuracies.len()
-                    )));
-                }
-            }
-        }
-        if !partial && ordered.len() != self.seeds {
-            return Err(refuse(format!(
-                "{} outcomes for {} training seeds",
-                ordered.len(),
-                self.seeds
-            )));
-        }
-        if baselines.setup != expected {
-            return Err(refuse(format!(
-                "the baselines are of another run ({:?}, this run is {expected:?})",
-                baselines.setup
-            )));
-        }
-        Ok(pool(self, &baselines.figures, &ordered, progress))
     }
 }
 

@@ -1,5 +1,7 @@
-//! The protocol's record: the baselines and the training seeds' outcomes
-//! pooled into result entries, with the paired comparisons, per training
+//! The protocol's record: the parts checked against the run
+//! (`LearningSetup::report_of`, for a record and for a partial report),
+//! then the baselines and the training seeds' outcomes pooled into result
+//! entries, with the paired comparisons, per training
 //! seed and over them (the environments as pairs, and once more with the
 //! training seeds as pairs: `-over-seeds`), for the greedy and the
 //! sampled evaluation and, with
@@ -10,11 +12,13 @@ use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
 use tolaria::amp::Precision;
 
+use crate::Result;
+
 use super::super::baseline::Baseline;
 use super::super::stats::{Paired, paired};
 use super::super::{SLOTS, SimicBenchRun, mean};
 use super::{
-    BaselineFigures, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
+    BaselineFigures, Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
     GREEDY_CURVE_ROUNDS, LearningSetup, SeedOutcome, rust_entry, training_seed,
 };
 
@@ -364,5 +368,107 @@ pub(super) fn pool(
             results,
             telemetry_names: Vec::new(),
         },
+    }
+}
+
+impl LearningSetup {
+    /// [`LearningSetup::report`] and [`LearningSetup::report_partial`]:
+    /// the parts checked, then pooled.
+    pub(super) fn report_of(
+        &self,
+        baselines: &Baselines,
+        outcomes: &[SeedOutcome],
+        partial: bool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<SimicBenchRun> {
+        let refuse = |reason: String| crate::Error::InvalidInput {
+            field: "SeedOutcome",
+            reason,
+        };
+        let expected = self.describe();
+        let evaluated = usize::try_from(EVAL_ROUNDS)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(4);
+        let mut ordered: Vec<&SeedOutcome> = outcomes.iter().collect();
+        ordered.sort_by_key(|outcome| outcome.seed_index);
+        if ordered.is_empty() {
+            return Err(refuse("no training seed's outcome to pool".to_owned()));
+        }
+        for (index, outcome) in ordered.iter().enumerate() {
+            if partial {
+                if outcome.seed_index >= self.seeds {
+                    return Err(refuse(format!(
+                        "seed {} is not one of the run's {} training seeds",
+                        outcome.seed_index, self.seeds
+                    )));
+                }
+                let previous = index.checked_sub(1).and_then(|before| ordered.get(before));
+                if previous.is_some_and(|before| before.seed_index == outcome.seed_index) {
+                    return Err(refuse(format!("seed {} given twice", outcome.seed_index)));
+                }
+            } else if outcome.seed_index != index {
+                return Err(refuse(format!(
+                    "the outcomes are not seeds 0 to {}: seed {} where {index} belongs",
+                    self.seeds.saturating_sub(1),
+                    outcome.seed_index
+                )));
+            }
+            let index = outcome.seed_index;
+            if outcome.setup != expected {
+                return Err(refuse(format!(
+                    "seed {index} is of another run ({:?}, this run is {expected:?})",
+                    outcome.setup
+                )));
+            }
+            if outcome.selected.is_some() != self.greedy_every.is_some()
+                || outcome.selected.is_some() != outcome.selected_round.is_some()
+            {
+                return Err(refuse(format!(
+                    "seed {index} has {} selected policy's evaluation; this run {} a greedy curve",
+                    if outcome.selected.is_some() {
+                        "a"
+                    } else {
+                        "no"
+                    },
+                    if self.greedy_every.is_some() {
+                        "has"
+                    } else {
+                        "has no"
+                    }
+                )));
+            }
+            for (name, evaluation) in [("greedy", &outcome.greedy), ("sampled", &outcome.sampled)]
+                .into_iter()
+                .chain(
+                    outcome
+                        .selected
+                        .as_ref()
+                        .map(|selected| ("selected", selected)),
+                )
+            {
+                if evaluation.accuracies.len() != evaluated
+                    || evaluation.accuracies.iter().any(|a| !a.is_finite())
+                {
+                    return Err(refuse(format!(
+                        "seed {index} has {} {name} accuracies; {evaluated} finite ones expected",
+                        evaluation.accuracies.len()
+                    )));
+                }
+            }
+        }
+        if !partial && ordered.len() != self.seeds {
+            return Err(refuse(format!(
+                "{} outcomes for {} training seeds",
+                ordered.len(),
+                self.seeds
+            )));
+        }
+        if baselines.setup != expected {
+            return Err(refuse(format!(
+                "the baselines are of another run ({:?}, this run is {expected:?})",
+                baselines.setup
+            )));
+        }
+        Ok(pool(self, &baselines.figures, &ordered, progress))
     }
 }

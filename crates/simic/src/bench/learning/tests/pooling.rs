@@ -1,0 +1,283 @@
+//! The pooling of the protocol's parts into its record (and into a
+//! partial report): the refusals, the per-seed and over-seeds comparisons,
+//! what an evaluated policy grew.
+
+use super::*;
+
+#[test]
+fn parts_of_another_run_or_missing_seeds_are_refused() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let baselines = no_baselines(&setup);
+    let mut quiet = |_: &str| {};
+    let good = [outcome(&setup, 1), outcome(&setup, 0)];
+    assert!(setup.report(&baselines, &good, &mut quiet).is_ok());
+    let other_baselines = Baselines {
+        setup: "another run".to_owned(),
+        figures: Vec::new(),
+    };
+    assert!(
+        setup.report(&other_baselines, &good, &mut quiet).is_err(),
+        "baselines of another run were pooled"
+    );
+    let mut other = outcome(&setup, 1);
+    other.setup = other
+        .setup
+        .replace("settings []", "settings [reward.rent_weight=0]");
+    let mut short = outcome(&setup, 1);
+    short.sampled.accuracies.pop();
+    let mut nan = outcome(&setup, 1);
+    nan.greedy.accuracies[0] = f64::NAN;
+    for (name, parts) in [
+        ("another run", vec![outcome(&setup, 0), other]),
+        ("a seed twice", vec![outcome(&setup, 0), outcome(&setup, 0)]),
+        ("a missing seed", vec![outcome(&setup, 0)]),
+        (
+            "a seed out of range",
+            vec![outcome(&setup, 0), outcome(&setup, 2)],
+        ),
+        ("too few accuracies", vec![outcome(&setup, 0), short]),
+        ("a NaN accuracy", vec![outcome(&setup, 0), nan]),
+    ] {
+        let error = setup.report(&baselines, &parts, &mut quiet);
+        assert!(error.is_err(), "{name} was pooled");
+    }
+}
+
+#[test]
+fn what_an_evaluated_policy_grew_is_in_its_entry() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let baselines = no_baselines(&setup);
+    let mut grown = outcome(&setup, 0);
+    grown.greedy.germinated = [("conv_light".to_owned(), 5), ("norm".to_owned(), 2)]
+        .into_iter()
+        .collect();
+    grown.greedy.fossilizations = 4;
+    grown.greedy.prunes = 3;
+    let run = setup
+        .report(&baselines, &[grown, outcome(&setup, 1)], &mut |_: &str| {})
+        .expect("pooled");
+    let entry = |mode: &str| metrics_of(&run, mode);
+    let greedy = entry("ppo-seed0-greedy-eval");
+    assert_eq!(greedy["germinations"], 7.0);
+    assert_eq!(greedy["germinated_conv_light"], 5.0);
+    assert_eq!(greedy["germinated_norm"], 2.0);
+    assert_eq!(greedy["fossilizations"], 4.0);
+    assert_eq!(greedy["prunes"], 3.0);
+    let other = entry("ppo-seed1-greedy-eval");
+    assert_eq!(other["germinations"], 0.0);
+    assert!(!other.contains_key("germinated_conv_light"));
+    // A part written before these figures were kept still reads.
+    let old = r#"{"accuracies":[1.0],"active_seeds":[0.0]}"#;
+    let read: Evaluation = serde_json::from_str(old).expect("an older part reads");
+    assert!(read.germinated.is_empty());
+}
+
+#[test]
+fn the_selected_policys_evaluation_is_pooled_with_a_greedy_curve_only() {
+    let _rng = crate::global_rng_lock();
+    let mut options = cpu_options(2, None);
+    options.greedy_every = Some(1);
+    let setup = LearningSetup::new(&options, 1).expect("the setup");
+    let baselines = no_baselines(&setup);
+    let with_selection = |seed_index: usize| SeedOutcome {
+        selected_round: Some(0),
+        selected: Some(evaluation()),
+        ..outcome(&setup, seed_index)
+    };
+    let run = setup
+        .report(
+            &baselines,
+            &[with_selection(0), with_selection(1)],
+            &mut |_: &str| {},
+        )
+        .expect("pooled");
+    let modes: Vec<&str> = run
+        .measurements
+        .results
+        .iter()
+        .map(|entry| entry.mode.as_str())
+        .collect();
+    for wanted in [
+        "ppo-seed0-selected-eval",
+        "ppo-selected-eval",
+        "compare-ppo-selected-vs-no-growth-seed1",
+        "ppo-selected-recovered-fraction",
+    ] {
+        assert!(modes.contains(&wanted), "no {wanted} in {modes:?}");
+    }
+    let seed0 = metrics_of(&run, "ppo-seed0-selected-eval");
+    assert_eq!(seed0["selected_round"], 0.0);
+    assert!(run.measurements.params["greedy_curve"]["every_rounds"] == 1);
+
+    // A seed without the selected evaluation in a run with a curve, and
+    // one with it in a run without, are refused.
+    let error = setup.report(
+        &baselines,
+        &[with_selection(0), outcome(&setup, 1)],
+        &mut |_: &str| {},
+    );
+    assert!(
+        error.is_err(),
+        "a seed without its selected evaluation was pooled"
+    );
+    let plain = quick_setup();
+    let plain_baselines = Baselines {
+        setup: plain.describe(),
+        figures: Vec::new(),
+    };
+    let stray = SeedOutcome {
+        selected_round: Some(0),
+        selected: Some(evaluation()),
+        ..outcome(&plain, 1)
+    };
+    let error = plain.report(
+        &plain_baselines,
+        &[outcome(&plain, 0), stray],
+        &mut |_: &str| {},
+    );
+    assert!(
+        error.is_err(),
+        "a selected evaluation without a curve was pooled"
+    );
+}
+
+#[test]
+fn the_comparisons_are_made_over_the_training_seeds_too() {
+    // Two seeds, 12 environments each: seed 0 two points above no growth
+    // everywhere, seed 1 one point below. Pooled over the 24 environments
+    // the mean gain is +0.5; over the seeds it is the mean of +2 and -1.
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
+    let figures = |baseline: Baseline, accuracy: f64| BaselineFigures {
+        baseline,
+        accuracies: vec![accuracy; environments],
+        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        germinations: 0,
+        fossilizations: 0,
+        missed: 0,
+        refused: 0,
+    };
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: vec![
+            figures(Baseline::NoGrowth, 50.0),
+            figures(Baseline::MaxGrowth, 52.0),
+        ],
+    };
+    let at = |seed_index: usize, accuracy: f64| {
+        let mut outcome = outcome(&setup, seed_index);
+        outcome.greedy.accuracies = vec![accuracy; environments];
+        outcome
+    };
+    let run = setup
+        .report(&baselines, &[at(0, 52.0), at(1, 49.0)], &mut |_: &str| {})
+        .expect("pooled");
+    let metrics = |mode: &str| metrics_of(&run, mode);
+    let pooled = metrics("compare-ppo-vs-no-growth");
+    assert_eq!(pooled["pairs"], 24.0);
+    assert!((pooled["mean_diff_pct"] - 0.5).abs() < 1e-9);
+    let seeds = metrics("compare-ppo-vs-no-growth-over-seeds");
+    assert_eq!(seeds["pairs"], 2.0);
+    assert!((seeds["mean_diff_pct"] - 0.5).abs() < 1e-9);
+    assert_eq!((seeds["wins"], seeds["losses"]), (1.0, 1.0));
+    // One win and one loss of two: nothing to reject; the pooled sign test
+    // (12 wins, 12 losses) says the same, but its interval is far narrower.
+    assert_eq!(seeds["sign_test_p"], 1.0);
+    assert!(
+        seeds["ci95_high_pct"] - seeds["ci95_low_pct"]
+            > pooled["ci95_high_pct"] - pooled["ci95_low_pct"]
+    );
+    assert!(metrics("compare-ppo-sampled-vs-max-growth-over-seeds")["pairs"] == 2.0);
+}
+
+#[test]
+fn the_seeds_evaluated_so_far_pool_into_a_partial_report() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let baselines = no_baselines(&setup);
+    let mut quiet = |_: &str| {};
+    // Seed 1 alone: pooled, and said to be partial.
+    let run = setup
+        .report_partial(&baselines, &[outcome(&setup, 1)], &mut quiet)
+        .expect("seed 1 pooled");
+    assert_eq!(run.measurements.params["partial"], true);
+    assert_eq!(
+        run.measurements.params["evaluated_seeds"],
+        serde_json::json!([1])
+    );
+    assert!(metrics_of(&run, "ppo-seed1-greedy-eval").contains_key("final_accuracy_pct"));
+    assert!(
+        run.measurements
+            .results
+            .iter()
+            .all(|entry| !entry.mode.contains("seed0")),
+        "a seed not given was pooled"
+    );
+    // Every seed: the record's figures, not partial.
+    let every = [outcome(&setup, 0), outcome(&setup, 1)];
+    let whole = setup
+        .report_partial(&baselines, &every, &mut quiet)
+        .expect("both seeds pooled");
+    assert_eq!(whole.measurements.params["partial"], false);
+    let record = setup
+        .report(&baselines, &every, &mut quiet)
+        .expect("the record");
+    // (As JSON: a comparison without baselines holds NaN, which is not
+    // equal to itself.)
+    let json = |run: &SimicBenchRun| serde_json::to_value(&run.measurements.results).expect("JSON");
+    assert_eq!(json(&whole), json(&record));
+    // The refusals that still hold.
+    let mut other = outcome(&setup, 1);
+    other.setup = "another run".to_owned();
+    for (name, parts) in [
+        ("nothing", vec![]),
+        ("a seed twice", vec![outcome(&setup, 1), outcome(&setup, 1)]),
+        ("a seed out of range", vec![outcome(&setup, 2)]),
+        ("another run", vec![other]),
+    ] {
+        assert!(
+            setup
+                .report_partial(&baselines, &parts, &mut quiet)
+                .is_err(),
+            "{name} was pooled"
+        );
+    }
+}
+
+#[test]
+fn two_seeds_that_acted_alike_are_named() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let baselines = no_baselines(&setup);
+    let mut lines = Vec::new();
+    let mut different = outcome(&setup, 1);
+    different.sampled.accuracies[0] = 51.0;
+    let run = setup
+        .report(
+            &baselines,
+            &[outcome(&setup, 0), different],
+            &mut |line: &str| lines.push(line.to_owned()),
+        )
+        .expect("pooled");
+    // The greedy evaluations are the same accuracy for accuracy, the
+    // sampled ones are not.
+    assert_eq!(
+        metrics_of(&run, "ppo-seed1-greedy-eval").get("same_outcome_as_seed"),
+        Some(&0.0)
+    );
+    assert!(!metrics_of(&run, "ppo-seed0-greedy-eval").contains_key("same_outcome_as_seed"));
+    assert!(!metrics_of(&run, "ppo-seed1-sampled-eval").contains_key("same_outcome_as_seed"));
+    assert!(
+        lines
+            .iter()
+            .any(|line| line.contains("seeds 0 and 1: the same greedy accuracy")),
+        "{lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|line| line.contains("the same sampled")),
+        "{lines:?}"
+    );
+}
