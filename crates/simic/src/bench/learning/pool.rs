@@ -172,6 +172,33 @@ pub(super) fn pool(
         &room,
         precision,
     ));
+    // The other scripted controllers against no growth on the same
+    // environments: what the heuristic and germinate-once gain, with the
+    // same statistics as the room.
+    for figures in baselines
+        .iter()
+        .filter(|f| matches!(f.baseline, Baseline::Heuristic | Baseline::GerminateOnce))
+    {
+        let gain = paired(&figures.accuracies, &none);
+        progress(&format!(
+            "  {} - no growth = {:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} \
+             wins/losses/ties, sign p {:.3}, permutation p {:.3})",
+            figures.baseline.name(),
+            gain.mean,
+            gain.ci95.0,
+            gain.ci95.1,
+            gain.wins,
+            gain.losses,
+            gain.ties,
+            gain.sign_p,
+            gain.permutation_p
+        ));
+        results.push(comparison_entry(
+            format!("compare-{}-vs-no-growth", figures.baseline.name()),
+            &gain,
+            precision,
+        ));
+    }
 
     for outcome in outcomes {
         results.extend(outcome.rounds.iter().cloned());

@@ -281,3 +281,55 @@ fn two_seeds_that_acted_alike_are_named() {
         "{lines:?}"
     );
 }
+
+#[test]
+fn the_heuristic_and_germinate_once_are_compared_with_no_growth() {
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
+    let figures = |baseline: Baseline, accuracies: Vec<f64>| BaselineFigures {
+        baseline,
+        accuracies,
+        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        germinations: 0,
+        fossilizations: 0,
+        missed: 0,
+        refused: 0,
+    };
+    // The heuristic one point above no growth everywhere; germinate-once
+    // half a point below in every environment but the first, a tie.
+    let mut once = vec![49.5; environments];
+    once[0] = 50.0;
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: vec![
+            figures(Baseline::NoGrowth, vec![50.0; environments]),
+            figures(Baseline::Heuristic, vec![51.0; environments]),
+            figures(Baseline::GerminateOnce, once),
+            figures(Baseline::MaxGrowth, vec![52.0; environments]),
+        ],
+    };
+    let run = setup
+        .report(
+            &baselines,
+            &[outcome(&setup, 0), outcome(&setup, 1)],
+            &mut |_: &str| {},
+        )
+        .expect("pooled");
+    let heuristic = metrics_of(&run, "compare-heuristic-vs-no-growth");
+    assert!((heuristic["mean_diff_pct"] - 1.0).abs() < 1e-9);
+    assert_eq!(heuristic["wins"], environments as f64);
+    let once = metrics_of(&run, "compare-germinate-once-vs-no-growth");
+    assert_eq!(
+        (once["wins"], once["losses"], once["ties"]),
+        (0.0, (environments - 1) as f64, 1.0)
+    );
+    assert!(once["mean_diff_pct"] < 0.0);
+    assert!(
+        run.measurements
+            .results
+            .iter()
+            .all(|entry| entry.mode != "compare-no-growth-vs-no-growth"),
+        "no growth was compared with itself"
+    );
+}
