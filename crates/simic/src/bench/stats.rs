@@ -46,6 +46,27 @@ pub struct Paired {
     pub permutation_exact: bool,
 }
 
+/// `+0.87 points (95% CI +0.64 to +1.10, 22/2/0 wins/losses/ties, sign p
+/// 0.000, permutation p 0.000)`: the line the benches print for a
+/// comparison.
+impl std::fmt::Display for Paired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} wins/losses/ties, sign p {:.3}, \
+             permutation p {:.3})",
+            self.mean,
+            self.ci95.0,
+            self.ci95.1,
+            self.wins,
+            self.losses,
+            self.ties,
+            self.sign_p,
+            self.permutation_p
+        )
+    }
+}
+
 /// The two-sided 97.5% quantile of Student's t with `df` degrees of freedom
 /// (the table below 10, then a Cornish-Fisher expansion around the
 /// normal's 1.959964; infinite at 0).

@@ -181,17 +181,8 @@ pub(super) fn pool(
     {
         let gain = paired(&figures.accuracies, &none);
         progress(&format!(
-            "  {} - no growth = {:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} \
-             wins/losses/ties, sign p {:.3}, permutation p {:.3})",
-            figures.baseline.name(),
-            gain.mean,
-            gain.ci95.0,
-            gain.ci95.1,
-            gain.wins,
-            gain.losses,
-            gain.ties,
-            gain.sign_p,
-            gain.permutation_p
+            "  {} - no growth = {gain}",
+            figures.baseline.name()
         ));
         results.push(comparison_entry(
             format!("compare-{}-vs-no-growth", figures.baseline.name()),
@@ -299,17 +290,8 @@ pub(super) fn pool(
         for (baseline, values) in &pooled {
             let comparison = paired(&pooled_policy, values);
             progress(&format!(
-                "  learned ({mode}) - {} = {:+.2} points (95% CI {:+.2} to {:+.2}, {}/{}/{} \
-                 wins/losses/ties, sign p {:.3}, permutation p {:.3})",
-                baseline.name(),
-                comparison.mean,
-                comparison.ci95.0,
-                comparison.ci95.1,
-                comparison.wins,
-                comparison.losses,
-                comparison.ties,
-                comparison.sign_p,
-                comparison.permutation_p
+                "  learned ({mode}) - {} = {comparison}",
+                baseline.name()
             ));
             results.push(comparison_entry(
                 format!("compare-ppo{tag}-vs-{}", baseline.name()),

@@ -105,18 +105,7 @@ impl LearningSetup {
             let id = blueprint.blueprint_id();
             results.push(entry(format!("max-growth-{id}-eval"), figures));
             let gain = paired(&figures.accuracies, &none.accuracies);
-            progress(&format!(
-                "  max growth with {id} - no growth = {:+.2} points (95% CI {:+.2} to {:+.2}, \
-                 {}/{}/{} wins/losses/ties, sign p {:.3}, permutation p {:.3})",
-                gain.mean,
-                gain.ci95.0,
-                gain.ci95.1,
-                gain.wins,
-                gain.losses,
-                gain.ties,
-                gain.sign_p,
-                gain.permutation_p
-            ));
+            progress(&format!("  max growth with {id} - no growth = {gain}"));
             results.push(comparison_entry(
                 format!("compare-max-growth-{id}-vs-no-growth"),
                 &gain,
