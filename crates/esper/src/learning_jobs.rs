@@ -252,7 +252,7 @@ pub(crate) fn run_jobs(
     // baseline's figures do not depend on what else the device runs.
     let baselines_path = parts_dir.join("baselines.json");
     let baselines = match read_part::<Baselines>(&baselines_path) {
-        Some(kept) if kept.setup() == describe => {
+        Some(kept) if setup.fits(&kept) => {
             progress(&format!(
                 "the baselines kept in {}",
                 baselines_path.display()

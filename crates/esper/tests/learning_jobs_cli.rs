@@ -265,6 +265,41 @@ fn only_seeds_leave_the_parts_and_their_small_files_finish_the_run_elsewhere() {
 }
 
 #[test]
+fn baselines_are_kept_for_another_twin_weight() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let first = dir.path().join("first.json");
+    let twin = |weight: &'static str| {
+        [
+            "--label",
+            "jobs",
+            "--jobs",
+            "2",
+            "--only-seeds",
+            "1",
+            "--set",
+            weight,
+        ]
+    };
+    let stderr = run(&first, &twin("reward.twin_delta_weight=1"));
+    assert!(stderr.contains("baselines on the"), "{stderr}");
+    // The baselines carry to a run with another twin weight: they run
+    // without a twin, whatever the weight.
+    let carried = dir.path().join("second.json.parts");
+    std::fs::create_dir_all(&carried).expect("the carried parts");
+    std::fs::copy(
+        dir.path().join("first.json.parts").join("baselines.json"),
+        carried.join("baselines.json"),
+    )
+    .expect("the baselines part");
+    let stderr = run(
+        &dir.path().join("second.json"),
+        &twin("reward.twin_delta_weight=3"),
+    );
+    assert!(stderr.contains("the baselines kept"), "{stderr}");
+    assert!(!stderr.contains("baselines on the"), "{stderr}");
+}
+
+#[test]
 fn a_greedy_curve_and_its_selected_policy_pool_the_same_in_child_processes() {
     // The selected policy travels in the trained policy's checkpoint from
     // the child that trains to the one that evaluates.

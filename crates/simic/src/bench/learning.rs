@@ -137,6 +137,25 @@ fn insert_chosen_fractions(
     }
 }
 
+/// The prefix of the twin term's weight in a run's settings.
+const TWIN_SETTING: &str = "reward.twin_delta_weight=";
+
+/// `setup` ([`LearningSetup::describe`]) without the twin term's weight in
+/// its settings list; a string of another form is returned as it is.
+fn without_twin(setup: &str) -> String {
+    let Some((head, rest)) = setup.split_once(" settings [") else {
+        return setup.to_owned();
+    };
+    let Some(list) = rest.strip_suffix(']') else {
+        return setup.to_owned();
+    };
+    let kept: Vec<&str> = list
+        .split(' ')
+        .filter(|setting| !setting.starts_with(TWIN_SETTING))
+        .collect();
+    format!("{head} settings [{}]", kept.join(" "))
+}
+
 /// One baseline's figures on the shared evaluation environments.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -166,10 +185,14 @@ fn run_baselines(
     device: tch::Device,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<BaselineFigures>> {
-    let eval_config = SimicConfig {
+    // No twin beside the baselines: it is trained beside its host and
+    // changes nothing of it (`tests/twin.rs`), and it pays only a reward the
+    // baselines do not report.
+    let mut eval_config = SimicConfig {
         seed: EVAL_ENV_SEED,
         ..config.clone()
     };
+    eval_config.reward.twin_delta_weight = 0.0;
     let mut figures = Vec::new();
     for baseline in [
         Baseline::NoGrowth,
@@ -200,13 +223,13 @@ fn run_baselines(
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Baselines {
-    /// [`LearningSetup::describe`] of the run that measured them.
+    /// [`LearningSetup::baselines_setup`] of the run that measured them.
     setup: String,
     figures: Vec<BaselineFigures>,
 }
 
 impl Baselines {
-    /// The run they were measured for ([`LearningSetup::describe`]).
+    /// The run they were measured for ([`LearningSetup::baselines_setup`]).
     pub fn setup(&self) -> &str {
         &self.setup
     }
@@ -307,6 +330,21 @@ impl LearningSetup {
         )
     }
 
+    /// What the baselines depend on: [`LearningSetup::describe`] without
+    /// the twin term's weight (`reward.twin_delta_weight`), which changes
+    /// no baseline's figure: the baselines run without a twin.
+    pub fn baselines_setup(&self) -> String {
+        without_twin(&self.describe())
+    }
+
+    /// Whether `baselines` were measured for this run: their setup is this
+    /// run's, the twin term's weight aside ([`LearningSetup::baselines_setup`];
+    /// baselines written before the twin was left out of them name its
+    /// weight, and fit every weight as well).
+    pub fn fits(&self, baselines: &Baselines) -> bool {
+        without_twin(&baselines.setup) == self.baselines_setup()
+    }
+
     /// The baselines, once, on the shared evaluation environments.
     pub fn baselines(&self, progress: &mut dyn FnMut(&str)) -> Result<Baselines> {
         progress(&format!(
@@ -316,7 +354,7 @@ impl LearningSetup {
         ));
         let figures = run_baselines(&self.spec, &self.config, self.device, progress)?;
         Ok(Baselines {
-            setup: self.describe(),
+            setup: self.baselines_setup(),
             figures,
         })
     }

@@ -472,10 +472,11 @@ impl LearningSetup {
                 self.seeds
             )));
         }
-        if baselines.setup != expected {
+        if !self.fits(baselines) {
             return Err(refuse(format!(
-                "the baselines are of another run ({:?}, this run is {expected:?})",
-                baselines.setup
+                "the baselines are of another run ({:?}, this run's are {:?})",
+                baselines.setup,
+                self.baselines_setup()
             )));
         }
         Ok(pool(self, &baselines.figures, &ordered, progress))

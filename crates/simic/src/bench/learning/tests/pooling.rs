@@ -45,6 +45,57 @@ fn parts_of_another_run_or_missing_seeds_are_refused() {
 }
 
 #[test]
+fn baselines_fit_every_twin_weight_and_nothing_else() {
+    let _rng = crate::global_rng_lock();
+    let setup_of = |settings: &[&str]| {
+        let mut options = cpu_options(2, None);
+        options.settings = settings.iter().map(|s| (*s).to_owned()).collect();
+        LearningSetup::new(&options, 1).expect("the quick protocol's setup")
+    };
+    let escrow = setup_of(&["reward.mode=escrow"]);
+    let twin5 = setup_of(&["reward.mode=escrow", "reward.twin_delta_weight=5"]);
+    let twin20 = setup_of(&["reward.twin_delta_weight=20", "reward.mode=escrow"]);
+    let shaped = setup_of(&["reward.twin_delta_weight=5"]);
+    // The baselines' setup leaves the twin out; the training's keeps it.
+    assert_eq!(twin5.baselines_setup(), escrow.baselines_setup());
+    assert!(twin5.describe().contains("reward.twin_delta_weight=5"));
+    assert!(!twin5.baselines_setup().contains("twin"));
+    assert_ne!(twin5.describe(), twin20.describe());
+    // Baselines written with the twin's weight in their setup (before it
+    // was left out of them) fit every weight, as today's do.
+    let written_with_twin = Baselines {
+        setup: twin5.describe(),
+        figures: Vec::new(),
+    };
+    for setup in [&escrow, &twin5, &twin20] {
+        assert!(setup.fits(&written_with_twin), "{}", setup.describe());
+        assert!(setup.fits(&no_baselines(&escrow)), "{}", setup.describe());
+    }
+    // Another reward mode, or any other setting, is another run.
+    assert!(!shaped.fits(&written_with_twin));
+    assert!(!escrow.fits(&no_baselines(&shaped)));
+    assert!(!escrow.fits(&Baselines {
+        setup: "another run".to_owned(),
+        figures: Vec::new(),
+    }));
+    // The pooling takes them: the seeds' parts must still be this run's.
+    let mut quiet = |_: &str| {};
+    let seeds = [outcome(&twin20, 0), outcome(&twin20, 1)];
+    assert!(
+        twin20
+            .report(&written_with_twin, &seeds, &mut quiet)
+            .is_ok()
+    );
+    let of_twin5 = [outcome(&twin5, 0), outcome(&twin5, 1)];
+    assert!(
+        twin20
+            .report(&written_with_twin, &of_twin5, &mut quiet)
+            .is_err(),
+        "seeds trained with another twin weight were pooled"
+    );
+}
+
+#[test]
 fn what_an_evaluated_policy_grew_is_in_its_entry() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
