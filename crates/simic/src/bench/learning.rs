@@ -109,10 +109,22 @@ pub fn training_seed(index: usize) -> u64 {
     (index as u64).wrapping_mul(1_000_003).wrapping_add(1)
 }
 
-/// A round's reward, accuracies, seeds and lifecycle counts, for progress.
+/// A round's reward, accuracies, seeds and lifecycle counts (with the
+/// blueprints germinated, where any was), for progress.
 fn round_summary(report: &crate::vectorized::RoundReport) -> String {
+    let blueprints = if report.actions.germinated.is_empty() {
+        String::new()
+    } else {
+        let grown: Vec<String> = report
+            .actions
+            .germinated
+            .iter()
+            .map(|(blueprint, count)| format!("{blueprint} {count}"))
+            .collect();
+        format!(" ({})", grown.join(", "))
+    };
     format!(
-        "reward {:.2}, acc {:?}, seeds {:.2}, germ {} foss {} prune {}",
+        "reward {:.2}, acc {:?}, seeds {:.2}, germ {}{blueprints} foss {} prune {}",
         report.mean_episode_reward,
         report.final_accuracies,
         report.mean_active_seeds,
@@ -451,6 +463,11 @@ impl LearningSetup {
             metrics.insert("germinations".to_owned(), report.germinations as f64);
             metrics.insert("prunes".to_owned(), report.prunes as f64);
             insert_chosen_fractions(&report, &mut metrics);
+            // What the sampled policy grows, round by round: whether it
+            // learns to tell a blueprint that pays from one that costs.
+            for (blueprint, count) in &report.actions.germinated {
+                metrics.insert(format!("germinated_{blueprint}"), *count as f64);
+            }
             let last = round.saturating_add(1) == self.rounds;
             if let Some(every) = self.greedy_every
                 && (round.saturating_add(1).checked_rem(every) == Some(0) || last)

@@ -174,7 +174,17 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
     let (b, curved_curve) = (curved_run.simic, curved_run.curve);
     assert_eq!(plain_curve.len(), 2);
     assert_eq!(curved_curve.len(), 2);
+    let mut germinated = 0.0;
     for (round, (without, with)) in plain_curve.iter().zip(&curved_curve).enumerate() {
+        // The training round's blueprint counts add up to its germinations.
+        let sampled: f64 = without
+            .metrics
+            .iter()
+            .filter(|(key, _)| key.starts_with("germinated_"))
+            .map(|(_, count)| count)
+            .sum();
+        assert_eq!(sampled, without.metrics["germinations"], "round {round}");
+        germinated += sampled;
         let accuracy = with.metrics["greedy_accuracy_pct"];
         assert!((0.0..=100.0).contains(&accuracy), "{accuracy}");
         assert!(with.metrics.contains_key("greedy_fossilizations"));
@@ -196,6 +206,7 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
         assert_eq!(&stripped, without, "round {round} changed");
         assert!(!without.metrics.contains_key("greedy_accuracy_pct"));
     }
+    assert!(germinated > 0.0, "the untrained policy germinated nothing");
     assert_eq!(
         lines
             .iter()
