@@ -40,6 +40,15 @@ fn evaluation() -> Evaluation {
     }
 }
 
+/// The sum of the metrics whose names start with `prefix`.
+fn sum_of(metrics: &std::collections::BTreeMap<String, f64>, prefix: &str) -> f64 {
+    metrics
+        .iter()
+        .filter(|(key, _)| key.starts_with(prefix))
+        .map(|(_, value)| value)
+        .sum()
+}
+
 /// Baselines of `setup`'s run without figures (what the refusals and the
 /// entry names need).
 fn no_baselines(setup: &LearningSetup) -> Baselines {
@@ -177,24 +186,14 @@ fn the_greedy_curve_leaves_the_training_as_it_was() {
     let mut germinated = 0.0;
     for (round, (without, with)) in plain_curve.iter().zip(&curved_curve).enumerate() {
         // The training round's blueprint counts add up to its germinations.
-        let sampled: f64 = without
-            .metrics
-            .iter()
-            .filter(|(key, _)| key.starts_with("germinated_"))
-            .map(|(_, count)| count)
-            .sum();
+        let sampled = sum_of(&without.metrics, "germinated_");
         assert_eq!(sampled, without.metrics["germinations"], "round {round}");
         germinated += sampled;
         let accuracy = with.metrics["greedy_accuracy_pct"];
         assert!((0.0..=100.0).contains(&accuracy), "{accuracy}");
         assert!(with.metrics.contains_key("greedy_fossilizations"));
         // The blueprint counts add up to the point's germinations.
-        let by_blueprint: f64 = with
-            .metrics
-            .iter()
-            .filter(|(key, _)| key.starts_with("greedy_germinated_"))
-            .map(|(_, count)| count)
-            .sum();
+        let by_blueprint = sum_of(&with.metrics, "greedy_germinated_");
         assert_eq!(
             by_blueprint, with.metrics["greedy_germinations"],
             "round {round}"
