@@ -1,7 +1,8 @@
 //! `cargo xtask bundle`: the bench bundle for the GPU machine, which has no
 //! Rust toolchain and no network. Release `esper` (every benchmark workload
 //! runs through it), the GPU test binaries (xz-compressed as `tests.tar.xz`), the
-//! Python peers and `scripts/bundle_run.sh` as `run.sh`, stripped, in the
+//! Python peers, `scripts/bundle_run.sh` as `run.sh` and `scripts/bundle_study.sh`
+//! as `study.sh` (a `simic-learning` run over several device calls), stripped, in the
 //! git-ignored `bundle/` with the Fashion-MNIST files, under 60 MiB.
 
 use std::path::{Path, PathBuf};
@@ -112,9 +113,14 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
     if fake_cifar.is_file() {
         std::fs::copy(&fake_cifar, bundle.join("make_fake_cifar.py"))?;
     }
-    let run_script = bundle.join("run.sh");
-    std::fs::copy(root.join("scripts/bundle_run.sh"), &run_script)?;
-    set_executable(&run_script)?;
+    for (script, name) in [
+        ("scripts/bundle_run.sh", "run.sh"),
+        ("scripts/bundle_study.sh", "study.sh"),
+    ] {
+        let target = bundle.join(name);
+        std::fs::copy(root.join(script), &target)?;
+        set_executable(&target)?;
+    }
     std::fs::write(
         bundle.join("GIT_REV"),
         format!("{}\n", crate::probe::git_rev(root)),
