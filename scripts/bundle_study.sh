@@ -12,7 +12,7 @@
 #   console.log              this call's console
 #   LABEL.json(.png,.svg)    the record, once every seed is evaluated
 #   parts.tgz                the parts folder's small files (baselines.json, seed-K.json,
-#                            seed-K-evaluated.json, partial.json); the trained policies stay
+#                            seed-K-evaluated.json, partial.json with its picture); the trained policies stay
 #                            behind (too large to come back), so carry these to finish the
 #                            run's other seeds in a later session
 #
@@ -59,7 +59,9 @@ for file in "$study/simic-learning/$label".json "$study/simic-learning/$label".p
   [ -f "$file" ] && cp "$file" "$returned/"
 done
 if [ -d "$parts" ]; then
-  (cd "$parts" && ls ./*.json >/dev/null 2>&1 && tar czf "$returned/parts.tgz" ./*.json)
+  # The pooled picture of the seeds evaluated so far comes back beside them.
+  (cd "$parts" && ls ./*.json >/dev/null 2>&1 &&
+    tar czf "$returned/parts.tgz" ./*.json $(ls ./partial.png ./partial.svg 2>/dev/null))
 fi
 # A stop at the budget is this script working as meant, not a failure.
 [ "$rc" = 124 ] && exit 0
