@@ -306,15 +306,28 @@ impl LayerNorm {
         })
     }
 
+    /// As fused kernels on CUDA for a dense input (`torch_ext::nn::layer_norm`,
+    /// which falls back to libtorch's op where they do not apply, with the
+    /// same results up to float rounding).
+    ///
     /// # Shapes
     /// `[..., C] -> [..., C]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.f_layer_norm(
-            [self.width].as_slice(),
-            Some(&self.weight),
-            Some(&self.bias),
+        let size = x.size();
+        if size.last() != Some(&self.width) {
+            let mut expected = vec![-1; size.len().saturating_sub(1)];
+            expected.push(self.width);
+            return Err(crate::Error::ShapeMismatch {
+                op: "LayerNorm input",
+                expected,
+                got: size,
+            });
+        }
+        Ok(torch_ext::nn::layer_norm(
+            x,
+            &self.weight,
+            &self.bias,
             NORM_EPS,
-            true,
         )?)
     }
 }

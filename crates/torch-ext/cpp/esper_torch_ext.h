@@ -188,6 +188,11 @@ int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
 // CUDA tensor; kernels: forward, backward, reduction (nn_group_norm.cpp).
 char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, double eps,
                             void* const* kernels, void** out);
+// layer_norm(x, [C], weight, bias, eps) over the last dimension of a dense
+// f32 or bf16 CUDA tensor (C a multiple of 4, at most 512); kernels:
+// forward, backward, reduction (nn_layer_norm.cpp).
+char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* const* kernels,
+                       void** out);
 // lerp(host, seed, weight) with one f32 weight per sample ([N] or [1]) read
 // on the device; host and seed share one dense layout; kernels: forward,
 // backward (nn_blend.cpp).

@@ -319,6 +319,14 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_layer_norm(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        eps: f64,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_blend_lerp(
         host: *mut c_void,
         seed: *mut c_void,

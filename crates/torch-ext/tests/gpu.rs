@@ -42,6 +42,9 @@ mod nn;
 #[path = "gpu/blend.rs"]
 mod blend;
 
+#[path = "gpu/layer_norm.rs"]
+mod layer_norm;
+
 #[path = "gpu/copies.rs"]
 mod copies;
 

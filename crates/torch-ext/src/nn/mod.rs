@@ -49,6 +49,13 @@
 //!   [`blend_lerp_replicated`] blends a batch's replicated copies (the
 //!   counterfactual configurations) forward only, reading the batch once
 //!   per copy instead of copying it first.
+//! - [`layer_norm`]: layer normalisation over the last dimension (the
+//!   transformer host's), one warp a row with the row in registers: one
+//!   kernel forward, one backward (the input gradient and each block's
+//!   per-column sums), then the fixed-order reduction into the weight and
+//!   bias gradients. libtorch spends a separate kernel on the weight and
+//!   bias gradients that, for rows of 128 values, took longer than the rest
+//!   of the layer's backward (`baselines/perf/tolaria-lm/NOTES.md`).
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -90,11 +97,13 @@ use crate::jit::{JitKernel, KernelCache};
 mod blend;
 mod blend_source;
 mod conv_source;
+mod layer_norm_source;
 mod norm_source;
 mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
 use blend_source::BLEND_SOURCE;
 use conv_source::CONV_SOURCE;
+use layer_norm_source::LAYER_NORM_SOURCE;
 use norm_source::GROUP_NORM_SOURCE;
 use source::SOURCE;
 
@@ -108,6 +117,10 @@ pub const MAX_DIRECT_CONV_CHANNELS: i64 = 64;
 /// Most channels the fused normalisation takes (one block pass holds at
 /// least one row of every channel); wider tensors use libtorch's op.
 pub const MAX_FUSED_CHANNELS: i64 = 256;
+
+/// Widest last dimension the fused [`layer_norm`] takes (a warp holds a row
+/// in registers); wider rows use libtorch's op.
+pub const MAX_FUSED_LAYER_NORM_WIDTH: i64 = 512;
 
 static FUSED: AtomicBool = AtomicBool::new(true);
 
@@ -144,13 +157,15 @@ struct Kernels {
     gn_backward_narrow: JitKernel,
     blend_forward: JitKernel,
     blend_backward: JitKernel,
+    ln_forward: JitKernel,
+    ln_backward: JitKernel,
 }
 
 /// The whole CUDA source for one dtype and width (every kernel of
 /// [`Kernels`]).
 fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -187,6 +202,8 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 gn_backward_narrow: load("esper_gn_relu_backward_narrow")?,
                 blend_forward: load("esper_blend_lerp_forward")?,
                 blend_backward: load("esper_blend_lerp_backward")?,
+                ln_forward: load("esper_ln_forward")?,
+                ln_backward: load("esper_ln_backward")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })
@@ -524,6 +541,78 @@ pub fn group_norm_relu(
                 out,
             )
         })
+    }
+}
+
+/// `layer_norm(x, [C], weight, bias, eps)` over the last dimension, the
+/// fused kernels where they apply (see the module docs), libtorch's
+/// `layer_norm` otherwise.
+///
+/// The fused path takes a dense CUDA `f32` tensor, or a `bf16` one while
+/// CUDA autocast is off (under autocast libtorch's `layer_norm` computes in
+/// `f32` and returns `f32`, so a `bf16` input takes libtorch's op there), a
+/// last dimension `C` of a multiple of four up to [`MAX_FUSED_LAYER_NORM_WIDTH`],
+/// and `weight` and `bias` as contiguous `f32` `[C]` tensors on `x`'s
+/// device. Its output has `x`'s dtype, as libtorch's outside autocast.
+///
+/// # Shapes
+/// `x: [..., C]`, `weight`, `bias` `[C]`; returns `x`'s shape.
+///
+/// # Errors
+/// libtorch's error for tensors that do not fit together; [`Error::Cpp`]
+/// when the kernels cannot be compiled or launched.
+pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    const OP: &str = "nn::layer_norm";
+    let width = x.size().last().copied().unwrap_or(0);
+    let per_channel_ok = [weight, bias]
+        .into_iter()
+        .all(|t| per_channel_f32(t, width, x));
+    let shape_ok = width >= 4
+        && width % 4 == 0
+        && width <= MAX_FUSED_LAYER_NORM_WIDTH
+        && i64::try_from(x.numel()).is_ok_and(|n| n / width <= i64::from(i32::MAX));
+    let fused = layer_norm_target(x)
+        .filter(|_| per_channel_ok && shape_ok && x.is_contiguous() && four_channels(x, width));
+    let Some((device, bf16)) = fused else {
+        return x
+            .f_layer_norm([width].as_slice(), Some(weight), Some(bias), eps, true)
+            .map_err(|error| torch(OP, error));
+    };
+    let k = kernels(OP, device, bf16, true)?;
+    let handles = [k.ln_forward.raw(), k.ln_backward.raw(), k.conv_reduce.raw()];
+    // SAFETY: as in `batch_norm_relu`.
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_layer_norm(
+                ffi::tensor_ptr(x),
+                ffi::tensor_ptr(weight),
+                ffi::tensor_ptr(bias),
+                eps,
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
+}
+
+/// [`fused_target`] for [`layer_norm`]: any rank of at least one, and a
+/// `bf16` input only while CUDA autocast is off.
+fn layer_norm_target(x: &Tensor) -> Option<(usize, bool)> {
+    if !fused_kernels_enabled() || x.dim() == 0 {
+        return None;
+    }
+    let Device::Cuda(device) = x.device() else {
+        return None;
+    };
+    match x.kind() {
+        Kind::Float => Some((device, false)),
+        Kind::BFloat16 => {
+            let autocast = crate::autocast::autocast_state(crate::autocast::AutocastDevice::Cuda);
+            autocast
+                .is_ok_and(|state| !state.enabled)
+                .then_some((device, true))
+        }
+        _ => None,
     }
 }
 

@@ -26,6 +26,8 @@ fn every_kernel_variant_compiles() {
                         "esper_bn_relu_eval",
                         "esper_blend_lerp_forward",
                         "esper_blend_lerp_backward",
+                        "esper_ln_forward",
+                        "esper_ln_backward",
                     ] {
                         assert!(
                             cubin.contains_symbol(name),
@@ -41,4 +43,19 @@ fn every_kernel_variant_compiles() {
             }
         }
     }
+}
+
+/// Off CUDA, `layer_norm` is libtorch's op, with its clear error for a
+/// weight that does not fit.
+#[test]
+fn layer_norm_on_the_cpu_is_libtorchs() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let x = Tensor::randn([3, 5, 8], cpu);
+    let (weight, bias) = (Tensor::rand([8], cpu), Tensor::randn([8], cpu));
+    let y = layer_norm(&x, &weight, &bias, 1e-5).unwrap();
+    let expected = x.layer_norm([8].as_slice(), Some(&weight), Some(&bias), 1e-5, true);
+    assert!(y.equal(&expected));
+    let wrong = Tensor::ones([5], cpu);
+    assert!(layer_norm(&x, &wrong, &bias, 1e-5).is_err());
+    assert!(layer_norm(&Tensor::ones([0], cpu), &weight, &bias, 1e-5).is_err());
 }

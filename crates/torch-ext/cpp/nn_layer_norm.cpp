@@ -1,0 +1,138 @@
+// nn_layer_norm.cpp: layer_norm(x) over the last dimension of dense [..., C]
+// rows as an autograd function whose forward and backward launch run-time
+// compiled kernels (src/nn/layer_norm_source.rs): one warp a row. Forward:
+// one kernel (the output, the rows' mean and 1/std saved). Backward: one
+// kernel for the input gradient and the blocks' per-column sums, then the
+// convolution source's fixed-order reduction of those sums into the weight
+// and bias gradients.
+#include "esper_torch_ext.h"
+#include "error.h"
+#include "nn_internal.h"
+
+#include <c10/cuda/CUDAGuard.h>
+
+namespace {
+
+using namespace esper::nn;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The kernels' widest row (src/nn/layer_norm_source.rs: LN_MAX_C).
+constexpr int64_t kMaxWidth = 512;
+
+// Blocks of eight warps a row pass: about `rows_per_warp` rows a warp, at
+// most `per_sm` blocks an SM.
+int row_blocks(int64_t rows, int rows_per_warp, int per_sm, int sms) {
+  const int64_t per_block = 8 * static_cast<int64_t>(rows_per_warp);
+  const int64_t wanted = (rows + per_block - 1) / per_block;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, per_sm * sms)));
+}
+
+class LayerNorm : public torch::autograd::Function<LayerNorm> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps, int64_t forward_kernel,
+                            int64_t backward_kernel, int64_t reduce_kernel) {
+    c10::cuda::CUDAGuard guard(x.device());
+    int width = static_cast<int>(x.size(-1));
+    int rows = static_cast<int>(x.numel() / std::max<int64_t>(1, width));
+    float epsilon = static_cast<float>(eps);
+    at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto f32 = x.options().dtype(at::kFloat);
+    at::Tensor mean = at::empty({rows}, f32);
+    at::Tensor rstd = at::empty({rows}, f32);
+    const void* x_ptr = x.data_ptr();
+    const void* w_ptr = weight.data_ptr();
+    const void* b_ptr = bias.data_ptr();
+    void* y_ptr = y.data_ptr();
+    void* mean_ptr = mean.data_ptr();
+    void* rstd_ptr = rstd.data_ptr();
+    void* args[] = {&x_ptr, &w_ptr, &b_ptr, &y_ptr, &mean_ptr, &rstd_ptr, &rows, &width, &epsilon};
+    const int blocks = row_blocks(rows, 2, 8, sm_count(x));
+    esper::jit_launch(reinterpret_cast<void*>(forward_kernel), dim3(blocks), dim3(kThreads), 0,
+                      args, stream_of(x));
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    ctx->saved_data["backward"] = backward_kernel;
+    ctx->saved_data["reduce"] = reduce_kernel;
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    variable_list out(7);
+    if (!grads[0].defined()) {
+      return out;
+    }
+    c10::cuda::CUDAGuard guard(x.device());
+    at::Tensor dy = aligned(grads[0].to(x.scalar_type()).contiguous(), at::MemoryFormat::Contiguous);
+    int width = static_cast<int>(x.size(-1));
+    int rows = static_cast<int>(x.numel() / std::max<int64_t>(1, width));
+    int blocks = row_blocks(rows, 4, 2, sm_count(x));
+    at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    auto f32 = x.options().dtype(at::kFloat);
+    at::Tensor partials = at::empty({blocks, 2 * static_cast<int64_t>(width)}, f32);
+    at::Tensor sums = at::empty({2 * static_cast<int64_t>(width)}, f32);
+    const void* x_ptr = x.data_ptr();
+    const void* dy_ptr = dy.data_ptr();
+    const void* w_ptr = weight.data_ptr();
+    const void* mean_ptr = saved[3].data_ptr();
+    const void* rstd_ptr = saved[4].data_ptr();
+    void* dx_ptr = dx.data_ptr();
+    void* partials_ptr = partials.data_ptr();
+    void* sums_ptr = sums.data_ptr();
+    cudaStream_t stream = stream_of(x);
+    {
+      void* args[] = {&x_ptr,  &dy_ptr,       &w_ptr, &mean_ptr, &rstd_ptr,
+                      &dx_ptr, &partials_ptr, &rows,  &width};
+      esper::jit_launch(handle(ctx, "backward"), dim3(blocks), dim3(kThreads), 0, args, stream);
+    }
+    {
+      int out_size = 2 * width;
+      void* args[] = {&partials_ptr, &sums_ptr, &blocks, &out_size};
+      esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0, args,
+                        stream);
+    }
+    out[0] = dx;
+    out[1] = sums.narrow(0, 0, width).to(weight.scalar_type());
+    out[2] = sums.narrow(0, width, width).to(saved[2].scalar_type());
+    return out;
+  }
+};
+
+}  // namespace
+
+extern "C" {
+
+char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* const* kernels,
+                       void** out) {
+  ESPER_TRY
+  *out = nullptr;
+  TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr &&
+                  kernels[0] != nullptr && kernels[1] != nullptr && kernels[2] != nullptr,
+              "layer_norm: null argument");
+  const auto& input = *static_cast<const at::Tensor*>(x);
+  const auto& w = *static_cast<const at::Tensor*>(weight);
+  const auto& b = *static_cast<const at::Tensor*>(bias);
+  TORCH_CHECK(input.is_cuda() && input.dim() >= 1 && input.is_contiguous() && aligned16(input) &&
+                  (input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16),
+              "layer_norm: expected an aligned contiguous f32 or bf16 CUDA tensor");
+  const int64_t width = input.size(-1);
+  TORCH_CHECK(width >= 4 && width % 4 == 0 && width <= kMaxWidth,
+              "layer_norm: a last dimension of ", width, " (the kernels take multiples of 4 up to ",
+              kMaxWidth, ")");
+  TORCH_CHECK(input.numel() / width <= INT32_MAX,
+              "layer_norm: more rows than 32-bit indexing covers");
+  for (const at::Tensor* t : {&w, &b}) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == width && t->scalar_type() == at::kFloat &&
+                    t->is_contiguous() && t->device() == input.device(),
+                "layer_norm: weight and bias must be contiguous f32 [C] on the input's device");
+  }
+  at::Tensor y = LayerNorm::apply(input, w, b, eps, as_int(kernels[0]), as_int(kernels[1]),
+                                  as_int(kernels[2]));
+  *out = new at::Tensor(std::move(y));
+  ESPER_CATCH
+}
+
+}  // extern "C"

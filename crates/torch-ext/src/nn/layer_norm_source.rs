@@ -1,0 +1,149 @@
+//! The CUDA C source of layer normalisation over the last dimension
+//! (appended to [`super::source::SOURCE`], whose `T`, `THREADS` and
+//! four-value loads and stores it uses): one warp a row, the row held in
+//! registers, so the forward reads the input once and the backward reads
+//! the input and its gradient once. The weight and bias gradients are the
+//! blocks' per-column partial sums, added up by the convolution source's
+//! fixed-order reduction. Every sum is taken in a fixed order (a warp's
+//! butterfly, then the block's warps in order, then the blocks in order),
+//! so results are deterministic.
+
+pub(in crate::nn) const LAYER_NORM_SOURCE: &str = r#"
+// ---- layer norm over the last dimension of dense [M, C] rows ----
+// C % 4 == 0 and C <= 4 * 32 * LN_CHUNKS; lane l of a warp holds columns
+// 4 l + 128 k (k < LN_CHUNKS) of its row.
+#define LN_CHUNKS 4
+#define LN_MAX_C (128 * LN_CHUNKS)
+#define LN_WARPS (THREADS / 32)
+
+__device__ __forceinline__ float ln_warp_sum(float v) {
+    #pragma unroll
+    for (int offset = 16; offset >= 1; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// y = (x - mean) * rstd * gamma + beta, with the biased variance, as
+// libtorch's layer_norm; mean and rstd saved per row (f32).
+extern "C" __global__ void esper_ln_forward(const T* __restrict__ x,
+                                            const float* __restrict__ gamma,
+                                            const float* __restrict__ beta, T* __restrict__ y,
+                                            float* __restrict__ mean_out,
+                                            float* __restrict__ rstd_out, int M, int C,
+                                            float eps) {
+    const int lane = threadIdx.x % 32;
+    const int stride = gridDim.x * LN_WARPS;
+    for (int r = blockIdx.x * LN_WARPS + threadIdx.x / 32; r < M; r += stride) {
+        const long long base = (long long)r * C;
+        float v[LN_CHUNKS][4];
+        float s = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < LN_CHUNKS; ++k) {
+            const int c = 4 * lane + 128 * k;
+            if (c < C) {
+                load4(x, base + c, v[k]);
+                s += (v[k][0] + v[k][1]) + (v[k][2] + v[k][3]);
+            }
+        }
+        const float mu = ln_warp_sum(s) / C;
+        float q = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < LN_CHUNKS; ++k) {
+            const int c = 4 * lane + 128 * k;
+            if (c < C) {
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float d = v[k][j] - mu;
+                    q += d * d;
+                }
+            }
+        }
+        const float rstd = rsqrtf(ln_warp_sum(q) / C + eps);
+        #pragma unroll
+        for (int k = 0; k < LN_CHUNKS; ++k) {
+            const int c = 4 * lane + 128 * k;
+            if (c < C) {
+                float o[4];
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) o[j] = (v[k][j] - mu) * rstd * gamma[c + j] + beta[c + j];
+                store4(y, base + c, o);
+            }
+        }
+        if (lane == 0) {
+            mean_out[r] = mu;
+            rstd_out[r] = rstd;
+        }
+    }
+}
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma, per row;
+// and this block's partial weight and bias gradients, sum(dy xhat) and
+// sum(dy) per column over its rows: partials[block][0, C) and [C, 2C).
+extern "C" __global__ void esper_ln_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                                             const float* __restrict__ gamma,
+                                             const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, T* __restrict__ dx,
+                                             float* __restrict__ partials, int M, int C) {
+    __shared__ float red[LN_WARPS][2 * LN_MAX_C];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int stride = gridDim.x * LN_WARPS;
+    float dg[LN_CHUNKS][4], db[LN_CHUNKS][4];
+    #pragma unroll
+    for (int k = 0; k < LN_CHUNKS; ++k) {
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) dg[k][j] = db[k][j] = 0.0f;
+    }
+    for (int r = blockIdx.x * LN_WARPS + warp; r < M; r += stride) {
+        const long long base = (long long)r * C;
+        const float mu = mean[r], rs = rstd[r];
+        float xh[LN_CHUNKS][4], g[LN_CHUNKS][4];
+        float a = 0.0f, b = 0.0f;
+        #pragma unroll
+        for (int k = 0; k < LN_CHUNKS; ++k) {
+            const int c = 4 * lane + 128 * k;
+            if (c < C) {
+                float xv[4], gv[4];
+                load4(x, base + c, xv);
+                load4(dy, base + c, gv);
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    xh[k][j] = (xv[j] - mu) * rs;
+                    g[k][j] = gv[j] * gamma[c + j];
+                    a += g[k][j];
+                    b += g[k][j] * xh[k][j];
+                    dg[k][j] += gv[j] * xh[k][j];
+                    db[k][j] += gv[j];
+                }
+            }
+        }
+        const float ma = ln_warp_sum(a) / C, mb = ln_warp_sum(b) / C;
+        #pragma unroll
+        for (int k = 0; k < LN_CHUNKS; ++k) {
+            const int c = 4 * lane + 128 * k;
+            if (c < C) {
+                float o[4];
+                #pragma unroll
+                for (int j = 0; j < 4; ++j) o[j] = rs * (g[k][j] - ma - xh[k][j] * mb);
+                store4(dx, base + c, o);
+            }
+        }
+    }
+    #pragma unroll
+    for (int k = 0; k < LN_CHUNKS; ++k) {
+        const int c = 4 * lane + 128 * k;
+        if (c < C) {
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                red[warp][c + j] = dg[k][j];
+                red[warp][C + c + j] = db[k][j];
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * C; i += THREADS) {
+        float total = red[0][i];
+        #pragma unroll
+        for (int w = 1; w < LN_WARPS; ++w) total += red[w][i];
+        partials[(long long)blockIdx.x * 2 * C + i] = total;
+    }
+}
+"#;

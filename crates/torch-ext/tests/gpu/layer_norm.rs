@@ -1,0 +1,145 @@
+//! `torch_ext::nn::layer_norm` against libtorch's `layer_norm` on the GPU
+//! (part of the `gpu` test binary): output and every gradient in f32 and
+//! bf16, the transformer host's rows, narrow and the widest rows, a mean far
+//! from zero, the widths that fall back to libtorch, determinism, autocast,
+//! and a replay from a captured graph. The tests hold the binary's device
+//! lock, since they flip the process-wide fused switch.
+
+use tch::{Kind, Tensor};
+use torch_ext::{AutocastDevice, AutocastGuard, CudaGraph, CudaStream, cuda, nn};
+
+use super::{CUDA, gpu_or_skip, values};
+
+/// Largest |got - expected| over the largest |expected|.
+fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
+    let (g, e) = (values(got), values(expected));
+    assert_eq!(g.len(), e.len());
+    let scale = e.iter().fold(1e-6_f32, |m, v| m.max(v.abs()));
+    g.iter()
+        .zip(&e)
+        .map(|(g, e)| (g - e).abs() / scale)
+        .fold(0.0, f32::max)
+}
+
+/// One layer-norm forward and backward against a seeded upstream gradient;
+/// returns (y, dx, dweight, dbias) as f32.
+fn ln_run(x: &Tensor, seed: i64, fused: bool) -> [Tensor; 4] {
+    nn::set_fused_kernels(fused);
+    let width = *x.size().last().unwrap();
+    let f32 = (Kind::Float, CUDA);
+    let x = x.detach().set_requires_grad(true);
+    tch::manual_seed(seed);
+    let weight = (Tensor::rand([width], f32) + 0.5).set_requires_grad(true);
+    let bias = (Tensor::randn([width], f32) * 0.3).set_requires_grad(true);
+    let y = nn::layer_norm(&x, &weight, &bias, 1e-5).unwrap();
+    assert_eq!(y.kind(), x.kind(), "the output keeps the input's dtype");
+    assert_eq!(y.size(), x.size());
+    let upstream = Tensor::randn(y.size(), f32);
+    (y.to_kind(Kind::Float) * &upstream)
+        .sum(Kind::Float)
+        .backward();
+    nn::set_fused_kernels(true);
+    [
+        y.to_kind(Kind::Float),
+        x.grad().to_kind(Kind::Float),
+        weight.grad(),
+        bias.grad(),
+    ]
+}
+
+#[test]
+fn layer_norm_matches_libtorch() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // (shape, offset): the LM host's rows ([128, 64, 128]), a width a warp
+    // covers in part (36), the widest fused rows (512), rows not a
+    // multiple of the block's warps, a mean far from zero, and widths that
+    // take libtorch's op (not a multiple of four; wider than 512).
+    let cases: [(&[i64], f64); 8] = [
+        (&[128, 64, 128], 0.0),
+        (&[7, 36], 0.0),
+        (&[3, 5, 512], 0.0),
+        (&[1001, 64], 0.0),
+        (&[33, 128], 50.0),
+        (&[4, 4], 0.0),
+        (&[6, 130], 0.0),
+        (&[5, 768], 0.0),
+    ];
+    for bf16 in [false, true] {
+        for (shape, offset) in cases {
+            tch::manual_seed(shape.iter().sum::<i64>());
+            let x = Tensor::randn(shape, (Kind::Float, CUDA)) * 2.0 + offset;
+            let x = if bf16 { x.to_kind(Kind::BFloat16) } else { x };
+            let fused = ln_run(&x, 5, true);
+            // The reference runs in f32 on the same (bf16-rounded) values.
+            let reference = ln_run(&x.to_kind(Kind::Float), 5, false);
+            let bound = if bf16 { 3e-2 } else { 2e-3 };
+            for (name, (got, expected)) in ["y", "dx", "dweight", "dbias"]
+                .iter()
+                .zip(fused.iter().zip(&reference))
+            {
+                let err = worst_of_max(got, expected);
+                assert!(
+                    err <= bound,
+                    "bf16 {bf16} {shape:?} offset {offset} {name}: error {err} > {bound}"
+                );
+            }
+            let again = ln_run(&x, 5, true);
+            for (name, (a, b)) in ["y", "dx", "dweight", "dbias"]
+                .iter()
+                .zip(again.iter().zip(&fused))
+            {
+                assert!(a.equal(b), "{shape:?} {name}: not deterministic");
+            }
+        }
+    }
+}
+
+#[test]
+fn layer_norm_under_autocast_returns_f32_as_libtorch_does() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let f32 = (Kind::Float, CUDA);
+    let weight = Tensor::ones([128], f32);
+    let bias = Tensor::zeros([128], f32);
+    let _guard = AutocastGuard::new(AutocastDevice::Cuda, Kind::BFloat16).unwrap();
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let x = Tensor::randn([16, 128], f32).to_kind(kind);
+        let y = nn::layer_norm(&x, &weight, &bias, 1e-5).unwrap();
+        let expected = x
+            .layer_norm([128].as_slice(), Some(&weight), Some(&bias), 1e-5, true)
+            .to_kind(Kind::Float);
+        assert_eq!(y.kind(), Kind::Float, "{kind:?} input under autocast");
+        assert!(worst_of_max(&y, &expected) <= 2e-3, "{kind:?} input");
+    }
+}
+
+#[test]
+fn layer_norm_replays_from_a_captured_graph() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let f32 = (Kind::Float, CUDA);
+    let x = Tensor::randn([256, 128], f32);
+    let weight = (Tensor::rand([128], f32) + 0.5).set_requires_grad(true);
+    let bias = Tensor::zeros([128], f32).set_requires_grad(true);
+    let eager = {
+        let input = x.detach().set_requires_grad(true);
+        let y = nn::layer_norm(&input, &weight, &bias, 1e-5).unwrap();
+        (&y * &y).sum(Kind::Float).backward();
+        (values(&y), values(&input.grad()))
+    };
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let out = Tensor::zeros([256, 128], f32);
+    let grad = Tensor::zeros([256, 128], f32);
+    let graph = CudaGraph::capture(&stream, None, 0, || {
+        let input = x.detach().set_requires_grad(true);
+        let y = nn::layer_norm(&input, &weight, &bias, 1e-5).map_err(|e| e.to_string())?;
+        (&y * &y).sum(Kind::Float).backward();
+        out.shallow_clone().copy_(&y);
+        grad.shallow_clone().copy_(&input.grad());
+        Ok(())
+    })
+    .unwrap();
+    graph.replay().unwrap();
+    stream.synchronize().unwrap();
+    cuda::synchronize(0).unwrap();
+    assert_eq!(values(&out), eager.0);
+    assert_eq!(values(&grad), eager.1);
+}
