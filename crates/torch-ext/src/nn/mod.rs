@@ -97,12 +97,14 @@ use crate::jit::{JitKernel, KernelCache};
 mod blend;
 mod blend_source;
 mod conv_source;
+mod layer_norm;
 mod layer_norm_source;
 mod norm_source;
 mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
 use blend_source::BLEND_SOURCE;
 use conv_source::CONV_SOURCE;
+pub use layer_norm::layer_norm;
 use layer_norm_source::LAYER_NORM_SOURCE;
 use norm_source::GROUP_NORM_SOURCE;
 use source::SOURCE;
@@ -541,78 +543,6 @@ pub fn group_norm_relu(
                 out,
             )
         })
-    }
-}
-
-/// `layer_norm(x, [C], weight, bias, eps)` over the last dimension, the
-/// fused kernels where they apply (see the module docs), libtorch's
-/// `layer_norm` otherwise.
-///
-/// The fused path takes a dense CUDA `f32` tensor, or a `bf16` one while
-/// CUDA autocast is off (under autocast libtorch's `layer_norm` computes in
-/// `f32` and returns `f32`, so a `bf16` input takes libtorch's op there), a
-/// last dimension `C` of a multiple of four up to [`MAX_FUSED_LAYER_NORM_WIDTH`],
-/// and `weight` and `bias` as contiguous `f32` `[C]` tensors on `x`'s
-/// device. Its output has `x`'s dtype, as libtorch's outside autocast.
-///
-/// # Shapes
-/// `x: [..., C]`, `weight`, `bias` `[C]`; returns `x`'s shape.
-///
-/// # Errors
-/// libtorch's error for tensors that do not fit together; [`Error::Cpp`]
-/// when the kernels cannot be compiled or launched.
-pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
-    const OP: &str = "nn::layer_norm";
-    let width = x.size().last().copied().unwrap_or(0);
-    let per_channel_ok = [weight, bias]
-        .into_iter()
-        .all(|t| per_channel_f32(t, width, x));
-    let shape_ok = width >= 4
-        && width % 4 == 0
-        && width <= MAX_FUSED_LAYER_NORM_WIDTH
-        && i64::try_from(x.numel()).is_ok_and(|n| n / width <= i64::from(i32::MAX));
-    let fused = layer_norm_target(x)
-        .filter(|_| per_channel_ok && shape_ok && x.is_contiguous() && four_channels(x, width));
-    let Some((device, bf16)) = fused else {
-        return x
-            .f_layer_norm([width].as_slice(), Some(weight), Some(bias), eps, true)
-            .map_err(|error| torch(OP, error));
-    };
-    let k = kernels(OP, device, bf16, true)?;
-    let handles = [k.ln_forward.raw(), k.ln_backward.raw(), k.conv_reduce.raw()];
-    // SAFETY: as in `batch_norm_relu`.
-    unsafe {
-        shim_tensor(OP, |out| {
-            ffi::esper_layer_norm(
-                ffi::tensor_ptr(x),
-                ffi::tensor_ptr(weight),
-                ffi::tensor_ptr(bias),
-                eps,
-                handles.as_ptr(),
-                out,
-            )
-        })
-    }
-}
-
-/// [`fused_target`] for [`layer_norm`]: any rank of at least one, and a
-/// `bf16` input only while CUDA autocast is off.
-fn layer_norm_target(x: &Tensor) -> Option<(usize, bool)> {
-    if !fused_kernels_enabled() || x.dim() == 0 {
-        return None;
-    }
-    let Device::Cuda(device) = x.device() else {
-        return None;
-    };
-    match x.kind() {
-        Kind::Float => Some((device, false)),
-        Kind::BFloat16 => {
-            let autocast = crate::autocast::autocast_state(crate::autocast::AutocastDevice::Cuda);
-            autocast
-                .is_ok_and(|state| !state.enabled)
-                .then_some((device, true))
-        }
-        _ => None,
     }
 }
 
