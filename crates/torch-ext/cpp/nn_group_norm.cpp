@@ -68,7 +68,6 @@ class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
     at::Tensor dx = at::empty_like(x, x.options().memory_format(at::MemoryFormat::ChannelsLast));
     auto f32 = x.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
     at::Tensor partials = at::empty({batch, 2 * channels}, f32);
-    at::Tensor sums = at::empty({2 * channels}, f32);
     const void* x_ptr = x.data_ptr();
     const void* dy_ptr = dy.data_ptr();
     const void* w_ptr = weight.data_ptr();
@@ -77,22 +76,17 @@ class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
     const void* rstd_ptr = saved[4].data_ptr();
     void* dx_ptr = dx.data_ptr();
     void* partials_ptr = partials.data_ptr();
-    void* sums_ptr = sums.data_ptr();
     cudaStream_t stream = stream_of(x);
     {
       void* args[] = {&x_ptr,  &dy_ptr,       &w_ptr, &b_ptr,     &mean_ptr, &rstd_ptr,
                       &dx_ptr, &partials_ptr, &hw,    &channels, &g};
       esper::jit_launch(handle(ctx, "backward"), dim3(batch), dim3(kThreads), 0, args, stream);
     }
-    {
-      int out_size = 2 * channels;
-      void* args[] = {&partials_ptr, &sums_ptr, &batch, &out_size};
-      esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0, args,
-                        stream);
-    }
+    auto [dweight, dbias] = weight_bias_from_partials(handle(ctx, "reduce"), partials, batch,
+                                                      channels, weight, saved[2], stream);
     out[0] = dx;
-    out[1] = sums.narrow(0, 0, channels).to(weight.scalar_type());
-    out[2] = sums.narrow(0, channels, channels).to(saved[2].scalar_type());
+    out[1] = dweight;
+    out[2] = dbias;
     return out;
   }
 };

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace esper::nn {
 
@@ -70,5 +71,22 @@ inline bool aligned16(const at::Tensor& t) {
 // A kernel handle as an autograd argument (custom functions take no raw
 // pointers).
 inline int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
+
+// The weight and bias gradients of a normalisation from its blocks' partial
+// sums (`partials`: f32 [blocks, 2C], C weight sums then C bias sums),
+// added up in block order by the convolution source's reduction kernel
+// (`reduce`), in the parameters' dtypes: (dweight, dbias).
+inline std::pair<at::Tensor, at::Tensor> weight_bias_from_partials(
+    void* reduce, const at::Tensor& partials, int blocks, int channels, const at::Tensor& weight,
+    const at::Tensor& bias, cudaStream_t stream) {
+  at::Tensor sums = at::empty({2 * static_cast<int64_t>(channels)}, partials.options());
+  const void* partials_ptr = partials.data_ptr();
+  void* sums_ptr = sums.data_ptr();
+  int out_size = 2 * channels;
+  void* args[] = {&partials_ptr, &sums_ptr, &blocks, &out_size};
+  esper::jit_launch(reduce, dim3((out_size + 31) / 32), dim3(kThreads), 0, args, stream);
+  return {sums.narrow(0, 0, channels).to(weight.scalar_type()),
+          sums.narrow(0, channels, channels).to(bias.scalar_type())};
+}
 
 }  // namespace esper::nn

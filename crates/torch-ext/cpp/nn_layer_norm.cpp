@@ -73,7 +73,6 @@ class LayerNorm : public torch::autograd::Function<LayerNorm> {
     at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
     auto f32 = x.options().dtype(at::kFloat);
     at::Tensor partials = at::empty({blocks, 2 * static_cast<int64_t>(width)}, f32);
-    at::Tensor sums = at::empty({2 * static_cast<int64_t>(width)}, f32);
     const void* x_ptr = x.data_ptr();
     const void* dy_ptr = dy.data_ptr();
     const void* w_ptr = weight.data_ptr();
@@ -81,22 +80,17 @@ class LayerNorm : public torch::autograd::Function<LayerNorm> {
     const void* rstd_ptr = saved[4].data_ptr();
     void* dx_ptr = dx.data_ptr();
     void* partials_ptr = partials.data_ptr();
-    void* sums_ptr = sums.data_ptr();
     cudaStream_t stream = stream_of(x);
     {
       void* args[] = {&x_ptr,  &dy_ptr,       &w_ptr, &mean_ptr, &rstd_ptr,
                       &dx_ptr, &partials_ptr, &rows,  &width};
       esper::jit_launch(handle(ctx, "backward"), dim3(blocks), dim3(kThreads), 0, args, stream);
     }
-    {
-      int out_size = 2 * width;
-      void* args[] = {&partials_ptr, &sums_ptr, &blocks, &out_size};
-      esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0, args,
-                        stream);
-    }
+    auto [dweight, dbias] = weight_bias_from_partials(handle(ctx, "reduce"), partials, blocks,
+                                                      width, weight, saved[2], stream);
     out[0] = dx;
-    out[1] = sums.narrow(0, 0, width).to(weight.scalar_type());
-    out[2] = sums.narrow(0, width, width).to(saved[2].scalar_type());
+    out[1] = dweight;
+    out[2] = dbias;
     return out;
   }
 };
