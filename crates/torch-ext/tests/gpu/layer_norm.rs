@@ -8,18 +8,8 @@
 use tch::{Kind, Tensor};
 use torch_ext::{AutocastDevice, AutocastGuard, CudaGraph, CudaStream, cuda, nn};
 
+use super::nn::worst_of_max;
 use super::{CUDA, gpu_or_skip, values};
-
-/// Largest |got - expected| over the largest |expected|.
-fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
-    let (g, e) = (values(got), values(expected));
-    assert_eq!(g.len(), e.len());
-    let scale = e.iter().fold(1e-6_f32, |m, v| m.max(v.abs()));
-    g.iter()
-        .zip(&e)
-        .map(|(g, e)| (g - e).abs() / scale)
-        .fold(0.0, f32::max)
-}
 
 /// One layer-norm forward and backward against a seeded upstream gradient;
 /// returns (y, dx, dweight, dbias) as f32.

@@ -335,7 +335,7 @@ fn conv_run(x: &Tensor, weight: &Tensor, bf16: bool, fused: bool) -> [Tensor; 3]
 }
 
 /// Largest |got - expected| relative to the largest |expected|.
-fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
+pub(super) fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
     let (g, e) = (values(got), values(expected));
     let scale = e.iter().fold(1e-6_f32, |m, v| m.max(v.abs()));
     g.iter()
