@@ -207,10 +207,30 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// Through `torch_ext::nn::linear` (on CUDA its own backward writes the
+    /// weight and bias gradients in the parameters' dtype, the bias
+    /// gradient from one column-sum kernel; libtorch's op elsewhere, with
+    /// the same results up to float rounding).
+    ///
     /// # Shapes
     /// `[..., in] -> [..., out]`.
+    ///
+    /// # Errors
+    /// [`crate::Error::ShapeMismatch`] for an input whose last dimension is
+    /// not `in`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+        let size = x.size();
+        let inputs = self.weight.size().get(1).copied().unwrap_or(0);
+        if size.last() != Some(&inputs) {
+            let mut expected = vec![-1; size.len().saturating_sub(1)];
+            expected.push(inputs);
+            return Err(crate::Error::ShapeMismatch {
+                op: "Linear input",
+                expected,
+                got: size,
+            });
+        }
+        Ok(torch_ext::nn::linear(x, &self.weight, self.bias.as_ref())?)
     }
 
     /// Sets weight (and bias) to zero.

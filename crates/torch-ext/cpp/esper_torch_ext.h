@@ -193,6 +193,12 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, d
 // forward, backward, reduction (nn_layer_norm.cpp).
 char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* const* kernels,
                        void** out);
+// linear(x, weight, bias) over the last dimension of an f32 or bf16 CUDA
+// tensor (bias may be null; out features a multiple of 4, at most 1024),
+// computed in bf16 when bf16 is set (autocast's casts applied inside);
+// kernels: column sums, reduction (nn_linear.cpp).
+char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const* kernels,
+                   void** out);
 // lerp(host, seed, weight) with one f32 weight per sample ([N] or [1]) read
 // on the device; host and seed share one dense layout; kernels: forward,
 // backward (nn_blend.cpp).

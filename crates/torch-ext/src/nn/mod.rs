@@ -56,6 +56,12 @@
 //!   bias gradients. libtorch spends a separate kernel on the weight and
 //!   bias gradients that, for rows of 128 values, took longer than the rest
 //!   of the layer's backward (`baselines/perf/tolaria-lm/NOTES.md`).
+//! - [`linear`]: a fully connected layer whose backward writes its weight
+//!   gradient in the weight's dtype from one product (under `bf16`
+//!   autocast cuBLAS writes the `f32` gradient of an `f32` weight directly)
+//!   and its bias gradient as column sums from one kernel and the
+//!   fixed-order reduction; libtorch ran a generic sum reduction of 13 -
+//!   14 us for each bias and a cast for each `bf16` gradient.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -99,6 +105,7 @@ mod blend_source;
 mod conv_source;
 mod layer_norm;
 mod layer_norm_source;
+mod linear;
 mod norm_source;
 mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
@@ -106,6 +113,7 @@ use blend_source::BLEND_SOURCE;
 use conv_source::CONV_SOURCE;
 pub use layer_norm::layer_norm;
 use layer_norm_source::LAYER_NORM_SOURCE;
+pub use linear::linear;
 use norm_source::GROUP_NORM_SOURCE;
 use source::SOURCE;
 
@@ -123,6 +131,11 @@ pub const MAX_FUSED_CHANNELS: i64 = 256;
 /// Widest last dimension the fused [`layer_norm`] takes (a warp holds a row
 /// in registers); wider rows use libtorch's op.
 pub const MAX_FUSED_LAYER_NORM_WIDTH: i64 = 512;
+
+/// Most output features [`linear`]'s own backward takes (its bias-gradient
+/// kernel moves four columns a thread, a block pass at least one row);
+/// wider layers use libtorch's op.
+pub const MAX_FUSED_LINEAR_OUT: i64 = 1024;
 
 static FUSED: AtomicBool = AtomicBool::new(true);
 
@@ -161,6 +174,7 @@ struct Kernels {
     blend_backward: JitKernel,
     ln_forward: JitKernel,
     ln_backward: JitKernel,
+    col_sum: JitKernel,
 }
 
 /// The whole CUDA source for one dtype and width (every kernel of
@@ -206,6 +220,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 blend_backward: load("esper_blend_lerp_backward")?,
                 ln_forward: load("esper_ln_forward")?,
                 ln_backward: load("esper_ln_backward")?,
+                col_sum: load("esper_col_sum")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })

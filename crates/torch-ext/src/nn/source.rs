@@ -1,7 +1,8 @@
 //! The CUDA C source of [`super`]'s kernels, compiled once per device,
 //! dtype (`ESPER_BF16`) and channel width (`VEC`, four channels a thread or
 //! one) by NVRTC: batch norm + ReLU (statistics, forward, and the two
-//! backward passes), the 2x2 max-pool forward and backward, and the two
+//! backward passes), the column sums of a linear layer's bias gradient, the
+//! 2x2 max-pool forward and backward, and the two
 //! passes of the 3x3 convolution's weight gradient ([`CONV_SOURCE`],
 //! appended to [`SOURCE`]; it uses `SOURCE`'s types and loads).
 
@@ -165,6 +166,39 @@ extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __rest
     }
     block_sum_pairs(s1, s2, l, sh);
     write_block_pairs(partials, l, C, sh);
+}
+
+// Per-block column sums of a dense [rows, C] tensor (a linear layer's bias
+// gradient): partials[block][c], summed in one fixed order.
+extern "C" __global__ void esper_col_sum(const T* __restrict__ g, float* __restrict__ partials,
+                                         long long rows, int C) {
+    __shared__ float sh[VEC][THREADS];
+    const Layout l = layout(C);
+    float s[VEC];
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) s[v] = 0.0f;
+    if (l.active) {
+        const long long step = (long long)gridDim.x * l.per;
+        for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
+            float val[UNROLL][VEC];
+            load_rows(g, l, r0, step, rows, C, val);
+            #pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (r0 + u * step < rows) {
+                    #pragma unroll
+                    for (int v = 0; v < VEC; ++v) s[v] += val[u][v];
+                }
+            }
+        }
+    }
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) sh[v][threadIdx.x] = s[v];
+    tree<VEC>(sh, l);
+    if (l.active && l.row == 0) {
+        #pragma unroll
+        for (int v = 0; v < VEC; ++v)
+            partials[(long long)blockIdx.x * C + l.group * VEC + v] = sh[v][threadIdx.x];
+    }
 }
 
 // Every block sums the `blocks` partial pairs of every channel in one fixed

@@ -1,4 +1,5 @@
-//! The kernels' source compiles in every variant (NVRTC needs no GPU).
+//! The kernels' source compiles in every variant (NVRTC needs no GPU); off
+//! CUDA the layers are libtorch's ops.
 
 use super::*;
 
@@ -28,6 +29,7 @@ fn every_kernel_variant_compiles() {
                         "esper_blend_lerp_backward",
                         "esper_ln_forward",
                         "esper_ln_backward",
+                        "esper_col_sum",
                     ] {
                         assert!(
                             cubin.contains_symbol(name),
@@ -58,4 +60,19 @@ fn layer_norm_on_the_cpu_is_libtorchs() {
     let wrong = Tensor::ones([5], cpu);
     assert!(layer_norm(&x, &wrong, &bias, 1e-5).is_err());
     assert!(layer_norm(&Tensor::ones([0], cpu), &weight, &bias, 1e-5).is_err());
+}
+
+/// Off CUDA, `linear` is libtorch's op, with its clear error for a weight
+/// that does not fit the input.
+#[test]
+fn linear_on_the_cpu_is_libtorchs() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let x = Tensor::randn([3, 5, 8], cpu);
+    let (weight, bias) = (Tensor::randn([12, 8], cpu), Tensor::randn([12], cpu));
+    let y = linear(&x, &weight, Some(&bias)).unwrap();
+    assert!(y.equal(&x.linear(&weight, Some(&bias))));
+    let unbiased = linear(&x, &weight, None).unwrap();
+    assert!(unbiased.equal(&x.linear(&weight, None::<&Tensor>)));
+    assert!(linear(&x, &Tensor::ones([12, 7], cpu), Some(&bias)).is_err());
+    assert!(linear(&x, &weight, Some(&Tensor::ones([5], cpu))).is_err());
 }
