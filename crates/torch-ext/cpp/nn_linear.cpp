@@ -53,7 +53,8 @@ at::Tensor column_sums(const at::Tensor& g, void* col_sum, void* reduce) {
 
 class Linear : public torch::autograd::Function<Linear> {
  public:
-  // `bias` may be undefined. `dtype` is the compute dtype.
+  // `bias` is an empty tensor for a layer without one (autograd functions
+  // take no undefined inputs). `dtype` is the compute dtype.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, int64_t dtype, int64_t col_sum_kernel,
                             int64_t reduce_kernel) {
@@ -62,8 +63,9 @@ class Linear : public torch::autograd::Function<Linear> {
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
     xc = xc.contiguous();
     at::Tensor wc = weight.scalar_type() == type ? weight : weight.to(type);
+    const bool has_bias = bias.numel() > 0;
     at::Tensor bc;
-    if (bias.defined()) {
+    if (has_bias) {
       bc = bias.scalar_type() == type ? bias : bias.to(type);
     }
     at::Tensor y;
@@ -75,8 +77,7 @@ class Linear : public torch::autograd::Function<Linear> {
     ctx->save_for_backward({xc, wc});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
-    ctx->saved_data["b_dtype"] =
-        static_cast<int64_t>(bias.defined() ? bias.scalar_type() : weight.scalar_type());
+    ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->saved_data["col_sum"] = col_sum_kernel;
     ctx->saved_data["reduce"] = reduce_kernel;
     return y;
@@ -128,7 +129,8 @@ char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const*
               "linear: null argument");
   const auto& input = *static_cast<const at::Tensor*>(x);
   const auto& w = *static_cast<const at::Tensor*>(weight);
-  at::Tensor b = bias != nullptr ? *static_cast<const at::Tensor*>(bias) : at::Tensor();
+  // No bias: an empty placeholder (see Linear::forward).
+  at::Tensor b = bias != nullptr ? *static_cast<const at::Tensor*>(bias) : at::empty({0}, w.options());
   TORCH_CHECK(input.is_cuda() && input.dim() >= 2 &&
                   (input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16),
               "linear: expected an f32 or bf16 CUDA tensor of at least two dimensions");
@@ -139,7 +141,7 @@ char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const*
   TORCH_CHECK(out_features >= 4 && out_features % 4 == 0 && out_features <= kMaxOut,
               "linear: ", out_features, " outputs (the kernels take multiples of 4 up to ",
               kMaxOut, ")");
-  TORCH_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == out_features &&
+  TORCH_CHECK(bias == nullptr || (b.dim() == 1 && b.size(0) == out_features &&
                                b.device() == input.device() &&
                                (b.scalar_type() == at::kFloat || b.scalar_type() == at::kBFloat16)),
               "linear: bias must be [", out_features, "] on the input's device");

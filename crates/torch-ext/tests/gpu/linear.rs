@@ -179,7 +179,9 @@ fn linear_replays_from_a_captured_graph() {
         };
         let y = y.to_kind(Kind::Float);
         (&y * &y).sum(Kind::Float).backward();
-        out.shallow_clone().copy_(&y);
+        // Detached: a copy that kept y's autograd graph alive would keep
+        // the eager step's gradient accumulators for the capture.
+        out.shallow_clone().copy_(&y.detach());
         for (slot, grad) in grads.iter().zip([input.grad(), weight.grad(), bias.grad()]) {
             slot.shallow_clone().copy_(&grad);
         }
