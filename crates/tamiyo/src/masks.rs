@@ -21,7 +21,10 @@
 //!   - SET_ALPHA_TARGET: the seed is BLENDING or HOLDING with its alpha
 //!     controller holding;
 //!   - WAIT: every enabled slot (the slot does not matter).
-//! - **blueprint**: the topology's blueprints, NOOP never.
+//! - **blueprint**: the topology's blueprints, NOOP never, nor any the
+//!   configuration excludes (`excluded_blueprints`, not a reference option:
+//!   a study's departure; excluding every blueprint of the topology is an
+//!   error).
 //! - **style**, **alpha_target**: every option while GERMINATE or
 //!   SET_ALPHA_TARGET is possible, otherwise only SIGMOID_ADD / FULL.
 //! - **tempo**, **alpha_speed**, **alpha_curve**: every option.
@@ -95,6 +98,38 @@ pub struct MaskConfig {
     /// Never offer SET_ALPHA_TARGET (not a reference option: for drivers
     /// that cannot carry it out).
     pub disable_set_alpha_target: bool,
+    /// Blueprints never offered, one bit per [`BlueprintAction::value`]
+    /// (not a reference option: a study that takes a blueprint out of the
+    /// learned policy's choices; see [`MaskConfig::excluding`]).
+    pub excluded_blueprints: u32,
+}
+
+impl MaskConfig {
+    /// The same rules with `blueprint` never offered.
+    pub fn excluding(mut self, blueprint: BlueprintAction) -> MaskConfig {
+        self.excluded_blueprints |= blueprint_bit(blueprint);
+        self
+    }
+
+    /// The same rules with `blueprint` offered again (where the topology
+    /// has it).
+    pub fn including(mut self, blueprint: BlueprintAction) -> MaskConfig {
+        self.excluded_blueprints &= !blueprint_bit(blueprint);
+        self
+    }
+
+    /// Whether `blueprint` is excluded.
+    pub fn excludes(&self, blueprint: BlueprintAction) -> bool {
+        self.excluded_blueprints & blueprint_bit(blueprint) != 0
+    }
+}
+
+/// `blueprint`'s bit in [`MaskConfig::excluded_blueprints`].
+fn blueprint_bit(blueprint: BlueprintAction) -> u32 {
+    u32::try_from(blueprint.value())
+        .ok()
+        .and_then(|value| 1u32.checked_shl(value))
+        .unwrap_or(0)
 }
 
 impl Default for MaskConfig {
@@ -106,6 +141,7 @@ impl Default for MaskConfig {
             allow_governor_override: false,
             disable_advance: false,
             disable_set_alpha_target: false,
+            excluded_blueprints: 0,
         }
     }
 }
@@ -349,14 +385,21 @@ pub fn compute_masks(slots: &[Option<SlotMaskInfo>], config: &MaskConfig) -> Res
             Topology::Transformer => BlueprintAction::TRANSFORMER,
         };
         blueprints.fill(false);
-        for blueprint in allowed {
+        let offered = allowed.iter().filter(|&&blueprint| {
+            blueprint != BlueprintAction::Noop && !config.excludes(blueprint)
+        });
+        for blueprint in offered {
             set(blueprints, option_index(blueprint.value()), true);
         }
-        set(
-            blueprints,
-            option_index(BlueprintAction::Noop.value()),
-            false,
-        );
+        if !blueprints.iter().any(|&offered| offered) {
+            return Err(Error::InvalidInput {
+                field: "masks.excluded_blueprints",
+                reason: format!(
+                    "every blueprint of the {:?} topology is excluded: nothing could be germinated",
+                    config.topology
+                ),
+            });
+        }
     }
 
     let live_seeds = slots

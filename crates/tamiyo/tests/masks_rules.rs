@@ -373,3 +373,53 @@ fn masks_stack_into_boolean_tensors() {
     let mixed = [masks(&[None]), masks(&[None, None])];
     assert!(MaskTensors::from_masks(&mixed, Device::Cpu).is_err());
 }
+
+/// An excluded blueprint is never offered, the others are, and excluding
+/// every blueprint of the topology is an error, not an empty head.
+#[test]
+fn excluded_blueprints_leave_the_blueprint_head() {
+    let index = |blueprint: BlueprintAction| usize::try_from(blueprint.value()).unwrap();
+    let config = MaskConfig::default().excluding(BlueprintAction::ConvSmall);
+    assert!(config.excludes(BlueprintAction::ConvSmall));
+    let masks = compute_masks(&[None, None, None], &config).unwrap();
+    let head = masks.head(BLUEPRINT);
+    assert!(!head[index(BlueprintAction::ConvSmall)]);
+    assert!(!head[index(BlueprintAction::Noop)]);
+    for blueprint in BlueprintAction::CNN {
+        if !matches!(
+            blueprint,
+            BlueprintAction::Noop | BlueprintAction::ConvSmall
+        ) {
+            assert!(head[index(*blueprint)], "{blueprint:?}");
+        }
+    }
+    assert!(masks.allows(LifecycleOp::Germinate));
+    masks.check().unwrap();
+    // Back in, as by default.
+    let back = config.including(BlueprintAction::ConvSmall);
+    assert_eq!(back, MaskConfig::default());
+    // A transformer blueprint excluded on a CNN host changes nothing.
+    let other = MaskConfig::default().excluding(BlueprintAction::Lora);
+    assert_eq!(
+        compute_masks(&[None], &other).unwrap().head(BLUEPRINT),
+        compute_masks(&[None], &MaskConfig::default())
+            .unwrap()
+            .head(BLUEPRINT)
+    );
+    // Nothing left to germinate: a clear error.
+    for topology in [Topology::Cnn, Topology::Transformer] {
+        let every = match topology {
+            Topology::Cnn => BlueprintAction::CNN,
+            Topology::Transformer => BlueprintAction::TRANSFORMER,
+        };
+        let none_left = every.iter().fold(
+            MaskConfig {
+                topology,
+                ..MaskConfig::default()
+            },
+            |config, blueprint| config.excluding(*blueprint),
+        );
+        let error = compute_masks(&[None], &none_left).unwrap_err();
+        assert!(error.to_string().contains("excluded"), "{error}");
+    }
+}

@@ -149,12 +149,16 @@ fn insert_chosen_fractions(
     }
 }
 
-/// The prefix of the twin term's weight in a run's settings.
-const TWIN_SETTING: &str = "reward.twin_delta_weight=";
+/// The prefixes of the settings no baseline depends on: the twin term's
+/// weight (the baselines run without a twin) and the blueprints taken out
+/// of the learned policy's masks (the baselines' controllers do not use
+/// them).
+const POLICY_ONLY_SETTINGS: [&str; 2] = ["reward.twin_delta_weight=", "blueprint."];
 
-/// `setup` ([`LearningSetup::describe`]) without the twin term's weight in
-/// its settings list; a string of another form is returned as it is.
-fn without_twin(setup: &str) -> String {
+/// `setup` ([`LearningSetup::describe`]) without the settings of
+/// [`POLICY_ONLY_SETTINGS`] in its settings list; a string of another form
+/// is returned as it is.
+fn without_policy_only(setup: &str) -> String {
     let Some((head, rest)) = setup.split_once(" settings [") else {
         return setup.to_owned();
     };
@@ -163,7 +167,11 @@ fn without_twin(setup: &str) -> String {
     };
     let kept: Vec<&str> = list
         .split(' ')
-        .filter(|setting| !setting.starts_with(TWIN_SETTING))
+        .filter(|setting| {
+            !POLICY_ONLY_SETTINGS
+                .iter()
+                .any(|prefix| setting.starts_with(prefix))
+        })
         .collect();
     format!("{head} settings [{}]", kept.join(" "))
 }
@@ -343,18 +351,20 @@ impl LearningSetup {
     }
 
     /// What the baselines depend on: [`LearningSetup::describe`] without
-    /// the twin term's weight (`reward.twin_delta_weight`), which changes
-    /// no baseline's figure: the baselines run without a twin.
+    /// the twin term's weight (`reward.twin_delta_weight`) and the
+    /// blueprints taken out of the learned policy's masks (`blueprint.*`),
+    /// which change no baseline's figure: the baselines run without a twin,
+    /// and their controllers do not use the policy's masks.
     pub fn baselines_setup(&self) -> String {
-        without_twin(&self.describe())
+        without_policy_only(&self.describe())
     }
 
     /// Whether `baselines` were measured for this run: their setup is this
-    /// run's, the twin term's weight aside ([`LearningSetup::baselines_setup`];
+    /// run's, the twin term's weight and the excluded blueprints aside ([`LearningSetup::baselines_setup`];
     /// baselines written before the twin was left out of them name its
     /// weight, and fit every weight as well).
     pub fn fits(&self, baselines: &Baselines) -> bool {
-        without_twin(&baselines.setup) == self.baselines_setup()
+        without_policy_only(&baselines.setup) == self.baselines_setup()
     }
 
     /// The baselines, once, on the shared evaluation environments.

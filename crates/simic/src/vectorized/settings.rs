@@ -1,7 +1,7 @@
 //! Named settings over a [`SimicConfig`]: `section.field=value`, so that a
 //! study can depart from the reference's defaults one constant at a time
 //! and say exactly which (`esper bench simic-learning --set
-//! reward.rent_weight=0`). Four sections:
+//! reward.rent_weight=0`). Five sections:
 //!
 //! - `reward.<field>`: any field of [`crate::rewards::RewardConfig`]
 //!   (`reward.rent_weight=0`, `reward.mode=sparse`);
@@ -15,6 +15,13 @@
 //!   `auto_forward_g*` on, ADVANCE leaves the action space
 //!   (`masks.disable_advance`), as at the reference's HEAD, and returns
 //!   when one is turned off again.
+//!
+//! - `blueprint.<name>`: `false` takes a blueprint out of the learned
+//!   policy's action space (its mask; [`tamiyo::masks::MaskConfig::excluding`]),
+//!   `true` offers it again (`blueprint.conv_small=false`). Not a reference
+//!   option: the baselines' scripted controllers and the heuristic are not
+//!   affected, and a topology with every blueprint excluded is an error when
+//!   its masks are computed.
 //!
 //! A preset names a list of settings ([`PRESETS`], [`preset`]): `growth`
 //! is the set under which the learned greedy policy first beat no growth
@@ -140,9 +147,37 @@ pub fn apply(config: &mut SimicConfig, setting: &str) -> Result<()> {
             config.masks.disable_advance =
                 slot.auto_forward_g1 && slot.auto_forward_g2 && slot.auto_forward_g3;
         }
+        "blueprint" => {
+            let blueprint = leyline::BlueprintAction::ALL
+                .iter()
+                .copied()
+                .find(|blueprint| {
+                    *blueprint != leyline::BlueprintAction::Noop
+                        && blueprint.blueprint_id() == field
+                })
+                .ok_or_else(|| {
+                    let known: Vec<&str> = leyline::BlueprintAction::ALL
+                        .iter()
+                        .filter(|blueprint| **blueprint != leyline::BlueprintAction::Noop)
+                        .map(|blueprint| blueprint.blueprint_id())
+                        .collect();
+                    refuse(format!(
+                        "no blueprint {field:?} (blueprints: {})",
+                        known.join(", ")
+                    ))
+                })?;
+            let offered = value
+                .as_bool()
+                .ok_or_else(|| refuse("true (offered) or false (excluded)".to_owned()))?;
+            config.masks = if offered {
+                config.masks.including(blueprint)
+            } else {
+                config.masks.excluding(blueprint)
+            };
+        }
         other => {
             return Err(refuse(format!(
-                "unknown section {other:?} (reward, ppo, floor, slot)"
+                "unknown section {other:?} (reward, ppo, floor, slot, blueprint)"
             )));
         }
     }
@@ -253,6 +288,27 @@ mod tests {
     }
 
     #[test]
+    fn a_blueprint_setting_takes_it_out_of_the_learned_policys_masks_and_back() {
+        use leyline::BlueprintAction;
+        let mut config = config();
+        apply(&mut config, "blueprint.conv_small=false").unwrap();
+        assert!(config.masks.excludes(BlueprintAction::ConvSmall));
+        assert!(!config.masks.excludes(BlueprintAction::ConvLight));
+        assert!(
+            config.masks.disable_set_alpha_target,
+            "other mask rules kept"
+        );
+        let empty = tamiyo::masks::compute_masks(&[None, None, None], &config.masks).unwrap();
+        let blueprints = empty.head(tamiyo::heads::BLUEPRINT);
+        let index = |blueprint: BlueprintAction| usize::try_from(blueprint.value()).unwrap();
+        assert!(!blueprints[index(BlueprintAction::ConvSmall)]);
+        assert!(blueprints[index(BlueprintAction::ConvHeavy)]);
+        apply(&mut config, "blueprint.conv_small=true").unwrap();
+        assert_eq!(config.masks.excluded_blueprints, 0);
+        config.validate().unwrap();
+    }
+
+    #[test]
     fn bad_settings_are_refused_and_change_nothing() {
         let before = config();
         for bad in [
@@ -269,6 +325,9 @@ mod tests {
             "weights.x=1",
             "slot.auto_forward_g1=3",
             "slot.no_such_flag=true",
+            "blueprint.no_such_blueprint=false",
+            "blueprint.noop=false",
+            "blueprint.conv_small=0",
         ] {
             let mut config = before.clone();
             let error = apply_all(&mut config, &[bad.to_owned()]);

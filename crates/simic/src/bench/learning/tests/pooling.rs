@@ -45,7 +45,7 @@ fn parts_of_another_run_or_missing_seeds_are_refused() {
 }
 
 #[test]
-fn baselines_fit_every_twin_weight_and_nothing_else() {
+fn baselines_fit_every_twin_weight_and_blueprint_exclusion_and_nothing_else() {
     let _rng = crate::global_rng_lock();
     let setup_of = |settings: &[&str]| {
         let mut options = cpu_options(2, None);
@@ -71,6 +71,20 @@ fn baselines_fit_every_twin_weight_and_nothing_else() {
         assert!(setup.fits(&written_with_twin), "{}", setup.describe());
         assert!(setup.fits(&no_baselines(&escrow)), "{}", setup.describe());
     }
+    // A blueprint taken out of the learned policy's masks changes no
+    // baseline either.
+    let no_conv_small = setup_of(&[
+        "reward.mode=escrow",
+        "blueprint.conv_small=false",
+        "reward.twin_delta_weight=20",
+    ]);
+    assert_eq!(no_conv_small.baselines_setup(), escrow.baselines_setup());
+    assert!(
+        no_conv_small
+            .describe()
+            .contains("blueprint.conv_small=false")
+    );
+    assert!(no_conv_small.fits(&written_with_twin));
     // Another reward mode, or any other setting, is another run.
     assert!(!shaped.fits(&written_with_twin));
     assert!(!escrow.fits(&no_baselines(&shaped)));
