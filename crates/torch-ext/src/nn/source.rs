@@ -137,6 +137,22 @@ __device__ __forceinline__ void load_rows(
     }
 }
 
+// Calls f(values) with this thread's VEC channels of each of its rows, in
+// row order (UNROLL rows loaded at a time).
+template <class F>
+__device__ __forceinline__ void for_each_row(const T* __restrict__ x, const Layout& l,
+                                             long long rows, int C, F f) {
+    const long long step = (long long)gridDim.x * l.per;
+    for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
+        float val[UNROLL][VEC];
+        load_rows(x, l, r0, step, rows, C, val);
+        #pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (r0 + u * step < rows) f(val[u]);
+        }
+    }
+}
+
 // Per-block sums of (x - shift) and (x - shift)^2 per channel, the shift
 // being row 0's value (so a mean far from zero loses no precision).
 extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __restrict__ partials,
@@ -148,21 +164,13 @@ extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __rest
     for (int v = 0; v < VEC; ++v) { s1[v] = 0.0f; s2[v] = 0.0f; }
     if (l.active) {
         load(x, (long long)l.group * VEC, k);
-        const long long step = (long long)gridDim.x * l.per;
-        for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
-            float val[UNROLL][VEC];
-            load_rows(x, l, r0, step, rows, C, val);
+        for_each_row(x, l, rows, C, [&](const float* val) {
             #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (r0 + u * step < rows) {
-                    #pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
-                        const float d = val[u][v] - k[v];
-                        s1[v] += d; s2[v] += d * d;
-                    }
-                }
+            for (int v = 0; v < VEC; ++v) {
+                const float d = val[v] - k[v];
+                s1[v] += d; s2[v] += d * d;
             }
-        }
+        });
     }
     block_sum_pairs(s1, s2, l, sh);
     write_block_pairs(partials, l, C, sh);
@@ -178,18 +186,10 @@ extern "C" __global__ void esper_col_sum(const T* __restrict__ g, float* __restr
     #pragma unroll
     for (int v = 0; v < VEC; ++v) s[v] = 0.0f;
     if (l.active) {
-        const long long step = (long long)gridDim.x * l.per;
-        for (long long r0 = (long long)blockIdx.x * l.per + l.row; r0 < rows; r0 += UNROLL * step) {
-            float val[UNROLL][VEC];
-            load_rows(g, l, r0, step, rows, C, val);
+        for_each_row(g, l, rows, C, [&](const float* val) {
             #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (r0 + u * step < rows) {
-                    #pragma unroll
-                    for (int v = 0; v < VEC; ++v) s[v] += val[u][v];
-                }
-            }
-        }
+            for (int v = 0; v < VEC; ++v) s[v] += val[v];
+        });
     }
     #pragma unroll
     for (int v = 0; v < VEC; ++v) sh[v][threadIdx.x] = s[v];

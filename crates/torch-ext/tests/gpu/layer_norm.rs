@@ -8,7 +8,7 @@
 use tch::{Kind, Tensor};
 use torch_ext::{AutocastDevice, AutocastGuard, CudaGraph, CudaStream, cuda, nn};
 
-use super::nn::worst_of_max;
+use super::nn::{assert_matches_and_repeats, worst_of_max};
 use super::{CUDA, gpu_or_skip, values};
 
 /// One layer-norm forward and backward against a seeded upstream gradient;
@@ -76,23 +76,9 @@ fn layer_norm_matches_libtorch() {
             // The reference runs in f32 on the same (bf16-rounded) values.
             let reference = ln_run(&x.to_kind(Kind::Float), 5, false);
             let bound = if bf16 { 3e-2 } else { 2e-3 };
-            for (name, (got, expected)) in ["y", "dx", "dweight", "dbias"]
-                .iter()
-                .zip(fused.iter().zip(&reference))
-            {
-                let err = worst_of_max(got, expected);
-                assert!(
-                    err <= bound,
-                    "bf16 {bf16} {shape:?} offset {offset} {name}: error {err} > {bound}"
-                );
-            }
             let again = ln_run(&x, 5, true);
-            for (name, (a, b)) in ["y", "dx", "dweight", "dbias"]
-                .iter()
-                .zip(again.iter().zip(&fused))
-            {
-                assert!(a.equal(b), "{shape:?} {name}: not deterministic");
-            }
+            let case = format!("bf16 {bf16} {shape:?} offset {offset}");
+            assert_matches_and_repeats(&case, &fused, &reference, &again, bound);
         }
     }
 }

@@ -10,7 +10,7 @@
 use tch::{Kind, Tensor};
 use torch_ext::{AutocastDevice, AutocastGuard, CudaGraph, CudaStream, cuda, nn};
 
-use super::nn::worst_of_max;
+use super::nn::{assert_matches_and_repeats, worst_of_max};
 use super::{CUDA, gpu_or_skip, values};
 
 /// How a case computes: f32 throughout, bf16 throughout, or f32
@@ -113,26 +113,9 @@ fn linear_matches_libtorch() {
             } else {
                 2e-2
             };
-            for (name, (got, expected)) in ["y", "dx", "dweight", "dbias"]
-                .iter()
-                .zip(fused.iter().zip(&reference))
-            {
-                let err = worst_of_max(got, expected);
-                assert!(
-                    err <= bound,
-                    "{precision:?} {shape:?} -> {out} bias {bias} {name}: error {err} > {bound}"
-                );
-            }
             let again = linear_run(&x, out, bias, precision, true);
-            for (name, (a, b)) in ["y", "dx", "dweight", "dbias"]
-                .iter()
-                .zip(again.iter().zip(&fused))
-            {
-                assert!(
-                    a.equal(b),
-                    "{precision:?} {shape:?} {name}: not deterministic"
-                );
-            }
+            let case = format!("{precision:?} {shape:?} -> {out} bias {bias}");
+            assert_matches_and_repeats(&case, &fused, &reference, &again, bound);
         }
     }
 }

@@ -344,6 +344,27 @@ pub(super) fn worst_of_max(got: &Tensor, expected: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Asserts that a fused layer's output and gradients `[y, dx, dweight,
+/// dbias]` are within `bound` of the reference's (relative to the
+/// reference's largest value, [`worst_of_max`]) and that a second fused run
+/// gave them bit for bit (`case` names the case in the messages).
+pub(super) fn assert_matches_and_repeats(
+    case: &str,
+    fused: &[Tensor; 4],
+    reference: &[Tensor; 4],
+    again: &[Tensor; 4],
+    bound: f32,
+) {
+    for (name, ((got, expected), repeated)) in ["y", "dx", "dweight", "dbias"]
+        .iter()
+        .zip(fused.iter().zip(reference).zip(again))
+    {
+        let err = worst_of_max(got, expected);
+        assert!(err <= bound, "{case} {name}: error {err} > {bound}");
+        assert!(repeated.equal(got), "{case} {name}: not deterministic");
+    }
+}
+
 #[test]
 fn conv3x3_matches_libtorch() {
     let Some(_device) = gpu_or_skip() else { return };
@@ -565,23 +586,9 @@ fn group_norm_relu_matches_libtorch() {
             // the reference runs in f32 on the same (bf16-rounded) values.
             let reference = gn_run(&x.to_kind(Kind::Float), groups, 5, false);
             let bound = if bf16 { 3e-2 } else { 2e-3 };
-            for (name, (got, expected)) in ["y", "dx", "dweight", "dbias"]
-                .iter()
-                .zip(fused.iter().zip(&reference))
-            {
-                let err = worst_of_max(got, expected);
-                assert!(
-                    err <= bound,
-                    "bf16 {bf16} [{n},{c},{h},{w}] groups {groups} {name}: error {err} > {bound}"
-                );
-            }
             let again = gn_run(&x, groups, 5, true);
-            for (name, (a, b)) in ["y", "dx", "dweight", "dbias"]
-                .iter()
-                .zip(again.iter().zip(&fused))
-            {
-                assert!(a.equal(b), "[{n},{c},{h},{w}] {name}: not deterministic");
-            }
+            let case = format!("bf16 {bf16} [{n},{c},{h},{w}] groups {groups}");
+            assert_matches_and_repeats(&case, &fused, &reference, &again, bound);
         }
     }
 }
