@@ -151,7 +151,7 @@ fn linear_replays_from_a_captured_graph() {
     let step = |out: &Tensor, grads: &[Tensor; 3]| -> Result<(), String> {
         for grad in [weight.grad(), bias.grad()] {
             if grad.defined() {
-                grad.shallow_clone().zero_();
+                let _zeroed = grad.shallow_clone().f_zero_().map_err(|e| e.to_string())?;
             }
         }
         let input = x.detach().set_requires_grad(true);
