@@ -27,6 +27,7 @@ const SOURCES: &[&str] = &[
     "cpp/nn_group_norm.cpp",
     "cpp/nn_layer_norm.cpp",
     "cpp/nn_linear.cpp",
+    "cpp/nn_embedding.cpp",
     "cpp/nn_blend.cpp",
     "cpp/profile.cpp",
 ];

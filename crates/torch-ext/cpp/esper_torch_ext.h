@@ -199,6 +199,10 @@ char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* cons
 // kernels: column sums, reduction (nn_linear.cpp).
 char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const* kernels,
                    void** out);
+// embedding(weight, ids) for a contiguous f32 or bf16 CUDA weight [V, C]
+// (V at most 65535, C at most 512) and int64 ids; kernels: backward,
+// reduction (nn_embedding.cpp).
+char* esper_embedding(void* weight, void* ids, void* const* kernels, void** out);
 // lerp(host, seed, weight) with one f32 weight per sample ([N] or [1]) read
 // on the device; host and seed share one dense layout; kernels: forward,
 // backward (nn_blend.cpp).

@@ -335,6 +335,12 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_embedding(
+        weight: *mut c_void,
+        ids: *mut c_void,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_blend_lerp(
         host: *mut c_void,
         seed: *mut c_void,

@@ -2,7 +2,7 @@
 //! and replay with fresh inputs, a capture without warm-up ordered after the
 //! work queued before it, shared pools, clean recovery from a failed
 //! capture, sync-debug mode, memory statistics, autocast and fused ops on
-//! CUDA, (module `nn`) the fused layers against libtorch's, (modules `layer_norm` and `linear`) the layer norm and the linear layer against libtorch's, (module `blend`)
+//! CUDA, (module `nn`) the fused layers against libtorch's, (modules `layer_norm`, `linear` and `embedding`) the layer norm, the linear layer and the embedding against libtorch's, (module `blend`)
 //! the fused alpha blends, (module `copies`) the copies inside and outside
 //! captured graphs and (module `fused`) the fused SGD step and
 //! cross-entropy. Every test prints "skipping: no CUDA device" and returns on machines
@@ -47,6 +47,9 @@ mod layer_norm;
 
 #[path = "gpu/linear.rs"]
 mod linear;
+
+#[path = "gpu/embedding.rs"]
+mod embedding;
 
 #[path = "gpu/copies.rs"]
 mod copies;

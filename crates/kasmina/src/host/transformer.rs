@@ -292,7 +292,7 @@ impl TransformerHost {
         Ok(match segment {
             Segment::Embed => {
                 let (_, time) = x.size2()?;
-                let tokens = Tensor::f_embedding(&self.token_embedding, x, -1, false, false)?; // [B, T, C]
+                let tokens = torch_ext::nn::embedding(&self.token_embedding, x)?; // [B, T, C]
                 let positions = self.position_embedding.f_narrow(0, 0, time)?; // [T, C]
                 tokens.f_add(&positions)?
             }

@@ -56,6 +56,12 @@
 //!   bias gradients. libtorch spends a separate kernel on the weight and
 //!   bias gradients that, for rows of 128 values, took longer than the rest
 //!   of the layer's backward (`baselines/perf/tolaria-lm/NOTES.md`).
+//! - [`embedding`]: a token embedding whose backward sums each vocabulary
+//!   row's output-gradient rows without sorting the ids: a block owns one
+//!   row and one chunk of ids, a warp finds its 32 ids' matches with one
+//!   ballot, and a fixed-order reduction adds the chunks (libtorch's
+//!   deterministic backward ran 24 radix-sort passes a step on the
+//!   language-model host).
 //! - [`linear`]: a fully connected layer whose backward writes its weight
 //!   gradient in the weight's dtype from one product (under `bf16`
 //!   autocast cuBLAS writes the `f32` gradient of an `f32` weight directly)
@@ -103,6 +109,8 @@ use crate::jit::{JitKernel, KernelCache};
 mod blend;
 mod blend_source;
 mod conv_source;
+mod embedding;
+mod embedding_source;
 mod layer_norm;
 mod layer_norm_source;
 mod linear;
@@ -111,6 +119,8 @@ mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
 use blend_source::BLEND_SOURCE;
 use conv_source::CONV_SOURCE;
+pub use embedding::embedding;
+use embedding_source::EMBEDDING_SOURCE;
 pub use layer_norm::layer_norm;
 use layer_norm_source::LAYER_NORM_SOURCE;
 pub use linear::linear;
@@ -131,6 +141,19 @@ pub const MAX_FUSED_CHANNELS: i64 = 256;
 /// Widest last dimension the fused [`layer_norm`] takes (a warp holds a row
 /// in registers); wider rows use libtorch's op.
 pub const MAX_FUSED_LAYER_NORM_WIDTH: i64 = 512;
+
+/// Widest row [`embedding`]'s own backward takes (a warp's lanes hold the
+/// row's sums in registers); wider weights use libtorch's op.
+pub const MAX_FUSED_EMBEDDING_WIDTH: i64 = 512;
+
+/// Most vocabulary rows [`embedding`]'s own backward takes (a grid
+/// dimension of the kernel); larger weights use libtorch's op.
+pub const MAX_FUSED_EMBEDDING_ROWS: i64 = 65_535;
+
+/// Most values (rows x width) a weight [`embedding`]'s own backward takes
+/// (its per-chunk partial sums stay within 64 MiB); larger weights use
+/// libtorch's op.
+pub const MAX_FUSED_EMBEDDING_VALUES: i64 = 1 << 22;
 
 /// Most output features [`linear`]'s own backward takes (its bias-gradient
 /// kernel moves four columns a thread, a block pass at least one row);
@@ -175,13 +198,14 @@ struct Kernels {
     ln_forward: JitKernel,
     ln_backward: JitKernel,
     col_sum: JitKernel,
+    embedding_backward: JitKernel,
 }
 
 /// The whole CUDA source for one dtype and width (every kernel of
 /// [`Kernels`]).
 fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -221,6 +245,7 @@ fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Ar
                 ln_forward: load("esper_ln_forward")?,
                 ln_backward: load("esper_ln_backward")?,
                 col_sum: load("esper_col_sum")?,
+                embedding_backward: load("esper_embedding_backward")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })

@@ -30,6 +30,7 @@ fn every_kernel_variant_compiles() {
                         "esper_ln_forward",
                         "esper_ln_backward",
                         "esper_col_sum",
+                        "esper_embedding_backward",
                     ] {
                         assert!(
                             cubin.contains_symbol(name),
@@ -75,4 +76,16 @@ fn linear_on_the_cpu_is_libtorchs() {
     assert!(unbiased.equal(&x.linear(&weight, None::<&Tensor>)));
     assert!(linear(&x, &Tensor::ones([12, 7], cpu), Some(&bias)).is_err());
     assert!(linear(&x, &weight, Some(&Tensor::ones([5], cpu))).is_err());
+}
+
+/// Off CUDA, `embedding` is libtorch's op, with its clear error for ids of
+/// the wrong dtype.
+#[test]
+fn embedding_on_the_cpu_is_libtorchs() {
+    let weight = Tensor::randn([10, 8], (Kind::Float, Device::Cpu));
+    let ids = Tensor::from_slice(&[0i64, 3, 9, 3]).view([2, 2]);
+    let y = embedding(&weight, &ids).unwrap();
+    assert!(y.equal(&Tensor::embedding(&weight, &ids, -1, false, false)));
+    assert_eq!(y.size(), [2, 2, 8]);
+    assert!(embedding(&weight, &ids.to_kind(Kind::Float)).is_err());
 }
