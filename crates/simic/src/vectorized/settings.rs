@@ -14,8 +14,7 @@
 //!   auto-forward flags (`slot.auto_forward_g2=true`); with all three
 //!   `auto_forward_g*` on, ADVANCE leaves the action space
 //!   (`masks.disable_advance`), as at the reference's HEAD, and returns
-//!   when one is turned off again.
-//!
+//!   when one is turned off again;
 //! - `blueprint.<name>`: `false` takes a blueprint out of the learned
 //!   policy's action space (its mask; [`tamiyo::masks::MaskConfig::excluding`]),
 //!   `true` offers it again (`blueprint.conv_small=false`). Not a reference
