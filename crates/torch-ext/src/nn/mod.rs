@@ -96,36 +96,30 @@
 //! # Ok::<(), torch_ext::Error>(())
 //! ```
 
-use std::ffi::{CString, c_void};
-use std::sync::Arc;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 use crate::ffi;
-use crate::jit::{JitKernel, KernelCache};
 
 mod blend;
 mod blend_source;
 mod conv_source;
 mod embedding;
 mod embedding_source;
+mod kernels;
 mod layer_norm;
 mod layer_norm_source;
 mod linear;
 mod norm_source;
 mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
-use blend_source::BLEND_SOURCE;
-use conv_source::CONV_SOURCE;
 pub use embedding::embedding;
-use embedding_source::EMBEDDING_SOURCE;
+use kernels::kernels;
 pub use layer_norm::layer_norm;
-use layer_norm_source::LAYER_NORM_SOURCE;
 pub use linear::linear;
-use norm_source::GROUP_NORM_SOURCE;
-use source::SOURCE;
 
 /// Most input channels [`conv3x3`] runs its own forward kernel for.
 pub const SMALL_CONV_INPUT_CHANNELS: i64 = 4;
@@ -173,82 +167,6 @@ pub fn set_fused_kernels(enabled: bool) {
 /// Whether the fused kernels are on (see [`set_fused_kernels`]).
 pub fn fused_kernels_enabled() -> bool {
     FUSED.load(Ordering::Relaxed)
-}
-
-/// The kernels for one dtype and channel width on one device.
-struct Kernels {
-    bn_stats: JitKernel,
-    bn_forward: JitKernel,
-    bn_reduce: JitKernel,
-    bn_apply: JitKernel,
-    bn_eval: JitKernel,
-    pool_forward: JitKernel,
-    pool_backward: JitKernel,
-    conv_partial: JitKernel,
-    conv_reduce: JitKernel,
-    conv_forward_small: JitKernel,
-    conv_direct: JitKernel,
-    conv_wgrad_mma: JitKernel,
-    gn_forward: JitKernel,
-    gn_backward: JitKernel,
-    gn_forward_narrow: JitKernel,
-    gn_backward_narrow: JitKernel,
-    blend_forward: JitKernel,
-    blend_backward: JitKernel,
-    ln_forward: JitKernel,
-    ln_backward: JitKernel,
-    col_sum: JitKernel,
-    embedding_backward: JitKernel,
-}
-
-/// The whole CUDA source for one dtype and width (every kernel of
-/// [`Kernels`]).
-fn nn_source(bf16: bool, vec4: bool) -> String {
-    format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}",
-        u8::from(bf16),
-        if vec4 { 4 } else { 1 }
-    )
-}
-
-fn kernels(op: &'static str, device: usize, bf16: bool, vec4: bool) -> Result<Arc<Kernels>> {
-    static CACHE: KernelCache<(usize, bool, bool), Kernels> = KernelCache::new();
-    CACHE
-        .get_or_build((device, bf16, vec4), || {
-            let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
-            let source = nn_source(bf16, vec4);
-            let cubin =
-                crate::jit::compile(&source, "esper_nn", arch).map_err(|e| e.to_string())?;
-            let load = |name: &str| {
-                let name = CString::new(name).map_err(|e| e.to_string())?;
-                JitKernel::load_named(&cubin, &name, device).map_err(|e| e.to_string())
-            };
-            Ok(Kernels {
-                bn_stats: load("esper_bn_stats")?,
-                bn_forward: load("esper_bn_relu_forward")?,
-                bn_reduce: load("esper_bn_relu_backward_reduce")?,
-                bn_apply: load("esper_bn_relu_backward_apply")?,
-                bn_eval: load("esper_bn_relu_eval")?,
-                pool_forward: load("esper_pool2_forward")?,
-                pool_backward: load("esper_pool2_backward")?,
-                conv_partial: load("esper_conv3_wgrad_partial")?,
-                conv_reduce: load("esper_conv3_wgrad_reduce")?,
-                conv_forward_small: load("esper_conv3_forward_small")?,
-                conv_direct: load("esper_conv3_direct")?,
-                conv_wgrad_mma: load("esper_conv3_wgrad_mma")?,
-                gn_forward: load("esper_gn_relu_forward")?,
-                gn_backward: load("esper_gn_relu_backward")?,
-                gn_forward_narrow: load("esper_gn_relu_forward_narrow")?,
-                gn_backward_narrow: load("esper_gn_relu_backward_narrow")?,
-                blend_forward: load("esper_blend_lerp_forward")?,
-                blend_backward: load("esper_blend_lerp_backward")?,
-                ln_forward: load("esper_ln_forward")?,
-                ln_backward: load("esper_ln_backward")?,
-                col_sum: load("esper_col_sum")?,
-                embedding_backward: load("esper_embedding_backward")?,
-            })
-        })
-        .map_err(|message| Error::Cpp { op, message })
 }
 
 /// Runs a shim entry point that hands back a `new at::Tensor` in `out`.

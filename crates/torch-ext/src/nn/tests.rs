@@ -1,6 +1,7 @@
 //! The kernels' source compiles in every variant (NVRTC needs no GPU); off
 //! CUDA the layers are libtorch's ops.
 
+use super::kernels::nn_source;
 use super::*;
 
 /// Every dtype and channel-width variant compiles (NVRTC needs no GPU).
