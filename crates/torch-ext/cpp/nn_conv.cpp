@@ -276,11 +276,9 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                   " bytes of shared memory");
       auto f32 = xc.options().dtype(at::kFloat);
       at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * out_size}, f32);
-      at::Tensor dw = at::empty({out_channels, 3, 3, in_channels}, f32);
       const void* x_ptr = xc.data_ptr();
       const void* dy_ptr = dy.data_ptr();
       void* partials_ptr = partials.data_ptr();
-      void* dw_ptr = dw.data_ptr();
       cudaStream_t stream = stream_of(xc);
       {
         void* args[] = {&x_ptr, &dy_ptr, &partials_ptr, &height, &width,
@@ -288,11 +286,8 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
         esper::jit_launch(handle(ctx, mma_rows > 0 ? "wgrad_mma" : "partial"), dim3(blocks),
                           dim3(kThreads), shared, args, stream);
       }
-      {
-        void* args[] = {&partials_ptr, &dw_ptr, &blocks, &out_size};
-        esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0,
-                          args, stream);
-      }
+      at::Tensor dw = sum_partials(handle(ctx, "reduce"), partials, blocks, out_size, stream)
+                          .view({out_channels, 3, 3, in_channels});
       // [Co, 3, 3, Ci] is the channels-last layout of [Co, Ci, 3, 3].
       at::Tensor grad = dw.permute({0, 3, 1, 2})
                             .to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));

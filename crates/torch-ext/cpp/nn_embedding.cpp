@@ -60,28 +60,19 @@ class Embedding : public torch::autograd::Function<Embedding> {
     long long span = std::max<int64_t>(kMinSpan, (n + most_chunks - 1) / most_chunks);
     span = (span + 32 * kWarps - 1) / (32 * kWarps) * (32 * kWarps);
     int chunks = static_cast<int>(std::max<long long>(1, (n + span - 1) / span));
-    auto f32 = g.options().dtype(at::kFloat);
-    at::Tensor partials =
-        at::empty({static_cast<int64_t>(chunks) * vocabulary * width}, f32);
-    at::Tensor dw = at::empty({vocabulary, width}, f32);
+    at::Tensor partials = at::empty({static_cast<int64_t>(chunks) * vocabulary * width},
+                                    g.options().dtype(at::kFloat));
     const void* ids_ptr = ids.data_ptr();
     const void* g_ptr = g.data_ptr();
     void* partials_ptr = partials.data_ptr();
-    void* dw_ptr = dw.data_ptr();
     cudaStream_t stream = stream_of(g);
-    {
-      void* args[] = {&ids_ptr, &g_ptr, &partials_ptr, &n, &vocabulary, &width, &span};
-      esper::jit_launch(handle(ctx, "backward"),
-                        dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(vocabulary)),
-                        dim3(32 * kWarps), 0, args, stream);
-    }
-    {
-      int out_size = vocabulary * width;
-      void* args[] = {&partials_ptr, &dw_ptr, &chunks, &out_size};
-      esper::jit_launch(handle(ctx, "reduce"), dim3((out_size + 31) / 32), dim3(kThreads), 0,
-                        args, stream);
-    }
-    out[0] = dw.to(dtype);
+    void* args[] = {&ids_ptr, &g_ptr, &partials_ptr, &n, &vocabulary, &width, &span};
+    esper::jit_launch(handle(ctx, "backward"),
+                      dim3(static_cast<unsigned>(chunks), static_cast<unsigned>(vocabulary)),
+                      dim3(32 * kWarps), 0, args, stream);
+    at::Tensor dw =
+        sum_partials(handle(ctx, "reduce"), partials, chunks, vocabulary * width, stream);
+    out[0] = dw.view({vocabulary, width}).to(dtype);
     return out;
   }
 };

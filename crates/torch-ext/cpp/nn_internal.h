@@ -1,6 +1,6 @@
-// nn_internal.h: what the shim's layer sources (nn.cpp, nn_conv.cpp,
-// nn_group_norm.cpp) share: the block size, kernel handles kept in an
-// autograd node, the current stream, and launch-shape helpers.
+// nn_internal.h: what the shim's layer sources (nn*.cpp) share: the block
+// size, kernel handles kept in an autograd node, the current stream,
+// launch-shape helpers, and the fixed-order sum of per-block partials.
 #pragma once
 
 #include "jit_internal.h"
@@ -76,15 +76,23 @@ inline int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_ca
 // sums (`partials`: f32 [blocks, 2C], C weight sums then C bias sums),
 // added up in block order by the convolution source's reduction kernel
 // (`reduce`), in the parameters' dtypes: (dweight, dbias).
+// f32 [out_size]: the sums over `blocks` of the f32 partials
+// ([blocks, out_size]), added up in block order by the convolution
+// source's reduction kernel (`reduce`).
+inline at::Tensor sum_partials(void* reduce, const at::Tensor& partials, int blocks, int out_size,
+                               cudaStream_t stream) {
+  at::Tensor sums = at::empty({static_cast<int64_t>(out_size)}, partials.options());
+  const void* partials_ptr = partials.data_ptr();
+  void* sums_ptr = sums.data_ptr();
+  void* args[] = {&partials_ptr, &sums_ptr, &blocks, &out_size};
+  esper::jit_launch(reduce, dim3((out_size + 31) / 32), dim3(kThreads), 0, args, stream);
+  return sums;
+}
+
 inline std::pair<at::Tensor, at::Tensor> weight_bias_from_partials(
     void* reduce, const at::Tensor& partials, int blocks, int channels, const at::Tensor& weight,
     const at::Tensor& bias, cudaStream_t stream) {
-  at::Tensor sums = at::empty({2 * static_cast<int64_t>(channels)}, partials.options());
-  const void* partials_ptr = partials.data_ptr();
-  void* sums_ptr = sums.data_ptr();
-  int out_size = 2 * channels;
-  void* args[] = {&partials_ptr, &sums_ptr, &blocks, &out_size};
-  esper::jit_launch(reduce, dim3((out_size + 31) / 32), dim3(kThreads), 0, args, stream);
+  at::Tensor sums = sum_partials(reduce, partials, blocks, 2 * channels, stream);
   return {sums.narrow(0, 0, channels).to(weight.scalar_type()),
           sums.narrow(0, channels, channels).to(bias.scalar_type())};
 }

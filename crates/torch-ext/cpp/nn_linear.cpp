@@ -31,24 +31,14 @@ at::Tensor column_sums(const at::Tensor& g, void* col_sum, void* reduce) {
   const int channels = static_cast<int>(g.size(1));
   long long rows = g.size(0);
   const int blocks = channel_blocks(rows, rows_per_pass(channels, 4), sm_count(g));
-  auto f32 = g.options().dtype(at::kFloat);
-  at::Tensor partials = at::empty({blocks, channels}, f32);
-  at::Tensor sums = at::empty({channels}, f32);
+  at::Tensor partials = at::empty({blocks, channels}, g.options().dtype(at::kFloat));
   const void* g_ptr = g.data_ptr();
   void* partials_ptr = partials.data_ptr();
-  void* sums_ptr = sums.data_ptr();
   int width = channels;
-  int block_count = blocks;
   cudaStream_t stream = stream_of(g);
-  {
-    void* args[] = {&g_ptr, &partials_ptr, &rows, &width};
-    esper::jit_launch(col_sum, dim3(blocks), dim3(kThreads), 0, args, stream);
-  }
-  {
-    void* args[] = {&partials_ptr, &sums_ptr, &block_count, &width};
-    esper::jit_launch(reduce, dim3((width + 31) / 32), dim3(kThreads), 0, args, stream);
-  }
-  return sums;
+  void* args[] = {&g_ptr, &partials_ptr, &rows, &width};
+  esper::jit_launch(col_sum, dim3(blocks), dim3(kThreads), 0, args, stream);
+  return sum_partials(reduce, partials, blocks, channels, stream);
 }
 
 class Linear : public torch::autograd::Function<Linear> {
