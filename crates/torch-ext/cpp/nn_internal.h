@@ -72,10 +72,6 @@ inline bool aligned16(const at::Tensor& t) {
 // pointers).
 inline int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
 
-// The weight and bias gradients of a normalisation from its blocks' partial
-// sums (`partials`: f32 [blocks, 2C], C weight sums then C bias sums),
-// added up in block order by the convolution source's reduction kernel
-// (`reduce`), in the parameters' dtypes: (dweight, dbias).
 // f32 [out_size]: the sums over `blocks` of the f32 partials
 // ([blocks, out_size]), added up in block order by the convolution
 // source's reduction kernel (`reduce`).
@@ -89,6 +85,10 @@ inline at::Tensor sum_partials(void* reduce, const at::Tensor& partials, int blo
   return sums;
 }
 
+// The weight and bias gradients of a normalisation from its blocks' partial
+// sums (`partials`: f32 [blocks, 2C], C weight sums then C bias sums),
+// added up in block order by the convolution source's reduction kernel
+// (`reduce`), in the parameters' dtypes: (dweight, dbias).
 inline std::pair<at::Tensor, at::Tensor> weight_bias_from_partials(
     void* reduce, const at::Tensor& partials, int blocks, int channels, const at::Tensor& weight,
     const at::Tensor& bias, cudaStream_t stream) {
