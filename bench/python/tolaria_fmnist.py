@@ -89,6 +89,10 @@ Epoch time is host wall time of the whole epoch: permutation, gathers,
 every step, and the one readback of the epoch's summed loss (the only sync).
 Validation runs after every epoch and is timed apart.
 
+This file holds the workload (data, model, step, validation, params); the
+epoch loop, the hand-captured graph, the metrics and the records are
+peer_common.py's, beside it.
+
 Usage:
   tolaria_fmnist.py [--merge-into RECORD.json] [--out RECORD.json]
                     [--data-dir DIR | --synthetic] [--quick]
@@ -106,23 +110,20 @@ of the same shape.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gzip
-import json
 import math
 import os
-import platform
 import struct
-import subprocess
 import sys
 import time
-import traceback
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from peer_common import (GRAPH_WARMUP_STEPS, HAND_GRAPH, DataError, Mode, StepTrainer, as_metrics,
+                         describe_compile_mode, log, measure_mode, pick_device, run_entry, write_all)
 
 WORKLOAD = "tolaria-fmnist"
 DIR_ENV = "ESPER_FASHION_MNIST_DIR"
@@ -154,34 +155,7 @@ HOST_LR, HOST_MOMENTUM = 0.01, 0.9
 SEED_LR, SEED_MOMENTUM = 0.01, 0.9  # tolaria::optim::{SEED_LEARNING_RATE, SEED_MOMENTUM}
 INIT_SEED = 20251001
 DATA_SEED = 20251002
-GRAPH_WARMUP_STEPS = 3
 
-
-@dataclass(frozen=True)
-class Mode:
-    """How one record mode runs the training step."""
-
-    bf16: bool = False
-    # The whole training step captured by hand in one torch.cuda.CUDAGraph.
-    graphed: bool = False
-    # torch.compile mode of forward + loss (None: eager).
-    compile_mode: str | None = None
-    # Why the mode cannot run on the CPU (None: it can).
-    needs_cuda: str | None = None
-
-    @property
-    def inductor_cudagraphs(self) -> bool:
-        """Inductor records its own CUDA graphs (cudagraph trees)."""
-        return self.compile_mode in ("reduce-overhead", "max-autotune")
-
-    @property
-    def cuda_graphs(self) -> str:
-        if self.graphed:
-            return "the whole step, captured by hand"
-        return "Inductor's (cudagraph trees)" if self.inductor_cudagraphs else "none"
-
-
-HAND_GRAPH = "CUDA graphs need a CUDA device"
 MODES = {
     "eager": Mode(),
     "eager-bf16": Mode(bf16=True),
@@ -241,10 +215,6 @@ PARAMS = {
 
 
 # -- data ------------------------------------------------------------------
-
-class DataError(Exception):
-    """A data problem the user can act on (printed without a traceback)."""
-
 
 def data_dir(arg: str | None) -> str:
     return arg or os.environ.get(DIR_ENV) or DEFAULT_DIR
@@ -474,53 +444,15 @@ def build_optimizers(model: FmnistNet, fused: bool):
 
 # -- training ----------------------------------------------------------------
 
-def percentile(samples, percent):
-    """Nearest-rank percentile, as leyline::baseline::percentile."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    rank = math.ceil(percent / 100.0 * len(ordered))
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
-
-
-class Trainer:
-    """One mode's model, optimizers, device buffers and epoch loop."""
+class Trainer(StepTrainer):
+    """One mode's model and optimizer around peer_common's epoch loop."""
 
     def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int) -> None:
-        (train_x, train_y), (test_x, test_y) = data
         spec = MODES[mode]
-        self.mode = mode
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.bf16 = spec.bf16
-        self.graphed = spec.graphed
-        self.compiled = spec.compile_mode is not None
-        self.inductor_cudagraphs = spec.inductor_cudagraphs
-        if spec.needs_cuda and not self.cuda:
-            raise RuntimeError(f"{spec.needs_cuda}; this run is on the CPU")
+        super().__init__(mode, spec, data, device, steps_per_epoch, BATCH, DATA_SEED)
         self.model = build_model(device)
         self.optimizers = build_optimizers(self.model, fused=self.cuda)
         self.params = [p for group in self.model.groups() for p in group]
-        self.train_x, self.train_y = train_x, train_y
-        self.test_x, self.test_y = test_x, test_y
-        self.n_train = train_x.shape[0]
-        self.steps = steps_per_epoch
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(DATA_SEED)
-        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-        if self.graphed:
-            # The graph's static inputs: every step gathers its batch into them.
-            self.static_x = torch.empty((BATCH, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
-            self.static_y = torch.empty((BATCH,), dtype=train_y.dtype, device=device)
-        else:
-            # The epoch's shuffled copy: one gather an epoch, steps read slices.
-            self.epoch_x = torch.empty_like(train_x)
-            self.epoch_y = torch.empty_like(train_y)
-        self.graph = None
-        self.eager_steps_left = GRAPH_WARMUP_STEPS
-        self.capture_ms = None
-        self.first_step_s = None
-        self.first_validation_s = None
         self.train_fn = self.forward_loss
         self.eval_fn = self.eval_logits
         if self.compiled:
@@ -530,13 +462,6 @@ class Trainer:
             self.train_fn = torch.compile(self.forward_loss, mode=spec.compile_mode, dynamic=False)
             self.eval_fn = torch.compile(self.eval_logits, dynamic=False)
 
-    def autocast(self):
-        if not self.bf16:
-            return contextlib.nullcontext()
-        # Captured graphs replay the casts themselves: no weight-cast cache.
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphed)
-
-    # the step ---------------------------------------------------------------
     def forward_loss(self, x, y):
         return F.cross_entropy(self.model(x, True), y)
 
@@ -556,327 +481,31 @@ class Trainer:
         self.loss_sum.add_(loss)
         return loss
 
-    def zero_grads(self):
-        for p in self.params:
-            p.grad = None
-
-    def eager_step(self, x, y):
-        loss = self.step(x, y)
-        self.zero_grads()
-        return loss
-
-    def graph_step(self, x_index):
-        """Gathers the batch into the static buffers, then eager / capture / replay."""
-        torch.index_select(self.train_x, 0, x_index, out=self.static_x)
-        torch.index_select(self.train_y, 0, x_index, out=self.static_y)
-        if self.graph is not None:
-            self.graph.replay()
-        elif self.eager_steps_left > 0:
-            # Warm-up on the stream the capture uses (cudnn benchmark, cuBLAS
-            # handles, momentum buffers all made here).
-            self.eager_steps_left -= 1
-            self.eager_step(self.static_x, self.static_y)
-        else:
-            self.capture()
-
-    def capture(self) -> None:
-        """Captures the whole step (eager or compiled, as the mode's train_fn)
-        on the current stream, then replays it as this step, checking that
-        the replay trained the model in place."""
-        self.zero_grads()  # grads are allocated by the captured backward, in the graph's pool
-        torch.cuda.synchronize(self.device)
-        started = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
-            self.step(self.static_x, self.static_y)
-        self.capture_ms = (time.perf_counter() - started) * 1e3
-        self.graph = graph
-        before = self.model_snapshot()
-        graph.replay()
-        self.check_trained_in_place(before)
-
     def model_tensors(self) -> dict[str, torch.Tensor]:
-        """Every parameter and buffer (BatchNorm's running statistics) by name."""
+        """Every parameter (the SGD step) and buffer (BatchNorm's running
+        statistics, the forward's update) by name."""
         return {**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}
-
-    def model_snapshot(self) -> dict[str, tuple[int, torch.Tensor]]:
-        return {name: (t.data_ptr(), t.detach().clone()) for name, t in self.model_tensors().items()}
-
-    def check_trained_in_place(self, before: dict[str, tuple[int, torch.Tensor]]) -> None:
-        """A replayed step must change every parameter (the SGD step) and every
-        BatchNorm running statistic (the forward's buffer update) in place: a
-        captured graph that wrote copies (a compiled module returning its
-        buffer updates, say) would train nothing on replay."""
-        stale = [name for name, t in self.model_tensors().items()
-                 if t.data_ptr() != before[name][0] or torch.equal(t.detach(), before[name][1])]
-        if stale:
-            raise RuntimeError(f"a replay of the captured step left unchanged (or moved): {', '.join(stale)}")
-
-    def check_static_gather(self):
-        """index_select(out=) must write the static buffers in place (the graph reads them)."""
-        pointers = (self.static_x.data_ptr(), self.static_y.data_ptr())
-        index = torch.arange(BATCH, device=self.device)
-        torch.index_select(self.train_x, 0, index, out=self.static_x)
-        torch.index_select(self.train_y, 0, index, out=self.static_y)
-        if pointers != (self.static_x.data_ptr(), self.static_y.data_ptr()):
-            raise RuntimeError("index_select(out=) reallocated a static graph input")
-
-    # epochs -----------------------------------------------------------------
-    def epoch(self, time_first_step: bool = False):
-        """One training epoch; returns (wall ms, mean train loss)."""
-        started = time.perf_counter()
-        perm = torch.randperm(self.n_train, device=self.device, generator=self.generator)
-        self.loss_sum.zero_()
-        if not self.graphed:
-            torch.index_select(self.train_x, 0, perm, out=self.epoch_x)
-            torch.index_select(self.train_y, 0, perm, out=self.epoch_y)
-        for step in range(self.steps):
-            lo = step * BATCH
-            if self.graphed:
-                self.graph_step(perm[lo:lo + BATCH])
-            else:
-                self.eager_step(self.epoch_x[lo:lo + BATCH], self.epoch_y[lo:lo + BATCH])
-            if time_first_step and step == 0:
-                # The first step (a compiled mode's compilation and autotuning).
-                self.sync()
-                self.first_step_s = time.perf_counter() - started
-        loss = self.loss_sum.item() / self.steps  # the epoch's one readback (a sync)
-        return (time.perf_counter() - started) * 1e3, loss
-
-    def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
 
     def validate(self):
         """Loss and accuracy on the test set; returns (ms, loss, accuracy)."""
         self.sync()
         started = time.perf_counter()
         with torch.inference_mode(), self.autocast():
-            logits = self.eval_fn(self.test_x)
-            loss = F.cross_entropy(logits.float(), self.test_y)
-            correct = (logits.argmax(1) == self.test_y).sum()
+            logits = self.eval_fn(self.val_x)
+            loss = F.cross_entropy(logits.float(), self.val_y)
+            correct = (logits.argmax(1) == self.val_y).sum()
             loss_value, correct_value = torch.stack([loss, correct.float()]).tolist()
         elapsed_ms = (time.perf_counter() - started) * 1e3
-        return elapsed_ms, loss_value, correct_value / self.test_x.shape[0]
-
-    # extras (after the measured epochs) ---------------------------------------
-    def replay_us_per_step(self, replays: int = 200) -> float | None:
-        if self.graph is None:
-            return None
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            self.graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / replays
-
-    def kernel_profile(self):
-        """CUDA kernels (and their summed device time) of one training step."""
-        from torch.profiler import ProfilerActivity, profile
-        x, y = self.train_x[:BATCH], self.train_y[:BATCH]
-        self.sync()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self.eager_step(x, y)
-            self.sync()
-        kernels, copies, busy_us = 0, 0, 0.0
-        for event in prof.events():
-            if event.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            name = event.name.lower()
-            if name.startswith("memcpy") or name.startswith("memset"):
-                copies += 1
-            else:
-                kernels += 1
-            busy_us += event.time_range.elapsed_us()
-        return kernels, copies, busy_us
-
-
-# Compiled modes' metrics from Dynamo's counters: (group, counter) by metric.
-COMPILE_COUNTERS = {
-    # Graphs Inductor ran without its CUDA graphs (modes with cudagraph trees).
-    "inductor_cudagraph_skips": ("inductor", "cudagraph_skips"),
-    # Inductor's FX-graph cache: hits mean a shorter compile_s than cold.
-    "fxgraph_cache_hits": ("inductor", "fxgraph_cache_hit"),
-    "fxgraph_cache_misses": ("inductor", "fxgraph_cache_miss"),
-}
-
-
-def compile_counters() -> dict[str, int]:
-    """COMPILE_COUNTERS' values so far in this process (empty where this
-    torch keeps no such counters: they are private)."""
-    try:
-        from torch._dynamo.utils import counters
-        return {metric: int(counters[group][name]) for metric, (group, name) in COMPILE_COUNTERS.items()}
-    except Exception:
-        return {}
+        return elapsed_ms, loss_value, correct_value / self.val_x.shape[0]
 
 
 def run_mode(mode: str, data, device: torch.device, args) -> dict:
-    trainer = Trainer(mode, data, device, args.steps_per_epoch)
-    metrics = {}
-    counted = compile_counters()
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
-    stream = torch.cuda.Stream(device) if cuda else None
-    epochs, validations = [], []
-    last = None
-    warmup_peak = 0
-    with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-        if trainer.graphed:
-            trainer.check_static_gather()
-        for index in range(args.warmup_epochs + args.epochs):
-            warm = index < args.warmup_epochs
-            if cuda and index == args.warmup_epochs:
-                # The warm-up's peak (cudnn benchmark tries workspaces for every
-                # new shape, the first validation's batch of 10,000 among them)
-                # is kept apart from the measured epochs' peak.
-                warmup_peak = torch.cuda.max_memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            epoch_ms, train_loss = trainer.epoch(time_first_step=(index == 0))
-            val_ms, val_loss, val_accuracy = trainer.validate()
-            if index == 0:
-                metrics["first_epoch_ms"] = epoch_ms
-                metrics["first_validation_ms"] = val_ms
-            if not warm:
-                epochs.append(epoch_ms)
-                validations.append(val_ms)
-            last = (train_loss, val_loss, val_accuracy)
-            log(f"[python {mode}] epoch {index + 1}/{args.warmup_epochs + args.epochs}"
-                f"{' (warm-up)' if warm else ''}: {epoch_ms:.1f} ms, train loss {train_loss:.4f}, "
-                f"val {val_ms:.1f} ms, val accuracy {val_accuracy:.4f}")
-        p50 = percentile(epochs, 50)
-        metrics.update(
-            epoch_ms_p50=p50,
-            epoch_ms_p95=percentile(epochs, 95),
-            epoch_ms_mean=sum(epochs) / len(epochs) if epochs else None,
-            samples_per_s=(trainer.steps * BATCH) / (p50 / 1e3) if p50 else None,
-            validation_ms_p50=percentile(validations, 50),
-            validation_ms_p95=percentile(validations, 95),
-            capture_ms=trainer.capture_ms,
-            measured_epochs=len(epochs),
-            steps_per_epoch=trainer.steps,
-            train_samples_per_epoch=trainer.steps * BATCH,
-        )
-        if trainer.compiled:
-            metrics["compile_s"] = trainer.first_step_s
-            metrics["compile_validation_s"] = metrics["first_validation_ms"] / 1e3
-        elif trainer.first_step_s is not None:
-            metrics["first_step_ms"] = trainer.first_step_s * 1e3
-        if trainer.compiled:
-            for metric, value in compile_counters().items():
-                if metric in counted and (trainer.inductor_cudagraphs or metric != "inductor_cudagraph_skips"):
-                    metrics[metric] = value - counted[metric]
-        if last is not None:
-            metrics["final_train_loss"], metrics["val_loss"], metrics["val_accuracy"] = last
-        if cuda:
-            measured_peak = torch.cuda.max_memory_allocated(device)
-            metrics["peak_memory_measured_epochs_bytes"] = measured_peak
-            metrics["peak_memory_bytes"] = max(measured_peak, warmup_peak)  # the whole mode
-            # After the measured epochs (these extras train further).
-            replay_us = trainer.replay_us_per_step()
-            if replay_us is not None:
-                metrics["replay_us_per_step"] = replay_us
-                metrics["replay_ms_per_epoch"] = replay_us * trainer.steps / 1e3
-            if args.kernels:
-                try:
-                    kernels, copies, busy_us = trainer.kernel_profile()
-                    if kernels:
-                        metrics["kernels_per_step"] = kernels
-                        metrics["memcpy_memset_per_step"] = copies
-                        metrics["gpu_busy_ms_per_epoch"] = busy_us * trainer.steps / 1e3
-                except Exception as error:  # the profiler is an extra: never fail the mode
-                    log(f"[python {mode}] kernel profile skipped: {type(error).__name__}: {error}")
-    return {k: float(v) for k, v in metrics.items() if v is not None}
+    _, metrics = measure_mode(lambda: Trainer(mode, data, device, args.steps_per_epoch), mode, device, args,
+                              lambda loss, accuracy: f"val accuracy {accuracy:.4f}")
+    return as_metrics(metrics)
 
 
 # -- records -----------------------------------------------------------------
-
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _command(*argv) -> str | None:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        return out.stdout.strip().splitlines()[0] or None
-    except Exception:  # absent tool, no repository: the field says unknown
-        return None
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def python_environment(device: torch.device) -> dict:
-    return {
-        "python_torch": torch.__version__,
-        "python_cuda": torch.version.cuda or "n/a",
-        "python_device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "python_version": sys.version.split()[0],
-    }
-
-
-def standalone_record(device: torch.device, label: str, params: dict, results: list) -> dict:
-    cuda = device.type == "cuda"
-    environment = {
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "n/a",
-        "driver": (_command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
-                   if cuda else None) or "n/a",
-        "cpu": cpu_name(),
-        "git_rev": _command("git", "rev-parse", "--short=12", "HEAD") or "unknown",
-        "tf32": True,
-        "amp": "off",  # the bf16 modes say "amp": "bf16" in their result entries
-    }
-    environment.update(python_environment(device))
-    return {"schema": 1, "workload": WORKLOAD, "label": label, "environment": environment,
-            "params": params, "results": results, "telemetry_names": []}
-
-
-def write_json(path: str, value) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=2)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
-def write_records(args, device, params, results) -> None:
-    if args.merge_into:
-        with open(args.merge_into, encoding="utf-8") as handle:
-            record = json.load(handle)
-        if record.get("workload") not in (None, WORKLOAD):
-            raise DataError(f"{args.merge_into} is a {record.get('workload')} record, not {WORKLOAD}")
-        # This run's mode names replace the python entries of the same names,
-        # so the modes can be measured in separate runs into one record.
-        names = {entry["mode"] for entry in results}
-        record["results"] = [r for r in record.get("results", [])
-                             if r.get("impl") != "python" or r.get("mode") not in names] + results
-        record.setdefault("environment", {}).update(python_environment(device))
-        peer = record.setdefault("params", {}).get("python_peer") or {}
-        compiled = {**peer.get("compile_modes", {}), **params.get("compile_modes", {})} \
-            if isinstance(peer.get("compile_modes"), dict) else params.get("compile_modes")
-        record["params"]["python_peer"] = {**params, **({"compile_modes": compiled} if compiled else {})}
-        write_json(args.merge_into, record)
-    if args.out:
-        write_json(args.out, standalone_record(device, args.label, params, results))
-
 
 TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("samples_per_s", "samples/s", 0),
          ("validation_ms_p50", "val ms", 2), ("capture_ms", "capture ms", 1), ("compile_s", "compile s", 1),
@@ -884,74 +513,24 @@ TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("samples
          ("peak_memory_bytes", "peak MiB", -1), ("final_train_loss", "loss", 4), ("val_accuracy", "val acc", 4)]
 
 
-def print_table(results: list, device_name: str) -> None:
-    print(f"\n{WORKLOAD} python peer on {device_name} (torch {torch.__version__})")
-    width = max([len("mode"), *(len(entry["mode"]) for entry in results)])
-    print(f"{'mode':<{width}}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
-    for entry in results:
-        line = f"{entry['mode']:<{width}}"
-        if entry.get("error"):
-            line += " error: " + entry["error"].splitlines()[0][:110]
-        else:
-            for key, _, digits in TABLE:
-                value = entry["metrics"].get(key)
-                if value is None:
-                    line += f" {'-':>10}"
-                elif digits < 0:
-                    line += f" {value / 2**20:>10.1f}"
-                else:
-                    line += f" {value:>10.{digits}f}"
-        print(line)
-
-
 def compile_modes(modes: list[str]) -> dict:
     """For the record's params: each compiled mode's torch.compile mode and
     the Inductor options it sets (as this torch defines the mode)."""
     described = {}
     for mode in modes:
-        compile_mode = MODES[mode].compile_mode
-        if compile_mode is None:
-            continue
-        try:
-            from torch._inductor import list_mode_options
-            options = list_mode_options(compile_mode)
-        except Exception:  # described by name only where this torch cannot list it
-            options = None
-        described[mode] = {"torch_compile_mode": compile_mode, "inductor_options": options,
-                           "cuda_graphs": MODES[mode].cuda_graphs,
-                           "validation": "torch.compile, mode default"}
+        description = describe_compile_mode(MODES[mode])
+        if description is not None:
+            described[mode] = {**description, "validation": "torch.compile, mode default"}
     return described
 
 
-def run_entry(mode: str, data, device: torch.device, args) -> dict:
-    """One mode's result entry: its metrics, or why it has none (skipped on
-    the CPU, or failed: one failing mode never loses the others)."""
-    spec = MODES[mode]
-    entry = {"impl": "python", "mode": mode, "amp": "bf16" if spec.bf16 else "off", "metrics": {}}
-    if spec.needs_cuda and device.type != "cuda":
-        entry["error"] = f"{spec.needs_cuda}; this run is on the CPU"
-        log(f"[python {mode}] skipped: {entry['error']}")
-        return entry
-    try:
-        entry["metrics"] = run_mode(mode, data, device, args)
-    except Exception as error:  # recorded honestly: a failing mode is a result
-        message = f"{type(error).__name__}: {error}".strip()
-        first_lines = "\n".join(message.splitlines()[:6])
-        log(f"[python {mode}] failed: {first_lines}")
-        traceback.print_exc(limit=4, file=sys.stderr)
-        entry["error"] = first_lines[:2000]
-    try:
-        if spec.compile_mode is not None:
-            # Frees the mode's compiled code and Inductor's CUDA graph pools
-            # (cudagraph trees) before the next mode's memory is measured.
-            torch.compiler.reset()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as error:  # a broken mode must not hide the next ones
-        log(f"[python {mode}] device left in error state: {error}")
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return entry
+def merge_params(record_params: dict, params: dict) -> None:
+    """The record's python_peer params become this run's; its compiled
+    modes' descriptions add to the ones already there."""
+    peer = record_params.get("python_peer") or {}
+    compiled = {**peer.get("compile_modes", {}), **params.get("compile_modes", {})} \
+        if isinstance(peer.get("compile_modes"), dict) else params.get("compile_modes")
+    record_params["python_peer"] = {**params, **({"compile_modes": compiled} if compiled else {})}
 
 
 def main() -> int:
@@ -983,11 +562,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown modes {unknown}; known: {', '.join(ALL_MODES)}")
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    device = pick_device(args.device)
     torch.backends.cudnn.benchmark = True
-    torch.set_float32_matmul_precision("high")
 
     params = dict(PARAMS)
     try:
@@ -1014,21 +590,9 @@ def main() -> int:
 
     if any(MODES[mode].compile_mode for mode in modes):
         params["compile_modes"] = compile_modes(modes)
-    results = []
-    for mode in modes:
-        results.append(run_entry(mode, data, device, args))
-        try:  # after every mode, so a run cut short keeps what it measured
-            write_records(args, device, params, results)
-        except (OSError, ValueError, DataError) as error:
-            print(f"error: cannot write the record: {error}", file=sys.stderr)
-            return 2
-    if args.merge_into:
-        log(f"merged {len(results)} python results into {args.merge_into}")
-    if not args.merge_into and not args.out:
-        json.dump(results, sys.stdout, indent=2)
-        print()
-    print_table(results, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
-    return 0
+    return write_all(WORKLOAD, args, device, params, modes,
+                     lambda mode: run_entry(mode, MODES[mode], device, lambda: run_mode(mode, data, device, args)),
+                     TABLE, merge_params)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,10 @@ from earlier runs, and autotuning results of earlier modes of this run,
 shorten compile times (the metrics fxgraph_cache_hits / _misses say which);
 Dynamo is reset after every compiled mode.
 
+This file holds the workload (data, model, step, validation, params); the
+epoch loop, the hand-captured graph, the metrics and the records are
+peer_common.py's, beside it.
+
 Usage:
   tolaria_lm.py [--merge-into RECORD.json] [--out RECORD.json]
                 [--data-dir DIR | --synthetic] [--quick]
@@ -193,21 +197,18 @@ params.python_peer); --out writes a standalone record of the same shape.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
-import traceback
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from peer_common import (GRAPH_WARMUP_STEPS, HAND_GRAPH, DataError, Mode, StepTrainer, as_metrics,
+                         describe_compile_mode, log, measure_mode, pick_device, run_entry, write_all)
 
 WORKLOAD = "tolaria-lm"
 DIR_ENV = "ESPER_TEXT_CORPUS_DIR"
@@ -240,7 +241,6 @@ LR, BETAS, ADAM_EPS, WEIGHT_DECAY = 1e-3, (0.9, 0.999), 1e-8, 0.01
 INIT_SEED = 20251001
 DATA_SEED = 20251002
 SPLIT_SEED = 20_261_128  # tolaria::engine::bench::lm::SEED (the Rust benchmark's document split)
-GRAPH_WARMUP_STEPS = 3
 
 HOST_PARAMS = VOCAB * WIDTH + CONTEXT * WIDTH + LAYERS * (12 * WIDTH**2 + 13 * WIDTH) + 2 * WIDTH
 MLP_SMALL_PARAMS = 4 * WIDTH**2 + 3 * WIDTH
@@ -248,31 +248,6 @@ ATTENTION_PARAMS = 4 * WIDTH**2 + 4 * WIDTH
 
 
 
-@dataclass(frozen=True)
-class Mode:
-    """How one record mode runs the training step."""
-
-    bf16: bool = False
-    # The whole training step captured by hand in one torch.cuda.CUDAGraph.
-    graphed: bool = False
-    # torch.compile mode of forward + loss (None: eager).
-    compile_mode: str | None = None
-    # Why the mode cannot run on the CPU (None: it can).
-    needs_cuda: str | None = None
-
-    @property
-    def inductor_cudagraphs(self) -> bool:
-        """Inductor records its own CUDA graphs (cudagraph trees)."""
-        return self.compile_mode in ("reduce-overhead", "max-autotune")
-
-    @property
-    def cuda_graphs(self) -> str:
-        if self.graphed:
-            return "the whole step, captured by hand"
-        return "Inductor's (cudagraph trees)" if self.inductor_cudagraphs else "none"
-
-
-HAND_GRAPH = "CUDA graphs need a CUDA device"
 MODES = {
     "eager": Mode(),
     "eager-bf16": Mode(bf16=True),
@@ -347,10 +322,6 @@ PARAMS = {
 
 
 # -- data ------------------------------------------------------------------
-
-class DataError(Exception):
-    """A data problem the user can act on (printed without a traceback)."""
-
 
 HINT = (f"Install Debian's fortunes package (`cargo xtask provision` does), point --data-dir or ${DIR_ENV} "
         "at a folder of text files whose documents are separated by lines holding `%`, or pass --synthetic.")
@@ -787,36 +758,16 @@ class GradAggregator:
 
 # -- training ----------------------------------------------------------------
 
-def percentile(samples, percent):
-    """Nearest-rank percentile, as leyline::baseline::percentile."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    rank = math.ceil(percent / 100.0 * len(ordered))
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
-
-
-class Trainer:
-    """One mode's model, optimizer, device buffers and epoch loop; with
+class Trainer(StepTrainer):
+    """One mode's model and optimizer around peer_common's epoch loop; with
     `aggregation` the step is Rust's gradient-tap step (teacher + PCGrad),
     without it one plain backward (the record's mode name gets `-plain`)."""
 
     def __init__(self, mode: str, data, device: torch.device, steps_per_epoch: int,
                  aggregation: bool = True) -> None:
-        (train_x, train_y), (val_x, val_y) = data
         spec = MODES[mode]
-        self.mode = entry_mode(mode, aggregation)
+        super().__init__(entry_mode(mode, aggregation), spec, data, device, steps_per_epoch, BATCH, DATA_SEED)
         self.aggregation = aggregation
-        self.device = device
-        self.cuda = device.type == "cuda"
-        self.bf16 = spec.bf16
-        self.graphed = spec.graphed
-        self.compiled = spec.compile_mode is not None
-        self.inductor_cudagraphs = spec.inductor_cudagraphs
-        if spec.needs_cuda and not self.cuda:
-            raise RuntimeError(f"{spec.needs_cuda}; this run is on the CPU")
-        if self.compiled:
-            torch.compiler.reset()  # fresh caches: no recompile limit carried over from another mode
         self.model = build_model(device)
         self.optimizer = build_optimizer(self.model, fused=self.cuda, capturable=self.graphed)
         host, seed_r0c0, seed_r0c1 = self.model.groups()
@@ -829,25 +780,6 @@ class Trainer:
             for p in self.params:
                 p.grad = torch.zeros_like(p)
             self.aggregator = GradAggregator([p.grad for p in self.host_params], seeds=len(TAPPED_SLOTS))
-        self.train_x, self.train_y = train_x, train_y
-        self.val_x, self.val_y = val_x, val_y
-        self.n_train = train_x.shape[0]
-        self.steps = steps_per_epoch
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(DATA_SEED)
-        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
-        if self.graphed:
-            # The graph's static inputs: every step gathers its batch into them.
-            self.static_x = torch.empty((BATCH, CONTEXT), dtype=train_x.dtype, device=device)
-            self.static_y = torch.empty((BATCH, CONTEXT), dtype=train_y.dtype, device=device)
-        else:
-            # The epoch's shuffled copy: one gather an epoch, steps read slices.
-            self.epoch_x = torch.empty((self.steps * BATCH, CONTEXT), dtype=train_x.dtype, device=device)
-            self.epoch_y = torch.empty((self.steps * BATCH, CONTEXT), dtype=train_y.dtype, device=device)
-        self.graph = None
-        self.eager_steps_left = GRAPH_WARMUP_STEPS
-        self.capture_ms = None
-        self.first_step_s = None
         self.train_fn = self.forward_loss
         self.stages = (self.model.stage_r0c0, self.model.stage_r0c1, self.stage_loss)
         self.eval_fn = self.eval_sums
@@ -869,12 +801,6 @@ class Trainer:
             else:
                 self.train_fn = compiled(self.forward_loss)
             self.eval_fn = torch.compile(self.eval_sums, dynamic=False, fullgraph=True)
-
-    def autocast(self):
-        if not self.bf16:
-            return contextlib.nullcontext()
-        # Captured graphs replay the casts themselves: no weight-cast cache.
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=not self.graphed)
 
     # the step ---------------------------------------------------------------
     @staticmethod
@@ -929,101 +855,16 @@ class Trainer:
                 loss = self.train_fn(x, y)
             loss.backward()
         self.optimizer.step()
-        self.loss_sum.add_(loss.detach())
+        loss = loss.detach()
+        self.loss_sum.add_(loss)
+        return loss
 
     def zero_grads(self):
         """The plain step's gradients to None (its backward writes fresh
         ones; a captured one in the graph's pool). The tap step's persist:
         every step overwrites them."""
-        if self.aggregation:
-            return
-        for p in self.params:
-            p.grad = None
-
-    def eager_step(self, x, y):
-        self.step(x, y)
-        self.zero_grads()
-
-    def graph_step(self, x_index):
-        """Gathers the batch into the static buffers, then eager / capture / replay."""
-        torch.index_select(self.train_x, 0, x_index, out=self.static_x)
-        torch.index_select(self.train_y, 0, x_index, out=self.static_y)
-        if self.graph is not None:
-            self.graph.replay()
-        elif self.eager_steps_left > 0:
-            # Warm-up on the stream the capture uses (cuBLAS handles, AdamW
-            # state, and in inductor-graph compilation and autotuning).
-            self.eager_steps_left -= 1
-            self.eager_step(self.static_x, self.static_y)
-        else:
-            self.capture()
-
-    def capture(self) -> None:
-        """Captures the whole step (eager or compiled, as the mode's train_fn)
-        on the current stream, then replays it as this step, checking that
-        the replay trained the model in place."""
-        self.zero_grads()  # plain: grads are allocated by the captured backward, in the graph's pool
-        torch.cuda.synchronize(self.device)
-        started = time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=torch.cuda.current_stream(self.device)):
-            self.step(self.static_x, self.static_y)
-        self.capture_ms = (time.perf_counter() - started) * 1e3
-        self.graph = graph
-        before = self.model_snapshot()
-        graph.replay()
-        self.check_trained_in_place(before)
-
-    def model_snapshot(self) -> dict[str, tuple[int, torch.Tensor]]:
-        return {name: (p.data_ptr(), p.detach().clone()) for name, p in self.model.named_parameters()}
-
-    def check_trained_in_place(self, before: dict[str, tuple[int, torch.Tensor]]) -> None:
-        """A replayed step must change every parameter in place (AdamW's
-        update; by the capture every gradient is live, fc1's and qkv's of
-        the seeds too): a captured graph that wrote copies would train
-        nothing on replay."""
-        stale = [name for name, p in self.model.named_parameters()
-                 if p.data_ptr() != before[name][0] or torch.equal(p.detach(), before[name][1])]
-        if stale:
-            raise RuntimeError(f"a replay of the captured step left unchanged (or moved): {', '.join(stale)}")
-
-    def check_static_gather(self):
-        """index_select(out=) must write the static buffers in place (the graph reads them)."""
-        pointers = (self.static_x.data_ptr(), self.static_y.data_ptr())
-        index = torch.arange(BATCH, device=self.device)
-        torch.index_select(self.train_x, 0, index, out=self.static_x)
-        torch.index_select(self.train_y, 0, index, out=self.static_y)
-        if pointers != (self.static_x.data_ptr(), self.static_y.data_ptr()):
-            raise RuntimeError("index_select(out=) reallocated a static graph input")
-
-    # epochs -----------------------------------------------------------------
-    def epoch(self, time_first_step: bool = False):
-        """One training epoch; returns (wall ms, mean train loss)."""
-        started = time.perf_counter()
-        perm = torch.randperm(self.n_train, device=self.device, generator=self.generator)
-        self.loss_sum.zero_()
-        if not self.graphed:
-            used = perm[:self.steps * BATCH]
-            torch.index_select(self.train_x, 0, used, out=self.epoch_x)
-            torch.index_select(self.train_y, 0, used, out=self.epoch_y)
-        for step in range(self.steps):
-            lo = step * BATCH
-            if self.graphed:
-                self.graph_step(perm[lo:lo + BATCH])
-            else:
-                self.eager_step(self.epoch_x[lo:lo + BATCH], self.epoch_y[lo:lo + BATCH])
-            if time_first_step and step == 0:
-                self.sync()
-                self.first_step_s = time.perf_counter() - started
-        loss = self.loss_sum.item() / self.steps  # the epoch's one readback (a sync)
-        elapsed_ms = (time.perf_counter() - started) * 1e3
-        if not math.isfinite(loss):
-            raise RuntimeError(f"{self.mode}: the epoch's mean training loss is {loss}")
-        return elapsed_ms, loss
-
-    def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        if not self.aggregation:
+            super().zero_grads()
 
     def validate(self):
         """Token loss and accuracy on the validation windows; returns (ms, loss, accuracy)."""
@@ -1043,232 +884,24 @@ class Trainer:
         tokens = n * CONTEXT
         return elapsed_ms, loss_value / tokens, correct_value / tokens
 
-    # extras (after the measured epochs) ---------------------------------------
-    def replay_us_per_step(self, replays: int = 200) -> float | None:
-        if self.graph is None:
-            return None
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            self.graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3 / replays
-
-    def kernel_profile(self):
-        """CUDA kernels (and their summed device time) of one training step."""
-        from torch.profiler import ProfilerActivity, profile
-        x, y = self.train_x[:BATCH], self.train_y[:BATCH]
-        if self.graphed:
-            self.static_x.copy_(x)
-            self.static_y.copy_(y)
-        self.sync()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            if self.graph is not None:
-                self.graph.replay()
-            else:
-                self.eager_step(x, y)
-            self.sync()
-        kernels, copies, busy_us = 0, 0, 0.0
-        for event in prof.events():
-            if event.device_type != torch.autograd.DeviceType.CUDA:
-                continue
-            name = event.name.lower()
-            if name.startswith("memcpy") or name.startswith("memset"):
-                copies += 1
-            else:
-                kernels += 1
-            busy_us += event.time_range.elapsed_us()
-        return kernels, copies, busy_us
-
-
-# Compiled modes' metrics from Dynamo's counters: (group, counter) by metric.
-COMPILE_COUNTERS = {
-    # Graphs Inductor ran without its CUDA graphs (modes with cudagraph trees).
-    "inductor_cudagraph_skips": ("inductor", "cudagraph_skips"),
-    # Inductor's FX-graph cache: hits mean a shorter compile_s than cold.
-    "fxgraph_cache_hits": ("inductor", "fxgraph_cache_hit"),
-    "fxgraph_cache_misses": ("inductor", "fxgraph_cache_miss"),
-}
-
-
-def compile_counters() -> dict[str, int]:
-    """COMPILE_COUNTERS' values so far in this process (empty where this
-    torch keeps no such counters: they are private)."""
-    try:
-        from torch._dynamo.utils import counters
-        return {metric: int(counters[group][name]) for metric, (group, name) in COMPILE_COUNTERS.items()}
-    except Exception:
-        return {}
-
 
 def run_mode(mode: str, data, device: torch.device, args) -> dict:
-    cuda = device.type == "cuda"
-    name = entry_mode(mode, args.aggregation)
-    if cuda:
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    trainer = Trainer(mode, data, device, args.steps_per_epoch, aggregation=args.aggregation)
-    metrics = {}
-    if cuda:
-        metrics["device_memory_at_start_bytes"] = torch.cuda.memory_allocated(device)
-    counted = compile_counters()
-    stream = torch.cuda.Stream(device) if cuda else None
-    epochs, validations = [], []
-    last = None
-    warmup_peak = 0
-    with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-        if trainer.graphed:
-            trainer.check_static_gather()
-        for index in range(args.warmup_epochs + args.epochs):
-            warm = index < args.warmup_epochs
-            if cuda and index == args.warmup_epochs:
-                # The warm-up's peak (compilation, autotuning, capture, the
-                # first validation) is kept apart from the measured epochs' peak.
-                warmup_peak = torch.cuda.max_memory_allocated(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            epoch_ms, train_loss = trainer.epoch(time_first_step=(index == 0))
-            val_ms, val_loss, val_accuracy = trainer.validate()
-            if not math.isfinite(val_loss):
-                raise RuntimeError(f"{name}: the validation loss is {val_loss}")
-            if index == 0:
-                metrics["first_epoch_ms"] = epoch_ms
-                metrics["first_validation_ms"] = val_ms
-            if not warm:
-                epochs.append(epoch_ms)
-                validations.append(val_ms)
-            last = (train_loss, val_loss, val_accuracy)
-            log(f"[python {name}] epoch {index + 1}/{args.warmup_epochs + args.epochs}"
-                f"{' (warm-up)' if warm else ''}: {epoch_ms:.1f} ms, train loss {train_loss:.4f}, "
-                f"val {val_ms:.1f} ms, val loss {val_loss:.4f}, accuracy {val_accuracy:.4f}, "
-                f"perplexity {math.exp(val_loss):.3f}")
-        p50 = percentile(epochs, 50)
-        samples_per_s = (trainer.steps * BATCH) / (p50 / 1e3) if p50 else None
-        metrics.update(
-            epoch_ms_p50=p50,
-            epoch_ms_p95=percentile(epochs, 95),
-            epoch_ms_mean=sum(epochs) / len(epochs) if epochs else None,
-            samples_per_s=samples_per_s,
-            tokens_per_s=samples_per_s * CONTEXT if samples_per_s else None,
-            validation_ms_p50=percentile(validations, 50),
-            validation_ms_p95=percentile(validations, 95),
-            capture_ms=trainer.capture_ms,
-            measured_epochs=len(epochs),
-            steps_per_epoch=trainer.steps,
-            train_samples_per_epoch=trainer.steps * BATCH,
-            train_tokens_per_epoch=trainer.steps * BATCH * CONTEXT,
-            validation_samples=trainer.val_x.shape[0],
-        )
-        if trainer.compiled:
-            metrics["compile_s"] = trainer.first_step_s
-            metrics["compile_validation_s"] = metrics["first_validation_ms"] / 1e3
-            for metric, value in compile_counters().items():
-                if metric in counted and (trainer.inductor_cudagraphs or metric != "inductor_cudagraph_skips"):
-                    metrics[metric] = value - counted[metric]
-        elif trainer.first_step_s is not None:
-            metrics["first_step_ms"] = trainer.first_step_s * 1e3
-        if last is not None:
-            metrics["final_train_loss"], metrics["val_loss"], metrics["val_accuracy"] = last
-            metrics["val_perplexity"] = math.exp(last[1])
-        if cuda:
-            measured_peak = torch.cuda.max_memory_allocated(device)
-            metrics["peak_memory_measured_epochs_bytes"] = measured_peak
-            metrics["peak_memory_bytes"] = max(measured_peak, warmup_peak)  # the whole mode
-            # After the measured epochs (these extras train further).
-            replay_us = trainer.replay_us_per_step()
-            if replay_us is not None:
-                metrics["replay_us_per_step"] = replay_us
-                metrics["replay_ms_per_epoch"] = replay_us * trainer.steps / 1e3
-            if args.kernels:
-                try:
-                    kernels, copies, busy_us = trainer.kernel_profile()
-                    if kernels:
-                        metrics["kernels_per_step"] = kernels
-                        metrics["memcpy_memset_per_step"] = copies
-                        metrics["gpu_busy_ms_per_epoch"] = busy_us * trainer.steps / 1e3
-                except Exception as error:  # the profiler is an extra: never fail the mode
-                    log(f"[python {name}] kernel profile skipped: {type(error).__name__}: {error}")
-    return {k: float(v) for k, v in metrics.items() if v is not None}
+    trainer, metrics = measure_mode(
+        lambda: Trainer(mode, data, device, args.steps_per_epoch, aggregation=args.aggregation),
+        entry_mode(mode, args.aggregation), device, args,
+        lambda loss, accuracy: f"val loss {loss:.4f}, accuracy {accuracy:.4f}, perplexity {math.exp(loss):.3f}")
+    samples_per_s = metrics["samples_per_s"]
+    metrics.update(
+        tokens_per_s=samples_per_s * CONTEXT if samples_per_s else None,
+        train_tokens_per_epoch=trainer.steps * BATCH * CONTEXT,
+        validation_samples=trainer.val_x.shape[0],
+    )
+    if metrics.get("val_loss") is not None:
+        metrics["val_perplexity"] = math.exp(metrics["val_loss"])
+    return as_metrics(metrics)
 
 
 # -- records -----------------------------------------------------------------
-
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _command(*argv) -> str | None:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__)))
-        return out.stdout.strip().splitlines()[0] or None
-    except Exception:  # absent tool, no repository: the field says unknown
-        return None
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def python_environment(device: torch.device) -> dict:
-    return {
-        "python_torch": torch.__version__,
-        "python_cuda": torch.version.cuda or "n/a",
-        "python_device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "python_version": sys.version.split()[0],
-    }
-
-
-def standalone_record(device: torch.device, label: str, params: dict, results: list) -> dict:
-    cuda = device.type == "cuda"
-    environment = {
-        "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda or "n/a",
-        "driver": (_command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
-                   if cuda else None) or "n/a",
-        "cpu": cpu_name(),
-        "git_rev": _command("git", "rev-parse", "--short=12", "HEAD") or "unknown",
-        "tf32": True,
-        "amp": "off",  # the bf16 modes say "amp": "bf16" in their result entries
-    }
-    environment.update(python_environment(device))
-    return {"schema": 1, "workload": WORKLOAD, "label": label, "environment": environment,
-            "params": params, "results": results, "telemetry_names": []}
-
-
-def write_json(path: str, value) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, indent=2)
-        handle.write("\n")
-    os.replace(tmp, path)
-
-
-def write_records(args, device, params, results) -> None:
-    if args.merge_into:
-        with open(args.merge_into, encoding="utf-8") as handle:
-            record = json.load(handle)
-        if record.get("workload") not in (None, WORKLOAD):
-            raise DataError(f"{args.merge_into} is a {record.get('workload')} record, not {WORKLOAD}")
-        # This run's mode names replace the python entries of the same names
-        # (a --no-aggregation run's `-plain` entries sit beside the others).
-        names = {entry["mode"] for entry in results}
-        record["results"] = [r for r in record.get("results", [])
-                             if r.get("impl") != "python" or r.get("mode") not in names] + results
-        record.setdefault("environment", {}).update(python_environment(device))
-        record.setdefault("params", {})["python_peer" if args.aggregation else "python_peer_plain"] = params
-        write_json(args.merge_into, record)
-    if args.out:
-        write_json(args.out, standalone_record(device, args.label, params, results))
-
 
 TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("tokens_per_s", "tokens/s", 0),
          ("validation_ms_p50", "val ms", 2), ("capture_ms", "capture ms", 1), ("compile_s", "compile s", 1),
@@ -1277,24 +910,11 @@ TABLE = [("epoch_ms_p50", "p50 ms", 1), ("epoch_ms_p95", "p95 ms", 1), ("tokens_
          ("val_perplexity", "val ppl", 3), ("val_accuracy", "val acc", 4)]
 
 
-def print_table(results: list, device_name: str) -> None:
-    print(f"\n{WORKLOAD} python peer on {device_name} (torch {torch.__version__})")
-    width = max([len("mode"), *(len(entry["mode"]) for entry in results)])
-    print(f"{'mode':<{width}}" + "".join(f" {title:>10}" for _, title, _ in TABLE))
-    for entry in results:
-        line = f"{entry['mode']:<{width}}"
-        if entry.get("error"):
-            line += " error: " + entry["error"].splitlines()[0][:110]
-        else:
-            for key, _, digits in TABLE:
-                value = entry["metrics"].get(key)
-                if value is None:
-                    line += f" {'-':>10}"
-                elif digits < 0:
-                    line += f" {value / 2**20:>10.1f}"
-                else:
-                    line += f" {value:>10.{digits}f}"
-        print(line)
+def merge_params(record_params: dict, params: dict) -> None:
+    """This run's params: the record's python_peer (the aggregating step)
+    or python_peer_plain (--no-aggregation)."""
+    plain = params.get("gradient_aggregation") == PLAIN_STEP
+    record_params["python_peer_plain" if plain else "python_peer"] = params
 
 
 def parse_args() -> argparse.Namespace:
@@ -1351,59 +971,17 @@ def compile_modes(modes: list[str], aggregation: bool) -> dict:
     graphs = (COMPILED_TAP_STEP if aggregation
               else "one: forward + loss (backward by AOTAutograd); loss.backward() and AdamW eager")
     for mode in modes:
-        compile_mode = MODES[mode].compile_mode
-        if compile_mode is None:
-            continue
-        try:
-            from torch._inductor import list_mode_options
-            options = list_mode_options(compile_mode)
-        except Exception:  # described by name only where this torch cannot list it
-            options = None
-        described[entry_mode(mode, aggregation)] = {
-            "torch_compile_mode": compile_mode, "inductor_options": options,
-            "cuda_graphs": MODES[mode].cuda_graphs, "fullgraph": True, "training_graphs": graphs,
-            "validation": "torch.compile, mode default"}
+        description = describe_compile_mode(MODES[mode])
+        if description is not None:
+            described[entry_mode(mode, aggregation)] = {
+                **description, "fullgraph": True, "training_graphs": graphs,
+                "validation": "torch.compile, mode default"}
     return described
-
-
-def run_entry(mode: str, data, device: torch.device, args) -> dict:
-    """One mode's result entry: its metrics, or why it has none (skipped on
-    the CPU, or failed: one failing mode never loses the others)."""
-    spec = MODES[mode]
-    name = entry_mode(mode, args.aggregation)
-    entry = {"impl": "python", "mode": name, "amp": "bf16" if spec.bf16 else "off", "metrics": {}}
-    if spec.needs_cuda and device.type != "cuda":
-        entry["error"] = f"{spec.needs_cuda}; this run is on the CPU"
-        log(f"[python {name}] skipped: {entry['error']}")
-        return entry
-    try:
-        entry["metrics"] = run_mode(mode, data, device, args)
-    except Exception as error:  # recorded honestly: a failing mode is a result
-        message = f"{type(error).__name__}: {error}".strip()
-        first_lines = "\n".join(message.splitlines()[:6])
-        log(f"[python {name}] failed: {first_lines}")
-        traceback.print_exc(limit=4, file=sys.stderr)
-        entry["error"] = first_lines[:2000]
-    try:
-        if spec.compile_mode is not None:
-            # Frees the mode's compiled code and Inductor's CUDA graph pools
-            # (cudagraph trees) before the next mode's memory is measured.
-            torch.compiler.reset()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as error:  # a broken mode must not hide the next ones
-        log(f"[python {name}] device left in error state: {error}")
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return entry
 
 
 def main() -> int:
     args = parse_args()
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.set_float32_matmul_precision("high")
+    device = pick_device(args.device)
 
     try:
         data, source, counts = load_data(args)
@@ -1439,21 +1017,9 @@ def main() -> int:
         f"validation windows, {args.warmup_epochs} warm-up + {args.epochs} measured epochs of "
         f"{args.steps_per_epoch} steps, modes {', '.join(args.modes)}")
 
-    results = []
-    for mode in args.modes:
-        results.append(run_entry(mode, data, device, args))
-        try:  # after every mode, so a run cut short keeps what it measured
-            write_records(args, device, params, results)
-        except (OSError, ValueError, DataError) as error:
-            print(f"error: cannot write the record: {error}", file=sys.stderr)
-            return 2
-    if args.merge_into:
-        log(f"merged {len(results)} python results into {args.merge_into}")
-    if not args.merge_into and not args.out:
-        json.dump(results, sys.stdout, indent=2)
-        print()
-    print_table(results, torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu")
-    return 0
+    return write_all(WORKLOAD, args, device, params, args.modes, lambda mode: run_entry(
+        entry_mode(mode, args.aggregation), MODES[mode], device, lambda: run_mode(mode, data, device, args)),
+        TABLE, merge_params)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,8 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
         root.join("bench/python/tolaria_reference.py"),
         bundle.join("tolaria_reference.py"),
     )?;
-    for peer in ["tolaria_fmnist.py", "tolaria_lm.py"] {
+    // The peers import peer_common.py from their own folder.
+    for peer in ["peer_common.py", "tolaria_fmnist.py", "tolaria_lm.py"] {
         let path = root.join("bench/python").join(peer);
         if path.exists() {
             std::fs::copy(&path, bundle.join(peer))?;
