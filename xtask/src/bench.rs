@@ -11,7 +11,7 @@
 //! ([`compare`]).
 
 mod compare;
-mod peers;
+pub(crate) mod peers;
 mod report;
 
 use std::path::Path;

@@ -215,6 +215,8 @@ fn run_tests(root: &Path) -> Result<()> {
     // Telemetry names, deterministic figures and timings of a short seeded
     // CPU run against the committed baseline.
     parity::run(root, parity::Options::default())?;
+    // The PyTorch peers the GPU bundle measures against: they still run.
+    bench::peers::smoke(root)?;
     eprintln!(
         "==> all checks passed in {:.0} s",
         started.elapsed().as_secs_f64()

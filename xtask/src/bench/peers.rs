@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 /// Runs the peer `script` with a python that has torch (ESPER_BENCH_PYTHON,
 /// then python3, then the provisioned venv), merging into `record`.
@@ -49,4 +49,155 @@ fn python_with_torch(root: &Path) -> Option<PathBuf> {
             .status()
             .is_ok_and(|status| status.success())
     })
+}
+
+/// `cargo xtask test`'s check of the peers the GPU bundle runs: on the CPU,
+/// on synthetic data, a few steps of each peer's eager mode (and a CUDA-only
+/// mode, which must be recorded as skipped), then the record read back:
+/// every eager entry has an epoch time and a finite validation loss. Also
+/// `tolaria_fmnist_check.py`, which trains the Fashion-MNIST peer beside a
+/// second PyTorch network and compares losses and tensors. A peer that no
+/// longer runs fails the test command here rather than on the GPU machine.
+pub(crate) fn smoke(root: &Path) -> Result<()> {
+    let Some(python) = python_with_torch(root) else {
+        bail!(
+            "no python3 with torch found for the Python peers' check (the provisioned venv \
+             behind .esper-torch has one: run `cargo xtask provision`, or set ESPER_BENCH_PYTHON)"
+        );
+    };
+    let scratch = std::env::temp_dir().join(format!("esper-peers-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let result = smoke_in(root, &python, &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+fn smoke_in(root: &Path, python: &Path, scratch: &Path) -> Result<()> {
+    let python_dir = root.join("bench/python");
+    crate::run_step(
+        "python peers: tolaria_fmnist_check.py (the peer against a second PyTorch network)",
+        Command::new(python)
+            .arg(python_dir.join("tolaria_fmnist_check.py"))
+            .arg("--synthetic")
+            .env("PYTHONUNBUFFERED", "1"),
+    )?;
+    for (script, workload) in [
+        ("tolaria_fmnist.py", "tolaria-fmnist"),
+        ("tolaria_lm.py", "tolaria-lm"),
+    ] {
+        let record = scratch.join(format!("{workload}.json"));
+        crate::run_step(
+            &format!("python peers: {script} on the CPU (eager, a few steps)"),
+            Command::new(python)
+                .arg(python_dir.join(script))
+                .args(["--synthetic", "--device", "cpu", "--quick", "--no-kernels"])
+                .args(["--modes", "eager,graph", "--steps-per-epoch", "2"])
+                .args(["--epochs", "1", "--warmup-epochs", "0", "--out"])
+                .arg(&record)
+                .env("PYTHONUNBUFFERED", "1"),
+        )?;
+        check_record(&record, workload)?;
+    }
+    Ok(())
+}
+
+/// The smoke run's record: its workload, an eager entry with an epoch time
+/// and a finite validation loss, the graph entry skipped with its reason.
+fn check_record(path: &Path, workload: &str) -> Result<()> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let record: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    if record["workload"] != workload {
+        bail!(
+            "{}: workload {}, expected {workload}",
+            path.display(),
+            record["workload"]
+        );
+    }
+    let entry = |mode: &str| {
+        record["results"]
+            .as_array()
+            .and_then(|results| results.iter().find(|entry| entry["mode"] == mode))
+            .with_context(|| format!("{}: no `{mode}` entry", path.display()))
+    };
+    let eager = entry("eager")?;
+    if let Some(error) = eager.get("error") {
+        bail!("{}: the eager mode failed: {error}", path.display());
+    }
+    let metric = |name: &str| eager["metrics"][name].as_f64();
+    let epoch_ms = metric("epoch_ms_p50");
+    let val_loss = metric("val_loss");
+    if !epoch_ms.is_some_and(|ms| ms > 0.0) || !val_loss.is_some_and(f64::is_finite) {
+        bail!(
+            "{}: the eager entry lacks a positive epoch_ms_p50 or a finite val_loss: {}",
+            path.display(),
+            eager["metrics"]
+        );
+    }
+    let skipped = entry("graph")?["error"].as_str().unwrap_or_default();
+    if !skipped.contains("this run is on the CPU") {
+        bail!(
+            "{}: the CUDA-only graph mode was not recorded as skipped on the CPU: {skipped:?}",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::check_record;
+
+    fn record(dir: &Path, eager: &str, graph: &str) -> PathBuf {
+        let path = dir.join("record.json");
+        let text = format!(
+            r#"{{"workload": "tolaria-lm", "results": [{{"impl": "python", "mode": "eager", {eager}}},
+                {{"impl": "python", "mode": "graph", {graph}}}]}}"#
+        );
+        std::fs::write(&path, text).expect("written");
+        path
+    }
+
+    const SKIPPED: &str =
+        r#""metrics": {}, "error": "CUDA graphs need a CUDA device; this run is on the CPU""#;
+
+    #[test]
+    fn a_smoke_record_passes_only_with_a_measured_eager_entry_and_a_skipped_graph() {
+        let dir = std::env::temp_dir().join(format!("esper-peers-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("folder");
+        let good = r#""metrics": {"epoch_ms_p50": 12.5, "val_loss": 5.4}"#;
+        check_record(&record(&dir, good, SKIPPED), "tolaria-lm").expect("a good record");
+
+        let wrong_workload = check_record(&record(&dir, good, SKIPPED), "tolaria-fmnist");
+        assert!(format!("{:#}", wrong_workload.expect_err("workload")).contains("expected"));
+        let failed = record(
+            &dir,
+            r#""metrics": {}, "error": "RuntimeError: boom""#,
+            SKIPPED,
+        );
+        let error = format!(
+            "{:#}",
+            check_record(&failed, "tolaria-lm").expect_err("failed")
+        );
+        assert!(
+            error.contains("eager mode failed") && error.contains("boom"),
+            "{error}"
+        );
+        let no_loss = record(&dir, r#""metrics": {"epoch_ms_p50": 12.5}"#, SKIPPED);
+        let error = format!(
+            "{:#}",
+            check_record(&no_loss, "tolaria-lm").expect_err("no loss")
+        );
+        assert!(error.contains("finite val_loss"), "{error}");
+        let ran_graph = record(&dir, good, good);
+        let error = format!(
+            "{:#}",
+            check_record(&ran_graph, "tolaria-lm").expect_err("graph")
+        );
+        assert!(error.contains("not recorded as skipped"), "{error}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
