@@ -81,6 +81,9 @@ pub(crate) fn run_consumer(root: &Path) -> Result<()> {
         .env("LIBTORCH_CXX11_ABI", "1")
         .env("RUSTFLAGS", rpath)
         .env("CARGO_TARGET_DIR", root.join("target").join("consumer"))
+        // Line tables only, as the workspace's debug builds: full debug
+        // information adds about 1 GB of disk and changes nothing checked.
+        .env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only")
         // Nothing of this workspace's cargo settings may leak in.
         .env_remove("ESPER_TORCH_SITE")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
