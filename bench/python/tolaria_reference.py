@@ -48,6 +48,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from peer_common import log, percentile
+
 MASK64 = (1 << 64) - 1
 INIT_STREAM = 0xA5A5A5A55A5A5A5A
 
@@ -115,15 +117,6 @@ def generate(cfg: dict):
     init = [(2.0 * init_rng.next_unit() - 1.0) * bound for _ in range(n_classes * (n_features + 1))]
     params = torch.tensor(init, dtype=torch.float64).to(torch.float32).view(n_classes, n_features + 1)
     return train, validation, params
-
-
-def percentile(samples, percent):
-    """Nearest-rank percentile, as leyline::baseline::percentile."""
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    rank = math.ceil(percent / 100.0 * len(ordered))
-    return ordered[min(max(rank, 1), len(ordered)) - 1]
 
 
 class Workload:
@@ -559,10 +552,6 @@ def print_table(record: dict) -> None:
                 else:
                     line += f" {value:>10.4f}"
         print(line)
-
-
-def log(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def main() -> int:

@@ -14,6 +14,8 @@
 //!   compared with the committed baseline `baselines/parity/cpu.json`
 //!   ([`parity`]); `--update` rewrites the baseline. `cargo xtask test`
 //!   runs it too.
+//! - `cargo xtask peers`: the Python peers' CPU check (`bench::peers::smoke`),
+//!   also run by `cargo xtask test`.
 //! - `cargo xtask bundle`: the bench bundle for the GPU machine (`bundle/`,
 //!   [`bundle`]).
 //! - [`probe`]: the revision, date and GPU presence, from commands.
@@ -36,7 +38,7 @@ usage: cargo xtask <command> [options]
 
 commands:
   test                     provision, then fmt + clippy (-D warnings) + every test + docs + rule checks
-                           + parity
+                           + parity + peers
   bench [options]          provision, build release, run the benchmark workloads
       --label LABEL        record label (default: <device>-<date>)
       --workload NAME      run one workload only (repeatable)
@@ -53,6 +55,9 @@ commands:
                            baselines/parity/cpu.json: telemetry names a superset, figures within
                            the baseline's tolerance, timings reported as ratios; --update
                            rewrites the baseline
+  peers                    check the Python peers on the CPU (tolaria_fmnist_check.py, then a few
+                           eager steps of each peer on synthetic data, records read back); part
+                           of test
   bundle                   build the GPU-machine bench bundle into bundle/ (release esper, GPU
                            test binaries, Python peers, run.sh; stripped, under 40 MB)
   provision                make sure libtorch and system packages are installed
@@ -95,6 +100,14 @@ fn run() -> Result<()> {
             let options = parity::Options::parse(&rest)?;
             provision::ensure(&root)?;
             parity::run(&root, options)
+        }
+        "peers" => {
+            if !rest.is_empty() {
+                bail!("`cargo xtask peers` takes no arguments\n\n{USAGE}");
+            }
+            let root = project_root()?;
+            provision::ensure(&root)?;
+            bench::peers::smoke(&root)
         }
         "bundle" => {
             let root = project_root()?;

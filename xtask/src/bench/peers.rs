@@ -72,6 +72,66 @@ pub(crate) fn smoke(root: &Path) -> Result<()> {
     result
 }
 
+/// One peer's smoke run: its script and arguments (after `--device cpu
+/// --out RECORD`), the workload its record names (the reference peer's
+/// record names none), its validation-loss metric and a CUDA-only mode it
+/// must record as skipped.
+struct Smoke {
+    script: &'static str,
+    args: &'static [&'static str],
+    workload: Option<&'static str>,
+    loss: &'static str,
+    cuda_only: &'static str,
+}
+
+const SMOKES: &[Smoke] = &[
+    Smoke {
+        script: "tolaria_fmnist.py",
+        args: &[
+            "--synthetic",
+            "--quick",
+            "--no-kernels",
+            "--modes",
+            "eager,graph",
+            "--steps-per-epoch",
+            "2",
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "0",
+        ],
+        workload: Some("tolaria-fmnist"),
+        loss: "val_loss",
+        cuda_only: "graph",
+    },
+    Smoke {
+        script: "tolaria_lm.py",
+        args: &[
+            "--synthetic",
+            "--quick",
+            "--no-kernels",
+            "--modes",
+            "eager,graph",
+            "--steps-per-epoch",
+            "2",
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "0",
+        ],
+        workload: Some("tolaria-lm"),
+        loss: "val_loss",
+        cuda_only: "graph",
+    },
+    Smoke {
+        script: "tolaria_reference.py",
+        args: &["--quick", "--modes", "eager,graph-step"],
+        workload: None,
+        loss: "validation_loss",
+        cuda_only: "graph-step",
+    },
+];
+
 fn smoke_in(root: &Path, python: &Path, scratch: &Path) -> Result<()> {
     let python_dir = root.join("bench/python");
     crate::run_step(
@@ -81,34 +141,35 @@ fn smoke_in(root: &Path, python: &Path, scratch: &Path) -> Result<()> {
             .arg("--synthetic")
             .env("PYTHONUNBUFFERED", "1"),
     )?;
-    for (script, workload) in [
-        ("tolaria_fmnist.py", "tolaria-fmnist"),
-        ("tolaria_lm.py", "tolaria-lm"),
-    ] {
-        let record = scratch.join(format!("{workload}.json"));
+    for smoke in SMOKES {
+        let record = scratch.join(smoke.script.replace(".py", ".json"));
         crate::run_step(
-            &format!("python peers: {script} on the CPU (eager, a few steps)"),
+            &format!(
+                "python peers: {} on the CPU (eager, a few steps)",
+                smoke.script
+            ),
             Command::new(python)
-                .arg(python_dir.join(script))
-                .args(["--synthetic", "--device", "cpu", "--quick", "--no-kernels"])
-                .args(["--modes", "eager,graph", "--steps-per-epoch", "2"])
-                .args(["--epochs", "1", "--warmup-epochs", "0", "--out"])
+                .arg(python_dir.join(smoke.script))
+                .args(["--device", "cpu", "--out"])
                 .arg(&record)
+                .args(smoke.args)
                 .env("PYTHONUNBUFFERED", "1"),
         )?;
-        check_record(&record, workload)?;
+        check_record(&record, smoke)?;
     }
     Ok(())
 }
 
 /// The smoke run's record: its workload, an eager entry with an epoch time
-/// and a finite validation loss, the graph entry skipped with its reason.
-fn check_record(path: &Path, workload: &str) -> Result<()> {
+/// and a finite validation loss, the CUDA-only mode skipped with its reason.
+fn check_record(path: &Path, smoke: &Smoke) -> Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let record: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    if record["workload"] != workload {
+    if let Some(workload) = smoke.workload
+        && record["workload"] != workload
+    {
         bail!(
             "{}: workload {}, expected {workload}",
             path.display(),
@@ -127,19 +188,23 @@ fn check_record(path: &Path, workload: &str) -> Result<()> {
     }
     let metric = |name: &str| eager["metrics"][name].as_f64();
     let epoch_ms = metric("epoch_ms_p50");
-    let val_loss = metric("val_loss");
-    if !epoch_ms.is_some_and(|ms| ms > 0.0) || !val_loss.is_some_and(f64::is_finite) {
+    let loss = metric(smoke.loss);
+    if !epoch_ms.is_some_and(|ms| ms > 0.0) || !loss.is_some_and(f64::is_finite) {
         bail!(
-            "{}: the eager entry lacks a positive epoch_ms_p50 or a finite val_loss: {}",
+            "{}: the eager entry lacks a positive epoch_ms_p50 or a finite {}: {}",
             path.display(),
+            smoke.loss,
             eager["metrics"]
         );
     }
-    let skipped = entry("graph")?["error"].as_str().unwrap_or_default();
+    let skipped = entry(smoke.cuda_only)?["error"]
+        .as_str()
+        .unwrap_or_default();
     if !skipped.contains("this run is on the CPU") {
         bail!(
-            "{}: the CUDA-only graph mode was not recorded as skipped on the CPU: {skipped:?}",
-            path.display()
+            "{}: the CUDA-only mode `{}` was not recorded as skipped on the CPU: {skipped:?}",
+            path.display(),
+            smoke.cuda_only
         );
     }
     Ok(())
@@ -149,7 +214,7 @@ fn check_record(path: &Path, workload: &str) -> Result<()> {
 mod tests {
     use std::path::{Path, PathBuf};
 
-    use super::check_record;
+    use super::{SMOKES, check_record};
 
     fn record(dir: &Path, eager: &str, graph: &str) -> PathBuf {
         let path = dir.join("record.json");
@@ -169,34 +234,26 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("esper-peers-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("folder");
         let good = r#""metrics": {"epoch_ms_p50": 12.5, "val_loss": 5.4}"#;
-        check_record(&record(&dir, good, SKIPPED), "tolaria-lm").expect("a good record");
+        let lm = &SMOKES[1];
+        check_record(&record(&dir, good, SKIPPED), lm).expect("a good record");
 
-        let wrong_workload = check_record(&record(&dir, good, SKIPPED), "tolaria-fmnist");
+        let wrong_workload = check_record(&record(&dir, good, SKIPPED), &SMOKES[0]);
         assert!(format!("{:#}", wrong_workload.expect_err("workload")).contains("expected"));
         let failed = record(
             &dir,
             r#""metrics": {}, "error": "RuntimeError: boom""#,
             SKIPPED,
         );
-        let error = format!(
-            "{:#}",
-            check_record(&failed, "tolaria-lm").expect_err("failed")
-        );
+        let error = format!("{:#}", check_record(&failed, lm).expect_err("failed"));
         assert!(
             error.contains("eager mode failed") && error.contains("boom"),
             "{error}"
         );
         let no_loss = record(&dir, r#""metrics": {"epoch_ms_p50": 12.5}"#, SKIPPED);
-        let error = format!(
-            "{:#}",
-            check_record(&no_loss, "tolaria-lm").expect_err("no loss")
-        );
+        let error = format!("{:#}", check_record(&no_loss, lm).expect_err("no loss"));
         assert!(error.contains("finite val_loss"), "{error}");
         let ran_graph = record(&dir, good, good);
-        let error = format!(
-            "{:#}",
-            check_record(&ran_graph, "tolaria-lm").expect_err("graph")
-        );
+        let error = format!("{:#}", check_record(&ran_graph, lm).expect_err("graph"));
         assert!(error.contains("not recorded as skipped"), "{error}");
         let _ = std::fs::remove_dir_all(&dir);
     }
