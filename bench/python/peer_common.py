@@ -122,10 +122,11 @@ class StepTrainer:
             self.static_x = torch.empty((batch, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
             self.static_y = torch.empty((batch, *train_y.shape[1:]), dtype=train_y.dtype, device=device)
         else:
-            # The epoch's shuffled copy: one gather an epoch, steps read slices.
+            # The epoch's shuffled copy: one gather an epoch, steps read slices
+            # (in the data's own layout).
             used = self.steps * batch
-            self.epoch_x = torch.empty((used, *train_x.shape[1:]), dtype=train_x.dtype, device=device)
-            self.epoch_y = torch.empty((used, *train_y.shape[1:]), dtype=train_y.dtype, device=device)
+            self.epoch_x = torch.empty_like(train_x[:used])
+            self.epoch_y = torch.empty_like(train_y[:used])
         self.graph = None
         self.eager_steps_left = GRAPH_WARMUP_STEPS
         self.capture_ms = None
