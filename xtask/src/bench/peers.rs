@@ -84,41 +84,33 @@ struct Smoke {
     cuda_only: &'static str,
 }
 
+/// The tolaria peers' smoke arguments: synthetic data, one epoch of two
+/// eager steps, the whole-step graph mode (skipped on the CPU), no profile.
+const TWO_EAGER_STEPS: &[&str] = &[
+    "--synthetic",
+    "--quick",
+    "--no-kernels",
+    "--modes",
+    "eager,graph",
+    "--steps-per-epoch",
+    "2",
+    "--epochs",
+    "1",
+    "--warmup-epochs",
+    "0",
+];
+
 const SMOKES: &[Smoke] = &[
     Smoke {
         script: "tolaria_fmnist.py",
-        args: &[
-            "--synthetic",
-            "--quick",
-            "--no-kernels",
-            "--modes",
-            "eager,graph",
-            "--steps-per-epoch",
-            "2",
-            "--epochs",
-            "1",
-            "--warmup-epochs",
-            "0",
-        ],
+        args: TWO_EAGER_STEPS,
         workload: Some("tolaria-fmnist"),
         loss: "val_loss",
         cuda_only: "graph",
     },
     Smoke {
         script: "tolaria_lm.py",
-        args: &[
-            "--synthetic",
-            "--quick",
-            "--no-kernels",
-            "--modes",
-            "eager,graph",
-            "--steps-per-epoch",
-            "2",
-            "--epochs",
-            "1",
-            "--warmup-epochs",
-            "0",
-        ],
+        args: TWO_EAGER_STEPS,
         workload: Some("tolaria-lm"),
         loss: "val_loss",
         cuda_only: "graph",
