@@ -82,7 +82,8 @@ pub(crate) fn run_consumer(root: &Path) -> Result<()> {
         .env("RUSTFLAGS", rpath)
         .env("CARGO_TARGET_DIR", root.join("target").join("consumer"))
         // Line tables only, as the workspace's debug builds: full debug
-        // information adds about 1 GB of disk and changes nothing checked.
+        // information changes nothing checked (1.1 GB of target/consumer
+        // with line tables, 1.2 GB without, measured on a fresh clone).
         .env("CARGO_PROFILE_DEV_DEBUG", "line-tables-only")
         // Nothing of this workspace's cargo settings may leak in.
         .env_remove("ESPER_TORCH_SITE")
