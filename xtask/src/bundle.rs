@@ -94,16 +94,17 @@ pub(crate) fn run(root: &Path, args: &[String]) -> Result<()> {
             .arg("tests"),
     )?;
     std::fs::remove_dir_all(&tests).with_context(|| format!("removing {}", tests.display()))?;
-    std::fs::copy(
-        root.join("bench/python/tolaria_reference.py"),
-        bundle.join("tolaria_reference.py"),
-    )?;
-    // The peers import peer_common.py from their own folder.
-    for peer in ["peer_common.py", "tolaria_fmnist.py", "tolaria_lm.py"] {
+    // Every peer imports peer_common.py from its own folder: both go in,
+    // or the bundle is not built.
+    for peer in [
+        "peer_common.py",
+        "tolaria_reference.py",
+        "tolaria_fmnist.py",
+        "tolaria_lm.py",
+    ] {
         let path = root.join("bench/python").join(peer);
-        if path.exists() {
-            std::fs::copy(&path, bundle.join(peer))?;
-        }
+        std::fs::copy(&path, bundle.join(peer))
+            .with_context(|| format!("copying {} into the bundle", path.display()))?;
     }
     copy_fashion_mnist(&bundle)?;
     copy_corpus(&bundle)?;
