@@ -5,6 +5,13 @@
 //! not a multiple of 32, the widest row, one id everywhere, determinism,
 //! and a replay from a captured graph. The tests hold the binary's device
 //! lock, since they flip the process-wide fused switch.
+//!
+//! In bf16 the weight gradient is checked against the exact one (the
+//! rows summed in f32 and rounded to bf16 once), not against libtorch's:
+//! for up to 3072 ids libtorch's backward adds each batch of rows into the
+//! bf16 gradient, rounding it once a batch, and on a hot row that drifts
+//! two bf16 steps from the exact sum (measured on an H200: 0.017 of the
+//! largest value, where the fused kernel, rounding once, is within one).
 
 use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, cuda, nn};
@@ -23,14 +30,38 @@ fn embedding_run(weight: &Tensor, ids: &Tensor, fused: bool) -> [Tensor; 2] {
         weight.kind(),
         "the output keeps the weight's dtype"
     );
-    tch::manual_seed(11);
-    let upstream = Tensor::randn(y.size(), (Kind::Float, CUDA));
+    let upstream = upstream_gradient(&y.size());
     (y.to_kind(Kind::Float) * &upstream)
         .sum(Kind::Float)
         .backward();
     nn::set_fused_kernels(true);
     assert_eq!(weight.grad().kind(), weight.kind(), "the gradient's dtype");
     [y.to_kind(Kind::Float), weight.grad().to_kind(Kind::Float)]
+}
+
+/// The seeded upstream gradient [`embedding_run`] sends back through `y`.
+fn upstream_gradient(shape: &[i64]) -> Tensor {
+    tch::manual_seed(11);
+    Tensor::randn(shape, (Kind::Float, CUDA))
+}
+
+/// The exact weight gradient of [`embedding_run`] for a weight of `kind`:
+/// the upstream gradient as the backward sees it (in `kind`), its rows
+/// summed per id in f32 and rounded to `kind` once; returned as f32.
+fn exact_dweight(weight: &Tensor, ids: &Tensor) -> Tensor {
+    let [vocabulary, width] = weight.size()[..] else {
+        panic!("a 2-d weight")
+    };
+    let mut shape = ids.size();
+    shape.push(width);
+    let rows = upstream_gradient(&shape)
+        .to_kind(weight.kind())
+        .to_kind(Kind::Float)
+        .reshape([-1, width]);
+    Tensor::zeros([vocabulary, width], (Kind::Float, CUDA))
+        .index_add(0, &ids.reshape([-1]), &rows)
+        .to_kind(weight.kind())
+        .to_kind(Kind::Float)
 }
 
 /// `shape` ids below `vocabulary`, about `hot` of them equal to 3.
@@ -72,9 +103,17 @@ fn embedding_matches_libtorch() {
             let reference = embedding_run(&weight, &ids, false);
             let case = format!("bf16 {bf16} [{vocabulary}, {width}] ids {shape:?}");
             assert!(fused[0].equal(&reference[0]), "{case}: forward");
-            let bound = if bf16 { 1e-2 } else { 1e-5 };
-            let err = worst_of_max(&fused[1], &reference[1]);
-            assert!(err <= bound, "{case}: dweight error {err} > {bound}");
+            if bf16 {
+                // One bf16 step of the largest value is at most 2^-7 of it.
+                let exact = exact_dweight(&weight, &ids);
+                let err = worst_of_max(&fused[1], &exact);
+                let libtorch = worst_of_max(&reference[1], &exact);
+                println!("{case}: dweight off the exact by {err} (libtorch {libtorch})");
+                assert!(err <= 1.0 / 128.0, "{case}: dweight error {err} > 2^-7");
+            } else {
+                let err = worst_of_max(&fused[1], &reference[1]);
+                assert!(err <= 1e-5, "{case}: dweight error {err} > 1e-5");
+            }
             let again = embedding_run(&weight, &ids, true);
             assert!(again[1].equal(&fused[1]), "{case}: not deterministic");
         }
