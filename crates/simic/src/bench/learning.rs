@@ -150,12 +150,21 @@ fn insert_chosen_fractions(
 }
 
 /// The prefixes of the settings no baseline depends on: the twin term's
-/// weight (the baselines run without a twin) and the blueprints taken out
-/// of the learned policy's masks (the baselines' controllers do not use
-/// them).
-const POLICY_ONLY_SETTINGS: [&str; 2] = ["reward.twin_delta_weight=", "blueprint."];
+/// weight (the baselines run without a twin), the blueprints taken out of
+/// the learned policy's masks (the baselines' controllers do not use them),
+/// and PPO's and the heads' entropy floors (`ppo.*`, `floor.*`: nothing but
+/// the policy's update reads them).
+const POLICY_ONLY_SETTINGS: [&str; 4] =
+    ["reward.twin_delta_weight=", "blueprint.", "ppo.", "floor."];
 
-/// `setup` ([`LearningSetup::describe`]) without the settings of
+/// The fields of [`LearningSetup::describe`]'s head (each followed by its
+/// value) no baseline depends on: how long and how the policy trains and
+/// how often its greedy curve is read. The baselines run their own
+/// evaluation rounds on the shared environments.
+const POLICY_ONLY_FIELDS: [&str; 3] = ["rounds", "ppo-epochs", "greedy-every"];
+
+/// `setup` ([`LearningSetup::describe`]) without the fields of
+/// [`POLICY_ONLY_FIELDS`] in its head and the settings of
 /// [`POLICY_ONLY_SETTINGS`] in its settings list; a string of another form
 /// is returned as it is.
 fn without_policy_only(setup: &str) -> String {
@@ -165,6 +174,15 @@ fn without_policy_only(setup: &str) -> String {
     let Some(list) = rest.strip_suffix(']') else {
         return setup.to_owned();
     };
+    let mut fields = Vec::new();
+    let mut words = head.split(' ');
+    while let Some(word) = words.next() {
+        if POLICY_ONLY_FIELDS.contains(&word) {
+            let _value = words.next();
+        } else {
+            fields.push(word);
+        }
+    }
     let kept: Vec<&str> = list
         .split(' ')
         .filter(|setting| {
@@ -173,7 +191,7 @@ fn without_policy_only(setup: &str) -> String {
                 .any(|prefix| setting.starts_with(prefix))
         })
         .collect();
-    format!("{head} settings [{}]", kept.join(" "))
+    format!("{} settings [{}]", fields.join(" "), kept.join(" "))
 }
 
 /// One baseline's figures on the shared evaluation environments.
@@ -351,18 +369,20 @@ impl LearningSetup {
     }
 
     /// What the baselines depend on: [`LearningSetup::describe`] without
-    /// the twin term's weight (`reward.twin_delta_weight`) and the
-    /// blueprints taken out of the learned policy's masks (`blueprint.*`),
-    /// which change no baseline's figure: the baselines run without a twin,
-    /// and their controllers do not use the policy's masks.
+    /// what changes no baseline's figure: the training's rounds, PPO epochs
+    /// and greedy curve, PPO's settings and the heads' entropy floors
+    /// (`ppo.*`, `floor.*`), the twin term's weight
+    /// (`reward.twin_delta_weight`) and the blueprints taken out of the
+    /// learned policy's masks (`blueprint.*`). The baselines run without a
+    /// twin, train no policy, and their controllers do not use its masks.
     pub fn baselines_setup(&self) -> String {
         without_policy_only(&self.describe())
     }
 
     /// Whether `baselines` were measured for this run: their setup is this
-    /// run's, the twin term's weight and the excluded blueprints aside ([`LearningSetup::baselines_setup`];
-    /// baselines written before the twin was left out of them name its
-    /// weight, and fit every weight as well).
+    /// run's, what no baseline depends on aside
+    /// ([`LearningSetup::baselines_setup`]; baselines written before those
+    /// were left out of their setup name them, and fit as well).
     pub fn fits(&self, baselines: &Baselines) -> bool {
         without_policy_only(&baselines.setup) == self.baselines_setup()
     }

@@ -398,3 +398,66 @@ fn the_heuristic_and_germinate_once_are_compared_with_no_growth() {
         "no growth was compared with itself"
     );
 }
+
+#[test]
+fn baselines_fit_a_longer_or_otherwise_trained_policy() {
+    let _rng = crate::global_rng_lock();
+    let setup_of =
+        |rounds: usize, ppo_epochs: Option<usize>, greedy: Option<usize>, settings: &[&str]| {
+            let mut options = cpu_options(2, None);
+            options.ppo_epochs = ppo_epochs;
+            options.greedy_every = greedy;
+            options.settings = settings.iter().map(|s| (*s).to_owned()).collect();
+            LearningSetup::new(&options, rounds).expect("the quick protocol's setup")
+        };
+    let short = setup_of(1, None, None, &["reward.mode=escrow"]);
+    let long = setup_of(
+        3,
+        Some(2),
+        Some(1),
+        &[
+            "reward.mode=escrow",
+            "ppo.entropy_coef=0.01",
+            "floor.op=0.05",
+        ],
+    );
+    // The training differs; the baselines do not.
+    assert_ne!(short.describe(), long.describe());
+    assert_eq!(short.baselines_setup(), long.baselines_setup());
+    for field in ["rounds", "ppo-epochs", "greedy-every", "ppo.", "floor."] {
+        assert!(
+            !long.baselines_setup().contains(field),
+            "{field} in {}",
+            long.baselines_setup()
+        );
+    }
+    assert!(long.fits(&no_baselines(&short)));
+    assert!(short.fits(&no_baselines(&long)));
+    // A slot setting changes what the baselines' controllers do.
+    let auto = setup_of(
+        3,
+        None,
+        None,
+        &["reward.mode=escrow", "slot.auto_forward_g1=true"],
+    );
+    assert!(!auto.fits(&no_baselines(&short)));
+    // The setup committed with the six-seed runs' baselines (40 rounds, 4
+    // PPO epochs, a greedy point every 8) fits a run of 80 rounds without
+    // the curve.
+    let committed = "task fmnist-impaired episode 150 rounds 40 ppo-epochs 4 greedy-every 8 \
+                     quick false settings [reward.rent_weight=0 floor.op=0.02 \
+                     slot.auto_forward_g1=true reward.mode=escrow reward.twin_delta_weight=5]";
+    let longer = "task fmnist-impaired episode 150 rounds 80 ppo-epochs 4 quick false settings \
+                  [reward.rent_weight=0 floor.op=0.02 slot.auto_forward_g1=true reward.mode=escrow \
+                  reward.twin_delta_weight=20 blueprint.conv_small=false]";
+    assert_eq!(without_policy_only(committed), without_policy_only(longer));
+    assert_eq!(
+        without_policy_only(committed),
+        "task fmnist-impaired episode 150 quick false settings [reward.rent_weight=0 \
+         slot.auto_forward_g1=true reward.mode=escrow]"
+    );
+    assert_ne!(
+        without_policy_only(committed),
+        without_policy_only(&committed.replace("episode 150", "episode 25"))
+    );
+}
