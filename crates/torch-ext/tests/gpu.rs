@@ -2,7 +2,7 @@
 //! and replay with fresh inputs, a capture without warm-up ordered after the
 //! work queued before it, shared pools, clean recovery from a failed
 //! capture, sync-debug mode, memory statistics, autocast and fused ops on
-//! CUDA, (module `nn`) the fused layers against libtorch's, (modules `layer_norm`, `linear` and `embedding`) the layer norm, the linear layer and the embedding against libtorch's, (module `blend`)
+//! CUDA, (module `nn`) the fused layers against libtorch's, (modules `layer_norm`, `linear` and `embedding`) the layer norm, the linear layer and the embedding against libtorch's, (module `gram`) the Gram matrix of a few rows against an f64 one, (module `blend`)
 //! the fused alpha blends, (module `copies`) the copies inside and outside
 //! captured graphs and (module `fused`) the fused SGD step and
 //! cross-entropy. Every test prints "skipping: no CUDA device" and returns on machines
@@ -50,6 +50,9 @@ mod linear;
 
 #[path = "gpu/embedding.rs"]
 mod embedding;
+
+#[path = "gpu/gram.rs"]
+mod gram;
 
 #[path = "gpu/copies.rs"]
 mod copies;

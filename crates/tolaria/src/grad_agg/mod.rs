@@ -44,7 +44,8 @@
 //! the order of a row's elements.
 //!
 //! **Device-only projection.** PCGrad runs in the span of the rows: with the
-//! Gram matrix `D = G Gᵀ` (one matmul over the `[k + 1, numel]` rows) each
+//! Gram matrix `D = G Gᵀ` (`torch_ext::nn::gram` over the `[k + 1, numel]`
+//! rows: on CUDA one pass and a fixed-order reduction in f32) each
 //! projected gradient is `g_i' = Σ_m C[i, m] g_m` with a small coefficient
 //! matrix `C` (identity at the start), and `g_i'·g_j = (C D)[i, j]`. One
 //! projection step against seed `j` updates column `j` of `C` for every `i`
@@ -54,9 +55,10 @@
 //! different graph). The aggregate is `(1ᵀ C) G`, the rows weighted and
 //! summed elementwise into the pooled aggregate (in the gradients' own
 //! precision: as a matmul it would be rounded to TF32 where TF32 is on),
-//! copied into `out` with one `_foreach_copy_`. The Gram matrix follows the
-//! matmul precision in force (TF32 when enabled: it only decides and scales
-//! the projections); the `k × k` work runs in `f64`.
+//! copied into `out` with one `_foreach_copy_`. The Gram matrix is summed
+//! in f32 on CUDA (where libtorch's product rounded the rows to TF32 when
+//! TF32 was on) and off CUDA is libtorch's product; the `k × k` work runs
+//! in `f64`.
 //!
 //! **Metrics.** Every step adds to one `f64` device accumulator (steps per
 //! path, seed pairs compared, conflicting pairs, projections applied, teacher
@@ -444,9 +446,9 @@ impl GradAggregator {
 
     fn pcgrad(&mut self, rows: &Tensor, seeds: usize, out: &[Tensor]) -> Result<AggPath> {
         let r = to_i64(seeds.saturating_add(1), "seeds")?;
-        let gram = rows
-            .f_mm(&rows.f_tr().op("t")?)
-            .op("gram")?
+        // torch-ext's Gram kernel on CUDA (f32 products and sums, one pass
+        // over the rows), libtorch's product elsewhere.
+        let gram = torch_ext::nn::gram(rows)?
             .f_to_dtype(Kind::Double, false, false)
             .op("gram f64")?;
         let square = |t: &Tensor| -> Result<Tensor> {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::blend_source::BLEND_SOURCE;
 use super::conv_source::CONV_SOURCE;
 use super::embedding_source::EMBEDDING_SOURCE;
+use super::gram_source::GRAM_SOURCE;
 use super::layer_norm_source::LAYER_NORM_SOURCE;
 use super::norm_source::GROUP_NORM_SOURCE;
 use super::source::SOURCE;
@@ -38,13 +39,14 @@ pub(super) struct Kernels {
     pub(super) ln_backward: JitKernel,
     pub(super) col_sum: JitKernel,
     pub(super) embedding_backward: JitKernel,
+    pub(super) gram_partial: JitKernel,
 }
 
 /// The whole CUDA source for one dtype and width (every kernel of
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -90,6 +92,7 @@ pub(super) fn kernels(
                 ln_backward: load("esper_ln_backward")?,
                 col_sum: load("esper_col_sum")?,
                 embedding_backward: load("esper_embedding_backward")?,
+                gram_partial: load("esper_gram_partial")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })

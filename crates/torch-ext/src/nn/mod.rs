@@ -68,6 +68,10 @@
 //!   and its bias gradient as column sums from one kernel and the
 //!   fixed-order reduction; libtorch ran a generic sum reduction of 13 -
 //!   14 us for each bias and a cast for each `bf16` gradient.
+//! - [`gram`]: not a layer, the Gram matrix of a few long rows (the
+//!   gradient aggregator's dot products): one pass sums every product of
+//!   two rows per block in `f32`, and the fixed-order reduction adds the
+//!   blocks; libtorch's `mm` ran a generic TF32 GEMM kernel for it.
 //!
 //! Every kernel keeps several loads in flight per thread, and where the
 //! channel count is a multiple of four each thread moves four channels with
@@ -109,6 +113,8 @@ mod blend_source;
 mod conv_source;
 mod embedding;
 mod embedding_source;
+mod gram;
+mod gram_source;
 mod kernels;
 mod layer_norm;
 mod layer_norm_source;
@@ -117,6 +123,7 @@ mod norm_source;
 mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
 pub use embedding::embedding;
+pub use gram::gram;
 use kernels::kernels;
 pub use layer_norm::layer_norm;
 pub use linear::linear;
@@ -148,6 +155,10 @@ pub const MAX_FUSED_EMBEDDING_ROWS: i64 = 65_535;
 /// (its per-chunk partial sums stay within 64 MiB); larger weights use
 /// libtorch's op.
 pub const MAX_FUSED_EMBEDDING_VALUES: i64 = 1 << 22;
+
+/// Most rows [`gram`]'s kernel takes (a thread holds every pair's sum in
+/// registers); more rows use libtorch's product.
+pub const MAX_FUSED_GRAM_ROWS: i64 = 8;
 
 /// Most output features [`linear`]'s own backward takes (its bias-gradient
 /// kernel moves four columns a thread, a block pass at least one row);

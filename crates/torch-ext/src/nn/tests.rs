@@ -32,6 +32,7 @@ fn every_kernel_variant_compiles() {
                         "esper_ln_backward",
                         "esper_col_sum",
                         "esper_embedding_backward",
+                        "esper_gram_partial",
                     ] {
                         assert!(
                             cubin.contains_symbol(name),
@@ -89,4 +90,29 @@ fn embedding_on_the_cpu_is_libtorchs() {
     assert!(y.equal(&Tensor::embedding(&weight, &ids, -1, false, false)));
     assert_eq!(y.size(), [2, 2, 8]);
     assert!(embedding(&weight, &ids.to_kind(Kind::Float)).is_err());
+}
+
+/// Off CUDA, `gram` is libtorch's product of the rows in `f32`; a tensor
+/// that is not a set of rows is a clear error.
+#[test]
+fn gram_on_the_cpu_is_libtorchs() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let rows = Tensor::randn([3, 1000], cpu);
+    let g = gram(&rows).unwrap();
+    assert_eq!(g.size(), [3, 3]);
+    assert!(g.equal(&rows.mm(&rows.tr())));
+    let from_bf16 = gram(&rows.to_kind(Kind::BFloat16)).unwrap();
+    assert_eq!(from_bf16.kind(), Kind::Float);
+    let wide = rows.to_kind(Kind::Double);
+    assert!(gram(&wide).unwrap().equal(&wide.mm(&wide.tr())));
+    let empty_rows = gram(&Tensor::zeros([2, 0], cpu)).unwrap();
+    assert!(empty_rows.equal(&Tensor::zeros([2, 2], cpu)));
+    for bad in [
+        Tensor::ones([5], cpu),
+        Tensor::ones([2, 3, 4], cpu),
+        Tensor::ones([0, 4], cpu),
+    ] {
+        let error = gram(&bad).unwrap_err().to_string();
+        assert!(error.contains("row"), "{error}");
+    }
 }
