@@ -70,32 +70,45 @@ pub fn gram(rows: &Tensor) -> Result<Tensor> {
     let span = div_ceil(div_ceil(n, blocks_wanted), THREADS) * THREADS;
     let blocks = div_ceil(n, span);
     let pairs = r * r;
+    // Every launch figure is small and positive by construction (blocks <=
+    // MAX_BLOCKS, r <= MAX_FUSED_GRAM_ROWS); one that is not is an error,
+    // never a clamped launch.
+    let int = |value: i64| {
+        i32::try_from(value).map_err(|_| Error::InvalidArgument {
+            op: OP,
+            message: format!("launch figure {value} outside i32"),
+        })
+    };
+    let (r_arg, blocks_arg, pairs_arg) = (int(r)?, int(blocks)?, int(pairs)?);
+    let grid = blocks_arg.unsigned_abs();
+    let threads = int(THREADS)?.unsigned_abs();
+    let reduce_grid = int(div_ceil(pairs, 32))?.unsigned_abs();
     let on = (Kind::Float, Device::Cuda(device));
     let partials = Tensor::f_empty([blocks, pairs], on).map_err(|e| torch(OP, e))?;
     let out = Tensor::f_empty([r, r], on).map_err(|e| torch(OP, e))?;
-    let as_u32 = |value: i64| u32::try_from(value).unwrap_or(u32::MAX);
-    let as_i32 = |value: i64| i32::try_from(value).unwrap_or(i32::MAX);
     k.gram_partial.launch(
-        [as_u32(blocks), 1, 1],
-        [as_u32(THREADS), 1, 1],
+        [grid, 1, 1],
+        [threads, 1, 1],
         0,
         &[
             Arg::Tensor(rows),
             Arg::Tensor(&partials),
             Arg::I64(n),
-            Arg::I32(as_i32(r)),
+            Arg::I32(r_arg),
             Arg::I64(span),
         ],
     )?;
+    // The reduction's geometry, as the shim's `sum_partials`
+    // (`cpp/nn_internal.h`) launches it: 32 outputs a block.
     k.conv_reduce.launch(
-        [as_u32(div_ceil(pairs, 32)), 1, 1],
-        [as_u32(THREADS), 1, 1],
+        [reduce_grid, 1, 1],
+        [threads, 1, 1],
         0,
         &[
             Arg::Tensor(&partials),
             Arg::Tensor(&out),
-            Arg::I32(as_i32(blocks)),
-            Arg::I32(as_i32(pairs)),
+            Arg::I32(blocks_arg),
+            Arg::I32(pairs_arg),
         ],
     )?;
     Ok(out)
