@@ -427,6 +427,7 @@ proptest! {
             entropy_coef: values[3],
             floor_scale: values[4],
             contribution_coef: values[5],
+            objective: simic::ppo::Objective::Ppo,
         };
         let fits = |v: f64| v.is_finite() && v.abs() <= f64::from(f32::MAX);
         let positive = |v: f64| fits(v) && v > 0.0;

@@ -1,8 +1,8 @@
 //! The PPO update: the loss against values computed by hand in f64 (two
 //! heads, head relevance, a forced step, value clipping, the entropy floor),
 //! the auxiliary heads' terms and the contribution coefficient's warm-up,
-//! the value normaliser, the KL early stop, minibatch shuffling, and that
-//! updates reduce the loss on a fixed batch.
+//! the value normaliser, the KL early stop, minibatch shuffling, that
+//! updates reduce the loss on a fixed batch, and the imitation objective.
 
 use simic::Error;
 use simic::ppo::{
@@ -177,6 +177,7 @@ fn check_loss(value_clip: Option<f64>) {
         entropy_coef: 0.05,
         floor_scale: 1.5,
         contribution_coef: 0.0,
+        objective: simic::ppo::Objective::Ppo,
     };
     let new_lp = t3(&c.new_lp).set_requires_grad(true);
     let evaluation = Evaluation {
@@ -231,6 +232,84 @@ fn loss_matches_hand_computation_with_value_clipping() {
     check_loss(Some(0.2));
 }
 
+/// Under the imitation objective the policy term is the negative
+/// log-likelihood of the batch's actions, per head over the samples where
+/// the head mattered (`w_h = h·a`), summed over heads: by hand, and blind to
+/// the advantages and the stored log-probabilities; the other terms are
+/// PPO's.
+#[test]
+fn the_imitation_objective_is_the_weighted_negative_log_likelihood() {
+    let c = case();
+    let config = PpoConfig {
+        head_entropy_multipliers: vec![1.0, 1.3],
+        entropy_floors: vec![0.3, 0.25],
+        entropy_floor_coefs: vec![0.3, 0.1],
+        ..PpoConfig::default()
+    };
+    let coefficients = HeadCoefficients::new(&config, Device::Cpu).unwrap();
+    let scalars = |objective| LossScalars {
+        clip: 0.2,
+        value_coef: 0.5,
+        value_clip: None,
+        entropy_coef: 0.05,
+        floor_scale: 1.5,
+        contribution_coef: 0.0,
+        objective,
+    };
+    let evaluation = Evaluation {
+        log_probs: t3(&c.new_lp),
+        entropies: t3(&c.entropies),
+        values: t2(&c.values),
+        auxiliary: None,
+    };
+    let imitation = scalars(simic::ppo::Objective::Imitation { epochs: 1 });
+    let terms = ppo_loss(&batch_of(&c), &evaluation, &coefficients, &imitation).unwrap();
+    let mut nll = 0.0;
+    for head in 0..H {
+        let (mut sum, mut weight) = (0.0, 0.0);
+        for r in 0..R {
+            for t in 0..T {
+                let w = c.head_weights[r][t][head] * c.actor_weight[r][t];
+                sum += w * c.new_lp[r][t][head];
+                weight += w;
+            }
+        }
+        if weight > 0.0 {
+            nll -= sum / weight;
+        }
+    }
+    assert!(
+        (scalar(&terms.policy) - nll).abs() < 1e-5,
+        "{} vs {nll}",
+        scalar(&terms.policy)
+    );
+    // The value, bonus and penalty are PPO's.
+    let ppo = ppo_loss(
+        &batch_of(&c),
+        &evaluation,
+        &coefficients,
+        &scalars(simic::ppo::Objective::Ppo),
+    )
+    .unwrap();
+    for (got, want) in [
+        (&terms.value, &ppo.value),
+        (&terms.entropy_bonus, &ppo.entropy_bonus),
+        (&terms.floor_penalty, &ppo.floor_penalty),
+    ] {
+        assert!((scalar(got) - scalar(want)).abs() < 1e-6);
+    }
+    // Other advantages and stored log-probabilities change nothing.
+    let mut other = c;
+    other.advantages = [[5.0, -3.0], [0.7, 2.0]];
+    other.old_lp = [[[-3.0, -0.1], [-0.2, -2.0]], [[-1.0, -1.0], [-0.5, -4.0]]];
+    let moved = ppo_loss(&batch_of(&other), &evaluation, &coefficients, &imitation).unwrap();
+    assert!((scalar(&moved.policy) - nll).abs() < 1e-5);
+    assert!(
+        (scalar(&ppo.policy) - nll).abs() > 1e-3,
+        "the case tells the two apart"
+    );
+}
+
 /// Multipliers 1 and no floors on every head, no entropy bonus, clip 0.2,
 /// `c_v` 0.5, the contribution term at `contribution_coef`.
 fn plain_loss_setup(contribution_coef: f64) -> (HeadCoefficients, LossScalars) {
@@ -248,6 +327,7 @@ fn plain_loss_setup(contribution_coef: f64) -> (HeadCoefficients, LossScalars) {
         entropy_coef: 0.0,
         floor_scale: 1.0,
         contribution_coef,
+        objective: simic::ppo::Objective::Ppo,
     };
     (coefficients, scalars)
 }
@@ -721,6 +801,69 @@ fn updates_reduce_the_loss_on_a_fixed_batch() {
     assert!(last.value_loss < first.value_loss);
     assert!(last.policy_loss < first.policy_loss);
     assert_eq!(trainer.updates(), 11);
+}
+
+/// An imitation update makes its own passes (not the PPO epochs), ignores
+/// the KL early stop, and raises the log-likelihood of the batch's actions;
+/// a pass count out of range is refused with every parameter as it was.
+#[test]
+fn an_imitation_update_fits_the_batch_actions_in_its_own_passes() {
+    use simic::ppo::Objective;
+    let policy = TinyPolicy::new(8, 3, 4);
+    let batch = policy.batch();
+    let config = PpoConfig {
+        learning_rate: 0.05,
+        epochs: 1,
+        minibatches: 2,
+        ..two_head_config()
+    };
+    let mut trainer =
+        PpoTrainer::new(policy.vs.trainable_variables(), config, Device::Cpu).unwrap();
+    let all = Tensor::arange(8, (Kind::Int64, Device::Cpu));
+    let likelihood = |policy: &TinyPolicy| {
+        scalar(
+            &tch::no_grad(|| policy.evaluate(&all).unwrap())
+                .log_probs
+                .mean(Kind::Float),
+        )
+    };
+    let before = likelihood(&policy);
+    let snapshot = parameters_snapshot(&policy);
+    for epochs in [0, simic::ppo::config::MAX_EPOCHS + 1] {
+        let refused = trainer.update_with(
+            &batch,
+            |rows| policy.evaluate(rows),
+            None,
+            Objective::Imitation { epochs },
+        );
+        assert!(
+            matches!(refused, Err(Error::InvalidInput { field, .. }) if field.contains("epochs")),
+            "{refused:?}"
+        );
+        for (a, b) in snapshot.iter().zip(policy.vs.trainable_variables()) {
+            assert!(a.equal(&b), "a refused update moved a parameter");
+        }
+    }
+    // The evaluation is shifted as in the KL test above: PPO would skip
+    // every step; the imitation update does not look.
+    let stats = trainer
+        .update_with(
+            &batch,
+            |rows| {
+                let e = policy.evaluate(rows)?;
+                Ok(Evaluation {
+                    log_probs: e.log_probs + 0.3,
+                    ..e
+                })
+            },
+            None,
+            Objective::Imitation { epochs: 6 },
+        )
+        .unwrap();
+    assert!(!stats.early_stopped, "{stats:?}");
+    assert_eq!((stats.epochs_run, stats.steps), (6, 12), "{stats:?}");
+    let after = likelihood(&policy);
+    assert!(after > before + 0.05, "{before} -> {after}");
 }
 
 #[test]

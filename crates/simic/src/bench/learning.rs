@@ -125,8 +125,16 @@ fn round_summary(report: &crate::vectorized::RoundReport) -> String {
             .collect();
         format!(" ({})", grown.join(", "))
     };
+    let imitation = report.imitation.map_or(String::new(), |figures| {
+        format!(
+            "; imitating the {} demonstrator: {} decisions imitated, {} not imitable",
+            figures.demonstrator.name(),
+            figures.imitated,
+            figures.not_imitable
+        )
+    });
     format!(
-        "reward {:.2}, acc {:?}, seeds {:.2}, germ {}{blueprints} foss {} prune {}",
+        "reward {:.2}, acc {:?}, seeds {:.2}, germ {}{blueprints} foss {} prune {}{imitation}",
         report.mean_episode_reward,
         report.final_accuracies,
         report.mean_active_seeds,
@@ -449,6 +457,14 @@ impl LearningSetup {
             metrics.insert("fossilizations".to_owned(), report.fossilizations as f64);
             metrics.insert("germinations".to_owned(), report.germinations as f64);
             metrics.insert("prunes".to_owned(), report.prunes as f64);
+            if let Some(figures) = report.imitation {
+                // The round's decisions were the demonstrator's.
+                metrics.insert("imitated_decisions".to_owned(), figures.imitated as f64);
+                metrics.insert(
+                    "not_imitable_decisions".to_owned(),
+                    figures.not_imitable as f64,
+                );
+            }
             insert_chosen_fractions(&report, &mut metrics);
             // What the sampled policy grows, round by round: whether it
             // learns to tell a blueprint that pays from one that costs.

@@ -26,22 +26,13 @@ use growth::{live_seed_figures, profile_figures, profile_line};
 pub(super) use variants::{split_variant, variant_config};
 
 /// A max-growth controller for each of `config`'s environments, under the
-/// environments' own mask rules.
+/// environments' own mask rules (the imitation warm-up's demonstrator of
+/// that name builds them).
 pub(super) fn max_growth_controllers(
     spec: &EnvSpec,
     config: &SimicConfig,
 ) -> Vec<Box<dyn tolaria::controller::Controller>> {
-    let masks = tamiyo::masks::MaskConfig {
-        max_seeds: config.max_seeds,
-        topology: spec.host.topology(),
-        ..config.masks
-    };
-    (0..config.n_envs)
-        .map(|_| {
-            Box::new(tamiyo::growth::MaxGrowthController::new(masks))
-                as Box<dyn tolaria::controller::Controller>
-        })
-        .collect()
+    crate::vectorized::Demonstrator::MaxGrowth.controllers(spec, config)
 }
 
 /// Runs `rounds` rounds and the figures of one variant, the actions taken

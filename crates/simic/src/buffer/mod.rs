@@ -29,6 +29,7 @@
 //! false, which zeroes their actor and critic weights in the PPO batch.
 
 mod contributions;
+mod demonstration;
 mod host;
 mod rollout;
 mod shape;
@@ -43,6 +44,7 @@ use crate::error::TorchResultExt;
 use crate::{Error, Result};
 use leyline::NUM_ACTION_HEADS;
 
+pub use demonstration::Demonstration;
 pub use host::HostStep;
 pub use rollout::Rollout;
 pub use shape::{BufferShape, MAX_ELEMENTS, MAX_TRANSITIONS};

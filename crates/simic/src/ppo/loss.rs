@@ -9,7 +9,9 @@
 //!
 //! - per head `ρ_h = exp(clamp(ℓ − ℓ_old, ±20))`, and the policy loss is
 //!   `Σ_h −⟨min(ρ_h·A, clip(ρ_h, 1−ε, 1+ε)·A)⟩_{w_h}`: each head's ratio is
-//!   clipped separately and averaged over the samples where it mattered;
+//!   clipped separately and averaged over the samples where it mattered
+//!   (under [`Objective::Imitation`] it is `Σ_h −⟨ℓ_h⟩_{w_h}`, the
+//!   negative log-likelihood of the batch's actions);
 //! - the value loss is `0.5·⟨e⟩_c` with `e = (V − R)²`, or with value
 //!   clipping `max((V − R)², (V_old + clip(V − V_old, ±κ) − R)²)`;
 //! - each head's entropy is `H_h = ⟨entropy_h⟩_{w_h}` and the bonus is
@@ -85,6 +87,31 @@ pub struct LossScalars {
     /// Coefficient of the contribution predictor's loss (after its
     /// warm-up).
     pub contribution_coef: f64,
+    /// What the policy term optimises (PPO's surrogate, or the imitation
+    /// of the batch's actions).
+    pub objective: Objective,
+}
+
+/// What an update's policy term optimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Objective {
+    /// PPO's clipped surrogate on the batch's advantages (reference §4.2).
+    #[default]
+    Ppo,
+    /// The negative log-likelihood of the batch's actions (a
+    /// demonstrator's: [`crate::vectorized::ImitationConfig`]), per head
+    /// over the samples where the head mattered, summed over heads:
+    /// `Σ_h −⟨ℓ_h⟩_{w_h}`. No ratio, no clip, no advantages. The stored
+    /// log-probabilities are not those of the batch's actions, so the KL
+    /// telemetry is not a distance between two policies and the KL early
+    /// stop is off. The update makes `epochs` passes over the batch in
+    /// place of [`super::PpoConfig::epochs`]: fitting a demonstration takes
+    /// more gradient steps than one PPO update makes.
+    Imitation {
+        /// Passes over the batch (at least 1, at most
+        /// [`super::config::MAX_EPOCHS`]).
+        epochs: usize,
+    },
 }
 
 impl LossScalars {
@@ -252,7 +279,11 @@ pub fn ppo_loss(
         .op("surrogate")?
         .f_mul(&advantages)
         .op("surrogate")?;
-    let surrogate = unclipped.f_min_other(&clipped).op("surrogate")?;
+    let surrogate = match scalars.objective {
+        Objective::Ppo => unclipped.f_min_other(&clipped).op("surrogate")?,
+        // Maximising the demonstrated actions' log-likelihood.
+        Objective::Imitation { .. } => new_log_probs.shallow_clone(),
+    };
     // Per head over rows and steps, then summed over heads.
     let policy = weighted_mean(&surrogate, &head_weights, &[0, 1])?
         .f_sum(Kind::Float)

@@ -76,7 +76,7 @@ pub use anomaly::{AnomalyThresholds, PpoAnomaly};
 pub use auxiliary::AuxiliaryEvaluation;
 pub use batch::{Evaluation, PpoBatch};
 pub use config::{EntropyAnneal, PpoConfig};
-pub use loss::{HeadCoefficients, LossScalars, LossTerms, ppo_loss};
+pub use loss::{HeadCoefficients, LossScalars, LossTerms, Objective, ppo_loss};
 pub use value_norm::{ValueNormaliser, ValueNormaliserConfig, ValueNormaliserState};
 
 /// A shape error naming the argument.
@@ -288,8 +288,23 @@ impl PpoTrainer {
         evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
         sync: Option<&mut DataParallel>,
     ) -> Result<PpoStats> {
+        self.update_with(batch, evaluate, sync, Objective::Ppo)
+    }
+
+    /// [`PpoTrainer::update_synced`] with the policy term of `objective`:
+    /// [`Objective::Imitation`] fits the policy to the batch's actions
+    /// (a demonstrator's) instead of improving it on their advantages; the
+    /// value, entropy, floor and auxiliary terms, the minibatches, the
+    /// clipping, the schedules and the failure guarantee are the same.
+    pub fn update_with(
+        &mut self,
+        batch: &PpoBatch,
+        evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
+        sync: Option<&mut DataParallel>,
+        objective: Objective,
+    ) -> Result<PpoStats> {
         let snapshot = self.snapshot()?;
-        let result = self.update_unguarded(batch, evaluate, sync);
+        let result = self.update_unguarded(batch, evaluate, sync, objective);
         if result.is_err() {
             // The original error says what went wrong; a failed restore is
             // the worse news (the state is then not the one before).

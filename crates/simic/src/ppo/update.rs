@@ -7,7 +7,9 @@ use crate::distributed::DataParallel;
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
 
-use super::{Evaluation, LossScalars, PpoBatch, PpoStats, PpoTrainer, ppo_loss, shape_error};
+use super::{
+    Evaluation, LossScalars, Objective, PpoBatch, PpoStats, PpoTrainer, ppo_loss, shape_error,
+};
 
 /// Index of each scalar in the stats accumulator.
 const STAT_POLICY: i64 = 0;
@@ -112,6 +114,7 @@ impl PpoTrainer {
         batch: &PpoBatch,
         mut evaluate: impl FnMut(&Tensor) -> Result<Evaluation>,
         mut sync: Option<&mut DataParallel>,
+        objective: Objective,
     ) -> Result<PpoStats> {
         let (rows, _, heads) = batch.check()?;
         if batch.log_probs.device() != self.device {
@@ -152,6 +155,7 @@ impl PpoTrainer {
                 )
                 .unwrap_or(u64::MAX),
             ),
+            objective,
         };
         let batch = PpoBatch {
             advantages: self.normalised_advantages(batch)?,
@@ -185,7 +189,19 @@ impl PpoTrainer {
         let mut epochs_run: usize = 0;
         let mut early_stopped = false;
 
-        'epochs: for _ in 0..self.config.epochs {
+        let passes = match objective {
+            Objective::Ppo => self.config.epochs,
+            Objective::Imitation { epochs } => {
+                if !(1..=super::config::MAX_EPOCHS).contains(&epochs) {
+                    return Err(Error::InvalidInput {
+                        field: "Objective::Imitation.epochs",
+                        reason: format!("{epochs}, not in [1, {}]", super::config::MAX_EPOCHS),
+                    });
+                }
+                epochs
+            }
+        };
+        'epochs: for _ in 0..passes {
             let order = self.row_order(rows)?;
             let mut start: i64 = 0;
             for (index, size) in sizes.iter().enumerate() {
@@ -219,6 +235,7 @@ impl PpoTrainer {
                     .op("stats")?;
                 evaluated = evaluated.saturating_add(1);
                 if index == 0
+                    && objective == Objective::Ppo
                     && let Some(target) = self.config.target_kl
                 {
                     let kl =

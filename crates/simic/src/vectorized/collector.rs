@@ -28,13 +28,23 @@ use tch::{Device, Tensor};
 
 use super::actor::Actor;
 use super::env::{Env, EnvSpec, StepRules, env_device};
+use super::imitation::{ImitationFigures, imitable};
 use super::learner::Learner;
 use super::measure::ms;
 use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
 use super::report::POLICY_PARTS;
 use super::{RoundReport, RoundTimings, SimicConfig};
-use crate::buffer::{BufferShape, HostStep, RolloutBuffer};
+use crate::buffer::{BufferShape, Demonstration, HostStep, RolloutBuffer};
 use crate::{Error, Result};
+
+/// Whether a driven step's controller chose an environment's action.
+#[derive(Debug, Clone, Copy)]
+enum Demonstrated {
+    /// The environment waited for no action (its episode had ended).
+    No,
+    /// The controller's action.
+    Yes(FactoredAction),
+}
 
 /// The round's rollout (see the module docs).
 pub(super) struct Collector {
@@ -435,6 +445,7 @@ impl Collector {
             steps: Vec::new(),
             counterfactual_configs,
             refused_decisions: 0,
+            imitation: None,
             step_profiles: Vec::new(),
         }
     }
@@ -455,27 +466,54 @@ impl Collector {
         total as f64 / self.envs.len().max(1) as f64
     }
 
-    /// Replaces each environment's action with the one its scripted
-    /// controller takes (`controllers[i]` drives environment `i`); returns
-    /// how many decisions a controller refused (carried out as WAIT). The
-    /// policy's own outputs stay in the buffer: a driven round does not
-    /// learn.
+    /// Replaces each environment's action at `step` with the one its
+    /// scripted controller takes (`controllers[i]` drives environment `i`);
+    /// returns how many decisions a controller refused (carried out as
+    /// WAIT). Without `imitation` the policy's own outputs stay in the
+    /// buffer (a driven round that does not learn); with it (an imitation
+    /// round) the buffer takes the demonstrated actions the policy's masks
+    /// allow in place of the policy's samples, and `imitation` counts them
+    /// and the others.
     pub(super) fn drive(
-        &self,
+        &mut self,
+        step: usize,
         actions: &mut [FactoredAction],
         controllers: &mut [Box<dyn tolaria::controller::Controller>],
+        imitation: Option<&mut ImitationFigures>,
     ) -> Result<u64> {
         let mut refused = 0_u64;
-        for ((env, action), controller) in self
+        let mut demonstrated = vec![Demonstrated::No; actions.len()];
+        for (((env, action), controller), shown) in self
             .envs
             .iter()
             .zip(actions.iter_mut())
             .zip(controllers.iter_mut())
+            .zip(demonstrated.iter_mut())
         {
             if let Some((scripted, was_refused)) = env.scripted_action(controller.as_mut())? {
                 *action = scripted;
                 refused = refused.saturating_add(u64::from(was_refused));
+                *shown = Demonstrated::Yes(scripted);
             }
+        }
+        if let Some(figures) = imitation {
+            // What the update imitates: the demonstrated actions the
+            // policy's own masks allow.
+            let rows: Vec<Option<Demonstration>> = demonstrated
+                .iter()
+                .zip(&self.masks)
+                .map(|(shown, masks)| match shown {
+                    Demonstrated::No => None,
+                    Demonstrated::Yes(action) => Some(if imitable(action, masks) {
+                        figures.imitated = figures.imitated.saturating_add(1);
+                        Demonstration::Imitate(action.indices())
+                    } else {
+                        figures.not_imitable = figures.not_imitable.saturating_add(1);
+                        Demonstration::Skip
+                    }),
+                })
+                .collect();
+            self.buffer.record_demonstration(step, &rows)?;
         }
         Ok(refused)
     }

@@ -7,6 +7,7 @@ use tamiyo::policy::{PolicyConfig, PolicyPrecision, SampleMode, SamplingConfig};
 use tch::Device;
 use tolaria::engine::trainer::ModelTrainerConfig;
 
+use super::imitation::ImitationConfig;
 use crate::counterfactual::FusedConfig;
 use crate::ppo::{PpoConfig, ValueNormaliserConfig};
 use crate::rewards::{RewardConfig, RewardNormaliserConfig};
@@ -151,6 +152,10 @@ pub struct SimicConfig {
     /// the first round (its setup). On by default; nothing happens on the
     /// CPU.
     pub prewarm_blueprints: bool,
+    /// The imitation warm-up: how many of the first PPO updates learn from
+    /// a demonstrator's actions instead of the policy's own samples
+    /// ([`super::imitation`]). None by default, as in the reference.
+    pub imitation: ImitationConfig,
 }
 
 impl SimicConfig {
@@ -207,6 +212,7 @@ impl SimicConfig {
             // process, and no round slower than the others after it (before,
             // 0.7 - 2.6 s more in the rounds that first met a blueprint).
             prewarm_blueprints: true,
+            imitation: ImitationConfig::default(),
         }
     }
 
@@ -274,6 +280,7 @@ impl SimicConfig {
         self.reward.validate()?;
         self.reward_normaliser.validate()?;
         self.ppo.validate()?;
+        self.imitation.validate()?;
         self.value_normaliser.validate()?;
         self.sampling.validate()?;
         self.slot.validate()?;

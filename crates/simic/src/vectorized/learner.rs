@@ -25,7 +25,8 @@ use crate::distributed::DataParallel;
 use crate::error::TorchResultExt;
 use crate::gae::compute_gae;
 use crate::ppo::{
-    AnomalyThresholds, PpoAnomaly, PpoStats, PpoTrainer, ValueNormaliser, ValueNormaliserState,
+    AnomalyThresholds, Objective, PpoAnomaly, PpoStats, PpoTrainer, ValueNormaliser,
+    ValueNormaliserState,
 };
 use crate::rewards::{RewardNormaliser, RewardNormaliserState};
 use crate::{Error, Result};
@@ -198,10 +199,11 @@ impl Learner {
         policy: &Policy,
         sampler: &Sampler,
         buffer: &RolloutBuffer,
+        objective: Objective,
     ) -> Result<(PpoStats, Option<Vec<f64>>)> {
         let value_normaliser = self.normalisers.value.shallow_copy();
         let snapshot = self.ppo.snapshot()?;
-        let result = self.update_unguarded(policy, sampler, buffer);
+        let result = self.update_unguarded(policy, sampler, buffer, objective);
         if result.is_err() {
             self.normalisers.value = value_normaliser;
             self.ppo.restore(&snapshot)?;
@@ -215,6 +217,7 @@ impl Learner {
         policy: &Policy,
         sampler: &Sampler,
         buffer: &RolloutBuffer,
+        objective: Objective,
     ) -> Result<(PpoStats, Option<Vec<f64>>)> {
         self.pool_rollout_statistics()?;
         let rollout = buffer.finish()?;
@@ -238,9 +241,15 @@ impl Learner {
             &batch,
             |rows| agent::evaluate_rows(policy, sampler, &rollout, rows),
             self.data_parallel.as_mut(),
+            objective,
         )?;
         let q_per_op = agent::q_per_op(policy, &rollout)?;
         Ok((stats, q_per_op))
+    }
+
+    /// PPO updates made so far (the schedules' clock).
+    pub(super) fn updates_done(&self) -> u64 {
+        self.ppo.updates()
     }
 
     /// What looks wrong in an update's statistics, by the thresholds.

@@ -63,6 +63,7 @@ mod actor;
 mod collector;
 mod config;
 mod env;
+pub mod imitation;
 mod learner;
 mod measure;
 mod outcome;
@@ -86,6 +87,7 @@ use learner::Learner;
 
 pub use config::{Episode, SimicConfig};
 pub use env::EnvSpec;
+pub use imitation::{Demonstrator, ImitationConfig, ImitationFigures};
 pub use outcome::{
     ActionDistribution, EpisodeOutcome, NUM_OPS, OpCounts, OutcomeKind, RewardHackingSuspicion,
     TraceEpoch, TraceSlot,

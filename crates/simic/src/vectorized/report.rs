@@ -122,6 +122,9 @@ pub struct RoundReport {
     /// Decisions a scripted controller refused in a driven round
     /// ([`super::Simic::drive_round`]), carried out as WAIT.
     pub refused_decisions: u64,
+    /// In an imitation round ([`super::ImitationConfig`]), whom it followed
+    /// and how many of its decisions the update imitated; `None` otherwise.
+    pub imitation: Option<super::ImitationFigures>,
     /// Steps profiled on the GPU, at most one for each number of live
     /// seeds (empty unless [`super::Simic::set_step_profiling`] is on and
     /// the device is CUDA).

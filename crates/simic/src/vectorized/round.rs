@@ -46,7 +46,22 @@ impl Simic {
     /// and the blueprint warm-up are caches and stay.) Keeping the
     /// observation normaliser costs one readback of its state at the round's
     /// start when it learns.
+    ///
+    /// While the run's imitation warm-up lasts ([`SimicConfig::imitation`]:
+    /// its first `updates` updates), a learning round is an imitation
+    /// round: its demonstrator drives every environment, as in
+    /// [`Simic::drive_round`], and the update fits the policy to the
+    /// demonstrated actions ([`crate::ppo::Objective::Imitation`];
+    /// [`RoundReport::imitation`] says how many).
     pub fn run_round(&mut self, spec: &EnvSpec, learn: bool) -> Result<RoundReport> {
+        let imitation = self.config.imitation;
+        if learn && imitation.imitates_after(self.learner.updates_done()) {
+            let mut demonstrators = imitation.demonstrator.controllers(spec, &self.config);
+            return self.guarded(
+                |simic| simic.run_round_unguarded(spec, true, None, Some(&mut demonstrators)),
+                true,
+            );
+        }
         self.guarded(
             |simic| simic.run_round_unguarded(spec, learn, None, None),
             learn,
@@ -130,7 +145,8 @@ impl Simic {
     }
 
     /// [`Simic::run_round`] without the checkpoint; `envs` overrides this
-    /// run's own environment seeds, `driver` the policy's actions.
+    /// run's own environment seeds, `driver` the policy's actions. A driven
+    /// round that learns is an imitation round (the driver demonstrates).
     fn run_round_unguarded(
         &mut self,
         spec: &EnvSpec,
@@ -185,6 +201,10 @@ impl Simic {
         )?;
         let mut steps = Vec::with_capacity(collector.steps());
         let mut refused_decisions = 0_u64;
+        let mut imitation = (learn && driver.is_some()).then(|| super::ImitationFigures {
+            demonstrator: self.config.imitation.demonstrator,
+            ..super::ImitationFigures::default()
+        });
         let mut step_profiles: Vec<super::StepProfile> = Vec::new();
         // Profiling on: the first step of each live-seed count trains and
         // validates apart (the same work, in two phases), and on CUDA each
@@ -241,7 +261,8 @@ impl Simic {
             collector.observe()?;
             let mut actions = collector.act(step, &mut self.actor, &mut self.learner, learn)?;
             if let Some(controllers) = driver.as_deref_mut() {
-                let refused = collector.drive(&mut actions, controllers)?;
+                let refused =
+                    collector.drive(step, &mut actions, controllers, imitation.as_mut())?;
                 refused_decisions = refused_decisions.saturating_add(refused);
             }
             collector.apply(step, &actions, &mut self.learner, learn)?;
@@ -266,7 +287,12 @@ impl Simic {
             }
             self.learner
                 .learn_observations(&collector.raw_observations()?)?;
-            let update = self.update(&collector)?;
+            let objective = if imitation.is_some() {
+                self.config.imitation.objective()
+            } else {
+                crate::ppo::Objective::Ppo
+            };
+            let update = self.update(&collector, objective)?;
             self.gather_rank_rngs()?;
             Some(update)
         } else {
@@ -276,6 +302,7 @@ impl Simic {
         let mut report = collector.into_report(self.progress.rounds);
         report.steps = steps;
         report.refused_decisions = refused_decisions;
+        report.imitation = imitation;
         step_profiles.sort_by_key(|p| p.live_seeds);
         report.step_profiles = step_profiles;
         report.lstm = Some(lstm);
@@ -300,11 +327,16 @@ impl Simic {
 
     /// The learner's update on the round's rollout; a non-finite update is
     /// reported before it ends the round.
-    fn update(&mut self, collector: &Collector) -> Result<(PpoStats, Option<Vec<f64>>)> {
+    fn update(
+        &mut self,
+        collector: &Collector,
+        objective: crate::ppo::Objective,
+    ) -> Result<(PpoStats, Option<Vec<f64>>)> {
         let result = self.learner.update(
             self.actor.policy(),
             self.actor.sampler(),
             collector.buffer(),
+            objective,
         );
         if let Err(Error::NonFinite { what, value }) = &result {
             telemetry::emit_numerical_instability(

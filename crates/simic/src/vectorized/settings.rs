@@ -1,7 +1,7 @@
 //! Named settings over a [`SimicConfig`]: `section.field=value`, so that a
 //! study can depart from the reference's defaults one constant at a time
 //! and say exactly which (`esper bench simic-learning --set
-//! reward.rent_weight=0`). Five sections:
+//! reward.rent_weight=0`). Six sections:
 //!
 //! - `reward.<field>`: any field of [`crate::rewards::RewardConfig`]
 //!   (`reward.rent_weight=0`, `reward.mode=sparse`);
@@ -20,7 +20,12 @@
 //!   `true` offers it again (`blueprint.conv_small=false`). Not a reference
 //!   option: the baselines' scripted controllers and the heuristic are not
 //!   affected, and a topology with every blueprint excluded is an error when
-//!   its masks are computed.
+//!   its masks are computed;
+//! - `imitation.<field>`: the imitation warm-up ([`super::ImitationConfig`],
+//!   not a reference option): `imitation.updates=8` makes the first eight
+//!   PPO updates imitate the demonstrator, `imitation.demonstrator=heuristic`
+//!   (or `max_growth`) names it, `imitation.epochs=32` sets the passes of
+//!   each imitation update.
 //!
 //! A preset names a list of settings ([`PRESETS`], [`preset`]): `growth`
 //! is the set under which the learned greedy policy first beat no growth
@@ -174,9 +179,42 @@ pub fn apply(config: &mut SimicConfig, setting: &str) -> Result<()> {
                 config.masks.excluding(blueprint)
             };
         }
+        "imitation" => match field {
+            "updates" => {
+                config.imitation.updates = value.as_u64().ok_or_else(|| {
+                    refuse("the imitation updates are a whole number, 0 for none".to_owned())
+                })?;
+            }
+            "demonstrator" => {
+                let name = value
+                    .as_str()
+                    .ok_or_else(|| refuse("a demonstrator's name".to_owned()))?;
+                config.imitation.demonstrator = super::imitation::Demonstrator::from_name(name)
+                    .map_err(|error| refuse(error.to_string()))?;
+            }
+            "epochs" => {
+                let epochs = value
+                    .as_u64()
+                    .and_then(|epochs| usize::try_from(epochs).ok())
+                    .ok_or_else(|| refuse("the imitation epochs are a whole number".to_owned()))?;
+                let imitation = super::ImitationConfig {
+                    epochs,
+                    ..config.imitation
+                };
+                imitation
+                    .validate()
+                    .map_err(|error| refuse(error.to_string()))?;
+                config.imitation = imitation;
+            }
+            other => {
+                return Err(refuse(format!(
+                    "no imitation field {other:?} (updates, demonstrator, epochs)"
+                )));
+            }
+        },
         other => {
             return Err(refuse(format!(
-                "unknown section {other:?} (reward, ppo, floor, slot, blueprint)"
+                "unknown section {other:?} (reward, ppo, floor, slot, blueprint, imitation)"
             )));
         }
     }

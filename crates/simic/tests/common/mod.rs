@@ -1,6 +1,8 @@
-//! Helpers shared by simic's tests: the GAE cases' ([`gae`]) and the twin
-//! tests' (`twin.rs` on the CPU, `gpu.rs` on a GPU): a small synthetic image task, a round of environments driven by a
-//! scripted controller, with or without the twin-delta term.
+//! Helpers shared by simic's tests: the GAE cases' ([`gae`]), the twin
+//! tests' (`twin.rs` on the CPU, `gpu.rs` on a GPU) and the imitation
+//! tests' (`imitation.rs`): a small synthetic image task, a round of
+//! environments driven by a scripted controller, with or without the
+//! twin-delta term.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -22,7 +24,9 @@ pub const ENVS: usize = 2;
 /// Epochs of an episode.
 pub const EPISODE: u32 = 20;
 
-fn spec() -> EnvSpec {
+/// The synthetic Fashion-MNIST-like task, sharded over `ENVS`
+/// environments, with three slots.
+pub fn spec() -> EnvSpec {
     let train = image_task(&ImageTaskOptions::fashion_like(256, 21)).expect("train data");
     let validation = image_task(&ImageTaskOptions::fashion_like(128, 22)).expect("validation");
     EnvSpec::sharded(
@@ -35,7 +39,10 @@ fn spec() -> EnvSpec {
     .expect("spec")
 }
 
-fn config(twin_weight: f64) -> SimicConfig {
+/// The reference's settings shrunk to `ENVS` environments of `EPISODE`
+/// epochs and a small policy, the auto-forward flags on, the twin term at
+/// `twin_weight`.
+pub fn config(twin_weight: f64) -> SimicConfig {
     let mut config = SimicConfig::reference(EPISODE);
     config.n_envs = ENVS;
     config.seed = 31;
@@ -62,7 +69,7 @@ fn config(twin_weight: f64) -> SimicConfig {
 }
 
 /// libtorch's generator is process-wide: runs take turns.
-static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// One round of `ENVS` environments on `device` driven by max growth
 /// (`grow`) or by no one, with the twin term at `twin_weight`.

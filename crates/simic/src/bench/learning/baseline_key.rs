@@ -7,10 +7,16 @@
 /// The prefixes of the settings no baseline depends on: the twin term's
 /// weight (the baselines run without a twin), the blueprints taken out of
 /// the learned policy's masks (the baselines' controllers do not use them),
-/// and PPO's and the heads' entropy floors (`ppo.*`, `floor.*`: nothing but
-/// the policy's update reads them).
-const POLICY_ONLY_SETTINGS: [&str; 4] =
-    ["reward.twin_delta_weight=", "blueprint.", "ppo.", "floor."];
+/// PPO's and the heads' entropy floors (`ppo.*`, `floor.*`: nothing but
+/// the policy's update reads them), and the imitation warm-up
+/// (`imitation.*`: it drives the training rounds only).
+const POLICY_ONLY_SETTINGS: [&str; 5] = [
+    "reward.twin_delta_weight=",
+    "blueprint.",
+    "ppo.",
+    "floor.",
+    "imitation.",
+];
 
 /// The fields of [`LearningSetup::describe`]'s head (each followed by its
 /// value) no baseline depends on: how long and how the policy trains and

@@ -443,13 +443,14 @@ fn baselines_fit_a_longer_or_otherwise_trained_policy() {
     assert!(!auto.fits(&no_baselines(&short)));
     // The setup committed with the six-seed runs' baselines (40 rounds, 4
     // PPO epochs, a greedy point every 8) fits a run of 80 rounds without
-    // the curve.
+    // the curve, with an imitation warm-up.
     let committed = "task fmnist-impaired episode 150 rounds 40 ppo-epochs 4 greedy-every 8 \
                      quick false settings [reward.rent_weight=0 floor.op=0.02 \
                      slot.auto_forward_g1=true reward.mode=escrow reward.twin_delta_weight=5]";
     let longer = "task fmnist-impaired episode 150 rounds 80 ppo-epochs 4 quick false settings \
                   [reward.rent_weight=0 floor.op=0.02 slot.auto_forward_g1=true reward.mode=escrow \
-                  reward.twin_delta_weight=20 blueprint.conv_small=false]";
+                  reward.twin_delta_weight=20 blueprint.conv_small=false \
+                  imitation.updates=8 imitation.demonstrator=heuristic]";
     assert_eq!(without_policy_only(committed), without_policy_only(longer));
     assert_eq!(
         without_policy_only(committed),

@@ -1,0 +1,142 @@
+//! A demonstrator's actions in place of the policy's samples
+//! ([`RolloutBuffer::record_demonstration`]), for the imitation warm-up
+//! (`crate::vectorized::ImitationConfig`).
+
+use tch::{Kind, Tensor};
+
+use crate::error::TorchResultExt;
+use crate::{Error, Result};
+use leyline::{LifecycleOp, NUM_ACTION_HEADS};
+
+use super::{RolloutBuffer, dim};
+
+/// What one environment's row of a driven step holds for the update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Demonstration {
+    /// The demonstrator's action (head indices in `leyline::HEAD_NAMES`
+    /// order, as [`tamiyo::heads::FactoredAction::indices`]), which the
+    /// policy's masks allow: it replaces the policy's sample, and the heads
+    /// that matter for its op become the row's relevance.
+    Imitate([i64; NUM_ACTION_HEADS]),
+    /// A demonstrated action the policy's masks forbid: carried out, not
+    /// imitated (no head of the row is relevant, so no policy term reads
+    /// it; its value target stays).
+    Skip,
+}
+
+impl RolloutBuffer {
+    /// Rewrites the actions and the head relevance of `step` with a
+    /// demonstrator's: `rows[e]` is environment `e`'s ([`Demonstration`]),
+    /// `None` where no action was demonstrated (the row is left as the
+    /// policy wrote it). Call it after the step's policy columns are
+    /// written. Two small uploads and two masked copies on the device, no
+    /// readback. Every argument is checked before anything is written: the
+    /// step, the row count, each op index.
+    pub fn record_demonstration(
+        &mut self,
+        step: usize,
+        rows: &[Option<Demonstration>],
+    ) -> Result<()> {
+        if step >= self.shape.max_steps || !self.written.get(step).copied().unwrap_or(false) {
+            return Err(Error::Buffer(format!(
+                "demonstration at step {step}: the step's policy columns are not written ({} \
+                 steps per round)",
+                self.shape.max_steps
+            )));
+        }
+        if rows.len() != self.shape.n_envs {
+            return Err(Error::Buffer(format!(
+                "{} demonstrated rows for {} environments",
+                rows.len(),
+                self.shape.n_envs
+            )));
+        }
+        let heads = NUM_ACTION_HEADS;
+        let mut actions = vec![0_i64; rows.len().saturating_mul(heads)];
+        let mut relevance = vec![false; rows.len().saturating_mul(heads)];
+        let mut replace = vec![false; rows.len()];
+        let mut touched = vec![false; rows.len()];
+        for (env, row) in rows.iter().enumerate() {
+            let span = env.saturating_mul(heads)..env.saturating_add(1).saturating_mul(heads);
+            match row {
+                None => {}
+                Some(Demonstration::Skip) => {
+                    if let Some(flag) = touched.get_mut(env) {
+                        *flag = true;
+                    }
+                }
+                Some(Demonstration::Imitate(indices)) => {
+                    let op = indices
+                        .get(tamiyo::heads::OP)
+                        .and_then(|&value| i32::try_from(value).ok())
+                        .and_then(|value| LifecycleOp::from_value(value).ok())
+                        .ok_or_else(|| {
+                            Error::Buffer(format!(
+                                "demonstrated action {indices:?} of environment {env} has no op"
+                            ))
+                        })?;
+                    if let Some(slice) = actions.get_mut(span.clone()) {
+                        slice.copy_from_slice(indices);
+                    }
+                    if let Some(slice) = relevance.get_mut(span) {
+                        slice.copy_from_slice(&tamiyo::heads::relevance(op));
+                    }
+                    for flags in [&mut replace, &mut touched] {
+                        if let Some(flag) = flags.get_mut(env) {
+                            *flag = true;
+                        }
+                    }
+                }
+            }
+        }
+        if !touched.contains(&true) {
+            return Ok(());
+        }
+        let shape = [dim(rows.len()), dim(heads)];
+        let upload = |values: Tensor| -> Result<Tensor> {
+            values.f_to_device(self.device).op("demonstration upload")
+        };
+        let actions = upload(
+            Tensor::f_from_slice(&actions)
+                .op("demonstration")?
+                .f_reshape(shape)
+                .op("demonstration")?,
+        )?;
+        let relevance = upload(
+            Tensor::f_from_slice(&relevance)
+                .op("demonstration")?
+                .f_reshape(shape)
+                .op("demonstration")?,
+        )?;
+        let rows_mask = |flags: &[bool]| -> Result<Tensor> {
+            upload(
+                Tensor::f_from_slice(flags)
+                    .op("demonstration")?
+                    .f_reshape([dim(flags.len()), 1])
+                    .op("demonstration")?,
+            )
+        };
+        let replace = rows_mask(&replace)?;
+        let touched = rows_mask(&touched)?;
+        let t = dim(step);
+        let action_column = Self::column(&self.actions, t)?;
+        let merged = actions
+            .f_where_self(&replace, &action_column)
+            .op("demonstration")?;
+        action_column
+            .shallow_clone()
+            .f_copy_(&merged)
+            .op("demonstration")?;
+        let relevance_column = Self::column(&self.relevance, t)?;
+        let merged = relevance
+            .f_where_self(&touched, &relevance_column)
+            .op("demonstration")?
+            .f_to_kind(Kind::Bool)
+            .op("demonstration")?;
+        relevance_column
+            .shallow_clone()
+            .f_copy_(&merged)
+            .op("demonstration")?;
+        Ok(())
+    }
+}

@@ -1,0 +1,240 @@
+//! Imitation warm-up ([`ImitationConfig`]): the first PPO updates of a run
+//! learn from a demonstrator instead of from the policy's own samples.
+//!
+//! Not a reference option (the reference trains from scratch; the default,
+//! `updates = 0`, is the reference's). In an imitation round the
+//! environments are driven by a scripted controller (the reference's
+//! heuristic, or max growth), exactly as in [`super::Simic::drive_round`];
+//! the policy still steps every epoch, so its recurrent state and values
+//! follow the demonstrated trajectory. The rollout buffer then holds the
+//! demonstrator's actions in place of the policy's samples
+//! ([`crate::buffer::RolloutBuffer::record_demonstration`]) and the update
+//! minimises their negative log-likelihood, head by head over the heads
+//! that matter for the demonstrated op, beside the usual value, entropy and
+//! auxiliary terms ([`crate::ppo::Objective::Imitation`]). A demonstrated
+//! action that the policy's masks forbid (a blueprint taken out of the
+//! policy's action space, an ADVANCE where the auto-forward flags remove
+//! it) is carried out but not imitated: its row keeps no actor weight, and
+//! the round counts it ([`super::RoundReport::imitation`]). After the
+//! imitation updates, PPO goes on from the imitating policy as usual.
+//!
+//! Why: a policy trained from scratch keeps WAIT the likeliest op in almost
+//! every state, so its greedy read-out idles where its sampled policy grows
+//! (`baselines/perf/simic-learning/NOTES.md`); the heuristic grows the
+//! impaired hosts better than max growth. Starting PPO from a policy that
+//! already grows as the heuristic does is the standard remedy (a
+//! demonstrator's actions as a supervised warm start).
+
+use leyline::NUM_ACTION_HEADS;
+use tamiyo::heads::{FactoredAction, OP, SLOT};
+use tamiyo::masks::ActionMasks;
+use tolaria::controller::Controller;
+
+use super::SimicConfig;
+use super::env::EnvSpec;
+use crate::{Error, Result};
+
+/// The scripted controller an imitation round follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Demonstrator {
+    /// The reference's heuristic (reference §3.5), with the blueprint
+    /// rotation of the host's topology, as the baselines run it.
+    #[default]
+    Heuristic,
+    /// Max growth ([`tamiyo::growth::MaxGrowthController`]) under the
+    /// policy's own mask rules: as many seeds as the masks allow.
+    MaxGrowth,
+}
+
+impl Demonstrator {
+    /// Every demonstrator, with the name a setting uses.
+    pub const ALL: [(&'static str, Demonstrator); 2] = [
+        ("heuristic", Demonstrator::Heuristic),
+        ("max_growth", Demonstrator::MaxGrowth),
+    ];
+
+    /// The demonstrator named `name` (`heuristic`, `max_growth`); an
+    /// unknown name is an error listing the known ones.
+    pub fn from_name(name: &str) -> Result<Demonstrator> {
+        Self::ALL
+            .iter()
+            .find(|(known, _)| *known == name)
+            .map(|(_, demonstrator)| *demonstrator)
+            .ok_or_else(|| Error::InvalidConfig {
+                field: "ImitationConfig.demonstrator",
+                reason: format!(
+                    "no demonstrator {name:?} (demonstrators: {})",
+                    Self::ALL.map(|(known, _)| known).join(", ")
+                ),
+            })
+    }
+
+    /// The name a setting uses.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, demonstrator)| *demonstrator == self)
+            .map_or("?", |(name, _)| name)
+    }
+
+    /// One fresh controller of this kind for each of `config`'s
+    /// environments on `spec`'s host (a controller keeps an episode's state,
+    /// so a round takes fresh ones).
+    pub fn controllers(self, spec: &EnvSpec, config: &SimicConfig) -> Vec<Box<dyn Controller>> {
+        let topology = spec.host.topology();
+        let masks = tamiyo::masks::MaskConfig {
+            max_seeds: config.max_seeds,
+            topology,
+            ..config.masks
+        };
+        (0..config.n_envs)
+            .map(|_| match self {
+                Demonstrator::Heuristic => Box::new(
+                    tamiyo::heuristic::HeuristicController::new()
+                        .with_rotation(tamiyo::heuristic::rotation_for(topology)),
+                ) as Box<dyn Controller>,
+                Demonstrator::MaxGrowth => {
+                    Box::new(tamiyo::growth::MaxGrowthController::new(masks)) as Box<dyn Controller>
+                }
+            })
+            .collect()
+    }
+}
+
+/// Passes over an imitation round's demonstration by default
+/// ([`ImitationConfig::epochs`]).
+pub const DEFAULT_IMITATION_EPOCHS: usize = 32;
+
+/// The imitation warm-up of a run (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImitationConfig {
+    /// How many of the run's first PPO updates imitate (0: none, the
+    /// reference's training). Counted in updates, so evaluation rounds
+    /// between them do not count.
+    pub updates: u64,
+    /// Whom they imitate.
+    pub demonstrator: Demonstrator,
+    /// Passes an imitation update makes over its round's demonstration
+    /// ([`DEFAULT_IMITATION_EPOCHS`]), in place of the PPO epochs: with the
+    /// reference's one to four passes an update, eight updates barely move
+    /// the policy towards the demonstrator (on the CPU test's task the
+    /// demonstrated actions' negative log-likelihood fell 2% in six).
+    pub epochs: usize,
+}
+
+impl Default for ImitationConfig {
+    fn default() -> ImitationConfig {
+        ImitationConfig {
+            updates: 0,
+            demonstrator: Demonstrator::default(),
+            epochs: DEFAULT_IMITATION_EPOCHS,
+        }
+    }
+}
+
+impl ImitationConfig {
+    /// Checks `epochs` (in `[1, MAX_EPOCHS]` of the PPO update); the error
+    /// names the field.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=crate::ppo::config::MAX_EPOCHS).contains(&self.epochs) {
+            return Err(Error::InvalidConfig {
+                field: "ImitationConfig.epochs",
+                reason: format!(
+                    "{}, not in [1, {}]",
+                    self.epochs,
+                    crate::ppo::config::MAX_EPOCHS
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The update objective of an imitation round.
+    pub fn objective(&self) -> crate::ppo::Objective {
+        crate::ppo::Objective::Imitation {
+            epochs: self.epochs,
+        }
+    }
+
+    /// Whether the update that follows `updates_done` earlier updates
+    /// imitates.
+    pub fn imitates_after(&self, updates_done: u64) -> bool {
+        updates_done < self.updates
+    }
+}
+
+/// Whether the policy could take `action` under `masks`: its op is
+/// allowed, and so is every other head's choice that matters for the op
+/// (the slot among the op's slots). A demonstrated action the masks forbid
+/// would have a log-probability of about `MASKED_LOGIT_VALUE`: it is not
+/// imitated.
+pub(super) fn imitable(action: &FactoredAction, masks: &ActionMasks) -> bool {
+    if !masks.allows(action.op) {
+        return false;
+    }
+    let indices = action.indices();
+    let relevant = tamiyo::heads::relevance(action.op);
+    (0..NUM_ACTION_HEADS)
+        .filter(|&head| head != OP && relevant.get(head).copied().unwrap_or(false))
+        .all(|head| {
+            let allowed = if head == SLOT {
+                masks.slots_for(action.op)
+            } else {
+                masks.head(head)
+            };
+            indices
+                .get(head)
+                .and_then(|&value| usize::try_from(value).ok())
+                .and_then(|value| allowed.get(value))
+                .copied()
+                .unwrap_or(false)
+        })
+}
+
+/// What an imitation round demonstrated ([`super::RoundReport::imitation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImitationFigures {
+    /// The demonstrator followed.
+    pub demonstrator: Demonstrator,
+    /// Decisions demonstrated and imitated (the policy's masks allow them).
+    pub imitated: u64,
+    /// Decisions demonstrated and carried out but not imitated: the
+    /// policy's masks forbid them.
+    pub not_imitable: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demonstrators_round_trip_their_names_and_refuse_others() {
+        for (name, demonstrator) in Demonstrator::ALL {
+            assert_eq!(Demonstrator::from_name(name).unwrap(), demonstrator);
+            assert_eq!(demonstrator.name(), name);
+        }
+        let error = Demonstrator::from_name("oracle").unwrap_err().to_string();
+        assert!(
+            error.contains("oracle") && error.contains("heuristic"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn only_the_first_updates_imitate() {
+        let config = ImitationConfig {
+            updates: 2,
+            demonstrator: Demonstrator::MaxGrowth,
+            ..ImitationConfig::default()
+        };
+        assert!(config.imitates_after(0));
+        assert!(config.imitates_after(1));
+        assert!(!config.imitates_after(2));
+        assert!(!ImitationConfig::default().imitates_after(0));
+        assert!(ImitationConfig::default().validate().is_ok());
+        for epochs in [0, crate::ppo::config::MAX_EPOCHS + 1] {
+            let bad = ImitationConfig { epochs, ..config };
+            assert!(bad.validate().unwrap_err().to_string().contains("epochs"));
+        }
+    }
+}

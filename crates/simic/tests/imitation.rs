@@ -1,0 +1,120 @@
+//! The imitation warm-up ([`simic::vectorized::ImitationConfig`]) on the
+//! CPU: the run's first updates are imitation rounds driven by the
+//! demonstrator, whose every decision the policy's own masks allow (max
+//! growth under the policy's mask rules); the policy's negative
+//! log-likelihood of the demonstrated actions falls from update to update;
+//! an evaluation round in between takes none of the imitation updates;
+//! the greedy policy then grows as its demonstrator did; and once the
+//! imitation updates are spent, rounds are PPO rounds again.
+
+mod common;
+
+use common::{ENVS, TURN, config, spec};
+use leyline::Telemetry;
+use simic::vectorized::{Demonstrator, ImitationConfig, Simic};
+use tamiyo::policy::SampleMode;
+use tch::Device;
+
+/// Imitation updates of the run.
+const IMITATION: u64 = 3;
+
+#[test]
+fn the_first_updates_imitate_the_demonstrator_and_the_greedy_policy_grows_as_it_did() {
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut config = config(0.0);
+    config.imitation = ImitationConfig {
+        updates: IMITATION,
+        demonstrator: Demonstrator::MaxGrowth,
+        ..ImitationConfig::default()
+    };
+    let spec = spec();
+    let mut simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    let mut nll = Vec::new();
+    for update in 0..IMITATION {
+        let report = simic.run_round(&spec, true).expect("an imitation round");
+        let figures = report.imitation.expect("the round imitates");
+        assert_eq!(figures.demonstrator, Demonstrator::MaxGrowth);
+        assert!(figures.imitated > 0, "update {update}: {figures:?}");
+        assert_eq!(
+            figures.not_imitable, 0,
+            "max growth under the policy's own masks asks nothing the masks forbid"
+        );
+        assert!(report.germinations > 0, "the demonstrator drove the round");
+        assert!(report.refused_decisions == 0);
+        nll.push(report.ppo.expect("the round learned").policy_loss);
+        if update == 0 {
+            // An evaluation round between two imitation rounds: no update,
+            // no imitation, and it does not use up an imitation update.
+            simic.set_sample_mode(SampleMode::Stochastic);
+            let evaluation = simic.evaluate_on(&spec, 7, 0).expect("evaluation");
+            assert!(evaluation.imitation.is_none() && evaluation.ppo.is_none());
+        }
+    }
+    println!("the demonstrated actions' negative log-likelihood per update: {nll:?}");
+    let (first, last) = (nll[0], nll[nll.len() - 1]);
+    assert!(
+        first.is_finite() && last < 0.6 * first,
+        "the demonstrated actions' negative log-likelihood per update: {nll:?}"
+    );
+
+    // The greedy policy, on environments it never saw, grows in every
+    // environment as max growth does.
+    simic.set_sample_mode(SampleMode::Greedy);
+    let greedy = simic
+        .evaluate_on(&spec, 1_234, 0)
+        .expect("greedy evaluation");
+    assert_eq!(greedy.outcomes.len(), ENVS);
+    for (env, outcome) in greedy.outcomes.iter().enumerate() {
+        assert!(
+            !outcome.germinated.is_empty(),
+            "environment {env} of the greedy read-out grew nothing: {:?}",
+            greedy.actions
+        );
+    }
+
+    // The imitation updates are spent: the next learning round is PPO's.
+    simic.set_sample_mode(SampleMode::Stochastic);
+    let report = simic.run_round(&spec, true).expect("a PPO round");
+    assert!(report.imitation.is_none());
+    assert!(report.ppo.is_some());
+}
+
+/// A setting names the warm-up; a wrong name or value is refused and
+/// leaves the configuration as it was.
+#[test]
+fn the_imitation_settings_set_the_warm_up_and_refuse_bad_values() {
+    let mut config = config(0.0);
+    simic::vectorized::settings::apply_all(
+        &mut config,
+        &[
+            "imitation.updates=8".to_owned(),
+            "imitation.demonstrator=max_growth".to_owned(),
+            "imitation.epochs=16".to_owned(),
+        ],
+    )
+    .expect("the settings apply");
+    assert_eq!(
+        config.imitation,
+        ImitationConfig {
+            updates: 8,
+            demonstrator: Demonstrator::MaxGrowth,
+            epochs: 16,
+        }
+    );
+    for bad in [
+        "imitation.updates=-1",
+        "imitation.epochs=0",
+        "imitation.updates=two",
+        "imitation.demonstrator=oracle",
+        "imitation.teacher=heuristic",
+    ] {
+        let before = config.imitation;
+        let error = simic::vectorized::settings::apply(&mut config, bad)
+            .expect_err(bad)
+            .to_string();
+        assert!(error.contains(bad), "{bad}: {error}");
+        assert_eq!(config.imitation, before);
+    }
+}
