@@ -1,11 +1,13 @@
 //! The imitation warm-up ([`simic::vectorized::ImitationConfig`]) on the
 //! CPU: the run's first updates are imitation rounds driven by the
 //! demonstrator, whose every decision the policy's own masks allow (max
-//! growth under the policy's mask rules); the policy's negative
-//! log-likelihood of the demonstrated actions falls from update to update;
-//! an evaluation round in between takes none of the imitation updates;
-//! the greedy policy then grows as its demonstrator did; and once the
-//! imitation updates are spent, rounds are PPO rounds again.
+//! growth under the policy's mask rules, and the heuristic, whose ADVANCEs
+//! are imitated as WAITs where the auto-forward flags advance every gate);
+//! the policy's negative log-likelihood of the demonstrated actions falls
+//! from update to update; an evaluation round in between takes none of the
+//! imitation updates; the greedy policy then grows as its demonstrator
+//! did; and once the imitation updates are spent, rounds are PPO rounds
+//! again.
 
 mod common;
 
@@ -79,6 +81,36 @@ fn the_first_updates_imitate_the_demonstrator_and_the_greedy_policy_grows_as_it_
     let report = simic.run_round(&spec, true).expect("a PPO round");
     assert!(report.imitation.is_none());
     assert!(report.ppo.is_some());
+}
+
+/// The reference's heuristic as the demonstrator, with the auto-forward
+/// flags on (ADVANCE out of the action space): it grows on this task in a
+/// 40-epoch episode, asks for ADVANCE at its gates, and every one of those
+/// is imitated as the WAIT it amounts to; nothing it does is refused by the
+/// policy's masks.
+#[test]
+fn the_heuristic_demonstrates_and_its_advances_are_imitated_as_waits() {
+    let _turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut config = config(0.0);
+    config.episode_length = 40;
+    assert!(config.masks.disable_advance);
+    config.imitation = ImitationConfig {
+        updates: 1,
+        ..ImitationConfig::default()
+    };
+    assert_eq!(config.imitation.demonstrator, Demonstrator::Heuristic);
+    let mut simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
+    let report = simic.run_round(&spec(), true).expect("an imitation round");
+    let figures = report.imitation.expect("the round imitates");
+    assert!(report.germinations > 0, "{:?}", report.actions);
+    assert!(
+        figures.advances_as_wait > 0 && figures.advances_as_wait < figures.imitated,
+        "{figures:?}"
+    );
+    assert_eq!(figures.not_imitable, 0, "{figures:?}");
+    assert!(report.ppo.is_some_and(|ppo| ppo.policy_loss.is_finite()));
 }
 
 /// A setting names the warm-up; a wrong name or value is refused and

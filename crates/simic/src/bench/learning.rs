@@ -127,9 +127,11 @@ fn round_summary(report: &crate::vectorized::RoundReport) -> String {
     };
     let imitation = report.imitation.map_or(String::new(), |figures| {
         format!(
-            "; imitating the {} demonstrator: {} decisions imitated, {} not imitable",
+            "; imitating the {} demonstrator: {} decisions imitated ({} ADVANCEs as WAIT), {} \
+             not imitable",
             figures.demonstrator.name(),
             figures.imitated,
+            figures.advances_as_wait,
             figures.not_imitable
         )
     });
@@ -460,6 +462,10 @@ impl LearningSetup {
             if let Some(figures) = report.imitation {
                 // The round's decisions were the demonstrator's.
                 metrics.insert("imitated_decisions".to_owned(), figures.imitated as f64);
+                metrics.insert(
+                    "advances_imitated_as_wait".to_owned(),
+                    figures.advances_as_wait as f64,
+                );
                 metrics.insert(
                     "not_imitable_decisions".to_owned(),
                     figures.not_imitable as f64,

@@ -28,7 +28,7 @@ use tch::{Device, Tensor};
 
 use super::actor::Actor;
 use super::env::{Env, EnvSpec, StepRules, env_device};
-use super::imitation::{ImitationFigures, imitable};
+use super::imitation::{ImitationFigures, imitation_target};
 use super::learner::Learner;
 use super::measure::ms;
 use super::outcome::{ActionDistribution, EpisodeOutcome, RewardHackingSuspicion};
@@ -63,6 +63,9 @@ pub(super) struct Collector {
     batch: FeatureBatch,
     /// The current step's masks, one per environment.
     masks: Vec<ActionMasks>,
+    /// ADVANCE is out of the action space (`MaskConfig::disable_advance`):
+    /// Kasmina advances every gate by itself.
+    advance_disabled: bool,
     /// The policy's LSTM state after the last step.
     hidden: LstmState,
     env_seeds: Vec<u64>,
@@ -145,6 +148,7 @@ impl Collector {
             buffer,
             batch,
             masks: Vec::with_capacity(n),
+            advance_disabled: config.masks.disable_advance,
             hidden,
             env_seeds,
             env_epochs: 0,
@@ -504,13 +508,22 @@ impl Collector {
                 .zip(&self.masks)
                 .map(|(shown, masks)| match shown {
                     Demonstrated::No => None,
-                    Demonstrated::Yes(action) => Some(if imitable(action, masks) {
-                        figures.imitated = figures.imitated.saturating_add(1);
-                        Demonstration::Imitate(action.indices())
-                    } else {
-                        figures.not_imitable = figures.not_imitable.saturating_add(1);
-                        Demonstration::Skip
-                    }),
+                    Demonstrated::Yes(action) => Some(
+                        match imitation_target(action, masks, self.advance_disabled) {
+                            Some(target) => {
+                                figures.imitated = figures.imitated.saturating_add(1);
+                                if target.op != action.op {
+                                    figures.advances_as_wait =
+                                        figures.advances_as_wait.saturating_add(1);
+                                }
+                                Demonstration::Imitate(target.indices())
+                            }
+                            None => {
+                                figures.not_imitable = figures.not_imitable.saturating_add(1);
+                                Demonstration::Skip
+                            }
+                        },
+                    ),
                 })
                 .collect();
             self.buffer.record_demonstration(step, &rows)?;

@@ -11,12 +11,15 @@
 //! ([`crate::buffer::RolloutBuffer::record_demonstration`]) and the update
 //! minimises their negative log-likelihood, head by head over the heads
 //! that matter for the demonstrated op, beside the usual value, entropy and
-//! auxiliary terms ([`crate::ppo::Objective::Imitation`]). A demonstrated
-//! action that the policy's masks forbid (a blueprint taken out of the
-//! policy's action space, an ADVANCE where the auto-forward flags remove
-//! it) is carried out but not imitated: its row keeps no actor weight, and
-//! the round counts it ([`super::RoundReport::imitation`]). After the
-//! imitation updates, PPO goes on from the imitating policy as usual.
+//! auxiliary terms ([`crate::ppo::Objective::Imitation`]). Where the
+//! auto-forward flags take ADVANCE out of the action space, Kasmina
+//! advances every gate by itself, and a demonstrated ADVANCE (the
+//! heuristic asks for one at every gate) is imitated as the WAIT it
+//! amounts to. Any other demonstrated action that the policy's masks
+//! forbid (a blueprint taken out of the policy's action space) is carried
+//! out but not imitated: no head of its row is relevant, and the round
+//! counts it ([`super::RoundReport::imitation`]). After the imitation
+//! updates, PPO goes on from the imitating policy as usual.
 //!
 //! Why: a policy trained from scratch keeps WAIT the likeliest op in almost
 //! every state, so its greedy read-out idles where its sampled policy grows
@@ -25,7 +28,7 @@
 //! already grows as the heuristic does is the standard remedy (a
 //! demonstrator's actions as a supervised warm start).
 
-use leyline::NUM_ACTION_HEADS;
+use leyline::{LifecycleOp, NUM_ACTION_HEADS};
 use tamiyo::heads::{FactoredAction, OP, SLOT};
 use tamiyo::masks::ActionMasks;
 use tolaria::controller::Controller;
@@ -163,12 +166,32 @@ impl ImitationConfig {
     }
 }
 
+/// What the policy imitates of a demonstrated `action` under `masks`: the
+/// action itself where the masks allow it; WAIT for an ADVANCE where
+/// ADVANCE is out of the action space (`advance_disabled`,
+/// `MaskConfig::disable_advance`: Kasmina then advances every gate by
+/// itself, so asking for it is waiting); `None` for anything else the masks
+/// forbid (its log-probability would be about `MASKED_LOGIT_VALUE`).
+pub(super) fn imitation_target(
+    action: &FactoredAction,
+    masks: &ActionMasks,
+    advance_disabled: bool,
+) -> Option<FactoredAction> {
+    let target = if advance_disabled && action.op == LifecycleOp::Advance {
+        FactoredAction {
+            op: LifecycleOp::Wait,
+            ..*action
+        }
+    } else {
+        *action
+    };
+    imitable(&target, masks).then_some(target)
+}
+
 /// Whether the policy could take `action` under `masks`: its op is
 /// allowed, and so is every other head's choice that matters for the op
-/// (the slot among the op's slots). A demonstrated action the masks forbid
-/// would have a log-probability of about `MASKED_LOGIT_VALUE`: it is not
-/// imitated.
-pub(super) fn imitable(action: &FactoredAction, masks: &ActionMasks) -> bool {
+/// (the slot among the op's slots).
+fn imitable(action: &FactoredAction, masks: &ActionMasks) -> bool {
     if !masks.allows(action.op) {
         return false;
     }
@@ -196,8 +219,12 @@ pub(super) fn imitable(action: &FactoredAction, masks: &ActionMasks) -> bool {
 pub struct ImitationFigures {
     /// The demonstrator followed.
     pub demonstrator: Demonstrator,
-    /// Decisions demonstrated and imitated (the policy's masks allow them).
+    /// Decisions demonstrated and imitated (the policy's masks allow them,
+    /// or they are an ADVANCE imitated as WAIT).
     pub imitated: u64,
+    /// Of those, the ADVANCEs imitated as WAIT (ADVANCE out of the action
+    /// space).
+    pub advances_as_wait: u64,
     /// Decisions demonstrated and carried out but not imitated: the
     /// policy's masks forbid them.
     pub not_imitable: u64,
