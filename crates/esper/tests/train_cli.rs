@@ -545,3 +545,41 @@ fn a_ppo_run_takes_the_growth_preset_and_keeps_it_in_its_config() {
         "--set after the preset: {settings_line}"
     );
 }
+
+#[test]
+fn a_ppo_run_with_an_imitation_warm_up_says_which_rounds_imitated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_dir = dir.path().join("run");
+    let output = synthetic_ppo(
+        &run_dir,
+        "3",
+        "2",
+        &[
+            "--set",
+            "imitation.updates=1",
+            "--set",
+            "imitation.epochs=2",
+        ],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let stdout = text(&output.stdout);
+    assert!(
+        stdout.contains("round 1/2 (imitating the heuristic): reward"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("round 2/2: reward"), "{stdout}");
+    let rounds: Vec<serde_json::Value> = std::fs::read_to_string(run_dir.join("rounds.jsonl"))
+        .expect("rounds.jsonl")
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(rounds.len(), 2);
+    let imitation = &rounds[0]["imitation"];
+    assert_eq!(imitation["demonstrator"], "heuristic", "{imitation}");
+    let imitated = imitation["imitated"].as_u64().expect("imitated");
+    let refused = imitation["not_imitable"].as_u64().expect("not imitable");
+    // Two environments, three epochs: six decisions, each imitated or not.
+    assert_eq!(imitated + refused, 6, "{imitation}");
+    assert!(rounds[1]["imitation"].is_null(), "{}", rounds[1]);
+    assert!(rounds[0]["ppo"].is_object() && rounds[1]["ppo"].is_object());
+}

@@ -42,6 +42,14 @@ pub(super) fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::
         "eps": eps.and_then(finite),
         "policy_inference_ms": finite(report.inference_ms),
         "round_ms": finite(report.timings.total_ms),
+        // An imitation round's demonstrator and what its update imitated
+        // (null in a PPO round).
+        "imitation": report.imitation.map(|figures| serde_json::json!({
+            "demonstrator": figures.demonstrator.name(),
+            "imitated": figures.imitated,
+            "advances_as_wait": figures.advances_as_wait,
+            "not_imitable": figures.not_imitable,
+        })),
         "ppo": report.ppo.as_ref().map(|ppo| serde_json::json!({
             "policy_loss": finite(ppo.policy_loss),
             "value_loss": finite(ppo.value_loss),
@@ -93,9 +101,13 @@ pub(super) fn progress_line(report: &RoundReport, rounds: usize, eps: Option<f64
         })
         .collect::<Vec<_>>()
         .join(" ");
+    // In an imitation round the decisions were the demonstrator's.
+    let imitation = report.imitation.map_or(String::new(), |figures| {
+        format!(" (imitating the {})", figures.demonstrator.name())
+    });
     format!(
-        "round {}/{rounds}: reward {:.3}, final accuracy {accuracy:.2}%, live seeds {:.2}, \
-         germinated {} fossilized {} pruned {}, chose {chosen}, {:.1} eps",
+        "round {}/{rounds}{imitation}: reward {:.3}, final accuracy {accuracy:.2}%, live seeds \
+         {:.2}, germinated {} fossilized {} pruned {}, chose {chosen}, {:.1} eps",
         report.round.saturating_add(1),
         report.mean_episode_reward,
         report.mean_active_seeds,
