@@ -564,7 +564,7 @@ fn a_ppo_run_with_an_imitation_warm_up_says_which_rounds_imitated() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     let stdout = text(&output.stdout);
     assert!(
-        stdout.contains("round 1/2 (imitating the heuristic): reward"),
+        stdout.contains("round 1/2 (imitation of max_growth): reward"),
         "{stdout}"
     );
     assert!(stdout.contains("round 2/2: reward"), "{stdout}");
@@ -575,7 +575,7 @@ fn a_ppo_run_with_an_imitation_warm_up_says_which_rounds_imitated() {
         .collect();
     assert_eq!(rounds.len(), 2);
     let imitation = &rounds[0]["imitation"];
-    assert_eq!(imitation["demonstrator"], "heuristic", "{imitation}");
+    assert_eq!(imitation["demonstrator"], "max_growth", "{imitation}");
     let imitated = imitation["imitated"].as_u64().expect("imitated");
     let refused = imitation["not_imitable"].as_u64().expect("not imitable");
     // Two environments, three epochs: six decisions, each imitated or not.

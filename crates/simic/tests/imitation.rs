@@ -98,9 +98,9 @@ fn the_heuristic_demonstrates_and_its_advances_are_imitated_as_waits() {
     assert!(config.masks.disable_advance);
     config.imitation = ImitationConfig {
         updates: 1,
+        demonstrator: Demonstrator::Heuristic,
         ..ImitationConfig::default()
     };
-    assert_eq!(config.imitation.demonstrator, Demonstrator::Heuristic);
     let mut simic = Simic::new(config, 3, Device::Cpu, Telemetry::disabled()).expect("simic");
     let report = simic.run_round(&spec(), true).expect("an imitation round");
     let figures = report.imitation.expect("the round imitates");
@@ -122,7 +122,7 @@ fn the_imitation_settings_set_the_warm_up_and_refuse_bad_values() {
         &mut config,
         &[
             "imitation.updates=8".to_owned(),
-            "imitation.demonstrator=max_growth".to_owned(),
+            "imitation.demonstrator=heuristic".to_owned(),
             "imitation.epochs=16".to_owned(),
         ],
     )
@@ -131,7 +131,7 @@ fn the_imitation_settings_set_the_warm_up_and_refuse_bad_values() {
         config.imitation,
         ImitationConfig {
             updates: 8,
-            demonstrator: Demonstrator::MaxGrowth,
+            demonstrator: Demonstrator::Heuristic,
             epochs: 16,
         }
     );

@@ -127,8 +127,8 @@ fn round_summary(report: &crate::vectorized::RoundReport) -> String {
     };
     let imitation = report.imitation.map_or(String::new(), |figures| {
         format!(
-            "; imitating the {} demonstrator: {} decisions imitated ({} ADVANCEs as WAIT), {} \
-             not imitable",
+            "; imitation of {}: {} decisions imitated ({} ADVANCEs as WAIT), {} not \
+             imitable",
             figures.demonstrator.name(),
             figures.imitated,
             figures.advances_as_wait,

@@ -41,11 +41,17 @@ use crate::{Error, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Demonstrator {
     /// The reference's heuristic (reference §3.5), with the blueprint
-    /// rotation of the host's topology, as the baselines run it.
-    #[default]
+    /// rotation of the host's topology, as the baselines run it. It
+    /// germinates when its host has plateaued, a condition the policy has
+    /// to read from its observations: on the CPU tests' small task eight
+    /// imitation updates left a greedy read-out that waits every epoch
+    /// (`baselines/perf/simic-learning/NOTES.md`).
     Heuristic,
     /// Max growth ([`tamiyo::growth::MaxGrowthController`]) under the
-    /// policy's own mask rules: as many seeds as the masks allow.
+    /// policy's own mask rules: as many seeds as the masks allow. The
+    /// default: its decisions follow from the masks the policy sees, and
+    /// the greedy read-out of a policy that imitated it grows as it does.
+    #[default]
     MaxGrowth,
 }
 

@@ -103,7 +103,7 @@ pub(super) fn progress_line(report: &RoundReport, rounds: usize, eps: Option<f64
         .join(" ");
     // In an imitation round the decisions were the demonstrator's.
     let imitation = report.imitation.map_or(String::new(), |figures| {
-        format!(" (imitating the {})", figures.demonstrator.name())
+        format!(" (imitation of {})", figures.demonstrator.name())
     });
     format!(
         "round {}/{rounds}{imitation}: reward {:.3}, final accuracy {accuracy:.2}%, live seeds \
