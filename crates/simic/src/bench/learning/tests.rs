@@ -143,6 +143,31 @@ fn training_taken_up_after_a_round_follows_the_uninterrupted_run() {
 }
 
 #[test]
+fn the_imitation_warm_up_drives_the_first_rounds_of_the_protocol() {
+    // Its rounds say what they imitated in the learning curve; the rounds
+    // after it are PPO's and say nothing of it.
+    let _rng = crate::global_rng_lock();
+    let mut options = cpu_options(1, Some(3));
+    options.settings = vec![
+        "imitation.updates=1".to_owned(),
+        "imitation.epochs=2".to_owned(),
+    ];
+    let setup = LearningSetup::new(&options, 2).expect("the quick protocol's setup");
+    assert!(setup.describe().contains("imitation.updates=1"));
+    let curve = setup
+        .train_policy(0, &mut |_| {})
+        .expect("an imitation round, then a PPO round")
+        .curve;
+    assert_eq!(curve.len(), 2);
+    let first = &curve[0].metrics;
+    let decisions = first["imitated_decisions"] + first["not_imitable_decisions"];
+    // Four environments, three epochs: every decision demonstrated.
+    assert_eq!(decisions, 12.0, "{first:?}");
+    assert!(first.contains_key("advances_imitated_as_wait"));
+    assert!(!curve[1].metrics.contains_key("imitated_decisions"));
+}
+
+#[test]
 fn the_escrow_reward_trains_through_the_environments() {
     // The environments hand ESCROW its credits and stable accuracy: without
     // them every step's reward is refused and the round fails.
