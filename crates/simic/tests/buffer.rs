@@ -5,7 +5,7 @@
 //! and `reset` clears everything.
 
 use leyline::NUM_ACTION_HEADS;
-use simic::buffer::{BufferShape, HostStep, RolloutBuffer};
+use simic::buffer::{BufferShape, Demonstration, HostStep, RolloutBuffer};
 use tamiyo::masks::MaskTensors;
 use tamiyo::policy::{Policy, PolicyConfig, SampleMode, Sampler, SamplingConfig};
 use tch::{Device, Kind, Tensor};
@@ -361,4 +361,73 @@ fn the_sink_writes_what_record_policy_writes() {
     // another.
     assert_ne!(direct.memory_key(), sunk.memory_key());
     assert_eq!(sunk.memory_key(), sunk.memory_key());
+}
+
+/// A demonstration replaces the rows it names (actions, and the relevance
+/// of the demonstrated op's heads), clears the relevance of a skipped row,
+/// leaves the others as the policy wrote them, and refuses an unwritten
+/// step, a wrong row count and an index outside its head without writing.
+#[test]
+fn a_demonstration_rewrites_its_rows_and_refuses_bad_input() {
+    let (mut buffer, _) = filled();
+    let before = buffer.finish().expect("finish");
+    let germinate = tamiyo::heads::FactoredAction {
+        slot: 2,
+        blueprint: leyline::BlueprintAction::ConvLight,
+        style: leyline::GerminationStyle::SigmoidAdd,
+        tempo: leyline::TempoAction::Standard,
+        alpha_target: leyline::AlphaTargetAction::Full,
+        alpha_speed: leyline::AlphaSpeedAction::Instant,
+        alpha_curve: leyline::AlphaCurveAction::Linear,
+        op: leyline::LifecycleOp::Germinate,
+    }
+    .indices();
+    let rows = [
+        Some(Demonstration::Imitate(germinate)),
+        None,
+        Some(Demonstration::Skip),
+    ];
+    // Refused, nothing written: a wrong row count, an index out of its
+    // head, a step past the last.
+    let mut bad = germinate;
+    bad[tamiyo::heads::SLOT] = SLOTS as i64;
+    for refused in [
+        buffer.record_demonstration(1, &rows[..2]),
+        buffer.record_demonstration(1, &[Some(Demonstration::Imitate(bad)), None, None]),
+        buffer.record_demonstration(STEPS, &rows),
+    ] {
+        assert!(refused.is_err());
+    }
+    let unchanged = buffer.finish().expect("finish");
+    assert!(unchanged.actions.equal(&before.actions));
+    assert!(unchanged.relevance.equal(&before.relevance));
+
+    buffer
+        .record_demonstration(1, &rows)
+        .expect("a demonstration");
+    let after = buffer.finish().expect("finish");
+    let row = |t: &Tensor, env: i64| t.select(0, env).select(0, 1);
+    let expected = Tensor::from_slice(&germinate);
+    assert!(row(&after.actions, 0).equal(&expected));
+    let relevance = Tensor::from_slice(&tamiyo::heads::relevance(leyline::LifecycleOp::Germinate));
+    assert!(row(&after.relevance, 0).equal(&relevance));
+    assert!(row(&after.actions, 1).equal(&row(&before.actions, 1)));
+    assert!(row(&after.relevance, 1).equal(&row(&before.relevance, 1)));
+    assert!(row(&after.actions, 2).equal(&row(&before.actions, 2)));
+    assert_eq!(
+        row(&after.relevance, 2)
+            .to_kind(Kind::Int64)
+            .sum(Kind::Int64)
+            .int64_value(&[]),
+        0
+    );
+    // Other steps are untouched.
+    for step in [0, 2, 3] {
+        assert!(
+            after
+                .actions
+                .select(1, step)
+                .equal(&before.actions.select(1, step))
+        );
+    }
 }

@@ -31,7 +31,9 @@ impl RolloutBuffer {
     /// policy wrote it). Call it after the step's policy columns are
     /// written. Two small uploads and two masked copies on the device, no
     /// readback. Every argument is checked before anything is written: the
-    /// step, the row count, each op index.
+    /// step, the row count, and each head's index against the head's size
+    /// (an index out of range would reach libtorch's gather in the
+    /// update).
     pub fn record_demonstration(
         &mut self,
         step: usize,
@@ -66,6 +68,22 @@ impl RolloutBuffer {
                     }
                 }
                 Some(Demonstration::Imitate(indices)) => {
+                    let sizes = tamiyo::heads::head_sizes(self.shape.num_slots);
+                    if let Some((head, (index, size))) =
+                        indices
+                            .iter()
+                            .zip(sizes)
+                            .enumerate()
+                            .find(|(_, (index, size))| {
+                                usize::try_from(**index).map_or(true, |index| index >= *size)
+                            })
+                    {
+                        return Err(Error::Buffer(format!(
+                            "demonstrated action {indices:?} of environment {env}: index \
+                             {index} of head {} is outside its {size} options",
+                            leyline::HEAD_NAMES.get(head).unwrap_or(&"?")
+                        )));
+                    }
                     let op = indices
                         .get(tamiyo::heads::OP)
                         .and_then(|&value| i32::try_from(value).ok())

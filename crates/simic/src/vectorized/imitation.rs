@@ -23,10 +23,13 @@
 //!
 //! Why: a policy trained from scratch keeps WAIT the likeliest op in almost
 //! every state, so its greedy read-out idles where its sampled policy grows
-//! (`baselines/perf/simic-learning/NOTES.md`); the heuristic grows the
-//! impaired hosts better than max growth. Starting PPO from a policy that
-//! already grows as the heuristic does is the standard remedy (a
-//! demonstrator's actions as a supervised warm start).
+//! (`baselines/perf/simic-learning/NOTES.md`). Starting PPO from a policy
+//! that already grows as a demonstrator does is the standard remedy (a
+//! demonstrator's actions as a supervised warm start). Max growth is the
+//! default demonstrator: its decisions follow from the masks the policy
+//! sees, so its imitation reads out greedily as max growth; the heuristic,
+//! the stronger controller on the impaired hosts, germinates on a plateau
+//! the policy has not learned to see in the CPU tests' small runs.
 
 use leyline::{LifecycleOp, NUM_ACTION_HEADS};
 use tamiyo::heads::{FactoredAction, OP, SLOT};
