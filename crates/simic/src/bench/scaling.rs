@@ -19,7 +19,6 @@ use leyline::baseline::ResultEntry;
 use serde::{Deserialize, Serialize};
 use torch_ext::dist::ProcessGroup;
 
-use super::throughput::max_growth_controllers;
 use super::{Driver, SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, variant};
 use crate::vectorized::{EnvSpec, Simic};
 use crate::{Error, Result};
@@ -102,7 +101,8 @@ pub fn run_rank(
         let report = match options.driver {
             Driver::Policy => simic.run_round(&spec, true)?,
             Driver::MaxGrowth => {
-                let mut controllers = max_growth_controllers(&spec, &controllers_config);
+                let mut controllers = crate::vectorized::Demonstrator::MaxGrowth
+                    .controllers(&spec, &controllers_config);
                 simic.drive_round(&spec, &mut controllers)?
             }
         };

@@ -18,22 +18,12 @@ use super::{
     mean, simic_config,
 };
 use crate::Result;
-use crate::vectorized::{EnvSpec, RoundReport, Simic, SimicConfig};
+use crate::vectorized::{Demonstrator, EnvSpec, RoundReport, Simic, SimicConfig};
 
 mod growth;
 mod variants;
 use growth::{live_seed_figures, profile_figures, profile_line};
 pub(super) use variants::{split_variant, variant_config};
-
-/// A max-growth controller for each of `config`'s environments, under the
-/// environments' own mask rules (the imitation warm-up's demonstrator of
-/// that name builds them).
-pub(super) fn max_growth_controllers(
-    spec: &EnvSpec,
-    config: &SimicConfig,
-) -> Vec<Box<dyn tolaria::controller::Controller>> {
-    crate::vectorized::Demonstrator::MaxGrowth.controllers(spec, config)
-}
 
 /// Runs `rounds` rounds and the figures of one variant, the actions taken
 /// by `driver`.
@@ -59,7 +49,8 @@ fn throughput_variant(
         let report = match driver {
             Driver::Policy => simic.run_round(spec, true)?,
             Driver::MaxGrowth => {
-                let mut controllers = max_growth_controllers(spec, &controllers_config);
+                let mut controllers =
+                    Demonstrator::MaxGrowth.controllers(spec, &controllers_config);
                 simic.drive_round(spec, &mut controllers)?
             }
         };
@@ -94,7 +85,7 @@ fn throughput_variant(
     // them, with a step profiled for each number of live seeds.
     let mut profiles = Vec::new();
     if driver == Driver::MaxGrowth && device.is_cuda() {
-        let mut controllers = max_growth_controllers(spec, &controllers_config);
+        let mut controllers = Demonstrator::MaxGrowth.controllers(spec, &controllers_config);
         simic.set_step_profiling(true);
         let profiled = simic.drive_round(spec, &mut controllers);
         simic.set_step_profiling(false);

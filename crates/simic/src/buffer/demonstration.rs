@@ -2,7 +2,7 @@
 //! ([`RolloutBuffer::record_demonstration`]), for the imitation warm-up
 //! (`crate::vectorized::ImitationConfig`).
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::error::TorchResultExt;
 use crate::{Error, Result};
@@ -110,32 +110,12 @@ impl RolloutBuffer {
         if !touched.contains(&true) {
             return Ok(());
         }
-        let shape = [dim(rows.len()), dim(heads)];
-        let upload = |values: Tensor| -> Result<Tensor> {
-            values.f_to_device(self.device).op("demonstration upload")
-        };
-        let actions = upload(
-            Tensor::f_from_slice(&actions)
-                .op("demonstration")?
-                .f_reshape(shape)
-                .op("demonstration")?,
-        )?;
-        let relevance = upload(
-            Tensor::f_from_slice(&relevance)
-                .op("demonstration")?
-                .f_reshape(shape)
-                .op("demonstration")?,
-        )?;
-        let rows_mask = |flags: &[bool]| -> Result<Tensor> {
-            upload(
-                Tensor::f_from_slice(flags)
-                    .op("demonstration")?
-                    .f_reshape([dim(flags.len()), 1])
-                    .op("demonstration")?,
-            )
-        };
-        let replace = rows_mask(&replace)?;
-        let touched = rows_mask(&touched)?;
+        let device = self.device;
+        let width = dim(heads);
+        let actions = upload(&actions, width, device)?;
+        let relevance = upload(&relevance, width, device)?;
+        let replace = upload(&replace, 1, device)?;
+        let touched = upload(&touched, 1, device)?;
         let t = dim(step);
         let action_column = Self::column(&self.actions, t)?;
         let merged = actions
@@ -157,4 +137,15 @@ impl RolloutBuffer {
             .op("demonstration")?;
         Ok(())
     }
+}
+
+/// `values` as a `[len / width, width]` tensor on `device`.
+fn upload<T: tch::kind::Element>(values: &[T], width: i64, device: Device) -> Result<Tensor> {
+    let rows = dim(values.len()).checked_div(width).unwrap_or(0);
+    Tensor::f_from_slice(values)
+        .op("demonstration")?
+        .f_reshape([rows, width])
+        .op("demonstration")?
+        .f_to_device(device)
+        .op("demonstration upload")
 }

@@ -37,15 +37,6 @@ use super::{RoundReport, RoundTimings, SimicConfig};
 use crate::buffer::{BufferShape, Demonstration, HostStep, RolloutBuffer};
 use crate::{Error, Result};
 
-/// Whether a driven step's controller chose an environment's action.
-#[derive(Debug, Clone, Copy)]
-enum Demonstrated {
-    /// The environment waited for no action (its episode had ended).
-    No,
-    /// The controller's action.
-    Yes(FactoredAction),
-}
-
 /// The round's rollout (see the module docs).
 pub(super) struct Collector {
     envs: Vec<Env>,
@@ -486,7 +477,9 @@ impl Collector {
         imitation: Option<&mut ImitationFigures>,
     ) -> Result<u64> {
         let mut refused = 0_u64;
-        let mut demonstrated = vec![Demonstrated::No; actions.len()];
+        // The controller's action per environment (`None`: the environment
+        // waited for none, its episode had ended).
+        let mut demonstrated: Vec<Option<FactoredAction>> = vec![None; actions.len()];
         for (((env, action), controller), shown) in self
             .envs
             .iter()
@@ -497,7 +490,7 @@ impl Collector {
             if let Some((scripted, was_refused)) = env.scripted_action(controller.as_mut())? {
                 *action = scripted;
                 refused = refused.saturating_add(u64::from(was_refused));
-                *shown = Demonstrated::Yes(scripted);
+                *shown = Some(scripted);
             }
         }
         if let Some(figures) = imitation {
@@ -506,10 +499,9 @@ impl Collector {
             let rows: Vec<Option<Demonstration>> = demonstrated
                 .iter()
                 .zip(&self.masks)
-                .map(|(shown, masks)| match shown {
-                    Demonstrated::No => None,
-                    Demonstrated::Yes(action) => Some(
-                        match imitation_target(action, masks, self.advance_disabled) {
+                .map(|(shown, masks)| {
+                    shown.map(|action| {
+                        match imitation_target(&action, masks, self.advance_disabled) {
                             Some(target) => {
                                 figures.imitated = figures.imitated.saturating_add(1);
                                 if target.op != action.op {
@@ -522,8 +514,8 @@ impl Collector {
                                 figures.not_imitable = figures.not_imitable.saturating_add(1);
                                 Demonstration::Skip
                             }
-                        },
-                    ),
+                        }
+                    })
                 })
                 .collect();
             self.buffer.record_demonstration(step, &rows)?;
