@@ -155,7 +155,9 @@ commands:
                             reward.rent_weight=0, ppo.entropy_coef=0.1, floor.op=0.05
         --preset NAME       a named list of settings, applied before any --set: growth (no
                             parameter rent, floor.op=0.02, auto-forward, a germination
-                            delay cost of -0.1; the record lists them in params.settings)
+                            delay cost of -0.1), growth-imitate (growth, the ESCROW reward
+                            with reward.twin_delta_weight=20, imitation.updates=8); the
+                            record lists them in params.settings
         --jobs N            after the baselines, train the seeds in up to N processes at once
                             on the same device, then evaluate each trained policy here,
                             alone on the device; the record is the same pool; what it

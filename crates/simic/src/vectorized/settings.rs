@@ -30,8 +30,10 @@
 //! A preset names a list of settings ([`PRESETS`], [`preset`]): `growth`
 //! is the set under which the learned greedy policy first beat no growth
 //! significantly at L = 150 (`baselines/perf/simic-learning/NOTES.md`,
-//! "A cost for putting germination off"); the reference's defaults stay
-//! the defaults.
+//! "A cost for putting germination off"); `growth-imitate` adds the ESCROW
+//! reward with its twin term and eight imitation updates of max growth,
+//! under which it recovers nearly all of max growth's gain; the
+//! reference's defaults stay the defaults.
 //!
 //! A value is read as JSON where it parses (numbers, `true`, `null`, lists)
 //! and as a string otherwise (`reward.mode=sparse`). An unknown section,
@@ -59,8 +61,27 @@ pub const GROWTH: [&str; 6] = [
     "reward.germination_delay_cost=-0.1",
 ];
 
+/// The `growth-imitate` preset: [`GROWTH`], the ESCROW reward with its
+/// twin term at weight 20, and the first eight PPO updates imitating max
+/// growth. Under it every training seed's greedy policy recovered 98% of
+/// max growth's gain on `fmnist-impaired` at L = 150
+/// (`baselines/perf/simic-learning/NOTES.md`, "The imitation warm-up on
+/// the GPU").
+pub const GROWTH_IMITATE: [&str; 9] = [
+    "reward.rent_weight=0",
+    "floor.op=0.02",
+    "slot.auto_forward_g1=true",
+    "slot.auto_forward_g2=true",
+    "slot.auto_forward_g3=true",
+    "reward.germination_delay_cost=-0.1",
+    "reward.mode=escrow",
+    "reward.twin_delta_weight=20",
+    "imitation.updates=8",
+];
+
 /// Every preset by name.
-pub const PRESETS: [(&str, &[&str]); 1] = [("growth", &GROWTH)];
+pub const PRESETS: [(&str, &[&str]); 2] =
+    [("growth", &GROWTH), ("growth-imitate", &GROWTH_IMITATE)];
 
 /// The settings of the preset `name`; an unknown name is an error that
 /// lists the known ones.
@@ -260,6 +281,16 @@ mod tests {
         assert_eq!(config.reward.rent_weight, 0.0);
         assert_eq!(config.reward.germination_delay_cost, -0.1);
         assert!(config.masks.disable_advance, "all three auto-forward flags");
+        // `growth-imitate` is `growth` and three settings more, applied as
+        // one list.
+        let imitate = preset("growth-imitate").expect("growth-imitate");
+        assert_eq!(imitate.get(..GROWTH.len()), Some(&GROWTH[..]));
+        let mut imitating = SimicConfig::reference(150);
+        let imitate: Vec<String> = imitate.iter().map(|s| (*s).to_owned()).collect();
+        apply_all(&mut imitating, &imitate).expect("the preset applies");
+        assert_eq!(imitating.imitation.updates, 8);
+        assert_eq!(imitating.reward.twin_delta_weight, 20.0);
+        assert_eq!(imitating.reward.rent_weight, 0.0);
         let error = preset("grow").expect_err("unknown").to_string();
         assert!(
             error.contains("\"grow\"") && error.contains("growth"),

@@ -2,8 +2,9 @@
 //! (`LearningSetup::report_of`, for a record and for a partial report),
 //! then the baselines and the training seeds' outcomes pooled into result
 //! entries, with the paired comparisons, per training
-//! seed and over them (the environments as pairs, and once more with the
-//! training seeds as pairs: `-over-seeds`), for the greedy and the
+//! seed and over them (the environments of every seed as pairs; the
+//! training seeds as pairs: `-over-seeds`; the environments as pairs with
+//! the seeds averaged: `-over-environments`), for the greedy and the
 //! sampled evaluation and, with
 //! a greedy learning curve, the greedy evaluation of its best point's
 //! policy.
@@ -315,6 +316,24 @@ pub(super) fn pool(
                 precision,
             ));
         }
+        // And with the environment as the unit: one pair per environment
+        // (the policy's accuracy there averaged over the training seeds,
+        // against the baseline's). Twin seeds cannot narrow it, since
+        // every environment is counted once whatever the seeds did.
+        let environment_means = per_environment_means(outcomes.iter().copied().map(&of_mode));
+        for (baseline, _) in &pooled {
+            let comparison = paired(&environment_means, of(*baseline));
+            progress(&format!(
+                "  learned ({mode}) - {}, over the {} environments (seeds averaged) = {comparison}",
+                baseline.name(),
+                comparison.n
+            ));
+            results.push(comparison_entry(
+                format!("compare-ppo{tag}-vs-{}-over-environments", baseline.name()),
+                &comparison,
+                precision,
+            ));
+        }
         let pooled_of = |wanted: Baseline| {
             pooled
                 .iter()
@@ -368,6 +387,25 @@ pub(super) fn pool(
             telemetry_names: Vec::new(),
         },
     }
+}
+
+/// Each environment's accuracy averaged over the evaluations (one per
+/// training seed), in the environments' order. `report_of` checked that
+/// every evaluation covers the same environments.
+fn per_environment_means(evaluations: impl Iterator<Item = Evaluation>) -> Vec<f64> {
+    let mut sums: Vec<f64> = Vec::new();
+    let mut count = 0.0_f64;
+    for evaluation in evaluations {
+        if sums.is_empty() {
+            sums = vec![0.0; evaluation.accuracies.len()];
+        }
+        for (sum, accuracy) in sums.iter_mut().zip(&evaluation.accuracies) {
+            *sum += accuracy;
+        }
+        count += 1.0;
+    }
+    let count = count.max(1.0);
+    sums.into_iter().map(|sum| sum / count).collect()
 }
 
 impl LearningSetup {

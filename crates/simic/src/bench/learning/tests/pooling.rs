@@ -256,6 +256,70 @@ fn the_comparisons_are_made_over_the_training_seeds_too() {
             > pooled["ci95_high_pct"] - pooled["ci95_low_pct"]
     );
     assert!(metrics("compare-ppo-sampled-vs-max-growth-over-seeds")["pairs"] == 2.0);
+    // With the environment as the unit the seeds are averaged first: 50.5
+    // against 50 on each of the 12 environments.
+    let environments_pairs = metrics("compare-ppo-vs-no-growth-over-environments");
+    assert_eq!(environments_pairs["pairs"], 12.0);
+    assert!((environments_pairs["mean_diff_pct"] - 0.5).abs() < 1e-9);
+    assert_eq!(environments_pairs["wins"], 12.0);
+}
+
+#[test]
+fn twin_seeds_count_once_over_the_environments() {
+    // Two training seeds whose policies reach the same accuracies (they
+    // acted alike): the pooled pairs hold every outcome twice, the pairs
+    // over the environments once, with the same mean and a wider interval.
+    let _rng = crate::global_rng_lock();
+    let setup = quick_setup();
+    let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
+    let figures = |baseline: Baseline, accuracies: Vec<f64>| BaselineFigures {
+        baseline,
+        accuracies,
+        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
+        germinations: 0,
+        fossilizations: 0,
+        missed: 0,
+        refused: 0,
+    };
+    let baselines = Baselines {
+        setup: setup.describe(),
+        figures: vec![
+            figures(Baseline::NoGrowth, vec![50.0; environments]),
+            figures(Baseline::MaxGrowth, vec![51.0; environments]),
+        ],
+    };
+    // Gains of +1.5 and -0.5 on alternate environments: mean +0.5.
+    let accuracies: Vec<f64> = (0..environments)
+        .map(|environment| if environment % 2 == 0 { 51.5 } else { 49.5 })
+        .collect();
+    let at = |seed_index: usize| {
+        let mut outcome = outcome(&setup, seed_index);
+        outcome.greedy.accuracies = accuracies.clone();
+        outcome
+    };
+    let run = setup
+        .report(&baselines, &[at(0), at(1)], &mut |_: &str| {})
+        .expect("pooled");
+    let metrics = |mode: &str| metrics_of(&run, mode);
+    let pooled = metrics("compare-ppo-vs-no-growth");
+    let environments_pairs = metrics("compare-ppo-vs-no-growth-over-environments");
+    assert_eq!(pooled["pairs"], 24.0);
+    assert_eq!(environments_pairs["pairs"], 12.0);
+    assert!((environments_pairs["mean_diff_pct"] - 0.5).abs() < 1e-9);
+    assert_eq!(
+        (environments_pairs["wins"], environments_pairs["losses"]),
+        (6.0, 6.0)
+    );
+    assert!(
+        environments_pairs["ci95_high_pct"] - environments_pairs["ci95_low_pct"]
+            > pooled["ci95_high_pct"] - pooled["ci95_low_pct"]
+    );
+    assert!(environments_pairs["permutation_p"] > pooled["permutation_p"]);
+    // The second seed's entry names its twin.
+    assert_eq!(
+        metrics("ppo-seed1-greedy-eval")["same_outcome_as_seed"],
+        0.0
+    );
 }
 
 #[test]
