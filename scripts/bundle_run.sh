@@ -5,8 +5,12 @@
 #                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
-#                      [--only-seeds LIST] [--greedy-every N] [--blueprint-room]
+#                      [--only-seeds LIST] [--greedy-every N] [--eval-environments N]
+#                      [--blueprint-room]
 #                      [--peer-modes LIST]
+#
+# --eval-environments N (simic-learning, a multiple of 4) evaluates the baselines and every
+# learned policy on N shared environments instead of 12 (another set of baselines).
 #
 # --greedy-every N (simic-learning) measures the greedy learning curve every N rounds and
 # evaluates the policy of its best point beside the final one (ppo-selected-*).
@@ -78,6 +82,7 @@ while [ $# -gt 0 ]; do
     --jobs) learning_args+=(--jobs "$2"); shift ;;
     --only-seeds) learning_args+=(--only-seeds "$2"); shift ;;
     --greedy-every) learning_args+=(--greedy-every "$2"); shift ;;
+    --eval-environments) learning_args+=(--eval-environments "$2"); shift ;;
     --blueprint-room) learning_args+=(--blueprint-room) ;;
     --job-devices)
       devices=$2

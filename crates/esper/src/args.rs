@@ -83,6 +83,10 @@ pub(crate) struct BenchArgs {
     /// environments of its own (the greedy learning curve,
     /// `simic::bench::SimicBenchOptions::greedy_every`); `None`: no curve.
     pub(crate) greedy_every: Option<usize>,
+    /// `--eval-environments N` (`simic-learning`): the shared evaluation
+    /// environments, a multiple of 4
+    /// (`simic::bench::SimicBenchOptions::eval_environments`); `None`: 12.
+    pub(crate) eval_environments: Option<usize>,
     /// `--episode head|medium|short|N` (the simic workloads): epochs per
     /// episode; `None`: the reference HEAD's 150 (5 with `--quick`).
     pub(crate) episode: Option<u32>,
@@ -216,6 +220,7 @@ impl BenchArgs {
         let mut rounds: Option<usize> = None;
         let mut ppo_epochs: Option<usize> = None;
         let mut greedy_every: Option<usize> = None;
+        let mut eval_environments: Option<usize> = None;
         let mut episode: Option<u32> = None;
         let mut seeds: Option<usize> = None;
         let mut task: Option<tolaria::task::Task> = None;
@@ -240,6 +245,7 @@ impl BenchArgs {
                 flag,
                 "--ppo-epochs"
                     | "--greedy-every"
+                    | "--eval-environments"
                     | "--seeds"
                     | "--task"
                     | "--set"
@@ -370,6 +376,16 @@ impl BenchArgs {
                         return Err(usage("--greedy-every must be at least 1"));
                     }
                     once(&mut greedy_every, flag, n)?;
+                }
+                "--eval-environments" => {
+                    let n = count(flag, &value()?)?;
+                    let max = simic::bench::MAX_EVAL_ENVIRONMENTS;
+                    if !(4..=max).contains(&n) || !n.is_multiple_of(4) {
+                        return Err(usage(format!(
+                            "--eval-environments must be a multiple of 4 in [4, {max}]"
+                        )));
+                    }
+                    once(&mut eval_environments, flag, n)?;
                 }
                 "--episode" => {
                     let n = simic::vectorized::Episode::parse_epochs(&value()?)
@@ -513,6 +529,7 @@ impl BenchArgs {
             rounds,
             ppo_epochs,
             greedy_every,
+            eval_environments,
             episode,
             seeds,
             task,

@@ -82,6 +82,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             let mut options = simic::bench::SimicBenchOptions::new(args.device, args.quick);
             options.ppo_epochs = args.ppo_epochs;
             options.greedy_every = args.greedy_every;
+            options.eval_environments = args.eval_environments;
             options.episode_length = args.episode;
             if let Some(seeds) = args.seeds {
                 options.seeds = seeds;

@@ -500,6 +500,9 @@ fn child_args(
     if let Some(every) = args.greedy_every {
         push("--greedy-every", every.to_string());
     }
+    if let Some(environments) = args.eval_environments {
+        push("--eval-environments", environments.to_string());
+    }
     if let Some(episode) = args.episode {
         push("--episode", episode.to_string());
     }

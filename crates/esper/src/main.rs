@@ -146,6 +146,10 @@ commands:
                             policy greedily on environments of its own (the greedy learning
                             curve, in the rounds' entries; training is unchanged by it),
                             and evaluate the policy of its best point beside the final one
+        --eval-environments N
+                            the shared evaluation environments of the baselines and of every
+                            learned policy, a multiple of 4 (default 12); another count is
+                            another set of baselines
         --blueprint-room    instead of training: no growth and max growth with each of the
                             task's blueprints (NOOP excepted) on the same evaluation
                             environments, each paired against no growth and against max

@@ -488,6 +488,61 @@ fn greedy_every_applies_to_simic_learning_only() {
 }
 
 #[test]
+fn eval_environments_come_four_at_a_time_for_simic_learning_only() {
+    let args = run_args(&[
+        "simic-learning",
+        "--out",
+        "a.json",
+        "--eval-environments",
+        "24",
+    ]);
+    assert_eq!(args.eval_environments, Some(24));
+    assert_eq!(
+        run_args(&["simic-learning", "--out", "a.json"]).eval_environments,
+        None
+    );
+    for bad in [
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--eval-environments",
+            "0",
+        ][..],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--eval-environments",
+            "10",
+        ],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--eval-environments",
+            "404",
+        ],
+        &[
+            "simic-learning",
+            "--out",
+            "a.json",
+            "--eval-environments",
+            "x",
+        ],
+        &[
+            "simic-cifar",
+            "--out",
+            "a.json",
+            "--eval-environments",
+            "24",
+        ],
+    ] {
+        assert!(matches!(parse(bad), Err(Usage(_))), "{bad:?}");
+    }
+}
+
+#[test]
 fn blueprint_room_is_simic_learning_without_training() {
     let args = run_args(&["simic-learning", "--out", "a.json", "--blueprint-room"]);
     assert!(args.blueprint_room);

@@ -314,7 +314,9 @@ pub(crate) struct TrainArgs {
     /// PPO (--controller ppo): a named set of settings over the
     /// reference's defaults, applied before any --set: `growth` (no
     /// parameter rent, the op head's floor at 0.02, auto-forward, a cost for
-    /// putting germination off; simic::vectorized::settings::GROWTH)
+    /// putting germination off; simic::vectorized::settings::GROWTH) or
+    /// `growth-imitate` (`growth`, the ESCROW reward with its twin term at
+    /// 20, and eight imitation updates of max growth; ...::IMITATE)
     /// [default: none].
     #[arg(long, value_name = "NAME")]
     pub(crate) preset: Option<String>,

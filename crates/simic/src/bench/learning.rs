@@ -3,7 +3,8 @@
 //! length (150 unless told otherwise):
 //!
 //! 1. The baselines, once, on the shared evaluation environments
-//!    ([`EVAL_ROUNDS`] rounds of 4 environments, seeded from
+//!    ([`EVAL_ROUNDS`] rounds of 4 environments unless
+//!    [`super::SimicBenchOptions::eval_environments`] says otherwise, seeded from
 //!    [`EVAL_ENV_SEED`], never trained on): no growth, the reference's
 //!    heuristic, germinate-once-and-hold and max growth
 //!    ([`super::baseline`]). Max growth against no growth comes first: it
@@ -59,7 +60,9 @@ use crate::Result;
 use crate::vectorized::{EnvSpec, Simic, SimicConfig};
 
 /// Greedy evaluation rounds of each learned policy, and of the baselines,
-/// on the shared environments: 3 rounds of 4, 12 environments.
+/// on the shared environments unless
+/// [`super::SimicBenchOptions::eval_environments`] says otherwise: 3
+/// rounds of 4, 12 environments.
 pub const EVAL_ROUNDS: u64 = 3;
 
 /// The seed the shared evaluation environments derive from (no training
@@ -188,6 +191,7 @@ fn run_baselines(
     spec: &EnvSpec,
     config: &SimicConfig,
     device: tch::Device,
+    eval_rounds: u64,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<BaselineFigures>> {
     // No twin beside the baselines: it is trained beside its host and
@@ -205,7 +209,7 @@ fn run_baselines(
         Baseline::GerminateOnce,
         Baseline::MaxGrowth,
     ] {
-        let totals = run_rounds(baseline.name(), EVAL_ROUNDS, progress, |round| {
+        let totals = run_rounds(baseline.name(), eval_rounds, progress, |round| {
             run_baseline(spec, &eval_config, device, round, baseline)
         })?;
         figures.push(BaselineFigures {
@@ -252,6 +256,8 @@ pub struct LearningSetup {
     seeds: usize,
     rounds: usize,
     greedy_every: Option<usize>,
+    /// Rounds of 4 shared evaluation environments.
+    eval_rounds: u64,
     settings: Vec<String>,
     quick: bool,
 }
@@ -302,6 +308,11 @@ impl LearningSetup {
             seeds: options.seeds,
             rounds,
             greedy_every: options.greedy_every,
+            eval_rounds: options
+                .eval_environments
+                .map_or(EVAL_ROUNDS, |environments| {
+                    u64::try_from(environments / 4).unwrap_or(EVAL_ROUNDS)
+                }),
             settings: options.settings.clone(),
             quick: options.quick,
         })
@@ -317,15 +328,28 @@ impl LearningSetup {
         self.seeds
     }
 
+    /// The shared evaluation environments of the run (12 unless
+    /// [`SimicBenchOptions::eval_environments`] said otherwise).
+    pub fn eval_environments(&self) -> u64 {
+        self.eval_rounds.saturating_mul(4)
+    }
+
     /// What the run is: task, episode, rounds, PPO epochs, the greedy
-    /// curve's period (when there is one), quick, settings.
+    /// curve's period (when there is one), the evaluation environments
+    /// (when not the default 12, so the setups of earlier runs read as
+    /// they did), quick, settings.
     pub fn describe(&self) -> String {
         let greedy = self
             .greedy_every
             .map(|every| format!(" greedy-every {every}"))
             .unwrap_or_default();
+        let environments = if self.eval_rounds == EVAL_ROUNDS {
+            String::new()
+        } else {
+            format!(" eval-environments {}", self.eval_environments())
+        };
         format!(
-            "task {} episode {} rounds {} ppo-epochs {}{greedy} quick {} settings [{}]",
+            "task {} episode {} rounds {} ppo-epochs {}{greedy}{environments} quick {} settings [{}]",
             self.task.name(),
             self.episode_length,
             self.rounds,
@@ -358,10 +382,16 @@ impl LearningSetup {
     pub fn baselines(&self, progress: &mut dyn FnMut(&str)) -> Result<Baselines> {
         progress(&format!(
             "baselines on the {} shared evaluation environments ({} epochs each)",
-            EVAL_ROUNDS * 4,
+            self.eval_environments(),
             self.episode_length
         ));
-        let figures = run_baselines(&self.spec, &self.config, self.device, progress)?;
+        let figures = run_baselines(
+            &self.spec,
+            &self.config,
+            self.device,
+            self.eval_rounds,
+            progress,
+        )?;
         Ok(Baselines {
             setup: self.baselines_setup(),
             figures,

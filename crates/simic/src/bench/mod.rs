@@ -156,6 +156,13 @@ pub struct SimicBenchOptions {
     /// ([`learning::Selected`]) is evaluated beside the final policy.
     /// `None`: no greedy curve.
     pub greedy_every: Option<usize>,
+    /// `simic-learning` only: the shared evaluation environments the
+    /// baselines and every learned policy are evaluated on, a multiple of
+    /// 4 (one round of 4 environments each), at most
+    /// [`MAX_EVAL_ENVIRONMENTS`]; `None`: 12 ([`learning::EVAL_ROUNDS`]
+    /// rounds). More environments give the paired tests more pairs (with
+    /// 12 the sign test needs 10 wins to reach p < 0.05).
+    pub eval_environments: Option<usize>,
     /// Epochs per episode; `None`: [`Episode::Head`]'s 150 (5 in a quick
     /// run). [`Episode::parse_epochs`] reads the presets' names.
     pub episode_length: Option<u32>,
@@ -194,6 +201,7 @@ impl SimicBenchOptions {
             variants: Vec::new(),
             ppo_epochs: None,
             greedy_every: None,
+            eval_environments: None,
             episode_length: None,
             seeds: if quick { 1 } else { learning::LEARNING_SEEDS },
             learning_task: tolaria::task::Task::FmnistImpaired,
@@ -208,6 +216,9 @@ pub const MAX_SEEDS: usize = 1_000;
 
 /// Most rounds one variant of a workload runs.
 pub const MAX_ROUNDS: usize = 100_000;
+
+/// Most shared evaluation environments of `simic-learning`.
+pub const MAX_EVAL_ENVIRONMENTS: usize = 400;
 
 impl SimicBenchOptions {
     /// Checks the counts before anything is loaded: `rounds` in
@@ -238,6 +249,18 @@ impl SimicBenchOptions {
             return Err(Error::InvalidConfig {
                 field: "SimicBenchOptions.greedy_every",
                 reason: format!("{every} is outside [1, {MAX_ROUNDS}]"),
+            });
+        }
+        if let Some(environments) = self.eval_environments
+            && (!(4..=MAX_EVAL_ENVIRONMENTS).contains(&environments)
+                || !environments.is_multiple_of(4))
+        {
+            return Err(Error::InvalidConfig {
+                field: "SimicBenchOptions.eval_environments",
+                reason: format!(
+                    "{environments} is not a multiple of 4 in [4, {MAX_EVAL_ENVIRONMENTS}] (the \
+                     environments are evaluated 4 at a time)"
+                ),
             });
         }
         if let Some(epochs) = self.ppo_epochs {
@@ -391,6 +414,15 @@ mod tests {
             ..options
         };
         assert!(zero.validate().is_err());
+        // The evaluation environments come 4 at a time.
+        for (environments, valid) in [(24, true), (4, true), (0, false), (10, false), (404, false)]
+        {
+            let options = SimicBenchOptions {
+                eval_environments: Some(environments),
+                ..short.clone()
+            };
+            assert_eq!(options.validate().is_ok(), valid, "{environments}");
+        }
         assert_eq!(
             crate::vectorized::Episode::parse_epochs("medium").unwrap(),
             50

@@ -61,35 +61,31 @@ pub const GROWTH: [&str; 6] = [
     "reward.germination_delay_cost=-0.1",
 ];
 
-/// The `growth-imitate` preset: [`GROWTH`], the ESCROW reward with its
-/// twin term at weight 20, and the first eight PPO updates imitating max
-/// growth. Under it every training seed's greedy policy recovered 98% of
-/// max growth's gain on `fmnist-impaired` at L = 150
+/// What the `growth-imitate` preset adds to [`GROWTH`]: the ESCROW reward
+/// with its twin term at weight 20, and the first eight PPO updates
+/// imitating max growth. Under it every training seed's greedy policy
+/// recovered 98% of max growth's gain on `fmnist-impaired` at L = 150
 /// (`baselines/perf/simic-learning/NOTES.md`, "The imitation warm-up on
 /// the GPU").
-pub const GROWTH_IMITATE: [&str; 9] = [
-    "reward.rent_weight=0",
-    "floor.op=0.02",
-    "slot.auto_forward_g1=true",
-    "slot.auto_forward_g2=true",
-    "slot.auto_forward_g3=true",
-    "reward.germination_delay_cost=-0.1",
+pub const IMITATE: [&str; 3] = [
     "reward.mode=escrow",
     "reward.twin_delta_weight=20",
     "imitation.updates=8",
 ];
 
-/// Every preset by name.
-pub const PRESETS: [(&str, &[&str]); 2] =
-    [("growth", &GROWTH), ("growth-imitate", &GROWTH_IMITATE)];
+/// Every preset by name: the lists of settings it applies, in order.
+pub const PRESETS: [(&str, &[&[&str]]); 2] = [
+    ("growth", &[&GROWTH]),
+    ("growth-imitate", &[&GROWTH, &IMITATE]),
+];
 
-/// The settings of the preset `name`; an unknown name is an error that
-/// lists the known ones.
-pub fn preset(name: &str) -> Result<&'static [&'static str]> {
+/// The settings of the preset `name`, in order; an unknown name is an
+/// error that lists the known ones.
+pub fn preset(name: &str) -> Result<Vec<&'static str>> {
     PRESETS
         .iter()
         .find(|(known, _)| *known == name)
-        .map(|(_, settings)| *settings)
+        .map(|(_, lists)| lists.iter().flat_map(|list| list.iter().copied()).collect())
         .ok_or_else(|| Error::InvalidConfig {
             field: "preset",
             reason: format!(
@@ -285,6 +281,7 @@ mod tests {
         // one list.
         let imitate = preset("growth-imitate").expect("growth-imitate");
         assert_eq!(imitate.get(..GROWTH.len()), Some(&GROWTH[..]));
+        assert_eq!(imitate.get(GROWTH.len()..), Some(&IMITATE[..]));
         let mut imitating = SimicConfig::reference(150);
         let imitate: Vec<String> = imitate.iter().map(|s| (*s).to_owned()).collect();
         apply_all(&mut imitating, &imitate).expect("the preset applies");

@@ -7,8 +7,8 @@ use leyline::baseline::ResultEntry;
 use tamiyo::policy::SampleMode;
 
 use super::{
-    EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED, GREEDY_CURVE_ROUNDS,
-    LearningSetup, SeedOutcome, Selected, round_summary,
+    EVAL_ENV_SEED, Evaluation, GREEDY_CURVE_ENV_SEED, GREEDY_CURVE_ROUNDS, LearningSetup,
+    SeedOutcome, Selected, round_summary,
 };
 use crate::Result;
 use crate::bench::mean;
@@ -139,7 +139,7 @@ impl LearningSetup {
             self.evaluate(
                 simic,
                 EVAL_ENV_SEED,
-                EVAL_ROUNDS,
+                self.eval_rounds,
                 seed_index,
                 name,
                 progress,

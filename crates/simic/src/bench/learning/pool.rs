@@ -19,7 +19,7 @@ use super::super::baseline::Baseline;
 use super::super::stats::{Paired, paired};
 use super::super::{SLOTS, SimicBenchRun, mean};
 use super::{
-    BaselineFigures, Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
+    BaselineFigures, Baselines, EVAL_ENV_SEED, Evaluation, GREEDY_CURVE_ENV_SEED,
     GREEDY_CURVE_ROUNDS, LearningSetup, SeedOutcome, rust_entry, training_seed,
 };
 
@@ -372,7 +372,7 @@ pub(super) fn pool(
                 "evaluated_seeds": outcomes.iter().map(|o| o.seed_index).collect::<Vec<_>>(),
                 "partial": outcomes.len() != setup.seeds,
                 "eval_env_seed": EVAL_ENV_SEED,
-                "eval_environments": EVAL_ROUNDS * 4,
+                "eval_environments": setup.eval_environments(),
                 "ppo_epochs": setup.config.ppo.epochs,
                 "greedy_curve": setup.greedy_every.map(|every| json!({
                     "every_rounds": every,
@@ -423,9 +423,7 @@ impl LearningSetup {
             reason,
         };
         let expected = self.describe();
-        let evaluated = usize::try_from(EVAL_ROUNDS)
-            .unwrap_or(usize::MAX)
-            .saturating_mul(4);
+        let evaluated = usize::try_from(self.eval_environments()).unwrap_or(usize::MAX);
         let mut ordered: Vec<&SeedOutcome> = outcomes.iter().collect();
         ordered.sort_by_key(|outcome| outcome.seed_index);
         if ordered.is_empty() {

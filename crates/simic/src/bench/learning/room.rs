@@ -24,7 +24,7 @@ use super::super::baseline::{
 use super::super::stats::paired;
 use super::super::{SLOTS, SimicBenchRun};
 use super::pool::{STATISTICS, comparison_entry, controller_entry};
-use super::{EVAL_ENV_SEED, EVAL_ROUNDS, LearningSetup};
+use super::{EVAL_ENV_SEED, LearningSetup};
 use crate::Result;
 use crate::vectorized::SimicConfig;
 
@@ -62,11 +62,11 @@ impl LearningSetup {
             "the room of each blueprint: no growth and max growth with each of {} blueprints \
              on the {} shared evaluation environments ({} epochs each)",
             blueprints.len(),
-            EVAL_ROUNDS * 4,
+            self.eval_environments(),
             self.episode_length
         ));
         let mut measure = |name: &str, blueprint: Option<BlueprintAction>| {
-            run_rounds(name, EVAL_ROUNDS, progress, |round| match blueprint {
+            run_rounds(name, self.eval_rounds, progress, |round| match blueprint {
                 Some(blueprint) => {
                     run_max_growth_of(&self.spec, &config, self.device, round, blueprint)
                 }
@@ -137,7 +137,7 @@ impl LearningSetup {
                     "blueprint_room": blueprints.iter().map(|b| b.blueprint_id()).collect::<Vec<_>>(),
                     "scripted_blueprint": scripted.blueprint_id(),
                     "eval_env_seed": EVAL_ENV_SEED,
-                    "eval_environments": EVAL_ROUNDS * 4,
+                    "eval_environments": self.eval_environments(),
                     "settings": self.settings,
                     "quick": self.quick,
                     "statistics": STATISTICS,
@@ -222,7 +222,7 @@ mod tests {
                     .find(|entry| entry.mode == mode)
                     .and_then(|entry| entry.metrics.get("pairs").copied())
             };
-            let environments = (EVAL_ROUNDS * 4) as f64;
+            let environments = setup.eval_environments() as f64;
             assert_eq!(
                 pairs(format!("compare-max-growth-{id}-vs-no-growth")),
                 Some(environments)

@@ -40,6 +40,21 @@ fn evaluation() -> Evaluation {
     }
 }
 
+/// A baseline's figures with `accuracies` (one per environment, 4 to an
+/// evaluation round) and nothing grown.
+fn baseline_figures(baseline: Baseline, accuracies: Vec<f64>) -> BaselineFigures {
+    let rounds = accuracies.len().div_ceil(4);
+    BaselineFigures {
+        baseline,
+        accuracies,
+        active: vec![0.0; rounds],
+        germinations: 0,
+        fossilizations: 0,
+        missed: 0,
+        refused: 0,
+    }
+}
+
 /// The sum of the metrics whose names start with `prefix`.
 fn sum_of(metrics: &std::collections::BTreeMap<String, f64>, prefix: &str) -> f64 {
     metrics

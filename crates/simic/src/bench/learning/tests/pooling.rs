@@ -216,14 +216,8 @@ fn the_comparisons_are_made_over_the_training_seeds_too() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
     let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
-    let figures = |baseline: Baseline, accuracy: f64| BaselineFigures {
-        baseline,
-        accuracies: vec![accuracy; environments],
-        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
-        germinations: 0,
-        fossilizations: 0,
-        missed: 0,
-        refused: 0,
+    let figures = |baseline: Baseline, accuracy: f64| {
+        baseline_figures(baseline, vec![accuracy; environments])
     };
     let baselines = Baselines {
         setup: setup.describe(),
@@ -272,15 +266,7 @@ fn twin_seeds_count_once_over_the_environments() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
     let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
-    let figures = |baseline: Baseline, accuracies: Vec<f64>| BaselineFigures {
-        baseline,
-        accuracies,
-        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
-        germinations: 0,
-        fossilizations: 0,
-        missed: 0,
-        refused: 0,
-    };
+    let figures = baseline_figures;
     let baselines = Baselines {
         setup: setup.describe(),
         figures: vec![
@@ -416,15 +402,7 @@ fn the_heuristic_and_germinate_once_are_compared_with_no_growth() {
     let _rng = crate::global_rng_lock();
     let setup = quick_setup();
     let environments = usize::try_from(EVAL_ROUNDS).unwrap() * 4;
-    let figures = |baseline: Baseline, accuracies: Vec<f64>| BaselineFigures {
-        baseline,
-        accuracies,
-        active: vec![0.0; usize::try_from(EVAL_ROUNDS).unwrap()],
-        germinations: 0,
-        fossilizations: 0,
-        missed: 0,
-        refused: 0,
-    };
+    let figures = baseline_figures;
     // The heuristic one point above no growth everywhere; germinate-once
     // half a point below in every environment but the first, a tie.
     let mut once = vec![49.5; environments];
@@ -525,4 +503,56 @@ fn baselines_fit_a_longer_or_otherwise_trained_policy() {
         without_policy_only(committed),
         without_policy_only(&committed.replace("episode 150", "episode 25"))
     );
+}
+
+#[test]
+fn more_evaluation_environments_are_another_set_of_baselines_and_more_pairs() {
+    let _rng = crate::global_rng_lock();
+    let twelve = quick_setup();
+    let mut options = cpu_options(2, None);
+    options.eval_environments = Some(24);
+    let twenty_four = LearningSetup::new(&options, 1).expect("the setup on 24 environments");
+    // The default reads as before; another count is part of the setup and
+    // of the baselines' (they are measured on those environments).
+    assert!(!twelve.describe().contains("eval-environments"));
+    assert!(twenty_four.describe().contains("eval-environments 24"));
+    assert!(
+        twenty_four
+            .baselines_setup()
+            .contains("eval-environments 24")
+    );
+    assert_eq!(twenty_four.eval_environments(), 24);
+    assert!(!twenty_four.fits(&no_baselines(&twelve)));
+    assert!(!twelve.fits(&no_baselines(&twenty_four)));
+    // Each seed's evaluation must cover the 24, and is pooled as 24 pairs.
+    let mut quiet = |_: &str| {};
+    let short = [outcome(&twenty_four, 0), outcome(&twenty_four, 1)];
+    assert!(
+        twenty_four
+            .report(&no_baselines(&twenty_four), &short, &mut quiet)
+            .is_err(),
+        "12 accuracies pooled in a run of 24 environments"
+    );
+    let at = |seed_index: usize| {
+        let mut outcome = outcome(&twenty_four, seed_index);
+        for evaluation in [&mut outcome.greedy, &mut outcome.sampled] {
+            evaluation.accuracies = vec![51.0; 24];
+            evaluation.active_seeds = vec![0.0; 6];
+        }
+        outcome
+    };
+    let figures = |baseline: Baseline| baseline_figures(baseline, vec![50.0; 24]);
+    let baselines = Baselines {
+        setup: twenty_four.baselines_setup(),
+        figures: vec![figures(Baseline::NoGrowth), figures(Baseline::MaxGrowth)],
+    };
+    let run = twenty_four
+        .report(&baselines, &[at(0), at(1)], &mut quiet)
+        .expect("pooled");
+    assert_eq!(metrics_of(&run, "compare-ppo-vs-no-growth")["pairs"], 48.0);
+    assert_eq!(
+        metrics_of(&run, "compare-ppo-vs-no-growth-over-environments")["pairs"],
+        24.0
+    );
+    assert_eq!(run.measurements.params["eval_environments"], 24);
 }
