@@ -43,11 +43,13 @@ mod outcome;
 mod pool;
 mod room;
 mod selected;
+mod summary;
 use baseline_key::without_policy_only;
 pub use outcome::{Evaluation, SeedOutcome};
 pub use room::room_blueprints;
 use selected::check_selected;
 pub use selected::{AfterRound, SELECTED_PREFIX, Selected, Trained};
+use summary::{insert_chosen_fractions, round_summary};
 
 use leyline::Telemetry;
 use leyline::baseline::ResultEntry;
@@ -112,56 +114,6 @@ fn rust_entry(
 /// The root seed of training seed `index`.
 pub fn training_seed(index: usize) -> u64 {
     (index as u64).wrapping_mul(1_000_003).wrapping_add(1)
-}
-
-/// A round's reward, accuracies, seeds and lifecycle counts (with the
-/// blueprints germinated, where any was), for progress.
-fn round_summary(report: &crate::vectorized::RoundReport) -> String {
-    let blueprints = if report.actions.germinated.is_empty() {
-        String::new()
-    } else {
-        let grown: Vec<String> = report
-            .actions
-            .germinated
-            .iter()
-            .map(|(blueprint, count)| format!("{blueprint} {count}"))
-            .collect();
-        format!(" ({})", grown.join(", "))
-    };
-    let imitation = report.imitation.map_or(String::new(), |figures| {
-        format!(
-            "; imitation of {}: {} decisions imitated ({} ADVANCEs as WAIT), {} not \
-             imitable",
-            figures.demonstrator.name(),
-            figures.imitated,
-            figures.advances_as_wait,
-            figures.not_imitable
-        )
-    });
-    format!(
-        "reward {:.2}, acc {:?}, seeds {:.2}, germ {}{blueprints} foss {} prune {}{imitation}",
-        report.mean_episode_reward,
-        report.final_accuracies,
-        report.mean_active_seeds,
-        report.germinations,
-        report.fossilizations,
-        report.prunes
-    )
-}
-
-/// The share of the round's decisions on which the policy chose each op
-/// (`chosen_wait_fraction`, `chosen_germinate_fraction`, …): what it has
-/// learned to do, beside what that did to the accuracy.
-fn insert_chosen_fractions(
-    report: &crate::vectorized::RoundReport,
-    metrics: &mut std::collections::BTreeMap<String, f64>,
-) {
-    for &op in leyline::LifecycleOp::ALL {
-        metrics.insert(
-            format!("chosen_{}_fraction", op.name().to_ascii_lowercase()),
-            report.actions.chosen_fraction(op),
-        );
-    }
 }
 
 /// One baseline's figures on the shared evaluation environments.
