@@ -4,8 +4,8 @@
 //! one the seeds give one after another in one process, entry for entry,
 //! and the parts must be gone afterwards; a run that finds a seed trained by
 //! an earlier one keeps it and ends with the same record. A short protocol
-//! (2 seeds, 1 round, 2-epoch episodes) on the provisioned Fashion-MNIST
-//! subset.
+//! (2 seeds, 1 round, 2-epoch episodes, 4 evaluation environments) on the
+//! provisioned Fashion-MNIST subset.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -25,6 +25,8 @@ const PROTOCOL: &[&str] = &[
     "1",
     "--episode",
     "2",
+    "--eval-environments",
+    "4",
     "--set",
     "reward.rent_weight=0",
 ];
