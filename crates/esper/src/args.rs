@@ -379,12 +379,8 @@ impl BenchArgs {
                 }
                 "--eval-environments" => {
                     let n = count(flag, &value()?)?;
-                    let max = simic::bench::MAX_EVAL_ENVIRONMENTS;
-                    if !(4..=max).contains(&n) || !n.is_multiple_of(4) {
-                        return Err(usage(format!(
-                            "--eval-environments must be a multiple of 4 in [4, {max}]"
-                        )));
-                    }
+                    simic::bench::check_eval_environments(n)
+                        .map_err(|error| usage(format!("--eval-environments: {error}")))?;
                     once(&mut eval_environments, flag, n)?;
                 }
                 "--episode" => {

@@ -220,6 +220,22 @@ pub const MAX_ROUNDS: usize = 100_000;
 /// Most shared evaluation environments of `simic-learning`.
 pub const MAX_EVAL_ENVIRONMENTS: usize = 400;
 
+/// Checks a count of shared evaluation environments
+/// ([`SimicBenchOptions::eval_environments`]): a multiple of 4 in
+/// `[4, MAX_EVAL_ENVIRONMENTS]`; the error names the field.
+pub fn check_eval_environments(environments: usize) -> Result<()> {
+    if (4..=MAX_EVAL_ENVIRONMENTS).contains(&environments) && environments.is_multiple_of(4) {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig {
+        field: "SimicBenchOptions.eval_environments",
+        reason: format!(
+            "{environments} is not a multiple of 4 in [4, {MAX_EVAL_ENVIRONMENTS}] (the \
+             environments are evaluated 4 at a time)"
+        ),
+    })
+}
+
 impl SimicBenchOptions {
     /// Checks the counts before anything is loaded: `rounds` in
     /// `[1, MAX_ROUNDS]`, `ppo_epochs` (when set) in
@@ -251,17 +267,8 @@ impl SimicBenchOptions {
                 reason: format!("{every} is outside [1, {MAX_ROUNDS}]"),
             });
         }
-        if let Some(environments) = self.eval_environments
-            && (!(4..=MAX_EVAL_ENVIRONMENTS).contains(&environments)
-                || !environments.is_multiple_of(4))
-        {
-            return Err(Error::InvalidConfig {
-                field: "SimicBenchOptions.eval_environments",
-                reason: format!(
-                    "{environments} is not a multiple of 4 in [4, {MAX_EVAL_ENVIRONMENTS}] (the \
-                     environments are evaluated 4 at a time)"
-                ),
-            });
+        if let Some(environments) = self.eval_environments {
+            check_eval_environments(environments)?;
         }
         if let Some(epochs) = self.ppo_epochs {
             let max = crate::ppo::config::MAX_EPOCHS;
