@@ -6,7 +6,7 @@
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
 #                      [--only-seeds LIST] [--greedy-every N] [--eval-environments N]
-#                      [--blueprint-room]
+#                      [--blueprint-room] [--policy PATH] [--train-policy ROUNDS]
 #                      [--peer-modes LIST]
 #
 # --eval-environments N (simic-learning, a multiple of 4) evaluates the baselines and every
@@ -24,6 +24,16 @@
 #
 # --job-devices (simic-learning with --jobs) spreads the training processes over devices;
 # `all` names every GPU nvidia-smi lists (cuda:0,...,cuda:N-1).
+#
+# --policy PATH (simic-growth) drives the environments with a trained policy, acting greedily,
+# instead of max growth: PATH is a run directory of `esper train --controller ppo` (its newest
+# checkpoint) or one checkpoint folder of it.
+#
+# --train-policy ROUNDS (simic-growth) first trains that policy on the workload's fake CIFAR-10:
+# `esper train --controller ppo --task cifar10 --preset growth-imitate` with the workload's
+# environments (4, slots r0c0,r0c1,r0c2, batch 512, the episode of --episode) for ROUNDS
+# rounds, in ${TMPDIR:-/tmp}/esper-growth-policy-<label> (console: train_policy.log), then drives
+# with it. A run directory that exists is resumed, or taken as it is once its last round is saved.
 #
 # --peer-modes LIST passes `--modes LIST` to the Python peers of tolaria-fmnist and tolaria-lm
 # (their Inductor max-autotune modes each spend minutes autotuning; a run can take them apart).
@@ -61,6 +71,9 @@ simic_args=()
 rounds_args=()
 learning_args=()
 peer_args=()
+episode=""
+policy=""
+train_policy=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick="--quick" ;;
@@ -92,7 +105,9 @@ while [ $# -gt 0 ]; do
         devices=$(seq -s, -f 'cuda:%g' 0 $((count - 1)))
       fi
       learning_args+=(--job-devices "$devices"); shift ;;
-    --episode) rounds_args+=(--episode "$2"); shift ;;
+    --episode) rounds_args+=(--episode "$2"); episode=$2; shift ;;
+    --policy) policy="$2"; shift ;;
+    --train-policy) train_policy="$2"; shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -184,8 +199,36 @@ for workload in "${workloads[@]}"; do
       export ESPER_CIFAR10_DIR="$cifar_root"
     fi
     extra=()
+    if [ "$workload" = simic-growth ] && [ -n "$train_policy" ]; then
+      # The policy that drives, trained on the workload's environments (see --train-policy).
+      policy="${TMPDIR:-/tmp}/esper-growth-policy-$label"
+      last="$policy/checkpoints/round-$(printf %06d "$train_policy")"
+      train_args=(train --controller ppo --task cifar10 --data-dir "$ESPER_CIFAR10_DIR"
+        --slots r0c0,r0c1,r0c2 --envs 4 --batch-size 512 --rounds "$train_policy"
+        --preset growth-imitate --device cuda --run-dir "$policy")
+      case "$episode" in
+        "") ;;
+        short) train_args+=(--episode short) ;;
+        medium) train_args+=(--episode medium) ;;
+        head) train_args+=(--episode head) ;;
+        *) train_args+=(--epochs "$episode") ;;
+      esac
+      if [ -d "$last" ]; then
+        echo "== the growth policy: $last exists"
+      elif [ -d "$policy" ]; then
+        echo "== the growth policy: resuming $policy" | tee -a "$out/train_policy.log"
+        "$esper_bin" train --resume "$policy" 2>&1 | tee -a "$out/train_policy.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      else
+        echo "== the growth policy: esper ${train_args[*]}" | tee "$out/train_policy.log"
+        "$esper_bin" "${train_args[@]}" 2>&1 | tee -a "$out/train_policy.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      fi
+    fi
     case "$workload" in
-      simic-throughput|simic-cifar|simic-growth|simic-lm) extra=("${simic_args[@]}" "${rounds_args[@]}") ;;
+      simic-growth) extra=("${simic_args[@]}" "${rounds_args[@]}")
+        [ -n "$policy" ] && extra+=(--policy "$policy") ;;
+      simic-throughput|simic-cifar|simic-lm) extra=("${simic_args[@]}" "${rounds_args[@]}") ;;
       simic-learning) extra=("${rounds_args[@]}" "${learning_args[@]}") ;;
     esac
     echo "== rust bench $workload ${extra[*]}"

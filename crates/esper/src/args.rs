@@ -126,6 +126,10 @@ pub(crate) struct BenchArgs {
     /// protocol's evaluation environments
     /// (`simic::bench::LearningSetup::blueprint_room`).
     pub(crate) blueprint_room: bool,
+    /// `simic-growth` only: a trained policy (a PPO run directory or one of
+    /// its checkpoints) drives the environments greedily instead of max
+    /// growth (`simic::bench::Driver::Learned`).
+    pub(crate) policy: Option<PathBuf>,
 }
 
 /// What a bench command line asks for.
@@ -232,6 +236,7 @@ impl BenchArgs {
         let mut evaluate = false;
         let mut only_seeds: Option<Vec<usize>> = None;
         let mut blueprint_room = false;
+        let mut policy: Option<PathBuf> = None;
         while let Some(arg) = args.next() {
             let arg = utf8_word(arg);
             let flag = arg.as_str();
@@ -257,7 +262,8 @@ impl BenchArgs {
                     | "--only-seeds"
                     | "--blueprint-room"
             );
-            if (torch_only && !workload.uses_torch())
+            if (flag == "--policy" && workload != Workload::SimicGrowth)
+                || (torch_only && !workload.uses_torch())
                 || (learning_only && workload != Workload::SimicLearning)
                 || (rounds_flag
                     && !matches!(
@@ -310,6 +316,13 @@ impl BenchArgs {
                         return Err(usage("--out needs a path"));
                     }
                     once(&mut out, flag, PathBuf::from(path))?;
+                }
+                "--policy" => {
+                    let path = raw_value()?;
+                    if path.is_empty() {
+                        return Err(usage("--policy needs a path"));
+                    }
+                    once(&mut policy, flag, PathBuf::from(path))?;
                 }
                 "--label" => once(&mut label, flag, value()?)?,
                 "--quick" => quick = true,
@@ -496,6 +509,11 @@ impl BenchArgs {
                 )));
             }
         }
+        if policy.is_some() && gpus.is_some() {
+            return Err(usage(
+                "--policy drives one process; --gpus measures max growth on several",
+            ));
+        }
         if torchrun && gpus.is_none() {
             return Err(usage("--torchrun needs --gpus"));
         }
@@ -536,6 +554,7 @@ impl BenchArgs {
             evaluate,
             only_seeds: only_seeds.unwrap_or_default(),
             blueprint_room,
+            policy,
         })))
     }
 }

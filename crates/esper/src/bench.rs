@@ -3,7 +3,7 @@
 //! ([`crate::probe`]), builds the `leyline::baseline::BaselineRecord`, writes
 //! it ([`crate::record`]) and prints its table ([`crate::table`]).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use leyline::baseline::{BaselineRecord, Environment};
 
 use crate::args::{BenchArgs, Workload};
@@ -47,7 +47,20 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 options.variants.clone_from(&args.simic_variants);
                 options.episode_length = args.episode;
                 if args.workload == Workload::SimicGrowth {
-                    options.driver = simic::bench::Driver::MaxGrowth;
+                    options.driver = match &args.policy {
+                        Some(path) => {
+                            let policy = crate::train::ppo_checkpoint::learned_policy(
+                                path,
+                                simic::bench::SLOTS.len(),
+                                simic::vectorized::SimicConfig::reference(1).max_seeds,
+                                &mut |line| eprintln!("warning: {line}"),
+                            )
+                            .with_context(|| format!("--policy {}", path.display()))?;
+                            eprintln!("driver: {}", policy.describe());
+                            simic::bench::Driver::Learned(std::sync::Arc::new(policy))
+                        }
+                        None => simic::bench::Driver::MaxGrowth,
+                    };
                 }
                 if let Some(rounds) = args.rounds {
                     options.rounds = rounds;

@@ -166,3 +166,65 @@ impl RoundsRewind {
             .with_context(|| format!("rewriting {}", self.path.display()))
     }
 }
+
+/// The trained policy of a PPO run, for `esper bench simic-growth --policy
+/// PATH`: PATH is one checkpoint folder (`RUN_DIR/checkpoints/round-<R>/`)
+/// or a run directory, of which the newest checkpoint that verifies is
+/// taken (a damaged newer one is skipped, and `warn` says so). The policy
+/// keeps its run's settings and episode length; a run of other slots or
+/// another seed budget than the simic workloads' (`slots`: three, max
+/// seeds three) is refused, since its policy acts on another action space.
+pub(crate) fn learned_policy(
+    path: &Path,
+    slots: usize,
+    max_seeds: usize,
+    warn: &mut dyn FnMut(&str),
+) -> Result<simic::bench::LearnedPolicy> {
+    let loaded = if path.join(durable::MANIFEST).is_file() {
+        verify(path)?
+    } else {
+        let Some(folders) = candidates(path) else {
+            bail!(
+                "{} holds no PPO checkpoint: give a run directory of `esper train --controller \
+                 ppo` or one of its `{DIR}/{PREFIX}<R>` folders",
+                path.display()
+            );
+        };
+        let mut found = None;
+        for folder in folders {
+            match verify(&folder) {
+                Ok(loaded) => {
+                    found = Some(loaded);
+                    break;
+                }
+                Err(error) => warn(&format!("skipping {}: {error:#}", folder.display())),
+            }
+        }
+        found.with_context(|| format!("no checkpoint of {} verifies", path.join(DIR).display()))?
+    };
+    let config = &loaded.manifest.config;
+    if config.slots.len() != slots || config.max_seeds != max_seeds {
+        bail!(
+            "{}: a policy of {} slots ({}) and max seeds {}; the simic workloads have {slots} \
+             slots and max seeds {max_seeds}",
+            loaded.dir.display(),
+            config.slots.len(),
+            config.slots.join(","),
+            config.max_seeds
+        );
+    }
+    let episode = u32::try_from(config.epochs)
+        .with_context(|| format!("{}: epochs does not fit u32", loaded.dir.display()))?;
+    let source = format!(
+        "{}, trained on {}",
+        loaded.dir.display(),
+        config.task.name()
+    );
+    Ok(simic::bench::LearnedPolicy::new(
+        source,
+        episode,
+        loaded.manifest.state,
+        loaded.tensors,
+        config.settings.clone(),
+    )?)
+}

@@ -45,12 +45,14 @@ use crate::{Error, Result};
 
 mod baseline;
 mod cartpole;
+mod learned;
 mod learning;
 pub mod scaling;
 pub mod stats;
 mod throughput;
 
 pub use cartpole::run_cartpole;
+pub use learned::LearnedPolicy;
 pub use learning::{
     AfterRound, Baselines, EVAL_ENV_SEED, EVAL_ROUNDS, Evaluation, GREEDY_CURVE_ENV_SEED,
     GREEDY_CURVE_ROUNDS, LEARNING_PPO_EPOCHS, LEARNING_ROUNDS, LEARNING_SEEDS, LearningSetup,
@@ -69,7 +71,7 @@ pub const LM_WORKLOAD: &str = "simic-lm";
 pub const GROWTH_WORKLOAD: &str = "simic-growth";
 
 /// Who takes the environments' actions in a throughput workload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub enum Driver {
     /// The policy, learning every round (`simic-throughput`, `simic-cifar`,
     /// `simic-lm`).
@@ -80,6 +82,33 @@ pub enum Driver {
     /// the masks and gates allow; the policy still steps every epoch, and
     /// nothing learns (`simic-growth`).
     MaxGrowth,
+    /// A trained policy, acting greedily and learning nothing, on the
+    /// environments max growth's rounds of the same run would use
+    /// (`simic-growth --policy`; [`LearnedPolicy`]).
+    Learned(std::sync::Arc<LearnedPolicy>),
+}
+
+impl Driver {
+    /// Whether a scripted controller or a trained policy drives (the
+    /// growth figures apply), rather than the policy learning every round.
+    pub fn drives(&self) -> bool {
+        !matches!(self, Driver::Policy)
+    }
+
+    /// The record's description of the driver.
+    pub fn describe(&self) -> String {
+        match self {
+            Driver::Policy => "policy (learning every round)".to_owned(),
+            Driver::MaxGrowth => "max-growth (every environment; the policy steps, nothing \
+                                  learns: update_ms is the bootstrap alone)"
+                .to_owned(),
+            Driver::Learned(policy) => format!(
+                "learned (a trained policy acting greedily in every environment on max \
+                 growth's environments, nothing learns): {}",
+                policy.describe()
+            ),
+        }
+    }
 }
 /// Workload names.
 pub const LEARNING_WORKLOAD: &str = "simic-learning";
@@ -87,7 +116,7 @@ pub const LEARNING_WORKLOAD: &str = "simic-learning";
 pub const CARTPOLE_WORKLOAD: &str = "ppo-cartpole";
 
 /// The slots of every simic workload.
-pub(crate) const SLOTS: [&str; 3] = ["r0c0", "r0c1", "r0c2"];
+pub const SLOTS: [&str; 3] = ["r0c0", "r0c1", "r0c2"];
 
 /// Which data a throughput run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +298,19 @@ impl SimicBenchOptions {
         }
         if let Some(environments) = self.eval_environments {
             check_eval_environments(environments)?;
+        }
+        if let Driver::Learned(policy) = &self.driver
+            && policy.episode_length() != self.episode()
+        {
+            return Err(Error::InvalidConfig {
+                field: "SimicBenchOptions.episode_length",
+                reason: format!(
+                    "{} epochs, but the policy was trained on episodes of {}: drive it on \
+                     episodes of its own length",
+                    self.episode(),
+                    policy.episode_length()
+                ),
+            });
         }
         if let Some(epochs) = self.ppo_epochs {
             let max = crate::ppo::config::MAX_EPOCHS;

@@ -68,6 +68,14 @@ pub fn run_rank(
     progress: &mut dyn FnMut(&str),
 ) -> Result<RankFigures> {
     options.validate()?;
+    if let Driver::Learned(_) = &options.driver {
+        return Err(Error::InvalidConfig {
+            field: "SimicBenchOptions.driver",
+            reason: "a trained policy drives one process; the data-parallel bench measures the \
+                     learning policy or max growth"
+                .to_owned(),
+        });
+    }
     let device = match &group {
         Some(group) => group.device(),
         None => torch_ext::device::select(options.device)?,
@@ -98,9 +106,10 @@ pub fn run_rank(
     let started = Instant::now();
     let mut reports = Vec::with_capacity(options.rounds);
     for round in 0..options.rounds {
-        let report = match options.driver {
+        let report = match &options.driver {
             Driver::Policy => simic.run_round(&spec, true)?,
-            Driver::MaxGrowth => {
+            // A learned driver was refused above.
+            Driver::MaxGrowth | Driver::Learned(_) => {
                 let mut controllers = crate::vectorized::Demonstrator::MaxGrowth
                     .controllers(&spec, &controllers_config);
                 simic.drive_round(&spec, &mut controllers)?

@@ -32,12 +32,20 @@ fn throughput_variant(
     config: SimicConfig,
     device: Device,
     rounds: usize,
-    driver: Driver,
+    driver: &Driver,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Variant> {
     let started = Instant::now();
+    let config = match driver {
+        Driver::Learned(policy) => policy.configure(config)?,
+        Driver::Policy | Driver::MaxGrowth => config,
+    };
     let controllers_config = config.clone();
+    let env_seed = config.seed;
     let mut simic = Simic::new(config, SLOTS.len(), device, Telemetry::disabled())?;
+    if let Driver::Learned(policy) = driver {
+        policy.install(&mut simic)?;
+    }
     // After the policy's first allocation: the caching allocator refuses a
     // reset on a device it has not initialised.
     if let Device::Cuda(index) = device {
@@ -45,14 +53,19 @@ fn throughput_variant(
         torch_ext::cuda::reset_peak_memory_stats(index)?;
     }
     let mut reports = Vec::with_capacity(rounds);
+    // A driven round: max growth's controllers, or the trained policy on
+    // the environments max growth's round `round` runs on.
+    let driven = |simic: &mut Simic, round: usize| match driver {
+        Driver::Learned(_) => simic.evaluate_on(spec, env_seed, round as u64),
+        Driver::Policy | Driver::MaxGrowth => {
+            let mut controllers = Demonstrator::MaxGrowth.controllers(spec, &controllers_config);
+            simic.drive_round(spec, &mut controllers)
+        }
+    };
     for round in 0..rounds {
         let report = match driver {
             Driver::Policy => simic.run_round(spec, true)?,
-            Driver::MaxGrowth => {
-                let mut controllers =
-                    Demonstrator::MaxGrowth.controllers(spec, &controllers_config);
-                simic.drive_round(spec, &mut controllers)?
-            }
+            Driver::MaxGrowth | Driver::Learned(_) => driven(&mut simic, round)?,
         };
         let t = &report.timings;
         progress(&format!(
@@ -84,10 +97,9 @@ fn throughput_variant(
     // One more driven round, after the measured ones and not counted in
     // them, with a step profiled for each number of live seeds.
     let mut profiles = Vec::new();
-    if driver == Driver::MaxGrowth && device.is_cuda() {
-        let mut controllers = Demonstrator::MaxGrowth.controllers(spec, &controllers_config);
+    if driver.drives() && device.is_cuda() {
         simic.set_step_profiling(true);
-        let profiled = simic.drive_round(spec, &mut controllers);
+        let profiled = driven(&mut simic, rounds);
         simic.set_step_profiling(false);
         profiles = profiled?.step_profiles;
         for step in &profiles {
@@ -144,7 +156,7 @@ struct Variant {
     wall: f64,
     peak_mb: f64,
     prewarm: Option<tolaria::engine::prewarm::Prewarm>,
-    /// The profiled steps of the extra round (max growth on CUDA only).
+    /// The profiled steps of the extra round (a driven run on CUDA only).
     profiles: Vec<crate::vectorized::StepProfile>,
 }
 
@@ -306,6 +318,19 @@ pub fn run_throughput_reporting(
     } else {
         vec!["fp32-eager".to_owned()]
     };
+    if let Driver::Learned(policy) = &options.driver {
+        // A policy that does not fit these variants (another shape, a value
+        // that is not finite) stops the run before anything is measured.
+        let first = names.first().map_or("fp32-eager", String::as_str);
+        let (_, config) = variant_config(task, first, episode_length, options.quick)?;
+        let mut trial = Simic::new(
+            policy.configure(config)?,
+            SLOTS.len(),
+            device,
+            Telemetry::disabled(),
+        )?;
+        policy.install(&mut trial)?;
+    }
     let (warmup_s, warmup_prewarm) = process_warmup(task, &spec, &names, device, options)?;
     progress(&format!("process warm-up (not measured): {warmup_s:.1} s"));
     if let Some(prewarm) = &warmup_prewarm {
@@ -320,7 +345,7 @@ pub fn run_throughput_reporting(
             config,
             device,
             options.rounds,
-            options.driver,
+            &options.driver,
             progress,
         ) {
             Ok(Variant {
@@ -462,7 +487,7 @@ pub fn run_throughput_reporting(
                     "final_accuracy_pct".to_owned(),
                     mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
                 );
-                if options.driver != Driver::Policy {
+                if options.driver.drives() {
                     live_seed_figures(&steady_or_all, n_envs, &mut metrics);
                     profile_figures(&profiles, &mut metrics);
                 }
@@ -515,10 +540,7 @@ pub fn run_throughput_reporting(
                 // blueprints' first use, paid once per process.
                 "process_warmup_blueprints_ms": warmup_prewarm.as_ref().map(|p| p.ms),
                 "quick": options.quick,
-                "driver": match options.driver {
-                    Driver::Policy => "policy (learning every round)",
-                    Driver::MaxGrowth => "max-growth (every environment; the policy steps, nothing learns: update_ms is the bootstrap alone)",
-                },
+                "driver": options.driver.describe(),
             }),
             results,
             telemetry_names: Vec::new(),
