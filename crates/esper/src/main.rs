@@ -114,6 +114,10 @@ commands:
                             environment (eps_live_seeds_0..3), counterfactual ms, policy step;
                             --episode short for L = 25; with --gpus each rank drives its own
                             environments (nothing learns, no all-reduce)
+        --policy PATH       drive with a trained policy instead, acting greedily: a run
+                            directory of `esper train --controller ppo` (its newest checkpoint
+                            that verifies) or one of its checkpoints/round-R folders; the
+                            policy keeps its run's settings; one process (not with --gpus)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
         --variants LIST     (the three simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
                             is not one: seeds change the step's shape every few epochs);
