@@ -117,7 +117,8 @@ commands:
         --policy PATH       drive with a trained policy instead, acting greedily: a run
                             directory of `esper train --controller ppo` (its newest checkpoint
                             that verifies) or one of its checkpoints/round-R folders; the
-                            policy keeps its run's settings; one process (not with --gpus)
+                            policy keeps its run's slot, blueprint and floor settings; one
+                            process (not with --gpus)
         --device DEVICE     auto (default), cpu, cuda or cuda:N
         --variants LIST     (the three simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
                             is not one: seeds change the step's shape every few epochs);

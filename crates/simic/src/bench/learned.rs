@@ -7,11 +7,16 @@
 //! the checkpoint's optimizer state, reward and value normalisers come along
 //! (a checkpoint is imported whole, [`Simic::import_state`]) and change
 //! nothing, since a driven round does not learn. The generators of a
-//! data-parallel run's ranks are dropped: one process drives. The settings
-//! the policy was trained under ([`crate::vectorized::settings`]: the slots'
-//! auto-forward gates, the blueprints in its masks, ...) are applied to each
-//! variant's configuration, so the policy acts under the gates and masks it
-//! learned with.
+//! data-parallel run's ranks are dropped: one process drives. Of the
+//! settings the policy was trained under ([`crate::vectorized::settings`]),
+//! those that shape what it sees and may do (`slot.*`: the auto-forward
+//! gates; `blueprint.*`: its masks; `floor.*`: its heads' probability
+//! floors) are applied to each variant's configuration, so the policy acts
+//! under the gates and masks it learned with. Those of its learning alone
+//! (`reward.*`, `ppo.*`, `imitation.*`) are not: nothing learns, no
+//! observation carries a reward, and one of them, the twin-delta term
+//! (`reward.twin_delta_weight`), would train a second host beside every
+//! environment, work a driven round has no use for.
 //!
 //! ```
 //! use simic::bench::LearnedPolicy;
@@ -33,6 +38,9 @@ use tch::Tensor;
 
 use crate::vectorized::{Simic, SimicConfig, SimicState, settings};
 use crate::{Error, Result};
+
+/// The sections of settings that change only how a policy learns.
+const LEARNING_ONLY: [&str; 3] = ["reward.", "ppo.", "imitation."];
 
 /// A trained policy read from a checkpoint, with what it was trained under.
 #[derive(Debug)]
@@ -91,18 +99,34 @@ impl LearnedPolicy {
     /// Where it came from, its training rounds and settings, in one line.
     pub fn describe(&self) -> String {
         format!(
-            "{} (after {} rounds, {} PPO updates; episode {}; settings [{}])",
+            "{} (after {} rounds, {} PPO updates; episode {}; trained under [{}], acting \
+             under [{}])",
             self.source,
             self.state.rounds,
             self.state.ppo_updates,
             self.episode_length,
-            self.settings.join(" ")
+            self.settings.join(" "),
+            self.acting_settings().join(" ")
         )
     }
 
-    /// `config` with the policy's settings applied.
+    /// The settings it acts under: those of [`LearnedPolicy::settings`]
+    /// that change what it sees and may do (see the module docs).
+    pub fn acting_settings(&self) -> Vec<String> {
+        self.settings
+            .iter()
+            .filter(|setting| {
+                !LEARNING_ONLY
+                    .iter()
+                    .any(|section| setting.starts_with(section))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// `config` with the policy's acting settings applied.
     pub(crate) fn configure(&self, mut config: SimicConfig) -> Result<SimicConfig> {
-        settings::apply_all(&mut config, &self.settings)?;
+        settings::apply_all(&mut config, &self.acting_settings())?;
         Ok(config)
     }
 
@@ -112,5 +136,60 @@ impl LearnedPolicy {
         simic.import_state(&self.state, &self.tensors)?;
         simic.set_sample_mode(tamiyo::policy::SampleMode::Greedy);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_acts_under_its_gates_masks_and_floors_not_its_learning_settings() {
+        let config = SimicConfig::reference(5);
+        let trainer = Simic::new(config, 3, tch::Device::Cpu, leyline::Telemetry::disabled())
+            .expect("a trainer");
+        let (state, tensors) = trainer.export_state().expect("state");
+        let trained_under: Vec<String> = [
+            "slot.auto_forward_g1=true",
+            "reward.twin_delta_weight=20",
+            "ppo.entropy_coef=0.1",
+            "imitation.updates=8",
+            "floor.op=0.05",
+            "blueprint.conv_small=false",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let policy = LearnedPolicy::new("p".into(), 5, state, tensors, trained_under.clone())
+            .expect("a policy");
+        assert_eq!(policy.settings(), trained_under.as_slice());
+        assert_eq!(
+            policy.acting_settings(),
+            [
+                "slot.auto_forward_g1=true",
+                "floor.op=0.05",
+                "blueprint.conv_small=false"
+            ]
+        );
+        let reference = SimicConfig::reference(5);
+        let acting = policy.configure(reference.clone()).expect("configured");
+        // No twin beside the environments, the reference's PPO and warm-up.
+        assert_eq!(
+            acting.reward.twin_delta_weight,
+            reference.reward.twin_delta_weight
+        );
+        assert_eq!(acting.ppo.entropy_coef, reference.ppo.entropy_coef);
+        assert_eq!(acting.imitation.updates, reference.imitation.updates);
+        // Its gates.
+        assert!(acting.slot.auto_forward_g1);
+        let described = policy.describe();
+        assert!(
+            described
+                .contains("trained under [slot.auto_forward_g1=true reward.twin_delta_weight=20"),
+            "{described}"
+        );
+        assert!(
+            described.contains("acting under [slot.auto_forward_g1=true floor.op=0.05"),
+            "{described}"
+        );
     }
 }
