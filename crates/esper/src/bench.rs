@@ -57,7 +57,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                             )
                             .with_context(|| format!("--policy {}", path.display()))?;
                             eprintln!("driver: {}", policy.describe());
-                            simic::bench::Driver::Learned(std::sync::Arc::new(policy))
+                            simic::bench::Driver::Learned(std::rc::Rc::new(policy))
                         }
                         None => simic::bench::Driver::MaxGrowth,
                     };

@@ -87,7 +87,7 @@ fn a_trained_policy_drives_the_growth_bench_greedily_and_grows() {
     if fashion_mnist_missing() {
         return;
     }
-    let policy = std::sync::Arc::new(trained(training_config()));
+    let policy = std::rc::Rc::new(trained(training_config()));
     let run = run_throughput(
         ThroughputTask::FashionMnist,
         &options(Driver::Learned(policy)),
@@ -133,7 +133,7 @@ fn a_policy_that_does_not_fit_is_refused_before_anything_runs() {
     let (state, tensors) = simic.export_state().expect("state");
     let policy = LearnedPolicy::new("other".into(), EPISODE + 1, state, tensors, Vec::new())
         .expect("a learned policy");
-    let error = options(Driver::Learned(std::sync::Arc::new(policy)))
+    let error = options(Driver::Learned(std::rc::Rc::new(policy)))
         .validate()
         .expect_err("another episode length");
     assert!(
@@ -168,7 +168,7 @@ fn a_policy_that_does_not_fit_is_refused_before_anything_runs() {
         LearnedPolicy::new("small".into(), EPISODE, state, tensors, Vec::new()).expect("policy");
     let error = run_throughput(
         ThroughputTask::FashionMnist,
-        &options(Driver::Learned(std::sync::Arc::new(policy))),
+        &options(Driver::Learned(std::rc::Rc::new(policy))),
         &mut |_| {},
     )
     .expect_err("another shape");

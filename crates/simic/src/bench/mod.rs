@@ -85,7 +85,7 @@ pub enum Driver {
     /// A trained policy, acting greedily and learning nothing, on the
     /// environments max growth's rounds of the same run would use
     /// (`simic-growth --policy`; [`LearnedPolicy`]).
-    Learned(std::sync::Arc<LearnedPolicy>),
+    Learned(std::rc::Rc<LearnedPolicy>),
 }
 
 impl Driver {
