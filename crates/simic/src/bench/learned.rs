@@ -18,7 +18,10 @@
 //! (`reward.twin_delta_weight`), would train a second host beside every
 //! environment, work a driven round has no use for.
 //!
-//! ```
+//! Building one (not run as a doc test: a doc test's binary does not find
+//! libtorch; `tests/learned_driver.rs` runs the same steps):
+//!
+//! ```ignore
 //! use simic::bench::LearnedPolicy;
 //! use simic::vectorized::{Simic, SimicConfig};
 //!
