@@ -7,18 +7,12 @@
 //! bench's environments need CIFAR-10: where it is missing the record says
 //! so. The driving itself is simic's `learned_driver` test.)
 
+mod common;
+
+use common::esper;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
-const ESPER: &str = env!("CARGO_BIN_EXE_esper");
-
-fn esper(args: &[&str]) -> Output {
-    Command::new(ESPER)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs")
-}
 
 /// Two PPO rounds of five-epoch episodes (the quick bench's length) on the
 /// synthetic task, a checkpoint after each.

@@ -15,10 +15,11 @@
 //! - `esper train --help` describes the controllers and the default mode as
 //!   they are.
 
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+mod common;
 
-const ESPER: &str = env!("CARGO_BIN_EXE_esper");
+use common::esper;
+use std::path::Path;
+use std::process::Output;
 
 /// Exit status of a Rust panic.
 const PANICKED: i32 = 101;
@@ -31,13 +32,6 @@ fn path_arg(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 temporary path")
 }
 
-fn esper<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new(ESPER)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs")
-}
 
 /// A small synthetic heuristic run into `run_dir` with `extra` options
 /// (each replacing the base option of the same flag).

@@ -2,19 +2,15 @@
 //! binary, real files in a temporary directory, the synthetic task on the
 //! CPU (a few seconds per run).
 
+mod common;
+
+use common::esper;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const ESPER: &str = env!("CARGO_BIN_EXE_esper");
 
-fn esper(args: &[&str]) -> Output {
-    Command::new(ESPER)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("esper runs")
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -5,21 +5,11 @@
 //! refused before anything runs; on a GPU, the extra round profiles its
 //! replayed steps (on the CPU nothing is profiled).
 
+mod common;
+
+use common::fashion_mnist_missing;
 use simic::bench::{Driver, SimicBenchOptions, ThroughputTask, run_throughput};
 use torch_ext::DeviceChoice;
-
-fn fashion_mnist_missing() -> bool {
-    use tolaria::data::fashion_mnist::{FashionMnistOptions, data_dir};
-    let dir = data_dir(&FashionMnistOptions::default());
-    let missing = !dir.join("train-images-idx3-ubyte.gz").exists();
-    if missing {
-        eprintln!(
-            "skipped: no Fashion-MNIST in {} (cargo xtask provision installs it)",
-            dir.display()
-        );
-    }
-    missing
-}
 
 #[test]
 fn max_growth_drives_the_environments_and_seeds_live() {

@@ -6,6 +6,9 @@
 //! other episodes, of another shape, or with a setting that does not parse
 //! is refused before anything is measured.
 
+mod common;
+
+use common::fashion_mnist_missing;
 use leyline::Telemetry;
 use simic::bench::{Driver, LearnedPolicy, SimicBenchOptions, ThroughputTask, run_throughput};
 use simic::vectorized::{EnvSpec, Simic, SimicConfig, settings};
@@ -24,19 +27,6 @@ const SETTINGS: [&str; 4] = [
     "slot.auto_forward_g3=true",
     "imitation.updates=3",
 ];
-
-fn fashion_mnist_missing() -> bool {
-    use tolaria::data::fashion_mnist::{FashionMnistOptions, data_dir};
-    let dir = data_dir(&FashionMnistOptions::default());
-    let missing = !dir.join("train-images-idx3-ubyte.gz").exists();
-    if missing {
-        eprintln!(
-            "skipped: no Fashion-MNIST in {} (cargo xtask provision installs it)",
-            dir.display()
-        );
-    }
-    missing
-}
 
 fn settings_list() -> Vec<String> {
     SETTINGS.iter().map(|s| (*s).to_owned()).collect()

@@ -3,18 +3,14 @@
 //! after each variant, before the run ends, so that a run stopped by a time
 //! limit keeps them (`esper bench` writes them as a partial record).
 
+mod common;
+
 use simic::bench::{SimicBenchOptions, ThroughputTask, run_throughput_reporting};
 use torch_ext::DeviceChoice;
 
 #[test]
 fn the_entries_so_far_are_handed_over_after_each_variant() {
-    use tolaria::data::fashion_mnist::{FashionMnistOptions, data_dir};
-    let dir = data_dir(&FashionMnistOptions::default());
-    if !dir.join("train-images-idx3-ubyte.gz").exists() {
-        eprintln!(
-            "skipped: no Fashion-MNIST in {} (cargo xtask provision installs it)",
-            dir.display()
-        );
+    if common::fashion_mnist_missing() {
         return;
     }
     let mut options = SimicBenchOptions::new(DeviceChoice::Cpu, true);

@@ -1,6 +1,7 @@
-//! Helpers the checkpoint tests share: a run directory's whole tree, to
-//! show a refused resume changed nothing on disk, the FNV-1a 64 hash the
-//! manifests use, and an edit of a manifest that keeps its checksum valid.
+//! Helpers the command-line tests share: running the built `esper`, a run
+//! directory's whole tree, to show a refused resume changed nothing on disk,
+//! the FNV-1a 64 hash the manifests use, and an edit of a manifest that keeps
+//! its checksum valid.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +24,16 @@ pub(crate) fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
         }
     }
     entries
+}
+
+/// Runs the built `esper` with `args` (stdin closed) to its end.
+#[allow(dead_code, reason = "each test binary uses a part of the helpers")]
+pub(crate) fn esper<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_esper"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("esper runs")
 }
 
 /// FNV-1a 64, as the manifests use it (durable's).

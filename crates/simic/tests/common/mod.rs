@@ -24,6 +24,21 @@ pub const ENVS: usize = 2;
 /// Epochs of an episode.
 pub const EPISODE: u32 = 20;
 
+/// Whether Fashion-MNIST is missing (then the caller skips, and this says
+/// so): the simic benches' quick runs read it.
+pub fn fashion_mnist_missing() -> bool {
+    use tolaria::data::fashion_mnist::{FashionMnistOptions, data_dir};
+    let dir = data_dir(&FashionMnistOptions::default());
+    let missing = !dir.join("train-images-idx3-ubyte.gz").exists();
+    if missing {
+        eprintln!(
+            "skipped: no Fashion-MNIST in {} (cargo xtask provision installs it)",
+            dir.display()
+        );
+    }
+    missing
+}
+
 /// The synthetic Fashion-MNIST-like task, sharded over `ENVS`
 /// environments, with three slots.
 pub fn spec() -> EnvSpec {
