@@ -13,7 +13,6 @@ use common::esper;
 use std::path::Path;
 use std::process::Output;
 
-
 /// Two PPO rounds of five-epoch episodes (the quick bench's length) on the
 /// synthetic task, a checkpoint after each.
 fn train(run_dir: &Path) {

@@ -32,7 +32,6 @@ fn path_arg(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 temporary path")
 }
 
-
 /// A small synthetic heuristic run into `run_dir` with `extra` options
 /// (each replacing the base option of the same flag).
 fn synthetic(run_dir: &Path, extra: &[&str]) -> Vec<String> {

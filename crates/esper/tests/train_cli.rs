@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 const ESPER: &str = env!("CARGO_BIN_EXE_esper");
 
-
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }

@@ -3,6 +3,12 @@
 //! the FNV-1a 64 hash the manifests use, and an edit of a manifest that keeps
 //! its checksum valid.
 
+#![allow(
+    dead_code,
+    unused_imports,
+    reason = "each test binary uses a part of the helpers"
+)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -27,7 +33,6 @@ pub(crate) fn tree(root: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
 }
 
 /// Runs the built `esper` with `args` (stdin closed) to its end.
-#[allow(dead_code, reason = "each test binary uses a part of the helpers")]
 pub(crate) fn esper<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_esper"))
         .args(args)
@@ -42,7 +47,6 @@ pub(crate) use durable::fnv1a64;
 /// Edits the body of the checkpoint manifest at `path` and writes it back
 /// with a fresh checksum (durable's format: `{"checksum", "manifest"}`), so
 /// that it still verifies.
-#[allow(dead_code, reason = "each test binary uses a part of the helpers")]
 pub(crate) fn rewrite_manifest(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(path).expect("manifest")).expect("JSON");
