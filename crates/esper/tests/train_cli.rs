@@ -541,6 +541,9 @@ fn a_ppo_run_takes_the_growth_preset_and_keeps_it_in_its_config() {
     );
 }
 
+/// One imitation round, then a PPO round anchored to the demonstrator:
+/// `rounds.jsonl` says which round imitated, what the demonstrator labelled
+/// in the other, and the anchor's coefficient and loss in its update.
 #[test]
 fn a_ppo_run_with_an_imitation_warm_up_says_which_rounds_imitated() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -554,6 +557,8 @@ fn a_ppo_run_with_an_imitation_warm_up_says_which_rounds_imitated() {
             "imitation.updates=1",
             "--set",
             "imitation.epochs=2",
+            "--set",
+            "imitation.anchor_weight=2",
         ],
     );
     assert!(output.status.success(), "{}", text(&output.stderr));
@@ -577,4 +582,16 @@ fn a_ppo_run_with_an_imitation_warm_up_says_which_rounds_imitated() {
     assert_eq!(imitated + refused, 6, "{imitation}");
     assert!(rounds[1]["imitation"].is_null(), "{}", rounds[1]);
     assert!(rounds[0]["ppo"].is_object() && rounds[1]["ppo"].is_object());
+    // The anchor: none in the imitation round; in the PPO round every one
+    // of the six decisions labelled, the term at its weight.
+    assert!(rounds[0]["anchor"].is_null(), "{}", rounds[0]);
+    assert_eq!(rounds[0]["ppo"]["anchor_coef"], 0.0, "{}", rounds[0]);
+    let anchor = &rounds[1]["anchor"];
+    assert_eq!(anchor["demonstrator"], "max_growth", "{anchor}");
+    assert_eq!(anchor["labelled"].as_u64(), Some(6), "{anchor}");
+    assert_eq!(rounds[1]["ppo"]["anchor_coef"], 2.0, "{}", rounds[1]);
+    let loss = rounds[1]["ppo"]["anchor_loss"]
+        .as_f64()
+        .expect("anchor loss");
+    assert!(loss > 0.0, "{}", rounds[1]);
 }

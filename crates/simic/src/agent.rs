@@ -17,7 +17,7 @@ use tch::{Kind, Tensor};
 
 use crate::buffer::Rollout;
 use crate::error::TorchResultExt;
-use crate::ppo::{AuxiliaryEvaluation, Evaluation};
+use crate::ppo::{AnchorEvaluation, AuxiliaryEvaluation, Evaluation};
 use crate::{Error, Result};
 use leyline::NUM_ACTION_HEADS;
 
@@ -45,13 +45,16 @@ fn rows_and_steps(obs: &Tensor, what: &'static str) -> Result<(i64, i64, usize)>
 
 /// Re-evaluates the rollout's `rows` (`[r]` i64) under the current policy,
 /// with gradients: per-head log-probabilities and normalised entropies
-/// `[r, T, 8]`, values `[r, T]`, and the auxiliary heads' outputs with
-/// their targets.
+/// `[r, T, 8]`, values `[r, T]`, the auxiliary heads' outputs with
+/// their targets, and, when the rollout holds the anchor's labels and
+/// `anchor_coef > 0`, their log-probabilities from the same unroll (the
+/// labels scored under the same stored masks as the actions).
 pub fn evaluate_rows(
     policy: &Policy,
     sampler: &Sampler,
     rollout: &Rollout,
     rows: &Tensor,
+    anchor_coef: f64,
 ) -> Result<Evaluation> {
     let rows = rows
         .f_to_device(rollout.obs.device())
@@ -92,6 +95,28 @@ pub fn evaluate_rows(
     let heads = i64::try_from(NUM_ACTION_HEADS).unwrap_or(8);
     let actions = actions.f_reshape([flat, heads]).op("flatten actions")?;
     let (log_probs, entropies) = sampler.evaluate_actions(&logits, &masks, &actions)?;
+    let anchor = match &rollout.anchor {
+        Some(labels) if anchor_coef > 0.0 => {
+            let labelled = labels
+                .actions
+                .f_index_select(0, &rows)
+                .op("rows anchor labels")?
+                .f_reshape([flat, heads])
+                .op("flatten anchor labels")?;
+            let (label_log_probs, _) = sampler.evaluate_actions(&logits, &masks, &labelled)?;
+            Some(AnchorEvaluation {
+                log_probs: label_log_probs
+                    .f_reshape([r, t, heads])
+                    .op("anchor log probs rows")?,
+                weights: labels
+                    .relevance
+                    .f_index_select(0, &rows)
+                    .op("rows anchor weights")?,
+                coef: anchor_coef,
+            })
+        }
+        _ => None,
+    };
     let auxiliary = match output.features.as_ref() {
         Some(features) => {
             let op = i64::try_from(tamiyo::heads::OP).unwrap_or(0);
@@ -126,6 +151,7 @@ pub fn evaluate_rows(
             .f_reshape([r, t])
             .op("values rows")?,
         auxiliary,
+        anchor,
     })
 }
 

@@ -56,6 +56,7 @@ fn update_runs_on_cuda_when_present() {
         let logits = x.index_select(0, rows).matmul(&weight);
         let log_softmax = logits.log_softmax(-1, Kind::Float);
         Ok(Evaluation {
+            anchor: None,
             log_probs: log_softmax.gather(-1, &actions.index_select(0, rows), false),
             entropies: -(log_softmax.exp() * &log_softmax).sum_dim_intlist(-1, true, Kind::Float),
             values: logits.select(2, 0),

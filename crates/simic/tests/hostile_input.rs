@@ -220,6 +220,7 @@ impl Ppo {
         let log_softmax = self.agent.logits(&x)?.log_softmax(-1, Kind::Float);
         let chosen = self.actions.index_select(0, rows);
         Ok(Evaluation {
+            anchor: None,
             log_probs: log_softmax.gather(1, &chosen, false).unsqueeze(-1),
             entropies: (log_softmax.exp() * &log_softmax)
                 .sum_dim_intlist(&[-1_i64][..], true, Kind::Float)

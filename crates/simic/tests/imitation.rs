@@ -133,7 +133,33 @@ fn the_imitation_settings_set_the_warm_up_and_refuse_bad_values() {
             updates: 8,
             demonstrator: Demonstrator::Heuristic,
             epochs: 16,
+            ..ImitationConfig::default()
         }
+    );
+    // The anchor, with max growth: a heuristic demonstrator cannot label
+    // the policy's states.
+    let anchored = simic::vectorized::settings::apply_all(
+        &mut config,
+        &["imitation.anchor_weight=1.5".to_owned()],
+    )
+    .expect_err("an anchor to the heuristic")
+    .to_string();
+    assert!(anchored.contains("max_growth"), "{anchored}");
+    simic::vectorized::settings::apply_all(
+        &mut config,
+        &[
+            "imitation.demonstrator=max_growth".to_owned(),
+            "imitation.anchor_weight=1.5".to_owned(),
+            "imitation.anchor_decay=0.9".to_owned(),
+        ],
+    )
+    .expect("the anchor's settings apply");
+    assert_eq!(
+        (
+            config.imitation.anchor_weight,
+            config.imitation.anchor_decay
+        ),
+        (1.5, 0.9)
     );
     for bad in [
         "imitation.updates=-1",
@@ -141,6 +167,11 @@ fn the_imitation_settings_set_the_warm_up_and_refuse_bad_values() {
         "imitation.updates=two",
         "imitation.demonstrator=oracle",
         "imitation.teacher=heuristic",
+        "imitation.anchor_weight=-1",
+        "imitation.anchor_weight=heavy",
+        "imitation.anchor_decay=0",
+        "imitation.anchor_decay=1.5",
+        "imitation.demonstrator=heuristic",
     ] {
         let before = config.imitation;
         let error = simic::vectorized::settings::apply(&mut config, bad)

@@ -181,6 +181,7 @@ fn check_loss(value_clip: Option<f64>) {
     };
     let new_lp = t3(&c.new_lp).set_requires_grad(true);
     let evaluation = Evaluation {
+        anchor: None,
         log_probs: new_lp.shallow_clone(),
         entropies: t3(&c.entropies),
         values: t2(&c.values),
@@ -257,6 +258,7 @@ fn the_imitation_objective_is_the_weighted_negative_log_likelihood() {
         objective,
     };
     let evaluation = Evaluation {
+        anchor: None,
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
         values: t2(&c.values),
@@ -337,6 +339,7 @@ fn loss_refuses_mismatched_evaluation() {
     let c = case();
     let (coefficients, scalars) = plain_loss_setup(0.0);
     let evaluation = Evaluation {
+        anchor: None,
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
         values: t2(&c.values).view([-1]),
@@ -361,6 +364,7 @@ fn auxiliary_terms_match_hand_computation() {
     let c = case();
     let (coefficients, scalars) = plain_loss_setup(0.05);
     let plain = Evaluation {
+        anchor: None,
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
         values: t2(&c.values),
@@ -376,6 +380,7 @@ fn auxiliary_terms_match_hand_computation() {
     let q_pred = t2(&q).set_requires_grad(true);
     let contribution = t3s(&prediction).set_requires_grad(true);
     let with_aux = Evaluation {
+        anchor: None,
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
         values: t2(&c.values),
@@ -439,6 +444,7 @@ fn auxiliary_terms_match_hand_computation() {
 
     // A shape that does not fit is refused.
     let bad = Evaluation {
+        anchor: None,
         log_probs: t3(&c.new_lp),
         entropies: t3(&c.entropies),
         values: t2(&c.values),
@@ -611,6 +617,7 @@ impl TinyPolicy {
             ));
         }
         Ok(Evaluation {
+            anchor: None,
             log_probs: Tensor::stack(&log_probs, -1),
             entropies: Tensor::stack(&entropies, -1),
             values: x.matmul(&self.value),
@@ -677,6 +684,7 @@ fn kl_check_skips_the_step_when_the_policy_already_drifted() {
         .update(&batch, |rows| {
             let e = policy.evaluate(rows)?;
             Ok(Evaluation {
+                anchor: None,
                 log_probs: e.log_probs + 0.3,
                 ..e
             })
@@ -852,6 +860,7 @@ fn an_imitation_update_fits_the_batch_actions_in_its_own_passes() {
             |rows| {
                 let e = policy.evaluate(rows)?;
                 Ok(Evaluation {
+                    anchor: None,
                     log_probs: e.log_probs + 0.3,
                     ..e
                 })

@@ -279,6 +279,8 @@ fn a_round_reports_through_telemetry_with_leyline_names() {
         "value_loss",
         "q_loss",
         "contribution_loss",
+        "anchor_loss",
+        "anchor_coef",
         "grad_norm",
         "rollbacks",
         "lstm_h_norm",

@@ -453,6 +453,11 @@ impl LearningSetup {
                     figures.not_imitable as f64,
                 );
             }
+            if let (Some(_), Some(ppo)) = (report.anchor, report.ppo.as_ref()) {
+                // The anchor's term in this update.
+                metrics.insert("anchor_loss".to_owned(), ppo.anchor_loss);
+                metrics.insert("anchor_coef".to_owned(), ppo.anchor_coef);
+            }
             insert_chosen_fractions(&report, &mut metrics);
             // What the sampled policy grows, round by round: whether it
             // learns to tell a blueprint that pays from one that costs.

@@ -1,6 +1,8 @@
 //! A demonstrator's actions in place of the policy's samples
 //! ([`RolloutBuffer::record_demonstration`]), for the imitation warm-up
-//! (`crate::vectorized::ImitationConfig`).
+//! (`crate::vectorized::ImitationConfig`), and its labels beside the
+//! policy's own actions ([`RolloutBuffer::record_anchor`]), for the anchor
+//! after it.
 
 use tch::{Device, Kind, Tensor};
 
@@ -68,31 +70,7 @@ impl RolloutBuffer {
                     }
                 }
                 Some(Demonstration::Imitate(indices)) => {
-                    let sizes = tamiyo::heads::head_sizes(self.shape.num_slots);
-                    if let Some((head, (index, size))) =
-                        indices
-                            .iter()
-                            .zip(sizes)
-                            .enumerate()
-                            .find(|(_, (index, size))| {
-                                usize::try_from(**index).map_or(true, |index| index >= *size)
-                            })
-                    {
-                        return Err(Error::Buffer(format!(
-                            "demonstrated action {indices:?} of environment {env}: index \
-                             {index} of head {} is outside its {size} options",
-                            leyline::HEAD_NAMES.get(head).unwrap_or(&"?")
-                        )));
-                    }
-                    let op = indices
-                        .get(tamiyo::heads::OP)
-                        .and_then(|&value| i32::try_from(value).ok())
-                        .and_then(|value| LifecycleOp::from_value(value).ok())
-                        .ok_or_else(|| {
-                            Error::Buffer(format!(
-                                "demonstrated action {indices:?} of environment {env} has no op"
-                            ))
-                        })?;
+                    let op = self.demonstrated_op(env, indices)?;
                     if let Some(slice) = actions.get_mut(span.clone()) {
                         slice.copy_from_slice(indices);
                     }
@@ -136,6 +114,121 @@ impl RolloutBuffer {
             .f_copy_(&merged)
             .op("demonstration")?;
         Ok(())
+    }
+    /// The op of a demonstrated action `indices` of environment `env`,
+    /// after checking each head's index against the head's size (an index
+    /// out of range would reach libtorch's gather in the update).
+    fn demonstrated_op(
+        &self,
+        env: usize,
+        indices: &[i64; NUM_ACTION_HEADS],
+    ) -> Result<LifecycleOp> {
+        let sizes = tamiyo::heads::head_sizes(self.shape.num_slots);
+        if let Some((head, (index, size))) =
+            indices
+                .iter()
+                .zip(sizes)
+                .enumerate()
+                .find(|(_, (index, size))| {
+                    usize::try_from(**index).map_or(true, |index| index >= *size)
+                })
+        {
+            return Err(Error::Buffer(format!(
+                "demonstrated action {indices:?} of environment {env}: index {index} of head {} \
+                 is outside its {size} options",
+                leyline::HEAD_NAMES.get(head).unwrap_or(&"?")
+            )));
+        }
+        indices
+            .get(tamiyo::heads::OP)
+            .and_then(|&value| i32::try_from(value).ok())
+            .and_then(|value| LifecycleOp::from_value(value).ok())
+            .ok_or_else(|| {
+                Error::Buffer(format!(
+                    "demonstrated action {indices:?} of environment {env} has no op"
+                ))
+            })
+    }
+
+    /// Records the anchor's labels at `step` ([`crate::vectorized::ImitationConfig::anchor_weight`]):
+    /// `rows[e]` is what the demonstrator would have done in environment
+    /// `e`'s state, where the policy acted ([`Demonstration::Imitate`]: the
+    /// heads that matter for its op become the label's weights;
+    /// [`Demonstration::Skip`] or `None`: no label). The labels stay on the
+    /// host until [`RolloutBuffer::finish`] uploads them with the rewards
+    /// ([`super::Rollout::anchor`]). Checked as
+    /// [`RolloutBuffer::record_demonstration`] checks its rows; a refused
+    /// call records nothing.
+    pub fn record_anchor(&mut self, step: usize, rows: &[Option<Demonstration>]) -> Result<()> {
+        if step >= self.shape.max_steps {
+            return Err(Error::Buffer(format!(
+                "anchor labels at step {step}: past the last column ({} steps per round)",
+                self.shape.max_steps
+            )));
+        }
+        if rows.len() != self.shape.n_envs {
+            return Err(Error::Buffer(format!(
+                "{} anchor rows for {} environments",
+                rows.len(),
+                self.shape.n_envs
+            )));
+        }
+        let mut labels = Vec::with_capacity(rows.len());
+        for (env, row) in rows.iter().enumerate() {
+            if let Some(Demonstration::Imitate(indices)) = row {
+                let op = self.demonstrated_op(env, indices)?;
+                labels.push((env, *indices, tamiyo::heads::relevance(op)));
+            }
+        }
+        let heads = NUM_ACTION_HEADS;
+        let cells = self
+            .shape
+            .n_envs
+            .saturating_mul(self.shape.max_steps)
+            .saturating_mul(heads);
+        let anchor = self.anchor.get_or_insert_with(|| super::AnchorLabels {
+            actions: vec![0; cells],
+            relevance: vec![false; cells],
+        });
+        for (env, indices, relevant) in labels {
+            let start = env
+                .saturating_mul(self.shape.max_steps)
+                .saturating_add(step)
+                .saturating_mul(heads);
+            let span = start..start.saturating_add(heads);
+            if let Some(slice) = anchor.actions.get_mut(span.clone()) {
+                slice.copy_from_slice(&indices);
+            }
+            if let Some(slice) = anchor.relevance.get_mut(span) {
+                slice.copy_from_slice(&relevant);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RolloutBuffer {
+    /// The anchor's labels as device tensors (`None` when none was
+    /// recorded this round): actions `[E, T, 8]` i64, relevance
+    /// `[E, T, 8]` f32.
+    pub(super) fn anchor_targets(&self) -> Result<Option<super::AnchorTargets>> {
+        let Some(anchor) = &self.anchor else {
+            return Ok(None);
+        };
+        let (e, t, h) = (
+            dim(self.shape.n_envs),
+            dim(self.shape.max_steps),
+            dim(NUM_ACTION_HEADS),
+        );
+        let reshape = |tensor: Tensor| tensor.f_reshape([e, t, h]).op("anchor labels");
+        let actions = reshape(upload(&anchor.actions, h, self.device)?)?;
+        let relevance: Vec<f32> = anchor
+            .relevance
+            .iter()
+            .map(|&relevant| if relevant { 1.0 } else { 0.0 })
+            .collect();
+        let relevance = reshape(upload(&relevance, h, self.device)?)?;
+        Ok(Some(super::AnchorTargets { actions, relevance }))
     }
 }
 

@@ -46,7 +46,7 @@ use leyline::NUM_ACTION_HEADS;
 
 pub use demonstration::Demonstration;
 pub use host::HostStep;
-pub use rollout::Rollout;
+pub use rollout::{AnchorTargets, Rollout};
 pub use shape::{BufferShape, MAX_ELEMENTS, MAX_TRANSITIONS};
 
 /// The rollout buffer (see the module docs).
@@ -74,6 +74,16 @@ pub struct RolloutBuffer {
     /// when kept ([`RolloutBuffer::keep_raw_observations`]): what the
     /// observation normaliser learns from after the rollout.
     raw_obs: Option<Tensor>,
+    /// The anchor's labels of this round, on the host, when any was
+    /// recorded ([`RolloutBuffer::record_anchor`]).
+    anchor: Option<AnchorLabels>,
+}
+
+/// The anchor's labels on the host, `[E, T, 8]` environment-major.
+#[derive(Debug)]
+struct AnchorLabels {
+    actions: Vec<i64>,
+    relevance: Vec<bool>,
 }
 
 fn dim(value: usize) -> i64 {
@@ -131,6 +141,7 @@ impl RolloutBuffer {
             written: vec![false; shape.max_steps],
             contributions: ContributionTargets::new(shape.n_envs, shape.max_steps, shape.num_slots),
             raw_obs: None,
+            anchor: None,
             shape,
             device,
         };
@@ -167,6 +178,7 @@ impl RolloutBuffer {
         self.valid.fill(false);
         self.written.fill(false);
         self.contributions.clear();
+        self.anchor = None;
         Ok(())
     }
 
@@ -410,6 +422,7 @@ impl RolloutBuffer {
             valid: self.upload_bool(&self.valid)?,
             contributions,
             contribution_mask,
+            anchor: self.anchor_targets()?,
         })
     }
 }

@@ -49,6 +49,20 @@ pub struct Rollout {
     pub contributions: Tensor,
     /// `[E, T, S]` f32: 1 where a contribution was measured.
     pub contribution_mask: Tensor,
+    /// The anchor's labels, when the round recorded any
+    /// ([`super::RolloutBuffer::record_anchor`]).
+    pub anchor: Option<AnchorTargets>,
+}
+
+/// What the demonstrator would have done at each step of a round the policy
+/// drove: the anchor's labels (`crate::vectorized::ImitationConfig::anchor_weight`).
+#[derive(Debug)]
+pub struct AnchorTargets {
+    /// `[E, T, 8]` i64 labelled actions (0 where none).
+    pub actions: Tensor,
+    /// `[E, T, 8]` f32: 1 for each head that matters for the labelled op,
+    /// 0 everywhere else (and at steps without a label).
+    pub relevance: Tensor,
 }
 
 impl Rollout {

@@ -567,6 +567,7 @@ fn update_policy(
             .op("entropy")?;
         let values = agent.values(&x)?.f_unsqueeze(-1).op("evaluate")?;
         Ok(Evaluation {
+            anchor: None,
             log_probs,
             entropies,
             values,

@@ -211,6 +211,8 @@ mod tests {
             value_std: 0.8,
             ratio_max: 1.3,
             ratio_min: 0.7,
+            anchor_loss: 0.0,
+            anchor_coef: 0.0,
         }
     }
 

@@ -166,4 +166,24 @@ pub struct Evaluation {
     /// The auxiliary heads' outputs and targets, for policies that have
     /// them (Tamiyo's); `None` adds no auxiliary loss.
     pub auxiliary: Option<super::AuxiliaryEvaluation>,
+    /// The anchor's labels under the current policy, when the update has
+    /// an anchor; `None` adds no anchor term.
+    pub anchor: Option<AnchorEvaluation>,
+}
+
+/// The anchor's part of an [`Evaluation`]: how likely the current policy
+/// finds a demonstrator's labels of the rows' states
+/// (`crate::vectorized::ImitationConfig::anchor_weight`). The loss adds
+/// `coef·Σ_h −⟨ℓ_h⟩_{w_h}` over the heads, with `w` the label weights
+/// times the batch's actor weight ([`super::loss`]).
+#[derive(Debug)]
+pub struct AnchorEvaluation {
+    /// Per-head log-probabilities of the labelled actions, `[r, T, H]`, with
+    /// gradient.
+    pub log_probs: Tensor,
+    /// Weight of each head's label, `[r, T, H]` f32: 1 where the head
+    /// matters for the labelled op, 0 elsewhere and where no label was.
+    pub weights: Tensor,
+    /// The term's coefficient in this update (finite, at least 0).
+    pub coef: f64,
 }

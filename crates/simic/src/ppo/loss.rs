@@ -20,7 +20,10 @@
 //!   had any weight (floors `f_h`, coefficients `k_h`, schedule scale `s`);
 //! - the total is `policy + c_v·value − c_e·bonus + penalty`, plus the
 //!   auxiliary heads' terms when the evaluation carries them
-//!   (`c_v·q + c_aux·contribution`, [`super::auxiliary`]).
+//!   (`c_v·q + c_aux·contribution`, [`super::auxiliary`]), plus the
+//!   anchor's `β·Σ_h −⟨ℓ^a_h⟩_{w^a_h}` when it carries one
+//!   ([`super::AnchorEvaluation`]: the log-probabilities `ℓ^a` of a
+//!   demonstrator's labels, weighted by the labels' head weights times `a`).
 //!
 //! Telemetry runs on the joint log-ratio of the relevant heads,
 //! `λ = Σ_h h·(ℓ − ℓ_old)` (each term clamped as above): the approximate KL
@@ -177,6 +180,9 @@ pub struct LossTerms {
     pub log_ratio_max: Tensor,
     /// The smallest joint log-ratio over those samples (+inf without any).
     pub log_ratio_min: Tensor,
+    /// The anchor's negative log-likelihood before its coefficient (0
+    /// without an anchor).
+    pub anchor: Tensor,
 }
 
 /// `Σ_dims w·x / max(Σ_dims w, floor)` over `dims`.
@@ -200,11 +206,26 @@ pub(super) fn check_evaluation(batch: &PpoBatch, evaluation: &Evaluation) -> Res
     let heads_shape = batch.log_probs.size();
     let steps_shape = batch.advantages.size();
     let device = batch.log_probs.device();
-    for (what, tensor, expected) in [
+    let mut tensors = vec![
         ("Evaluation.log_probs", &evaluation.log_probs, &heads_shape),
         ("Evaluation.entropies", &evaluation.entropies, &heads_shape),
         ("Evaluation.values", &evaluation.values, &steps_shape),
-    ] {
+    ];
+    if let Some(anchor) = &evaluation.anchor {
+        if !(super::config::finite_f32(anchor.coef) && anchor.coef >= 0.0) {
+            return Err(Error::InvalidInput {
+                field: "AnchorEvaluation.coef",
+                reason: format!("{} is not a number >= 0 finite as an f32", anchor.coef),
+            });
+        }
+        tensors.push((
+            "AnchorEvaluation.log_probs",
+            &anchor.log_probs,
+            &heads_shape,
+        ));
+        tensors.push(("AnchorEvaluation.weights", &anchor.weights, &heads_shape));
+    }
+    for (what, tensor, expected) in tensors {
         if tensor.size() != *expected {
             return Err(shape_error(what, format!("{expected:?}"), tensor.size()));
         }
@@ -358,7 +379,31 @@ pub fn ppo_loss(
             (zero()?, zero()?)
         }
     };
+    // The anchor: the labels' negative log-likelihood, per head over the
+    // acting samples where the label's head mattered, summed over heads.
+    let (anchor, anchor_coef) = match &evaluation.anchor {
+        Some(labels) => {
+            let weights = labels
+                .weights
+                .f_to_kind(Kind::Float)
+                .op("anchor weights")?
+                .f_mul(&actor)
+                .op("anchor weights")?;
+            let nll = weighted_mean(&float(&labels.log_probs)?, &weights, &[0, 1])?
+                .f_sum(Kind::Float)
+                .op("anchor loss")?
+                .f_neg()
+                .op("anchor loss")?;
+            (nll, labels.coef)
+        }
+        None => (
+            Tensor::f_zeros([], (Kind::Float, values.device())).op("no anchor")?,
+            0.0,
+        ),
+    };
     let total = policy
+        .f_add(&anchor.f_mul_scalar(anchor_coef).op("total loss")?)
+        .op("total loss")?
         .f_add(&value.f_mul_scalar(scalars.value_coef).op("total loss")?)
         .op("total loss")?
         .f_add(&q.f_mul_scalar(scalars.value_coef).op("total loss")?)
@@ -431,6 +476,7 @@ pub fn ppo_loss(
         contribution: detach(&contribution)?,
         log_ratio_max,
         log_ratio_min,
+        anchor: detach(&anchor)?,
         total,
     })
 }

@@ -74,7 +74,7 @@ pub mod value_norm;
 
 pub use anomaly::{AnomalyThresholds, PpoAnomaly};
 pub use auxiliary::AuxiliaryEvaluation;
-pub use batch::{Evaluation, PpoBatch};
+pub use batch::{AnchorEvaluation, Evaluation, PpoBatch};
 pub use config::{EntropyAnneal, PpoConfig};
 pub use loss::{HeadCoefficients, LossScalars, LossTerms, Objective, ppo_loss};
 pub use value_norm::{ValueNormaliser, ValueNormaliserConfig, ValueNormaliserState};
@@ -145,6 +145,12 @@ pub struct PpoStats {
     pub ratio_max: f64,
     /// The smallest such ratio (NaN without any).
     pub ratio_min: f64,
+    /// The anchor's negative log-likelihood of the demonstrator's labels,
+    /// before its coefficient (0 without an anchor;
+    /// [`AnchorEvaluation`]).
+    pub anchor_loss: f64,
+    /// The anchor's coefficient in this update (0 without one).
+    pub anchor_coef: f64,
 }
 
 /// Trains a policy's parameters with PPO (see the module docs).

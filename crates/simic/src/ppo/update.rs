@@ -21,7 +21,8 @@ const STAT_KL: i64 = 5;
 const STAT_CLIP: i64 = 6;
 const STAT_Q: i64 = 7;
 const STAT_CONTRIBUTION: i64 = 8;
-const STAT_COUNT: i64 = 9;
+const STAT_ANCHOR: i64 = 9;
+const STAT_COUNT: i64 = 10;
 
 impl PpoTrainer {
     /// Advantages normalised over the samples with a non-zero actor weight:
@@ -188,6 +189,7 @@ impl PpoTrainer {
         let mut steps: usize = 0;
         let mut epochs_run: usize = 0;
         let mut early_stopped = false;
+        let mut anchor_coef = 0.0;
 
         let passes = match objective {
             Objective::Ppo => self.config.epochs,
@@ -210,6 +212,9 @@ impl PpoTrainer {
                 let minibatch = batch.select_rows(&indices)?;
                 let evaluation = evaluate(&indices)?;
                 let terms = ppo_loss(&minibatch, &evaluation, &self.coefficients, &scalars)?;
+                if let Some(anchor) = &evaluation.anchor {
+                    anchor_coef = anchor.coef;
+                }
                 let stacked = Tensor::f_stack(
                     &[
                         &terms.policy,
@@ -221,6 +226,7 @@ impl PpoTrainer {
                         &terms.clip_fraction,
                         &terms.q,
                         &terms.contribution,
+                        &terms.anchor,
                     ],
                     0,
                 )
@@ -426,6 +432,8 @@ impl PpoTrainer {
             value_std,
             ratio_max,
             ratio_min,
+            anchor_loss: stat(STAT_ANCHOR),
+            anchor_coef,
         };
         // Any non-finite minibatch refuses the whole update (its steps and
         // every later one were skipped on the device; the caller puts back

@@ -441,6 +441,7 @@ impl Collector {
             counterfactual_configs,
             refused_decisions: 0,
             imitation: None,
+            anchor: None,
             step_profiles: Vec::new(),
         }
     }
@@ -496,30 +497,71 @@ impl Collector {
         if let Some(figures) = imitation {
             // What the update imitates: the demonstrated actions the
             // policy's own masks allow.
-            let rows: Vec<Option<Demonstration>> = demonstrated
-                .iter()
-                .zip(&self.masks)
-                .map(|(shown, masks)| {
-                    shown.map(|action| {
-                        match imitation_target(&action, masks, self.advance_disabled) {
-                            Some(target) => {
-                                figures.imitated = figures.imitated.saturating_add(1);
-                                if target.op != action.op {
-                                    figures.advances_as_wait =
-                                        figures.advances_as_wait.saturating_add(1);
-                                }
-                                Demonstration::Imitate(target.indices())
-                            }
-                            None => {
-                                figures.not_imitable = figures.not_imitable.saturating_add(1);
-                                Demonstration::Skip
-                            }
-                        }
-                    })
-                })
-                .collect();
+            let rows = self.imitation_rows(&demonstrated, figures);
             self.buffer.record_demonstration(step, &rows)?;
         }
         Ok(refused)
+    }
+
+    /// Records, as the anchor's labels at `step`, what `controllers` (the
+    /// demonstrator, `controllers[i]` for environment `i`) would do in the
+    /// state each environment is in; the policy's actions stay what they
+    /// are ([`crate::buffer::RolloutBuffer::record_anchor`]). The labels
+    /// the policy's masks allow count as imitated in `figures`, the others
+    /// (and a controller's refusal) as not imitable.
+    pub(super) fn label_anchor(
+        &mut self,
+        step: usize,
+        controllers: &mut [Box<dyn tolaria::controller::Controller>],
+        figures: &mut ImitationFigures,
+    ) -> Result<()> {
+        let mut labelled: Vec<Option<FactoredAction>> = vec![None; self.envs.len()];
+        for ((env, controller), label) in self
+            .envs
+            .iter()
+            .zip(controllers.iter_mut())
+            .zip(labelled.iter_mut())
+        {
+            match env.scripted_action(controller.as_mut())? {
+                Some((_, true)) => {
+                    figures.not_imitable = figures.not_imitable.saturating_add(1);
+                }
+                Some((action, false)) => *label = Some(action),
+                None => {}
+            }
+        }
+        let rows = self.imitation_rows(&labelled, figures);
+        self.buffer.record_anchor(step, &rows)
+    }
+
+    /// What the policy can be taught of each environment's `demonstrated`
+    /// action (see [`imitation_target`]), counted in `figures`.
+    fn imitation_rows(
+        &self,
+        demonstrated: &[Option<FactoredAction>],
+        figures: &mut ImitationFigures,
+    ) -> Vec<Option<Demonstration>> {
+        demonstrated
+            .iter()
+            .zip(&self.masks)
+            .map(|(shown, masks)| {
+                shown.map(
+                    |action| match imitation_target(&action, masks, self.advance_disabled) {
+                        Some(target) => {
+                            figures.imitated = figures.imitated.saturating_add(1);
+                            if target.op != action.op {
+                                figures.advances_as_wait =
+                                    figures.advances_as_wait.saturating_add(1);
+                            }
+                            Demonstration::Imitate(target.indices())
+                        }
+                        None => {
+                            figures.not_imitable = figures.not_imitable.saturating_add(1);
+                            Demonstration::Skip
+                        }
+                    },
+                )
+            })
+            .collect()
     }
 }

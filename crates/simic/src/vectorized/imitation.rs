@@ -21,6 +21,25 @@
 //! counts it ([`super::RoundReport::imitation`]). After the imitation
 //! updates, PPO goes on from the imitating policy as usual.
 //!
+//! **The anchor** ([`ImitationConfig::anchor_weight`]; also not a reference
+//! option, off by default). PPO rounds after the imitation leave the
+//! demonstration: the sampled policy drifts to germinating and pruning
+//! within 16 updates (`baselines/perf/simic-learning/NOTES.md`, "A third of
+//! the learning rate after the imitation"). With an anchor weight `β > 0`,
+//! the demonstrator also runs beside the policy in every PPO round, without
+//! acting: at each decision it says what it would do in the state the
+//! policy reached ([`crate::buffer::RolloutBuffer::record_anchor`]), and the
+//! update adds `β·d^k` times the negative log-likelihood of those labels
+//! (per head over the heads that matter for the labelled op, as the
+//! imitation's loss) to PPO's loss, `k` counting the PPO updates after the
+//! imitation and `d` the [`ImitationConfig::anchor_decay`]. A
+//! behaviour-cloning term beside the policy gradient, on the policy's own
+//! states: it keeps PPO near the demonstrator while it improves on it, and
+//! with `d < 1` lets it go. Only a demonstrator whose decision is a
+//! function of the observation can label states it did not reach itself:
+//! max growth; the heuristic keeps a plateau history of its own and is
+//! refused.
+//!
 //! Why: a policy trained from scratch keeps WAIT the likeliest op in almost
 //! every state, so its greedy read-out idles where its sampled policy grows
 //! (`baselines/perf/simic-learning/NOTES.md`). Starting PPO from a policy
@@ -117,8 +136,9 @@ impl Demonstrator {
 /// ([`ImitationConfig::epochs`]).
 pub const DEFAULT_IMITATION_EPOCHS: usize = 32;
 
-/// The imitation warm-up of a run (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The imitation warm-up of a run, and the anchor after it (see the module
+/// docs).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ImitationConfig {
     /// How many of the run's first PPO updates imitate (0: none, the
     /// reference's training). Counted in updates, so evaluation rounds
@@ -132,6 +152,12 @@ pub struct ImitationConfig {
     /// the policy towards the demonstrator (on the CPU test's task the
     /// demonstrated actions' negative log-likelihood fell 2% in six).
     pub epochs: usize,
+    /// The anchor's weight `β` in the first PPO update after the imitation
+    /// (0: no anchor, the default; finite, at least 0).
+    pub anchor_weight: f64,
+    /// The anchor's weight is multiplied by this after every PPO update
+    /// (in `(0, 1]`; 1, the default, keeps it).
+    pub anchor_decay: f64,
 }
 
 impl Default for ImitationConfig {
@@ -140,14 +166,38 @@ impl Default for ImitationConfig {
             updates: 0,
             demonstrator: Demonstrator::default(),
             epochs: DEFAULT_IMITATION_EPOCHS,
+            anchor_weight: 0.0,
+            anchor_decay: 1.0,
         }
     }
 }
 
 impl ImitationConfig {
-    /// Checks `epochs` (in `[1, MAX_EPOCHS]` of the PPO update); the error
-    /// names the field.
+    /// Checks `epochs` (in `[1, MAX_EPOCHS]` of the PPO update), the
+    /// anchor's weight (finite, at least 0) and decay (in `(0, 1]`), and
+    /// that an anchor has a demonstrator that can label the policy's states
+    /// (max growth); the error names the field.
     pub fn validate(&self) -> Result<()> {
+        if !(self.anchor_weight.is_finite() && self.anchor_weight >= 0.0) {
+            return Err(Error::InvalidConfig {
+                field: "ImitationConfig.anchor_weight",
+                reason: format!("{}, not a finite number >= 0", self.anchor_weight),
+            });
+        }
+        if !(self.anchor_decay > 0.0 && self.anchor_decay <= 1.0) {
+            return Err(Error::InvalidConfig {
+                field: "ImitationConfig.anchor_decay",
+                reason: format!("{}, not in (0, 1]", self.anchor_decay),
+            });
+        }
+        if self.anchor_weight > 0.0 && self.demonstrator == Demonstrator::Heuristic {
+            return Err(Error::InvalidConfig {
+                field: "ImitationConfig.anchor_weight",
+                reason: "the heuristic cannot label the policy's states (its decisions \
+                         follow a plateau history of its own): anchor to max_growth"
+                    .to_owned(),
+            });
+        }
         if !(1..=crate::ppo::config::MAX_EPOCHS).contains(&self.epochs) {
             return Err(Error::InvalidConfig {
                 field: "ImitationConfig.epochs",
@@ -172,6 +222,19 @@ impl ImitationConfig {
     /// imitates.
     pub fn imitates_after(&self, updates_done: u64) -> bool {
         updates_done < self.updates
+    }
+
+    /// The anchor's coefficient in the update that follows `updates_done`
+    /// earlier updates: 0 in an imitation update and without an anchor,
+    /// `anchor_weight·anchor_decay^k` in the `k`-th PPO update after the
+    /// imitation (from 0).
+    pub fn anchor_coef_after(&self, updates_done: u64) -> f64 {
+        if self.anchor_weight <= 0.0 || self.imitates_after(updates_done) {
+            return 0.0;
+        }
+        let k = updates_done.saturating_sub(self.updates);
+        let k = i32::try_from(k).unwrap_or(i32::MAX);
+        self.anchor_weight * self.anchor_decay.powi(k)
     }
 }
 
@@ -223,7 +286,9 @@ fn imitable(action: &FactoredAction, masks: &ActionMasks) -> bool {
         })
 }
 
-/// What an imitation round demonstrated ([`super::RoundReport::imitation`]).
+/// What an imitation round demonstrated ([`super::RoundReport::imitation`]),
+/// or what the demonstrator labelled beside the policy in an anchored PPO
+/// round ([`super::RoundReport::anchor`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ImitationFigures {
     /// The demonstrator followed.
@@ -272,5 +337,38 @@ mod tests {
             let bad = ImitationConfig { epochs, ..config };
             assert!(bad.validate().unwrap_err().to_string().contains("epochs"));
         }
+    }
+
+    #[test]
+    fn the_anchor_starts_after_the_imitation_and_decays() {
+        let config = ImitationConfig {
+            updates: 2,
+            anchor_weight: 2.0,
+            anchor_decay: 0.5,
+            ..ImitationConfig::default()
+        };
+        assert!(config.validate().is_ok());
+        let coefs: Vec<f64> = (0..5).map(|done| config.anchor_coef_after(done)).collect();
+        assert_eq!(coefs, [0.0, 0.0, 2.0, 1.0, 0.5]);
+        assert_eq!(ImitationConfig::default().anchor_coef_after(3), 0.0);
+        for (weight, decay, field) in [
+            (-1.0, 1.0, "anchor_weight"),
+            (f64::NAN, 1.0, "anchor_weight"),
+            (1.0, 0.0, "anchor_decay"),
+            (1.0, 1.5, "anchor_decay"),
+        ] {
+            let bad = ImitationConfig {
+                anchor_weight: weight,
+                anchor_decay: decay,
+                ..config
+            };
+            assert!(bad.validate().unwrap_err().to_string().contains(field));
+        }
+        let heuristic = ImitationConfig {
+            demonstrator: Demonstrator::Heuristic,
+            ..config
+        };
+        let error = heuristic.validate().unwrap_err().to_string();
+        assert!(error.contains("max_growth"), "{error}");
     }
 }

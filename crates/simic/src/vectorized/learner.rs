@@ -189,7 +189,8 @@ impl Learner {
     }
 
     /// GAE on the device and one PPO update of `policy` (sampled by
-    /// `sampler`) on `buffer`. Returns the update's statistics and the Q
+    /// `sampler`) on `buffer`, with the anchor's labels in the buffer at
+    /// `anchor_coef` (0: none). Returns the update's statistics and the Q
     /// head's estimate per op after it (`None` without auxiliary heads). On
     /// an error the policy, its optimizer state and the value normaliser are
     /// as they were before (the other normalisers are the round's to put
@@ -200,10 +201,11 @@ impl Learner {
         sampler: &Sampler,
         buffer: &RolloutBuffer,
         objective: Objective,
+        anchor_coef: f64,
     ) -> Result<(PpoStats, Option<Vec<f64>>)> {
         let value_normaliser = self.normalisers.value.shallow_copy();
         let snapshot = self.ppo.snapshot()?;
-        let result = self.update_unguarded(policy, sampler, buffer, objective);
+        let result = self.update_unguarded(policy, sampler, buffer, objective, anchor_coef);
         if result.is_err() {
             self.normalisers.value = value_normaliser;
             self.ppo.restore(&snapshot)?;
@@ -218,6 +220,7 @@ impl Learner {
         sampler: &Sampler,
         buffer: &RolloutBuffer,
         objective: Objective,
+        anchor_coef: f64,
     ) -> Result<(PpoStats, Option<Vec<f64>>)> {
         self.pool_rollout_statistics()?;
         let rollout = buffer.finish()?;
@@ -239,7 +242,7 @@ impl Learner {
         let batch = rollout.ppo_batch(&advantages, &targets)?;
         let stats = self.ppo.update_unguarded(
             &batch,
-            |rows| agent::evaluate_rows(policy, sampler, &rollout, rows),
+            |rows| agent::evaluate_rows(policy, sampler, &rollout, rows, anchor_coef),
             self.data_parallel.as_mut(),
             objective,
         )?;

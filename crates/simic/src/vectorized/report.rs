@@ -125,6 +125,11 @@ pub struct RoundReport {
     /// In an imitation round ([`super::ImitationConfig`]), whom it followed
     /// and how many of its decisions the update imitated; `None` otherwise.
     pub imitation: Option<super::ImitationFigures>,
+    /// In a PPO round with the anchor ([`super::ImitationConfig::anchor_weight`]),
+    /// the demonstrator's labels of the policy's states: how many the
+    /// policy's masks allow (the anchor's targets) and how many not;
+    /// `None` otherwise.
+    pub anchor: Option<super::ImitationFigures>,
     /// Steps profiled on the GPU, at most one for each number of live
     /// seeds (empty unless [`super::Simic::set_step_profiling`] is on and
     /// the device is CUDA).

@@ -214,6 +214,24 @@ impl Simic {
             Device::Cuda(index) => Some(index),
             _ => None,
         };
+        // A PPO round with the anchor: the demonstrator labels the states
+        // the policy reaches, beside it.
+        let anchor_coef = if learn && imitation.is_none() {
+            self.config
+                .imitation
+                .anchor_coef_after(self.learner.updates_done())
+        } else {
+            0.0
+        };
+        let mut anchor = (anchor_coef > 0.0).then(|| {
+            (
+                self.config.imitation.demonstrator.controllers(spec, config),
+                super::ImitationFigures {
+                    demonstrator: self.config.imitation.demonstrator,
+                    ..super::ImitationFigures::default()
+                },
+            )
+        });
         let mut apart_buckets: Vec<usize> = Vec::new();
         for step in 0..collector.steps() {
             let step_started = Instant::now();
@@ -260,6 +278,9 @@ impl Simic {
             }
             collector.observe()?;
             let mut actions = collector.act(step, &mut self.actor, &mut self.learner, learn)?;
+            if let Some((labellers, figures)) = anchor.as_mut() {
+                collector.label_anchor(step, labellers, figures)?;
+            }
             if let Some(controllers) = driver.as_deref_mut() {
                 let refused =
                     collector.drive(step, &mut actions, controllers, imitation.as_mut())?;
@@ -292,7 +313,7 @@ impl Simic {
             } else {
                 crate::ppo::Objective::Ppo
             };
-            let update = self.update(&collector, objective)?;
+            let update = self.update(&collector, objective, anchor_coef)?;
             self.gather_rank_rngs()?;
             Some(update)
         } else {
@@ -303,6 +324,7 @@ impl Simic {
         report.steps = steps;
         report.refused_decisions = refused_decisions;
         report.imitation = imitation;
+        report.anchor = anchor.map(|(_, figures)| figures);
         step_profiles.sort_by_key(|p| p.live_seeds);
         report.step_profiles = step_profiles;
         report.lstm = Some(lstm);
@@ -325,18 +347,21 @@ impl Simic {
         Ok(report)
     }
 
-    /// The learner's update on the round's rollout; a non-finite update is
-    /// reported before it ends the round.
+    /// The learner's update on the round's rollout (with the anchor's
+    /// labels at `anchor_coef`); a non-finite update is reported before it
+    /// ends the round.
     fn update(
         &mut self,
         collector: &Collector,
         objective: crate::ppo::Objective,
+        anchor_coef: f64,
     ) -> Result<(PpoStats, Option<Vec<f64>>)> {
         let result = self.learner.update(
             self.actor.policy(),
             self.actor.sampler(),
             collector.buffer(),
             objective,
+            anchor_coef,
         );
         if let Err(Error::NonFinite { what, value }) = &result {
             telemetry::emit_numerical_instability(

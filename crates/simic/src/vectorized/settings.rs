@@ -25,7 +25,10 @@
 //!   not a reference option): `imitation.updates=8` makes the first eight
 //!   PPO updates imitate the demonstrator, `imitation.demonstrator=heuristic`
 //!   (or `max_growth`) names it, `imitation.epochs=32` sets the passes of
-//!   each imitation update.
+//!   each imitation update; `imitation.anchor_weight=1` keeps the PPO
+//!   updates after it near the demonstrator (its labels' negative
+//!   log-likelihood in PPO's loss), `imitation.anchor_decay=0.9` lets go of
+//!   it update by update.
 //!
 //! A preset names a list of settings ([`PRESETS`], [`preset`]): `growth`
 //! is the set under which the learned greedy policy first beat no growth
@@ -196,39 +199,51 @@ pub fn apply(config: &mut SimicConfig, setting: &str) -> Result<()> {
                 config.masks.excluding(blueprint)
             };
         }
-        "imitation" => match field {
-            "updates" => {
-                config.imitation.updates = value.as_u64().ok_or_else(|| {
-                    refuse("the imitation updates are a whole number, 0 for none".to_owned())
-                })?;
+        "imitation" => {
+            let mut imitation = config.imitation;
+            match field {
+                "updates" => {
+                    imitation.updates = value.as_u64().ok_or_else(|| {
+                        refuse("the imitation updates are a whole number, 0 for none".to_owned())
+                    })?;
+                }
+                "demonstrator" => {
+                    let name = value
+                        .as_str()
+                        .ok_or_else(|| refuse("a demonstrator's name".to_owned()))?;
+                    imitation.demonstrator = super::imitation::Demonstrator::from_name(name)
+                        .map_err(|error| refuse(error.to_string()))?;
+                }
+                "epochs" => {
+                    imitation.epochs = value
+                        .as_u64()
+                        .and_then(|epochs| usize::try_from(epochs).ok())
+                        .ok_or_else(|| {
+                            refuse("the imitation epochs are a whole number".to_owned())
+                        })?;
+                }
+                "anchor_weight" => {
+                    imitation.anchor_weight = value
+                        .as_f64()
+                        .ok_or_else(|| refuse("the anchor's weight is a number".to_owned()))?;
+                }
+                "anchor_decay" => {
+                    imitation.anchor_decay = value
+                        .as_f64()
+                        .ok_or_else(|| refuse("the anchor's decay is a number".to_owned()))?;
+                }
+                other => {
+                    return Err(refuse(format!(
+                        "no imitation field {other:?} (updates, demonstrator, epochs, \
+                         anchor_weight, anchor_decay)"
+                    )));
+                }
             }
-            "demonstrator" => {
-                let name = value
-                    .as_str()
-                    .ok_or_else(|| refuse("a demonstrator's name".to_owned()))?;
-                config.imitation.demonstrator = super::imitation::Demonstrator::from_name(name)
-                    .map_err(|error| refuse(error.to_string()))?;
-            }
-            "epochs" => {
-                let epochs = value
-                    .as_u64()
-                    .and_then(|epochs| usize::try_from(epochs).ok())
-                    .ok_or_else(|| refuse("the imitation epochs are a whole number".to_owned()))?;
-                let imitation = super::ImitationConfig {
-                    epochs,
-                    ..config.imitation
-                };
-                imitation
-                    .validate()
-                    .map_err(|error| refuse(error.to_string()))?;
-                config.imitation = imitation;
-            }
-            other => {
-                return Err(refuse(format!(
-                    "no imitation field {other:?} (updates, demonstrator, epochs)"
-                )));
-            }
-        },
+            imitation
+                .validate()
+                .map_err(|error| refuse(error.to_string()))?;
+            config.imitation = imitation;
+        }
         other => {
             return Err(refuse(format!(
                 "unknown section {other:?} (reward, ppo, floor, slot, blueprint, imitation)"

@@ -104,6 +104,8 @@ pub(super) fn emit_round(
                     ("ratio_max", ppo.ratio_max.to_string()),
                     ("ratio_min", ppo.ratio_min.to_string()),
                     ("learning_rate", ppo.learning_rate.to_string()),
+                    ("anchor_loss", ppo.anchor_loss.to_string()),
+                    ("anchor_coef", ppo.anchor_coef.to_string()),
                     ("rollbacks", report.rollbacks.to_string()),
                     (
                         "lstm_h_norm",

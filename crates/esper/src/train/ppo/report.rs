@@ -50,6 +50,12 @@ pub(super) fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::
             "advances_as_wait": figures.advances_as_wait,
             "not_imitable": figures.not_imitable,
         })),
+        // An anchored PPO round's labels (null otherwise).
+        "anchor": report.anchor.map(|figures| serde_json::json!({
+            "demonstrator": figures.demonstrator.name(),
+            "labelled": figures.imitated,
+            "not_imitable": figures.not_imitable,
+        })),
         "ppo": report.ppo.as_ref().map(|ppo| serde_json::json!({
             "policy_loss": finite(ppo.policy_loss),
             "value_loss": finite(ppo.value_loss),
@@ -59,6 +65,8 @@ pub(super) fn round_line(report: &RoundReport, eps: Option<f64>) -> serde_json::
             "clip_fraction": finite(ppo.clip_fraction),
             "epochs_run": ppo.epochs_run,
             "early_stopped": ppo.early_stopped,
+            "anchor_loss": finite(ppo.anchor_loss),
+            "anchor_coef": finite(ppo.anchor_coef),
         })),
     })
 }

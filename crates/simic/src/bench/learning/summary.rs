@@ -26,8 +26,20 @@ pub(super) fn round_summary(report: &crate::vectorized::RoundReport) -> String {
             figures.not_imitable
         )
     });
+    // An anchored PPO round: the demonstrator's labels and the term.
+    let anchor = match (report.anchor, report.ppo.as_ref()) {
+        (Some(figures), Some(ppo)) => format!(
+            "; anchor to {}: {} labels, NLL {:.3} at {}",
+            figures.demonstrator.name(),
+            figures.imitated,
+            ppo.anchor_loss,
+            ppo.anchor_coef
+        ),
+        _ => String::new(),
+    };
     format!(
-        "reward {:.2}, acc {:?}, seeds {:.2}, germ {}{blueprints} foss {} prune {}{imitation}",
+        "reward {:.2}, acc {:?}, seeds {:.2}, germ {}{blueprints} foss {} prune \
+         {}{imitation}{anchor}",
         report.mean_episode_reward,
         report.final_accuracies,
         report.mean_active_seeds,
