@@ -2,6 +2,7 @@
 //! round reads, log-probabilities are stored per head (each ≤ 0), host
 //! decisions arrive once per round, the rollback rule can rewrite rewards
 //! and mark a terminal, the contribution targets arrive with their mask,
+//! demonstrations and the anchor's labels are checked before they are kept,
 //! and `reset` clears everything.
 
 use leyline::NUM_ACTION_HEADS;
@@ -430,4 +431,75 @@ fn a_demonstration_rewrites_its_rows_and_refuses_bad_input() {
                 .equal(&before.actions.select(1, step))
         );
     }
+}
+
+/// The anchor's labels: none until one is recorded; a label writes its
+/// action and the relevance of its op's heads at its row and step, leaves
+/// the policy's own actions alone, and is gone after `reset`; a wrong row
+/// count, an index outside its head and a step past the last are refused
+/// without recording anything.
+#[test]
+fn anchor_labels_sit_beside_the_policys_actions_and_refuse_bad_input() {
+    let (mut buffer, _) = filled();
+    let before = buffer.finish().expect("finish");
+    assert!(before.anchor.is_none());
+    let wait = tamiyo::heads::FactoredAction {
+        slot: 0,
+        blueprint: leyline::BlueprintAction::Noop,
+        style: leyline::GerminationStyle::SigmoidAdd,
+        tempo: leyline::TempoAction::Standard,
+        alpha_target: leyline::AlphaTargetAction::Full,
+        alpha_speed: leyline::AlphaSpeedAction::Instant,
+        alpha_curve: leyline::AlphaCurveAction::Linear,
+        op: leyline::LifecycleOp::Wait,
+    }
+    .indices();
+    let rows = [
+        None,
+        Some(Demonstration::Imitate(wait)),
+        Some(Demonstration::Skip),
+    ];
+    let mut bad = wait;
+    bad[tamiyo::heads::OP] = 99;
+    for refused in [
+        buffer.record_anchor(2, &rows[..2]),
+        buffer.record_anchor(2, &[None, Some(Demonstration::Imitate(bad)), None]),
+        buffer.record_anchor(STEPS, &rows),
+    ] {
+        assert!(refused.is_err());
+    }
+    assert!(buffer.finish().expect("finish").anchor.is_none());
+
+    buffer.record_anchor(2, &rows).expect("labels");
+    let after = buffer.finish().expect("finish");
+    assert!(
+        after.actions.equal(&before.actions),
+        "the policy's actions stay"
+    );
+    let anchor = after.anchor.expect("labels recorded");
+    assert_eq!(
+        anchor.actions.size(),
+        [ENVS as i64, STEPS as i64, NUM_ACTION_HEADS as i64]
+    );
+    let weights = |env: i64, step: i64| {
+        Vec::<f32>::try_from(anchor.relevance.select(0, env).select(0, step)).expect("weights")
+    };
+    let op_only: Vec<f32> = tamiyo::heads::relevance(leyline::LifecycleOp::Wait)
+        .iter()
+        .map(|&relevant| f32::from(u8::from(relevant)))
+        .collect();
+    assert_eq!(weights(1, 2), op_only);
+    assert!(
+        anchor
+            .actions
+            .select(0, 1)
+            .select(0, 2)
+            .equal(&Tensor::from_slice(&wait))
+    );
+    // No label elsewhere: the unlabelled and skipped rows, the other steps.
+    let total = anchor.relevance.sum(Kind::Float).double_value(&[]);
+    assert_eq!(total, 1.0, "WAIT's one head at one row and step");
+
+    buffer.reset().expect("reset");
+    assert!(buffer.finish().expect("finish").anchor.is_none());
 }
