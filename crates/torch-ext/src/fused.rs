@@ -18,7 +18,7 @@ use std::ffi::c_void;
 use tch::Tensor;
 
 use crate::error::{Error, Result};
-use crate::ffi;
+use crate::{adamw_kernel, ffi};
 
 /// A learning rate given as a number or as a 0-dim tensor on the parameters'
 /// device. The tensor form lets a captured CUDA graph pick up a new rate on
@@ -199,8 +199,16 @@ impl Default for AdamWOptions<'_> {
     }
 }
 
-/// One AdamW step with `torch._fused_adamw_` (one kernel on CUDA), the same
-/// arithmetic as `torch.optim.AdamW(fused=True)` without amsgrad.
+/// One AdamW step, the same arithmetic as `torch.optim.AdamW(fused=True)`
+/// without amsgrad.
+///
+/// For `f32` tensors on one CUDA device (contiguous, every state shaped like
+/// its parameter, the fused kernels on: [`crate::nn::fused_kernels_enabled`])
+/// it runs torch-ext's own kernels: one launch updates up to 40 tensors,
+/// a second advances their step counts; a list of many small tensors takes
+/// a few microseconds where libtorch's `_fused_adamw_` loops a few dozen
+/// blocks over 65,536-value chunks. Anything else (the CPU, bf16
+/// parameters, the fused kernels off) runs `torch._fused_adamw_`.
 ///
 /// `exp_avgs` and `exp_avg_sqs` are per-parameter state (start with
 /// `zeros_like`); `state_steps` holds one float32 0-dim tensor per parameter
@@ -223,6 +231,19 @@ pub fn adamw_step(
     same_length(OP, "state_steps", params.len(), state_steps.len())?;
     if params.is_empty() {
         return Ok(());
+    }
+    if let Some(device) =
+        adamw_kernel::target(params, grads, exp_avgs, exp_avg_sqs, state_steps, options)
+    {
+        return adamw_kernel::step(
+            device,
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            state_steps,
+            options,
+        );
     }
     let param_ptrs = ffi::tensor_ptrs(params);
     let grad_ptrs = ffi::tensor_ptrs(grads);

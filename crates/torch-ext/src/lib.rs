@@ -99,6 +99,7 @@
     )
 )]
 
+mod adamw_kernel;
 mod autocast;
 mod copy;
 pub mod cuda;

@@ -5,7 +5,8 @@
 //! CUDA, (module `nn`) the fused layers against libtorch's, (modules `layer_norm`, `linear` and `embedding`) the layer norm, the linear layer and the embedding against libtorch's, (module `gram`) the Gram matrix of a few rows against an f64 one, (module `blend`)
 //! the fused alpha blends, (module `copies`) the copies inside and outside
 //! captured graphs and (module `fused`) the fused SGD step and
-//! cross-entropy. Every test prints "skipping: no CUDA device" and returns on machines
+//! cross-entropy, (module `adamw`) torch-ext's AdamW kernels against
+//! libtorch's `_fused_adamw_`. Every test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
 //! on the GPU machine.
@@ -56,6 +57,9 @@ mod gram;
 
 #[path = "gpu/copies.rs"]
 mod copies;
+
+#[path = "gpu/adamw.rs"]
+mod adamw;
 
 #[path = "gpu/fused.rs"]
 mod fused;
