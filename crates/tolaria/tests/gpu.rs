@@ -2,7 +2,8 @@
 //! reason and returns when no CUDA device is present):
 //! graph modes match eager, steady-state graph epochs never synchronize, an
 //! unseen shape falls back with telemetry, and a panic inside a captured
-//! closure is an error.
+//! closure is an error; (module `grad_agg`) the aggregator's fused PCGrad
+//! kernels against its libtorch path.
 
 use leyline::telemetry as names;
 use leyline::{Collector, Telemetry};
@@ -11,6 +12,9 @@ use tolaria::reference::step::{LinearCeState, StepViews};
 use tolaria::reference::{StepKind, Trainer, TrainerConfig};
 use tolaria::{DataPlacement, DeviceChoice, ExecutionMode};
 use torch_ext::cuda::SyncDebugMode;
+
+#[path = "gpu/grad_agg.rs"]
+mod grad_agg;
 
 fn cuda_or_skip(test: &str) -> bool {
     if torch_ext::cuda::is_available() {

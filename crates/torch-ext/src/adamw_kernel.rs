@@ -11,11 +11,12 @@
 //! Here a block takes 1,024 values of one tensor, so the same list is a few
 //! hundred blocks of one pass each.
 //!
-//! The arithmetic is `_fused_adamw_`'s (ADAMW mode, no amsgrad): the
-//! gradient divided by the grad scale (and written back so) when there is
-//! one, negated for `maximize`; `param -= lr·wd·param`; the moments
-//! `m = β1·m + (1 - β1)·g` and `v = β2·v + (1 - β2)·g²` computed in double
-//! and kept in `f32`; the bias corrections from the advanced step count;
+//! The arithmetic is `_fused_adamw_`'s on CUDA (ADAMW mode, no amsgrad),
+//! in `f32` with the hyperparameters cast to `f32` first, as ATen's kernel
+//! does: the gradient divided by the grad scale (and written back so) when
+//! there is one, negated for `maximize`; `param -= lr·wd·param`; the
+//! moments `m = β1·m + (1 - β1)·g` and `v = β2·v + (1 - β2)·g²`; the bias
+//! corrections from the advanced step count;
 //! `param -= (lr / bc1)·m / (√v / √bc2 + eps)`. Nothing is updated, and no
 //! step count advanced, when `found_inf` holds 1 (a count is advanced by
 //! `1 - found_inf`, as libtorch's add-then-subtract does). Nothing is read
@@ -75,13 +76,17 @@ extern "C" __global__ void esper_adamw(const Table t) {
     float* exp_avg_sq = reinterpret_cast<float*>(e.exp_avg_sq);
     const float* grad_scale = reinterpret_cast<const float*>(t.grad_scale);
     const float* lr_ptr = reinterpret_cast<const float*>(t.lr_ptr);
-    const double lr = lr_ptr != nullptr ? (double)*lr_ptr : t.lr;
+    // ATen's CUDA kernel does its arithmetic in float: the hyperparameters
+    // cast to float first, the bias corrections from the float step count.
+    const float lr = lr_ptr != nullptr ? *lr_ptr : (float)t.lr;
+    const float beta1 = (float)t.beta1, beta2 = (float)t.beta2;
+    const float weight_decay = (float)t.weight_decay, eps = (float)t.eps;
     // The step count as the libtorch path reads it: advanced by one first.
     const float step = *reinterpret_cast<const float*>(e.step) + 1.0f;
-    const float bias_correction1 = (float)(1.0 - pow(t.beta1, (double)step));
-    const float step_size = (float)(lr / (double)bias_correction1);
-    const float bias_correction2 = (float)(1.0 - pow(t.beta2, (double)step));
+    const float bias_correction1 = 1.0f - powf(beta1, step);
+    const float bias_correction2 = 1.0f - powf(beta2, step);
     const float bias_correction2_sqrt = sqrtf(bias_correction2);
+    const float step_size = lr / bias_correction1;
     float p[4], g[4], m[4], v[4];
     #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -96,14 +101,14 @@ extern "C" __global__ void esper_adamw(const Table t) {
         if (i >= e.numel) continue;
         float pv = p[u], gv = g[u], mv = m[u], vv = v[u];
         if (grad_scale != nullptr) {
-            gv = (float)((double)gv / (double)*grad_scale);
+            gv = gv / *grad_scale;
             grad[i] = gv;
         }
         if (t.maximize) gv = -gv;
-        if (t.weight_decay != 0.0) pv = (float)((double)pv - lr * t.weight_decay * (double)pv);
-        mv = (float)(t.beta1 * (double)mv + (1.0 - t.beta1) * (double)gv);
-        vv = (float)(t.beta2 * (double)vv + (1.0 - t.beta2) * (double)gv * (double)gv);
-        const float denom = (float)((double)(sqrtf(vv) / bias_correction2_sqrt) + t.eps);
+        if (weight_decay != 0.0f) pv -= lr * weight_decay * pv;
+        mv = beta1 * mv + (1.0f - beta1) * gv;
+        vv = beta2 * vv + (1.0f - beta2) * gv * gv;
+        const float denom = sqrtf(vv) / bias_correction2_sqrt + eps;
         pv -= step_size * mv / denom;
         param[i] = pv; exp_avg[i] = mv; exp_avg_sq[i] = vv;
     }

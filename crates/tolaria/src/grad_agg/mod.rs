@@ -60,6 +60,14 @@
 //! TF32 was on) and off CUDA is libtorch's product; the `k × k` work runs
 //! in `f64`.
 //!
+//! **Fused on CUDA.** With at most 16 seeds on a CUDA device (and
+//! torch-ext's fused kernels on), the `k × k` work is one kernel of one
+//! warp (the projection loop, the norms, the teacher share, the conflicts,
+//! the column sums of `C` and the step's metrics) and the weighted sum one
+//! more, rounding each product and sum in row order (`kernels`); the
+//! libtorch path launches a few dozen kernels on `[k + 1, k + 1]` tensors
+//! for the same arithmetic. Elsewhere the libtorch path runs.
+//!
 //! **Metrics.** Every step adds to one `f64` device accumulator (steps per
 //! path, seed pairs compared, conflicting pairs, projections applied, teacher
 //! share); [`GradAggregator::take_epoch_metrics`] reads it once, at the end
@@ -78,6 +86,7 @@ use torch_ext::fused;
 
 use crate::error::{Error, Result, TorchResultExt};
 
+mod kernels;
 mod metrics;
 mod pool;
 
@@ -446,6 +455,9 @@ impl GradAggregator {
 
     fn pcgrad(&mut self, rows: &Tensor, seeds: usize, out: &[Tensor]) -> Result<AggPath> {
         let r = to_i64(seeds.saturating_add(1), "seeds")?;
+        if let Some(fused) = kernels::for_device(self.device, r) {
+            return self.pcgrad_fused(&fused, rows, r, out);
+        }
         // torch-ext's Gram kernel on CUDA (f32 products and sums, one pass
         // over the rows), libtorch's product elsewhere.
         let gram = torch_ext::nn::gram(rows)?
@@ -531,6 +543,39 @@ impl GradAggregator {
             .op("narrow")?
             .f_add_(&stats)
             .op("add_")?;
+        self.last_general_rows = Some(r);
+        Ok(AggPath::PcGrad)
+    }
+
+    /// [`Self::pcgrad`] on CUDA with the fused kernels
+    /// ([`kernels`]): the Gram matrix, one launch for the coefficients, the
+    /// weights and the step's metrics, one for the weighted sum of the rows.
+    fn pcgrad_fused(
+        &mut self,
+        fused: &kernels::Kernels,
+        rows: &Tensor,
+        r: i64,
+        out: &[Tensor],
+    ) -> Result<AggPath> {
+        let gram = torch_ext::nn::gram(rows)?;
+        let Some(pool) = self.pool.as_ref() else {
+            return Err(agg_error("out", "no layout".into()));
+        };
+        let weights = pool.weights.f_narrow(0, 0, r).op("narrow weights")?;
+        fused.coefficients(
+            &gram,
+            r,
+            &kernels::Tables {
+                allowed: &self.allowed,
+                upper: &self.upper,
+                increments: &self.increments,
+                coef: &self.coef,
+                accum: &self.accum,
+            },
+            &weights,
+        )?;
+        fused.weighted_rows(rows, &weights, &pool.aggregate)?;
+        fused::foreach_copy_(out, &pool.aggregate_views, false)?;
         self.last_general_rows = Some(r);
         Ok(AggPath::PcGrad)
     }

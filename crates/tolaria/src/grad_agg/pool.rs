@@ -51,6 +51,9 @@ pub(super) struct Pool {
     pub(super) aggregate: Tensor,
     /// Per-parameter views of the aggregate.
     pub(super) aggregate_views: Vec<Tensor>,
+    /// `[max_seeds + 1]`: each row's weight in the aggregate (the fused
+    /// PCGrad kernels' output).
+    pub(super) weights: Tensor,
 }
 
 impl Pool {
@@ -78,6 +81,7 @@ impl Pool {
             .ok_or_else(|| agg_error("out", format!("{rows_max} rows of {numel} overflow")))?;
         let rows = Tensor::f_zeros([rows_max, numel], (kind, device)).op("zeros rows")?;
         let aggregate = Tensor::f_zeros([1, numel], (kind, device)).op("zeros aggregate")?;
+        let weights = Tensor::f_zeros([rows_max], (kind, device)).op("zeros weights")?;
         let views_of = |flat: &Tensor| -> Result<Vec<Tensor>> {
             let mut views = Vec::with_capacity(layouts.len());
             let mut offset = 0i64;
@@ -112,6 +116,7 @@ impl Pool {
             row_views,
             aggregate,
             aggregate_views,
+            weights,
         })
     }
 }
