@@ -108,6 +108,7 @@ pub mod dist;
 mod error;
 mod event;
 mod ffi;
+mod foreach_kernel;
 pub mod fused;
 pub mod graph;
 mod inference;

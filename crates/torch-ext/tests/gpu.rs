@@ -6,7 +6,8 @@
 //! the fused alpha blends, (module `copies`) the copies inside and outside
 //! captured graphs and (module `fused`) the fused SGD step and
 //! cross-entropy, (module `adamw`) torch-ext's AdamW kernels against
-//! libtorch's `_fused_adamw_`. Every test prints "skipping: no CUDA device" and returns on machines
+//! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
+//! and add against libtorch's `_foreach_*`. Every test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
 //! on the GPU machine.
@@ -57,6 +58,9 @@ mod gram;
 
 #[path = "gpu/copies.rs"]
 mod copies;
+
+#[path = "gpu/foreach.rs"]
+mod foreach;
 
 #[path = "gpu/adamw.rs"]
 mod adamw;

@@ -126,8 +126,12 @@ fn fused_pcgrad_matches_the_libtorch_path() {
                 ),
                 "{case}"
             );
+            // In f32 the two paths' Gram matrices differ in their last bits
+            // (the kernel's fixed-order f32 sums against libtorch's product),
+            // and so does the share computed from them.
+            let share_tol = if kind == Kind::Float { 1e-5 } else { 1e-9 };
             assert!(
-                (a.teacher_share - b.teacher_share).abs() <= 1e-9,
+                (a.teacher_share - b.teacher_share).abs() <= share_tol,
                 "{case}: {a:?} {b:?}"
             );
             if seeds >= 3 {
