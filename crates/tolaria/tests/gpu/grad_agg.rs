@@ -95,50 +95,51 @@ fn fused_pcgrad_matches_the_libtorch_path() {
         println!("skipping fused_pcgrad_matches_the_libtorch_path: no CUDA device on this machine");
         return;
     }
-    for kind in [Kind::Float, Kind::Double] {
+    let mut failures = Vec::new();
+    // f64 first: both paths take libtorch's f64 Gram matrix there, so the
+    // kernels' arithmetic is compared alone and must agree to rounding. In
+    // f32 the Gram matrices differ (the fixed-order f32 sums of torch-ext's
+    // kernel against libtorch's product) and the projections' cancellation
+    // carries that into the aggregate: a looser bound.
+    for (kind, tol, share_tol) in [(Kind::Double, 1e-12, 1e-12), (Kind::Float, 1e-4, 1e-5)] {
         for seeds in [1_usize, 2, 3, 5, 16, 17] {
             let case = format!("{kind:?}, {seeds} seeds");
             let fused = run(true, seeds, kind);
             let libtorch = run(false, seeds, kind);
-            let tol = if kind == Kind::Float { 2e-6 } else { 1e-12 };
             let out = worst(&fused.out, &libtorch.out);
-            assert!(out <= tol, "{case}: the aggregate is off by {out}");
             let projected = worst(&fused.projected, &libtorch.projected);
-            assert!(
-                projected <= tol,
-                "{case}: the projected seeds are off by {projected}"
-            );
+            println!("{case}: aggregate off by {out:.3e}, projected seeds by {projected:.3e}");
+            if out > tol {
+                failures.push(format!("{case}: the aggregate is off by {out}"));
+            }
+            if projected > tol {
+                failures.push(format!(
+                    "{case}: the projected seeds are off by {projected}"
+                ));
+            }
             let (a, b) = (fused.metrics, libtorch.metrics);
-            assert_eq!(
-                (
-                    a.steps,
-                    a.pcgrad_steps,
-                    a.seed_pairs,
-                    a.conflicts,
-                    a.projections
-                ),
-                (
-                    b.steps,
-                    b.pcgrad_steps,
-                    b.seed_pairs,
-                    b.conflicts,
-                    b.projections
-                ),
-                "{case}"
-            );
-            // In f32 the two paths' Gram matrices differ in their last bits
-            // (the kernel's fixed-order f32 sums against libtorch's product),
-            // and so does the share computed from them.
-            let share_tol = if kind == Kind::Float { 1e-5 } else { 1e-9 };
-            assert!(
-                (a.teacher_share - b.teacher_share).abs() <= share_tol,
-                "{case}: {a:?} {b:?}"
-            );
-            if seeds >= 3 {
-                assert!(a.conflicts > 0, "{case}: the seeds were meant to conflict");
+            if (
+                a.steps,
+                a.pcgrad_steps,
+                a.seed_pairs,
+                a.conflicts,
+                a.projections,
+            ) != (
+                b.steps,
+                b.pcgrad_steps,
+                b.seed_pairs,
+                b.conflicts,
+                b.projections,
+            ) || (a.teacher_share - b.teacher_share).abs() > share_tol
+            {
+                failures.push(format!("{case}: metrics {a:?} against {b:?}"));
+            }
+            if seeds >= 3 && a.conflicts == 0 {
+                failures.push(format!("{case}: the seeds were meant to conflict"));
             }
         }
     }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]
