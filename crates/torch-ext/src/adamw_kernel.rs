@@ -62,13 +62,7 @@ struct Table {
 extern "C" __global__ void esper_adamw(const Table t) {
     const float* found_inf = reinterpret_cast<const float*>(t.found_inf);
     if (found_inf != nullptr && *found_inf == 1.0f) return;
-    // The block's tensor: the last whose first block is at most this one.
-    int lo = 0, hi = (int)t.count - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (t.entries[mid].first_block <= (long long)blockIdx.x) lo = mid; else hi = mid - 1;
-    }
-    const Entry e = t.entries[lo];
+    const Entry e = t.entries[entry_of_block(t)];
     const long long start = ((long long)blockIdx.x - e.first_block) * 1024;
     float* param = reinterpret_cast<float*>(e.param);
     float* grad = reinterpret_cast<float*>(e.grad);
@@ -137,8 +131,9 @@ fn kernels(device: usize) -> Result<std::sync::Arc<Kernels>> {
     CACHE
         .get_or_build(device, || {
             let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
+            let source = format!("{}{SOURCE}", crate::foreach_kernel::ENTRY_OF_BLOCK);
             let cubin =
-                crate::jit::compile(SOURCE, "esper_adamw", arch).map_err(|e| e.to_string())?;
+                crate::jit::compile(&source, "esper_adamw", arch).map_err(|e| e.to_string())?;
             let load = |name: &std::ffi::CStr| {
                 JitKernel::load_named(&cubin, name, device).map_err(|e| e.to_string())
             };
@@ -153,18 +148,27 @@ fn kernels(device: usize) -> Result<std::sync::Arc<Kernels>> {
         })
 }
 
+/// The five lists of one AdamW step, each a tensor per parameter.
+pub(crate) struct Lists<'a> {
+    pub(crate) params: &'a [Tensor],
+    pub(crate) grads: &'a [Tensor],
+    pub(crate) exp_avgs: &'a [Tensor],
+    pub(crate) exp_avg_sqs: &'a [Tensor],
+    pub(crate) state_steps: &'a [Tensor],
+}
+
 /// The CUDA device where the kernels take the step, or `None` when
 /// libtorch's `_fused_adamw_` must (the fused kernels off, a tensor off
 /// that device, not `f32`, not contiguous, a gradient or state shaped
 /// unlike its parameter, a step count or scalar that is not one `f32`).
-pub(crate) fn target(
-    params: &[Tensor],
-    grads: &[Tensor],
-    exp_avgs: &[Tensor],
-    exp_avg_sqs: &[Tensor],
-    state_steps: &[Tensor],
-    options: &AdamWOptions<'_>,
-) -> Option<usize> {
+pub(crate) fn target(lists: &Lists<'_>, options: &AdamWOptions<'_>) -> Option<usize> {
+    let Lists {
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        state_steps,
+    } = *lists;
     if !crate::nn::fused_kernels_enabled() {
         return None;
     }
@@ -208,15 +212,14 @@ pub(crate) fn target(
 /// The step on `device` (checked by [`target`]): one update launch and one
 /// step-count launch per [`MAX_TENSORS`] tensors; empty tensors are left
 /// out of the update (their step counts still advance).
-pub(crate) fn step(
-    device: usize,
-    params: &[Tensor],
-    grads: &[Tensor],
-    exp_avgs: &[Tensor],
-    exp_avg_sqs: &[Tensor],
-    state_steps: &[Tensor],
-    options: &AdamWOptions<'_>,
-) -> Result<()> {
+pub(crate) fn step(device: usize, lists: &Lists<'_>, options: &AdamWOptions<'_>) -> Result<()> {
+    let Lists {
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        state_steps,
+    } = *lists;
     const OP: &str = "fused::adamw_step";
     let k = kernels(device)?;
     let address = |t: &Tensor| t.data_ptr() as i64;
@@ -295,7 +298,8 @@ mod tests {
 
     #[test]
     fn the_adamw_kernels_compile_without_a_gpu() {
-        let cubin = crate::jit::compile(SOURCE, "esper_adamw", (9, 0)).expect("NVRTC compiles it");
+        let source = format!("{}{SOURCE}", crate::foreach_kernel::ENTRY_OF_BLOCK);
+        let cubin = crate::jit::compile(&source, "esper_adamw", (9, 0)).expect("NVRTC compiles it");
         assert!(cubin.contains_symbol("esper_adamw"));
         assert!(cubin.contains_symbol("esper_adamw_steps"));
     }
@@ -310,6 +314,13 @@ mod tests {
         let p = vec![Tensor::zeros([3], (Kind::Float, Device::Cpu))];
         let s = vec![Tensor::zeros([], (Kind::Float, Device::Cpu))];
         let options = AdamWOptions::default();
-        assert_eq!(target(&p, &p, &p, &p, &s, &options), None);
+        let lists = Lists {
+            params: &p,
+            grads: &p,
+            exp_avgs: &p,
+            exp_avg_sqs: &p,
+            state_steps: &s,
+        };
+        assert_eq!(target(&lists, &options), None);
     }
 }

@@ -38,18 +38,28 @@ const TABLE_BYTES: usize = 3 * 8 + MAX_TENSORS * 4 * 8;
 // The table travels as a kernel parameter: within the 4 KiB limit.
 const _: () = assert!(TABLE_BYTES <= 4096);
 
+/// The CUDA helper both multi-tensor kernels (this one and AdamW's) use: the
+/// table entry a block works on, the last whose `first_block` is at most the
+/// block's index (a binary search over the table's `count` entries).
+pub(crate) const ENTRY_OF_BLOCK: &str = r#"
+template <typename Table>
+__device__ __forceinline__ int entry_of_block(const Table& t) {
+    int lo = 0, hi = (int)t.count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (t.entries[mid].first_block <= (long long)blockIdx.x) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+"#;
+
 const SOURCE: &str = r#"
 struct Entry { long long dst, src, words, first_block; };
 struct Table { long long count, op; double alpha; Entry entries[96]; };
 
 // op 0: dst = 0; op 1: dst = src (words as they are); op 2: dst += alpha src (f32).
 extern "C" __global__ void esper_foreach(const Table t) {
-    int lo = 0, hi = (int)t.count - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (t.entries[mid].first_block <= (long long)blockIdx.x) lo = mid; else hi = mid - 1;
-    }
-    const Entry e = t.entries[lo];
+    const Entry e = t.entries[entry_of_block(t)];
     const long long start = ((long long)blockIdx.x - e.first_block) * 1024;
     unsigned int* dst = reinterpret_cast<unsigned int*>(e.dst);
     const unsigned int* src = reinterpret_cast<const unsigned int*>(e.src);
@@ -101,7 +111,7 @@ fn kernel(device: usize) -> Result<std::sync::Arc<JitKernel>> {
     CACHE
         .get_or_build(device, || {
             let arch = crate::cuda::device_capability(device).map_err(|e| e.to_string())?;
-            crate::jit::compile(SOURCE, "esper_foreach", arch)
+            crate::jit::compile(&format!("{ENTRY_OF_BLOCK}{SOURCE}"), "esper_foreach", arch)
                 .and_then(|cubin| JitKernel::load(&cubin, device))
                 .map_err(|e| e.to_string())
         })
@@ -201,8 +211,12 @@ mod tests {
 
     #[test]
     fn the_foreach_kernel_compiles_without_a_gpu() {
-        let cubin =
-            crate::jit::compile(SOURCE, "esper_foreach", (9, 0)).expect("NVRTC compiles it");
+        let cubin = crate::jit::compile(
+            &format!("{ENTRY_OF_BLOCK}{SOURCE}"),
+            "esper_foreach",
+            (9, 0),
+        )
+        .expect("NVRTC compiles it");
         assert!(cubin.contains_symbol("esper_foreach"));
         assert!(SOURCE.contains(&format!("Entry entries[{MAX_TENSORS}]")));
     }

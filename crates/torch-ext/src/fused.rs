@@ -238,18 +238,15 @@ pub fn adamw_step(
     if params.is_empty() {
         return Ok(());
     }
-    if let Some(device) =
-        adamw_kernel::target(params, grads, exp_avgs, exp_avg_sqs, state_steps, options)
-    {
-        return adamw_kernel::step(
-            device,
-            params,
-            grads,
-            exp_avgs,
-            exp_avg_sqs,
-            state_steps,
-            options,
-        );
+    let lists = adamw_kernel::Lists {
+        params,
+        grads,
+        exp_avgs,
+        exp_avg_sqs,
+        state_steps,
+    };
+    if let Some(device) = adamw_kernel::target(&lists, options) {
+        return adamw_kernel::step(device, &lists, options);
     }
     let param_ptrs = ffi::tensor_ptrs(params);
     let grad_ptrs = ffi::tensor_ptrs(grads);
