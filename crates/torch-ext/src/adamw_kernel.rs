@@ -157,22 +157,29 @@ pub(crate) struct Lists<'a> {
     pub(crate) state_steps: &'a [Tensor],
 }
 
+impl<'a> Lists<'a> {
+    /// Each parameter's five tensors, `[param, grad, exp_avg, exp_avg_sq,
+    /// step]` (the caller has checked the lists' lengths agree).
+    fn rows(&self) -> impl Iterator<Item = [&'a Tensor; 5]> + 'a {
+        self.params
+            .iter()
+            .zip(self.grads)
+            .zip(self.exp_avgs)
+            .zip(self.exp_avg_sqs)
+            .zip(self.state_steps)
+            .map(|((((p, g), m), v), s)| [p, g, m, v, s])
+    }
+}
+
 /// The CUDA device where the kernels take the step, or `None` when
 /// libtorch's `_fused_adamw_` must (the fused kernels off, a tensor off
 /// that device, not `f32`, not contiguous, a gradient or state shaped
 /// unlike its parameter, a step count or scalar that is not one `f32`).
 pub(crate) fn target(lists: &Lists<'_>, options: &AdamWOptions<'_>) -> Option<usize> {
-    let Lists {
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        state_steps,
-    } = *lists;
     if !crate::nn::fused_kernels_enabled() {
         return None;
     }
-    let Device::Cuda(device) = params.first()?.device() else {
+    let Device::Cuda(device) = lists.params.first()?.device() else {
         return None;
     };
     let on = Device::Cuda(device);
@@ -184,14 +191,12 @@ pub(crate) fn target(lists: &Lists<'_>, options: &AdamWOptions<'_>) -> Option<us
             && t.numel() == numel
     };
     let scalar = |t: &Tensor| dense(t, 1);
-    for (index, param) in params.iter().enumerate() {
+    for [param, grad, exp_avg, exp_avg_sq, step] in lists.rows() {
         let numel = param.numel();
-        let lists = [grads, exp_avgs, exp_avg_sqs];
-        if !dense(param, numel)
-            || lists
-                .iter()
-                .any(|list| !list.get(index).is_some_and(|t| dense(t, numel)))
-            || !state_steps.get(index).is_some_and(scalar)
+        if ![param, grad, exp_avg, exp_avg_sq]
+            .iter()
+            .all(|t| dense(t, numel))
+            || !scalar(step)
         {
             return None;
         }
@@ -213,13 +218,6 @@ pub(crate) fn target(lists: &Lists<'_>, options: &AdamWOptions<'_>) -> Option<us
 /// step-count launch per [`MAX_TENSORS`] tensors; empty tensors are left
 /// out of the update (their step counts still advance).
 pub(crate) fn step(device: usize, lists: &Lists<'_>, options: &AdamWOptions<'_>) -> Result<()> {
-    let Lists {
-        params,
-        grads,
-        exp_avgs,
-        exp_avg_sqs,
-        state_steps,
-    } = *lists;
     const OP: &str = "fused::adamw_step";
     let k = kernels(device)?;
     let address = |t: &Tensor| t.data_ptr() as i64;
@@ -228,14 +226,7 @@ pub(crate) fn step(device: usize, lists: &Lists<'_>, options: &AdamWOptions<'_>)
         LearningRate::Tensor(tensor) => (0.0, address(tensor)),
     };
     let optional = |t: Option<&Tensor>| t.map_or(0, address);
-    let entries: Vec<[&Tensor; 5]> = params
-        .iter()
-        .zip(grads)
-        .zip(exp_avgs)
-        .zip(exp_avg_sqs)
-        .zip(state_steps)
-        .map(|((((p, g), m), v), s)| [p, g, m, v, s])
-        .collect();
+    let entries: Vec<[&Tensor; 5]> = lists.rows().collect();
     for chunk in entries.chunks(MAX_TENSORS) {
         let mut table = Vec::with_capacity(TABLE_BYTES);
         let count = i64::try_from(chunk.len()).unwrap_or(0);

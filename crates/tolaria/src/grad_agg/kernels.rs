@@ -101,24 +101,29 @@ extern "C" __global__ void esper_pcgrad_coefficients(
 
 // out[n] = sum_i w[i] rows[i][n], rows [r, n] contiguous; products and sums
 // rounded one at a time, in row order.
-extern "C" __global__ void esper_weighted_rows_f32(
-        const float* rows, const float* w, float* out, long long n, int r) {
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+template <typename T>
+__device__ void weighted_rows(const T* rows, const T* w, T* out, long long n, int r) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < r; ++k) acc = __fadd_rn(acc, __fmul_rn(w[k], rows[k * n + i]));
+        T acc = 0;
+        for (int k = 0; k < r; ++k) acc = add_rn(acc, mul_rn(w[k], rows[k * n + i]));
         out[i] = acc;
     }
 }
 
+extern "C" __global__ void esper_weighted_rows_f32(
+        const float* rows, const float* w, float* out, long long n, int r) {
+    weighted_rows(rows, w, out, n, r);
+}
+
 extern "C" __global__ void esper_weighted_rows_f64(
         const double* rows, const double* w, double* out, long long n, int r) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        double acc = 0.0;
-        for (int k = 0; k < r; ++k) acc = __dadd_rn(acc, __dmul_rn(w[k], rows[k * n + i]));
-        out[i] = acc;
-    }
+    weighted_rows(rows, w, out, n, r);
 }
 "#;
 
