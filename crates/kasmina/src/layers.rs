@@ -350,6 +350,30 @@ impl LayerNorm {
             NORM_EPS,
         )?)
     }
+
+    /// [`LayerNorm::forward`] for an output that feeds only linear layers:
+    /// under CUDA `bf16` autocast, where those layers compute in `bf16`, the
+    /// output comes in `bf16` from the normalisation's own kernel
+    /// (`torch_ext::nn::layer_norm_bf16`: the values the layers would cast
+    /// it to, without the cast's pass over the rows either way); otherwise
+    /// exactly [`LayerNorm::forward`].
+    ///
+    /// # Shapes
+    /// `[..., C] -> [..., C]`.
+    pub fn forward_into_linear(&self, x: &Tensor) -> Result<Tensor> {
+        let bf16_autocast = x.device().is_cuda()
+            && torch_ext::autocast_state(torch_ext::AutocastDevice::Cuda)
+                .is_ok_and(|state| state.enabled && state.dtype == tch::Kind::BFloat16);
+        if !bf16_autocast || x.size().last() != Some(&self.width) {
+            return self.forward(x);
+        }
+        Ok(torch_ext::nn::layer_norm_bf16(
+            x,
+            &self.weight,
+            &self.bias,
+            NORM_EPS,
+        )?)
+    }
 }
 
 /// 2-D batch normalisation with running statistics (non-trainable buffers).

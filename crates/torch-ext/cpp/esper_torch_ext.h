@@ -190,15 +190,17 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, d
                             void* const* kernels, void** out);
 // layer_norm(x, [C], weight, bias, eps) over the last dimension of a dense
 // f32 or bf16 CUDA tensor (C a multiple of 4, at most 512); kernels:
-// forward, backward, reduction (nn_layer_norm.cpp).
-char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* const* kernels,
-                       void** out);
+// forward, backward, reduction (nn_layer_norm.cpp); bf16_out: an f32 input
+// gives a bf16 output (the kernels are then the `_bf16_out` ones).
+char* esper_layer_norm(void* x, void* weight, void* bias, double eps, int32_t bf16_out,
+                       void* const* kernels, void** out);
 // linear(x, weight, bias) over the last dimension of an f32 or bf16 CUDA
 // tensor (bias may be null; out features a multiple of 4, at most 1024),
-// computed in bf16 when bf16 is set (autocast's casts applied inside);
-// kernels: column sums, reduction (nn_linear.cpp).
-char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const* kernels,
-                   void** out);
+// computed in bf16 when bf16 is set (autocast's casts applied inside, or
+// the weight's and bias's bf16 shadows where weight_c / bias_c are not
+// null); kernels: column sums, reduction (nn_linear.cpp).
+char* esper_linear(void* x, void* weight, void* bias, void* weight_c, void* bias_c, int32_t bf16,
+                   void* const* kernels, void** out);
 // embedding(weight, ids) for a contiguous f32 or bf16 CUDA weight [V, C]
 // (V at most 65535, C at most 512) and int64 ids; kernels: backward,
 // reduction (nn_embedding.cpp).

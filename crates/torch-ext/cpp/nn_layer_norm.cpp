@@ -4,7 +4,8 @@
 // one kernel (the output, the rows' mean and 1/std saved). Backward: one
 // kernel for the input gradient and the blocks' per-column sums, then the
 // convolution source's fixed-order reduction of those sums into the weight
-// and bias gradients.
+// and bias gradients. With `bf16_out`, an f32 input gives a bf16 output
+// (and takes a bf16 output gradient): the f32 build's `_bf16_out` kernels.
 #include "esper_torch_ext.h"
 #include "error.h"
 #include "nn_internal.h"
@@ -31,13 +32,15 @@ int row_blocks(int64_t rows, int rows_per_warp, int per_sm, int sms) {
 class LayerNorm : public torch::autograd::Function<LayerNorm> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, double eps, int64_t forward_kernel,
-                            int64_t backward_kernel, int64_t reduce_kernel) {
+                            const at::Tensor& bias, double eps, bool bf16_out,
+                            int64_t forward_kernel, int64_t backward_kernel,
+                            int64_t reduce_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
     int width = static_cast<int>(x.size(-1));
     int rows = static_cast<int>(x.numel() / std::max<int64_t>(1, width));
     float epsilon = static_cast<float>(eps);
-    at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    at::Tensor y = bf16_out ? at::empty(x.sizes(), x.options().dtype(at::kBFloat16))
+                            : at::empty_like(x, at::MemoryFormat::Contiguous);
     auto f32 = x.options().dtype(at::kFloat);
     at::Tensor mean = at::empty({rows}, f32);
     at::Tensor rstd = at::empty({rows}, f32);
@@ -53,6 +56,7 @@ class LayerNorm : public torch::autograd::Function<LayerNorm> {
                       args, stream_of(x));
     ctx->save_for_backward({x, weight, bias, mean, rstd});
     ctx->saved_data["backward"] = backward_kernel;
+    ctx->saved_data["bf16_out"] = bf16_out;
     ctx->saved_data["reduce"] = reduce_kernel;
     return y;
   }
@@ -61,12 +65,13 @@ class LayerNorm : public torch::autograd::Function<LayerNorm> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
-    variable_list out(7);
+    variable_list out(8);
     if (!grads[0].defined()) {
       return out;
     }
     c10::cuda::CUDAGuard guard(x.device());
-    at::Tensor dy = aligned(grads[0].to(x.scalar_type()).contiguous(), at::MemoryFormat::Contiguous);
+    const auto dy_type = ctx->saved_data["bf16_out"].toBool() ? at::kBFloat16 : x.scalar_type();
+    at::Tensor dy = aligned(grads[0].to(dy_type).contiguous(), at::MemoryFormat::Contiguous);
     int width = static_cast<int>(x.size(-1));
     int rows = static_cast<int>(x.numel() / std::max<int64_t>(1, width));
     int blocks = row_blocks(rows, 4, 2, sm_count(x));
@@ -99,8 +104,8 @@ class LayerNorm : public torch::autograd::Function<LayerNorm> {
 
 extern "C" {
 
-char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* const* kernels,
-                       void** out) {
+char* esper_layer_norm(void* x, void* weight, void* bias, double eps, int32_t bf16_out,
+                       void* const* kernels, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr &&
@@ -112,6 +117,8 @@ char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* cons
   TORCH_CHECK(input.is_cuda() && input.dim() >= 1 && input.is_contiguous() && aligned16(input) &&
                   (input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16),
               "layer_norm: expected an aligned contiguous f32 or bf16 CUDA tensor");
+  TORCH_CHECK(!bf16_out || input.scalar_type() == at::kFloat,
+              "layer_norm: a bf16 output is made from an f32 input");
   const int64_t width = input.size(-1);
   TORCH_CHECK(width >= 4 && width % 4 == 0 && width <= kMaxWidth,
               "layer_norm: a last dimension of ", width, " (the kernels take multiples of 4 up to ",
@@ -123,8 +130,8 @@ char* esper_layer_norm(void* x, void* weight, void* bias, double eps, void* cons
                     t->is_contiguous() && t->device() == input.device(),
                 "layer_norm: weight and bias must be contiguous f32 [C] on the input's device");
   }
-  at::Tensor y = LayerNorm::apply(input, w, b, eps, as_int(kernels[0]), as_int(kernels[1]),
-                                  as_int(kernels[2]));
+  at::Tensor y = LayerNorm::apply(input, w, b, eps, bf16_out != 0, as_int(kernels[0]),
+                                  as_int(kernels[1]), as_int(kernels[2]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

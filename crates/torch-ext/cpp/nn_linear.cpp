@@ -7,7 +7,9 @@
 // f32, where libtorch writes bf16 and casts); the bias gradient as the
 // column sums of the output gradient from a run-time compiled kernel
 // (src/nn/source.rs: esper_col_sum, per-block partials) and the
-// convolution source's fixed-order reduction, in f32.
+// convolution source's fixed-order reduction, in f32. Where the caller
+// passes bf16 shadows of an f32 weight and bias (src/nn/shadow.rs, cast
+// for every layer at once), the forward takes them instead of casting.
 #include "esper_torch_ext.h"
 #include "error.h"
 #include "nn_internal.h"
@@ -44,19 +46,23 @@ at::Tensor column_sums(const at::Tensor& g, void* col_sum, void* reduce) {
 class Linear : public torch::autograd::Function<Linear> {
  public:
   // `bias` is an empty tensor for a layer without one (autograd functions
-  // take no undefined inputs). `dtype` is the compute dtype.
+  // take no undefined inputs), as are `weight_c` and `bias_c` where no
+  // shadow is given. `dtype` is the compute dtype.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, int64_t dtype, int64_t col_sum_kernel,
+                            const at::Tensor& bias, const at::Tensor& weight_c,
+                            const at::Tensor& bias_c, int64_t dtype, int64_t col_sum_kernel,
                             int64_t reduce_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
     auto type = static_cast<at::ScalarType>(dtype);
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
     xc = xc.contiguous();
-    at::Tensor wc = weight.scalar_type() == type ? weight : weight.to(type);
+    at::Tensor wc = weight.scalar_type() == type ? weight
+                    : weight_c.numel() > 0       ? weight_c
+                                                 : weight.to(type);
     const bool has_bias = bias.numel() > 0;
     at::Tensor bc;
     if (has_bias) {
-      bc = bias.scalar_type() == type ? bias : bias.to(type);
+      bc = bias.scalar_type() == type ? bias : bias_c.numel() > 0 ? bias_c : bias.to(type);
     }
     at::Tensor y;
     {
@@ -77,7 +83,7 @@ class Linear : public torch::autograd::Function<Linear> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(6);
+    variable_list out(8);
     if (!grads[0].defined()) {
       return out;
     }
@@ -106,12 +112,20 @@ class Linear : public torch::autograd::Function<Linear> {
   }
 };
 
+// A shadow must be the bf16 image of its f32 parameter: same sizes, same
+// device, contiguous.
+bool fits_shadow(const at::Tensor& shadow, const at::Tensor& param) {
+  return shadow.scalar_type() == at::kBFloat16 && param.scalar_type() == at::kFloat &&
+         shadow.sizes() == param.sizes() && shadow.device() == param.device() &&
+         shadow.is_contiguous();
+}
+
 }  // namespace
 
 extern "C" {
 
-char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const* kernels,
-                   void** out) {
+char* esper_linear(void* x, void* weight, void* bias, void* weight_c, void* bias_c, int32_t bf16,
+                   void* const* kernels, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
@@ -135,8 +149,17 @@ char* esper_linear(void* x, void* weight, void* bias, int32_t bf16, void* const*
                                b.device() == input.device() &&
                                (b.scalar_type() == at::kFloat || b.scalar_type() == at::kBFloat16)),
               "linear: bias must be [", out_features, "] on the input's device");
+  const at::Tensor none = at::empty({0}, w.options());
+  const at::Tensor wc = weight_c != nullptr ? *static_cast<const at::Tensor*>(weight_c) : none;
+  const at::Tensor bc =
+      bias_c != nullptr && bias != nullptr ? *static_cast<const at::Tensor*>(bias_c) : none;
+  TORCH_CHECK(weight_c == nullptr || (bf16 && fits_shadow(wc, w)),
+              "linear: the weight's shadow must be a contiguous bf16 tensor of its size");
+  TORCH_CHECK(bias_c == nullptr || bias == nullptr || (bf16 && fits_shadow(bc, b)),
+              "linear: the bias's shadow must be a contiguous bf16 tensor of its size");
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
-  at::Tensor y = Linear::apply(input, w, b, dtype, as_int(kernels[0]), as_int(kernels[1]));
+  at::Tensor y =
+      Linear::apply(input, w, b, wc, bc, dtype, as_int(kernels[0]), as_int(kernels[1]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

@@ -324,6 +324,7 @@ unsafe extern "C" {
         weight: *mut c_void,
         bias: *mut c_void,
         eps: f64,
+        bf16_out: i32,
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
@@ -331,6 +332,8 @@ unsafe extern "C" {
         x: *mut c_void,
         weight: *mut c_void,
         bias: *mut c_void,
+        weight_c: *mut c_void,
+        bias_c: *mut c_void,
         bf16: i32,
         kernels: *const *mut c_void,
         out: *mut *mut c_void,

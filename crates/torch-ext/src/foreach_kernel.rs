@@ -1,7 +1,8 @@
 //! `fused::foreach_zero_`, `foreach_copy_` and `foreach_add_` as
 //! torch-ext's own kernel on CUDA: one launch zeroes, copies or adds up to
 //! [`MAX_TENSORS`] tensors, a block taking 1,024 four-byte words of one
-//! tensor.
+//! tensor. The same kernel casts `f32` tensors into `bf16` ones
+//! ([`crate::nn::Bf16Shadows`]), a block taking 1,024 values.
 //!
 //! libtorch's `_foreach_*` kernels give each block one chunk of 65,536
 //! values of one tensor, so a list of small tensors (a transformer's
@@ -16,7 +17,10 @@
 //! `f32` only (`t + alpha·o` with `alpha` cast to `f32`, libtorch's
 //! arithmetic). Zeroing and copying move the words as they are, so every
 //! dtype of four-byte multiples takes them. Anything else runs libtorch's
-//! `_foreach_*` op. Nothing is read back: a captured CUDA graph holds the
+//! `_foreach_*` op. Casts take an `f32` source and a `bf16` target of as
+//! many values, both contiguous, and round to nearest even as libtorch's
+//! `to(bf16)` does (`cvt.rn.bf16.f32` from compute capability 8.0, the
+//! same rounding in integer arithmetic before). Nothing is read back: a captured CUDA graph holds the
 //! launches (the addresses travel by value in the kernel's parameters).
 
 use tch::{Device, Kind, Tensor};
@@ -57,10 +61,33 @@ const SOURCE: &str = r#"
 struct Entry { long long dst, src, words, first_block; };
 struct Table { long long count, op; double alpha; Entry entries[96]; };
 
-// op 0: dst = 0; op 1: dst = src (words as they are); op 2: dst += alpha src (f32).
+__device__ __forceinline__ unsigned short esper_to_bf16(float x) {
+#if __CUDA_ARCH__ >= 800
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+#else
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (unsigned short)0x7fc0u;
+    return (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+#endif
+}
+
+// op 0: dst = 0; op 1: dst = src (words as they are); op 2: dst += alpha src (f32);
+// op 3: dst (bf16) = src (f32) rounded to nearest even, `words` counting values.
 extern "C" __global__ void esper_foreach(const Table t) {
     const Entry e = t.entries[entry_of_block(t)];
     const long long start = ((long long)blockIdx.x - e.first_block) * 1024;
+    if (t.op == 3) {
+        unsigned short* out = reinterpret_cast<unsigned short*>(e.dst);
+        const float* in = reinterpret_cast<const float*>(e.src);
+        #pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long i = start + threadIdx.x + u * 256;
+            if (i < e.words) out[i] = esper_to_bf16(in[i]);
+        }
+        return;
+    }
     unsigned int* dst = reinterpret_cast<unsigned int*>(e.dst);
     const unsigned int* src = reinterpret_cast<const unsigned int*>(e.src);
     if (t.op == 0) {
@@ -104,6 +131,8 @@ pub(crate) enum Op {
     Copy,
     /// `dst += alpha · src` (`f32`).
     Add,
+    /// `dst = src` from `f32` into `bf16`, rounded to nearest even.
+    CastBf16,
 }
 
 fn kernel(device: usize) -> Result<std::sync::Arc<JitKernel>> {
@@ -134,6 +163,21 @@ fn words(t: &Tensor, device: Device) -> Option<i64> {
     i64::try_from(bytes / 4).ok()
 }
 
+/// Values of a cast's `bf16` target and `f32` source where the kernel can
+/// take them: both contiguous on `device`, as many values, the source
+/// four-byte aligned.
+fn cast_values(target: &Tensor, source: &Tensor, device: Device) -> Option<i64> {
+    let fits = |t: &Tensor, kind: Kind| {
+        t.defined() && t.device() == device && t.is_contiguous() && t.kind() == kind
+    };
+    (fits(target, Kind::BFloat16)
+        && fits(source, Kind::Float)
+        && target.numel() == source.numel()
+        && (source.data_ptr() as usize).is_multiple_of(4))
+    .then(|| i64::try_from(source.numel()).ok())
+    .flatten()
+}
+
 /// Runs `op` over `dst` (and `src`, the same length, for copies and adds)
 /// with the kernel and returns `true`, or returns `false` having done
 /// nothing when a tensor does not fit it (the caller runs libtorch's op).
@@ -153,12 +197,22 @@ pub(crate) fn run(op: Op, dst: &[Tensor], src: &[Tensor], alpha: f64) -> Result<
     }
     let mut entries = Vec::with_capacity(dst.len());
     for (position, target) in dst.iter().enumerate() {
+        if op == Op::CastBf16 {
+            let Some(source) = src.get(position) else {
+                return Ok(false);
+            };
+            let Some(values) = cast_values(target, source, device) else {
+                return Ok(false);
+            };
+            entries.push((target.data_ptr() as i64, source.data_ptr() as i64, values));
+            continue;
+        }
         let Some(count) = words(target, device) else {
             return Ok(false);
         };
         let source = match op {
             Op::Zero => 0,
-            Op::Copy | Op::Add => {
+            Op::Copy | Op::Add | Op::CastBf16 => {
                 let Some(source) = src.get(position) else {
                     return Ok(false);
                 };
@@ -178,6 +232,7 @@ pub(crate) fn run(op: Op, dst: &[Tensor], src: &[Tensor], alpha: f64) -> Result<
         Op::Zero => 0,
         Op::Copy => 1,
         Op::Add => 2,
+        Op::CastBf16 => 3,
     };
     for chunk in entries.chunks(MAX_TENSORS) {
         let mut table = Vec::with_capacity(TABLE_BYTES);
@@ -219,12 +274,20 @@ mod tests {
         .expect("NVRTC compiles it");
         assert!(cubin.contains_symbol("esper_foreach"));
         assert!(SOURCE.contains(&format!("Entry entries[{MAX_TENSORS}]")));
+        // Before compute capability 8.0 the cast rounds in integers.
+        let older = crate::jit::compile(
+            &format!("{ENTRY_OF_BLOCK}{SOURCE}"),
+            "esper_foreach",
+            (7, 5),
+        )
+        .expect("NVRTC compiles it for sm_75");
+        assert!(older.contains_symbol("esper_foreach"));
     }
 
     #[test]
     fn tensors_off_cuda_go_to_libtorch() {
         let t = vec![Tensor::zeros([3], (Kind::Float, Device::Cpu))];
-        for op in [Op::Zero, Op::Copy, Op::Add] {
+        for op in [Op::Zero, Op::Copy, Op::Add, Op::CastBf16] {
             assert!(!run(op, &t, &t, 1.0).unwrap());
         }
     }

@@ -7,7 +7,9 @@
 //! captured graphs and (module `fused`) the fused SGD step and
 //! cross-entropy, (module `adamw`) torch-ext's AdamW kernels against
 //! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
-//! and add against libtorch's `_foreach_*`. Every test prints "skipping: no CUDA device" and returns on machines
+//! and add against libtorch's `_foreach_*`, (module `shadow`) the weights'
+//! bf16 shadows against libtorch's casts, read by the linear layer. Every
+//! test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
 //! on the GPU machine.
@@ -67,6 +69,9 @@ mod adamw;
 
 #[path = "gpu/fused.rs"]
 mod fused;
+
+#[path = "gpu/shadow.rs"]
+mod shadow;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(

@@ -178,7 +178,7 @@ impl Block {
     /// `[B, T, C] -> [B, T, C]`.
     fn forward(&self, x: &Tensor, heads: i64) -> Result<Tensor> {
         let attended = causal_self_attention(
-            &self.attention_norm.forward(x)?,
+            &self.attention_norm.forward_into_linear(x)?,
             &self.qkv,
             &self.attention_proj,
             heads,
@@ -186,7 +186,7 @@ impl Block {
         let x = x.f_add(&attended)?;
         let hidden = self
             .mlp_in
-            .forward(&self.mlp_norm.forward(&x)?)?
+            .forward(&self.mlp_norm.forward_into_linear(&x)?)?
             .f_gelu("none")?;
         Ok(x.f_add(&self.mlp_out.forward(&hidden)?)?)
     }
@@ -304,8 +304,11 @@ impl TransformerHost {
                 hidden
             }
             Segment::Head => {
-                let normed = self.final_norm.forward(x)?; // [B, T, C]
-                normed.f_matmul(&self.token_embedding.f_transpose(0, 1)?)? // [B, T, vocab]
+                // The head is tied to the token embedding: normed Eᵀ, as a
+                // linear layer (its own backward on CUDA; the embedding's
+                // bf16 shadow in a training step).
+                let normed = self.final_norm.forward_into_linear(x)?; // [B, T, C]
+                torch_ext::nn::linear(&normed, &self.token_embedding, None)? // [B, T, vocab]
             }
         })
     }

@@ -5,7 +5,8 @@
 //!
 //! 1. zero every group's gradients in place;
 //! 2. per microbatch: the forward under autocast (bf16/fp16, or none for
-//!    fp32), mean cross-entropy in fp32 weighted by the microbatch's share
+//!    fp32; under bf16 the weights' casts in one launch from the layout's
+//!    [`torch_ext::nn::Bf16Shadows`]), mean cross-entropy in fp32 weighted by the microbatch's share
 //!    of the batch, scaled by the [`GradScaler`], backward; the loss and
 //!    hits go into the engine's accumulator;
 //! 3. when seeds feed the host's gradient (non-isolated seeds, i.e.
@@ -332,6 +333,10 @@ impl ModelStep {
         // No weight-cast cache: cached casts made in one replay would be
         // stale in the next, and PyTorch requires it off under capture.
         let autocast = self.config.precision.autocast(self.device, false)?;
+        // The weights' bf16 casts in one launch (torch_ext::nn::Bf16Shadows).
+        let shadows = (self.config.precision == Precision::Bf16)
+            .then(|| self.layout.shadows.enter())
+            .transpose()?;
         let (logits, taps) = if taps {
             self.model
                 .forward_tapped(inputs, &overrides, true)
@@ -350,6 +355,7 @@ impl ModelStep {
                 Vec::new(),
             )
         };
+        drop(shadows);
         drop(autocast);
         let mut logits = logits.f_to_kind(Kind::Float).op("logits to f32")?;
         let mut labels = labels.shallow_clone();
@@ -568,6 +574,9 @@ impl Step for ModelStep {
         }
         self.optimizers
             .step_with(self.scaler.optimizer_found_inf())?;
+        // Shadows for the weights this step's layers cast themselves (none
+        // while a graph captures: it allocates).
+        let _ = self.layout.shadows.adopt_misses()?;
         self.scaler.update()
     }
 

@@ -37,6 +37,9 @@ pub(super) struct Kernels {
     pub(super) blend_backward: JitKernel,
     pub(super) ln_forward: JitKernel,
     pub(super) ln_backward: JitKernel,
+    /// The f32 build's layer norm with a bf16 output (none in the bf16
+    /// build): forward and backward.
+    pub(super) ln_bf16_out: Option<(JitKernel, JitKernel)>,
     pub(super) col_sum: JitKernel,
     pub(super) embedding_backward: JitKernel,
     pub(super) gram_partial: JitKernel,
@@ -90,6 +93,14 @@ pub(super) fn kernels(
                 blend_backward: load("esper_blend_lerp_backward")?,
                 ln_forward: load("esper_ln_forward")?,
                 ln_backward: load("esper_ln_backward")?,
+                ln_bf16_out: if bf16 {
+                    None
+                } else {
+                    Some((
+                        load("esper_ln_forward_bf16_out")?,
+                        load("esper_ln_backward_bf16_out")?,
+                    ))
+                },
                 col_sum: load("esper_col_sum")?,
                 embedding_backward: load("esper_embedding_backward")?,
                 gram_partial: load("esper_gram_partial")?,

@@ -29,6 +29,35 @@ use crate::ffi;
 /// libtorch's error for tensors that do not fit together; [`Error::Cpp`](crate::Error::Cpp)
 /// when the kernels cannot be compiled or launched.
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    layer_norm_as(x, weight, bias, eps, false)
+}
+
+/// [`layer_norm`] with a `bf16` output: the values of [`layer_norm`] cast
+/// to `bf16` (rounded to nearest even), with the cast inside the kernel
+/// where the fused path takes an `f32` input (its backward then takes the
+/// `bf16` output gradient and computes in `f32`, as [`layer_norm`]'s does
+/// after the cast's backward). Elsewhere, [`layer_norm`] and a cast.
+///
+/// Meant for a layer norm whose output feeds only linear layers computing
+/// in `bf16` (under `bf16` autocast, which would cast it there): one pass
+/// over the rows instead of two, both ways.
+///
+/// # Shapes
+/// As [`layer_norm`]; returns `bf16`.
+///
+/// # Errors
+/// As [`layer_norm`].
+pub fn layer_norm_bf16(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+    layer_norm_as(x, weight, bias, eps, true)
+}
+
+fn layer_norm_as(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    bf16_out: bool,
+) -> Result<Tensor> {
     const OP: &str = "nn::layer_norm";
     let width = x.size().last().copied().unwrap_or(0);
     let per_channel_ok = [weight, bias]
@@ -40,13 +69,32 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
         && i64::try_from(x.numel()).is_ok_and(|n| n / width <= i64::from(i32::MAX));
     let fused = layer_norm_target(x)
         .filter(|_| per_channel_ok && shape_ok && x.is_contiguous() && four_channels(x, width));
-    let Some((device, bf16)) = fused else {
-        return x
-            .f_layer_norm([width].as_slice(), Some(weight), Some(bias), eps, true)
-            .map_err(|error| torch(OP, error));
+    let k = match fused {
+        Some((device, bf16)) => Some((kernels(OP, device, bf16, true)?, bf16)),
+        None => None,
     };
-    let k = kernels(OP, device, bf16, true)?;
-    let handles = [k.ln_forward.raw(), k.ln_backward.raw(), k.conv_reduce.raw()];
+    // The bf16 output from the f32 build's `_bf16_out` kernels; a bf16
+    // input already gives bf16.
+    let handles = match &k {
+        Some((k, false)) if bf16_out => k
+            .ln_bf16_out
+            .as_ref()
+            .map(|(forward, backward)| [forward.raw(), backward.raw(), k.conv_reduce.raw()]),
+        Some((k, _)) => Some([k.ln_forward.raw(), k.ln_backward.raw(), k.conv_reduce.raw()]),
+        None => None,
+    };
+    let Some(handles) = handles else {
+        let y = x
+            .f_layer_norm([width].as_slice(), Some(weight), Some(bias), eps, true)
+            .map_err(|error| torch(OP, error))?;
+        return if bf16_out {
+            y.f_to_kind(Kind::BFloat16)
+                .map_err(|error| torch(OP, error))
+        } else {
+            Ok(y)
+        };
+    };
+    let mixed = bf16_out && x.kind() == Kind::Float;
     // SAFETY: as in `batch_norm_relu`.
     unsafe {
         shim_tensor(OP, |out| {
@@ -55,6 +103,7 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
                 ffi::tensor_ptr(weight),
                 ffi::tensor_ptr(bias),
                 eps,
+                i32::from(mixed),
                 handles.as_ptr(),
                 out,
             )

@@ -6,7 +6,9 @@
 //! blocks' per-column partial sums, added up by the convolution source's
 //! fixed-order reduction. Every sum is taken in a fixed order (a warp's
 //! butterfly, then the block's warps in order, then the blocks in order),
-//! so results are deterministic.
+//! so results are deterministic. The `f32` build also has the kernels of a
+//! layer norm with a `bf16` output (`esper_ln_*_bf16_out`): under `bf16`
+//! autocast, a linear layer's input in the dtype the layer casts it to.
 
 pub(in crate::nn) const LAYER_NORM_SOURCE: &str = r#"
 // ---- layer norm over the last dimension of dense [M, C] rows ----
@@ -22,14 +24,39 @@ __device__ __forceinline__ float ln_warp_sum(float v) {
     return v;
 }
 
+#if !ESPER_BF16
+// The f32 source's bf16 loads and stores, for the layer norm whose output
+// (and so its output gradient) is bf16: under bf16 autocast, the input of
+// a linear layer in the dtype the layer would cast it to (the same
+// rounding as libtorch's cast: to nearest even).
+typedef unsigned short B16;
+__device__ __forceinline__ void load4(const B16* __restrict__ p, long long i, float* v) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p + i);
+    v[0] = __uint_as_float((u.x & 0xffffu) << 16); v[1] = __uint_as_float(u.x & 0xffff0000u);
+    v[2] = __uint_as_float((u.y & 0xffffu) << 16); v[3] = __uint_as_float(u.y & 0xffff0000u);
+}
+__device__ __forceinline__ unsigned int ln_to_bf(float v) {
+    unsigned int u = __float_as_uint(v);
+    return (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+__device__ __forceinline__ void store4(B16* __restrict__ p, long long i, const float* v) {
+    uint2 u;
+    u.x = ln_to_bf(v[0]) | (ln_to_bf(v[1]) << 16);
+    u.y = ln_to_bf(v[2]) | (ln_to_bf(v[3]) << 16);
+    *reinterpret_cast<uint2*>(p + i) = u;
+}
+#endif
+
 // y = (x - mean) * rstd * gamma + beta, with the biased variance, as
-// libtorch's layer_norm; mean and rstd saved per row (f32).
-extern "C" __global__ void esper_ln_forward(const T* __restrict__ x,
-                                            const float* __restrict__ gamma,
-                                            const float* __restrict__ beta, T* __restrict__ y,
-                                            float* __restrict__ mean_out,
-                                            float* __restrict__ rstd_out, int M, int C,
-                                            float eps) {
+// libtorch's layer_norm; mean and rstd saved per row (f32). TY: the
+// output's type (T, or bf16 from an f32 input).
+template <typename TY>
+__device__ __forceinline__ void ln_forward(const T* __restrict__ x,
+                                           const float* __restrict__ gamma,
+                                           const float* __restrict__ beta, TY* __restrict__ y,
+                                           float* __restrict__ mean_out,
+                                           float* __restrict__ rstd_out, int M, int C,
+                                           float eps) {
     const int lane = threadIdx.x % 32;
     const int stride = gridDim.x * LN_WARPS;
     for (int r = blockIdx.x * LN_WARPS + threadIdx.x / 32; r < M; r += stride) {
@@ -75,14 +102,25 @@ extern "C" __global__ void esper_ln_forward(const T* __restrict__ x,
     }
 }
 
+extern "C" __global__ void esper_ln_forward(const T* __restrict__ x,
+                                            const float* __restrict__ gamma,
+                                            const float* __restrict__ beta, T* __restrict__ y,
+                                            float* __restrict__ mean_out,
+                                            float* __restrict__ rstd_out, int M, int C,
+                                            float eps) {
+    ln_forward<T>(x, gamma, beta, y, mean_out, rstd_out, M, C, eps);
+}
+
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma, per row;
 // and this block's partial weight and bias gradients, sum(dy xhat) and
 // sum(dy) per column over its rows: partials[block][0, C) and [C, 2C).
-extern "C" __global__ void esper_ln_backward(const T* __restrict__ x, const T* __restrict__ dy,
-                                             const float* __restrict__ gamma,
-                                             const float* __restrict__ mean,
-                                             const float* __restrict__ rstd, T* __restrict__ dx,
-                                             float* __restrict__ partials, int M, int C) {
+// TY: the output gradient's type (the forward's output type).
+template <typename TY>
+__device__ __forceinline__ void ln_backward(const T* __restrict__ x, const TY* __restrict__ dy,
+                                            const float* __restrict__ gamma,
+                                            const float* __restrict__ mean,
+                                            const float* __restrict__ rstd, T* __restrict__ dx,
+                                            float* __restrict__ partials, int M, int C) {
     __shared__ float red[LN_WARPS][2 * LN_MAX_C];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const int stride = gridDim.x * LN_WARPS;
@@ -146,4 +184,35 @@ extern "C" __global__ void esper_ln_backward(const T* __restrict__ x, const T* _
         partials[(long long)blockIdx.x * 2 * C + i] = total;
     }
 }
+
+extern "C" __global__ void esper_ln_backward(const T* __restrict__ x, const T* __restrict__ dy,
+                                             const float* __restrict__ gamma,
+                                             const float* __restrict__ mean,
+                                             const float* __restrict__ rstd, T* __restrict__ dx,
+                                             float* __restrict__ partials, int M, int C) {
+    ln_backward<T>(x, dy, gamma, mean, rstd, dx, partials, M, C);
+}
+
+#if !ESPER_BF16
+// f32 input, bf16 output: the same kernels with B16 stores and loads.
+extern "C" __global__ void esper_ln_forward_bf16_out(const float* __restrict__ x,
+                                                     const float* __restrict__ gamma,
+                                                     const float* __restrict__ beta,
+                                                     B16* __restrict__ y,
+                                                     float* __restrict__ mean_out,
+                                                     float* __restrict__ rstd_out, int M, int C,
+                                                     float eps) {
+    ln_forward<B16>(x, gamma, beta, y, mean_out, rstd_out, M, C, eps);
+}
+
+extern "C" __global__ void esper_ln_backward_bf16_out(const float* __restrict__ x,
+                                                      const B16* __restrict__ dy,
+                                                      const float* __restrict__ gamma,
+                                                      const float* __restrict__ mean,
+                                                      const float* __restrict__ rstd,
+                                                      float* __restrict__ dx,
+                                                      float* __restrict__ partials, int M, int C) {
+    ln_backward<B16>(x, dy, gamma, mean, rstd, dx, partials, M, C);
+}
+#endif
 "#;

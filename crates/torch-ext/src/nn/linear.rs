@@ -5,7 +5,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::{MAX_FUSED_LINEAR_OUT, fused_kernels_enabled, kernels, shim_tensor, torch};
+use super::{MAX_FUSED_LINEAR_OUT, fused_kernels_enabled, kernels, shadow, shim_tensor, torch};
 use crate::autocast::{AutocastDevice, autocast_state};
 use crate::error::Result;
 use crate::ffi;
@@ -27,6 +27,9 @@ use crate::ffi;
 /// gradient as column sums in `f32` from a run-time compiled kernel and a
 /// fixed-order reduction (deterministic), where libtorch runs a generic
 /// sum reduction and a cast. Results match libtorch's up to float rounding.
+/// Under `bf16` autocast, an `f32` weight or bias with a shadow in the
+/// thread's [`Bf16Shadows`](super::Bf16Shadows) scope is read from the
+/// shadow rather than cast (the same bits).
 ///
 /// # Shapes
 /// `x: [..., in]`, `weight: [out, in]`, `bias: [out]`; returns
@@ -43,8 +46,23 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     let k = kernels(OP, device, bf16, true)?;
     let handles = [k.col_sum.raw(), k.conv_reduce.raw()];
     let bias_ptr = bias.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
-    // SAFETY: every tensor pointer is live for the call (a null bias is
-    // allowed); the kernels are live (the cache never drops them, so the
+    // Under bf16, an f32 weight's and bias's shadows where a scope holds
+    // them (super::shadow); the shim casts the rest.
+    let cast = |t: &Tensor| {
+        (bf16 && t.kind() == Kind::Float)
+            .then(|| shadow::lookup(t))
+            .flatten()
+    };
+    let weight_c = cast(weight);
+    let bias_c = bias.and_then(cast);
+    let weight_c_ptr = weight_c
+        .as_ref()
+        .map_or(std::ptr::null_mut(), ffi::tensor_ptr);
+    let bias_c_ptr = bias_c
+        .as_ref()
+        .map_or(std::ptr::null_mut(), ffi::tensor_ptr);
+    // SAFETY: every tensor pointer is live for the call (a null bias or
+    // shadow is allowed); the kernels are live (the cache never drops them, so the
     // autograd node's backward may use them later).
     unsafe {
         shim_tensor(OP, |out| {
@@ -52,6 +70,8 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
                 ffi::tensor_ptr(x),
                 ffi::tensor_ptr(weight),
                 bias_ptr,
+                weight_c_ptr,
+                bias_c_ptr,
                 i32::from(bf16),
                 handles.as_ptr(),
                 out,

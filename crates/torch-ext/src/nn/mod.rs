@@ -68,6 +68,9 @@
 //!   and its bias gradient as column sums from one kernel and the
 //!   fixed-order reduction; libtorch ran a generic sum reduction of 13 -
 //!   14 us for each bias and a cast for each `bf16` gradient.
+//!   Under `bf16` autocast it reads the weight's and bias's shadow where a
+//!   [`Bf16Shadows`] scope holds one (cast for every layer in one launch
+//!   at the step's start) instead of casting them itself.
 //! - [`gram`]: not a layer, the Gram matrix of a few long rows (the
 //!   gradient aggregator's dot products): one pass sums every product of
 //!   two rows per block in `f32`, and the fixed-order reduction adds the
@@ -120,13 +123,15 @@ mod layer_norm;
 mod layer_norm_source;
 mod linear;
 mod norm_source;
+mod shadow;
 mod source;
 pub use blend::{blend_lerp, blend_lerp_replicated};
 pub use embedding::embedding;
 pub use gram::gram;
 use kernels::kernels;
-pub use layer_norm::layer_norm;
+pub use layer_norm::{layer_norm, layer_norm_bf16};
 pub use linear::linear;
+pub use shadow::{Bf16Shadows, ShadowScope};
 
 /// Most input channels [`conv3x3`] runs its own forward kernel for.
 pub const SMALL_CONV_INPUT_CHANNELS: i64 = 4;

@@ -39,6 +39,10 @@ fn every_kernel_variant_compiles() {
                             "bf16 {bf16} vec4 {vec4}: no {name}"
                         );
                     }
+                    // The bf16-output layer norm: in the f32 build only.
+                    for name in ["esper_ln_forward_bf16_out", "esper_ln_backward_bf16_out"] {
+                        assert_eq!(cubin.contains_symbol(name), !bf16, "bf16 {bf16}: {name}");
+                    }
                 }
                 Err(error) if error.to_string().contains("libnvrtc") => {
                     println!("skipping: NVRTC is not installed here ({error})");

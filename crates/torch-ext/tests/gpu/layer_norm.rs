@@ -2,7 +2,8 @@
 //! (part of the `gpu` test binary): output and every gradient in f32 and
 //! bf16, the transformer host's rows, narrow and the widest rows, a mean far
 //! from zero, the widths that fall back to libtorch, determinism, autocast,
-//! and a replay from a captured graph. The tests hold the binary's device
+//! a replay from a captured graph, and `layer_norm_bf16` as the cast of
+//! `layer_norm` bit for bit. The tests hold the binary's device
 //! lock, since they flip the process-wide fused switch.
 
 use tch::{Kind, Tensor};
@@ -131,4 +132,61 @@ fn layer_norm_replays_from_a_captured_graph() {
     cuda::synchronize(0).unwrap();
     assert_eq!(values(&out), eager.0);
     assert_eq!(values(&grad), eager.1);
+}
+
+/// `layer_norm_bf16` against `layer_norm` and a cast: (y, dx, dweight,
+/// dbias) as f32, from a bf16 upstream gradient.
+fn ln_bf16_run(x: &Tensor, own: bool) -> [Tensor; 4] {
+    let width = *x.size().last().unwrap();
+    let f32 = (Kind::Float, CUDA);
+    let x = x.detach().set_requires_grad(true);
+    tch::manual_seed(width);
+    let weight = (Tensor::rand([width], f32) + 0.5).set_requires_grad(true);
+    let bias = (Tensor::randn([width], f32) * 0.3).set_requires_grad(true);
+    let y = if own {
+        nn::layer_norm_bf16(&x, &weight, &bias, 1e-5).unwrap()
+    } else {
+        nn::layer_norm(&x, &weight, &bias, 1e-5)
+            .unwrap()
+            .to_kind(Kind::BFloat16)
+    };
+    assert_eq!(y.kind(), Kind::BFloat16);
+    let upstream = Tensor::randn(y.size(), (Kind::BFloat16, CUDA));
+    torch_ext::loss::backward_with(&y, &upstream).unwrap();
+    [y.to_kind(Kind::Float), x.grad(), weight.grad(), bias.grad()]
+}
+
+#[test]
+fn the_bf16_output_layer_norm_is_the_cast_of_layer_norm_bit_for_bit() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // The LM host's rows, under autocast and outside; a mean far from
+    // zero; a width that takes libtorch's op and a cast.
+    for (shape, offset) in [
+        (&[128_i64, 64, 128][..], 0.0),
+        (&[33, 128], 50.0),
+        (&[1001, 64], 0.0),
+        (&[6, 130], 0.0),
+    ] {
+        for autocast in [false, true] {
+            tch::manual_seed(shape.iter().sum::<i64>());
+            let x = Tensor::randn(shape, (Kind::Float, CUDA)) + offset;
+            let _autocast =
+                autocast.then(|| AutocastGuard::new(AutocastDevice::Cuda, Kind::BFloat16).unwrap());
+            let own = ln_bf16_run(&x, true);
+            let reference = ln_bf16_run(&x, false);
+            for (index, (a, b)) in own.iter().zip(&reference).enumerate() {
+                assert_eq!(
+                    values(a),
+                    values(b),
+                    "{shape:?} autocast {autocast}: tensor {index}"
+                );
+            }
+        }
+    }
+    // A bf16 input stays on the bf16 kernels with a bf16 output.
+    let x = Tensor::randn([64, 128], (Kind::BFloat16, CUDA));
+    let w = Tensor::ones([128], (Kind::Float, CUDA));
+    let b = Tensor::zeros([128], (Kind::Float, CUDA));
+    let y = nn::layer_norm_bf16(&x, &w, &b, 1e-5).unwrap();
+    assert!(y.equal(&nn::layer_norm(&x, &w, &b, 1e-5).unwrap()));
 }

@@ -32,6 +32,9 @@ pub(super) struct Layout {
     pub(super) scratch: Vec<Tensor>,
     /// Every parameter that requires a gradient (host and seeds).
     pub(super) trainable: Vec<Tensor>,
+    /// bf16 shadows of the f32 weights the layers cast (bf16 only): one
+    /// launch casts them all at each forward.
+    pub(super) shadows: torch_ext::nn::Bf16Shadows,
 }
 
 impl ModelStep {
@@ -151,6 +154,7 @@ impl ModelStep {
             confirmed_single,
             scratch,
             trainable,
+            shadows: torch_ext::nn::Bf16Shadows::new(),
         };
         Ok(confirmed_single)
     }
