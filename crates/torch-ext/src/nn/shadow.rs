@@ -158,9 +158,9 @@ impl Bf16Shadows {
 
     /// Adds a shadow ([`Bf16Shadows::add`]) for every distinct weight the
     /// layers cast themselves in this object's scopes since the last call,
-    /// and returns how many were added. Allocates, so while the current CUDA stream of a missed
-    /// weight's device captures a graph it adds nothing and keeps the
-    /// misses for a later call.
+    /// and returns how many were added. Allocates, so while the current
+    /// CUDA stream of a missed weight's device captures a graph it adds
+    /// nothing and keeps the misses for a later call.
     ///
     /// # Errors
     /// [`Error::Cpp`](crate::Error::Cpp) when a shadow cannot be allocated
@@ -195,10 +195,7 @@ impl Bf16Shadows {
     /// allocated.
     pub fn add(&mut self, weight: &Tensor) -> Result<bool> {
         const OP: &str = "nn::Bf16Shadows::add";
-        let known = self
-            .weights
-            .iter()
-            .any(|w| w.data_ptr() == weight.data_ptr() && w.size() == weight.size());
+        let known = self.weights.iter().any(|w| same_weight(w, weight));
         if known || !shadowable(weight) {
             return Ok(false);
         }
@@ -249,6 +246,12 @@ fn shadowable(weight: &Tensor) -> bool {
     weight.defined() && weight.kind() == Kind::Float && weight.is_contiguous()
 }
 
+/// Whether `a` and `b` are one weight for the shadows: the same data
+/// address and size (what a scope's entries key on).
+fn same_weight(a: &Tensor, b: &Tensor) -> bool {
+    a.data_ptr() == b.data_ptr() && a.size() == b.size()
+}
+
 /// The active scope's shadow of `weight` (an `f32` weight about to be cast
 /// to `bf16`), or `None` when no scope is active or it holds none, in
 /// which case an active scope records the miss.
@@ -266,8 +269,7 @@ pub(super) fn lookup(weight: &Tensor) -> Option<Tensor> {
             .iter()
             .find(|(a, s, _)| *a == address && *s == size)
             .map(|(_, _, shadow)| shadow.shallow_clone());
-        let recorded = |m: &Tensor| m.data_ptr() == weight.data_ptr() && m.size() == size;
-        if found.is_none() && !active.misses.iter().any(recorded) {
+        if found.is_none() && !active.misses.iter().any(|m| same_weight(m, weight)) {
             active.misses.push(weight.shallow_clone());
         }
         found
