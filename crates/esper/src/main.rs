@@ -122,7 +122,8 @@ commands:
         --device DEVICE     auto (default), cpu, cuda or cuda:N
         --variants LIST     (the three simic workloads) e.g. bf16-graph-step,fp32-eager (graph-epoch
                             is not one: seeds change the step's shape every few epochs);
-                            suffixes -fp32-policy, -w3, -bench, -no-prewarm (in this order)
+                            suffixes -fp32-policy, -w<N> (N warm-up steps before a capture), -bench,
+                            -no-prewarm (in this order)
         --rounds N          (every simic workload) PPO rounds per variant (default 3, 1 with
                             --quick)
         --episode L         (every simic workload) epochs per episode: head (150, the

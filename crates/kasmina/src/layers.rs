@@ -374,6 +374,31 @@ impl LayerNorm {
             NORM_EPS,
         )?)
     }
+
+    /// [`LayerNorm::forward_into_linear`] for a layer norm on a residual
+    /// stream that goes on past it: `(stream, normed)`, where `stream` is
+    /// `x` (a view, no copy) to use for the stream from here on. Under CUDA
+    /// the two are one autograd node (`torch_ext::nn::layer_norm_fork`), so
+    /// the stream's gradient is added into the input gradient inside the
+    /// layer norm's backward kernel instead of by a separate sum; elsewhere
+    /// `(x, forward_into_linear(x))`, with the same values and gradients.
+    ///
+    /// # Shapes
+    /// `[..., C] -> ([..., C], [..., C])`.
+    pub fn fork_into_linear(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        if !x.device().is_cuda() || x.size().last() != Some(&self.width) {
+            return Ok((x.shallow_clone(), self.forward_into_linear(x)?));
+        }
+        let bf16_out = torch_ext::autocast_state(torch_ext::AutocastDevice::Cuda)
+            .is_ok_and(|state| state.enabled && state.dtype == tch::Kind::BFloat16);
+        Ok(torch_ext::nn::layer_norm_fork(
+            x,
+            &self.weight,
+            &self.bias,
+            NORM_EPS,
+            bf16_out,
+        )?)
+    }
 }
 
 /// 2-D batch normalisation with running statistics (non-trainable buffers).

@@ -76,33 +76,52 @@ fn graph_step_and_eager_train_two_seeds_to_the_same_parameters() {
     let train = data(1024, 1);
     let test = data(256, 2);
     let mut finals = Vec::new();
-    for mode in [ExecutionMode::Eager, ExecutionMode::GraphStep] {
+    // Graph-step after Tolaria's warm-up steps, and with none: a shape's
+    // first step is then captured and run by the capture's replay.
+    let runs = [
+        (ExecutionMode::Eager, None),
+        (ExecutionMode::GraphStep, None),
+        (ExecutionMode::GraphStep, Some(0)),
+    ];
+    for (mode, warmup) in runs {
         let model = blending_model(&train);
         let mut config = config(mode, Precision::Fp32);
         config.matmul.allow_tf32 = false;
+        if let Some(steps) = warmup {
+            config.graph_warmup_steps = steps;
+        }
         let mut trainer =
             ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled())
                 .expect("trainer");
-        let mut replayed = 0;
+        let (mut replayed, mut eager) = (0, 0);
         for _ in 0..4 {
             let report = trainer.train_epoch().expect("epoch");
             replayed += report.train.replayed_steps;
+            eager += report.train.eager_steps;
         }
         if mode == ExecutionMode::GraphStep {
             assert!(replayed > 0, "graph-step replayed no step");
         }
+        if warmup == Some(0) {
+            assert_eq!(eager, 0, "no warm-up: every step is a replay");
+        }
         finals.push(parameters(trainer.model()));
     }
     torch_ext::precision::set_cudnn_deterministic(false);
-    let (eager, graph) = (&finals[0], &finals[1]);
-    assert_eq!(eager.len(), graph.len());
-    let worst = eager
+    let eager = &finals[0];
+    for (graph, label) in finals[1..]
         .iter()
-        .zip(graph)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0_f32, f32::max);
-    println!("eager vs graph-step, 4 epochs, two seeds: max |difference| {worst:e}");
-    assert!(worst < 1e-4, "parameters differ by {worst}");
+        .zip(["graph-step", "graph-step, no warm-up"])
+    {
+        assert_eq!(eager.len(), graph.len());
+        let worst = eager
+            .iter()
+            .zip(graph)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0_f32, f32::max);
+        println!("eager vs {label}, 4 epochs, two seeds: max |difference| {worst:e}");
+        assert!(worst < 1e-4, "{label}: parameters differ by {worst}");
+    }
 }
 
 #[test]

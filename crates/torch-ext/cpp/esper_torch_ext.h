@@ -194,6 +194,12 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, d
 // gives a bf16 output (the kernels are then the `_bf16_out` ones).
 char* esper_layer_norm(void* x, void* weight, void* bias, double eps, int32_t bf16_out,
                        void* const* kernels, void** out);
+// (x, layer_norm(x)) as one autograd node for a layer norm that forks a
+// residual stream: the backward adds the pass-through's gradient inside the
+// layer norm's backward kernel. Arguments as esper_layer_norm; the outputs
+// in out_pass (a view of x) and out_y.
+char* esper_layer_norm_fork(void* x, void* weight, void* bias, double eps, int32_t bf16_out,
+                            void* const* kernels, void** out_pass, void** out_y);
 // linear(x, weight, bias) over the last dimension of an f32 or bf16 CUDA
 // tensor (bias may be null; out features a multiple of 4, at most 1024),
 // computed in bf16 when bf16 is set (autocast's casts applied inside, or

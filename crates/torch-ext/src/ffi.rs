@@ -328,6 +328,16 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_layer_norm_fork(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        eps: f64,
+        bf16_out: i32,
+        kernels: *const *mut c_void,
+        out_pass: *mut *mut c_void,
+        out_y: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_linear(
         x: *mut c_void,
         weight: *mut c_void,

@@ -176,19 +176,15 @@ impl Block {
     }
 
     /// `[B, T, C] -> [B, T, C]`.
+    /// The layer norms fork the residual stream (`LayerNorm::fork_into_linear`),
+    /// so each adds the stream's gradient in its own backward kernel.
     fn forward(&self, x: &Tensor, heads: i64) -> Result<Tensor> {
-        let attended = causal_self_attention(
-            &self.attention_norm.forward_into_linear(x)?,
-            &self.qkv,
-            &self.attention_proj,
-            heads,
-        )?;
-        let x = x.f_add(&attended)?;
-        let hidden = self
-            .mlp_in
-            .forward(&self.mlp_norm.forward_into_linear(&x)?)?
-            .f_gelu("none")?;
-        Ok(x.f_add(&self.mlp_out.forward(&hidden)?)?)
+        let (stream, normed) = self.attention_norm.fork_into_linear(x)?;
+        let attended = causal_self_attention(&normed, &self.qkv, &self.attention_proj, heads)?;
+        let x = stream.f_add(&attended)?;
+        let (stream, normed) = self.mlp_norm.fork_into_linear(&x)?;
+        let hidden = self.mlp_in.forward(&normed)?.f_gelu("none")?;
+        Ok(stream.f_add(&self.mlp_out.forward(&hidden)?)?)
     }
 }
 

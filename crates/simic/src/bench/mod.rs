@@ -163,8 +163,8 @@ pub struct SimicBenchOptions {
     pub rounds: usize,
     /// Variants to run by name (`{fp32,bf16,fp16}-graph-step`,
     /// `{fp32,bf16}-eager`, each optionally with,
-    /// in this order, `-fp32-policy`: the policy in fp32; `-w3`: three
-    /// warm-up steps before a capture instead of one; `-bench`: cuDNN times
+    /// in this order, `-fp32-policy`: the policy in fp32; `-w<N>`: N
+    /// eager warm-up steps before a capture instead of one (`-w0`: none); `-bench`: cuDNN times
     /// its algorithms per new shape; `-no-prewarm`: no blueprint warm-up
     /// before the first round); empty: the defaults for the device (fp32
     /// graph-step, bf16 graph-step with and without an fp32

@@ -1,6 +1,9 @@
 //! [`layer_norm`]: layer normalisation over the last dimension (see the
 //! parent module's docs), from run-time compiled kernels where they apply
-//! and libtorch's `layer_norm` otherwise.
+//! and libtorch's `layer_norm` otherwise; [`layer_norm_bf16`] with a `bf16`
+//! output, and [`layer_norm_fork`] for a layer norm on a residual stream.
+
+use std::ffi::c_void;
 
 use tch::{Device, Kind, Tensor};
 
@@ -51,6 +54,59 @@ pub fn layer_norm_bf16(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> 
     layer_norm_as(x, weight, bias, eps, true)
 }
 
+/// `(x, layer_norm(x))` (or `(x, layer_norm_bf16(x))` with `bf16_out`) as
+/// one autograd node, for a layer norm on a residual stream that goes on
+/// past it: use the first output for the stream. The backward then adds
+/// the stream's gradient into the input gradient inside the layer norm's
+/// backward kernel, where using `x` twice would leave autograd to add the
+/// two gradients in a pass of its own. The first output is a view of `x`
+/// (no copy). Where the fused kernels do not apply (see [`layer_norm`]),
+/// `(x, layer_norm(x))` from libtorch's op, with autograd's sum.
+///
+/// # Shapes
+/// As [`layer_norm`]; returns `(x's shape, x's shape)`.
+///
+/// # Errors
+/// As [`layer_norm`].
+pub fn layer_norm_fork(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    bf16_out: bool,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "nn::layer_norm_fork";
+    let Some(handles) = fused_handles(OP, x, weight, bias, bf16_out)? else {
+        return Ok((
+            x.shallow_clone(),
+            libtorch_layer_norm(OP, x, weight, bias, eps, bf16_out)?,
+        ));
+    };
+    let mixed = bf16_out && x.kind() == Kind::Float;
+    let mut pass: *mut c_void = std::ptr::null_mut();
+    let mut y: *mut c_void = std::ptr::null_mut();
+    // SAFETY: every tensor pointer is live for the call and the kernels
+    // are live (the cache never drops them); on success each out pointer
+    // holds a fresh heap `at::Tensor*` (tch's `C_tensor`) that `from_ptr`
+    // takes over, and on failure neither is set.
+    unsafe {
+        ffi::check(
+            OP,
+            ffi::esper_layer_norm_fork(
+                ffi::tensor_ptr(x),
+                ffi::tensor_ptr(weight),
+                ffi::tensor_ptr(bias),
+                eps,
+                i32::from(mixed),
+                handles.as_ptr(),
+                &mut pass,
+                &mut y,
+            ),
+        )?;
+        Ok((Tensor::from_ptr(pass.cast()), Tensor::from_ptr(y.cast())))
+    }
+}
+
 fn layer_norm_as(
     x: &Tensor,
     weight: &Tensor,
@@ -59,40 +115,8 @@ fn layer_norm_as(
     bf16_out: bool,
 ) -> Result<Tensor> {
     const OP: &str = "nn::layer_norm";
-    let width = x.size().last().copied().unwrap_or(0);
-    let per_channel_ok = [weight, bias]
-        .into_iter()
-        .all(|t| per_channel_f32(t, width, x));
-    let shape_ok = width >= 4
-        && width % 4 == 0
-        && width <= MAX_FUSED_LAYER_NORM_WIDTH
-        && i64::try_from(x.numel()).is_ok_and(|n| n / width <= i64::from(i32::MAX));
-    let fused = layer_norm_target(x)
-        .filter(|_| per_channel_ok && shape_ok && x.is_contiguous() && four_channels(x, width));
-    let k = match fused {
-        Some((device, bf16)) => Some((kernels(OP, device, bf16, true)?, bf16)),
-        None => None,
-    };
-    // The bf16 output from the f32 build's `_bf16_out` kernels; a bf16
-    // input already gives bf16.
-    let handles = match &k {
-        Some((k, false)) if bf16_out => k
-            .ln_bf16_out
-            .as_ref()
-            .map(|(forward, backward)| [forward.raw(), backward.raw(), k.conv_reduce.raw()]),
-        Some((k, _)) => Some([k.ln_forward.raw(), k.ln_backward.raw(), k.conv_reduce.raw()]),
-        None => None,
-    };
-    let Some(handles) = handles else {
-        let y = x
-            .f_layer_norm([width].as_slice(), Some(weight), Some(bias), eps, true)
-            .map_err(|error| torch(OP, error))?;
-        return if bf16_out {
-            y.f_to_kind(Kind::BFloat16)
-                .map_err(|error| torch(OP, error))
-        } else {
-            Ok(y)
-        };
+    let Some(handles) = fused_handles(OP, x, weight, bias, bf16_out)? else {
+        return libtorch_layer_norm(OP, x, weight, bias, eps, bf16_out);
     };
     let mixed = bf16_out && x.kind() == Kind::Float;
     // SAFETY: as in `batch_norm_relu`.
@@ -108,6 +132,63 @@ fn layer_norm_as(
                 out,
             )
         })
+    }
+}
+
+/// The fused path's kernels (forward, backward, reduction) where it
+/// applies to these tensors, `None` where libtorch's op runs instead.
+fn fused_handles(
+    op: &'static str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    bf16_out: bool,
+) -> Result<Option<[*mut c_void; 3]>> {
+    let width = x.size().last().copied().unwrap_or(0);
+    let per_channel_ok = [weight, bias]
+        .into_iter()
+        .all(|t| per_channel_f32(t, width, x));
+    let shape_ok = width >= 4
+        && width % 4 == 0
+        && width <= MAX_FUSED_LAYER_NORM_WIDTH
+        && i64::try_from(x.numel()).is_ok_and(|n| n / width <= i64::from(i32::MAX));
+    let fused = layer_norm_target(x)
+        .filter(|_| per_channel_ok && shape_ok && x.is_contiguous() && four_channels(x, width));
+    let k = match fused {
+        Some((device, bf16)) => Some((kernels(op, device, bf16, true)?, bf16)),
+        None => None,
+    };
+    // The bf16 output from the f32 build's `_bf16_out` kernels; a bf16
+    // input already gives bf16.
+    Ok(match &k {
+        Some((k, false)) if bf16_out => k
+            .ln_bf16_out
+            .as_ref()
+            .map(|(forward, backward)| [forward.raw(), backward.raw(), k.conv_reduce.raw()]),
+        Some((k, _)) => Some([k.ln_forward.raw(), k.ln_backward.raw(), k.conv_reduce.raw()]),
+        None => None,
+    })
+}
+
+/// libtorch's `layer_norm` over the last dimension, cast to `bf16` where
+/// `bf16_out`.
+fn libtorch_layer_norm(
+    op: &'static str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    bf16_out: bool,
+) -> Result<Tensor> {
+    let width = x.size().last().copied().unwrap_or(0);
+    let y = x
+        .f_layer_norm([width].as_slice(), Some(weight), Some(bias), eps, true)
+        .map_err(|error| torch(op, error))?;
+    if bf16_out {
+        y.f_to_kind(Kind::BFloat16)
+            .map_err(|error| torch(op, error))
+    } else {
+        Ok(y)
     }
 }
 

@@ -9,6 +9,9 @@
 //! so results are deterministic. The `f32` build also has the kernels of a
 //! layer norm with a `bf16` output (`esper_ln_*_bf16_out`): under `bf16`
 //! autocast, a linear layer's input in the dtype the layer casts it to.
+//! The backward kernels add an optional second gradient into the input
+//! gradient (a layer norm that forks a residual stream, whose other branch's
+//! gradient autograd would otherwise add in a pass of its own).
 
 pub(in crate::nn) const LAYER_NORM_SOURCE: &str = r#"
 // ---- layer norm over the last dimension of dense [M, C] rows ----
@@ -111,15 +114,19 @@ extern "C" __global__ void esper_ln_forward(const T* __restrict__ x,
     ln_forward<T>(x, gamma, beta, y, mean_out, rstd_out, M, C, eps);
 }
 
-// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma, per row;
-// and this block's partial weight and bias gradients, sum(dy xhat) and
-// sum(dy) per column over its rows: partials[block][0, C) and [C, 2C).
-// TY: the output gradient's type (the forward's output type).
+// dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy gamma, per row,
+// plus dres where it is not null (the gradient of the input's other use,
+// for a layer norm that forks a residual stream: the sum autograd would
+// otherwise add in a pass of its own); and this block's partial weight and
+// bias gradients, sum(dy xhat) and sum(dy) per column over its rows:
+// partials[block][0, C) and [C, 2C). TY: the output gradient's type (the
+// forward's output type).
 template <typename TY>
 __device__ __forceinline__ void ln_backward(const T* __restrict__ x, const TY* __restrict__ dy,
                                             const float* __restrict__ gamma,
                                             const float* __restrict__ mean,
-                                            const float* __restrict__ rstd, T* __restrict__ dx,
+                                            const float* __restrict__ rstd,
+                                            const T* __restrict__ dres, T* __restrict__ dx,
                                             float* __restrict__ partials, int M, int C) {
     __shared__ float red[LN_WARPS][2 * LN_MAX_C];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -161,6 +168,12 @@ __device__ __forceinline__ void ln_backward(const T* __restrict__ x, const TY* _
                 float o[4];
                 #pragma unroll
                 for (int j = 0; j < 4; ++j) o[j] = rs * (g[k][j] - ma - xh[k][j] * mb);
+                if (dres != nullptr) {
+                    float rv[4];
+                    load4(dres, base + c, rv);
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) o[j] += rv[j];
+                }
                 store4(dx, base + c, o);
             }
         }
@@ -188,9 +201,10 @@ __device__ __forceinline__ void ln_backward(const T* __restrict__ x, const TY* _
 extern "C" __global__ void esper_ln_backward(const T* __restrict__ x, const T* __restrict__ dy,
                                              const float* __restrict__ gamma,
                                              const float* __restrict__ mean,
-                                             const float* __restrict__ rstd, T* __restrict__ dx,
+                                             const float* __restrict__ rstd,
+                                             const T* __restrict__ dres, T* __restrict__ dx,
                                              float* __restrict__ partials, int M, int C) {
-    ln_backward<T>(x, dy, gamma, mean, rstd, dx, partials, M, C);
+    ln_backward<T>(x, dy, gamma, mean, rstd, dres, dx, partials, M, C);
 }
 
 #if !ESPER_BF16
@@ -210,9 +224,10 @@ extern "C" __global__ void esper_ln_backward_bf16_out(const float* __restrict__ 
                                                       const float* __restrict__ gamma,
                                                       const float* __restrict__ mean,
                                                       const float* __restrict__ rstd,
+                                                      const float* __restrict__ dres,
                                                       float* __restrict__ dx,
                                                       float* __restrict__ partials, int M, int C) {
-    ln_backward<B16>(x, dy, gamma, mean, rstd, dx, partials, M, C);
+    ln_backward<B16>(x, dy, gamma, mean, rstd, dres, dx, partials, M, C);
 }
 #endif
 "#;

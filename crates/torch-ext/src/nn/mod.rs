@@ -56,6 +56,10 @@
 //!   bias gradients. libtorch spends a separate kernel on the weight and
 //!   bias gradients that, for rows of 128 values, took longer than the rest
 //!   of the layer's backward (`baselines/perf/tolaria-lm/NOTES.md`).
+//!   [`layer_norm_bf16`] writes its output in `bf16`; [`layer_norm_fork`]
+//!   returns `(x, layer_norm(x))` as one node for a norm on a residual
+//!   stream, so its backward kernel adds the stream's gradient into the
+//!   input gradient instead of autograd's separate sum.
 //! - [`embedding`]: a token embedding whose backward sums each vocabulary
 //!   row's output-gradient rows without sorting the ids: a block owns one
 //!   row and one chunk of ids, a warp finds its 32 ids' matches with one
@@ -129,7 +133,7 @@ pub use blend::{blend_lerp, blend_lerp_replicated};
 pub use embedding::embedding;
 pub use gram::gram;
 use kernels::kernels;
-pub use layer_norm::{layer_norm, layer_norm_bf16};
+pub use layer_norm::{layer_norm, layer_norm_bf16, layer_norm_fork};
 pub use linear::linear;
 pub use shadow::{Bf16Shadows, ShadowScope};
 

@@ -69,6 +69,38 @@ fn layer_norm_on_the_cpu_is_libtorchs() {
     assert!(layer_norm(&Tensor::ones([0], cpu), &weight, &bias, 1e-5).is_err());
 }
 
+/// Off CUDA, `layer_norm_fork` is `(x, layer_norm(x))` from libtorch's
+/// op: the stream is `x` and autograd sums the two gradients; a weight
+/// that does not fit is libtorch's clear error.
+#[test]
+fn layer_norm_fork_on_the_cpu_is_x_and_libtorchs_layer_norm() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let x = Tensor::randn([3, 5, 8], cpu).set_requires_grad(true);
+    let (weight, bias) = (Tensor::rand([8], cpu), Tensor::randn([8], cpu));
+    for bf16_out in [false, true] {
+        let (stream, y) = layer_norm_fork(&x, &weight, &bias, 1e-5, bf16_out).unwrap();
+        assert!(stream.equal(&x));
+        let expected = x.layer_norm([8].as_slice(), Some(&weight), Some(&bias), 1e-5, true);
+        let expected = if bf16_out {
+            expected.to_kind(Kind::BFloat16)
+        } else {
+            expected
+        };
+        assert!(y.equal(&expected), "bf16_out {bf16_out}");
+    }
+    let (stream, y) = layer_norm_fork(&x, &weight, &bias, 1e-5, false).unwrap();
+    let up = Tensor::randn([3, 5, 8], cpu);
+    ((&stream * &up).sum(Kind::Float) + y.sum(Kind::Float)).backward();
+    let lone = x.detach().set_requires_grad(true);
+    lone.layer_norm([8].as_slice(), Some(&weight), Some(&bias), 1e-5, true)
+        .sum(Kind::Float)
+        .backward();
+    let expected = lone.grad() + &up;
+    assert!(x.grad().allclose(&expected, 1e-6, 1e-6, false));
+    let wrong = Tensor::ones([5], cpu);
+    assert!(layer_norm_fork(&x, &wrong, &bias, 1e-5, false).is_err());
+}
+
 /// Off CUDA, `linear` is libtorch's op, with its clear error for a weight
 /// that does not fit the input.
 #[test]

@@ -2,8 +2,9 @@
 //! (part of the `gpu` test binary): output and every gradient in f32 and
 //! bf16, the transformer host's rows, narrow and the widest rows, a mean far
 //! from zero, the widths that fall back to libtorch, determinism, autocast,
-//! a replay from a captured graph, and `layer_norm_bf16` as the cast of
-//! `layer_norm` bit for bit. The tests hold the binary's device
+//! a replay from a captured graph, `layer_norm_bf16` as the cast of
+//! `layer_norm` bit for bit, and `layer_norm_fork` adding the stream's
+//! gradient in its own kernel. The tests hold the binary's device
 //! lock, since they flip the process-wide fused switch.
 
 use tch::{Kind, Tensor};
@@ -189,4 +190,82 @@ fn the_bf16_output_layer_norm_is_the_cast_of_layer_norm_bit_for_bit() {
     let b = Tensor::zeros([128], (Kind::Float, CUDA));
     let y = nn::layer_norm_bf16(&x, &w, &b, 1e-5).unwrap();
     assert!(y.equal(&nn::layer_norm(&x, &w, &b, 1e-5).unwrap()));
+}
+
+/// One forked layer norm, `(pass, y) = layer_norm_fork(x)`, with a seeded
+/// upstream gradient on both outputs; returns (y, dx, dweight, dbias) as
+/// f32 and the `CUDAFunctor_add` launches of the backward.
+fn fork_run(x: &Tensor, bf16_out: bool, fused: bool) -> ([Tensor; 4], u64) {
+    nn::set_fused_kernels(fused);
+    let width = *x.size().last().unwrap();
+    let f32 = (Kind::Float, CUDA);
+    let x = x.detach().set_requires_grad(true);
+    tch::manual_seed(width);
+    let weight = (Tensor::rand([width], f32) + 0.5).set_requires_grad(true);
+    let bias = (Tensor::randn([width], f32) * 0.3).set_requires_grad(true);
+    let (pass, y) = nn::layer_norm_fork(&x, &weight, &bias, 1e-5, bf16_out).unwrap();
+    assert_eq!(pass.size(), x.size());
+    assert_eq!(y.kind(), if bf16_out { Kind::BFloat16 } else { x.kind() });
+    assert_eq!(values(&pass), values(&x), "the pass-through is x");
+    let up_pass = Tensor::randn(x.size(), f32);
+    let up_y = Tensor::randn(y.size(), f32);
+    let loss =
+        (&pass * &up_pass).sum(Kind::Float) + (y.to_kind(Kind::Float) * &up_y).sum(Kind::Float);
+    cuda::synchronize(0).unwrap();
+    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
+    loss.backward();
+    cuda::synchronize(0).unwrap();
+    let profile = profiler.stop().unwrap();
+    nn::set_fused_kernels(true);
+    let adds = profile
+        .kernels
+        .iter()
+        .filter(|k| k.name.contains("CUDAFunctor_add"))
+        .map(|k| k.count)
+        .sum();
+    (
+        [
+            y.to_kind(Kind::Float),
+            x.grad().to_kind(Kind::Float),
+            weight.grad(),
+            bias.grad(),
+        ],
+        adds,
+    )
+}
+
+#[test]
+fn the_forked_layer_norm_adds_the_streams_gradient_in_its_own_kernel() {
+    let Some(_device) = gpu_or_skip() else { return };
+    // The LM host's rows, a partial warp's width and the widest rows.
+    let shapes: [&[i64]; 3] = [&[128, 64, 128], &[7, 36], &[3, 5, 512]];
+    for bf16_out in [false, true] {
+        for shape in shapes {
+            tch::manual_seed(shape.iter().sum::<i64>());
+            let x = Tensor::randn(shape, (Kind::Float, CUDA)) * 2.0;
+            let (fused, fused_adds) = fork_run(&x, bf16_out, true);
+            let (reference, reference_adds) = fork_run(&x, bf16_out, false);
+            let (again, _) = fork_run(&x, bf16_out, true);
+            let case = format!("fork {shape:?} bf16_out {bf16_out}");
+            assert_eq!(
+                fused_adds, 0,
+                "{case}: no separate sum of the two gradients"
+            );
+            assert!(
+                reference_adds >= 1,
+                "{case}: libtorch's path sums them apart"
+            );
+            let bound = if bf16_out { 2e-2 } else { 2e-3 };
+            assert_matches_and_repeats(&case, &fused, &reference, &again, bound);
+        }
+    }
+    // Without a gradient for the layer norm's output, the input's gradient
+    // is the stream's alone.
+    let x = Tensor::randn([64, 128], (Kind::Float, CUDA)).set_requires_grad(true);
+    let f32 = (Kind::Float, CUDA);
+    let (weight, bias) = (Tensor::ones([128], f32), Tensor::zeros([128], f32));
+    let (pass, _y) = nn::layer_norm_fork(&x, &weight, &bias, 1e-5, false).unwrap();
+    let up = Tensor::randn([64, 128], f32);
+    (&pass * &up).sum(Kind::Float).backward();
+    assert_eq!(values(&x.grad()), values(&up));
 }

@@ -12,8 +12,9 @@ use crate::vectorized::SimicConfig;
 /// The settings of the variant `name`: a base name ([`variant`]) with
 /// optional suffixes that turn Simic's environment defaults (one warm-up
 /// step before a capture, no cuDNN algorithm timing) back to Tolaria's:
-/// `-bench` times cuDNN algorithms at every new shape, `-w3` warms up three
-/// steps; `-fp32-policy` keeps the policy in fp32 whatever the
+/// `-bench` times cuDNN algorithms at every new shape, `-w<N>` warms up N
+/// steps (`-w3`: Tolaria's default; `-w0`: none, the capture's replay runs
+/// a shape's first step); `-fp32-policy` keeps the policy in fp32 whatever the
 /// environments' precision; and `-no-prewarm` (last) skips running every
 /// blueprint once before the first round
 /// ([`SimicConfig::prewarm_blueprints`], on by default).
@@ -45,6 +46,24 @@ pub(in crate::bench) fn variant_config(
     Ok((precision, config))
 }
 
+/// `name` without a trailing `-w<N>` (N decimal digits, at most 3), and N:
+/// the eager warm-up steps before a capture. `-w0` captures a shape's
+/// first step (the capture's replay runs it).
+fn split_warmup(name: &str) -> (&str, Option<usize>) {
+    let Some((base, digits)) = name.rsplit_once("-w") else {
+        return (name, None);
+    };
+    let parsed = (1..=3)
+        .contains(&digits.len())
+        .then(|| digits.parse::<usize>().ok())
+        .flatten()
+        .filter(|_| digits.bytes().all(|byte| byte.is_ascii_digit()));
+    match parsed {
+        Some(steps) => (base, Some(steps)),
+        None => (name, None),
+    }
+}
+
 /// What a variant's suffixes ask for (see [`variant_config`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::bench) struct VariantSuffixes {
@@ -55,7 +74,7 @@ pub(in crate::bench) struct VariantSuffixes {
 }
 
 /// A variant's base name and its suffixes, in the order
-/// [`variant_config`] takes them (`-fp32-policy`, `-w3`, `-bench`,
+/// [`variant_config`] takes them (`-fp32-policy`, `-w<N>`, `-bench`,
 /// `-no-prewarm`).
 pub(in crate::bench) fn split_variant(name: &str) -> (&str, VariantSuffixes) {
     let (name, prewarm) = match name.strip_suffix("-no-prewarm") {
@@ -66,10 +85,7 @@ pub(in crate::bench) fn split_variant(name: &str) -> (&str, VariantSuffixes) {
         Some(base) => (base, true),
         None => (name, false),
     };
-    let (base, warmup) = match base.strip_suffix("-w3") {
-        Some(base) => (base, Some(3)),
-        None => (base, None),
-    };
+    let (base, warmup) = split_warmup(base);
     let (base, fp32_policy) = match base.strip_suffix("-fp32-policy") {
         Some(base) => (base, true),
         None => (base, false),
@@ -83,4 +99,45 @@ pub(in crate::bench) fn split_variant(name: &str) -> (&str, VariantSuffixes) {
             fp32_policy,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_warm_up_suffix_takes_any_small_count_and_leaves_other_names_alone() {
+        assert_eq!(
+            split_warmup("fp32-graph-step-w0"),
+            ("fp32-graph-step", Some(0))
+        );
+        assert_eq!(
+            split_warmup("fp32-graph-step-w3"),
+            ("fp32-graph-step", Some(3))
+        );
+        assert_eq!(
+            split_warmup("bf16-graph-step-fp32-policy-w12"),
+            ("bf16-graph-step-fp32-policy", Some(12))
+        );
+        for name in [
+            "fp32-graph-step",
+            "fp32-graph-step-w",
+            "fp32-graph-step-w+1",
+            "fp32-graph-step-w1000",
+            "fp32-graph-step-wx",
+        ] {
+            assert_eq!(split_warmup(name), (name, None), "{name}");
+        }
+        let (base, suffixes) = split_variant("bf16-graph-step-fp32-policy-w0-bench-no-prewarm");
+        assert_eq!(base, "bf16-graph-step");
+        assert_eq!(
+            suffixes,
+            VariantSuffixes {
+                prewarm: false,
+                benchmark: true,
+                warmup: Some(0),
+                fp32_policy: true,
+            }
+        );
+    }
 }
