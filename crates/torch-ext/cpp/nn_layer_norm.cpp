@@ -15,6 +15,8 @@
 
 #include <c10/cuda/CUDAGuard.h>
 
+#include <memory>
+
 namespace {
 
 using namespace esper::nn;
@@ -154,25 +156,39 @@ class LayerNormFork : public torch::autograd::Function<LayerNormFork> {
   }
 };
 
-// The checks every layer-norm entry point makes before anything runs.
-void check_layer_norm(const at::Tensor& input, const at::Tensor& w, const at::Tensor& b,
-                      int32_t bf16_out) {
+// The tensors behind an entry point's arguments, after the checks every
+// layer-norm entry point makes before anything runs (`op` names it in the
+// errors).
+struct LayerNormArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const at::Tensor& bias;
+};
+
+LayerNormArgs layer_norm_args(const char* op, void* x, void* weight, void* bias,
+                              int32_t bf16_out, void* const* kernels) {
+  TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr &&
+                  kernels[0] != nullptr && kernels[1] != nullptr && kernels[2] != nullptr,
+              op, ": null argument");
+  LayerNormArgs args{*static_cast<const at::Tensor*>(x), *static_cast<const at::Tensor*>(weight),
+                     *static_cast<const at::Tensor*>(bias)};
+  const at::Tensor& input = args.input;
   TORCH_CHECK(input.is_cuda() && input.dim() >= 1 && input.is_contiguous() && aligned16(input) &&
                   (input.scalar_type() == at::kFloat || input.scalar_type() == at::kBFloat16),
-              "layer_norm: expected an aligned contiguous f32 or bf16 CUDA tensor");
-  TORCH_CHECK(!bf16_out || input.scalar_type() == at::kFloat,
-              "layer_norm: a bf16 output is made from an f32 input");
+              op, ": expected an aligned contiguous f32 or bf16 CUDA tensor");
+  TORCH_CHECK(!bf16_out || input.scalar_type() == at::kFloat, op,
+              ": a bf16 output is made from an f32 input");
   const int64_t width = input.size(-1);
-  TORCH_CHECK(width >= 4 && width % 4 == 0 && width <= kMaxWidth,
-              "layer_norm: a last dimension of ", width, " (the kernels take multiples of 4 up to ",
-              kMaxWidth, ")");
-  TORCH_CHECK(input.numel() / width <= INT32_MAX,
-              "layer_norm: more rows than 32-bit indexing covers");
-  for (const at::Tensor* t : {&w, &b}) {
+  TORCH_CHECK(width >= 4 && width % 4 == 0 && width <= kMaxWidth, op, ": a last dimension of ",
+              width, " (the kernels take multiples of 4 up to ", kMaxWidth, ")");
+  TORCH_CHECK(input.numel() / width <= INT32_MAX, op,
+              ": more rows than 32-bit indexing covers");
+  for (const at::Tensor* t : {&args.weight, &args.bias}) {
     TORCH_CHECK(t->dim() == 1 && t->size(0) == width && t->scalar_type() == at::kFloat &&
                     t->is_contiguous() && t->device() == input.device(),
-                "layer_norm: weight and bias must be contiguous f32 [C] on the input's device");
+                op, ": weight and bias must be contiguous f32 [C] on the input's device");
   }
+  return args;
 }
 
 }  // namespace
@@ -183,15 +199,9 @@ char* esper_layer_norm(void* x, void* weight, void* bias, double eps, int32_t bf
                        void* const* kernels, void** out) {
   ESPER_TRY
   *out = nullptr;
-  TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr &&
-                  kernels[0] != nullptr && kernels[1] != nullptr && kernels[2] != nullptr,
-              "layer_norm: null argument");
-  const auto& input = *static_cast<const at::Tensor*>(x);
-  const auto& w = *static_cast<const at::Tensor*>(weight);
-  const auto& b = *static_cast<const at::Tensor*>(bias);
-  check_layer_norm(input, w, b, bf16_out);
-  at::Tensor y = LayerNorm::apply(input, w, b, eps, bf16_out != 0, as_int(kernels[0]),
-                                  as_int(kernels[1]), as_int(kernels[2]));
+  const LayerNormArgs args = layer_norm_args("layer_norm", x, weight, bias, bf16_out, kernels);
+  at::Tensor y = LayerNorm::apply(args.input, args.weight, args.bias, eps, bf16_out != 0,
+                                  as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }
@@ -201,18 +211,14 @@ char* esper_layer_norm_fork(void* x, void* weight, void* bias, double eps, int32
   ESPER_TRY
   *out_pass = nullptr;
   *out_y = nullptr;
-  TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr &&
-                  kernels[0] != nullptr && kernels[1] != nullptr && kernels[2] != nullptr,
-              "layer_norm_fork: null argument");
-  const auto& input = *static_cast<const at::Tensor*>(x);
-  const auto& w = *static_cast<const at::Tensor*>(weight);
-  const auto& b = *static_cast<const at::Tensor*>(bias);
-  check_layer_norm(input, w, b, bf16_out);
-  variable_list outs = LayerNormFork::apply(input, w, b, eps, bf16_out != 0, as_int(kernels[0]),
-                                            as_int(kernels[1]), as_int(kernels[2]));
-  auto* pass = new at::Tensor(std::move(outs[0]));
+  const LayerNormArgs args =
+      layer_norm_args("layer_norm_fork", x, weight, bias, bf16_out, kernels);
+  variable_list outs =
+      LayerNormFork::apply(args.input, args.weight, args.bias, eps, bf16_out != 0,
+                           as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]));
+  auto pass = std::make_unique<at::Tensor>(std::move(outs[0]));
   *out_y = new at::Tensor(std::move(outs[1]));
-  *out_pass = pass;
+  *out_pass = pass.release();
   ESPER_CATCH
 }
 
