@@ -28,6 +28,7 @@ const SOURCES: &[&str] = &[
     "cpp/nn_layer_norm.cpp",
     "cpp/nn_linear.cpp",
     "cpp/nn_embedding.cpp",
+    "cpp/nn_attention.cpp",
     "cpp/nn_blend.cpp",
     "cpp/profile.cpp",
 ];

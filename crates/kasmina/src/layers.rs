@@ -478,7 +478,10 @@ pub fn fill_parameter(parameter: &mut Tensor, value: f64) -> Result<()> {
 }
 
 /// Multi-head causal self-attention: `proj(SDPA(q, k, v, causal))` with
-/// `q, k, v` from one `qkv` projection.
+/// `q, k, v` from one `qkv` projection, through
+/// `torch_ext::nn::causal_attention` (on CUDA in bf16, for short sequences,
+/// one kernel each way over the packed projection; libtorch's fused SDPA
+/// otherwise).
 ///
 /// # Shapes
 /// `[B, T, C] -> [B, T, C]`; `qkv: C -> 3C`, `proj: C -> C`, `C % heads == 0`.
@@ -489,39 +492,19 @@ pub fn causal_self_attention(
     heads: i64,
 ) -> Result<Tensor> {
     let size = x.size();
-    let &[batch, time, width] = size.as_slice() else {
+    let &[_, _, width] = size.as_slice() else {
         return Err(crate::Error::ShapeMismatch {
             op: "attention input",
             expected: vec![-1, -1, -1],
             got: size,
         });
     };
-    let head_dim = width
-        .checked_div(heads)
-        .filter(|_| heads >= 1 && width.checked_rem(heads) == Some(0))
-        .ok_or_else(|| crate::Error::InvalidConfig {
+    if heads < 1 || width.checked_rem(heads) != Some(0) {
+        return Err(crate::Error::InvalidConfig {
             reason: format!("attention: width {width} is not divisible by {heads} heads"),
-        })?;
-    // [B, T, C] -> [B, H, T, C/H]
-    let split = |t: &Tensor| -> Result<Tensor> {
-        Ok(t.f_reshape([batch, time, heads, head_dim])?
-            .f_transpose(1, 2)?)
-    };
-    let projected = qkv.forward(x)?; // [B, T, 3C]
-    let parts = projected.f_split(width, 2)?;
-    let [q, k, v] = parts.as_slice() else {
-        return Err(crate::Error::ShapeMismatch {
-            op: "attention (qkv projection)",
-            expected: vec![batch, time, width.saturating_mul(3)],
-            got: projected.size(),
         });
-    };
-    let (q, k, v) = (split(q)?, split(k)?, split(v)?);
-    let attended =
-        Tensor::f_scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false)?; // [B, H, T, C/H]
-    let merged = attended
-        .f_transpose(1, 2)?
-        .f_contiguous()?
-        .f_reshape([batch, time, width])?; // [B, T, C]
+    }
+    let projected = qkv.forward(x)?; // [B, T, 3C]
+    let merged = torch_ext::nn::causal_attention(&projected, heads)?; // [B, T, C]
     proj.forward(&merged)
 }

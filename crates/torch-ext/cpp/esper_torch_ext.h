@@ -204,13 +204,19 @@ char* esper_layer_norm_fork(void* x, void* weight, void* bias, double eps, int32
 // tensor (bias may be null; out features a multiple of 4, at most 1024),
 // computed in bf16 when bf16 is set (autocast's casts applied inside, or
 // the weight's and bias's bf16 shadows where weight_c / bias_c are not
-// null); kernels: column sums, reduction (nn_linear.cpp).
+// null); kernels: column sums, reduction, and the bf16 weight-and-bias
+// gradient kernel or null (nn_linear.cpp).
 char* esper_linear(void* x, void* weight, void* bias, void* weight_c, void* bias_c, int32_t bf16,
                    void* const* kernels, void** out);
 // embedding(weight, ids) for a contiguous f32 or bf16 CUDA weight [V, C]
 // (V at most 65535, C at most 512) and int64 ids; kernels: backward,
 // reduction (nn_embedding.cpp).
 char* esper_embedding(void* weight, void* ids, void* const* kernels, void** out);
+// Causal self-attention over a contiguous bf16 CUDA projection qkv
+// [B, T, 3C] (T at most 64, heads of 16 or 32 values): the merged output
+// [B, T, C]; kernels: forward, backward for the head width
+// (nn_attention.cpp).
+char* esper_causal_attention(void* qkv, int64_t heads, void* const* kernels, void** out);
 // lerp(host, seed, weight) with one f32 weight per sample ([N] or [1]) read
 // on the device; host and seed share one dense layout; kernels: forward,
 // backward (nn_blend.cpp).

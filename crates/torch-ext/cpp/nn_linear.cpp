@@ -10,12 +10,19 @@
 // convolution source's fixed-order reduction, in f32. Where the caller
 // passes bf16 shadows of an f32 weight and bias (src/nn/shadow.rs, cast
 // for every layer at once), the forward takes them instead of casting.
+// In bf16 with an f32 weight and bias, where the wgrad kernel is given, the
+// weight and bias gradients are one tensor-core kernel over the rows
+// (src/nn/linear_source.rs: esper_linear_wgrad, per-split partials of
+// gᵀx and of g's column sums) and one fixed-order reduction.
 #include "esper_torch_ext.h"
 #include "error.h"
 #include "nn_internal.h"
 
 #include <ATen/autocast_mode.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <limits>
+#include <utility>
 
 namespace {
 
@@ -43,6 +50,57 @@ at::Tensor column_sums(const at::Tensor& g, void* col_sum, void* reduce) {
   return sum_partials(reduce, partials, blocks, channels, stream);
 }
 
+// The wgrad kernel's tile (src/nn/linear_source.rs: LW_TILE, LW_ROWS,
+// LW_THREADS).
+constexpr int kWgradTile = 64;
+constexpr int kWgradRows = 32;
+constexpr int kWgradThreads = 128;
+
+// Whether esper_linear_wgrad takes this backward: bf16 rows g [R, O] and
+// x [R, I], dense and 16-byte aligned, O and I multiples of 8, R >= 1, an
+// f32 weight (and bias), a device with bf16 tensor cores.
+bool wgrad_fits(const at::Tensor& g, const at::Tensor& x2, at::ScalarType w_dtype,
+                bool bias_wanted, at::ScalarType b_dtype) {
+  return g.scalar_type() == at::kBFloat16 && x2.scalar_type() == at::kBFloat16 &&
+         w_dtype == at::kFloat && (!bias_wanted || b_dtype == at::kFloat) && g.size(0) >= 1 &&
+         g.size(1) % 8 == 0 && x2.size(1) % 8 == 0 && g.is_contiguous() && x2.is_contiguous() &&
+         aligned16(g) && aligned16(x2) &&
+         g.size(1) * x2.size(1) + g.size(1) <= std::numeric_limits<int>::max() &&
+         at::cuda::getDeviceProperties(g.device().index())->major >= 8;
+}
+
+// (dW f32 [O, I], dB f32 [O] or undefined): the per-split partials of one
+// wgrad launch, added up in split order by the reduction kernel.
+std::pair<at::Tensor, at::Tensor> weight_bias_gradients(const at::Tensor& g, const at::Tensor& x2,
+                                                        bool bias_wanted, void* wgrad,
+                                                        void* reduce) {
+  long long rows = g.size(0);
+  int outs = static_cast<int>(g.size(1)), ins = static_cast<int>(x2.size(1));
+  const int64_t tiles = ((outs + kWgradTile - 1) / kWgradTile) *
+                        static_cast<int64_t>((ins + kWgradTile - 1) / kWgradTile);
+  // About two blocks an SM, splits of whole 32-row stages.
+  const int64_t stages = (rows + kWgradRows - 1) / kWgradRows;
+  const int64_t wanted = std::max<int64_t>(1, (2 * sm_count(g) + tiles - 1) / tiles);
+  const int64_t splits0 = std::min<int64_t>(wanted, stages);
+  long long span = (stages + splits0 - 1) / splits0 * kWgradRows;
+  const int splits = static_cast<int>((rows + span - 1) / span);
+  int out_size = outs * ins + (bias_wanted ? outs : 0);
+  at::Tensor partials =
+      at::empty({static_cast<int64_t>(splits) * out_size}, g.options().dtype(at::kFloat));
+  const void* g_ptr = g.data_ptr();
+  const void* x_ptr = x2.data_ptr();
+  void* partials_ptr = partials.data_ptr();
+  int with_bias = bias_wanted ? 1 : 0;
+  void* args[] = {&g_ptr, &x_ptr, &partials_ptr, &rows, &outs, &ins, &span, &with_bias};
+  cudaStream_t stream = stream_of(g);
+  esper::jit_launch(wgrad, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
+                    dim3(kWgradThreads), 0, args, stream);
+  at::Tensor sums = sum_partials(reduce, partials, splits, out_size, stream);
+  at::Tensor dw = sums.narrow(0, 0, static_cast<int64_t>(outs) * ins).view({outs, ins});
+  at::Tensor db = bias_wanted ? sums.narrow(0, static_cast<int64_t>(outs) * ins, outs) : at::Tensor();
+  return {dw, db};
+}
+
 class Linear : public torch::autograd::Function<Linear> {
  public:
   // `bias` is an empty tensor for a layer without one (autograd functions
@@ -51,7 +109,7 @@ class Linear : public torch::autograd::Function<Linear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const at::Tensor& weight_c,
                             const at::Tensor& bias_c, int64_t dtype, int64_t col_sum_kernel,
-                            int64_t reduce_kernel) {
+                            int64_t reduce_kernel, int64_t wgrad_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
     auto type = static_cast<at::ScalarType>(dtype);
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
@@ -76,6 +134,7 @@ class Linear : public torch::autograd::Function<Linear> {
     ctx->saved_data["b_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->saved_data["col_sum"] = col_sum_kernel;
     ctx->saved_data["reduce"] = reduce_kernel;
+    ctx->saved_data["wgrad"] = wgrad_kernel;
     return y;
   }
 
@@ -83,7 +142,7 @@ class Linear : public torch::autograd::Function<Linear> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(8);
+    variable_list out(9);
     if (!grads[0].defined()) {
       return out;
     }
@@ -97,8 +156,19 @@ class Linear : public torch::autograd::Function<Linear> {
       at::Tensor dx = at::mm(g, wc).view(xc.sizes());
       out[0] = dx.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
     }
+    const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+    const auto b_dtype = static_cast<at::ScalarType>(ctx->saved_data["b_dtype"].toInt());
+    if (ctx->saved_data["wgrad"].toInt() != 0 && ctx->needs_input_grad(1) &&
+        wgrad_fits(g, x2, w_dtype, ctx->needs_input_grad(2), b_dtype)) {
+      auto [dw, db] = weight_bias_gradients(g, x2, ctx->needs_input_grad(2), handle(ctx, "wgrad"),
+                                            handle(ctx, "reduce"));
+      out[1] = dw;
+      if (ctx->needs_input_grad(2)) {
+        out[2] = db;
+      }
+      return out;
+    }
     if (ctx->needs_input_grad(1)) {
-      const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
       // bf16 products into an f32 gradient: cuBLAS writes f32 (no bf16
       // rounding, no cast).
       out[1] = w_dtype == g.scalar_type() ? at::mm(g.t(), x2) : at::mm(g.t(), x2, w_dtype);
@@ -106,7 +176,7 @@ class Linear : public torch::autograd::Function<Linear> {
     if (ctx->needs_input_grad(2)) {
       at::Tensor ga = aligned(g, at::MemoryFormat::Contiguous);
       at::Tensor sums = column_sums(ga, handle(ctx, "col_sum"), handle(ctx, "reduce"));
-      out[2] = sums.to(static_cast<at::ScalarType>(ctx->saved_data["b_dtype"].toInt()));
+      out[2] = sums.to(b_dtype);
     }
     return out;
   }
@@ -159,7 +229,8 @@ char* esper_linear(void* x, void* weight, void* bias, void* weight_c, void* bias
               "linear: the bias's shadow must be a contiguous bf16 tensor of its size");
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
   at::Tensor y =
-      Linear::apply(input, w, b, wc, bc, dtype, as_int(kernels[0]), as_int(kernels[1]));
+      Linear::apply(input, w, b, wc, bc, dtype, as_int(kernels[0]), as_int(kernels[1]),
+                    as_int(kernels[2]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

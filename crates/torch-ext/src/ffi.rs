@@ -354,6 +354,12 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_causal_attention(
+        qkv: *mut c_void,
+        heads: i64,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_blend_lerp(
         host: *mut c_void,
         seed: *mut c_void,

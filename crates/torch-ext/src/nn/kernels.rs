@@ -10,6 +10,7 @@ use super::conv_source::CONV_SOURCE;
 use super::embedding_source::EMBEDDING_SOURCE;
 use super::gram_source::GRAM_SOURCE;
 use super::layer_norm_source::LAYER_NORM_SOURCE;
+use super::linear_source::LINEAR_SOURCE;
 use super::norm_source::GROUP_NORM_SOURCE;
 use super::source::SOURCE;
 use crate::error::{Error, Result};
@@ -41,6 +42,9 @@ pub(super) struct Kernels {
     /// build): forward and backward.
     pub(super) ln_bf16_out: Option<(JitKernel, JitKernel)>,
     pub(super) col_sum: JitKernel,
+    /// The bf16 build's linear weight-and-bias gradient (none in the f32
+    /// build).
+    pub(super) linear_wgrad: Option<JitKernel>,
     pub(super) embedding_backward: JitKernel,
     pub(super) gram_partial: JitKernel,
 }
@@ -49,7 +53,7 @@ pub(super) struct Kernels {
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -102,6 +106,11 @@ pub(super) fn kernels(
                     ))
                 },
                 col_sum: load("esper_col_sum")?,
+                linear_wgrad: if bf16 {
+                    Some(load("esper_linear_wgrad")?)
+                } else {
+                    None
+                },
                 embedding_backward: load("esper_embedding_backward")?,
                 gram_partial: load("esper_gram_partial")?,
             })

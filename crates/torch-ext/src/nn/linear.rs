@@ -26,7 +26,13 @@ use crate::ffi;
 /// where libtorch rounds it to `bf16` and casts it back), and the bias
 /// gradient as column sums in `f32` from a run-time compiled kernel and a
 /// fixed-order reduction (deterministic), where libtorch runs a generic
-/// sum reduction and a cast. Results match libtorch's up to float rounding.
+/// sum reduction and a cast. In `bf16` with an `f32` weight (and bias),
+/// feature counts that are multiples of eight and a device of compute
+/// capability 8.0 or newer, the weight and bias gradients are instead one
+/// tensor-core kernel over the rows (per-split partial sums of `gᵀ x` and
+/// of `g`'s columns, in `f32`) and one fixed-order reduction: exact sums
+/// of the bf16 products up to `f32` accumulation, deterministic.
+/// Results match libtorch's up to float rounding.
 /// Under `bf16` autocast, an `f32` weight or bias with a shadow in the
 /// thread's [`Bf16Shadows`](super::Bf16Shadows) scope is read from the
 /// shadow rather than cast (the same bits).
@@ -44,7 +50,14 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         return x.f_linear(weight, bias).map_err(|error| torch(OP, error));
     };
     let k = kernels(OP, device, bf16, true)?;
-    let handles = [k.col_sum.raw(), k.conv_reduce.raw()];
+    // The bf16 build's weight-and-bias gradient kernel (null in the f32
+    // build, or where switched off for a measurement).
+    let wgrad = k
+        .linear_wgrad
+        .as_ref()
+        .filter(|_| own_weight_gradient_enabled())
+        .map_or(std::ptr::null_mut(), |kernel| kernel.raw());
+    let handles = [k.col_sum.raw(), k.conv_reduce.raw(), wgrad];
     let bias_ptr = bias.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
     // Under bf16, an f32 weight's and bias's shadows where a scope holds
     // them (super::shadow); the shim casts the rest.
@@ -78,6 +91,14 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             )
         })
     }
+}
+
+/// Whether the `bf16` path computes the weight and bias gradients in its
+/// own kernel (on unless `ESPER_LINEAR_OWN_WGRAD=0`, read once: the
+/// switch the benchmarks use to measure cuBLAS's product beside it).
+fn own_weight_gradient_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("ESPER_LINEAR_OWN_WGRAD").map_or(true, |v| v != "0"))
 }
 
 /// The CUDA device and whether the compute dtype is `bf16`, where

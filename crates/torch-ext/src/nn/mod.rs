@@ -75,6 +75,12 @@
 //!   Under `bf16` autocast it reads the weight's and bias's shadow where a
 //!   [`Bf16Shadows`] scope holds one (cast for every layer in one launch
 //!   at the step's start) instead of casting them itself.
+//! - [`causal_attention`]: causal self-attention over a packed `qkv`
+//!   projection for short sequences in `bf16`, one kernel each way (a
+//!   block a sequence and head, tensor-core products, the softmax in
+//!   registers); the backward writes the projection's gradient in its own
+//!   layout, where libtorch ran layout copies, cuDNN's kernels, two helpers
+//!   and a concatenation.
 //! - [`gram`]: not a layer, the Gram matrix of a few long rows (the
 //!   gradient aggregator's dot products): one pass sums every product of
 //!   two rows per block in `f32`, and the fixed-order reduction adds the
@@ -115,6 +121,8 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 use crate::ffi;
 
+mod attention;
+mod attention_source;
 mod blend;
 mod blend_source;
 mod conv_source;
@@ -126,9 +134,11 @@ mod kernels;
 mod layer_norm;
 mod layer_norm_source;
 mod linear;
+mod linear_source;
 mod norm_source;
 mod shadow;
 mod source;
+pub use attention::{FUSED_ATTENTION_HEAD_DIMS, MAX_FUSED_ATTENTION_TIME, causal_attention};
 pub use blend::{blend_lerp, blend_lerp_replicated};
 pub use embedding::embedding;
 pub use gram::gram;

@@ -39,6 +39,8 @@ fn every_kernel_variant_compiles() {
                             "bf16 {bf16} vec4 {vec4}: no {name}"
                         );
                     }
+                    // The linear layer's weight-and-bias gradient: bf16 only.
+                    assert_eq!(cubin.contains_symbol("esper_linear_wgrad"), bf16);
                     // The bf16-output layer norm: in the f32 build only.
                     for name in ["esper_ln_forward_bf16_out", "esper_ln_backward_bf16_out"] {
                         assert_eq!(cubin.contains_symbol(name), !bf16, "bf16 {bf16}: {name}");
@@ -150,5 +152,69 @@ fn gram_on_the_cpu_is_libtorchs() {
     ] {
         let error = gram(&bad).unwrap_err().to_string();
         assert!(error.contains("row"), "{error}");
+    }
+}
+
+/// The attention kernels compile (NVRTC needs no GPU) and hold every
+/// kernel `attention` loads.
+#[test]
+fn the_attention_kernels_compile() {
+    match crate::jit::compile(
+        super::attention_source::ATTENTION_SOURCE,
+        "esper_attention",
+        (9, 0),
+    ) {
+        Ok(cubin) => {
+            for d in FUSED_ATTENTION_HEAD_DIMS {
+                for pass in ["forward", "backward"] {
+                    let name = format!("esper_attention_{pass}_d{d}");
+                    assert!(cubin.contains_symbol(&name), "no {name}");
+                }
+            }
+        }
+        Err(error) if error.to_string().contains("libnvrtc") => {
+            println!("skipping: NVRTC is not installed here ({error})");
+        }
+        Err(error) => panic!("{error}"),
+    }
+}
+
+/// Off CUDA, `causal_attention` is libtorch's causal SDPA on the packed
+/// projection's `[B, H, T, D]` views, merged back; a projection that does
+/// not split into the heads is a clear error.
+#[test]
+fn causal_attention_on_the_cpu_is_libtorchs_sdpa() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let (batch, time, heads, head_dim) = (2_i64, 5_i64, 3_i64, 4_i64);
+    let width = heads * head_dim;
+    let qkv = Tensor::randn([batch, time, 3 * width], cpu);
+    let got = causal_attention(&qkv, heads).unwrap();
+    let views = |i: i64| {
+        qkv.narrow(2, i * width, width)
+            .reshape([batch, time, heads, head_dim])
+            .transpose(1, 2)
+    };
+    // Causal softmax attention written out.
+    let (q, k, v) = (views(0), views(1), views(2));
+    let scores = q.matmul(&k.transpose(-2, -1)) / (head_dim as f64).sqrt();
+    let mask = Tensor::ones([time, time], (Kind::Bool, Device::Cpu)).triu(1);
+    let weights = scores
+        .masked_fill(&mask, f64::NEG_INFINITY)
+        .softmax(-1, Kind::Float);
+    let expected = weights
+        .matmul(&v)
+        .transpose(1, 2)
+        .reshape([batch, time, width]);
+    assert_eq!(got.size(), [batch, time, width]);
+    let difference = f64::try_from((&got - &expected).abs().max()).unwrap();
+    assert!(difference < 1e-5, "differs by {difference}");
+    for (shape, heads) in [
+        (vec![2, 5, 36], 0),
+        (vec![2, 5, 36], 5),
+        (vec![10, 36], 3),
+        (vec![2, 5, 35], 1),
+    ] {
+        let error = causal_attention(&Tensor::zeros(shape.as_slice(), cpu), heads).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
     }
 }

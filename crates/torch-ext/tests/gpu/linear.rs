@@ -3,7 +3,8 @@
 //! under bf16 autocast, with and without a bias, the transformer host's
 //! layers, the narrowest and widest outputs its own backward takes and
 //! widths that fall back to libtorch, the gradients' dtypes, determinism,
-//! an input that wants no gradient, and a replay from a captured graph. The
+//! an input that wants no gradient, a replay from a captured graph, and the
+//! bf16 weight-and-bias gradient kernel against exact sums. The
 //! tests hold the binary's device lock, since they flip the process-wide
 //! fused switch.
 
@@ -184,5 +185,79 @@ fn linear_replays_from_a_captured_graph() {
     assert_eq!(values(&out), values(&eager_out));
     for (got, expected) in grads.iter().zip(&eager) {
         assert_eq!(values(got), values(expected));
+    }
+}
+
+/// Under bf16 autocast with f32 parameters, the weight and bias gradients
+/// are one tensor-core kernel and one fixed-order reduction: no cuBLAS
+/// split-K reduction, no column-sum kernel, and the sums of the bf16
+/// products are exact up to f32 accumulation (against f64), bit-identical
+/// on a rerun. Ragged tiles and row counts, and a layer without a bias.
+#[test]
+fn the_bf16_weight_and_bias_gradients_are_one_kernel_with_exact_sums() {
+    let Some(_device) = gpu_or_skip() else { return };
+    let f32 = (Kind::Float, CUDA);
+    let cases: [(i64, i64, i64, bool); 5] = [
+        (8192, 128, 384, true),
+        (8192, 512, 128, true),
+        (1000, 72, 200, true),
+        (77, 64, 128, false),
+        (300, 128, 1024, true),
+    ];
+    for (rows, inputs, out, with_bias) in cases {
+        let case = format!("[{rows}, {inputs}] -> {out} bias {with_bias}");
+        tch::manual_seed(rows + out);
+        let x = Tensor::randn([rows, inputs], f32);
+        let upstream = Tensor::randn([rows, out], f32);
+        let run = || {
+            let weight = (Tensor::randn([out, inputs], f32) * 0.1).set_requires_grad(true);
+            let bias = with_bias.then(|| Tensor::zeros([out], f32).set_requires_grad(true));
+            let y = {
+                let _autocast = AutocastGuard::new(AutocastDevice::Cuda, Kind::BFloat16).unwrap();
+                nn::linear(&x, &weight, bias.as_ref()).unwrap()
+            };
+            let loss = (y.to_kind(Kind::Float) * &upstream).sum(Kind::Float);
+            cuda::synchronize(0).unwrap();
+            let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
+            loss.backward();
+            cuda::synchronize(0).unwrap();
+            let names: Vec<String> = profiler
+                .stop()
+                .unwrap()
+                .kernels
+                .iter()
+                .map(|k| k.name.clone())
+                .collect();
+            let db = bias.map(|b| b.grad());
+            (weight.grad(), db, names)
+        };
+        let (dw, db, names) = run();
+        let (dw_again, db_again, _) = run();
+        assert!(
+            names.iter().any(|n| n.contains("esper_linear_wgrad")),
+            "{case}: the own kernel ran: {names:?}"
+        );
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.contains("splitKreduce") || n.contains("esper_col_sum")),
+            "{case}: no split-K reduction or column sums: {names:?}"
+        );
+        assert_eq!(values(&dw), values(&dw_again), "{case}: dW repeats");
+        // The exact sums of the bf16 values' products.
+        let g = upstream.to_kind(Kind::BFloat16).to_kind(Kind::Double);
+        let xs = x.to_kind(Kind::BFloat16).to_kind(Kind::Double);
+        let exact_dw = g.transpose(0, 1).mm(&xs);
+        let relative = |got: &Tensor, exact: &Tensor| {
+            let error = (got.to_kind(Kind::Double) - exact).abs().max();
+            f64::try_from(error).unwrap() / f64::try_from(exact.abs().max()).unwrap()
+        };
+        let error = relative(&dw, &exact_dw);
+        assert!(error < 1e-5, "{case}: dW off by {error:e} of its largest");
+        if let (Some(db), Some(db_again)) = (db, db_again) {
+            assert_eq!(values(&db), values(&db_again), "{case}: db repeats");
+            let error = relative(&db, &g.sum_dim_intlist([0].as_slice(), false, Kind::Double));
+            assert!(error < 1e-5, "{case}: db off by {error:e} of its largest");
+        }
     }
 }
