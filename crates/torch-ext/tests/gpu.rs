@@ -86,6 +86,16 @@ fn values(tensor: &Tensor) -> Vec<f32> {
     .expect("float tensor")
 }
 
+/// The kernels `loss.backward()` launches, profiled after the work queued
+/// before it has finished.
+fn backward_kernels(loss: &Tensor) -> Vec<torch_ext::profile::KernelStat> {
+    cuda::synchronize(0).unwrap();
+    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
+    loss.backward();
+    cuda::synchronize(0).unwrap();
+    profiler.stop().unwrap().kernels
+}
+
 fn assert_close(got: &[f32], expected: &[f32], tolerance: f32) {
     assert_eq!(got.len(), expected.len());
     for (index, (g, e)) in got.iter().zip(expected).enumerate() {

@@ -51,11 +51,10 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     };
     let k = kernels(OP, device, bf16, true)?;
     // The bf16 build's weight-and-bias gradient kernel (null in the f32
-    // build, or where switched off for a measurement).
+    // build).
     let wgrad = k
         .linear_wgrad
         .as_ref()
-        .filter(|_| own_weight_gradient_enabled())
         .map_or(std::ptr::null_mut(), |kernel| kernel.raw());
     let handles = [k.col_sum.raw(), k.conv_reduce.raw(), wgrad];
     let bias_ptr = bias.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
@@ -91,14 +90,6 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             )
         })
     }
-}
-
-/// Whether the `bf16` path computes the weight and bias gradients in its
-/// own kernel (on unless `ESPER_LINEAR_OWN_WGRAD=0`, read once: the
-/// switch the benchmarks use to measure cuBLAS's product beside it).
-fn own_weight_gradient_enabled() -> bool {
-    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("ESPER_LINEAR_OWN_WGRAD").map_or(true, |v| v != "0"))
 }
 
 /// The CUDA device and whether the compute dtype is `bf16`, where

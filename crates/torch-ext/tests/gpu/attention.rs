@@ -7,7 +7,7 @@
 use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, cuda, nn};
 
-use super::{CUDA, gpu_or_skip, values};
+use super::{CUDA, backward_kernels, gpu_or_skip, values};
 
 /// Output and `qkv`'s gradient (both `f32`) of one forward and backward,
 /// with the kernel names the backward launched.
@@ -16,13 +16,11 @@ fn attention_run(qkv: &Tensor, heads: i64, up: &Tensor, fused: bool) -> ([Tensor
     let qkv = qkv.detach().set_requires_grad(true);
     let out = nn::causal_attention(&qkv, heads).unwrap();
     let loss = (out.to_kind(Kind::Float) * up).sum(Kind::Float);
-    cuda::synchronize(0).unwrap();
-    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
-    loss.backward();
-    cuda::synchronize(0).unwrap();
-    let profile = profiler.stop().unwrap();
+    let names = backward_kernels(&loss)
+        .into_iter()
+        .map(|k| k.name)
+        .collect();
     nn::set_fused_kernels(true);
-    let names = profile.kernels.iter().map(|k| k.name.clone()).collect();
     (
         [out.to_kind(Kind::Float), qkv.grad().to_kind(Kind::Float)],
         names,

@@ -11,7 +11,7 @@ use tch::{Kind, Tensor};
 use torch_ext::{AutocastDevice, AutocastGuard, CudaGraph, CudaStream, cuda, nn};
 
 use super::nn::{assert_matches_and_repeats, worst_of_max};
-use super::{CUDA, gpu_or_skip, values};
+use super::{CUDA, backward_kernels, gpu_or_skip, values};
 
 /// One layer-norm forward and backward against a seeded upstream gradient;
 /// returns (y, dx, dweight, dbias) as f32.
@@ -211,14 +211,9 @@ fn fork_run(x: &Tensor, bf16_out: bool, fused: bool) -> ([Tensor; 4], u64) {
     let up_y = Tensor::randn(y.size(), f32);
     let loss =
         (&pass * &up_pass).sum(Kind::Float) + (y.to_kind(Kind::Float) * &up_y).sum(Kind::Float);
-    cuda::synchronize(0).unwrap();
-    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
-    loss.backward();
-    cuda::synchronize(0).unwrap();
-    let profile = profiler.stop().unwrap();
+    let kernels = backward_kernels(&loss);
     nn::set_fused_kernels(true);
-    let adds = profile
-        .kernels
+    let adds = kernels
         .iter()
         .filter(|k| k.name.contains("CUDAFunctor_add"))
         .map(|k| k.count)

@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 use torch_ext::{AutocastDevice, AutocastGuard, CudaGraph, CudaStream, cuda, nn};
 
 use super::nn::{assert_matches_and_repeats, worst_of_max};
-use super::{CUDA, gpu_or_skip, values};
+use super::{CUDA, backward_kernels, gpu_or_skip, values};
 
 /// How a case computes: f32 throughout, bf16 throughout, or f32
 /// parameters under bf16 autocast.
@@ -217,16 +217,9 @@ fn the_bf16_weight_and_bias_gradients_are_one_kernel_with_exact_sums() {
                 nn::linear(&x, &weight, bias.as_ref()).unwrap()
             };
             let loss = (y.to_kind(Kind::Float) * &upstream).sum(Kind::Float);
-            cuda::synchronize(0).unwrap();
-            let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
-            loss.backward();
-            cuda::synchronize(0).unwrap();
-            let names: Vec<String> = profiler
-                .stop()
-                .unwrap()
-                .kernels
-                .iter()
-                .map(|k| k.name.clone())
+            let names: Vec<String> = backward_kernels(&loss)
+                .into_iter()
+                .map(|k| k.name)
                 .collect();
             let db = bias.map(|b| b.grad());
             (weight.grad(), db, names)
