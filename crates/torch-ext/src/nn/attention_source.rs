@@ -6,7 +6,9 @@
 //!
 //! The whole head fits in shared memory (queries, keys, values, and in the
 //! backward the output gradient and the transposed probabilities), so no
-//! pass over the keys is split and nothing is summed across blocks. A warp
+//! pass over the keys is split and nothing is summed across blocks. A block
+//! stages all it reads with `cp.async` copies that are in flight together
+//! (one memory round trip, not one per tensor). A warp
 //! owns 16 query rows: its scores are `mma.m16n8k16` products on bf16
 //! tensor cores with `f32` sums, the causal mask and the softmax stay in
 //! registers, and the probabilities go back into the next product as its
@@ -85,17 +87,33 @@ __device__ __forceinline__ void mma_b(float* c, const AFrag& a, const bf16_t* M,
 }
 
 // Rows [0, 64) of one head's D columns (from `base`, row stride `ld`) into
-// dst[64][D + 8], zeros at and past row T. 16-byte loads.
+// dst[64][D + 8], zeros at and past row T: 16-byte `cp.async` copies, all
+// in flight together until the caller's `stage_wait`.
+__device__ __forceinline__ void cp16(bf16_t* dst, const bf16_t* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned int s = (unsigned int)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
+                 "r"(valid ? 16 : 0));
+#endif
+}
 template <int D>
 __device__ __forceinline__ void stage(const bf16_t* __restrict__ src, long long base, long long ld,
                                       int T, bf16_t* dst) {
     const int chunks = D / 8;
-    for (int i = threadIdx.x; i < ATT_KEYS * chunks; i += ATT_THREADS) {
+    #pragma unroll
+    for (int j = 0; j < ATT_KEYS * chunks / ATT_THREADS; ++j) {
+        const int i = threadIdx.x + j * ATT_THREADS;
         const int r = i / chunks, c = (i % chunks) * 8;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r < T) v = *reinterpret_cast<const uint4*>(src + base + (long long)r * ld + c);
-        *reinterpret_cast<uint4*>(dst + r * (D + 8) + c) = v;
+        const bool valid = r < T;
+        cp16(dst + r * (D + 8) + c, valid ? src + base + (long long)r * ld + c : src, valid);
     }
+}
+// Waits for every `stage` copy of this thread, then for the block's.
+__device__ __forceinline__ void stage_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+#endif
+    __syncthreads();
 }
 
 // s = A[row0, row0 + 16) . B^T over 64 rows of B (both [64][D + 8]): the
@@ -132,7 +150,7 @@ __device__ __forceinline__ void attention_forward(const bf16_t* __restrict__ qkv
     stage<D>(qkv, base, ld, T, Qs);
     stage<D>(qkv, base + C, ld, T, Ks);
     stage<D>(qkv, base + 2 * C, ld, T, Vs);
-    __syncthreads();
+    stage_wait();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int row0 = warp * 16;
     if (row0 >= T) return;
@@ -208,38 +226,47 @@ __device__ __forceinline__ void attention_backward(
     __shared__ __align__(16) bf16_t Ks[ATT_KEYS * (D + 8)];
     __shared__ __align__(16) bf16_t Vs[ATT_KEYS * (D + 8)];
     __shared__ __align__(16) bf16_t dOs[ATT_KEYS * (D + 8)];
-    // Transposed probabilities and score gradients: [key][query].
+    // Transposed probabilities and score gradients: [key][query]. The
+    // forward's output is staged in Pt's place: it is read (for Di) before
+    // the first probability is written.
     __shared__ __align__(16) bf16_t Pt[ATT_KEYS * PT_STRIDE];
     __shared__ __align__(16) bf16_t dSt[ATT_KEYS * PT_STRIDE];
     __shared__ float Di[ATT_KEYS];
+    bf16_t* Os = Pt;
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int C = H * D;
     const long long ld = 3LL * C;
     const long long base = (long long)b * T * ld + h * D;
     const long long obase = (long long)b * T * C + h * D;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = warp * 16;
+    const int rows[2] = {row0 + g, row0 + g + 8};
+    const bool valid[2] = {rows[0] < T, rows[1] < T};
+    // Issued before the copies, so that all loads are in flight together.
+    const float L[2] = {valid[0] ? lse2[(long long)bh * T + rows[0]] : 0.0f,
+                        valid[1] ? lse2[(long long)bh * T + rows[1]] : 0.0f};
     stage<D>(qkv, base, ld, T, Qs);
     stage<D>(qkv, base + C, ld, T, Ks);
     stage<D>(qkv, base + 2 * C, ld, T, Vs);
     stage<D>(dout, obase, C, T, dOs);
+    stage<D>(out, obase, C, T, Os);
+    stage_wait();
     {
-        // Di[i] = dout_i . out_i, two threads a row.
+        // Di[i] = dout_i . out_i, two threads a row (zero past row T: the
+        // staged rows are zeros there).
         const int row = threadIdx.x >> 1, half = threadIdx.x & 1;
+        const bf16_t* dor = dOs + row * (D + 8) + half * (D / 2);
+        const bf16_t* orow = Os + row * (D + 8) + half * (D / 2);
         float acc = 0.0f;
-        if (row < T) {
-            const long long at = obase + (long long)row * C + half * (D / 2);
-            #pragma unroll
-            for (int d = 0; d < D / 2; ++d) acc += bf2f(dout[at + d]) * bf2f(out[at + d]);
+        #pragma unroll
+        for (int d = 0; d < D / 2; d += 2) {
+            const unsigned int x = pair(dor + d), y = pair(orow + d);
+            acc += bf2f(x & 0xffffu) * bf2f(y & 0xffffu) + bf2f(x >> 16) * bf2f(y >> 16);
         }
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         if (half == 0) Di[row] = acc;
     }
     __syncthreads();
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int row0 = warp * 16;
-    const int rows[2] = {row0 + g, row0 + g + 8};
-    const bool valid[2] = {rows[0] < T, rows[1] < T};
-    const float L[2] = {valid[0] ? lse2[(long long)bh * T + rows[0]] : 0.0f,
-                        valid[1] ? lse2[(long long)bh * T + rows[1]] : 0.0f};
     const float dd[2] = {Di[rows[0]], Di[rows[1]]};
     float p[8][4], ds[8][4];
     rows_by_keys<D>(Qs, Ks, row0, g, t, p);

@@ -20,6 +20,8 @@ pub(in crate::nn) const LAYER_NORM_SOURCE: &str = r#"
 #define LN_CHUNKS 4
 #define LN_MAX_C (128 * LN_CHUNKS)
 #define LN_WARPS (THREADS / 32)
+// Rows a warp of the backward loads at once where C <= 128.
+#define LN_BATCH 4
 
 __device__ __forceinline__ float ln_warp_sum(float v) {
     #pragma unroll
@@ -137,44 +139,107 @@ __device__ __forceinline__ void ln_backward(const T* __restrict__ x, const TY* _
         #pragma unroll
         for (int j = 0; j < 4; ++j) dg[k][j] = db[k][j] = 0.0f;
     }
-    for (int r = blockIdx.x * LN_WARPS + warp; r < M; r += stride) {
-        const long long base = (long long)r * C;
-        const float mu = mean[r], rs = rstd[r];
-        float xh[LN_CHUNKS][4], g[LN_CHUNKS][4];
-        float a = 0.0f, b = 0.0f;
-        #pragma unroll
-        for (int k = 0; k < LN_CHUNKS; ++k) {
-            const int c = 4 * lane + 128 * k;
-            if (c < C) {
-                float xv[4], gv[4];
-                load4(x, base + c, xv);
-                load4(dy, base + c, gv);
+    if (C <= 128) {
+        // One chunk a lane (columns 4 lane to 4 lane + 3): LN_BATCH of the
+        // warp's rows are loaded before the first is reduced, so that their
+        // loads are in flight together. Each row's arithmetic, and the order
+        // in which the rows enter the column sums, are those of the general
+        // loop below.
+        const int c = 4 * lane;
+        const bool on = c < C;
+        float gm[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (on) {
+            #pragma unroll
+            for (int j = 0; j < 4; ++j) gm[j] = gamma[c + j];
+        }
+        for (int r0 = blockIdx.x * LN_WARPS + warp; r0 < M; r0 += LN_BATCH * stride) {
+            float xv[LN_BATCH][4], gv[LN_BATCH][4], rv[LN_BATCH][4], mu[LN_BATCH], rs[LN_BATCH];
+            #pragma unroll
+            for (int u = 0; u < LN_BATCH; ++u) {
+                const long long r = r0 + (long long)u * stride;
+                mu[u] = rs[u] = 0.0f;
                 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    xh[k][j] = (xv[j] - mu) * rs;
-                    g[k][j] = gv[j] * gamma[c + j];
-                    a += g[k][j];
-                    b += g[k][j] * xh[k][j];
-                    dg[k][j] += gv[j] * xh[k][j];
-                    db[k][j] += gv[j];
+                for (int j = 0; j < 4; ++j) xv[u][j] = gv[u][j] = rv[u][j] = 0.0f;
+                if (r < M) {
+                    mu[u] = mean[r];
+                    rs[u] = rstd[r];
+                    if (on) {
+                        load4(x, r * C + c, xv[u]);
+                        load4(dy, r * C + c, gv[u]);
+                        if (dres != nullptr) load4(dres, r * C + c, rv[u]);
+                    }
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < LN_BATCH; ++u) {
+                const long long r = r0 + (long long)u * stride;
+                if (r >= M) break;  // the same for the whole warp
+                float xh[4], g[4];
+                float a = 0.0f, b = 0.0f;
+                if (on) {
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        xh[j] = (xv[u][j] - mu[u]) * rs[u];
+                        g[j] = gv[u][j] * gm[j];
+                        a += g[j];
+                        b += g[j] * xh[j];
+                        dg[0][j] += gv[u][j] * xh[j];
+                        db[0][j] += gv[u][j];
+                    }
+                }
+                const float ma = ln_warp_sum(a) / C, mb = ln_warp_sum(b) / C;
+                if (on) {
+                    float o[4];
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) o[j] = rs[u] * (g[j] - ma - xh[j] * mb);
+                    if (dres != nullptr) {
+                        #pragma unroll
+                        for (int j = 0; j < 4; ++j) o[j] += rv[u][j];
+                    }
+                    store4(dx, r * C + c, o);
                 }
             }
         }
-        const float ma = ln_warp_sum(a) / C, mb = ln_warp_sum(b) / C;
-        #pragma unroll
-        for (int k = 0; k < LN_CHUNKS; ++k) {
-            const int c = 4 * lane + 128 * k;
-            if (c < C) {
-                float o[4];
-                #pragma unroll
-                for (int j = 0; j < 4; ++j) o[j] = rs * (g[k][j] - ma - xh[k][j] * mb);
-                if (dres != nullptr) {
-                    float rv[4];
-                    load4(dres, base + c, rv);
+    } else {
+        for (int r = blockIdx.x * LN_WARPS + warp; r < M; r += stride) {
+            const long long base = (long long)r * C;
+            const float mu = mean[r], rs = rstd[r];
+            float xh[LN_CHUNKS][4], g[LN_CHUNKS][4];
+            float a = 0.0f, b = 0.0f;
+            #pragma unroll
+            for (int k = 0; k < LN_CHUNKS; ++k) {
+                const int c = 4 * lane + 128 * k;
+                if (c < C) {
+                    float xv[4], gv[4];
+                    load4(x, base + c, xv);
+                    load4(dy, base + c, gv);
                     #pragma unroll
-                    for (int j = 0; j < 4; ++j) o[j] += rv[j];
+                    for (int j = 0; j < 4; ++j) {
+                        xh[k][j] = (xv[j] - mu) * rs;
+                        g[k][j] = gv[j] * gamma[c + j];
+                        a += g[k][j];
+                        b += g[k][j] * xh[k][j];
+                        dg[k][j] += gv[j] * xh[k][j];
+                        db[k][j] += gv[j];
+                    }
                 }
-                store4(dx, base + c, o);
+            }
+            const float ma = ln_warp_sum(a) / C, mb = ln_warp_sum(b) / C;
+            #pragma unroll
+            for (int k = 0; k < LN_CHUNKS; ++k) {
+                const int c = 4 * lane + 128 * k;
+                if (c < C) {
+                    float o[4];
+                    #pragma unroll
+                    for (int j = 0; j < 4; ++j) o[j] = rs * (g[k][j] - ma - xh[k][j] * mb);
+                    if (dres != nullptr) {
+                        float rv[4];
+                        load4(dres, base + c, rv);
+                        #pragma unroll
+                        for (int j = 0; j < 4; ++j) o[j] += rv[j];
+                    }
+                    store4(dx, base + c, o);
+                }
             }
         }
     }

@@ -8,8 +8,8 @@
 //! split of the rows; its four warps own 32 x 32 each, as `mma.m16n8k16`
 //! products on bf16 tensor cores with `f32` sums. Both operands are read
 //! transposed from shared memory by `ldmatrix.trans` (the rows are the
-//! product's inner dimension), 32 rows a stage, two stages in flight with
-//! `cp.async`. The bias gradient is the same product with a column of
+//! product's inner dimension), 32 rows a stage in a ring of four, three
+//! stages' `cp.async` copies in flight while one is multiplied. The bias gradient is the same product with a column of
 //! ones: the warps on the first input columns run one more `mma` per
 //! 16 outputs, so the output gradient is read once for both. cuBLAS ran a
 //! split-K product and its own reduction, and the bias took a column-sum
@@ -21,6 +21,7 @@ pub(super) const LINEAR_SOURCE: &str = r#"
 #define LW_TILE 64
 #define LW_STRIDE (LW_TILE + 8)
 #define LW_THREADS 128
+#define LW_STAGES 4
 __device__ __forceinline__ void lw_cp16(void* smem, const void* gmem, bool valid) {
     const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
     const int n = valid ? 16 : 0;
@@ -51,8 +52,8 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS) esper_linear_wgrad(
     const unsigned short* __restrict__ g, const unsigned short* __restrict__ x,
     float* __restrict__ partials, long long R, int O, int I, long long span, int bias) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) unsigned short gS[2][LW_ROWS * LW_STRIDE];
-    __shared__ __align__(16) unsigned short xS[2][LW_ROWS * LW_STRIDE];
+    __shared__ __align__(16) unsigned short gS[LW_STAGES][LW_ROWS * LW_STRIDE];
+    __shared__ __align__(16) unsigned short xS[LW_STAGES][LW_ROWS * LW_STRIDE];
     const int tiles_i = (I + LW_TILE - 1) / LW_TILE;
     const int o0 = (blockIdx.x / tiles_i) * LW_TILE, i0 = (blockIdx.x % tiles_i) * LW_TILE;
     const long long r_begin = (long long)blockIdx.y * span;
@@ -87,17 +88,25 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS) esper_linear_wgrad(
     const unsigned int ones = 0x3f803f80u;  // two bf16 1.0
     // ldmatrix row addresses: lane l gives row l & 7 of matrix l >> 3.
     const int q = lane >> 3, rr = lane & 7;
-    if (steps > 0) load(0, r_begin);
-    for (int s = 0; s < steps; ++s) {
-        if (s + 1 < steps) {
-            load((s + 1) & 1, r_begin + (long long)(s + 1) * LW_ROWS);
-            asm volatile("cp.async.wait_group 1;\n" ::);
+    #pragma unroll
+    for (int p = 0; p < LW_STAGES - 1; ++p) {
+        if (p < steps) {
+            load(p, r_begin + (long long)p * LW_ROWS);
         } else {
-            asm volatile("cp.async.wait_group 0;\n" ::);
+            asm volatile("cp.async.commit_group;\n" ::);
         }
+    }
+    for (int s = 0; s < steps; ++s) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(LW_STAGES - 2));
         __syncthreads();
-        const unsigned short* gs = gS[s & 1];
-        const unsigned short* xs = xS[s & 1];
+        const int next = s + LW_STAGES - 1;
+        if (next < steps) {
+            load(next % LW_STAGES, r_begin + (long long)next * LW_ROWS);
+        } else {
+            asm volatile("cp.async.commit_group;\n" ::);
+        }
+        const unsigned short* gs = gS[s % LW_STAGES];
+        const unsigned short* xs = xS[s % LW_STAGES];
         #pragma unroll
         for (int kk = 0; kk < LW_ROWS / 16; ++kk) {
             unsigned int a[2][4], b[2][4];
@@ -127,7 +136,6 @@ extern "C" __global__ void __launch_bounds__(LW_THREADS) esper_linear_wgrad(
                 if (with_bias) lw_mma(bacc[mt], a[mt], ones, ones);
             }
         }
-        __syncthreads();
     }
     const int gq = lane >> 2, t = lane & 3;
     float* out = partials + (long long)blockIdx.y * ((long long)O * I + (bias ? O : 0));
