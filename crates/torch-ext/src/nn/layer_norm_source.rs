@@ -2,7 +2,9 @@
 //! (appended to [`super::source::SOURCE`], whose `T`, `THREADS` and
 //! four-value loads and stores it uses): one warp a row, the row held in
 //! registers, so the forward reads the input once and the backward reads
-//! the input and its gradient once. The weight and bias gradients are the
+//! the input and its gradient once (for rows of at most 128 values, the
+//! backward loads four of a warp's rows before reducing the first, so
+//! that their loads are in flight together). The weight and bias gradients are the
 //! blocks' per-column partial sums, added up by the convolution source's
 //! fixed-order reduction. Every sum is taken in a fixed order (a warp's
 //! butterfly, then the block's warps in order, then the blocks in order),
