@@ -533,20 +533,47 @@ def write_records(workload: str, args, device: torch.device, params: dict, resul
         write_json(args.out, standalone_record(workload, device, args.label, params, results))
 
 
+def check_record_targets(workload: str, args) -> None:
+    """Before anything is measured: --merge-into names a readable record of
+    `workload`, and --out a file in a folder that exists. Raises DataError."""
+    if args.merge_into:
+        try:
+            with open(args.merge_into, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError) as error:
+            raise DataError(f"--merge-into {args.merge_into}: not a readable record ({error}); "
+                            "merge into the Rust bench's record of this run, or use --out") from error
+        if not isinstance(record, dict) or record.get("workload") not in (None, workload):
+            raise DataError(f"--merge-into {args.merge_into}: not a {workload} record")
+    if args.out:
+        folder = os.path.dirname(os.path.abspath(args.out))
+        if not os.path.isdir(folder):
+            raise DataError(f"--out {args.out}: the folder {folder} does not exist")
+
+
 def write_all(workload: str, args, device: torch.device, params: dict, modes: list[str],
               run_one: Callable[[str], dict], table: list,
               merge_params: Callable[[dict, dict], None]) -> int:
-    """Runs every mode (`run_one(mode)` gives its entry), writing the records
-    after each so that a run cut short keeps what it measured; prints the
-    entries (when no record is asked for) and the table. Returns the exit
-    code."""
+    """Checks the record targets before the first mode runs, then runs every
+    mode (`run_one(mode)` gives its entry), writing the records after each
+    so that a run cut short keeps what it measured; prints the entries
+    (when no record is asked for, or when a record cannot be written, so
+    that nothing measured is lost) and the table. Returns the exit code."""
+    try:
+        check_record_targets(workload, args)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     results = []
     for mode in modes:
         results.append(run_one(mode))
         try:
             write_records(workload, args, device, params, results, merge_params)
         except (OSError, ValueError, DataError) as error:
-            print(f"error: cannot write the record: {error}", file=sys.stderr)
+            print(f"error: cannot write the record: {error}; the entries measured so far:",
+                  file=sys.stderr)
+            json.dump(results, sys.stdout, indent=2)
+            print()
             return 2
     if args.merge_into:
         log(f"merged {len(results)} python results into {args.merge_into}")

@@ -104,7 +104,10 @@ folder /usr/share/datasets/fashion-mnist. --synthetic draws seeded random images
 without the files.
 With --merge-into, the results (impl "python") replace the python results of
 an existing record written by `esper bench`; --out writes a standalone record
-of the same shape.
+of the same shape. Both targets are checked before the first mode runs (a
+record that does not exist, or of another workload, is refused with exit code
+2); a record that cannot be written later leaves the entries measured so far
+on stdout.
 """
 
 from __future__ import annotations

@@ -192,6 +192,9 @@ the same mode names in an existing record written by `esper bench
 tolaria-lm` (so a --no-aggregation run's -plain entries join the others; its
 params go to params.python_peer_plain, the aggregating run's to
 params.python_peer); --out writes a standalone record of the same shape.
+Both targets are checked before the first mode runs (a record that does not
+exist, or of another workload, is refused with exit code 2); a record that
+cannot be written later leaves the entries measured so far on stdout.
 """
 
 from __future__ import annotations

@@ -149,6 +149,33 @@ fn smoke_in(root: &Path, python: &Path, scratch: &Path) -> Result<()> {
         )?;
         check_record(&record, smoke)?;
     }
+    refuses_a_missing_merge_target(python, &python_dir, scratch)
+}
+
+/// A `--merge-into` record that does not exist is refused before any mode
+/// runs, so that minutes of compiling and measuring are not spent on
+/// results that could not be written.
+fn refuses_a_missing_merge_target(python: &Path, python_dir: &Path, scratch: &Path) -> Result<()> {
+    let name = "python peers: tolaria_lm.py refuses a missing --merge-into record before measuring";
+    eprintln!("==> {name}");
+    let missing = scratch.join("no-such-record.json");
+    let output = Command::new(python)
+        .arg(python_dir.join("tolaria_lm.py"))
+        .args(["--device", "cpu", "--merge-into"])
+        .arg(&missing)
+        .args(TWO_EAGER_STEPS)
+        .env("PYTHONUNBUFFERED", "1")
+        .output()
+        .with_context(|| format!("could not start `{name}`"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let measured = stdout.contains("epoch 1/") || stderr.contains("epoch 1/");
+    if output.status.success() || measured || !stderr.contains("--merge-into") {
+        bail!(
+            "`{name}` failed (status {}, a mode measured: {measured}); stderr:\n{stderr}",
+            output.status
+        );
+    }
     Ok(())
 }
 
