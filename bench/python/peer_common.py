@@ -519,10 +519,7 @@ def write_records(workload: str, args, device: torch.device, params: dict, resul
     record), and `merge_params(record_params, params)` puts this run's
     params into the record's; --out: a standalone record."""
     if args.merge_into:
-        with open(args.merge_into, encoding="utf-8") as handle:
-            record = json.load(handle)
-        if record.get("workload") not in (None, workload):
-            raise DataError(f"{args.merge_into} is a {record.get('workload')} record, not {workload}")
+        record = read_record(workload, args.merge_into)
         names = {entry["mode"] for entry in results}
         record["results"] = [r for r in record.get("results", [])
                              if r.get("impl") != "python" or r.get("mode") not in names] + results
@@ -533,34 +530,32 @@ def write_records(workload: str, args, device: torch.device, params: dict, resul
         write_json(args.out, standalone_record(workload, device, args.label, params, results))
 
 
-def check_record_targets(workload: str, args) -> None:
-    """Before anything is measured: --merge-into names a readable record of
-    `workload`, and --out a file in a folder that exists. Raises DataError."""
-    if args.merge_into:
-        try:
-            with open(args.merge_into, encoding="utf-8") as handle:
-                record = json.load(handle)
-        except (OSError, ValueError) as error:
-            raise DataError(f"--merge-into {args.merge_into}: not a readable record ({error}); "
-                            "merge into the Rust bench's record of this run, or use --out") from error
-        if not isinstance(record, dict) or record.get("workload") not in (None, workload):
-            raise DataError(f"--merge-into {args.merge_into}: not a {workload} record")
-    if args.out:
-        folder = os.path.dirname(os.path.abspath(args.out))
-        if not os.path.isdir(folder):
-            raise DataError(f"--out {args.out}: the folder {folder} does not exist")
+def read_record(workload: str, path: str) -> dict:
+    """The --merge-into record at `path`, which must be one of `workload`."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise DataError(f"--merge-into {path}: not a readable record ({error}); merge into "
+                        "the Rust bench's record of this run, or use --out") from error
+    if not isinstance(record, dict) or record.get("workload") not in (None, workload):
+        raise DataError(f"--merge-into {path}: not a {workload} record")
+    return record
 
 
 def write_all(workload: str, args, device: torch.device, params: dict, modes: list[str],
               run_one: Callable[[str], dict], table: list,
               merge_params: Callable[[dict, dict], None]) -> int:
-    """Checks the record targets before the first mode runs, then runs every
-    mode (`run_one(mode)` gives its entry), writing the records after each
-    so that a run cut short keeps what it measured; prints the entries
-    (when no record is asked for, or when a record cannot be written, so
-    that nothing measured is lost) and the table. Returns the exit code."""
-    try:
-        check_record_targets(workload, args)
+    """Checks the record targets, then runs every mode (`run_one(mode)` gives
+    its entry), writing the records after each so that a run cut short keeps
+    what it measured; prints the entries (when no record is asked for, or one
+    cannot be written: nothing measured is lost) and the table. Returns the
+    exit code."""
+    try:  # before anything is measured
+        if args.merge_into:
+            read_record(workload, args.merge_into)
+        if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+            raise DataError(f"--out {args.out}: its folder does not exist")
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -570,8 +565,7 @@ def write_all(workload: str, args, device: torch.device, params: dict, modes: li
         try:
             write_records(workload, args, device, params, results, merge_params)
         except (OSError, ValueError, DataError) as error:
-            print(f"error: cannot write the record: {error}; the entries measured so far:",
-                  file=sys.stderr)
+            print(f"error: cannot write the record: {error}; the entries measured so far:", file=sys.stderr)
             json.dump(results, sys.stdout, indent=2)
             print()
             return 2
