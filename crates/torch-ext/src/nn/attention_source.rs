@@ -8,15 +8,15 @@
 //! backward the output gradient and the transposed probabilities), so no
 //! pass over the keys is split and nothing is summed across blocks. A block
 //! stages all it reads with `cp.async` copies that are in flight together
-//! (one memory round trip, not one per tensor). A warp
-//! owns 16 query rows: its scores are `mma.m16n8k16` products on bf16
-//! tensor cores with `f32` sums, the causal mask and the softmax stay in
-//! registers, and the probabilities go back into the next product as its
-//! `A` operand without a round trip through memory. The backward recomputes
-//! the probabilities from the forward's base-2 log-sum-exp, writes the
-//! query gradient from the rows it owns, then (after one barrier) a warp
-//! owns 16 key rows and writes their key and value gradients. The three
-//! gradients land in one `[B, T, 3C]` tensor, the projection's layout.
+//! (one memory round trip, not one per tensor). A warp owns 16 query rows:
+//! its scores are `mma.m16n8k16` products on bf16 tensor cores with `f32`
+//! sums, the causal mask and the softmax stay in registers, and the
+//! probabilities go back into the next product as its `A` operand without a
+//! round trip through memory. The backward recomputes the probabilities
+//! from the forward's base-2 log-sum-exp, writes the query gradient from
+//! the rows it owns, then (after one barrier) a warp owns 16 key rows and
+//! writes their key and value gradients. The three gradients land in one
+//! `[B, T, 3C]` tensor, the projection's layout.
 
 pub(super) const ATTENTION_SOURCE: &str = r#"
 typedef unsigned short bf16_t;

@@ -9,11 +9,11 @@
 //! products on bf16 tensor cores with `f32` sums. Both operands are read
 //! transposed from shared memory by `ldmatrix.trans` (the rows are the
 //! product's inner dimension), 32 rows a stage in a ring of four, three
-//! stages' `cp.async` copies in flight while one is multiplied. The bias gradient is the same product with a column of
-//! ones: the warps on the first input columns run one more `mma` per
-//! 16 outputs, so the output gradient is read once for both. cuBLAS ran a
-//! split-K product and its own reduction, and the bias took a column-sum
-//! kernel and a second reduction.
+//! stages' `cp.async` copies in flight while one is multiplied. The bias
+//! gradient is the same product with a column of ones: the warps on the
+//! first input columns run one more `mma` per 16 outputs, so the output
+//! gradient is read once for both. cuBLAS ran a split-K product and its own
+//! reduction, and the bias took a column-sum kernel and a second reduction.
 
 pub(super) const LINEAR_SOURCE: &str = r#"
 #if ESPER_BF16
