@@ -303,6 +303,23 @@ impl GroupNorm {
             NORM_EPS,
         )?)
     }
+
+    /// `residual + self.forward_relu(x)`, a seed's residual block, with the
+    /// add inside the fused forward kernel where it applies
+    /// (`torch_ext::nn::group_norm_relu_add`: bit for bit the unfused sum).
+    ///
+    /// # Shapes
+    /// `x`, `residual`: `[B, C, H, W] -> [B, C, H, W]`.
+    pub fn forward_relu_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        Ok(torch_ext::nn::group_norm_relu_add(
+            x,
+            residual,
+            self.groups,
+            &self.weight,
+            &self.bias,
+            NORM_EPS,
+        )?)
+    }
 }
 
 /// Layer normalisation over the last dimension, with affine.

@@ -185,9 +185,10 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
 int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
                            int64_t out_channels);
 // relu(group_norm(x, groups, weight, bias, eps)) over a channels-last
-// CUDA tensor; kernels: forward, backward, reduction (nn_group_norm.cpp).
-char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, double eps,
-                            void* const* kernels, void** out);
+// CUDA tensor, plus residual where it is not null (of x's shape, dtype and
+// layout); kernels: forward, backward, reduction (nn_group_norm.cpp).
+char* esper_group_norm_relu(void* x, void* weight, void* bias, void* residual, int64_t groups,
+                            double eps, void* const* kernels, void** out);
 // layer_norm(x, [C], weight, bias, eps) over the last dimension of a dense
 // f32 or bf16 CUDA tensor (C a multiple of 4, at most 512); kernels:
 // forward, backward, reduction (nn_layer_norm.cpp); bf16_out: an f32 input

@@ -1,10 +1,13 @@
-// nn_group_norm.cpp: relu(group_norm(x)) over a channels-last 4-D tensor as
-// an autograd function whose forward and backward launch run-time compiled
+// nn_group_norm.cpp: relu(group_norm(x)), or residual + relu(group_norm(x))
+// (a seed's residual block), over a channels-last 4-D tensor as an autograd
+// function whose forward and backward launch run-time compiled
 // kernels (src/nn/norm_source.rs): one block an image. Forward: one kernel
 // (the group statistics, then the normalised, affine, rectified output;
 // mean and 1/std saved). Backward: one kernel for the input gradient and
 // the image's per-channel sums, then the convolution source's fixed-order
-// reduction of those sums into the weight and bias gradients.
+// reduction of those sums into the weight and bias gradients. With a
+// residual, the forward kernel adds it to its output (as libtorch's add
+// would, bit for bit), and the residual's gradient is the output's.
 #include "esper_torch_ext.h"
 #include "error.h"
 #include "nn_internal.h"
@@ -20,7 +23,8 @@ using torch::autograd::variable_list;
 class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, int64_t groups, double eps,
+                            const at::Tensor& bias, const at::Tensor& residual,
+                            bool has_residual, int64_t groups, double eps,
                             int64_t forward_kernel, int64_t backward_kernel,
                             int64_t reduce_kernel) {
     c10::cuda::CUDAGuard guard(x.device());
@@ -39,14 +43,16 @@ class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
     void* y_ptr = y.data_ptr();
     void* mean_ptr = mean.data_ptr();
     void* rstd_ptr = rstd.data_ptr();
-    void* args[] = {&x_ptr, &w_ptr, &b_ptr, &y_ptr, &mean_ptr, &rstd_ptr,
-                    &hw,    &channels, &g, &epsilon};
+    const void* res_ptr = has_residual ? residual.data_ptr() : nullptr;
+    void* args[] = {&x_ptr,    &w_ptr, &b_ptr,    &res_ptr, &y_ptr, &mean_ptr,
+                    &rstd_ptr, &hw,    &channels, &g,       &epsilon};
     esper::jit_launch(reinterpret_cast<void*>(forward_kernel), dim3(static_cast<unsigned>(batch)),
                       dim3(kThreads), 0, args, stream_of(x));
     ctx->save_for_backward({x, weight, bias, mean, rstd});
     ctx->saved_data["groups"] = groups;
     ctx->saved_data["backward"] = backward_kernel;
     ctx->saved_data["reduce"] = reduce_kernel;
+    ctx->saved_data["residual"] = has_residual;
     return y;
   }
 
@@ -54,7 +60,7 @@ class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& weight = saved[1];
-    variable_list out(8);
+    variable_list out(10);
     if (!grads[0].defined()) {
       return out;
     }
@@ -87,6 +93,9 @@ class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
     out[0] = dx;
     out[1] = dweight;
     out[2] = dbias;
+    if (ctx->saved_data["residual"].toBool()) {
+      out[3] = grads[0];
+    }
     return out;
   }
 };
@@ -95,8 +104,8 @@ class GroupNormRelu : public torch::autograd::Function<GroupNormRelu> {
 
 extern "C" {
 
-char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, double eps,
-                            void* const* kernels, void** out) {
+char* esper_group_norm_relu(void* x, void* weight, void* bias, void* residual, int64_t groups,
+                            double eps, void* const* kernels, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr &&
@@ -120,7 +129,18 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, int64_t groups, d
                 "group_norm_relu: weight and bias must be contiguous f32 [C] on the input's "
                 "device");
   }
-  at::Tensor y = GroupNormRelu::apply(input, w, b, groups, eps, as_int(kernels[0]),
+  // Without a residual, an empty placeholder: autograd functions take no
+  // undefined tensor inputs.
+  at::Tensor res = at::empty({0}, input.options());
+  if (residual != nullptr) {
+    res = *static_cast<const at::Tensor*>(residual);
+    TORCH_CHECK(res.sizes() == input.sizes() && res.scalar_type() == input.scalar_type() &&
+                    res.device() == input.device() &&
+                    res.is_contiguous(at::MemoryFormat::ChannelsLast) && aligned16(res),
+                "group_norm_relu: the residual must be an aligned channels-last tensor of the "
+                "input's shape, dtype and device");
+  }
+  at::Tensor y = GroupNormRelu::apply(input, w, b, res, residual != nullptr, groups, eps, as_int(kernels[0]),
                                       as_int(kernels[1]), as_int(kernels[2]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH

@@ -314,6 +314,7 @@ unsafe extern "C" {
         x: *mut c_void,
         weight: *mut c_void,
         bias: *mut c_void,
+        residual: *mut c_void,
         groups: i64,
         eps: f64,
         kernels: *const *mut c_void,

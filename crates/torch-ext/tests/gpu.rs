@@ -2,7 +2,7 @@
 //! and replay with fresh inputs, a capture without warm-up ordered after the
 //! work queued before it, shared pools, clean recovery from a failed
 //! capture, sync-debug mode, memory statistics, autocast and fused ops on
-//! CUDA, (module `nn`) the fused layers against libtorch's, (modules `layer_norm`, `linear`, `embedding` and `attention`) the layer norm, the linear layer, the embedding and the causal attention against libtorch's, (module `gram`) the Gram matrix of a few rows against an f64 one, (module `blend`)
+//! CUDA, (module `nn`) the fused layers against libtorch's, (module `group_norm`) group norm + ReLU with the residual added in its kernel, (modules `layer_norm`, `linear`, `embedding` and `attention`) the layer norm, the linear layer, the embedding and the causal attention against libtorch's, (module `gram`) the Gram matrix of a few rows against an f64 one, (module `blend`)
 //! the fused alpha blends, (module `copies`) the copies inside and outside
 //! captured graphs and (module `fused`) the fused SGD step and
 //! cross-entropy, (module `adamw`) torch-ext's AdamW kernels against
@@ -45,6 +45,9 @@ mod nn;
 
 #[path = "gpu/blend.rs"]
 mod blend;
+
+#[path = "gpu/group_norm.rs"]
+mod group_norm;
 
 #[path = "gpu/layer_norm.rs"]
 mod layer_norm;

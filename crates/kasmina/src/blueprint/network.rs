@@ -33,6 +33,11 @@ impl SeedConvBlock {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.norm.forward_relu(&self.conv.forward(x)?)
     }
+
+    /// `residual + self.forward(x)`, the add fused into the norm's kernel.
+    fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        self.norm.forward_relu_add(&self.conv.forward(x)?, residual)
+    }
 }
 
 /// The layers of one blueprint.
@@ -238,12 +243,10 @@ impl SeedNetwork {
                 let hidden = conv.forward(&hidden)?.f_relu()?;
                 x.f_add(&norm.forward(&up.forward(&hidden)?)?)?
             }
-            SeedNetwork::ConvSmall { conv, norm } => {
-                x.f_add(&norm.forward_relu(&conv.forward(x)?)?)?
-            }
-            SeedNetwork::ConvLight { block } => x.f_add(&block.forward(x)?)?,
+            SeedNetwork::ConvSmall { conv, norm } => norm.forward_relu_add(&conv.forward(x)?, x)?,
+            SeedNetwork::ConvLight { block } => block.forward_add(x, x)?,
             SeedNetwork::ConvHeavy { first, second } => {
-                x.f_add(&second.forward(&first.forward(x)?)?)?
+                second.forward_add(&first.forward(x)?, x)?
             }
         })
     }

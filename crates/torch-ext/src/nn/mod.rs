@@ -41,6 +41,9 @@
 //!   reduction into the weight and bias gradients. Groups of a multiple of
 //!   four channels sum per thread's channel quad; narrower groups (1 - 3
 //!   channels, where a quad spans groups) per channel (`_narrow` kernels).
+//!   [`group_norm_relu_add`] adds a seed's residual (`x + ReLU(GN(conv x))`)
+//!   inside the forward kernel, rounded as libtorch's add rounds it: no add
+//!   kernel, and one pass over the activations fewer.
 //! - [`blend_lerp`]: a seed's alpha blend `lerp(h, s, w)` with one weight
 //!   per sample read on the device (what a captured step replays with a
 //!   new alpha), one elementwise kernel each way; libtorch runs it, and
@@ -130,6 +133,7 @@ mod embedding;
 mod embedding_source;
 mod gram;
 mod gram_source;
+mod group_norm;
 mod kernels;
 mod layer_norm;
 mod layer_norm_source;
@@ -142,6 +146,7 @@ pub use attention::{FUSED_ATTENTION_HEAD_DIMS, MAX_FUSED_ATTENTION_TIME, causal_
 pub use blend::{blend_lerp, blend_lerp_replicated};
 pub use embedding::embedding;
 pub use gram::gram;
+pub use group_norm::{MAX_FUSED_GROUPS, group_norm_relu, group_norm_relu_add};
 use kernels::kernels;
 pub use layer_norm::{layer_norm, layer_norm_bf16, layer_norm_fork};
 pub use linear::linear;
@@ -459,74 +464,6 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
                 ffi::tensor_ptr(weight),
                 i32::from(compute == Kind::BFloat16),
                 if vec4 { 4 } else { 1 },
-                handles.as_ptr(),
-                out,
-            )
-        })
-    }
-}
-
-/// Most groups [`group_norm_relu`]'s kernels take.
-pub const MAX_FUSED_GROUPS: i64 = 64;
-
-/// `relu(group_norm(x, groups, weight, bias, eps))`, the fused kernels where
-/// they apply (see the module docs): a channels-last CUDA tensor of `f32`
-/// or `bf16`, a multiple of four channels, at most `4 * 256`, in at most
-/// [`MAX_FUSED_GROUPS`] groups (groups of a multiple of four channels take
-/// the quad kernels, narrower ones the per-channel kernels), `weight` and `bias`
-/// contiguous `f32` `[C]` on `x`'s device. libtorch's `group_norm` and
-/// `relu` otherwise. The fused output has `x`'s dtype (libtorch's
-/// `group_norm` under autocast returns `f32`).
-///
-/// # Shapes
-/// `x: [B, C, H, W]`, `weight`, `bias` `[C]`; returns `[B, C, H, W]`.
-///
-/// # Errors
-/// libtorch's error for tensors that do not fit together; [`Error::Cpp`]
-/// when the kernels cannot be compiled or launched.
-pub fn group_norm_relu(
-    x: &Tensor,
-    groups: i64,
-    weight: &Tensor,
-    bias: &Tensor,
-    eps: f64,
-) -> Result<Tensor> {
-    const OP: &str = "nn::group_norm_relu";
-    let channels = x.size().get(1).copied().unwrap_or(0);
-    let per_channel_ok = [weight, bias]
-        .into_iter()
-        .all(|t| per_channel_f32(t, channels, x));
-    let shape_ok = (1..=MAX_FUSED_GROUPS).contains(&groups)
-        && channels % groups == 0
-        && channels % 4 == 0
-        && channels <= 1024;
-    let fused = fused_target(x)
-        .filter(|_| per_channel_ok && shape_ok && is_nhwc(x) && four_channels(x, channels));
-    let Some((device, bf16)) = fused else {
-        return x
-            .f_group_norm(groups, Some(weight), Some(bias), eps, true)
-            .and_then(|y| y.f_relu())
-            .map_err(|error| torch(OP, error));
-    };
-    let k = kernels(OP, device, bf16, true)?;
-    let handles = if (channels / groups) % 4 == 0 {
-        [k.gn_forward.raw(), k.gn_backward.raw(), k.conv_reduce.raw()]
-    } else {
-        [
-            k.gn_forward_narrow.raw(),
-            k.gn_backward_narrow.raw(),
-            k.conv_reduce.raw(),
-        ]
-    };
-    // SAFETY: as in `batch_norm_relu`.
-    unsafe {
-        shim_tensor(OP, |out| {
-            ffi::esper_group_norm_relu(
-                ffi::tensor_ptr(x),
-                ffi::tensor_ptr(weight),
-                ffi::tensor_ptr(bias),
-                groups,
-                eps,
                 handles.as_ptr(),
                 out,
             )

@@ -84,11 +84,24 @@ __device__ __forceinline__ void gn_masked_grad(const float* v, const float* d, f
     }
 }
 
-// Forward: y = relu(group_norm(x)); mean and rstd [N][G] saved. G <= 64.
+// res + z for this thread's four outputs z where a residual is given
+// (res not null): z rounded to T first, then added in f32, as libtorch's
+// add of the two tensors rounds, so the sum is the unfused one bit for bit.
+__device__ __forceinline__ void gn_add_residual(const T* __restrict__ res, long long i,
+                                                float* o) {
+    if (res == nullptr) return;
+    float r[4];
+    load4(res, i, r);
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = r[j] + round_t(o[j]);
+}
+
+// Forward: y = relu(group_norm(x)), plus res where it is not null; mean and
+// rstd [N][G] saved. G <= 64.
 extern "C" __global__ void esper_gn_relu_forward(
     const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
-    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-    int HW, int C, int G, float eps) {
+    const T* __restrict__ res, T* __restrict__ y, float* __restrict__ mean_out,
+    float* __restrict__ rstd_out, int HW, int C, int G, float eps) {
     __shared__ float red[2 * THREADS];
     __shared__ float stats[2 * 64];
     const GnLayout l = gn_layout(HW, C, G);
@@ -145,6 +158,7 @@ extern "C" __global__ void esper_gn_relu_forward(
             float h;
             o[j] = fmaxf(gn_affine(v[j], mean, rstd, gm[j], bt[j], &h), 0.0f);
         }
+        gn_add_residual(res, i, o);
         store4(y, i, o);
     }
 }
@@ -275,8 +289,8 @@ __device__ __forceinline__ void gn_rows_sum4(float* red, int stride_k, int P, in
 
 extern "C" __global__ void esper_gn_relu_forward_narrow(
     const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
-    T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
-    int HW, int C, int G, float eps) {
+    const T* __restrict__ res, T* __restrict__ y, float* __restrict__ mean_out,
+    float* __restrict__ rstd_out, int HW, int C, int G, float eps) {
     __shared__ float red[2 * 4 * THREADS];
     __shared__ float stats[2 * 64];
     const GnLayout l = gn_layout(HW, C, G);
@@ -344,6 +358,7 @@ extern "C" __global__ void esper_gn_relu_forward_narrow(
             float h;
             o[j] = fmaxf(gn_affine(v[j], mean[j], rstd[j], gm[j], bt[j], &h), 0.0f);
         }
+        gn_add_residual(res, i, o);
         store4(y, i, o);
     }
 }

@@ -29,6 +29,8 @@ __device__ __forceinline__ void store4(T* __restrict__ p, long long i, const flo
     *reinterpret_cast<uint2*>(p + i) = u;
 }
 __device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) { return bf(p[i]); }
+// v rounded to T and back (a value as a T tensor holds it).
+__device__ __forceinline__ float round_t(float v) { return bf(to_bf(v)); }
 // Two consecutive values at a 4-byte aligned (even) index.
 __device__ __forceinline__ void st2(T* __restrict__ p, long long i, float a, float b) {
     *reinterpret_cast<unsigned int*>(p + i) = to_bf(a) | (to_bf(b) << 16);
@@ -47,6 +49,7 @@ __device__ __forceinline__ void store4(T* __restrict__ p, long long i, const flo
     *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
 }
 __device__ __forceinline__ float ld1(const T* __restrict__ p, long long i) { return p[i]; }
+__device__ __forceinline__ float round_t(float v) { return v; }
 // Two consecutive values at an 8-byte aligned (even) index.
 __device__ __forceinline__ void st2(T* __restrict__ p, long long i, float a, float b) {
     *reinterpret_cast<float2*>(p + i) = make_float2(a, b);

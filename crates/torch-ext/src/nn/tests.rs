@@ -71,6 +71,30 @@ fn layer_norm_on_the_cpu_is_libtorchs() {
     assert!(layer_norm(&Tensor::ones([0], cpu), &weight, &bias, 1e-5).is_err());
 }
 
+/// Off CUDA, `group_norm_relu_add` is `residual + relu(group_norm(x))` from
+/// libtorch's ops, gradients included; a residual of another shape is
+/// refused (libtorch would broadcast a `[1, C, H, W]` one).
+#[test]
+fn group_norm_relu_add_on_the_cpu_is_libtorchs_sum() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let x = Tensor::randn([2, 8, 3, 3], cpu).set_requires_grad(true);
+    let residual = Tensor::randn([2, 8, 3, 3], cpu);
+    let (weight, bias) = (Tensor::rand([8], cpu), Tensor::randn([8], cpu));
+    let y = group_norm_relu_add(&x, &residual, 4, &weight, &bias, 1e-5).unwrap();
+    let expected = &residual
+        + x.group_norm(4, Some(&weight), Some(&bias), 1e-5, true)
+            .relu();
+    assert!(y.equal(&expected));
+    let gx = Tensor::run_backward(&[y.sum(Kind::Float)], &[&x], false, false);
+    let ge = Tensor::run_backward(&[expected.sum(Kind::Float)], &[&x], false, false);
+    assert!(gx[0].equal(&ge[0]));
+    let broadcastable = residual.narrow(0, 0, 1);
+    match group_norm_relu_add(&x, &broadcastable, 4, &weight, &bias, 1e-5) {
+        Err(Error::InvalidArgument { message, .. }) => assert!(message.contains("residual")),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
 /// Off CUDA, `layer_norm_fork` is `(x, layer_norm(x))` from libtorch's
 /// op: the stream is `x` and autograd sums the two gradients; a weight
 /// that does not fit is libtorch's clear error.
