@@ -44,9 +44,9 @@ pub fn group_norm_relu(
 /// activations fewer forward, and no add kernel. The sum is rounded as
 /// libtorch's add of the two tensors rounds it, so the result is the
 /// unfused one bit for bit; the residual's gradient is the output's.
-/// Otherwise [`group_norm_relu`] and libtorch's add (whose type promotion
-/// applies: under autocast an `f32` residual and a `bf16` normalised
-/// output sum to `f32`).
+/// Otherwise [`group_norm_relu`] (fused where it applies) and libtorch's
+/// add, whose type promotion applies: under autocast an `f32` residual and
+/// a `bf16` normalised output sum to `f32`.
 ///
 /// # Shapes
 /// `x` and `residual`: `[B, C, H, W]`, `weight`, `bias` `[C]`; returns
@@ -104,12 +104,18 @@ fn group_norm_relu_impl(
         && channels % groups == 0
         && channels % 4 == 0
         && channels <= 1024;
-    let residual_ok = residual.is_none_or(|r| {
-        r.kind() == x.kind() && r.device() == x.device() && is_nhwc(r) && four_channels(r, channels)
-    });
-    let fused = fused_target(x).filter(|_| {
-        per_channel_ok && shape_ok && residual_ok && is_nhwc(x) && four_channels(x, channels)
-    });
+    if let Some(r) = residual {
+        let fits = r.kind() == x.kind()
+            && r.device() == x.device()
+            && is_nhwc(r)
+            && four_channels(r, channels);
+        if !fits {
+            let y = group_norm_relu_impl(op, x, None, groups, weight, bias, eps)?;
+            return r.f_add(&y).map_err(|error| torch(op, error));
+        }
+    }
+    let fused = fused_target(x)
+        .filter(|_| per_channel_ok && shape_ok && is_nhwc(x) && four_channels(x, channels));
     let Some((device, bf16)) = fused else {
         let y = x
             .f_group_norm(groups, Some(weight), Some(bias), eps, true)
