@@ -82,7 +82,7 @@ fn group_norm_relu_add_launches_no_add_and_replays_from_a_graph() {
     let f32 = (Kind::Float, CUDA);
     let (weight, bias) = (Tensor::ones([16], f32), Tensor::zeros([16], f32));
     let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
-    nn::group_norm_relu_add(&x, &residual, 4, &weight, &bias, 1e-5).unwrap();
+    let _profiled = nn::group_norm_relu_add(&x, &residual, 4, &weight, &bias, 1e-5).unwrap();
     cuda::synchronize(0).unwrap();
     let names: Vec<String> = profiler
         .stop()
