@@ -140,8 +140,8 @@ char* esper_group_norm_relu(void* x, void* weight, void* bias, void* residual, i
                 "group_norm_relu: the residual must be an aligned channels-last tensor of the "
                 "input's shape, dtype and device");
   }
-  at::Tensor y = GroupNormRelu::apply(input, w, b, res, residual != nullptr, groups, eps, as_int(kernels[0]),
-                                      as_int(kernels[1]), as_int(kernels[2]));
+  at::Tensor y = GroupNormRelu::apply(input, w, b, res, residual != nullptr, groups, eps,
+                                      as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }
