@@ -3,6 +3,8 @@
 //! with a seed's residual added inside the forward kernel; run-time compiled
 //! kernels where they apply, libtorch's ops otherwise.
 
+use std::ffi::c_void;
+
 use tch::Tensor;
 
 use super::{four_channels, fused_target, is_nhwc, kernels, per_channel_f32, shim_tensor, torch};
@@ -34,7 +36,14 @@ pub fn group_norm_relu(
     bias: &Tensor,
     eps: f64,
 ) -> Result<Tensor> {
-    group_norm_relu_impl("nn::group_norm_relu", x, None, groups, weight, bias, eps)
+    const OP: &str = "nn::group_norm_relu";
+    match fused_plan(OP, x, groups, weight, bias)? {
+        Some(handles) => launch(OP, x, None, groups, weight, bias, eps, &handles),
+        None => x
+            .f_group_norm(groups, Some(weight), Some(bias), eps, true)
+            .and_then(|y| y.f_relu())
+            .map_err(|error| torch(OP, error)),
+    }
 }
 
 /// `residual + relu(group_norm(x, groups, weight, bias, eps))`, a seed's
@@ -84,50 +93,47 @@ pub fn group_norm_relu_add(
             ),
         });
     }
-    group_norm_relu_impl(OP, x, Some(residual), groups, weight, bias, eps)
+    let channels = x.size().get(1).copied().unwrap_or(0);
+    let fits = residual.kind() == x.kind()
+        && residual.device() == x.device()
+        && is_nhwc(residual)
+        && four_channels(residual, channels);
+    if fits && let Some(handles) = fused_plan(OP, x, groups, weight, bias)? {
+        return launch(OP, x, Some(residual), groups, weight, bias, eps, &handles);
+    }
+    let y = group_norm_relu(x, groups, weight, bias, eps)?;
+    residual.f_add(&y).map_err(|error| torch(OP, error))
 }
 
-fn group_norm_relu_impl(
+/// The kernels' handles (forward, backward, weight-gradient reduction) for
+/// `x` where the fused kernels take it (see [`group_norm_relu`]): the quad
+/// kernels for groups of a multiple of four channels, the per-channel ones
+/// otherwise. `None` where libtorch's ops must run.
+fn fused_plan(
     op: &'static str,
     x: &Tensor,
-    residual: Option<&Tensor>,
     groups: i64,
     weight: &Tensor,
     bias: &Tensor,
-    eps: f64,
-) -> Result<Tensor> {
+) -> Result<Option<[*mut c_void; 3]>> {
     let channels = x.size().get(1).copied().unwrap_or(0);
-    let per_channel_ok = [weight, bias]
-        .into_iter()
-        .all(|t| per_channel_f32(t, channels, x));
     let shape_ok = (1..=MAX_FUSED_GROUPS).contains(&groups)
         && channels % groups == 0
         && channels % 4 == 0
         && channels <= 1024;
-    if let Some(r) = residual {
-        let fits = r.kind() == x.kind()
-            && r.device() == x.device()
-            && is_nhwc(r)
-            && four_channels(r, channels);
-        if !fits {
-            let y = group_norm_relu_impl(op, x, None, groups, weight, bias, eps)?;
-            return r.f_add(&y).map_err(|error| torch(op, error));
-        }
-    }
-    let fused = fused_target(x)
-        .filter(|_| per_channel_ok && shape_ok && is_nhwc(x) && four_channels(x, channels));
+    let fused = fused_target(x).filter(|_| {
+        shape_ok
+            && [weight, bias]
+                .into_iter()
+                .all(|t| per_channel_f32(t, channels, x))
+            && is_nhwc(x)
+            && four_channels(x, channels)
+    });
     let Some((device, bf16)) = fused else {
-        let y = x
-            .f_group_norm(groups, Some(weight), Some(bias), eps, true)
-            .and_then(|y| y.f_relu());
-        return match residual {
-            Some(r) => y.and_then(|y| r.f_add(&y)),
-            None => y,
-        }
-        .map_err(|error| torch(op, error));
+        return Ok(None);
     };
     let k = kernels(op, device, bf16, true)?;
-    let handles = if (channels / groups) % 4 == 0 {
+    Ok(Some(if (channels / groups) % 4 == 0 {
         [k.gn_forward.raw(), k.gn_backward.raw(), k.conv_reduce.raw()]
     } else {
         [
@@ -135,9 +141,25 @@ fn group_norm_relu_impl(
             k.gn_backward_narrow.raw(),
             k.conv_reduce.raw(),
         ]
-    };
-    // SAFETY: as in `batch_norm_relu`; the residual, when given, is a live
-    // tensor for the call.
+    }))
+}
+
+/// The fused kernels on `x` (with `residual` added in the forward kernel
+/// when given), through the shim's autograd function.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    op: &'static str,
+    x: &Tensor,
+    residual: Option<&Tensor>,
+    groups: i64,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    handles: &[*mut c_void; 3],
+) -> Result<Tensor> {
+    // SAFETY: as in `batch_norm_relu`; the handles are the cached kernels'
+    // (never unloaded), the residual, when given, is a live tensor for the
+    // call.
     unsafe {
         shim_tensor(op, |out| {
             ffi::esper_group_norm_relu(

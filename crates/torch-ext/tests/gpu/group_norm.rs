@@ -9,6 +9,7 @@
 use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, Error, cuda, memory, nn};
 
+use super::nn::kernels_of;
 use super::{CUDA, gpu_or_skip};
 
 /// Output and the gradients of x, weight, bias and residual, for one
@@ -81,17 +82,9 @@ fn group_norm_relu_add_launches_no_add_and_replays_from_a_graph() {
     let (x, residual) = inputs(32, 16, 16, false);
     let f32 = (Kind::Float, CUDA);
     let (weight, bias) = (Tensor::ones([16], f32), Tensor::zeros([16], f32));
-    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
-    let _profiled = nn::group_norm_relu_add(&x, &residual, 4, &weight, &bias, 1e-5).unwrap();
-    cuda::synchronize(0).unwrap();
-    let names: Vec<String> = profiler
-        .stop()
-        .unwrap()
-        .kernels
-        .iter()
-        .filter(|stat| !stat.is_copy())
-        .map(|stat| stat.name.clone())
-        .collect();
+    let names = kernels_of(|| {
+        let _profiled = nn::group_norm_relu_add(&x, &residual, 4, &weight, &bias, 1e-5).unwrap();
+    });
     assert_eq!(names.len(), 1, "one kernel forward: {names:?}");
     assert!(names[0].contains("esper_gn_relu_forward"), "{names:?}");
 

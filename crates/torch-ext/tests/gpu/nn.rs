@@ -426,7 +426,7 @@ fn conv3x3_matches_libtorch() {
 }
 
 /// The kernels' names in a profile of `run`.
-fn kernels_of(run: impl FnOnce()) -> Vec<String> {
+pub(super) fn kernels_of(run: impl FnOnce()) -> Vec<String> {
     let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
     run();
     cuda::synchronize(0).unwrap();
