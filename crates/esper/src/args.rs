@@ -60,6 +60,9 @@ pub(crate) struct BenchArgs {
     /// real size instead of the Fashion-MNIST files, or seeded text instead
     /// of the corpus.
     pub(crate) synthetic: bool,
+    /// `--epoch-graph-steps N` (`tolaria-fmnist`, `tolaria-lm`): graph-epoch's
+    /// steps per captured graph (0: the whole epoch as one graph).
+    pub(crate) epoch_graph_steps: Option<usize>,
     /// `--variants a,b` (`simic-throughput`, `simic-cifar`): the variants
     /// by name (`simic::bench::SimicBenchOptions::variants`); empty: the
     /// defaults.
@@ -218,6 +221,7 @@ impl BenchArgs {
         let mut epochs: Option<usize> = None;
         let mut warmup_epochs: Option<usize> = None;
         let mut synthetic = false;
+        let mut epoch_graph_steps: Option<usize> = None;
         let mut simic_variants: Option<Vec<String>> = None;
         let mut gpus: Option<Vec<usize>> = None;
         let mut torchrun = false;
@@ -243,7 +247,7 @@ impl BenchArgs {
             let torch_only = matches!(flag, "--device");
             let tolaria_only = matches!(flag, "--modes");
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
-            let fmnist_only = matches!(flag, "--synthetic");
+            let fmnist_only = matches!(flag, "--synthetic" | "--epoch-graph-steps");
             let simic_only = matches!(flag, "--variants" | "--gpus" | "--torchrun");
             let rounds_flag = matches!(flag, "--rounds" | "--episode");
             let learning_only = matches!(
@@ -376,6 +380,9 @@ impl BenchArgs {
                     once(&mut rounds, flag, n)?;
                 }
                 "--warmup-epochs" => once(&mut warmup_epochs, flag, count(flag, &value()?)?)?,
+                "--epoch-graph-steps" => {
+                    once(&mut epoch_graph_steps, flag, count(flag, &value()?)?)?;
+                }
                 "--ppo-epochs" => {
                     let n = count(flag, &value()?)?;
                     if n == 0 {
@@ -537,6 +544,7 @@ impl BenchArgs {
             epochs,
             warmup_epochs,
             synthetic,
+            epoch_graph_steps,
             simic_variants: simic_variants.unwrap_or_default(),
             gpus: gpus.unwrap_or_default(),
             torchrun,

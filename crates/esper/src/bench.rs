@@ -208,6 +208,9 @@ fn tolaria_reference(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result
 fn tolaria_fmnist(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
     let mut options = tolaria::engine::bench::FmnistOptions::new(args.device, args.quick);
     options.synthetic = args.synthetic;
+    if let Some(steps) = args.epoch_graph_steps {
+        options.epoch_graph_steps = steps;
+    }
     epoch_counts(
         args,
         &mut options.measured_epochs,
@@ -222,6 +225,9 @@ fn tolaria_fmnist(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<Ba
 fn tolaria_lm(args: &BenchArgs, progress: &mut dyn FnMut(&str)) -> Result<BaselineRecord> {
     let mut options = tolaria::engine::bench::LmOptions::new(args.device, args.quick);
     options.synthetic = args.synthetic;
+    if let Some(steps) = args.epoch_graph_steps {
+        options.epoch_graph_steps = steps;
+    }
     epoch_counts(
         args,
         &mut options.measured_epochs,

@@ -91,6 +91,8 @@ commands:
         --epochs N          measured epochs (default 5, 2 with --quick)
         --warmup-epochs N   unmeasured epochs first (default 2)
         --synthetic         seeded images of the real size instead of the data set
+        --epoch-graph-steps N  graph-epoch's training steps per captured graph (default 4;
+                            0: the whole epoch as one graph)
       tolaria-lm            the language-model task's transformer (fortunes corpus, byte tokens)
                             with mlp_small and attention seeds blending, general trainer, AdamW,
                             fp32/bf16 x eager/graph-step/graph-epoch (fp32 eager on the CPU)
@@ -98,6 +100,7 @@ commands:
         --epochs N          measured epochs (default 5, 2 with --quick)
         --warmup-epochs N   unmeasured epochs first (default 2, 1 with --quick)
         --synthetic         seeded text instead of the corpus
+        --epoch-graph-steps N  as for tolaria-fmnist
       tolaria-timeout       drill: a controller slower than its deadline; WAIT and telemetry
         --device DEVICE     auto (default), cpu, cuda or cuda:N
       tolaria-rollback      drill: NaN weights -> governor rollback -> training goes on

@@ -610,3 +610,17 @@ fn the_batch_sizes_of_an_epoch_follow_its_plan() {
         );
     }
 }
+
+#[test]
+fn a_trainer_config_written_before_the_epoch_graph_size_existed_takes_its_default() {
+    let mut json = serde_json::to_value(ModelTrainerConfig::default()).expect("to json");
+    let fields = json.as_object_mut().expect("an object");
+    assert_eq!(
+        fields.remove("epoch_graph_steps"),
+        Some(serde_json::json!(
+            tolaria::engine::DEFAULT_EPOCH_GRAPH_STEPS
+        ))
+    );
+    let config: ModelTrainerConfig = serde_json::from_value(json).expect("from json");
+    assert_eq!(config, ModelTrainerConfig::default());
+}

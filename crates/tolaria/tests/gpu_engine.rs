@@ -76,43 +76,65 @@ fn graph_step_and_eager_train_two_seeds_to_the_same_parameters() {
     let train = data(1024, 1);
     let test = data(256, 2);
     let mut finals = Vec::new();
+    let mut epoch_kernels = Vec::new();
     // Graph-step after Tolaria's warm-up steps, and with none: a shape's
-    // first step is then captured and run by the capture's replay.
+    // first step is then captured and run by the capture's replay. Then
+    // graph-epoch with the whole epoch (8 steps) as one graph, and as
+    // graphs of 1 and of 3 steps (3 + 3 + 2).
     let runs = [
-        (ExecutionMode::Eager, None),
-        (ExecutionMode::GraphStep, None),
-        (ExecutionMode::GraphStep, Some(0)),
+        (ExecutionMode::Eager, None, "eager"),
+        (ExecutionMode::GraphStep, None, "graph-step"),
+        (ExecutionMode::GraphStep, Some(0), "graph-step, no warm-up"),
+        (ExecutionMode::GraphEpoch, Some(0), "graph-epoch, one graph"),
+        (
+            ExecutionMode::GraphEpoch,
+            Some(1),
+            "graph-epoch, 1 step a graph",
+        ),
+        (
+            ExecutionMode::GraphEpoch,
+            Some(3),
+            "graph-epoch, 3 steps a graph",
+        ),
     ];
-    for (mode, warmup) in runs {
+    for (mode, setting, label) in runs {
         let model = blending_model(&train);
         let mut config = config(mode, Precision::Fp32);
         config.matmul.allow_tf32 = false;
-        if let Some(steps) = warmup {
-            config.graph_warmup_steps = steps;
+        match (mode, setting) {
+            (ExecutionMode::GraphStep, Some(steps)) => config.graph_warmup_steps = steps,
+            (ExecutionMode::GraphEpoch, Some(steps)) => config.epoch_graph_steps = steps,
+            _ => {}
         }
         let mut trainer =
             ModelTrainer::new(model, &train, Some(&test), config, Telemetry::disabled())
                 .expect("trainer");
-        let (mut replayed, mut eager) = (0, 0);
+        let (mut replayed, mut eager, mut steps) = (0, 0, 0);
         for _ in 0..4 {
             let report = trainer.train_epoch().expect("epoch");
             replayed += report.train.replayed_steps;
             eager += report.train.eager_steps;
+            steps = report.train.steps;
         }
-        if mode == ExecutionMode::GraphStep {
-            assert!(replayed > 0, "graph-step replayed no step");
+        if mode != ExecutionMode::Eager {
+            assert!(replayed > 0, "{label} replayed no step");
         }
-        if warmup == Some(0) {
+        if mode == ExecutionMode::GraphStep && setting == Some(0) {
             assert_eq!(eager, 0, "no warm-up: every step is a replay");
         }
-        finals.push(parameters(trainer.model()));
+        if mode == ExecutionMode::GraphEpoch {
+            // Whole epochs, eager (warming up) or replayed, whatever the
+            // graphs' size; and every step's kernels in them.
+            assert_eq!(eager + replayed, 4 * steps, "{label}");
+            assert!(eager >= steps, "{label}: no eager warm-up epoch");
+            let kernels = trainer.engine().kernels_per_step(steps).expect("kernels");
+            epoch_kernels.push((label, kernels.expect("an epoch graph")));
+        }
+        finals.push((label, parameters(trainer.model())));
     }
     torch_ext::precision::set_cudnn_deterministic(false);
-    let eager = &finals[0];
-    for (graph, label) in finals[1..]
-        .iter()
-        .zip(["graph-step", "graph-step, no warm-up"])
-    {
+    let (_, eager) = &finals[0];
+    for (label, graph) in &finals[1..] {
         assert_eq!(eager.len(), graph.len());
         let worst = eager
             .iter()
@@ -122,6 +144,18 @@ fn graph_step_and_eager_train_two_seeds_to_the_same_parameters() {
         println!("eager vs {label}, 4 epochs, two seeds: max |difference| {worst:e}");
         assert!(worst < 1e-4, "{label}: parameters differ by {worst}");
     }
+    // The same kernels in any chunking: the same parameters, bit for bit.
+    let (whole_label, whole) = &finals[3];
+    for (label, chunked) in &finals[4..] {
+        assert!(whole == chunked, "{label} differs from {whole_label}");
+    }
+    println!("graph-epoch kernels a step: {epoch_kernels:?}");
+    assert!(
+        epoch_kernels
+            .iter()
+            .all(|(_, k)| *k == epoch_kernels[0].1 && *k > 0.0),
+        "{epoch_kernels:?}"
+    );
 }
 
 #[test]
@@ -233,6 +267,7 @@ fn an_uncapturable_step_falls_back_to_eager_and_keeps_training() {
         EngineConfig {
             mode: ExecutionMode::GraphStep,
             warmup_steps: 2,
+            epoch_graph_steps: 0,
             batch_size: 128,
             drop_last: true,
             forbid_syncs: false,
@@ -367,6 +402,7 @@ fn the_fused_loss_trains_like_libtorchs_cross_entropy() {
             EngineConfig {
                 mode: ExecutionMode::GraphStep,
                 warmup_steps: 2,
+                epoch_graph_steps: 0,
                 batch_size: 100,
                 drop_last: false,
                 forbid_syncs: false,
@@ -420,6 +456,7 @@ fn device_timing_can_be_turned_off_and_launch_time_is_reported() {
         EngineConfig {
             mode: ExecutionMode::GraphEpoch,
             warmup_steps: 2,
+            epoch_graph_steps: 0,
             batch_size: 128,
             drop_last: true,
             forbid_syncs: false,

@@ -362,10 +362,50 @@ fn tolaria_options_parse_and_apply_only_where_they_mean_something() {
         &["tolaria-reference", "--out", "a.json", "--device", "gpu"],
         &["tolaria-reference", "--out", "a.json", "--modes", "graph"],
         &["tolaria-reference", "--out", "a.json", "--epochs", "-1"],
+        &[
+            "tolaria-reference",
+            "--out",
+            "a.json",
+            "--epoch-graph-steps",
+            "1",
+        ],
+        &[
+            "simic-growth",
+            "--out",
+            "a.json",
+            "--epoch-graph-steps",
+            "1",
+        ],
+        &[
+            "tolaria-fmnist",
+            "--out",
+            "a.json",
+            "--epoch-graph-steps",
+            "-1",
+        ],
+        &[
+            "tolaria-fmnist",
+            "--out",
+            "a.json",
+            "--epoch-graph-steps",
+            "2",
+            "--epoch-graph-steps",
+            "3",
+        ],
     ] {
         let error = parse(bad).expect_err("refused");
         assert!(!error.0.is_empty(), "{bad:?}");
     }
+    // Graph-epoch's graph size: the general-path benches only; 0 is the
+    // whole epoch as one graph.
+    for (workload, steps) in [("tolaria-fmnist", "0"), ("tolaria-lm", "16")] {
+        let args = run_args(&[workload, "--out", "a.json", "--epoch-graph-steps", steps]);
+        assert_eq!(args.epoch_graph_steps, steps.parse().ok());
+    }
+    assert_eq!(
+        run_args(&["tolaria-fmnist", "--out", "a.json"]).epoch_graph_steps,
+        None
+    );
 }
 
 #[cfg(unix)]

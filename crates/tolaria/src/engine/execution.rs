@@ -1,6 +1,6 @@
 //! How the batches of one epoch run under each execution mode: eager (from
 //! device-resident data or, double-buffered, from pinned host memory), one
-//! captured graph per step shape, or one graph for the whole epoch; the
+//! captured graph per step shape, or the whole epoch as a chain of graphs; the
 //! capture itself, its fallback to eager, and the sync-debug guard around
 //! an epoch's steps.
 
@@ -14,7 +14,7 @@ use torch_ext::CudaGraph;
 
 use super::ExecutionMode;
 use super::staging::StagedData;
-use super::{Batch, Engine, EpochAccumulator, Step, StepGraph};
+use super::{Batch, Engine, EpochAccumulator, EpochGraph, Step, StepGraph};
 use crate::error::{Error, Result, TorchResultExt};
 
 impl Engine {
@@ -165,7 +165,10 @@ impl Engine {
         ));
     }
 
-    /// Graph-epoch: eager warm-up epochs, then the whole epoch as one graph.
+    /// Graph-epoch: eager warm-up epochs, then the whole epoch captured as
+    /// graphs of `epoch_graph_steps` steps each (0: one graph), all replayed
+    /// in order from then on. A capture that fails drops the graphs captured
+    /// before it; the epoch then runs eagerly, as do later ones.
     pub(super) fn epoch_graph_epoch(
         &mut self,
         step: &mut dyn Step,
@@ -175,15 +178,18 @@ impl Engine {
         outcome: &mut EpochCounts,
     ) -> Result<()> {
         let steps = plan.len();
-        if let Some((graph, static_permutation)) = &self.epoch_graph {
-            // Ordered data: the graph reads views, not the permutation.
+        if let Some(epoch) = &self.epoch_graph {
+            // Ordered data: the graphs read views, not the permutation.
             if !data.is_ordered() {
-                static_permutation
+                epoch
+                    .permutation
                     .shallow_clone()
                     .f_copy_(permutation)
                     .op("permutation copy")?;
             }
-            graph.replay()?;
+            for graph in &epoch.graphs {
+                graph.replay()?;
+            }
             outcome.replayed = outcome.replayed.saturating_add(steps);
             return Ok(());
         }
@@ -205,25 +211,50 @@ impl Engine {
         let static_permutation = deep_copy(permutation)?;
         let started = Instant::now();
         let accumulator = &self.accumulator;
+        let per_graph = match self.config.epoch_graph_steps {
+            0 => steps.max(1),
+            n => n,
+        };
         let captured = {
             let _relaxed = SyncGuard::relax()?;
-            CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
-                (|| -> Result<()> {
-                    accumulator.zero()?;
-                    for (index, &range) in plan.iter().enumerate() {
-                        run_range(step, data, &static_permutation, range, index, accumulator)?;
+            let mut graphs = Vec::with_capacity(steps.div_ceil(per_graph));
+            let mut result = Ok(());
+            for (chunk, ranges) in plan.chunks(per_graph).enumerate() {
+                let first = chunk.saturating_mul(per_graph);
+                let graph = CudaGraph::capture(&cuda.compute, Some(&cuda.pool), 0, || {
+                    (|| -> Result<()> {
+                        if chunk == 0 {
+                            accumulator.zero()?;
+                        }
+                        for (offset, &range) in ranges.iter().enumerate() {
+                            let index = first.saturating_add(offset);
+                            run_range(step, data, &static_permutation, range, index, accumulator)?;
+                        }
+                        Ok(())
+                    })()
+                    .map_err(|error| error.to_string())
+                });
+                match graph {
+                    Ok(graph) => graphs.push(graph),
+                    Err(error) => {
+                        result = Err(error);
+                        break;
                     }
-                    Ok(())
-                })()
-                .map_err(|error| error.to_string())
-            })
+                }
+            }
+            result.map(|()| graphs)
         };
         let elapsed = started.elapsed().as_secs_f64() * 1000.0;
         match captured {
-            Ok(graph) => {
-                graph.replay()?;
+            Ok(graphs) => {
+                for graph in &graphs {
+                    graph.replay()?;
+                }
                 self.note_capture(elapsed, outcome, (plan.len() as i64, u8::MAX));
-                self.epoch_graph = Some((graph, static_permutation));
+                self.epoch_graph = Some(EpochGraph {
+                    graphs,
+                    permutation: static_permutation,
+                });
                 outcome.replayed = outcome.replayed.saturating_add(steps);
             }
             Err(error) => {

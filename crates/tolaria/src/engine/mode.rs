@@ -14,7 +14,10 @@ pub enum ExecutionMode {
     /// shape, then copy each microbatch into static buffers and replay.
     GraphStep,
     /// Dataset resident on the device; a whole epoch (accumulator reset and
-    /// every microbatch's step) captured as one graph, one replay per epoch.
+    /// every microbatch's step) captured once and replayed with no per-step
+    /// host work: by the engine as a chain of graphs of a few steps each
+    /// ([`super::EngineConfig::epoch_graph_steps`]), by the reference
+    /// trainer as one graph.
     GraphEpoch,
 }
 

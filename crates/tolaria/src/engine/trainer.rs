@@ -66,6 +66,7 @@ pub use state::{
     GovernorManifest, OptimizerGroup, SlotState, SnapshotFossil, SnapshotManifest, TensorEntry,
     TrainerManifest, TrainerState, epoch_seed,
 };
+pub use validation::Validation;
 
 /// Everything the general trainer needs to know.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,6 +97,11 @@ pub struct ModelTrainerConfig {
     pub optimizer: OptimizerConfig,
     /// Eager steps of a shape before its capture.
     pub graph_warmup_steps: usize,
+    /// Graph-epoch: training steps per captured graph, the epoch replayed as
+    /// a chain of them ([`super::EngineConfig::epoch_graph_steps`]; 0: the
+    /// whole epoch in one graph).
+    #[serde(default = "super::default_epoch_graph_steps")]
+    pub epoch_graph_steps: usize,
     /// Most seeds the gradient aggregator holds rows for.
     pub max_seeds: usize,
     /// TF32 and matmul precision.
@@ -148,6 +154,7 @@ impl Default for ModelTrainerConfig {
             gradient_telemetry_stride: crate::seed_metrics::DEFAULT_GRADIENT_TELEMETRY_STRIDE,
             optimizer: OptimizerConfig::default(),
             graph_warmup_steps: 3,
+            epoch_graph_steps: super::DEFAULT_EPOCH_GRAPH_STEPS,
             max_seeds: 8,
             matmul: PrecisionConfig::default(),
             governor: true,
@@ -160,17 +167,6 @@ impl Default for ModelTrainerConfig {
             cudnn_benchmark: true,
         }
     }
-}
-
-/// Validation figures.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Validation {
-    /// Mean loss.
-    pub loss: f64,
-    /// Accuracy, percent.
-    pub accuracy: f64,
-    /// Wall time, ms.
-    pub elapsed_ms: f64,
 }
 
 /// What one [`ModelTrainer::train_epoch`] did.
@@ -343,6 +339,7 @@ impl ModelTrainer {
             EngineConfig {
                 mode: config.mode,
                 warmup_steps: config.graph_warmup_steps,
+                epoch_graph_steps: config.epoch_graph_steps,
                 batch_size: config.batch_size,
                 drop_last: config.drop_last,
                 forbid_syncs: config.forbid_syncs,

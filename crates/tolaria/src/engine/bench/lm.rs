@@ -65,6 +65,9 @@ pub struct LmOptions {
     pub measured_epochs: usize,
     /// Training windows per epoch (`None`: all).
     pub train_windows: Option<usize>,
+    /// Graph-epoch's steps per captured graph
+    /// ([`crate::engine::EngineConfig::epoch_graph_steps`]; 0: one graph).
+    pub epoch_graph_steps: usize,
 }
 
 impl LmOptions {
@@ -79,6 +82,7 @@ impl LmOptions {
             warmup_epochs: if quick { 1 } else { 2 },
             measured_epochs: if quick { 2 } else { 5 },
             train_windows: quick.then_some(8192),
+            epoch_graph_steps: crate::engine::DEFAULT_EPOCH_GRAPH_STEPS,
         }
     }
 }
@@ -182,7 +186,10 @@ pub fn run_lm(options: &LmOptions, progress: &mut dyn FnMut(&str)) -> Result<Ben
                 .collect(),
             train: &train,
             test: &test,
-            config: &lm_config,
+            config: &|precision, mode| ModelTrainerConfig {
+                epoch_graph_steps: options.epoch_graph_steps,
+                ..lm_config(precision, mode)
+            },
             epochs: EpochCounts {
                 warmup: options.warmup_epochs,
                 measured: options.measured_epochs,
@@ -218,6 +225,7 @@ pub fn run_lm(options: &LmOptions, progress: &mut dyn FnMut(&str)) -> Result<Ben
         "optimizer": serde_json::to_value(adamw()).unwrap_or_default(),
         "loss": "softmax cross-entropy over the 256 byte tokens, mean over every position",
         "warmup_epochs": options.warmup_epochs,
+        "epoch_graph_steps": options.epoch_graph_steps,
         "measured_epochs": options.measured_epochs,
         "epoch_ms": "host wall time of the epoch's steps and its one readback (validation excluded)",
         "samples_per_s": "training windows per second of epoch_ms p50 (tokens_per_s: times the context)",

@@ -73,6 +73,9 @@ pub struct FmnistOptions {
     pub measured_epochs: usize,
     /// Training samples per epoch (`None`: all).
     pub train_samples: Option<usize>,
+    /// Graph-epoch's steps per captured graph
+    /// ([`crate::engine::EngineConfig::epoch_graph_steps`]; 0: one graph).
+    pub epoch_graph_steps: usize,
 }
 
 impl FmnistOptions {
@@ -86,6 +89,7 @@ impl FmnistOptions {
             warmup_epochs: 2,
             measured_epochs: if quick { 2 } else { 5 },
             train_samples: quick.then_some(8192),
+            epoch_graph_steps: crate::engine::DEFAULT_EPOCH_GRAPH_STEPS,
         }
     }
 }
@@ -239,7 +243,10 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
             variants: runs,
             train: &train,
             test: &test,
-            config: &fmnist_config,
+            config: &|precision, mode| ModelTrainerConfig {
+                epoch_graph_steps: options.epoch_graph_steps,
+                ..fmnist_config(precision, mode)
+            },
             epochs: variants::EpochCounts {
                 warmup: options.warmup_epochs,
                 measured: options.measured_epochs,
@@ -258,6 +265,7 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
         "steps_per_epoch": train.len() / 256,
         "optimizer": serde_json::to_value(OptimizerConfig::default()).unwrap_or_default(),
         "warmup_epochs": options.warmup_epochs,
+        "epoch_graph_steps": options.epoch_graph_steps,
         "measured_epochs": options.measured_epochs,
         "epoch_ms": "host wall time of the epoch's steps and its one readback (validation excluded)",
         "samples_per_s": "training samples per second of epoch_ms p50",

@@ -103,6 +103,7 @@ pub fn run_reference_general(
         EngineConfig {
             mode,
             warmup_steps: workload.graph_warmup_steps,
+            epoch_graph_steps: 0,
             batch_size: workload.batch_size,
             drop_last: false,
             forbid_syncs: false,

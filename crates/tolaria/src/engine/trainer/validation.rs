@@ -8,8 +8,19 @@ use std::time::Instant;
 use leyline::SeedStage;
 use tch::{Device, Kind, Reduction, Tensor};
 
-use super::{ModelTrainer, Validation};
+use super::ModelTrainer;
 use crate::error::{Error, Result, TorchResultExt};
+
+/// Validation figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Validation {
+    /// Mean loss.
+    pub loss: f64,
+    /// Accuracy, percent.
+    pub accuracy: f64,
+    /// Wall time, ms.
+    pub elapsed_ms: f64,
+}
 
 impl ModelTrainer {
     /// Sets the counterfactual contribution (accuracy with the seed minus
