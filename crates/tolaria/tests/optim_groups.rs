@@ -463,3 +463,42 @@ proptest! {
         prop_assert_eq!(GroupOptimizers::new(config, Device::Cpu).is_ok(), valid);
     }
 }
+
+#[test]
+fn the_groups_count_their_steps_together_and_a_group_with_nothing_to_update_does_not() {
+    let mut model = model();
+    let mut optimizers =
+        GroupOptimizers::for_model(OptimizerConfig::default(), &mut model).expect("optimizers");
+    germinate_training(&mut model, "a");
+    optimizers.sync(&mut model).expect("sync");
+    let count = |optimizers: &GroupOptimizers, key: GroupKey| {
+        optimizers
+            .group(key)
+            .expect("state")
+            .step_count_tensor()
+            .double_value(&[])
+    };
+    backward(&model);
+    optimizers.step().expect("step");
+    assert_eq!(count(&optimizers, GroupKey::Host), 1.0);
+    assert_eq!(count(&optimizers, GroupKey::Seed(SLOT)), 1.0);
+    // The seed frozen: its group has nothing to update and does not count;
+    // the host's does. Zeroing reaches every group's gradients.
+    for parameter in optimizers
+        .group(GroupKey::Seed(SLOT))
+        .expect("seed")
+        .parameters()
+    {
+        let _frozen = parameter.shallow_clone().set_requires_grad(false);
+    }
+    optimizers.step().expect("step");
+    assert_eq!(count(&optimizers, GroupKey::Host), 2.0);
+    assert_eq!(count(&optimizers, GroupKey::Seed(SLOT)), 1.0);
+    optimizers.zero_grad().expect("zero");
+    for key in [GroupKey::Host, GroupKey::Seed(SLOT)] {
+        for parameter in optimizers.group(key).expect("state").parameters() {
+            let grad = parameter.grad();
+            assert!(!grad.defined() || all_zero(&[grad]), "{key:?}");
+        }
+    }
+}

@@ -204,6 +204,16 @@ impl GroupOptimizer {
     /// non-zero: AMP's skipped step, without a readback. Parameters that do
     /// not require gradients (a seed frozen for a blend-out) are left alone.
     pub fn step_with(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
+        if self.update(found_inf)? {
+            let _ = self.step_count.f_add_scalar_(1.0).op("add_")?;
+        }
+        Ok(())
+    }
+
+    /// [`GroupOptimizer::step_with`]'s update without the step count's
+    /// increment (the caller counts); whether the group stepped (`false`:
+    /// no parameter had a gradient, nothing was launched).
+    pub(super) fn update(&mut self, found_inf: Option<&Tensor>) -> Result<bool> {
         let scratch = &mut self.scratch;
         scratch.clear();
         for (index, parameter) in self.parameters.iter().enumerate() {
@@ -241,7 +251,7 @@ impl GroupOptimizer {
             }
         }
         if scratch.parameters.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let lr = LearningRate::Tensor(&self.learning_rate);
         match &self.state {
@@ -280,13 +290,18 @@ impl GroupOptimizer {
                 },
             )?,
         }
-        let _ = self.step_count.f_add_scalar_(1.0).op("add_")?;
-        Ok(())
+        Ok(true)
     }
 
     /// Zeroes the gradients of the group's parameters in place (one
     /// multi-tensor kernel; parameters without a gradient are left alone).
     pub fn zero_grad(&self) -> Result<()> {
+        fused::foreach_zero_(&self.defined_grads()?)?;
+        Ok(())
+    }
+
+    /// The gradients the group's parameters have (handles).
+    pub(super) fn defined_grads(&self) -> Result<Vec<Tensor>> {
         let mut grads = Vec::with_capacity(self.parameters.len());
         for parameter in &self.parameters {
             let grad = parameter.f_grad().op("grad")?;
@@ -294,8 +309,7 @@ impl GroupOptimizer {
                 grads.push(grad);
             }
         }
-        fused::foreach_zero_(&grads)?;
-        Ok(())
+        Ok(grads)
     }
 
     /// Zeroes every state tensor and the step count in place: the next

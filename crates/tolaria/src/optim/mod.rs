@@ -153,16 +153,28 @@ impl GroupOptimizers {
     }
 
     /// [`GroupOptimizers::step`] skipped on the device when `found_inf` is
-    /// non-zero (see [`GroupOptimizer::step_with`]).
+    /// non-zero (see [`GroupOptimizer::step_with`]). The step counts of the
+    /// groups that stepped go up together, in one multi-tensor launch.
     pub fn step_with(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
-        self.groups
-            .values_mut()
-            .try_for_each(|group| group.step_with(found_inf))
+        let mut counts = Vec::with_capacity(self.groups.len());
+        for group in self.groups.values_mut() {
+            if group.update(found_inf)? {
+                counts.push(group.step_count_tensor().shallow_clone());
+            }
+        }
+        torch_ext::fused::foreach_add_scalar_(&counts, 1.0)?;
+        Ok(())
     }
 
-    /// Zeroes the gradients of every group's parameters in place.
+    /// Zeroes the gradients of every group's parameters in place, every
+    /// group's in one multi-tensor launch.
     pub fn zero_grad(&self) -> Result<()> {
-        self.groups.values().try_for_each(GroupOptimizer::zero_grad)
+        let mut grads = Vec::new();
+        for group in self.groups.values() {
+            grads.extend(group.defined_grads()?);
+        }
+        torch_ext::fused::foreach_zero_(&grads)?;
+        Ok(())
     }
 
     /// The state of group `key`, if it has any.
