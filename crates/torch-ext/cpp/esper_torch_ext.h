@@ -177,8 +177,8 @@ char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* 
                       void** out);
 // conv3x3: 3x3 convolution, stride 1, padding 1, no bias, of a channels-last
 // CUDA tensor computed in bf16 (bf16 != 0; autocast's casts applied here)
-// or f32; the weight gradient from kernels = {partial, reduce}, and the
-// forward for at most 4 input channels from kernels[2].
+// or f32; kernels = {wgrad partial, wgrad reduce, small forward, direct,
+// wgrad mma, then the nine direct kernels for 8/16/32 x 8/16/32 channels}.
 // conv3x3_fits: whether its weight-gradient band fits in shared memory.
 char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
                     void** out);

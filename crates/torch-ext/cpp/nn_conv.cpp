@@ -129,12 +129,33 @@ int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int
   return 0;
 }
 
+// The kernels esper_conv3x3 is handed: five general ones, then the nine
+// compile-time-sized direct ones (src/nn/kernels.rs, DIRECT_FIXED_KERNELS).
+constexpr int kConvKernels = 5 + 9;
+
+// The index of log2(channels / 8) for 8, 16 or 32 channels; -1 otherwise.
+int channel_step(int channels) {
+  return channels == 8 ? 0 : channels == 16 ? 1 : channels == 32 ? 2 : -1;
+}
+
+// The direct kernel for `in` x `out` channels (the kernel's, so swapped
+// for the input gradient): the compile-time-sized one of `fixed` (nine
+// handles, input channels outer) for 8, 16 or 32 each way, else `general`.
+void* direct_kernel_for(void* general, void* const* fixed, int in, int out) {
+  const int i = channel_step(in), o = channel_step(out);
+  return i >= 0 && o >= 0 ? fixed[i * 3 + o] : general;
+}
+
 // The direct kernel: `out` = conv3x3(`in`, weight) for flip 0, the input
 // gradient (`in` = dy) for flip 1; `wk` is the layer's weight as
-// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows. A warp a
-// 16-pixel tile at a time, eight warps a block.
-void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at::Tensor& out,
-                   int rows, int flip) {
+// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows; `fixed` is
+// whether `kernel` is a compile-time-sized one (which takes no channel
+// counts). A warp a 16-pixel tile at a time (two in the sized kernels below
+// 32 output channels), eight warps a block; the sized kernels run four
+// warps a block where the grid has at least two blocks an SM and at least
+// 16 output channels (faster there on an H100; eight otherwise).
+void launch_direct(void* kernel, bool fixed, const at::Tensor& in, const at::Tensor& wk,
+                   at::Tensor& out, int rows, int flip) {
   int height = static_cast<int>(in.size(2));
   int width = static_cast<int>(in.size(3));
   int in_channels = static_cast<int>(in.size(1));
@@ -150,6 +171,13 @@ void launch_direct(void* kernel, const at::Tensor& in, const at::Tensor& wk, at:
   const void* in_ptr = in.data_ptr();
   const void* w_ptr = w.data_ptr();
   void* out_ptr = out.data_ptr();
+  if (fixed) {
+    void* args[] = {&in_ptr, &w_ptr, &out_ptr, &height, &width, &rows, &bands, &flip};
+    const bool narrow = blocks >= 2LL * sm_count(in) && out_channels >= 16;
+    esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)),
+                      dim3(narrow ? kThreads / 2 : kThreads), shared, args, stream_of(in));
+    return;
+  }
   void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
                   &out_channels, &rows, &bands, &flip};
   esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, args,
@@ -166,8 +194,12 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             int64_t dtype, int64_t vec, int64_t partial_kernel,
                             int64_t reduce_kernel, int64_t small_forward_kernel,
-                            int64_t direct_kernel, int64_t wgrad_mma_kernel) {
+                            int64_t direct_kernel, int64_t wgrad_mma_kernel,
+                            int64_t fixed_kernels) {
     c10::cuda::CUDAGuard guard(x.device());
+    // The nine sized direct kernels (esper_conv3x3's array, read only
+    // here: the backward keeps the handle it needs in saved_data).
+    void* const* fixed = reinterpret_cast<void* const*>(static_cast<intptr_t>(fixed_kernels));
     auto type = static_cast<at::ScalarType>(dtype);
     at::Tensor xc = x.scalar_type() == type ? x : x.to(type);
     at::Tensor wc = weight.scalar_type() == type ? weight : weight.to(type);
@@ -196,7 +228,9 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                rows > 0 && aligned16(xc)) {
       y = at::empty({n, out_channels, height, width},
                     xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-      launch_direct(reinterpret_cast<void*>(direct_kernel), xc, weight_rows(wc), y, rows, 0);
+      void* kernel = direct_kernel_for(nullptr, fixed, in_channels, out_channels);
+      launch_direct(kernel != nullptr ? kernel : reinterpret_cast<void*>(direct_kernel),
+                    kernel != nullptr, xc, weight_rows(wc), y, rows, 0);
     } else {
       // The casts above are autocast's; the convolution runs as given.
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -211,6 +245,9 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     ctx->saved_data["reduce"] = reduce_kernel;
     ctx->saved_data["direct"] = direct_kernel;
     ctx->saved_data["wgrad_mma"] = wgrad_mma_kernel;
+    // The input gradient's sized kernel (the layer's channels swapped), 0
+    // for none.
+    ctx->saved_data["direct_flip"] = as_int(direct_kernel_for(nullptr, fixed, out_channels, in_channels));
     return y;
   }
 
@@ -234,7 +271,9 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                                  static_cast<int>(xc.size(1)), 1);
           rows > 0) {
         dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-        launch_direct(handle(ctx, "direct"), dy, weight_rows(wc), dx, rows, 1);
+        void* sized = handle(ctx, "direct_flip");
+        launch_direct(sized != nullptr ? sized : handle(ctx, "direct"), sized != nullptr, dy,
+                      weight_rows(wc), dx, rows, 1);
       } else {
         c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
         auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
@@ -308,10 +347,10 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
                     void** out) {
   ESPER_TRY
   *out = nullptr;
-  TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr && kernels[0] != nullptr &&
-                  kernels[1] != nullptr && kernels[2] != nullptr && kernels[3] != nullptr &&
-                  kernels[4] != nullptr,
-              "conv3x3: null argument");
+  TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr, "conv3x3: null argument");
+  for (int i = 0; i < kConvKernels; ++i) {
+    TORCH_CHECK(kernels[i] != nullptr, "conv3x3: null kernel ", i);
+  }
   const auto& input = *static_cast<const at::Tensor*>(x);
   const auto& w = *static_cast<const at::Tensor*>(weight);
   TORCH_CHECK(input.is_cuda() && input.dim() == 4 &&
@@ -327,7 +366,8 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
   at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
                                 as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
-                                as_int(kernels[3]), as_int(kernels[4]));
+                                as_int(kernels[3]), as_int(kernels[4]),
+                                static_cast<int64_t>(reinterpret_cast<intptr_t>(kernels + 5)));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 
 use super::blend_source::BLEND_SOURCE;
+use super::conv_fixed_source::CONV_FIXED_SOURCE;
 use super::conv_source::CONV_SOURCE;
 use super::embedding_source::EMBEDDING_SOURCE;
 use super::gram_source::GRAM_SOURCE;
@@ -30,6 +31,9 @@ pub(super) struct Kernels {
     pub(super) conv_forward_small: JitKernel,
     pub(super) conv_direct: JitKernel,
     pub(super) conv_wgrad_mma: JitKernel,
+    /// The direct convolution for 8, 16 or 32 channels each way, in the
+    /// order of [`DIRECT_FIXED_KERNELS`].
+    pub(super) conv_direct_fixed: Vec<JitKernel>,
     pub(super) gn_forward: JitKernel,
     pub(super) gn_backward: JitKernel,
     pub(super) gn_forward_narrow: JitKernel,
@@ -49,11 +53,26 @@ pub(super) struct Kernels {
     pub(super) gram_partial: JitKernel,
 }
 
+/// The direct convolution's compile-time-sized kernels, input channels
+/// 8, 16, 32 (outer) by output channels 8, 16, 32 (inner): the order the
+/// C++ side indexes them in (`direct_fixed_index` in `nn_conv.cpp`).
+pub(super) const DIRECT_FIXED_KERNELS: [&str; 9] = [
+    "esper_conv3_direct_c1_n1",
+    "esper_conv3_direct_c1_n2",
+    "esper_conv3_direct_c1_n4",
+    "esper_conv3_direct_c2_n1",
+    "esper_conv3_direct_c2_n2",
+    "esper_conv3_direct_c2_n4",
+    "esper_conv3_direct_c4_n1",
+    "esper_conv3_direct_c4_n2",
+    "esper_conv3_direct_c4_n4",
+];
+
 /// The whole CUDA source for one dtype and width (every kernel of
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -89,6 +108,10 @@ pub(super) fn kernels(
                 conv_forward_small: load("esper_conv3_forward_small")?,
                 conv_direct: load("esper_conv3_direct")?,
                 conv_wgrad_mma: load("esper_conv3_wgrad_mma")?,
+                conv_direct_fixed: DIRECT_FIXED_KERNELS
+                    .iter()
+                    .map(|name| load(name))
+                    .collect::<std::result::Result<_, _>>()?,
                 gn_forward: load("esper_gn_relu_forward")?,
                 gn_backward: load("esper_gn_relu_backward")?,
                 gn_forward_narrow: load("esper_gn_relu_forward_narrow")?,

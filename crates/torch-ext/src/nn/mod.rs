@@ -128,6 +128,7 @@ mod attention;
 mod attention_source;
 mod blend;
 mod blend_source;
+mod conv_fixed_source;
 mod conv_source;
 mod embedding;
 mod embedding_source;
@@ -449,13 +450,20 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
     }
     let vec4 = c_in % 4 == 0;
     let k = kernels(OP, device, compute == Kind::BFloat16, vec4)?;
-    let handles = [
+    // The five general kernels, then the nine compile-time-sized direct
+    // ones (`kernels::DIRECT_FIXED_KERNELS`' order).
+    let mut handles = [std::ptr::null_mut(); 14];
+    let general = [
         k.conv_partial.raw(),
         k.conv_reduce.raw(),
         k.conv_forward_small.raw(),
         k.conv_direct.raw(),
         k.conv_wgrad_mma.raw(),
     ];
+    let sized = k.conv_direct_fixed.iter().map(|kernel| kernel.raw());
+    for (slot, kernel) in handles.iter_mut().zip(general.into_iter().chain(sized)) {
+        *slot = kernel;
+    }
     // SAFETY: as in `batch_norm_relu`.
     unsafe {
         shim_tensor(OP, |out| {

@@ -39,6 +39,10 @@ fn every_kernel_variant_compiles() {
                             "bf16 {bf16} vec4 {vec4}: no {name}"
                         );
                     }
+                    // The sized direct convolutions the conv3x3 launches pick from.
+                    for name in super::kernels::DIRECT_FIXED_KERNELS {
+                        assert!(cubin.contains_symbol(name), "bf16 {bf16}: no {name}");
+                    }
                     // The linear layer's weight-and-bias gradient: bf16 only.
                     assert_eq!(cubin.contains_symbol("esper_linear_wgrad"), bf16);
                     // The bf16-output layer norm: in the f32 build only.

@@ -372,15 +372,19 @@ fn conv3x3_matches_libtorch() {
     // sizes, and ones too large for a whole image a block (bands of rows).
     // The one- and three-channel inputs take the small forward kernel; the
     // host's and seed's other layers the direct kernel forward and for the
-    // input gradient; [4, 12 -> 8] is cuDNN's both ways (12 is not a
-    // multiple of 8); [5, 24 -> 8] the direct kernel both ways;
-    // [2, 8 -> 16, 40 x 40] direct kernels in bands of rows; the last two
-    // are too wide for the direct kernel (cuDNN both ways).
+    // input gradient (the sized kernels for 8, 16, 32 channels, four warps
+    // a block where the grid is large: the 300-image cases); [4, 12 -> 8]
+    // is cuDNN's both ways (12 is not a multiple of 8); [5, 24 -> 8] the
+    // general direct kernel both ways; [2, 8 -> 16, 40 x 40] in bands of
+    // rows; the last two are too wide for the direct kernel (cuDNN).
     let cases = [
         (256_i64, 1_i64, 8_i64, 28_i64, 28_i64),
         (32, 8, 16, 14, 14),
         (16, 16, 32, 7, 7),
         (8, 16, 16, 14, 14),
+        (300, 16, 32, 8, 8),
+        (300, 8, 8, 16, 16),
+        (4, 32, 32, 8, 8),
         (4, 12, 8, 5, 9),
         (5, 24, 8, 11, 6),
         (4, 3, 8, 9, 7),
@@ -476,6 +480,12 @@ fn conv3x3_without_gradients_takes_the_fused_kernels() {
                 .iter()
                 .any(|name| name.contains("cudnn") || name.contains("convolve")),
             "[{n},{c_in}->{c_out}] bf16 {bf16}: cuDNN ran: {names:?}"
+        );
+        let sized = names.iter().any(|name| name == "esper_conv3_direct_c2_n4");
+        assert_eq!(
+            sized,
+            c_in == 16,
+            "[{n},{c_in}->{c_out}] sized kernel: {names:?}"
         );
         let reference = run(false);
         assert_eq!(fused.size(), reference.size());
