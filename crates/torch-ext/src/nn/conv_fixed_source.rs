@@ -62,26 +62,7 @@ __device__ __forceinline__ void direct_fixed(
     float xv[2 * C8][4];
     int pix = threadIdx.x;
     if (pix < pix_count) direct_load_pixel<C8>(x, n, h0, H, W, pix, xv);
-    const int lq = len / 4;
-    const int wquads = rows_w * lq;
-    for (int i0 = threadIdx.x; i0 < wquads; i0 += blockDim.x * STAGE) {
-        float v[STAGE][4];
-        #pragma unroll
-        for (int u = 0; u < STAGE; ++u) {
-            const int i = i0 + u * blockDim.x;
-            if (i < wquads) load4(w, 4 * i, v[u]);
-        }
-        #pragma unroll
-        for (int u = 0; u < STAGE; ++u) {
-            const int i = i0 + u * blockDim.x;
-            if (i < wquads) {
-                const int r = i / lq, j = i - r * lq;
-                *reinterpret_cast<float4*>(wS + r * RS + 4 * j) =
-                    make_float4(tf32_round(v[u][0]), tf32_round(v[u][1]),
-                                tf32_round(v[u][2]), tf32_round(v[u][3]));
-            }
-        }
-    }
+    stage_direct_weight(w, wS, rows_w, len, RS);
     for (; pix < pix_count; pix += blockDim.x) {
         direct_store_pixel<C8>(xS, pix, xv);
         if (pix + (int)blockDim.x < pix_count)

@@ -284,26 +284,11 @@ __device__ __forceinline__ void stage_padded_rows(const T* __restrict__ x, float
     }
 }
 
-extern "C" __global__ void esper_conv3_direct(
-    const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-    int H, int W, int Ci, int Co, int TH, int bands, int flip) {
-#if __CUDA_ARCH__ >= 800
-    extern __shared__ __align__(16) float smem[];
-    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
-    const int h0 = band * TH;
-    const int th = min(TH, H - h0);
-    const int XW = W + 2;
-    const int PS = Ci + 4;
-    const int NT = Co / 8;
-    // The weight as it is in memory, rows padded to RS words so a B
-    // fragment's 32 reads fall in 32 banks: forward, row co holds [9][Ci]
-    // (RS = 9 Ci + 4); flipped, row ci holds [9][Co] (RS = 9 Co or
-    // 9 Co + 8). Four values a load, STAGE loads in flight a thread.
-    const int rows_w = flip ? Ci : Co;
-    const int len = flip ? 9 * Co : 9 * Ci;
-    const int RS = flip ? ((9 * Co) % 16 == 0 ? 9 * Co + 8 : 9 * Co) : 9 * Ci + 4;
-    float* wS = smem;                        // [rows_w][RS]
-    float* xS = smem + rows_w * RS;          // [th + 2][W + 2][PS]
+// Stages the direct kernel's weight (rows_w rows of len values, as in
+// memory) in wS with a row stride of RS words, TF32-rounded: four values a
+// load, STAGE loads in flight a thread, then their stores.
+__device__ __forceinline__ void stage_direct_weight(const T* __restrict__ w, float* wS,
+                                                    int rows_w, int len, int RS) {
     const int lq = len / 4;
     const int wquads = rows_w * lq;
     for (int i0 = threadIdx.x; i0 < wquads; i0 += blockDim.x * STAGE) {
@@ -324,6 +309,29 @@ extern "C" __global__ void esper_conv3_direct(
             }
         }
     }
+}
+
+extern "C" __global__ void esper_conv3_direct(
+    const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+    int H, int W, int Ci, int Co, int TH, int bands, int flip) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) float smem[];
+    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int h0 = band * TH;
+    const int th = min(TH, H - h0);
+    const int XW = W + 2;
+    const int PS = Ci + 4;
+    const int NT = Co / 8;
+    // The weight as it is in memory, rows padded to RS words so a B
+    // fragment's 32 reads fall in 32 banks: forward, row co holds [9][Ci]
+    // (RS = 9 Ci + 4); flipped, row ci holds [9][Co] (RS = 9 Co or
+    // 9 Co + 8). Four values a load, STAGE loads in flight a thread.
+    const int rows_w = flip ? Ci : Co;
+    const int len = flip ? 9 * Co : 9 * Ci;
+    const int RS = flip ? ((9 * Co) % 16 == 0 ? 9 * Co + 8 : 9 * Co) : 9 * Ci + 4;
+    float* wS = smem;                        // [rows_w][RS]
+    float* xS = smem + rows_w * RS;          // [th + 2][W + 2][PS]
+    stage_direct_weight(w, wS, rows_w, len, RS);
     stage_padded_rows(x, xS, n, h0, th, H, W, Ci, PS);
     __syncthreads();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
