@@ -138,23 +138,23 @@ int channel_step(int channels) {
   return channels == 8 ? 0 : channels == 16 ? 1 : channels == 32 ? 2 : -1;
 }
 
-// The direct kernel for `in` x `out` channels (the kernel's, so swapped
-// for the input gradient): the compile-time-sized one of `fixed` (nine
-// handles, input channels outer) for 8, 16 or 32 each way, else `general`.
-void* direct_kernel_for(void* general, void* const* fixed, int in, int out) {
+// The compile-time-sized direct kernel of `fixed` (nine handles, input
+// channels outer) for `in` x `out` channels (the kernel's, so swapped for
+// the input gradient) where both are 8, 16 or 32; nullptr otherwise.
+void* sized_direct_kernel(void* const* fixed, int in, int out) {
   const int i = channel_step(in), o = channel_step(out);
-  return i >= 0 && o >= 0 ? fixed[i * 3 + o] : general;
+  return i >= 0 && o >= 0 ? fixed[i * 3 + o] : nullptr;
 }
 
 // The direct kernel: `out` = conv3x3(`in`, weight) for flip 0, the input
 // gradient (`in` = dy) for flip 1; `wk` is the layer's weight as
-// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows; `fixed` is
-// whether `kernel` is a compile-time-sized one (which takes no channel
-// counts). A warp a 16-pixel tile at a time (two in the sized kernels below
+// [Co][3][3][Ci] in the compute dtype, `rows` from direct_rows; the
+// compile-time-sized kernel `sized` (which takes no channel counts) where
+// there is one, else `general`. A warp a 16-pixel tile at a time (two in the sized kernels below
 // 32 output channels), eight warps a block; the sized kernels run four
 // warps a block where the grid has at least two blocks an SM and at least
 // 16 output channels (faster there on an H100; eight otherwise).
-void launch_direct(void* kernel, bool fixed, const at::Tensor& in, const at::Tensor& wk,
+void launch_direct(void* general, void* sized, const at::Tensor& in, const at::Tensor& wk,
                    at::Tensor& out, int rows, int flip) {
   int height = static_cast<int>(in.size(2));
   int width = static_cast<int>(in.size(3));
@@ -171,16 +171,16 @@ void launch_direct(void* kernel, bool fixed, const at::Tensor& in, const at::Ten
   const void* in_ptr = in.data_ptr();
   const void* w_ptr = w.data_ptr();
   void* out_ptr = out.data_ptr();
-  if (fixed) {
+  if (sized != nullptr) {
     void* args[] = {&in_ptr, &w_ptr, &out_ptr, &height, &width, &rows, &bands, &flip};
     const bool narrow = blocks >= 2LL * sm_count(in) && out_channels >= 16;
-    esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)),
+    esper::jit_launch(sized, dim3(static_cast<unsigned>(blocks)),
                       dim3(narrow ? kThreads / 2 : kThreads), shared, args, stream_of(in));
     return;
   }
   void* args[] = {&in_ptr, &w_ptr,  &out_ptr, &height, &width, &in_channels,
                   &out_channels, &rows, &bands, &flip};
-  esper::jit_launch(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, args,
+  esper::jit_launch(general, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), shared, args,
                     stream_of(in));
 }
 
@@ -228,9 +228,9 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                rows > 0 && aligned16(xc)) {
       y = at::empty({n, out_channels, height, width},
                     xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-      void* kernel = direct_kernel_for(nullptr, fixed, in_channels, out_channels);
-      launch_direct(kernel != nullptr ? kernel : reinterpret_cast<void*>(direct_kernel),
-                    kernel != nullptr, xc, weight_rows(wc), y, rows, 0);
+      launch_direct(reinterpret_cast<void*>(direct_kernel),
+                    sized_direct_kernel(fixed, in_channels, out_channels), xc, weight_rows(wc), y,
+                    rows, 0);
     } else {
       // The casts above are autocast's; the convolution runs as given.
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
@@ -247,7 +247,8 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     ctx->saved_data["wgrad_mma"] = wgrad_mma_kernel;
     // The input gradient's sized kernel (the layer's channels swapped), 0
     // for none.
-    ctx->saved_data["direct_flip"] = as_int(direct_kernel_for(nullptr, fixed, out_channels, in_channels));
+    ctx->saved_data["direct_flip"] =
+        as_int(sized_direct_kernel(fixed, out_channels, in_channels));
     return y;
   }
 
@@ -271,9 +272,8 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                                  static_cast<int>(xc.size(1)), 1);
           rows > 0) {
         dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-        void* sized = handle(ctx, "direct_flip");
-        launch_direct(sized != nullptr ? sized : handle(ctx, "direct"), sized != nullptr, dy,
-                      weight_rows(wc), dx, rows, 1);
+        launch_direct(handle(ctx, "direct"), handle(ctx, "direct_flip"), dy, weight_rows(wc), dx,
+                      rows, 1);
       } else {
         c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
         auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
