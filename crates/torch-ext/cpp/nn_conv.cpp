@@ -129,6 +129,35 @@ int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int
   return 0;
 }
 
+// How esper_conv3_wgrad_mma splits one layer's work: threads a block, KS
+// slices of each band's pixels, IPB images a block. A warp owns one unit
+// (16 output x 8 input channels, all nine taps): 128 threads while there are
+// at most four units, else 256 (the warps then take the units in passes);
+// the warps left over by the units split the pixels (KS, a power of two,
+// with its (KS - 1) partial dW in shared memory); two images a block where
+// one pass covers the units and the grid keeps at least three blocks an SM.
+// Chosen from timings of the workloads' layers on an H200 (1 - 64 units,
+// 7x7 - 32x32 pixels).
+struct WgradPlan {
+  int threads = 256;
+  int slices = 1;
+  int images = 1;
+};
+
+WgradPlan wgrad_mma_plan(int64_t n, int bands, int in_channels, int out_channels, int sms) {
+  WgradPlan plan;
+  const int units = ((out_channels + 15) / 16) * (in_channels / 8);
+  const int64_t out_size = 9LL * in_channels * out_channels;
+  plan.threads = units <= 4 ? 128 : 256;
+  const int warps = plan.threads / 32;
+  while (units * plan.slices * 2 <= warps && (2LL * plan.slices - 1) * out_size <= kConvSharedFloats) {
+    plan.slices *= 2;
+  }
+  const bool one_pass = units * plan.slices <= warps;
+  plan.images = one_pass && n * bands >= 3LL * sms ? 2 : 1;
+  return plan;
+}
+
 // The kernels esper_conv3x3 is handed: five general ones, then the nine
 // compile-time-sized direct ones (src/nn/kernels.rs, DIRECT_FIXED_KERNELS).
 constexpr int kConvKernels = 5 + 9;
@@ -293,12 +322,15 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       int rows = mma_rows > 0 ? mma_rows : conv_band_rows(height, width, in_channels, out_channels);
       TORCH_CHECK(rows > 0, "conv3x3: no band fits in shared memory");
       int bands = (height + rows - 1) / rows;
-      int blocks = n * bands;
       int out_size = out_channels * 9 * in_channels;
+      WgradPlan plan;
       unsigned shared = 0;
       if (mma_rows > 0) {
+        plan = wgrad_mma_plan(n, bands, in_channels, out_channels, sm_count(xc));
         shared = static_cast<unsigned>(
-            wgrad_mma_floats(rows, width, in_channels, out_channels) * sizeof(float));
+            std::max(wgrad_mma_floats(rows, width, in_channels, out_channels),
+                     static_cast<int64_t>(plan.slices - 1) * out_size) *
+            sizeof(float));
       } else {
         // The f32 kernel's thread tasks (4 output channels x vec input
         // channels x one kernel row) and position groups, for its
@@ -313,17 +345,24 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       }
       TORCH_CHECK(shared <= kConvSharedFloats * sizeof(float), "conv3x3: ", shared,
                   " bytes of shared memory");
+      int blocks = static_cast<int>((n + plan.images - 1) / plan.images) * bands;
       auto f32 = xc.options().dtype(at::kFloat);
       at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * out_size}, f32);
       const void* x_ptr = xc.data_ptr();
       const void* dy_ptr = dy.data_ptr();
       void* partials_ptr = partials.data_ptr();
       cudaStream_t stream = stream_of(xc);
-      {
+      if (mma_rows > 0) {
+        void* args[] = {&x_ptr,        &dy_ptr, &partials_ptr, &n,           &height,
+                        &width,        &in_channels, &out_channels, &rows, &bands,
+                        &plan.images, &plan.slices};
+        esper::jit_launch(handle(ctx, "wgrad_mma"), dim3(blocks), dim3(plan.threads), shared,
+                          args, stream);
+      } else {
         void* args[] = {&x_ptr, &dy_ptr, &partials_ptr, &height, &width,
                         &in_channels, &out_channels, &rows, &bands};
-        esper::jit_launch(handle(ctx, mma_rows > 0 ? "wgrad_mma" : "partial"), dim3(blocks),
-                          dim3(kThreads), shared, args, stream);
+        esper::jit_launch(handle(ctx, "partial"), dim3(blocks), dim3(kThreads), shared, args,
+                          stream);
       }
       at::Tensor dw = sum_partials(handle(ctx, "reduce"), partials, blocks, out_size, stream)
                           .view({out_channels, 3, 3, in_channels});

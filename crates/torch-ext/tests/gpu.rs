@@ -574,3 +574,17 @@ fn a_capture_without_warm_up_stays_ordered_after_queued_work() {
     stream.synchronize().unwrap();
     assert_close(&values(&out.narrow(0, n - 8, 8)), &[500.0; 8], 0.0);
 }
+
+/// The kernels' names in a profile of `run`.
+fn kernels_of(run: impl FnOnce()) -> Vec<String> {
+    let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
+    run();
+    cuda::synchronize(0).unwrap();
+    let profile = profiler.stop().unwrap();
+    profile
+        .kernels
+        .iter()
+        .filter(|stat| !stat.is_copy())
+        .map(|stat| stat.name.clone())
+        .collect()
+}

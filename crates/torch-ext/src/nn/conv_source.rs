@@ -397,21 +397,28 @@ extern "C" __global__ void esper_conv3_direct(
 
 // The weight gradient on TF32 tensor cores (sm_80+; Ci % 8 == 0, Co % 8 ==
 // 0): an implicit GEMM dW[co][(tap, ci)] = sum over pixels p of
-// dy[p][co] * x[p + tap][ci], M = Co, N = 9 * Ci, K = the band's pixels.
-// One block per (image, band of TH rows) stages dy (pixel stride Co or
-// Co + 8) and x (pixel stride Ci or Ci + 8), each chosen so a fragment's
-// 32 reads fall in 32 banks), zero-padded to a multiple of 8 pixels, and
-// each pixel's tile offset; a warp owns up to WG_TASKS (16-row, 8-column)
-// output tiles at a time, each an independent mma.m16n8k8 chain over the
-// band's pixels. Each block writes its partial dW ([Co][9][Ci]) like
-// esper_conv3_wgrad_partial, for esper_conv3_wgrad_reduce.
-#define WG_TASKS 4
+// dy[p][co] * x[p + tap][ci], M = Co, N = 9 * Ci, K = the pixels.
+// One block per (group of IPB images, band of TH rows) stages, image after
+// image, dy (pixel stride Co or Co + 8) and x (pixel stride Ci or Ci + 8,
+// each chosen so a fragment's 32 reads fall in 32 banks), zero-padded to a
+// multiple of 8 pixels, and each pixel's tile offset. A warp owns one unit
+// (16 output channels mt, 8 input channels c8) and all nine taps of it:
+// per 8 pixels it reads the dy fragment once and feeds nine mma.m16n8k8
+// chains, one a tap, which run on across the group's images. With fewer
+// units than warps the warps form KS slices of the pixels (slice s takes
+// the 8-pixel steps s, s + KS, ...); at the end the slices are added in
+// order through shared memory (over the staging: the host sizes it for
+// (KS - 1) x Co x 9 x Ci floats) and the block writes its partial dW
+// ([Co][9][Ci]) for esper_conv3_wgrad_reduce. With more units than warps
+// the warps take them in passes; the host then keeps IPB and KS at 1, so a
+// pass that restages nothing finds the image of the pass before.
 extern "C" __global__ void esper_conv3_wgrad_mma(
     const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
-    int H, int W, int Ci, int Co, int TH, int bands) {
+    int N, int H, int W, int Ci, int Co, int TH, int bands, int IPB, int KS) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
-    const int n = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int group = blockIdx.x / bands, band = blockIdx.x % bands;
+    const int n0 = group * IPB, images = min(IPB, N - n0);
     const int h0 = band * TH;
     const int th = min(TH, H - h0);
     const int XW = W + 2;
@@ -422,75 +429,109 @@ extern "C" __global__ void esper_conv3_wgrad_mma(
     float* dyS = smem;                                   // [ppad][CoS]
     float* xS = dyS + ppad * CoS;                        // [th + 2][XW][PS]
     int* slot = reinterpret_cast<int*>(xS + (th + 2) * XW * PS);  // [ppad]
-    const long long dbase = ((long long)n * H + h0) * W * Co;
     const int oq = Co / 4;
-    for (int p = threadIdx.x; p < ppad; p += blockDim.x) {
-        slot[p] = p < pixels ? (p / W) * XW + p % W : 0;
-        #pragma unroll 4
-        for (int q = 0; q < oq; ++q) {
-            float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if (p < pixels) load4(dy, dbase + (long long)p * Co + q * 4, v);
-            *reinterpret_cast<float4*>(dyS + p * CoS + q * 4) =
-                make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
-                            tf32_round(v[3]));
-        }
-    }
-    stage_padded_rows(x, xS, n, h0, th, H, W, Ci, PS);
-    __syncthreads();
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int wps = warps / KS, slice = warp / wps, wl = warp - slice * wps;
     const int C8 = Ci / 8, MT = (Co + 15) / 16;
-    const int tasks = MT * 9 * C8;
-    float* out = partials + (long long)blockIdx.x * Co * 9 * Ci;
-    for (int first = warp; first < tasks; first += warps * WG_TASKS) {
-        // Task j: output tile (mt, nt) = (task % MT, task / MT), nt = tap * C8 + c8.
-        int m_lo[WG_TASKS], shift[WG_TASKS];
-        bool live[WG_TASKS], hi[WG_TASKS];
-        float acc[WG_TASKS][4];
+    const int units = MT * C8;
+    const int out_size = Co * 9 * Ci;
+    const int passes = (units + wps - 1) / wps;
+    int tap_off[9];
+    #pragma unroll
+    for (int tap = 0; tap < 9; ++tap) tap_off[tap] = ((tap / 3) * XW + tap % 3) * PS;
+    float* out = partials + (long long)blockIdx.x * out_size;
+    for (int pass = 0; pass < passes; ++pass) {
+        // Unit (mt, c8) = (unit % MT, unit / MT).
+        const int unit = pass * wps + wl;
+        const bool live = slice < KS && unit < units;
+        const int mt = unit % MT, c8 = unit / MT;
+        const int m_lo = mt * 16 + g;
+        const bool hi = m_lo + 8 < Co;
+        const int col = c8 * 8 + g;
+        float acc[9][4];
         #pragma unroll
-        for (int j = 0; j < WG_TASKS; ++j) {
-            const int task = first + j * warps;
-            live[j] = task < tasks;
-            const int mt = task % MT, nt = task / MT;
-            const int tap = nt / C8, c8 = nt - tap * C8;
-            m_lo[j] = mt * 16 + g;
-            hi[j] = m_lo[j] + 8 < Co;
-            shift[j] = ((tap / 3) * XW + tap % 3) * PS + c8 * 8 + g;
-            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        }
-        for (int k0 = 0; k0 < ppad; k0 += 8) {
-            const int p0 = k0 + t, p1 = p0 + 4;
-            const int s0 = slot[p0] * PS, s1 = slot[p1] * PS;
-            #pragma unroll
-            for (int j = 0; j < WG_TASKS; ++j) {
-                if (live[j]) {
-                    const unsigned a0 = __float_as_uint(dyS[p0 * CoS + m_lo[j]]);
-                    const unsigned a1 = hi[j] ? __float_as_uint(dyS[p0 * CoS + m_lo[j] + 8]) : 0u;
-                    const unsigned a2 = __float_as_uint(dyS[p1 * CoS + m_lo[j]]);
-                    const unsigned a3 = hi[j] ? __float_as_uint(dyS[p1 * CoS + m_lo[j] + 8]) : 0u;
-                    const unsigned b0 = __float_as_uint(xS[s0 + shift[j]]);
-                    const unsigned b1 = __float_as_uint(xS[s1 + shift[j]]);
-                    asm volatile(
-                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-                        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                        : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
-                        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+        for (int tap = 0; tap < 9; ++tap) acc[tap][0] = acc[tap][1] = acc[tap][2] = acc[tap][3] = 0.0f;
+        for (int i = 0; i < images; ++i) {
+            if (pass == 0 || images > 1) {
+                const int n = n0 + i;
+                const long long dbase = ((long long)n * H + h0) * W * Co;
+                __syncthreads();
+                for (int p = threadIdx.x; p < ppad; p += blockDim.x) {
+                    slot[p] = p < pixels ? (p / W) * XW + p % W : 0;
+                    #pragma unroll 4
+                    for (int q = 0; q < oq; ++q) {
+                        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        if (p < pixels) load4(dy, dbase + (long long)p * Co + q * 4, v);
+                        *reinterpret_cast<float4*>(dyS + p * CoS + q * 4) =
+                            make_float4(tf32_round(v[0]), tf32_round(v[1]), tf32_round(v[2]),
+                                        tf32_round(v[3]));
+                    }
+                }
+                stage_padded_rows(x, xS, n, h0, th, H, W, Ci, PS);
+                __syncthreads();
+            }
+            if (live) {
+                for (int k0 = slice * 8; k0 < ppad; k0 += 8 * KS) {
+                    const int p0 = k0 + t, p1 = p0 + 4;
+                    const float* d0 = dyS + p0 * CoS + m_lo;
+                    const float* d1 = dyS + p1 * CoS + m_lo;
+                    const unsigned a0 = __float_as_uint(d0[0]);
+                    const unsigned a1 = hi ? __float_as_uint(d0[8]) : 0u;
+                    const unsigned a2 = __float_as_uint(d1[0]);
+                    const unsigned a3 = hi ? __float_as_uint(d1[8]) : 0u;
+                    const float* x0 = xS + slot[p0] * PS + col;
+                    const float* x1 = xS + slot[p1] * PS + col;
+                    #pragma unroll
+                    for (int tap = 0; tap < 9; ++tap) {
+                        const unsigned b0 = __float_as_uint(x0[tap_off[tap]]);
+                        const unsigned b1 = __float_as_uint(x1[tap_off[tap]]);
+                        asm volatile(
+                            "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                            "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                            : "+f"(acc[tap][0]), "+f"(acc[tap][1]), "+f"(acc[tap][2]),
+                              "+f"(acc[tap][3])
+                            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                    }
                 }
             }
         }
-        // acc: (co m_lo, columns 2t, 2t + 1) and (co m_lo + 8, same); a
-        // column is (tap, ci) = (nt / C8, (nt % C8) * 8 + 2t + {0, 1}).
-        #pragma unroll
-        for (int j = 0; j < WG_TASKS; ++j) {
-            if (live[j]) {
-                const int task = first + j * warps;
-                const int nt = task / MT;
-                const int tap = nt / C8, ci = (nt - tap * C8) * 8 + 2 * t;
-                const int o = (m_lo[j] * 9 + tap) * Ci + ci;
-                *reinterpret_cast<float2*>(out + o) = make_float2(acc[j][0], acc[j][1]);
-                if (hi[j]) {
+        // acc[tap]: (co m_lo, columns 2t, 2t + 1) and (co m_lo + 8, same),
+        // a column being (tap, ci = c8 * 8 + 2t + {0, 1}).
+        const int o0 = (m_lo * 9) * Ci + c8 * 8 + 2 * t;
+        if (KS > 1) {
+            __syncthreads();
+            if (live && slice > 0) {
+                float* red = smem + (slice - 1) * out_size;
+                #pragma unroll
+                for (int tap = 0; tap < 9; ++tap) {
+                    const int o = o0 + tap * Ci;
+                    *reinterpret_cast<float2*>(red + o) = make_float2(acc[tap][0], acc[tap][1]);
+                    if (hi) {
+                        *reinterpret_cast<float2*>(red + o + 8 * 9 * Ci) =
+                            make_float2(acc[tap][2], acc[tap][3]);
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        if (live && slice == 0) {
+            #pragma unroll
+            for (int tap = 0; tap < 9; ++tap) {
+                const int o = o0 + tap * Ci;
+                for (int s = 1; s < KS; ++s) {
+                    const float* red = smem + (s - 1) * out_size;
+                    acc[tap][0] += red[o];
+                    acc[tap][1] += red[o + 1];
+                    if (hi) {
+                        acc[tap][2] += red[o + 8 * 9 * Ci];
+                        acc[tap][3] += red[o + 8 * 9 * Ci + 1];
+                    }
+                }
+                *reinterpret_cast<float2*>(out + o) = make_float2(acc[tap][0], acc[tap][1]);
+                if (hi) {
                     *reinterpret_cast<float2*>(out + o + 8 * 9 * Ci) =
-                        make_float2(acc[j][2], acc[j][3]);
+                        make_float2(acc[tap][2], acc[tap][3]);
                 }
             }
         }

@@ -26,9 +26,13 @@
 //!   first maximum wins, a NaN wins over numbers, as libtorch picks them)
 //!   and writes every input gradient once, zeros included.
 //! - [`conv3x3`]: stride 1, padding 1, no bias, NHWC. The weight gradient
-//!   is two kernels: a block stages one image band's output gradient and
-//!   padded input in shared memory and a thread owns 4 x 4 channels x one
-//!   kernel row, then a fixed-order reduction. The forward and the input
+//!   is two kernels: a block stages an image band's output gradient and
+//!   padded input in shared memory (image after image, for one or two
+//!   images) and writes its partial sums, then a fixed-order reduction. On
+//!   TF32 tensor cores a warp owns 16 output x 8 input channels and all nine
+//!   taps, so one output-gradient fragment feeds nine `mma` chains; warps
+//!   left over split the band's pixels and are added in a fixed order. In
+//!   f32 (TF32 off) a thread owns 4 x 4 channels x one kernel row. The forward and the input
 //!   gradient are one direct kernel for few channels (the input gradient is
 //!   the convolution of the output gradient with the flipped, transposed
 //!   weight): an implicit GEMM on TF32 tensor cores in which a block stages

@@ -9,8 +9,7 @@
 use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, Error, cuda, memory, nn};
 
-use super::nn::kernels_of;
-use super::{CUDA, gpu_or_skip};
+use super::{CUDA, gpu_or_skip, kernels_of};
 
 /// Output and the gradients of x, weight, bias and residual, for one
 /// upstream gradient; `fused` picks the fused add or the add after it.
