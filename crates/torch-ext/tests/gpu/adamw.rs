@@ -10,7 +10,7 @@ use tch::{Kind, Tensor};
 use torch_ext::fused::{self, AdamWOptions, LearningRate};
 use torch_ext::{CudaGraph, CudaStream, cuda, nn};
 
-use super::{CUDA, gpu_or_skip};
+use super::{CUDA, gpu_or_skip, kernel_counts_of};
 
 /// One optimizer's tensors.
 struct State {
@@ -172,16 +172,7 @@ fn adamw_runs_torch_exts_kernels_not_libtorchs() {
     let names = |fused_kernels: bool| {
         state.step(&AdamWOptions::default(), fused_kernels);
         cuda::synchronize(0).unwrap();
-        let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
-        state.step(&AdamWOptions::default(), fused_kernels);
-        cuda::synchronize(0).unwrap();
-        let profile = profiler.stop().unwrap();
-        profile
-            .kernels
-            .iter()
-            .filter(|stat| !stat.is_copy())
-            .map(|stat| (stat.name.clone(), stat.count))
-            .collect::<Vec<_>>()
+        kernel_counts_of(|| state.step(&AdamWOptions::default(), fused_kernels))
     };
     let ours = names(true);
     assert_eq!(ours.len(), 2, "{ours:?}");
