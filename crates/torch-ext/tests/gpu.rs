@@ -575,8 +575,8 @@ fn a_capture_without_warm_up_stays_ordered_after_queued_work() {
     assert_close(&values(&out.narrow(0, n - 8, 8)), &[500.0; 8], 0.0);
 }
 
-/// The kernels (name, launches) in a profile of `run`, copies left out.
-fn kernel_counts_of(run: impl FnOnce()) -> Vec<(String, u64)> {
+/// The kernels' names in a profile of `run`.
+fn kernels_of(run: impl FnOnce()) -> Vec<String> {
     let profiler = torch_ext::profile::KernelProfiler::start().unwrap();
     run();
     cuda::synchronize(0).unwrap();
@@ -585,14 +585,6 @@ fn kernel_counts_of(run: impl FnOnce()) -> Vec<(String, u64)> {
         .kernels
         .iter()
         .filter(|stat| !stat.is_copy())
-        .map(|stat| (stat.name.clone(), stat.count))
-        .collect()
-}
-
-/// The kernels' names in a profile of `run`.
-fn kernels_of(run: impl FnOnce()) -> Vec<String> {
-    kernel_counts_of(run)
-        .into_iter()
-        .map(|(name, _)| name)
+        .map(|stat| stat.name.clone())
         .collect()
 }
