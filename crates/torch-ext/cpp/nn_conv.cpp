@@ -132,11 +132,12 @@ int wgrad_mma_rows(const at::Tensor& like, int64_t n, int height, int width, int
 // How esper_conv3_wgrad_mma splits one layer's work: threads a block, KS
 // slices of each band's pixels, IPB images a block. A warp owns one unit
 // (16 output x 8 input channels, all nine taps): 128 threads while there are
-// at most four units, else 256 (the warps then take the units in passes);
+// at most four units, else 256 (past eight units, the warps take them in
+// passes);
 // the warps left over by the units split the pixels (KS, a power of two,
 // with its (KS - 1) partial dW in shared memory); two images a block where
 // one pass covers the units and the grid keeps at least three blocks an SM.
-// Chosen from timings of the workloads' layers on an H200 (1 - 64 units,
+// Chosen from timings of the workloads' layers on an H200 (1 - 32 units,
 // 7x7 - 32x32 pixels).
 struct WgradPlan {
   int threads = 256;
