@@ -1,5 +1,5 @@
 //! The measuring loop the general-path benchmarks share: every variant
-//! (precision x execution mode, torch-ext's fused layers or libtorch's) of
+//! (precision x execution mode x [`Kernels`]) of
 //! one model trains warm-up epochs, then measured epochs, then one profiled
 //! epoch; the figures of each become one record entry (`implementation`
 //! "rust"), a failing variant an entry with its error. The model passes
@@ -12,7 +12,7 @@ use kasmina::model::MorphogeneticModel;
 use leyline::baseline::{ResultEntry, percentile};
 use leyline::{Collector, Telemetry};
 
-use super::{LIBTORCH_LAYERS_SUFFIX, variant_name};
+use super::{LIBTORCH_LAYERS_SUFFIX, SERIAL_LAUNCH_SUFFIX, variant_name};
 use crate::amp::Precision;
 use crate::data::Dataset;
 use crate::engine::ExecutionMode;
@@ -28,10 +28,45 @@ pub(super) struct EpochCounts {
     pub(super) measured: usize,
 }
 
-/// One variant: precision, execution mode, and whether torch-ext's fused
-/// layers are on (`false`: libtorch's, the mode name gets
-/// [`LIBTORCH_LAYERS_SUFFIX`]).
-pub(super) type Variant = (Precision, ExecutionMode, bool);
+/// Which layers a variant runs, and how their kernels launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kernels {
+    /// torch-ext's fused layers, with programmatic dependent launch where
+    /// the GPU has it (`torch_ext::jit::set_programmatic_launch(true)`).
+    Fused,
+    /// torch-ext's fused layers, each kernel launched only after the one
+    /// before has finished (programmatic launch off); the mode name gets
+    /// [`SERIAL_LAUNCH_SUFFIX`].
+    FusedSerial,
+    /// libtorch's layers (`torch_ext::nn::set_fused_kernels(false)`); the
+    /// mode name gets [`LIBTORCH_LAYERS_SUFFIX`].
+    Libtorch,
+}
+
+impl Kernels {
+    /// Sets the process-wide switches for this variant.
+    fn apply(self) {
+        torch_ext::nn::set_fused_kernels(self != Kernels::Libtorch);
+        torch_ext::jit::set_programmatic_launch(self != Kernels::FusedSerial);
+    }
+
+    /// The switches' defaults, after a run.
+    fn restore() {
+        torch_ext::nn::set_fused_kernels(true);
+        torch_ext::jit::set_programmatic_launch(true);
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Kernels::Fused => "",
+            Kernels::FusedSerial => SERIAL_LAUNCH_SUFFIX,
+            Kernels::Libtorch => LIBTORCH_LAYERS_SUFFIX,
+        }
+    }
+}
+
+/// One variant: precision, execution mode, and the layers' kernels.
+pub(super) type Variant = (Precision, ExecutionMode, Kernels);
 
 /// What [`run_variants`] measures.
 pub(super) struct Plan<'a> {
@@ -62,7 +97,7 @@ pub(super) fn put(metrics: &mut BTreeMap<String, f64>, key: &str, value: Option<
 /// Runs every variant of `plan` on `model` (see the module docs). The first
 /// graph variant is followed by a second trainer of the same shape, whose
 /// first capture is the `second_trainer_capture_ms` figure. torch-ext's
-/// fused layers are on again afterwards.
+/// fused layers and programmatic launch are on again afterwards.
 pub(super) fn run_variants(
     model: MorphogeneticModel,
     plan: &Plan<'_>,
@@ -72,12 +107,10 @@ pub(super) fn run_variants(
     let mut results = Vec::new();
     let mut names = BTreeSet::new();
     let mut second_capture_done = false;
-    for &(precision, mode, fused) in &plan.variants {
-        torch_ext::nn::set_fused_kernels(fused);
+    for &(precision, mode, kernels) in &plan.variants {
+        kernels.apply();
         let mut name = variant_name(precision, mode);
-        if !fused {
-            name.push_str(LIBTORCH_LAYERS_SUFFIX);
-        }
+        name.push_str(kernels.suffix());
         progress(&format!(
             "[rust {name}] {} warm-up + {} measured epochs",
             plan.epochs.warmup, plan.epochs.measured
@@ -94,7 +127,7 @@ pub(super) fn run_variants(
         let mut trainer = match trainer {
             Ok(trainer) => trainer,
             Err(error) => {
-                torch_ext::nn::set_fused_kernels(true);
+                Kernels::restore();
                 return Err(error);
             }
         };
@@ -137,7 +170,7 @@ pub(super) fn run_variants(
         });
         model = trainer.into_model();
     }
-    torch_ext::nn::set_fused_kernels(true);
+    Kernels::restore();
     Ok(Measured { results, names })
 }
 
