@@ -7,10 +7,8 @@
 // nvidia-cuda-nvrtc package provides it), so nothing here needs a CUDA
 // toolkit at build time and compilation works on a machine without a GPU.
 // Loading and launching use the CUDA runtime's library API
-// (cudaLibraryLoadData / cudaLibraryGetKernel / cudaLaunchKernel, or
-// cudaLaunchKernelExC with programmatic stream serialization for kernels
-// that wait for their predecessors themselves), which needs no explicit
-// driver context.
+// (cudaLibraryLoadData / cudaLibraryGetKernel / cudaLaunchKernel), which
+// needs no explicit driver context.
 #include "esper_torch_ext.h"
 
 #include "error.h"
@@ -23,9 +21,6 @@
 #include <dlfcn.h>
 #include <nvrtc.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -125,20 +120,7 @@ struct Program {
   }
 };
 
-// On unless the environment says ESPER_PDL=0 (read once, at first use).
-std::atomic<bool>& programmatic_flag() {
-  static std::atomic<bool> flag([] {
-    const char* value = std::getenv("ESPER_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }());
-  return flag;
-}
-
 }  // namespace
-
-bool esper::programmatic_launch_enabled() {
-  return programmatic_flag().load(std::memory_order_relaxed);
-}
 
 using esper::JitKernel;
 
@@ -188,12 +170,11 @@ char* esper_jit_compile(const char* source, const char* name, int32_t major, int
 
 void esper_jit_free_cubin(uint8_t* cubin) { std::free(cubin); }
 
-char* esper_jit_load(const uint8_t* cubin, const char* name, int32_t programmatic, void** out) {
+char* esper_jit_load(const uint8_t* cubin, const char* name, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(cubin != nullptr && name != nullptr, "jit load: null cubin or name");
   auto kernel = std::make_unique<JitKernel>();
-  kernel->programmatic = programmatic != 0;
   // A first use may come inside a graph capture (a step captured before any
   // eager run): loading a library is no stream work, so let this thread make
   // the call whatever the capture mode, then restore the mode.
@@ -211,12 +192,6 @@ char* esper_jit_load(const uint8_t* cubin, const char* name, int32_t programmati
   *out = kernel.release();
   ESPER_CATCH
 }
-
-void esper_jit_set_programmatic(int32_t enabled) {
-  programmatic_flag().store(enabled != 0, std::memory_order_relaxed);
-}
-
-int32_t esper_jit_programmatic() { return esper::programmatic_launch_enabled() ? 1 : 0; }
 
 void esper_jit_unload(void* kernel) {
   auto* k = static_cast<JitKernel*>(kernel);

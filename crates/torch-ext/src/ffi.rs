@@ -259,11 +259,8 @@ unsafe extern "C" {
     pub(crate) fn esper_jit_load(
         cubin: *const u8,
         name: *const c_char,
-        programmatic: i32,
         out: *mut *mut c_void,
     ) -> RawError;
-    pub(crate) fn esper_jit_set_programmatic(enabled: i32);
-    pub(crate) fn esper_jit_programmatic() -> i32;
     pub(crate) fn esper_jit_unload(kernel: *mut c_void);
     pub(crate) fn esper_jit_launch(
         kernel: *mut c_void,

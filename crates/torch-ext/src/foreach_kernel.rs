@@ -76,7 +76,6 @@ __device__ __forceinline__ unsigned short esper_to_bf16(float x) {
 // op 0: dst = 0; op 1: dst = src (words as they are); op 2: dst += alpha src (f32);
 // op 3: dst (bf16) = src (f32) rounded to nearest even, `words` counting values.
 extern "C" __global__ void esper_foreach(const Table t) {
-    ESPER_PDL_ENTRY();
     const Entry e = t.entries[entry_of_block(t)];
     const long long start = ((long long)blockIdx.x - e.first_block) * 1024;
     if (t.op == 3) {
@@ -274,7 +273,6 @@ mod tests {
         )
         .expect("NVRTC compiles it");
         assert!(cubin.contains_symbol("esper_foreach"));
-        assert!(cubin.programmatic(), "the kernel waits for its inputs");
         assert!(SOURCE.contains(&format!("Entry entries[{MAX_TENSORS}]")));
         // Before compute capability 8.0 the cast rounds in integers.
         let older = crate::jit::compile(
@@ -284,7 +282,6 @@ mod tests {
         )
         .expect("NVRTC compiles it for sm_75");
         assert!(older.contains_symbol("esper_foreach"));
-        assert!(!older.programmatic(), "sm_75 has no programmatic launch");
     }
 
     #[test]

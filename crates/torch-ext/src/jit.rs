@@ -18,11 +18,6 @@
 //! by-value struct whose bytes the caller lays out. Declare kernels
 //! `extern "C" __global__` so their names are not mangled.
 //!
-//! A kernel whose body starts with [`PDL_ENTRY`] (every kernel of a source,
-//! compiled for sm_90 or later) is launched with programmatic dependent
-//! launch, so it may start while the kernel before it finishes (see
-//! [`programmatic`]'s docs, and [`set_programmatic_launch`]).
-//!
 //! A captured graph holds on to the kernels it launched: keep a
 //! [`JitKernel`] alive as long as any graph that captured it.
 //!
@@ -49,11 +44,6 @@ use tch::{Device, Tensor};
 use crate::error::{Error, Result};
 use crate::ffi;
 
-pub mod programmatic;
-pub use programmatic::{
-    PDL_ENTRY, programmatic_launch_enabled, set_programmatic_launch, source_is_programmatic,
-};
-
 /// Most threads in one block.
 pub const MAX_BLOCK_THREADS: u32 = 1024;
 
@@ -64,7 +54,6 @@ pub struct Cubin {
     name: CString,
     arch: (i32, i32),
     log: Option<String>,
-    programmatic: bool,
 }
 
 impl Cubin {
@@ -97,13 +86,6 @@ impl Cubin {
         self.arch
     }
 
-    /// Whether its kernels launch with programmatic dependent launch: every
-    /// kernel of the source starts with [`PDL_ENTRY`] and the architecture
-    /// is sm_90 or later.
-    pub fn programmatic(&self) -> bool {
-        self.programmatic
-    }
-
     /// NVRTC's log (warnings), if it wrote one.
     pub fn log(&self) -> Option<&str> {
         self.log.as_deref()
@@ -119,8 +101,6 @@ fn c_string(op: &'static str, what: &str, text: &str) -> Result<CString> {
 
 /// Compiles `source` (CUDA C++) for architecture `sm_<major><minor>`;
 /// `name` is the kernel to load later. A compile error carries NVRTC's log.
-/// The source is compiled after [`programmatic`]'s prelude, which defines
-/// [`PDL_ENTRY`]'s macro.
 pub fn compile(source: &str, name: &str, arch: (i32, i32)) -> Result<Cubin> {
     const OP: &str = "jit::compile";
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -129,7 +109,7 @@ pub fn compile(source: &str, name: &str, arch: (i32, i32)) -> Result<Cubin> {
             message: format!("kernel name {name:?} is not a C identifier"),
         });
     }
-    let c_source = c_string(OP, "source", &format!("{}{source}", programmatic::PRELUDE))?;
+    let c_source = c_string(OP, "source", source)?;
     let c_name = c_string(OP, "name", name)?;
     let mut cubin: *mut u8 = std::ptr::null_mut();
     let mut len = 0_u64;
@@ -183,7 +163,6 @@ pub fn compile(source: &str, name: &str, arch: (i32, i32)) -> Result<Cubin> {
         name: c_name,
         arch,
         log: log.filter(|text| !text.trim().is_empty()),
-        programmatic: arch.0 >= 9 && source_is_programmatic(source),
     })
 }
 
@@ -284,12 +263,7 @@ impl JitKernel {
         unsafe {
             ffi::check(
                 "jit::load",
-                ffi::esper_jit_load(
-                    cubin.bytes.as_ptr(),
-                    name.as_ptr(),
-                    i32::from(cubin.programmatic),
-                    &mut raw,
-                ),
+                ffi::esper_jit_load(cubin.bytes.as_ptr(), name.as_ptr(), &mut raw),
             )?;
         }
         let raw = NonNull::new(raw).ok_or_else(|| Error::Cpp {

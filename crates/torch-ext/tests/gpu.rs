@@ -8,8 +8,7 @@
 //! cross-entropy, (module `adamw`) torch-ext's AdamW kernels against
 //! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
 //! and add against libtorch's `_foreach_*`, (module `shadow`) the weights'
-//! bf16 shadows against libtorch's casts, read by the linear layer, (module
-//! `programmatic`) kernels launched before the one they read finishes. Every
+//! bf16 shadows against libtorch's casts, read by the linear layer. Every
 //! test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
@@ -79,9 +78,6 @@ mod fused;
 
 #[path = "gpu/shadow.rs"]
 mod shadow;
-
-#[path = "gpu/programmatic.rs"]
-mod programmatic;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(

@@ -19,7 +19,6 @@ pub(super) const BLEND_SOURCE: &str = r#"
 extern "C" __global__ void esper_blend_lerp_forward(
     const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
     T* __restrict__ y, long long n, long long per_sample, int shared, long long period) {
-    ESPER_PDL_ENTRY();
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {
@@ -41,7 +40,6 @@ extern "C" __global__ void esper_blend_lerp_forward(
 extern "C" __global__ void esper_blend_lerp_backward(
     const T* __restrict__ g, const float* __restrict__ w, T* __restrict__ dh,
     T* __restrict__ ds, long long n, long long per_sample, int shared) {
-    ESPER_PDL_ENTRY();
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {

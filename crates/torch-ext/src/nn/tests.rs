@@ -13,7 +13,6 @@ fn every_kernel_variant_compiles() {
             match crate::jit::compile(&source, "esper_nn", (9, 0)) {
                 Ok(cubin) => {
                     assert!(!cubin.is_empty());
-                    assert!(cubin.programmatic(), "every kernel waits for its inputs");
                     assert!(
                         !cubin.contains_symbol("esper_gn_relu"),
                         "a prefix is no symbol"
@@ -194,7 +193,6 @@ fn the_attention_kernels_compile() {
         (9, 0),
     ) {
         Ok(cubin) => {
-            assert!(cubin.programmatic(), "every kernel waits for its inputs");
             for d in FUSED_ATTENTION_HEAD_DIMS {
                 for pass in ["forward", "backward"] {
                     let name = format!("esper_attention_{pass}_d{d}");

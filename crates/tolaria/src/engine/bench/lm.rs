@@ -182,7 +182,7 @@ pub fn run_lm(options: &LmOptions, progress: &mut dyn FnMut(&str)) -> Result<Ben
         &Plan {
             variants: variants
                 .iter()
-                .map(|&(precision, mode)| (precision, mode, variants::Kernels::Fused))
+                .map(|&(precision, mode)| (precision, mode, true))
                 .collect(),
             train: &train,
             test: &test,

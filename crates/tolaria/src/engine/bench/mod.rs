@@ -52,12 +52,6 @@ pub const FMNIST_WORKLOAD: &str = "tolaria-fmnist";
 /// of torch-ext's fused ones (`torch_ext::nn::set_fused_kernels(false)`).
 pub const LIBTORCH_LAYERS_SUFFIX: &str = "-libtorch-layers";
 
-/// Suffix of the `tolaria-fmnist` modes run with torch-ext's fused layers
-/// but programmatic dependent launch off
-/// (`torch_ext::jit::set_programmatic_launch(false)`): every kernel starts
-/// only after the one before it has finished.
-pub const SERIAL_LAUNCH_SUFFIX: &str = "-no-pdl";
-
 /// What `tolaria-fmnist` runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FmnistOptions {
@@ -69,10 +63,9 @@ pub struct FmnistOptions {
     /// Use seeded synthetic images of the real size instead of the files.
     pub synthetic: bool,
     /// Variants: (precision, mode). Empty: fp32 and bf16 x eager, graph-step,
-    /// graph-epoch on CUDA, then fp32 graph-epoch again with programmatic
-    /// launch off (mode ending in [`SERIAL_LAUNCH_SUFFIX`]), and fp32 and
-    /// bf16 graph-epoch with libtorch's layers (modes ending in
-    /// [`LIBTORCH_LAYERS_SUFFIX`]); fp32 eager on the CPU.
+    /// graph-epoch on CUDA, then fp32 and bf16 graph-epoch again with
+    /// libtorch's layers (modes ending in [`LIBTORCH_LAYERS_SUFFIX`]); fp32
+    /// eager on the CPU.
     pub variants: Vec<(Precision, ExecutionMode)>,
     /// Unmeasured epochs per variant.
     pub warmup_epochs: usize,
@@ -220,18 +213,16 @@ pub fn run_fmnist(options: &FmnistOptions, progress: &mut dyn FnMut(&str)) -> Re
     } else {
         options.variants.clone()
     };
-    // Each variant with torch-ext's fused layers; on CUDA by default fp32
-    // graph-epoch again with programmatic launch off, and the graph-epoch
-    // variants with libtorch's layers, so one run shows what each changes.
-    let mut runs: Vec<variants::Variant> = variants
+    // Each variant with torch-ext's fused layers; on CUDA by default the
+    // graph-epoch variants again with libtorch's layers, so one run shows
+    // what the fused kernels change.
+    let mut runs: Vec<(Precision, ExecutionMode, bool)> = variants
         .iter()
-        .map(|&(precision, mode)| (precision, mode, variants::Kernels::Fused))
+        .map(|&(precision, mode)| (precision, mode, true))
         .collect();
     if cuda && options.variants.is_empty() {
-        let graph_epoch = ExecutionMode::GraphEpoch;
-        runs.push((Precision::Fp32, graph_epoch, variants::Kernels::FusedSerial));
-        runs.push((Precision::Fp32, graph_epoch, variants::Kernels::Libtorch));
-        runs.push((Precision::Bf16, graph_epoch, variants::Kernels::Libtorch));
+        runs.push((Precision::Fp32, ExecutionMode::GraphEpoch, false));
+        runs.push((Precision::Bf16, ExecutionMode::GraphEpoch, false));
     }
     let (train, test, source) = fmnist_data(options)?;
     let train = match options.train_samples {

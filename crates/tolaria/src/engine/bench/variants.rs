@@ -1,5 +1,5 @@
 //! The measuring loop the general-path benchmarks share: every variant
-//! (precision x execution mode x [`Kernels`]) of
+//! (precision x execution mode, torch-ext's fused layers or libtorch's) of
 //! one model trains warm-up epochs, then measured epochs, then one profiled
 //! epoch; the figures of each become one record entry (`implementation`
 //! "rust"), a failing variant an entry with its error. The model passes
@@ -12,7 +12,7 @@ use kasmina::model::MorphogeneticModel;
 use leyline::baseline::{ResultEntry, percentile};
 use leyline::{Collector, Telemetry};
 
-use super::{LIBTORCH_LAYERS_SUFFIX, SERIAL_LAUNCH_SUFFIX, variant_name};
+use super::{LIBTORCH_LAYERS_SUFFIX, variant_name};
 use crate::amp::Precision;
 use crate::data::Dataset;
 use crate::engine::ExecutionMode;
@@ -28,45 +28,10 @@ pub(super) struct EpochCounts {
     pub(super) measured: usize,
 }
 
-/// Which layers a variant runs, and how their kernels launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kernels {
-    /// torch-ext's fused layers, with programmatic dependent launch where
-    /// the GPU has it (`torch_ext::jit::set_programmatic_launch(true)`).
-    Fused,
-    /// torch-ext's fused layers, each kernel launched only after the one
-    /// before has finished (programmatic launch off); the mode name gets
-    /// [`SERIAL_LAUNCH_SUFFIX`].
-    FusedSerial,
-    /// libtorch's layers (`torch_ext::nn::set_fused_kernels(false)`); the
-    /// mode name gets [`LIBTORCH_LAYERS_SUFFIX`].
-    Libtorch,
-}
-
-impl Kernels {
-    /// Sets the process-wide switches for this variant.
-    fn apply(self) {
-        torch_ext::nn::set_fused_kernels(self != Kernels::Libtorch);
-        torch_ext::jit::set_programmatic_launch(self != Kernels::FusedSerial);
-    }
-
-    /// The switches' defaults, after a run.
-    fn restore() {
-        torch_ext::nn::set_fused_kernels(true);
-        torch_ext::jit::set_programmatic_launch(true);
-    }
-
-    fn suffix(self) -> &'static str {
-        match self {
-            Kernels::Fused => "",
-            Kernels::FusedSerial => SERIAL_LAUNCH_SUFFIX,
-            Kernels::Libtorch => LIBTORCH_LAYERS_SUFFIX,
-        }
-    }
-}
-
-/// One variant: precision, execution mode, and the layers' kernels.
-pub(super) type Variant = (Precision, ExecutionMode, Kernels);
+/// One variant: precision, execution mode, and whether torch-ext's fused
+/// layers are on (`false`: libtorch's, the mode name gets
+/// [`LIBTORCH_LAYERS_SUFFIX`]).
+pub(super) type Variant = (Precision, ExecutionMode, bool);
 
 /// What [`run_variants`] measures.
 pub(super) struct Plan<'a> {
@@ -97,7 +62,7 @@ pub(super) fn put(metrics: &mut BTreeMap<String, f64>, key: &str, value: Option<
 /// Runs every variant of `plan` on `model` (see the module docs). The first
 /// graph variant is followed by a second trainer of the same shape, whose
 /// first capture is the `second_trainer_capture_ms` figure. torch-ext's
-/// fused layers and programmatic launch are on again afterwards.
+/// fused layers are on again afterwards.
 pub(super) fn run_variants(
     model: MorphogeneticModel,
     plan: &Plan<'_>,
@@ -107,10 +72,12 @@ pub(super) fn run_variants(
     let mut results = Vec::new();
     let mut names = BTreeSet::new();
     let mut second_capture_done = false;
-    for &(precision, mode, kernels) in &plan.variants {
-        kernels.apply();
+    for &(precision, mode, fused) in &plan.variants {
+        torch_ext::nn::set_fused_kernels(fused);
         let mut name = variant_name(precision, mode);
-        name.push_str(kernels.suffix());
+        if !fused {
+            name.push_str(LIBTORCH_LAYERS_SUFFIX);
+        }
         progress(&format!(
             "[rust {name}] {} warm-up + {} measured epochs",
             plan.epochs.warmup, plan.epochs.measured
@@ -127,7 +94,7 @@ pub(super) fn run_variants(
         let mut trainer = match trainer {
             Ok(trainer) => trainer,
             Err(error) => {
-                Kernels::restore();
+                torch_ext::nn::set_fused_kernels(true);
                 return Err(error);
             }
         };
@@ -170,7 +137,7 @@ pub(super) fn run_variants(
         });
         model = trainer.into_model();
     }
-    Kernels::restore();
+    torch_ext::nn::set_fused_kernels(true);
     Ok(Measured { results, names })
 }
 
