@@ -30,6 +30,7 @@ const SOURCES: &[&str] = &[
     "cpp/nn_embedding.cpp",
     "cpp/nn_attention.cpp",
     "cpp/nn_blend.cpp",
+    "cpp/nn_excite.cpp",
     "cpp/profile.cpp",
 ];
 const HEADERS: &[&str] = &[

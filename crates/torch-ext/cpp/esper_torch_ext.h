@@ -225,6 +225,12 @@ char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* 
                        void** out);
 char* esper_blend_lerp_replicated(void* host, void* seed, void* weight, int64_t replicas,
                                   int32_t vec, void* forward_kernel, void** out);
+// Squeeze-and-excite x * sigmoid(excite relu(squeeze mean_hw(x)) + bias)
+// over a channels-last f32 or bf16 CUDA tensor [B, C, H, W] (C <= 256),
+// squeeze f32 [R, C] (R <= 64), excite f32 [C, R], bias f32 [C]; kernels:
+// forward, backward, reduction (nn_excite.cpp).
+char* esper_squeeze_excite(void* x, void* squeeze, void* excite, void* excite_bias,
+                           void* const* kernels, void** out);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

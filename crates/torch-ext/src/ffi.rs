@@ -361,6 +361,14 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_squeeze_excite(
+        x: *mut c_void,
+        squeeze: *mut c_void,
+        excite: *mut c_void,
+        excite_bias: *mut c_void,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_blend_lerp(
         host: *mut c_void,
         seed: *mut c_void,

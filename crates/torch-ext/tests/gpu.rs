@@ -8,7 +8,8 @@
 //! cross-entropy, (module `adamw`) torch-ext's AdamW kernels against
 //! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
 //! and add against libtorch's `_foreach_*`, (module `shadow`) the weights'
-//! bf16 shadows against libtorch's casts, read by the linear layer. Every
+//! bf16 shadows against libtorch's casts, read by the linear layer, (module
+//! `excite`) squeeze-and-excite against libtorch's composition. Every
 //! test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
@@ -78,6 +79,9 @@ mod fused;
 
 #[path = "gpu/shadow.rs"]
 mod shadow;
+
+#[path = "gpu/excite.rs"]
+mod excite;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(

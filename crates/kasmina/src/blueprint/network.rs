@@ -216,14 +216,14 @@ impl SeedNetwork {
                 x.f_add(&mix.f_mul(&scale.f_tanh()?)?)?
             }
             SeedNetwork::Attention { squeeze, excite } => {
-                let (batch, channels, _, _) = x.size4()?;
-                let pooled = x.f_mean_dim([2i64, 3].as_slice(), false, None)?; // [B, C]
-                let hidden = squeeze.forward(&pooled)?.f_relu()?; // [B, r]
-                let weights = excite
-                    .forward(&hidden)?
-                    .f_sigmoid()?
-                    .f_reshape([batch, channels, 1, 1])?;
-                x.f_mul(&weights)?
+                // x * sigmoid(excite(relu(squeeze(mean_hw x)))): one kernel
+                // forward and two backward on CUDA (libtorch's ops elsewhere).
+                let Some(bias) = excite.bias.as_ref() else {
+                    return Err(Error::InvalidConfig {
+                        reason: "attention seed: the excite layer has no bias".to_owned(),
+                    });
+                };
+                torch_ext::nn::squeeze_excite(x, &squeeze.weight, &excite.weight, bias)?
             }
             SeedNetwork::Depthwise {
                 depthwise,

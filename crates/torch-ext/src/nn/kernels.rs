@@ -9,6 +9,7 @@ use super::blend_source::BLEND_SOURCE;
 use super::conv_fixed_source::CONV_FIXED_SOURCE;
 use super::conv_source::CONV_SOURCE;
 use super::embedding_source::EMBEDDING_SOURCE;
+use super::excite_source::EXCITE_SOURCE;
 use super::gram_source::GRAM_SOURCE;
 use super::layer_norm_source::LAYER_NORM_SOURCE;
 use super::linear_source::LINEAR_SOURCE;
@@ -51,6 +52,8 @@ pub(super) struct Kernels {
     pub(super) linear_wgrad: Option<JitKernel>,
     pub(super) embedding_backward: JitKernel,
     pub(super) gram_partial: JitKernel,
+    pub(super) se_forward: JitKernel,
+    pub(super) se_backward: JitKernel,
 }
 
 /// The direct convolution's compile-time-sized kernels, input channels
@@ -72,7 +75,7 @@ pub(super) const DIRECT_FIXED_KERNELS: [&str; 9] = [
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -136,6 +139,8 @@ pub(super) fn kernels(
                 },
                 embedding_backward: load("esper_embedding_backward")?,
                 gram_partial: load("esper_gram_partial")?,
+                se_forward: load("esper_se_forward")?,
+                se_backward: load("esper_se_backward")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })

@@ -56,6 +56,13 @@
 //!   [`blend_lerp_replicated`] blends a batch's replicated copies (the
 //!   counterfactual configurations) forward only, reading the batch once
 //!   per copy instead of copying it first.
+//! - [`squeeze_excite`]: a CNN seed's channel attention, `x · sigmoid(W2
+//!   relu(W1 mean_hw(x)) + b2)`, NHWC, one block an image: one kernel
+//!   forward (the means, both small products and the gate, then the
+//!   output), one backward (the input gradient and the image's share of
+//!   the parameter gradients), then the fixed-order reduction of the
+//!   shares. libtorch ran about 7 kernels forward (mean, two GEMMs with a
+//!   split-K reduction, ReLU, sigmoid, product) and 15 backward.
 //! - [`layer_norm`]: layer normalisation over the last dimension (the
 //!   transformer host's), one warp a row with the row in registers: one
 //!   kernel forward, one backward (the input gradient and each block's
@@ -136,6 +143,8 @@ mod conv_fixed_source;
 mod conv_source;
 mod embedding;
 mod embedding_source;
+mod excite;
+mod excite_source;
 mod gram;
 mod gram_source;
 mod group_norm;
@@ -150,6 +159,7 @@ mod source;
 pub use attention::{FUSED_ATTENTION_HEAD_DIMS, MAX_FUSED_ATTENTION_TIME, causal_attention};
 pub use blend::{blend_lerp, blend_lerp_replicated};
 pub use embedding::embedding;
+pub use excite::{MAX_FUSED_EXCITE_CHANNELS, MAX_FUSED_EXCITE_HIDDEN, squeeze_excite};
 pub use gram::gram;
 pub use group_norm::{MAX_FUSED_GROUPS, group_norm_relu, group_norm_relu_add};
 use kernels::kernels;

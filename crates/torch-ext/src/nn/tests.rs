@@ -33,6 +33,8 @@ fn every_kernel_variant_compiles() {
                         "esper_col_sum",
                         "esper_embedding_backward",
                         "esper_gram_partial",
+                        "esper_se_forward",
+                        "esper_se_backward",
                     ] {
                         assert!(
                             cubin.contains_symbol(name),
@@ -180,6 +182,54 @@ fn gram_on_the_cpu_is_libtorchs() {
     ] {
         let error = gram(&bad).unwrap_err().to_string();
         assert!(error.contains("row"), "{error}");
+    }
+}
+
+/// Off CUDA, `squeeze_excite` is libtorch's composition bit for bit;
+/// shapes that do not fit are refused before anything runs.
+#[test]
+fn squeeze_excite_on_the_cpu_is_libtorchs_composition() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let x = Tensor::randn([3, 8, 5, 4], cpu);
+    let (w1, w2, b2) = (
+        Tensor::randn([2, 8], cpu),
+        Tensor::randn([8, 2], cpu),
+        Tensor::randn([8], cpu),
+    );
+    let y = squeeze_excite(&x, &w1, &w2, &b2).unwrap();
+    let pooled = x.mean_dim([2_i64, 3].as_slice(), false, None);
+    let gate = pooled
+        .linear(&w1, None::<Tensor>)
+        .relu()
+        .linear(&w2, Some(&b2))
+        .sigmoid()
+        .reshape([3, 8, 1, 1]);
+    assert!(y.equal(&(&x * gate)));
+    let bad_shapes = [
+        (
+            Tensor::randn([3, 8, 5], cpu),
+            w1.shallow_clone(),
+            w2.shallow_clone(),
+        ),
+        (
+            x.shallow_clone(),
+            Tensor::randn([2, 7], cpu),
+            w2.shallow_clone(),
+        ),
+        (
+            x.shallow_clone(),
+            w1.shallow_clone(),
+            Tensor::randn([2, 8], cpu),
+        ),
+        (
+            Tensor::randn([0, 8, 5, 4], cpu),
+            w1.shallow_clone(),
+            w2.shallow_clone(),
+        ),
+    ];
+    for (x, w1, w2) in bad_shapes {
+        let error = squeeze_excite(&x, &w1, &w2, &b2).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
     }
 }
 
