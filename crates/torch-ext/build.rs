@@ -31,6 +31,7 @@ const SOURCES: &[&str] = &[
     "cpp/nn_attention.cpp",
     "cpp/nn_blend.cpp",
     "cpp/nn_excite.cpp",
+    "cpp/nn_pooled.cpp",
     "cpp/profile.cpp",
 ];
 const HEADERS: &[&str] = &[

@@ -153,9 +153,10 @@ pub fn blend_add(host: &Tensor, seed: &Tensor, alpha: &BlendAlpha<'_>) -> Result
     let seed = seed.f_to_kind(host.kind())?;
     match alpha {
         BlendAlpha::Scalar(a) => Ok(host.f_lerp(&seed, BlendAlpha::clamped_scalar(*a)?)?),
-        BlendAlpha::PerSample(_) => {
-            let weight = alpha.clamped_tensor(host)?;
-            Ok(torch_ext::nn::blend_lerp(host, &seed, &weight)?)
+        BlendAlpha::PerSample(tensor) => {
+            // Clamped to [0, 1] inside the blend's kernels.
+            let weight = tensor.f_to_kind(host.kind())?.f_to_device(host.device())?;
+            Ok(torch_ext::nn::blend_lerp_clamped(host, &seed, &weight)?)
         }
     }
 }

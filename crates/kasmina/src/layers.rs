@@ -233,6 +233,34 @@ impl Linear {
         Ok(torch_ext::nn::linear(x, &self.weight, self.bias.as_ref())?)
     }
 
+    /// This layer applied to each image's channel means, a CNN's
+    /// classifier head, through `torch_ext::nn::pooled_linear` (on CUDA
+    /// one kernel each way; libtorch's mean and [`Linear::forward`]'s op
+    /// elsewhere, with the same results up to float rounding).
+    ///
+    /// # Shapes
+    /// `[B, in, H, W] -> [B, out]`.
+    ///
+    /// # Errors
+    /// [`crate::Error::ShapeMismatch`] for an input that is not 4-D with
+    /// `in` channels.
+    pub fn forward_pooled(&self, x: &Tensor) -> Result<Tensor> {
+        let size = x.size();
+        let inputs = self.weight.size().get(1).copied().unwrap_or(0);
+        if size.len() != 4 || size.get(1) != Some(&inputs) {
+            return Err(crate::Error::ShapeMismatch {
+                op: "Linear pooled input",
+                expected: vec![-1, inputs, -1, -1],
+                got: size,
+            });
+        }
+        Ok(torch_ext::nn::pooled_linear(
+            x,
+            &self.weight,
+            self.bias.as_ref(),
+        )?)
+    }
+
     /// Sets weight (and bias) to zero.
     pub fn zero_(&mut self) -> Result<()> {
         zero_weight_and_bias(&mut self.weight, self.bias.as_mut())

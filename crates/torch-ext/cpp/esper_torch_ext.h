@@ -219,10 +219,10 @@ char* esper_embedding(void* weight, void* ids, void* const* kernels, void** out)
 // (nn_attention.cpp).
 char* esper_causal_attention(void* qkv, int64_t heads, void* const* kernels, void** out);
 // lerp(host, seed, weight) with one f32 weight per sample ([N] or [1]) read
-// on the device; host and seed share one dense layout; kernels: forward,
-// backward (nn_blend.cpp).
-char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* const* kernels,
-                       void** out);
+// on the device (clamped to [0, 1] as read when clamp is nonzero); host and
+// seed share one dense layout; kernels: forward, backward (nn_blend.cpp).
+char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, int32_t clamp,
+                       void* const* kernels, void** out);
 char* esper_blend_lerp_replicated(void* host, void* seed, void* weight, int64_t replicas,
                                   int32_t vec, void* forward_kernel, void** out);
 // Squeeze-and-excite x * sigmoid(excite relu(squeeze mean_hw(x)) + bias)
@@ -231,6 +231,11 @@ char* esper_blend_lerp_replicated(void* host, void* seed, void* weight, int64_t 
 // forward, backward, reduction (nn_excite.cpp).
 char* esper_squeeze_excite(void* x, void* squeeze, void* excite, void* excite_bias,
                            void* const* kernels, void** out);
+// Global average pool then linear, mean_hw(x) weight^T + bias, over a
+// channels-last f32 or bf16 CUDA tensor [B, C, H, W] (C <= 1024), weight
+// f32 [K, C] (K <= 64), bias f32 [K]; kernels: forward, backward
+// (nn_pooled.cpp).
+char* esper_pooled_linear(void* x, void* weight, void* bias, void* const* kernels, void** out);
 
 // ---- profile.cpp: CUDA kernels run between start and stop (Kineto) ----
 // stop: *out gets "name\tcount\ttotal_ns\n" lines, one per kernel or copy

@@ -4,7 +4,8 @@
 // weight of a value's sample read from the device, `vec` values a thread.
 // h and s share one dense layout (contiguous, or channels-last 4-D), in
 // which each sample's values lie together; the weight is f32 [N] (N the
-// batch, or 1 for every sample) and gets no gradient.
+// batch, or 1 for every sample) and gets no gradient; with `clamp` the
+// kernels clamp each weight to [0, 1] as they read it.
 #include "esper_torch_ext.h"
 #include "error.h"
 #include "nn_internal.h"
@@ -25,8 +26,10 @@ at::MemoryFormat format_of(const at::Tensor& t) {
 
 // `period` > 0: the forward kernel's last argument (the values of h and s
 // it reads again for each block of outputs); 0 for the backward kernel.
+// flags: bit 0 one weight for every sample, bit 1 clamp the weights to
+// [0, 1] (the kernels' blend_weight).
 void launch(void* kernel, std::vector<void*> pointers, const at::Tensor& like, int64_t vec,
-            int64_t per_sample, int shared, int64_t period = 0) {
+            int64_t per_sample, int flags, int64_t period = 0) {
   long long n = static_cast<long long>(like.numel());
   long long per = static_cast<long long>(per_sample);
   long long reread = static_cast<long long>(period);
@@ -36,7 +39,7 @@ void launch(void* kernel, std::vector<void*> pointers, const at::Tensor& like, i
   }
   args.push_back(&n);
   args.push_back(&per);
-  args.push_back(&shared);
+  args.push_back(&flags);
   if (period > 0) {
     args.push_back(&reread);
   }
@@ -47,17 +50,18 @@ void launch(void* kernel, std::vector<void*> pointers, const at::Tensor& like, i
 class BlendLerp : public torch::autograd::Function<BlendLerp> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const at::Tensor& s,
-                            const at::Tensor& w, int64_t vec, int64_t forward_kernel,
-                            int64_t backward_kernel) {
+                            const at::Tensor& w, int64_t vec, bool clamp,
+                            int64_t forward_kernel, int64_t backward_kernel) {
     c10::cuda::CUDAGuard guard(h.device());
     const at::MemoryFormat format = format_of(h);
     at::Tensor y = at::empty_like(h, h.options().memory_format(format));
     const int64_t per_sample = h.numel() / h.size(0);
-    const int shared = w.numel() == 1 ? 1 : 0;
+    const int flags = (w.numel() == 1 ? 1 : 0) | (clamp ? 2 : 0);
     launch(reinterpret_cast<void*>(forward_kernel),
-           {h.data_ptr(), s.data_ptr(), w.data_ptr(), y.data_ptr()}, h, vec, per_sample, shared,
+           {h.data_ptr(), s.data_ptr(), w.data_ptr(), y.data_ptr()}, h, vec, per_sample, flags,
            h.numel());
     ctx->save_for_backward({w});
+    ctx->saved_data["flags"] = static_cast<int64_t>(flags);
     ctx->saved_data["vec"] = vec;
     ctx->saved_data["backward"] = backward_kernel;
     ctx->saved_data["channels_last"] = format == at::MemoryFormat::ChannelsLast;
@@ -66,7 +70,7 @@ class BlendLerp : public torch::autograd::Function<BlendLerp> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(6);
+    variable_list out(7);
     if (!grads[0].defined()) {
       return out;
     }
@@ -78,9 +82,9 @@ class BlendLerp : public torch::autograd::Function<BlendLerp> {
     const at::Tensor g = aligned(grads[0].contiguous(format), format);
     at::Tensor dh = at::empty_like(g, g.options().memory_format(format));
     at::Tensor ds = at::empty_like(g, g.options().memory_format(format));
-    const int shared = w.numel() == 1 ? 1 : 0;
+    const int flags = static_cast<int>(ctx->saved_data["flags"].toInt());
     launch(handle(ctx, "backward"), {g.data_ptr(), w.data_ptr(), dh.data_ptr(), ds.data_ptr()}, g,
-           ctx->saved_data["vec"].toInt(), ctx->saved_data["per_sample"].toInt(), shared);
+           ctx->saved_data["vec"].toInt(), ctx->saved_data["per_sample"].toInt(), flags);
     out[0] = dh;
     out[1] = ds;
     return out;
@@ -91,8 +95,8 @@ class BlendLerp : public torch::autograd::Function<BlendLerp> {
 
 extern "C" {
 
-char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* const* kernels,
-                       void** out) {
+char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, int32_t clamp,
+                       void* const* kernels, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(host != nullptr && seed != nullptr && weight != nullptr && kernels != nullptr &&
@@ -117,7 +121,8 @@ char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, void* 
   TORCH_CHECK(vec == 1 || (vec == 4 && (h.numel() / h.size(0)) % 4 == 0 && aligned16(h) &&
                            aligned16(s)),
               "blend_lerp: vec ", vec, " does not fit the tensors");
-  at::Tensor y = BlendLerp::apply(h, s, w, vec, as_int(kernels[0]), as_int(kernels[1]));
+  at::Tensor y =
+      BlendLerp::apply(h, s, w, vec, clamp != 0, as_int(kernels[0]), as_int(kernels[1]));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

@@ -369,11 +369,19 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_pooled_linear(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_blend_lerp(
         host: *mut c_void,
         seed: *mut c_void,
         weight: *mut c_void,
         vec: i32,
+        clamp: i32,
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;

@@ -83,6 +83,9 @@ mod shadow;
 #[path = "gpu/excite.rs"]
 mod excite;
 
+#[path = "gpu/pooled.rs"]
+mod pooled;
+
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(
         tensor

@@ -288,10 +288,8 @@ impl CnnHost {
                 block.bn.forward_relu(&block.conv.forward(x)?, train)? // [B, C_i, H, W]
             }
             Segment::Pool => torch_ext::nn::max_pool2x2(x)?, // [B, C, H/2, W/2]
-            Segment::Head => {
-                let pooled = x.f_mean_dim([2i64, 3].as_slice(), false, None)?; // [B, C_last]
-                self.classifier.forward(&pooled)? // [B, classes]
-            }
+            // The channel means through the classifier, fused on CUDA.
+            Segment::Head => self.classifier.forward_pooled(x)?, // [B, classes]
         })
     }
 }

@@ -31,9 +31,38 @@ use crate::ffi;
 /// libtorch's error for tensors that do not fit together; [`crate::Error::Cpp`]
 /// when the kernels cannot be compiled or launched.
 pub fn blend_lerp(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    lerp(host, seed, weight, false)
+}
+
+/// [`blend_lerp`] with the weight clamped to `[0, 1]` first:
+/// `host.lerp(seed, weight.clamp(0, 1))` (a NaN weight stays NaN), the
+/// blend of an alpha schedule that may step outside the interval.
+///
+/// Where [`blend_lerp`]'s kernels run, they clamp each weight as they read
+/// it (no clamp kernel, and a captured step replays a new weight clamped);
+/// elsewhere libtorch's `clamp` and `lerp` run.
+///
+/// # Shapes
+/// As [`blend_lerp`].
+///
+/// # Errors
+/// As [`blend_lerp`].
+pub fn blend_lerp_clamped(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    lerp(host, seed, weight, true)
+}
+
+/// [`blend_lerp`], its weight clamped to `[0, 1]` where `clamp`.
+fn lerp(host: &Tensor, seed: &Tensor, weight: &Tensor, clamp: bool) -> Result<Tensor> {
     const OP: &str = "nn::blend_lerp";
     let batch = host.size().first().copied().unwrap_or(0);
     let Some((device, bf16, weights)) = fused_blend(host, seed, weight, batch)? else {
+        let clamped;
+        let weight = if clamp {
+            clamped = weight.f_clamp(0.0, 1.0).map_err(|error| torch(OP, error))?;
+            &clamped
+        } else {
+            weight
+        };
         return host
             .f_lerp_tensor(seed, weight)
             .map_err(|error| torch(OP, error));
@@ -51,6 +80,7 @@ pub fn blend_lerp(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tenso
                 ffi::tensor_ptr(seed),
                 ffi::tensor_ptr(&weights),
                 if vec4 { 4 } else { 1 },
+                i32::from(clamp),
                 handles.as_ptr(),
                 out,
             )
@@ -99,7 +129,7 @@ pub fn blend_lerp_replicated(
     let Some((device, bf16, weights)) = fused else {
         let host = crate::memory::repeat_batch(host, replicas)?;
         let seed = crate::memory::repeat_batch(seed, replicas)?;
-        return blend_lerp(&host, &seed, weight);
+        return lerp(&host, &seed, weight, false);
     };
     let vec4 = vec4_fits(host, seed);
     let k = kernels(OP, device, bf16, vec4)?;

@@ -11,18 +11,26 @@
 //! four values a thread where the sample size allows.
 
 pub(super) const BLEND_SOURCE: &str = r#"
+// The weight of sample `sample`: w has one value when bit 0 of `flags` is
+// set; bit 1 clamps it to [0, 1] (NaN stays NaN, as libtorch's clamp).
+__device__ __forceinline__ float blend_weight(const float* __restrict__ w, long long sample,
+                                              int flags) {
+    const float a = w[(flags & 1) ? 0 : sample];
+    return (flags & 2) && a == a ? fminf(fmaxf(a, 0.0f), 1.0f) : a;
+}
+
 // y = lerp(h, s, w[sample]) over n values, per_sample values a sample
-// (w has one value when shared is nonzero), libtorch's formula: the end
+// (w's value as blend_weight reads it), libtorch's formula: the end
 // nearer the weight is the anchor. h and s hold `period` values (a multiple
 // of per_sample and of VEC), read again for every block of `period` outputs:
 // n for a plain blend, the batch's size for its replicated copies.
 extern "C" __global__ void esper_blend_lerp_forward(
     const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
-    T* __restrict__ y, long long n, long long per_sample, int shared, long long period) {
+    T* __restrict__ y, long long n, long long per_sample, int flags, long long period) {
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {
-        const float a = w[shared ? 0 : i / per_sample];
+        const float a = blend_weight(w, i / per_sample, flags);
         const long long j = period == n ? i : i % period;
         float hv[VEC], sv[VEC], out[VEC];
         load(h, j, hv);
@@ -36,14 +44,15 @@ extern "C" __global__ void esper_blend_lerp_forward(
     }
 }
 
-// dh = g (1 - w[sample]), ds = g w[sample].
+// dh = g (1 - w[sample]), ds = g w[sample] (w's value as blend_weight
+// reads it).
 extern "C" __global__ void esper_blend_lerp_backward(
     const T* __restrict__ g, const float* __restrict__ w, T* __restrict__ dh,
-    T* __restrict__ ds, long long n, long long per_sample, int shared) {
+    T* __restrict__ ds, long long n, long long per_sample, int flags) {
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {
-        const float a = w[shared ? 0 : i / per_sample];
+        const float a = blend_weight(w, i / per_sample, flags);
         float gv[VEC], to_h[VEC], to_s[VEC];
         load(g, i, gv);
 #pragma unroll

@@ -14,6 +14,7 @@ use super::gram_source::GRAM_SOURCE;
 use super::layer_norm_source::LAYER_NORM_SOURCE;
 use super::linear_source::LINEAR_SOURCE;
 use super::norm_source::GROUP_NORM_SOURCE;
+use super::pooled_source::POOLED_SOURCE;
 use super::source::SOURCE;
 use crate::error::{Error, Result};
 use crate::jit::{JitKernel, KernelCache};
@@ -54,6 +55,8 @@ pub(super) struct Kernels {
     pub(super) gram_partial: JitKernel,
     pub(super) se_forward: JitKernel,
     pub(super) se_backward: JitKernel,
+    pub(super) pooled_forward: JitKernel,
+    pub(super) pooled_backward: JitKernel,
 }
 
 /// The direct convolution's compile-time-sized kernels, input channels
@@ -75,7 +78,7 @@ pub(super) const DIRECT_FIXED_KERNELS: [&str; 9] = [
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}{POOLED_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -141,6 +144,8 @@ pub(super) fn kernels(
                 gram_partial: load("esper_gram_partial")?,
                 se_forward: load("esper_se_forward")?,
                 se_backward: load("esper_se_backward")?,
+                pooled_forward: load("esper_pooled_linear_forward")?,
+                pooled_backward: load("esper_pooled_linear_backward")?,
             })
         })
         .map_err(|message| Error::Cpp { op, message })

@@ -53,6 +53,8 @@
 //!   new alpha), one elementwise kernel each way; libtorch runs it, and
 //!   the two products of its backward, on its strided one-value-a-thread
 //!   path, since the broadcast weight is not contiguous.
+//!   [`blend_lerp_clamped`] clamps the weights to `[0, 1]` as the kernels
+//!   read them (an alpha schedule's blend without a clamp kernel).
 //!   [`blend_lerp_replicated`] blends a batch's replicated copies (the
 //!   counterfactual configurations) forward only, reading the batch once
 //!   per copy instead of copying it first.
@@ -63,6 +65,12 @@
 //!   the parameter gradients), then the fixed-order reduction of the
 //!   shares. libtorch ran about 7 kernels forward (mean, two GEMMs with a
 //!   split-K reduction, ReLU, sigmoid, product) and 15 backward.
+//! - [`pooled_linear`]: a CNN's classifier head, `mean_hw(x) Wᵀ + b`,
+//!   NHWC: one kernel forward (a block an image: the means, saved, then
+//!   the outputs), one backward (a block an image for the input gradient,
+//!   then one thread a weight or bias entry summing the images in order).
+//!   libtorch ran a mean reduction and a GEMM forward and, backward, two
+//!   GEMMs, a sum reduction and two element-wise kernels.
 //! - [`layer_norm`]: layer normalisation over the last dimension (the
 //!   transformer host's), one warp a row with the row in registers: one
 //!   kernel forward, one backward (the input gradient and each block's
@@ -154,10 +162,12 @@ mod layer_norm_source;
 mod linear;
 mod linear_source;
 mod norm_source;
+mod pooled;
+mod pooled_source;
 mod shadow;
 mod source;
 pub use attention::{FUSED_ATTENTION_HEAD_DIMS, MAX_FUSED_ATTENTION_TIME, causal_attention};
-pub use blend::{blend_lerp, blend_lerp_replicated};
+pub use blend::{blend_lerp, blend_lerp_clamped, blend_lerp_replicated};
 pub use embedding::embedding;
 pub use excite::{MAX_FUSED_EXCITE_CHANNELS, MAX_FUSED_EXCITE_HIDDEN, squeeze_excite};
 pub use gram::gram;
@@ -165,6 +175,7 @@ pub use group_norm::{MAX_FUSED_GROUPS, group_norm_relu, group_norm_relu_add};
 use kernels::kernels;
 pub use layer_norm::{layer_norm, layer_norm_bf16, layer_norm_fork};
 pub use linear::linear;
+pub use pooled::{MAX_FUSED_POOLED_CHANNELS, MAX_FUSED_POOLED_OUTPUTS, pooled_linear};
 pub use shadow::{Bf16Shadows, ShadowScope};
 
 /// Most input channels [`conv3x3`] runs its own forward kernel for.

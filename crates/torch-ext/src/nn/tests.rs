@@ -35,6 +35,8 @@ fn every_kernel_variant_compiles() {
                         "esper_gram_partial",
                         "esper_se_forward",
                         "esper_se_backward",
+                        "esper_pooled_linear_forward",
+                        "esper_pooled_linear_backward",
                     ] {
                         assert!(
                             cubin.contains_symbol(name),
@@ -229,6 +231,52 @@ fn squeeze_excite_on_the_cpu_is_libtorchs_composition() {
     ];
     for (x, w1, w2) in bad_shapes {
         let error = squeeze_excite(&x, &w1, &w2, &b2).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
+    }
+}
+
+/// Off CUDA, `pooled_linear` is libtorch's mean and linear bit for bit,
+/// with and without a bias; shapes that do not fit are refused before
+/// anything runs.
+#[test]
+fn pooled_linear_on_the_cpu_is_libtorchs_composition() {
+    let cpu = (Kind::Float, Device::Cpu);
+    let x = Tensor::randn([3, 8, 5, 4], cpu);
+    let (weight, bias) = (Tensor::randn([10, 8], cpu), Tensor::randn([10], cpu));
+    let pooled = x.mean_dim([2_i64, 3].as_slice(), false, None);
+    let y = pooled_linear(&x, &weight, Some(&bias)).unwrap();
+    assert!(y.equal(&pooled.linear(&weight, Some(&bias))));
+    let y = pooled_linear(&x, &weight, None).unwrap();
+    assert!(y.equal(&pooled.linear(&weight, None::<Tensor>)));
+    let bad_shapes = [
+        (
+            Tensor::randn([3, 8, 5], cpu),
+            weight.shallow_clone(),
+            bias.shallow_clone(),
+        ),
+        (
+            x.shallow_clone(),
+            Tensor::randn([10, 7], cpu),
+            bias.shallow_clone(),
+        ),
+        (
+            x.shallow_clone(),
+            weight.shallow_clone(),
+            Tensor::randn([9], cpu),
+        ),
+        (
+            Tensor::randn([0, 8, 5, 4], cpu),
+            weight.shallow_clone(),
+            bias.shallow_clone(),
+        ),
+        (
+            Tensor::randn([3, 8, 0, 4], cpu),
+            weight.shallow_clone(),
+            bias.shallow_clone(),
+        ),
+    ];
+    for (x, weight, bias) in bad_shapes {
+        let error = pooled_linear(&x, &weight, Some(&bias)).unwrap_err();
         assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
     }
 }

@@ -179,3 +179,98 @@ fn blend_lerp_replicated_equals_the_blend_of_copies() {
     );
     assert!(worst(&h.grad(), &expected.expand([4, 8, 6, 6], false)) <= 1e-5);
 }
+
+/// `blend_lerp_clamped` against libtorch's clamp and lerp, weights below,
+/// inside and above `[0, 1]` (per sample and shared), in both dtypes; a
+/// NaN weight stays NaN; the clamp adds no kernel and a captured step
+/// replays new out-of-range weights clamped.
+#[test]
+fn blend_lerp_clamped_clamps_the_weights_as_it_reads_them() {
+    let Some(_device) = gpu_or_skip() else { return };
+    tch::manual_seed(14);
+    let values = [-0.5_f32, 1.7, 0.3, 0.0, 1.0, 2.5, -3.0, 0.6];
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let tolerance = if kind == Kind::Float { 1e-6 } else { 1e-2 };
+        for (shape, channels_last) in CASES {
+            let layout = |t: Tensor| in_layout(t, channels_last);
+            let batch = shape[0];
+            let h = layout(Tensor::randn(shape, (kind, CUDA)));
+            let s = layout(Tensor::randn(shape, (kind, CUDA)));
+            let g = layout(Tensor::randn(shape, (kind, CUDA)));
+            let mut weight_shape = vec![1_i64; shape.len()];
+            weight_shape[0] = batch;
+            let per_sample = Tensor::from_slice(&values[..batch as usize])
+                .to_kind(kind)
+                .to(CUDA)
+                .reshape(weight_shape.as_slice());
+            weight_shape[0] = 1;
+            let shared = Tensor::full(weight_shape.as_slice(), 1.5, (kind, CUDA));
+            for w in [per_sample, shared] {
+                let run = |fused: bool| {
+                    nn::set_fused_kernels(fused);
+                    let hh = h.detach().set_requires_grad(true);
+                    let ss = s.detach().set_requires_grad(true);
+                    let y = nn::blend_lerp_clamped(&hh, &ss, &w).unwrap();
+                    (&y * &g).sum(Kind::Float).backward();
+                    nn::set_fused_kernels(true);
+                    [y.detach(), hh.grad(), ss.grad()]
+                };
+                let fused = run(true);
+                let reference = run(false);
+                let explicit = blend_run(&h, &s, &w.clamp(0.0, 1.0), &g, false);
+                for (name, ((a, b), c)) in ["y", "dh", "ds"]
+                    .iter()
+                    .zip(fused.iter().zip(&reference).zip(&explicit))
+                {
+                    let error = worst(a, b).max(worst(a, c));
+                    assert!(
+                        error <= tolerance,
+                        "{name} {kind:?} {shape:?} channels-last {channels_last}, weights {:?}: {error}",
+                        w.size()
+                    );
+                }
+            }
+        }
+    }
+
+    let f32 = (Kind::Float, CUDA);
+    let shape = [4_i64, 8, 5, 5];
+    let h = memory::contiguous_channels_last(&Tensor::randn(shape, f32)).unwrap();
+    let s = memory::contiguous_channels_last(&Tensor::randn(shape, f32)).unwrap();
+    let w = Tensor::from_slice(&[f32::NAN, 0.5, 1.5, -1.0])
+        .to(CUDA)
+        .reshape([4, 1, 1, 1]);
+    let kernels = super::kernels_of(|| {
+        let _ = nn::blend_lerp_clamped(&h, &s, &w).unwrap();
+    });
+    assert_eq!(
+        kernels,
+        ["esper_blend_lerp_forward"],
+        "kernels: {kernels:?}"
+    );
+    let y = nn::blend_lerp_clamped(&h, &s, &w).unwrap();
+    assert!(
+        bool::try_from(y.get(0).isnan().all()).unwrap(),
+        "a NaN weight gives NaN"
+    );
+    let finite = w.narrow(0, 1, 3).clamp(0.0, 1.0);
+    let expected = h.narrow(0, 1, 3).lerp_tensor(&s.narrow(0, 1, 3), &finite);
+    assert!(worst(&y.narrow(0, 1, 3), &expected) <= 1e-6);
+
+    // Captured, then replayed with new weights beyond both ends.
+    let weight = Tensor::full([4_i64, 1, 1, 1], 0.25, f32);
+    let out = Tensor::zeros(shape, f32);
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let graph = CudaGraph::capture(&stream, None, 0, || {
+        let y = nn::blend_lerp_clamped(&h, &s, &weight).map_err(|e| e.to_string())?;
+        out.shallow_clone().copy_(&y);
+        Ok(())
+    })
+    .unwrap();
+    let fresh = Tensor::from_slice(&[-2.0_f32, 3.0, 0.4, 1.0]).to(CUDA);
+    weight.shallow_clone().copy_(&fresh.reshape([4, 1, 1, 1]));
+    graph.replay().unwrap();
+    stream.synchronize().unwrap();
+    let expected = h.lerp_tensor(&s, &weight.clamp(0.0, 1.0));
+    assert!(worst(&out, &expected) <= 1e-6, "the replay did not clamp");
+}
