@@ -3,8 +3,9 @@
 // function whose forward and backward each launch one run-time compiled
 // kernel (src/nn/pooled_source.rs). Forward: a block an image (the channel
 // means, saved, then the outputs). Backward: a block an image for the input
-// gradient, then blocks for the weight and bias gradients, one thread an
-// entry summing the images in index order (deterministic).
+// gradient, then blocks for the weight and bias gradients, a block an
+// output and 32 columns, summing the images in a fixed order
+// (deterministic).
 #include "esper_torch_ext.h"
 #include "error.h"
 #include "nn_internal.h"
@@ -79,8 +80,9 @@ class PooledLinear : public torch::autograd::Function<PooledLinear> {
       db = at::empty({outputs}, f32);
     }
     int dx_blocks = want_dx ? batch : 0;
-    const int64_t entries = want_w ? static_cast<int64_t>(outputs) * channels + outputs : 0;
-    const int64_t blocks = dx_blocks + (entries + kThreads - 1) / kThreads;
+    // A block an output and 32 columns of [dW | db] (the kernel's tiles).
+    const int64_t weight_blocks = want_w ? static_cast<int64_t>(outputs) * ((channels + 32) / 32) : 0;
+    const int64_t blocks = dx_blocks + weight_blocks;
     if (blocks == 0) {
       return out;
     }

@@ -179,8 +179,11 @@ impl Engine {
     ) -> Result<()> {
         let steps = plan.len();
         if let Some(epoch) = &self.epoch_graph {
-            // Ordered data: the graphs read views, not the permutation.
-            if !data.is_ordered() {
+            // Ordered data: the graphs read views, not the permutation; with
+            // an epoch-order buffer, views of it, gathered here.
+            if let Some(order) = &epoch.order {
+                data.gather_epoch(permutation, order)?;
+            } else if !data.is_ordered() {
                 epoch
                     .permutation
                     .shallow_clone()
@@ -209,6 +212,12 @@ impl Engine {
             });
         };
         let static_permutation = deep_copy(permutation)?;
+        // Shuffled resident data that fits: the epoch gathered into its
+        // order once (two kernels), each step a view of that.
+        let order = data.epoch_order_buffers()?;
+        if let Some(order) = &order {
+            data.gather_epoch(permutation, order)?;
+        }
         let started = Instant::now();
         let accumulator = &self.accumulator;
         let per_graph = match self.config.epoch_graph_steps {
@@ -228,7 +237,19 @@ impl Engine {
                         }
                         for (offset, &range) in ranges.iter().enumerate() {
                             let index = first.saturating_add(offset);
-                            run_range(step, data, &static_permutation, range, index, accumulator)?;
+                            match &order {
+                                Some(order) => {
+                                    run_view(step, order, range, index, accumulator)?;
+                                }
+                                None => run_range(
+                                    step,
+                                    data,
+                                    &static_permutation,
+                                    range,
+                                    index,
+                                    accumulator,
+                                )?,
+                            }
                         }
                         Ok(())
                     })()
@@ -254,6 +275,7 @@ impl Engine {
                 self.epoch_graph = Some(EpochGraph {
                     graphs,
                     permutation: static_permutation,
+                    order,
                 });
                 outcome.replayed = outcome.replayed.saturating_add(steps);
             }
@@ -304,6 +326,20 @@ fn run_range(
     accumulator: &EpochAccumulator,
 ) -> Result<()> {
     let (inputs, labels) = data.batch(permutation, range)?;
+    run_batch(step, &inputs, &labels, index, accumulator)
+}
+
+/// [`run_one`] for batch `range` of an epoch gathered into its order
+/// (`order`: inputs and labels): views, no gather kernel.
+fn run_view(
+    step: &mut dyn Step,
+    order: &(Tensor, Tensor),
+    (start, len): (i64, i64),
+    index: usize,
+    accumulator: &EpochAccumulator,
+) -> Result<()> {
+    let inputs = order.0.f_narrow(0, start, len).op("batch view")?;
+    let labels = order.1.f_narrow(0, start, len).op("batch view")?;
     run_batch(step, &inputs, &labels, index, accumulator)
 }
 

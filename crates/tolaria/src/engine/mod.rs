@@ -23,7 +23,11 @@
 //! replayed for every later batch; or the whole epoch captured at an epoch
 //! boundary after an eager warm-up epoch, as a chain of graphs of
 //! [`EngineConfig::epoch_graph_steps`] steps each (one huge graph replays
-//! slower), replayed with no per-step host work. The step's
+//! slower), replayed with no per-step host work. Graph-epoch gathers
+//! shuffled resident data into the epoch's order once before the replays
+//! (two kernels an epoch, a second copy of data up to
+//! [`staging::MAX_EPOCH_ORDER_BYTES`]), so its steps read views where they
+//! would gather two kernels each. The step's
 //! [`StepKey`] names everything that changes its kernel sequence (active
 //! seeds, stages, precision); when it changes at an epoch boundary every
 //! graph of the old key is dropped and the new shape is captured again.
@@ -214,6 +218,10 @@ struct StepGraph {
 struct EpochGraph {
     graphs: Vec<CudaGraph>,
     permutation: Tensor,
+    /// The epoch's samples in its order, which the graphs read views of
+    /// (gathered before each replay); `None`: they gather from
+    /// `permutation` each step.
+    order: Option<(Tensor, Tensor)>,
 }
 
 /// The epoch loop (see the module docs).

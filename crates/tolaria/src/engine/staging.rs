@@ -34,6 +34,12 @@ use tch::{Device, Kind, Tensor};
 use crate::data::Dataset;
 use crate::error::{Error, Result, TorchResultExt};
 
+/// Most bytes of resident data (inputs and labels) that graph-epoch
+/// gathers into the epoch's order once an epoch
+/// ([`StagedData::epoch_order_buffers`]); larger data sets gather each
+/// batch inside the graphs instead, with no second copy of the data.
+pub const MAX_EPOCH_ORDER_BYTES: usize = 2 << 30;
+
 /// A data set staged for the engine (see the module docs).
 #[derive(Debug)]
 pub struct StagedData {
@@ -513,6 +519,43 @@ impl StagedData {
             ));
         }
         self.gather(&permutation.f_narrow(0, start, len).op("narrow")?)
+    }
+
+    /// Buffers for a whole epoch of resident, shuffled samples in the
+    /// epoch's order (see [`StagedData::gather_epoch`]), as large as the
+    /// data; `None` when batches are views already, the data is pinned, or
+    /// it holds more than [`MAX_EPOCH_ORDER_BYTES`].
+    pub(crate) fn epoch_order_buffers(&self) -> Result<Option<(Tensor, Tensor)>> {
+        let bytes = |t: &Tensor| t.numel().saturating_mul(t.kind().elt_size_in_bytes());
+        let total = bytes(&self.inputs).saturating_add(bytes(&self.labels));
+        if self.is_ordered() || self.pinned.is_some() || total > MAX_EPOCH_ORDER_BYTES {
+            return Ok(None);
+        }
+        let empty = |t: &Tensor| Tensor::f_empty(t.size(), (t.kind(), t.device()));
+        Ok(Some((
+            empty(&self.inputs).op("epoch order buffer")?,
+            empty(&self.labels).op("epoch order buffer")?,
+        )))
+    }
+
+    /// Every sample in the order `permutation` gives, into `buffers` (from
+    /// [`StagedData::epoch_order_buffers`]): two gathers for the epoch, after
+    /// which each batch is a view, where [`StagedData::batch`] gathers
+    /// two kernels a batch.
+    pub(crate) fn gather_epoch(
+        &self,
+        permutation: &Tensor,
+        buffers: &(Tensor, Tensor),
+    ) -> Result<()> {
+        let _ = self
+            .inputs
+            .f_index_select_out(&buffers.0, 0, permutation)
+            .op("epoch gather")?;
+        let _ = self
+            .labels
+            .f_index_select_out(&buffers.1, 0, permutation)
+            .op("epoch gather")?;
+        Ok(())
     }
 
     /// The samples at `indices` (an `i64` device tensor): `(inputs, labels)`.

@@ -68,7 +68,8 @@
 //! - [`pooled_linear`]: a CNN's classifier head, `mean_hw(x) Wᵀ + b`,
 //!   NHWC: one kernel forward (a block an image: the means, saved, then
 //!   the outputs), one backward (a block an image for the input gradient,
-//!   then one thread a weight or bias entry summing the images in order).
+//!   then a block an output and 32 weight and bias columns, its warps
+//!   splitting the images, their sums added in a fixed order).
 //!   libtorch ran a mean reduction and a GEMM forward and, backward, two
 //!   GEMMs, a sum reduction and two element-wise kernels.
 //! - [`layer_norm`]: layer normalisation over the last dimension (the

@@ -26,9 +26,9 @@ pub const MAX_FUSED_POOLED_OUTPUTS: i64 = 64;
 /// contiguous `f32` on its device with at most [`MAX_FUSED_POOLED_OUTPUTS`]
 /// outputs. Forward is one kernel (a block an image: the means, then the
 /// products, in `f32`); backward is one kernel (a block an image writes
-/// the input gradient, the rest the weight and bias gradients, one thread
-/// an entry summing the images in index order, so results are
-/// deterministic). libtorch runs a mean reduction and a GEMM forward, and
+/// the input gradient, the rest the weight and bias gradients, a block an
+/// output and 32 columns, its warps splitting the images and their sums
+/// added in a fixed order, so results are deterministic). libtorch runs a mean reduction and a GEMM forward, and
 /// two GEMMs, a sum reduction and two element-wise kernels backward.
 /// Anything else (the CPU, other dtypes, no bias, wider layers) takes
 /// libtorch's mean and [`super::linear`], with the same results up to float

@@ -5,7 +5,8 @@
 //! channels-last image followed by a fully connected layer. Forward is one
 //! block an image; backward is one launch whose first blocks write the
 //! input gradient (one an image) and whose last blocks write the weight and
-//! bias gradients (one thread an entry, images summed in index order).
+//! bias gradients (a block an output and 32 columns, its warps splitting
+//! the images, their sums added in a fixed order).
 
 pub(in crate::nn) const POOLED_SOURCE: &str = r#"
 // ---- global average pool + linear, NHWC, a block per image ----
@@ -49,8 +50,10 @@ extern "C" __global__ void esper_pooled_linear_forward(
 
 // Backward with g = dy [N][K]: blocks [0, dx_blocks) (dx_blocks = N when
 // the input gradient is wanted, else 0) write dx[n, p, c] = (sum_k g[n][k]
-// W[k][c]) / HW; the rest take one entry each of dW [K][C] = sum_n g[n][k]
-// mean[n][c] and then db [K] = sum_n g[n][k], the images in index order.
+// W[k][c]) / HW; each later block takes one output k and 32 columns of
+// [dW[k] | db[k]] (column C is the bias, a mean of 1): a warp's lanes are
+// the columns, its 8 warps the images n = warp, warp + 8, ..., and the
+// warps' sums are added in warp order (deterministic).
 extern "C" __global__ void esper_pooled_linear_backward(
     const T* __restrict__ dy, const float* __restrict__ w, const float* __restrict__ mean,
     T* __restrict__ dx, float* __restrict__ dw, float* __restrict__ db, int N, int HW, int C,
@@ -74,20 +77,28 @@ extern "C" __global__ void esper_pooled_linear_backward(
         for (int i = t; i < total; i += THREADS) st1(dx, base + i, dmean[i % C]);
         return;
     }
-    const int entry = ((int)blockIdx.x - dx_blocks) * THREADS + t;
-    const int kc = K * C;
-    if (entry < kc) {
-        const int k = entry / C, c = entry - k * C;
-        float s = 0.0f;
+    __shared__ float part[THREADS / 32][32];
+    const int tiles = (C + 1 + 31) / 32;
+    const int block = (int)blockIdx.x - dx_blocks;
+    const int k = block / tiles;
+    const int lane = t & 31, warp = t >> 5;
+    const int c = (block - k * tiles) * 32 + lane;
+    float s = 0.0f;
+    if (c < C) {
 #pragma unroll 8
-        for (int n = 0; n < N; ++n) s += ld1(dy, (long long)n * K + k) * mean[(long long)n * C + c];
-        dw[entry] = s;
-    } else if (entry < kc + K) {
-        const int k = entry - kc;
-        float s = 0.0f;
+        for (int n = warp; n < N; n += THREADS / 32)
+            s += ld1(dy, (long long)n * K + k) * mean[(long long)n * C + c];
+    } else if (c == C) {
 #pragma unroll 8
-        for (int n = 0; n < N; ++n) s += ld1(dy, (long long)n * K + k);
-        db[k] = s;
+        for (int n = warp; n < N; n += THREADS / 32) s += ld1(dy, (long long)n * K + k);
+    }
+    part[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0 && c <= C) {
+        float total = 0.0f;
+        for (int r = 0; r < THREADS / 32; ++r) total += part[r][lane];
+        if (c < C) dw[(long long)k * C + c] = total;
+        else db[k] = total;
     }
 }
 "#;
