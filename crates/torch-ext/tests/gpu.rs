@@ -86,6 +86,9 @@ mod excite;
 #[path = "gpu/pooled.rs"]
 mod pooled;
 
+#[path = "gpu/sgd.rs"]
+mod sgd;
+
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(
         tensor

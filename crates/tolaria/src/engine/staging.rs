@@ -35,9 +35,8 @@ use crate::data::Dataset;
 use crate::error::{Error, Result, TorchResultExt};
 
 /// Most bytes of resident data (inputs and labels) that graph-epoch
-/// gathers into the epoch's order once an epoch
-/// ([`StagedData::epoch_order_buffers`]); larger data sets gather each
-/// batch inside the graphs instead, with no second copy of the data.
+/// gathers into the epoch's order once an epoch, into a second copy of the
+/// data; larger data sets gather each batch inside the graphs instead.
 pub const MAX_EPOCH_ORDER_BYTES: usize = 2 << 30;
 
 /// A data set staged for the engine (see the module docs).
