@@ -120,7 +120,6 @@ pub mod nn;
 pub mod precision;
 pub mod profile;
 pub mod rng;
-mod sgd_kernel;
 mod stream;
 
 pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};

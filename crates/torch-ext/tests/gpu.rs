@@ -86,9 +86,6 @@ mod excite;
 #[path = "gpu/pooled.rs"]
 mod pooled;
 
-#[path = "gpu/sgd.rs"]
-mod sgd;
-
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(
         tensor
