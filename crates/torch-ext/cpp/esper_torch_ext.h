@@ -151,7 +151,7 @@ char* esper_backward_with(void* tensor, void* grad);
 char* esper_jit_compile(const char* source, const char* name, int32_t major, int32_t minor,
                         uint8_t** cubin, uint64_t* cubin_len, char** log);
 void esper_jit_free_cubin(uint8_t* cubin);
-char* esper_jit_load(const uint8_t* cubin, const char* name, void** out);
+char* esper_jit_load(const uint8_t* cubin, const char* name, int32_t programmatic, void** out);
 void esper_jit_unload(void* kernel);
 char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const uint32_t* block,
                        uint32_t shared, void** args);

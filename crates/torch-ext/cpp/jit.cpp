@@ -170,11 +170,12 @@ char* esper_jit_compile(const char* source, const char* name, int32_t major, int
 
 void esper_jit_free_cubin(uint8_t* cubin) { std::free(cubin); }
 
-char* esper_jit_load(const uint8_t* cubin, const char* name, void** out) {
+char* esper_jit_load(const uint8_t* cubin, const char* name, int32_t programmatic, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(cubin != nullptr && name != nullptr, "jit load: null cubin or name");
   auto kernel = std::make_unique<JitKernel>();
+  kernel->programmatic = programmatic != 0;
   // A first use may come inside a graph capture (a step captured before any
   // eager run): loading a library is no stream work, so let this thread make
   // the call whatever the capture mode, then restore the mode.

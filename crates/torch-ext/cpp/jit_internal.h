@@ -7,10 +7,14 @@
 
 namespace esper {
 
-// A CUDA library loaded from a cubin and one kernel in it.
+// A CUDA library loaded from a cubin and one kernel in it. `programmatic`:
+// the kernel's body begins with the wait for its predecessor grid (the
+// ESPER_PDL_ENTRY macro; src/pdl.rs), so it is launched with programmatic
+// stream serialization and may be scheduled before that grid ends.
 struct JitKernel {
   cudaLibrary_t library = nullptr;
   cudaKernel_t kernel = nullptr;
+  bool programmatic = false;
 };
 
 // Launches `kernel` (a JitKernel*) on `stream`; throws c10::Error on failure.
@@ -18,9 +22,25 @@ inline void jit_launch(void* kernel, dim3 grid, dim3 block, unsigned shared, voi
                        cudaStream_t stream) {
   TORCH_CHECK(kernel != nullptr, "jit launch: null kernel");
   auto* k = static_cast<JitKernel*>(kernel);
-  cudaError_t status = cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block,
-                                        args, shared, stream);
-  TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernel: ", cudaGetErrorString(status));
+  if (!k->programmatic) {
+    cudaError_t status = cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block,
+                                          args, shared, stream);
+    TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernel: ", cudaGetErrorString(status));
+    return;
+  }
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaError_t status = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(k->kernel), args);
+  TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernelExC (programmatic): ",
+              cudaGetErrorString(status));
 }
 
 }  // namespace esper

@@ -60,6 +60,7 @@ struct Table {
 };
 
 extern "C" __global__ void esper_adamw(const Table t) {
+    ESPER_PDL_ENTRY();
     const float* found_inf = reinterpret_cast<const float*>(t.found_inf);
     if (found_inf != nullptr && *found_inf == 1.0f) return;
     const Entry e = t.entries[entry_of_block(t)];
@@ -110,6 +111,7 @@ extern "C" __global__ void esper_adamw(const Table t) {
 
 // Every step count advanced by 1 - found_inf (by 1 without one).
 extern "C" __global__ void esper_adamw_steps(const Table t) {
+    ESPER_PDL_ENTRY();
     const float* found_inf = reinterpret_cast<const float*>(t.found_inf);
     for (int k = threadIdx.x; k < (int)t.count; k += blockDim.x) {
         float* step = reinterpret_cast<float*>(t.entries[k].step);

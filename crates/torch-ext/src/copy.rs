@@ -137,6 +137,7 @@ struct Table {
     Write writes[24];
 };
 extern "C" __global__ void esper_index_copy_many(Table table, const long long* index) {
+    ESPER_PDL_ENTRY();
     if (blockIdx.y >= table.count) return;
     const Write w = table.writes[blockIdx.y];
     const long long at = *index;

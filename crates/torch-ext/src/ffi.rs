@@ -259,6 +259,7 @@ unsafe extern "C" {
     pub(crate) fn esper_jit_load(
         cubin: *const u8,
         name: *const c_char,
+        programmatic: i32,
         out: *mut *mut c_void,
     ) -> RawError;
     pub(crate) fn esper_jit_unload(kernel: *mut c_void);

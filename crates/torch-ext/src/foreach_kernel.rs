@@ -76,6 +76,7 @@ __device__ __forceinline__ unsigned short esper_to_bf16(float x) {
 // op 0: dst = 0; op 1: dst = src (words as they are); op 2: dst += alpha src (f32);
 // op 3: dst (bf16) = src (f32) rounded to nearest even, `words` counting values.
 extern "C" __global__ void esper_foreach(const Table t) {
+    ESPER_PDL_ENTRY();
     const Entry e = t.entries[entry_of_block(t)];
     const long long start = ((long long)blockIdx.x - e.first_block) * 1024;
     if (t.op == 3) {

@@ -18,6 +18,11 @@
 //! by-value struct whose bytes the caller lays out. Declare kernels
 //! `extern "C" __global__` so their names are not mangled.
 //!
+//! A kernel whose body begins with [`crate::pdl::ENTRY`] is launched with
+//! programmatic dependent launch on GPUs of compute capability 9.0 and
+//! above (see [`crate::pdl`]): it may be scheduled while the kernel ahead of
+//! it still runs, and waits for it before touching memory.
+//!
 //! A captured graph holds on to the kernels it launched: keep a
 //! [`JitKernel`] alive as long as any graph that captured it.
 //!
@@ -54,6 +59,8 @@ pub struct Cubin {
     name: CString,
     arch: (i32, i32),
     log: Option<String>,
+    /// The source's kernels that wait for their predecessor first.
+    early: Vec<crate::pdl::Kernel>,
 }
 
 impl Cubin {
@@ -86,6 +93,12 @@ impl Cubin {
         self.arch
     }
 
+    /// Whether kernel `name` begins with [`crate::pdl::ENTRY`], so may be
+    /// launched before its predecessor ends.
+    pub fn waits_first(&self, name: &str) -> bool {
+        self.early.iter().any(|kernel| kernel.matches(name))
+    }
+
     /// NVRTC's log (warnings), if it wrote one.
     pub fn log(&self) -> Option<&str> {
         self.log.as_deref()
@@ -109,7 +122,13 @@ pub fn compile(source: &str, name: &str, arch: (i32, i32)) -> Result<Cubin> {
             message: format!("kernel name {name:?} is not a C identifier"),
         });
     }
-    let c_source = c_string(OP, "source", source)?;
+    // The early-launch macros, then the source at its own line 1 (so
+    // NVRTC's messages keep the source's line numbers).
+    let c_source = c_string(
+        OP,
+        "source",
+        &format!("{}#line 1\n{source}", crate::pdl::PRELUDE),
+    )?;
     let c_name = c_string(OP, "name", name)?;
     let mut cubin: *mut u8 = std::ptr::null_mut();
     let mut len = 0_u64;
@@ -163,6 +182,7 @@ pub fn compile(source: &str, name: &str, arch: (i32, i32)) -> Result<Cubin> {
         name: c_name,
         arch,
         log: log.filter(|text| !text.trim().is_empty()),
+        early: crate::pdl::waiting_kernels(source),
     })
 }
 
@@ -213,6 +233,7 @@ pub struct JitKernel {
     raw: NonNull<c_void>,
     device: usize,
     name: String,
+    early: bool,
 }
 
 // SAFETY: the handle is a CUDA runtime library and kernel, which the runtime
@@ -257,13 +278,20 @@ impl JitKernel {
                 ),
             });
         }
+        let text = name.to_string_lossy().into_owned();
+        let early = major >= 9 && cubin.waits_first(&text) && crate::pdl::enabled()?;
         let mut raw: *mut c_void = std::ptr::null_mut();
         // SAFETY: the cubin bytes and name live across the call; `raw` is a
         // live out-parameter.
         unsafe {
             ffi::check(
                 "jit::load",
-                ffi::esper_jit_load(cubin.bytes.as_ptr(), name.as_ptr(), &mut raw),
+                ffi::esper_jit_load(
+                    cubin.bytes.as_ptr(),
+                    name.as_ptr(),
+                    i32::from(early),
+                    &mut raw,
+                ),
             )?;
         }
         let raw = NonNull::new(raw).ok_or_else(|| Error::Cpp {
@@ -273,7 +301,8 @@ impl JitKernel {
         Ok(JitKernel {
             raw,
             device,
-            name: name.to_string_lossy().into_owned(),
+            name: text,
+            early,
         })
     }
 
@@ -292,6 +321,13 @@ impl JitKernel {
     /// The kernel's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Whether it is launched with programmatic dependent launch (its body
+    /// waits first, the device is sm_90 or newer, and `ESPER_PDL` allows
+    /// it).
+    pub fn launches_early(&self) -> bool {
+        self.early
     }
 
     /// The device it launches on.
@@ -419,6 +455,20 @@ extern "C" __global__ void fill(float* x, float value, long long n) {
         assert!(cubin.len() > 100);
         assert!(!cubin.is_empty());
         assert_eq!(cubin.arch(), (9, 0));
+    }
+
+    #[test]
+    fn the_cubin_knows_which_kernels_wait_first() {
+        let source = format!(
+            "{SOURCE}\nextern \"C\" __global__ void early(float* x) {{ {} x[0] = 1.0f; }}",
+            crate::pdl::ENTRY
+        );
+        let cubin = compile(&source, "early", (9, 0)).expect("NVRTC compiles the macro");
+        assert!(cubin.waits_first("early"));
+        assert!(!cubin.waits_first("fill"));
+        // Below sm_90 the macro compiles to nothing.
+        let old = compile(&source, "early", (8, 0)).expect("NVRTC compiles for sm_80");
+        assert!(old.waits_first("early"));
     }
 
     #[test]

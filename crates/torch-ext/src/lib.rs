@@ -19,7 +19,8 @@
 //! - [`fused`]: `_foreach_*` multi-tensor ops, fused SGD / AdamW steps, AMP
 //!   unscale and a read-back-free `clip_grad_norm_`.
 //! - [`jit`]: CUDA C kernels compiled at run time with NVRTC and launched on
-//!   the current stream (capturable), for fused kernels libtorch lacks.
+//!   the current stream (capturable), for fused kernels libtorch lacks;
+//!   [`pdl`]: which of them may start before the kernel ahead of them ends.
 //! - [`loss`]: mean cross-entropy, its logits gradient and the epoch's
 //!   loss/hit counters in two kernels ([`loss::FusedCrossEntropy`]), and
 //!   [`loss::backward_with`] (backward from a tensor with a given gradient).
@@ -117,6 +118,7 @@ pub mod launcher;
 pub mod loss;
 pub mod memory;
 pub mod nn;
+pub mod pdl;
 pub mod precision;
 pub mod profile;
 pub mod rng;

@@ -60,6 +60,7 @@ extern "C" __global__ void esper_ce_rows(
     float* __restrict__ stats, float* __restrict__ acc,
     long long rows, long long classes, float loss_weight, float hits_weight,
     int fuse_grad, const float* __restrict__ scale, int has_scale, float weight) {
+    ESPER_PDL_ENTRY();
     __shared__ float warp_sums[WARPS][3];
     __shared__ bool last;
     __shared__ float valid_rows;
@@ -153,6 +154,7 @@ extern "C" __global__ void esper_ce_grad(
     float* __restrict__ grad, const long long* __restrict__ labels,
     const float* __restrict__ stats, const float* __restrict__ scale, int has_scale,
     long long rows, long long classes, float weight) {
+    ESPER_PDL_ENTRY();
     const long long n = rows * classes;
     const float coefficient = weight * (has_scale ? scale[0] : 1.0f) / stats[2];
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;

@@ -9,7 +9,7 @@
 //! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
 //! and add against libtorch's `_foreach_*`, (module `shadow`) the weights'
 //! bf16 shadows against libtorch's casts, read by the linear layer, (module
-//! `excite`) squeeze-and-excite against libtorch's composition. Every
+//! `excite`) squeeze-and-excite against libtorch's composition, (module `pdl`) early-launched kernels ordered after every kind of predecessor. Every
 //! test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
@@ -85,6 +85,9 @@ mod excite;
 
 #[path = "gpu/pooled.rs"]
 mod pooled;
+
+#[path = "gpu/pdl.rs"]
+mod pdl;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(

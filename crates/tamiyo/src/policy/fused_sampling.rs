@@ -154,6 +154,7 @@ extern "C" __global__ void tamiyo_sample(
     unsigned char* __restrict__ conditioned,
     int batch, int stochastic,
     float f0, float f1, float f2, float f3, float f4, float f5, float f6, float f7) {
+    ESPER_PDL_ENTRY();
     const float floors[8] = {f0, f1, f2, f3, f4, f5, f6, f7};
     int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= batch) return;

@@ -38,6 +38,7 @@ extern "C" __global__ void esper_pcgrad_coefficients(
         const double* allowed, const double* upper, const double* increments,
         double* coef, double* accum, int fields, int conflicts_field,
         void* weights, int weights_f64) {
+    ESPER_PDL_ENTRY();
     __shared__ double D[MAX_ROWS * MAX_ROWS];
     __shared__ double C[MAX_ROWS * MAX_ROWS];
     const int lane = threadIdx.x;
@@ -118,11 +119,13 @@ __device__ void weighted_rows(const T* rows, const T* w, T* out, long long n, in
 
 extern "C" __global__ void esper_weighted_rows_f32(
         const float* rows, const float* w, float* out, long long n, int r) {
+    ESPER_PDL_ENTRY();
     weighted_rows(rows, w, out, n, r);
 }
 
 extern "C" __global__ void esper_weighted_rows_f64(
         const double* rows, const double* w, double* out, long long n, int r) {
+    ESPER_PDL_ENTRY();
     weighted_rows(rows, w, out, n, r);
 }
 "#;

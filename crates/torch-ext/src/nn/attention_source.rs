@@ -348,11 +348,13 @@ __device__ __forceinline__ void attention_backward(
 #define ESPER_ATTENTION(D)                                                                     \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) esper_attention_forward_d##D(    \
         const bf16_t* qkv, bf16_t* out, float* lse2, int T, int H, float scale_log2) {         \
+        ESPER_PDL_ENTRY();                                                                     \
         attention_forward<D>(qkv, out, lse2, T, H, scale_log2);                                \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(ATT_THREADS) esper_attention_backward_d##D(   \
         const bf16_t* qkv, const bf16_t* out, const bf16_t* dout, const float* lse2,           \
         bf16_t* dqkv, int T, int H, float scale, float scale_log2) {                           \
+        ESPER_PDL_ENTRY();                                                                     \
         attention_backward<D>(qkv, out, dout, lse2, dqkv, T, H, scale, scale_log2);            \
     }
 ESPER_ATTENTION(16)

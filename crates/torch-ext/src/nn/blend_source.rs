@@ -27,6 +27,7 @@ __device__ __forceinline__ float blend_weight(const float* __restrict__ w, long 
 extern "C" __global__ void esper_blend_lerp_forward(
     const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
     T* __restrict__ y, long long n, long long per_sample, int flags, long long period) {
+    ESPER_PDL_ENTRY();
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {
@@ -49,6 +50,7 @@ extern "C" __global__ void esper_blend_lerp_forward(
 extern "C" __global__ void esper_blend_lerp_backward(
     const T* __restrict__ g, const float* __restrict__ w, T* __restrict__ dh,
     T* __restrict__ ds, long long n, long long per_sample, int flags) {
+    ESPER_PDL_ENTRY();
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {

@@ -145,6 +145,7 @@ __device__ __forceinline__ void direct_fixed(
     extern "C" __global__ void esper_conv3_direct_c##C8##_n##NT(                         \
         const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int H, int W, \
         int TH, int bands, int flip) {                                                   \
+        ESPER_PDL_ENTRY();                                                               \
         extern __shared__ __align__(16) float smem[];                                    \
         direct_fixed<C8, NT, NT == 4 ? 1 : 2>(x, w, y, smem, H, W, TH, bands, flip);     \
     }
@@ -157,7 +158,8 @@ ESPER_DIRECT_KERNEL(4, 1) ESPER_DIRECT_KERNEL(4, 2) ESPER_DIRECT_KERNEL(4, 4)
 // there (the tensor-core kernels need sm_80).
 #define ESPER_DIRECT_STUB(C8, NT)                                                        \
     extern "C" __global__ void esper_conv3_direct_c##C8##_n##NT(                         \
-        const T* __restrict__, const T* __restrict__, T* __restrict__, int, int, int, int, int) {}
+        const T* __restrict__, const T* __restrict__, T* __restrict__, int, int, int, int, int) { \
+        ESPER_PDL_ENTRY(); }
 ESPER_DIRECT_STUB(1, 1) ESPER_DIRECT_STUB(1, 2) ESPER_DIRECT_STUB(1, 4)
 ESPER_DIRECT_STUB(2, 1) ESPER_DIRECT_STUB(2, 2) ESPER_DIRECT_STUB(2, 4)
 ESPER_DIRECT_STUB(4, 1) ESPER_DIRECT_STUB(4, 2) ESPER_DIRECT_STUB(4, 4)

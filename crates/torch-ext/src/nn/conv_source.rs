@@ -18,6 +18,7 @@ pub(in crate::nn) const CONV_SOURCE: &str = r#"
 extern "C" __global__ void esper_conv3_wgrad_partial(
     const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
     int H, int W, int Ci, int Co, int TH, int bands) {
+    ESPER_PDL_ENTRY();
     extern __shared__ __align__(16) float smem[];
     const int n = blockIdx.x / bands, band = blockIdx.x % bands;
     const int h0 = band * TH;
@@ -167,6 +168,7 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
 extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ partials,
                                                     float* __restrict__ dw, int blocks,
                                                     int out_size) {
+    ESPER_PDL_ENTRY();
     __shared__ float sh[8][32];
     const int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
     const int o = blockIdx.x * 32 + lane;
@@ -192,6 +194,7 @@ extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ pa
 extern "C" __global__ void esper_conv3_forward_small(
     const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
     int N, int H, int W, int Ci, int Co) {
+    ESPER_PDL_ENTRY();
     extern __shared__ __align__(16) float ws[];
     for (int i = threadIdx.x; i < Co * 9 * Ci; i += blockDim.x) ws[i] = ld1(w, i);
     __syncthreads();
@@ -314,6 +317,7 @@ __device__ __forceinline__ void stage_direct_weight(const T* __restrict__ w, flo
 extern "C" __global__ void esper_conv3_direct(
     const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
     int H, int W, int Ci, int Co, int TH, int bands, int flip) {
+ESPER_PDL_ENTRY();
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
     const int n = blockIdx.x / bands, band = blockIdx.x % bands;
@@ -415,6 +419,7 @@ extern "C" __global__ void esper_conv3_direct(
 extern "C" __global__ void esper_conv3_wgrad_mma(
     const T* __restrict__ x, const T* __restrict__ dy, float* __restrict__ partials,
     int N, int H, int W, int Ci, int Co, int TH, int bands, int IPB, int KS) {
+ESPER_PDL_ENTRY();
 #if __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) float smem[];
     const int group = blockIdx.x / bands, band = blockIdx.x % bands;

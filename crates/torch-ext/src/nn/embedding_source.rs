@@ -77,6 +77,7 @@ __device__ __forceinline__ void emb_scan(const long long* __restrict__ ids,
 extern "C" __global__ void esper_embedding_backward(
     const long long* __restrict__ ids, const T* __restrict__ g, float* __restrict__ partials,
     long long n, int V, int C, long long span) {
+    ESPER_PDL_ENTRY();
     __shared__ float warp_sums[EMB_WARPS][EMB_MAX_C];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const long long row = blockIdx.y;

@@ -42,6 +42,7 @@ extern "C" __global__ void esper_se_forward(
     const T* __restrict__ x, const float* __restrict__ w1, const float* __restrict__ w2,
     const float* __restrict__ b2, T* __restrict__ y, float* __restrict__ saved, int HW, int C,
     int R) {
+    ESPER_PDL_ENTRY();
     __shared__ float red[THREADS];
     __shared__ float mean[SE_MAX_C], hidden[SE_MAX_R], scale[SE_MAX_C];
     const int t = threadIdx.x;
@@ -79,6 +80,7 @@ extern "C" __global__ void esper_se_backward(
     const T* __restrict__ x, const T* __restrict__ dy, const float* __restrict__ w1,
     const float* __restrict__ w2, const float* __restrict__ saved, T* __restrict__ dx,
     float* __restrict__ partials, int HW, int C, int R, int write_dx) {
+    ESPER_PDL_ENTRY();
     __shared__ float red[THREADS];
     __shared__ float dz2[SE_MAX_C], dz1[SE_MAX_R], dmean[SE_MAX_C], scale[SE_MAX_C];
     const int t = threadIdx.x;

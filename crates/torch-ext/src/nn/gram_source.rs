@@ -19,6 +19,7 @@ pub(super) const GRAM_SOURCE: &str = r#"
 extern "C" __global__ void esper_gram_partial(const T* __restrict__ rows,
                                               float* __restrict__ partials, long long n, int R,
                                               long long span) {
+    ESPER_PDL_ENTRY();
     __shared__ float warp_sums[THREADS / 32][GRAM_PAIRS];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const long long begin = (long long)blockIdx.x * span;

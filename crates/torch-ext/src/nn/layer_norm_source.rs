@@ -115,6 +115,7 @@ extern "C" __global__ void esper_ln_forward(const T* __restrict__ x,
                                             float* __restrict__ mean_out,
                                             float* __restrict__ rstd_out, int M, int C,
                                             float eps) {
+    ESPER_PDL_ENTRY();
     ln_forward<T>(x, gamma, beta, y, mean_out, rstd_out, M, C, eps);
 }
 
@@ -271,6 +272,7 @@ extern "C" __global__ void esper_ln_backward(const T* __restrict__ x, const T* _
                                              const float* __restrict__ rstd,
                                              const T* __restrict__ dres, T* __restrict__ dx,
                                              float* __restrict__ partials, int M, int C) {
+    ESPER_PDL_ENTRY();
     ln_backward<T>(x, dy, gamma, mean, rstd, dres, dx, partials, M, C);
 }
 
@@ -283,6 +285,7 @@ extern "C" __global__ void esper_ln_forward_bf16_out(const float* __restrict__ x
                                                      float* __restrict__ mean_out,
                                                      float* __restrict__ rstd_out, int M, int C,
                                                      float eps) {
+    ESPER_PDL_ENTRY();
     ln_forward<B16>(x, gamma, beta, y, mean_out, rstd_out, M, C, eps);
 }
 
@@ -294,6 +297,7 @@ extern "C" __global__ void esper_ln_backward_bf16_out(const float* __restrict__ 
                                                       const float* __restrict__ dres,
                                                       float* __restrict__ dx,
                                                       float* __restrict__ partials, int M, int C) {
+    ESPER_PDL_ENTRY();
     ln_backward<B16>(x, dy, gamma, mean, rstd, dres, dx, partials, M, C);
 }
 #endif

@@ -51,6 +51,7 @@ __device__ __forceinline__ void lw_mma(float* c, const unsigned int* a, unsigned
 extern "C" __global__ void __launch_bounds__(LW_THREADS) esper_linear_wgrad(
     const unsigned short* __restrict__ g, const unsigned short* __restrict__ x,
     float* __restrict__ partials, long long R, int O, int I, long long span, int bias) {
+ESPER_PDL_ENTRY();
 #if __CUDA_ARCH__ >= 800
     __shared__ __align__(16) unsigned short gS[LW_STAGES][LW_ROWS * LW_STRIDE];
     __shared__ __align__(16) unsigned short xS[LW_STAGES][LW_ROWS * LW_STRIDE];

@@ -102,6 +102,7 @@ extern "C" __global__ void esper_gn_relu_forward(
     const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
     const T* __restrict__ res, T* __restrict__ y, float* __restrict__ mean_out,
     float* __restrict__ rstd_out, int HW, int C, int G, float eps) {
+    ESPER_PDL_ENTRY();
     __shared__ float red[2 * THREADS];
     __shared__ float stats[2 * 64];
     const GnLayout l = gn_layout(HW, C, G);
@@ -172,6 +173,7 @@ extern "C" __global__ void esper_gn_relu_backward(
     const float* __restrict__ beta, const float* __restrict__ mean_in,
     const float* __restrict__ rstd_in, T* __restrict__ dx, float* __restrict__ partials,
     int HW, int C, int G) {
+    ESPER_PDL_ENTRY();
     // Four arrays of P x C <= 4 * THREADS words: per channel, the sums of
     // dz * x_hat and of dz; per quad (P x Q), the sums of dh and dh * x_hat.
     __shared__ float red[4 * 4 * THREADS];
@@ -291,6 +293,7 @@ extern "C" __global__ void esper_gn_relu_forward_narrow(
     const T* __restrict__ x, const float* __restrict__ gamma, const float* __restrict__ beta,
     const T* __restrict__ res, T* __restrict__ y, float* __restrict__ mean_out,
     float* __restrict__ rstd_out, int HW, int C, int G, float eps) {
+    ESPER_PDL_ENTRY();
     __shared__ float red[2 * 4 * THREADS];
     __shared__ float stats[2 * 64];
     const GnLayout l = gn_layout(HW, C, G);
@@ -370,6 +373,7 @@ extern "C" __global__ void esper_gn_relu_backward_narrow(
     const float* __restrict__ beta, const float* __restrict__ mean_in,
     const float* __restrict__ rstd_in, T* __restrict__ dx, float* __restrict__ partials,
     int HW, int C, int G) {
+    ESPER_PDL_ENTRY();
     // Four per-channel arrays of P x C <= 4 * THREADS words: the sums of
     // dz * x_hat, of dz, of dh and of dh * x_hat.
     __shared__ float red[4 * 4 * THREADS];

@@ -19,6 +19,7 @@ pub(in crate::nn) const POOLED_SOURCE: &str = r#"
 extern "C" __global__ void esper_pooled_linear_forward(
     const T* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
     T* __restrict__ y, float* __restrict__ mean_out, int HW, int C, int K) {
+    ESPER_PDL_ENTRY();
     __shared__ float red[THREADS];
     __shared__ float mean[PL_MAX_C];
     const int t = threadIdx.x;
@@ -58,6 +59,7 @@ extern "C" __global__ void esper_pooled_linear_backward(
     const T* __restrict__ dy, const float* __restrict__ w, const float* __restrict__ mean,
     T* __restrict__ dx, float* __restrict__ dw, float* __restrict__ db, int N, int HW, int C,
     int K, int dx_blocks) {
+    ESPER_PDL_ENTRY();
     const int t = threadIdx.x;
     if ((int)blockIdx.x < dx_blocks) {
         __shared__ float g[PL_MAX_K];

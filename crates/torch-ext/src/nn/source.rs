@@ -160,6 +160,7 @@ __device__ __forceinline__ void for_each_row(const T* __restrict__ x, const Layo
 // being row 0's value (so a mean far from zero loses no precision).
 extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __restrict__ partials,
                                           long long rows, int C) {
+    ESPER_PDL_ENTRY();
     __shared__ float sh[2 * VEC][THREADS];
     const Layout l = layout(C);
     float s1[VEC], s2[VEC], k[VEC];
@@ -183,6 +184,7 @@ extern "C" __global__ void esper_bn_stats(const T* __restrict__ x, float* __rest
 // gradient): partials[block][c], summed in one fixed order.
 extern "C" __global__ void esper_col_sum(const T* __restrict__ g, float* __restrict__ partials,
                                          long long rows, int C) {
+    ESPER_PDL_ENTRY();
     __shared__ float sh[VEC][THREADS];
     const Layout l = layout(C);
     float s[VEC];
@@ -239,6 +241,7 @@ extern "C" __global__ void esper_bn_relu_forward(
     float* __restrict__ save_mean, float* __restrict__ save_invstd,
     float* __restrict__ running_mean, float* __restrict__ running_var,
     float momentum, float eps, long long rows, int C) {
+    ESPER_PDL_ENTRY();
     __shared__ float sh[2 * VEC][THREADS];
     __shared__ float tot[2][THREADS];
     __shared__ float scale[THREADS], shift[THREADS];
@@ -323,6 +326,7 @@ extern "C" __global__ void esper_bn_relu_backward_reduce(
     const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
     const float* __restrict__ weight, const float* __restrict__ bias,
     float* __restrict__ partials, long long rows, int C) {
+    ESPER_PDL_ENTRY();
     __shared__ float sh[2 * VEC][THREADS];
     const Layout l = layout(C);
     float sg[VEC], sgx[VEC];
@@ -360,6 +364,7 @@ extern "C" __global__ void esper_bn_relu_backward_apply(
     const float* __restrict__ save_mean, const float* __restrict__ save_invstd,
     const float* __restrict__ weight, const float* __restrict__ bias,
     float* __restrict__ dweight, float* __restrict__ dbias, long long rows, int C) {
+    ESPER_PDL_ENTRY();
     __shared__ float sh[2 * VEC][THREADS];
     __shared__ float tot[2][THREADS];
     const Layout l = layout(C);
@@ -424,6 +429,7 @@ extern "C" __global__ void esper_bn_relu_eval(
     const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ mean,
     const float* __restrict__ var, const float* __restrict__ weight,
     const float* __restrict__ bias, float eps, long long n, int C) {
+    ESPER_PDL_ENTRY();
     const long long stride = (long long)gridDim.x * blockDim.x * VEC;
     for (long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * VEC; i < n;
          i += stride) {
@@ -450,6 +456,7 @@ __device__ __forceinline__ void decompose(int i, int C, int Ho, int Wo, int cl,
 
 extern "C" __global__ void esper_pool2_forward(const T* __restrict__ x, T* __restrict__ y,
                                                int N, int C, int H, int W, int cl) {
+    ESPER_PDL_ENTRY();
     const int Ho = H >> 1, Wo = W >> 1;
     const int total = N * (C / VEC) * Ho * Wo;
     const int sh = cl ? W * C : W, sw = cl ? C : 1;
@@ -471,6 +478,7 @@ extern "C" __global__ void esper_pool2_forward(const T* __restrict__ x, T* __res
 extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T* __restrict__ gy,
                                                 T* __restrict__ gx, int N, int C, int H, int W,
                                                 int cl) {
+    ESPER_PDL_ENTRY();
     const int Ho = H >> 1, Wo = W >> 1;
     const int total = N * (C / VEC) * Ho * Wo;
     const int sh = cl ? W * C : W, sw = cl ? C : 1;
