@@ -506,6 +506,26 @@ impl BatchNorm2d {
             NORM_EPS,
         )?)
     }
+
+    /// `max_pool2x2(self.forward_relu(x, train))`: on CUDA in training one
+    /// autograd node whose kernels never write the full-size activation
+    /// (`torch_ext::nn::batch_norm_relu_pool2x2`, which falls back to the
+    /// two ops where it does not apply).
+    ///
+    /// # Shapes
+    /// `[B, C, H, W] -> [B, C, H / 2, W / 2]`.
+    pub fn forward_relu_pool(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        Ok(torch_ext::nn::batch_norm_relu_pool2x2(
+            x,
+            &self.weight,
+            &self.bias,
+            Some(&self.running_mean),
+            Some(&self.running_var),
+            train,
+            BATCH_NORM_MOMENTUM,
+            NORM_EPS,
+        )?)
+    }
 }
 
 /// Zeroes a parameter in place without recording the write in autograd.

@@ -167,6 +167,12 @@ char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const
 char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
                             void* running_var, double momentum, double eps, int32_t vec,
                             void* const* kernels, void** out);
+// batch_norm_relu_pool2: max_pool2d(relu(batch_norm(x)), 2, 2) as one node,
+// as batch_norm_relu with kernels = {stats, pooled forward, pooled backward
+// reduce, pooled backward apply}; x has at least 2 x 2 pixels.
+char* esper_batch_norm_relu_pool2(void* x, void* weight, void* bias, void* running_mean,
+                                  void* running_var, double momentum, double eps, int32_t vec,
+                                  void* const* kernels, void** out);
 // batch_norm_relu_eval: relu(batch_norm(x)) from the running statistics
 // (evaluation mode), one kernel (esper_bn_relu_eval); libtorch's ops where a
 // gradient is wanted.

@@ -9,7 +9,10 @@
 //   normalises and applies ReLU, block 0 also writing the saved statistics
 //   and the running ones), two backward (per-block sums of the gradient and
 //   of gradient x normalised input, then the input gradient, with block 0
-//   writing the weight and bias gradients);
+//   writing the weight and bias gradients); with `pool` the same node also
+//   takes the 2x2 max-pool: the second forward kernel writes each window's
+//   maximum only, and the backward kernels route the pooled gradient to the
+//   argmax they recompute from the saved input;
 // - 2x2 max-pool with stride 2 (floor) over a contiguous NCHW or NHWC
 //   tensor: one kernel forward, one backward that recomputes each window's
 //   argmax from the saved input instead of keeping indices.
@@ -38,7 +41,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
                             const at::Tensor& bias, at::Tensor running_mean,
                             at::Tensor running_var, double momentum, double eps, int64_t vec,
                             int64_t stats_kernel, int64_t forward_kernel, int64_t reduce_kernel,
-                            int64_t apply_kernel) {
+                            int64_t apply_kernel, bool pool) {
     c10::cuda::CUDAGuard guard(x.device());
     long long rows = x.size(0) * x.size(2) * x.size(3);
     int channels = static_cast<int>(x.size(1));
@@ -47,7 +50,11 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * channels * 2}, f32);
     at::Tensor save_mean = at::empty({channels}, f32);
     at::Tensor save_invstd = at::empty({channels}, f32);
-    at::Tensor y = at::empty_like(x);
+    int height = static_cast<int>(x.size(2));
+    int width = static_cast<int>(x.size(3));
+    at::Tensor y = pool ? at::empty({x.size(0), channels, height / 2, width / 2},
+                                    x.options().memory_format(at::MemoryFormat::ChannelsLast))
+                        : at::empty_like(x);
     const void* x_ptr = x.data_ptr();
     void* y_ptr = y.data_ptr();
     void* partials_ptr = partials.data_ptr();
@@ -66,8 +73,8 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       void* rv = running_var.numel() > 0 ? running_var.data_ptr() : nullptr;
       float m = static_cast<float>(momentum);
       float e = static_cast<float>(eps);
-      void* args[] = {&x_ptr, &y_ptr, &partials_ptr, &blocks, &w,   &b,    &sm,
-                      &si,    &rm,    &rv,           &m,      &e,   &rows, &channels};
+      void* args[] = {&x_ptr, &y_ptr, &partials_ptr, &blocks, &w,        &b,     &sm,   &si,
+                      &rm,    &rv,    &m,            &e,      &rows,     &channels, &height, &width};
       esper::jit_launch(reinterpret_cast<void*>(forward_kernel), dim3(blocks), dim3(kThreads), 0,
                         args, stream);
     }
@@ -75,6 +82,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     ctx->saved_data["vec"] = vec;
     ctx->saved_data["reduce"] = reduce_kernel;
     ctx->saved_data["apply"] = apply_kernel;
+    ctx->saved_data["pool"] = pool;
     return y;
   }
 
@@ -85,15 +93,18 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     const at::Tensor& bias = saved[2];
     const at::Tensor& save_mean = saved[3];
     const at::Tensor& save_invstd = saved[4];
-    variable_list out(12);
+    variable_list out(13);
     if (!grads[0].defined()) {
       return out;
     }
     c10::cuda::CUDAGuard guard(x.device());
+    // With the pool, dy is the pooled output's gradient.
     at::Tensor dy = aligned(grads[0].to(x.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast),
                             at::MemoryFormat::ChannelsLast);
     long long rows = x.size(0) * x.size(2) * x.size(3);
     int channels = static_cast<int>(x.size(1));
+    int height = static_cast<int>(x.size(2));
+    int width = static_cast<int>(x.size(3));
     int vec = static_cast<int>(ctx->saved_data["vec"].toInt());
     int blocks = channel_blocks(rows, rows_per_pass(channels, vec), sm_count(x));
     auto f32 = x.options().dtype(at::kFloat);
@@ -110,15 +121,16 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     void* partials_ptr = partials.data_ptr();
     cudaStream_t stream = stream_of(x);
     {
-      void* args[] = {&x_ptr, &dy_ptr, &sm, &si, &w, &b, &partials_ptr, &rows, &channels};
+      void* args[] = {&x_ptr, &dy_ptr,       &sm,   &si,       &w,      &b,
+                      &partials_ptr, &rows, &channels, &height, &width};
       esper::jit_launch(handle(ctx, "reduce"), dim3(blocks), dim3(kThreads), 0, args, stream);
     }
     {
       void* dx_ptr = dx.data_ptr();
       void* dw = dweight.data_ptr();
       void* db = dbias.data_ptr();
-      void* args[] = {&x_ptr, &dy_ptr, &dx_ptr, &partials_ptr, &blocks, &sm,       &si,
-                      &w,     &b,      &dw,     &db,           &rows,   &channels};
+      void* args[] = {&x_ptr, &dy_ptr, &dx_ptr, &partials_ptr, &blocks, &sm,      &si,    &w,
+                      &b,     &dw,     &db,     &rows,         &channels, &height, &width};
       esper::jit_launch(handle(ctx, "apply"), dim3(blocks), dim3(kThreads), 0, args, stream);
     }
     out[0] = dx;
@@ -196,11 +208,13 @@ class MaxPool2 : public torch::autograd::Function<MaxPool2> {
 
 }  // namespace
 
-extern "C" {
+namespace {
 
-char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
-                            void* running_var, double momentum, double eps, int32_t vec,
-                            void* const* kernels, void** out) {
+// esper_batch_norm_relu and esper_batch_norm_relu_pool2: the checks, then
+// one BatchNormRelu node.
+char* batch_norm_relu_node(void* x, void* weight, void* bias, void* running_mean,
+                           void* running_var, double momentum, double eps, int32_t vec,
+                           void* const* kernels, bool pool, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr,
@@ -219,12 +233,32 @@ char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mea
               "batch_norm_relu: expected a channels-last 4-D CUDA tensor");
   TORCH_CHECK(vec == 1 || (vec == 4 && input.size(1) % 4 == 0),
               "batch_norm_relu: vec ", vec, " for ", input.size(1), " channels");
+  TORCH_CHECK(!pool || (input.size(2) >= 2 && input.size(3) >= 2),
+              "batch_norm_relu_pool2: expected at least 2 x 2 pixels, got ", input.sizes());
   at::Tensor y = BatchNormRelu::apply(input, *static_cast<const at::Tensor*>(weight),
                                       *static_cast<const at::Tensor*>(bias), rm, rv, momentum, eps,
                                       static_cast<int64_t>(vec), as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
-                                      as_int(kernels[3]));
+                                      as_int(kernels[3]), pool);
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
+}
+
+}  // namespace
+
+extern "C" {
+
+char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
+                            void* running_var, double momentum, double eps, int32_t vec,
+                            void* const* kernels, void** out) {
+  return batch_norm_relu_node(x, weight, bias, running_mean, running_var, momentum, eps, vec,
+                              kernels, false, out);
+}
+
+char* esper_batch_norm_relu_pool2(void* x, void* weight, void* bias, void* running_mean,
+                                  void* running_var, double momentum, double eps, int32_t vec,
+                                  void* const* kernels, void** out) {
+  return batch_norm_relu_node(x, weight, bias, running_mean, running_var, momentum, eps, vec,
+                              kernels, true, out);
 }
 
 char* esper_batch_norm_relu_eval(void* x, void* weight, void* bias, void* running_mean,

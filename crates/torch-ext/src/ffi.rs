@@ -285,6 +285,18 @@ unsafe extern "C" {
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_batch_norm_relu_pool2(
+        x: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        running_mean: *mut c_void,
+        running_var: *mut c_void,
+        momentum: f64,
+        eps: f64,
+        vec: i32,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_batch_norm_relu_eval(
         x: *mut c_void,
         weight: *mut c_void,

@@ -7,8 +7,9 @@
 //! "fewer kernels per step" needs. Where the tensors allow it (contiguous,
 //! on one device; `f32` for adds and AdamW) that kernel is torch-ext's own,
 //! which spreads a list over blocks of 1,024 values: zero, copy and add
-//! ([`foreach_zero_`], [`foreach_copy_`], [`foreach_add_`]) and the AdamW
-//! step ([`adamw_step`]). libtorch's gives each block a chunk of 65,536
+//! ([`foreach_zero_`], [`foreach_copy_`], [`foreach_add_`]), the AdamW
+//! step ([`adamw_step`]) and the SGD step of several groups with their step
+//! counts in one launch ([`sgd_step_groups`]). libtorch's gives each block a chunk of 65,536
 //! values, which for lists of small tensors leaves most of the GPU idle. On CPU the same calls work: `_foreach_*`
 //! falls back to a per-tensor loop, and `_fused_sgd_` / `_fused_adamw_` have
 //! CPU kernels in libtorch 2.11, so CPU tests exercise the same code path.
@@ -24,7 +25,7 @@ use tch::Tensor;
 
 use crate::error::{Error, Result};
 use crate::foreach_kernel::{self, Op};
-use crate::{adamw_kernel, ffi};
+use crate::{adamw_kernel, ffi, sgd_kernel};
 
 /// A learning rate given as a number or as a 0-dim tensor on the parameters'
 /// device. The tensor form lets a captured CUDA graph pick up a new rate on
@@ -167,6 +168,64 @@ pub fn sgd_step_with(
             ),
         )
     }
+}
+
+/// One parameter group of [`sgd_step_groups`]: its lists (as
+/// [`sgd_step_with`] takes them) and options.
+#[derive(Clone, Copy, Debug)]
+pub struct SgdGroup<'a> {
+    /// The parameters.
+    pub params: &'a [Tensor],
+    /// One gradient per parameter.
+    pub grads: &'a [Tensor],
+    /// One momentum buffer per parameter when `options.momentum != 0`,
+    /// none otherwise.
+    pub momentum_buffers: &'a [Tensor],
+    /// The group's learning rate, momentum and flags.
+    pub options: SgdOptions<'a>,
+}
+
+/// [`sgd_step_with`] for every group, each with its own options, then
+/// every tensor of `counts` (0-dim `f32` step counts) advanced by one.
+///
+/// On CUDA, with every tensor `f32` and on one device, each parameter in a
+/// dense layout (contiguous, channels-last or another order of its
+/// dimensions) that its gradient and buffer share, at most
+/// 8 groups, 8 counts and 64 tensors, this is one launch of torch-ext's
+/// own kernel (the arithmetic of `_fused_sgd_`, see `sgd_kernel`), where
+/// libtorch runs one `_fused_sgd_` launch a group and a `_foreach_add_`.
+/// Anything else runs those. Nothing is read back either way, so a
+/// captured CUDA graph can hold the step.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for lists whose lengths do not match (checked
+/// before anything runs); [`Error::Cpp`] when a kernel cannot be compiled
+/// or launched, or libtorch's ops fail.
+pub fn sgd_step_groups(groups: &[SgdGroup<'_>], counts: &[Tensor]) -> Result<()> {
+    const OP: &str = "fused::sgd_step_groups";
+    for group in groups {
+        same_length(OP, "grads", group.params.len(), group.grads.len())?;
+        if group.options.momentum != 0.0 || !group.momentum_buffers.is_empty() {
+            same_length(
+                OP,
+                "momentum_buffers",
+                group.params.len(),
+                group.momentum_buffers.len(),
+            )?;
+        }
+    }
+    if let Some(device) = sgd_kernel::target(groups, counts) {
+        return sgd_kernel::step(device, groups, counts);
+    }
+    for group in groups {
+        sgd_step_with(
+            group.params,
+            group.grads,
+            group.momentum_buffers,
+            &group.options,
+        )?;
+    }
+    foreach_add_scalar_(counts, 1.0)
 }
 
 /// Everything [`adamw_step`] needs besides the tensor lists.

@@ -122,6 +122,7 @@ pub mod pdl;
 pub mod precision;
 pub mod profile;
 pub mod rng;
+mod sgd_kernel;
 mod stream;
 
 pub use autocast::{AutocastDevice, AutocastGuard, AutocastState, autocast_state};

@@ -9,7 +9,7 @@
 //! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
 //! and add against libtorch's `_foreach_*`, (module `shadow`) the weights'
 //! bf16 shadows against libtorch's casts, read by the linear layer, (module
-//! `excite`) squeeze-and-excite against libtorch's composition, (module `pdl`) early-launched kernels ordered after every kind of predecessor. Every
+//! `excite`) squeeze-and-excite against libtorch's composition, (module `pdl`) early-launched kernels ordered after every kind of predecessor, (module `bn_pool`) batch norm + ReLU + max-pool as one node against the two it replaces, (module `sgd`) the grouped SGD kernel against libtorch's `_fused_sgd_`. Every
 //! test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
@@ -41,53 +41,42 @@ fn gpu_or_skip() -> Option<MutexGuard<'static, ()>> {
 
 const CUDA: Device = Device::Cuda(0);
 
-#[path = "gpu/nn.rs"]
-mod nn;
-
-#[path = "gpu/blend.rs"]
-mod blend;
-
-#[path = "gpu/group_norm.rs"]
-mod group_norm;
-
-#[path = "gpu/layer_norm.rs"]
-mod layer_norm;
-
-#[path = "gpu/linear.rs"]
-mod linear;
-
-#[path = "gpu/embedding.rs"]
-mod embedding;
-
-#[path = "gpu/attention.rs"]
-mod attention;
-
-#[path = "gpu/gram.rs"]
-mod gram;
-
-#[path = "gpu/copies.rs"]
-mod copies;
-
-#[path = "gpu/foreach.rs"]
-mod foreach;
-
 #[path = "gpu/adamw.rs"]
 mod adamw;
-
-#[path = "gpu/fused.rs"]
-mod fused;
-
-#[path = "gpu/shadow.rs"]
-mod shadow;
-
+#[path = "gpu/attention.rs"]
+mod attention;
+#[path = "gpu/blend.rs"]
+mod blend;
+#[path = "gpu/bn_pool.rs"]
+mod bn_pool;
+#[path = "gpu/copies.rs"]
+mod copies;
+#[path = "gpu/embedding.rs"]
+mod embedding;
 #[path = "gpu/excite.rs"]
 mod excite;
-
-#[path = "gpu/pooled.rs"]
-mod pooled;
-
+#[path = "gpu/foreach.rs"]
+mod foreach;
+#[path = "gpu/fused.rs"]
+mod fused;
+#[path = "gpu/gram.rs"]
+mod gram;
+#[path = "gpu/group_norm.rs"]
+mod group_norm;
+#[path = "gpu/layer_norm.rs"]
+mod layer_norm;
+#[path = "gpu/linear.rs"]
+mod linear;
+#[path = "gpu/nn.rs"]
+mod nn;
 #[path = "gpu/pdl.rs"]
 mod pdl;
+#[path = "gpu/pooled.rs"]
+mod pooled;
+#[path = "gpu/sgd.rs"]
+mod sgd;
+#[path = "gpu/shadow.rs"]
+mod shadow;
 
 fn values(tensor: &Tensor) -> Vec<f32> {
     Vec::<f32>::try_from(

@@ -174,6 +174,13 @@ struct ConvBlock {
     bn: BatchNorm2d,
 }
 
+impl ConvBlock {
+    /// Conv, then batch norm, ReLU and the 2x2 max-pool as one node.
+    fn forward_pooled(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.bn.forward_relu_pool(&self.conv.forward(x)?, train) // [B, C_i, H/2, W/2]
+    }
+}
+
 #[derive(Debug)]
 enum Segment {
     Block(usize),
@@ -279,12 +286,16 @@ impl CnnHost {
         crate::validate::element_count(&self.var_store.trainable_variables())
     }
 
+    fn block(&self, index: usize) -> Result<&ConvBlock> {
+        self.blocks.get(index).ok_or(Error::InvalidConfig {
+            reason: format!("cnn host has no block {index}"),
+        })
+    }
+
     fn run_segment(&self, segment: &Segment, x: &Tensor, train: bool) -> Result<Tensor> {
         Ok(match segment {
             Segment::Block(index) => {
-                let block = self.blocks.get(*index).ok_or(Error::InvalidConfig {
-                    reason: format!("cnn host has no block {index}"),
-                })?;
+                let block = self.block(*index)?;
                 block.bn.forward_relu(&block.conv.forward(x)?, train)? // [B, C_i, H, W]
             }
             Segment::Pool => torch_ext::nn::max_pool2x2(x)?, // [B, C, H/2, W/2]
@@ -339,7 +350,20 @@ impl Host for CnnHost {
             expected,
         )?;
         let mut activation = x.shallow_clone();
-        for segment in self.segments.get(from..to).unwrap_or_default() {
+        let mut segments = self
+            .segments
+            .get(from..to)
+            .unwrap_or_default()
+            .iter()
+            .peekable();
+        while let Some(segment) = segments.next() {
+            // A block whose pool runs in the same range (no seed between
+            // them) takes its normalisation, ReLU and pool as one node.
+            if let (Segment::Block(index), Some(Segment::Pool)) = (segment, segments.peek()) {
+                let _pool = segments.next();
+                activation = self.block(*index)?.forward_pooled(&activation, train)?;
+                continue;
+            }
             activation = self.run_segment(segment, &activation, train)?;
         }
         Ok(activation)

@@ -20,7 +20,7 @@
 //! gradient are skipped, as in PyTorch (their state is left as it is).
 
 use tch::{Device, Kind, Tensor};
-use torch_ext::fused::{self, AdamWOptions, LearningRate, SgdOptions};
+use torch_ext::fused::{self, AdamWOptions, LearningRate, SgdGroup, SgdOptions};
 
 use kasmina::groups::GroupKey;
 
@@ -214,6 +214,55 @@ impl GroupOptimizer {
     /// increment (the caller counts); whether the group stepped (`false`:
     /// no parameter had a gradient, nothing was launched).
     pub(super) fn update(&mut self, found_inf: Option<&Tensor>) -> Result<bool> {
+        if !self.prepare()? {
+            return Ok(false);
+        }
+        if let Some(group) = self.sgd_group(found_inf) {
+            fused::sgd_step_with(
+                group.params,
+                group.grads,
+                group.momentum_buffers,
+                &group.options,
+            )?;
+        } else {
+            self.adamw_update(found_inf)?;
+        }
+        Ok(true)
+    }
+
+    /// Whether the group's state is SGD's.
+    pub(super) fn is_sgd(&self) -> bool {
+        matches!(self.state, GroupState::Sgd { .. })
+    }
+
+    /// The SGD step's lists and options as [`GroupOptimizer::prepare`] left
+    /// them, for one launch over several groups
+    /// (`fused::sgd_step_groups`); `None` for AdamW state or when no
+    /// parameter had a gradient.
+    pub(super) fn sgd_group<'a>(&'a self, found_inf: Option<&'a Tensor>) -> Option<SgdGroup<'a>> {
+        let GroupState::Sgd { momentum, .. } = &self.state else {
+            return None;
+        };
+        if self.scratch.parameters.is_empty() {
+            return None;
+        }
+        Some(SgdGroup {
+            params: &self.scratch.parameters,
+            grads: &self.scratch.grads,
+            momentum_buffers: &self.scratch.first,
+            options: SgdOptions {
+                lr: LearningRate::Tensor(&self.learning_rate),
+                momentum: *momentum,
+                is_first_step: false,
+                found_inf,
+                ..SgdOptions::default()
+            },
+        })
+    }
+
+    /// Gathers the parameters that have a gradient, their gradients and
+    /// state into the kernels' argument lists; whether there was any.
+    pub(super) fn prepare(&mut self) -> Result<bool> {
         let scratch = &mut self.scratch;
         scratch.clear();
         for (index, parameter) in self.parameters.iter().enumerate() {
@@ -250,23 +299,16 @@ impl GroupOptimizer {
                 }
             }
         }
-        if scratch.parameters.is_empty() {
-            return Ok(false);
-        }
+        Ok(!scratch.parameters.is_empty())
+    }
+
+    /// The AdamW update over the lists [`GroupOptimizer::prepare`] left
+    /// (nothing for SGD state).
+    fn adamw_update(&self, found_inf: Option<&Tensor>) -> Result<()> {
+        let scratch = &self.scratch;
         let lr = LearningRate::Tensor(&self.learning_rate);
         match &self.state {
-            GroupState::Sgd { momentum, .. } => fused::sgd_step_with(
-                &scratch.parameters,
-                &scratch.grads,
-                &scratch.first,
-                &SgdOptions {
-                    lr,
-                    momentum: *momentum,
-                    is_first_step: false,
-                    found_inf,
-                    ..SgdOptions::default()
-                },
-            )?,
+            GroupState::Sgd { .. } => {}
             GroupState::AdamW {
                 beta1,
                 beta2,
@@ -290,7 +332,7 @@ impl GroupOptimizer {
                 },
             )?,
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Zeroes the gradients of the group's parameters in place (one

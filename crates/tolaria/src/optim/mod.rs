@@ -153,16 +153,28 @@ impl GroupOptimizers {
     }
 
     /// [`GroupOptimizers::step`] skipped on the device when `found_inf` is
-    /// non-zero (see [`GroupOptimizer::step_with`]). The step counts of the
-    /// groups that stepped go up together, in one multi-tensor launch.
+    /// non-zero (see [`GroupOptimizer::step_with`]). AdamW groups launch
+    /// their own update; the SGD groups' updates and every stepped group's
+    /// step count go up together in `torch_ext::fused::sgd_step_groups`
+    /// (one launch on CUDA).
     pub fn step_with(&mut self, found_inf: Option<&Tensor>) -> Result<()> {
         let mut counts = Vec::with_capacity(self.groups.len());
         for group in self.groups.values_mut() {
-            if group.update(found_inf)? {
+            let stepped = if group.is_sgd() {
+                group.prepare()?
+            } else {
+                group.update(found_inf)?
+            };
+            if stepped {
                 counts.push(group.step_count_tensor().shallow_clone());
             }
         }
-        torch_ext::fused::foreach_add_scalar_(&counts, 1.0)?;
+        let sgd: Vec<_> = self
+            .groups
+            .values()
+            .filter_map(|group| group.sgd_group(found_inf))
+            .collect();
+        torch_ext::fused::sgd_step_groups(&sgd, &counts)?;
         Ok(())
     }
 

@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 
 use super::blend_source::BLEND_SOURCE;
+use super::bn_pool_source::BN_POOL_SOURCE;
 use super::conv_fixed_source::CONV_FIXED_SOURCE;
 use super::conv_source::CONV_SOURCE;
 use super::embedding_source::EMBEDDING_SOURCE;
@@ -26,6 +27,9 @@ pub(super) struct Kernels {
     pub(super) bn_reduce: JitKernel,
     pub(super) bn_apply: JitKernel,
     pub(super) bn_eval: JitKernel,
+    pub(super) bn_pool_forward: JitKernel,
+    pub(super) bn_pool_reduce: JitKernel,
+    pub(super) bn_pool_apply: JitKernel,
     pub(super) pool_forward: JitKernel,
     pub(super) pool_backward: JitKernel,
     pub(super) conv_partial: JitKernel,
@@ -78,7 +82,7 @@ pub(super) const DIRECT_FIXED_KERNELS: [&str; 9] = [
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}{POOLED_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{BN_POOL_SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}{POOLED_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -107,6 +111,9 @@ pub(super) fn kernels(
                 bn_reduce: load("esper_bn_relu_backward_reduce")?,
                 bn_apply: load("esper_bn_relu_backward_apply")?,
                 bn_eval: load("esper_bn_relu_eval")?,
+                bn_pool_forward: load("esper_bn_relu_pool_forward")?,
+                bn_pool_reduce: load("esper_bn_relu_pool_backward_reduce")?,
+                bn_pool_apply: load("esper_bn_relu_pool_backward_apply")?,
                 pool_forward: load("esper_pool2_forward")?,
                 pool_backward: load("esper_pool2_backward")?,
                 conv_partial: load("esper_conv3_wgrad_partial")?,

@@ -21,6 +21,13 @@
 //!   normalised input per block, the next adds them up and writes the
 //!   input gradient, block 0 the weight and bias gradients. Every sum is
 //!   taken in a fixed order, so results are deterministic.
+//! - [`batch_norm_relu_pool2x2`]: a CNN block's batch norm, ReLU and 2x2
+//!   max-pool as one node: the statistics pass, then a pass that adds the
+//!   partials up and writes only each pool window's maximum; backward, two
+//!   passes that recompute each window's activations and argmax from the
+//!   saved input and route the pooled gradient through the pool and the
+//!   ReLU. The full-size activation and its gradient are never written
+//!   (two kernels and two full-size passes fewer than the two nodes).
 //! - [`max_pool2x2`]: `max_pool2d(x, 2, 2)` (floor), NCHW or NHWC; the
 //!   backward recomputes each window's argmax from the saved input (the
 //!   first maximum wins, a NaN wins over numbers, as libtorch picks them)
@@ -148,6 +155,8 @@ mod attention;
 mod attention_source;
 mod blend;
 mod blend_source;
+mod bn_pool;
+mod bn_pool_source;
 mod conv_fixed_source;
 mod conv_source;
 mod embedding;
@@ -169,6 +178,7 @@ mod shadow;
 mod source;
 pub use attention::{FUSED_ATTENTION_HEAD_DIMS, MAX_FUSED_ATTENTION_TIME, causal_attention};
 pub use blend::{blend_lerp, blend_lerp_clamped, blend_lerp_replicated};
+pub use bn_pool::batch_norm_relu_pool2x2;
 pub use embedding::embedding;
 pub use excite::{MAX_FUSED_EXCITE_CHANNELS, MAX_FUSED_EXCITE_HIDDEN, squeeze_excite};
 pub use gram::gram;

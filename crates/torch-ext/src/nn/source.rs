@@ -1,7 +1,7 @@
 //! The CUDA C source of [`super`]'s kernels, compiled once per device,
 //! dtype (`ESPER_BF16`) and channel width (`VEC`, four channels a thread or
 //! one) by NVRTC: batch norm + ReLU (statistics, forward, and the two
-//! backward passes), the column sums of a linear layer's bias gradient, the
+//! backward passes; with the 2x2 max-pool taken in: `BN_POOL_SOURCE`), the column sums of a linear layer's bias gradient, the
 //! 2x2 max-pool forward and backward, and the two
 //! passes of the 3x3 convolution's weight gradient ([`CONV_SOURCE`],
 //! appended to [`SOURCE`]; it uses `SOURCE`'s types and loads).
@@ -235,18 +235,22 @@ __device__ __forceinline__ void merge_pairs(const float* __restrict__ partials, 
     __syncthreads();
 }
 
-extern "C" __global__ void esper_bn_relu_forward(
-    const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ partials, int blocks,
-    const float* __restrict__ weight, const float* __restrict__ bias,
-    float* __restrict__ save_mean, float* __restrict__ save_invstd,
-    float* __restrict__ running_mean, float* __restrict__ running_var,
-    float momentum, float eps, long long rows, int C) {
-    ESPER_PDL_ENTRY();
-    __shared__ float sh[2 * VEC][THREADS];
-    __shared__ float tot[2][THREADS];
-    __shared__ float scale[THREADS], shift[THREADS];
-    const Layout l = layout(C);
-    merge_pairs(partials, blocks, C, l, sh, tot);
+// relu(x * s + h) (a NaN stays NaN), the forward's activation; the
+// pooled kernels recompute it with this same arithmetic.
+__device__ __forceinline__ float bn_act(float x, float s, float h) {
+    const float z = x * s + h;
+    return z != z ? z : (z > 0.0f ? z : 0.0f);
+}
+
+// From the merged totals: every channel's affine scale and shift into
+// shared memory; block 0 writes the saved statistics and updates the
+// running ones (momentum, unbiased variance). Ends with a barrier.
+__device__ __forceinline__ void bn_forward_constants(
+    const T* __restrict__ x, float (*tot)[THREADS], const float* __restrict__ weight,
+    const float* __restrict__ bias, float* __restrict__ save_mean,
+    float* __restrict__ save_invstd, float* __restrict__ running_mean,
+    float* __restrict__ running_var, float momentum, float eps, long long rows, int C,
+    float* scale, float* shift) {
     for (int c = threadIdx.x; c < C; c += THREADS) {
         float k[VEC];
         load(x, (long long)(c / VEC) * VEC, k);
@@ -271,6 +275,22 @@ extern "C" __global__ void esper_bn_relu_forward(
         }
     }
     __syncthreads();
+}
+
+extern "C" __global__ void esper_bn_relu_forward(
+    const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ partials, int blocks,
+    const float* __restrict__ weight, const float* __restrict__ bias,
+    float* __restrict__ save_mean, float* __restrict__ save_invstd,
+    float* __restrict__ running_mean, float* __restrict__ running_var,
+    float momentum, float eps, long long rows, int C) {
+    ESPER_PDL_ENTRY();
+    __shared__ float sh[2 * VEC][THREADS];
+    __shared__ float tot[2][THREADS];
+    __shared__ float scale[THREADS], shift[THREADS];
+    const Layout l = layout(C);
+    merge_pairs(partials, blocks, C, l, sh, tot);
+    bn_forward_constants(x, tot, weight, bias, save_mean, save_invstd, running_mean, running_var,
+                         momentum, eps, rows, C, scale, shift);
     if (!l.active) return;
     float s[VEC], h[VEC];
     #pragma unroll
@@ -284,10 +304,7 @@ extern "C" __global__ void esper_bn_relu_forward(
             const long long r = r0 + u * step;
             if (r < rows) {
                 #pragma unroll
-                for (int v = 0; v < VEC; ++v) {
-                    const float z = val[u][v] * s[v] + h[v];
-                    val[u][v] = z != z ? z : (z > 0.0f ? z : 0.0f);
-                }
+                for (int v = 0; v < VEC; ++v) val[u][v] = bn_act(val[u][v], s[v], h[v]);
                 store(y, r * C + l.group * VEC, val[u]);
             }
         }
