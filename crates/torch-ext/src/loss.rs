@@ -11,11 +11,10 @@
 //!    (a fixed row-to-warp mapping, warps and blocks summed in index order,
 //!    the last block to finish sums the blocks' partials) and adds the mean
 //!    loss and the hits into the caller's accumulator;
-//! 2. the softmax becomes the gradient of `weight · scale · mean loss`:
-//!    `(softmax − onehot) · weight · scale / valid rows`. Up to 8,192
-//!    logits the last block of the first kernel does it after its
-//!    reduction (one launch in all; for up to 32 rows that is the only
-//!    block); above, one element-wise kernel.
+//! 2. one element-wise kernel turns the softmax into the gradient of
+//!    `weight · scale · mean loss`: `(softmax − onehot) · weight · scale /
+//!    valid rows`. For a small batch (up to 32 rows) one block does both in
+//!    a single launch.
 //!
 //! Rows whose label is outside `[0, classes)` are ignored, as libtorch's
 //! `ignore_index` ignores −100: no loss, no hit, no gradient, not counted in
@@ -49,9 +48,6 @@ const GRAD_THREADS: u32 = 256;
 /// blocks (one block walking 256 rows took longer than two launches).
 const ONE_BLOCK_ROWS: i64 = 4 * WARPS as i64;
 const ONE_BLOCK_ELEMENTS: i64 = 1 << 15;
-/// Up to this many logits the row kernel's last block writes the gradient
-/// itself (32 values a thread), instead of a second launch.
-const LAST_BLOCK_GRAD_ELEMENTS: i64 = 1 << 13;
 
 const SOURCE: &str = r#"
 #define WARPS 8
@@ -139,12 +135,9 @@ extern "C" __global__ void esper_ce_rows(
         *ticket = 0u;
         valid_rows = c;
     }
-    // The last block (the only one for a small batch): the gradient too,
-    // in the same launch. `last` is the block's, so the barrier is uniform;
-    // the other blocks' softmax is read past L1 (their stores were fenced
-    // before their tickets).
-    __syncthreads();
-    if (fuse_grad && last) {
+    // One block: the gradient too, in the same launch.
+    if (fuse_grad) {
+        __syncthreads();
         const float coefficient = weight * (has_scale ? scale[0] : 1.0f) / valid_rows;
         const long long n = rows * classes;
         for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -152,7 +145,7 @@ extern "C" __global__ void esper_ce_rows(
             const long long j = i - r * classes;
             const long long label = labels[r];
             const bool valid = label >= 0 && label < classes;
-            probs[i] = valid ? (__ldcg(probs + i) - (j == label ? 1.0f : 0.0f)) * coefficient : 0.0f;
+            probs[i] = valid ? (probs[i] - (j == label ? 1.0f : 0.0f)) * coefficient : 0.0f;
         }
     }
 }
@@ -317,7 +310,6 @@ impl FusedCrossEntropy {
         let grad = Tensor::f_empty([rows, classes], (Kind::Float, on)).map_err(torch)?;
         let elements = rows.saturating_mul(classes);
         let one_block = rows <= ONE_BLOCK_ROWS && elements <= ONE_BLOCK_ELEMENTS;
-        let fuse_grad = one_block || elements <= LAST_BLOCK_GRAD_ELEMENTS;
         let blocks = if one_block {
             1
         } else {
@@ -344,13 +336,13 @@ impl FusedCrossEntropy {
                 Arg::I64(classes),
                 Arg::F32(weights.loss_weight as f32),
                 Arg::F32(weights.hits_weight as f32),
-                Arg::I32(i32::from(fuse_grad)),
+                Arg::I32(i32::from(one_block)),
                 Arg::Tensor(scale_arg),
                 Arg::I32(has_scale),
                 Arg::F32(weights.weight as f32),
             ],
         )?;
-        if fuse_grad {
+        if one_block {
             return Ok(grad);
         }
         let grad_blocks = u32::try_from(elements.unsigned_abs().div_ceil(u64::from(GRAD_THREADS)))

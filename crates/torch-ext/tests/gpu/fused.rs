@@ -190,28 +190,3 @@ fn the_fused_cross_entropy_matches_libtorch() {
         Err(Error::InvalidArgument { .. })
     ));
 }
-
-#[test]
-fn the_fused_cross_entropy_is_one_launch_up_to_8192_logits() {
-    use torch_ext::loss::{CrossEntropyWeights, FusedCrossEntropy};
-    let Some(_device) = gpu_or_skip() else { return };
-    let fused = FusedCrossEntropy::new(0).unwrap();
-    let accumulator = Tensor::zeros([2], (Kind::Float, CUDA));
-    let weights = CrossEntropyWeights {
-        weight: 1.0,
-        loss_weight: 1.0,
-        hits_weight: 1.0,
-    };
-    // Several blocks of rows; up to 8,192 logits the last one writes the
-    // gradient (`the_fused_cross_entropy_matches_libtorch` checks its values).
-    for (rows, classes, launches) in [(256_i64, 10_i64, 1_usize), (512, 16, 1), (1000, 37, 2)] {
-        let logits = Tensor::randn([rows, classes], (Kind::Float, CUDA));
-        let labels = Tensor::randint(classes, [rows], (Kind::Int64, CUDA));
-        let kernels = super::kernels_of(|| {
-            let _grad = fused
-                .run(&logits, &labels, None, &accumulator, weights)
-                .unwrap();
-        });
-        assert_eq!(kernels.len(), launches, "{rows}x{classes}: {kernels:?}");
-    }
-}
