@@ -17,17 +17,14 @@ struct JitKernel {
   bool programmatic = false;
 };
 
-// Launches `kernel` (a JitKernel*) on `stream`; throws c10::Error on failure.
+// Launches `kernel` (a JitKernel*) on `stream`, with programmatic stream
+// serialization when the kernel waits for its predecessor first (one launch
+// call either way: no attribute is an ordinary launch); throws c10::Error on
+// failure.
 inline void jit_launch(void* kernel, dim3 grid, dim3 block, unsigned shared, void** args,
                        cudaStream_t stream) {
   TORCH_CHECK(kernel != nullptr, "jit launch: null kernel");
   auto* k = static_cast<JitKernel*>(kernel);
-  if (!k->programmatic) {
-    cudaError_t status = cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel), grid, block,
-                                          args, shared, stream);
-    TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernel: ", cudaGetErrorString(status));
-    return;
-  }
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -37,10 +34,10 @@ inline void jit_launch(void* kernel, dim3 grid, dim3 block, unsigned shared, voi
   config.dynamicSmemBytes = shared;
   config.stream = stream;
   config.attrs = &attribute;
-  config.numAttrs = 1;
+  config.numAttrs = k->programmatic ? 1 : 0;
   cudaError_t status = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(k->kernel), args);
-  TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernelExC (programmatic): ",
-              cudaGetErrorString(status));
+  TORCH_CHECK(status == cudaSuccess, "cudaLaunchKernelExC", k->programmatic ? " (programmatic)" : "",
+              ": ", cudaGetErrorString(status));
 }
 
 }  // namespace esper

@@ -44,7 +44,6 @@ class PooledLinear : public torch::autograd::Function<PooledLinear> {
                       dim3(kThreads), 0, args, stream_of(x));
     ctx->save_for_backward({weight, mean});
     ctx->saved_data["backward"] = backward_kernel;
-    ctx->saved_data["hw"] = static_cast<int64_t>(hw);
     ctx->saved_data["shape"] = x.sizes().vec();
     ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
     return y;
@@ -64,12 +63,13 @@ class PooledLinear : public torch::autograd::Function<PooledLinear> {
     int batch = static_cast<int>(mean.size(0));
     int channels = static_cast<int>(mean.size(1));
     int outputs = static_cast<int>(weight.size(0));
-    int hw = static_cast<int>(ctx->saved_data["hw"].toInt());
+    // x's [N, C, H, W]: the gradient's shape and the pixels each mean took.
+    const auto shape = ctx->saved_data["shape"].toIntVector();
+    int hw = static_cast<int>(shape.at(2) * shape.at(3));
     const bool want_dx = ctx->needs_input_grad(0);
     const bool want_w = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     at::Tensor dx;
     if (want_dx) {
-      const auto shape = ctx->saved_data["shape"].toIntVector();
       dx = at::empty(shape, dy.options().memory_format(at::MemoryFormat::ChannelsLast));
     }
     auto f32 = weight.options().memory_format(at::MemoryFormat::Contiguous);

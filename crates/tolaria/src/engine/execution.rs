@@ -14,7 +14,7 @@ use torch_ext::CudaGraph;
 
 use super::ExecutionMode;
 use super::staging::StagedData;
-use super::{Batch, Engine, EpochAccumulator, EpochGraph, Step, StepGraph};
+use super::{Batch, Engine, EpochAccumulator, EpochGraph, EpochInput, Step, StepGraph};
 use crate::error::{Error, Result, TorchResultExt};
 
 impl Engine {
@@ -181,14 +181,14 @@ impl Engine {
         if let Some(epoch) = &self.epoch_graph {
             // Ordered data: the graphs read views, not the permutation; with
             // an epoch-order buffer, views of it, gathered here.
-            if let Some(order) = &epoch.order {
-                data.gather_epoch(permutation, order)?;
-            } else if !data.is_ordered() {
-                epoch
-                    .permutation
-                    .shallow_clone()
-                    .f_copy_(permutation)
-                    .op("permutation copy")?;
+            match &epoch.input {
+                EpochInput::Order(order) => data.gather_epoch(permutation, order)?,
+                EpochInput::Permutation(copy) if !data.is_ordered() => {
+                    copy.shallow_clone()
+                        .f_copy_(permutation)
+                        .op("permutation copy")?;
+                }
+                EpochInput::Permutation(_) => {}
             }
             for graph in &epoch.graphs {
                 graph.replay()?;
@@ -211,13 +211,16 @@ impl Engine {
                 reason: "no CUDA device".to_owned(),
             });
         };
-        let static_permutation = deep_copy(permutation)?;
         // Shuffled resident data that fits: the epoch gathered into its
-        // order once (two kernels), each step a view of that.
-        let order = data.epoch_order_buffers()?;
-        if let Some(order) = &order {
-            data.gather_epoch(permutation, order)?;
-        }
+        // order once (two kernels), each step a view of that; otherwise a
+        // static copy of the permutation that each step gathers from.
+        let input = match data.epoch_order_buffers()? {
+            Some(order) => {
+                data.gather_epoch(permutation, &order)?;
+                EpochInput::Order(order)
+            }
+            None => EpochInput::Permutation(deep_copy(permutation)?),
+        };
         let started = Instant::now();
         let accumulator = &self.accumulator;
         let per_graph = match self.config.epoch_graph_steps {
@@ -237,18 +240,13 @@ impl Engine {
                         }
                         for (offset, &range) in ranges.iter().enumerate() {
                             let index = first.saturating_add(offset);
-                            match &order {
-                                Some(order) => {
+                            match &input {
+                                EpochInput::Order(order) => {
                                     run_view(step, order, range, index, accumulator)?;
                                 }
-                                None => run_range(
-                                    step,
-                                    data,
-                                    &static_permutation,
-                                    range,
-                                    index,
-                                    accumulator,
-                                )?,
+                                EpochInput::Permutation(copy) => {
+                                    run_range(step, data, copy, range, index, accumulator)?;
+                                }
                             }
                         }
                         Ok(())
@@ -274,8 +272,8 @@ impl Engine {
                 self.note_capture(elapsed, outcome, (plan.len() as i64, u8::MAX));
                 self.epoch_graph = Some(EpochGraph {
                     graphs,
-                    permutation: static_permutation,
-                    order,
+                    steps,
+                    input,
                 });
                 outcome.replayed = outcome.replayed.saturating_add(steps);
             }

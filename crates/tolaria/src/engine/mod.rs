@@ -213,15 +213,23 @@ struct StepGraph {
     indices: Tensor,
 }
 
-/// Graph-epoch's captured epoch: its graphs, replayed in order, and the
-/// permutation buffer they read.
+/// Graph-epoch's captured epoch: its graphs, replayed in order, and what
+/// they read.
 struct EpochGraph {
     graphs: Vec<CudaGraph>,
-    permutation: Tensor,
-    /// The epoch's samples in its order, which the graphs read views of
-    /// (gathered before each replay); `None`: they gather from
-    /// `permutation` each step.
-    order: Option<(Tensor, Tensor)>,
+    /// Steps of the epoch.
+    steps: usize,
+    input: EpochInput,
+}
+
+/// What graph-epoch's graphs read their batches from.
+enum EpochInput {
+    /// A static copy of the permutation, each step's batch gathered from
+    /// it; refreshed before each replay where the data is shuffled.
+    Permutation(Tensor),
+    /// The epoch's samples (inputs, labels) in its order, gathered before
+    /// each replay; each step reads views.
+    Order((Tensor, Tensor)),
 }
 
 /// The epoch loop (see the module docs).
@@ -534,7 +542,7 @@ impl Engine {
             }
         }
         if let Some(epoch) = &self.epoch_graph {
-            let steps = epoch.permutation.size().first().copied().unwrap_or(0);
+            let steps = i64::try_from(epoch.steps).unwrap_or(i64::MAX);
             let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
             for graph in &epoch.graphs {
                 for (count, node) in graph.node_summary()? {

@@ -43,29 +43,24 @@ struct Kernels {
     add: JitKernel,
 }
 
+/// One thread a value of `N`.
+fn launch(kernel: &JitKernel, args: &[Arg<'_>]) -> Result<(), String> {
+    let blocks = u32::try_from(N).unwrap() / THREADS;
+    kernel
+        .launch([blocks, 1, 1], [THREADS, 1, 1], 0, args)
+        .map_err(|e| e.to_string())
+}
+
 impl Kernels {
     fn slow(&self, x: &Tensor, y: &Tensor) -> Result<(), String> {
-        let blocks = u32::try_from(N).unwrap() / THREADS;
-        self.slow
-            .launch(
-                [blocks, 1, 1],
-                [THREADS, 1, 1],
-                0,
-                &[Arg::Tensor(x), Arg::Tensor(y), Arg::I64(N), Arg::I64(SPIN)],
-            )
-            .map_err(|e| e.to_string())
+        launch(
+            &self.slow,
+            &[Arg::Tensor(x), Arg::Tensor(y), Arg::I64(N), Arg::I64(SPIN)],
+        )
     }
 
     fn add(&self, x: &Tensor, y: &Tensor) -> Result<(), String> {
-        let blocks = u32::try_from(N).unwrap() / THREADS;
-        self.add
-            .launch(
-                [blocks, 1, 1],
-                [THREADS, 1, 1],
-                0,
-                &[Arg::Tensor(x), Arg::Tensor(y), Arg::I64(N)],
-            )
-            .map_err(|e| e.to_string())
+        launch(&self.add, &[Arg::Tensor(x), Arg::Tensor(y), Arg::I64(N)])
     }
 }
 
