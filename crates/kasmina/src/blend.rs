@@ -150,15 +150,41 @@ fn check_same_shape(op: &'static str, host: &Tensor, seed: &Tensor) -> Result<()
 pub fn blend_add(host: &Tensor, seed: &Tensor, alpha: &BlendAlpha<'_>) -> Result<Tensor> {
     check_same_shape("blend add", host, seed)?;
     alpha.check(host)?;
-    let seed = seed.f_to_kind(host.kind())?;
     match alpha {
-        BlendAlpha::Scalar(a) => Ok(host.f_lerp(&seed, BlendAlpha::clamped_scalar(*a)?)?),
+        BlendAlpha::Scalar(a) => {
+            let seed = seed.f_to_kind(host.kind())?;
+            Ok(host.f_lerp(&seed, BlendAlpha::clamped_scalar(*a)?)?)
+        }
         BlendAlpha::PerSample(tensor) => {
-            // Clamped to [0, 1] inside the blend's kernels.
-            let weight = tensor.f_to_kind(host.kind())?.f_to_device(host.device())?;
+            let (seed, weight) = lerp_operands(host, seed, tensor)?;
             Ok(torch_ext::nn::blend_lerp_clamped(host, &seed, &weight)?)
         }
     }
+}
+
+/// ADD with a per-sample alpha, then the 2x2 max-pool: what
+/// `max_pool2x2(blend_add(h, s, PerSample(alpha)))` computes, as one node
+/// where the fused kernels run.
+///
+/// # Shapes
+/// `h`, `s`: `[B, C, H, W]` (equal); `alpha`: `[B or 1, 1, 1, 1]` ->
+/// `[B, C, H / 2, W / 2]`.
+fn blend_add_pooled(host: &Tensor, seed: &Tensor, alpha: &Tensor) -> Result<Tensor> {
+    check_same_shape("blend add", host, seed)?;
+    BlendAlpha::PerSample(alpha).check(host)?;
+    let (seed, weight) = lerp_operands(host, seed, alpha)?;
+    Ok(torch_ext::nn::blend_lerp_clamped_pool2x2(
+        host, &seed, &weight,
+    )?)
+}
+
+/// The seed's output in the host's dtype and a per-sample alpha as the
+/// lerp's weight (the host's dtype and device; the blend's kernels clamp it
+/// to `[0, 1]`).
+fn lerp_operands(host: &Tensor, seed: &Tensor, alpha: &Tensor) -> Result<(Tensor, Tensor)> {
+    let seed = seed.f_to_kind(host.kind())?;
+    let weight = alpha.f_to_kind(host.kind())?.f_to_device(host.device())?;
+    Ok((seed, weight))
 }
 
 /// MULTIPLY: `h (1 + a tanh(s - x))` with `x` the seed's input.
@@ -346,7 +372,10 @@ pub(crate) fn mix_replicated(
 
 /// The blend of a seed's output (`seed_output`, and `gate_values` for a
 /// gated seed) into `host` under `state`'s algorithm and alpha, or
-/// `alpha_override` per sample (see [`crate::slot::SeedSlot::forward`]).
+/// `alpha_override` per sample (see [`crate::slot::SeedSlot::forward`]);
+/// where `pool`, its 2x2 max-pool ([`torch_ext::nn::max_pool2x2`]), which
+/// an ADD blend with a per-sample alpha takes in
+/// ([`torch_ext::nn::blend_lerp_clamped_pool2x2`]).
 pub(crate) fn mix(
     host: &Tensor,
     seed_input: &Tensor,
@@ -354,7 +383,28 @@ pub(crate) fn mix(
     gate_values: Option<&Tensor>,
     state: &crate::lifecycle::SeedState,
     alpha_override: Option<&Tensor>,
+    pool: bool,
 ) -> Result<Tensor> {
+    if pool {
+        let add = matches!(
+            (state.algorithm(), gate_values),
+            (AlphaAlgorithm::Add, _) | (AlphaAlgorithm::Gate, None)
+        );
+        // An override never incubates.
+        if let (true, Some(tensor)) = (add, alpha_override) {
+            return blend_add_pooled(host, seed_output, tensor);
+        }
+        let blended = mix(
+            host,
+            seed_input,
+            seed_output,
+            gate_values,
+            state,
+            alpha_override,
+            false,
+        )?;
+        return Ok(torch_ext::nn::max_pool2x2(&blended)?);
+    }
     let alpha = state.alpha();
     if incubates(state, alpha_override) {
         return incubator(host, seed_output);

@@ -439,15 +439,38 @@ impl SeedSlot {
         alpha_override: Option<&Tensor>,
         tap: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        self.forward_tapped_then(host, alpha_override, tap, false)
+    }
+
+    /// [`SeedSlot::forward_tapped`], followed by the 2x2 max-pool
+    /// ([`torch_ext::nn::max_pool2x2`]) of its output where `pool`: the
+    /// model's walk asks for it where the host's next segment is that pool
+    /// ([`crate::host::Host::pools_after`]), and a per-sample ADD blend then
+    /// runs as one node with it ([`crate::blend::mix`]).
+    pub(crate) fn forward_tapped_then(
+        &self,
+        host: &Tensor,
+        alpha_override: Option<&Tensor>,
+        tap: bool,
+        pool: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         slot_checks::features(self.topology(), &self.spec, host)?;
         if let Some(tensor) = alpha_override {
             BlendAlpha::PerSample(tensor).check(host)?;
         }
+        let pass_through = || -> Result<(Tensor, Option<Tensor>)> {
+            let output = if pool {
+                torch_ext::nn::max_pool2x2(host)?
+            } else {
+                host.shallow_clone()
+            };
+            Ok((output, None))
+        };
         let (Some(state), Some(seed)) = (self.lifecycle.state(), &self.seed) else {
-            return Ok((host.shallow_clone(), None));
+            return pass_through();
         };
         if !state.stage().is_active() {
-            return Ok((host.shallow_clone(), None));
+            return pass_through();
         }
         let (seed_input, tap) = if state.isolate_gradients() {
             // Detached, layout kept: a channels-last host stays channels-last
@@ -459,11 +482,12 @@ impl SeedSlot {
         } else {
             (host.shallow_clone(), None)
         };
-        let output = self.blend(host, &seed_input, seed, state, alpha_override)?;
+        let output = self.blend(host, &seed_input, seed, state, alpha_override, pool)?;
         Ok((output, tap))
     }
 
-    /// The blend of the seed's output into `host` (see [`SeedSlot::forward`]).
+    /// The blend of the seed's output into `host` (see [`SeedSlot::forward`]),
+    /// 2x2 max-pooled where `pool`.
     fn blend(
         &self,
         host: &Tensor,
@@ -471,6 +495,7 @@ impl SeedSlot {
         seed: &LiveSeed,
         state: &SeedState,
         alpha_override: Option<&Tensor>,
+        pool: bool,
     ) -> Result<Tensor> {
         let seed_output = seed.module.forward(seed_input)?;
         let gate_values = match (state.algorithm(), &seed.gate) {
@@ -484,6 +509,7 @@ impl SeedSlot {
             gate_values.as_ref(),
             state,
             alpha_override,
+            pool,
         )
     }
 
@@ -561,6 +587,7 @@ impl SeedSlot {
             gate_values.as_ref(),
             state,
             alpha_override,
+            false,
         )
     }
 }

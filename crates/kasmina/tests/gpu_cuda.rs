@@ -1,10 +1,13 @@
 //! CUDA checks, run on the GPU machine (each test prints why it skips on a
 //! machine without CUDA): prefetched modules land on the GPU, a model with
-//! two seeds trains, attributes and exports there, and a depthwise
-//! convolution run in NCHW matches the channels-last one.
+//! two seeds trains, attributes and exports there, seeds blended before the
+//! host's pools (one fused node each) give the blend-then-pool's values and
+//! gradients, and a depthwise convolution run in NCHW matches the
+//! channels-last one.
 
 mod common;
 
+use common::forward_by_hand;
 use common::sgd::GroupSgd;
 use kasmina::attribution::attribute_batch;
 use kasmina::export::export_seed_states;
@@ -99,6 +102,79 @@ fn a_two_seed_model_trains_attributes_and_exports_on_the_gpu() {
     let masks = model.seed_masks();
     let mask = masks.to_tensor(&masks.seeds[1], device).expect("mask");
     assert_eq!(mask.device(), device);
+}
+
+#[test]
+fn seeds_blended_before_the_pools_match_the_blend_then_the_pool_on_the_gpu() {
+    let Some(device) =
+        cuda_or_skip("seeds_blended_before_the_pools_match_the_blend_then_the_pool_on_the_gpu")
+    else {
+        return;
+    };
+    tch::manual_seed(9);
+    let host = CnnHost::new(CnnHostConfig::fashion_mnist(), device).expect("host");
+    // r0c1 and r0c2 sit before the pools of blocks 1 and 2 (7x7: an odd side).
+    let slots = [SlotId::new(0, 1), SlotId::new(0, 2)];
+    let mut model =
+        MorphogeneticModel::new(host, &slots, SlotConfig::default(), Telemetry::disabled())
+            .expect("model");
+    for slot in slots {
+        model
+            .germinate(slot, "conv_light", GerminationOptions::new("light"))
+            .expect("germinate");
+        model
+            .advance_stage(slot, Some(SeedStage::Training))
+            .expect("g1");
+    }
+    let batch = 16;
+    let f32 = (Kind::Float, device);
+    let per_sample = Tensor::rand([batch, 1, 1, 1], f32);
+    let shared = Tensor::full([1, 1, 1, 1], 0.75, f32);
+    let overrides = [Some(&per_sample), Some(&shared)];
+    for channels_last in [false, true] {
+        let images = Tensor::randn([batch, 1, 28, 28], f32);
+        let images = if channels_last {
+            torch_ext::memory::contiguous_channels_last(&images).expect("layout")
+        } else {
+            images
+        };
+        let run = |by_hand: bool| {
+            let input = images.detach().set_requires_grad(true);
+            let logits = if by_hand {
+                forward_by_hand(&model, &input, &overrides, true)
+            } else {
+                model
+                    .forward_with_alpha(&input, &overrides, true)
+                    .expect("walk")
+            };
+            (&logits * &logits).sum(Kind::Float).backward();
+            let grads: Vec<Tensor> = model
+                .parameters()
+                .iter()
+                .map(|parameter| {
+                    let grad = parameter.tensor.grad();
+                    assert!(grad.defined(), "{} has no gradient", parameter.name);
+                    let copy = grad.detach().copy();
+                    let _ = grad.shallow_clone().zero_();
+                    copy
+                })
+                .collect();
+            (logits.detach(), input.grad(), grads)
+        };
+        let (walked, walked_dx, walked_grads) = run(false);
+        let (by_hand, by_hand_dx, by_hand_grads) = run(true);
+        let close = |a: &Tensor, b: &Tensor| {
+            let scale = b.abs().max().double_value(&[]).max(1e-6);
+            (a - b).abs().max().double_value(&[]) <= 1e-5 * scale
+        };
+        let case = format!("channels-last {channels_last}");
+        assert!(close(&walked, &by_hand), "logits, {case}");
+        assert!(close(&walked_dx, &by_hand_dx), "input gradient, {case}");
+        assert_eq!(walked_grads.len(), by_hand_grads.len());
+        for (index, (a, b)) in walked_grads.iter().zip(&by_hand_grads).enumerate() {
+            assert!(close(a, b), "parameter {index} gradient, {case}");
+        }
+    }
 }
 
 #[test]

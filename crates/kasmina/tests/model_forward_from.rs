@@ -2,12 +2,13 @@
 //! boundary with host activations the caller computed equals
 //! `forward_with_alpha` from the input (with and without per-sample alpha
 //! overrides, on CNN and transformer hosts, with a shared prefix replicated
-//! along the batch), and bad boundaries, features and overrides are typed
-//! errors. The copies of a channels-last batch stay channels-last.
+//! along the batch), a seed's blend taken together with the host's pool
+//! after it equals the blend then the pool, and bad boundaries, features
+//! and overrides are typed errors. The copies of a channels-last batch stay channels-last.
 
 mod common;
 
-use common::slot_config;
+use common::{forward_by_hand, slot_config};
 use kasmina::Error;
 use kasmina::gate::GateMode;
 use kasmina::groups::GroupKey;
@@ -148,6 +149,42 @@ fn forward_from_a_cnn_boundary_equals_the_full_forward() {
     let plain = tch::no_grad(|| model.forward(&x, false)).expect("plain");
     let changed = tch::no_grad(|| model.forward_with_alpha(&x, &overrides, false)).expect("full");
     assert!(!changed.equal(&plain), "the overrides change the logits");
+}
+
+#[test]
+fn a_seed_before_a_pool_blends_then_pools_as_the_slot_and_the_host_would() {
+    let model = cnn_model();
+    // r0c1 sits before block 1's pool, r1c0 after block 0's.
+    let host = model.host();
+    assert!(host.pools_after(model.slot(R0C1).expect("r0c1").spec().boundary));
+    assert!(!host.pools_after(model.slot(R1C0).expect("r1c0").spec().boundary));
+    let quarter = alpha(3, 4, 0.25);
+    let above_one = alpha(3, 4, 1.5);
+    let half = alpha(3, 4, 0.5);
+    let configurations: [&[Option<&Tensor>]; 3] = [
+        // r0c1 at its own scalar alpha, then per sample (clamped above 1).
+        &[],
+        &[None, None, Some(&quarter)],
+        &[None, Some(&half), Some(&above_one)],
+    ];
+    for overrides in configurations {
+        for train in [false, true] {
+            let case = format!("{} overrides, train {train}", overrides.len());
+            let input = images(3).set_requires_grad(true);
+            let walked = model
+                .forward_with_alpha(&input, overrides, train)
+                .expect("walk");
+            walked.sum(Kind::Float).backward();
+            let by_hand_input = images(3).set_requires_grad(true);
+            let by_hand = forward_by_hand(&model, &by_hand_input, overrides, train);
+            by_hand.sum(Kind::Float).backward();
+            assert!(walked.equal(&by_hand), "logits, {case}");
+            assert!(
+                input.grad().equal(&by_hand_input.grad()),
+                "input gradient, {case}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -231,6 +231,12 @@ char* esper_blend_lerp(void* host, void* seed, void* weight, int32_t vec, int32_
                        void* const* kernels, void** out);
 char* esper_blend_lerp_replicated(void* host, void* seed, void* weight, int64_t replicas,
                                   int32_t vec, void* forward_kernel, void** out);
+// max_pool2d(lerp(host, seed, weight), 2, 2) (floor) of 4-D host and seed in
+// one layout (channels-last when channels_last is nonzero, else contiguous
+// NCHW with vec 1), weight and clamp as esper_blend_lerp's; kernels:
+// forward, backward (nn_blend.cpp).
+char* esper_blend_lerp_pool2(void* host, void* seed, void* weight, int32_t channels_last,
+                             int32_t vec, int32_t clamp, void* const* kernels, void** out);
 // Squeeze-and-excite x * sigmoid(excite relu(squeeze mean_hw(x)) + bias)
 // over a channels-last f32 or bf16 CUDA tensor [B, C, H, W] (C <= 256),
 // squeeze f32 [R, C] (R <= 64), excite f32 [C, R], bias f32 [C]; kernels:

@@ -407,6 +407,16 @@ unsafe extern "C" {
         forward_kernel: *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
+    pub(crate) fn esper_blend_lerp_pool2(
+        host: *mut c_void,
+        seed: *mut c_void,
+        weight: *mut c_void,
+        channels_last: i32,
+        vec: i32,
+        clamp: i32,
+        kernels: *const *mut c_void,
+        out: *mut *mut c_void,
+    ) -> RawError;
     pub(crate) fn esper_conv3x3_fits(
         height: i64,
         width: i64,

@@ -1,7 +1,7 @@
 //! `memory::repeat_batch` and `nn::blend_lerp_replicated` on the CPU: the
 //! copies keep a channels-last layout, the replicated blend equals the
-//! blend of the copies (and passes gradients through them), and bad
-//! arguments are typed errors.
+//! blend of the copies (and passes gradients through them), the pooled
+//! blend is the blend then the pool, and bad arguments are typed errors.
 
 use tch::{Device, Kind, Tensor};
 use torch_ext::{Error, memory, nn};
@@ -73,4 +73,26 @@ fn the_replicated_blend_is_the_blend_of_copies() {
         Err(Error::InvalidArgument { .. })
     ));
     assert!(nn::blend_lerp_replicated(&h, &s, &Tensor::rand([5, 1, 1, 1], CPU), 3).is_err());
+}
+
+#[test]
+fn the_pooled_blend_is_the_blend_then_the_pool_on_the_cpu() {
+    tch::manual_seed(5);
+    let h = Tensor::randn([3, 4, 7, 6], CPU);
+    let s = Tensor::randn([3, 4, 7, 6], CPU);
+    let w = Tensor::from_slice(&[0.25f32, 1.5, -0.5]).reshape([3, 1, 1, 1]);
+    let pooled = nn::blend_lerp_pool2x2(&h, &s, &w).unwrap();
+    assert_eq!(pooled.size(), [3, 4, 3, 3]);
+    let want = h
+        .lerp_tensor(&s, &w)
+        .max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false);
+    assert!(pooled.equal(&want));
+    let clamped = nn::blend_lerp_clamped_pool2x2(&h, &s, &w).unwrap();
+    let want =
+        h.lerp_tensor(&s, &w.clamp(0.0, 1.0))
+            .max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false);
+    assert!(clamped.equal(&want));
+    // A shape that does not fit together is libtorch's error, not a panic.
+    let other = Tensor::randn([3, 4, 6, 6], CPU);
+    assert!(nn::blend_lerp_pool2x2(&h, &other, &w).is_err());
 }

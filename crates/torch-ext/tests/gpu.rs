@@ -9,7 +9,7 @@
 //! libtorch's `_fused_adamw_`, (module `foreach`) its multi-tensor zero, copy
 //! and add against libtorch's `_foreach_*`, (module `shadow`) the weights'
 //! bf16 shadows against libtorch's casts, read by the linear layer, (module
-//! `excite`) squeeze-and-excite against libtorch's composition, (module `pdl`) early-launched kernels ordered after every kind of predecessor, (module `bn_pool`) batch norm + ReLU + max-pool as one node against the two it replaces, (module `sgd`) the grouped SGD kernel against libtorch's `_fused_sgd_`. Every
+//! `excite`) squeeze-and-excite against libtorch's composition, (module `pdl`) early-launched kernels ordered after every kind of predecessor, (module `bn_pool`) batch norm + ReLU + max-pool as one node against the two it replaces, (module `blend_pool`) the blend + max-pool likewise, (module `sgd`) the grouped SGD kernel against libtorch's `_fused_sgd_`. Every
 //! test prints "skipping: no CUDA device" and returns on machines
 //! without CUDA; build it here with
 //! `cargo test -p torch-ext --test gpu --release --no-run` and run the binary
@@ -47,6 +47,8 @@ mod adamw;
 mod attention;
 #[path = "gpu/blend.rs"]
 mod blend;
+#[path = "gpu/blend_pool.rs"]
+mod blend_pool;
 #[path = "gpu/bn_pool.rs"]
 mod bn_pool;
 #[path = "gpu/copies.rs"]

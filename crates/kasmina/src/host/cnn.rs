@@ -334,6 +334,11 @@ impl Host for CnnHost {
         ]
     }
 
+    /// The segment after every PRE_POOL boundary is the block's pool.
+    fn pools_after(&self, boundary: usize) -> bool {
+        matches!(self.segments.get(boundary), Some(Segment::Pool))
+    }
+
     /// # Shapes
     /// Boundary 0 is `[B, in_channels, S, S]`; a PRE_POOL boundary after block
     /// `i` is `[B, base 2^i, s, s]`, the POST_POOL one `[B, base 2^i, s/2, s/2]`;

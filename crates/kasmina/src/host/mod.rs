@@ -139,6 +139,17 @@ pub trait Host: Send {
     /// statistics for BatchNorm.
     fn forward_segment(&self, x: &Tensor, from: usize, to: usize, train: bool) -> Result<Tensor>;
 
+    /// Whether the segment from `boundary` to `boundary + 1` is a 2x2
+    /// max-pool of the activation there, exactly
+    /// [`torch_ext::nn::max_pool2x2`]: the model's walk then takes a seed's
+    /// blend at `boundary` and that pool as one node
+    /// ([`torch_ext::nn::blend_lerp_clamped_pool2x2`]) and resumes the host
+    /// at `boundary + 1`. `false` unless the host says so.
+    fn pools_after(&self, boundary: usize) -> bool {
+        let _ = boundary;
+        false
+    }
+
     /// The plain forward pass, input to logits.
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         self.forward_segment(x, 0, self.num_segments(), train)

@@ -7,7 +7,10 @@
 //! [`MorphogeneticModel::forward_from`]) is this one walk: from a start
 //! boundary the host runs up to the next active slot's boundary, the slot is
 //! applied (with its per-sample alpha override, if any), and after the last
-//! active slot the host runs to the logits. The first three start at the
+//! active slot the host runs to the logits. Where the host's next segment
+//! is a 2x2 max-pool ([`crate::host::Host::pools_after`]), the slot's blend
+//! and that pool run as one node and the host resumes after the pool (not
+//! in the replicated walk). The first three start at the
 //! input (boundary 0); [`MorphogeneticModel::forward_from`] starts at a
 //! later boundary with host activations the caller computed, which lets a
 //! caller run the host prefix once and reuse it (the counterfactual pass
@@ -211,6 +214,7 @@ impl MorphogeneticModel {
                 .host
                 .forward_segment(&features, boundary, target, train)?;
             let alpha_override = overrides.get(index).copied().flatten();
+            let mut pooled = false;
             features = match &mut walk {
                 Walk::Replicated(replicas) => {
                     let copies = *replicas;
@@ -218,15 +222,21 @@ impl MorphogeneticModel {
                     slot.forward_replicated(&features, copies, alpha_override)?
                 }
                 Walk::Plain(taps) => {
-                    let (output, tap) =
-                        slot.forward_tapped(&features, alpha_override, taps.is_some())?;
+                    // A pool right after the slot runs with its blend.
+                    pooled = self.host.pools_after(target);
+                    let (output, tap) = slot.forward_tapped_then(
+                        &features,
+                        alpha_override,
+                        taps.is_some(),
+                        pooled,
+                    )?;
                     if let (Some(taps), Some(tap)) = (taps.as_deref_mut(), tap) {
                         taps.push((slot.id(), tap));
                     }
                     output
                 }
             };
-            boundary = target;
+            boundary = if pooled { target + 1 } else { target };
         }
         let logits =
             self.host

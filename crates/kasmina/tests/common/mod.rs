@@ -8,6 +8,7 @@ pub mod sgd;
 use kasmina::gate::{GateMode, GateThresholds, QualityGates};
 use kasmina::host::{InjectionSpec, SlotId, Surface, Topology};
 use kasmina::lifecycle::{GerminationOptions, SlotConfig};
+use kasmina::model::MorphogeneticModel;
 use kasmina::slot::SeedSlot;
 use leyline::SeedStage;
 use leyline::Telemetry;
@@ -108,4 +109,34 @@ pub fn walk_to(
 /// Bitwise tensor equality (same shape and same values).
 pub fn bitwise_equal(a: &Tensor, b: &Tensor) -> bool {
     a.size() == b.size() && a.equal(b)
+}
+
+/// `model.forward_with_alpha(x, overrides, train)` done by hand: the host
+/// up to each active slot's boundary, the slot's own forward (its blend
+/// alone), then the host on from there. Every host pool runs as its own
+/// node, where the model's walk takes a pool right after a seed into the
+/// seed's blend.
+pub fn forward_by_hand(
+    model: &MorphogeneticModel,
+    x: &Tensor,
+    overrides: &[Option<&Tensor>],
+    train: bool,
+) -> Tensor {
+    let host = model.host();
+    let mut boundary = 0;
+    let mut features = x.shallow_clone();
+    for (index, slot) in model.slots().iter().enumerate() {
+        if !slot.is_active() {
+            continue;
+        }
+        let target = slot.spec().boundary;
+        features = host
+            .forward_segment(&features, boundary, target, train)
+            .expect("host to the slot");
+        let alpha = overrides.get(index).copied().flatten();
+        features = slot.forward(&features, alpha).expect("slot");
+        boundary = target;
+    }
+    host.forward_segment(&features, boundary, host.num_segments(), train)
+        .expect("host to the logits")
 }

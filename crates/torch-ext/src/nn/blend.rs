@@ -2,11 +2,14 @@
 //! (see the parent module's docs), from run-time compiled kernels where they
 //! apply and libtorch's `lerp` otherwise; [`blend_lerp_replicated`]: the
 //! same blend of a batch's replicated copies, forward only, without making
-//! the copies.
+//! the copies; [`blend_lerp_pool2x2`] and [`blend_lerp_clamped_pool2x2`]:
+//! the blend followed by a 2x2 max-pool as one node.
 
 use tch::{Device, Kind, Tensor};
 
-use super::{fused_kernels_enabled, is_nhwc, kernels, shim_tensor, torch};
+use super::{
+    four_channels, fused_kernels_enabled, is_nhwc, kernels, max_pool2x2, shim_tensor, torch,
+};
 use crate::error::Result;
 use crate::ffi;
 
@@ -49,6 +52,88 @@ pub fn blend_lerp(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tenso
 /// As [`blend_lerp`].
 pub fn blend_lerp_clamped(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
     lerp(host, seed, weight, true)
+}
+
+/// `max_pool2d(host.lerp(seed, weight), 2, 2)` (floor): [`blend_lerp`]
+/// followed by [`max_pool2x2`], what a seed blended just before a host's
+/// pool computes.
+///
+/// One kernel each way runs where both would run fused: 4-D `host` and
+/// `seed` as [`blend_lerp`] takes them, channels-last (more than one
+/// channel) or contiguous NCHW, at least two pixels a side, and sizes that
+/// 32-bit indices cover. The forward writes only each window's maximum (the
+/// four blends rounded to the dtype first, as the stored blend would be);
+/// the backward recomputes each window's blends and argmax from `host`,
+/// `seed` and `weight` (saved), routes the pooled gradient to the argmax
+/// and splits it between `host` and `seed` as the blend's backward does.
+/// Values and gradients equal the two nodes' bit for bit. Anything else runs
+/// the two nodes.
+///
+/// # Shapes
+/// `host`, `seed`: `[N, C, H, W]`; `weight`: `[N or 1, 1, 1, 1]`; returns
+/// `[N, C, H / 2, W / 2]` in `host`'s layout and dtype.
+///
+/// # Errors
+/// As [`blend_lerp`].
+pub fn blend_lerp_pool2x2(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    lerp_pool(host, seed, weight, false)
+}
+
+/// [`blend_lerp_pool2x2`] with the weight clamped to `[0, 1]` first, as
+/// [`blend_lerp_clamped`] clamps it.
+///
+/// # Shapes
+/// As [`blend_lerp_pool2x2`].
+///
+/// # Errors
+/// As [`blend_lerp`].
+pub fn blend_lerp_clamped_pool2x2(host: &Tensor, seed: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    lerp_pool(host, seed, weight, true)
+}
+
+/// [`blend_lerp_pool2x2`], its weight clamped to `[0, 1]` where `clamp`.
+fn lerp_pool(host: &Tensor, seed: &Tensor, weight: &Tensor, clamp: bool) -> Result<Tensor> {
+    const OP: &str = "nn::blend_lerp_pool2x2";
+    let shape = host.size();
+    let fits = shape.len() == 4
+        && shape.get(2).is_some_and(|&h| h >= 2)
+        && shape.get(3).is_some_and(|&w| w >= 2)
+        && i32::try_from(host.numel()).is_ok();
+    let batch = shape.first().copied().unwrap_or(0);
+    let fused = if fits {
+        fused_blend(host, seed, weight, batch)?
+    } else {
+        None
+    };
+    let channels = shape.get(1).copied().unwrap_or(0);
+    let layout = if is_nhwc(host) && channels > 1 {
+        Some(true)
+    } else if host.is_contiguous() {
+        Some(false)
+    } else {
+        None
+    };
+    let (Some((device, bf16, weights)), Some(channels_last)) = (fused, layout) else {
+        return max_pool2x2(&lerp(host, seed, weight, clamp)?);
+    };
+    let vec4 = channels_last && four_channels(host, channels) && four_channels(seed, channels);
+    let k = kernels(OP, device, bf16, vec4)?;
+    let handles = [k.blend_pool_forward.raw(), k.blend_pool_backward.raw()];
+    // SAFETY: as in `lerp`.
+    unsafe {
+        shim_tensor(OP, |out| {
+            ffi::esper_blend_lerp_pool2(
+                ffi::tensor_ptr(host),
+                ffi::tensor_ptr(seed),
+                ffi::tensor_ptr(&weights),
+                i32::from(channels_last),
+                if vec4 { 4 } else { 1 },
+                i32::from(clamp),
+                handles.as_ptr(),
+                out,
+            )
+        })
+    }
 }
 
 /// [`blend_lerp`], its weight clamped to `[0, 1]` where `clamp`.

@@ -1,8 +1,10 @@
-//! The CUDA C source of [`super::blend_lerp`]'s two kernels, appended to
+//! The CUDA C source of [`super::blend_lerp`]'s kernels, appended to
 //! [`super::source::SOURCE`] (it uses that source's `T`, `VEC`, `load` and
 //! `store`): the alpha blend `lerp(h, s, w)` with one weight per sample,
 //! read from the device, forward and backward, `VEC` values a thread; the
-//! forward also blends a batch's replicated copies without making them.
+//! forward also blends a batch's replicated copies without making them; and
+//! the blend followed by the 2x2 max-pool, forward and backward, for
+//! [`super::blend_lerp_pool2x2`].
 //!
 //! libtorch's `lerp` with a weight tensor of shape `[N, 1, ..., 1]` takes
 //! its strided, one-value-a-thread path (a broadcast operand is not
@@ -17,6 +19,41 @@ __device__ __forceinline__ float blend_weight(const float* __restrict__ w, long 
                                               int flags) {
     const float a = w[(flags & 1) ? 0 : sample];
     return (flags & 2) && a == a ? fminf(fmaxf(a, 0.0f), 1.0f) : a;
+}
+
+// The blend's gradient split: to_h = g (1 - a), to_s = g a.
+__device__ __forceinline__ void blend_split(const float* g, float a, float* to_h,
+                                            float* to_s) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+        to_h[k] = g[k] * (1.0f - a);
+        to_s[k] = g[k] * a;
+    }
+}
+
+// lerp(h, s, a) by libtorch's formula: the end nearer the weight is the
+// anchor.
+__device__ __forceinline__ float blend_value(float h, float s, float a) {
+    const float d = s - h;
+    return fabsf(a) < 0.5f ? h + a * d : s - d * (1.0f - a);
+}
+
+// lerp(h, s, a) at index i, VEC values, each rounded to T as the stored
+// blend holds it.
+__device__ __forceinline__ void blend_at(const T* __restrict__ h, const T* __restrict__ s,
+                                         int i, float a, float* out) {
+    float hv[VEC], sv[VEC];
+    load(h, i, hv);
+    load(s, i, sv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) out[k] = round_t(blend_value(hv[k], sv[k], a));
+}
+
+// The two gradients' VEC values at index i.
+__device__ __forceinline__ void store_pair(T* __restrict__ dh, T* __restrict__ ds, long long i,
+                                           const float* to_h, const float* to_s) {
+    store(dh, i, to_h);
+    store(ds, i, to_s);
 }
 
 // y = lerp(h, s, w[sample]) over n values, per_sample values a sample
@@ -37,10 +74,7 @@ extern "C" __global__ void esper_blend_lerp_forward(
         load(h, j, hv);
         load(s, j, sv);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            const float d = sv[k] - hv[k];
-            out[k] = fabsf(a) < 0.5f ? hv[k] + a * d : sv[k] - d * (1.0f - a);
-        }
+        for (int k = 0; k < VEC; ++k) out[k] = blend_value(hv[k], sv[k], a);
         store(y, i, out);
     }
 }
@@ -57,13 +91,76 @@ extern "C" __global__ void esper_blend_lerp_backward(
         const float a = blend_weight(w, i / per_sample, flags);
         float gv[VEC], to_h[VEC], to_s[VEC];
         load(g, i, gv);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-            to_h[k] = gv[k] * (1.0f - a);
-            to_s[k] = gv[k] * a;
+        blend_split(gv, a, to_h, to_s);
+        store_pair(dh, ds, i, to_h, to_s);
+    }
+}
+
+// The 2x2 max-pool (stride 2, floor; the pool kernels' layouts, offset and
+// window) of lerp(h, s, w[n]): each window's four blends are rounded to T,
+// as the blend's output would be, before the pool's choice. The full-size
+// blend is never written.
+extern "C" __global__ void esper_blend_lerp_pool_forward(
+    const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
+    T* __restrict__ y, int N, int C, int H, int W, int cl, int flags) {
+    ESPER_PDL_ENTRY();
+    const int Ho = H >> 1, Wo = W >> 1;
+    const int total = N * (C / VEC) * Ho * Wo;
+    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, ho, wo;
+        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
+        const float a = blend_weight(w, n, flags);
+        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
+        const int at[4] = {base, base + sw, base + sh, base + sh + sw};
+        float v[4][VEC], best[VEC];
+        int k[VEC];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) blend_at(h, s, at[j], a, v[j]);
+        window(v, best, k);
+        store(y, offset(n, c, ho, wo, C, Ho, Wo, cl), best);
+    }
+}
+
+// Its backward: each window's argmax recomputed from h, s and w, the pooled
+// gradient routed to it (zero elsewhere, and on the row and column a floor
+// pool leaves out), then split as the blend's backward splits it:
+// dh = g (1 - w[n]), ds = g w[n].
+extern "C" __global__ void esper_blend_lerp_pool_backward(
+    const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
+    const T* __restrict__ gy, T* __restrict__ dh, T* __restrict__ ds, int N, int C, int H,
+    int W, int cl, int flags) {
+    ESPER_PDL_ENTRY();
+    const int Ho = H >> 1, Wo = W >> 1;
+    const int total = N * (C / VEC) * Ho * Wo;
+    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        int n, c, ho, wo;
+        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
+        const float a = blend_weight(w, n, flags);
+        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
+        const int at[4] = {base, base + sw, base + sh, base + sh + sw};
+        float v[4][VEC], best[VEC], g[VEC], zero[VEC], zh[VEC], zs[VEC];
+        int k[VEC];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) blend_at(h, s, at[j], a, v[j]);
+        window(v, best, k);
+        load(gy, offset(n, c, ho, wo, C, Ho, Wo, cl), g);
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float routed[VEC], to_h[VEC], to_s[VEC];
+            #pragma unroll
+            for (int q = 0; q < VEC; ++q) routed[q] = k[q] == j ? g[q] : 0.0f;
+            blend_split(routed, a, to_h, to_s);
+            store_pair(dh, ds, at[j], to_h, to_s);
         }
-        store(dh, i, to_h);
-        store(ds, i, to_s);
+        #pragma unroll
+        for (int q = 0; q < VEC; ++q) zero[q] = 0.0f;
+        blend_split(zero, a, zh, zs);
+        const bool right = (W & 1) && wo == Wo - 1, bottom = (H & 1) && ho == Ho - 1;
+        if (right) { store_pair(dh, ds, base + 2 * sw, zh, zs); store_pair(dh, ds, base + sh + 2 * sw, zh, zs); }
+        if (bottom) { store_pair(dh, ds, base + 2 * sh, zh, zs); store_pair(dh, ds, base + 2 * sh + sw, zh, zs); }
+        if (right && bottom) store_pair(dh, ds, base + 2 * sh + 2 * sw, zh, zs);
     }
 }
 "#;

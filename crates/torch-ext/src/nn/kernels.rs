@@ -46,6 +46,8 @@ pub(super) struct Kernels {
     pub(super) gn_backward_narrow: JitKernel,
     pub(super) blend_forward: JitKernel,
     pub(super) blend_backward: JitKernel,
+    pub(super) blend_pool_forward: JitKernel,
+    pub(super) blend_pool_backward: JitKernel,
     pub(super) ln_forward: JitKernel,
     pub(super) ln_backward: JitKernel,
     /// The f32 build's layer norm with a bf16 output (none in the bf16
@@ -131,6 +133,8 @@ pub(super) fn kernels(
                 gn_backward_narrow: load("esper_gn_relu_backward_narrow")?,
                 blend_forward: load("esper_blend_lerp_forward")?,
                 blend_backward: load("esper_blend_lerp_backward")?,
+                blend_pool_forward: load("esper_blend_lerp_pool_forward")?,
+                blend_pool_backward: load("esper_blend_lerp_pool_backward")?,
                 ln_forward: load("esper_ln_forward")?,
                 ln_backward: load("esper_ln_backward")?,
                 ln_bf16_out: if bf16 {

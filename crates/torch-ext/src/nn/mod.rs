@@ -64,7 +64,11 @@
 //!   read them (an alpha schedule's blend without a clamp kernel).
 //!   [`blend_lerp_replicated`] blends a batch's replicated copies (the
 //!   counterfactual configurations) forward only, reading the batch once
-//!   per copy instead of copying it first.
+//!   per copy instead of copying it first. [`blend_lerp_pool2x2`] (and
+//!   [`blend_lerp_clamped_pool2x2`]) is the blend followed by a 2x2
+//!   max-pool, one kernel each way: a seed blended just before a host's
+//!   pool writes only each window's maximum, and its backward routes the
+//!   pooled gradient through the pool and the blend in one pass.
 //! - [`squeeze_excite`]: a CNN seed's channel attention, `x · sigmoid(W2
 //!   relu(W1 mean_hw(x)) + b2)`, NHWC, one block an image: one kernel
 //!   forward (the means, both small products and the gate, then the
@@ -177,7 +181,10 @@ mod pooled_source;
 mod shadow;
 mod source;
 pub use attention::{FUSED_ATTENTION_HEAD_DIMS, MAX_FUSED_ATTENTION_TIME, causal_attention};
-pub use blend::{blend_lerp, blend_lerp_clamped, blend_lerp_replicated};
+pub use blend::{
+    blend_lerp, blend_lerp_clamped, blend_lerp_clamped_pool2x2, blend_lerp_pool2x2,
+    blend_lerp_replicated,
+};
 pub use bn_pool::batch_norm_relu_pool2x2;
 pub use embedding::embedding;
 pub use excite::{MAX_FUSED_EXCITE_CHANNELS, MAX_FUSED_EXCITE_HIDDEN, squeeze_excite};

@@ -28,6 +28,8 @@ fn every_kernel_variant_compiles() {
                         "esper_bn_relu_eval",
                         "esper_blend_lerp_forward",
                         "esper_blend_lerp_backward",
+                        "esper_blend_lerp_pool_forward",
+                        "esper_blend_lerp_pool_backward",
                         "esper_ln_forward",
                         "esper_ln_backward",
                         "esper_col_sum",
