@@ -5,8 +5,8 @@
 use tch::Tensor;
 
 use super::{
-    MAX_FUSED_CHANNELS, batch_norm_relu, four_channels, fused_target, is_nhwc, kernels,
-    max_pool2x2, per_channel_f32, shim_tensor,
+    MAX_FUSED_CHANNELS, TrainingNorm, batch_norm_relu, four_channels, fused_target, is_nhwc,
+    kernels, max_pool2x2, per_channel_f32,
 };
 use crate::error::Result;
 use crate::ffi;
@@ -102,24 +102,16 @@ pub fn batch_norm_relu_pool2x2(
         k.bn_pool_reduce.raw(),
         k.bn_pool_apply.raw(),
     ];
-    let optional = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
-    // SAFETY: every tensor pointer is live for the call; `handles` are live
-    // kernels (the cache never drops them, so the autograd node's backward
-    // may use them later).
-    unsafe {
-        shim_tensor(OP, |out| {
-            ffi::esper_batch_norm_relu_pool2(
-                ffi::tensor_ptr(x),
-                ffi::tensor_ptr(weight),
-                ffi::tensor_ptr(bias),
-                optional(running_mean),
-                optional(running_var),
-                momentum,
-                eps,
-                if vec4 { 4 } else { 1 },
-                handles.as_ptr(),
-                out,
-            )
-        })
-    }
+    let call = TrainingNorm {
+        op: OP,
+        x,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+        vec4,
+    };
+    call.run(ffi::esper_batch_norm_relu_pool2, handles)
 }

@@ -65,6 +65,20 @@ __device__ __forceinline__ void bnp_load(const T* __restrict__ x, long long r0, 
     for (int j = 0; j < 4; ++j) load(x, at[j] * C + l.group * VEC, xv[j]);
 }
 
+// Window wi's four pixels (xv) and the pooled gradient routed through the
+// pool and the ReLU to them (g); returns the window's first pixel row.
+__device__ __forceinline__ long long bnp_window_grads(
+    const T* __restrict__ x, const T* __restrict__ dy, long long wi, int H, int W, int C,
+    const Layout& l, const float* s, const float* h, float (*xv)[VEC], float (*g)[VEC],
+    int* ho, int* wo) {
+    const long long r0 = bnp_window(wi, H, W, ho, wo);
+    float gp[VEC];
+    bnp_load(x, r0, W, C, l, xv);
+    load(dy, wi * C + l.group * VEC, gp);
+    bnp_grads(xv, gp, s, h, g);
+    return r0;
+}
+
 extern "C" __global__ void esper_bn_relu_pool_forward(
     const T* __restrict__ x, T* __restrict__ y, const float* __restrict__ partials, int blocks,
     const float* __restrict__ weight, const float* __restrict__ bias,
@@ -121,11 +135,8 @@ extern "C" __global__ void esper_bn_relu_pool_backward_reduce(
         const long long step = (long long)gridDim.x * l.per;
         for (long long wi = (long long)blockIdx.x * l.per + l.row; wi < windows; wi += step) {
             int ho, wo;
-            const long long r0 = bnp_window(wi, H, W, &ho, &wo);
-            float xv[4][VEC], gp[VEC], g[4][VEC];
-            bnp_load(x, r0, W, C, l, xv);
-            load(dy, wi * C + l.group * VEC, gp);
-            bnp_grads(xv, gp, s, h, g);
+            float xv[4][VEC], g[4][VEC];
+            bnp_window_grads(x, dy, wi, H, W, C, l, s, h, xv, g, &ho, &wo);
             #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 #pragma unroll
@@ -140,6 +151,14 @@ extern "C" __global__ void esper_bn_relu_pool_backward_reduce(
     write_block_pairs(partials, l, C, sh);
 }
 
+// The input gradient of one pixel's VEC values xv with routed gradient g.
+__device__ __forceinline__ void bnp_dx_values(const float* xv, const float* g, const float* s,
+                                              const float* mean, const float* invstd,
+                                              const float* a, const float* b, float* out) {
+    #pragma unroll
+    for (int v = 0; v < VEC; ++v) out[v] = s[v] * (g[v] - a[v] - (xv[v] - mean[v]) * invstd[v] * b[v]);
+}
+
 // The input gradient of pixel row r with routed gradient g (a pixel no
 // window covers: g = 0).
 __device__ __forceinline__ void bnp_dx(const T* __restrict__ x, T* __restrict__ dx, long long r,
@@ -148,8 +167,7 @@ __device__ __forceinline__ void bnp_dx(const T* __restrict__ x, T* __restrict__ 
                                        const float* b) {
     float xv[VEC], out[VEC];
     load(x, r * C + l.group * VEC, xv);
-    #pragma unroll
-    for (int v = 0; v < VEC; ++v) out[v] = s[v] * (g[v] - a[v] - (xv[v] - mean[v]) * invstd[v] * b[v]);
+    bnp_dx_values(xv, g, s, mean, invstd, a, b, out);
     store(dx, r * C + l.group * VEC, out);
 }
 
@@ -184,19 +202,13 @@ extern "C" __global__ void esper_bn_relu_pool_backward_apply(
     const long long step = (long long)gridDim.x * l.per;
     for (long long wi = (long long)blockIdx.x * l.per + l.row; wi < windows; wi += step) {
         int ho, wo;
-        const long long r0 = bnp_window(wi, H, W, &ho, &wo);
-        float xv[4][VEC], gp[VEC], g[4][VEC];
-        bnp_load(x, r0, W, C, l, xv);
-        load(dy, wi * C + l.group * VEC, gp);
-        bnp_grads(xv, gp, s, h, g);
+        float xv[4][VEC], g[4][VEC];
+        const long long r0 = bnp_window_grads(x, dy, wi, H, W, C, l, s, h, xv, g, &ho, &wo);
         const long long at[4] = {r0, r0 + 1, r0 + W, r0 + W + 1};
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float out[VEC];
-            #pragma unroll
-            for (int v = 0; v < VEC; ++v) {
-                out[v] = s[v] * (g[j][v] - a[v] - (xv[j][v] - mean[v]) * invstd[v] * b[v]);
-            }
+            bnp_dx_values(xv[j], g[j], s, mean, invstd, a, b, out);
             store(dx, at[j] * C + l.group * VEC, out);
         }
         // The column and row a floor pool leaves out, at the last window

@@ -402,25 +402,74 @@ pub fn batch_norm_relu(
         k.bn_reduce.raw(),
         k.bn_apply.raw(),
     ];
-    let optional = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
-    // SAFETY: every tensor pointer is live for the call; `handles` are live
-    // kernels (the cache never drops them, so the autograd node's backward
-    // may use them later).
-    unsafe {
-        shim_tensor(OP, |out| {
-            ffi::esper_batch_norm_relu(
-                ffi::tensor_ptr(x),
-                ffi::tensor_ptr(weight),
-                ffi::tensor_ptr(bias),
-                optional(running_mean),
-                optional(running_var),
-                momentum,
-                eps,
-                if vec4 { 4 } else { 1 },
-                handles.as_ptr(),
-                out,
-            )
-        })
+    let call = TrainingNorm {
+        op: OP,
+        x,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+        vec4,
+    };
+    call.run(ffi::esper_batch_norm_relu, handles)
+}
+
+/// The signature `esper_batch_norm_relu` and `esper_batch_norm_relu_pool2`
+/// share: x, weight, bias, running mean and variance (null for none),
+/// momentum, eps, vec, the four kernels (statistics, forward, backward
+/// reduce and apply), out.
+type TrainingNormEntry = unsafe extern "C" fn(
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    *mut c_void,
+    f64,
+    f64,
+    i32,
+    *const *mut c_void,
+    *mut *mut c_void,
+) -> ffi::RawError;
+
+/// The arguments of a training-mode batch norm + ReLU node (pooled or not)
+/// whose kernels run.
+struct TrainingNorm<'a> {
+    op: &'static str,
+    x: &'a Tensor,
+    weight: &'a Tensor,
+    bias: &'a Tensor,
+    running_mean: Option<&'a Tensor>,
+    running_var: Option<&'a Tensor>,
+    momentum: f64,
+    eps: f64,
+    vec4: bool,
+}
+
+impl TrainingNorm<'_> {
+    /// The node through the shim's `entry` with its four kernels.
+    fn run(&self, entry: TrainingNormEntry, handles: [*mut c_void; 4]) -> Result<Tensor> {
+        let optional = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
+        // SAFETY: every tensor pointer is live for the call; `handles` are
+        // live kernels (the cache never drops them, so the autograd node's
+        // backward may use them later).
+        unsafe {
+            shim_tensor(self.op, |out| {
+                entry(
+                    ffi::tensor_ptr(self.x),
+                    ffi::tensor_ptr(self.weight),
+                    ffi::tensor_ptr(self.bias),
+                    optional(self.running_mean),
+                    optional(self.running_var),
+                    self.momentum,
+                    self.eps,
+                    if self.vec4 { 4 } else { 1 },
+                    handles.as_ptr(),
+                    out,
+                )
+            })
+        }
     }
 }
 
