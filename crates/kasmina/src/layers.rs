@@ -16,7 +16,6 @@
 #![warn(clippy::arithmetic_side_effects)]
 
 use tch::{Tensor, nn};
-use torch_ext::nn::BatchStats;
 
 use crate::Result;
 use crate::validate::{MAX_FEATURES, MAX_KERNEL_SIZE, MAX_PARAMETERS, checked_product, size_in};
@@ -100,7 +99,11 @@ impl Conv2d {
     /// 3 - 6 s in a process on the H100, and a contiguous one to its own
     /// depthwise kernel. The values are the same.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.is_plain_3x3() {
+        if self.groups == 1
+            && self.padding == 1
+            && self.bias.is_none()
+            && self.weight.size().get(2..) == Some(&[3, 3][..])
+        {
             // torch-ext's weight gradient on CUDA where it applies,
             // libtorch's conv2d otherwise.
             return Ok(torch_ext::nn::conv3x3(x, &self.weight)?);
@@ -123,25 +126,6 @@ impl Conv2d {
             [1, 1],
             self.groups,
         )?)
-    }
-
-    /// [`Conv2d::forward`] and, where its kernel takes them
-    /// ([`torch_ext::nn::conv3x3_with_stats`]), the output's batch
-    /// statistics for [`BatchNorm2d::forward_relu_pool`]. Shapes as
-    /// [`Conv2d::forward`].
-    pub fn forward_with_stats(&self, x: &Tensor) -> Result<(Tensor, Option<BatchStats>)> {
-        if self.is_plain_3x3() {
-            return Ok(torch_ext::nn::conv3x3_with_stats(x, &self.weight)?);
-        }
-        Ok((self.forward(x)?, None))
-    }
-
-    /// A 3x3 convolution, padding 1, no bias, one group (`conv3x3`'s).
-    fn is_plain_3x3(&self) -> bool {
-        self.groups == 1
-            && self.padding == 1
-            && self.bias.is_none()
-            && self.weight.size().get(2..) == Some(&[3, 3][..])
     }
 
     /// For a depthwise convolution of a CUDA input: the input in NCHW and
@@ -526,21 +510,13 @@ impl BatchNorm2d {
     /// `max_pool2x2(self.forward_relu(x, train))`: on CUDA in training one
     /// autograd node whose kernels never write the full-size activation
     /// (`torch_ext::nn::batch_norm_relu_pool2x2`, which falls back to the
-    /// two ops where it does not apply). `stats`, the batch statistics the
-    /// convolution that made `x` took ([`Conv2d::forward_with_stats`]),
-    /// spare the node its statistics pass.
+    /// two ops where it does not apply).
     ///
     /// # Shapes
     /// `[B, C, H, W] -> [B, C, H / 2, W / 2]`.
-    pub fn forward_relu_pool(
-        &self,
-        x: &Tensor,
-        stats: Option<&BatchStats>,
-        train: bool,
-    ) -> Result<Tensor> {
-        Ok(torch_ext::nn::batch_norm_relu_pool2x2_with_stats(
+    pub fn forward_relu_pool(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        Ok(torch_ext::nn::batch_norm_relu_pool2x2(
             x,
-            stats,
             &self.weight,
             &self.bias,
             Some(&self.running_mean),

@@ -164,17 +164,15 @@ char* esper_jit_launch(void* kernel, int32_t device, const uint32_t* grid, const
 // compiled. max_pool2: 2x2 stride-2 max-pool of a contiguous 4-D CUDA tensor
 // (channels_last selects NHWC); kernels = {forward, backward}. *out gets a
 // new tensor.
-// partials: NULL, or the statistics' per-block sums a convolution's
-// epilogue wrote (f32 [blocks * C * 2]), which replace the statistics pass.
 char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
-                            void* running_var, void* partials, double momentum, double eps,
-                            int32_t vec, void* const* kernels, void** out);
+                            void* running_var, double momentum, double eps, int32_t vec,
+                            void* const* kernels, void** out);
 // batch_norm_relu_pool2: max_pool2d(relu(batch_norm(x)), 2, 2) as one node,
 // as batch_norm_relu with kernels = {stats, pooled forward, pooled backward
 // reduce, pooled backward apply}; x has at least 2 x 2 pixels.
 char* esper_batch_norm_relu_pool2(void* x, void* weight, void* bias, void* running_mean,
-                                  void* running_var, void* partials, double momentum,
-                                  double eps, int32_t vec, void* const* kernels, void** out);
+                                  void* running_var, double momentum, double eps, int32_t vec,
+                                  void* const* kernels, void** out);
 // batch_norm_relu_eval: relu(batch_norm(x)) from the running statistics
 // (evaluation mode), one kernel (esper_bn_relu_eval); libtorch's ops where a
 // gradient is wanted.
@@ -186,13 +184,10 @@ char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* 
 // conv3x3: 3x3 convolution, stride 1, padding 1, no bias, of a channels-last
 // CUDA tensor computed in bf16 (bf16 != 0; autocast's casts applied here)
 // or f32; kernels = {wgrad partial, wgrad reduce, small forward, direct,
-// wgrad mma, then the nine direct kernels for 8/16/32 x 8/16/32 channels};
-// stats_kernel and partials (both null, or both given: the small forward
-// with 8 or 16 output channels) also write the batch-norm statistics'
-// per-block sums into partials (f32 [blocks * Co * 2], one block each).
+// wgrad mma, then the nine direct kernels for 8/16/32 x 8/16/32 channels}.
 // conv3x3_fits: whether its weight-gradient band fits in shared memory.
 char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
-                    void* stats_kernel, void* partials, void** out);
+                    void** out);
 int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
                            int64_t out_channels);
 // relu(group_norm(x, groups, weight, bias, eps)) over a channels-last

@@ -41,18 +41,13 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
                             const at::Tensor& bias, at::Tensor running_mean,
                             at::Tensor running_var, double momentum, double eps, int64_t vec,
                             int64_t stats_kernel, int64_t forward_kernel, int64_t reduce_kernel,
-                            int64_t apply_kernel, bool pool, const at::Tensor& given) {
+                            int64_t apply_kernel, bool pool) {
     c10::cuda::CUDAGuard guard(x.device());
     long long rows = x.size(0) * x.size(2) * x.size(3);
     int channels = static_cast<int>(x.size(1));
     int blocks = channel_blocks(rows, rows_per_pass(channels, static_cast<int>(vec)), sm_count(x));
     auto f32 = x.options().dtype(at::kFloat);
-    // Statistics given (a convolution's epilogue wrote them): no
-    // statistics pass, and the forward merges the given blocks' partials.
-    const bool have = given.numel() > 0;
-    int partial_blocks = have ? static_cast<int>(given.numel() / (2 * channels)) : blocks;
-    at::Tensor partials =
-        have ? given : at::empty({static_cast<int64_t>(blocks) * channels * 2}, f32);
+    at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * channels * 2}, f32);
     at::Tensor save_mean = at::empty({channels}, f32);
     at::Tensor save_invstd = at::empty({channels}, f32);
     int height = static_cast<int>(x.size(2));
@@ -64,7 +59,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     void* y_ptr = y.data_ptr();
     void* partials_ptr = partials.data_ptr();
     cudaStream_t stream = stream_of(x);
-    if (!have) {
+    {
       void* args[] = {&x_ptr, &partials_ptr, &rows, &channels};
       esper::jit_launch(reinterpret_cast<void*>(stats_kernel), dim3(blocks), dim3(kThreads), 0,
                         args, stream);
@@ -78,7 +73,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
       void* rv = running_var.numel() > 0 ? running_var.data_ptr() : nullptr;
       float m = static_cast<float>(momentum);
       float e = static_cast<float>(eps);
-      void* args[] = {&x_ptr, &y_ptr, &partials_ptr, &partial_blocks, &w, &b, &sm, &si,
+      void* args[] = {&x_ptr, &y_ptr, &partials_ptr, &blocks, &w,        &b,     &sm,   &si,
                       &rm,    &rv,    &m,            &e,      &rows,     &channels, &height, &width};
       esper::jit_launch(reinterpret_cast<void*>(forward_kernel), dim3(blocks), dim3(kThreads), 0,
                         args, stream);
@@ -98,7 +93,7 @@ class BatchNormRelu : public torch::autograd::Function<BatchNormRelu> {
     const at::Tensor& bias = saved[2];
     const at::Tensor& save_mean = saved[3];
     const at::Tensor& save_invstd = saved[4];
-    variable_list out(14);
+    variable_list out(13);
     if (!grads[0].defined()) {
       return out;
     }
@@ -218,8 +213,8 @@ namespace {
 // esper_batch_norm_relu and esper_batch_norm_relu_pool2: the checks, then
 // one BatchNormRelu node.
 char* batch_norm_relu_node(void* x, void* weight, void* bias, void* running_mean,
-                           void* running_var, void* partials, double momentum, double eps,
-                           int32_t vec, void* const* kernels, bool pool, void** out) {
+                           void* running_var, double momentum, double eps, int32_t vec,
+                           void* const* kernels, bool pool, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && bias != nullptr && kernels != nullptr,
@@ -240,20 +235,10 @@ char* batch_norm_relu_node(void* x, void* weight, void* bias, void* running_mean
               "batch_norm_relu: vec ", vec, " for ", input.size(1), " channels");
   TORCH_CHECK(!pool || (input.size(2) >= 2 && input.size(3) >= 2),
               "batch_norm_relu_pool2: expected at least 2 x 2 pixels, got ", input.sizes());
-  at::Tensor given = none();
-  if (partials != nullptr) {
-    given = *static_cast<const at::Tensor*>(partials);
-    const int64_t pair = 2 * input.size(1);
-    TORCH_CHECK(given.dim() == 1 && given.scalar_type() == at::kFloat && given.is_contiguous() &&
-                    given.device() == input.device() && given.numel() > 0 &&
-                    given.numel() % pair == 0 && given.numel() / pair <= INT32_MAX,
-                "batch_norm_relu: the given statistics must be contiguous f32 [blocks * ", pair,
-                "] partials on the input's device");
-  }
   at::Tensor y = BatchNormRelu::apply(input, *static_cast<const at::Tensor*>(weight),
                                       *static_cast<const at::Tensor*>(bias), rm, rv, momentum, eps,
                                       static_cast<int64_t>(vec), as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
-                                      as_int(kernels[3]), pool, given);
+                                      as_int(kernels[3]), pool);
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }
@@ -263,17 +248,17 @@ char* batch_norm_relu_node(void* x, void* weight, void* bias, void* running_mean
 extern "C" {
 
 char* esper_batch_norm_relu(void* x, void* weight, void* bias, void* running_mean,
-                            void* running_var, void* partials, double momentum, double eps,
-                            int32_t vec, void* const* kernels, void** out) {
-  return batch_norm_relu_node(x, weight, bias, running_mean, running_var, partials, momentum, eps,
-                              vec, kernels, false, out);
+                            void* running_var, double momentum, double eps, int32_t vec,
+                            void* const* kernels, void** out) {
+  return batch_norm_relu_node(x, weight, bias, running_mean, running_var, momentum, eps, vec,
+                              kernels, false, out);
 }
 
 char* esper_batch_norm_relu_pool2(void* x, void* weight, void* bias, void* running_mean,
-                                  void* running_var, void* partials, double momentum,
-                                  double eps, int32_t vec, void* const* kernels, void** out) {
-  return batch_norm_relu_node(x, weight, bias, running_mean, running_var, partials, momentum, eps,
-                              vec, kernels, true, out);
+                                  void* running_var, double momentum, double eps, int32_t vec,
+                                  void* const* kernels, void** out) {
+  return batch_norm_relu_node(x, weight, bias, running_mean, running_var, momentum, eps, vec,
+                              kernels, true, out);
 }
 
 char* esper_batch_norm_relu_eval(void* x, void* weight, void* bias, void* running_mean,

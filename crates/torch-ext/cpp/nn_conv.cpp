@@ -225,8 +225,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                             int64_t dtype, int64_t vec, int64_t partial_kernel,
                             int64_t reduce_kernel, int64_t small_forward_kernel,
                             int64_t direct_kernel, int64_t wgrad_mma_kernel,
-                            int64_t fixed_kernels, const at::Tensor& partials,
-                            int64_t stats_kernel) {
+                            int64_t fixed_kernels) {
     c10::cuda::CUDAGuard guard(x.device());
     // The nine sized direct kernels (esper_conv3x3's array, read only
     // here: the backward keeps the handle it needs in saved_data).
@@ -240,8 +239,6 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     int height = static_cast<int>(xc.size(2));
     int width = static_cast<int>(xc.size(3));
     int out_channels = static_cast<int>(wc.size(0));
-    // (esper_conv3x3 admits the statistics kernel only where this branch
-    // runs.)
     if (in_channels <= kSmallConvInputChannels && out_channels <= 256 &&
         xc.size(0) * xc.size(2) * xc.size(3) * wc.size(0) <= INT32_MAX) {
       // Few input channels: the direct kernel, weights as [Co][3][3][Ci].
@@ -251,20 +248,12 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       const void* x_ptr = xc.data_ptr();
       const void* w_ptr = wk.data_ptr();
       void* y_ptr = y.data_ptr();
+      void* args[] = {&x_ptr, &w_ptr, &y_ptr, &n, &height, &width, &in_channels, &out_channels};
       const unsigned shared = static_cast<unsigned>(out_channels * 9 * in_channels * sizeof(float));
-      if (stats_kernel != 0) {
-        // With the batch-norm statistics: one block per partial pair row.
-        void* p_ptr = partials.data_ptr();
-        void* args[] = {&x_ptr, &w_ptr, &y_ptr, &p_ptr, &n, &height, &width, &in_channels};
-        esper::jit_launch(reinterpret_cast<void*>(stats_kernel),
-                          dim3(static_cast<unsigned>(partials.numel() / (2 * out_channels))),
-                          dim3(kThreads), shared, args, stream_of(xc));
-      } else {
-        void* args[] = {&x_ptr, &w_ptr, &y_ptr, &n, &height, &width, &in_channels, &out_channels};
-        esper::jit_launch(reinterpret_cast<void*>(small_forward_kernel),
-                          dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
-                          dim3(kThreads), shared, args, stream_of(xc));
-      }
+      esper::jit_launch(reinterpret_cast<void*>(small_forward_kernel),
+                        dim3(elementwise_blocks(y.numel() / out_channels, sm_count(xc))),
+                        dim3(kThreads),
+                        shared, args, stream_of(xc));
     } else if (int rows = direct_rows(xc, n, height, width, in_channels, out_channels, 0);
                rows > 0 && aligned16(xc)) {
       y = at::empty({n, out_channels, height, width},
@@ -297,7 +286,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(12);
+    variable_list out(10);
     if (!grads[0].defined()) {
       return out;
     }
@@ -395,7 +384,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
 extern "C" {
 
 char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
-                    void* stats_kernel, void* partials, void** out) {
+                    void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr, "conv3x3: null argument");
@@ -415,29 +404,10 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
                              static_cast<int>(input.size(1)), static_cast<int>(w.size(0))) > 0,
               "conv3x3: the weight gradient's band does not fit in shared memory");
   const auto dtype = static_cast<int64_t>(bf16 ? at::kBFloat16 : at::kFloat);
-  // The statistics epilogue: f32 [blocks * Co * 2] partials on the input's
-  // device, for the small forward with 8 or 16 output channels.
-  at::Tensor sums = at::empty({0}, input.options().dtype(at::kFloat));
-  if (stats_kernel != nullptr || partials != nullptr) {
-    TORCH_CHECK(stats_kernel != nullptr && partials != nullptr,
-                "conv3x3: the statistics need both their kernel and their partials");
-    sums = *static_cast<const at::Tensor*>(partials);
-    const int64_t co = w.size(0);
-    TORCH_CHECK(input.size(1) <= kSmallConvInputChannels && (co == 8 || co == 16) &&
-                    input.size(0) * input.size(2) * input.size(3) * co <= INT32_MAX,
-                "conv3x3: the statistics epilogue takes at most ", kSmallConvInputChannels,
-                " input channels and 8 or 16 output channels, got ", w.sizes());
-    TORCH_CHECK(sums.dim() == 1 && sums.scalar_type() == at::kFloat && sums.is_contiguous() &&
-                    sums.device() == input.device() && sums.numel() > 0 &&
-                    sums.numel() % (2 * co) == 0 && sums.numel() / (2 * co) <= 65535,
-                "conv3x3: the statistics' partials must be a contiguous f32 [blocks * ", 2 * co,
-                "] on the input's device");
-  }
   at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
                                 as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
                                 as_int(kernels[3]), as_int(kernels[4]),
-                                static_cast<int64_t>(reinterpret_cast<intptr_t>(kernels + 5)),
-                                sums, as_int(stats_kernel));
+                                static_cast<int64_t>(reinterpret_cast<intptr_t>(kernels + 5)));
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }

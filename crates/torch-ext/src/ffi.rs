@@ -279,7 +279,6 @@ unsafe extern "C" {
         bias: *mut c_void,
         running_mean: *mut c_void,
         running_var: *mut c_void,
-        partials: *mut c_void,
         momentum: f64,
         eps: f64,
         vec: i32,
@@ -292,7 +291,6 @@ unsafe extern "C" {
         bias: *mut c_void,
         running_mean: *mut c_void,
         running_var: *mut c_void,
-        partials: *mut c_void,
         momentum: f64,
         eps: f64,
         vec: i32,
@@ -323,8 +321,6 @@ unsafe extern "C" {
         bf16: i32,
         vec: i32,
         kernels: *const *mut c_void,
-        stats_kernel: *mut c_void,
-        partials: *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
     pub(crate) fn esper_group_norm_relu(

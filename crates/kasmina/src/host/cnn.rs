@@ -175,16 +175,9 @@ struct ConvBlock {
 }
 
 impl ConvBlock {
-    /// Conv, then batch norm, ReLU and the 2x2 max-pool as one node; in
-    /// training the batch norm reads the statistics the convolution took
-    /// where it takes them (the first block on CUDA).
+    /// Conv, then batch norm, ReLU and the 2x2 max-pool as one node.
     fn forward_pooled(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let (y, stats) = if train {
-            self.conv.forward_with_stats(x)?
-        } else {
-            (self.conv.forward(x)?, None)
-        };
-        self.bn.forward_relu_pool(&y, stats.as_ref(), train) // [B, C_i, H/2, W/2]
+        self.bn.forward_relu_pool(&self.conv.forward(x)?, train) // [B, C_i, H/2, W/2]
     }
 }
 

@@ -1,14 +1,12 @@
 //! [`batch_norm_relu_pool2x2`]: a CNN block's batch norm, ReLU and 2x2
 //! max-pool as one autograd node where it applies (see the parent module's
-//! docs), [`super::batch_norm_relu`] then [`super::max_pool2x2`] otherwise;
-//! [`batch_norm_relu_pool2x2_with_stats`]: the same node reading the batch
-//! statistics its convolution took.
+//! docs), [`super::batch_norm_relu`] then [`super::max_pool2x2`] otherwise.
 
 use tch::Tensor;
 
 use super::{
-    BatchStats, MAX_FUSED_CHANNELS, TrainingNorm, batch_norm_relu, four_channels, fused_target,
-    is_nhwc, kernels, max_pool2x2, per_channel_f32,
+    MAX_FUSED_CHANNELS, TrainingNorm, batch_norm_relu, four_channels, fused_target, is_nhwc,
+    kernels, max_pool2x2, per_channel_f32,
 };
 use crate::error::Result;
 use crate::ffi;
@@ -66,46 +64,6 @@ pub fn batch_norm_relu_pool2x2(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
-    batch_norm_relu_pool2x2_with_stats(
-        x,
-        None,
-        weight,
-        bias,
-        running_mean,
-        running_var,
-        train,
-        momentum,
-        eps,
-    )
-}
-
-/// [`batch_norm_relu_pool2x2`] of a convolution's output whose batch
-/// statistics the convolution took ([`super::conv3x3_with_stats`]): where
-/// the one node runs in training, it reads `stats` instead of running its
-/// statistics pass (one kernel fewer, and one read of `x` fewer). The
-/// statistics are the same sums in another fixed order, so the results
-/// equal [`batch_norm_relu_pool2x2`]'s up to float rounding. `None`, or
-/// where the node does not run (evaluation, the fallbacks), is
-/// [`batch_norm_relu_pool2x2`].
-///
-/// # Shapes
-/// As [`batch_norm_relu_pool2x2`].
-///
-/// # Errors
-/// [`crate::Error::InvalidArgument`] for statistics of another tensor than
-/// `x`; otherwise as [`batch_norm_relu_pool2x2`].
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm_relu_pool2x2_with_stats(
-    x: &Tensor,
-    stats: Option<&BatchStats>,
-    weight: &Tensor,
-    bias: &Tensor,
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-    train: bool,
-    momentum: f64,
-    eps: f64,
-) -> Result<Tensor> {
     const OP: &str = "nn::batch_norm_relu_pool2x2";
     let size = x.size();
     let fits = match size[..] {
@@ -136,17 +94,6 @@ pub fn batch_norm_relu_pool2x2_with_stats(
         )?;
         return max_pool2x2(&y);
     };
-    let partials = match stats {
-        Some(stats) => Some(
-            stats
-                .partials_of(x)
-                .ok_or_else(|| crate::Error::InvalidArgument {
-                    op: OP,
-                    message: "the statistics belong to another tensor than x".to_owned(),
-                })?,
-        ),
-        None => None,
-    };
     let vec4 = four_channels(x, channels);
     let k = kernels(OP, device, bf16, vec4)?;
     let handles = [
@@ -162,7 +109,6 @@ pub fn batch_norm_relu_pool2x2_with_stats(
         bias,
         running_mean,
         running_var,
-        partials,
         momentum,
         eps,
         vec4,

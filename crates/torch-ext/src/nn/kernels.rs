@@ -9,7 +9,6 @@ use super::blend_source::BLEND_SOURCE;
 use super::bn_pool_source::BN_POOL_SOURCE;
 use super::conv_fixed_source::CONV_FIXED_SOURCE;
 use super::conv_source::CONV_SOURCE;
-use super::conv_stats_source::CONV_STATS_SOURCE;
 use super::embedding_source::EMBEDDING_SOURCE;
 use super::excite_source::EXCITE_SOURCE;
 use super::gram_source::GRAM_SOURCE;
@@ -36,9 +35,6 @@ pub(super) struct Kernels {
     pub(super) conv_partial: JitKernel,
     pub(super) conv_reduce: JitKernel,
     pub(super) conv_forward_small: JitKernel,
-    /// The small forward with the batch-norm statistics in its epilogue,
-    /// for 8 and 16 output channels.
-    pub(super) conv_forward_small_stats: [JitKernel; 2],
     pub(super) conv_direct: JitKernel,
     pub(super) conv_wgrad_mma: JitKernel,
     /// The direct convolution for 8, 16 or 32 channels each way, in the
@@ -88,7 +84,7 @@ pub(super) const DIRECT_FIXED_KERNELS: [&str; 9] = [
 /// [`Kernels`]).
 pub(super) fn nn_source(bf16: bool, vec4: bool) -> String {
     format!(
-        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{BN_POOL_SOURCE}{CONV_SOURCE}{CONV_STATS_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}{POOLED_SOURCE}",
+        "#define ESPER_BF16 {}\n#define VEC {}\n{SOURCE}{BN_POOL_SOURCE}{CONV_SOURCE}{CONV_FIXED_SOURCE}{GROUP_NORM_SOURCE}{BLEND_SOURCE}{LAYER_NORM_SOURCE}{EMBEDDING_SOURCE}{GRAM_SOURCE}{LINEAR_SOURCE}{EXCITE_SOURCE}{POOLED_SOURCE}",
         u8::from(bf16),
         if vec4 { 4 } else { 1 }
     )
@@ -125,10 +121,6 @@ pub(super) fn kernels(
                 conv_partial: load("esper_conv3_wgrad_partial")?,
                 conv_reduce: load("esper_conv3_wgrad_reduce")?,
                 conv_forward_small: load("esper_conv3_forward_small")?,
-                conv_forward_small_stats: [
-                    load("esper_conv3_forward_small_stats8")?,
-                    load("esper_conv3_forward_small_stats16")?,
-                ],
                 conv_direct: load("esper_conv3_direct")?,
                 conv_wgrad_mma: load("esper_conv3_wgrad_mma")?,
                 conv_direct_fixed: DIRECT_FIXED_KERNELS

@@ -30,8 +30,6 @@ fn every_kernel_variant_compiles() {
                         "esper_blend_lerp_backward",
                         "esper_blend_lerp_pool_forward",
                         "esper_blend_lerp_pool_backward",
-                        "esper_conv3_forward_small_stats8",
-                        "esper_conv3_forward_small_stats16",
                         "esper_ln_forward",
                         "esper_ln_backward",
                         "esper_col_sum",
@@ -347,25 +345,4 @@ fn causal_attention_on_the_cpu_is_libtorchs_sdpa() {
         let error = causal_attention(&Tensor::zeros(shape.as_slice(), cpu), heads).unwrap_err();
         assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
     }
-}
-
-/// Off CUDA, `conv3x3_with_stats` is `conv3x3` without statistics, and
-/// the batch norm given none is `batch_norm_relu_pool2x2`.
-#[test]
-fn the_first_layer_with_statistics_on_the_cpu_takes_none() {
-    tch::manual_seed(4);
-    let cpu = (Kind::Float, Device::Cpu);
-    let x = Tensor::randn([2, 1, 6, 6], cpu);
-    let weight = Tensor::randn([8, 1, 3, 3], cpu);
-    let (y, stats) = super::conv3x3_with_stats(&x, &weight).unwrap();
-    assert!(stats.is_none());
-    assert!(y.equal(&super::conv3x3(&x, &weight).unwrap()));
-    let (gamma, beta) = (Tensor::ones([8], cpu), Tensor::zeros([8], cpu));
-    let with = super::batch_norm_relu_pool2x2_with_stats(
-        &y, None, &gamma, &beta, None, None, true, 0.1, 1e-5,
-    )
-    .unwrap();
-    let without =
-        super::batch_norm_relu_pool2x2(&y, &gamma, &beta, None, None, true, 0.1, 1e-5).unwrap();
-    assert!(with.equal(&without));
 }

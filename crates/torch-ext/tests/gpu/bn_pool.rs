@@ -6,13 +6,12 @@
 //! fixed order), in f32 and bf16, four and one channels a thread, even and
 //! odd sizes, many ties; its kernels; evaluation and the 1-pixel side
 //! falling back to the two nodes; a captured graph replaying eager's
-//! values; and the first layer's statistics taken in the convolution
-//! (`conv3x3_with_stats`) matching the statistics pass, with no pass run.
+//! values.
 
 use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, cuda, memory, nn};
 
-use super::nn::{worst, worst_of_max};
+use super::nn::worst;
 use super::{CUDA, gpu_or_skip, kernels_of, values};
 
 /// Forward and backward through the block, as one node (`fused`) or the
@@ -184,158 +183,4 @@ fn batch_norm_relu_pool2x2_replays_from_a_graph_as_eager() {
     cuda::synchronize(0).unwrap();
     assert_eq!(values(&out), eager.0);
     assert_eq!(values(&grad), eager.1);
-}
-
-/// `conv3x3_with_stats` then `batch_norm_relu_pool2x2_with_stats` (the
-/// statistics from the convolution's kernel) where `with_stats`, else
-/// `conv3x3` then the node with its own statistics pass; returns (conv
-/// output, y, running mean, running var, dx, dconv weight, dweight, dbias)
-/// and whether statistics came with the convolution.
-fn first_layer_run(x: &Tensor, conv_weight: &Tensor, with_stats: bool) -> (Vec<Tensor>, bool) {
-    let channels = conv_weight.size()[0];
-    let f32 = (Kind::Float, CUDA);
-    let x = x.detach().set_requires_grad(true);
-    let conv_weight = conv_weight.detach().set_requires_grad(true);
-    tch::manual_seed(7);
-    let weight = (Tensor::rand([channels], f32) + 0.5).set_requires_grad(true);
-    let bias = (Tensor::randn([channels], f32) * 0.3).set_requires_grad(true);
-    let running_mean = Tensor::zeros([channels], f32);
-    let running_var = Tensor::ones([channels], f32);
-    let (rm, rv) = (Some(&running_mean), Some(&running_var));
-    let (z, stats) = if with_stats {
-        nn::conv3x3_with_stats(&x, &conv_weight).unwrap()
-    } else {
-        (nn::conv3x3(&x, &conv_weight).unwrap(), None)
-    };
-    let y = nn::batch_norm_relu_pool2x2_with_stats(
-        &z,
-        stats.as_ref(),
-        &weight,
-        &bias,
-        rm,
-        rv,
-        true,
-        0.1,
-        1e-5,
-    )
-    .unwrap();
-    let upstream = Tensor::randn(y.size(), f32).to_kind(y.kind());
-    (&y * &upstream)
-        .to_kind(Kind::Float)
-        .sum(Kind::Float)
-        .backward();
-    let outputs = vec![
-        z.detach(),
-        y.detach(),
-        running_mean,
-        running_var,
-        x.grad(),
-        conv_weight.grad(),
-        weight.grad(),
-        bias.grad(),
-    ];
-    (outputs, stats.is_some())
-}
-
-#[test]
-fn the_first_layers_statistics_from_the_convolution_match_the_statistics_pass() {
-    let Some(_device) = gpu_or_skip() else { return };
-    for (kind, tolerance) in [(Kind::Float, 1e-4_f32), (Kind::BFloat16, 2e-2)] {
-        for (n, ci, co, side) in [
-            (256_i64, 1_i64, 8_i64, 28_i64),
-            (64, 3, 8, 32),
-            (16, 1, 16, 14),
-            (3, 2, 8, 5),
-            (8, 1, 4, 8),
-            (8, 3, 32, 8),
-        ] {
-            let case = format!("{kind:?} [{n},{ci},{side},{side}] -> {co}");
-            tch::manual_seed(n + co);
-            // Mean far from zero: the shift keeps the variance exact.
-            let x = memory::contiguous_channels_last(
-                &(Tensor::randn([n, ci, side, side], (Kind::Float, CUDA)) + 2.0).to_kind(kind),
-            )
-            .unwrap();
-            let conv_weight =
-                (Tensor::randn([co, ci, 3, 3], (Kind::Float, CUDA)) * 0.5).to_kind(kind);
-            tch::manual_seed(3);
-            let (fused, took) = first_layer_run(&x, &conv_weight, true);
-            tch::manual_seed(3);
-            let (plain, _) = first_layer_run(&x, &conv_weight, false);
-            assert_eq!(took, co == 8 || co == 16, "{case}: statistics taken");
-            assert_eq!(values(&fused[0]), values(&plain[0]), "{case}: conv output");
-            // The statistics are the same sums in another order: the
-            // output and running statistics within rounding. A rounding
-            // difference may move a pool's argmax between near-equal
-            // values, so the gradients are compared as sums (relative to
-            // their largest value), and the input gradient not at all.
-            for (name, index) in [("y", 1), ("running_mean", 2), ("running_var", 3)] {
-                let err = worst(&fused[index], &plain[index]);
-                assert!(
-                    err <= tolerance,
-                    "{case} {name}: relative error {err} > {tolerance}"
-                );
-            }
-            let sums_tolerance = if kind == Kind::Float { 1e-3 } else { 2e-2 };
-            for (name, index) in [("dconv", 5), ("dweight", 6), ("dbias", 7)] {
-                let err = worst_of_max(&fused[index], &plain[index]);
-                assert!(
-                    err <= sums_tolerance,
-                    "{case} {name}: error {err} of the largest > {sums_tolerance}"
-                );
-            }
-        }
-    }
-}
-
-#[test]
-fn the_first_layer_with_statistics_runs_no_statistics_pass() {
-    let Some(_device) = gpu_or_skip() else { return };
-    let x = memory::contiguous_channels_last(&Tensor::randn([32, 1, 28, 28], (Kind::Float, CUDA)))
-        .unwrap();
-    let conv_weight = Tensor::randn([8, 1, 3, 3], (Kind::Float, CUDA));
-    let weight = Tensor::ones([8], (Kind::Float, CUDA));
-    let bias = Tensor::zeros([8], (Kind::Float, CUDA));
-    let mut names = kernels_of(|| {
-        let (z, stats) = nn::conv3x3_with_stats(&x, &conv_weight).unwrap();
-        assert!(stats.is_some());
-        let _y = nn::batch_norm_relu_pool2x2_with_stats(
-            &z,
-            stats.as_ref(),
-            &weight,
-            &bias,
-            None,
-            None,
-            true,
-            0.1,
-            1e-5,
-        )
-        .unwrap();
-    });
-    names.sort();
-    assert_eq!(
-        names,
-        [
-            "esper_bn_relu_pool_forward",
-            "esper_conv3_forward_small_stats8"
-        ]
-    );
-    // Statistics of another tensor are refused.
-    let (_, stats) = nn::conv3x3_with_stats(&x, &conv_weight).unwrap();
-    let other = nn::conv3x3(&x, &conv_weight).unwrap();
-    let refused = nn::batch_norm_relu_pool2x2_with_stats(
-        &other,
-        stats.as_ref(),
-        &weight,
-        &bias,
-        None,
-        None,
-        true,
-        0.1,
-        1e-5,
-    );
-    assert!(matches!(
-        refused,
-        Err(torch_ext::Error::InvalidArgument { .. })
-    ));
 }
