@@ -170,12 +170,14 @@ fn a_seed_before_a_pool_blends_then_pools_as_the_slot_and_the_host_would() {
     for overrides in configurations {
         for train in [false, true] {
             let case = format!("{} overrides, train {train}", overrides.len());
-            let input = images(3).set_requires_grad(true);
+            // One batch for both (the tests of this binary share the RNG).
+            let batch = images(3);
+            let input = batch.detach().set_requires_grad(true);
             let walked = model
                 .forward_with_alpha(&input, overrides, train)
                 .expect("walk");
             walked.sum(Kind::Float).backward();
-            let by_hand_input = images(3).set_requires_grad(true);
+            let by_hand_input = batch.detach().set_requires_grad(true);
             let by_hand = forward_by_hand(&model, &by_hand_input, overrides, train);
             by_hand.sum(Kind::Float).backward();
             assert!(walked.equal(&by_hand), "logits, {case}");
