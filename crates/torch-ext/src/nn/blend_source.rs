@@ -96,29 +96,24 @@ extern "C" __global__ void esper_blend_lerp_backward(
     }
 }
 
-// The 2x2 max-pool (stride 2, floor; the pool kernels' layouts, offset and
-// window) of lerp(h, s, w[n]): each window's four blends are rounded to T,
+// The 2x2 max-pool (stride 2, floor; the pool kernels' layouts, pool_window
+// and window) of lerp(h, s, w[n]): each window's four blends are rounded to T,
 // as the blend's output would be, before the pool's choice. The full-size
 // blend is never written.
 extern "C" __global__ void esper_blend_lerp_pool_forward(
     const T* __restrict__ h, const T* __restrict__ s, const float* __restrict__ w,
     T* __restrict__ y, int N, int C, int H, int W, int cl, int flags) {
     ESPER_PDL_ENTRY();
-    const int Ho = H >> 1, Wo = W >> 1;
-    const int total = N * (C / VEC) * Ho * Wo;
-    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    const int total = pool_windows(N, C, H, W);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        int n, c, ho, wo;
-        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
-        const float a = blend_weight(w, n, flags);
-        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
-        const int at[4] = {base, base + sw, base + sh, base + sh + sw};
+        const PoolWindow p = pool_window(i, C, H, W, cl);
+        const float a = blend_weight(w, p.n, flags);
         float v[4][VEC], best[VEC];
         int k[VEC];
         #pragma unroll
-        for (int j = 0; j < 4; ++j) blend_at(h, s, at[j], a, v[j]);
+        for (int j = 0; j < 4; ++j) blend_at(h, s, p.at[j], a, v[j]);
         window(v, best, k);
-        store(y, offset(n, c, ho, wo, C, Ho, Wo, cl), best);
+        store(y, p.out, best);
     }
 }
 
@@ -131,36 +126,31 @@ extern "C" __global__ void esper_blend_lerp_pool_backward(
     const T* __restrict__ gy, T* __restrict__ dh, T* __restrict__ ds, int N, int C, int H,
     int W, int cl, int flags) {
     ESPER_PDL_ENTRY();
-    const int Ho = H >> 1, Wo = W >> 1;
-    const int total = N * (C / VEC) * Ho * Wo;
-    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    const int total = pool_windows(N, C, H, W);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        int n, c, ho, wo;
-        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
-        const float a = blend_weight(w, n, flags);
-        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
-        const int at[4] = {base, base + sw, base + sh, base + sh + sw};
+        const PoolWindow p = pool_window(i, C, H, W, cl);
+        const float a = blend_weight(w, p.n, flags);
         float v[4][VEC], best[VEC], g[VEC], zero[VEC], zh[VEC], zs[VEC];
         int k[VEC];
         #pragma unroll
-        for (int j = 0; j < 4; ++j) blend_at(h, s, at[j], a, v[j]);
+        for (int j = 0; j < 4; ++j) blend_at(h, s, p.at[j], a, v[j]);
         window(v, best, k);
-        load(gy, offset(n, c, ho, wo, C, Ho, Wo, cl), g);
+        load(gy, p.out, g);
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float routed[VEC], to_h[VEC], to_s[VEC];
             #pragma unroll
             for (int q = 0; q < VEC; ++q) routed[q] = k[q] == j ? g[q] : 0.0f;
             blend_split(routed, a, to_h, to_s);
-            store_pair(dh, ds, at[j], to_h, to_s);
+            store_pair(dh, ds, p.at[j], to_h, to_s);
         }
         #pragma unroll
         for (int q = 0; q < VEC; ++q) zero[q] = 0.0f;
         blend_split(zero, a, zh, zs);
-        const bool right = (W & 1) && wo == Wo - 1, bottom = (H & 1) && ho == Ho - 1;
-        if (right) { store_pair(dh, ds, base + 2 * sw, zh, zs); store_pair(dh, ds, base + sh + 2 * sw, zh, zs); }
-        if (bottom) { store_pair(dh, ds, base + 2 * sh, zh, zs); store_pair(dh, ds, base + 2 * sh + sw, zh, zs); }
-        if (right && bottom) store_pair(dh, ds, base + 2 * sh + 2 * sw, zh, zs);
+        #pragma unroll
+        for (int e = 0; e < 5; ++e) {
+            if (p.left_out[e] >= 0) store_pair(dh, ds, p.left_out[e], zh, zs);
+        }
     }
 }
 "#;

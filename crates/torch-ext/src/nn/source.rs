@@ -471,21 +471,51 @@ __device__ __forceinline__ void decompose(int i, int C, int Ho, int Wo, int cl,
     else { wo = i % Wo; r = i / Wo; ho = r % Ho; r /= Ho; c = r % C; n = r / C; }
 }
 
+// Output window i of a 2x2 pool (stride 2, floor) over [N, C, H, W] in the
+// layout `cl`: its sample, its output's offset, its four inputs' offsets in
+// row-major window order, and the inputs a floor pool leaves out next to it
+// (the column right of a row's last window where W is odd, the row below an
+// image's last where H is odd; -1 for none). One thread a window and
+// channel group; pool_windows of them.
+struct PoolWindow {
+    int n, out;
+    int at[4];
+    int left_out[5];
+};
+__device__ __forceinline__ int pool_windows(int N, int C, int H, int W) {
+    return N * (C / VEC) * (H >> 1) * (W >> 1);
+}
+__device__ __forceinline__ PoolWindow pool_window(int i, int C, int H, int W, int cl) {
+    const int Ho = H >> 1, Wo = W >> 1;
+    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    int n, c, ho, wo;
+    decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
+    const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
+    const bool right = (W & 1) && wo == Wo - 1, bottom = (H & 1) && ho == Ho - 1;
+    PoolWindow p;
+    p.n = n;
+    p.out = offset(n, c, ho, wo, C, Ho, Wo, cl);
+    p.at[0] = base; p.at[1] = base + sw; p.at[2] = base + sh; p.at[3] = base + sh + sw;
+    p.left_out[0] = right ? base + 2 * sw : -1;
+    p.left_out[1] = right ? base + sh + 2 * sw : -1;
+    p.left_out[2] = bottom ? base + 2 * sh : -1;
+    p.left_out[3] = bottom ? base + 2 * sh + sw : -1;
+    p.left_out[4] = right && bottom ? base + 2 * sh + 2 * sw : -1;
+    return p;
+}
+
 extern "C" __global__ void esper_pool2_forward(const T* __restrict__ x, T* __restrict__ y,
                                                int N, int C, int H, int W, int cl) {
     ESPER_PDL_ENTRY();
-    const int Ho = H >> 1, Wo = W >> 1;
-    const int total = N * (C / VEC) * Ho * Wo;
-    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    const int total = pool_windows(N, C, H, W);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        int n, c, ho, wo;
-        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
-        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
+        const PoolWindow p = pool_window(i, C, H, W, cl);
         float v[4][VEC], best[VEC];
         int k[VEC];
-        load(x, base, v[0]); load(x, base + sw, v[1]); load(x, base + sh, v[2]); load(x, base + sh + sw, v[3]);
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) load(x, p.at[j], v[j]);
         window(v, best, k);
-        store(y, offset(n, c, ho, wo, C, Ho, Wo, cl), best);
+        store(y, p.out, best);
     }
 }
 
@@ -496,34 +526,29 @@ extern "C" __global__ void esper_pool2_backward(const T* __restrict__ x, const T
                                                 T* __restrict__ gx, int N, int C, int H, int W,
                                                 int cl) {
     ESPER_PDL_ENTRY();
-    const int Ho = H >> 1, Wo = W >> 1;
-    const int total = N * (C / VEC) * Ho * Wo;
-    const int sh = cl ? W * C : W, sw = cl ? C : 1;
+    const int total = pool_windows(N, C, H, W);
     float zero[VEC];
     #pragma unroll
     for (int c = 0; c < VEC; ++c) zero[c] = 0.0f;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        int n, c, ho, wo;
-        decompose(i, C, Ho, Wo, cl, n, c, ho, wo);
-        const int base = offset(n, c, 2 * ho, 2 * wo, C, H, W, cl);
-        const int at[4] = {base, base + sw, base + sh, base + sh + sw};
+        const PoolWindow p = pool_window(i, C, H, W, cl);
         float v[4][VEC], best[VEC], g[VEC];
         int k[VEC];
         #pragma unroll
-        for (int j = 0; j < 4; ++j) load(x, at[j], v[j]);
+        for (int j = 0; j < 4; ++j) load(x, p.at[j], v[j]);
         window(v, best, k);
-        load(gy, offset(n, c, ho, wo, C, Ho, Wo, cl), g);
+        load(gy, p.out, g);
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float out[VEC];
             #pragma unroll
             for (int q = 0; q < VEC; ++q) out[q] = k[q] == j ? g[q] : 0.0f;
-            store(gx, at[j], out);
+            store(gx, p.at[j], out);
         }
-        const bool right = (W & 1) && wo == Wo - 1, bottom = (H & 1) && ho == Ho - 1;
-        if (right) { store(gx, base + 2 * sw, zero); store(gx, base + sh + 2 * sw, zero); }
-        if (bottom) { store(gx, base + 2 * sh, zero); store(gx, base + 2 * sh + sw, zero); }
-        if (right && bottom) store(gx, base + 2 * sh + 2 * sw, zero);
+        #pragma unroll
+        for (int e = 0; e < 5; ++e) {
+            if (p.left_out[e] >= 0) store(gx, p.left_out[e], zero);
+        }
     }
 }
 "#;
