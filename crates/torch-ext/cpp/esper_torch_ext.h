@@ -190,6 +190,10 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
                     void** out);
 int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
                            int64_t out_channels);
+// The geometry of the fixed-order reduction of `blocks` partials of
+// `out_size` floats (esper_conv3_wgrad_reduce): outputs a block (`lanes`)
+// and slices of the partials; the block is lanes x slices threads.
+void esper_reduce_plan(int32_t blocks, int32_t out_size, int32_t* lanes, int32_t* slices);
 // relu(group_norm(x, groups, weight, bias, eps)) over a channels-last
 // CUDA tensor, plus residual where it is not null (of x's shape, dtype and
 // layout); kernels: forward, backward, reduction (nn_group_norm.cpp).

@@ -421,4 +421,10 @@ int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
                         static_cast<int>(in_channels), static_cast<int>(out_channels)) > 0;
 }
 
+void esper_reduce_plan(int32_t blocks, int32_t out_size, int32_t* lanes, int32_t* slices) {
+  const esper::nn::ReducePlan plan = esper::nn::reduce_plan(blocks, out_size);
+  *lanes = plan.lanes;
+  *slices = plan.slices;
+}
+
 }  // extern "C"

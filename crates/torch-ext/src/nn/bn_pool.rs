@@ -4,10 +4,7 @@
 
 use tch::Tensor;
 
-use super::{
-    MAX_FUSED_CHANNELS, TrainingNorm, batch_norm_relu, four_channels, fused_target, is_nhwc,
-    kernels, max_pool2x2, per_channel_f32,
-};
+use super::{MAX_FUSED_CHANNELS, NormArgs, batch_norm_relu, fused_target, is_nhwc, max_pool2x2};
 use crate::error::Result;
 use crate::ffi;
 
@@ -64,7 +61,6 @@ pub fn batch_norm_relu_pool2x2(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
-    const OP: &str = "nn::batch_norm_relu_pool2x2";
     let size = x.size();
     let fits = match size[..] {
         [n, c, h, w] => {
@@ -75,13 +71,18 @@ pub fn batch_norm_relu_pool2x2(
         }
         _ => false,
     };
-    let channels = size.get(1).copied().unwrap_or(0);
-    let per_channel_ok = [Some(weight), Some(bias), running_mean, running_var]
-        .into_iter()
-        .flatten()
-        .all(|t| per_channel_f32(t, channels, x));
-    let fused = fused_target(x).filter(|_| train && fits && per_channel_ok && is_nhwc(x));
-    let Some((device, bf16)) = fused else {
+    let args = NormArgs {
+        op: "nn::batch_norm_relu_pool2x2",
+        x,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+    };
+    let fused = fused_target(x).filter(|_| train && fits && args.per_channel_ok() && is_nhwc(x));
+    let Some(target) = fused else {
         let y = batch_norm_relu(
             x,
             weight,
@@ -94,24 +95,12 @@ pub fn batch_norm_relu_pool2x2(
         )?;
         return max_pool2x2(&y);
     };
-    let vec4 = four_channels(x, channels);
-    let k = kernels(OP, device, bf16, vec4)?;
-    let handles = [
-        k.bn_stats.raw(),
-        k.bn_pool_forward.raw(),
-        k.bn_pool_reduce.raw(),
-        k.bn_pool_apply.raw(),
-    ];
-    let call = TrainingNorm {
-        op: OP,
-        x,
-        weight,
-        bias,
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-        vec4,
-    };
-    call.run(ffi::esper_batch_norm_relu_pool2, handles)
+    args.run_training(target, ffi::esper_batch_norm_relu_pool2, |k| {
+        [
+            k.bn_stats.raw(),
+            k.bn_pool_forward.raw(),
+            k.bn_pool_reduce.raw(),
+            k.bn_pool_apply.raw(),
+        ]
+    })
 }

@@ -192,7 +192,7 @@ pub use embedding::embedding;
 pub use excite::{MAX_FUSED_EXCITE_CHANNELS, MAX_FUSED_EXCITE_HIDDEN, squeeze_excite};
 pub use gram::gram;
 pub use group_norm::{MAX_FUSED_GROUPS, group_norm_relu, group_norm_relu_add};
-use kernels::kernels;
+use kernels::{Kernels, kernels};
 pub use layer_norm::{layer_norm, layer_norm_bf16, layer_norm_fork};
 pub use linear::linear;
 pub use pooled::{MAX_FUSED_POOLED_CHANNELS, MAX_FUSED_POOLED_OUTPUTS, pooled_linear};
@@ -349,14 +349,21 @@ pub fn batch_norm_relu(
     eps: f64,
 ) -> Result<Tensor> {
     const OP: &str = "nn::batch_norm_relu";
+    let args = NormArgs {
+        op: OP,
+        x,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        momentum,
+        eps,
+    };
     let fused = fused_target(x).filter(|_| train && is_nhwc(x));
-    let channels = x.size().get(1).copied().unwrap_or(0);
+    let channels = args.channels();
     let rows = x.numel() / usize::try_from(channels.max(1)).unwrap_or(1);
-    let per_channel_ok = [Some(weight), Some(bias), running_mean, running_var]
-        .into_iter()
-        .flatten()
-        .all(|t| per_channel_f32(t, channels, x));
-    let eligible = per_channel_ok && (1..=MAX_FUSED_CHANNELS).contains(&channels) && rows > 1;
+    let eligible =
+        args.per_channel_ok() && (1..=MAX_FUSED_CHANNELS).contains(&channels) && rows > 1;
     if !train
         && let (Some(mean), Some(var)) = (running_mean, running_var)
         && let Some((device, bf16)) = fused_target(x).filter(|_| eligible && is_nhwc(x))
@@ -381,7 +388,7 @@ pub fn batch_norm_relu(
             })
         };
     }
-    let Some((device, bf16)) = fused.filter(|_| eligible) else {
+    let Some(target) = fused.filter(|_| eligible) else {
         let unfused = x
             .f_batch_norm(
                 Some(weight),
@@ -396,26 +403,14 @@ pub fn batch_norm_relu(
             .and_then(|y| y.f_relu());
         return unfused.map_err(|error| torch(OP, error));
     };
-    let vec4 = four_channels(x, channels);
-    let k = kernels(OP, device, bf16, vec4)?;
-    let handles = [
-        k.bn_stats.raw(),
-        k.bn_forward.raw(),
-        k.bn_reduce.raw(),
-        k.bn_apply.raw(),
-    ];
-    let call = TrainingNorm {
-        op: OP,
-        x,
-        weight,
-        bias,
-        running_mean,
-        running_var,
-        momentum,
-        eps,
-        vec4,
-    };
-    call.run(ffi::esper_batch_norm_relu, handles)
+    args.run_training(target, ffi::esper_batch_norm_relu, |k| {
+        [
+            k.bn_stats.raw(),
+            k.bn_forward.raw(),
+            k.bn_reduce.raw(),
+            k.bn_apply.raw(),
+        ]
+    })
 }
 
 /// The signature `esper_batch_norm_relu` and `esper_batch_norm_relu_pool2`
@@ -435,9 +430,8 @@ type TrainingNormEntry = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> ffi::RawError;
 
-/// The arguments of a training-mode batch norm + ReLU node (pooled or not)
-/// whose kernels run.
-struct TrainingNorm<'a> {
+/// The arguments of a batch norm + ReLU node (pooled or not).
+struct NormArgs<'a> {
     op: &'static str,
     x: &'a Tensor,
     weight: &'a Tensor,
@@ -446,12 +440,40 @@ struct TrainingNorm<'a> {
     running_var: Option<&'a Tensor>,
     momentum: f64,
     eps: f64,
-    vec4: bool,
 }
 
-impl TrainingNorm<'_> {
-    /// The node through the shim's `entry` with its four kernels.
-    fn run(&self, entry: TrainingNormEntry, handles: [*mut c_void; 4]) -> Result<Tensor> {
+impl NormArgs<'_> {
+    /// `x`'s channels (0 for a tensor without a second dimension).
+    fn channels(&self) -> i64 {
+        self.x.size().get(1).copied().unwrap_or(0)
+    }
+
+    /// Whether the weight, bias and running statistics given are what the
+    /// kernels read ([`per_channel_f32`]).
+    fn per_channel_ok(&self) -> bool {
+        let channels = self.channels();
+        [
+            Some(self.weight),
+            Some(self.bias),
+            self.running_mean,
+            self.running_var,
+        ]
+        .into_iter()
+        .flatten()
+        .all(|t| per_channel_f32(t, channels, self.x))
+    }
+
+    /// The training node through the shim's `entry` with the four kernels
+    /// `pick` takes (statistics, forward, backward reduce and apply) from
+    /// those of `device` and the dtype.
+    fn run_training(
+        &self,
+        (device, bf16): (usize, bool),
+        entry: TrainingNormEntry,
+        pick: impl FnOnce(&Kernels) -> [*mut c_void; 4],
+    ) -> Result<Tensor> {
+        let vec4 = four_channels(self.x, self.channels());
+        let handles = pick(&*kernels(self.op, device, bf16, vec4)?);
         let optional = |t: Option<&Tensor>| t.map_or(std::ptr::null_mut(), ffi::tensor_ptr);
         // SAFETY: every tensor pointer is live for the call; `handles` are
         // live kernels (the cache never drops them, so the autograd node's
@@ -466,7 +488,7 @@ impl TrainingNorm<'_> {
                     optional(self.running_var),
                     self.momentum,
                     self.eps,
-                    if self.vec4 { 4 } else { 1 },
+                    if vec4 { 4 } else { 1 },
                     handles.as_ptr(),
                     out,
                 )
