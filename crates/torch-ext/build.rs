@@ -32,6 +32,7 @@ const SOURCES: &[&str] = &[
     "cpp/nn_blend.cpp",
     "cpp/nn_excite.cpp",
     "cpp/nn_pooled.cpp",
+    "cpp/side_stream.cpp",
     "cpp/profile.cpp",
 ];
 const HEADERS: &[&str] = &[

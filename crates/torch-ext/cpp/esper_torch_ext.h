@@ -184,16 +184,14 @@ char* esper_max_pool2(void* x, int32_t channels_last, int32_t vec, void* const* 
 // conv3x3: 3x3 convolution, stride 1, padding 1, no bias, of a channels-last
 // CUDA tensor computed in bf16 (bf16 != 0; autocast's casts applied here)
 // or f32; kernels = {wgrad partial, wgrad reduce, small forward, direct,
-// wgrad mma, then the nine direct kernels for 8/16/32 x 8/16/32 channels}.
+// wgrad mma, then the nine direct kernels for 8/16/32 x 8/16/32 channels};
+// overlap != 0: a leaf weight's gradient may run on a side stream, joined
+// when the backward pass ends (torch_ext::nn::set_overlapped_weight_grads).
 // conv3x3_fits: whether its weight-gradient band fits in shared memory.
-char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
-                    void** out);
+char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, int32_t overlap,
+                    void* const* kernels, void** out);
 int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
                            int64_t out_channels);
-// The geometry of the fixed-order reduction of `blocks` partials of
-// `out_size` floats (esper_conv3_wgrad_reduce): outputs a block (`lanes`)
-// and slices of the partials; the block is lanes x slices threads.
-void esper_reduce_plan(int32_t blocks, int32_t out_size, int32_t* lanes, int32_t* slices);
 // relu(group_norm(x, groups, weight, bias, eps)) over a channels-last
 // CUDA tensor, plus residual where it is not null (of x's shape, dtype and
 // layout); kernels: forward, backward, reduction (nn_group_norm.cpp).

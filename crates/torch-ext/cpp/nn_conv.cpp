@@ -225,7 +225,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                             int64_t dtype, int64_t vec, int64_t partial_kernel,
                             int64_t reduce_kernel, int64_t small_forward_kernel,
                             int64_t direct_kernel, int64_t wgrad_mma_kernel,
-                            int64_t fixed_kernels) {
+                            int64_t fixed_kernels, bool overlap) {
     c10::cuda::CUDAGuard guard(x.device());
     // The nine sized direct kernels (esper_conv3x3's array, read only
     // here: the backward keeps the handle it needs in saved_data).
@@ -266,7 +266,10 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
       y = at::conv2d(xc, wc, {}, 1, 1);
     }
-    ctx->save_for_backward({xc, wc});
+    // A leaf weight's gradient may be computed on the side stream (see
+    // backward); the leaf is kept to see whether its gradient is empty.
+    const bool side = overlap && weight.is_leaf() && weight.requires_grad();
+    ctx->save_for_backward({xc, wc, side ? weight : at::Tensor()});
     ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
     ctx->saved_data["w_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["w_channels_last"] = weight.is_contiguous(at::MemoryFormat::ChannelsLast);
@@ -293,25 +296,6 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     c10::cuda::CUDAGuard guard(xc.device());
     at::Tensor dy = aligned(grads[0].to(xc.scalar_type()).contiguous(at::MemoryFormat::ChannelsLast),
                             at::MemoryFormat::ChannelsLast);
-    if (ctx->needs_input_grad(0)) {
-      at::Tensor dx;
-      // The input gradient is the convolution of dy with the flipped,
-      // transposed weight: the direct kernel with the channels swapped.
-      if (int rows = direct_rows(xc, xc.size(0), static_cast<int>(xc.size(2)),
-                                 static_cast<int>(xc.size(3)), static_cast<int>(wc.size(0)),
-                                 static_cast<int>(xc.size(1)), 1);
-          rows > 0) {
-        dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
-        launch_direct(handle(ctx, "direct"), handle(ctx, "direct_flip"), dy, weight_rows(wc), dx,
-                      rows, 1);
-      } else {
-        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-        auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
-                                                 false, {0, 0}, 1, {true, false, false});
-        dx = std::get<0>(grads_in);
-      }
-      out[0] = dx.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
-    }
     if (ctx->needs_input_grad(1)) {
       int n = static_cast<int>(xc.size(0));
       int in_channels = static_cast<int>(xc.size(1));
@@ -348,11 +332,31 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
                   " bytes of shared memory");
       int blocks = static_cast<int>((n + plan.images - 1) / plan.images) * bands;
       auto f32 = xc.options().dtype(at::kFloat);
+      // Every tensor the weight gradient writes is allocated here, on the
+      // main stream: [Co, Ci, 3, 3] in the weight's dtype and layout
+      // ([Co, 3, 3, Ci] in memory where channels-last, which an f32
+      // gradient the reduction writes itself).
+      const auto w_dtype = static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt());
+      const bool w_channels_last = ctx->saved_data["w_channels_last"].toBool();
+      at::Tensor grad = at::empty(
+          {out_channels, in_channels, 3, 3},
+          xc.options().dtype(w_dtype).memory_format(w_channels_last
+                                                        ? at::MemoryFormat::ChannelsLast
+                                                        : at::MemoryFormat::Contiguous));
+      const bool in_place = w_dtype == at::kFloat && w_channels_last;
+      at::Tensor dw = in_place ? grad : at::empty({out_channels, 3, 3, in_channels}, f32);
       at::Tensor partials = at::empty({static_cast<int64_t>(blocks) * out_size}, f32);
+      // The side stream where the gradient goes to a leaf weight whose
+      // accumulator takes it as it is (no gradient there yet, no graph of
+      // the backward): then nothing in this pass reads it, and it runs
+      // beside the input gradients of this layer and those before it.
+      const at::Tensor& leaf = saved[2];
+      SideWork work(leaf.defined() && !at::GradMode::is_enabled() && !leaf.grad().defined(),
+                    xc.device().index());
+      cudaStream_t stream = work.stream();
       const void* x_ptr = xc.data_ptr();
       const void* dy_ptr = dy.data_ptr();
       void* partials_ptr = partials.data_ptr();
-      cudaStream_t stream = stream_of(xc);
       if (mma_rows > 0) {
         void* args[] = {&x_ptr,        &dy_ptr, &partials_ptr, &n,           &height,
                         &width,        &in_channels, &out_channels, &rows, &bands,
@@ -365,15 +369,34 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
         esper::jit_launch(handle(ctx, "partial"), dim3(blocks), dim3(kThreads), shared, args,
                           stream);
       }
-      at::Tensor dw = sum_partials(handle(ctx, "reduce"), partials, blocks, out_size, stream)
-                          .view({out_channels, 3, 3, in_channels});
-      // [Co, 3, 3, Ci] is the channels-last layout of [Co, Ci, 3, 3].
-      at::Tensor grad = dw.permute({0, 3, 1, 2})
-                            .to(static_cast<at::ScalarType>(ctx->saved_data["w_dtype"].toInt()));
-      if (!ctx->saved_data["w_channels_last"].toBool()) {
-        grad = grad.contiguous();
+      sum_partials_into(handle(ctx, "reduce"), partials, blocks, out_size, dw.data_ptr(), stream);
+      if (!in_place) {
+        // [Co, 3, 3, Ci] is the channels-last layout of [Co, Ci, 3, 3].
+        c10::cuda::CUDAStreamGuard on_side(
+            c10::cuda::getStreamFromExternal(stream, xc.device().index()));
+        grad.copy_(dw.permute({0, 3, 1, 2}));
       }
+      work.finish({xc, dy, partials, dw, grad});
       out[1] = grad;
+    }
+    if (ctx->needs_input_grad(0)) {
+      at::Tensor dx;
+      // The input gradient is the convolution of dy with the flipped,
+      // transposed weight: the direct kernel with the channels swapped.
+      if (int rows = direct_rows(xc, xc.size(0), static_cast<int>(xc.size(2)),
+                                 static_cast<int>(xc.size(3)), static_cast<int>(wc.size(0)),
+                                 static_cast<int>(xc.size(1)), 1);
+          rows > 0) {
+        dx = at::empty(xc.sizes(), xc.options().memory_format(at::MemoryFormat::ChannelsLast));
+        launch_direct(handle(ctx, "direct"), handle(ctx, "direct_flip"), dy, weight_rows(wc), dx,
+                      rows, 1);
+      } else {
+        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+        auto grads_in = at::convolution_backward(dy, xc, wc, std::nullopt, {1, 1}, {1, 1}, {1, 1},
+                                                 false, {0, 0}, 1, {true, false, false});
+        dx = std::get<0>(grads_in);
+      }
+      out[0] = dx.to(static_cast<at::ScalarType>(ctx->saved_data["x_dtype"].toInt()));
     }
     return out;
   }
@@ -383,8 +406,8 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
 
 extern "C" {
 
-char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* const* kernels,
-                    void** out) {
+char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, int32_t overlap,
+                    void* const* kernels, void** out) {
   ESPER_TRY
   *out = nullptr;
   TORCH_CHECK(x != nullptr && weight != nullptr && kernels != nullptr, "conv3x3: null argument");
@@ -407,7 +430,8 @@ char* esper_conv3x3(void* x, void* weight, int32_t bf16, int32_t vec, void* cons
   at::Tensor y = Conv3x3::apply(input, w, dtype, static_cast<int64_t>(vec),
                                 as_int(kernels[0]), as_int(kernels[1]), as_int(kernels[2]),
                                 as_int(kernels[3]), as_int(kernels[4]),
-                                static_cast<int64_t>(reinterpret_cast<intptr_t>(kernels + 5)));
+                                static_cast<int64_t>(reinterpret_cast<intptr_t>(kernels + 5)),
+                                overlap != 0);
   *out = new at::Tensor(std::move(y));
   ESPER_CATCH
 }
@@ -419,12 +443,6 @@ int32_t esper_conv3x3_fits(int64_t height, int64_t width, int64_t in_channels,
   }
   return conv_band_rows(static_cast<int>(height), static_cast<int>(width),
                         static_cast<int>(in_channels), static_cast<int>(out_channels)) > 0;
-}
-
-void esper_reduce_plan(int32_t blocks, int32_t out_size, int32_t* lanes, int32_t* slices) {
-  const esper::nn::ReducePlan plan = esper::nn::reduce_plan(blocks, out_size);
-  *lanes = plan.lanes;
-  *slices = plan.slices;
 }
 
 }  // extern "C"

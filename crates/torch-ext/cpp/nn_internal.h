@@ -1,6 +1,7 @@
 // nn_internal.h: what the shim's layer sources (nn*.cpp) share: the block
 // size, kernel handles kept in an autograd node, the current stream,
-// launch-shape helpers, and the fixed-order sum of per-block partials.
+// launch-shape helpers, the fixed-order sum of per-block partials, and
+// side-stream work of a backward node.
 #pragma once
 
 #include "jit_internal.h"
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace esper::nn {
 
@@ -72,45 +74,49 @@ inline bool aligned16(const at::Tensor& t) {
 // pointers).
 inline int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
 
-// How the reduction kernel splits a sum of `blocks` partials of
-// `out_size` floats: `lanes` outputs a block (32, fewer where that leaves
-// under 64 blocks) and `slices` of the partials (a power of two, as many as
-// leave each thread at most 8 loads, 1024 threads a block at most). From the
-// sizes alone, so a sum's order is the same on every device.
-struct ReducePlan {
-  int lanes = 32;
-  int slices = 8;
+// Work a backward node queues on a side stream (side_stream.cpp): with
+// `active`, the side stream waits for everything the device's current
+// (main) stream has queued, and `finish` makes the main stream (and the
+// current stream of the caller's backward call) wait for the side work
+// when the backward pass ends, keeping the storages of `keep` (every
+// tensor the side work reads or writes) alive until then. Only for work
+// nothing else in the pass reads. Inactive, `stream()` is the main stream
+// and `finish` does nothing.
+class SideWork {
+ public:
+  SideWork(bool active, c10::DeviceIndex device);
+  cudaStream_t stream() const { return side_.stream(); }
+  void finish(const std::vector<at::Tensor>& keep);
+
+ private:
+  c10::cuda::CUDAStream main_;
+  c10::cuda::CUDAStream side_;
+  bool active_;
 };
 
-inline ReducePlan reduce_plan(int blocks, int out_size) {
-  ReducePlan plan;
-  while (plan.lanes > 8 && (out_size + plan.lanes - 1) / plan.lanes < 64) {
-    plan.lanes /= 2;
-  }
-  while (plan.slices * plan.lanes < 1024 && plan.slices * 8 < blocks) {
-    plan.slices *= 2;
-  }
-  return plan;
+// f32 [out_size] into `sums`: the sums over `blocks` of the f32 partials
+// ([blocks, out_size]), added up in block order by the convolution
+// source's reduction kernel (`reduce`).
+inline void sum_partials_into(void* reduce, const at::Tensor& partials, int blocks, int out_size,
+                              void* sums, cudaStream_t stream) {
+  const void* partials_ptr = partials.data_ptr();
+  void* args[] = {&partials_ptr, &sums, &blocks, &out_size};
+  esper::jit_launch(reduce, dim3((out_size + 31) / 32), dim3(kThreads), 0, args, stream);
 }
 
 // f32 [out_size]: the sums over `blocks` of the f32 partials
-// ([blocks, out_size]), added up in a fixed order (reduce_plan) by the
-// convolution source's reduction kernel (`reduce`).
+// ([blocks, out_size]), added up in block order by the convolution
+// source's reduction kernel (`reduce`).
 inline at::Tensor sum_partials(void* reduce, const at::Tensor& partials, int blocks, int out_size,
                                cudaStream_t stream) {
   at::Tensor sums = at::empty({static_cast<int64_t>(out_size)}, partials.options());
-  const void* partials_ptr = partials.data_ptr();
-  void* sums_ptr = sums.data_ptr();
-  ReducePlan plan = reduce_plan(blocks, out_size);
-  void* args[] = {&partials_ptr, &sums_ptr, &blocks, &out_size, &plan.lanes};
-  esper::jit_launch(reduce, dim3((out_size + plan.lanes - 1) / plan.lanes),
-                    dim3(plan.lanes * plan.slices), 0, args, stream);
+  sum_partials_into(reduce, partials, blocks, out_size, sums.data_ptr(), stream);
   return sums;
 }
 
 // The weight and bias gradients of a normalisation from its blocks' partial
 // sums (`partials`: f32 [blocks, 2C], C weight sums then C bias sums),
-// added up in a fixed order by the convolution source's reduction kernel
+// added up in block order by the convolution source's reduction kernel
 // (`reduce`), in the parameters' dtypes: (dweight, dbias).
 inline std::pair<at::Tensor, at::Tensor> weight_bias_from_partials(
     void* reduce, const at::Tensor& partials, int blocks, int channels, const at::Tensor& weight,

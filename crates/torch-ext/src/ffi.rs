@@ -320,6 +320,7 @@ unsafe extern "C" {
         weight: *mut c_void,
         bf16: i32,
         vec: i32,
+        overlap: i32,
         kernels: *const *mut c_void,
         out: *mut *mut c_void,
     ) -> RawError;
@@ -423,7 +424,6 @@ unsafe extern "C" {
         in_channels: i64,
         out_channels: i64,
     ) -> i32;
-    pub(crate) fn esper_reduce_plan(blocks: i32, out_size: i32, lanes: *mut i32, slices: *mut i32);
     pub(crate) fn esper_max_pool2(
         x: *mut c_void,
         channels_last: i32,

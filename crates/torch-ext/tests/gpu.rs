@@ -51,6 +51,8 @@ mod blend;
 mod blend_pool;
 #[path = "gpu/bn_pool.rs"]
 mod bn_pool;
+#[path = "gpu/conv_overlap.rs"]
+mod conv_overlap;
 #[path = "gpu/copies.rs"]
 mod copies;
 #[path = "gpu/embedding.rs"]

@@ -169,6 +169,12 @@ impl ModelStep {
             });
         }
         let channels_last = config.channels_last && matches!(device, Device::Cuda(_));
+        if matches!(device, Device::Cuda(_)) {
+            // The step reads no gradient inside its backward passes, so the
+            // convolutions' weight gradients may run on a side stream,
+            // beside the input gradients (joined before backward returns).
+            torch_ext::nn::set_overlapped_weight_grads(true);
+        }
         if channels_last {
             to_channels_last(&model)?;
         }

@@ -4,7 +4,7 @@
 
 use tch::{Kind, Tensor};
 
-use super::{fused_target, is_nhwc, kernels, shim_tensor, torch};
+use super::{fused_target, is_nhwc, kernels, overlapped_weight_grads, shim_tensor, torch};
 use crate::error::Result;
 use crate::ffi;
 
@@ -99,6 +99,7 @@ pub fn conv3x3(x: &Tensor, weight: &Tensor) -> Result<Tensor> {
                 ffi::tensor_ptr(weight),
                 i32::from(compute == Kind::BFloat16),
                 if vec4 { 4 } else { 1 },
+                i32::from(overlapped_weight_grads()),
                 handles.as_ptr(),
                 out,
             )

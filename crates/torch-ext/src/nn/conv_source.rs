@@ -162,32 +162,29 @@ extern "C" __global__ void esper_conv3_wgrad_partial(
     }
 }
 
-// Pass 2: dW = the blocks' partials summed in a fixed order. A block of
-// LANES x S threads (blockDim.x = LANES * S, S a power of two, the host's
-// choice from the sizes alone) covers LANES consecutive outputs: slice s
-// adds the blocks s, s + S, ... in order, then the S slice sums are added
-// pairwise in a fixed tree. Enough slices that each thread's loads are few
-// and in flight together: the reduction is latency-bound, not
-// bandwidth-bound, at these sizes.
+// Pass 2: dW = the blocks' partials summed in block order; a block of 256
+// threads covers 32 outputs with 8 slices of the blocks, then adds the
+// slices in order.
 extern "C" __global__ void esper_conv3_wgrad_reduce(const float* __restrict__ partials,
                                                     float* __restrict__ dw, int blocks,
-                                                    int out_size, int LANES) {
+                                                    int out_size) {
     ESPER_PDL_ENTRY();
-    __shared__ float sh[1024];
-    const int S = blockDim.x / LANES;
-    const int lane = threadIdx.x % LANES, slice = threadIdx.x / LANES;
-    const int o = blockIdx.x * LANES + lane;
+    __shared__ float sh[8][32];
+    const int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
+    const int o = blockIdx.x * 32 + lane;
     float s = 0.0f;
     if (o < out_size) {
         #pragma unroll 8
-        for (int b = slice; b < blocks; b += S) s += partials[(long long)b * out_size + o];
+        for (int b = slice; b < blocks; b += 8) s += partials[(long long)b * out_size + o];
     }
-    sh[threadIdx.x] = s;
-    for (int half = S / 2; half > 0; half /= 2) {
-        __syncthreads();
-        if (slice < half) sh[threadIdx.x] += sh[threadIdx.x + half * LANES];
+    sh[slice][lane] = s;
+    __syncthreads();
+    if (slice == 0 && o < out_size) {
+        float total = sh[0][lane];
+        #pragma unroll
+        for (int k = 1; k < 8; ++k) total += sh[k][lane];
+        dw[o] = total;
     }
-    if (slice == 0 && o < out_size) dw[o] = sh[lane];
 }
 
 // Forward for at most four input channels (the host's first layer): one

@@ -82,11 +82,7 @@ pub fn gram(rows: &Tensor) -> Result<Tensor> {
     let (r_arg, blocks_arg, pairs_arg) = (int(r)?, int(blocks)?, int(pairs)?);
     let grid = blocks_arg.unsigned_abs();
     let threads = int(THREADS)?.unsigned_abs();
-    let (mut lanes, mut slices) = (0_i32, 0_i32);
-    // SAFETY: plain integers in, two live integers written.
-    unsafe { crate::ffi::esper_reduce_plan(blocks_arg, pairs_arg, &mut lanes, &mut slices) };
-    let reduce_grid = int(div_ceil(pairs, i64::from(lanes)))?.unsigned_abs();
-    let reduce_threads = (lanes * slices).unsigned_abs();
+    let reduce_grid = int(div_ceil(pairs, 32))?.unsigned_abs();
     let on = (Kind::Float, Device::Cuda(device));
     let partials = Tensor::f_empty([blocks, pairs], on).map_err(|e| torch(OP, e))?;
     let out = Tensor::f_empty([r, r], on).map_err(|e| torch(OP, e))?;
@@ -102,17 +98,17 @@ pub fn gram(rows: &Tensor) -> Result<Tensor> {
             Arg::I64(span),
         ],
     )?;
-    // The reduction's geometry, as the shim's `sum_partials` launches it.
+    // The reduction's geometry, as the shim's `sum_partials`
+    // (`cpp/nn_internal.h`) launches it: 32 outputs a block.
     k.conv_reduce.launch(
         [reduce_grid, 1, 1],
-        [reduce_threads, 1, 1],
+        [threads, 1, 1],
         0,
         &[
             Arg::Tensor(&partials),
             Arg::Tensor(&out),
             Arg::I32(blocks_arg),
             Arg::I32(pairs_arg),
-            Arg::I32(lanes),
         ],
     )?;
     Ok(out)

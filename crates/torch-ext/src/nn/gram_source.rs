@@ -2,7 +2,7 @@
 //! [`super::source::SOURCE`] (it uses that source's `T`, `THREADS` and
 //! `ld1`): every pairwise dot product of a few long rows in one pass, as
 //! per-block partial sums in a fixed order, which the convolution source's
-//! reduction then adds up in its fixed order.
+//! reduction then adds up in block order.
 //!
 //! A thread reads each row's value at its positions (the rows' reads are
 //! coalesced across the block) and adds every product of two rows into its

@@ -250,6 +250,34 @@ pub fn fused_kernels_enabled() -> bool {
     FUSED.load(Ordering::Relaxed)
 }
 
+static OVERLAP_WEIGHT_GRADS: AtomicBool = AtomicBool::new(false);
+
+/// Turns on or off (off by default) the side stream of [`conv3x3`]'s weight
+/// gradient. On, a convolution whose weight is a leaf (a parameter) with no
+/// gradient yet, in a backward pass that builds no graph of its own, runs
+/// its weight gradient's kernels on a second stream of the device, beside
+/// the input gradients of the rest of the pass, and the device's stream
+/// waits for them when the pass ends (before `backward` returns: every
+/// gradient is there for whatever runs after it, a captured optimizer step
+/// included). The values are the same bit for bit. Where the weight
+/// already has a gradient (accumulation), or the pass builds a graph, the
+/// kernels stay on the device's stream.
+///
+/// The gradient must not be read inside the backward pass itself (a tensor
+/// hook on the weight; `tch` has none): that is why it is off by default.
+/// The trainer (Tolaria) turns it on for its own steps. Read where a
+/// convolution runs, so a captured step keeps the choice it was captured
+/// with.
+pub fn set_overlapped_weight_grads(enabled: bool) {
+    OVERLAP_WEIGHT_GRADS.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether [`conv3x3`]'s weight gradient may run on a side stream (see
+/// [`set_overlapped_weight_grads`]).
+pub fn overlapped_weight_grads() -> bool {
+    OVERLAP_WEIGHT_GRADS.load(Ordering::Relaxed)
+}
+
 /// Runs a shim entry point that hands back a `new at::Tensor` in `out`.
 ///
 /// # Safety

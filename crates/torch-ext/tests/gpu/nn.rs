@@ -308,7 +308,7 @@ fn max_pool2x2_matches_libtorch_with_ties_nan_and_odd_sizes() {
 }
 
 /// bf16 autocast on CUDA while the guard lives, when `on`.
-fn bf16_autocast(on: bool) -> Option<torch_ext::AutocastGuard> {
+pub(super) fn bf16_autocast(on: bool) -> Option<torch_ext::AutocastGuard> {
     on.then(|| {
         torch_ext::AutocastGuard::with_cache(torch_ext::AutocastDevice::Cuda, Kind::BFloat16, false)
             .unwrap()
