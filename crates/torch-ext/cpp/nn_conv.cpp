@@ -289,7 +289,7 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
     auto saved = ctx->get_saved_variables();
     const at::Tensor& xc = saved[0];
     const at::Tensor& wc = saved[1];
-    variable_list out(10);
+    variable_list out(11);
     if (!grads[0].defined()) {
       return out;
     }

@@ -7,6 +7,8 @@
 #include "nn_internal.h"
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/engine.h>
 
@@ -19,23 +21,37 @@ namespace esper::nn {
 
 namespace {
 
-// One side stream a device, taken from libtorch's pool once.
-c10::cuda::CUDAStream side_stream(c10::DeviceIndex device) {
+// The side stream of a main stream: its own non-blocking stream, made at
+// its first use and kept for the process. Side work of two main streams
+// (say, environments training on their own streams, one of them in a
+// graph capture) never shares a stream, so one capture cannot take in
+// another stream's work.
+c10::cuda::CUDAStream side_stream(const c10::cuda::CUDAStream& main) {
   static std::mutex mutex;
-  static std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  static std::map<std::pair<c10::DeviceIndex, cudaStream_t>, cudaStream_t> streams;
+  const c10::DeviceIndex device = main.device_index();
   std::lock_guard<std::mutex> lock(mutex);
-  auto found = streams.find(device);
+  auto found = streams.find({device, main.stream()});
   if (found == streams.end()) {
-    found = streams.emplace(device, c10::cuda::getStreamFromPool(false, device)).first;
+    c10::cuda::CUDAGuard guard(device);
+    // Making a stream is no stream work; relaxed, so a capture under way
+    // on this thread is not invalidated by it.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    cudaStream_t stream = nullptr;
+    const cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    C10_CUDA_CHECK(made);
+    found = streams.emplace(std::make_pair(device, main.stream()), stream).first;
   }
-  return found->second;
+  return c10::cuda::getStreamFromExternal(found->second, device);
 }
 
 }  // namespace
 
 SideWork::SideWork(bool active, c10::DeviceIndex device)
     : main_(c10::cuda::getCurrentCUDAStream(device)),
-      side_(active ? side_stream(device) : main_),
+      side_(active ? side_stream(main_) : main_),
       active_(active) {
   if (active_) {
     at::cuda::CUDAEvent ready;
