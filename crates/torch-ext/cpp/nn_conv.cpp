@@ -349,9 +349,13 @@ class Conv3x3 : public torch::autograd::Function<Conv3x3> {
       // The side stream where the gradient goes to a leaf weight whose
       // accumulator takes it as it is (no gradient there yet, no graph of
       // the backward): then nothing in this pass reads it, and it runs
-      // beside the input gradients of this layer and those before it.
+      // beside the input gradients of this layer and those before it. Only
+      // while the stream is captured: a graph replays the two branches side
+      // by side, while eagerly the host's launches are the bound and the
+      // events would cost more than the overlap gives.
       const at::Tensor& leaf = saved[2];
-      SideWork work(leaf.defined() && !at::GradMode::is_enabled() && !leaf.grad().defined(),
+      SideWork work(leaf.defined() && !at::GradMode::is_enabled() && !leaf.grad().defined() &&
+                        capturing(xc.device().index()),
                     xc.device().index());
       cudaStream_t stream = work.stream();
       const void* x_ptr = xc.data_ptr();

@@ -74,6 +74,14 @@ inline bool aligned16(const at::Tensor& t) {
 // pointers).
 inline int64_t as_int(void* kernel) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(kernel)); }
 
+// Whether the device's current stream is being captured into a graph.
+inline bool capturing(c10::DeviceIndex device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t error =
+      cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(device).stream(), &status);
+  return error == cudaSuccess && status == cudaStreamCaptureStatusActive;
+}
+
 // Work a backward node queues on a side stream (side_stream.cpp): with
 // `active`, the side stream waits for everything the device's current
 // (main) stream has queued, and `finish` makes the main stream (and the

@@ -254,13 +254,16 @@ static OVERLAP_WEIGHT_GRADS: AtomicBool = AtomicBool::new(false);
 
 /// Turns on or off (off by default) the side stream of [`conv3x3`]'s weight
 /// gradient. On, a convolution whose weight is a leaf (a parameter) with no
-/// gradient yet, in a backward pass that builds no graph of its own, runs
-/// its weight gradient's kernels on a second stream of the device, beside
-/// the input gradients of the rest of the pass, and the device's stream
-/// waits for them when the pass ends (before `backward` returns: every
-/// gradient is there for whatever runs after it, a captured optimizer step
-/// included). The values are the same bit for bit. Where the weight
-/// already has a gradient (accumulation), or the pass builds a graph, the
+/// gradient yet, in a backward pass that builds no graph of its own and is
+/// being captured into a CUDA graph, runs its weight gradient's kernels on
+/// a second stream, beside the input gradients of the rest of the pass,
+/// and the captured stream waits for them when the pass ends (before
+/// `backward` returns: every gradient is there for whatever runs after it,
+/// a captured optimizer step included). The graph then replays the two
+/// branches side by side. The values are the same bit for bit. Where the
+/// weight already has a gradient (accumulation), the pass builds a graph,
+/// or nothing is captured (eagerly the host's launches are the bound, and
+/// the stream's events would cost more than the overlap gives), the
 /// kernels stay on the device's stream.
 ///
 /// The gradient must not be read inside the backward pass itself (a tensor

@@ -1,12 +1,13 @@
 //! `nn::conv3x3`'s weight gradient on a side stream
 //! (`nn::set_overlapped_weight_grads`, part of the `gpu` test binary): the
-//! input and weight gradients of a stack of convolutions equal, bit for
-//! bit, those of the same pass with the side stream off, for the
+//! input and weight gradients of a stack of convolutions, replayed from a
+//! graph captured with the side stream on, equal bit for bit those of the
+//! same capture with it off and those of an eager pass, for the
 //! tensor-core and the f32 weight-gradient kernels, f32 and bf16, a
-//! channels-last and a contiguous weight; with a gradient already there
-//! (accumulation, which stays on the device's stream); through
-//! `run_backward` (gradients handed back, not accumulated); and replayed
-//! from a captured graph.
+//! channels-last and a contiguous weight; with a second pass accumulating
+//! (which stays on the captured stream); and through `run_backward`
+//! (gradients handed back, not accumulated). Eagerly the switch changes
+//! nothing.
 
 use tch::{Kind, Tensor};
 use torch_ext::{CudaGraph, CudaStream, cuda, memory, nn};
@@ -80,8 +81,59 @@ impl Stack {
     }
 }
 
+/// The input's and every weight's gradient, replayed twice from a graph
+/// captured with the side stream `overlap`: `passes` backward passes
+/// (accumulated from the second on), or with `handed_back` one
+/// `run_backward` pass.
+fn captured_grads(
+    stack: &Stack,
+    bf16: bool,
+    overlap: bool,
+    passes: usize,
+    handed_back: bool,
+) -> Vec<Vec<f32>> {
+    nn::set_overlapped_weight_grads(overlap);
+    let (x, weights) = stack.leaves();
+    let leaves: Vec<Tensor> = std::iter::once(&x)
+        .chain(&weights)
+        .map(Tensor::shallow_clone)
+        .collect();
+    let outs: Vec<Tensor> = leaves.iter().map(Tensor::zeros_like).collect();
+    let stream = CudaStream::from_pool(0, false).unwrap();
+    let graph = CudaGraph::capture(&stream, None, 1, || {
+        memory::set_grads_to_none(&leaves).map_err(|e| e.to_string())?;
+        let grads = if handed_back {
+            let loss = Stack::loss(&x, &weights, bf16);
+            Tensor::f_run_backward(&[loss], &leaves, false, false).map_err(|e| e.to_string())?
+        } else {
+            for _ in 0..passes {
+                Stack::loss(&x, &weights, bf16).backward();
+            }
+            leaves.iter().map(Tensor::grad).collect()
+        };
+        for (out, grad) in outs.iter().zip(&grads) {
+            out.shallow_clone().copy_(grad);
+        }
+        Ok(())
+    });
+    nn::set_overlapped_weight_grads(false);
+    let graph = graph.unwrap();
+    let mut replays = Vec::new();
+    for _ in 0..2 {
+        for out in &outs {
+            let _ = out.shallow_clone().zero_();
+        }
+        graph.replay().unwrap();
+        stream.synchronize().unwrap();
+        cuda::synchronize(0).unwrap();
+        replays.push(outs.iter().map(values).collect::<Vec<_>>());
+    }
+    assert_eq!(replays[0], replays[1], "two replays differ");
+    replays.swap_remove(0)
+}
+
 #[test]
-fn conv3x3_weight_grads_on_a_side_stream_equal_those_on_one_stream() {
+fn conv3x3_weight_grads_on_a_side_stream_replay_as_on_one_stream() {
     let Some(_device) = gpu_or_skip() else { return };
     // (batch, channels, side): the CNN host's first layer (one input
     // channel: the f32 weight-gradient kernel) and its wider layers (the
@@ -92,62 +144,17 @@ fn conv3x3_weight_grads_on_a_side_stream_equal_those_on_one_stream() {
             for bf16 in [false, true] {
                 let case = format!("{channels:?} {side}x{side} cl {channels_last} bf16 {bf16}");
                 for passes in [1, 2] {
-                    let one = stack.grads(bf16, false, passes);
-                    let side_stream = stack.grads(bf16, true, passes);
+                    let eager = stack.grads(bf16, false, passes);
+                    assert_eq!(stack.grads(bf16, true, passes), eager, "{case}: eager");
+                    let one = captured_grads(&stack, bf16, false, passes, false);
+                    let side_stream = captured_grads(&stack, bf16, true, passes, false);
                     assert_eq!(side_stream, one, "{case}, {passes} pass(es)");
+                    assert_eq!(side_stream, eager, "{case}, {passes} pass(es): eager");
                 }
-                // Gradients handed back (`autograd::grad`), not accumulated.
-                let handed_back = |overlap: bool| {
-                    nn::set_overlapped_weight_grads(overlap);
-                    let (x, weights) = stack.leaves();
-                    let loss = Stack::loss(&x, &weights, bf16);
-                    let inputs: Vec<&Tensor> = std::iter::once(&x).chain(&weights).collect();
-                    let grads = Tensor::run_backward(&[loss], &inputs, false, false);
-                    nn::set_overlapped_weight_grads(false);
-                    grads.iter().map(values).collect::<Vec<_>>()
-                };
-                assert_eq!(
-                    handed_back(true),
-                    handed_back(false),
-                    "{case}, run_backward"
-                );
+                let one = captured_grads(&stack, bf16, false, 1, true);
+                let side_stream = captured_grads(&stack, bf16, true, 1, true);
+                assert_eq!(side_stream, one, "{case}, run_backward");
             }
         }
-    }
-}
-
-#[test]
-fn conv3x3_weight_grads_on_a_side_stream_replay_from_a_captured_graph() {
-    let Some(_device) = gpu_or_skip() else { return };
-    let stack = Stack::new(16, &[1, 8, 16, 16], 14, true);
-    let eager = stack.grads(false, false, 1);
-    nn::set_overlapped_weight_grads(true);
-    let (x, weights) = stack.leaves();
-    let outs: Vec<Tensor> = std::iter::once(&x)
-        .chain(&weights)
-        .map(|t| t.zeros_like())
-        .collect();
-    let stream = CudaStream::from_pool(0, false).unwrap();
-    let graph = CudaGraph::capture(&stream, None, 1, || {
-        for t in std::iter::once(&x).chain(&weights) {
-            memory::set_grads_to_none(std::slice::from_ref(t)).map_err(|e| e.to_string())?;
-        }
-        Stack::loss(&x, &weights, false).backward();
-        for (out, t) in outs.iter().zip(std::iter::once(&x).chain(&weights)) {
-            out.shallow_clone().copy_(&t.grad());
-        }
-        Ok(())
-    });
-    nn::set_overlapped_weight_grads(false);
-    let graph = graph.unwrap();
-    for _ in 0..2 {
-        for out in &outs {
-            let _ = out.shallow_clone().zero_();
-        }
-        graph.replay().unwrap();
-        stream.synchronize().unwrap();
-        cuda::synchronize(0).unwrap();
-        let replayed: Vec<Vec<f32>> = outs.iter().map(values).collect();
-        assert_eq!(replayed, eager, "replay");
     }
 }
