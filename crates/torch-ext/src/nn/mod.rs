@@ -39,7 +39,9 @@
 //!   TF32 tensor cores a warp owns 16 output x 8 input channels and all nine
 //!   taps, so one output-gradient fragment feeds nine `mma` chains; warps
 //!   left over split the band's pixels and are added in a fixed order. In
-//!   f32 (TF32 off) a thread owns 4 x 4 channels x one kernel row. The forward and the input
+//!   f32 (TF32 off) a thread owns 4 x 4 channels x one kernel row. In a
+//!   captured backward pass the two can run on a side stream, beside the
+//!   input gradients ([`set_overlapped_weight_grads`]). The forward and the input
 //!   gradient are one direct kernel for few channels (the input gradient is
 //!   the convolution of the output gradient with the flipped, transposed
 //!   weight): an implicit GEMM on TF32 tensor cores in which a block stages
