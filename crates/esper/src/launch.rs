@@ -5,7 +5,10 @@
 //! `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`) for
 //! `torch_ext::dist::Rendezvous::from_env`, and NVLink multicast turned off
 //! (`torch_ext::dist::MULTICAST_OFF`) whatever the parent's environment
-//! says. Rank 0 serves the c10d TCP store on a free loopback port.
+//! says. Rank 0 serves the c10d TCP store on a free loopback port, which
+//! the launcher binds and keeps: rank 0 inherits the listening socket
+//! (`torch_ext::dist::ENV_MASTER_LISTEN_FD`), so no other process on the
+//! host can take the port before the store serves it.
 //!
 //! A data-parallel run cannot go on without one of its ranks. When a rank
 //! fails, the others' next collective fails too (Gloo at once, NCCL at the
@@ -18,12 +21,16 @@
 
 use std::ffi::OsStr;
 use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use torch_ext::dist::{ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, MULTICAST_OFF};
+use torch_ext::dist::{
+    ENV_MASTER_ADDR, ENV_MASTER_LISTEN_FD, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, MULTICAST_OFF,
+};
 use torch_ext::launcher::ENV_LOCAL_RANK;
 
 /// How long the other ranks get to stop by themselves after one failed.
@@ -35,9 +42,10 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
     if nproc == 0 {
         bail!("--nproc must be at least 1");
     }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .context("finding a free port for the rendezvous")?
+    let listener = TcpListener::bind("127.0.0.1:0").context("binding the rendezvous's port")?;
+    let port = listener
+        .local_addr()
+        .context("reading the rendezvous's port")?
         .port();
     let exe = std::env::current_exe().context("locating the esper binary")?;
     let mut children: Vec<Option<Child>> = Vec::with_capacity(nproc);
@@ -50,7 +58,11 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
             .env(ENV_WORLD_SIZE, nproc.to_string())
             .env(ENV_MASTER_ADDR, "127.0.0.1")
             .env(ENV_MASTER_PORT, port.to_string())
+            .env_remove(ENV_MASTER_LISTEN_FD)
             .envs(MULTICAST_OFF);
+        if rank == 0 {
+            serve_from(&mut command, &listener);
+        }
         match command.spawn() {
             Ok(child) => {
                 eprintln!("rank {rank}/{nproc}: pid {}", child.id());
@@ -62,6 +74,9 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
             }
         }
     }
+    // Rank 0 holds the socket now; the launcher's copy would only keep the
+    // port open after rank 0 is gone.
+    drop(listener);
     let mut first_failure: Option<(usize, ExitStatus)> = None;
     let mut failed_at: Option<Instant> = None;
     let mut hung: Vec<usize> = Vec::new();
@@ -111,6 +126,25 @@ pub(crate) fn run_ranks<S: AsRef<OsStr>>(nproc: usize, args: &[S], grace: Durati
             ranks_named(&hung),
             if hung.len() == 1 { "was" } else { "were" }
         ),
+    }
+}
+
+/// Makes `command`'s process inherit `listener` (only that process: the
+/// launcher's descriptors are closed on exec) and name it in
+/// [`ENV_MASTER_LISTEN_FD`].
+fn serve_from(command: &mut Command, listener: &TcpListener) {
+    let fd = listener.as_raw_fd();
+    command.env(ENV_MASTER_LISTEN_FD, fd.to_string());
+    // SAFETY: the closure runs in the child between fork and exec and only
+    // calls `fcntl`, which is async-signal-safe; clearing close-on-exec
+    // there changes the child's descriptor table, not the launcher's.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -4,6 +4,7 @@
 //! slower rank's rollout is timed apart (`update_wait_ms`).
 
 use std::net::TcpListener;
+use std::os::fd::{IntoRawFd, RawFd};
 use std::thread;
 use std::time::Duration;
 
@@ -16,23 +17,24 @@ use tolaria::data::synthetic::{ImageTaskOptions, image_task};
 use tolaria::engine::trainer::ModelTrainerConfig;
 use torch_ext::dist::{DistBackend, ProcessGroup, Rendezvous};
 
-/// A free local port for a rendezvous.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port()
+/// A loopback socket bound to a free port and listening: its port and its
+/// descriptor, which rank 0 serves the store on (nothing else can take the
+/// port meanwhile).
+fn meeting_place() -> (u16, RawFd) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("port");
+    let port = listener.local_addr().expect("addr").port();
+    (port, listener.into_raw_fd())
 }
 
 /// Rank `rank` of a two-rank Gloo group on the CPU.
-fn gloo_group(port: u16, rank: usize) -> ProcessGroup {
+fn gloo_group((port, served): (u16, RawFd), rank: usize) -> ProcessGroup {
     let rendezvous = Rendezvous {
         host: "127.0.0.1".to_owned(),
         port,
         rank,
         world_size: 2,
         timeout: Duration::from_secs(120),
+        listen_fd: (rank == 0).then_some(served),
     };
     ProcessGroup::new(&rendezvous, DistBackend::Gloo, Device::Cpu).expect("group")
 }
@@ -76,11 +78,11 @@ fn flat(parameters: &[Tensor]) -> Vec<f32> {
 
 #[test]
 fn two_ranks_keep_one_policy_and_different_environments() {
-    let port = free_port();
+    let place = meeting_place();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             thread::spawn(move || -> (Vec<f32>, Vec<f32>, Vec<RoundReport>) {
-                let group = gloo_group(port, rank);
+                let group = gloo_group(place, rank);
                 let spec = spec();
                 let mut simic =
                     Simic::new(config(), 3, Device::Cpu, Telemetry::disabled()).expect("simic");
@@ -172,11 +174,11 @@ fn two_ranks_keep_one_policy_and_different_environments() {
 
 #[test]
 fn averaged_gradients_are_the_mean_over_the_ranks_for_every_shape() {
-    let port = free_port();
+    let place = meeting_place();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             thread::spawn(move || -> Vec<Vec<f32>> {
-                let group = gloo_group(port, rank);
+                let group = gloo_group(place, rank);
                 let mut parallel = simic::distributed::DataParallel::new(group);
                 let scale = (rank + 1) as f64;
                 let mut out = Vec::new();

@@ -52,7 +52,7 @@ extern "C" {
 
 char* esper_dist_new(const char* host, int32_t port, int32_t rank, int32_t world_size,
                      int32_t backend, int32_t device_index, int64_t timeout_ms,
-                     void** out) {
+                     int32_t listen_fd, void** out) {
   ESPER_TRY
   TORCH_CHECK(host != nullptr, "host is null");
   TORCH_CHECK(world_size >= 1, "world size must be at least 1, got ", world_size);
@@ -66,6 +66,13 @@ char* esper_dist_new(const char* host, int32_t port, int32_t rank, int32_t world
   store_options.numWorkers = static_cast<std::size_t>(world_size);
   store_options.waitWorkers = true;
   store_options.timeout = timeout;
+  if (listen_fd >= 0) {
+    // Rank 0 serves a socket its launcher already bound and listens on, so
+    // no other process can take the port between the launcher choosing it
+    // and the store serving it. The store takes the descriptor over.
+    TORCH_CHECK(rank == 0, "only rank 0 serves the store, not rank ", rank);
+    store_options.masterListenFd = listen_fd;
+  }
   auto group = std::make_unique<Group>();
   group->timeout = timeout;
   group->store = c10::make_intrusive<c10d::TCPStore>(std::string(host), store_options);

@@ -133,8 +133,11 @@ char* esper_is_pinned(const void* tensor, int32_t* pinned);
 // backend: 0 = Gloo (CPU tensors), 1 = NCCL (CUDA tensors on device_index).
 // op: 0 = sum, 1 = max, 2 = min. Collectives are in place and blocking for
 // Gloo; for NCCL they order the caller's current stream after the collective.
+// listen_fd: -1, or (rank 0 only) a socket already bound to `port` and
+// listening, which the store serves and takes over.
 char* esper_dist_new(const char* host, int32_t port, int32_t rank, int32_t world_size,
-                     int32_t backend, int32_t device_index, int64_t timeout_ms, void** out);
+                     int32_t backend, int32_t device_index, int64_t timeout_ms,
+                     int32_t listen_fd, void** out);
 void esper_dist_free(void* group);
 char* esper_dist_all_reduce(void* group, void* tensor, int32_t op);
 char* esper_dist_broadcast(void* group, void* tensor, int32_t root);

@@ -9,6 +9,7 @@
 //! ```
 
 use std::net::TcpListener;
+use std::os::fd::IntoRawFd;
 use std::time::Duration;
 
 use tch::{Device, Kind, Tensor};
@@ -75,7 +76,10 @@ fn main() -> anyhow::Result<()> {
 /// Two ranks of a c10d group (Gloo, CPU tensors) as two threads: each
 /// contributes its rank + 1 and both read back the sum.
 fn collectives() -> anyhow::Result<()> {
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    // Rank 0 serves a socket bound here, so nothing can take the port first.
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let served = listener.into_raw_fd();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             std::thread::spawn(move || -> anyhow::Result<f64> {
@@ -85,6 +89,7 @@ fn collectives() -> anyhow::Result<()> {
                     rank,
                     world_size: 2,
                     timeout: Duration::from_secs(30),
+                    listen_fd: (rank == 0).then_some(served),
                 };
                 let group = ProcessGroup::new(&rendezvous, DistBackend::Gloo, Device::Cpu)?;
                 let value = Tensor::full([1], (rank + 1) as f64, (Kind::Float, Device::Cpu));

@@ -7,6 +7,15 @@
 //! ([`DistBackend::Nccl`]). The collectives ([`ProcessGroup::all_reduce_`],
 //! [`ProcessGroup::broadcast_`], [`ProcessGroup::barrier`]) work in place.
 //!
+//! # A port nobody can take
+//!
+//! A launcher that picks a free port and lets rank 0 bind it later races
+//! every other process on the host: an outgoing connection can be given
+//! the same port in between, and rank 0 then fails with `EADDRINUSE`. A
+//! launcher that keeps the port bound hands rank 0 the listening socket
+//! instead ([`Rendezvous::listen_fd`], from [`ENV_MASTER_LISTEN_FD`]);
+//! `esper --nproc` does, so its groups always meet.
+//!
 //! # Timeouts and dead peers
 //!
 //! Every rendezvous and collective carries the [`Rendezvous::timeout`]. With
@@ -43,6 +52,7 @@
 //! ```
 
 use std::ffi::{CString, c_void};
+use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::time::Duration;
 
@@ -68,6 +78,10 @@ pub const ENV_WORLD_SIZE: &str = "WORLD_SIZE";
 pub const ENV_MASTER_ADDR: &str = "MASTER_ADDR";
 /// The port rank 0 serves the store on.
 pub const ENV_MASTER_PORT: &str = "MASTER_PORT";
+/// Rank 0 only, set by `esper`'s launcher: the descriptor of a socket the
+/// launcher bound to [`ENV_MASTER_PORT`] on loopback and listens on, which
+/// rank 0 inherited and serves the store on ([`Rendezvous::listen_fd`]).
+pub const ENV_MASTER_LISTEN_FD: &str = "ESPER_MASTER_LISTEN_FD";
 
 /// Which libtorch backend carries the collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -138,6 +152,10 @@ pub struct Rendezvous {
     pub world_size: usize,
     /// The limit on the rendezvous and on every collective.
     pub timeout: Duration,
+    /// Rank 0 only: a socket already bound to `port` and listening, which
+    /// the store serves instead of binding `port` itself (and takes over:
+    /// the group closes it). `None` binds `port`.
+    pub listen_fd: Option<RawFd>,
 }
 
 impl Rendezvous {
@@ -180,7 +198,76 @@ impl Rendezvous {
                 format!("host {:?} is not an address", self.host),
             ));
         }
+        match self.listen_fd {
+            Some(fd) if self.rank != 0 => Err(invalid(
+                OP,
+                format!(
+                    "rank {} was given listening socket {fd}, but only rank 0 serves the store",
+                    self.rank
+                ),
+            )),
+            Some(fd) if fd < 0 => Err(invalid(OP, format!("{fd} is not a descriptor"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks that [`Rendezvous::listen_fd`] is a TCP socket bound to
+    /// [`Rendezvous::port`] (it is not closed here).
+    fn check_listen_fd(&self) -> Result<()> {
+        let Some(fd) = self.listen_fd else {
+            return Ok(());
+        };
+        let bound = bound_port(fd).map_err(|error| {
+            invalid(
+                "ProcessGroup::new",
+                format!("descriptor {fd} is not a bound TCP socket ({error})"),
+            )
+        })?;
+        if bound != self.port {
+            return Err(invalid(
+                "ProcessGroup::new",
+                format!(
+                    "the listening socket {fd} is bound to port {}, not the store's port {}",
+                    bound, self.port
+                ),
+            ));
+        }
         Ok(())
+    }
+}
+
+/// The port the socket `fd` is bound to (`getsockname`, which reads the
+/// descriptor and changes nothing; any descriptor number is safe to ask
+/// about).
+fn bound_port(fd: RawFd) -> std::io::Result<u16> {
+    // SAFETY: `storage` is a zeroed `sockaddr_storage`, large enough for any
+    // address, and `length` says so; `getsockname` writes at most that much.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut length = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let status = unsafe {
+        libc::getsockname(
+            fd,
+            (&raw mut storage).cast::<libc::sockaddr>(),
+            &raw mut length,
+        )
+    };
+    if status != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says `storage` holds a `sockaddr_in`.
+            let address = unsafe { &*(&raw const storage).cast::<libc::sockaddr_in>() };
+            Ok(u16::from_be(address.sin_port))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says `storage` holds a `sockaddr_in6`.
+            let address = unsafe { &*(&raw const storage).cast::<libc::sockaddr_in6>() };
+            Ok(u16::from_be(address.sin6_port))
+        }
+        family => Err(std::io::Error::other(format!(
+            "address family {family}, not TCP over IPv4 or IPv6"
+        ))),
     }
 }
 
@@ -213,6 +300,7 @@ impl ProcessGroup {
     pub fn new(rendezvous: &Rendezvous, backend: DistBackend, device: Device) -> Result<Self> {
         const OP: &str = "ProcessGroup::new";
         rendezvous.validate()?;
+        rendezvous.check_listen_fd()?;
         let device_index = match (backend, device) {
             (DistBackend::Gloo, Device::Cpu) => 0,
             (DistBackend::Gloo, other) => {
@@ -254,6 +342,7 @@ impl ProcessGroup {
                     backend.code(),
                     device_index,
                     timeout_ms,
+                    rendezvous.listen_fd.unwrap_or(-1),
                     &mut raw,
                 ),
             )?

@@ -227,6 +227,7 @@ unsafe extern "C" {
         backend: i32,
         device_index: i32,
         timeout_ms: i64,
+        listen_fd: i32,
         out: *mut *mut c_void,
     ) -> RawError;
     pub(crate) fn esper_dist_free(group: *mut c_void);

@@ -7,7 +7,9 @@
 //! - **torchrun** (`torchrun --no-python ...`, any number of nodes) and
 //!   `esper`'s own one-host launcher, which sets the same variables:
 //!   `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` (default
-//!   `127.0.0.1`) and `MASTER_PORT`.
+//!   `127.0.0.1`) and `MASTER_PORT`. `esper`'s launcher also hands rank 0
+//!   the socket it keeps bound to that port (`ESPER_MASTER_LISTEN_FD`,
+//!   [`crate::dist::ENV_MASTER_LISTEN_FD`]).
 //! - **Slurm** (`srun`), when `WORLD_SIZE` is unset and `SLURM_NTASKS` is
 //!   above 1: `SLURM_PROCID` is the rank, `SLURM_NTASKS` the world size,
 //!   `SLURM_LOCALID` the local rank; the rendezvous is `MASTER_ADDR` if set,
@@ -51,7 +53,9 @@
 
 use std::time::Duration;
 
-use crate::dist::{ENV_MASTER_ADDR, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, Rendezvous};
+use crate::dist::{
+    ENV_MASTER_ADDR, ENV_MASTER_LISTEN_FD, ENV_MASTER_PORT, ENV_RANK, ENV_WORLD_SIZE, Rendezvous,
+};
 use crate::error::{Error, Result};
 
 /// torchrun's (and esper's launcher's) local rank.
@@ -181,7 +185,7 @@ impl RankEnv {
         let local_rank = |name: &str| -> Result<Option<usize>> {
             vars(name).map(|text| count(name, &text)).transpose()
         };
-        let (rank, world_size, local, launcher, host, port_number) =
+        let (rank, world_size, local, launcher, host, port_number, listen_fd) =
             if let Some(world) = vars(ENV_WORLD_SIZE) {
                 let world_size = count(ENV_WORLD_SIZE, &world)?;
                 let rank = vars(ENV_RANK)
@@ -191,6 +195,19 @@ impl RankEnv {
                     .ok_or_else(|| invalid("WORLD_SIZE is set but MASTER_PORT is not"))
                     .and_then(|text| port(ENV_MASTER_PORT, &text))?;
                 let host = vars(ENV_MASTER_ADDR).unwrap_or_else(|| "127.0.0.1".to_owned());
+                let listen_fd = vars(ENV_MASTER_LISTEN_FD)
+                    .map(|text| {
+                        text.trim()
+                            .parse::<i32>()
+                            .ok()
+                            .filter(|fd| *fd >= 0)
+                            .ok_or_else(|| {
+                                invalid(format!(
+                                    "{ENV_MASTER_LISTEN_FD}={text:?} is not a descriptor number"
+                                ))
+                            })
+                    })
+                    .transpose()?;
                 (
                     rank,
                     world_size,
@@ -198,6 +215,7 @@ impl RankEnv {
                     Launcher::Torchrun,
                     host,
                     port_number,
+                    listen_fd,
                 )
             } else if let Some(tasks) = vars(ENV_SLURM_NTASKS) {
                 let world_size = count(ENV_SLURM_NTASKS, &tasks)?;
@@ -244,6 +262,7 @@ impl RankEnv {
                     Launcher::Slurm,
                     host,
                     port_number,
+                    None,
                 )
             } else {
                 return Ok(None);
@@ -254,6 +273,7 @@ impl RankEnv {
             rank,
             world_size,
             timeout,
+            listen_fd,
         };
         rendezvous.validate()?;
         Ok(Some(RankEnv {
@@ -325,6 +345,17 @@ mod tests {
         .unwrap();
         assert_eq!(both.launcher, Launcher::Torchrun);
         assert_eq!(both.rendezvous.host, "127.0.0.1");
+        assert_eq!(both.rendezvous.listen_fd, None);
+        // esper's launcher hands rank 0 the socket it keeps bound.
+        let served = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_PORT", "1234"),
+            ("ESPER_MASTER_LISTEN_FD", "7"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(served.rendezvous.listen_fd, Some(7));
     }
 
     #[test]
@@ -399,6 +430,24 @@ mod tests {
                     ("LOCAL_RANK", "-1"),
                 ][..],
                 "LOCAL_RANK",
+            ),
+            (
+                &[
+                    ("WORLD_SIZE", "2"),
+                    ("RANK", "0"),
+                    ("MASTER_PORT", "5"),
+                    ("ESPER_MASTER_LISTEN_FD", "three"),
+                ][..],
+                "ESPER_MASTER_LISTEN_FD",
+            ),
+            (
+                &[
+                    ("WORLD_SIZE", "2"),
+                    ("RANK", "1"),
+                    ("MASTER_PORT", "5"),
+                    ("ESPER_MASTER_LISTEN_FD", "3"),
+                ][..],
+                "only rank 0 serves the store",
             ),
         ] {
             let error = env(pairs).unwrap_err().to_string();

@@ -10,6 +10,7 @@
 //! 40 runs of the whole file without a crash, against 2 in 15 before.
 
 use std::net::TcpListener;
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -19,9 +20,13 @@ use torch_ext::dist::{DistBackend, ProcessGroup, ReduceOp, Rendezvous};
 mod common;
 use common::in_own_process;
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address").port()
+/// A loopback socket bound to a free port and listening, as a launcher
+/// keeps one for rank 0: its port and its descriptor (which rank 0's group
+/// takes over). Nothing else can take the port meanwhile.
+fn meeting_place() -> (u16, RawFd) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    let port = listener.local_addr().expect("local address").port();
+    (port, listener.into_raw_fd())
 }
 
 fn rendezvous(port: u16, rank: usize, timeout: Duration) -> Rendezvous {
@@ -31,19 +36,37 @@ fn rendezvous(port: u16, rank: usize, timeout: Duration) -> Rendezvous {
         rank,
         world_size: 2,
         timeout,
+        listen_fd: None,
+    }
+}
+
+/// Rank 0's rendezvous, serving the socket of [`meeting_place`].
+fn served((port, fd): (u16, RawFd), timeout: Duration) -> Rendezvous {
+    Rendezvous {
+        listen_fd: Some(fd),
+        ..rendezvous(port, 0, timeout)
+    }
+}
+
+/// Rank `rank` of the group meeting at `place`.
+fn member(place: (u16, RawFd), rank: usize, timeout: Duration) -> Rendezvous {
+    if rank == 0 {
+        served(place, timeout)
+    } else {
+        rendezvous(place.0, rank, timeout)
     }
 }
 
 #[test]
 fn two_gloo_ranks_all_reduce_broadcast_and_meet() {
     in_own_process("two_gloo_ranks_all_reduce_broadcast_and_meet", || {
-        let port = free_port();
+        let place = meeting_place();
         let timeout = Duration::from_secs(30);
         let ranks: Vec<_> = (0..2)
             .map(|rank| {
                 thread::spawn(move || -> Vec<Vec<f32>> {
                     let group = ProcessGroup::new(
-                        &rendezvous(port, rank, timeout),
+                        &member(place, rank, timeout),
                         DistBackend::Gloo,
                         Device::Cpu,
                     )
@@ -88,11 +111,11 @@ fn a_peer_that_leaves_turns_the_next_collective_into_an_error() {
     in_own_process(
         "a_peer_that_leaves_turns_the_next_collective_into_an_error",
         || {
-            let port = free_port();
+            let place = meeting_place();
             let timeout = Duration::from_secs(5);
             let leaver = thread::spawn(move || {
                 let group = ProcessGroup::new(
-                    &rendezvous(port, 1, timeout),
+                    &rendezvous(place.0, 1, timeout),
                     DistBackend::Gloo,
                     Device::Cpu,
                 )
@@ -100,12 +123,8 @@ fn a_peer_that_leaves_turns_the_next_collective_into_an_error() {
                 group.barrier().expect("first barrier");
                 drop(group); // leaves: its Gloo connections close
             });
-            let group = ProcessGroup::new(
-                &rendezvous(port, 0, timeout),
-                DistBackend::Gloo,
-                Device::Cpu,
-            )
-            .expect("join");
+            let group = ProcessGroup::new(&served(place, timeout), DistBackend::Gloo, Device::Cpu)
+                .expect("join");
             group.barrier().expect("first barrier");
             leaver.join().expect("leaver thread");
             let start = Instant::now();
@@ -125,32 +144,24 @@ fn a_peer_that_leaves_turns_the_next_collective_into_an_error() {
 
 #[test]
 fn a_missing_peer_fails_the_rendezvous_at_the_timeout() {
-    // The port is free when `free_port` returns it, and may be taken again
-    // before the store binds it: the tests with two ranks pick theirs in
-    // processes of their own at the same time. Such an attempt fails at
-    // once, not at the timeout, and is tried again on another port (seen
-    // once in a CI run: an error after 0.8 ms). A rendezvous that never
-    // waits for its timeout fails every attempt.
+    // Rank 0 serves a socket bound before: no other process can take the
+    // port first (a port merely found free could be, and the rendezvous then
+    // failed at once with EADDRINUSE instead of waiting).
     let timeout = Duration::from_millis(1500);
-    let mut fast = Vec::new();
-    for _ in 0..3 {
-        let port = free_port();
-        let start = Instant::now();
-        let error = ProcessGroup::new(
-            &rendezvous(port, 0, timeout),
-            DistBackend::Gloo,
-            Device::Cpu,
-        )
-        .expect_err("nobody else comes");
-        let took = start.elapsed();
-        assert!(took < Duration::from_secs(20), "took {took:?}: {error}");
-        if took >= Duration::from_millis(1000) {
-            println!("rendezvous error: {error}");
-            return;
-        }
-        fast.push(format!("port {port}: {error} after {took:?}"));
-    }
-    panic!("no attempt waited for the timeout: {fast:#?}");
+    let start = Instant::now();
+    let error = ProcessGroup::new(
+        &served(meeting_place(), timeout),
+        DistBackend::Gloo,
+        Device::Cpu,
+    )
+    .expect_err("nobody else comes");
+    let took = start.elapsed();
+    println!("rendezvous error after {took:?}: {error}");
+    assert!(
+        took >= Duration::from_millis(1000),
+        "took {took:?}: {error}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}: {error}");
 }
 
 #[test]
@@ -171,25 +182,56 @@ fn bad_arguments_are_refused_before_libtorch() {
 }
 
 #[test]
+fn a_listening_socket_that_does_not_fit_is_refused_naming_it() {
+    let timeout = Duration::from_secs(1);
+    let refused = |rendezvous: &Rendezvous, needle: &str| {
+        let error = ProcessGroup::new(rendezvous, DistBackend::Gloo, Device::Cpu)
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains(needle), "{error}");
+    };
+    // Only rank 0 serves the store.
+    let (port, fd) = meeting_place();
+    refused(
+        &Rendezvous {
+            listen_fd: Some(fd),
+            ..rendezvous(port, 1, timeout)
+        },
+        "only rank 0 serves the store",
+    );
+    // A socket bound to another port than the one the others are told.
+    let other = if port == u16::MAX { port - 1 } else { port + 1 };
+    refused(&served((other, fd), timeout), "not the store's port");
+    // A descriptor that is not a socket, and one that is not open.
+    let file =
+        std::fs::File::open(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).expect("a file");
+    refused(
+        &served((port, file.as_raw_fd()), timeout),
+        "is not a bound TCP socket",
+    );
+    refused(
+        &served((port, i32::MAX), timeout),
+        "is not a bound TCP socket",
+    );
+    refused(&served((port, -1), timeout), "is not a descriptor");
+}
+
+#[test]
 fn a_tensor_of_the_wrong_kind_is_refused() {
     in_own_process("a_tensor_of_the_wrong_kind_is_refused", || {
-        let port = free_port();
+        let place = meeting_place();
         let timeout = Duration::from_secs(30);
         let peer = thread::spawn(move || {
             let group = ProcessGroup::new(
-                &rendezvous(port, 1, timeout),
+                &rendezvous(place.0, 1, timeout),
                 DistBackend::Gloo,
                 Device::Cpu,
             )
             .expect("join");
             group.barrier().expect("barrier");
         });
-        let group = ProcessGroup::new(
-            &rendezvous(port, 0, timeout),
-            DistBackend::Gloo,
-            Device::Cpu,
-        )
-        .expect("join");
+        let group = ProcessGroup::new(&served(place, timeout), DistBackend::Gloo, Device::Cpu)
+            .expect("join");
         let strided = Tensor::ones([4, 4], (Kind::Float, Device::Cpu)).transpose(0, 1);
         assert!(group.all_reduce_(&strided, ReduceOp::Sum).is_err());
         assert!(

@@ -5,6 +5,7 @@
 //! the environment.
 
 use std::net::TcpListener;
+use std::os::fd::IntoRawFd;
 use std::thread;
 use std::time::Duration;
 
@@ -26,11 +27,10 @@ fn two_nccl_ranks_reduce_and_broadcast_on_two_gpus() {
             println!("skipped: {error}");
             return;
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .expect("port")
-            .local_addr()
-            .expect("addr")
-            .port();
+        // Bound now and served by rank 0: no other process can take the port.
+        let listener = TcpListener::bind("127.0.0.1:0").expect("port");
+        let port = listener.local_addr().expect("addr").port();
+        let served = listener.into_raw_fd();
         let ranks: Vec<_> = (0..2usize)
             .map(|rank| {
                 thread::spawn(move || -> (Vec<f32>, Vec<f32>) {
@@ -40,6 +40,7 @@ fn two_nccl_ranks_reduce_and_broadcast_on_two_gpus() {
                         rank,
                         world_size: 2,
                         timeout: Duration::from_secs(120),
+                        listen_fd: (rank == 0).then_some(served),
                     };
                     let device = Device::Cuda(rank);
                     let group = ProcessGroup::new(&rendezvous, DistBackend::Nccl, device)
