@@ -21,6 +21,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::free_port;
+
 const ESPER: &str = env!("CARGO_BIN_EXE_esper");
 
 /// The collective timeout `esper train` states (`train::ranks::DIST_TIMEOUT`).
@@ -230,32 +233,6 @@ fn devices_name_devices_and_do_not_combine_with_nproc() {
     assert!(!both.status.success());
     let stderr = String::from_utf8_lossy(&both.stderr);
     assert!(stderr.contains("use one or the other"), "{stderr}");
-}
-
-/// A free TCP port on the loopback interface, for launchers that are only
-/// told a port (torchrun, srun): one below the host's ephemeral range, so
-/// that no outgoing connection (the other tests make many) is given it
-/// before rank 0 binds it. A port from `bind(0)` is in that range and was
-/// once taken in between (EADDRINUSE in a CI run). `esper --nproc` has no
-/// such gap: it keeps the port bound and hands rank 0 the socket.
-fn free_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let span = u32::from(low.saturating_sub(10_000)).max(1);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.subsec_nanos());
-    let mut state = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
-    for _ in 0..1000 {
-        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-        let port = low - 1 - u16::try_from((state >> 8) % span).expect("below the range");
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port below {low}");
 }
 
 /// Runs `ppo_args` without `--nproc` as two processes, each given `env(rank)`

@@ -414,10 +414,7 @@ fn a_run_serves_prometheus_metrics_on_the_port_asked_for() {
     use std::io::{Read, Write};
     let dir = tempfile::tempdir().expect("tempdir");
     let run_dir = dir.path().join("run");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = common::free_port();
     let mut args = synthetic_run(&run_dir, "40");
     args.extend(["--metrics-port".to_owned(), port.to_string()]);
     let mut child = Command::new(ESPER)

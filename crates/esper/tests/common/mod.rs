@@ -1,7 +1,7 @@
 //! Helpers the command-line tests share: running the built `esper`, a run
 //! directory's whole tree, to show a refused resume changed nothing on disk,
 //! the FNV-1a 64 hash the manifests use, and an edit of a manifest that keeps
-//! its checksum valid.
+//! its checksum valid, and a free port no outgoing connection is given.
 
 #![allow(
     dead_code,
@@ -56,4 +56,30 @@ pub(crate) fn rewrite_manifest(path: &Path, edit: impl FnOnce(&mut serde_json::V
     let mut text = serde_json::to_vec_pretty(&file).expect("encode");
     text.push(b'\n');
     std::fs::write(path, text).expect("write");
+}
+
+/// A free TCP port on the loopback interface, for a process that is only
+/// told a port to bind (torchrun and srun ranks, `--metrics-port`): one below the host's ephemeral range, so
+/// that no outgoing connection (the other tests make many) is given it
+/// before rank 0 binds it. A port from `bind(0)` is in that range and was
+/// once taken in between (EADDRINUSE in a CI run). `esper --nproc` has no
+/// such gap: it keeps the port bound and hands rank 0 the socket.
+pub(crate) fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let span = u32::from(low.saturating_sub(10_000)).max(1);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos());
+    let mut state = nanos ^ std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..1000 {
+        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        let port = low - 1 - u16::try_from((state >> 8) % span).expect("below the range");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below {low}");
 }
