@@ -81,26 +81,47 @@ fn graph_step_and_eager_train_two_seeds_to_the_same_parameters() {
     // first step is then captured and run by the capture's replay. Then
     // graph-epoch with the whole epoch (8 steps) as one graph, and as
     // graphs of 1 and of 3 steps (3 + 3 + 2).
+    // Last, the whole epoch again with the convolutions' weight gradients
+    // kept on the step's stream (no side stream).
     let runs = [
-        (ExecutionMode::Eager, None, "eager"),
-        (ExecutionMode::GraphStep, None, "graph-step"),
-        (ExecutionMode::GraphStep, Some(0), "graph-step, no warm-up"),
-        (ExecutionMode::GraphEpoch, Some(0), "graph-epoch, one graph"),
+        (ExecutionMode::Eager, None, "eager", true),
+        (ExecutionMode::GraphStep, None, "graph-step", true),
+        (
+            ExecutionMode::GraphStep,
+            Some(0),
+            "graph-step, no warm-up",
+            true,
+        ),
+        (
+            ExecutionMode::GraphEpoch,
+            Some(0),
+            "graph-epoch, one graph",
+            true,
+        ),
         (
             ExecutionMode::GraphEpoch,
             Some(1),
             "graph-epoch, 1 step a graph",
+            true,
         ),
         (
             ExecutionMode::GraphEpoch,
             Some(3),
             "graph-epoch, 3 steps a graph",
+            true,
+        ),
+        (
+            ExecutionMode::GraphEpoch,
+            Some(0),
+            "graph-epoch, one graph, no side stream",
+            false,
         ),
     ];
-    for (mode, setting, label) in runs {
+    for (mode, setting, label, overlap) in runs {
         let model = blending_model(&train);
         let mut config = config(mode, Precision::Fp32);
         config.matmul.allow_tf32 = false;
+        config.overlap_weight_grads = overlap;
         match (mode, setting) {
             (ExecutionMode::GraphStep, Some(steps)) => config.graph_warmup_steps = steps,
             (ExecutionMode::GraphEpoch, Some(steps)) => config.epoch_graph_steps = steps,
@@ -144,7 +165,8 @@ fn graph_step_and_eager_train_two_seeds_to_the_same_parameters() {
         println!("eager vs {label}, 4 epochs, two seeds: max |difference| {worst:e}");
         assert!(worst < 1e-4, "{label}: parameters differ by {worst}");
     }
-    // The same kernels in any chunking: the same parameters, bit for bit.
+    // The same kernels in any chunking, on one stream or two: the same
+    // parameters, bit for bit.
     let (whole_label, whole) = &finals[3];
     for (label, chunked) in &finals[4..] {
         assert!(whole == chunked, "{label} differs from {whole_label}");

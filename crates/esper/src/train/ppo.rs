@@ -398,9 +398,11 @@ fn simic_config(config: &RunConfig, env_device: tch::Device) -> Result<SimicConf
     };
     simic.trainer = tolaria::engine::trainer::ModelTrainerConfig {
         // Simic's environment settings: one warm-up step before a capture,
-        // no cuDNN timing at every new step shape.
+        // no cuDNN timing at every new step shape, no side stream for the
+        // weight gradients (the environments' steps overlap already).
         graph_warmup_steps: simic.trainer.graph_warmup_steps,
         cudnn_benchmark: simic.trainer.cudnn_benchmark,
+        overlap_weight_grads: simic.trainer.overlap_weight_grads,
         ..trainer_config(config, env_device)
     };
     // The run's settings last, so that they win over the flags above.

@@ -181,6 +181,11 @@ impl SimicConfig {
                 // (measured on the H100: 29 against 13 eps on simic-cifar).
                 graph_warmup_steps: 1,
                 cudnn_benchmark: false,
+                // The environments' captured steps already run side by
+                // side on the GPU: the weight gradients' side stream adds a
+                // fork and a join and gains nothing (simic-growth on an
+                // H200: 77.0 eps with it, 79.7 without, h200-2026-12-04p).
+                overlap_weight_grads: false,
                 ..ModelTrainerConfig::default()
             },
             // The environments' models are small: the whole validation

@@ -133,6 +133,10 @@ pub struct ModelTrainerConfig {
     /// kernels for a long-lived shape; a cost at every new shape.
     #[serde(default = "default_true")]
     pub cudnn_benchmark: bool,
+    /// The convolutions' weight gradients on a side stream in captured
+    /// steps ([`ModelStepConfig::overlap_weight_grads`]; CUDA only).
+    #[serde(default = "default_true")]
+    pub overlap_weight_grads: bool,
 }
 
 fn default_true() -> bool {
@@ -165,6 +169,7 @@ impl Default for ModelTrainerConfig {
             data_placement: DataPlacement::Device,
             graph_pool_lane: 0,
             cudnn_benchmark: true,
+            overlap_weight_grads: true,
         }
     }
 }
@@ -276,6 +281,7 @@ impl ModelTrainer {
             max_seeds: config.max_seeds,
             optimizer: config.optimizer,
             channels_last: config.channels_last,
+            overlap_weight_grads: config.overlap_weight_grads,
         };
         let governor = if config.governor {
             let mut governor_config = GovernorConfig::for_classes(train.n_classes())?;

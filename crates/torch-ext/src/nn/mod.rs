@@ -149,6 +149,7 @@
 //! # Ok::<(), torch_ext::Error>(())
 //! ```
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -252,35 +253,53 @@ pub fn fused_kernels_enabled() -> bool {
     FUSED.load(Ordering::Relaxed)
 }
 
-static OVERLAP_WEIGHT_GRADS: AtomicBool = AtomicBool::new(false);
+thread_local! {
+    static OVERLAP_WEIGHT_GRADS: Cell<bool> = const { Cell::new(false) };
+}
 
-/// Turns on or off (off by default) the side stream of [`conv3x3`]'s weight
-/// gradient. On, a convolution whose weight is a leaf (a parameter) with no
-/// gradient yet, in a backward pass that builds no graph of its own and is
-/// being captured into a CUDA graph, runs its weight gradient's kernels on
-/// a second stream, beside the input gradients of the rest of the pass,
-/// and the captured stream waits for them when the pass ends (before
-/// `backward` returns: every gradient is there for whatever runs after it,
-/// a captured optimizer step included). The graph then replays the two
-/// branches side by side. The values are the same bit for bit. Where the
-/// weight already has a gradient (accumulation), the pass builds a graph,
-/// or nothing is captured (eagerly the host's launches are the bound, and
-/// the stream's events would cost more than the overlap gives), the
-/// kernels stay on the device's stream.
+/// Turns on or off, for the calling thread (off by default), the side
+/// stream of [`conv3x3`]'s weight gradient. On, a convolution whose weight
+/// is a leaf (a parameter) with no gradient yet, in a backward pass that
+/// builds no graph of its own and is being captured into a CUDA graph, runs
+/// its weight gradient's kernels on a second stream, beside the input
+/// gradients of the rest of the pass, and the captured stream waits for
+/// them when the pass ends (before `backward` returns: every gradient is
+/// there for whatever runs after it, a captured optimizer step included).
+/// The graph then replays the two branches side by side. The values are the
+/// same bit for bit. Where the weight already has a gradient
+/// (accumulation), the pass builds a graph, or nothing is captured (eagerly
+/// the host's launches are the bound, and the stream's events would cost
+/// more than the overlap gives), the kernels stay on the device's stream.
 ///
 /// The gradient must not be read inside the backward pass itself (a tensor
 /// hook on the weight; `tch` has none): that is why it is off by default.
-/// The trainer (Tolaria) turns it on for its own steps. Read where a
-/// convolution runs, so a captured step keeps the choice it was captured
-/// with.
+/// Read where a convolution runs forward, on the thread that runs it, so a
+/// captured step keeps the choice it was captured with, and two trainers
+/// on two threads each keep their own. Tolaria's step sets it around its
+/// own forward passes ([`with_overlapped_weight_grads`]).
 pub fn set_overlapped_weight_grads(enabled: bool) {
-    OVERLAP_WEIGHT_GRADS.store(enabled, Ordering::Relaxed);
+    OVERLAP_WEIGHT_GRADS.with(|flag| flag.set(enabled));
 }
 
-/// Whether [`conv3x3`]'s weight gradient may run on a side stream (see
-/// [`set_overlapped_weight_grads`]).
+/// Whether [`conv3x3`]'s weight gradient may run on a side stream on this
+/// thread (see [`set_overlapped_weight_grads`]).
 pub fn overlapped_weight_grads() -> bool {
-    OVERLAP_WEIGHT_GRADS.load(Ordering::Relaxed)
+    OVERLAP_WEIGHT_GRADS.with(Cell::get)
+}
+
+/// Runs `body` with [`set_overlapped_weight_grads`]`(enabled)` on this
+/// thread, and puts the thread's earlier choice back afterwards (a panic
+/// in `body` included).
+pub fn with_overlapped_weight_grads<T>(enabled: bool, body: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            set_overlapped_weight_grads(self.0);
+        }
+    }
+    let _restore = Restore(overlapped_weight_grads());
+    set_overlapped_weight_grads(enabled);
+    body()
 }
 
 /// Runs a shim entry point that hands back a `new at::Tensor` in `out`.

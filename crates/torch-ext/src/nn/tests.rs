@@ -1,5 +1,5 @@
 //! The kernels' source compiles in every variant (NVRTC needs no GPU); off
-//! CUDA the layers are libtorch's ops.
+//! CUDA the layers are libtorch's ops; the side stream's switch is per thread.
 
 use super::kernels::nn_source;
 use super::*;
@@ -345,4 +345,25 @@ fn causal_attention_on_the_cpu_is_libtorchs_sdpa() {
         let error = causal_attention(&Tensor::zeros(shape.as_slice(), cpu), heads).unwrap_err();
         assert!(matches!(error, Error::InvalidArgument { .. }), "{error}");
     }
+}
+
+#[test]
+fn the_side_stream_choice_is_per_thread_and_scoped() {
+    assert!(!overlapped_weight_grads(), "off by default");
+    let inside = with_overlapped_weight_grads(true, || {
+        let other_thread = std::thread::spawn(overlapped_weight_grads)
+            .join()
+            .expect("thread");
+        (overlapped_weight_grads(), other_thread)
+    });
+    assert_eq!(inside, (true, false), "on here, not on another thread");
+    assert!(!overlapped_weight_grads(), "put back after the scope");
+    set_overlapped_weight_grads(true);
+    let nested = with_overlapped_weight_grads(false, overlapped_weight_grads);
+    assert!(!nested);
+    assert!(overlapped_weight_grads(), "the earlier choice comes back");
+    let unwound = std::panic::catch_unwind(|| with_overlapped_weight_grads(false, || panic!("x")));
+    assert!(unwound.is_err());
+    assert!(overlapped_weight_grads(), "put back after a panic too");
+    set_overlapped_weight_grads(false);
 }
