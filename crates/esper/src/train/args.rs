@@ -321,9 +321,10 @@ pub(crate) struct TrainArgs {
     #[arg(long, value_name = "NAME")]
     pub(crate) preset: Option<String>,
     /// PPO (--controller ppo): one setting over the reference's defaults,
-    /// SECTION.FIELD=VALUE with SECTION reward, ppo, floor or slot (e.g.
-    /// reward.rent_weight=0); repeatable, applied in order, after --preset
-    /// [default: none].
+    /// SECTION.FIELD=VALUE with SECTION reward, ppo, floor, slot, blueprint,
+    /// imitation or trainer (the environments' overlap_weight_grads,
+    /// cudnn_benchmark or graph_warmup_steps), e.g. reward.rent_weight=0;
+    /// repeatable, applied in order, after --preset [default: none].
     #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
     pub(crate) settings: Vec<String>,
     /// Serve the run's telemetry as Prometheus metrics on this port

@@ -1,7 +1,7 @@
 //! Named settings over a [`SimicConfig`]: `section.field=value`, so that a
 //! study can depart from the reference's defaults one constant at a time
 //! and say exactly which (`esper bench simic-learning --set
-//! reward.rent_weight=0`). Six sections:
+//! reward.rent_weight=0`). Seven sections:
 //!
 //! - `reward.<field>`: any field of [`crate::rewards::RewardConfig`]
 //!   (`reward.rent_weight=0`, `reward.mode=sparse`);
@@ -28,7 +28,14 @@
 //!   each imitation update; `imitation.anchor_weight=1` keeps the PPO
 //!   updates after it near the demonstrator (its labels' negative
 //!   log-likelihood in PPO's loss), `imitation.anchor_decay=0.9` lets go of
-//!   it update by update.
+//!   it update by update;
+//! - `trainer.<field>`: the environments' trainer settings in which
+//!   [`SimicConfig::reference`] departs from Tolaria's defaults
+//!   ([`TRAINER_FIELDS`]): `trainer.overlap_weight_grads=true` gives the
+//!   environments' steps the weight gradients' side stream,
+//!   `trainer.cudnn_benchmark=true` lets cuDNN time its algorithms,
+//!   `trainer.graph_warmup_steps=3` warms a step up three times before its
+//!   capture.
 //!
 //! A preset names a list of settings ([`PRESETS`], [`preset`]): `growth`
 //! is the set under which the learned greedy policy first beat no growth
@@ -97,6 +104,17 @@ pub fn preset(name: &str) -> Result<Vec<&'static str>> {
             ),
         })
 }
+
+/// The fields of `trainer.<field>`: the environments' trainer settings in
+/// which [`SimicConfig::reference`] departs from Tolaria's defaults. The
+/// others are Simic's to set (each environment's seed and graph pool lane,
+/// the counterfactual samples) or flags of their own (batch size,
+/// precision, execution mode).
+pub const TRAINER_FIELDS: [&str; 3] = [
+    "overlap_weight_grads",
+    "cudnn_benchmark",
+    "graph_warmup_steps",
+];
 
 /// Applies every setting of `settings` in order (see the module docs); on
 /// an error `config` is unchanged.
@@ -244,9 +262,19 @@ pub fn apply(config: &mut SimicConfig, setting: &str) -> Result<()> {
                 .map_err(|error| refuse(error.to_string()))?;
             config.imitation = imitation;
         }
+        "trainer" => {
+            if !TRAINER_FIELDS.contains(&field) {
+                return Err(refuse(format!(
+                    "no trainer field {field:?} among the settings (fields: {})",
+                    TRAINER_FIELDS.join(", ")
+                )));
+            }
+            config.trainer = patched(&config.trainer, field, value).map_err(refuse)?;
+        }
         other => {
             return Err(refuse(format!(
-                "unknown section {other:?} (reward, ppo, floor, slot, blueprint, imitation)"
+                "unknown section {other:?} (reward, ppo, floor, slot, blueprint, imitation, \
+                 trainer)"
             )));
         }
     }
@@ -408,6 +436,10 @@ mod tests {
             "blueprint.no_such_blueprint=false",
             "blueprint.noop=false",
             "blueprint.conv_small=0",
+            "trainer.seed=3",
+            "trainer.batch_size=64",
+            "trainer.overlap_weight_grads=3",
+            "trainer.graph_warmup_steps=-1",
         ] {
             let mut config = before.clone();
             let error = apply_all(&mut config, &[bad.to_owned()]);
@@ -417,6 +449,41 @@ mod tests {
             assert_eq!(config.sampling, before.sampling, "{bad}");
             assert_eq!(config.slot, before.slot, "{bad}");
             assert_eq!(config.masks, before.masks, "{bad}");
+            assert_eq!(config.trainer.seed, before.trainer.seed, "{bad}");
+            assert_eq!(
+                config.trainer.batch_size, before.trainer.batch_size,
+                "{bad}"
+            );
+            assert_eq!(
+                config.trainer.overlap_weight_grads, before.trainer.overlap_weight_grads,
+                "{bad}"
+            );
+            assert_eq!(
+                config.trainer.graph_warmup_steps, before.trainer.graph_warmup_steps,
+                "{bad}"
+            );
         }
+    }
+
+    #[test]
+    fn the_environments_trainer_settings_depart_from_the_reference_one_by_one() {
+        let before = config();
+        assert!(!before.trainer.overlap_weight_grads);
+        assert!(!before.trainer.cudnn_benchmark);
+        assert_eq!(before.trainer.graph_warmup_steps, 1);
+        let mut config = before.clone();
+        let settings = [
+            "trainer.overlap_weight_grads=true".to_owned(),
+            "trainer.graph_warmup_steps=3".to_owned(),
+        ];
+        apply_all(&mut config, &settings).expect("the settings apply");
+        assert!(config.trainer.overlap_weight_grads);
+        assert_eq!(config.trainer.graph_warmup_steps, 3);
+        assert!(!config.trainer.cudnn_benchmark, "untouched");
+        assert_eq!(config.trainer.batch_size, before.trainer.batch_size);
+        let error = apply_all(&mut config, &["trainer.seed=1".to_owned()])
+            .expect_err("not a setting")
+            .to_string();
+        assert!(error.contains("overlap_weight_grads"), "{error}");
     }
 }
