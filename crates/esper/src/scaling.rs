@@ -12,7 +12,11 @@
 //! (`scaling_efficiency`) and over the rounds after the first
 //! (`scaling_efficiency_steady`); on a GPU machine one unrecorded round on
 //! one rank runs first, so the 1-GPU entry they divide by is warm (the
-//! record's `params.warmup` says what ran).
+//! record's `params.warmup` says what ran). Where the counts include 1,
+//! each variant also runs as the single-process bench in its own process
+//! right after its 1-GPU entry (`single-process-VARIANT`), and the 1-GPU
+//! entry's `single_process_ratio` (and `_steady`) says what the group of
+//! one costs against it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -21,7 +25,7 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use leyline::baseline::{Measurements, ResultEntry};
 use serde_json::json;
-use simic::bench::scaling::{OneGpu, RankFigures, run_rank, scaling_entry};
+use simic::bench::scaling::{OneGpu, RankFigures, run_rank, scaling_entry, single_process_ratios};
 use simic::bench::{Driver, SimicBenchOptions, ThroughputTask};
 use torch_ext::DeviceChoice;
 use torch_ext::dist::{DistBackend, ProcessGroup};
@@ -187,22 +191,40 @@ pub(crate) fn measure(
                     run_count(&scratch, &count, args).and_then(|ranks| {
                         let mut entry = scaling_entry(variant, gpus, &ranks, eps_one)?;
                         if gpus == 1 && launcher == Launcher::Esper {
-                            eps_one = entry.metrics.get("eps").map(|&eps| OneGpu {
-                                eps,
-                                eps_steady: entry.metrics.get("eps_steady").copied(),
-                            });
+                            eps_one = OneGpu::of(&entry);
                         }
                         entry.mode.clone_from(&mode);
                         Ok(entry)
                     })
                 };
-                results.push(entry.unwrap_or_else(|error| ResultEntry {
-                    implementation: "rust".to_owned(),
-                    mode,
-                    metrics: std::collections::BTreeMap::new(),
-                    error: Some(format!("{error:#}")),
-                    amp: None,
-                }));
+                results.push(entry.unwrap_or_else(|error| failed(mode, &error)));
+            }
+            if gpus == 1 {
+                // The same variant as the single-process bench, right after
+                // the one-GPU entry: what the group of one costs.
+                progress(&format!(
+                    "{variant} as a single process (no group): {rounds} rounds"
+                ));
+                let mode = format!("single-process-{variant}");
+                let single = run_single_process(&scratch, variant, rounds, device_kind, args);
+                let entry = match single {
+                    Ok(mut entry) => {
+                        let one_gpu_entry = results.iter_mut().find(|entry| {
+                            entry.mode == format!("dp1-{variant}") && entry.error.is_none()
+                        });
+                        if let (Some(one_gpu_entry), Some(one), Some(alone)) =
+                            (one_gpu_entry, eps_one, OneGpu::of(&entry))
+                        {
+                            one_gpu_entry
+                                .metrics
+                                .extend(single_process_ratios(one, alone));
+                        }
+                        entry.mode = mode;
+                        entry
+                    }
+                    Err(error) => failed(mode, &error),
+                };
+                results.push(entry);
             }
         }
     }
@@ -222,10 +244,70 @@ pub(crate) fn measure(
             },
             "launchers": if args.torchrun { json!(["esper", "torchrun"]) } else { json!(["esper"]) },
             "warmup": warmup,
+            "single_process": "where the counts include 1, each variant also ran as the \
+                               single-process bench (`esper bench` without --gpus, its own \
+                               process) right after its one-GPU entry: entry \
+                               single-process-VARIANT; the one-GPU entry's \
+                               single_process_ratio(_steady) is its eps over that entry's",
         }),
         results,
         telemetry_names: Vec::new(),
     })
+}
+
+/// The entry of a count or run that failed: its mode and the error.
+fn failed(mode: String, error: &anyhow::Error) -> ResultEntry {
+    ResultEntry {
+        implementation: "rust".to_owned(),
+        mode,
+        metrics: std::collections::BTreeMap::new(),
+        error: Some(format!("{error:#}")),
+        amp: None,
+    }
+}
+
+/// Runs `variant` as the single-process bench (`esper bench WORKLOAD
+/// --variants VARIANT`, in a process of its own, as a user types it) for
+/// `rounds` rounds and returns its entry of that variant.
+fn run_single_process(
+    scratch: &Path,
+    variant: &str,
+    rounds: usize,
+    device: &str,
+    args: &BenchArgs,
+) -> Result<ResultEntry> {
+    std::fs::create_dir_all(scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let out = scratch.join(format!("single-process-{variant}.json"));
+    let exe = std::env::current_exe().context("locating the esper binary")?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(["bench", args.workload.name(), "--variants", variant])
+        .args(["--rounds", &rounds.to_string(), "--device", device])
+        .args(["--label", "single-process", "--out"])
+        .arg(&out);
+    if args.quick {
+        command.arg("--quick");
+    }
+    if let Some(episode) = args.episode {
+        command.args(["--episode", &episode.to_string()]);
+    }
+    let status = command
+        .status()
+        .context("starting the single-process bench")?;
+    if !status.success() {
+        bail!("the single-process bench of {variant} ended with {status}");
+    }
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let record = leyline::baseline::BaselineRecord::from_json(&text)
+        .with_context(|| format!("reading {}", out.display()))?;
+    let entry = record
+        .result("rust", variant)
+        .with_context(|| format!("{} has no entry for {variant}", out.display()))?;
+    if let Some(error) = &entry.error {
+        bail!("the single-process bench of {variant} failed: {error}");
+    }
+    Ok(entry.clone())
 }
 
 fn scratch_dir(out: &Path) -> PathBuf {

@@ -681,4 +681,45 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
             "{mode}: {metrics}"
         );
     }
+    // Each variant also ran as the single-process bench right after its
+    // one-GPU entry, which says how it compares.
+    for variant in ["fp32-eager", "fp32-eager-fp32-policy"] {
+        let mode = format!("single-process-{variant}");
+        let single = results
+            .iter()
+            .find(|entry| entry["mode"] == mode.as_str())
+            .unwrap_or_else(|| panic!("no {mode} entry: {record}"));
+        assert!(single["error"].is_null(), "{mode}: {}", single["error"]);
+        let eps = single["metrics"]["eps"].as_f64().expect("eps");
+        let seeds = single["metrics"]["active_seeds_per_env"]
+            .as_f64()
+            .expect("live seeds");
+        assert!(eps > 0.0 && seeds > 0.2, "{mode}: {}", single["metrics"]);
+        let one = results
+            .iter()
+            .find(|entry| entry["mode"] == format!("dp1-{variant}").as_str())
+            .expect("the one-GPU entry");
+        let ratio = one["metrics"]["single_process_ratio"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no ratio: {}", one["metrics"]));
+        let expected = one["metrics"]["eps"].as_f64().expect("eps") / eps;
+        assert!(
+            (ratio - expected).abs() < 1e-9,
+            "{ratio} against {expected}"
+        );
+        // Two rounds: steady figures on both sides.
+        assert!(
+            one["metrics"]["single_process_ratio_steady"]
+                .as_f64()
+                .is_some(),
+            "{}",
+            one["metrics"]
+        );
+    }
+    // Only the one-GPU entries carry the comparison.
+    let two = results
+        .iter()
+        .find(|entry| entry["mode"] == "dp2-fp32-eager")
+        .expect("the two-GPU entry");
+    assert!(two["metrics"]["single_process_ratio"].is_null());
 }

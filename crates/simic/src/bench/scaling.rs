@@ -181,6 +181,38 @@ pub struct OneGpu {
     pub eps_steady: Option<f64>,
 }
 
+impl OneGpu {
+    /// The figures of a record entry (a one-GPU scaling entry, or the
+    /// single-process bench's entry of the same variant): its `eps`, and
+    /// its `eps_steady` where it has one. `None` without a positive `eps`.
+    pub fn of(entry: &ResultEntry) -> Option<OneGpu> {
+        let eps = entry.metrics.get("eps").copied().filter(|eps| *eps > 0.0)?;
+        Some(OneGpu {
+            eps,
+            eps_steady: entry.metrics.get("eps_steady").copied(),
+        })
+    }
+}
+
+/// How the one-GPU entry of a scaling run compares with the single-process
+/// bench of the same variant from the same run: `single_process_ratio` is
+/// the entry's eps over the single process's (1.0: the group of one costs
+/// nothing), and `single_process_ratio_steady` the same over the rounds
+/// after the first, where both have them. The bar is a ratio
+/// within 5% of 1.
+pub fn single_process_ratios(one_gpu: OneGpu, single: OneGpu) -> BTreeMap<String, f64> {
+    let mut ratios = BTreeMap::new();
+    if single.eps > 0.0 {
+        ratios.insert("single_process_ratio".to_owned(), one_gpu.eps / single.eps);
+    }
+    if let (Some(one), Some(alone)) = (one_gpu.eps_steady, single.eps_steady)
+        && alone > 0.0
+    {
+        ratios.insert("single_process_ratio_steady".to_owned(), one / alone);
+    }
+    ratios
+}
+
 /// The record entry `dp{gpus}-{variant}` for one GPU count: the group's
 /// eps, eps per GPU, and — given the one-GPU entry of the same run — the
 /// scaling efficiency `eps / (gpus · eps_one)` over the whole run and, when
@@ -320,5 +352,41 @@ mod tests {
         assert!(entry.metrics.contains_key("scaling_efficiency"));
         // An unknown variant is refused.
         assert!(scaling_entry("fp64-eager", 2, &ranks, None).is_err());
+    }
+
+    #[test]
+    fn the_one_gpu_entry_is_compared_with_the_single_process_whole_and_steady() {
+        let entry = ResultEntry {
+            implementation: "rust".to_owned(),
+            mode: "dp1-fp32-eager".to_owned(),
+            metrics: BTreeMap::from([("eps".to_owned(), 19.0), ("eps_steady".to_owned(), 24.0)]),
+            error: None,
+            amp: None,
+        };
+        let one = OneGpu::of(&entry).expect("figures");
+        assert_eq!(one.eps_steady, Some(24.0));
+        let single = OneGpu {
+            eps: 20.0,
+            eps_steady: Some(25.0),
+        };
+        let ratios = single_process_ratios(one, single);
+        assert!((ratios["single_process_ratio"] - 0.95).abs() < 1e-12);
+        assert!((ratios["single_process_ratio_steady"] - 0.96).abs() < 1e-12);
+        // No steady figure on one side: no steady ratio.
+        let ratios = single_process_ratios(
+            one,
+            OneGpu {
+                eps_steady: None,
+                ..single
+            },
+        );
+        assert!(ratios.contains_key("single_process_ratio"));
+        assert!(!ratios.contains_key("single_process_ratio_steady"));
+        // An entry without a positive eps (a failed run) gives no figures.
+        let failed = ResultEntry {
+            metrics: BTreeMap::from([("eps".to_owned(), 0.0)]),
+            ..entry
+        };
+        assert_eq!(OneGpu::of(&failed), None);
     }
 }
