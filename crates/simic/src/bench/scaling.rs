@@ -7,9 +7,11 @@
 //! trains one policy (gradients averaged every minibatch). With
 //! [`Driver::MaxGrowth`] (`simic-growth`) the max-growth controller takes
 //! every action and nothing learns, so the ranks share no update: each
-//! drives its own environments. The group's eps is the ranks'
-//! environment-epochs over the slowest rank's wall time, from a barrier
-//! after joining to the end of the last round.
+//! drives its own environments. Each rank first pays its process's
+//! one-time costs in an unmeasured warm-up round, as the single-process
+//! bench does. The group's eps is the ranks' environment-epochs over the
+//! slowest rank's wall time, from a barrier after joining to the end of
+//! the last round.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -54,6 +56,11 @@ pub struct RankFigures {
     pub rollout_ms: f64,
     /// Peak device memory (MiB; 0 on the CPU).
     pub peak_memory_mb: f64,
+    /// Seconds of the rank's process warm-up before joining, not measured
+    /// (0 on the CPU): what the single-process bench pays before its
+    /// measured rounds too.
+    #[serde(default)]
+    pub process_warmup_s: f64,
 }
 
 /// Runs `variant_name` (see [`SimicBenchOptions::variants`]) for
@@ -89,6 +96,21 @@ pub fn run_rank(
         test,
         4,
     )?;
+    // What a process pays once (run-time kernel compiles, CUDA modules,
+    // library handles), paid before the clock starts as the single-process
+    // bench pays it, so that a group of one measures what one process does.
+    let (process_warmup_s, _) = super::throughput::process_warmup(
+        task,
+        &spec,
+        std::slice::from_ref(&variant_name.to_owned()),
+        device,
+        options,
+    )?;
+    if process_warmup_s > 0.0 {
+        progress(&format!(
+            "  process warm-up (not measured): {process_warmup_s:.1} s"
+        ));
+    }
     // The single-process bench's variant settings, suffixes included.
     let (_, config) =
         super::throughput::variant_config(task, variant_name, options.episode(), options.quick)?;
@@ -156,6 +178,7 @@ pub fn run_rank(
                 .map(|r| r.timings.total_ms - r.timings.update_ms),
         ),
         peak_memory_mb,
+        process_warmup_s,
     })
 }
 
@@ -286,6 +309,10 @@ pub fn scaling_entry(
         if fastest.is_finite() { fastest } else { 0.0 },
     );
     metrics.insert(
+        "process_warmup_s".to_owned(),
+        ranks.iter().map(|r| r.process_warmup_s).fold(0.0, f64::max),
+    );
+    metrics.insert(
         "peak_memory_mb".to_owned(),
         ranks.iter().map(|r| r.peak_memory_mb).fold(0.0, f64::max),
     );
@@ -316,6 +343,7 @@ mod tests {
             update_wait_ms: 2.0 * rank as f64,
             rollout_ms: 1000.0 + 100.0 * rank as f64,
             peak_memory_mb: 0.0,
+            process_warmup_s: 0.5 * rank as f64,
         }
     }
 
@@ -338,6 +366,8 @@ mod tests {
         assert!((metric("update_wait_ms") - 1.0).abs() < 1e-12);
         assert_eq!(metric("rollout_ms_slowest_rank"), 1100.0);
         assert_eq!(metric("rollout_ms_fastest_rank"), 1000.0);
+        // The longest warm-up of any rank, outside the clock.
+        assert_eq!(metric("process_warmup_s"), 0.5);
         // Without a steady figure on every rank (or for the one-GPU entry),
         // no steady efficiency.
         let partial = [rank(0, 100, 4.0, Some(9.0)), rank(1, 100, 5.0, None)];

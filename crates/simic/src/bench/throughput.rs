@@ -165,7 +165,7 @@ struct Variant {
 /// process pays once (compiling the run-time CUDA kernels, loading CUDA
 /// modules, creating the cuBLAS and cuDNN handles) then falls on no
 /// variant in particular. Returns its wall time, s (0 on the CPU).
-fn process_warmup(
+pub(super) fn process_warmup(
     task: ThroughputTask,
     spec: &EnvSpec,
     names: &[String],
