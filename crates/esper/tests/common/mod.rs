@@ -1,7 +1,8 @@
 //! Helpers the command-line tests share: running the built `esper`, a run
 //! directory's whole tree, to show a refused resume changed nothing on disk,
 //! the FNV-1a 64 hash the manifests use, and an edit of a manifest that keeps
-//! its checksum valid, and a free port no outgoing connection is given.
+//! its checksum valid, a free port no outgoing connection is given, and the
+//! provisioned venv's torchrun.
 
 #![allow(
     dead_code,
@@ -82,4 +83,27 @@ pub(crate) fn free_port() -> u16 {
         }
     }
     panic!("no free port below {low}");
+}
+
+/// The provisioned libtorch venv's torchrun (`ESPER_TORCHRUN` first), or
+/// `None` with the reason printed.
+pub(crate) fn venv_torchrun() -> Option<std::path::PathBuf> {
+    let path = match std::env::var_os("ESPER_TORCHRUN") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => {
+            let Some(site) = std::env::var_os("ESPER_TORCH_SITE") else {
+                eprintln!(
+                    "skipped: no ESPER_TORCH_SITE (the provisioned venv) and no ESPER_TORCHRUN"
+                );
+                return None;
+            };
+            std::path::Path::new(&site).join("../../../bin/torchrun")
+        }
+    };
+    if path.is_file() {
+        Some(path)
+    } else {
+        eprintln!("skipped: no torchrun at {}", path.display());
+        None
+    }
 }
