@@ -34,16 +34,22 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
         &record,
         ("ESPER_TORCHRUN", torchrun.as_os_str()),
     );
-    let results = record["results"].as_array().expect("results");
     for mode in ["dp2-fp32-eager", "dp2-fp32-eager-torchrun"] {
-        let entry = results
-            .iter()
-            .find(|entry| entry["mode"] == mode)
-            .unwrap_or_else(|| panic!("no {mode} entry: {record}"));
+        let entry = entry(&record, mode);
         assert!(entry["error"].is_null(), "{mode}: {}", entry["error"]);
         let eps = entry["metrics"]["eps"].as_f64().expect("eps");
         assert!(eps > 0.0, "{mode}: eps {eps}");
     }
+}
+
+/// The record's entry of `mode`, which must be there.
+fn entry<'a>(record: &'a serde_json::Value, mode: &str) -> &'a serde_json::Value {
+    record["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .find(|entry| entry["mode"] == mode)
+        .unwrap_or_else(|| panic!("no {mode} entry: {record}"))
 }
 
 /// Runs `esper ARGS --out RECORD` with one environment variable set, which
@@ -128,17 +134,13 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
         "{}",
         record["params"]
     );
-    let results = record["results"].as_array().expect("results");
     for mode in [
         "dp1-fp32-eager",
         "dp2-fp32-eager",
         "dp1-fp32-eager-fp32-policy",
         "dp2-fp32-eager-fp32-policy",
     ] {
-        let entry = results
-            .iter()
-            .find(|entry| entry["mode"] == mode)
-            .unwrap_or_else(|| panic!("no {mode} entry: {record}"));
+        let entry = entry(&record, mode);
         assert!(entry["error"].is_null(), "{mode}: {}", entry["error"]);
         let metrics = &entry["metrics"];
         assert!(
@@ -167,20 +169,14 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
     // one-GPU entry, which says how it compares.
     for variant in ["fp32-eager", "fp32-eager-fp32-policy"] {
         let mode = format!("single-process-{variant}");
-        let single = results
-            .iter()
-            .find(|entry| entry["mode"] == mode.as_str())
-            .unwrap_or_else(|| panic!("no {mode} entry: {record}"));
+        let single = entry(&record, &mode);
         assert!(single["error"].is_null(), "{mode}: {}", single["error"]);
         let eps = single["metrics"]["eps"].as_f64().expect("eps");
         let seeds = single["metrics"]["active_seeds_per_env"]
             .as_f64()
             .expect("live seeds");
         assert!(eps > 0.0 && seeds > 0.2, "{mode}: {}", single["metrics"]);
-        let one = results
-            .iter()
-            .find(|entry| entry["mode"] == format!("dp1-{variant}").as_str())
-            .expect("the one-GPU entry");
+        let one = entry(&record, &format!("dp1-{variant}"));
         let ratio = one["metrics"]["single_process_ratio"]
             .as_f64()
             .unwrap_or_else(|| panic!("no ratio: {}", one["metrics"]));
@@ -199,9 +195,6 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
         );
     }
     // Only the one-GPU entries carry the comparison.
-    let two = results
-        .iter()
-        .find(|entry| entry["mode"] == "dp2-fp32-eager")
-        .expect("the two-GPU entry");
+    let two = entry(&record, "dp2-fp32-eager");
     assert!(two["metrics"]["single_process_ratio"].is_null());
 }
