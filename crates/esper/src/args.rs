@@ -75,6 +75,9 @@ pub(crate) struct BenchArgs {
     /// torchrun (`torchrun --standalone --no-python`), as entries beside
     /// those of esper's own launcher.
     pub(crate) torchrun: bool,
+    /// Unless `--no-concurrent` (with `--gpus`): after each count N > 1, N
+    /// single-process benches at once, one per GPU, no group.
+    pub(crate) concurrent: bool,
     /// `--rounds N` (the simic workloads): PPO rounds per variant (learning:
     /// training rounds); `None`: the workload's default.
     pub(crate) rounds: Option<usize>,
@@ -225,6 +228,7 @@ impl BenchArgs {
         let mut simic_variants: Option<Vec<String>> = None;
         let mut gpus: Option<Vec<usize>> = None;
         let mut torchrun = false;
+        let mut no_concurrent = false;
         let mut rounds: Option<usize> = None;
         let mut ppo_epochs: Option<usize> = None;
         let mut greedy_every: Option<usize> = None;
@@ -248,7 +252,10 @@ impl BenchArgs {
             let tolaria_only = matches!(flag, "--modes");
             let epoch_flags = matches!(flag, "--epochs" | "--warmup-epochs");
             let fmnist_only = matches!(flag, "--synthetic" | "--epoch-graph-steps");
-            let simic_only = matches!(flag, "--variants" | "--gpus" | "--torchrun");
+            let simic_only = matches!(
+                flag,
+                "--variants" | "--gpus" | "--torchrun" | "--no-concurrent"
+            );
             let rounds_flag = matches!(flag, "--rounds" | "--episode");
             let learning_only = matches!(
                 flag,
@@ -332,6 +339,7 @@ impl BenchArgs {
                 "--quick" => quick = true,
                 "--synthetic" => synthetic = true,
                 "--torchrun" => torchrun = true,
+                "--no-concurrent" => no_concurrent = true,
                 "--device" => {
                     let text = value()?;
                     let choice = text
@@ -524,6 +532,9 @@ impl BenchArgs {
         if torchrun && gpus.is_none() {
             return Err(usage("--torchrun needs --gpus"));
         }
+        if no_concurrent && gpus.is_none() {
+            return Err(usage("--no-concurrent needs --gpus"));
+        }
         // The preset's settings first, so that every --set wins over them.
         let mut settings: Vec<String> = match &preset {
             Some(name) => simic::vectorized::settings::preset(name)
@@ -548,6 +559,7 @@ impl BenchArgs {
             simic_variants: simic_variants.unwrap_or_default(),
             gpus: gpus.unwrap_or_default(),
             torchrun,
+            concurrent: !no_concurrent,
             rounds,
             ppo_epochs,
             greedy_every,

@@ -139,6 +139,9 @@ commands:
         --torchrun          (with --gpus) also start each count's ranks with torchrun
                             (--standalone --no-python; `torchrun` on PATH or ESPER_TORCHRUN),
                             as entries dpN-VARIANT-torchrun beside the launcher's
+        --no-concurrent     (with --gpus) skip the N single-process benches run at once, one
+                            per GPU, after each count N > 1 (entry concurrentN-VARIANT: what
+                            sharing the host costs apart from what the group costs)
       simic-learning        the learning protocol on an impaired host: baselines (no growth,
                             heuristic, germinate-once, max growth) on 12 shared evaluation
                             environments, PPO per training seed, the greedy policy on the

@@ -16,7 +16,13 @@
 //! each variant also runs as the single-process bench in its own process
 //! right after its 1-GPU entry (`single-process-VARIANT`), and the 1-GPU
 //! entry's `single_process_ratio` (and `_steady`) says what the group of
-//! one costs against it.
+//! one costs against it. Unless `--no-concurrent`, each count N > 1 is
+//! followed by N single-process benches of the variant at once, one per
+//! GPU with no group between them (`concurrentN-VARIANT`): what sharing
+//! the host costs (`host_sharing_ratio`, against the single process alone)
+//! apart from what the group costs (the `dpN` entry's `group_ratio`,
+//! against the N independent processes); see
+//! [`simic::bench::scaling::concurrent_entry`].
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,6 +39,9 @@ use torch_ext::launcher::RankEnv;
 
 use crate::args::BenchArgs;
 use crate::launch;
+
+mod single;
+use single::{finish_concurrent, run_concurrent, run_single_process};
 
 /// The collective timeout of benchmark ranks.
 const RANK_TIMEOUT: Duration = Duration::from_secs(120);
@@ -164,6 +173,7 @@ pub(crate) fn measure(
     let mut results = Vec::new();
     for variant in &variants {
         let mut eps_one = None;
+        let mut concurrent = Vec::new();
         for &gpus in &args.gpus {
             progress(&format!(
                 "{variant} on {gpus} {device_kind} rank(s): {rounds} rounds"
@@ -199,6 +209,25 @@ pub(crate) fn measure(
                 };
                 results.push(entry.unwrap_or_else(|error| failed(mode, &error)));
             }
+            if gpus > 1 && args.concurrent {
+                progress(&format!(
+                    "{variant} as {gpus} single processes at once, one per {device_kind} device \
+                     (no group): {rounds} rounds"
+                ));
+                let run = if gpus > available {
+                    Err(anyhow::anyhow!(
+                        "needs {gpus} GPUs; this machine has {available}"
+                    ))
+                } else {
+                    run_concurrent(&scratch, variant, gpus, rounds, device_kind, args)
+                };
+                concurrent.push((results.len(), gpus, run));
+                // Replaced below, once the process alone is known.
+                results.push(failed(
+                    format!("concurrent{gpus}-{variant}"),
+                    &anyhow::anyhow!("not run"),
+                ));
+            }
             if gpus == 1 {
                 // The same variant as the single-process bench, right after
                 // the one-GPU entry: what the group of one costs.
@@ -227,6 +256,7 @@ pub(crate) fn measure(
                 results.push(entry);
             }
         }
+        finish_concurrent(&mut results, variant, concurrent);
     }
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(Measurements {
@@ -249,6 +279,14 @@ pub(crate) fn measure(
                                process) right after its one-GPU entry: entry \
                                single-process-VARIANT; the one-GPU entry's \
                                single_process_ratio(_steady) is its eps over that entry's",
+            "concurrent": if args.concurrent {
+                "after each count N > 1, N single-process benches of the variant at once, one \
+                 per device, no group: entry concurrentN-VARIANT (host_sharing_ratio: their eps \
+                 per GPU over the single process alone); the dpN entries' group_ratio(_steady) \
+                 is their eps over those N processes'"
+            } else {
+                "not run (--no-concurrent)"
+            },
         }),
         results,
         telemetry_names: Vec::new(),
@@ -264,50 +302,6 @@ fn failed(mode: String, error: &anyhow::Error) -> ResultEntry {
         error: Some(format!("{error:#}")),
         amp: None,
     }
-}
-
-/// Runs `variant` as the single-process bench (`esper bench WORKLOAD
-/// --variants VARIANT`, in a process of its own, as a user types it) for
-/// `rounds` rounds and returns its entry of that variant.
-fn run_single_process(
-    scratch: &Path,
-    variant: &str,
-    rounds: usize,
-    device: &str,
-    args: &BenchArgs,
-) -> Result<ResultEntry> {
-    std::fs::create_dir_all(scratch).with_context(|| format!("creating {}", scratch.display()))?;
-    let out = scratch.join(format!("single-process-{variant}.json"));
-    let exe = std::env::current_exe().context("locating the esper binary")?;
-    let mut command = std::process::Command::new(exe);
-    command
-        .args(["bench", args.workload.name(), "--variants", variant])
-        .args(["--rounds", &rounds.to_string(), "--device", device])
-        .args(["--label", "single-process", "--out"])
-        .arg(&out);
-    if args.quick {
-        command.arg("--quick");
-    }
-    if let Some(episode) = args.episode {
-        command.args(["--episode", &episode.to_string()]);
-    }
-    let status = command
-        .status()
-        .context("starting the single-process bench")?;
-    if !status.success() {
-        bail!("the single-process bench of {variant} ended with {status}");
-    }
-    let text =
-        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
-    let record = leyline::baseline::BaselineRecord::from_json(&text)
-        .with_context(|| format!("reading {}", out.display()))?;
-    let entry = record
-        .result("rust", variant)
-        .with_context(|| format!("{} has no entry for {variant}", out.display()))?;
-    if let Some(error) = &entry.error {
-        bail!("the single-process bench of {variant} failed: {error}");
-    }
-    Ok(entry.clone())
 }
 
 fn scratch_dir(out: &Path) -> PathBuf {

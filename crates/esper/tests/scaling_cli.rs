@@ -3,7 +3,8 @@
 //! count also runs under torchrun beside esper's own launcher.
 //! `simic-growth --gpus 1,2` on two CPU ranks (CIFAR-10 files the test
 //! writes) drives seeds in every rank, sums the ranks into one record, and
-//! runs each variant as the single-process bench beside its 1-GPU entry.
+//! runs each variant as the single-process bench beside its 1-GPU entry,
+//! and as two single processes at once beside its 2-GPU entry.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -30,6 +31,7 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
             "2",
             "--torchrun",
             "--quick",
+            "--no-concurrent",
         ],
         &record,
         ("ESPER_TORCHRUN", torchrun.as_os_str()),
@@ -40,6 +42,22 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
         let eps = entry["metrics"]["eps"].as_f64().expect("eps");
         assert!(eps > 0.0, "{mode}: eps {eps}");
     }
+    // --no-concurrent: no independent processes ran, and the record says so.
+    assert!(
+        record["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .all(|e| !e["mode"].as_str().unwrap_or("").starts_with("concurrent")),
+        "{record}"
+    );
+    assert!(
+        record["params"]["concurrent"]
+            .as_str()
+            .is_some_and(|s| s.contains("not run")),
+        "{}",
+        record["params"]
+    );
 }
 
 /// The record's entry of `mode`, which must be there.
@@ -197,4 +215,32 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
     // Only the one-GPU entries carry the comparison.
     let two = entry(&record, "dp2-fp32-eager");
     assert!(two["metrics"]["single_process_ratio"].is_null());
+    // After the two-rank count, two single processes ran at once: against
+    // the process alone, and the group against them.
+    for variant in ["fp32-eager", "fp32-eager-fp32-policy"] {
+        let metric = |mode: &str, name: &str| {
+            entry(&record, mode)["metrics"][name]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{mode} has no {name}: {record}"))
+        };
+        let concurrent = format!("concurrent2-{variant}");
+        assert!(entry(&record, &concurrent)["error"].is_null(), "{record}");
+        assert_eq!(metric(&concurrent, "processes"), 2.0);
+        let seeds = metric(&concurrent, "active_seeds_per_env");
+        assert!(seeds > 0.2, "{concurrent}: seeds {seeds}");
+        let per_gpu = metric(&concurrent, "eps_per_gpu");
+        assert!((per_gpu * 2.0 - metric(&concurrent, "eps")).abs() < 1e-9);
+        let alone = metric(&format!("single-process-{variant}"), "eps");
+        let sharing = metric(&concurrent, "host_sharing_ratio");
+        assert!((sharing - per_gpu / alone).abs() < 1e-9, "{sharing}");
+        let dp2 = format!("dp2-{variant}");
+        let group = metric(&dp2, "group_ratio");
+        let expected = metric(&dp2, "eps") / metric(&concurrent, "eps");
+        assert!(
+            (group - expected).abs() < 1e-9,
+            "{group} against {expected}"
+        );
+    }
+    // Only the counts above one have independent processes beside them.
+    assert!(entry(&record, "dp1-fp32-eager")["metrics"]["group_ratio"].is_null());
 }

@@ -84,6 +84,21 @@ fn torchrun_goes_with_gpus_on_the_scaling_workloads_only() {
     assert!(args.torchrun);
     assert_eq!(args.gpus, [1, 4]);
     assert!(!run_args(&["simic-throughput", "--out", "a.json", "--gpus", "2"]).torchrun);
+    // The concurrent single processes run unless --no-concurrent says not.
+    assert!(run_args(&["simic-throughput", "--out", "a.json", "--gpus", "2"]).concurrent);
+    let args = [
+        "simic-growth",
+        "--out",
+        "a.json",
+        "--gpus",
+        "2",
+        "--no-concurrent",
+    ];
+    assert!(!run_args(&args).concurrent);
+    assert!(matches!(
+        parse(&["simic-throughput", "--out", "a.json", "--no-concurrent"]),
+        Err(Usage(_))
+    ));
     for bad in [
         &["simic-throughput", "--out", "a.json", "--torchrun"][..],
         &["simic-learning", "--out", "a.json", "--torchrun"],

@@ -11,7 +11,8 @@
 //! one-time costs in an unmeasured warm-up round, as the single-process
 //! bench does. The group's eps is the ranks' environment-epochs over the
 //! slowest rank's wall time, from a barrier after joining to the end of
-//! the last round.
+//! the last round. [`concurrent_entry`] and [`group_ratios`] separate what
+//! the group costs from what sharing the host costs.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -24,6 +25,9 @@ use torch_ext::dist::ProcessGroup;
 use super::{Driver, SLOTS, SimicBenchOptions, ThroughputTask, amp_name, load, mean, variant};
 use crate::vectorized::{EnvSpec, Simic};
 use crate::{Error, Result};
+
+mod concurrent;
+pub use concurrent::{concurrent_entry, group_ratios};
 
 /// What one rank measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,10 +142,11 @@ pub fn run_rank(
             }
         };
         progress(&format!(
-            "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s, seeds {:.2}, \
-             update {:.0} ms ({:.0} waiting for the other ranks)",
+            "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s (rollout {:.0} \
+             ms), seeds {:.2}, update {:.0} ms ({:.0} waiting for the other ranks)",
             report.env_epochs,
             report.timings.total_ms / 1000.0,
+            report.timings.total_ms - report.timings.update_ms,
             report.mean_active_seeds,
             report.timings.update_ms,
             report.timings.update_wait_ms
