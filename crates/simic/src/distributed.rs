@@ -23,6 +23,15 @@
 //! A rank that dies makes the others' next collective fail with the group's
 //! timeout (Gloo reports the closed connection at once; NCCL's watchdog ends
 //! the process), never hang.
+//!
+//! The host time spent inside these calls (the barrier apart) is summed
+//! until [`DataParallel::take_collective_ms`] reads it: what the group adds
+//! to an update. A call that reads back also waits there for the device
+//! work queued before it (an all-reduce enqueued by
+//! [`DataParallel::average_gradients`] is paid at the next readback).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use torch_ext::dist::{ProcessGroup, ReduceOp};
@@ -39,6 +48,9 @@ pub struct DataParallel {
     /// Per-gradient views of `flat` for the gradient shapes they were made
     /// for (rebuilt when the shapes change).
     views: Option<(Vec<Vec<i64>>, Vec<Tensor>)>,
+    /// Nanoseconds of host time inside the collective calls since the last
+    /// [`DataParallel::take_collective_ms`].
+    spent_ns: AtomicU64,
 }
 
 impl DataParallel {
@@ -48,7 +60,20 @@ impl DataParallel {
             group,
             flat: None,
             views: None,
+            spent_ns: AtomicU64::new(0),
         }
+    }
+
+    /// Milliseconds of host time spent in this group's collective calls
+    /// (the barrier apart) since the last call, and starts the count anew.
+    pub fn take_collective_ms(&self) -> f64 {
+        self.spent_ns.swap(0, Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// Adds the host time since `started` to the collective count.
+    fn count_since(&self, started: Instant) {
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.spent_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// This process's rank.
@@ -121,6 +146,13 @@ impl DataParallel {
     /// gradients packed into it and unpacked from it with one multi-tensor
     /// copy each (through views made once for the gradients' shapes).
     pub fn average_gradients(&mut self, grads: &[Tensor]) -> Result<()> {
+        let started = Instant::now();
+        let result = self.average_gradients_now(grads);
+        self.count_since(started);
+        result
+    }
+
+    fn average_gradients_now(&mut self, grads: &[Tensor]) -> Result<()> {
         let _guard = tch::no_grad_guard();
         for grad in grads {
             self.check_device("DataParallel.gradients", grad)?;
@@ -175,6 +207,13 @@ impl DataParallel {
     /// ranks sum it (exact: every other entry adds zero). 64-bit words, for
     /// generator states.
     pub fn gather_words(&self, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let started = Instant::now();
+        let result = self.gather_words_now(mine);
+        self.count_since(started);
+        result
+    }
+
+    fn gather_words_now(&self, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
         let world = self.world_size();
         let len = mine.len();
         let mut table = vec![0_i64; world.saturating_mul(len)];
@@ -205,6 +244,13 @@ impl DataParallel {
 
     /// Sums host values element-wise over the ranks.
     fn all_reduce_host(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let started = Instant::now();
+        let result = self.all_reduce_host_now(values);
+        self.count_since(started);
+        result
+    }
+
+    fn all_reduce_host_now(&self, values: &[f64]) -> Result<Vec<f64>> {
         let tensor = Tensor::f_from_slice(values)
             .op("host values")?
             .f_to_device(self.group.device())
@@ -245,6 +291,13 @@ impl DataParallel {
     /// Checks that every rank holds bit-identical `parameters`: element-wise
     /// maxima and minima over the ranks must be equal. One readback.
     pub fn check_identical(&self, parameters: &[Tensor]) -> Result<()> {
+        let started = Instant::now();
+        let result = self.check_identical_now(parameters);
+        self.count_since(started);
+        result
+    }
+
+    fn check_identical_now(&self, parameters: &[Tensor]) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let pieces: Vec<Tensor> = parameters
             .iter()

@@ -1,7 +1,8 @@
 //! Data-parallel PPO on the CPU: two ranks (two threads, each with its own
 //! Gloo membership) run vectorized rounds and end every update with
 //! bit-identical policies; their environments differ; the wait for a
-//! slower rank's rollout is timed apart (`update_wait_ms`).
+//! slower rank's rollout is timed apart (`update_wait_ms`), as is the
+//! host time inside the group's calls (`update_collective_ms`).
 
 use std::net::TcpListener;
 use std::os::fd::{IntoRawFd, RawFd};
@@ -138,6 +139,13 @@ fn two_ranks_keep_one_policy_and_different_environments() {
         assert!(
             (0.0..=t.update_ms).contains(&t.update_wait_ms),
             "the wait is part of the update: {t:?}"
+        );
+        // The group's calls after the wait are timed too, inside the
+        // update and apart from the wait.
+        assert!(
+            t.update_collective_ms > 0.0
+                && t.update_collective_ms + t.update_wait_ms <= t.update_ms,
+            "the collectives are part of the update: {t:?}"
         );
     }
     // Rank 1 starts each rollout 400 ms late: rank 0 waits for it before

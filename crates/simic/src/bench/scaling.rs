@@ -54,6 +54,11 @@ pub struct RankFigures {
     /// the update (ms; 0 alone).
     #[serde(default)]
     pub update_wait_ms: f64,
+    /// Of `update_ms`: the mean host time inside the group's collective
+    /// calls after the wait (ms; 0 alone; see
+    /// [`crate::vectorized::RoundTimings::update_collective_ms`]).
+    #[serde(default)]
+    pub update_collective_ms: f64,
     /// Mean time of a round outside the update (ms): the rollout, which
     /// the slowest rank's sets the group's pace.
     #[serde(default)]
@@ -143,13 +148,15 @@ pub fn run_rank(
         };
         progress(&format!(
             "  rank {rank}/{world_size} round {round}: {} env-epochs in {:.1} s (rollout {:.0} \
-             ms), seeds {:.2}, update {:.0} ms ({:.0} waiting for the other ranks)",
+             ms), seeds {:.2}, update {:.0} ms ({:.0} waiting for the other ranks, {:.1} in \
+             collectives)",
             report.env_epochs,
             report.timings.total_ms / 1000.0,
             report.timings.total_ms - report.timings.update_ms,
             report.mean_active_seeds,
             report.timings.update_ms,
-            report.timings.update_wait_ms
+            report.timings.update_wait_ms,
+            report.timings.update_collective_ms
         ));
         reports.push(report);
     }
@@ -177,6 +184,7 @@ pub fn run_rank(
         final_accuracy_pct: mean(reports.iter().flat_map(|r| r.final_accuracies.clone())),
         update_ms: mean(reports.iter().map(|r| r.timings.update_ms)),
         update_wait_ms: mean(reports.iter().map(|r| r.timings.update_wait_ms)),
+        update_collective_ms: mean(reports.iter().map(|r| r.timings.update_collective_ms)),
         rollout_ms: mean(
             reports
                 .iter()
@@ -302,6 +310,10 @@ pub fn scaling_entry(
         mean(ranks.iter().map(|r| r.update_wait_ms)),
     );
     metrics.insert(
+        "update_collective_ms".to_owned(),
+        mean(ranks.iter().map(|r| r.update_collective_ms)),
+    );
+    metrics.insert(
         "rollout_ms_slowest_rank".to_owned(),
         ranks.iter().map(|r| r.rollout_ms).fold(0.0, f64::max),
     );
@@ -346,6 +358,7 @@ mod tests {
             final_accuracy_pct: 80.0,
             update_ms: 10.0,
             update_wait_ms: 2.0 * rank as f64,
+            update_collective_ms: 3.0 + rank as f64,
             rollout_ms: 1000.0 + 100.0 * rank as f64,
             peak_memory_mb: 0.0,
             process_warmup_s: 0.5 * rank as f64,
@@ -369,6 +382,7 @@ mod tests {
         assert!((metric("scaling_efficiency_steady") - 0.85).abs() < 1e-12);
         // The wait before the updates, and the ranks' rollouts apart.
         assert!((metric("update_wait_ms") - 1.0).abs() < 1e-12);
+        assert!((metric("update_collective_ms") - 3.5).abs() < 1e-12);
         assert_eq!(metric("rollout_ms_slowest_rank"), 1100.0);
         assert_eq!(metric("rollout_ms_fastest_rank"), 1000.0);
         // The longest warm-up of any rank, outside the clock.

@@ -30,6 +30,13 @@ pub struct RoundTimings {
     /// wait at a barrier before the update, until every rank has finished
     /// its rollout (0 otherwise). What a rank loses to the slowest one.
     pub update_wait_ms: f64,
+    /// Of `update_ms`, in a data-parallel group: the host time inside the
+    /// group's collective calls after the wait (pooled statistics, the
+    /// gradient all-reduce, the KL decision, the parameter check, the
+    /// generator gather), including the device work each readback waits
+    /// for ([`crate::distributed::DataParallel::take_collective_ms`]); 0
+    /// alone.
+    pub update_collective_ms: f64,
     /// The training steps' graph captures (part of `launch_ms`): their
     /// summed time, all environments.
     pub capture_ms: f64,

@@ -166,6 +166,10 @@ impl Simic {
         }
         let round_started = Instant::now();
         self.progress.start(round_started);
+        // The group's calls between rounds are not this round's update.
+        if let Some(group) = self.learner.group() {
+            let _ = group.take_collective_ms();
+        }
         let n = self.config.n_envs;
         if spec.n_envs() < n {
             return Err(Error::InvalidConfig {
@@ -320,6 +324,10 @@ impl Simic {
             None
         };
         let update_ms = ms(started);
+        let update_collective_ms = self
+            .learner
+            .group()
+            .map_or(0.0, |group| group.take_collective_ms());
         let mut report = collector.into_report(self.progress.rounds);
         report.steps = steps;
         report.refused_decisions = refused_decisions;
@@ -335,6 +343,7 @@ impl Simic {
         }
         report.timings.update_ms = update_ms;
         report.timings.update_wait_ms = update_wait_ms;
+        report.timings.update_collective_ms = update_collective_ms;
         report.timings.total_ms = ms(round_started);
         self.progress.count(report.env_epochs);
         telemetry::emit_round(
