@@ -2,7 +2,7 @@
 # run.sh: runs the Esper-rs bench bundle on the GPU machine (made by `cargo xtask bundle`).
 #
 #   bash bundle/run.sh [--quick] [--label LABEL] [--workload NAME]... [--no-tests] [--no-python]
-#                      [--kernels] [--gpus 1,2] [--torchrun] [--variants LIST] [--rounds N] [--ppo-epochs N]
+#                      [--kernels] [--gpus 1,2] [--torchrun] [--no-concurrent] [--variants LIST] [--rounds N] [--ppo-epochs N]
 #                      [--episode head|medium|short|N] [--seeds N] [--task NAME]
 #                      [--set KEY=VALUE]... [--preset NAME] [--jobs N] [--job-devices LIST|all]
 #                      [--only-seeds LIST] [--greedy-every N] [--eval-environments N]
@@ -85,6 +85,7 @@ while [ $# -gt 0 ]; do
     --peer-modes) peer_args+=(--modes "$2"); shift ;;
     --gpus) simic_args+=(--gpus "$2"); shift ;;
     --torchrun) simic_args+=(--torchrun) ;;
+    --no-concurrent) simic_args+=(--no-concurrent) ;;
     --variants) simic_args+=(--variants "$2"); shift ;;
     --rounds) rounds_args+=(--rounds "$2"); shift ;;
     --ppo-epochs) learning_args+=(--ppo-epochs "$2"); shift ;;
