@@ -41,6 +41,11 @@ fn the_scaling_bench_starts_each_count_under_torchrun_beside_its_own_launcher() 
         assert!(entry["error"].is_null(), "{mode}: {}", entry["error"]);
         let eps = entry["metrics"]["eps"].as_f64().expect("eps");
         assert!(eps > 0.0, "{mode}: eps {eps}");
+        // The PPO ranks' updates time the group's own calls.
+        let collectives = entry["metrics"]["update_collective_ms"]
+            .as_f64()
+            .expect("update_collective_ms");
+        assert!(collectives > 0.0, "{mode}: {}", entry["metrics"]);
     }
     // --no-concurrent: no independent processes ran, and the record says so.
     assert!(
@@ -171,6 +176,14 @@ fn the_growth_bench_drives_seeds_on_every_rank_and_sums_them() {
             .as_f64()
             .expect("live seeds");
         assert!(seeds > 0.2, "{mode}: {metrics}");
+        // Where the rollouts' time went, part by part.
+        for part in ["train", "launch", "policy", "boundary"] {
+            let name = format!("rollout_{part}_ms");
+            assert!(
+                metrics[name.as_str()].as_f64().is_some_and(|ms| ms > 0.0),
+                "{mode}: {name} in {metrics}"
+            );
+        }
         // The ranks' rollouts, apart from the update.
         assert!(
             metrics["rollout_ms_slowest_rank"]

@@ -63,6 +63,12 @@ pub struct RankFigures {
     /// the slowest rank's sets the group's pace.
     #[serde(default)]
     pub rollout_ms: f64,
+    /// Mean time per round of each part of the rollout (ms), by the names
+    /// of [`ROLLOUT_PARTS`]: where a longer rollout goes. The parts are
+    /// [`crate::vectorized::RoundTimings`]'s and overlap as they do there
+    /// (the launches and captures are inside the training epochs).
+    #[serde(default)]
+    pub rollout_parts_ms: BTreeMap<String, f64>,
     /// Peak device memory (MiB; 0 on the CPU).
     pub peak_memory_mb: f64,
     /// Seconds of the rank's process warm-up before joining, not measured
@@ -70,6 +76,38 @@ pub struct RankFigures {
     /// measured rounds too.
     #[serde(default)]
     pub process_warmup_s: f64,
+}
+
+/// The parts of a rollout a rank reports ([`RankFigures::rollout_parts_ms`];
+/// the entry's `rollout_{part}_ms`).
+pub const ROLLOUT_PARTS: [&str; 8] = [
+    "setup",
+    "launch",
+    "capture",
+    "train",
+    "counterfactual",
+    "observe",
+    "policy",
+    "boundary",
+];
+
+/// A round's rollout parts, named as in [`ROLLOUT_PARTS`].
+fn rollout_parts(t: &crate::vectorized::RoundTimings) -> [(&'static str, f64); 8] {
+    let values = [
+        t.setup_ms,
+        t.launch_ms,
+        t.capture_ms,
+        t.train_ms,
+        t.counterfactual_ms,
+        t.observe_ms,
+        t.policy_ms,
+        t.boundary_ms,
+    ];
+    let mut parts = [("", 0.0); 8];
+    for ((part, name), value) in parts.iter_mut().zip(ROLLOUT_PARTS).zip(values) {
+        *part = (name, value);
+    }
+    parts
 }
 
 /// Runs `variant_name` (see [`SimicBenchOptions::variants`]) for
@@ -161,6 +199,24 @@ pub fn run_rank(
         reports.push(report);
     }
     let wall_s = started.elapsed().as_secs_f64();
+    let mut rollout_parts_ms: BTreeMap<String, f64> = BTreeMap::new();
+    for report in &reports {
+        for (name, ms) in rollout_parts(&report.timings) {
+            *rollout_parts_ms.entry(name.to_owned()).or_default() += ms;
+        }
+    }
+    let rounds_run = reports.len().max(1) as f64;
+    for ms in rollout_parts_ms.values_mut() {
+        *ms /= rounds_run;
+    }
+    let parts: Vec<String> = rollout_parts_ms
+        .iter()
+        .map(|(name, ms)| format!("{name} {ms:.0}"))
+        .collect();
+    progress(&format!(
+        "  rank {rank}/{world_size} rollout per round (ms, parts overlap): {}",
+        parts.join(", ")
+    ));
     let steady_epochs: u64 = reports.iter().skip(1).map(|r| r.env_epochs).sum();
     let steady_s: f64 = reports
         .iter()
@@ -190,6 +246,7 @@ pub fn run_rank(
                 .iter()
                 .map(|r| r.timings.total_ms - r.timings.update_ms),
         ),
+        rollout_parts_ms,
         peak_memory_mb,
         process_warmup_s,
     })
@@ -325,6 +382,15 @@ pub fn scaling_entry(
         "rollout_ms_fastest_rank".to_owned(),
         if fastest.is_finite() { fastest } else { 0.0 },
     );
+    for name in ROLLOUT_PARTS {
+        let parts: Vec<f64> = ranks
+            .iter()
+            .filter_map(|r| r.rollout_parts_ms.get(name).copied())
+            .collect();
+        if parts.len() == ranks.len() {
+            metrics.insert(format!("rollout_{name}_ms"), mean(parts.into_iter()));
+        }
+    }
     metrics.insert(
         "process_warmup_s".to_owned(),
         ranks.iter().map(|r| r.process_warmup_s).fold(0.0, f64::max),
@@ -359,6 +425,10 @@ mod tests {
             update_ms: 10.0,
             update_wait_ms: 2.0 * rank as f64,
             update_collective_ms: 3.0 + rank as f64,
+            rollout_parts_ms: ROLLOUT_PARTS
+                .iter()
+                .map(|name| ((*name).to_owned(), 10.0 * (rank + 1) as f64))
+                .collect(),
             rollout_ms: 1000.0 + 100.0 * rank as f64,
             peak_memory_mb: 0.0,
             process_warmup_s: 0.5 * rank as f64,
@@ -383,6 +453,10 @@ mod tests {
         // The wait before the updates, and the ranks' rollouts apart.
         assert!((metric("update_wait_ms") - 1.0).abs() < 1e-12);
         assert!((metric("update_collective_ms") - 3.5).abs() < 1e-12);
+        // Each rollout part, the ranks' mean.
+        for name in ROLLOUT_PARTS {
+            assert_eq!(metric(&format!("rollout_{name}_ms")), 15.0, "{name}");
+        }
         assert_eq!(metric("rollout_ms_slowest_rank"), 1100.0);
         assert_eq!(metric("rollout_ms_fastest_rank"), 1000.0);
         // The longest warm-up of any rank, outside the clock.
