@@ -294,14 +294,21 @@ impl OneGpu {
 /// after the first, where both have them. The bar is a ratio
 /// within 5% of 1.
 pub fn single_process_ratios(one_gpu: OneGpu, single: OneGpu) -> BTreeMap<String, f64> {
+    ratios("single_process_ratio", one_gpu, single)
+}
+
+/// `name` = `of.eps / over.eps`, and `{name}_steady` the same of their
+/// steady figures where both have them (no ratio over a figure that is not
+/// positive).
+fn ratios(name: &str, of: OneGpu, over: OneGpu) -> BTreeMap<String, f64> {
     let mut ratios = BTreeMap::new();
-    if single.eps > 0.0 {
-        ratios.insert("single_process_ratio".to_owned(), one_gpu.eps / single.eps);
+    if over.eps > 0.0 {
+        ratios.insert(name.to_owned(), of.eps / over.eps);
     }
-    if let (Some(one), Some(alone)) = (one_gpu.eps_steady, single.eps_steady)
-        && alone > 0.0
+    if let (Some(of), Some(over)) = (of.eps_steady, over.eps_steady)
+        && over > 0.0
     {
-        ratios.insert("single_process_ratio_steady".to_owned(), one / alone);
+        ratios.insert(format!("{name}_steady"), of / over);
     }
     ratios
 }

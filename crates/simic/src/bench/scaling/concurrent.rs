@@ -80,16 +80,12 @@ pub fn concurrent_entry(
             metrics.insert(name.to_owned(), value);
         }
     }
-    if let Some(alone) = alone.filter(|alone| alone.eps > 0.0) {
-        metrics.insert("host_sharing_ratio".to_owned(), eps / n / alone.eps);
-        if let (Some(steady), Some(alone_steady)) = (steady, alone.eps_steady)
-            && alone_steady > 0.0
-        {
-            metrics.insert(
-                "host_sharing_ratio_steady".to_owned(),
-                steady / n / alone_steady,
-            );
-        }
+    if let Some(alone) = alone {
+        let per_gpu = OneGpu {
+            eps: eps / n,
+            eps_steady: steady.map(|steady| steady / n),
+        };
+        metrics.extend(super::ratios("host_sharing_ratio", per_gpu, alone));
     }
     Ok(ResultEntry {
         implementation: "rust".to_owned(),
@@ -106,16 +102,7 @@ pub fn concurrent_entry(
 /// `group_ratio_steady` the same over the rounds after the first, where both
 /// have them.
 pub fn group_ratios(group: OneGpu, concurrent: OneGpu) -> BTreeMap<String, f64> {
-    let mut ratios = BTreeMap::new();
-    if concurrent.eps > 0.0 {
-        ratios.insert("group_ratio".to_owned(), group.eps / concurrent.eps);
-    }
-    if let (Some(group), Some(concurrent)) = (group.eps_steady, concurrent.eps_steady)
-        && concurrent > 0.0
-    {
-        ratios.insert("group_ratio_steady".to_owned(), group / concurrent);
-    }
-    ratios
+    super::ratios("group_ratio", group, concurrent)
 }
 
 #[cfg(test)]
