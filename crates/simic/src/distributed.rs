@@ -70,12 +70,6 @@ impl DataParallel {
         self.spent_ns.swap(0, Ordering::Relaxed) as f64 / 1e6
     }
 
-    /// Adds the host time since `started` to the collective count.
-    fn count_since(&self, started: Instant) {
-        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.spent_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
     /// This process's rank.
     pub fn rank(&self) -> usize {
         self.group.rank()
@@ -146,13 +140,7 @@ impl DataParallel {
     /// gradients packed into it and unpacked from it with one multi-tensor
     /// copy each (through views made once for the gradients' shapes).
     pub fn average_gradients(&mut self, grads: &[Tensor]) -> Result<()> {
-        let started = Instant::now();
-        let result = self.average_gradients_now(grads);
-        self.count_since(started);
-        result
-    }
-
-    fn average_gradients_now(&mut self, grads: &[Tensor]) -> Result<()> {
+        let _timer = Timer::start(&self.spent_ns);
         let _guard = tch::no_grad_guard();
         for grad in grads {
             self.check_device("DataParallel.gradients", grad)?;
@@ -207,13 +195,7 @@ impl DataParallel {
     /// ranks sum it (exact: every other entry adds zero). 64-bit words, for
     /// generator states.
     pub fn gather_words(&self, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
-        let started = Instant::now();
-        let result = self.gather_words_now(mine);
-        self.count_since(started);
-        result
-    }
-
-    fn gather_words_now(&self, mine: &[u64]) -> Result<Vec<Vec<u64>>> {
+        let _timer = Timer::start(&self.spent_ns);
         let world = self.world_size();
         let len = mine.len();
         let mut table = vec![0_i64; world.saturating_mul(len)];
@@ -244,13 +226,7 @@ impl DataParallel {
 
     /// Sums host values element-wise over the ranks.
     fn all_reduce_host(&self, values: &[f64]) -> Result<Vec<f64>> {
-        let started = Instant::now();
-        let result = self.all_reduce_host_now(values);
-        self.count_since(started);
-        result
-    }
-
-    fn all_reduce_host_now(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let _timer = Timer::start(&self.spent_ns);
         let tensor = Tensor::f_from_slice(values)
             .op("host values")?
             .f_to_device(self.group.device())
@@ -291,13 +267,7 @@ impl DataParallel {
     /// Checks that every rank holds bit-identical `parameters`: element-wise
     /// maxima and minima over the ranks must be equal. One readback.
     pub fn check_identical(&self, parameters: &[Tensor]) -> Result<()> {
-        let started = Instant::now();
-        let result = self.check_identical_now(parameters);
-        self.count_since(started);
-        result
-    }
-
-    fn check_identical_now(&self, parameters: &[Tensor]) -> Result<()> {
+        let _timer = Timer::start(&self.spent_ns);
         let _guard = tch::no_grad_guard();
         let pieces: Vec<Tensor> = parameters
             .iter()
@@ -332,5 +302,28 @@ impl DataParallel {
                 total: high.numel() as u64,
             })
         }
+    }
+}
+
+/// Adds the host time from [`Timer::start`] to its drop to a collective
+/// count.
+struct Timer<'a> {
+    spent_ns: &'a AtomicU64,
+    started: Instant,
+}
+
+impl<'a> Timer<'a> {
+    fn start(spent_ns: &'a AtomicU64) -> Timer<'a> {
+        Timer {
+            spent_ns,
+            started: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Timer<'_> {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.spent_ns.fetch_add(ns, Ordering::Relaxed);
     }
 }

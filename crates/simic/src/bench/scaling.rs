@@ -92,8 +92,8 @@ pub const ROLLOUT_PARTS: [&str; 8] = [
 ];
 
 /// A round's rollout parts, named as in [`ROLLOUT_PARTS`].
-fn rollout_parts(t: &crate::vectorized::RoundTimings) -> [(&'static str, f64); 8] {
-    let values = [
+fn rollout_parts(t: &crate::vectorized::RoundTimings) -> impl Iterator<Item = (&'static str, f64)> {
+    ROLLOUT_PARTS.into_iter().zip([
         t.setup_ms,
         t.launch_ms,
         t.capture_ms,
@@ -102,12 +102,7 @@ fn rollout_parts(t: &crate::vectorized::RoundTimings) -> [(&'static str, f64); 8
         t.observe_ms,
         t.policy_ms,
         t.boundary_ms,
-    ];
-    let mut parts = [("", 0.0); 8];
-    for ((part, name), value) in parts.iter_mut().zip(ROLLOUT_PARTS).zip(values) {
-        *part = (name, value);
-    }
-    parts
+    ])
 }
 
 /// Runs `variant_name` (see [`SimicBenchOptions::variants`]) for
